@@ -1,0 +1,383 @@
+//! The versioned little-endian stream layout (see `FORMAT.md`): header, chunk table, `zhash`.
+//!
+//! This module is the only place that knows byte offsets; codecs and kernels build on it.
+
+use crate::error::{Error, Result};
+
+/// Stream magic.
+pub const MAGIC: [u8; 4] = *b"ZCMP";
+/// Format version written and accepted.
+pub const VERSION: u16 = 1;
+/// Header size in bytes.
+pub const HEADER_LEN: usize = 96;
+/// Bytes per chunk-table entry (`size: u32`, `checksum: u32`).
+pub const TABLE_ENTRY_LEN: usize = 8;
+/// Flag bit: the values follow the header verbatim.
+pub const FLAG_STORED: u8 = 1;
+
+/// Element type of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary64.
+    F64,
+}
+
+impl Dtype {
+    /// Bytes per value.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+        }
+    }
+    /// The tag stored in the header.
+    pub fn tag(self) -> u8 {
+        match self {
+            Dtype::F32 => 1,
+            Dtype::F64 => 2,
+        }
+    }
+    /// Parse a header tag.
+    pub fn from_tag(t: u8) -> Result<Self> {
+        match t {
+            1 => Ok(Dtype::F32),
+            2 => Ok(Dtype::F64),
+            _ => Err(Error::corrupt(format!("unknown dtype tag {t}"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+        })
+    }
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Dtype::F32),
+            "f64" => Ok(Dtype::F64),
+            _ => Err(Error::invalid(format!("unknown dtype `{s}` (expected f32 or f64)"))),
+        }
+    }
+}
+
+/// Error-bound mode tag of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BoundMode {
+    /// Absolute.
+    Abs,
+    /// Relative to the value range (what cuSZp/AATROX call REL).
+    Noa,
+    /// Point-wise relative.
+    Rel,
+}
+
+impl BoundMode {
+    /// Header tag.
+    pub fn tag(self) -> u8 {
+        match self {
+            BoundMode::Abs => 1,
+            BoundMode::Noa => 2,
+            BoundMode::Rel => 3,
+        }
+    }
+    /// Parse a header tag.
+    pub fn from_tag(t: u8) -> Result<Self> {
+        match t {
+            1 => Ok(BoundMode::Abs),
+            2 => Ok(BoundMode::Noa),
+            3 => Ok(BoundMode::Rel),
+            _ => Err(Error::corrupt(format!("unknown bound mode tag {t}"))),
+        }
+    }
+}
+
+/// The parsed 96-byte stream header.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Header {
+    /// Codec tag (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl).
+    pub codec: u8,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Error-bound mode.
+    pub mode: BoundMode,
+    /// Flags ([`FLAG_STORED`]).
+    pub flags: u8,
+    /// log2 of values per chunk.
+    pub chunk_log2: u16,
+    /// Number of values.
+    pub count: u64,
+    /// The user's bound value.
+    pub bound_value: f64,
+    /// Guaranteed absolute bound (abs/noa) or the relative bound (rel).
+    pub abs_bound: f64,
+    /// Quantization step.
+    pub step: f64,
+    /// Smallest finite value (noa) or 0.
+    pub range_min: f64,
+    /// Largest finite value (noa) or 0.
+    pub range_max: f64,
+    /// Bytes after the header.
+    pub payload_len: u64,
+    /// Number of chunks (0 when stored).
+    pub n_chunks: u32,
+    /// `zhash` of the chunk table (or of the raw values when stored).
+    pub payload_checksum: u32,
+}
+
+impl Header {
+    /// Whether the values are stored verbatim.
+    pub fn is_stored(&self) -> bool {
+        self.flags & FLAG_STORED != 0
+    }
+
+    /// Serialize to exactly [`HEADER_LEN`] bytes (the header checksum is computed here).
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6] = self.codec;
+        b[7] = self.dtype.tag();
+        b[8] = self.mode.tag();
+        b[9] = self.flags;
+        b[10..12].copy_from_slice(&self.chunk_log2.to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..32].copy_from_slice(&self.bound_value.to_le_bytes());
+        b[32..40].copy_from_slice(&self.abs_bound.to_le_bytes());
+        b[40..48].copy_from_slice(&self.step.to_le_bytes());
+        b[48..56].copy_from_slice(&self.range_min.to_le_bytes());
+        b[56..64].copy_from_slice(&self.range_max.to_le_bytes());
+        b[64..72].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[72..76].copy_from_slice(&self.n_chunks.to_le_bytes());
+        b[76..80].copy_from_slice(&self.payload_checksum.to_le_bytes());
+        let h = zhash_bytes(&b[..92]);
+        b[92..96].copy_from_slice(&h.to_le_bytes());
+        b
+    }
+
+    /// Parse and validate a header from the start of `stream`; checks that the stream length
+    /// matches `payload_len` exactly.
+    pub fn parse(stream: &[u8]) -> Result<Self> {
+        if stream.len() < HEADER_LEN {
+            return Err(Error::corrupt(format!(
+                "stream of {} bytes is shorter than the {HEADER_LEN}-byte header",
+                stream.len()
+            )));
+        }
+        let b = &stream[..HEADER_LEN];
+        if b[0..4] != MAGIC {
+            return Err(Error::corrupt("bad magic (not a zcomm stream)"));
+        }
+        let version = u16_at(b, 4);
+        if version != VERSION {
+            return Err(Error::corrupt(format!("unsupported format version {version}")));
+        }
+        if zhash_bytes(&b[..92]) != u32_at(b, 92) {
+            return Err(Error::corrupt("header checksum mismatch"));
+        }
+        let h = Header {
+            codec: b[6],
+            dtype: Dtype::from_tag(b[7])?,
+            mode: BoundMode::from_tag(b[8])?,
+            flags: b[9],
+            chunk_log2: u16_at(b, 10),
+            count: u64_at(b, 16),
+            bound_value: f64_at(b, 24),
+            abs_bound: f64_at(b, 32),
+            step: f64_at(b, 40),
+            range_min: f64_at(b, 48),
+            range_max: f64_at(b, 56),
+            payload_len: u64_at(b, 64),
+            n_chunks: u32_at(b, 72),
+            payload_checksum: u32_at(b, 76),
+        };
+        if h.flags & !FLAG_STORED != 0 {
+            return Err(Error::corrupt(format!("unknown flag bits {:#x}", h.flags)));
+        }
+        if u32_at(b, 12) != 0 || b[80..92].iter().any(|&x| x != 0) {
+            return Err(Error::corrupt("reserved header bytes are not zero"));
+        }
+        let actual = (stream.len() - HEADER_LEN) as u64;
+        if h.payload_len != actual {
+            return Err(Error::corrupt(format!(
+                "header says {} payload bytes, stream has {actual}",
+                h.payload_len
+            )));
+        }
+        if h.is_stored() {
+            let need = h.count.checked_mul(h.dtype.size() as u64);
+            if need != Some(h.payload_len) || h.n_chunks != 0 {
+                return Err(Error::corrupt("stored stream length does not match its count"));
+            }
+            if zhash_bytes(&stream[HEADER_LEN..]) != h.payload_checksum {
+                return Err(Error::corrupt("stored payload checksum mismatch"));
+            }
+        } else {
+            if !(1..=30).contains(&h.chunk_log2) {
+                return Err(Error::corrupt(format!("bad chunk_log2 {}", h.chunk_log2)));
+            }
+            let per = 1u64 << h.chunk_log2;
+            let expect = h.count.div_ceil(per);
+            if expect != h.n_chunks as u64 {
+                return Err(Error::corrupt(format!(
+                    "{} values need {expect} chunks, header says {}",
+                    h.count, h.n_chunks
+                )));
+            }
+            let table = h.n_chunks as u64 * TABLE_ENTRY_LEN as u64;
+            if table > h.payload_len {
+                return Err(Error::corrupt("chunk table runs past the end of the stream"));
+            }
+            let t = &stream[HEADER_LEN..HEADER_LEN + table as usize];
+            if zhash_bytes(t) != h.payload_checksum {
+                return Err(Error::corrupt("chunk table checksum mismatch"));
+            }
+        }
+        if !(h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0) && !h.is_stored() {
+            return Err(Error::corrupt("header carries an invalid bound or step"));
+        }
+        Ok(h)
+    }
+
+    /// The chunk table entries `(size, checksum)` of a compressed (non-stored) stream whose header
+    /// was parsed by [`Header::parse`], with sizes checked to be multiples of 4 that sum to the
+    /// payload. Returns the entries and each chunk's byte offset from the start of the stream.
+    pub fn chunk_table(&self, stream: &[u8]) -> Result<Vec<ChunkEntry>> {
+        let n = self.n_chunks as usize;
+        let t = &stream[HEADER_LEN..HEADER_LEN + n * TABLE_ENTRY_LEN];
+        let mut off = (HEADER_LEN + n * TABLE_ENTRY_LEN) as u64;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let size = u32_at(t, i * 8);
+            let checksum = u32_at(t, i * 8 + 4);
+            if size % 4 != 0 {
+                return Err(Error::corrupt(format!("chunk {i} size {size} not a multiple of 4")));
+            }
+            out.push(ChunkEntry { offset: off as usize, size: size as usize, checksum });
+            off += size as u64;
+        }
+        if off != stream.len() as u64 {
+            return Err(Error::corrupt("chunk sizes do not add up to the payload length"));
+        }
+        Ok(out)
+    }
+}
+
+/// One chunk's place in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkEntry {
+    /// Byte offset from the start of the stream.
+    pub offset: usize,
+    /// Size in bytes (a multiple of 4).
+    pub size: usize,
+    /// `zhash` of the chunk's bytes.
+    pub checksum: u32,
+}
+
+/// Bytes of the largest stream `count` values of `dtype` can produce (a stored stream).
+pub fn compress_bound(count: usize, dtype: Dtype) -> usize {
+    HEADER_LEN + count * dtype.size()
+}
+
+/// `zhash` mixing step of word `w` at index `i` (see `FORMAT.md`).
+#[inline(always)]
+pub fn zhash_mix(w: u32, i: u32) -> u32 {
+    (w ^ i.wrapping_mul(0x9E37_79B9))
+        .wrapping_mul(0x85EB_CA6B)
+        .rotate_left(13)
+        .wrapping_mul(0xC2B2_AE35)
+}
+
+/// `zhash` of a byte string (zero-padded to whole 32-bit words).
+pub fn zhash_bytes(b: &[u8]) -> u32 {
+    let mut sum = 0u32;
+    let mut n = 0u32;
+    let mut chunks = b.chunks_exact(4);
+    for c in &mut chunks {
+        sum = sum.wrapping_add(zhash_mix(u32::from_le_bytes([c[0], c[1], c[2], c[3]]), n));
+        n = n.wrapping_add(1);
+    }
+    let rem = chunks.remainder();
+    if !rem.is_empty() {
+        let mut w = [0u8; 4];
+        w[..rem.len()].copy_from_slice(rem);
+        sum = sum.wrapping_add(zhash_mix(u32::from_le_bytes(w), n));
+        n = n.wrapping_add(1);
+    }
+    sum ^ n.wrapping_mul(0x27D4_EB2F)
+}
+
+pub(crate) fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+pub(crate) fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+pub(crate) fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+pub(crate) fn f64_at(b: &[u8], o: usize) -> f64 {
+    f64::from_bits(u64_at(b, o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Header {
+        Header {
+            codec: 1,
+            dtype: Dtype::F32,
+            mode: BoundMode::Noa,
+            flags: 0,
+            chunk_log2: 15,
+            count: 10,
+            bound_value: 1e-3,
+            abs_bound: 1e-3,
+            step: 2e-3,
+            range_min: -1.0,
+            range_max: 1.0,
+            payload_len: 8,
+            n_chunks: 1,
+            payload_checksum: zhash_bytes(&[0; 8]),
+        }
+    }
+
+    #[test]
+    fn header_round_trip_and_every_byte_flip_is_caught() {
+        let h = sample();
+        let mut s = h.to_bytes().to_vec();
+        s.extend_from_slice(&[0; 8]);
+        assert_eq!(Header::parse(&s).unwrap(), h);
+        for i in 0..HEADER_LEN {
+            for bit in 0..8 {
+                let mut c = s.clone();
+                c[i] ^= 1 << bit;
+                assert!(Header::parse(&c).is_err(), "flip of byte {i} bit {bit} not caught");
+            }
+        }
+        for n in 0..s.len() {
+            assert!(Header::parse(&s[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn zhash_detects_single_word_changes() {
+        let base: Vec<u8> = (0..64u8).collect();
+        let h = zhash_bytes(&base);
+        for i in 0..base.len() {
+            let mut c = base.clone();
+            c[i] ^= 0x10;
+            assert_ne!(zhash_bytes(&c), h);
+        }
+    }
+}

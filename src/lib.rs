@@ -1,0 +1,14 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod element;
+pub mod error;
+pub mod format;
+pub mod quant;
+
+pub use codec::{compress, decompress, decompress_into, inspect, CodecKind, DecodeLimits};
+pub use element::Element;
+pub use error::{Error, Result};
+pub use format::{compress_bound, Dtype};
+pub use quant::ErrorBound;

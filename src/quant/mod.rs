@@ -1,0 +1,384 @@
+//! Verified quantization: abs/noa (uniform step) and rel (log2 domain) codes, built only from
+//! IEEE-exact operations so that CUDA kernels reproduce every code bit for bit.
+//!
+//! The encoder calls [`Quantizer::encode`], which returns `None` for any value the decoder would
+//! not reconstruct within the bound; such values are stored losslessly by the codec.
+
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::format::BoundMode;
+
+/// A user's error bound.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "mode", content = "value", rename_all = "lowercase")]
+pub enum ErrorBound {
+    /// `|x - x'| <= E`.
+    Abs(f64),
+    /// `|x - x'| <= E * (max - min)` over the finite values (value-range relative).
+    Noa(f64),
+    /// `|x - x'| <= E * |x|` (point-wise relative).
+    Rel(f64),
+}
+
+impl ErrorBound {
+    /// The mode tag.
+    pub fn mode(&self) -> BoundMode {
+        match self {
+            ErrorBound::Abs(_) => BoundMode::Abs,
+            ErrorBound::Noa(_) => BoundMode::Noa,
+            ErrorBound::Rel(_) => BoundMode::Rel,
+        }
+    }
+    /// The bound's value `E`.
+    pub fn value(&self) -> f64 {
+        match *self {
+            ErrorBound::Abs(e) | ErrorBound::Noa(e) | ErrorBound::Rel(e) => e,
+        }
+    }
+    /// Checks that the bound is usable: finite and positive (and below 1 for `rel`).
+    pub fn validate(&self) -> Result<()> {
+        let e = self.value();
+        if !(e.is_finite() && e > 0.0) {
+            return Err(Error::invalid(format!("error bound must be finite and > 0, got {e}")));
+        }
+        if matches!(self, ErrorBound::Rel(_)) && e >= 1.0 {
+            return Err(Error::invalid(format!("rel bound must be < 1, got {e}")));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for ErrorBound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ErrorBound::Abs(e) => write!(f, "abs:{e:e}"),
+            ErrorBound::Noa(e) => write!(f, "noa:{e:e}"),
+            ErrorBound::Rel(e) => write!(f, "rel:{e:e}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ErrorBound {
+    type Err = Error;
+    /// Parses `abs:E`, `noa:E` or `rel:E`.
+    fn from_str(s: &str) -> Result<Self> {
+        let (mode, v) = s
+            .split_once(':')
+            .ok_or_else(|| Error::invalid(format!("error bound `{s}`: expected MODE:VALUE")))?;
+        let e: f64 = v
+            .trim()
+            .parse()
+            .map_err(|_| Error::invalid(format!("error bound `{s}`: `{v}` is not a number")))?;
+        let b = match mode.trim() {
+            "abs" => ErrorBound::Abs(e),
+            "noa" => ErrorBound::Noa(e),
+            "rel" => ErrorBound::Rel(e),
+            m => {
+                return Err(Error::invalid(format!(
+                    "error bound `{s}`: unknown mode `{m}` (expected abs, noa or rel)"
+                )))
+            }
+        };
+        b.validate()?;
+        Ok(b)
+    }
+}
+
+/// Largest f64 strictly below a positive finite `v` (one ulp down), or `v` if it is 0.
+pub fn pred(v: f64) -> f64 {
+    if v > 0.0 && v.is_finite() {
+        f64::from_bits(v.to_bits() - 1)
+    } else {
+        v
+    }
+}
+
+/// Smallest and largest finite values of `data` (None if it has none). Parallel.
+pub fn finite_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
+    use rayon::prelude::*;
+    let (lo, hi) = data
+        .par_chunks(1 << 16)
+        .map(|c| {
+            c.iter().filter(|x| x.finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+                (lo.min(x.to_f64()), hi.max(x.to_f64()))
+            })
+        })
+        .reduce(|| (f64::INFINITY, f64::NEG_INFINITY), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+    (lo <= hi).then_some((lo, hi))
+}
+
+/// Parameters shared by encoder and decoder, as stored in the header.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantParams {
+    /// Mode.
+    pub mode: BoundMode,
+    /// The user's bound value.
+    pub bound_value: f64,
+    /// Guaranteed absolute bound (abs/noa), or `E` (rel).
+    pub abs_bound: f64,
+    /// Step (dtype-rounded for abs/noa; f64 log2 step for rel).
+    pub step: f64,
+    /// Value range (noa) or zeros.
+    pub range: (f64, f64),
+}
+
+impl QuantParams {
+    /// Derive the parameters for `data` under `bound` (scans the data for noa and the
+    /// constant-array case).
+    pub fn derive<T: Element>(data: &[T], bound: ErrorBound) -> Result<Self> {
+        bound.validate()?;
+        let e = bound.value();
+        match bound {
+            ErrorBound::Rel(_) => {
+                let step = pred(2.0 * zlog2(1.0 + e));
+                Ok(QuantParams {
+                    mode: BoundMode::Rel,
+                    bound_value: e,
+                    abs_bound: e,
+                    step,
+                    range: (0.0, 0.0),
+                })
+            }
+            ErrorBound::Abs(_) | ErrorBound::Noa(_) => {
+                let (abs_bound, range) = if let ErrorBound::Noa(_) = bound {
+                    let r = finite_range(data).unwrap_or((0.0, 0.0));
+                    let width = r.1 - r.0;
+                    let eb = if width.is_finite() { pred(e * width) } else { f64::MAX };
+                    (eb.max(0.0), r)
+                } else {
+                    (e, (0.0, 0.0))
+                };
+                let mut step = T::round_down_from_f64(2.0 * abs_bound).to_f64();
+                if !(step.is_normal() && T::from_f64(1.0 / step).finite()) {
+                    // Degenerate bound (constant array under noa, or an underflowing bound):
+                    // keep the data exactly, with a step that represents the first value.
+                    step = data
+                        .iter()
+                        .find(|x| x.finite() && x.to_f64() != 0.0)
+                        .map(|x| x.to_f64().abs())
+                        .unwrap_or(1.0);
+                    if !T::from_f64(1.0 / step).finite() {
+                        step = 1.0;
+                    }
+                }
+                Ok(QuantParams { mode: bound.mode(), bound_value: e, abs_bound, step, range })
+            }
+        }
+    }
+
+    /// Build the per-value quantizer.
+    pub fn quantizer<T: Element>(&self) -> Quantizer<T> {
+        let step = T::from_f64(self.step);
+        Quantizer {
+            rel: self.mode == BoundMode::Rel,
+            step,
+            inv: T::from_f64(1.0 / step.to_f64()),
+            step64: self.step,
+            eb: self.abs_bound,
+        }
+    }
+}
+
+/// Per-value encoder/decoder for one set of [`QuantParams`].
+#[derive(Debug, Clone, Copy)]
+pub struct Quantizer<T: Element> {
+    rel: bool,
+    step: T,
+    inv: T,
+    step64: f64,
+    eb: f64,
+}
+
+/// Half of the rel code offset: codes are `sign * (l + QHALF)`.
+#[inline]
+fn qhalf<T: Element>() -> f64 {
+    T::QMAX / 2.0
+}
+
+impl<T: Element> Quantizer<T> {
+    /// The code of `x`, or `None` when `x` must be stored losslessly.
+    #[inline]
+    pub fn encode(&self, x: T) -> Option<i64> {
+        if !x.finite() {
+            return None;
+        }
+        let q = if self.rel {
+            let v = x.to_f64();
+            if v == 0.0 {
+                return if x.to_bits_u64() == 0 { Some(0) } else { None };
+            }
+            let l = (zlog2(v.abs()) / self.step64).round_ties_even();
+            if l.abs() > qhalf::<T>() - 1.0 {
+                return None;
+            }
+            let m = (l + qhalf::<T>()) as i64;
+            if v < 0.0 {
+                -m
+            } else {
+                m
+            }
+        } else {
+            let p = x.mul(self.inv);
+            if !(p.abs_val().to_f64() < T::QMAX) {
+                return None;
+            }
+            p.rint().to_code()
+        };
+        let r = self.decode(q);
+        self.within(x, r).then_some(q)
+    }
+
+    /// The reconstruction of code `q`.
+    #[inline]
+    pub fn decode(&self, q: i64) -> T {
+        if self.rel {
+            if q == 0 {
+                return T::from_f64(0.0);
+            }
+            let m = (q.unsigned_abs() as f64 - qhalf::<T>()) * self.step64;
+            let mag = zexp2(m);
+            T::from_f64(if q < 0 { -mag } else { mag })
+        } else {
+            T::from_code(q).mul(self.step)
+        }
+    }
+
+    /// Exact check that `r` reconstructs `x` within the bound.
+    #[inline]
+    fn within(&self, x: T, r: T) -> bool {
+        let xv = x.to_f64();
+        let rv = r.to_f64();
+        if !rv.is_finite() {
+            return false;
+        }
+        let d = (xv - rv).abs();
+        let exact = T::SIZE == 4 || rv == 0.0 || xv == rv || {
+            let (a, b) = (xv.abs(), rv.abs());
+            (xv < 0.0) == (rv < 0.0) && b * 0.5 <= a && a <= b * 2.0
+        };
+        let limit = if self.rel { pred(self.eb * xv.abs()) } else { self.eb };
+        exact && d <= limit
+    }
+}
+
+/// `log2(x)` for finite `x > 0` from IEEE `+ - * /` only (bit-identical on CPU and GPU).
+pub fn zlog2(x: f64) -> f64 {
+    // split x = m * 2^e with m in [sqrt(1/2), sqrt(2))
+    let mut bits = x.to_bits();
+    let mut e: i64 = ((bits >> 52) & 0x7ff) as i64;
+    if e == 0 {
+        // subnormal: scale up by 2^64 (exact)
+        let y = x * 18_446_744_073_709_551_616.0;
+        bits = y.to_bits();
+        e = ((bits >> 52) & 0x7ff) as i64 - 64;
+    }
+    e -= 1023;
+    let mut m = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000);
+    if m > std::f64::consts::SQRT_2 {
+        m *= 0.5;
+        e += 1;
+    }
+    // ln(m) = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let mut acc = 1.0 / 25.0;
+    let mut k = 23.0;
+    while k >= 1.0 {
+        acc = acc * s2 + 1.0 / k;
+        k -= 2.0;
+    }
+    let ln_m = 2.0 * s * acc;
+    ln_m * std::f64::consts::LOG2_E + e as f64
+}
+
+/// `2^y` from IEEE `+ - * /` only (bit-identical on CPU and GPU); saturates to 0 / +Inf.
+pub fn zexp2(y: f64) -> f64 {
+    if y.is_nan() {
+        return f64::NAN;
+    }
+    if y > 1100.0 {
+        return f64::INFINITY;
+    }
+    if y < -1100.0 {
+        return 0.0;
+    }
+    let k = y.round_ties_even();
+    let f = (y - k) * std::f64::consts::LN_2; // |f| <= 0.3466
+    // e^f, Taylor degree 14 in Horner form
+    let mut p = 1.0;
+    let mut i = 14.0;
+    while i >= 1.0 {
+        p = p * f / i + 1.0;
+        i -= 1.0;
+    }
+    // scale by 2^k in two exact steps (k may be outside the normal exponent range)
+    let k = k as i64;
+    let k1 = k / 2;
+    let k2 = k - k1;
+    p * pow2i(k1) * pow2i(k2)
+}
+
+#[inline]
+fn pow2i(k: i64) -> f64 {
+    // k in [-550, 550]: 2^k is a normal f64 for |k| <= 1022
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zlog2_zexp2_are_accurate() {
+        for &x in &[1e-300, 1e-10, 0.3, 1.0, 1.5, 2.0, 3.0, 1e10, 1e300, 5e-324] {
+            let l = zlog2(x);
+            assert!((l - x.log2()).abs() < 1e-12 * x.log2().abs().max(1.0), "log2 {x}");
+            let back = zexp2(l);
+            assert!(((back - x) / x).abs() < 1e-12 || x < 1e-307, "exp2 {x} {back}");
+        }
+    }
+
+    #[test]
+    fn bound_parsing() {
+        assert_eq!("abs:1e-3".parse::<ErrorBound>().unwrap(), ErrorBound::Abs(1e-3));
+        assert!("abs:0".parse::<ErrorBound>().is_err());
+        assert!("abs:-1".parse::<ErrorBound>().is_err());
+        assert!("abs:nan".parse::<ErrorBound>().is_err());
+        assert!("foo:1".parse::<ErrorBound>().is_err());
+        assert!("rel:1.5".parse::<ErrorBound>().is_err());
+        assert!("1e-3".parse::<ErrorBound>().is_err());
+    }
+
+    #[test]
+    fn quantizer_guarantees_bound_or_refuses() {
+        let data: Vec<f32> = (0..10000).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+        for b in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-5), ErrorBound::Rel(1e-3)] {
+            let p = QuantParams::derive(&data, b).unwrap();
+            let q = p.quantizer::<f32>();
+            let mut ok = 0;
+            for &x in &data {
+                if let Some(c) = q.encode(x) {
+                    ok += 1;
+                    let r = q.decode(c) as f64;
+                    let lim = match b {
+                        ErrorBound::Rel(e) => e * (x as f64).abs(),
+                        _ => p.abs_bound,
+                    };
+                    assert!((r - x as f64).abs() <= lim);
+                }
+            }
+            assert!(ok > 9900, "{b}: only {ok} representable");
+        }
+    }
+
+    #[test]
+    fn constant_noa_keeps_data_exactly() {
+        for c in [0.0f32, 3.7, -1e30] {
+            let data = vec![c; 100];
+            let p = QuantParams::derive(&data, ErrorBound::Noa(1e-3)).unwrap();
+            let q = p.quantizer::<f32>();
+            let code = q.encode(c).expect("constant is representable");
+            assert_eq!(q.decode(code), c);
+        }
+    }
+}
