@@ -12,3 +12,11 @@ pub use element::Element;
 pub use error::{Error, Result};
 pub use format::{compress_bound, Dtype};
 pub use quant::ErrorBound;
+
+#[cfg(feature = "cuda")]
+pub mod gpu;
+
+#[cfg(feature = "mpi")]
+pub mod comm;
+
+pub mod model;

@@ -1,0 +1,1 @@
+//! Compressed communication over MPI (and NCCL).

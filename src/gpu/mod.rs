@@ -1,0 +1,1 @@
+//! GPU codecs: CUDA context/stream handling, NVRTC kernel compilation and device workspaces.
