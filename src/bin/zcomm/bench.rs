@@ -1,0 +1,289 @@
+//! `zcomm bench`: ratio, error and throughput of one or all codecs on a raw array.
+//!
+//! Throughput is `1e9` bytes of *uncompressed* data per second (GB/s), from the median of `--runs`
+//! timed runs after one untimed warm-up run, for compression and decompression separately.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use zcomm::format::BoundMode;
+use zcomm::{CodecKind, Dtype, Element, Error, ErrorBound, Result};
+
+use crate::array::{read_file, values_from_bytes, with_dtype};
+use crate::device::{self, Device};
+
+/// Arguments of `zcomm bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Raw little-endian array.
+    #[arg(long, short = 'i')]
+    pub input: PathBuf,
+    /// Element type of the input: f32 or f64.
+    #[arg(long, value_parser = crate::parse::dtype)]
+    pub dtype: Dtype,
+    /// Error bound: abs:E, noa:E or rel:E.
+    #[arg(long, value_parser = crate::parse::bound)]
+    pub error_bound: ErrorBound,
+    /// `all` or one codec name.
+    #[arg(long, default_value = "all")]
+    pub codec: String,
+    /// Timed runs per direction (the median is reported).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Worker threads for the CPU codecs (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+    /// Print JSON records (an array, one object per codec) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Run the codecs on the CPU or the GPU.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+}
+
+/// One benchmark result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// Codec name.
+    pub codec: String,
+    /// `f32` / `f64`.
+    pub dtype: Dtype,
+    /// The bound as given (`noa:1e-3`).
+    pub error_bound: String,
+    /// The absolute bound the stream guarantees (abs/noa), or the relative bound (rel).
+    pub abs_bound: f64,
+    /// Input path.
+    pub input: String,
+    /// Uncompressed bytes.
+    pub bytes: usize,
+    /// Number of values.
+    pub count: usize,
+    /// Compressed stream bytes (header included).
+    pub compressed_bytes: usize,
+    /// `bytes / compressed_bytes`.
+    pub ratio: f64,
+    /// Largest `|x - x'|` over finite values.
+    pub max_error: f64,
+    /// Largest `|x - x'| / |x|` over finite non-zero values.
+    pub max_rel_error: f64,
+    /// PSNR in dB over finite values (value range / RMSE); `null` when lossless.
+    pub psnr_db: f64,
+    /// Every finite value within the bound and every non-finite value bit-exact.
+    pub bound_ok: bool,
+    /// Median compression time in seconds.
+    pub compress_s: f64,
+    /// Median decompression time in seconds.
+    pub decompress_s: f64,
+    /// Compression throughput, GB/s of uncompressed data.
+    pub compress_gbps: f64,
+    /// Decompression throughput, GB/s of uncompressed data.
+    pub decompress_gbps: f64,
+    /// Timed runs per direction.
+    pub runs: u32,
+    /// Worker threads.
+    pub threads: usize,
+    /// `cpu` / `gpu`.
+    pub device_kind: String,
+    /// The hardware (CPU model or GPU name).
+    pub device: String,
+}
+
+/// Error statistics of a reconstruction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// Largest absolute error over finite values.
+    pub max_error: f64,
+    /// Largest relative error over finite non-zero values.
+    pub max_rel_error: f64,
+    /// PSNR in dB (infinite when exact).
+    pub psnr_db: f64,
+    /// Bound held everywhere.
+    pub bound_ok: bool,
+}
+
+/// Compare `orig` with its reconstruction `back` under a stream's bound (`abs_bound` from the header).
+pub fn error_stats<T: Element>(orig: &[T], back: &[T], mode: BoundMode, abs_bound: f64) -> Stats {
+    let (mut max_err, mut max_rel, mut sse, mut n) = (0f64, 0f64, 0f64, 0usize);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    let mut ok = orig.len() == back.len();
+    for (&x, &y) in orig.iter().zip(back) {
+        if !x.finite() {
+            ok &= x.to_bits_u64() == y.to_bits_u64();
+            continue;
+        }
+        let (xv, yv) = (x.to_f64(), y.to_f64());
+        let d = (xv - yv).abs();
+        if d.is_nan() {
+            ok = false;
+            continue;
+        }
+        let limit = match mode {
+            BoundMode::Abs | BoundMode::Noa => abs_bound,
+            BoundMode::Rel => abs_bound * xv.abs(),
+        };
+        ok &= d <= limit;
+        max_err = max_err.max(d);
+        if xv != 0.0 {
+            max_rel = max_rel.max(d / xv.abs());
+        }
+        sse += d * d;
+        n += 1;
+        lo = lo.min(xv);
+        hi = hi.max(xv);
+    }
+    let psnr = if n == 0 || sse == 0.0 {
+        f64::INFINITY
+    } else {
+        20.0 * (hi - lo).log10() - 10.0 * (sse / n as f64).log10()
+    };
+    Stats {
+        max_error: max_err,
+        max_rel_error: max_rel,
+        psnr_db: psnr,
+        bound_ok: ok,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn codecs(spec: &str) -> Result<Vec<CodecKind>> {
+    if spec == "all" {
+        Ok(CodecKind::ALL.to_vec())
+    } else {
+        spec.split(',').map(|s| s.trim().parse()).collect()
+    }
+}
+
+fn bench_one<T: Element>(a: &Args, data: &[T], codec: CodecKind) -> Result<Record> {
+    let bytes = std::mem::size_of_val(data);
+    // warm-up: also the stream the statistics are computed from
+    let stream = device::compress(a.device, data, a.error_bound, codec)?;
+    let mut ct = Vec::with_capacity(a.runs as usize);
+    for _ in 0..a.runs {
+        let t = Instant::now();
+        let s = device::compress(a.device, data, a.error_bound, codec)?;
+        ct.push(t.elapsed().as_secs_f64());
+        if s != stream {
+            return Err(Error::invalid(format!(
+                "{codec}: compression is not deterministic"
+            )));
+        }
+    }
+    let mut back = vec![T::default(); data.len()];
+    device::decompress_into(a.device, &stream, &mut back)?;
+    let mut dt = Vec::with_capacity(a.runs as usize);
+    for _ in 0..a.runs {
+        let t = Instant::now();
+        device::decompress_into(a.device, &stream, &mut back)?;
+        dt.push(t.elapsed().as_secs_f64());
+    }
+    let h = zcomm::inspect(&stream)?;
+    let st = error_stats(data, &back, h.mode, h.abs_bound);
+    let (cs, ds) = (median(ct), median(dt));
+    Ok(Record {
+        codec: codec.name().into(),
+        dtype: T::DTYPE,
+        error_bound: a.error_bound.to_string(),
+        abs_bound: h.abs_bound,
+        input: a.input.display().to_string(),
+        bytes,
+        count: data.len(),
+        compressed_bytes: stream.len(),
+        ratio: bytes as f64 / stream.len() as f64,
+        max_error: st.max_error,
+        max_rel_error: st.max_rel_error,
+        psnr_db: st.psnr_db,
+        bound_ok: st.bound_ok,
+        compress_s: cs,
+        decompress_s: ds,
+        compress_gbps: bytes as f64 / cs / 1e9,
+        decompress_gbps: bytes as f64 / ds / 1e9,
+        runs: a.runs,
+        threads: rayon::current_num_threads(),
+        device_kind: a.device.name().into(),
+        device: device::describe(a.device),
+    })
+}
+
+fn bench_all<T: Element>(bytes: &[u8], a: &Args, list: &[CodecKind]) -> Result<Vec<Record>> {
+    let data: Vec<T> = values_from_bytes(bytes, &a.input)?;
+    list.iter().map(|&c| bench_one(a, &data, c)).collect()
+}
+
+fn fmt_psnr(p: f64) -> String {
+    if p.is_finite() {
+        format!("{p:.2}")
+    } else {
+        "inf".into()
+    }
+}
+
+/// Print records as a Markdown table (pasteable into BENCHMARKS.md).
+pub fn print_table(recs: &[Record]) {
+    if let Some(r) = recs.first() {
+        println!(
+            "input {} ({} {} values, {} bytes), bound {} (abs {:e}), device {} ({}), {} threads, median of {} runs",
+            r.input, r.count, r.dtype, r.bytes, r.error_bound, r.abs_bound, r.device_kind, r.device,
+            r.threads, r.runs
+        );
+        println!();
+    }
+    println!("| codec | ratio | max error | PSNR (dB) | compress GB/s | decompress GB/s | bound |");
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    for r in recs {
+        println!(
+            "| {} | {:.3} | {:.3e} | {} | {:.3} | {:.3} | {} |",
+            r.codec,
+            r.ratio,
+            r.max_error,
+            fmt_psnr(r.psnr_db),
+            r.compress_gbps,
+            r.decompress_gbps,
+            if r.bound_ok { "ok" } else { "VIOLATED" }
+        );
+    }
+}
+
+/// Run `zcomm bench`.
+pub fn run(a: Args) -> Result<()> {
+    let list = codecs(&a.codec)?;
+    let bytes = read_file(&a.input)?;
+    let work = || with_dtype!(a.dtype, bench_all::<T>(&bytes, &a, &list));
+    let recs = match a.threads {
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n as usize)
+            .build()
+            .map_err(|e| Error::invalid(format!("cannot start {n} threads: {e}")))?
+            .install(work)?,
+        None => work()?,
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&recs).expect("JSON of plain values")
+        );
+    } else {
+        print_table(&recs);
+    }
+    let bad: Vec<&str> = recs
+        .iter()
+        .filter(|r| !r.bound_ok)
+        .map(|r| r.codec.as_str())
+        .collect();
+    if !bad.is_empty() {
+        return Err(Error::invalid(format!(
+            "error bound violated by {}",
+            bad.join(", ")
+        )));
+    }
+    Ok(())
+}
