@@ -1,1 +1,545 @@
 //! The overall-speedup model (AATROX §5.6) and the per-message compression policy.
+//!
+//! AATROX defines the speedup of sending data compressed over a link of bandwidth `BW` with
+//! compression ratio `CR` and compression throughput `T_compr` as
+//!
+//! ```text
+//! speedup = 1 / ((1/(BW·CR) + 1/T_compr) · BW)
+//! ```
+//!
+//! ([`aatrox_speedup`]). zcomm extends it with decompression throughput `T_decompr`, per-message
+//! latency `L` and optional staging hops (device→host before the network and host→device after it,
+//! bandwidth `BW_s`, latency `L_s`), in two forms ([`predict`]):
+//!
+//! * **serial** (one message, every stage after the previous one):
+//!   `t_raw = L + S/BW [+ 2 (L_s + S/BW_s)]`,
+//!   `t_cmp = S/T_c + L + S/(CR·BW) + S/T_d [+ 2 (L_s + S/(CR·BW_s))]`;
+//! * **pipelined** in `k` chunks of `c = S/k` bytes, each stage working on one chunk while the
+//!   next stage works on the previous one: `t = Σ_stages t_i(c) + (k-1)·max_i t_i(c)`
+//!   (fill time + steady state bounded by the slowest stage), for the raw and the compressed path.
+//!
+//! With `L = 0`, no staging, `T_d = ∞` and one chunk, `t_raw / t_cmp` is exactly AATROX's formula.
+//! A [`Profile`] holds the calibrated link and codec speeds (JSON file, see [`Profile::load`]).
+
+use std::path::{Path, PathBuf};
+
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::format::Dtype;
+
+/// AATROX §5.6 overall speedup: `1 / ((1/(bw·cr) + 1/tc) · bw)` (all rates in the same unit).
+pub fn aatrox_speedup(bw: f64, cr: f64, tc: f64) -> f64 {
+    1.0 / ((1.0 / (bw * cr) + 1.0 / tc) * bw)
+}
+
+/// Whether to compress a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Policy {
+    /// Compress with the given codec when the model predicts it is faster, else send raw.
+    Auto(CodecKind),
+    /// Always compress with this codec (a stream that would expand is still sent stored).
+    Always(CodecKind),
+    /// Never compress.
+    Never,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy::Auto(CodecKind::Aatrox)
+    }
+}
+
+impl Policy {
+    /// The codec this policy compresses with, if any.
+    pub fn codec(&self) -> Option<CodecKind> {
+        match *self {
+            Policy::Auto(c) | Policy::Always(c) => Some(c),
+            Policy::Never => None,
+        }
+    }
+    /// A one-byte tag (for cross-rank agreement checks): high nibble kind, low nibble codec.
+    pub fn tag(&self) -> u8 {
+        match *self {
+            Policy::Never => 0,
+            Policy::Auto(c) => 0x10 | c.tag(),
+            Policy::Always(c) => 0x20 | c.tag(),
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Policy::Auto(c) => write!(f, "auto:{c}"),
+            Policy::Always(c) => write!(f, "always:{c}"),
+            Policy::Never => f.write_str("never"),
+        }
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = Error;
+    /// `never`, `auto`, `auto:CODEC`, `always`, `always:CODEC`.
+    fn from_str(s: &str) -> Result<Self> {
+        let (k, c) = s.split_once(':').unwrap_or((s, "aatrox"));
+        let codec: CodecKind = c.parse()?;
+        match k {
+            "never" | "raw" => Ok(Policy::Never),
+            "auto" => Ok(Policy::Auto(codec)),
+            "always" => Ok(Policy::Always(codec)),
+            _ => Err(Error::invalid(format!(
+                "policy `{s}`: expected never, auto[:CODEC], always[:CODEC]"
+            ))),
+        }
+    }
+}
+
+/// A link: bandwidth in bytes/s and per-message latency in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Link {
+    /// Bytes per second.
+    pub bandwidth: f64,
+    /// Seconds per message.
+    pub latency: f64,
+}
+
+/// Measured compression and decompression throughput of one codec on one dtype (uncompressed
+/// bytes per second).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CodecSpeed {
+    /// The codec.
+    pub codec: CodecKind,
+    /// 1 = f32, 2 = f64 (the stream's dtype tag).
+    pub dtype: u8,
+    /// Compression throughput (input bytes/s).
+    pub compress: f64,
+    /// Decompression throughput (output bytes/s).
+    pub decompress: f64,
+    /// Ratio measured on the calibration field.
+    pub ratio: f64,
+}
+
+/// Calibration results, cached as JSON.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Profile {
+    /// Format version of the file (1).
+    pub version: u32,
+    /// Host name of rank 0 when measured.
+    pub host: String,
+    /// Number of ranks when measured.
+    pub ranks: usize,
+    /// Which compressor the codec speeds belong to (`cpu`, `gpu:NAME`).
+    pub compressor: String,
+    /// The network (or shared-memory) link between ranks, from a ping-pong.
+    pub link: Link,
+    /// Device↔host staging link (pinned copies), if device buffers are staged.
+    pub staging: Option<Link>,
+    /// Codec speeds.
+    pub codecs: Vec<CodecSpeed>,
+    /// Seconds since the Unix epoch when measured.
+    pub created: u64,
+}
+
+impl Profile {
+    /// A profile with the given link and no codec speeds (used before calibration).
+    pub fn new(link: Link) -> Self {
+        Profile {
+            version: 1,
+            host: String::new(),
+            ranks: 0,
+            compressor: "cpu".into(),
+            link,
+            staging: None,
+            codecs: Vec::new(),
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
+    /// The speeds of `codec` on `dtype`, if calibrated.
+    pub fn codec_speed(&self, codec: CodecKind, dtype: Dtype) -> Option<CodecSpeed> {
+        self.codecs
+            .iter()
+            .copied()
+            .find(|c| c.codec == codec && c.dtype == dtype.tag())
+    }
+    /// Read a profile from a JSON file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        Self::from_json(&text)
+    }
+    /// Parse a profile from JSON text.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let p: Profile =
+            serde_json::from_str(text).map_err(|e| Error::invalid(format!("profile JSON: {e}")))?;
+        if p.version != 1 {
+            return Err(Error::invalid(format!(
+                "profile version {} unsupported",
+                p.version
+            )));
+        }
+        Ok(p)
+    }
+    /// The profile as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("profile serializes")
+    }
+    /// Write the profile as JSON (creating parent directories).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(path, self.to_json())?;
+        Ok(())
+    }
+    /// The default cache path: `$ZCOMM_PROFILE`, else
+    /// `$XDG_CACHE_HOME/zcomm/profile-{key}.json` (or `~/.cache/...`, or the temp dir).
+    pub fn default_path(key: &str) -> PathBuf {
+        if let Some(p) = std::env::var_os("ZCOMM_PROFILE") {
+            return PathBuf::from(p);
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        let key: String = key
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        base.join("zcomm").join(format!("profile-{key}.json"))
+    }
+}
+
+/// Inputs of one prediction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scenario {
+    /// Uncompressed bytes moved.
+    pub bytes: f64,
+    /// Compression ratio (uncompressed / compressed).
+    pub ratio: f64,
+    /// The link between ranks.
+    pub link: Link,
+    /// Compression throughput (bytes/s); `f64::INFINITY` to ignore.
+    pub compress: f64,
+    /// Decompression throughput (bytes/s); `f64::INFINITY` to ignore.
+    pub decompress: f64,
+    /// Staging link crossed before and after the network (device buffers), if any.
+    pub staging: Option<Link>,
+    /// Number of pipeline chunks (1 = serial).
+    pub chunks: usize,
+}
+
+impl Scenario {
+    /// One transfer of `bytes` at ratio `ratio` over `link` with codec throughputs `tc`/`td`.
+    pub fn new(bytes: f64, ratio: f64, link: Link, tc: f64, td: f64) -> Self {
+        Scenario {
+            bytes,
+            ratio,
+            link,
+            compress: tc,
+            decompress: td,
+            staging: None,
+            chunks: 1,
+        }
+    }
+    /// With staging hops.
+    pub fn with_staging(mut self, s: Option<Link>) -> Self {
+        self.staging = s;
+        self
+    }
+    /// With `k` pipeline chunks.
+    pub fn with_chunks(mut self, k: usize) -> Self {
+        self.chunks = k.max(1);
+        self
+    }
+}
+
+/// A prediction (seconds, and raw/compressed speedups).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Prediction {
+    /// Raw path, serial.
+    pub raw_serial: f64,
+    /// Raw path, pipelined in `chunks`.
+    pub raw_pipelined: f64,
+    /// Compressed path, serial.
+    pub compressed_serial: f64,
+    /// Compressed path, pipelined in `chunks`.
+    pub compressed_pipelined: f64,
+}
+
+impl Prediction {
+    /// `raw_serial / compressed_serial`.
+    pub fn speedup_serial(&self) -> f64 {
+        self.raw_serial / self.compressed_serial
+    }
+    /// `raw_pipelined / compressed_pipelined`.
+    pub fn speedup_pipelined(&self) -> f64 {
+        self.raw_pipelined / self.compressed_pipelined
+    }
+}
+
+fn pipeline(stages: &[f64], k: usize) -> f64 {
+    let sum: f64 = stages.iter().sum();
+    let max = stages.iter().copied().fold(0.0, f64::max);
+    sum + (k.saturating_sub(1)) as f64 * max
+}
+
+/// Predict raw and compressed transfer times, serial and pipelined (see the module docs).
+pub fn predict(s: &Scenario) -> Prediction {
+    let k = s.chunks.max(1);
+    let c = s.bytes / k as f64;
+    let cr = s.ratio.max(f64::MIN_POSITIVE);
+    let mut raw = Vec::with_capacity(3);
+    let mut cmp = Vec::with_capacity(5);
+    cmp.push(c / s.compress);
+    if let Some(st) = s.staging {
+        raw.push(st.latency + c / st.bandwidth);
+        cmp.push(st.latency + c / (cr * st.bandwidth));
+    }
+    raw.push(s.link.latency + c / s.link.bandwidth);
+    cmp.push(s.link.latency + c / (cr * s.link.bandwidth));
+    if let Some(st) = s.staging {
+        raw.push(st.latency + c / st.bandwidth);
+        cmp.push(st.latency + c / (cr * st.bandwidth));
+    }
+    cmp.push(c / s.decompress);
+    Prediction {
+        raw_serial: pipeline(&raw, 1) * k as f64,
+        raw_pipelined: pipeline(&raw, k),
+        compressed_serial: pipeline(&cmp, 1) * k as f64,
+        compressed_pipelined: pipeline(&cmp, k),
+    }
+}
+
+/// Parse a rate like `25GB/s`, `400 GB/s`, `12.5GiB/s`, `800MB/s`, `1e9` (bytes/s).
+pub fn parse_rate(s: &str) -> Result<f64> {
+    let t = s.trim().trim_end_matches("/s").trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| Error::invalid(format!("rate `{s}`: `{num}` is not a number")))?;
+    let mult = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1048576.0,
+        "GiB" => 1073741824.0,
+        "TiB" => 1099511627776.0,
+        u => return Err(Error::invalid(format!("rate `{s}`: unknown unit `{u}`"))),
+    };
+    let r = v * mult;
+    if !(r.is_finite() && r > 0.0) {
+        return Err(Error::invalid(format!("rate `{s}` must be finite and > 0")));
+    }
+    Ok(r)
+}
+
+/// Format bytes/s as `12.3 GB/s`.
+pub fn fmt_rate(r: f64) -> String {
+    if r >= 1e9 {
+        format!("{:.2} GB/s", r / 1e9)
+    } else {
+        format!("{:.1} MB/s", r / 1e6)
+    }
+}
+
+/// Compression-ratio estimates remembered per message tag ("the previous message with the same
+/// tag").
+#[derive(Debug, Default, Clone)]
+pub struct RatioCache {
+    map: std::collections::HashMap<(u8, i64), f64>,
+}
+
+impl RatioCache {
+    /// The ratio achieved by the previous message of kind `op` with `tag`.
+    pub fn get(&self, op: u8, tag: i64) -> Option<f64> {
+        self.map.get(&(op, tag)).copied()
+    }
+    /// Remember the ratio of a message.
+    pub fn put(&mut self, op: u8, tag: i64, ratio: f64) {
+        if ratio.is_finite() && ratio > 0.0 {
+            self.map.insert((op, tag), ratio);
+        }
+    }
+}
+
+/// Estimate the compression ratio of `data` under `bound` by compressing up to `max_chunks`
+/// codec chunks (32,768 values) spread evenly over it. `noa` bounds are converted to the absolute
+/// bound of the whole array first, so the sample sees the same step. Returns the ratio and, when
+/// the sample was the whole array, its stream (so the caller can send it).
+pub fn estimate_ratio<T: crate::Element>(
+    data: &[T],
+    bound: crate::ErrorBound,
+    codec: CodecKind,
+    max_chunks: usize,
+) -> Result<(f64, Option<Vec<u8>>)> {
+    const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
+    if data.is_empty() {
+        return Ok((1.0, None));
+    }
+    let n_chunks = data.len().div_ceil(CHUNK);
+    if n_chunks <= max_chunks.max(1) {
+        let s = crate::compress(data, bound, codec)?;
+        let ratio = (data.len() * T::SIZE) as f64 / s.len() as f64;
+        return Ok((ratio, Some(s)));
+    }
+    let b = match bound {
+        crate::ErrorBound::Noa(e) => {
+            let (lo, hi) = crate::quant::finite_range(data).unwrap_or((0.0, 0.0));
+            let w = e * (hi - lo);
+            if w.is_finite() && w > 0.0 {
+                crate::ErrorBound::Abs(w)
+            } else {
+                bound
+            }
+        }
+        b => b,
+    };
+    let mut sample = Vec::with_capacity(max_chunks * CHUNK);
+    for i in 0..max_chunks {
+        let c = i * n_chunks / max_chunks;
+        let lo = c * CHUNK;
+        let hi = (lo + CHUNK).min(data.len());
+        sample.extend_from_slice(&data[lo..hi]);
+    }
+    let s = crate::compress(&sample, b, codec)?;
+    Ok(((sample.len() * T::SIZE) as f64 / s.len() as f64, None))
+}
+
+/// Measure the compression and decompression throughput of `codec` on a smooth synthetic field
+/// of `n` values at `noa:1e-3` (best of `reps`).
+pub fn measure_codec<T: crate::Element>(
+    codec: CodecKind,
+    n: usize,
+    reps: usize,
+) -> Result<CodecSpeed> {
+    let data: Vec<T> = (0..n)
+        .map(|i| {
+            let x = i as f64 * 1e-4;
+            T::from_f64((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0 + (i % 17) as f64 * 1e-3)
+        })
+        .collect();
+    let bound = crate::ErrorBound::Noa(1e-3);
+    let mut best_c = f64::INFINITY;
+    let mut best_d = f64::INFINITY;
+    let mut len = 1;
+    let mut out = vec![T::default(); n];
+    for _ in 0..reps.max(1) {
+        let t = std::time::Instant::now();
+        let s = crate::compress(&data, bound, codec)?;
+        best_c = best_c.min(t.elapsed().as_secs_f64());
+        let t = std::time::Instant::now();
+        crate::decompress_into(&s, &mut out)?;
+        best_d = best_d.min(t.elapsed().as_secs_f64());
+        len = s.len();
+    }
+    let bytes = (n * T::SIZE) as f64;
+    Ok(CodecSpeed {
+        codec,
+        dtype: T::DTYPE.tag(),
+        compress: bytes / best_c.max(1e-9),
+        decompress: bytes / best_d.max(1e-9),
+        ratio: bytes / len as f64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serial_model_reduces_to_aatrox() {
+        let link = Link {
+            bandwidth: 25e9,
+            latency: 0.0,
+        };
+        let s = Scenario::new(1e9, 20.0, link, 400e9, f64::INFINITY);
+        let p = predict(&s);
+        let a = aatrox_speedup(25e9, 20.0, 400e9);
+        assert!(
+            (p.speedup_serial() - a).abs() < 1e-9 * a,
+            "{} vs {a}",
+            p.speedup_serial()
+        );
+        // 1/((1/500 + 1/400)*25) = 1/(0.1125) = 8.888..
+        assert!((a - 8.888_888_888_888_889).abs() < 1e-9);
+    }
+
+    #[test]
+    fn pipelined_is_bounded_by_slowest_stage() {
+        let link = Link {
+            bandwidth: 10e9,
+            latency: 1e-6,
+        };
+        let st = Some(Link {
+            bandwidth: 20e9,
+            latency: 5e-6,
+        });
+        let s = Scenario::new(1e9, 10.0, link, 100e9, 200e9)
+            .with_staging(st)
+            .with_chunks(64);
+        let p = predict(&s);
+        assert!(p.compressed_pipelined < p.compressed_serial);
+        assert!(p.raw_pipelined < p.raw_serial);
+        // steady state ~ S/T_c (10 ms) dominates
+        assert!(p.compressed_pipelined > 1e9 / 100e9);
+        let one = predict(&s.with_chunks(1));
+        assert_eq!(one.compressed_pipelined, one.compressed_serial);
+    }
+
+    #[test]
+    fn rates_and_policies_parse() {
+        assert_eq!(parse_rate("25GB/s").unwrap(), 25e9);
+        assert_eq!(parse_rate("1 GiB/s").unwrap(), 1073741824.0);
+        assert_eq!(parse_rate("800MB/s").unwrap(), 8e8);
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("0GB/s").is_err());
+        assert_eq!("never".parse::<Policy>().unwrap(), Policy::Never);
+        assert_eq!(
+            "auto".parse::<Policy>().unwrap(),
+            Policy::Auto(CodecKind::Aatrox)
+        );
+        assert_eq!(
+            "always:cuszp-plain".parse::<Policy>().unwrap(),
+            Policy::Always(CodecKind::CuszpPlain)
+        );
+    }
+
+    #[test]
+    fn profile_round_trips() {
+        let mut p = Profile::new(Link {
+            bandwidth: 1e10,
+            latency: 2e-6,
+        });
+        p.codecs
+            .push(measure_codec::<f32>(CodecKind::Aatrox, 1 << 16, 1).unwrap());
+        let q = Profile::from_json(&p.to_json()).unwrap();
+        assert_eq!(p.link, q.link);
+        let (a, b) = (p.codecs[0], q.codecs[0]);
+        assert!((a.compress / b.compress - 1.0).abs() < 1e-12 && a.codec == b.codec);
+        assert!(q.codec_speed(CodecKind::Aatrox, Dtype::F32).unwrap().ratio > 1.0);
+    }
+
+    #[test]
+    fn ratio_estimate_is_close_on_smooth_data() {
+        let data: Vec<f32> = (0..(1 << 20)).map(|i| (i as f32 * 1e-4).sin()).collect();
+        let (est, s) =
+            estimate_ratio(&data, crate::ErrorBound::Noa(1e-3), CodecKind::Aatrox, 4).unwrap();
+        assert!(s.is_none());
+        let full = crate::compress(&data, crate::ErrorBound::Noa(1e-3), CodecKind::Aatrox).unwrap();
+        let real = (data.len() * 4) as f64 / full.len() as f64;
+        assert!((est / real - 1.0).abs() < 0.3, "estimate {est} vs {real}");
+    }
+}
