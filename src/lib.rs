@@ -6,6 +6,7 @@ pub mod element;
 pub mod error;
 pub mod format;
 pub mod quant;
+mod simd;
 
 pub use codec::{compress, decompress, decompress_into, inspect, CodecKind, DecodeLimits};
 pub use element::Element;

@@ -17,6 +17,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::format::{u32_at, zhash_bytes, ChunkEntry, Header, TABLE_ENTRY_LEN};
 use crate::quant::{QuantParams, Quantizer};
+use crate::simd::simd;
 
 /// log2 of values per chunk (AATROX's warp layer, 32 × 32 × 32).
 pub const CHUNK_LOG2: usize = 15;
@@ -44,7 +45,12 @@ pub fn encode<T: Element>(data: &[T], params: &QuantParams, codec: CodecKind) ->
     let q = params.quantizer::<T>();
     let chunks: Vec<Vec<u8>> = data
         .par_chunks(CHUNK)
-        .map_init(ChunkScratch::default, |s, c| encode_chunk(c, &q, codec, s))
+        .map_init(ChunkScratch::default, |s, c| {
+            simd(
+                #[inline(always)]
+                || encode_chunk(c, &q, codec, s),
+            )
+        })
         .collect();
     let n = chunks.len();
     let total: usize = chunks.iter().map(Vec::len).sum::<usize>() + n * TABLE_ENTRY_LEN;
@@ -57,7 +63,11 @@ pub fn encode<T: Element>(data: &[T], params: &QuantParams, codec: CodecKind) ->
     for c in &chunks {
         payload.extend_from_slice(c);
     }
-    Body { payload, n_chunks: n as u32, table_checksum }
+    Body {
+        payload,
+        n_chunks: n as u32,
+        table_checksum,
+    }
 }
 
 #[derive(Default)]
@@ -122,7 +132,8 @@ fn layer_bytes<T: Element>(r: u8, n_t: usize) -> usize {
     }
 }
 
-/// Write the sign word and `b` bit planes of 32 deltas (magnitude of index `skip` forced to 0).
+/// Write the sign word and `b` bit planes of 32 deltas.
+#[inline(always)]
 fn pack(deltas: &[i64; LAYER], b: u32, out: &mut Vec<u8>) {
     let mut sign = 0u32;
     let mut mags = [0u64; LAYER];
@@ -141,6 +152,7 @@ fn pack(deltas: &[i64; LAYER], b: u32, out: &mut Vec<u8>) {
     }
 }
 
+#[inline(always)]
 fn encode_chunk<T: Element>(
     vals: &[T],
     q: &Quantizer<T>,
@@ -155,13 +167,7 @@ fn encode_chunk<T: Element>(
     s.raw.resize(n_layers, false);
     for (l, layer) in vals.chunks(LAYER).enumerate() {
         let codes = &mut s.codes[l * LAYER..l * LAYER + layer.len()];
-        let mut raw = false;
-        for (c, &x) in codes.iter_mut().zip(layer) {
-            match q.encode(x) {
-                Some(v) => *c = v,
-                None => raw = true,
-            }
-        }
+        let raw = !q.encode_layer(layer, codes);
         // padding past the end repeats the last code: delta 0
         if layer.len() < LAYER && !raw {
             let last = s.codes[l * LAYER + layer.len() - 1];
@@ -171,7 +177,11 @@ fn encode_chunk<T: Element>(
     }
     let chained = codec == CodecKind::Aatrox;
     let init = if chained {
-        s.raw.iter().position(|r| !r).map(|l| s.codes[l * LAYER]).unwrap_or(0)
+        s.raw
+            .iter()
+            .position(|r| !r)
+            .map(|l| s.codes[l * LAYER])
+            .unwrap_or(0)
     } else {
         0
     };
@@ -265,11 +275,16 @@ pub fn decode<T: Element>(
         .zip(entries.par_iter())
         .enumerate()
         .try_for_each(|(ci, (dst, e))| {
-            decode_chunk(&stream[e.offset..e.offset + e.size], e, &q, codec, dst)
-                .map_err(|err| Error::corrupt(format!("chunk {ci}: {err}")))
+            let c = &stream[e.offset..e.offset + e.size];
+            simd(
+                #[inline(always)]
+                || decode_chunk(c, e, &q, codec, dst),
+            )
+            .map_err(|err| Error::corrupt(format!("chunk {ci}: {err}")))
         })
 }
 
+#[inline(always)]
 fn decode_chunk<T: Element>(
     c: &[u8],
     e: &ChunkEntry,
@@ -310,7 +325,9 @@ fn decode_chunk<T: Element>(
             rates[i * LAYERS_PER_ITER..(i + 1) * LAYERS_PER_ITER].copy_from_slice(r);
             pos += LAYERS_PER_ITER;
             if r.iter().all(|&x| x == 0) {
-                return Err(Error::corrupt("mask bit set for an all-zero iteration layer"));
+                return Err(Error::corrupt(
+                    "mask bit set for an all-zero iteration layer",
+                ));
             }
         }
     }
@@ -375,7 +392,11 @@ fn decode_chunk<T: Element>(
             pos += 4 + 4 * b as usize;
             for k in 0..LAYER {
                 let m = mags[k] as i64;
-                deltas[k] = if (sign >> k) & 1 != 0 { m.wrapping_neg() } else { m };
+                deltas[k] = if (sign >> k) & 1 != 0 {
+                    m.wrapping_neg()
+                } else {
+                    m
+                };
             }
         } else {
             deltas = [0; LAYER];
@@ -418,6 +439,49 @@ mod tests {
     fn zigzag_round_trip() {
         for d in [0i64, 1, -1, 127, -128, 1 << 40, -(1 << 40)] {
             assert_eq!(unzigzag(zigzag(d)), d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod throughput {
+    use super::*;
+    use crate::quant::ErrorBound;
+
+    /// `cargo test --release --lib throughput -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn single_core_throughput() {
+        let n = 1 << 24;
+        let data: Vec<f32> = (0..n)
+            .map(|i| {
+                let x = i as f32 * 1e-4;
+                x.sin() * 10.0 + (x * 7.3).cos() + (i % 17) as f32 * 1e-3
+            })
+            .collect();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for codec in CodecKind::ALL {
+            let bound = ErrorBound::Noa(1e-3);
+            let (s, tc) = pool.install(|| {
+                let t = std::time::Instant::now();
+                let s = crate::codec::compress(&data, bound, *codec).unwrap();
+                (s, t.elapsed())
+            });
+            let td = pool.install(|| {
+                let t = std::time::Instant::now();
+                let _ = crate::codec::decompress::<f32>(&s).unwrap();
+                t.elapsed()
+            });
+            let gb = (n * 4) as f64 / 1e9;
+            println!(
+                "{codec}: ratio {:.2} compress {:.2} GB/s decompress {:.2} GB/s",
+                (n * 4) as f64 / s.len() as f64,
+                gb / tc.as_secs_f64(),
+                gb / td.as_secs_f64()
+            );
         }
     }
 }

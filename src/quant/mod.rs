@@ -39,7 +39,9 @@ impl ErrorBound {
     pub fn validate(&self) -> Result<()> {
         let e = self.value();
         if !(e.is_finite() && e > 0.0) {
-            return Err(Error::invalid(format!("error bound must be finite and > 0, got {e}")));
+            return Err(Error::invalid(format!(
+                "error bound must be finite and > 0, got {e}"
+            )));
         }
         if matches!(self, ErrorBound::Rel(_)) && e >= 1.0 {
             return Err(Error::invalid(format!("rel bound must be < 1, got {e}")));
@@ -96,14 +98,52 @@ pub fn pred(v: f64) -> f64 {
 /// Smallest and largest finite values of `data` (None if it has none). Parallel.
 pub fn finite_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
     use rayon::prelude::*;
+    let inf = T::from_f64(f64::INFINITY);
+    let ninf = T::from_f64(f64::NEG_INFINITY);
+    // branch-free min/max over 8 lanes so the compiler vectorizes it; non-finite values are
+    // replaced by the neutral element
+    #[inline(always)]
+    fn lanes<T: Element>(c: &[T], inf: T, ninf: T) -> (T, T) {
+        let mut lo = [inf; 8];
+        let mut hi = [ninf; 8];
+        let mut it = c.chunks_exact(8);
+        for v in &mut it {
+            for k in 0..8 {
+                let x = v[k];
+                let f = x.finite();
+                let a = if f { x } else { inf };
+                let b = if f { x } else { ninf };
+                lo[k] = if a < lo[k] { a } else { lo[k] };
+                hi[k] = if b > hi[k] { b } else { hi[k] };
+            }
+        }
+        for &x in it.remainder() {
+            if x.finite() {
+                lo[0] = if x < lo[0] { x } else { lo[0] };
+                hi[0] = if x > hi[0] { x } else { hi[0] };
+            }
+        }
+        let mut l = lo[0];
+        let mut h = hi[0];
+        for k in 1..8 {
+            l = if lo[k] < l { lo[k] } else { l };
+            h = if hi[k] > h { hi[k] } else { h };
+        }
+        (l, h)
+    }
     let (lo, hi) = data
         .par_chunks(1 << 16)
         .map(|c| {
-            c.iter().filter(|x| x.finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-                (lo.min(x.to_f64()), hi.max(x.to_f64()))
-            })
+            let (l, h) = crate::simd::simd(
+                #[inline(always)]
+                || lanes(c, inf, ninf),
+            );
+            (l.to_f64(), h.to_f64())
         })
-        .reduce(|| (f64::INFINITY, f64::NEG_INFINITY), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+        .reduce(
+            || (f64::INFINITY, f64::NEG_INFINITY),
+            |a, b| (a.0.min(b.0), a.1.max(b.1)),
+        );
     (lo <= hi).then_some((lo, hi))
 }
 
@@ -143,7 +183,11 @@ impl QuantParams {
                 let (abs_bound, range) = if let ErrorBound::Noa(_) = bound {
                     let r = finite_range(data).unwrap_or((0.0, 0.0));
                     let width = r.1 - r.0;
-                    let eb = if width.is_finite() { pred(e * width) } else { f64::MAX };
+                    let eb = if width.is_finite() {
+                        pred(e * width)
+                    } else {
+                        f64::MAX
+                    };
                     (eb.max(0.0), r)
                 } else {
                     (e, (0.0, 0.0))
@@ -161,7 +205,13 @@ impl QuantParams {
                         step = 1.0;
                     }
                 }
-                Ok(QuantParams { mode: bound.mode(), bound_value: e, abs_bound, step, range })
+                Ok(QuantParams {
+                    mode: bound.mode(),
+                    bound_value: e,
+                    abs_bound,
+                    step,
+                    range,
+                })
             }
         }
     }
@@ -197,7 +247,7 @@ fn qhalf<T: Element>() -> f64 {
 
 impl<T: Element> Quantizer<T> {
     /// The code of `x`, or `None` when `x` must be stored losslessly.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self, x: T) -> Option<i64> {
         if !x.finite() {
             return None;
@@ -228,8 +278,47 @@ impl<T: Element> Quantizer<T> {
         self.within(x, r).then_some(q)
     }
 
+    /// Encode one thread layer: writes every value's code (0 where it is not representable) and
+    /// returns whether all values are representable. Same results as [`Quantizer::encode`] per
+    /// value; written branch-free for the abs/noa case so the compiler vectorizes it.
+    #[inline(always)]
+    pub fn encode_layer(&self, xs: &[T], codes: &mut [i64]) -> bool {
+        let mut ok = true;
+        if self.rel {
+            for (c, &x) in codes.iter_mut().zip(xs) {
+                let e = self.encode(x);
+                ok &= e.is_some();
+                *c = e.unwrap_or(0);
+            }
+            return ok;
+        }
+        #[inline(always)]
+        fn one<T: Element>(s: &Quantizer<T>, x: T, c: &mut i64) -> bool {
+            let p = x.mul(s.inv);
+            let in_range = p.abs_val().to_f64() < T::QMAX;
+            let q = if in_range { p.rint().to_code() } else { 0 };
+            let r = T::from_code(q).mul(s.step);
+            *c = q;
+            in_range & s.within(x, r)
+        }
+        if xs.len() == 32 && codes.len() == 32 {
+            let xs: &[T; 32] = xs.try_into().expect("32 values");
+            let codes: &mut [i64; 32] = codes.try_into().expect("32 codes");
+            // fixed trip count: fully vectorized
+            let mut oks = [true; 32];
+            for k in 0..32 {
+                oks[k] = one(self, xs[k], &mut codes[k]);
+            }
+            return oks.iter().all(|&o| o);
+        }
+        for (c, &x) in codes.iter_mut().zip(xs) {
+            ok &= one(self, x, c);
+        }
+        ok
+    }
+
     /// The reconstruction of code `q`.
-    #[inline]
+    #[inline(always)]
     pub fn decode(&self, q: i64) -> T {
         if self.rel {
             if q == 0 {
@@ -244,19 +333,24 @@ impl<T: Element> Quantizer<T> {
     }
 
     /// Exact check that `r` reconstructs `x` within the bound.
-    #[inline]
+    #[inline(always)]
     fn within(&self, x: T, r: T) -> bool {
         let xv = x.to_f64();
         let rv = r.to_f64();
-        if !rv.is_finite() {
-            return false;
-        }
+        // an infinite or NaN reconstruction makes `d` Inf/NaN and fails the comparison
         let d = (xv - rv).abs();
-        let exact = T::SIZE == 4 || rv == 0.0 || xv == rv || {
-            let (a, b) = (xv.abs(), rv.abs());
-            (xv < 0.0) == (rv < 0.0) && b * 0.5 <= a && a <= b * 2.0
+        let limit = if self.rel {
+            pred(self.eb * xv.abs())
+        } else {
+            self.eb
         };
-        let limit = if self.rel { pred(self.eb * xv.abs()) } else { self.eb };
+        if T::SIZE == 4 {
+            // the difference of two f32 values is exact in f64
+            return d <= limit;
+        }
+        // f64: accept only when the subtraction was exact (Sterbenz) or trivially so
+        let (a, b) = (xv.abs(), rv.abs());
+        let exact = rv == 0.0 || ((xv < 0.0) == (rv < 0.0) && b * 0.5 <= a && a <= b * 2.0);
         exact && d <= limit
     }
 }
@@ -304,7 +398,7 @@ pub fn zexp2(y: f64) -> f64 {
     }
     let k = y.round_ties_even();
     let f = (y - k) * std::f64::consts::LN_2; // |f| <= 0.3466
-    // e^f, Taylor degree 14 in Horner form
+                                              // e^f, Taylor degree 14 in Horner form
     let mut p = 1.0;
     let mut i = 14.0;
     while i >= 1.0 {
@@ -332,15 +426,24 @@ mod tests {
     fn zlog2_zexp2_are_accurate() {
         for &x in &[1e-300, 1e-10, 0.3, 1.0, 1.5, 2.0, 3.0, 1e10, 1e300, 5e-324] {
             let l = zlog2(x);
-            assert!((l - x.log2()).abs() < 1e-12 * x.log2().abs().max(1.0), "log2 {x}");
+            assert!(
+                (l - x.log2()).abs() < 1e-12 * x.log2().abs().max(1.0),
+                "log2 {x}"
+            );
             let back = zexp2(l);
-            assert!(((back - x) / x).abs() < 1e-12 || x < 1e-307, "exp2 {x} {back}");
+            assert!(
+                ((back - x) / x).abs() < 1e-12 || x < 1e-307,
+                "exp2 {x} {back}"
+            );
         }
     }
 
     #[test]
     fn bound_parsing() {
-        assert_eq!("abs:1e-3".parse::<ErrorBound>().unwrap(), ErrorBound::Abs(1e-3));
+        assert_eq!(
+            "abs:1e-3".parse::<ErrorBound>().unwrap(),
+            ErrorBound::Abs(1e-3)
+        );
         assert!("abs:0".parse::<ErrorBound>().is_err());
         assert!("abs:-1".parse::<ErrorBound>().is_err());
         assert!("abs:nan".parse::<ErrorBound>().is_err());
@@ -352,7 +455,11 @@ mod tests {
     #[test]
     fn quantizer_guarantees_bound_or_refuses() {
         let data: Vec<f32> = (0..10000).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
-        for b in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-5), ErrorBound::Rel(1e-3)] {
+        for b in [
+            ErrorBound::Abs(1e-2),
+            ErrorBound::Noa(1e-5),
+            ErrorBound::Rel(1e-3),
+        ] {
             let p = QuantParams::derive(&data, b).unwrap();
             let q = p.quantizer::<f32>();
             let mut ok = 0;
