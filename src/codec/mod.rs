@@ -11,6 +11,7 @@
 //! ```
 
 pub mod blocked;
+pub mod pfpl;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -27,12 +28,18 @@ pub enum CodecKind {
     CuszpPlain,
     /// cuSZp2 outlier fixed-length encoding.
     CuszpOutlier,
+    /// PFPL: in-place quantization, negabinary deltas, bit shuffle, zero-byte elimination.
+    Pfpl,
 }
 
 impl CodecKind {
     /// Every codec, in registry order.
-    pub const ALL: &'static [CodecKind] =
-        &[CodecKind::Aatrox, CodecKind::CuszpPlain, CodecKind::CuszpOutlier];
+    pub const ALL: &'static [CodecKind] = &[
+        CodecKind::Aatrox,
+        CodecKind::CuszpPlain,
+        CodecKind::CuszpOutlier,
+        CodecKind::Pfpl,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -40,6 +47,7 @@ impl CodecKind {
             CodecKind::Aatrox => "aatrox",
             CodecKind::CuszpPlain => "cuszp-plain",
             CodecKind::CuszpOutlier => "cuszp-outlier",
+            CodecKind::Pfpl => "pfpl",
         }
     }
     /// The header tag.
@@ -48,6 +56,15 @@ impl CodecKind {
             CodecKind::Aatrox => 1,
             CodecKind::CuszpPlain => 2,
             CodecKind::CuszpOutlier => 3,
+            CodecKind::Pfpl => 4,
+        }
+    }
+    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp; see
+    /// [`pfpl::chunk_log2`]).
+    pub fn chunk_log2(self, dtype: crate::format::Dtype) -> u16 {
+        match self {
+            CodecKind::Pfpl => pfpl::chunk_log2(dtype),
+            _ => blocked::CHUNK_LOG2 as u16,
         }
     }
     /// Look a codec up by header tag.
@@ -75,10 +92,17 @@ impl std::fmt::Display for CodecKind {
 impl std::str::FromStr for CodecKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Self::ALL.iter().copied().find(|c| c.name() == s).ok_or_else(|| {
-            let names: Vec<_> = Self::ALL.iter().map(|c| c.name()).collect();
-            Error::invalid(format!("unknown codec `{s}` (expected one of {})", names.join(", ")))
-        })
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|c| c.name()).collect();
+                Error::invalid(format!(
+                    "unknown codec `{s}` (expected one of {})",
+                    names.join(", ")
+                ))
+            })
     }
 }
 
@@ -91,6 +115,7 @@ pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> 
         CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
             blocked::encode(data, &params, codec)
         }
+        CodecKind::Pfpl => pfpl::encode(data, &params),
     };
     let raw_len = data.len() * T::SIZE;
     let header = |flags, payload_len: usize, n_chunks, payload_checksum| Header {
@@ -98,7 +123,7 @@ pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> 
         dtype: T::DTYPE,
         mode: params.mode,
         flags,
-        chunk_log2: blocked::CHUNK_LOG2 as u16,
+        chunk_log2: codec.chunk_log2(T::DTYPE),
         count: data.len() as u64,
         bound_value: params.bound_value,
         abs_bound: params.abs_bound,
@@ -159,8 +184,11 @@ pub fn inspect(stream: &[u8]) -> Result<Header> {
     let h = Header::parse(stream)?;
     if !h.is_stored() {
         CodecKind::from_tag(h.codec)?;
-        if h.chunk_log2 as usize != blocked::CHUNK_LOG2 {
-            return Err(Error::corrupt(format!("chunk_log2 {} unsupported", h.chunk_log2)));
+        if h.chunk_log2 != CodecKind::from_tag(h.codec)?.chunk_log2(h.dtype) {
+            return Err(Error::corrupt(format!(
+                "chunk_log2 {} unsupported",
+                h.chunk_log2
+            )));
         }
         if h.mode == BoundMode::Rel && !(h.step > 0.0) {
             return Err(Error::corrupt("rel stream with a non-positive step"));
@@ -216,7 +244,10 @@ fn check_dtype<T: Element>(h: &Header) -> Result<()> {
 
 fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Result<()> {
     if h.is_stored() {
-        for (o, b) in out.iter_mut().zip(stream[HEADER_LEN..].chunks_exact(T::SIZE)) {
+        for (o, b) in out
+            .iter_mut()
+            .zip(stream[HEADER_LEN..].chunks_exact(T::SIZE))
+        {
             *o = T::read_le(b);
         }
         return Ok(());
@@ -232,5 +263,6 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
         c @ (CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier) => {
             blocked::decode(stream, h, &params, c, out)
         }
+        CodecKind::Pfpl => pfpl::decode(stream, h, &params, out),
     }
 }
