@@ -1,1 +1,877 @@
 //! GPU codecs: CUDA context/stream handling, NVRTC kernel compilation and device workspaces.
+//!
+//! [`GpuCodec`] runs the `aatrox`, `cuszp-plain` and `cuszp-outlier` codecs as CUDA kernels
+//! (`kernels/blocked.cu`) and writes exactly the bytes of the CPU twin ([`crate::compress`]);
+//! its decoder accepts and rejects exactly what [`crate::decompress`] does.
+//!
+//! * Compression: one kernel (plus, for `noa` and degenerate steps, one reduction kernel for the
+//!   value range). The host builds the 96-byte header with the same Rust code as the CPU path.
+//! * Decompression: one kernel; corruption is reported through a device flag as
+//!   [`Error::Corrupt`].
+//! * Kernels are compiled by NVRTC at first use for the device's architecture with
+//!   `--fmad=false` and cached on disk (`$ZCOMM_CACHE_DIR`, `$XDG_CACHE_HOME/zcomm` or
+//!   `~/.cache/zcomm`).
+//! * Workspaces (look-back status words, counters, host staging buffers) are kept and grown, so
+//!   steady-state calls on device buffers allocate nothing.
+//!
+//! ```no_run
+//! # fn main() -> zcomm::Result<()> {
+//! use zcomm::gpu::GpuCodec;
+//! use zcomm::{CodecKind, ErrorBound};
+//! let mut gpu = GpuCodec::new(0)?;
+//! let data: Vec<f32> = (0..1 << 20).map(|i| (i as f32 * 1e-3).sin()).collect();
+//! let stream = gpu.compress(&data, ErrorBound::Noa(1e-3), CodecKind::Aatrox)?;
+//! assert_eq!(stream, zcomm::compress(&data, ErrorBound::Noa(1e-3), CodecKind::Aatrox)?);
+//! let back: Vec<f32> = gpu.decompress(&stream)?;
+//! # Ok(()) }
+//! ```
+
+pub mod bench;
+pub mod compile;
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    result as cu, sys as cu_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
+    CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+};
+
+use crate::codec::CodecKind;
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::format::{
+    zhash_bytes, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN, MAGIC, VERSION,
+};
+use crate::quant::{ErrorBound, QuantParams};
+
+/// Values per chunk of the blocked codecs.
+const CHUNK: usize = 1 << 15;
+const CHUNK_LOG2: u16 = 15;
+const THREADS: u32 = 1024;
+const CTRL_WORDS: usize = 16;
+// ctrl word indices (kernels/blocked.cu)
+const C_HASH: usize = 2;
+const C_PAYLOAD: usize = 3;
+const C_ERR: usize = 4;
+const C_MIN: usize = 6;
+const C_MAX: usize = 7;
+const C_FIRST: usize = 8;
+
+/// Element types the GPU codecs handle (`f32`, `f64`).
+pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits {
+    /// Kernel name suffix.
+    const KERNEL_TAG: &'static str;
+}
+impl GpuElement for f32 {
+    const KERNEL_TAG: &'static str = "f32";
+}
+impl GpuElement for f64 {
+    const KERNEL_TAG: &'static str = "f64";
+}
+
+/// Whether a CUDA driver and at least one device are present.
+pub fn device_available() -> bool {
+    // SAFETY: only tries to dlopen the driver.
+    if !unsafe { cu_sys::is_culib_present() } {
+        return false;
+    }
+    matches!(CudaContext::device_count(), Ok(n) if n > 0)
+}
+
+fn gpu_err(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
+    move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+/// Kernel times of the last call (CUDA events around each launch), when timing is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KernelTimes {
+    /// Milliseconds in the value-range kernel (noa / degenerate step), 0 if not launched.
+    pub stats_ms: f32,
+    /// Milliseconds in the main compress or decompress kernel.
+    pub main_ms: f32,
+}
+
+/// A CUDA device with the blocked codecs loaded, one stream, and reusable workspaces.
+pub struct GpuCodec {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    name: String,
+    arch: String,
+    sm_count: u32,
+    ctrl: CudaSlice<u64>,
+    status: CudaSlice<u64>,
+    host_ctrl: Vec<u64>,
+    // host-API staging buffers (grown on demand)
+    dev_in: Option<CudaSlice<u8>>,
+    dev_out: Option<CudaSlice<u8>>,
+    timing: bool,
+    ev: Option<[cudarc::driver::CudaEvent; 4]>,
+    last_times: KernelTimes,
+}
+
+impl std::fmt::Debug for GpuCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuCodec")
+            .field("device", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+fn raw_ptr<T, P: DevicePtr<T>>(p: &P, s: &CudaStream) -> u64 {
+    let (ptr, _g) = p.device_ptr(s);
+    ptr
+}
+fn raw_ptr_mut<T, P: DevicePtrMut<T>>(p: &mut P, s: &CudaStream) -> u64 {
+    let (ptr, _g) = p.device_ptr_mut(s);
+    ptr
+}
+
+/// Pointer to a kernel argument, as `cuLaunchKernel` wants it.
+fn arg<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}
+
+impl GpuCodec {
+    /// Open device `ordinal`, compile (or load from the cache) the kernels for its architecture.
+    /// [`Error::Unavailable`] without a CUDA driver, device or NVRTC.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // SAFETY: only tries to dlopen the driver.
+        if !unsafe { cu_sys::is_culib_present() } {
+            return Err(Error::Unavailable("CUDA driver (libcuda) not found".into()));
+        }
+        let n = CudaContext::device_count()
+            .map_err(|e| Error::Unavailable(format!("no CUDA device: {e:?}")))?;
+        if ordinal >= n.max(0) as usize {
+            return Err(Error::Unavailable(format!(
+                "no CUDA device {ordinal} ({n} present)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(gpu_err("cuCtx"))?;
+        let (maj, min) = ctx
+            .compute_capability()
+            .map_err(gpu_err("compute capability"))?;
+        let arch = format!("sm_{maj}{min}");
+        let name = ctx.name().map_err(gpu_err("device name"))?;
+        let sm_count = ctx
+            .attribute(cu_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(gpu_err("SM count"))? as u32;
+        let cubin = compile::blocked_cubin(&arch)?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(gpu_err("cuModuleLoadData"))?;
+        let stream = ctx.default_stream();
+        let ctrl = stream
+            .alloc_zeros::<u64>(CTRL_WORDS)
+            .map_err(gpu_err("alloc"))?;
+        let status = stream.alloc_zeros::<u64>(64).map_err(gpu_err("alloc"))?;
+        Ok(GpuCodec {
+            ctx,
+            stream,
+            module,
+            funcs: HashMap::new(),
+            name,
+            arch,
+            sm_count,
+            ctrl,
+            status,
+            host_ctrl: vec![0; CTRL_WORDS],
+            dev_in: None,
+            dev_out: None,
+            timing: false,
+            ev: None,
+            last_times: KernelTimes::default(),
+        })
+    }
+
+    /// The device's name (e.g. "NVIDIA H100 80GB HBM3").
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+    /// The architecture the kernels were compiled for (e.g. "sm_90").
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The stream every operation of this codec is ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Record CUDA events around each kernel launch (see [`GpuCodec::last_kernel_times`]).
+    pub fn set_kernel_timing(&mut self, on: bool) -> Result<()> {
+        if on && self.ev.is_none() {
+            let mk = || {
+                self.ctx
+                    .new_event(Some(cu_sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(gpu_err("event"))
+            };
+            self.ev = Some([mk()?, mk()?, mk()?, mk()?]);
+        }
+        self.timing = on;
+        Ok(())
+    }
+    /// Kernel times of the last compress/decompress call (zeros unless timing is on).
+    pub fn last_kernel_times(&self) -> KernelTimes {
+        self.last_times
+    }
+
+    /// Registers, spilled bytes and static shared memory of a kernel (for reports).
+    pub fn kernel_resources(&mut self, name: &str) -> Result<(i32, i32, i32)> {
+        let f = self.func(name)?;
+        Ok((
+            f.num_regs().map_err(gpu_err("attr"))?,
+            f.local_size_bytes().map_err(gpu_err("attr"))?,
+            f.shared_size_bytes().map_err(gpu_err("attr"))?,
+        ))
+    }
+
+    fn func(&mut self, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).map_err(gpu_err(name))?;
+        self.funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(gpu_err("bind"))?;
+        // SAFETY: `args` point at values whose types match the kernel's parameters (checked by
+        // the callers below against kernels/blocked.cu) and outlive the call; the buffers they
+        // name are live allocations of the sizes the kernel assumes.
+        unsafe {
+            cu::launch_kernel(
+                f.cu_function(),
+                (grid, 1, 1),
+                (block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                args,
+            )
+        }
+        .map_err(gpu_err("cuLaunchKernel"))
+    }
+
+    fn record(&self, i: usize) -> Result<()> {
+        if self.timing {
+            if let Some(ev) = &self.ev {
+                ev[i]
+                    .record(&self.stream)
+                    .map_err(gpu_err("event record"))?;
+            }
+        }
+        Ok(())
+    }
+    fn elapsed(&self, a: usize, b: usize) -> Result<f32> {
+        match (&self.ev, self.timing) {
+            (Some(ev), true) => ev[a].elapsed_ms(&ev[b]).map_err(gpu_err("event elapsed")),
+            _ => Ok(0.0),
+        }
+    }
+
+    fn zero_ctrl(&mut self, n_status: usize) -> Result<()> {
+        if self.status.len() < n_status {
+            self.status = self
+                .stream
+                .alloc_zeros::<u64>(n_status.next_power_of_two())
+                .map_err(|e| Error::OutOfMemory(format!("look-back workspace: {e:?}")))?;
+        }
+        let s = &self.stream;
+        self.ctx.bind_to_thread().map_err(gpu_err("bind"))?;
+        let cp = raw_ptr_mut(&mut self.ctrl, s);
+        let sp = raw_ptr_mut(&mut self.status, s);
+        // SAFETY: both allocations hold at least the bytes cleared.
+        unsafe {
+            cu::memset_d8_async(cp, 0, CTRL_WORDS * 8, s.cu_stream()).map_err(gpu_err("memset"))?;
+            if n_status > 0 {
+                cu::memset_d8_async(sp, 0, n_status * 8, s.cu_stream())
+                    .map_err(gpu_err("memset"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_ctrl(&mut self) -> Result<()> {
+        let s = self.stream.clone();
+        let cp = raw_ptr(&self.ctrl, &s);
+        // SAFETY: ctrl holds CTRL_WORDS u64; host_ctrl has the same length.
+        unsafe { cu::memcpy_dtoh_async(&mut self.host_ctrl[..], cp, s.cu_stream()) }
+            .map_err(gpu_err("memcpy dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))
+    }
+
+    fn write_bytes(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+        // SAFETY: callers pass a destination with at least bytes.len() bytes; the stream is
+        // synchronized before `bytes` can go away.
+        unsafe { cu::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) }
+            .map_err(gpu_err("memcpy htod"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
+    /// Value range and first finite non-zero value of `n` values at `input` (one kernel).
+    fn stats<T: GpuElement>(
+        &mut self,
+        input: u64,
+        n: usize,
+    ) -> Result<(Option<(f64, f64)>, Option<f64>)> {
+        self.zero_ctrl(0)?;
+        let f = self.func(&format!("zc_stats_{}", T::KERNEL_TAG))?;
+        let ctrl = raw_ptr_mut(&mut self.ctrl, &self.stream.clone());
+        let n64 = n as u64;
+        let grid = (self.sm_count * 8).min(n.div_ceil(256 * 4).max(1) as u32);
+        self.record(0)?;
+        self.launch(&f, grid, 256, &mut [arg(&input), arg(&n64), arg(&ctrl)])?;
+        self.record(1)?;
+        self.read_ctrl()?;
+        self.last_times.stats_ms = self.elapsed(0, 1)?;
+        let c = &self.host_ctrl;
+        let from_key = |k: u64| -> f64 {
+            if T::SIZE == 4 {
+                let k = k as u32;
+                let b = if k & 0x8000_0000 != 0 {
+                    k & 0x7fff_ffff
+                } else {
+                    !k
+                };
+                f32::from_bits(b) as f64
+            } else {
+                let b = if k & (1 << 63) != 0 {
+                    k & !(1u64 << 63)
+                } else {
+                    !k
+                };
+                f64::from_bits(b)
+            }
+        };
+        let range = if c[C_MIN] != 0 && c[C_MAX] != 0 {
+            // same canonical zero as quant::finite_range
+            Some((from_key(!c[C_MIN]) + 0.0, from_key(c[C_MAX]) + 0.0))
+        } else {
+            None
+        };
+        let first = if c[C_FIRST] != 0 {
+            let idx = !c[C_FIRST];
+            let mut v = [T::default()];
+            let s = self.stream.clone();
+            // SAFETY: idx < n, inside the input allocation.
+            unsafe {
+                cu::memcpy_dtoh_async(&mut v[..], input + idx * T::SIZE as u64, s.cu_stream())
+            }
+            .map_err(gpu_err("memcpy dtoh"))?;
+            s.synchronize().map_err(gpu_err("sync"))?;
+            Some(v[0].to_f64())
+        } else {
+            None
+        };
+        Ok((range, first))
+    }
+
+    /// Compress `input` (device memory) into `out` (device memory, at least
+    /// [`crate::compress_bound`] bytes, 4-byte aligned). Returns the stream length; the bytes
+    /// `out[..len]` equal what [`crate::compress`] returns for the same values.
+    pub fn compress_device<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        bound.validate()?;
+        if codec == CodecKind::Pfpl {
+            return Err(Error::Unavailable(
+                "pfpl has no GPU kernel yet (use --device cpu)".into(),
+            ));
+        }
+        let n = input.len();
+        let raw_len = n * T::SIZE;
+        let bound_len = HEADER_LEN + raw_len;
+        if out.len() < bound_len {
+            return Err(Error::invalid(format!(
+                "output buffer of {} bytes is smaller than compress_bound = {bound_len}",
+                out.len()
+            )));
+        }
+        let s = self.stream.clone();
+        let in_ptr = raw_ptr(input, &s);
+        let out_ptr = raw_ptr_mut(out, &s);
+        if out_ptr % 16 != 0 || in_ptr % (T::SIZE as u64) != 0 {
+            return Err(Error::invalid(
+                "device buffers must be 16-byte (output) / element aligned",
+            ));
+        }
+        self.last_times = KernelTimes::default();
+        // parameters: same Rust code as the CPU path, statistics from the device
+        let mut stats: Option<(Option<(f64, f64)>, Option<f64>)> = None;
+        if n > 0 && matches!(bound, ErrorBound::Noa(_)) {
+            stats = Some(self.stats::<T>(in_ptr, n)?);
+        }
+        let mut first_err = None;
+        let params = {
+            let st = stats;
+            let me = &mut *self;
+            let mut first_cell = st.map(|s| s.1);
+            QuantParams::derive_from_stats::<T>(
+                bound,
+                || st.and_then(|s| s.0),
+                || {
+                    if n == 0 {
+                        return None;
+                    }
+                    if let Some(f) = first_cell.take() {
+                        return f;
+                    }
+                    match me.stats::<T>(in_ptr, n) {
+                        Ok(s) => s.1,
+                        Err(e) => {
+                            first_err = Some(e);
+                            None
+                        }
+                    }
+                },
+            )?
+        };
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let header = |flags, payload_len: u64, n_chunks, payload_checksum| Header {
+            codec: codec.tag(),
+            dtype: T::DTYPE,
+            mode: params.mode,
+            flags,
+            chunk_log2: CHUNK_LOG2,
+            count: n as u64,
+            bound_value: params.bound_value,
+            abs_bound: params.abs_bound,
+            step: params.step,
+            range_min: params.range.0,
+            range_max: params.range.1,
+            payload_len,
+            n_chunks,
+            payload_checksum,
+        };
+        if n == 0 {
+            let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]));
+            self.write_bytes(out_ptr, &h.to_bytes())?;
+            return Ok(HEADER_LEN);
+        }
+        let n_chunks = n.div_ceil(CHUNK);
+        if n_chunks > u32::MAX as usize {
+            return Err(Error::invalid("too many values for one stream"));
+        }
+        let step = T::from_f64(params.step);
+        let inv = T::from_f64(1.0 / step.to_f64());
+        let rel = params.mode == BoundMode::Rel;
+        let cname = match codec {
+            CodecKind::Aatrox => "aatrox",
+            CodecKind::CuszpPlain => "plain",
+            _ => "outlier",
+        };
+        let f = self.func(&format!(
+            "zc_compress_{}_{cname}_{}",
+            T::KERNEL_TAG,
+            if rel { "rel" } else { "abs" }
+        ))?;
+        self.zero_ctrl(n_chunks)?;
+        let count = n as u64;
+        let cap = bound_len as u64;
+        let status = raw_ptr_mut(&mut self.status, &s);
+        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let nc = n_chunks as u32;
+        let (step64, eb) = (params.step, params.abs_bound);
+        self.record(2)?;
+        self.launch(
+            &f,
+            nc,
+            THREADS,
+            &mut [
+                arg(&in_ptr),
+                arg(&count),
+                arg(&out_ptr),
+                arg(&cap),
+                arg(&status),
+                arg(&ctrl),
+                arg(&nc),
+                arg(&step),
+                arg(&inv),
+                arg(&step64),
+                arg(&eb),
+            ],
+        )?;
+        self.record(3)?;
+        self.read_ctrl()?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        let payload = self.host_ctrl[C_PAYLOAD];
+        if payload < raw_len as u64 {
+            let th = (self.host_ctrl[C_HASH] as u32) ^ (2 * nc).wrapping_mul(0x27D4_EB2F);
+            let h = header(0, payload, nc, th);
+            self.write_bytes(out_ptr, &h.to_bytes())?;
+            return Ok(HEADER_LEN + payload as usize);
+        }
+        // stored stream: raw values after the header
+        let hash = self.copy_hash(in_ptr, raw_len, Some(out_ptr + HEADER_LEN as u64))?;
+        let h = header(FLAG_STORED, raw_len as u64, 0, hash);
+        self.write_bytes(out_ptr, &h.to_bytes())?;
+        Ok(bound_len)
+    }
+
+    /// zhash of `bytes` (a multiple of 4) at `src`, copying them to `dst` when given.
+    fn copy_hash(&mut self, src: u64, bytes: usize, dst: Option<u64>) -> Result<u32> {
+        self.zero_ctrl(0)?;
+        let f = self.func("zc_copy_hash")?;
+        let s = self.stream.clone();
+        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let nwords = (bytes / 4) as u64;
+        let dst = dst.unwrap_or(0);
+        let grid = (self.sm_count * 8).min((nwords as usize).div_ceil(256).max(1) as u32);
+        self.launch(
+            &f,
+            grid,
+            256,
+            &mut [arg(&src), arg(&nwords), arg(&dst), arg(&ctrl)],
+        )?;
+        self.read_ctrl()?;
+        Ok((self.host_ctrl[C_HASH] as u32) ^ (nwords as u32).wrapping_mul(0x27D4_EB2F))
+    }
+
+    /// Read and validate the header of a device-resident stream of `len` bytes (the checks of
+    /// `Header::parse` and `zcomm::inspect` that do not need the payload).
+    pub fn inspect_device(&mut self, stream: &CudaView<'_, u8>) -> Result<Header> {
+        let len = stream.len();
+        if len < HEADER_LEN {
+            return Err(Error::corrupt(format!(
+                "stream of {len} bytes is shorter than the {HEADER_LEN}-byte header"
+            )));
+        }
+        let mut b = [0u8; HEADER_LEN];
+        let s = self.stream.clone();
+        let p = raw_ptr(stream, &s);
+        // SAFETY: the view holds at least HEADER_LEN bytes.
+        unsafe { cu::memcpy_dtoh_async(&mut b[..], p, s.cu_stream()) }.map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        parse_header_fields(&b, len)
+    }
+
+    /// Decompress the device-resident `stream` into `out` (device memory; its length must equal
+    /// the stream's count). Accepts and rejects the same streams as [`crate::decompress_into`].
+    pub fn decompress_device<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        let h = self.inspect_device(stream)?;
+        if h.dtype != T::DTYPE {
+            return Err(Error::Mismatch {
+                what: "dtype",
+                expected: T::DTYPE.to_string(),
+                found: h.dtype.to_string(),
+            });
+        }
+        if h.count != out.len() as u64 {
+            return Err(Error::Mismatch {
+                what: "value count",
+                expected: out.len().to_string(),
+                found: h.count.to_string(),
+            });
+        }
+        let s = self.stream.clone();
+        let sp = raw_ptr(stream, &s);
+        let op = raw_ptr_mut(out, &s);
+        if sp % 4 != 0 || op % (T::SIZE as u64) != 0 {
+            return Err(Error::invalid(
+                "device buffers must be 4-byte / element aligned",
+            ));
+        }
+        self.last_times = KernelTimes::default();
+        if h.is_stored() {
+            let got = self.copy_hash(sp + HEADER_LEN as u64, h.payload_len as usize, Some(op))?;
+            if got != h.payload_checksum {
+                return Err(Error::corrupt("stored payload checksum mismatch"));
+            }
+            return Ok(());
+        }
+        let codec = CodecKind::from_tag(h.codec)?;
+        let cname = match codec {
+            CodecKind::Aatrox => "aatrox",
+            CodecKind::CuszpPlain => "plain",
+            CodecKind::CuszpOutlier => "outlier",
+            _ => {
+                return Err(Error::Unavailable(format!(
+                    "{codec} has no GPU decoder yet (use --device cpu)"
+                )))
+            }
+        };
+        let params = QuantParams {
+            mode: h.mode,
+            bound_value: h.bound_value,
+            abs_bound: h.abs_bound,
+            step: h.step,
+            range: (h.range_min, h.range_max),
+        };
+        let step = T::from_f64(params.step);
+        let inv = T::from_f64(1.0 / step.to_f64());
+        let rel = params.mode == BoundMode::Rel;
+        let f = self.func(&format!(
+            "zc_decompress_{}_{cname}_{}",
+            T::KERNEL_TAG,
+            if rel { "rel" } else { "abs" }
+        ))?;
+        let nc = h.n_chunks;
+        if nc == 0 {
+            // no chunks: the table is empty, and so must the payload be
+            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 {
+                return Err(Error::corrupt("chunk table checksum mismatch"));
+            }
+            return Ok(());
+        }
+        self.zero_ctrl(nc as usize)?;
+        let status = raw_ptr_mut(&mut self.status, &s);
+        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let slen = stream.len() as u64;
+        let count = h.count;
+        let tc = h.payload_checksum;
+        let (step64, eb) = (params.step, params.abs_bound);
+        self.record(2)?;
+        self.launch(
+            &f,
+            nc,
+            THREADS,
+            &mut [
+                arg(&sp),
+                arg(&slen),
+                arg(&op),
+                arg(&count),
+                arg(&status),
+                arg(&ctrl),
+                arg(&nc),
+                arg(&tc),
+                arg(&step),
+                arg(&inv),
+                arg(&step64),
+                arg(&eb),
+            ],
+        )?;
+        self.record(3)?;
+        self.read_ctrl()?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        let e = self.host_ctrl[C_ERR];
+        if e != 0 {
+            let mut what = Vec::new();
+            for (bit, name) in [
+                (1, "chunk size not a multiple of 4"),
+                (2, "chunk runs past the end of the stream"),
+                (4, "chunk checksum mismatch"),
+                (8, "invalid chunk metadata"),
+                (16, "chunk sizes do not add up to the payload length"),
+                (32, "chunk table checksum mismatch"),
+            ] {
+                if e & bit != 0 {
+                    what.push(name);
+                }
+            }
+            return Err(Error::corrupt(what.join(", ")));
+        }
+        Ok(())
+    }
+
+    fn staging(slot: &mut Option<CudaSlice<u8>>, s: &Arc<CudaStream>, bytes: usize) -> Result<()> {
+        let need = bytes.max(16);
+        if slot.as_ref().map(|b| b.len() < need).unwrap_or(true) {
+            *slot = None;
+            // SAFETY: u8 device memory; every byte read later is written first.
+            let b = unsafe { s.alloc::<u8>(need) }
+                .map_err(|e| Error::OutOfMemory(format!("{need} device bytes: {e:?}")))?;
+            *slot = Some(b);
+        }
+        Ok(())
+    }
+
+    /// Compress host values on the GPU (copies in, [`GpuCodec::compress_device`], copies out).
+    pub fn compress<T: GpuElement>(
+        &mut self,
+        data: &[T],
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<Vec<u8>> {
+        let s = self.stream.clone();
+        let in_bytes = std::mem::size_of_val(data);
+        Self::staging(&mut self.dev_in, &s, in_bytes)?;
+        Self::staging(&mut self.dev_out, &s, HEADER_LEN + in_bytes)?;
+        let mut din = self.dev_in.take().expect("staged");
+        let mut dout = self.dev_out.take().expect("staged");
+        let r = (|| {
+            let ip = raw_ptr_mut(&mut din, &s);
+            // SAFETY: din holds at least in_bytes bytes.
+            unsafe { cu::memcpy_htod_async(ip, data, s.cu_stream()) }.map_err(gpu_err("htod"))?;
+            // SAFETY: the first data.len() elements were just written.
+            let view = unsafe { din.transmute::<T>(data.len()) }.expect("staging size");
+            let mut ov = dout.slice_mut(0..HEADER_LEN + in_bytes);
+            let len = self.compress_device(&view, bound, codec, &mut ov)?;
+            let mut v = vec![0u8; len];
+            let op = raw_ptr(&dout, &s);
+            // SAFETY: len <= dout.len().
+            unsafe { cu::memcpy_dtoh_async(&mut v[..], op, s.cu_stream()) }
+                .map_err(gpu_err("dtoh"))?;
+            s.synchronize().map_err(gpu_err("sync"))?;
+            Ok(v)
+        })();
+        self.dev_in = Some(din);
+        self.dev_out = Some(dout);
+        r
+    }
+
+    /// Decompress a host stream on the GPU into `out` (length = the stream's count).
+    pub fn decompress_into<T: GpuElement>(&mut self, stream: &[u8], out: &mut [T]) -> Result<()> {
+        let s = self.stream.clone();
+        let out_bytes = std::mem::size_of_val(out);
+        Self::staging(&mut self.dev_in, &s, stream.len())?;
+        Self::staging(&mut self.dev_out, &s, out_bytes)?;
+        let mut din = self.dev_in.take().expect("staged");
+        let mut dout = self.dev_out.take().expect("staged");
+        let r = (|| {
+            let ip = raw_ptr_mut(&mut din, &s);
+            // SAFETY: din holds at least stream.len() bytes.
+            unsafe { cu::memcpy_htod_async(ip, stream, s.cu_stream()) }.map_err(gpu_err("htod"))?;
+            let view = din.slice(0..stream.len());
+            // SAFETY: T is plain old data; out.len() elements fit.
+            let mut ov = unsafe { dout.transmute_mut::<T>(out.len()) }.expect("staging size");
+            self.decompress_device(&view, &mut ov)?;
+            let op = raw_ptr(&dout, &s);
+            // SAFETY: out_bytes <= dout.len().
+            unsafe { cu::memcpy_dtoh_async(out, op, s.cu_stream()) }.map_err(gpu_err("dtoh"))?;
+            s.synchronize().map_err(gpu_err("sync"))?;
+            Ok(())
+        })();
+        self.dev_in = Some(din);
+        self.dev_out = Some(dout);
+        r
+    }
+
+    /// Decompress a host stream on the GPU into a new vector.
+    pub fn decompress<T: GpuElement>(&mut self, stream: &[u8]) -> Result<Vec<T>> {
+        let h = if stream.len() >= HEADER_LEN {
+            let mut b = [0u8; HEADER_LEN];
+            b.copy_from_slice(&stream[..HEADER_LEN]);
+            parse_header_fields(&b, stream.len())?
+        } else {
+            return Err(Error::corrupt("stream shorter than its header"));
+        };
+        if h.dtype != T::DTYPE {
+            return Err(Error::Mismatch {
+                what: "dtype",
+                expected: T::DTYPE.to_string(),
+                found: h.dtype.to_string(),
+            });
+        }
+        let limit = crate::codec::DecodeLimits::default().max_count;
+        if h.count > limit {
+            return Err(Error::corrupt(format!(
+                "stream claims {} values, limit is {limit}",
+                h.count
+            )));
+        }
+        let mut out = vec![T::default(); h.count as usize];
+        self.decompress_into(stream, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
+/// table and stored-payload checksums are verified on the device).
+fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header> {
+    use crate::format::{f64_at, u16_at, u32_at, u64_at};
+    if b[0..4] != MAGIC {
+        return Err(Error::corrupt("bad magic (not a zcomm stream)"));
+    }
+    let version = u16_at(b, 4);
+    if version != VERSION {
+        return Err(Error::corrupt(format!(
+            "unsupported format version {version}"
+        )));
+    }
+    if zhash_bytes(&b[..92]) != u32_at(b, 92) {
+        return Err(Error::corrupt("header checksum mismatch"));
+    }
+    let h = Header {
+        codec: b[6],
+        dtype: Dtype::from_tag(b[7])?,
+        mode: BoundMode::from_tag(b[8])?,
+        flags: b[9],
+        chunk_log2: u16_at(b, 10),
+        count: u64_at(b, 16),
+        bound_value: f64_at(b, 24),
+        abs_bound: f64_at(b, 32),
+        step: f64_at(b, 40),
+        range_min: f64_at(b, 48),
+        range_max: f64_at(b, 56),
+        payload_len: u64_at(b, 64),
+        n_chunks: u32_at(b, 72),
+        payload_checksum: u32_at(b, 76),
+    };
+    if h.flags & !FLAG_STORED != 0 {
+        return Err(Error::corrupt(format!("unknown flag bits {:#x}", h.flags)));
+    }
+    if u32_at(b, 12) != 0 || b[80..92].iter().any(|&x| x != 0) {
+        return Err(Error::corrupt("reserved header bytes are not zero"));
+    }
+    let actual = (stream_len - HEADER_LEN) as u64;
+    if h.payload_len != actual {
+        return Err(Error::corrupt(format!(
+            "header says {} payload bytes, stream has {actual}",
+            h.payload_len
+        )));
+    }
+    if h.is_stored() {
+        let need = h.count.checked_mul(h.dtype.size() as u64);
+        if need != Some(h.payload_len) || h.n_chunks != 0 {
+            return Err(Error::corrupt(
+                "stored stream length does not match its count",
+            ));
+        }
+    } else {
+        if !(1..=30).contains(&h.chunk_log2) {
+            return Err(Error::corrupt(format!("bad chunk_log2 {}", h.chunk_log2)));
+        }
+        let expect = h.count.div_ceil(1u64 << h.chunk_log2);
+        if expect != h.n_chunks as u64 {
+            return Err(Error::corrupt(format!(
+                "{} values need {expect} chunks, header says {}",
+                h.count, h.n_chunks
+            )));
+        }
+        if h.n_chunks as u64 * 8 > h.payload_len {
+            return Err(Error::corrupt(
+                "chunk table runs past the end of the stream",
+            ));
+        }
+    }
+    if !(h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0) && !h.is_stored() {
+        return Err(Error::corrupt("header carries an invalid bound or step"));
+    }
+    if !h.is_stored() {
+        let codec = CodecKind::from_tag(h.codec)?;
+        if h.chunk_log2 != codec.chunk_log2(h.dtype) {
+            return Err(Error::corrupt(format!(
+                "chunk_log2 {} unsupported",
+                h.chunk_log2
+            )));
+        }
+        if h.mode == BoundMode::Rel && !(h.step > 0.0) {
+            return Err(Error::corrupt("rel stream with a non-positive step"));
+        }
+    }
+    Ok(h)
+}

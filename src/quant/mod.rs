@@ -144,7 +144,9 @@ pub fn finite_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
             || (f64::INFINITY, f64::NEG_INFINITY),
             |a, b| (a.0.min(b.0), a.1.max(b.1)),
         );
-    (lo <= hi).then_some((lo, hi))
+    // `+ 0.0` turns -0 into +0: which zero a min/max keeps depends on the scan order, and the
+    // header must not (the GPU twin reduces in another order)
+    (lo <= hi).then_some((lo + 0.0, hi + 0.0))
 }
 
 /// Parameters shared by encoder and decoder, as stored in the header.
@@ -166,6 +168,21 @@ impl QuantParams {
     /// Derive the parameters for `data` under `bound` (scans the data for noa and the
     /// constant-array case).
     pub fn derive<T: Element>(data: &[T], bound: ErrorBound) -> Result<Self> {
+        Self::derive_from_stats::<T>(
+            bound,
+            || finite_range(data),
+            || data.iter().find(|x| x.finite() && x.to_f64() != 0.0).map(|x| x.to_f64()),
+        )
+    }
+
+    /// [`QuantParams::derive`] from statistics computed elsewhere (e.g. on a GPU): `range` gives
+    /// the finite value range (called for noa only), `first_nonzero` the first finite non-zero
+    /// value (called only for a degenerate step). Same arithmetic, so the same bits.
+    pub fn derive_from_stats<T: Element>(
+        bound: ErrorBound,
+        range: impl FnOnce() -> Option<(f64, f64)>,
+        first_nonzero: impl FnOnce() -> Option<f64>,
+    ) -> Result<Self> {
         bound.validate()?;
         let e = bound.value();
         match bound {
@@ -181,7 +198,7 @@ impl QuantParams {
             }
             ErrorBound::Abs(_) | ErrorBound::Noa(_) => {
                 let (abs_bound, range) = if let ErrorBound::Noa(_) = bound {
-                    let r = finite_range(data).unwrap_or((0.0, 0.0));
+                    let r = range().unwrap_or((0.0, 0.0));
                     let width = r.1 - r.0;
                     let eb = if width.is_finite() {
                         pred(e * width)
@@ -196,11 +213,7 @@ impl QuantParams {
                 if !(step.is_normal() && T::from_f64(1.0 / step).finite()) {
                     // Degenerate bound (constant array under noa, or an underflowing bound):
                     // keep the data exactly, with a step that represents the first value.
-                    step = data
-                        .iter()
-                        .find(|x| x.finite() && x.to_f64() != 0.0)
-                        .map(|x| x.to_f64().abs())
-                        .unwrap_or(1.0);
+                    step = first_nonzero().map(f64::abs).unwrap_or(1.0);
                     if !T::from_f64(1.0 / step).finite() {
                         step = 1.0;
                     }

@@ -1,0 +1,667 @@
+// zcomm blocked codecs (FORMAT.md "aatrox / cuszp chunks"): aatrox, cuszp-plain, cuszp-outlier.
+// One templated source for all three codecs and both dtypes. One thread block (32 warps) per
+// 32,768-value chunk; warp w owns iteration layer w, lane k is value k of the thread layer being
+// processed, so a thread layer is one coalesced load, its bit planes one warp transpose.
+//
+// Compression is one kernel: pass 1 quantizes and sizes every thread layer, the block scans the
+// sizes, gets its output offset by decoupled look-back over chunk sizes, and pass 2 re-quantizes
+// (the input is still in L2) and writes the chunk, its table entry, and its share of the table
+// checksum. Decompression is one kernel: offsets by decoupled look-back over the table sizes,
+// checksum + metadata validation, then AATROX's dual-level prefix sum (layer sums from bit-plane
+// popcounts, block scan, in-layer warp scan). Errors go to a device flag, never out of bounds.
+#include "common.cuh"
+
+#define ZC_AATROX 1
+#define ZC_PLAIN 2
+#define ZC_OUTLIER 3
+
+// ctrl[] words (u64), zeroed before every launch by the host.
+#define ZC_TICKET 0
+#define ZC_DONE 1
+#define ZC_HASH 2
+#define ZC_PAYLOAD 3
+#define ZC_ERR 4
+#define ZC_MIN 6
+#define ZC_MAX 7
+#define ZC_FIRST 8
+
+__device__ __forceinline__ u32 zc_width32(u32 m) { return 32 - __clz(m); }
+__device__ __forceinline__ u32 zc_width64(u64 m) { return 64 - __clzll((long long)m); }
+__device__ __forceinline__ u32 zc_obytes(u32 o) { return o == 0 ? 0u : (o == 1 ? 1u : (o == 2 ? 2u : 4u)); }
+__device__ __forceinline__ u32 zc_packed(u32 b) { return b == 0 ? 0u : 4u + 4u * b; }
+
+template <typename T> struct ZU;
+template <> struct ZU<float> {
+    typedef u32 U;
+    __device__ static u32 width(u32 m) { return zc_width32(m); }
+    __device__ static u32 reduce_or(u32 m) { return __reduce_or_sync(ZC_FULL, m); }
+};
+template <> struct ZU<double> {
+    typedef u64 U;
+    __device__ static u32 width(u64 m) { return zc_width64(m); }
+    __device__ static u64 reduce_or(u64 m) {
+        u32 lo = __reduce_or_sync(ZC_FULL, (u32)m);
+        u32 hi = __reduce_or_sync(ZC_FULL, (u32)(m >> 32));
+        return ((u64)hi << 32) | lo;
+    }
+};
+
+template <typename C> __device__ __forceinline__ C zc_shfl(C v, int src) { return __shfl_sync(ZC_FULL, v, src); }
+template <typename C> __device__ __forceinline__ C zc_shfl_up(C v, int d) { return __shfl_up_sync(ZC_FULL, v, d); }
+
+// Stores a 32-bit word at a 4-aligned or unaligned byte offset (bytes one by one when unaligned).
+__device__ __forceinline__ void zc_put_any(u8* p, u64 off, u32 v) {
+    if ((off & 3ull) == 0ull) {
+        *(u32*)(p + off) = v;
+    } else {
+        p[off] = (u8)v;
+        p[off + 1] = (u8)(v >> 8);
+        p[off + 2] = (u8)(v >> 16);
+        p[off + 3] = (u8)(v >> 24);
+    }
+}
+// Loads a 32-bit word at any byte offset; the 4-aligned words touched must lie in the buffer.
+__device__ __forceinline__ u32 zc_get_any(const u8* p, u64 off) {
+    const u32* w = (const u32*)p;
+    u64 i = off >> 2;
+    u32 a = (u32)(off & 3ull);
+    if (a == 0) return w[i];
+    return __funnelshift_r(w[i], w[i + 1], 8 * a);
+}
+
+template <int CODEC> __device__ __forceinline__ bool zc_aligned() { return CODEC != ZC_OUTLIER; }
+
+// Block-wide sum of one u32 per thread (1024 threads); result valid in thread 0.
+__device__ __forceinline__ u32 zc_block_sum(u32 v, u32* s_tmp, int w, int lane) {
+    v = warp_sum_u32(v);
+    __syncthreads();
+    if (lane == 0) s_tmp[w] = v;
+    __syncthreads();
+    u32 r = 0;
+    if (w == 0) r = warp_sum_u32(s_tmp[lane]);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compression
+template <typename T, int CODEC, bool REL>
+__device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out,
+                                            u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q) {
+    typedef typename ZT<T>::code_t C;
+    typedef typename ZU<T>::U U;
+    const int SIZE = ZT<T>::SIZE;
+
+    __shared__ u32 s_off[1024];
+    __shared__ u32 s_rate[256];
+    __shared__ C s_prev[1024];
+    __shared__ C s_first[32];
+    __shared__ C s_last[32];
+    __shared__ u32 s_wtot[32];
+    __shared__ u32 s_tmp[32];
+    __shared__ u32 s_has, s_mask, s_chunk, s_size, s_usize;
+    __shared__ u64 s_base;
+
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
+        s_has = 0;
+        s_mask = 0;
+    }
+    __syncthreads();
+    const u32 c = s_chunk;
+    const u64 cbase = (u64)c << 15;
+    const u32 n = (u32)((count - cbase) < 32768ull ? (count - cbase) : 32768ull);
+    const u32 n_layers = (n + 31) >> 5;
+    const T* cin = in + cbase;
+
+    // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (w, t)
+    bool my_exists = false, my_raw = false;
+    U my_rest = 0;
+    C my_q0 = 0, my_q31 = 0;
+#pragma unroll 1
+    for (int t0 = 0; t0 < 32; t0 += 8) {
+        T xs[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            u32 e = (u32)(w * 32 + t0 + u) * 32u + lane;
+            xs[u] = e < n ? cin[e] : (T)0;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int t = t0 + u;
+            const u32 l = (u32)(w * 32 + t);
+            if (l < n_layers) {
+                const u32 nt = min(32u, n - l * 32u);
+                const bool present = (u32)lane < nt;
+                C code = 0;
+                bool ok = present ? zq_encode<T, REL>(q, xs[u], code) : true;
+                bool raw = __any_sync(ZC_FULL, !ok);
+                C qlast = zc_shfl(code, nt - 1);
+                if (!present) code = qlast;
+                C qp = zc_shfl_up(code, 1);
+                C d = (C)((U)code - (U)qp);
+                U m = lane > 0 ? (d < 0 ? (U)0 - (U)d : (U)d) : (U)0;
+                U rest = ZU<T>::reduce_or(m);
+                C q0 = zc_shfl(code, 0);
+                if (lane == t) {
+                    my_exists = true;
+                    my_raw = raw;
+                    my_rest = rest;
+                    my_q0 = q0;
+                    my_q31 = qlast;
+                }
+            }
+        }
+    }
+
+    // ---- chain: init = first code of the first non-raw layer; prev = last code before
+    const u32 nonraw = __ballot_sync(ZC_FULL, my_exists && !my_raw);
+    {
+        int fl = nonraw ? __ffs(nonraw) - 1 : 0;
+        int ll = nonraw ? 31 - __clz(nonraw) : 0;
+        C f = zc_shfl(my_q0, fl);
+        C L = zc_shfl(my_q31, ll);
+        if (lane == 0) {
+            s_first[w] = f;
+            s_last[w] = L;
+            if (nonraw) atomicOr(&s_has, 1u << w);
+        }
+    }
+    __syncthreads();
+    C init = 0, prev = 0;
+    if (CODEC == ZC_AATROX) {
+        const u32 has = s_has;
+        init = has ? s_first[__ffs(has) - 1] : (C)0;
+        const u32 before = has & ((1u << w) - 1u);
+        C incoming = before ? s_last[31 - __clz(before)] : init;
+        const u32 mb = nonraw & ((1u << lane) - 1u);
+        C pl = zc_shfl(my_q31, mb ? 31 - __clz(mb) : 0);
+        prev = mb ? pl : incoming;
+    }
+
+    // ---- rate byte and size of layer (w, lane)
+    u32 rate = 0, lsize = 0;
+    if (my_exists) {
+        const u32 l = (u32)(w * 32 + lane);
+        const u32 nt = min(32u, n - l * 32u);
+        if (my_raw) {
+            rate = 0xFF;
+            lsize = nt * SIZE;
+        } else {
+            C d0 = (C)((U)my_q0 - (U)prev);
+            U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
+            u32 b_all = ZU<T>::width(my_rest | a0);
+            rate = b_all;
+            if (CODEC == ZC_OUTLIER) {
+                i64 d64 = (i64)d0;
+                u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
+                if (z <= 0xFFFFFFFFull) {
+                    u32 o = z <= 0xFFull ? 1u : (z <= 0xFFFFull ? 2u : 3u);
+                    u32 ow = zc_obytes(o);
+                    u32 b_rest = ZU<T>::width(my_rest);
+                    if (ow + zc_packed(b_rest) < zc_packed(b_all)) rate = (o << 6) | b_rest;
+                }
+            }
+            lsize = zc_obytes(rate >> 6) + zc_packed(rate & 63u);
+        }
+    }
+    ((u8*)s_rate)[w * 32 + lane] = (u8)rate;
+    s_prev[w * 32 + lane] = prev;
+    const u32 incl = warp_incl_u32(lsize, lane);
+    const bool itnz = __any_sync(ZC_FULL, rate != 0);
+    if (lane == 31) s_wtot[w] = incl;
+    if (lane == 0 && itnz) atomicOr(&s_mask, 1u << w);
+    __syncthreads();
+    if (w == 0) {
+        u32 v = s_wtot[lane];
+        u32 inc = warp_incl_u32(v, lane);
+        s_wtot[lane] = inc - v;
+        const u32 mask = s_mask;
+        const u32 pstart = SIZE + 4 + 32u * __popc(mask);
+        const u32 total = __shfl_sync(ZC_FULL, inc, 31);
+        const u32 usize = pstart + total;
+        const u32 csize = (usize + 3u) & ~3u;
+        u64 excl = lookback_exclusive(status, c, (u64)csize, lane);
+        if (lane == 0) {
+            s_base = 96ull + 8ull * n_chunks + excl;
+            s_size = csize;
+            s_usize = usize;
+        }
+    }
+    __syncthreads();
+    const u32 mask = s_mask;
+    const u32 pstart = SIZE + 4 + 32u * __popc(mask);
+    s_off[w * 32 + lane] = pstart + s_wtot[w] + (incl - lsize);
+    __syncthreads();
+
+    const u64 base = s_base;
+    const u32 csize = s_size;
+    const bool write = base + csize <= out_cap;
+    u8* co = out + base;
+    u32* cw = (u32*)co;
+    u32 hsum = 0;
+    if (write) {
+        // head: init, mask
+        if (tid == 0) {
+            u32 w0 = (u32)(u64)(i64)init;
+            cw[0] = w0;
+            hsum += zhash_mix(w0, 0);
+            if (SIZE == 8) {
+                u32 w1 = (u32)((u64)(i64)init >> 32);
+                cw[1] = w1;
+                hsum += zhash_mix(w1, 1);
+            }
+            cw[SIZE / 4] = mask;
+            hsum += zhash_mix(mask, SIZE / 4);
+        }
+        if ((mask >> w) & 1u) {
+            u32 ro = (SIZE + 4 + 32u * __popc(mask & ((1u << w) - 1u))) >> 2;
+            if (lane < 8) {
+                u32 v = s_rate[w * 8 + lane];
+                cw[ro + lane] = v;
+                hsum += zhash_mix(v, ro + lane);
+            }
+        }
+        // ---- pass 2: layer payloads
+#pragma unroll 1
+        for (int t0 = 0; t0 < 32; t0 += 8) {
+            T xs[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                u32 e = (u32)(w * 32 + t0 + u) * 32u + lane;
+                xs[u] = e < n ? cin[e] : (T)0;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const u32 l = (u32)(w * 32 + t0 + u);
+                if (l >= n_layers) continue;
+                const u32 r = ((const u8*)s_rate)[l];
+                if (r == 0) continue;
+                const u32 nt = min(32u, n - l * 32u);
+                const bool present = (u32)lane < nt;
+                const u32 off = s_off[l];
+                if (r == 0xFF) {
+                    if (present) {
+                        typename ZT<T>::bits_t bits = ZT<T>::bits(xs[u]);
+                        u32 o = off + (u32)lane * SIZE;
+                        if (zc_aligned<CODEC>()) {
+                            cw[o >> 2] = (u32)bits;
+                            hsum += zhash_mix((u32)bits, o >> 2);
+                            if (SIZE == 8) {
+                                cw[(o >> 2) + 1] = (u32)((u64)bits >> 32);
+                                hsum += zhash_mix((u32)((u64)bits >> 32), (o >> 2) + 1);
+                            }
+                        } else {
+                            zc_put_any(co, o, (u32)bits);
+                            if (SIZE == 8) zc_put_any(co, o + 4, (u32)((u64)bits >> 32));
+                        }
+                    }
+                    continue;
+                }
+                C code = 0;
+                if (present) zq_encode<T, REL>(q, xs[u], code);
+                C qlast = zc_shfl(code, nt - 1);
+                if (!present) code = qlast;
+                C qp = zc_shfl_up(code, 1);
+                if (lane == 0) qp = (CODEC == ZC_AATROX) ? s_prev[l] : (C)0;
+                C d = (C)((U)code - (U)qp);
+                const u32 o = r >> 6, b = r & 63u;
+                u32 pos = off;
+                if (o != 0) {
+                    const u32 ow = zc_obytes(o);
+                    if (lane == 0) {
+                        i64 d64 = (i64)d;
+                        u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
+                        for (u32 k = 0; k < ow; k++) co[off + k] = (u8)(z >> (8 * k));
+                        d = 0;
+                    }
+                    pos += ow;
+                }
+                if (b > 0) {
+                    const u32 sign = __ballot_sync(ZC_FULL, d < 0);
+                    U m = d < 0 ? (U)0 - (U)d : (U)d;
+                    u32 plo = warp_transpose32((u32)m, lane);
+                    if (zc_aligned<CODEC>()) {
+                        u32 wi = pos >> 2;
+                        if (lane == 0) {
+                            cw[wi] = sign;
+                            hsum += zhash_mix(sign, wi);
+                        }
+                        if ((u32)lane < b) {
+                            cw[wi + 1 + lane] = plo;
+                            hsum += zhash_mix(plo, wi + 1 + lane);
+                        }
+                    } else {
+                        if (lane == 0) zc_put_any(co, pos, sign);
+                        if ((u32)lane < b) zc_put_any(co, pos + 4 + 4 * lane, plo);
+                    }
+                    if (SIZE == 8 && b > 32) {
+                        u32 phi = warp_transpose32((u32)((u64)m >> 32), lane);
+                        if ((u32)lane + 32 < b) {
+                            if (zc_aligned<CODEC>()) {
+                                u32 wi = (pos >> 2) + 33 + lane;
+                                cw[wi] = phi;
+                                hsum += zhash_mix(phi, wi);
+                            } else {
+                                zc_put_any(co, pos + 4 + 4 * (32 + lane), phi);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if (!zc_aligned<CODEC>()) {
+            if (tid == 0) {
+                for (u32 k = s_usize; k < csize; k++) co[k] = 0;
+            }
+            __syncthreads();
+            hsum = 0;  // the head and rates are hashed again from memory with everything else
+            for (u32 i = tid; i < csize / 4; i += 1024) hsum += zhash_mix(__ldcg(cw + i), i);
+        }
+    }
+    u32 tot = zc_block_sum(hsum, s_tmp, w, lane);
+    if (tid == 0) {
+        u32 hash = zhash_final(tot, csize / 4);
+        u32* tbl = (u32*)(out + 96);
+        tbl[2 * c] = csize;
+        tbl[2 * c + 1] = hash;
+        atomicAdd(ctrl + ZC_HASH, (u64)zhash_mix(csize, 2 * c) + (u64)zhash_mix(hash, 2 * c + 1));
+        __threadfence();
+        if (atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull) {
+            u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
+            ctrl[ZC_PAYLOAD] = 8ull * n_chunks + last;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decompression
+#define ZC_E_SIZE 1ull
+#define ZC_E_RANGE 2ull
+#define ZC_E_CHECKSUM 4ull
+#define ZC_E_META 8ull
+#define ZC_E_TOTAL 16ull
+#define ZC_E_TABLE 32ull
+
+template <typename T, int CODEC, bool REL>
+__device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
+                                              u64 count, u64* status, u64* ctrl, u32 n_chunks,
+                                              u32 table_checksum, ZQ<T> q) {
+    const int SIZE = ZT<T>::SIZE;
+    __shared__ u32 s_off[1024];
+    __shared__ u32 s_rate[256];
+    __shared__ i64 s_start[1024];
+    __shared__ u32 s_wtot[32];
+    __shared__ i64 s_wsum[32];
+    __shared__ u32 s_tmp[32];
+    __shared__ u32 s_chunk, s_size, s_cs, s_mask;
+    __shared__ u64 s_err, s_base;
+    __shared__ i64 s_init;
+
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
+        s_err = 0;
+    }
+    __syncthreads();
+    const u32 c = s_chunk;
+    const u64 cbase = (u64)c << 15;
+    const u32 n = (u32)((count - cbase) < 32768ull ? (count - cbase) : 32768ull);
+    const u32 n_layers = (n + 31) >> 5;
+    const u32 n_iters = (n_layers + 31) >> 5;
+    const u32* tbl = (const u32*)(stream + 96);
+
+    if (w == 0) {
+        const u32 size = tbl[2 * c];
+        const u32 cs = tbl[2 * c + 1];
+        u64 excl = lookback_exclusive(status, c, (u64)size, lane);
+        if (lane == 0) {
+            const u64 base = 96ull + 8ull * n_chunks + excl;
+            u64 err = 0;
+            if (size & 3u) err |= ZC_E_SIZE;
+            if (base & 3ull) err |= ZC_E_SIZE;
+            if (base + size > stream_len) err |= ZC_E_RANGE;
+            s_err = err;
+            s_base = base;
+            s_size = size;
+            s_cs = cs;
+            atomicAdd(ctrl + ZC_HASH, (u64)zhash_mix(size, 2 * c) + (u64)zhash_mix(cs, 2 * c + 1));
+        }
+    }
+    __syncthreads();
+    do {
+        if (s_err) break;
+        const u64 base = s_base;
+        const u32 size = s_size;
+        const u8* cp = stream + base;
+        const u32* cw = (const u32*)cp;
+        // checksum of the whole chunk before trusting a bit of it
+        u32 h = 0;
+        for (u32 i = tid; i < size / 4; i += 1024) h += zhash_mix(cw[i], i);
+        u32 tot = zc_block_sum(h, s_tmp, w, lane);
+        if (tid == 0) {
+            u64 err = 0;
+            if (zhash_final(tot, size / 4) != s_cs) err |= ZC_E_CHECKSUM;
+            const u32 head = SIZE + 4;
+            if (size < head) err |= ZC_E_META;
+            s_err = err;
+        }
+        __syncthreads();
+        const bool stop = s_err != 0;
+        __syncthreads();  // everyone has read s_err before anyone sets it again
+        if (stop) break;
+        const u32 head = SIZE + 4;
+        i64 init;
+        if (SIZE == 4) init = (i64)(i32)cw[0];
+        else init = (i64)((u64)cw[0] | ((u64)cw[1] << 32));
+        const u32 mask = cw[SIZE / 4];
+        u64 err = 0;
+        if (n_iters < 32 && (mask >> n_iters) != 0) err |= ZC_E_META;
+        if (CODEC != ZC_AATROX && init != 0) err |= ZC_E_META;
+        // rate bytes of iteration w, lane = thread layer
+        u32 r = 0;
+        const bool set = (mask >> w) & 1u;
+        if (set) {
+            const u32 ro = head + 32u * __popc(mask & ((1u << w) - 1u));
+            if (ro + 32u > size) err |= ZC_E_META;
+            else r = cp[ro + lane];
+            if (!__any_sync(ZC_FULL, r != 0)) err |= ZC_E_META;
+        }
+        const u32 l = (u32)(w * 32 + lane);
+        if (l >= n_layers && r != 0) err |= ZC_E_META;
+        u32 lsize = 0;
+        if (r == 0xFF) {
+            const u32 nt = l < n_layers ? min(32u, n - l * 32u) : 0u;
+            lsize = nt * SIZE;
+        } else {
+            const u32 b = r & 63u, o = r >> 6;
+            if (b > (u32)ZT<T>::MAX_RATE || (o != 0 && CODEC != ZC_OUTLIER)) err |= ZC_E_META;
+            lsize = zc_obytes(o) + zc_packed(b);
+        }
+        if (err) atomicOr(&s_err, err);
+        ((u8*)s_rate)[l] = (u8)r;
+        const u32 incl = warp_incl_u32(lsize, lane);
+        if (lane == 31) s_wtot[w] = incl;
+        __syncthreads();
+        if (w == 0) {
+            u32 v = s_wtot[lane];
+            u32 inc = warp_incl_u32(v, lane);
+            s_wtot[lane] = inc - v;
+            const u32 total = __shfl_sync(ZC_FULL, inc, 31);
+            const u32 implied = head + 32u * __popc(mask) + total;
+            if (lane == 0) {
+                if (((implied + 3u) & ~3u) != size) atomicOr(&s_err, ZC_E_META);
+                s_mask = mask;
+                s_init = init;
+            }
+        }
+        __syncthreads();
+        if (s_err) break;
+        const u32 pstart = head + 32u * __popc(mask);
+        const u32 loff = pstart + s_wtot[w] + (incl - lsize);
+        s_off[l] = loff;
+        if (CODEC == ZC_AATROX) {
+            // level 1: sum of the 32 deltas of every layer from its bit planes (raw layers: 0)
+            u64 sum = 0;
+            const u32 b = r & 63u;
+            if (r != 0xFF && b > 0) {
+                const u32 sign = cw[loff >> 2];
+                for (u32 j = 0; j < b; j++) {
+                    const u32 p = cw[(loff >> 2) + 1 + j];
+                    const int cnt = __popc(p & ~sign) - __popc(p & sign);
+                    sum += (u64)(i64)cnt << j;
+                }
+            }
+            i64 s_incl = warp_incl_i64((i64)sum, lane);
+            if (lane == 31) s_wsum[w] = s_incl;
+            __syncthreads();
+            if (w == 0) {
+                i64 v = s_wsum[lane];
+                i64 inc = warp_incl_i64(v, lane);
+                s_wsum[lane] = (i64)((u64)inc - (u64)v);
+            }
+            __syncthreads();
+            s_start[l] = (i64)((u64)init + (u64)s_wsum[w] + (u64)s_incl - sum);
+        }
+        __syncthreads();
+        // level 2: per thread layer, lane k = value k
+        T* cout = out + cbase;
+#pragma unroll 1
+        for (int t = 0; t < 32; t++) {
+            const u32 ll = (u32)(w * 32 + t);
+            if (ll >= n_layers) break;
+            const u32 rr = ((const u8*)s_rate)[ll];
+            const u32 off = s_off[ll];
+            const u32 nt = min(32u, n - ll * 32u);
+            const bool present = (u32)lane < nt;
+            if (rr == 0xFF) {
+                if (present) {
+                    const u32 o = off + (u32)lane * SIZE;
+                    typename ZT<T>::bits_t bits;
+                    if (SIZE == 4) bits = (typename ZT<T>::bits_t)zc_get_any(cp, o);
+                    else bits = (typename ZT<T>::bits_t)((u64)zc_get_any(cp, o) | ((u64)zc_get_any(cp, o + 4) << 32));
+                    cout[ll * 32u + lane] = ZT<T>::from_bits(bits);
+                }
+                continue;
+            }
+            const u32 o = rr >> 6, b = rr & 63u;
+            const u32 ow = zc_obytes(o);
+            i64 d = 0;
+            if (b > 0) {
+                const u32 pos = off + ow;
+                const u32 sign = zc_get_any(cp, pos);
+                u32 pl = (u32)lane < b ? zc_get_any(cp, pos + 4 + 4 * lane) : 0u;
+                u64 m = warp_transpose32(pl, lane);
+                if (SIZE == 8 && b > 32) {
+                    u32 ph = (u32)lane + 32 < b ? zc_get_any(cp, pos + 4 + 4 * (32 + lane)) : 0u;
+                    m |= (u64)warp_transpose32(ph, lane) << 32;
+                }
+                d = ((sign >> lane) & 1u) ? (i64)(0ull - m) : (i64)m;
+            }
+            if (o != 0 && lane == 0) {
+                u64 z = 0;
+                for (u32 k = 0; k < ow; k++) z |= (u64)cp[off + k] << (8 * k);
+                i64 d0 = (i64)(z >> 1) ^ -(i64)(z & 1ull);
+                d = (i64)((u64)d + (u64)d0);
+            }
+            i64 code = warp_incl_i64(d, lane);
+            if (CODEC == ZC_AATROX) code = (i64)((u64)code + (u64)s_start[ll]);
+            if (present) cout[ll * 32u + lane] = zq_decode<T, REL>(q, code);
+        }
+    } while (0);
+    __syncthreads();
+    if (tid == 0) {
+        if (s_err) atomicOr(ctrl + ZC_ERR, s_err);
+        __threadfence();
+        if (atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull) {
+            u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
+            if (96ull + 8ull * n_chunks + last != stream_len) atomicOr(ctrl + ZC_ERR, ZC_E_TOTAL);
+            __threadfence();
+            u32 th = (u32)(*((volatile u64*)(ctrl + ZC_HASH)));
+            if (zhash_final(th, 2u * n_chunks) != table_checksum) atomicOr(ctrl + ZC_ERR, ZC_E_TABLE);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Range / first finite non-zero value (NOA parameters and the degenerate-step rule).
+template <typename T> __device__ __forceinline__ void zc_stats(const T* __restrict__ in, u64 n, u64* ctrl) {
+    u64 mn = 0, mx = 0, first = 0;  // mn holds ~key (max), first holds ~index (max)
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += 4 * stride) {
+        T xs[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            u64 j = i + u * stride;
+            xs[u] = j < n ? in[j] : (T)0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            u64 j = i + u * stride;
+            T x = xs[u];
+            if (j < n && zc_isfinite(x)) {
+                u64 k = zc_key(x);
+                mn = (~k > mn) ? ~k : mn;
+                mx = k > mx ? k : mx;
+                if (x != (T)0 && (~j) > first) first = ~j;
+            }
+        }
+    }
+    mn = warp_max_u64(mn);
+    mx = warp_max_u64(mx);
+    first = warp_max_u64(first);
+    if ((threadIdx.x & 31) == 0) {
+        if (mn) atomicMax(ctrl + ZC_MIN, mn);
+        if (mx) atomicMax(ctrl + ZC_MAX, mx);
+        if (first) atomicMax(ctrl + ZC_FIRST, first);
+    }
+}
+
+// Copies (when dst != 0) and hashes 32-bit words: ctrl[ZC_HASH] += sum of mix(w_i, i).
+extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords, u32* __restrict__ dst, u64* ctrl) {
+    u32 h = 0;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords; i += stride) {
+        u32 v = src[i];
+        if (dst) dst[i] = v;
+        h += zhash_mix(v, (u32)i);
+    }
+    h = warp_sum_u32(h);
+    if ((threadIdx.x & 31) == 0) atomicAdd(ctrl + ZC_HASH, (u64)h);
+}
+
+#define ZC_INST(TY, TN, CID, CN, REL, RN)                                                                      \
+    extern "C" __global__ void __launch_bounds__(1024) zc_compress_##TN##_##CN##_##RN(                         \
+        const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
+        double step64, double eb) {                                                                            \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                         \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024) zc_decompress_##TN##_##CN##_##RN(                       \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
+    }
+
+#define ZC_INST_MODES(TY, TN, CID, CN) \
+    ZC_INST(TY, TN, CID, CN, false, abs) \
+    ZC_INST(TY, TN, CID, CN, true, rel)
+
+#define ZC_INST_CODECS(TY, TN)                \
+    ZC_INST_MODES(TY, TN, ZC_AATROX, aatrox)  \
+    ZC_INST_MODES(TY, TN, ZC_PLAIN, plain)    \
+    ZC_INST_MODES(TY, TN, ZC_OUTLIER, outlier) \
+    extern "C" __global__ void zc_stats_##TN(const TY* in, u64 n, u64* ctrl) { zc_stats<TY>(in, n, ctrl); }
+
+ZC_INST_CODECS(float, f32)
+ZC_INST_CODECS(double, f64)

@@ -1,0 +1,209 @@
+//! GPU throughput measurement (`zcomm bench --device gpu`).
+//!
+//! End-to-end time is device input → device output of one [`GpuCodec::compress_device`] /
+//! [`GpuCodec::decompress_device`] call, including every launch, small copy and host step the
+//! call makes (the value-range kernel for `noa`, the header upload, the status read-back).
+//! Kernel-only time is the sum of the kernels' own CUDA-event times. Both are the median of
+//! `runs` timed runs after `warmup` untimed ones; GB/s = 1e9 bytes of uncompressed data per
+//! second.
+
+use cudarc::driver::{sys as cu_sys, CudaSlice};
+
+use super::{GpuCodec, GpuElement};
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::quant::ErrorBound;
+
+/// Options of [`bench_device`].
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOptions {
+    /// Timed runs per direction (median reported; at least 20 for reported numbers).
+    pub runs: usize,
+    /// Untimed warm-up runs per direction.
+    pub warmup: usize,
+    /// Compare the stream and the reconstruction with the CPU twin.
+    pub check_cpu: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            runs: 20,
+            warmup: 3,
+            check_cpu: true,
+        }
+    }
+}
+
+/// One GPU benchmark result (one codec, dtype, bound and input).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuBenchRecord {
+    /// Codec name.
+    pub codec: String,
+    /// `f32` / `f64`.
+    pub dtype: String,
+    /// The bound as given (`noa:1e-3`).
+    pub error_bound: String,
+    /// Input name (path or generator).
+    pub input: String,
+    /// Uncompressed bytes.
+    pub bytes: u64,
+    /// Compressed stream bytes (header included).
+    pub compressed_bytes: u64,
+    /// `bytes / compressed_bytes`.
+    pub ratio: f64,
+    /// Largest `|x - x'|` over finite values (GPU reconstruction).
+    pub max_error: f64,
+    /// End-to-end compression throughput, GB/s of uncompressed data (median).
+    pub compress_gbps: f64,
+    /// End-to-end decompression throughput, GB/s (median).
+    pub decompress_gbps: f64,
+    /// Kernel-only compression throughput, GB/s (median).
+    pub kernel_compress_gbps: f64,
+    /// Kernel-only decompression throughput, GB/s (median).
+    pub kernel_decompress_gbps: f64,
+    /// Median end-to-end compression time, ms.
+    pub compress_ms: f64,
+    /// Median end-to-end decompression time, ms.
+    pub decompress_ms: f64,
+    /// Median kernel-only compression time, ms (value-range + compress kernel).
+    pub kernel_compress_ms: f64,
+    /// Median kernel-only decompression time, ms.
+    pub kernel_decompress_ms: f64,
+    /// Timed runs per direction.
+    pub runs: usize,
+    /// GPU name.
+    pub device: String,
+    /// The GPU stream equals `zcomm::compress`'s bytes (false when not checked).
+    pub bit_identical_to_cpu: bool,
+    /// The GPU reconstruction equals `zcomm::decompress`'s bit for bit (false when not checked).
+    pub decode_identical_to_cpu: bool,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+fn ge<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
+    move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+/// Benchmark `codec` on `data` (copied to the device once) under `bound`.
+pub fn bench_device<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    data: &[T],
+    input: &str,
+    bound: ErrorBound,
+    codec: CodecKind,
+    opts: BenchOptions,
+) -> Result<GpuBenchRecord> {
+    let s = gpu.stream().clone();
+    let n = data.len();
+    let bytes = std::mem::size_of_val(data);
+    let oom = |e| Error::OutOfMemory(format!("benchmark buffers: {e:?}"));
+    let d_in: CudaSlice<T> = s.clone_htod(data).map_err(oom)?;
+    let mut d_out: CudaSlice<u8> = s
+        .alloc_zeros(bytes + crate::format::HEADER_LEN)
+        .map_err(oom)?;
+    let mut d_rec: CudaSlice<T> = s.alloc_zeros(n.max(1)).map_err(oom)?;
+    let ctx = gpu.context().clone();
+    let ev = |_| {
+        ctx.new_event(Some(cu_sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(ge("event"))
+    };
+    let (e0, e1) = (ev(0)?, ev(1)?);
+    gpu.set_kernel_timing(true)?;
+
+    let mut len = 0usize;
+    let (mut c_e2e, mut c_k) = (Vec::new(), Vec::new());
+    for i in 0..opts.warmup + opts.runs {
+        e0.record(&s).map_err(ge("record"))?;
+        len = gpu.compress_device(&d_in.as_view(), bound, codec, &mut d_out.as_view_mut())?;
+        e1.record(&s).map_err(ge("record"))?;
+        let ms = e0.elapsed_ms(&e1).map_err(ge("elapsed"))? as f64;
+        let k = gpu.last_kernel_times();
+        if i >= opts.warmup {
+            c_e2e.push(ms);
+            c_k.push((k.stats_ms + k.main_ms) as f64);
+        }
+    }
+    let (mut d_e2e, mut d_k) = (Vec::new(), Vec::new());
+    for i in 0..opts.warmup + opts.runs {
+        let sv = d_out.slice(0..len);
+        let mut rv = d_rec.slice_mut(0..n);
+        e0.record(&s).map_err(ge("record"))?;
+        gpu.decompress_device(&sv, &mut rv)?;
+        e1.record(&s).map_err(ge("record"))?;
+        let ms = e0.elapsed_ms(&e1).map_err(ge("elapsed"))? as f64;
+        let k = gpu.last_kernel_times();
+        if i >= opts.warmup {
+            d_e2e.push(ms);
+            d_k.push((k.stats_ms + k.main_ms) as f64);
+        }
+    }
+    gpu.set_kernel_timing(false)?;
+
+    let stream: Vec<u8> = s.clone_dtoh(&d_out.slice(0..len)).map_err(ge("dtoh"))?;
+    let rec: Vec<T> = if n > 0 {
+        s.clone_dtoh(&d_rec.slice(0..n)).map_err(ge("dtoh"))?
+    } else {
+        Vec::new()
+    };
+    let mut max_error = 0f64;
+    for (a, b) in data.iter().zip(&rec) {
+        if a.finite() {
+            max_error = max_error.max((a.to_f64() - b.to_f64()).abs());
+        }
+    }
+    let (mut bit_identical, mut decode_identical) = (false, false);
+    if opts.check_cpu {
+        let cpu = crate::codec::compress(data, bound, codec)?;
+        bit_identical = cpu == stream;
+        let back: Vec<T> = crate::codec::decompress(&stream)?;
+        decode_identical = back.len() == rec.len()
+            && back
+                .iter()
+                .zip(&rec)
+                .all(|(a, b)| a.to_bits_u64() == b.to_bits_u64());
+    }
+    let gbps = |ms: f64| {
+        if ms > 0.0 {
+            bytes as f64 / 1e9 / (ms / 1e3)
+        } else {
+            0.0
+        }
+    };
+    let (cm, dm, kcm, kdm) = (
+        median(&mut c_e2e),
+        median(&mut d_e2e),
+        median(&mut c_k),
+        median(&mut d_k),
+    );
+    Ok(GpuBenchRecord {
+        codec: codec.name().to_string(),
+        dtype: T::DTYPE.to_string(),
+        error_bound: bound.to_string(),
+        input: input.to_string(),
+        bytes: bytes as u64,
+        compressed_bytes: len as u64,
+        ratio: bytes as f64 / len.max(1) as f64,
+        max_error,
+        compress_gbps: gbps(cm),
+        decompress_gbps: gbps(dm),
+        kernel_compress_gbps: gbps(kcm),
+        kernel_decompress_gbps: gbps(kdm),
+        compress_ms: cm,
+        decompress_ms: dm,
+        kernel_compress_ms: kcm,
+        kernel_decompress_ms: kdm,
+        runs: opts.runs,
+        device: gpu.device_name().to_string(),
+        bit_identical_to_cpu: bit_identical,
+        decode_identical_to_cpu: decode_identical,
+    })
+}

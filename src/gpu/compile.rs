@@ -1,0 +1,162 @@
+//! NVRTC compilation of `kernels/` for the device's own architecture, with an on-disk cache of
+//! the CUBIN keyed by a hash of the source, the options, the NVRTC version and the architecture.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use crate::error::{Error, Result};
+
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+const BLOCKED: &str = include_str!("../../kernels/blocked.cu");
+
+/// NVRTC options besides `-arch`: no fused multiply-add anywhere (FORMAT.md), IEEE division.
+pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--prec-div=true", "--std=c++17"];
+
+/// The full CUDA source of the blocked codecs (common.cuh inlined, as NVRTC has no file system).
+pub fn blocked_source() -> String {
+    let body = BLOCKED.replace("#include \"common.cuh\"", "");
+    format!("{COMMON}\n// ---- blocked.cu\n{body}")
+}
+
+/// Names of every kernel instantiation in the blocked source.
+pub fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for t in ["f32", "f64"] {
+        for c in ["aatrox", "plain", "outlier"] {
+            for m in ["abs", "rel"] {
+                v.push(format!("zc_compress_{t}_{c}_{m}"));
+                v.push(format!("zc_decompress_{t}_{c}_{m}"));
+            }
+        }
+        v.push(format!("zc_stats_{t}"));
+    }
+    v.push("zc_copy_hash".into());
+    v
+}
+
+/// Whether libnvrtc can be loaded (cudarc panics on first use otherwise).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { nvrtc_sys::is_culib_present() }
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: plain out-parameters.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut a, &mut b) }
+        .result()
+        .map_err(|e| Error::Gpu(format!("nvrtcVersion: {e:?}")))?;
+    Ok((a, b))
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Compile `src` to a CUBIN for `arch` (e.g. `sm_90`).
+pub fn compile_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
+    if !nvrtc_available() {
+        return Err(Error::Unavailable("libnvrtc not found".into()));
+    }
+    let csrc = CString::new(src).map_err(|_| Error::invalid("kernel source has a NUL byte"))?;
+    let name = CString::new("zcomm_blocked.cu").expect("no NUL");
+    let prog = nvrtc::create_program(&csrc, Some(&name))
+        .map_err(|e| Error::Gpu(format!("nvrtcCreateProgram: {e:?}")))?;
+    let mut opts: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
+    opts.push(format!("--gpu-architecture={arch}"));
+    // SAFETY: prog is a live program; destroyed below on every path.
+    let res = unsafe { nvrtc::compile_program(prog, &opts) };
+    let out = (|| {
+        if let Err(e) = res {
+            // SAFETY: live program.
+            let log = unsafe { nvrtc::get_program_log(prog) }.unwrap_or_default();
+            let log: Vec<u8> = log
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&c| c != 0)
+                .collect();
+            return Err(Error::Gpu(format!(
+                "NVRTC failed ({e:?}):\n{}",
+                String::from_utf8_lossy(&log)
+            )));
+        }
+        let mut size = 0usize;
+        // SAFETY: live, compiled program; buffer sized by NVRTC.
+        unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }
+            .result()
+            .map_err(|e| Error::Gpu(format!("nvrtcGetCUBINSize: {e:?}")))?;
+        let mut buf = vec![0u8; size];
+        unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _) }
+            .result()
+            .map_err(|e| Error::Gpu(format!("nvrtcGetCUBIN: {e:?}")))?;
+        Ok(buf)
+    })();
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    out
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("ZCOMM_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("zcomm"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("zcomm"))
+}
+
+/// The CUBIN of the blocked kernels for `arch`: from the cache when present, else compiled with
+/// NVRTC and stored (cache errors only log a warning).
+pub fn blocked_cubin(arch: &str) -> Result<Vec<u8>> {
+    let src = blocked_source();
+    let (maj, min) = nvrtc_version()?;
+    let ver = format!("{maj}.{min}");
+    let opts = NVRTC_OPTIONS.join(" ");
+    let key = fnv1a(&[
+        src.as_bytes(),
+        opts.as_bytes(),
+        ver.as_bytes(),
+        arch.as_bytes(),
+    ]);
+    let path = cache_dir().map(|d| d.join(format!("blocked-{key:016x}-{arch}.cubin")));
+    if let Some(p) = &path {
+        if let Ok(b) = std::fs::read(p) {
+            if !b.is_empty() {
+                tracing::debug!(path = %p.display(), "kernel cache hit");
+                return Ok(b);
+            }
+        }
+    }
+    let t = std::time::Instant::now();
+    let cubin = compile_cubin(&src, arch)?;
+    tracing::info!(
+        arch,
+        ms = t.elapsed().as_millis() as u64,
+        "compiled blocked kernels with NVRTC"
+    );
+    if let Some(p) = &path {
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        let r = p
+            .parent()
+            .map(std::fs::create_dir_all)
+            .unwrap_or(Ok(()))
+            .and_then(|_| std::fs::write(&tmp, &cubin))
+            .and_then(|_| std::fs::rename(&tmp, p));
+        if let Err(e) = r {
+            tracing::warn!(path = %p.display(), error = %e, "could not write kernel cache");
+        }
+    }
+    Ok(cubin)
+}

@@ -1,0 +1,385 @@
+//! GPU codecs vs the CPU twin: identical streams, identical reconstructions, identical rejection
+//! of corrupted streams. Without a GPU every test prints "skipped: no CUDA device"; the NVRTC test
+//! compiles every kernel whenever libnvrtc can be loaded (CI installs it without a GPU).
+#![cfg(feature = "cuda")]
+
+use zcomm::gpu::{compile, GpuCodec, GpuElement};
+use zcomm::{CodecKind, Element, ErrorBound};
+
+fn gpu() -> Option<GpuCodec> {
+    if !zcomm::gpu::device_available() {
+        println!("skipped: no CUDA device");
+        return None;
+    }
+    Some(GpuCodec::new(0).expect("GPU present but the codec failed to initialize"))
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+const CODECS: [CodecKind; 3] = [
+    CodecKind::Aatrox,
+    CodecKind::CuszpPlain,
+    CodecKind::CuszpOutlier,
+];
+
+fn bounds() -> Vec<ErrorBound> {
+    vec![
+        ErrorBound::Abs(1e-3),
+        ErrorBound::Abs(0.5),
+        ErrorBound::Abs(1e-40),
+        ErrorBound::Noa(1e-2),
+        ErrorBound::Noa(1e-4),
+        ErrorBound::Rel(1e-3),
+        ErrorBound::Rel(0.25),
+    ]
+}
+
+/// Named inputs of `n` values (as f64; narrowed per dtype).
+fn inputs(n: usize, seed: u64) -> Vec<(String, Vec<f64>)> {
+    let mut r = Rng(seed | 1);
+    let mut v: Vec<(String, Vec<f64>)> = Vec::new();
+    v.push((
+        "smooth".into(),
+        (0..n)
+            .map(|i| (i as f64 * 1e-3).sin() * 100.0 + (i as f64 * 0.37e-1).cos())
+            .collect(),
+    ));
+    v.push((
+        "noise".into(),
+        (0..n).map(|_| r.unit() * 2.0 - 1.0).collect(),
+    ));
+    v.push((
+        "sparse".into(),
+        (0..n)
+            .map(|_| {
+                if r.unit() < 0.84 {
+                    0.0
+                } else {
+                    r.unit() * 10.0
+                }
+            })
+            .collect(),
+    ));
+    v.push(("constant".into(), vec![3.25; n]));
+    v.push(("zeros".into(), vec![0.0; n]));
+    v.push((
+        "neg-zeros".into(),
+        (0..n)
+            .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+            .collect(),
+    ));
+    v.push((
+        "huge".into(),
+        (0..n)
+            .map(|i| {
+                if i % 2 == 0 {
+                    3e38
+                } else {
+                    -3e38 + r.unit() * 1e37
+                }
+            })
+            .collect(),
+    ));
+    v.push((
+        "denormal".into(),
+        (0..n)
+            .map(|i| (i % 7) as f64 * 1e-310 + (i % 3) as f64 * 1e-40)
+            .collect(),
+    ));
+    v.push((
+        "specials".into(),
+        (0..n)
+            .map(|i| match r.next() % 11 {
+                0 => f64::NAN,
+                1 => f64::INFINITY,
+                2 => f64::NEG_INFINITY,
+                3 => -0.0,
+                4 => 1e-45,
+                _ => (i as f64 * 1e-2).sin(),
+            })
+            .collect(),
+    ));
+    v
+}
+
+/// Random bit patterns (NaN payloads included) straight in the dtype.
+fn bit_patterns<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let mut r = Rng(seed | 1);
+    (0..n).map(|_| T::from_bits_u64(r.next())).collect()
+}
+
+fn check<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    data: &[T],
+    bound: ErrorBound,
+    codec: CodecKind,
+    label: &str,
+) {
+    let cpu = zcomm::compress(data, bound, codec).expect("cpu compress");
+    let g = gpu
+        .compress(data, bound, codec)
+        .unwrap_or_else(|e| panic!("{label}: gpu compress: {e}"));
+    if g != cpu {
+        let first = g.iter().zip(&cpu).position(|(a, b)| a != b);
+        panic!(
+            "{label} {codec} {bound} {} n={}: GPU stream differs (len {} vs cpu {}, first diff at {first:?})",
+            T::DTYPE,
+            data.len(),
+            g.len(),
+            cpu.len()
+        );
+    }
+    let back_cpu: Vec<T> = zcomm::decompress(&cpu).expect("cpu decompress");
+    let back_gpu: Vec<T> = gpu
+        .decompress(&cpu)
+        .unwrap_or_else(|e| panic!("{label}: gpu decompress: {e}"));
+    assert_eq!(back_cpu.len(), back_gpu.len());
+    for (i, (a, b)) in back_cpu.iter().zip(&back_gpu).enumerate() {
+        assert_eq!(
+            a.to_bits_u64(),
+            b.to_bits_u64(),
+            "{label} {codec} {bound} {} n={}: value {i} decodes differently",
+            T::DTYPE,
+            data.len()
+        );
+    }
+}
+
+fn narrow<T: Element>(v: &[f64]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f64(x)).collect()
+}
+
+fn identity_sizes<T: GpuElement>(gpu: &mut GpuCodec, sizes: &[usize]) {
+    for &n in sizes {
+        for (name, vals) in inputs(n, n as u64 * 7 + 3) {
+            let data: Vec<T> = narrow(&vals);
+            for b in bounds() {
+                for c in CODECS {
+                    check(gpu, &data, b, c, &name);
+                }
+            }
+        }
+        let bits: Vec<T> = bit_patterns(n, n as u64 + 11);
+        for b in bounds() {
+            for c in CODECS {
+                check(gpu, &bits, b, c, "bit-patterns");
+            }
+        }
+    }
+}
+
+const SIZES: &[usize] = &[
+    0,
+    1,
+    2,
+    31,
+    32,
+    33,
+    1000,
+    1024,
+    1025,
+    32767,
+    32768,
+    32769,
+    100_003,
+    1 << 20,
+];
+
+#[test]
+fn gpu_matches_cpu_f32() {
+    let Some(mut gpu) = gpu() else { return };
+    identity_sizes::<f32>(&mut gpu, SIZES);
+}
+
+#[test]
+fn gpu_matches_cpu_f64() {
+    let Some(mut gpu) = gpu() else { return };
+    identity_sizes::<f64>(&mut gpu, SIZES);
+}
+
+#[test]
+fn gpu_matches_cpu_large() {
+    let Some(mut gpu) = gpu() else { return };
+    // 2^28 f32 values (1 GiB) and a size that is not a multiple of 32 / 32768
+    for n in [(1usize << 28) + 0, (1 << 24) + 12_345] {
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((i as f64 * 1e-5).sin() * 50.0 + (i % 1000) as f64 * 1e-3) as f32)
+            .collect();
+        check(
+            &mut gpu,
+            &data,
+            ErrorBound::Noa(1e-3),
+            CodecKind::Aatrox,
+            "large",
+        );
+        if n < 1 << 28 {
+            for c in CODECS {
+                check(&mut gpu, &data, ErrorBound::Abs(1e-2), c, "large");
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_rejects_what_cpu_rejects() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut r = Rng(99);
+    for c in CODECS {
+        let data: Vec<f32> = (0..70_000)
+            .map(|i| (i as f32 * 1e-3).sin() + if i % 5000 == 0 { f32::NAN } else { 0.0 })
+            .collect();
+        let s = zcomm::compress(&data, ErrorBound::Noa(1e-3), c).unwrap();
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for _ in 0..400 {
+            let mut t = s.clone();
+            let i = (r.next() % t.len() as u64) as usize;
+            t[i] ^= 1 << (r.next() % 8);
+            cases.push(t);
+        }
+        for cut in [0, 1, 95, 96, 97, 100, s.len() / 2, s.len() - 4, s.len() - 1] {
+            cases.push(s[..cut].to_vec());
+        }
+        let mut longer = s.clone();
+        longer.extend_from_slice(&[0; 4]);
+        cases.push(longer);
+        for (k, t) in cases.iter().enumerate() {
+            let cpu = zcomm::decompress::<f32>(t);
+            let g = gpu.decompress::<f32>(t);
+            match (&cpu, &g) {
+                (Ok(a), Ok(b)) => assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{c} case {k}: both accept, outputs differ"
+                ),
+                (Err(_), Err(_)) => {}
+                _ => panic!(
+                    "{c} case {k}: cpu {:?} vs gpu {:?}",
+                    cpu.as_ref().err(),
+                    g.as_ref().err()
+                ),
+            }
+        }
+    }
+}
+
+#[test]
+fn device_api_round_trip() {
+    let Some(mut gpu) = gpu() else { return };
+    let data: Vec<f64> = (0..200_000)
+        .map(|i| (i as f64 * 1e-4).cos() * 1e3)
+        .collect();
+    let s = gpu.stream().clone();
+    let d_in = s.clone_htod(&data).unwrap();
+    let mut d_out = s
+        .alloc_zeros::<u8>(zcomm::compress_bound(data.len(), zcomm::Dtype::F64))
+        .unwrap();
+    let len = gpu
+        .compress_device(
+            &d_in.as_view(),
+            ErrorBound::Abs(1e-6),
+            CodecKind::Aatrox,
+            &mut d_out.as_view_mut(),
+        )
+        .unwrap();
+    let mut d_back = s.alloc_zeros::<f64>(data.len()).unwrap();
+    gpu.decompress_device(&d_out.slice(0..len), &mut d_back.as_view_mut())
+        .unwrap();
+    let back = s.clone_dtoh(&d_back).unwrap();
+    assert!(data.iter().zip(&back).all(|(a, b)| (a - b).abs() <= 1e-6));
+    let host = s.clone_dtoh(&d_out.slice(0..len)).unwrap();
+    assert_eq!(
+        host,
+        zcomm::compress(&data, ErrorBound::Abs(1e-6), CodecKind::Aatrox).unwrap()
+    );
+}
+
+#[test]
+fn nvrtc_compiles_every_kernel() {
+    if !compile::nvrtc_available() {
+        println!("skipped: libnvrtc not found");
+        return;
+    }
+    let cubin = compile::compile_cubin(&compile::blocked_source(), "sm_90").expect("NVRTC compile");
+    for name in compile::kernel_names() {
+        let needle = name.as_bytes();
+        assert!(
+            cubin.windows(needle.len()).any(|w| w == needle),
+            "kernel {name} missing from the CUBIN"
+        );
+    }
+}
+
+/// Benchmark driver for the GPU machine (no Rust there, so it ships as this test binary):
+/// `ZCOMM_BENCH_FILES=path:dtype:name,... ZCOMM_BENCH_BOUNDS=noa:1e-2,... ZCOMM_BENCH_JSON=out.json
+///  ./gpu --ignored bench_files --nocapture`
+#[test]
+#[ignore]
+fn bench_files() {
+    let Some(mut gpu) = gpu() else { return };
+    let files = std::env::var("ZCOMM_BENCH_FILES").expect("ZCOMM_BENCH_FILES");
+    let bounds: Vec<ErrorBound> = std::env::var("ZCOMM_BENCH_BOUNDS")
+        .unwrap_or_else(|_| "noa:1e-2,noa:1e-3,noa:1e-4".into())
+        .split(',')
+        .map(|b| b.parse().unwrap())
+        .collect();
+    let codecs: Vec<CodecKind> = std::env::var("ZCOMM_BENCH_CODECS")
+        .unwrap_or_else(|_| "aatrox,cuszp-plain,cuszp-outlier".into())
+        .split(',')
+        .map(|c| c.parse().unwrap())
+        .collect();
+    let runs: usize = std::env::var("ZCOMM_BENCH_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let out = std::env::var("ZCOMM_BENCH_JSON").unwrap_or_else(|_| "bench-gpu.json".into());
+    let opts = zcomm::gpu::bench::BenchOptions {
+        runs,
+        warmup: 3,
+        check_cpu: true,
+    };
+    let mut recs = Vec::new();
+    for spec in files.split(',') {
+        let mut p = spec.split(':');
+        let (path, dtype, name) = (
+            p.next().unwrap(),
+            p.next().unwrap_or("f32"),
+            p.next().unwrap_or(spec),
+        );
+        let bytes = std::fs::read(path).expect("read input");
+        for &b in &bounds {
+            for &c in &codecs {
+                let r = if dtype == "f64" {
+                    let d: Vec<f64> = bytes
+                        .chunks_exact(8)
+                        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
+                    zcomm::gpu::bench::bench_device(&mut gpu, &d, name, b, c, opts)
+                } else {
+                    let d: Vec<f32> = bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
+                    zcomm::gpu::bench::bench_device(&mut gpu, &d, name, b, c, opts)
+                }
+                .expect("bench");
+                println!(
+                    "{:<10} {:<14} {:<9} ratio {:>8.2} maxerr {:.3e} comp {:>7.1} GB/s (kernel {:>7.1}) decomp {:>7.1} GB/s (kernel {:>7.1}) identical {} {}",
+                    r.input, r.codec, r.error_bound, r.ratio, r.max_error, r.compress_gbps, r.kernel_compress_gbps,
+                    r.decompress_gbps, r.kernel_decompress_gbps, r.bit_identical_to_cpu, r.decode_identical_to_cpu
+                );
+                recs.push(r);
+                std::fs::write(&out, serde_json::to_string_pretty(&recs).unwrap()).unwrap();
+            }
+        }
+    }
+}
