@@ -1,0 +1,359 @@
+//! Corrupt, truncated and mismatched streams: always an `Error`, never a panic, hang or
+//! out-of-bounds access.
+
+mod common;
+
+use common::fuzz_body::decode_any;
+use common::{gen, reseal, specials, Rng};
+use zcomm::codec::decompress_with_limits;
+use zcomm::{compress, decompress, decompress_into, CodecKind, DecodeLimits, Error, ErrorBound};
+
+/// A varied set of valid streams: every codec and mode, both dtypes, raw layers, stored streams,
+/// several chunks and partial layers.
+fn sample_streams() -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let f32s: Vec<f32> = gen(1, 70_001, 3);
+    let mut with_specials: Vec<f32> = gen(0, 33_000, 4);
+    for (i, s) in specials::<f32>().into_iter().enumerate() {
+        with_specials[i * 977] = s;
+    }
+    let f64s: Vec<f64> = gen(7, 40_000, 5);
+    let noise: Vec<f32> = gen(3, 5_000, 6); // arbitrary bits: a stored stream
+    for &c in CodecKind::ALL {
+        for b in [
+            ErrorBound::Abs(1e-3),
+            ErrorBound::Noa(1e-3),
+            ErrorBound::Rel(1e-3),
+        ] {
+            out.push((
+                format!("{c} {b} f32 smooth"),
+                compress(&f32s, b, c).unwrap(),
+            ));
+            out.push((format!("{c} {b} f64 mixed"), compress(&f64s, b, c).unwrap()));
+        }
+        out.push((
+            format!("{c} f32 specials"),
+            compress(&with_specials, ErrorBound::Noa(1e-4), c).unwrap(),
+        ));
+        out.push((
+            format!("{c} f32 short"),
+            compress(&f32s[..45], ErrorBound::Abs(1e-2), c).unwrap(),
+        ));
+        out.push((
+            format!("{c} f32 empty"),
+            compress::<f32>(&[], ErrorBound::Abs(1e-2), c).unwrap(),
+        ));
+        out.push((
+            format!("{c} noise"),
+            compress(&noise, ErrorBound::Abs(1e-6), c).unwrap(),
+        ));
+    }
+    out
+}
+
+fn decode_checked(name: &str, s: &[u8]) -> bool {
+    // the stream's own dtype; a mismatching one must fail anyway
+    let h = zcomm::inspect(s);
+    let ok = match h.map(|h| h.dtype) {
+        Ok(zcomm::Dtype::F64) => decompress::<f64>(s).is_ok(),
+        _ => decompress::<f32>(s).is_ok(),
+    };
+    let _ = name;
+    ok
+}
+
+#[test]
+fn samples_are_valid() {
+    let streams = sample_streams();
+    assert!(streams
+        .iter()
+        .any(|(_, s)| zcomm::inspect(s).unwrap().is_stored()));
+    assert!(streams
+        .iter()
+        .any(|(_, s)| !zcomm::inspect(s).unwrap().is_stored()));
+    for (name, s) in &streams {
+        assert!(decode_checked(name, s), "{name}: valid stream rejected");
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    for (name, s) in sample_streams() {
+        for n in 0..s.len() {
+            assert!(
+                !decode_checked(&name, &s[..n]),
+                "{name}: truncation to {n} of {} accepted",
+                s.len()
+            );
+        }
+        let mut longer = s.clone();
+        longer.push(0);
+        assert!(
+            !decode_checked(&name, &longer),
+            "{name}: stream with a trailing byte accepted"
+        );
+        longer.extend_from_slice(&[0; 3]);
+        assert!(
+            !decode_checked(&name, &longer),
+            "{name}: stream with 4 trailing bytes accepted"
+        );
+    }
+}
+
+#[test]
+fn every_single_bit_flip_of_a_small_stream_is_an_error() {
+    let data: Vec<f32> = gen(7, 1_500, 8);
+    for &c in CodecKind::ALL {
+        let s = compress(&data, ErrorBound::Noa(1e-3), c).unwrap();
+        for i in 0..s.len() * 8 {
+            let mut m = s.clone();
+            m[i / 8] ^= 1 << (i % 8);
+            assert!(
+                !decode_checked("", &m),
+                "{c}: flip of bit {} of byte {} accepted",
+                i % 8,
+                i / 8
+            );
+        }
+    }
+}
+
+#[test]
+fn thousands_of_random_bit_flips_are_errors() {
+    let mut r = Rng(0xF11F);
+    let streams = sample_streams();
+    let mut tried = 0;
+    for (name, s) in &streams {
+        for _ in 0..300 {
+            let mut m = s.clone();
+            let flips = 1 + r.below(4);
+            for _ in 0..flips {
+                let bit = r.below(m.len() as u64 * 8);
+                m[(bit / 8) as usize] ^= 1 << (bit % 8);
+            }
+            if m == *s {
+                continue; // two flips of the same bit
+            }
+            tried += 1;
+            assert!(
+                !decode_checked(name, &m),
+                "{name}: {flips} random flips accepted"
+            );
+        }
+    }
+    assert!(tried > 10_000, "only {tried} corrupted streams tried");
+}
+
+#[test]
+fn wrong_dtype_and_count_are_mismatch_errors() {
+    let data: Vec<f32> = gen(0, 1000, 1);
+    let data64: Vec<f64> = gen(0, 1000, 1);
+    for &c in CodecKind::ALL {
+        for s32 in [
+            compress(&data, ErrorBound::Noa(1e-3), c).unwrap(),
+            compress(&gen::<f32>(3, 100, 2), ErrorBound::Abs(1e-9), c).unwrap(), // stored
+        ] {
+            match decompress::<f64>(&s32) {
+                Err(Error::Mismatch { what, .. }) => assert_eq!(what, "dtype"),
+                other => panic!("{c}: f32 stream decoded as f64: {other:?}"),
+            }
+            let n = zcomm::inspect(&s32).unwrap().count as usize;
+            for wrong in [0, n - 1, n + 1, 2 * n] {
+                let mut out = vec![0f32; wrong];
+                match decompress_into(&s32, &mut out) {
+                    Err(Error::Mismatch { what, .. }) => assert_eq!(what, "value count"),
+                    other => panic!("{c}: count {n} stream into {wrong} values: {other:?}"),
+                }
+            }
+            let mut out64 = vec![0f64; n];
+            assert!(matches!(
+                decompress_into(&s32, &mut out64),
+                Err(Error::Mismatch { .. })
+            ));
+        }
+        let s64 = compress(&data64, ErrorBound::Rel(1e-3), c).unwrap();
+        assert!(matches!(
+            decompress::<f32>(&s64),
+            Err(Error::Mismatch { what: "dtype", .. })
+        ));
+    }
+}
+
+#[test]
+fn decode_limits_are_enforced() {
+    let data = vec![0f32; 100_000];
+    let s = compress(&data, ErrorBound::Abs(1e-3), CodecKind::Aatrox).unwrap();
+    let lim = DecodeLimits::default().with_max_count(99_999);
+    assert!(decompress_with_limits::<f32>(&s, lim).is_err());
+    let lim = DecodeLimits::default().with_max_count(100_000);
+    assert_eq!(decompress_with_limits::<f32>(&s, lim).unwrap(), data);
+}
+
+/// Mutations that keep every checksum valid, so the structural checks must catch them (or the
+/// stream decodes to something, which is allowed: garbage in, garbage out, but no panic).
+#[test]
+fn resealed_mutations_never_panic() {
+    let mut r = Rng(0x5EA1);
+    let streams = sample_streams();
+    let mut rejected = 0usize;
+    let mut total = 0usize;
+    for (name, s) in &streams {
+        for _ in 0..400 {
+            let mut m = s.clone();
+            match r.below(6) {
+                // random bytes anywhere
+                0 => {
+                    for _ in 0..1 + r.below(3) {
+                        let i = r.below(m.len() as u64) as usize;
+                        m[i] = r.next_u64() as u8;
+                    }
+                }
+                // header fields: codec, dtype, mode, flags, chunk_log2, count, n_chunks
+                1 => {
+                    let fields: [(usize, usize); 9] = [
+                        (6, 1),
+                        (7, 1),
+                        (8, 1),
+                        (9, 1),
+                        (10, 2),
+                        (16, 8),
+                        (40, 8),
+                        (64, 8),
+                        (72, 4),
+                    ];
+                    let (o, w) = fields[r.below(9) as usize];
+                    let v = r.next_u64().to_le_bytes();
+                    let small = (r.below(5) as u8).to_le_bytes();
+                    if r.below(2) == 0 {
+                        m[o..o + w].copy_from_slice(&v[..w]);
+                    } else {
+                        m[o..o + w].fill(0);
+                        m[o] = small[0];
+                    }
+                }
+                // chunk table sizes
+                2 => {
+                    let n = u32::from_le_bytes(m[72..76].try_into().unwrap()) as usize;
+                    if n > 0 && m[9] & 1 == 0 {
+                        let e = 96 + 8 * r.below(n as u64) as usize;
+                        let d = (r.below(9) as i64 - 4) * 4;
+                        let v =
+                            (u32::from_le_bytes(m[e..e + 4].try_into().unwrap()) as i64 + d).max(0);
+                        m[e..e + 4].copy_from_slice(&(v as u32).to_le_bytes());
+                    }
+                }
+                // the first bytes of a chunk: init, mask, rate bytes
+                3 => {
+                    let n = u32::from_le_bytes(m[72..76].try_into().unwrap()) as usize;
+                    let start = 96 + 8 * n;
+                    if start + 48 < m.len() {
+                        let i = start + r.below(48) as usize;
+                        m[i] = match r.below(4) {
+                            0 => 0xFF,
+                            1 => 0,
+                            2 => r.below(64) as u8 | 0xC0,
+                            _ => r.next_u64() as u8,
+                        };
+                    }
+                }
+                // truncate or extend and fix payload_len
+                4 => {
+                    let new_len = 96 + r.below(m.len() as u64 + 64) as usize;
+                    m.resize(new_len, r.next_u64() as u8);
+                    let pl = (new_len - 96) as u64;
+                    m[64..72].copy_from_slice(&pl.to_le_bytes());
+                }
+                // swap two 4-byte words
+                _ => {
+                    let a = r.below(m.len() as u64 / 4) as usize * 4;
+                    let b = r.below(m.len() as u64 / 4) as usize * 4;
+                    for k in 0..4 {
+                        m.swap(a + k, b + k);
+                    }
+                }
+            }
+            reseal(&mut m);
+            total += 1;
+            let res = std::panic::catch_unwind(|| decode_any(&m));
+            assert!(
+                res.is_ok(),
+                "{name}: decoder panicked on a resealed mutation"
+            );
+            if !decode_checked(name, &m) {
+                rejected += 1;
+            }
+        }
+    }
+    eprintln!("resealed mutations: {rejected} of {total} rejected");
+    assert!(
+        rejected > total / 4,
+        "structural checks reject too few mutations: {rejected}/{total}"
+    );
+}
+
+/// The fuzz target's body over random byte strings (with and without a plausible header).
+#[test]
+fn fuzz_body_on_random_inputs() {
+    let mut r = Rng(0xF022);
+    let valid = sample_streams();
+    for i in 0..20_000 {
+        let len = r.below(if i % 2 == 0 { 200 } else { 4000 }) as usize;
+        let mut b: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
+        if i % 3 == 0 && b.len() >= 96 {
+            // graft a real header so parsing goes further
+            let (_, s) = &valid[r.below(valid.len() as u64) as usize];
+            b[..96].copy_from_slice(&s[..96]);
+            let pl = (b.len() - 96) as u64;
+            b[64..72].copy_from_slice(&pl.to_le_bytes());
+            reseal(&mut b);
+        }
+        decode_any(&b);
+    }
+    for (_, s) in &valid {
+        decode_any(s);
+    }
+}
+
+/// zhash is a sum of per-word terms whose mix ends in `rotl(.., 13) * K`: flipping the same bit in
+/// two words, 0->1 in one and 1->0 in the other, often changes the two terms by exactly opposite
+/// amounts, so the checksum does not change (found by `thousands_of_random_bit_flips_are_errors`).
+#[test]
+fn two_opposite_flips_of_the_same_bit_are_detected() {
+    let data: Vec<f32> = gen(1, 70_001, 3);
+    let s = compress(&data, ErrorBound::Abs(1e-3), CodecKind::Aatrox).unwrap();
+    let n = zcomm::inspect(&s).unwrap().n_chunks as usize;
+    let start = 96 + 8 * n;
+    let mut accepted = Vec::new();
+    let mut tried = 0;
+    for bit in 0..32 {
+        // pairs of words in the payload, with the bit set in one and clear in the other
+        let word =
+            |k: usize| u32::from_le_bytes(s[start + 4 * k..start + 4 * k + 4].try_into().unwrap());
+        let words = (s.len() - start) / 4;
+        let mut pairs = 0;
+        for a in (0..words).step_by(97) {
+            let b = a + 1 + (a * 7919) % 200;
+            if b >= words || (word(a) >> bit) & 1 == (word(b) >> bit) & 1 {
+                continue;
+            }
+            let mut m = s.clone();
+            m[start + 4 * a + bit / 8] ^= 1 << (bit % 8);
+            m[start + 4 * b + bit / 8] ^= 1 << (bit % 8);
+            tried += 1;
+            if decode_checked("", &m) {
+                accepted.push((bit, a, b));
+            }
+            pairs += 1;
+            if pairs == 20 {
+                break;
+            }
+        }
+    }
+    assert!(tried > 200);
+    assert!(
+        accepted.is_empty(),
+        "{} of {tried} double flips accepted (bit, word a, word b after the chunk table): {:?}",
+        accepted.len(),
+        &accepted[..accepted.len().min(10)]
+    );
+}
