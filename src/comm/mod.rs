@@ -1,1 +1,1557 @@
-//! Compressed communication over MPI (and NCCL).
+//! Compressed communication over MPI (and, through the [`Transport`] trait, NCCL later).
+//!
+//! A [`Communicator`] moves host buffers of `f32`, `f64`, complex64 (`[f32; 2]`) and complex128
+//! (`[f64; 2]`) between ranks, compressing them with an error-bounded codec when its
+//! [`Policy`] says so. Every operation returns an [`OpStats`] (decision, ratio, predicted and
+//! measured time, guaranteed bound) and logs it with `tracing` (target `zcomm::comm`).
+//!
+//! ```no_run
+//! use zcomm::comm::{Communicator, Config};
+//! use zcomm::{model::Policy, CodecKind, ErrorBound};
+//! let mut comm = Communicator::init(Config::new(ErrorBound::Noa(1e-3))).unwrap();
+//! let grad: Vec<f32> = vec![0.5; 1 << 20];
+//! let mut avg = vec![0.0f32; grad.len()];
+//! let stats = comm.allreduce_mean(&grad, &mut avg).unwrap();
+//! println!("{stats}");
+//! ```
+//!
+//! # Protocol: agreement before data
+//!
+//! Every operation first exchanges a 64-byte descriptor (operation, sequence number, dtype,
+//! element count, policy/codec, bound mode and value, root, the sender's decision and payload
+//! size, the local ratio estimate):
+//!
+//! * collectives allgather the descriptors; every rank runs the same deterministic check on the
+//!   same table, so a mismatch (count, dtype, codec, bound, root, or two different collectives)
+//!   becomes the same [`Error::Mismatch`] on **every** rank before any payload moves;
+//! * `send`/`recv`: the sender posts its descriptor and payload; the receiver learns the payload
+//!   size by probing, always drains it, and answers with its own descriptor (the "verdict"); both
+//!   sides check the pair, so both fail on a mismatch; `sendrecv` exchanges descriptors, payloads
+//!   and verdicts pairwise.
+//!
+//! The decision to compress is made identically on all ranks of a collective (from the gathered
+//! ratio estimates and the shared calibration profile), so every rank takes the same path.
+//!
+//! # Allreduce with an end-to-end bound
+//!
+//! The compressed allreduce is a ring reduce-scatter followed by a compressed allgather.
+//! With `p` ranks the buffer is cut into `p` segments; in reduce-scatter step `s = 0..p-2` rank
+//! `r` compresses its partial sum of segment `(r-s-1) mod p`, sends it to `r+1`, receives the
+//! partial of segment `(r-s-2) mod p` from `r-1`, decompresses it and adds its own values. After
+//! `p-1` steps rank `r` holds the sum of segment `r`; it compresses it once and the streams are
+//! allgathered (forwarded as bytes, never requantized). So **every element passes through exactly
+//! `p` quantizations**: `p-1` of partial sums and 1 of the final value (`p-1` for
+//! `reduce_scatter`), plus `p-1` floating-point additions (and one division for the mean).
+//!
+//! Given the bound `E` on the result (`abs:E`, or `noa:E` meaning `E·(max-min)` over all ranks'
+//! inputs, obtained with an allreduce of min/max first), let `M` be the largest finite `|x|` over
+//! all inputs, `u` the unit roundoff of the dtype, `d` the divisor (1 for sum, `p` for mean) and
+//! `B = p·M + E·d` a bound on every partial sum. The rounding of the additions and the division
+//! is bounded by `R = p·u·B/d`. Each quantization gets `eb = (E - R)/p` (in result units; a
+//! partial sum is quantized with `eb·d`), so the total error is at most
+//! `(p-1)·eb + eb + R = E`. When `eb` is not usable (`E <= R`, or non-finite inputs) or the policy
+//! says raw, the native MPI allreduce runs instead (rounding error only). `rel` bounds are not
+//! supported for reductions.
+//!
+//! The final values are identical on every rank (the owner of a segment uses the decompressed
+//! form of its own stream too). Allgather and bcast likewise give every rank the same values.
+
+mod compressor;
+mod element;
+pub mod transport;
+
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+
+pub use compressor::{Compressor, CpuCompressor};
+pub use element::{CommElement, Real};
+#[cfg(feature = "mpi")]
+pub use transport::MpiTransport;
+pub use transport::{ReduceOp, SendHandle, Transport};
+
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::format::Dtype;
+use crate::model::{self, Link, Policy, Profile, RatioCache, Scenario};
+use crate::quant::ErrorBound;
+use element::{dtype_name, scalar_bytes, scalars_from_bytes};
+
+/// Point-to-point tags must be below this (larger tags are the communicator's own).
+pub const MAX_USER_TAG: i32 = 4096;
+const TAG_DESC: i32 = 8192;
+const TAG_VERDICT: i32 = 12288;
+const TAG_RING: i32 = 16384;
+const TAG_PING: i32 = 16385;
+
+const OP_SEND: u8 = 1;
+const OP_RECV: u8 = 2;
+const OP_SENDRECV: u8 = 3;
+const OP_ALLGATHER: u8 = 4;
+const OP_ALLREDUCE: u8 = 5;
+const OP_REDUCE_SCATTER: u8 = 6;
+const OP_BCAST: u8 = 7;
+const OP_ALLREDUCE_MEAN: u8 = 8;
+
+/// Receive any element count (`recv_vec`).
+const ANY_COUNT: u64 = u64::MAX;
+
+fn op_name(op: u8) -> &'static str {
+    match op {
+        OP_SEND => "send",
+        OP_RECV => "recv",
+        OP_SENDRECV => "sendrecv",
+        OP_ALLGATHER => "allgather",
+        OP_ALLREDUCE => "allreduce",
+        OP_REDUCE_SCATTER => "reduce_scatter",
+        OP_BCAST => "bcast",
+        OP_ALLREDUCE_MEAN => "allreduce_mean",
+        _ => "unknown",
+    }
+}
+
+/// Where the calibration profile comes from.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Calibration {
+    /// Load the cached profile file if it exists, else measure and save it (default).
+    LoadOrMeasure,
+    /// Measure now and overwrite the cache.
+    Measure,
+    /// Use this profile; measure nothing.
+    Fixed(Profile),
+}
+
+/// Communicator settings (all ranks must use the same policy and bound).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    /// When to compress.
+    pub policy: Policy,
+    /// Error bound of every compressed value (for reductions: of the result).
+    pub bound: ErrorBound,
+    /// Compute the actual max error of what this rank sends (costs one extra decompression).
+    pub verify: bool,
+    /// Profile source.
+    pub calibration: Calibration,
+    /// Profile cache path (default: [`Profile::default_path`]).
+    pub profile_path: Option<PathBuf>,
+    /// Codec chunks (32,768 values) compressed to estimate a message's ratio.
+    pub sample_chunks: usize,
+}
+
+impl Config {
+    /// Default policy (`Auto(aatrox)`) with `bound`.
+    pub fn new(bound: ErrorBound) -> Self {
+        Config {
+            policy: Policy::default(),
+            bound,
+            verify: false,
+            calibration: Calibration::LoadOrMeasure,
+            profile_path: None,
+            sample_chunks: 4,
+        }
+    }
+    /// With a policy.
+    pub fn with_policy(mut self, p: Policy) -> Self {
+        self.policy = p;
+        self
+    }
+    /// With max-error verification on the sending side.
+    pub fn with_verify(mut self, v: bool) -> Self {
+        self.verify = v;
+        self
+    }
+    /// With a calibration source.
+    pub fn with_calibration(mut self, c: Calibration) -> Self {
+        self.calibration = c;
+        self
+    }
+    /// With a profile cache path.
+    pub fn with_profile_path(mut self, p: impl Into<PathBuf>) -> Self {
+        self.profile_path = Some(p.into());
+        self
+    }
+}
+
+/// What an operation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Decision {
+    /// Sent uncompressed.
+    Raw,
+    /// Sent compressed.
+    Compressed,
+}
+
+/// Per-operation report (also logged with `tracing::debug!`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OpStats {
+    /// Operation name.
+    pub op: &'static str,
+    /// Raw or compressed.
+    pub decision: Decision,
+    /// Codec used (when compressed).
+    pub codec: Option<CodecKind>,
+    /// Ratio the decision was based on (1 when not estimated).
+    pub ratio_estimate: f64,
+    /// Ratio achieved on what this rank sent (uncompressed bytes / bytes sent).
+    pub ratio: f64,
+    /// Uncompressed bytes this rank's sends represent.
+    pub bytes: u64,
+    /// Bytes this rank put on the wire (payloads only).
+    pub wire_bytes: u64,
+    /// Model: time of the raw path (s).
+    pub predicted_raw_s: f64,
+    /// Model: time of the compressed path (s).
+    pub predicted_compressed_s: f64,
+    /// Model: time of the chosen path (s).
+    pub predicted_s: f64,
+    /// Measured wall time of the whole call on this rank (s).
+    pub measured_s: f64,
+    /// Guaranteed absolute error per value (abs/noa), `E` for rel, 0 when raw.
+    pub bound: f64,
+    /// Measured max error of this rank's sent values, when verification is on.
+    pub max_error: Option<f64>,
+}
+
+impl OpStats {
+    fn raw(op: u8) -> Self {
+        OpStats {
+            op: op_name(op),
+            decision: Decision::Raw,
+            codec: None,
+            ratio_estimate: 1.0,
+            ratio: 1.0,
+            bytes: 0,
+            wire_bytes: 0,
+            predicted_raw_s: 0.0,
+            predicted_compressed_s: 0.0,
+            predicted_s: 0.0,
+            measured_s: 0.0,
+            bound: 0.0,
+            max_error: None,
+        }
+    }
+    /// `(measured - predicted) / predicted`.
+    pub fn prediction_error(&self) -> f64 {
+        (self.measured_s - self.predicted_s) / self.predicted_s
+    }
+}
+
+impl fmt::Display for OpStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:?}{} ratio {:.2} (est {:.2}) {} B -> {} B, time {:.3} ms (predicted {:.3} ms; raw {:.3} ms, compressed {:.3} ms), bound {:.3e}",
+            self.op,
+            self.decision,
+            self.codec.map(|c| format!("[{c}]")).unwrap_or_default(),
+            self.ratio,
+            self.ratio_estimate,
+            self.bytes,
+            self.wire_bytes,
+            self.measured_s * 1e3,
+            self.predicted_s * 1e3,
+            self.predicted_raw_s * 1e3,
+            self.predicted_compressed_s * 1e3,
+            self.bound
+        )?;
+        if let Some(e) = self.max_error {
+            write!(f, ", max error {e:.3e}")?;
+        }
+        Ok(())
+    }
+}
+
+const DESC_LEN: usize = 80;
+const DESC_MAGIC: u32 = 0x3144_435a; // "ZCD1"
+
+/// The agreement record exchanged before every operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Desc {
+    op: u8,
+    dtype: u8,
+    policy: u8,
+    mode: u8,
+    decision: u8,
+    root: u32,
+    bound: f64,
+    count: u64,
+    payload: u64,
+    ratio: f64,
+    seq: u64,
+    /// Smallest finite value of the local input (reductions), +inf if none.
+    lo: f64,
+    /// Largest finite value of the local input (reductions), -inf if none.
+    hi: f64,
+    /// 1 when this rank rejected its own arguments (so every rank fails together).
+    bad: u8,
+}
+
+impl Desc {
+    fn to_bytes(self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[0..4].copy_from_slice(&DESC_MAGIC.to_le_bytes());
+        b[4] = self.op;
+        b[5] = self.dtype;
+        b[6] = self.policy;
+        b[7] = self.mode;
+        b[8] = self.decision;
+        b[12..16].copy_from_slice(&self.root.to_le_bytes());
+        b[16..24].copy_from_slice(&self.bound.to_le_bytes());
+        b[24..32].copy_from_slice(&self.count.to_le_bytes());
+        b[32..40].copy_from_slice(&self.payload.to_le_bytes());
+        b[40..48].copy_from_slice(&self.ratio.to_le_bytes());
+        b[48..56].copy_from_slice(&self.seq.to_le_bytes());
+        b[56..64].copy_from_slice(&self.lo.to_le_bytes());
+        b[64..72].copy_from_slice(&self.hi.to_le_bytes());
+        b[9] = self.bad;
+        b
+    }
+    fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() != DESC_LEN || b[0..4] != DESC_MAGIC.to_le_bytes() {
+            return Err(Error::Comm(format!(
+                "malformed descriptor from peer ({} bytes): the ranks are not running the same operation",
+                b.len()
+            )));
+        }
+        let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        Ok(Desc {
+            op: b[4],
+            dtype: b[5],
+            policy: b[6],
+            mode: b[7],
+            decision: b[8],
+            root: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            bound: f64::from_bits(u64at(16)),
+            count: u64at(24),
+            payload: u64at(32),
+            ratio: f64::from_bits(u64at(40)),
+            seq: u64at(48),
+            lo: f64::from_bits(u64at(56)),
+            hi: f64::from_bits(u64at(64)),
+            bad: b[9],
+        })
+    }
+}
+
+fn mismatch(what: &'static str, expected: String, found: String) -> Error {
+    Error::Mismatch {
+        what,
+        expected,
+        found,
+    }
+}
+
+fn mode_name(m: u8) -> &'static str {
+    match m {
+        1 => "abs",
+        2 => "noa",
+        3 => "rel",
+        _ => "?",
+    }
+}
+
+fn fmt_policy(tag: u8) -> String {
+    let codec = CodecKind::from_tag(tag & 0xf)
+        .map(|c| c.to_string())
+        .unwrap_or_default();
+    match tag >> 4 {
+        0 => "never".into(),
+        1 => format!("auto:{codec}"),
+        2 => format!("always:{codec}"),
+        _ => format!("?{tag}"),
+    }
+}
+
+/// Check that a sender's descriptor matches the receiver's expectation (same answer on both).
+fn check_pair(s: &Desc, r: &Desc) -> Result<()> {
+    let pair_ok =
+        (s.op == OP_SEND && r.op == OP_RECV) || (s.op == OP_SENDRECV && r.op == OP_SENDRECV);
+    if !pair_ok {
+        return Err(mismatch(
+            "operation",
+            format!("{} matched by its counterpart", op_name(s.op)),
+            format!("{} against {}", op_name(s.op), op_name(r.op)),
+        ));
+    }
+    if s.dtype != r.dtype {
+        return Err(mismatch(
+            "dtype",
+            dtype_name(r.dtype).into(),
+            dtype_name(s.dtype).into(),
+        ));
+    }
+    if r.count != ANY_COUNT && s.count != r.count {
+        return Err(mismatch(
+            "element count",
+            r.count.to_string(),
+            s.count.to_string(),
+        ));
+    }
+    if s.policy != r.policy {
+        return Err(mismatch(
+            "policy/codec",
+            fmt_policy(r.policy),
+            fmt_policy(s.policy),
+        ));
+    }
+    if s.mode != r.mode || s.bound.to_bits() != r.bound.to_bits() {
+        return Err(mismatch(
+            "error bound",
+            format!("{}:{:e}", mode_name(r.mode), r.bound),
+            format!("{}:{:e}", mode_name(s.mode), s.bound),
+        ));
+    }
+    Ok(())
+}
+
+/// Check a gathered table of collective descriptors (identical result on every rank).
+fn check_table(all: &[Desc]) -> Result<()> {
+    if let Some(r) = all.iter().position(|d| d.bad != 0) {
+        return Err(Error::Comm(format!(
+            "{}: rank {r} rejected its arguments",
+            op_name(all[r].op)
+        )));
+    }
+    let a = &all[0];
+    for (r, d) in all.iter().enumerate().skip(1) {
+        let who = |x: String, y: String| (format!("{x} (rank 0)"), format!("{y} (rank {r})"));
+        if d.op != a.op || d.seq != a.seq {
+            let (e, f) = who(
+                format!("{} #{}", op_name(a.op), a.seq),
+                format!("{} #{}", op_name(d.op), d.seq),
+            );
+            return Err(mismatch("collective operation", e, f));
+        }
+        if d.dtype != a.dtype {
+            let (e, f) = who(dtype_name(a.dtype).into(), dtype_name(d.dtype).into());
+            return Err(mismatch("dtype", e, f));
+        }
+        if d.count != a.count {
+            let (e, f) = who(a.count.to_string(), d.count.to_string());
+            return Err(mismatch("element count", e, f));
+        }
+        if d.policy != a.policy {
+            let (e, f) = who(fmt_policy(a.policy), fmt_policy(d.policy));
+            return Err(mismatch("policy/codec", e, f));
+        }
+        if d.mode != a.mode || d.bound.to_bits() != a.bound.to_bits() {
+            let (e, f) = who(
+                format!("{}:{:e}", mode_name(a.mode), a.bound),
+                format!("{}:{:e}", mode_name(d.mode), d.bound),
+            );
+            return Err(mismatch("error bound", e, f));
+        }
+        if d.root != a.root {
+            let (e, f) = who(a.root.to_string(), d.root.to_string());
+            return Err(mismatch("root", e, f));
+        }
+    }
+    Ok(())
+}
+
+/// Split `n` elements into `p` contiguous segments (the first `n % p` get one more).
+pub fn partition(n: usize, p: usize) -> Vec<Range<usize>> {
+    let (q, rem) = (n / p, n % p);
+    let mut out = Vec::with_capacity(p);
+    let mut lo = 0;
+    for k in 0..p {
+        let len = q + usize::from(k < rem);
+        out.push(lo..lo + len);
+        lo += len;
+    }
+    out
+}
+
+fn max_abs_diff<S: Real>(a: &[S], b: &[S]) -> f64 {
+    use rayon::prelude::*;
+    a.par_iter()
+        .zip(b.par_iter())
+        .map(|(x, y)| {
+            let (x, y) = (x.to_f64(), y.to_f64());
+            if x.is_finite() || y.is_finite() {
+                (x - y).abs()
+            } else {
+                0.0
+            }
+        })
+        .reduce(|| 0.0, f64::max)
+}
+
+/// A pending non-blocking send ([`Communicator::isend`]).
+pub struct SendRequest {
+    handles: Vec<Box<dyn SendHandle>>,
+    desc: Desc,
+    dest: usize,
+    tag: i32,
+    stats: OpStats,
+    t0: f64,
+}
+
+impl fmt::Debug for SendRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SendRequest(dest {}, tag {})", self.dest, self.tag)
+    }
+}
+
+/// A pending receive ([`Communicator::irecv`]): nothing is posted until it is waited on; `test`
+/// reports whether the sender's message has arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvRequest {
+    src: usize,
+    tag: i32,
+}
+
+impl RecvRequest {
+    /// Whether the sender's descriptor has arrived (never blocks).
+    pub fn test(&self, comm: &Communicator) -> Result<bool> {
+        comm.transport.iprobe(self.src, TAG_DESC + self.tag)
+    }
+    /// Complete the receive into `out`.
+    pub fn wait<E: CommElement>(self, comm: &mut Communicator, out: &mut [E]) -> Result<OpStats> {
+        comm.recv(out, self.src, self.tag)
+    }
+}
+
+/// Compressed communication over a [`Transport`]. See the [module docs](self).
+pub struct Communicator {
+    transport: Box<dyn Transport>,
+    compressor: Box<dyn Compressor>,
+    config: Config,
+    profile: Profile,
+    ratios: RatioCache,
+    seq: u64,
+    #[cfg(feature = "mpi")]
+    _universe: Option<mpi::environment::Universe>,
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Communicator(rank {} of {}, {}, {}, {})",
+            self.rank(),
+            self.size(),
+            self.config.policy,
+            self.config.bound,
+            self.compressor.name()
+        )
+    }
+}
+
+impl Communicator {
+    /// Initialize MPI (if not yet initialized) and build a communicator over a duplicate of
+    /// `MPI_COMM_WORLD` with the CPU codec. Collective: calibrates or loads the profile.
+    #[cfg(feature = "mpi")]
+    pub fn init(config: Config) -> Result<Self> {
+        let universe = mpi::initialize();
+        let world = mpi::topology::SimpleCommunicator::world();
+        let t = MpiTransport::new(&world);
+        let mut c = Self::with_transport(Box::new(t), Box::new(CpuCompressor), config)?;
+        c._universe = universe;
+        Ok(c)
+    }
+
+    /// Build over any transport and compressor. Collective over the transport's ranks.
+    pub fn with_transport(
+        transport: Box<dyn Transport>,
+        compressor: Box<dyn Compressor>,
+        config: Config,
+    ) -> Result<Self> {
+        config.bound.validate()?;
+        let mut c = Communicator {
+            transport,
+            compressor,
+            profile: Profile::new(Link {
+                bandwidth: 10e9,
+                latency: 2e-6,
+            }),
+            config,
+            ratios: RatioCache::default(),
+            seq: 0,
+            #[cfg(feature = "mpi")]
+            _universe: None,
+        };
+        c.setup_profile()?;
+        Ok(c)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.transport.size()
+    }
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    /// The calibration profile in use (identical on all ranks).
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+    /// The transport.
+    pub fn transport(&self) -> &dyn Transport {
+        &*self.transport
+    }
+    /// Change the policy (all ranks must do the same before their next operation).
+    pub fn set_policy(&mut self, p: Policy) {
+        self.config.policy = p;
+    }
+    /// Change the bound (all ranks must do the same before their next operation).
+    pub fn set_bound(&mut self, b: ErrorBound) -> Result<()> {
+        b.validate()?;
+        self.config.bound = b;
+        Ok(())
+    }
+    /// Synchronize all ranks.
+    pub fn barrier(&self) -> Result<()> {
+        self.transport.barrier()
+    }
+    /// Wall-clock seconds.
+    pub fn wtime(&self) -> f64 {
+        self.transport.wtime()
+    }
+
+    // ----------------------------------------------------------------- calibration
+
+    fn setup_profile(&mut self) -> Result<()> {
+        let key = format!("{}-p{}-{}", hostname(), self.size(), self.compressor.name());
+        let path = self
+            .config
+            .profile_path
+            .clone()
+            .unwrap_or_else(|| Profile::default_path(&key));
+        match self.config.calibration.clone() {
+            Calibration::Fixed(p) => {
+                self.profile = p;
+                return Ok(());
+            }
+            Calibration::LoadOrMeasure => {
+                // rank 0 reads the file; everybody gets its bytes (empty: none).
+                let mut bytes = if self.rank() == 0 {
+                    std::fs::read(&path).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                self.transport.bcast(0, &mut bytes)?;
+                if !bytes.is_empty() {
+                    if let Ok(p) = Profile::from_json(&String::from_utf8_lossy(&bytes)) {
+                        if p.ranks == self.size() && p.compressor == self.compressor.name() {
+                            tracing::debug!(target: "zcomm::comm", path = %path.display(), "loaded profile");
+                            self.profile = p;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            Calibration::Measure => {}
+        }
+        let p = self.calibrate()?;
+        if self.rank() == 0 {
+            if let Err(e) = p.save(&path) {
+                tracing::warn!(target: "zcomm::comm", "cannot save profile {}: {e}", path.display());
+            }
+        }
+        self.profile = p;
+        Ok(())
+    }
+
+    /// Measure the link (ping-pong between ranks 0 and 1) and the codec throughput (all ranks at
+    /// once, slowest rank counts), and agree on the result. Collective.
+    pub fn calibrate(&mut self) -> Result<Profile> {
+        let t = &*self.transport;
+        let (r, p) = (t.rank(), t.size());
+        let mut link = Link {
+            bandwidth: 10e9,
+            latency: 2e-6,
+        };
+        if p > 1 {
+            t.barrier()?;
+            let mut vals = [0.0f64; 2];
+            if r < 2 {
+                let peer = 1 - r;
+                let small = [0u8; 8];
+                let big = vec![1u8; 8 << 20];
+                let lat_rt = pingpong(t, r, peer, &small, 50)?;
+                let bw_rt = pingpong(t, r, peer, &big, 6)?;
+                let lat = lat_rt / 2.0;
+                let one_way = (bw_rt / 2.0 - lat).max(1e-9);
+                vals = [lat, big.len() as f64 / one_way];
+            }
+            t.allreduce_f64(&mut vals, ReduceOp::Max)?;
+            link = Link {
+                latency: vals[0],
+                bandwidth: vals[1],
+            };
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let mut codecs = Vec::new();
+        for dt in [Dtype::F32, Dtype::F64] {
+            t.barrier()?;
+            let s = measure_compressor(&*self.compressor, codec, dt, 1 << 21)?;
+            let mut v = [-s.compress, -s.decompress];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?; // min of throughputs
+            codecs.push(model::CodecSpeed {
+                compress: -v[0],
+                decompress: -v[1],
+                ..s
+            });
+        }
+        let mut prof = Profile::new(link);
+        prof.host = hostname();
+        prof.ranks = p;
+        prof.compressor = self.compressor.name();
+        prof.codecs = codecs;
+        // everybody uses rank 0's exact numbers
+        let mut bytes = if r == 0 {
+            prof.to_json().into_bytes()
+        } else {
+            Vec::new()
+        };
+        t.bcast(0, &mut bytes)?;
+        let prof = Profile::from_json(&String::from_utf8_lossy(&bytes))?;
+        tracing::info!(target: "zcomm::comm", "calibrated: link {} latency {:.1} us; {codec} f32 compress {} decompress {}",
+            model::fmt_rate(prof.link.bandwidth), prof.link.latency * 1e6,
+            model::fmt_rate(prof.codecs[0].compress), model::fmt_rate(prof.codecs[0].decompress));
+        Ok(prof)
+    }
+
+    fn speeds<S: Real>(&self, codec: CodecKind) -> (f64, f64) {
+        self.profile
+            .codec_speed(codec, S::DTYPE)
+            .map(|c| (c.compress, c.decompress))
+            .unwrap_or((1e9, 2e9))
+    }
+
+    // ----------------------------------------------------------------- helpers
+
+    fn local_desc<E: CommElement>(&self, op: u8, count: usize) -> Desc {
+        Desc {
+            op,
+            dtype: E::TAG,
+            policy: self.config.policy.tag(),
+            mode: self.config.bound.mode().tag(),
+            decision: 0,
+            root: 0,
+            bound: self.config.bound.value(),
+            count: count as u64,
+            payload: 0,
+            ratio: 1.0,
+            seq: self.seq,
+            lo: f64::INFINITY,
+            hi: f64::NEG_INFINITY,
+            bad: 0,
+        }
+    }
+
+    /// Allgather the descriptors and check them. `local` is this rank's own argument check: when
+    /// it failed, every rank fails (this one with its own error).
+    fn agree(&mut self, mut d: Desc, local: Result<()>) -> Result<Vec<Desc>> {
+        self.seq += 1;
+        d.bad = u8::from(local.is_err());
+        let raw = self.transport.allgather_fixed(&d.to_bytes())?;
+        local?;
+        let all = raw
+            .chunks_exact(DESC_LEN)
+            .map(Desc::parse)
+            .collect::<Result<Vec<_>>>()?;
+        check_table(&all)?;
+        Ok(all)
+    }
+
+    /// Ratio estimate of a message: previous same-tag message, else a sample.
+    fn estimate<S: Real>(
+        &mut self,
+        data: &[S],
+        bound: ErrorBound,
+        codec: CodecKind,
+        op: u8,
+        tag: i64,
+    ) -> Result<(f64, Option<Vec<u8>>)> {
+        if let Some(r) = self.ratios.get(op, tag) {
+            return Ok((r, None));
+        }
+        if data.is_empty() {
+            return Ok((1.0, None));
+        }
+        const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
+        let k = self.config.sample_chunks.max(1);
+        if data.len() <= k * CHUNK {
+            let s = S::compress_with(&*self.compressor, data, bound, codec)?;
+            return Ok(((data.len() * S::SIZE) as f64 / s.len() as f64, Some(s)));
+        }
+        let (r, _) = model::estimate_ratio(data, bound, codec, k)?;
+        Ok((r, None))
+    }
+
+    fn p2p_times<S: Real>(&self, n: usize, ratio: f64, codec: CodecKind) -> (f64, f64) {
+        let (tc, td) = self.speeds::<S>(codec);
+        let p = model::predict(&Scenario::new(
+            (n * S::SIZE) as f64,
+            ratio,
+            self.profile.link,
+            tc,
+            td,
+        ));
+        (p.raw_serial, p.compressed_serial)
+    }
+
+    /// Encode one point-to-point payload: decides, compresses or passes through raw.
+    #[allow(clippy::type_complexity)]
+    fn encode_p2p<'a, S: Real>(
+        &mut self,
+        data: &'a [S],
+        op: u8,
+        tag: i32,
+    ) -> Result<(std::borrow::Cow<'a, [u8]>, OpStats)> {
+        let mut st = OpStats::raw(op);
+        st.bytes = (data.len() * S::SIZE) as u64;
+        let bound = self.config.bound;
+        let (compress, codec, est, stream) = match self.config.policy {
+            Policy::Never => (false, None, 1.0, None),
+            Policy::Always(c) => (true, Some(c), 1.0, None),
+            Policy::Auto(c) => {
+                let (r, s) = self.estimate(data, bound, c, op, tag as i64)?;
+                let (tr, tcmp) = self.p2p_times::<S>(data.len(), r, c);
+                (tcmp < 0.95 * tr, Some(c), r, s)
+            }
+        };
+        st.ratio_estimate = est;
+        let (tr, tcmp) = self.p2p_times::<S>(data.len(), est, codec.unwrap_or_default());
+        st.predicted_raw_s = tr;
+        st.predicted_compressed_s = tcmp;
+        st.predicted_s = tr;
+        if !compress || data.is_empty() {
+            st.wire_bytes = st.bytes;
+            return Ok((scalar_bytes(data), st));
+        }
+        let codec = codec.unwrap_or_default();
+        let s = match stream {
+            Some(s) => s,
+            None => S::compress_with(&*self.compressor, data, bound, codec)?,
+        };
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.predicted_s = tcmp;
+        st.wire_bytes = s.len() as u64;
+        st.ratio = st.bytes as f64 / s.len() as f64;
+        st.bound = self.bound_of(data);
+        self.ratios.put(op, tag as i64, st.ratio);
+        if self.config.verify {
+            let mut back = vec![S::default(); data.len()];
+            S::decompress_with(&*self.compressor, &s, &mut back)?;
+            st.max_error = Some(max_abs_diff(data, &back));
+        }
+        Ok((std::borrow::Cow::Owned(s), st))
+    }
+
+    /// Guaranteed abs bound for one compression of `data` (rel: E).
+    fn bound_of<S: Real>(&self, data: &[S]) -> f64 {
+        match self.config.bound {
+            ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+            ErrorBound::Noa(e) => {
+                let (lo, hi) = crate::quant::finite_range(data).unwrap_or((0.0, 0.0));
+                e * (hi - lo)
+            }
+        }
+    }
+
+    fn decode_payload<S: Real>(
+        &self,
+        compressed: bool,
+        payload: &[u8],
+        out: &mut [S],
+    ) -> Result<()> {
+        if compressed {
+            S::decompress_with(&*self.compressor, payload, out)
+        } else {
+            scalars_from_bytes(payload, out)
+        }
+    }
+
+    fn finish(&self, mut st: OpStats, t0: f64) -> OpStats {
+        st.measured_s = self.wtime() - t0;
+        tracing::debug!(target: "zcomm::comm", rank = self.rank(), "{st}");
+        st
+    }
+
+    fn check_tag(tag: i32) -> Result<()> {
+        if !(0..MAX_USER_TAG).contains(&tag) {
+            return Err(Error::invalid(format!(
+                "tag {tag} outside 0..{MAX_USER_TAG}"
+            )));
+        }
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------- point to point
+
+    /// Send `data` to `dest` (matched by [`recv`](Self::recv) / [`recv_vec`](Self::recv_vec)).
+    /// Returns after the receiver has checked the message; a mismatch is an error on both ranks.
+    pub fn send<E: CommElement>(&mut self, data: &[E], dest: usize, tag: i32) -> Result<OpStats> {
+        let req = self.isend(data, dest, tag)?;
+        self.wait_send(req)
+    }
+
+    /// Non-blocking send: compresses now, posts the descriptor and the payload, and returns;
+    /// [`wait_send`](Self::wait_send) completes it and collects the receiver's verdict.
+    pub fn isend<E: CommElement>(
+        &mut self,
+        data: &[E],
+        dest: usize,
+        tag: i32,
+    ) -> Result<SendRequest> {
+        Self::check_tag(tag)?;
+        let t0 = self.wtime();
+        let (payload, st) = self.encode_p2p(E::scalars(data), OP_SEND, tag)?;
+        let mut d = self.local_desc::<E>(OP_SEND, data.len());
+        d.decision = u8::from(st.decision == Decision::Compressed);
+        d.payload = payload.len() as u64;
+        d.ratio = st.ratio_estimate;
+        let h1 = self
+            .transport
+            .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?;
+        let h2 = self.transport.isend(dest, tag, payload.into_owned())?;
+        Ok(SendRequest {
+            handles: vec![h1, h2],
+            desc: d,
+            dest,
+            tag,
+            stats: st,
+            t0,
+        })
+    }
+
+    /// Complete a non-blocking send.
+    pub fn wait_send(&mut self, req: SendRequest) -> Result<OpStats> {
+        for h in req.handles {
+            h.wait()?;
+        }
+        let v = Desc::parse(&self.transport.recv(req.dest, TAG_VERDICT + req.tag)?)?;
+        check_pair(&req.desc, &v)?;
+        Ok(self.finish(req.stats, req.t0))
+    }
+
+    /// Receive exactly `out.len()` elements from `src`.
+    pub fn recv<E: CommElement>(&mut self, out: &mut [E], src: usize, tag: i32) -> Result<OpStats> {
+        let n = out.len() as u64;
+        self.recv_impl::<E>(src, tag, n, |comm, sd, payload| {
+            comm.decode_payload(sd.decision == 1, payload, E::scalars_mut(out))
+        })
+    }
+
+    /// Receive a message of any length from `src`.
+    pub fn recv_vec<E: CommElement>(&mut self, src: usize, tag: i32) -> Result<(Vec<E>, OpStats)> {
+        let mut out = Vec::new();
+        let st = self.recv_impl::<E>(src, tag, ANY_COUNT, |comm, sd, payload| {
+            let n = usize::try_from(sd.count)
+                .ok()
+                .filter(|&n| {
+                    n.checked_mul(E::LANES * <E::Scalar as crate::Element>::SIZE)
+                        .is_some()
+                })
+                .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
+            if sd.decision == 0
+                && payload.len() != n * E::LANES * <E::Scalar as crate::Element>::SIZE
+            {
+                return Err(Error::corrupt(
+                    "raw payload length disagrees with its descriptor",
+                ));
+            }
+            if sd.decision == 1 {
+                let h = crate::inspect(payload)?;
+                if h.count != (n * E::LANES) as u64 {
+                    return Err(Error::corrupt("stream count disagrees with its descriptor"));
+                }
+            }
+            out = vec![E::default(); n];
+            comm.decode_payload(sd.decision == 1, payload, E::scalars_mut(&mut out))
+        })?;
+        Ok((out, st))
+    }
+
+    /// Start a receive (see [`RecvRequest`]).
+    pub fn irecv(&self, src: usize, tag: i32) -> Result<RecvRequest> {
+        Self::check_tag(tag)?;
+        if src >= self.size() {
+            return Err(Error::invalid(format!("rank {src} out of range")));
+        }
+        Ok(RecvRequest { src, tag })
+    }
+
+    fn recv_impl<E: CommElement>(
+        &mut self,
+        src: usize,
+        tag: i32,
+        count: u64,
+        decode: impl FnOnce(&Self, &Desc, &[u8]) -> Result<()>,
+    ) -> Result<OpStats> {
+        Self::check_tag(tag)?;
+        let t0 = self.wtime();
+        let sd_raw = self.transport.recv(src, TAG_DESC + tag)?;
+        let payload = self.transport.recv(src, tag)?;
+        let mine = self.local_desc::<E>(OP_RECV, 0);
+        let mine = Desc { count, ..mine };
+        self.transport
+            .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
+        let sd = Desc::parse(&sd_raw)?;
+        check_pair(&sd, &mine)?;
+        decode(self, &sd, &payload)?;
+        let mut st = OpStats::raw(OP_RECV);
+        st.bytes = sd
+            .count
+            .saturating_mul((E::LANES * <E::Scalar as crate::Element>::SIZE) as u64);
+        st.wire_bytes = payload.len() as u64;
+        st.ratio = if payload.is_empty() {
+            1.0
+        } else {
+            st.bytes as f64 / payload.len() as f64
+        };
+        st.ratio_estimate = sd.ratio;
+        if sd.decision == 1 {
+            st.decision = Decision::Compressed;
+            st.codec = self.config.policy.codec();
+        }
+        let (tr, tc) = self.p2p_times::<E::Scalar>(
+            sd.count as usize * E::LANES,
+            sd.ratio,
+            self.config.policy.codec().unwrap_or_default(),
+        );
+        st.predicted_raw_s = tr;
+        st.predicted_compressed_s = tc;
+        st.predicted_s = if sd.decision == 1 { tc } else { tr };
+        Ok(self.finish(st, t0))
+    }
+
+    /// Send `send` to `dest` and receive `recv.len()` elements from `src` (the pairwise swap of
+    /// state-vector halves when `dest == src`). A mismatch is an error on both ends of each pair.
+    pub fn sendrecv<E: CommElement>(
+        &mut self,
+        send: &[E],
+        dest: usize,
+        recv: &mut [E],
+        src: usize,
+        tag: i32,
+    ) -> Result<OpStats> {
+        Self::check_tag(tag)?;
+        let t0 = self.wtime();
+        let (payload, st) = self.encode_p2p(E::scalars(send), OP_SENDRECV, tag)?;
+        let mut d = self.local_desc::<E>(OP_SENDRECV, send.len());
+        d.decision = u8::from(st.decision == Decision::Compressed);
+        d.payload = payload.len() as u64;
+        d.ratio = st.ratio_estimate;
+        let t = &*self.transport;
+        let theirs = t.sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+        let got = t.sendrecv(dest, &payload, src, tag)?;
+        let expect = Desc {
+            count: recv.len() as u64,
+            ..self.local_desc::<E>(OP_SENDRECV, 0)
+        };
+        let verdict = t.sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
+        let sd = Desc::parse(&theirs)?;
+        check_pair(&sd, &expect)?;
+        check_pair(&d, &Desc::parse(&verdict)?)?;
+        self.decode_payload(sd.decision == 1, &got, E::scalars_mut(recv))?;
+        Ok(self.finish(st, t0))
+    }
+
+    // ----------------------------------------------------------------- collectives
+
+    /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order).
+    /// Every rank ends with identical values.
+    pub fn allgather<E: CommElement>(&mut self, send: &[E], out: &mut [E]) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let p = self.size();
+        let mut local = Ok(());
+        if out.len() != send.len() * p {
+            local = Err(Error::invalid(format!(
+                "allgather: output has {} elements, expected {} x {}",
+                out.len(),
+                p,
+                send.len()
+            )));
+        }
+        let sc = E::scalars(send);
+        let bound = self.config.bound;
+        let mut d = self.local_desc::<E>(OP_ALLGATHER, send.len());
+        let mut stream = None;
+        if let (Policy::Auto(c), true) = (self.config.policy, local.is_ok()) {
+            match self.estimate(sc, bound, c, OP_ALLGATHER, -1) {
+                Ok((r, s)) => {
+                    d.ratio = r;
+                    stream = s;
+                }
+                Err(e) => local = Err(e),
+            }
+        }
+        let all = self.agree(d, local)?;
+        let ratio = harmonic(&all);
+        let n = sc.len();
+        let bytes = (n * <E::Scalar as crate::Element>::SIZE) as f64;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let (tc, td) = self.speeds::<E::Scalar>(codec);
+        let l = self.profile.link;
+        let pf = p as f64;
+        let raw_t = (pf - 1.0) * (l.latency + bytes / l.bandwidth);
+        let cmp_t =
+            bytes / tc + pf * bytes / td + (pf - 1.0) * (l.latency + bytes / (ratio * l.bandwidth));
+        let compress = self.decide(raw_t, cmp_t) && n > 0;
+        let mut st = OpStats::raw(OP_ALLGATHER);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = ratio;
+        st.predicted_raw_s = raw_t;
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let outs = E::scalars_mut(out);
+        if compress {
+            let s = match stream {
+                Some(s) => s,
+                None => E::Scalar::compress_with(&*self.compressor, sc, bound, codec)?,
+            };
+            st.wire_bytes = s.len() as u64;
+            st.ratio = bytes / s.len() as f64;
+            st.decision = Decision::Compressed;
+            st.codec = Some(codec);
+            st.bound = self.bound_of(sc);
+            self.ratios.put(OP_ALLGATHER, -1, st.ratio);
+            let streams = self.transport.allgatherv(&s)?;
+            for (k, s) in streams.iter().enumerate() {
+                E::Scalar::decompress_with(&*self.compressor, s, &mut outs[k * n..(k + 1) * n])?;
+            }
+            if self.config.verify {
+                let r = self.rank();
+                st.max_error = Some(max_abs_diff(sc, &outs[r * n..(r + 1) * n]));
+            }
+        } else {
+            st.wire_bytes = bytes as u64;
+            let g = self.transport.allgather_fixed(&scalar_bytes(sc))?;
+            scalars_from_bytes(&g, outs)?;
+        }
+        Ok(self.finish(st, t0))
+    }
+
+    /// Broadcast `buf` from `root`; every rank (root included) ends with identical values.
+    pub fn bcast<E: CommElement>(&mut self, buf: &mut [E], root: usize) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let mut local = Ok(());
+        if root >= self.size() {
+            local = Err(Error::invalid(format!("bcast root {root} out of range")));
+        }
+        let r = self.rank();
+        let mut d = self.local_desc::<E>(OP_BCAST, buf.len());
+        d.root = root as u32;
+        let mut payload = Vec::new();
+        let mut st = OpStats::raw(OP_BCAST);
+        if r == root {
+            match self.encode_p2p(E::scalars(buf), OP_BCAST, 0) {
+                Ok((pl, s)) => {
+                    payload = pl.into_owned();
+                    d.decision = u8::from(s.decision == Decision::Compressed);
+                    d.ratio = s.ratio_estimate;
+                    d.payload = payload.len() as u64;
+                    st = s;
+                }
+                Err(e) => local = Err(e),
+            }
+        }
+        let all = self.agree(d, local)?;
+        let rd = all[root];
+        self.transport.bcast(root, &mut payload)?;
+        if rd.decision == 1 {
+            self.decode_payload(true, &payload, E::scalars_mut(buf))?;
+        } else if r != root {
+            scalars_from_bytes(&payload, E::scalars_mut(buf))?;
+        }
+        if r != root {
+            st.decision = if rd.decision == 1 {
+                Decision::Compressed
+            } else {
+                Decision::Raw
+            };
+            st.ratio_estimate = rd.ratio;
+            st.wire_bytes = payload.len() as u64;
+            st.bytes = (buf.len() * E::LANES * <E::Scalar as crate::Element>::SIZE) as u64;
+            st.ratio = if payload.is_empty() {
+                1.0
+            } else {
+                st.bytes as f64 / payload.len() as f64
+            };
+        }
+        Ok(self.finish(st, t0))
+    }
+
+    fn decide(&self, raw_t: f64, cmp_t: f64) -> bool {
+        match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => cmp_t < 0.95 * raw_t,
+        }
+    }
+
+    /// Sum over all ranks into `out` with the end-to-end bound of the [module docs](self).
+    pub fn allreduce<E: CommElement>(&mut self, input: &[E], out: &mut [E]) -> Result<OpStats> {
+        self.reduce_impl(
+            OP_ALLREDUCE,
+            E::scalars(input),
+            E::scalars_mut(out),
+            E::TAG,
+            input.len(),
+            E::LANES,
+        )
+    }
+
+    /// Mean over all ranks (gradient averaging); the bound applies to the mean.
+    pub fn allreduce_mean<E: CommElement>(
+        &mut self,
+        input: &[E],
+        out: &mut [E],
+    ) -> Result<OpStats> {
+        self.reduce_impl(
+            OP_ALLREDUCE_MEAN,
+            E::scalars(input),
+            E::scalars_mut(out),
+            E::TAG,
+            input.len(),
+            E::LANES,
+        )
+    }
+
+    /// In-place sum (copies the input once).
+    pub fn allreduce_in_place<E: CommElement>(&mut self, buf: &mut [E]) -> Result<OpStats> {
+        let input = buf.to_vec();
+        self.allreduce(&input, buf)
+    }
+
+    /// Reduce-scatter (sum): rank `r` receives segment `r` of [`partition`]`(input.len(), size)`
+    /// in `out`. Every element passes `p-1` quantizations; the bound holds on the result.
+    pub fn reduce_scatter<E: CommElement>(
+        &mut self,
+        input: &[E],
+        out: &mut [E],
+    ) -> Result<OpStats> {
+        let seg = partition(input.len(), self.size())[self.rank()].clone();
+        if out.len() != seg.len() {
+            return Err(Error::invalid(format!(
+                "reduce_scatter: output has {} elements, this rank's segment has {}",
+                out.len(),
+                seg.len()
+            )));
+        }
+        self.reduce_impl(
+            OP_REDUCE_SCATTER,
+            E::scalars(input),
+            E::scalars_mut(out),
+            E::TAG,
+            input.len(),
+            E::LANES,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_impl<S: Real>(
+        &mut self,
+        op: u8,
+        x: &[S],
+        out: &mut [S],
+        dtype: u8,
+        count: usize,
+        lanes: usize,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, r) = (self.size(), self.rank());
+        let full = op != OP_REDUCE_SCATTER;
+        let mut local = Ok(());
+        if full && out.len() != x.len() {
+            local = Err(Error::invalid(format!(
+                "{}: output has {} scalars, input {}",
+                op_name(op),
+                out.len(),
+                x.len()
+            )));
+        }
+        // 1. agreement, global range and magnitude (from the descriptor table)
+        let (lo, hi) = crate::quant::finite_range(x).unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+        let desc = Desc {
+            count: count as u64,
+            dtype,
+            lo,
+            hi,
+            ..self.local_desc::<f32>(op, count)
+        };
+        let all = self.agree(desc, local)?;
+        if matches!(self.config.bound, ErrorBound::Rel(_)) {
+            return Err(Error::invalid(format!(
+                "{}: rel bounds are not supported for reductions (use abs or noa)",
+                op_name(op)
+            )));
+        }
+        let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
+        let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
+        let m = glo.abs().max(ghi.abs());
+        let m = if m.is_finite() { m } else { 0.0 };
+        // 2. the per-quantization bound
+        let d = if op == OP_ALLREDUCE_MEAN {
+            p as f64
+        } else {
+            1.0
+        };
+        let pf = p as f64;
+        let nq = if full { pf } else { (pf - 1.0).max(1.0) };
+        let e = match self.config.bound {
+            ErrorBound::Abs(e) => e,
+            ErrorBound::Noa(e) => {
+                if ghi >= glo {
+                    e * (ghi - glo)
+                } else {
+                    0.0
+                }
+            }
+            ErrorBound::Rel(_) => f64::NAN,
+        };
+        let bnd = pf * m + e * d;
+        let rnd = pf * S::UNIT_ROUNDOFF * bnd / d;
+        let eb = (e - rnd) / nq;
+        let usable = eb.is_finite() && eb > 0.0;
+        // 3. ratio estimate at the per-step bound (mean over ranks of 1/ratio)
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let mut ratio = 1.0;
+        if let (Policy::Auto(c), true, true) = (self.config.policy, usable, p > 1) {
+            let seg0 = &x[..x.len().div_ceil(p).min(x.len())];
+            let inv = match self.estimate(seg0, ErrorBound::Abs(eb * d), c, op, -1) {
+                Ok((er, _)) => 1.0 / er.max(1e-9),
+                Err(_) => 1.0, // (cannot happen for a valid abs bound) assume no gain
+            };
+            let mut v = [inv];
+            self.transport.allreduce_f64(&mut v, ReduceOp::Sum)?;
+            ratio = pf / v[0];
+        }
+        // 4. model
+        let bytes = (x.len() * S::SIZE) as f64;
+        let seg_b = bytes / pf;
+        let (tc, td) = self.speeds::<S>(codec);
+        let l = self.profile.link;
+        let steps = pf - 1.0;
+        let (raw_t, cmp_t) = if full {
+            (
+                2.0 * steps * (l.latency + seg_b / l.bandwidth),
+                steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth))
+                    + seg_b / tc
+                    + pf * seg_b / td
+                    + steps * (l.latency + seg_b / (ratio * l.bandwidth)),
+            )
+        } else {
+            (
+                steps * (l.latency + seg_b / l.bandwidth),
+                steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth)),
+            )
+        };
+        let compress = usable && p > 1 && !x.is_empty() && self.decide(raw_t, cmp_t);
+        let mut st = OpStats::raw(op);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = ratio;
+        st.predicted_raw_s = raw_t;
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let segs = partition(count, p)
+            .into_iter()
+            .map(|s| s.start * lanes..s.end * lanes)
+            .collect::<Vec<_>>();
+        if !compress {
+            st.wire_bytes = st.bytes;
+            if full {
+                S::native_sum(&*self.transport, x, out)?;
+                if d != 1.0 {
+                    let dd = S::from_f64(d);
+                    out.iter_mut().for_each(|v| *v = *v / dd);
+                }
+            } else {
+                let mut tmp = vec![S::default(); x.len()];
+                S::native_sum(&*self.transport, x, &mut tmp)?;
+                out.copy_from_slice(&tmp[segs[r].clone()]);
+            }
+            return Ok(self.finish(st, t0));
+        }
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = e;
+        // 5. ring reduce-scatter
+        let step_bound = ErrorBound::Abs(eb * d);
+        let mut wire = 0usize;
+        let mut acc: Vec<S> = x[segs[(r + p - 1) % p].clone()].to_vec();
+        for s in 0..p - 1 {
+            let recv_seg = (r + 2 * p - s - 2) % p;
+            let msg = S::compress_with(&*self.compressor, &acc, step_bound, codec)?;
+            wire += msg.len();
+            let got = self
+                .transport
+                .sendrecv((r + 1) % p, &msg, (r + p - 1) % p, TAG_RING)?;
+            let mut part = vec![S::default(); segs[recv_seg].len()];
+            S::decompress_with(&*self.compressor, &got, &mut part)?;
+            let mine = &x[segs[recv_seg].clone()];
+            for (a, &v) in part.iter_mut().zip(mine) {
+                *a = *a + v;
+            }
+            acc = part;
+        }
+        if d != 1.0 {
+            let dd = S::from_f64(d);
+            acc.iter_mut().for_each(|v| *v = *v / dd);
+        }
+        if !full {
+            out.copy_from_slice(&acc);
+            st.wire_bytes = wire as u64;
+            st.ratio = bytes * steps / pf / wire.max(1) as f64;
+            return Ok(self.finish(st, t0));
+        }
+        // 6. allgather of the final segments, compressed once
+        let s = S::compress_with(&*self.compressor, &acc, ErrorBound::Abs(eb), codec)?;
+        wire += s.len() * (p - 1);
+        let streams = self.transport.allgatherv(&s)?;
+        for (k, s) in streams.iter().enumerate() {
+            S::decompress_with(&*self.compressor, s, &mut out[segs[k].clone()])?;
+        }
+        st.wire_bytes = wire as u64;
+        st.ratio = (2.0 * bytes * steps / pf) / wire.max(1) as f64;
+        self.ratios
+            .put(op, -1, (seg_b / s.len().max(1) as f64).max(1.0));
+        Ok(self.finish(st, t0))
+    }
+}
+
+fn harmonic(all: &[Desc]) -> f64 {
+    let inv: f64 = all.iter().map(|d| 1.0 / d.ratio.max(1e-9)).sum::<f64>() / all.len() as f64;
+    1.0 / inv
+}
+
+fn pingpong(t: &dyn Transport, r: usize, peer: usize, msg: &[u8], reps: usize) -> Result<f64> {
+    // one warm-up, then the mean round trip
+    let mut t0 = 0.0;
+    for i in 0..=reps {
+        if i == 1 {
+            t0 = t.wtime();
+        }
+        if r == 0 {
+            t.send(peer, TAG_PING, msg)?;
+            t.recv(peer, TAG_PING)?;
+        } else {
+            t.recv(peer, TAG_PING)?;
+            t.send(peer, TAG_PING, msg)?;
+        }
+    }
+    Ok((t.wtime() - t0) / reps as f64)
+}
+
+fn measure_compressor(
+    c: &dyn Compressor,
+    codec: CodecKind,
+    dt: Dtype,
+    n: usize,
+) -> Result<model::CodecSpeed> {
+    fn run<S: Real>(c: &dyn Compressor, codec: CodecKind, n: usize) -> Result<model::CodecSpeed> {
+        let data: Vec<S> = (0..n)
+            .map(|i| {
+                let x = i as f64 * 1e-4;
+                S::from_f64((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0 + (i % 17) as f64 * 1e-3)
+            })
+            .collect();
+        let b = ErrorBound::Noa(1e-3);
+        let mut out = vec![S::default(); n];
+        let (mut bc, mut bd, mut len) = (f64::INFINITY, f64::INFINITY, 1);
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            let s = S::compress_with(c, &data, b, codec)?;
+            bc = bc.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            S::decompress_with(c, &s, &mut out)?;
+            bd = bd.min(t.elapsed().as_secs_f64());
+            len = s.len();
+        }
+        let bytes = (n * S::SIZE) as f64;
+        Ok(model::CodecSpeed {
+            codec,
+            dtype: S::DTYPE.tag(),
+            compress: bytes / bc.max(1e-9),
+            decompress: bytes / bd.max(1e-9),
+            ratio: bytes / len as f64,
+        })
+    }
+    match dt {
+        Dtype::F32 => run::<f32>(c, codec, n),
+        Dtype::F64 => run::<f64>(c, codec, n),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "host".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_covers_everything() {
+        for (n, p) in [(0, 3), (1, 4), (10, 3), (7, 7), (100, 8)] {
+            let s = partition(n, p);
+            assert_eq!(s.len(), p);
+            assert_eq!(s[0].start, 0);
+            assert_eq!(s[p - 1].end, n);
+            for w in s.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert!(w[0].len() >= w[1].len() && w[0].len() - w[1].len() <= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_disagree() {
+        let d = Desc {
+            op: OP_ALLREDUCE,
+            dtype: 1,
+            policy: Policy::default().tag(),
+            mode: 2,
+            decision: 1,
+            root: 3,
+            bound: 1e-3,
+            count: 12345,
+            payload: 99,
+            ratio: 7.5,
+            seq: 42,
+        };
+        assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
+        assert!(Desc::parse(&[0u8; 64]).is_err());
+        assert!(check_table(&[d, d, d]).is_ok());
+        let e = check_table(&[d, Desc { count: 1, ..d }]).unwrap_err();
+        assert!(e.to_string().contains("element count"), "{e}");
+        let e = check_table(&[
+            d,
+            Desc {
+                op: OP_ALLGATHER,
+                ..d
+            },
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("collective"), "{e}");
+        let s = Desc { op: OP_SEND, ..d };
+        let r = Desc { op: OP_RECV, ..d };
+        assert!(check_pair(&s, &r).is_ok());
+        assert!(check_pair(
+            &s,
+            &Desc {
+                count: ANY_COUNT,
+                ..r
+            }
+        )
+        .is_ok());
+        assert!(check_pair(&s, &Desc { dtype: 2, ..r }).is_err());
+        assert!(check_pair(&s, &Desc { bound: 1e-4, ..r }).is_err());
+        assert!(check_pair(&s, &s).is_err());
+    }
+}

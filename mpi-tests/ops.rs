@@ -1,0 +1,620 @@
+//! Multi-process tests of `zcomm::comm`: every operation, every policy, odd sizes, empty
+//! buffers, mismatches and the error bounds. Run under `mpirun -n P` (see `mpi-tests/run.sh`);
+//! exits non-zero when any check fails on any rank.
+//!
+//! `--only-reduce` runs just the allreduce/reduce_scatter bound tests (used for p = 3 and 8).
+
+use zcomm::comm::{partition, Calibration, CommElement, Communicator, Config, Decision, Real};
+use zcomm::model::Policy;
+use zcomm::{CodecKind, Element, Error, ErrorBound};
+
+struct Checker {
+    rank: usize,
+    fails: usize,
+    checks: usize,
+}
+
+impl Checker {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        self.checks += 1;
+        if !ok {
+            self.fails += 1;
+            eprintln!("[rank {}] FAIL: {}", self.rank, what());
+        }
+    }
+}
+
+/// Deterministic test values of rank `seed`: smooth field plus a little noise.
+fn gen_f64(seed: usize, n: usize) -> Vec<f64> {
+    let mut s = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let noise = (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+            let x = i as f64 * 1e-3;
+            (x + seed as f64).sin() * 10.0 + 0.01 * noise + seed as f64
+        })
+        .collect()
+}
+
+fn gen<E: CommElement>(seed: usize, n: usize) -> Vec<E> {
+    let vals = gen_f64(seed, n * E::LANES);
+    let mut v = vec![E::default(); n];
+    for (o, x) in E::scalars_mut(&mut v).iter_mut().zip(vals) {
+        *o = E::Scalar::from_f64(x);
+    }
+    v
+}
+
+/// Check `got` against `orig` under a single-compression bound; returns the max error.
+fn within<S: Real>(orig: &[S], got: &[S], b: ErrorBound) -> std::result::Result<f64, String> {
+    if orig.len() != got.len() {
+        return Err(format!("length {} vs {}", got.len(), orig.len()));
+    }
+    let (lo, hi) = orig
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), x| {
+            (l.min(x.to_f64()), h.max(x.to_f64()))
+        });
+    let mut maxe: f64 = 0.0;
+    for (i, (a, g)) in orig.iter().zip(got).enumerate() {
+        let (a, g) = (a.to_f64(), g.to_f64());
+        let e = (a - g).abs();
+        let lim = match b {
+            ErrorBound::Abs(e) => e,
+            ErrorBound::Noa(e) => e * (hi - lo),
+            ErrorBound::Rel(e) => e * a.abs(),
+        };
+        if !(e <= lim) {
+            return Err(format!("value {i}: {a} -> {g}, error {e:e} > {lim:e}"));
+        }
+        maxe = maxe.max(e);
+    }
+    Ok(maxe)
+}
+
+const POLICIES: [Policy; 5] = [
+    Policy::Never,
+    Policy::Always(CodecKind::Aatrox),
+    Policy::Always(CodecKind::CuszpPlain),
+    Policy::Always(CodecKind::CuszpOutlier),
+    Policy::Auto(CodecKind::Aatrox),
+];
+const SIZES: [usize; 5] = [0, 1, 33, 40_000, 100_003];
+
+fn p2p_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker) {
+    let (p, r) = (c.size(), c.rank());
+    let next = (r + 1) % p;
+    let prev = (r + p - 1) % p;
+    for pol in POLICIES {
+        c.set_policy(pol);
+        for b in [
+            ErrorBound::Abs(1e-3),
+            ErrorBound::Noa(1e-4),
+            ErrorBound::Rel(1e-3),
+        ] {
+            c.set_bound(b).unwrap();
+            for n in SIZES {
+                let ctx = || format!("{} {pol} {b} n={n}", E::NAME);
+                // ring send/recv (isend so that the ring cannot deadlock)
+                let mine = gen::<E>(r, n);
+                let req = c.isend(&mine, next, 7);
+                let mut got = vec![E::default(); n];
+                let st = c.recv(&mut got, prev, 7);
+                t.check(st.is_ok(), || {
+                    format!("recv {}: {:?}", ctx(), st.as_ref().err())
+                });
+                let w = req.and_then(|q| c.wait_send(q));
+                t.check(w.is_ok(), || {
+                    format!("isend {}: {:?}", ctx(), w.as_ref().err())
+                });
+                let want = gen::<E>(prev, n);
+                let res = within(E::scalars(&want), E::scalars(&got), b);
+                t.check(res.is_ok(), || {
+                    format!("send/recv bound {}: {:?}", ctx(), res.err())
+                });
+                if pol == Policy::Never {
+                    t.check(E::scalars(&want) == E::scalars(&got), || {
+                        format!("raw not exact {}", ctx())
+                    });
+                }
+                if let (Policy::Always(_), Ok(s)) = (pol, &w) {
+                    t.check(n == 0 || s.decision == Decision::Compressed, || {
+                        format!("always not compressed {}", ctx())
+                    });
+                }
+                // sendrecv: ring shift
+                let mut got2 = vec![E::default(); n];
+                let st = c.sendrecv(&mine, next, &mut got2, prev, 9);
+                t.check(st.is_ok(), || {
+                    format!("sendrecv {}: {:?}", ctx(), st.as_ref().err())
+                });
+                let res = within(E::scalars(&want), E::scalars(&got2), b);
+                t.check(res.is_ok(), || {
+                    format!("sendrecv bound {}: {:?}", ctx(), res.err())
+                });
+                // recv_vec with unknown count
+                let req = c.isend(&mine, next, 11);
+                let rv = c.recv_vec::<E>(prev, 11);
+                let w = req.and_then(|q| c.wait_send(q));
+                t.check(w.is_ok() && rv.is_ok(), || {
+                    format!("recv_vec {}: {:?}", ctx(), rv.as_ref().err())
+                });
+                if let Ok((v, _)) = rv {
+                    let res = within(E::scalars(&want), E::scalars(&v), b);
+                    t.check(res.is_ok(), || {
+                        format!("recv_vec bound {}: {:?}", ctx(), res.err())
+                    });
+                }
+                // allgather
+                let mut all = vec![E::default(); n * p];
+                let st = c.allgather(&mine, &mut all);
+                t.check(st.is_ok(), || {
+                    format!("allgather {}: {:?}", ctx(), st.as_ref().err())
+                });
+                for k in 0..p {
+                    let want = gen::<E>(k, n);
+                    let res = within(E::scalars(&want), E::scalars(&all[k * n..(k + 1) * n]), b);
+                    t.check(res.is_ok(), || {
+                        format!("allgather bound {} from {k}: {:?}", ctx(), res.err())
+                    });
+                }
+                consistent(c, t, E::scalars(&all), &format!("allgather {}", ctx()));
+                // bcast from the last rank
+                let root = p - 1;
+                let mut buf = if r == root {
+                    gen::<E>(root, n)
+                } else {
+                    vec![E::default(); n]
+                };
+                let st = c.bcast(&mut buf, root);
+                t.check(st.is_ok(), || {
+                    format!("bcast {}: {:?}", ctx(), st.as_ref().err())
+                });
+                let res = within(E::scalars(&gen::<E>(root, n)), E::scalars(&buf), b);
+                t.check(res.is_ok(), || {
+                    format!("bcast bound {}: {:?}", ctx(), res.err())
+                });
+                consistent(c, t, E::scalars(&buf), &format!("bcast {}", ctx()));
+            }
+        }
+    }
+    // non-blocking receive: test() then wait()
+    c.set_policy(Policy::Always(CodecKind::Aatrox));
+    c.set_bound(ErrorBound::Abs(1e-3)).unwrap();
+    let mine = gen::<E>(r, 5000);
+    let rr = c.irecv(prev, 13).unwrap();
+    let req = c.isend(&mine, next, 13).unwrap();
+    let t0 = std::time::Instant::now();
+    while !rr.test(c).unwrap() {
+        if t0.elapsed().as_secs() > 20 {
+            t.check(false, || "irecv test never saw the message".into());
+            break;
+        }
+        std::thread::yield_now();
+    }
+    let mut got = vec![E::default(); 5000];
+    let st = rr.wait(c, &mut got);
+    let w = c.wait_send(req);
+    t.check(st.is_ok() && w.is_ok(), || {
+        format!("irecv/isend {}: {:?} {:?}", E::NAME, st.err(), w.err())
+    });
+    let res = within(
+        E::scalars(&gen::<E>(prev, 5000)),
+        E::scalars(&got),
+        ErrorBound::Abs(1e-3),
+    );
+    t.check(res.is_ok(), || {
+        format!("irecv bound {}: {:?}", E::NAME, res.err())
+    });
+}
+
+/// All ranks must hold the same values: compare a hash across ranks.
+fn consistent<S: Real>(c: &mut Communicator, t: &mut Checker, v: &[S], what: &str) {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for x in v {
+        h = (h ^ x.to_bits_u64()).wrapping_mul(0x100_0000_01b3);
+    }
+    let hv = (h & ((1 << 52) - 1)) as f64;
+    let mut mm = [hv, -hv];
+    c.transport()
+        .allreduce_f64(&mut mm, zcomm::comm::ReduceOp::Max)
+        .unwrap();
+    t.check(mm[0] == -mm[1], || {
+        format!("{what}: ranks hold different values")
+    });
+}
+
+/// allreduce / mean / reduce_scatter against the exact (f64) reduction.
+fn reduce_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker, sizes: &[usize]) {
+    let (p, r) = (c.size(), c.rank());
+    let u = E::Scalar::UNIT_ROUNDOFF;
+    for pol in POLICIES {
+        c.set_policy(pol);
+        for b in [
+            ErrorBound::Abs(1e-2),
+            ErrorBound::Abs(1e-4),
+            ErrorBound::Noa(1e-4),
+            ErrorBound::Noa(1e-6),
+        ] {
+            c.set_bound(b).unwrap();
+            for &n in sizes {
+                let ctx = || format!("p={p} {} {pol} {b} n={n}", E::NAME);
+                let inputs: Vec<Vec<f64>> = (0..p).map(|k| gen_f64(k, n * E::LANES)).collect();
+                // the inputs as the ranks hold them (rounded to the dtype)
+                let held: Vec<Vec<f64>> = (0..p)
+                    .map(|k| {
+                        E::scalars(&gen::<E>(k, n))
+                            .iter()
+                            .map(|x| x.to_f64())
+                            .collect()
+                    })
+                    .collect();
+                let _ = inputs;
+                let exact: Vec<f64> = (0..n * E::LANES)
+                    .map(|i| held.iter().map(|h| h[i]).sum())
+                    .collect();
+                let (glo, ghi) = held
+                    .iter()
+                    .flatten()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+                        (l.min(x), h.max(x))
+                    });
+                let m = glo.abs().max(ghi.abs());
+                let e = match b {
+                    ErrorBound::Abs(e) => e,
+                    ErrorBound::Noa(e) => e * (ghi - glo).max(0.0),
+                    ErrorBound::Rel(_) => unreachable!(),
+                };
+                // slack for the f64 reference sum itself
+                let slack = p as f64 * 1.2e-16 * (p as f64 * m) + 1e-300;
+                let mine = gen::<E>(r, n);
+                for mean in [false, true] {
+                    let d = if mean { p as f64 } else { 1.0 };
+                    let mut out = vec![E::default(); n];
+                    let st = if mean {
+                        c.allreduce_mean(&mine, &mut out)
+                    } else {
+                        c.allreduce(&mine, &mut out)
+                    };
+                    t.check(st.is_ok(), || {
+                        format!("allreduce(mean={mean}) {}: {:?}", ctx(), st.as_ref().err())
+                    });
+                    let Ok(st) = st else { continue };
+                    // raw path: rounding only (native MPI sum order unknown: p·u·B)
+                    let lim = if st.decision == Decision::Compressed {
+                        e + slack
+                    } else {
+                        (p as f64 + 1.0) * u * (p as f64 * m) / d + slack
+                    };
+                    let mut worst: f64 = 0.0;
+                    for (o, x) in E::scalars(&out).iter().zip(&exact) {
+                        worst = worst.max((o.to_f64() - x / d).abs());
+                    }
+                    t.check(worst <= lim, || {
+                        format!(
+                            "allreduce(mean={mean}) {}: error {worst:e} > {lim:e} ({:?})",
+                            ctx(),
+                            st.decision
+                        )
+                    });
+                    if matches!(pol, Policy::Always(_))
+                        && n > 0
+                        && p > 1
+                        && e > 10.0 * p as f64 * u * p as f64 * m
+                    {
+                        t.check(st.decision == Decision::Compressed, || {
+                            format!("allreduce {}: always but raw", ctx())
+                        });
+                    }
+                    consistent(c, t, E::scalars(&out), &format!("allreduce {}", ctx()));
+                }
+                // reduce_scatter
+                let seg = partition(n, p)[r].clone();
+                let mut out = vec![E::default(); seg.len()];
+                let st = c.reduce_scatter(&mine, &mut out);
+                t.check(st.is_ok(), || {
+                    format!("reduce_scatter {}: {:?}", ctx(), st.as_ref().err())
+                });
+                if let Ok(st) = st {
+                    let lim = if st.decision == Decision::Compressed {
+                        e + slack
+                    } else {
+                        (p as f64 + 1.0) * u * p as f64 * m + slack
+                    };
+                    let base = seg.start * E::LANES;
+                    let worst = E::scalars(&out)
+                        .iter()
+                        .enumerate()
+                        .map(|(i, o)| (o.to_f64() - exact[base + i]).abs())
+                        .fold(0.0, f64::max);
+                    t.check(worst <= lim, || {
+                        format!("reduce_scatter {}: error {worst:e} > {lim:e}", ctx())
+                    });
+                }
+            }
+        }
+    }
+    // rel is refused on every rank
+    c.set_bound(ErrorBound::Rel(1e-3)).unwrap();
+    let mine = gen::<E>(r, 100);
+    let mut out = vec![E::default(); 100];
+    let st = c.allreduce(&mine, &mut out);
+    t.check(matches!(st, Err(Error::InvalidArgument(_))), || {
+        format!("rel allreduce not refused: {st:?}")
+    });
+}
+
+fn mismatch_suite(c: &mut Communicator, t: &mut Checker) {
+    let (p, r) = (c.size(), c.rank());
+    c.set_policy(Policy::Always(CodecKind::Aatrox));
+    c.set_bound(ErrorBound::Abs(1e-3)).unwrap();
+    let fine = |c: &mut Communicator, t: &mut Checker, what: &str| {
+        let x = gen::<f32>(r, 1000);
+        let mut o = vec![0.0f32; 1000];
+        let st = c.allreduce(&x, &mut o);
+        t.check(st.is_ok(), || {
+            format!("communicator unusable after {what}: {:?}", st.err())
+        });
+    };
+    // 1. count mismatch in allreduce
+    let n = if r == 0 { 1001 } else { 1000 };
+    let x = gen::<f32>(r, n);
+    let mut o = vec![0.0f32; n];
+    let st = c.allreduce(&x, &mut o);
+    if p > 1 {
+        t.check(
+            matches!(
+                st,
+                Err(Error::Mismatch {
+                    what: "element count",
+                    ..
+                })
+            ),
+            || format!("allreduce count mismatch: {st:?}"),
+        );
+    }
+    fine(c, t, "count mismatch");
+    // 2. dtype mismatch in allgather
+    let st = if r == p - 1 {
+        let x = gen::<f64>(r, 100);
+        let mut o = vec![0.0f64; 100 * p];
+        c.allgather(&x, &mut o).map(|_| ())
+    } else {
+        let x = gen::<f32>(r, 100);
+        let mut o = vec![0.0f32; 100 * p];
+        c.allgather(&x, &mut o).map(|_| ())
+    };
+    if p > 1 {
+        t.check(
+            matches!(st, Err(Error::Mismatch { what: "dtype", .. })),
+            || format!("allgather dtype mismatch: {st:?}"),
+        );
+    }
+    fine(c, t, "dtype mismatch");
+    // 3. bound mismatch in bcast
+    if r == p - 1 {
+        c.set_bound(ErrorBound::Abs(1e-4)).unwrap();
+    }
+    let mut buf = gen::<f32>(0, 500);
+    let st = c.bcast(&mut buf, 0);
+    if p > 1 {
+        t.check(
+            matches!(
+                st,
+                Err(Error::Mismatch {
+                    what: "error bound",
+                    ..
+                })
+            ),
+            || format!("bcast bound mismatch: {st:?}"),
+        );
+    }
+    c.set_bound(ErrorBound::Abs(1e-3)).unwrap();
+    fine(c, t, "bound mismatch");
+    // 4. different collectives
+    let x = gen::<f32>(r, 64);
+    let st = if r == 0 {
+        let mut o = vec![0.0f32; 64 * p];
+        c.allgather(&x, &mut o).map(|_| ())
+    } else {
+        let mut o = vec![0.0f32; 64];
+        c.allreduce(&x, &mut o).map(|_| ())
+    };
+    if p > 1 {
+        t.check(
+            matches!(
+                st,
+                Err(Error::Mismatch {
+                    what: "collective operation",
+                    ..
+                })
+            ),
+            || format!("op mismatch: {st:?}"),
+        );
+    }
+    fine(c, t, "op mismatch");
+    // 5. bad arguments on one rank only
+    let x = gen::<f32>(r, 64);
+    let mut o = vec![0.0f32; if r == p - 1 { 3 } else { 64 * p }];
+    let st = c.allgather(&x, &mut o);
+    t.check(st.is_err(), || {
+        "allgather with a wrong output length did not fail everywhere".into()
+    });
+    fine(c, t, "bad arguments");
+    // 6. codec mismatch in bcast
+    if r == 0 {
+        c.set_policy(Policy::Always(CodecKind::CuszpPlain));
+    }
+    let mut buf = gen::<f32>(0, 500);
+    let st = c.bcast(&mut buf, 0);
+    if p > 1 {
+        t.check(
+            matches!(
+                st,
+                Err(Error::Mismatch {
+                    what: "policy/codec",
+                    ..
+                })
+            ),
+            || format!("bcast codec mismatch: {st:?}"),
+        );
+    }
+    c.set_policy(Policy::Always(CodecKind::Aatrox));
+    fine(c, t, "codec mismatch");
+    if p >= 2 && r < 2 {
+        // 7. send f32 / recv f64: both sides fail
+        let st = if r == 0 {
+            c.send(&gen::<f32>(0, 300), 1, 3).map(|_| ())
+        } else {
+            let mut o = vec![0.0f64; 300];
+            c.recv(&mut o, 0, 3).map(|_| ())
+        };
+        t.check(
+            matches!(st, Err(Error::Mismatch { what: "dtype", .. })),
+            || format!("p2p dtype mismatch: {st:?}"),
+        );
+        // 8. count mismatch in send/recv
+        let st = if r == 0 {
+            c.send(&gen::<f32>(0, 300), 1, 3).map(|_| ())
+        } else {
+            let mut o = vec![0.0f32; 299];
+            c.recv(&mut o, 0, 3).map(|_| ())
+        };
+        t.check(
+            matches!(
+                st,
+                Err(Error::Mismatch {
+                    what: "element count",
+                    ..
+                })
+            ),
+            || format!("p2p count mismatch: {st:?}"),
+        );
+        // 9. sendrecv count mismatch: both fail
+        let peer = 1 - r;
+        let mine = gen::<f32>(r, 200 + r);
+        let mut o = vec![0.0f32; 200 + r];
+        let st = c.sendrecv(&mine, peer, &mut o, peer, 5);
+        t.check(matches!(st, Err(Error::Mismatch { .. })), || {
+            format!("sendrecv count mismatch: {st:?}")
+        });
+        // 10. send with a different bound on the receiver
+        if r == 1 {
+            c.set_bound(ErrorBound::Noa(1e-3)).unwrap();
+        }
+        let st = if r == 0 {
+            c.send(&gen::<f32>(0, 300), 1, 3).map(|_| ())
+        } else {
+            let mut o = vec![0.0f32; 300];
+            c.recv(&mut o, 0, 3).map(|_| ())
+        };
+        t.check(
+            matches!(
+                st,
+                Err(Error::Mismatch {
+                    what: "error bound",
+                    ..
+                })
+            ),
+            || format!("p2p bound mismatch: {st:?}"),
+        );
+        c.set_bound(ErrorBound::Abs(1e-3)).unwrap();
+        // and p2p still works
+        let st = if r == 0 {
+            c.send(&gen::<f32>(0, 300), 1, 3).map(|_| ())
+        } else {
+            let mut o = vec![0.0f32; 300];
+            c.recv(&mut o, 0, 3).map(|_| ())
+        };
+        t.check(st.is_ok(), || format!("p2p after mismatches: {st:?}"));
+    }
+    fine(c, t, "p2p mismatches");
+}
+
+/// Auto chooses raw for incompressible data, and the decision is the same on every rank.
+fn auto_suite(c: &mut Communicator, t: &mut Checker) {
+    let r = c.rank();
+    c.set_policy(Policy::Auto(CodecKind::Aatrox));
+    c.set_bound(ErrorBound::Abs(1e-30)).unwrap();
+    let noise: Vec<f32> = gen_f64(r + 100, 200_000)
+        .iter()
+        .map(|x| (x * 1e6).sin() as f32 * 1e3)
+        .collect();
+    let mut out = vec![0.0f32; noise.len()];
+    let st = c.allreduce(&noise, &mut out).unwrap();
+    t.check(st.decision == Decision::Raw, || {
+        format!("auto compressed incompressible data: {st}")
+    });
+    let mut all = vec![0.0f32; noise.len() * c.size()];
+    let st = c.allgather(&noise, &mut all).unwrap();
+    t.check(st.decision == Decision::Raw, || {
+        format!("auto allgather compressed incompressible data: {st}")
+    });
+    let code = f64::from(u8::from(st.decision == Decision::Compressed));
+    let mut mm = [code, -code];
+    c.transport()
+        .allreduce_f64(&mut mm, zcomm::comm::ReduceOp::Max)
+        .unwrap();
+    t.check(mm[0] == -mm[1], || {
+        "auto decisions differ between ranks".into()
+    });
+}
+
+fn main() {
+    let only_reduce = std::env::args().any(|a| a == "--only-reduce");
+    let profile = std::env::temp_dir().join("zcomm-mpi-tests-profile.json");
+    let cfg = Config::new(ErrorBound::Abs(1e-3))
+        .with_calibration(Calibration::LoadOrMeasure)
+        .with_profile_path(profile);
+    let mut c = match Communicator::init(cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot create the communicator: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (p, r) = (c.size(), c.rank());
+    let mut t = Checker {
+        rank: r,
+        fails: 0,
+        checks: 0,
+    };
+    let t0 = std::time::Instant::now();
+    if !only_reduce {
+        p2p_suite::<f32>(&mut c, &mut t);
+        p2p_suite::<f64>(&mut c, &mut t);
+        p2p_suite::<[f32; 2]>(&mut c, &mut t);
+        p2p_suite::<[f64; 2]>(&mut c, &mut t);
+        mismatch_suite(&mut c, &mut t);
+        auto_suite(&mut c, &mut t);
+    }
+    let sizes: &[usize] = if only_reduce {
+        &[0, 7, 50_001]
+    } else {
+        &[0, 1, 7, 50_001]
+    };
+    reduce_suite::<f32>(&mut c, &mut t, sizes);
+    reduce_suite::<f64>(&mut c, &mut t, sizes);
+    reduce_suite::<[f32; 2]>(&mut c, &mut t, &sizes[..sizes.len() - 1]);
+    reduce_suite::<[f64; 2]>(&mut c, &mut t, &sizes[..sizes.len() - 1]);
+    let mut v = [t.fails as f64, t.checks as f64];
+    c.transport()
+        .allreduce_f64(&mut v, zcomm::comm::ReduceOp::Sum)
+        .unwrap();
+    if r == 0 {
+        println!(
+            "mpi-tests/ops p={p}{}: {} checks, {} failures ({:.1} s)",
+            if only_reduce { " (reduce only)" } else { "" },
+            v[1],
+            v[0],
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    drop(c);
+    if v[0] > 0.0 {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,277 @@
+//! Small utility kernels of the NCCL transport (value range, max error, scaling, a synthetic
+//! Gaussian random field), compiled once per process with NVRTC (`--fmad=false`) to PTX.
+//!
+//! The codec kernels themselves (compression, decompression and the fused
+//! decompress-and-accumulate) live in `kernels/blocked.cu` and are launched through
+//! [`crate::gpu`].
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use crate::error::{Error, Result};
+
+use super::{gpu_err, NcclReal};
+
+const SOURCE: &str = r#"
+typedef unsigned long long u64;
+typedef unsigned int u32;
+__device__ __forceinline__ u64 zn_key(float x) {
+    u32 b = __float_as_uint(x);
+    return (u64)((b & 0x80000000u) ? ~b : (b | 0x80000000u));
+}
+__device__ __forceinline__ u64 zn_key(double x) {
+    u64 b = (u64)__double_as_longlong(x);
+    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
+}
+__device__ __forceinline__ bool zn_finite(float x) { return ((__float_as_uint(x) >> 23) & 0xffu) != 0xffu; }
+__device__ __forceinline__ bool zn_finite(double x) {
+    return ((((u64)__double_as_longlong(x)) >> 52) & 0x7ffull) != 0x7ffull;
+}
+__device__ __forceinline__ u64 zn_wmax(u64 v) {
+    for (int s = 16; s >= 1; s >>= 1) { u64 o = __shfl_xor_sync(0xffffffffu, v, s); v = o > v ? o : v; }
+    return v;
+}
+// out[0] = max key, out[1] = max ~key (min), over finite values.
+template <typename T> __device__ void zn_range(const T* x, u64 n, u64* out) {
+    u64 hi = 0, lo = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        T v = x[i];
+        if (zn_finite(v)) { u64 k = zn_key(v); hi = k > hi ? k : hi; lo = ~k > lo ? ~k : lo; }
+    }
+    hi = zn_wmax(hi); lo = zn_wmax(lo);
+    if ((threadIdx.x & 31) == 0) { if (hi) atomicMax(out, hi); if (lo) atomicMax(out + 1, lo); }
+}
+// out[0] = max over i of the f64 bits of |a_i - b_i| (inf when exactly one side is not finite).
+template <typename T> __device__ void zn_maxdiff(const T* a, const T* b, u64 n, u64* out) {
+    u64 m = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        T x = a[i], y = b[i];
+        bool fx = zn_finite(x), fy = zn_finite(y);
+        double d;
+        if (fx && fy) { d = __dsub_rn((double)x, (double)y); d = d < 0.0 ? -d : d; }
+        else if (fx != fy) d = __longlong_as_double(0x7ff0000000000000ll);
+        else d = 0.0;
+        u64 k = (u64)__double_as_longlong(d);
+        m = k > m ? k : m;
+    }
+    m = zn_wmax(m);
+    if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
+}
+__device__ __forceinline__ float zn_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double zn_div(double a, double b) { return __ddiv_rn(a, b); }
+template <typename T> __device__ void zn_scale(T* x, u64 n, T d) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) x[i] = zn_div(x[i], d);
+}
+// Gaussian random field on an nx * ny * (n / (nx ny)) grid: sum of `m` random Fourier modes
+// (wave vectors k[3j..3j+3], phases ph[j]) scaled by sqrt(2/m), plus `noise` times a hashed
+// uniform variate in [-1, 1).
+template <typename T> __device__ void zn_field(T* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m,
+                                               float amp, float noise, u32 seed) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        float px = (float)(i % nx), py = (float)((i / nx) % ny), pz = (float)(i / (nx * ny));
+        float s = 0.0f;
+        for (int j = 0; j < m; j++) s += cosf(k[3 * j] * px + k[3 * j + 1] * py + k[3 * j + 2] * pz + ph[j]);
+        u32 h = (u32)i * 0x9E3779B9u ^ (u32)(i >> 32) * 0x85EBCA6Bu ^ seed;
+        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+        float u = (float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f;
+        x[i] = (T)(amp * s + noise * u);
+    }
+}
+extern "C" __global__ void zn_range_f32(const float* x, u64 n, u64* out) { zn_range<float>(x, n, out); }
+extern "C" __global__ void zn_range_f64(const double* x, u64 n, u64* out) { zn_range<double>(x, n, out); }
+extern "C" __global__ void zn_maxdiff_f32(const float* a, const float* b, u64 n, u64* out) { zn_maxdiff<float>(a, b, n, out); }
+extern "C" __global__ void zn_maxdiff_f64(const double* a, const double* b, u64 n, u64* out) { zn_maxdiff<double>(a, b, n, out); }
+extern "C" __global__ void zn_scale_f32(float* x, u64 n, float d) { zn_scale<float>(x, n, d); }
+extern "C" __global__ void zn_scale_f64(double* x, u64 n, double d) { zn_scale<double>(x, n, d); }
+extern "C" __global__ void zn_field_f32(float* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m, float amp, float noise, u32 seed) { zn_field<float>(x, n, nx, ny, k, ph, m, amp, noise, seed); }
+extern "C" __global__ void zn_field_f64(double* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m, float amp, float noise, u32 seed) { zn_field<double>(x, n, nx, ny, k, ph, m, amp, noise, seed); }
+"#;
+
+/// The loaded utility kernels.
+pub(crate) struct Utils {
+    range: [CudaFunction; 2],
+    maxdiff: [CudaFunction; 2],
+    scale: [CudaFunction; 2],
+    field: [CudaFunction; 2],
+    blocks: u32,
+}
+
+fn idx<T: NcclReal>() -> usize {
+    usize::from(T::SIZE == 8)
+}
+
+impl Utils {
+    /// Compile (NVRTC) and load the kernels on `stream`'s context.
+    pub(crate) fn load(stream: &Arc<CudaStream>) -> Result<Self> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::Unavailable("libnvrtc not found (needed for the NCCL transport's kernels)".into()));
+        }
+        let ctx = stream.context();
+        let (maj, min) = ctx.compute_capability().map_err(gpu_err)?;
+        let arch: &'static str = match (maj, min) {
+            (9, 0) => "sm_90",
+            (8, 0) => "sm_80",
+            (8, 6) => "sm_86",
+            (8, 9) => "sm_89",
+            (10, 0) => "sm_100",
+            (12, 0) => "sm_120",
+            (7, 0) => "sm_70",
+            (7, 5) => "sm_75",
+            _ => "sm_80",
+        };
+        let opts = cudarc::nvrtc::CompileOptions {
+            fmad: Some(false),
+            prec_div: Some(true),
+            arch: Some(arch),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
+            .map_err(|e| Error::Gpu(format!("NVRTC (nccl utility kernels): {e:?}")))?;
+        let m = ctx.load_module(ptx).map_err(gpu_err)?;
+        let f = |n: &str| m.load_function(n).map_err(gpu_err);
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(gpu_err)?;
+        Ok(Utils {
+            range: [f("zn_range_f32")?, f("zn_range_f64")?],
+            maxdiff: [f("zn_maxdiff_f32")?, f("zn_maxdiff_f64")?],
+            scale: [f("zn_scale_f32")?, f("zn_scale_f64")?],
+            field: [f("zn_field_f32")?, f("zn_field_f64")?],
+            blocks: (sms.max(1) as u32) * 8,
+        })
+    }
+
+    fn cfg(&self, n: usize) -> LaunchConfig {
+        let b = (n.div_ceil(256) as u64).clamp(1, self.blocks as u64) as u32;
+        LaunchConfig { grid_dim: (b, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    /// Smallest and largest finite values (None when there is none). Synchronizes `stream`.
+    pub(crate) fn range<T: NcclReal>(&self, stream: &Arc<CudaStream>, x: &CudaView<'_, T>) -> Result<Option<(f64, f64)>> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut out = stream.alloc_zeros::<u64>(2).map_err(gpu_err)?;
+        let n64 = n as u64;
+        let mut b = stream.launch_builder(&self.range[idx::<T>()]);
+        b.arg(x).arg(&n64).arg(&mut out);
+        // SAFETY: the kernel reads n values of x and writes two u64 of out.
+        unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err)?;
+        let h = stream.clone_dtoh(&out).map_err(gpu_err)?;
+        if h[0] == 0 {
+            return Ok(None);
+        }
+        let dec = |k: u64| -> f64 {
+            if T::SIZE == 4 {
+                let k = k as u32;
+                let bits = if k & 0x8000_0000 != 0 { k & 0x7fff_ffff } else { !k };
+                f32::from_bits(bits) as f64
+            } else {
+                let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
+                f64::from_bits(bits)
+            }
+        };
+        Ok(Some((dec(!h[1]), dec(h[0]))))
+    }
+
+    /// `max |a_i - b_i|` (computed in f64; infinite when exactly one side is not finite).
+    pub(crate) fn max_abs_diff<T: NcclReal>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &CudaView<'_, T>,
+        b: &CudaView<'_, T>,
+    ) -> Result<f64> {
+        if a.len() != b.len() {
+            return Err(Error::invalid(format!("max_abs_diff: lengths {} and {} differ", a.len(), b.len())));
+        }
+        let n = a.len();
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let mut out = stream.alloc_zeros::<u64>(1).map_err(gpu_err)?;
+        let n64 = n as u64;
+        let mut l = stream.launch_builder(&self.maxdiff[idx::<T>()]);
+        l.arg(a).arg(b).arg(&n64).arg(&mut out);
+        // SAFETY: reads n values of a and b, writes one u64.
+        unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err)?;
+        let h = stream.clone_dtoh(&out).map_err(gpu_err)?;
+        Ok(f64::from_bits(h[0]))
+    }
+
+    /// `x_i = x_i / d` (IEEE division, rounded to nearest).
+    pub(crate) fn scale<T: NcclReal>(&self, stream: &Arc<CudaStream>, x: &mut CudaViewMut<'_, T>, d: T) -> Result<()> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let mut l = stream.launch_builder(&self.scale[idx::<T>()]);
+        l.arg(x).arg(&n64).arg(&d);
+        // SAFETY: reads and writes n values of x.
+        unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err)?;
+        Ok(())
+    }
+
+    /// Fill `x` with a Gaussian random field (see [`super::NcclComm::gaussian_field`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn field<T: NcclReal>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut CudaSlice<T>,
+        nx: u64,
+        ny: u64,
+        corr_len: f64,
+        noise: f32,
+        seed: u64,
+    ) -> Result<()> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        const M: usize = 24;
+        let mut rng = SplitMix(seed ^ 0x5EED_F1E1D);
+        let mut k = Vec::with_capacity(3 * M);
+        let mut ph = Vec::with_capacity(M);
+        for _ in 0..M {
+            for _ in 0..3 {
+                k.push((rng.normal() / corr_len) as f32);
+            }
+            ph.push((rng.uniform() * std::f64::consts::TAU) as f32);
+        }
+        let kd = stream.clone_htod(&k).map_err(gpu_err)?;
+        let pd = stream.clone_htod(&ph).map_err(gpu_err)?;
+        let (n64, m) = (n as u64, M as i32);
+        let amp = (2.0f32 / M as f32).sqrt();
+        let s32 = (seed ^ (seed >> 32)) as u32;
+        let mut l = stream.launch_builder(&self.field[idx::<T>()]);
+        l.arg(x).arg(&n64).arg(&nx).arg(&ny).arg(&kd).arg(&pd).arg(&m).arg(&amp).arg(&noise).arg(&s32);
+        // SAFETY: writes n values of x; reads 3M + M floats.
+        unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err)?;
+        stream.synchronize().map_err(gpu_err)?;
+        Ok(())
+    }
+}
+
+/// SplitMix64 with Box–Muller normals (host side, for field parameters).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}

@@ -1,0 +1,410 @@
+//! The byte-level transport under a [`Communicator`](super::Communicator).
+//!
+//! A [`Transport`] moves opaque byte messages between ranks and offers the few small native
+//! collectives the compressed algorithms need (fixed-size allgather of descriptors, min/max/sum of
+//! a few f64s, byte broadcast). [`MpiTransport`] implements it over the `mpi` crate; an NCCL
+//! transport can implement the same trait (byte messages on device memory staged through host, or
+//! a device-side trait extension) without touching the algorithms in `comm`.
+
+use crate::error::{Error, Result};
+
+/// Element-wise operations the transport's small reductions support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+}
+
+/// A pending non-blocking send; completing it returns the buffer's ownership to the transport.
+pub trait SendHandle {
+    /// Block until the send buffer may be reused (freed).
+    fn wait(self: Box<Self>) -> Result<()>;
+    /// Whether the send has completed (never blocks).
+    fn test(&mut self) -> Result<bool>;
+}
+
+/// Moves byte messages between the ranks of one group.
+///
+/// Messages between one pair of ranks with one tag are delivered in order. Tags must lie in
+/// `0..=32767` (the smallest upper bound MPI guarantees).
+pub trait Transport {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn size(&self) -> usize;
+    /// Blocking send of `bytes` (any length, including 0) to `dest`.
+    fn send(&self, dest: usize, tag: i32, bytes: &[u8]) -> Result<()>;
+    /// Blocking receive of one message from `src`; its length is learnt by probing.
+    fn recv(&self, src: usize, tag: i32) -> Result<Vec<u8>>;
+    /// Receive one message from `src` straight into `buf` when its length is exactly
+    /// `buf.len()` (returns `None`); a message of any other length is returned as a vector.
+    fn recv_into(&self, src: usize, tag: i32, buf: &mut [u8]) -> Result<Option<Vec<u8>>> {
+        let v = self.recv(src, tag)?;
+        if v.len() == buf.len() {
+            buf.copy_from_slice(&v);
+            Ok(None)
+        } else {
+            Ok(Some(v))
+        }
+    }
+    /// Send `bytes` to `dest` and receive one message from `src` (deadlock-free pairwise exchange).
+    fn sendrecv(&self, dest: usize, bytes: &[u8], src: usize, tag: i32) -> Result<Vec<u8>>;
+    /// Non-blocking send; the transport owns `bytes` until the handle completes.
+    fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>>;
+    /// Whether a message from `src` with `tag` is waiting (never blocks).
+    fn iprobe(&self, src: usize, tag: i32) -> Result<bool>;
+    /// Gather one equal-length byte record from every rank, in rank order.
+    fn allgather_fixed(&self, mine: &[u8]) -> Result<Vec<u8>>;
+    /// Gather one byte record of any length from every rank.
+    fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Broadcast `bytes` from `root` (other ranks' vectors are replaced).
+    fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()>;
+    /// In-place element-wise reduction of a small f64 vector over all ranks.
+    fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()>;
+    /// Native (uncompressed) sum over all ranks of `input` into `out` (same length).
+    fn allreduce_sum_f32(&self, input: &[f32], out: &mut [f32]) -> Result<()>;
+    /// Native (uncompressed) sum over all ranks of `input` into `out` (same length).
+    fn allreduce_sum_f64(&self, input: &[f64], out: &mut [f64]) -> Result<()>;
+    /// Synchronize all ranks.
+    fn barrier(&self) -> Result<()>;
+    /// Wall-clock time in seconds (monotonic within a process).
+    fn wtime(&self) -> f64;
+}
+
+#[cfg(feature = "mpi")]
+pub use self::mpi_impl::MpiTransport;
+
+#[cfg(feature = "mpi")]
+mod mpi_impl {
+    use super::*;
+    use mpi::datatype::PartitionMut;
+    use mpi::point_to_point::MatchedReceiveVec;
+    use mpi::request::{Request, StaticScope};
+    use mpi::topology::SimpleCommunicator;
+    use mpi::traits::*;
+    use mpi::Count;
+
+    /// Largest single MPI message (bytes); longer messages are split into pieces of this size
+    /// followed by a shorter (possibly empty) final piece, so MPI's `int` counts never overflow.
+    pub(crate) const PIECE: usize = 1 << 30;
+
+    /// [`Transport`] over an MPI communicator (a private duplicate of the one it was built from,
+    /// so zcomm's messages never match the application's).
+    pub struct MpiTransport {
+        comm: SimpleCommunicator,
+        rank: usize,
+        size: usize,
+    }
+
+    impl std::fmt::Debug for MpiTransport {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "MpiTransport(rank {} of {})", self.rank, self.size)
+        }
+    }
+
+    impl MpiTransport {
+        /// Build on a duplicate of `comm`.
+        pub fn new(comm: &SimpleCommunicator) -> Self {
+            let comm = comm.duplicate();
+            let rank = comm.rank() as usize;
+            let size = comm.size() as usize;
+            MpiTransport { comm, rank, size }
+        }
+
+        /// The underlying (duplicated) MPI communicator.
+        pub fn raw(&self) -> &SimpleCommunicator {
+            &self.comm
+        }
+
+        fn check_rank(&self, r: usize) -> Result<()> {
+            if r >= self.size {
+                return Err(Error::invalid(format!(
+                    "rank {r} out of range (size {})",
+                    self.size
+                )));
+            }
+            Ok(())
+        }
+
+        fn recv_piece(&self, src: usize, tag: i32) -> Vec<u8> {
+            let ms = self
+                .comm
+                .process_at_rank(src as i32)
+                .matched_probe_with_tag(tag);
+            let (v, _): (Vec<u8>, _) = ms.matched_receive_vec();
+            v
+        }
+    }
+
+    struct MpiSend {
+        req: Option<Request<'static, [u8], StaticScope>>,
+        buf: *mut [u8],
+    }
+
+    impl MpiSend {
+        fn finish(&mut self) {
+            if let Some(r) = self.req.take() {
+                r.wait_without_status();
+            }
+            if !self.buf.is_null() {
+                // SAFETY: `buf` came from `Box::into_raw` in `isend` and the request that borrowed
+                // it has completed (waited above), so nobody else references the allocation.
+                drop(unsafe { Box::from_raw(self.buf) });
+                self.buf = std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0);
+            }
+        }
+    }
+
+    impl SendHandle for MpiSend {
+        fn wait(mut self: Box<Self>) -> Result<()> {
+            self.finish();
+            Ok(())
+        }
+        fn test(&mut self) -> Result<bool> {
+            match self.req.take() {
+                None => Ok(true),
+                Some(r) => match r.test() {
+                    Ok(_) => {
+                        self.finish();
+                        Ok(true)
+                    }
+                    Err(r) => {
+                        self.req = Some(r);
+                        Ok(false)
+                    }
+                },
+            }
+        }
+    }
+
+    impl Drop for MpiSend {
+        fn drop(&mut self) {
+            self.finish();
+        }
+    }
+
+    fn i32_tag(tag: i32) -> Result<i32> {
+        if !(0..=32767).contains(&tag) {
+            return Err(Error::invalid(format!("tag {tag} outside 0..=32767")));
+        }
+        Ok(tag)
+    }
+
+    impl Transport for MpiTransport {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+        fn send(&self, dest: usize, tag: i32, bytes: &[u8]) -> Result<()> {
+            self.check_rank(dest)?;
+            let tag = i32_tag(tag)?;
+            let p = self.comm.process_at_rank(dest as i32);
+            let mut rest = bytes;
+            loop {
+                let n = rest.len().min(PIECE);
+                p.send_with_tag(&rest[..n], tag);
+                rest = &rest[n..];
+                if n < PIECE {
+                    return Ok(());
+                }
+            }
+        }
+        fn recv_into(&self, src: usize, tag: i32, buf: &mut [u8]) -> Result<Option<Vec<u8>>> {
+            self.check_rank(src)?;
+            let tag = i32_tag(tag)?;
+            let p = self.comm.process_at_rank(src as i32);
+            let mut off = 0usize;
+            loop {
+                let (msg, status) = p.matched_probe_with_tag(tag);
+                let n = status.count(u8::equivalent_datatype()) as usize;
+                if off + n > buf.len() || (n < PIECE && off + n != buf.len()) {
+                    // Length differs from the buffer: collect into a vector instead.
+                    let mut v = buf[..off].to_vec();
+                    let (piece, _): (Vec<u8>, _) = (msg, status).matched_receive_vec();
+                    v.extend_from_slice(&piece);
+                    if piece.len() == PIECE {
+                        v.extend_from_slice(&self.recv(src, tag)?);
+                    }
+                    return Ok(Some(v));
+                }
+                msg.matched_receive_into(&mut buf[off..off + n]);
+                off += n;
+                if n < PIECE {
+                    return Ok(None);
+                }
+            }
+        }
+        fn recv(&self, src: usize, tag: i32) -> Result<Vec<u8>> {
+            self.check_rank(src)?;
+            let tag = i32_tag(tag)?;
+            let mut out = self.recv_piece(src, tag);
+            if out.len() < PIECE {
+                return Ok(out);
+            }
+            loop {
+                let piece = self.recv_piece(src, tag);
+                let last = piece.len() < PIECE;
+                out.extend_from_slice(&piece);
+                if last {
+                    return Ok(out);
+                }
+            }
+        }
+        fn sendrecv(&self, dest: usize, bytes: &[u8], src: usize, tag: i32) -> Result<Vec<u8>> {
+            self.check_rank(dest)?;
+            self.check_rank(src)?;
+            let h = self.isend(dest, tag, bytes.to_vec())?;
+            let out = self.recv(src, tag)?;
+            h.wait()?;
+            Ok(out)
+        }
+        fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>> {
+            self.check_rank(dest)?;
+            let tag = i32_tag(tag)?;
+            if bytes.len() >= PIECE {
+                // Large messages: pieces are sent blocking from a helper-free path; keep the
+                // non-blocking contract by completing before returning (documented).
+                self.send(dest, tag, &bytes)?;
+                return Ok(Box::new(MpiSend {
+                    req: None,
+                    buf: std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0),
+                }));
+            }
+            let raw: *mut [u8] = Box::into_raw(bytes.into_boxed_slice());
+            // SAFETY: the allocation stays alive (and unaliased by safe code) until `MpiSend`
+            // waits for the request and frees it; MpiSend's Drop always waits first.
+            let slice: &'static [u8] = unsafe { &*raw };
+            let req = self
+                .comm
+                .process_at_rank(dest as i32)
+                .immediate_send_with_tag(StaticScope, slice, tag);
+            Ok(Box::new(MpiSend {
+                req: Some(req),
+                buf: raw,
+            }))
+        }
+        fn iprobe(&self, src: usize, tag: i32) -> Result<bool> {
+            self.check_rank(src)?;
+            Ok(self
+                .comm
+                .process_at_rank(src as i32)
+                .immediate_probe_with_tag(i32_tag(tag)?)
+                .is_some())
+        }
+        fn allgather_fixed(&self, mine: &[u8]) -> Result<Vec<u8>> {
+            if mine.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut out = vec![0u8; mine.len() * self.size];
+            self.comm.all_gather_into(mine, &mut out[..]);
+            Ok(out)
+        }
+        fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+            let lens = self.allgather_fixed(&(mine.len() as u64).to_le_bytes())?;
+            let lens: Vec<usize> = lens
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
+                .collect();
+            let total: usize = lens.iter().sum();
+            if total < i32::MAX as usize {
+                let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
+                let displs: Vec<Count> = counts
+                    .iter()
+                    .scan(0, |acc, &x| {
+                        let d = *acc;
+                        *acc += x;
+                        Some(d)
+                    })
+                    .collect();
+                if total == 0 {
+                    return Ok(vec![Vec::new(); self.size]);
+                }
+                let mut buf = vec![0u8; total];
+                // An empty slice's dangling pointer can equal Open MPI's MPI_IN_PLACE ((void*)1):
+                // give MPI a real address instead.
+                let anchor = [0u8; 1];
+                let send: &[u8] = if mine.is_empty() { &anchor[..0] } else { mine };
+                {
+                    let mut part = PartitionMut::new(&mut buf[..], counts, &displs[..]);
+                    self.comm.all_gather_varcount_into(send, &mut part);
+                }
+                let mut out = Vec::with_capacity(self.size);
+                let mut off = 0;
+                for l in lens {
+                    out.push(buf[off..off + l].to_vec());
+                    off += l;
+                }
+                return Ok(out);
+            }
+            // Too large for MPI's int displacements: ring of pairwise exchanges.
+            let (p, r) = (self.size, self.rank);
+            let mut out = vec![Vec::new(); p];
+            out[r] = mine.to_vec();
+            for s in 1..p {
+                let dest = (r + s) % p;
+                let src = (r + p - s) % p;
+                out[src] = self.sendrecv(dest, mine, src, 32000)?;
+            }
+            Ok(out)
+        }
+        fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()> {
+            self.check_rank(root)?;
+            let rootp = self.comm.process_at_rank(root as i32);
+            let mut len = bytes.len() as u64;
+            rootp.broadcast_into(&mut len);
+            if self.rank != root {
+                bytes.clear();
+                bytes.resize(len as usize, 0);
+            }
+            for piece in bytes.chunks_mut(PIECE) {
+                rootp.broadcast_into(piece);
+            }
+            Ok(())
+        }
+        fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()> {
+            use mpi::collective::SystemOperation;
+            let inp = vals.to_vec();
+            let o = match op {
+                ReduceOp::Sum => SystemOperation::sum(),
+                ReduceOp::Min => SystemOperation::min(),
+                ReduceOp::Max => SystemOperation::max(),
+            };
+            self.comm.all_reduce_into(&inp[..], vals, o);
+            Ok(())
+        }
+        fn allreduce_sum_f32(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
+            use mpi::collective::SystemOperation;
+            if input.len() != out.len() {
+                return Err(Error::invalid("allreduce: input and output lengths differ"));
+            }
+            // Chunks keep MPI's int count in range.
+            for (i, o) in input.chunks(PIECE / 4).zip(out.chunks_mut(PIECE / 4)) {
+                self.comm.all_reduce_into(i, o, SystemOperation::sum());
+            }
+            Ok(())
+        }
+        fn allreduce_sum_f64(&self, input: &[f64], out: &mut [f64]) -> Result<()> {
+            use mpi::collective::SystemOperation;
+            if input.len() != out.len() {
+                return Err(Error::invalid("allreduce: input and output lengths differ"));
+            }
+            for (i, o) in input.chunks(PIECE / 8).zip(out.chunks_mut(PIECE / 8)) {
+                self.comm.all_reduce_into(i, o, SystemOperation::sum());
+            }
+            Ok(())
+        }
+        fn barrier(&self) -> Result<()> {
+            self.comm.barrier();
+            Ok(())
+        }
+        fn wtime(&self) -> f64 {
+            mpi::time()
+        }
+    }
+}
