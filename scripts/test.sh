@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# THE test command (README, CI): installs what it needs, then runs every CPU check:
+# rustfmt, clippy (-D warnings), the whole test suite with all features and with none, rustdoc,
+# and the multi-process tests under mpirun (2 and 4 ranks and more, see mpi-tests/run.sh).
+# GPU tests print "skipped: no CUDA device" on machines without one; NVRTC is installed anyway so
+# that every kernel is compiled.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+start=$(date +%s)
+step() {
+    echo
+    echo "=== [$(($(date +%s) - start))s] $*"
+}
+
+step "setup"
+# shellcheck source=scripts/setup.sh
+. scripts/setup.sh
+if nvrtc_lib=$(scripts/nvrtc-for-ci.sh); then
+    export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "NVRTC: $nvrtc_lib"
+else
+    echo "warning: could not install NVRTC: kernels will not be compiled by the GPU tests" >&2
+fi
+export CARGO_TERM_COLOR=never
+# Open MPI as root (CI containers) and oversubscribed ranks on 2 cores
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# proptest: a fixed number of cases, no persistence files in the tree
+export PROPTEST_CASES="${PROPTEST_CASES:-160}"
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy --all-targets --all-features -- -D warnings"
+cargo clippy --all-targets --all-features -- -D warnings
+
+step "cargo test --release --all-features"
+cargo test --release --all-features
+
+step "cargo test --release --no-default-features"
+cargo test --release --no-default-features
+
+step "cargo doc --no-deps --all-features"
+RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --no-deps --all-features
+
+if [ -x mpi-tests/run.sh ] || [ -f mpi-tests/run.sh ]; then
+    step "mpi-tests/run.sh (mpirun -n 2, -n 4, ...)"
+    bash mpi-tests/run.sh --all-features
+else
+    step "mpi-tests/run.sh not present: skipped"
+fi
+
+step "all checks passed in $(($(date +%s) - start))s"
