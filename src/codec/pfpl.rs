@@ -23,6 +23,7 @@ use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Dtype, Header, TABLE_ENTRY_LEN};
 use crate::quant::{QuantParams, Quantizer};
+use crate::simd::simd;
 
 /// Uncompressed bytes per chunk (both dtypes).
 pub const CHUNK_BYTES: usize = 16 * 1024;
@@ -182,8 +183,8 @@ impl<T: Element> Mapper<T> {
 }
 
 /// Bit-matrix transpose of `a` (`a.len()` words of `a.len()` bits): afterwards bit `k` of word `j`
-/// is bit `j` of the original word `k`. Its own inverse.
-#[inline(always)]
+/// is bit `j` of the original word `k`. Its own inverse. (Reference for the fixed-size versions.)
+#[cfg(test)]
 fn transpose(a: &mut [u64]) {
     const MASKS: [u64; 6] = [
         0x5555_5555_5555_5555,
@@ -213,6 +214,34 @@ fn transpose(a: &mut [u64]) {
     }
 }
 
+macro_rules! fixed_transpose {
+    ($name:ident, $t:ty, $w:expr, [$($s:expr => $m:expr),*]) => {
+        /// [`transpose`] for one full group of this width (fixed trip counts, vectorizable).
+        #[inline(always)]
+        fn $name(a: &mut [$t; $w]) {
+            $(
+                let mut r = 0;
+                while r < $w {
+                    for i in r..r + $s {
+                        let (x, y) = (a[i], a[i + $s]);
+                        let t = ((x >> $s) ^ y) & $m;
+                        a[i + $s] = y ^ t;
+                        a[i] = x ^ (t << $s);
+                    }
+                    r += 2 * $s;
+                }
+            )*
+        }
+    };
+}
+fixed_transpose!(transpose32, u32, 32, [
+    16 => 0x0000_FFFF, 8 => 0x00FF_00FF, 4 => 0x0F0F_0F0F, 2 => 0x3333_3333, 1 => 0x5555_5555
+]);
+fixed_transpose!(transpose64, u64, 64, [
+    32 => 0x0000_0000_FFFF_FFFF, 16 => 0x0000_FFFF_0000_FFFF, 8 => 0x00FF_00FF_00FF_00FF,
+    4 => 0x0F0F_0F0F_0F0F_0F0F, 2 => 0x3333_3333_3333_3333, 1 => 0x5555_5555_5555_5555
+]);
+
 /// Byte lengths of the shuffled data and of the four bitmaps.
 #[inline]
 fn level_lens(l0: usize) -> [usize; LEVELS + 1] {
@@ -236,7 +265,12 @@ pub fn encode<T: Element>(data: &[T], params: &QuantParams) -> Body {
     let m = Mapper::<T>::new(params);
     let chunks: Vec<Vec<u8>> = data
         .par_chunks(chunk_len::<T>())
-        .map_init(Scratch::default, |s, c| encode_chunk(c, &m, s))
+        .map_init(Scratch::default, |s, c| {
+            simd(
+                #[inline(always)]
+                || encode_chunk(c, &m, s),
+            )
+        })
         .collect();
     let n = chunks.len();
     let total: usize = chunks.iter().map(Vec::len).sum::<usize>() + n * TABLE_ENTRY_LEN;
@@ -256,6 +290,7 @@ pub fn encode<T: Element>(data: &[T], params: &QuantParams) -> Body {
     }
 }
 
+#[inline(always)]
 fn raw_chunk<T: Element>(vals: &[T]) -> Vec<u8> {
     let mut out = Vec::with_capacity(vals.len() * T::SIZE);
     for &x in vals {
@@ -264,6 +299,7 @@ fn raw_chunk<T: Element>(vals: &[T]) -> Vec<u8> {
     out
 }
 
+#[inline(always)]
 fn encode_chunk<T: Element>(vals: &[T], m: &Mapper<T>, s: &mut Scratch) -> Vec<u8> {
     let n = vals.len();
     let g = width::<T>();
@@ -271,23 +307,11 @@ fn encode_chunk<T: Element>(vals: &[T], m: &Mapper<T>, s: &mut Scratch) -> Vec<u
     // 1 + 2: words, differences, negabinary (padding differences are 0)
     s.words.clear();
     s.words.resize(padded, 0);
-    let mut prev = 0u64;
-    for (dst, &x) in s.words.iter_mut().zip(vals) {
-        let Some(w) = m.word(x) else {
-            return raw_chunk(vals);
-        };
-        *dst = to_negabinary::<T>(w.wrapping_sub(prev));
-        prev = w;
+    if !map_words(vals, m, &mut s.words) {
+        return raw_chunk(vals);
     }
     // 3: bit shuffle, planes written little-endian
-    s.bytes.clear();
-    s.bytes.reserve(padded * T::SIZE);
-    for grp in s.words.chunks_exact_mut(g) {
-        transpose(grp);
-        for &p in grp.iter() {
-            s.bytes.extend_from_slice(&p.to_le_bytes()[..T::SIZE]);
-        }
-    }
+    shuffle::<T>(&mut s.words, &mut s.bytes);
     // 4: zero-byte elimination
     let mut out = Vec::new();
     if !ze_encode(s, &mut out) {
@@ -300,41 +324,108 @@ fn encode_chunk<T: Element>(vals: &[T], m: &Mapper<T>, s: &mut Scratch) -> Vec<u
     out
 }
 
+/// Words, differences and negabinary of `vals` into `out[..vals.len()]`; false on a collision.
+#[inline(always)]
+fn map_words<T: Element>(vals: &[T], m: &Mapper<T>, out: &mut [u64]) -> bool {
+    let lim = 1u64 << mant::<T>();
+    let mut prev = 0u64;
+    let mut codes = [0i64; 32];
+    let mut words = [0u64; 32];
+    for (xs, os) in vals.chunks(32).zip(out.chunks_mut(32)) {
+        let len = xs.len();
+        // fast path (abs/noa): the quantizer's vectorized layer encoder, all codes in range
+        let mut fast = !m.rel && m.q.encode_layer(xs, &mut codes[..len]);
+        if fast {
+            for (w, &c) in words.iter_mut().zip(&codes[..len]) {
+                let z = zigzag(c);
+                fast &= z < lim;
+                *w = z;
+            }
+        }
+        if !fast {
+            for (w, &x) in words.iter_mut().zip(xs) {
+                let Some(v) = m.word(x) else {
+                    return false;
+                };
+                *w = v;
+            }
+        }
+        for (o, &w) in os.iter_mut().zip(&words[..len]) {
+            *o = to_negabinary::<T>(w.wrapping_sub(prev));
+            prev = w;
+        }
+    }
+    true
+}
+
+/// Bit shuffle of whole groups of `words` into little-endian plane bytes.
+#[inline(always)]
+fn shuffle<T: Element>(words: &mut [u64], bytes: &mut Vec<u8>) {
+    bytes.clear();
+    bytes.resize(words.len() * T::SIZE, 0);
+    if T::SIZE == 4 {
+        for (grp, out) in words.chunks_exact(32).zip(bytes.chunks_exact_mut(128)) {
+            let mut a = [0u32; 32];
+            for (x, &w) in a.iter_mut().zip(grp) {
+                *x = w as u32;
+            }
+            transpose32(&mut a);
+            for (o, x) in out.chunks_exact_mut(4).zip(a) {
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    } else {
+        for (grp, out) in words.chunks_exact(64).zip(bytes.chunks_exact_mut(512)) {
+            let mut a: [u64; 64] = grp.try_into().expect("64 words");
+            transpose64(&mut a);
+            for (o, x) in out.chunks_exact_mut(8).zip(a) {
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Inverse of [`shuffle`]: plane bytes of whole groups back into words.
+#[inline(always)]
+fn unshuffle<T: Element>(bytes: &[u8], words: &mut [u64]) {
+    if T::SIZE == 4 {
+        for (grp, b) in words.chunks_exact_mut(32).zip(bytes.chunks_exact(128)) {
+            let mut a = [0u32; 32];
+            for (x, c) in a.iter_mut().zip(b.chunks_exact(4)) {
+                *x = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+            }
+            transpose32(&mut a);
+            for (w, x) in grp.iter_mut().zip(a) {
+                *w = x as u64;
+            }
+        }
+    } else {
+        for (grp, b) in words.chunks_exact_mut(64).zip(bytes.chunks_exact(512)) {
+            let mut a = [0u64; 64];
+            for (x, c) in a.iter_mut().zip(b.chunks_exact(8)) {
+                *x = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            }
+            transpose64(&mut a);
+            grp.copy_from_slice(&a);
+        }
+    }
+}
+
 /// Zero-byte elimination of `s.bytes` into `out`; returns false (writing nothing) when every
 /// byte is zero.
+#[inline(always)]
 fn ze_encode(s: &mut Scratch, out: &mut Vec<u8>) -> bool {
     let lens = level_lens(s.bytes.len());
     // level 0: non-zero bytes
     let (maps, kept) = (&mut s.maps, &mut s.kept);
-    maps[0].clear();
-    maps[0].resize(lens[1], 0);
-    kept[0].clear();
-    for (k, &b) in s.bytes.iter().enumerate() {
-        if b != 0 {
-            maps[0][k >> 3] |= 1 << (k & 7);
-            kept[0].push(b);
-        }
-    }
+    select_bytes(&s.bytes, false, &mut maps[0], &mut kept[0]);
     if kept[0].is_empty() {
         return false;
     }
     // levels 1..3: bytes that differ from their predecessor (the one before byte 0 is 0)
     for i in 1..LEVELS {
         let (lo, hi) = maps.split_at_mut(i);
-        let src = &lo[i - 1];
-        let map = &mut hi[0];
-        map.clear();
-        map.resize(lens[i + 1], 0);
-        let kp = &mut kept[i];
-        kp.clear();
-        let mut prev = 0u8;
-        for (k, &b) in src.iter().enumerate() {
-            if b != prev {
-                map[k >> 3] |= 1 << (k & 7);
-                kp.push(b);
-            }
-            prev = b;
-        }
+        select_bytes(&lo[i - 1], true, &mut hi[0], &mut kept[i]);
     }
     out.reserve(lens[LEVELS] + kept.iter().map(Vec::len).sum::<usize>() + 3);
     out.extend_from_slice(&maps[LEVELS - 1]);
@@ -342,6 +433,48 @@ fn ze_encode(s: &mut Scratch, out: &mut Vec<u8>) -> bool {
         out.extend_from_slice(&kept[i]);
     }
     true
+}
+
+/// One bitmap level: bit `k` of `map` (resized to `ceil(src.len() / 8)` bytes) is set iff
+/// `src[k]` is non-zero (`repeat == false`) or differs from `src[k-1]` (`repeat == true`, with
+/// `src[-1] = 0`); those bytes are appended to `kept` (cleared first). Eight bytes per step.
+#[inline(always)]
+fn select_bytes(src: &[u8], repeat: bool, map: &mut Vec<u8>, kept: &mut Vec<u8>) {
+    const HI: u64 = 0x8080_8080_8080_8080;
+    const LO7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    map.clear();
+    map.resize(src.len().div_ceil(8), 0);
+    kept.clear();
+    let mut prev = 0u64; // previous byte (repeat mode), in the low 8 bits
+    let mut words = src.chunks_exact(8);
+    for (m, c) in map.iter_mut().zip(&mut words) {
+        let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        let x = if repeat { v ^ ((v << 8) | prev) } else { v };
+        prev = v >> 56;
+        if x == 0 {
+            continue;
+        }
+        // high bit of each byte of x set iff that byte is non-zero
+        let nz = (((x & LO7) + LO7) | x) & HI;
+        let bits = ((nz >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8;
+        *m = bits;
+        let mut b = bits;
+        while b != 0 {
+            kept.push(c[b.trailing_zeros() as usize]);
+            b &= b - 1;
+        }
+    }
+    let tail = words.remainder();
+    let base = src.len() - tail.len();
+    let mut p = prev as u8;
+    for (j, &b) in tail.iter().enumerate() {
+        let keep = if repeat { b != p } else { b != 0 };
+        if keep {
+            map[(base + j) >> 3] |= 1 << ((base + j) & 7);
+            kept.push(b);
+        }
+        p = b;
+    }
 }
 
 /// Decode a validated (header-parsed) pfpl stream into `out` (`out.len() == h.count`).
@@ -361,11 +494,15 @@ pub fn decode<T: Element>(
         .zip(entries.par_iter())
         .enumerate()
         .try_for_each_init(Scratch::default, |s, (ci, (dst, e))| {
-            decode_chunk(&stream[e.offset..e.offset + e.size], e, &m, dst, s)
-                .map_err(|err| Error::corrupt(format!("chunk {ci}: {err}")))
+            simd(
+                #[inline(always)]
+                || decode_chunk(&stream[e.offset..e.offset + e.size], e, &m, dst, s),
+            )
+            .map_err(|err| Error::corrupt(format!("chunk {ci}: {err}")))
         })
 }
 
+#[inline(always)]
 fn decode_chunk<T: Element>(
     c: &[u8],
     e: &ChunkEntry,
@@ -402,25 +539,17 @@ fn decode_chunk<T: Element>(
     // unshuffle
     s.words.clear();
     s.words.resize(padded, 0);
-    for (grp, b) in s
-        .words
-        .chunks_exact_mut(g)
-        .zip(s.bytes.chunks_exact(g * T::SIZE))
-    {
-        for (p, pb) in grp.iter_mut().zip(b.chunks_exact(T::SIZE)) {
-            let mut w = [0u8; 8];
-            w[..T::SIZE].copy_from_slice(pb);
-            *p = u64::from_le_bytes(w);
-        }
-        transpose(grp);
-    }
+    unshuffle::<T>(&s.bytes, &mut s.words);
     if s.words[n..].iter().any(|&v| v != 0) {
         return Err(Error::corrupt("non-zero differences past the last value"));
     }
     let mut prev = 0u64;
-    for (d, &v) in dst.iter_mut().zip(&s.words) {
-        prev = prev.wrapping_add(from_negabinary::<T>(v)) & wmask::<T>();
-        *d = m.value(prev);
+    for v in s.words[..n].iter_mut() {
+        prev = prev.wrapping_add(from_negabinary::<T>(*v)) & wmask::<T>();
+        *v = prev;
+    }
+    for (d, &w) in dst.iter_mut().zip(&s.words) {
+        *d = m.value(w);
     }
     Ok(())
 }
@@ -447,6 +576,7 @@ fn check_tail(map: &[u8], bits: usize) -> Result<()> {
 
 /// Inverse of [`ze_encode`] into `s.bytes` (whose length is the shuffled size); validates every
 /// length and the zero padding.
+#[inline(always)]
 fn ze_decode(c: &[u8], s: &mut Scratch) -> Result<()> {
     let lens = level_lens(s.bytes.len());
     let mut pos = 0usize;
@@ -471,15 +601,22 @@ fn ze_decode(c: &[u8], s: &mut Scratch) -> Result<()> {
         lower.resize(len, 0);
         let mut it = kept.iter();
         let mut prev = 0u8;
-        for (k, l) in lower.iter_mut().enumerate() {
-            if upper[k >> 3] >> (k & 7) & 1 != 0 {
-                let b = *it.next().expect("counted");
-                if b == prev {
-                    return Err(Error::corrupt("a kept bitmap byte repeats its predecessor"));
-                }
-                prev = b;
+        for (k, l8) in lower.chunks_mut(8).enumerate() {
+            let bits = upper[k];
+            if bits == 0 {
+                l8.fill(prev); // eight repeats
+                continue;
             }
-            *l = prev;
+            for (j, l) in l8.iter_mut().enumerate() {
+                if bits >> j & 1 != 0 {
+                    let b = *it.next().expect("counted");
+                    if b == prev {
+                        return Err(Error::corrupt("a kept bitmap byte repeats its predecessor"));
+                    }
+                    prev = b;
+                }
+                *l = prev;
+            }
         }
         check_tail(lower, lens[i - 1])?;
     }
@@ -549,9 +686,51 @@ mod tests {
             let mut b = a.clone();
             transpose(&mut b);
             assert_eq!(b, naive_transpose(&a));
+            if w == 32 {
+                let mut f: [u32; 32] = std::array::from_fn(|i| a[i] as u32);
+                transpose32(&mut f);
+                assert!(f.iter().zip(&b).all(|(&x, &y)| x as u64 == y));
+            } else {
+                let mut f: [u64; 64] = a.clone().try_into().unwrap();
+                transpose64(&mut f);
+                assert_eq!(f.to_vec(), b);
+            }
             assert!(b.iter().all(|&x| x & !mask == 0));
             transpose(&mut b);
             assert_eq!(b, a);
+        }
+    }
+
+    #[test]
+    fn select_bytes_matches_definition() {
+        let mut r = Rng(13);
+        for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 64, 100, 2048] {
+            for density in [0.0, 0.1, 0.5, 1.0] {
+                let src: Vec<u8> = (0..len)
+                    .map(|_| {
+                        if r.unit() < density {
+                            (r.next() % 3) as u8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                for repeat in [false, true] {
+                    let (mut map, mut kept) = (Vec::new(), Vec::new());
+                    select_bytes(&src, repeat, &mut map, &mut kept);
+                    let mut emap = vec![0u8; len.div_ceil(8)];
+                    let mut ekept = Vec::new();
+                    let mut prev = 0u8;
+                    for (k, &b) in src.iter().enumerate() {
+                        if (repeat && b != prev) || (!repeat && b != 0) {
+                            emap[k / 8] |= 1 << (k % 8);
+                            ekept.push(b);
+                        }
+                        prev = b;
+                    }
+                    assert_eq!((map, kept), (emap, ekept), "len {len} repeat {repeat}");
+                }
+            }
         }
     }
 
@@ -810,6 +989,81 @@ mod tests {
         let s0 = round_trip(&zeros, ErrorBound::Noa(1e-2));
         let r0 = (zeros.len() * 4) as f64 / s0.len() as f64;
         assert!(r0 > 1900.0, "all-zero ratio {r0}");
+    }
+
+    /// Writes the synthetic inputs used for the PFPL section of BENCHMARKS.md into
+    /// `target/pfpl-bench/` (`cargo test --release --lib pfpl::tests::write_bench_inputs --
+    /// --ignored`).
+    #[test]
+    #[ignore]
+    fn write_bench_inputs() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pfpl-bench");
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, v: &[f32]| {
+            let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(dir.join(name), b).unwrap();
+        };
+        let n = 1 << 24; // 64 MiB of f32
+        let mut r = Rng(2024);
+        write("gradient98_16M.f32", &gradient_like(&mut r, n));
+        write("sparse_heavy2_16M.f32", &sparse::<f32>(&mut r, n, 0.02));
+        let mut r = Rng(77);
+        let s5: Vec<f32> = (0..n)
+            .map(|_| {
+                if r.unit() < 0.05 {
+                    (r.gauss() * 1e-2) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        write("sparse_gauss5_16M.f32", &s5);
+        let smooth: Vec<f32> = (0..n)
+            .map(|i| {
+                let (x, y) = ((i % 4096) as f32 * 2e-3, (i / 4096) as f32 * 3e-3);
+                (x * 3.1).sin() * (y * 1.7).cos() * 10.0 + (x * 0.3 + y * 0.2).cos() * 3.0
+            })
+            .collect();
+        write("smooth2d_16M.f32", &smooth);
+    }
+
+    /// Single-core throughput (`cargo test --release --lib pfpl::tests::single_core_throughput --
+    /// --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn single_core_throughput() {
+        let n = 1 << 24;
+        let mut r = Rng(5);
+        let smooth: Vec<f32> = (0..n).map(|i| (i as f32 * 1e-4).sin() * 10.0).collect();
+        let sparse = sparse::<f32>(&mut r, n, 0.02);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        for (name, data) in [("smooth", &smooth), ("sparse", &sparse)] {
+            let bounds = std::env::var("PFPL_BOUNDS").unwrap_or("noa:1e-3,rel:1e-3".into());
+            for b in bounds.split(',').map(|b| b.parse::<ErrorBound>().unwrap()) {
+                // best of 5 (the build machine is shared)
+                let (mut tc, mut td) = (f64::MAX, f64::MAX);
+                let mut s = Vec::new();
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    s = pool.install(|| compress(data, b, CodecKind::Pfpl).unwrap());
+                    tc = tc.min(t.elapsed().as_secs_f64());
+                    let t = std::time::Instant::now();
+                    let back: Vec<f32> = pool.install(|| decompress(&s).unwrap());
+                    td = td.min(t.elapsed().as_secs_f64());
+                    assert_eq!(back.len(), n);
+                }
+                let gb = (n * 4) as f64 / 1e9;
+                println!(
+                    "{name} {b}: ratio {:.2} compress {:.3} GB/s decompress {:.3} GB/s",
+                    (n * 4) as f64 / s.len() as f64,
+                    gb / tc,
+                    gb / td
+                );
+            }
+        }
     }
 
     #[test]
