@@ -376,6 +376,14 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
 
 // ---------------------------------------------------------------------------------------------
 // Decompression
+// ACC (fused decompress-and-accumulate, NCCL reductions): out = out + x, one IEEE rounding.
+__device__ __forceinline__ float zc_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double zc_add_rn(double a, double b) { return __dadd_rn(a, b); }
+template <typename T, bool ACC> __device__ __forceinline__ void zc_store(T* p, T x) { *p = ACC ? zc_add_rn(*p, x) : x; }
+// Accumulate a stored stream's raw values: dst[i] += src[i].
+template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __restrict__ src, u64 n, T* __restrict__ dst) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) dst[i] = zc_add_rn(dst[i], src[i]);
+}
 #define ZC_E_SIZE 1ull
 #define ZC_E_RANGE 2ull
 #define ZC_E_CHECKSUM 4ull
@@ -383,7 +391,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
 #define ZC_E_TOTAL 16ull
 #define ZC_E_TABLE 32ull
 
-template <typename T, int CODEC, bool REL>
+template <typename T, int CODEC, bool REL, bool ACC = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
                                               u32 table_checksum, ZQ<T> q) {
@@ -540,7 +548,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                     typename ZT<T>::bits_t bits;
                     if (SIZE == 4) bits = (typename ZT<T>::bits_t)zc_get_any(cp, o);
                     else bits = (typename ZT<T>::bits_t)((u64)zc_get_any(cp, o) | ((u64)zc_get_any(cp, o + 4) << 32));
-                    cout[ll * 32u + lane] = ZT<T>::from_bits(bits);
+                    zc_store<T, ACC>(cout + ll * 32u + lane, ZT<T>::from_bits(bits));
                 }
                 continue;
             }
@@ -566,7 +574,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
             }
             i64 code = warp_incl_i64(d, lane);
             if (CODEC == ZC_AATROX) code = (i64)((u64)code + (u64)s_start[ll]);
-            if (present) cout[ll * 32u + lane] = zq_decode<T, REL>(q, code);
+            if (present) zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, code));
         }
     } while (0);
     __syncthreads();
@@ -651,6 +659,16 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024) zc_decompress_add_##TN##_##CN##_##RN(                   \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }
 
 #define ZC_INST_MODES(TY, TN, CID, CN) \
@@ -661,7 +679,8 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     ZC_INST_MODES(TY, TN, ZC_AATROX, aatrox)  \
     ZC_INST_MODES(TY, TN, ZC_PLAIN, plain)    \
     ZC_INST_MODES(TY, TN, ZC_OUTLIER, outlier) \
-    extern "C" __global__ void zc_stats_##TN(const TY* in, u64 n, u64* ctrl) { zc_stats<TY>(in, n, ctrl); }
+    extern "C" __global__ void zc_stats_##TN(const TY* in, u64 n, u64* ctrl) { zc_stats<TY>(in, n, ctrl); } \
+    extern "C" __global__ void zc_add_raw_##TN(const TY* src, u64 n, TY* dst) { zc_add_raw<TY>(src, n, dst); }
 
 ZC_INST_CODECS(float, f32)
 ZC_INST_CODECS(double, f64)

@@ -55,9 +55,7 @@ use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nres, sys as nsys, NcclType};
 
 pub use host::NcclTransport;
@@ -71,7 +69,7 @@ use crate::model::{CodecSpeed, Link, Policy, RatioCache};
 use crate::quant::ErrorBound;
 
 /// A scalar NCCL and the device codecs move: `f32` or `f64`.
-pub trait NcclReal: Real + NcclType + DeviceRepr + ValidAsZeroBits + Unpin {}
+pub trait NcclReal: Real + NcclType + crate::gpu::GpuElement + Unpin {}
 impl NcclReal for f32 {}
 impl NcclReal for f64 {}
 
@@ -174,7 +172,10 @@ impl NcclProfile {
     /// ≈ 3.5 GB/s; codec ≈ 300 GB/s.
     pub fn guess(transport: &str) -> Self {
         let bw = if transport == "socket" { 3.5e9 } else { 300e9 };
-        let l = Link { bandwidth: bw, latency: 20e-6 };
+        let l = Link {
+            bandwidth: bw,
+            latency: 20e-6,
+        };
         NcclProfile {
             transport: transport.to_string(),
             allreduce: l,
@@ -237,7 +238,10 @@ impl NcclProfile {
             pieces,
             self.piece_overhead,
         );
-        (self.allreduce.latency + bytes / self.allreduce.bandwidth, rs + ag)
+        (
+            self.allreduce.latency + bytes / self.allreduce.bandwidth,
+            rs + ag,
+        )
     }
 
     /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank.
@@ -260,7 +264,10 @@ impl NcclProfile {
             pieces,
             self.piece_overhead,
         );
-        (self.allgather.latency + pf * bytes / self.allgather.bandwidth, cmp)
+        (
+            self.allgather.latency + pf * bytes / self.allgather.bandwidth,
+            cmp,
+        )
     }
 
     /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`.
@@ -299,7 +306,11 @@ pub fn reduction_step_bound(
     quantizations: usize,
 ) -> Option<f64> {
     let pf = p as f64;
-    let m = if max_abs.is_finite() { max_abs } else { return None };
+    let m = if max_abs.is_finite() {
+        max_abs
+    } else {
+        return None;
+    };
     let b = pf * m + e * divisor;
     let r = pf * unit_roundoff * b / divisor;
     let eb = (e - r) / quantizations.max(1) as f64;
@@ -311,7 +322,9 @@ pub fn pieces(n: usize, piece_elems: usize) -> Vec<Range<usize>> {
     const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
     let pe = piece_elems.max(CHUNK).div_ceil(CHUNK) * CHUNK;
     let k = n.div_ceil(pe).max(1);
-    (0..k).map(|i| (i * pe).min(n)..((i + 1) * pe).min(n)).collect()
+    (0..k)
+        .map(|i| (i * pe).min(n)..((i + 1) * pe).min(n))
+        .collect()
 }
 
 pub(crate) struct Shared {
@@ -360,9 +373,22 @@ impl Shared {
     /// # Safety
     /// `ptr` must address `count` valid elements of `dt` that stay alive until the net stream
     /// has passed this operation.
-    unsafe fn send_raw(&self, ptr: u64, count: usize, dt: nsys::ncclDataType_t, peer: usize) -> Result<()> {
-        nres::send(ptr as *const _, count, dt, peer as i32, self.comm, self.net_stream())
-            .map_err(|e| nccl_err("ncclSend", e))?;
+    unsafe fn send_raw(
+        &self,
+        ptr: u64,
+        count: usize,
+        dt: nsys::ncclDataType_t,
+        peer: usize,
+    ) -> Result<()> {
+        nres::send(
+            ptr as *const _,
+            count,
+            dt,
+            peer as i32,
+            self.comm,
+            self.net_stream(),
+        )
+        .map_err(|e| nccl_err("ncclSend", e))?;
         Ok(())
     }
 
@@ -370,9 +396,22 @@ impl Shared {
     ///
     /// # Safety
     /// As [`send_raw`](Self::send_raw), for writable memory.
-    unsafe fn recv_raw(&self, ptr: u64, count: usize, dt: nsys::ncclDataType_t, peer: usize) -> Result<()> {
-        nres::recv(ptr as *mut _, count, dt, peer as i32, self.comm, self.net_stream())
-            .map_err(|e| nccl_err("ncclRecv", e))?;
+    unsafe fn recv_raw(
+        &self,
+        ptr: u64,
+        count: usize,
+        dt: nsys::ncclDataType_t,
+        peer: usize,
+    ) -> Result<()> {
+        nres::recv(
+            ptr as *mut _,
+            count,
+            dt,
+            peer as i32,
+            self.comm,
+            self.net_stream(),
+        )
+        .map_err(|e| nccl_err("ncclRecv", e))?;
         Ok(())
     }
 
@@ -382,7 +421,11 @@ impl Shared {
     }
 
     /// Raw ncclAllReduce (sum) of device buffers on the net stream.
-    fn allreduce_sum<T: NcclReal, S: DevicePtr<T>, D: DevicePtrMut<T>>(&self, input: &S, out: &mut D) -> Result<()> {
+    fn allreduce_sum<T: NcclReal, S: DevicePtr<T>, D: DevicePtrMut<T>>(
+        &self,
+        input: &S,
+        out: &mut D,
+    ) -> Result<()> {
         if input.len() != out.len() {
             return Err(Error::invalid("allreduce: input and output lengths differ"));
         }
@@ -407,16 +450,31 @@ impl Shared {
     }
 
     /// Raw ncclAllGather: `out.len() == size * input.len()`.
-    fn allgather<T: NcclType, S: DevicePtr<T>, D: DevicePtrMut<T>>(&self, input: &S, out: &mut D) -> Result<()> {
+    fn allgather<T: NcclType, S: DevicePtr<T>, D: DevicePtrMut<T>>(
+        &self,
+        input: &S,
+        out: &mut D,
+    ) -> Result<()> {
         if out.len() != input.len() * self.size {
-            return Err(Error::invalid("allgather: output must hold size x input elements"));
+            return Err(Error::invalid(
+                "allgather: output must hold size x input elements",
+            ));
         }
         let n = input.len();
         let (src, _g1) = input.device_ptr(&self.net);
         let (dst, _g2) = out.device_ptr_mut(&self.net);
         // SAFETY: sizes checked above; guards outlive the enqueue.
-        unsafe { nres::all_gather(src as *const _, dst as *mut _, n, T::as_nccl_type(), self.comm, self.net_stream()) }
-            .map_err(|e| nccl_err("ncclAllGather", e))?;
+        unsafe {
+            nres::all_gather(
+                src as *const _,
+                dst as *mut _,
+                n,
+                T::as_nccl_type(),
+                self.comm,
+                self.net_stream(),
+            )
+        }
+        .map_err(|e| nccl_err("ncclAllGather", e))?;
         Ok(())
     }
 }
@@ -438,4 +496,1638 @@ fn op_name(op: u8) -> &'static str {
         OP_ALLREDUCE_MEAN => "allreduce_mean",
         _ => "unknown",
     }
+}
+
+/// Reusable per-piece device buffers (each piece has its own allocation, so the CUDA events
+/// cudarc records per buffer order exactly the streams that touch that piece).
+#[derive(Default)]
+struct Pool {
+    bufs: Vec<CudaSlice<u8>>,
+}
+
+impl Pool {
+    /// Make sure buffers `0..count` exist with at least `bytes` bytes each.
+    fn ensure(&mut self, stream: &Arc<CudaStream>, count: usize, bytes: usize) -> Result<()> {
+        let bytes = bytes.max(256).div_ceil(256) * 256;
+        for i in 0..count {
+            if i < self.bufs.len() && self.bufs[i].len() >= bytes {
+                continue;
+            }
+            // SAFETY: u8 device memory; every byte read is written first (compressed streams
+            // are read only up to their length).
+            let b = unsafe { stream.alloc::<u8>(bytes) }.map_err(|e| {
+                Error::OutOfMemory(format!("{bytes} device bytes for NCCL pieces: {e:?}"))
+            })?;
+            if i < self.bufs.len() {
+                self.bufs[i] = b;
+            } else {
+                self.bufs.push(b);
+            }
+        }
+        Ok(())
+    }
+}
+
+const DESC_MAGIC: u32 = 0x4e43_435a; // "ZCCN"
+const DESC_LEN: usize = 48;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Desc {
+    op: u8,
+    dtype: u8,
+    policy: u8,
+    mode: u8,
+    decision: u8,
+    bound: f64,
+    count: u64,
+    seq: u64,
+    ratio: f64,
+}
+
+impl Desc {
+    fn to_bytes(self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[0..4].copy_from_slice(&DESC_MAGIC.to_le_bytes());
+        b[4] = self.op;
+        b[5] = self.dtype;
+        b[6] = self.policy;
+        b[7] = self.mode;
+        b[8] = self.decision;
+        b[16..24].copy_from_slice(&self.bound.to_le_bytes());
+        b[24..32].copy_from_slice(&self.count.to_le_bytes());
+        b[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        b[40..48].copy_from_slice(&self.ratio.to_le_bytes());
+        b
+    }
+    fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() != DESC_LEN || b[0..4] != DESC_MAGIC.to_le_bytes() {
+            return Err(Error::Comm(
+                "malformed NCCL descriptor from a peer: the ranks are not running the same operation".into(),
+            ));
+        }
+        let f = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Desc {
+            op: b[4],
+            dtype: b[5],
+            policy: b[6],
+            mode: b[7],
+            decision: b[8],
+            bound: f64::from_bits(f(16)),
+            count: f(24),
+            seq: f(32),
+            ratio: f64::from_bits(f(40)),
+        })
+    }
+    /// Same operation? (`Ok` on every rank iff all descriptors agree.)
+    fn check(&self, other: &Desc, who: usize) -> Result<()> {
+        let mm = |what: &'static str, a: String, b: String| Error::Mismatch {
+            what,
+            expected: format!("{a} (this rank)"),
+            found: format!("{b} (rank {who})"),
+        };
+        if self.op != other.op || self.seq != other.seq {
+            return Err(mm(
+                "NCCL operation",
+                format!("{} #{}", op_name(self.op), self.seq),
+                format!("{} #{}", op_name(other.op), other.seq),
+            ));
+        }
+        if self.dtype != other.dtype {
+            return Err(mm("dtype", self.dtype.to_string(), other.dtype.to_string()));
+        }
+        if self.count != other.count {
+            return Err(mm(
+                "element count",
+                self.count.to_string(),
+                other.count.to_string(),
+            ));
+        }
+        if self.policy != other.policy {
+            return Err(mm(
+                "policy/codec",
+                self.policy.to_string(),
+                other.policy.to_string(),
+            ));
+        }
+        if self.mode != other.mode || self.bound.to_bits() != other.bound.to_bits() {
+            return Err(mm(
+                "error bound",
+                format!("{}:{:e}", self.mode, self.bound),
+                format!("{}:{:e}", other.mode, other.bound),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn harmonic(r: &[f64]) -> f64 {
+    let inv: f64 = r.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>() / r.len().max(1) as f64;
+    1.0 / inv
+}
+
+fn local_rank(rank: usize) -> usize {
+    for k in [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "LOCAL_RANK",
+    ] {
+        if let Some(v) = std::env::var(k).ok().and_then(|v| v.parse().ok()) {
+            return v;
+        }
+    }
+    rank
+}
+
+fn transport_label_from_env() -> String {
+    let on = |k: &str| std::env::var(k).map(|v| v.trim() == "1").unwrap_or(false);
+    if on("NCCL_P2P_DISABLE") && on("NCCL_SHM_DISABLE") {
+        "socket".into()
+    } else {
+        "nvlink".into()
+    }
+}
+
+/// Compressed collectives on device buffers over NCCL. See the [module docs](self).
+pub struct NcclComm {
+    sh: Rc<Shared>,
+    gpu: Option<crate::gpu::GpuCodec>,
+    gpu_error: String,
+    utils: kernels::Utils,
+    config: NcclConfig,
+    profile: NcclProfile,
+    ratios: RatioCache,
+    seq: u64,
+    send_pool: Pool,
+    recv_pool: Pool,
+    device_name: String,
+    ordinal: usize,
+    _universe: Option<mpi::environment::Universe>,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NcclComm(rank {} of {}, GPU {} {}, {}, {}, {})",
+            self.sh.rank,
+            self.sh.size,
+            self.ordinal,
+            self.device_name,
+            self.profile.transport,
+            self.config.policy,
+            self.config.bound
+        )
+    }
+}
+
+impl NcclComm {
+    /// Initialize MPI (if needed) and build over a duplicate of `MPI_COMM_WORLD`. Collective.
+    pub fn init(config: NcclConfig) -> Result<Self> {
+        let universe = mpi::initialize();
+        let world = mpi::topology::SimpleCommunicator::world();
+        let boot = super::MpiTransport::new(&world);
+        let mut c = Self::new(Box::new(boot), config)?;
+        c._universe = universe;
+        Ok(c)
+    }
+
+    /// Build over a bootstrap transport (MPI): checks every rank has the CUDA driver, a device
+    /// and NCCL (else [`Error::Unavailable`] on every rank), opens GPU `local_rank % devices`,
+    /// creates the NCCL communicator from a unique id broadcast by rank 0, loads the kernels
+    /// and (if configured) calibrates. Collective over the transport's ranks.
+    pub fn new(boot: Box<dyn Transport>, config: NcclConfig) -> Result<Self> {
+        config.bound.validate()?;
+        let (rank, size) = (boot.rank(), boot.size());
+        // 1. every rank must be able to run NCCL, or nobody starts (no hang on a broadcast)
+        let mut why = String::new();
+        let mut devices = 0usize;
+        if !nccl_available() {
+            why = "CUDA driver or libnccl not found".into();
+        } else {
+            match CudaContext::device_count() {
+                Ok(n) if n > 0 => devices = n as usize,
+                Ok(_) => why = "no CUDA device".into(),
+                Err(e) => why = format!("no CUDA device: {e:?}"),
+            }
+        }
+        let mut ok = [if why.is_empty() { 1.0 } else { 0.0 }];
+        boot.allreduce_f64(&mut ok, ReduceOp::Min)?;
+        if ok[0] < 1.0 {
+            let msg = if why.is_empty() {
+                "another rank has no CUDA device or NCCL".to_string()
+            } else {
+                why
+            };
+            return Err(Error::Unavailable(format!("NCCL transport: {msg}")));
+        }
+        let ordinal = local_rank(rank) % devices;
+        let ctx = CudaContext::new(ordinal).map_err(gpu_err)?;
+        ctx.bind_to_thread().map_err(gpu_err)?;
+        let net = ctx.new_stream().map_err(gpu_err)?;
+        let work = ctx.new_stream().map_err(gpu_err)?;
+        // 2. unique id from rank 0 over the bootstrap transport
+        let mut idb = if rank == 0 {
+            let id = nres::get_uniqueid().map_err(|e| nccl_err("ncclGetUniqueId", e));
+            match id {
+                Ok(id) => id.internal.iter().map(|&c| c as u8).collect::<Vec<u8>>(),
+                Err(_) => Vec::new(), // empty: tells the others to give up
+            }
+        } else {
+            Vec::new()
+        };
+        boot.bcast(0, &mut idb)?;
+        if idb.len() != 128 {
+            return Err(Error::Comm(
+                "NCCL unique id could not be created on rank 0".into(),
+            ));
+        }
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, &s) in internal.iter_mut().zip(&idb) {
+            *d = s as std::ffi::c_char;
+        }
+        let id = nsys::ncclUniqueId { internal };
+        let mut comm = std::mem::MaybeUninit::uninit();
+        // SAFETY: out-parameter; all ranks call with the same id and size; the device is bound.
+        unsafe { nres::comm_init_rank(comm.as_mut_ptr(), size as i32, id, rank as i32) }
+            .map_err(|e| nccl_err("ncclCommInitRank", e))?;
+        // SAFETY: initialized by the successful call above.
+        let comm = unsafe { comm.assume_init() };
+        let device_name = ctx.name().unwrap_or_default();
+        let sh = Rc::new(Shared {
+            boot,
+            ctx,
+            net,
+            work,
+            comm,
+            rank,
+            size,
+        });
+        let utils = kernels::Utils::load(&sh.work)?;
+        let (gpu, gpu_error) = match crate::gpu::GpuCodec::new(ordinal) {
+            Ok(g) => (Some(g), String::new()),
+            Err(e) => {
+                tracing::warn!(target: "zcomm::nccl", "GPU codec unavailable, NCCL runs raw only: {e}");
+                (None, e.to_string())
+            }
+        };
+        let label = config
+            .transport_label
+            .clone()
+            .unwrap_or_else(transport_label_from_env);
+        let mut c = NcclComm {
+            sh,
+            gpu,
+            gpu_error,
+            utils,
+            profile: NcclProfile::guess(&label),
+            config,
+            ratios: RatioCache::default(),
+            seq: 0,
+            send_pool: Pool::default(),
+            recv_pool: Pool::default(),
+            device_name,
+            ordinal,
+            _universe: None,
+        };
+        if c.config.calibrate {
+            c.calibrate()?;
+        }
+        Ok(c)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.sh.rank
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.sh.size
+    }
+    /// The device ordinal this rank drives.
+    pub fn device_ordinal(&self) -> usize {
+        self.ordinal
+    }
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+    /// The CUDA context (allocate buffers for the operations from it).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.sh.ctx
+    }
+    /// The stream for callers' own work (the codec stream; operations order against it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.sh.work
+    }
+    /// The bootstrap (MPI) transport carrying control messages.
+    pub fn bootstrap(&self) -> &dyn Transport {
+        &*self.sh.boot
+    }
+    /// A [`Transport`] moving host byte messages over this NCCL communicator (staged through
+    /// device memory), for a host-buffer [`Communicator`](super::Communicator).
+    pub fn host_transport(&self) -> NcclTransport {
+        NcclTransport::new(self.sh.clone())
+    }
+    /// The configuration.
+    pub fn config(&self) -> &NcclConfig {
+        &self.config
+    }
+    /// Change the policy (all ranks alike).
+    pub fn set_policy(&mut self, p: Policy) {
+        self.config.policy = p;
+    }
+    /// Change the bound (all ranks alike).
+    pub fn set_bound(&mut self, b: ErrorBound) -> Result<()> {
+        b.validate()?;
+        self.config.bound = b;
+        Ok(())
+    }
+    /// Change the pipeline piece size (bytes; all ranks alike).
+    pub fn set_piece_bytes(&mut self, b: usize) {
+        self.config.piece_bytes = b;
+    }
+    /// The calibration profile in use (identical on all ranks).
+    pub fn profile(&self) -> &NcclProfile {
+        &self.profile
+    }
+    /// Replace the profile (all ranks alike).
+    pub fn set_profile(&mut self, p: NcclProfile) {
+        self.profile = p;
+    }
+    /// Whether the device codec is loaded (else every operation runs raw NCCL).
+    pub fn has_codec(&self) -> bool {
+        self.gpu.is_some()
+    }
+    /// Synchronize this rank's NCCL and codec streams.
+    pub fn synchronize(&self) -> Result<()> {
+        self.sh.sync()?;
+        if let Some(g) = &self.gpu {
+            g.stream().synchronize().map_err(gpu_err)?;
+        }
+        Ok(())
+    }
+    /// Synchronize all ranks (MPI barrier after draining this rank's streams).
+    pub fn barrier(&self) -> Result<()> {
+        self.synchronize()?;
+        self.sh.boot.barrier()
+    }
+    /// Wall-clock seconds (the bootstrap transport's clock).
+    pub fn wtime(&self) -> f64 {
+        self.sh.boot.wtime()
+    }
+
+    // ------------------------------------------------------------------ raw NCCL
+
+    /// Raw ncclAllReduce (sum) of `input` into `out` (same length); blocking.
+    pub fn raw_allreduce<T: NcclReal>(
+        &self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        self.sh.allreduce_sum(input, out)?;
+        self.sh.net.synchronize().map_err(gpu_err)
+    }
+
+    /// Raw ncclAllGather (`out.len() == size * input.len()`, rank order); blocking.
+    pub fn raw_allgather<T: NcclReal>(
+        &self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        self.sh.allgather(input, out)?;
+        self.sh.net.synchronize().map_err(gpu_err)
+    }
+
+    /// Raw grouped ncclSend/ncclRecv: send `send` to `dest`, receive `recv.len()` elements from
+    /// `src` (both ends must call with matching lengths); blocking.
+    pub fn raw_sendrecv<T: NcclReal>(
+        &self,
+        send: &CudaSlice<T>,
+        dest: usize,
+        recv: &mut CudaSlice<T>,
+        src: usize,
+    ) -> Result<()> {
+        self.check_peer(dest)?;
+        self.check_peer(src)?;
+        let sh = &self.sh;
+        let (ns, nr) = (send.len(), recv.len());
+        let (sp, _g1) = send.device_ptr(&sh.net);
+        let (rp, _g2) = recv.device_ptr_mut(&sh.net);
+        sh.group(|| {
+            // SAFETY: both buffers are borrowed until the guards record on the net stream.
+            unsafe {
+                sh.send_raw(sp, ns, T::as_nccl_type(), dest)?;
+                sh.recv_raw(rp, nr, T::as_nccl_type(), src)
+            }
+        })?;
+        drop((_g1, _g2));
+        sh.net.synchronize().map_err(gpu_err)
+    }
+
+    /// Raw ncclSend of the whole buffer (the peer calls [`raw_recv`](Self::raw_recv)); blocking.
+    pub fn raw_send<T: NcclReal>(&self, data: &CudaSlice<T>, dest: usize) -> Result<()> {
+        self.check_peer(dest)?;
+        let (p, _g) = data.device_ptr(&self.sh.net);
+        // SAFETY: borrowed until the guard records on the net stream.
+        unsafe { self.sh.send_raw(p, data.len(), T::as_nccl_type(), dest)? };
+        drop(_g);
+        self.sh.net.synchronize().map_err(gpu_err)
+    }
+
+    /// Raw ncclRecv of exactly `out.len()` elements; blocking.
+    pub fn raw_recv<T: NcclReal>(&self, out: &mut CudaSlice<T>, src: usize) -> Result<()> {
+        self.check_peer(src)?;
+        let n = out.len();
+        let (p, _g) = out.device_ptr_mut(&self.sh.net);
+        // SAFETY: borrowed until the guard records on the net stream.
+        unsafe { self.sh.recv_raw(p, n, T::as_nccl_type(), src)? };
+        drop(_g);
+        self.sh.net.synchronize().map_err(gpu_err)
+    }
+
+    fn check_peer(&self, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(Error::invalid(format!(
+                "rank {r} out of range (size {})",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ device helpers
+
+    /// Smallest and largest finite values of a device buffer (None: no finite value).
+    pub fn value_range<T: NcclReal>(&self, x: &CudaSlice<T>) -> Result<Option<(f64, f64)>> {
+        self.utils.range(&self.sh.work, &x.as_view())
+    }
+
+    /// `max |a_i - b_i|` of two device buffers (in f64; infinite where exactly one is not finite).
+    pub fn max_abs_diff<T: NcclReal>(&self, a: &CudaSlice<T>, b: &CudaSlice<T>) -> Result<f64> {
+        self.utils
+            .max_abs_diff(&self.sh.work, &a.as_view(), &b.as_view())
+    }
+
+    /// A synthetic Gaussian random field of `n` values on the device (test and benchmark data):
+    /// the grid is `512 × 512 × n/512²` (row-major), the field a sum of 24 random Fourier modes
+    /// with Gaussian spectrum (correlation length `corr_len` cells, unit variance) plus
+    /// `noise` × uniform(-1, 1) white noise; `seed` picks the realisation.
+    pub fn gaussian_field<T: NcclReal>(
+        &self,
+        n: usize,
+        corr_len: f64,
+        noise: f32,
+        seed: u64,
+    ) -> Result<CudaSlice<T>> {
+        // SAFETY: every element is written by the kernel below.
+        let mut x = unsafe { self.sh.work.alloc::<T>(n) }
+            .map_err(|e| Error::OutOfMemory(format!("{n} values: {e:?}")))?;
+        self.utils
+            .field(&self.sh.work, &mut x, 512, 512, corr_len, noise, seed)?;
+        Ok(x)
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    fn gpu(&mut self) -> Result<&mut crate::gpu::GpuCodec> {
+        let why = &self.gpu_error;
+        self.gpu
+            .as_mut()
+            .ok_or_else(|| Error::Unavailable(format!("GPU codec: {why}")))
+    }
+
+    fn piece_elems<T: NcclReal>(&self) -> usize {
+        (self.config.piece_bytes / T::SIZE).max(1)
+    }
+
+    /// Exchange and check descriptors (every rank gets the same verdict).
+    fn agree(&mut self, d: Desc) -> Result<()> {
+        let d = Desc { seq: self.seq, ..d };
+        self.seq += 1;
+        let raw = self.sh.boot.allgather_fixed(&d.to_bytes())?;
+        let all = raw
+            .chunks_exact(DESC_LEN)
+            .map(Desc::parse)
+            .collect::<Result<Vec<_>>>()?;
+        for (r, x) in all.iter().enumerate().skip(1) {
+            all[0].check(x, r)?;
+        }
+        Ok(())
+    }
+
+    fn desc<T: NcclReal>(&self, op: u8, count: usize) -> Desc {
+        Desc {
+            op,
+            dtype: T::DTYPE.tag(),
+            policy: self.config.policy.tag(),
+            mode: self.config.bound.mode().tag(),
+            decision: 0,
+            bound: self.config.bound.value(),
+            count: count as u64,
+            seq: 0,
+            ratio: 1.0,
+        }
+    }
+
+    /// The bound one compression of `x` gets for the configured bound: `abs:E` as is, `noa:E`
+    /// as the absolute bound `E·(max-min)` of the whole buffer (rounded down, so each piece
+    /// keeps the whole buffer's guarantee), `rel` as is.
+    fn piece_bound<T: NcclReal>(&self, x: &CudaView<'_, T>) -> Result<ErrorBound> {
+        Ok(match self.config.bound {
+            ErrorBound::Noa(e) => match self.utils.range(&self.sh.work, x)? {
+                Some((lo, hi)) => {
+                    let w = crate::quant::pred(crate::quant::pred(e * (hi - lo)));
+                    if w.is_finite() && w > 0.0 {
+                        ErrorBound::Abs(w)
+                    } else {
+                        ErrorBound::Noa(e)
+                    }
+                }
+                None => ErrorBound::Noa(e),
+            },
+            b => b,
+        })
+    }
+
+    /// Ratio estimate: the previous message of the same operation and size, else up to 8 codec
+    /// chunks spread over `x` compressed on the device.
+    fn estimate<T: NcclReal>(
+        &mut self,
+        x: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+        op: u8,
+    ) -> Result<f64> {
+        const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
+        let key = x.len() as i64;
+        if let Some(r) = self.ratios.get(op, key) {
+            return Ok(r);
+        }
+        let n = x.len();
+        if n == 0 {
+            return Ok(1.0);
+        }
+        let nch = n.div_ceil(CHUNK);
+        let k = nch.min(8);
+        let work = self.sh.work.clone();
+        // SAFETY: every element is written by the copies below.
+        let mut sample = unsafe { work.alloc::<T>(k * CHUNK) }.map_err(gpu_err)?;
+        let mut m = 0usize;
+        for i in 0..k {
+            let c = i * nch / k;
+            let lo = c * CHUNK;
+            let hi = (lo + CHUNK).min(n);
+            let src = x.slice(lo..hi);
+            let mut dst = sample.slice_mut(m..m + (hi - lo));
+            work.memcpy_dtod(&src, &mut dst).map_err(gpu_err)?;
+            m += hi - lo;
+        }
+        work.synchronize().map_err(gpu_err)?;
+        // SAFETY: u8 scratch; only the stream's bytes are read.
+        let mut out = unsafe { work.alloc::<u8>(crate::format::HEADER_LEN + m * T::SIZE + 256) }
+            .map_err(gpu_err)?;
+        let sv = sample.slice(0..m);
+        let mut ov = out.slice_mut(..);
+        let len = self.gpu()?.compress_device(&sv, bound, codec, &mut ov)?;
+        Ok((m * T::SIZE) as f64 / len.max(1) as f64)
+    }
+
+    fn finish(&self, mut st: OpStats, t0: f64) -> Result<OpStats> {
+        self.synchronize()?;
+        st.measured_s = self.wtime() - t0;
+        tracing::debug!(target: "zcomm::nccl", rank = self.rank(), "{st}");
+        Ok(st)
+    }
+
+    fn base_stats(op: u8, bytes: usize) -> OpStats {
+        OpStats {
+            op: op_name(op),
+            decision: Decision::Raw,
+            codec: None,
+            ratio_estimate: 1.0,
+            ratio: 1.0,
+            bytes: bytes as u64,
+            wire_bytes: bytes as u64,
+            predicted_raw_s: 0.0,
+            predicted_compressed_s: 0.0,
+            predicted_s: 0.0,
+            measured_s: 0.0,
+            bound: 0.0,
+            max_error: None,
+        }
+    }
+
+    /// Compress piece `src` into `send_pool` buffer `slot`; returns the stream length.
+    fn compress_piece<T: NcclReal>(
+        gpu: &mut crate::gpu::GpuCodec,
+        pool: &mut Pool,
+        slot: usize,
+        src: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<usize> {
+        let mut ov = pool.bufs[slot].slice_mut(..);
+        gpu.compress_device(src, bound, codec, &mut ov)
+    }
+
+    /// One pipelined ring round: compress `buf[send]` piece by piece and send to `to`, receive
+    /// the pieces of `buf[recv]` from `from` and decompress-and-add them into `buf[recv]`
+    /// (`accumulate`) or decompress them there. Returns the bytes this rank sent.
+    #[allow(clippy::too_many_arguments)]
+    fn ring_round<T: NcclReal>(
+        &mut self,
+        buf: &mut CudaSlice<T>,
+        send: Range<usize>,
+        recv: Range<usize>,
+        to: usize,
+        from: usize,
+        bound: ErrorBound,
+        codec: CodecKind,
+        accumulate: bool,
+    ) -> Result<usize> {
+        let pe = self.piece_elems::<T>();
+        let sp = pieces(send.len(), pe);
+        let rp = pieces(recv.len(), pe);
+        let cap = crate::format::HEADER_LEN + pe * T::SIZE;
+        let sh = self.sh.clone();
+        let mut spool = std::mem::take(&mut self.send_pool);
+        let mut rpool = std::mem::take(&mut self.recv_pool);
+        let r = (|| {
+            spool.ensure(&sh.work, sp.len(), cap)?;
+            rpool.ensure(&sh.work, rp.len(), cap)?;
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or_else(|| Error::Unavailable(format!("GPU codec: {}", self.gpu_error)))?;
+            let mut wire = 0usize;
+            let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
+            for k in 0..sp.len().max(rp.len()) {
+                let slen = if k < sp.len() {
+                    let v = buf.slice(send.start + sp[k].start..send.start + sp[k].end);
+                    Self::compress_piece(gpu, &mut spool, k, &v, bound, codec)?
+                } else {
+                    0
+                };
+                let got = sh
+                    .boot
+                    .sendrecv(to, &(slen as u64).to_le_bytes(), from, TAG_SIZES)?;
+                let rlen = size_msg(&got)?;
+                if (k < rp.len()) != (rlen > 0) || rlen > cap {
+                    return Err(Error::Comm(format!(
+                        "ring piece {k}: peer {from} announced {rlen} bytes (expected a piece: {})",
+                        k < rp.len()
+                    )));
+                }
+                {
+                    let sb = spool.bufs.get(k).filter(|_| k < sp.len());
+                    let (sptr, g1) = match sb {
+                        Some(b) => {
+                            let (p, g) = b.device_ptr(&sh.net);
+                            (p, Some(g))
+                        }
+                        None => (0, None),
+                    };
+                    let rb = if k < rp.len() {
+                        rpool.bufs.get_mut(k)
+                    } else {
+                        None
+                    };
+                    let (rptr, g2) = match rb {
+                        Some(b) => {
+                            let (p, g) = b.device_ptr_mut(&sh.net);
+                            (p, Some(g))
+                        }
+                        None => (0, None),
+                    };
+                    sh.group(|| {
+                        // SAFETY: the piece buffers hold at least slen / rlen bytes and stay
+                        // borrowed until the guards record on the net stream after the group.
+                        unsafe {
+                            if slen > 0 {
+                                sh.send_raw(sptr, slen, nsys::ncclDataType_t::ncclUint8, to)?;
+                            }
+                            if rlen > 0 {
+                                sh.recv_raw(rptr, rlen, nsys::ncclDataType_t::ncclUint8, from)?;
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    drop((g1, g2));
+                }
+                wire += slen;
+                let ev = sh.net.record_event(None).map_err(gpu_err)?;
+                if let Some((j, len, ev)) = pending.take() {
+                    Self::consume(
+                        gpu,
+                        &rpool,
+                        j,
+                        len,
+                        &ev,
+                        buf,
+                        recv.start + rp[j].start..recv.start + rp[j].end,
+                        accumulate,
+                    )?;
+                }
+                if rlen > 0 {
+                    pending = Some((k, rlen, ev));
+                }
+            }
+            if let Some((j, len, ev)) = pending.take() {
+                Self::consume(
+                    gpu,
+                    &rpool,
+                    j,
+                    len,
+                    &ev,
+                    buf,
+                    recv.start + rp[j].start..recv.start + rp[j].end,
+                    accumulate,
+                )?;
+            }
+            Ok(wire)
+        })();
+        self.send_pool = spool;
+        self.recv_pool = rpool;
+        r
+    }
+
+    /// Decompress (or decompress-and-add) received piece `slot` into `buf[dst]` once the net
+    /// stream has passed `ev`.
+    #[allow(clippy::too_many_arguments)]
+    fn consume<T: NcclReal>(
+        gpu: &mut crate::gpu::GpuCodec,
+        pool: &Pool,
+        slot: usize,
+        len: usize,
+        ev: &cudarc::driver::CudaEvent,
+        buf: &mut CudaSlice<T>,
+        dst: Range<usize>,
+        accumulate: bool,
+    ) -> Result<()> {
+        gpu.stream().wait(ev).map_err(gpu_err)?;
+        let sv = pool.bufs[slot].slice(0..len);
+        let mut ov = buf.slice_mut(dst);
+        if accumulate {
+            gpu.decompress_add_device(&sv, &mut ov)
+        } else {
+            gpu.decompress_device(&sv, &mut ov)
+        }
+    }
+
+    /// Pipelined compressed allgather round: rank `j`'s data is `buf[segs[j]]`; this rank's own
+    /// segment comes from `src` when given (else from `buf[segs[rank]]`). Every rank ends with
+    /// the decompressed values of every segment, its own included. Returns bytes sent.
+    fn gather_round<T: NcclReal>(
+        &mut self,
+        buf: &mut CudaSlice<T>,
+        segs: &[Range<usize>],
+        src: Option<&CudaSlice<T>>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<usize> {
+        let (p, r) = (self.size(), self.rank());
+        let pe = self.piece_elems::<T>();
+        let pcs: Vec<Vec<Range<usize>>> = segs.iter().map(|s| pieces(s.len(), pe)).collect();
+        let kmax = pcs.iter().map(|v| v.len()).max().unwrap_or(0);
+        let cap = crate::format::HEADER_LEN + pe * T::SIZE;
+        let peers: Vec<usize> = (0..p).filter(|&j| j != r).collect();
+        let sh = self.sh.clone();
+        let mut spool = std::mem::take(&mut self.send_pool);
+        let mut rpool = std::mem::take(&mut self.recv_pool);
+        let res = (|| -> Result<usize> {
+            spool.ensure(&sh.work, pcs[r].len(), cap)?;
+            rpool.ensure(&sh.work, kmax * peers.len(), cap)?;
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or_else(|| Error::Unavailable(format!("GPU codec: {}", self.gpu_error)))?;
+            let mut wire = 0usize;
+            // (k, sizes of every rank, event)
+            let mut pending: Option<(usize, Vec<usize>, cudarc::driver::CudaEvent)> = None;
+            let consume_all = |gpu: &mut crate::gpu::GpuCodec,
+                               spool: &Pool,
+                               rpool: &Pool,
+                               buf: &mut CudaSlice<T>,
+                               k: usize,
+                               sizes: &[usize],
+                               ev: &cudarc::driver::CudaEvent|
+             -> Result<()> {
+                for (jj, &j) in peers.iter().enumerate() {
+                    if k < pcs[j].len() {
+                        let d = segs[j].start + pcs[j][k].start..segs[j].start + pcs[j][k].end;
+                        Self::consume(
+                            gpu,
+                            rpool,
+                            k * peers.len() + jj,
+                            sizes[j],
+                            ev,
+                            buf,
+                            d,
+                            false,
+                        )?;
+                    }
+                }
+                if k < pcs[r].len() {
+                    let d = segs[r].start + pcs[r][k].start..segs[r].start + pcs[r][k].end;
+                    let sv = spool.bufs[k].slice(0..sizes[r]);
+                    let mut ov = buf.slice_mut(d);
+                    gpu.decompress_device(&sv, &mut ov)?;
+                }
+                Ok(())
+            };
+            for k in 0..kmax {
+                let slen = if k < pcs[r].len() {
+                    let rg = pcs[r][k].clone();
+                    match src {
+                        Some(s) => {
+                            let v = s.slice(rg);
+                            Self::compress_piece(gpu, &mut spool, k, &v, bound, codec)?
+                        }
+                        None => {
+                            let v = buf.slice(segs[r].start + rg.start..segs[r].start + rg.end);
+                            Self::compress_piece(gpu, &mut spool, k, &v, bound, codec)?
+                        }
+                    }
+                } else {
+                    0
+                };
+                let all = sh.boot.allgather_fixed(&(slen as u64).to_le_bytes())?;
+                let sizes = all
+                    .chunks_exact(8)
+                    .map(size_msg)
+                    .collect::<Result<Vec<_>>>()?;
+                for j in 0..p {
+                    if (k < pcs[j].len()) != (sizes[j] > 0) || sizes[j] > cap {
+                        return Err(Error::Comm(format!(
+                            "allgather piece {k}: rank {j} announced {} bytes",
+                            sizes[j]
+                        )));
+                    }
+                }
+                {
+                    let mut guards = Vec::new();
+                    let sptr = if slen > 0 {
+                        let (pp, g) = spool.bufs[k].device_ptr(&sh.net);
+                        guards.push(g);
+                        pp
+                    } else {
+                        0
+                    };
+                    let mut rptrs = Vec::with_capacity(peers.len());
+                    let base = k * peers.len();
+                    for (jj, b) in rpool.bufs[base..base + peers.len()].iter_mut().enumerate() {
+                        let j = peers[jj];
+                        if sizes[j] > 0 {
+                            let (pp, g) = b.device_ptr_mut(&sh.net);
+                            guards.push(g);
+                            rptrs.push((j, pp));
+                        }
+                    }
+                    sh.group(|| {
+                        // SAFETY: piece buffers hold the announced sizes (checked against cap)
+                        // and stay borrowed until the guards record after the group.
+                        unsafe {
+                            if slen > 0 {
+                                for &j in &peers {
+                                    sh.send_raw(sptr, slen, nsys::ncclDataType_t::ncclUint8, j)?;
+                                }
+                            }
+                            for &(j, pp) in &rptrs {
+                                sh.recv_raw(pp, sizes[j], nsys::ncclDataType_t::ncclUint8, j)?;
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    drop(guards);
+                }
+                wire += slen * peers.len();
+                let ev = sh.net.record_event(None).map_err(gpu_err)?;
+                if let Some((j, sz, e)) = pending.take() {
+                    consume_all(gpu, &spool, &rpool, buf, j, &sz, &e)?;
+                }
+                pending = Some((k, sizes, ev));
+            }
+            if let Some((j, sz, e)) = pending.take() {
+                consume_all(gpu, &spool, &rpool, buf, j, &sz, &e)?;
+            }
+            Ok(wire)
+        })();
+        self.send_pool = spool;
+        self.recv_pool = rpool;
+        res
+    }
+
+    // ------------------------------------------------------------------ collectives
+
+    /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order),
+    /// compressed per the policy (every rank ends with identical values, its own segment
+    /// included). Bound: `abs:E`, `noa:E` of each rank's own range, or `rel:E`, per value.
+    pub fn allgather<T: NcclReal>(
+        &mut self,
+        send: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, r) = (self.size(), self.rank());
+        let n = send.len();
+        if out.len() != n * p {
+            return Err(Error::invalid(format!(
+                "allgather: output has {} elements, expected {p} x {n}",
+                out.len()
+            )));
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let bytes = n * T::SIZE;
+        let k = pieces(n, self.piece_elems::<T>()).len();
+        let dt = T::DTYPE.tag();
+        let (raw_t, best_t) = self
+            .profile
+            .predict_allgather(bytes as f64, p, 1e12, k, codec, dt);
+        let mut compress = match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => best_t < 0.95 * raw_t,
+        } && n > 0
+            && p > 1;
+        if compress && self.gpu.is_none() {
+            if let Policy::Always(_) = self.config.policy {
+                return Err(Error::Unavailable(format!("GPU codec: {}", self.gpu_error)));
+            }
+            compress = false;
+        }
+        if self.config.check {
+            self.agree(self.desc::<T>(OP_ALLGATHER, n))?;
+        }
+        let mut st = Self::base_stats(OP_ALLGATHER, bytes);
+        st.predicted_raw_s = raw_t;
+        st.predicted_s = raw_t;
+        let mut bound = self.config.bound;
+        if compress {
+            bound = self.piece_bound(&send.as_view())?;
+            let mut ratio = 1e12;
+            if let Policy::Auto(_) = self.config.policy {
+                let est = self.estimate(&send.as_view(), bound, codec, OP_ALLGATHER)?;
+                let all = self.sh.boot.allgather_fixed(&est.to_le_bytes())?;
+                let rs: Vec<f64> = all
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8")))
+                    .collect();
+                ratio = harmonic(&rs);
+                let (_, cmp_t) =
+                    self.profile
+                        .predict_allgather(bytes as f64, p, ratio, k, codec, dt);
+                st.predicted_compressed_s = cmp_t;
+                compress = cmp_t < 0.95 * raw_t;
+            } else {
+                st.predicted_compressed_s = best_t;
+            }
+            st.ratio_estimate = ratio.min(1e6);
+        }
+        if !compress {
+            self.sh.allgather(send, out)?;
+            return self.finish(st, t0);
+        }
+        let segs: Vec<Range<usize>> = (0..p).map(|j| j * n..(j + 1) * n).collect();
+        let _ = r;
+        let wire = self.gather_round(out, &segs, Some(send), bound, codec)?;
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = match bound {
+            ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+            ErrorBound::Noa(e) => e,
+        };
+        st.wire_bytes = wire as u64;
+        st.ratio = (bytes * (p - 1)) as f64 / wire.max(1) as f64;
+        let (_, cmp_t) = self
+            .profile
+            .predict_allgather(bytes as f64, p, st.ratio, k, codec, dt);
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = cmp_t;
+        self.ratios.put(OP_ALLGATHER, n as i64, st.ratio);
+        self.finish(st, t0)
+    }
+
+    /// Sum over all ranks into `out` (same length) with the end-to-end bound of the
+    /// [module docs](self); identical results on every rank.
+    pub fn allreduce<T: NcclReal>(
+        &mut self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        self.reduce_impl(OP_ALLREDUCE, input, out)
+    }
+
+    /// Mean over all ranks (gradient averaging); the bound applies to the mean.
+    pub fn allreduce_mean<T: NcclReal>(
+        &mut self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        self.reduce_impl(OP_ALLREDUCE_MEAN, input, out)
+    }
+
+    /// Reduce-scatter (sum): rank `r` receives segment `r` of
+    /// [`partition`](super::partition)`(input.len(), size)` in `out`.
+    pub fn reduce_scatter<T: NcclReal>(
+        &mut self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        self.reduce_impl(OP_REDUCE_SCATTER, input, out)
+    }
+
+    fn reduce_impl<T: NcclReal>(
+        &mut self,
+        op: u8,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, r) = (self.size(), self.rank());
+        let n = x.len();
+        let full = op != OP_REDUCE_SCATTER;
+        let segs = partition(n, p);
+        let want = if full { n } else { segs[r].len() };
+        if out.len() != want {
+            return Err(Error::invalid(format!(
+                "{}: output has {} elements, expected {want}",
+                op_name(op),
+                out.len()
+            )));
+        }
+        if matches!(self.config.bound, ErrorBound::Rel(_)) {
+            return Err(Error::invalid(format!(
+                "{}: rel bounds are not supported for reductions (use abs or noa)",
+                op_name(op)
+            )));
+        }
+        if self.config.check {
+            self.agree(self.desc::<T>(op, n))?;
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let bytes = n * T::SIZE;
+        let k = pieces(segs[0].len(), self.piece_elems::<T>()).len();
+        let dt = T::DTYPE.tag();
+        let (raw_t, best_t) =
+            self.profile
+                .predict_allreduce(bytes as f64, p, 1e12, k, codec, dt, !full);
+        let mut compress = match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => best_t < 0.95 * raw_t,
+        } && n > 0
+            && p > 1;
+        if compress && self.gpu.is_none() {
+            if let Policy::Always(_) = self.config.policy {
+                return Err(Error::Unavailable(format!("GPU codec: {}", self.gpu_error)));
+            }
+            compress = false;
+        }
+        let mut st = Self::base_stats(op, bytes);
+        st.predicted_raw_s = raw_t;
+        st.predicted_s = raw_t;
+        let d = if op == OP_ALLREDUCE_MEAN {
+            p as f64
+        } else {
+            1.0
+        };
+        let mut eb = 0.0;
+        let mut e_total = 0.0;
+        if compress {
+            // global range and magnitude, then the per-quantization bound
+            let (lo, hi) = self
+                .utils
+                .range(&self.sh.work, &x.as_view())?
+                .unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+            let mut mm = [-lo, hi];
+            self.sh.boot.allreduce_f64(&mut mm, ReduceOp::Max)?;
+            let (glo, ghi) = (-mm[0], mm[1]);
+            let m = glo.abs().max(ghi.abs());
+            let m = if m.is_finite() { m } else { 0.0 };
+            e_total = match self.config.bound {
+                ErrorBound::Abs(e) => e,
+                ErrorBound::Noa(e) if ghi >= glo => e * (ghi - glo),
+                _ => 0.0,
+            };
+            let nq = if full { p } else { (p - 1).max(1) };
+            match reduction_step_bound(e_total, m, p, T::UNIT_ROUNDOFF, d, nq) {
+                Some(v) => eb = v,
+                None => compress = false,
+            }
+        }
+        if compress {
+            let mut ratio = 1e12;
+            if let Policy::Auto(_) = self.config.policy {
+                let seg0 = x.slice(segs[(r + p - 1) % p].clone());
+                let est = self.estimate(&seg0, ErrorBound::Abs(eb * d), codec, op)?;
+                let all = self.sh.boot.allgather_fixed(&est.to_le_bytes())?;
+                let rs: Vec<f64> = all
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8")))
+                    .collect();
+                ratio = harmonic(&rs);
+                let (_, cmp_t) =
+                    self.profile
+                        .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full);
+                st.predicted_compressed_s = cmp_t;
+                compress = cmp_t < 0.95 * raw_t;
+            } else {
+                st.predicted_compressed_s = best_t;
+            }
+            st.ratio_estimate = ratio.min(1e6);
+        }
+        if !compress {
+            self.raw_reduce(op, x, out, &segs)?;
+            return self.finish(st, t0);
+        }
+        // compressed: ring reduce-scatter over pieces, fused decompress-and-add
+        let gstream = self.gpu()?.stream().clone();
+        let wire = if full {
+            gstream.memcpy_dtod(x, out).map_err(gpu_err)?;
+            gstream.synchronize().map_err(gpu_err)?;
+            self.ring_reduce(out, &segs, eb, d, codec, true)?
+        } else {
+            // SAFETY: fully written by the copy below.
+            let mut tmp = unsafe { gstream.alloc::<T>(n) }
+                .map_err(|e| Error::OutOfMemory(format!("{e:?}")))?;
+            gstream.memcpy_dtod(x, &mut tmp).map_err(gpu_err)?;
+            gstream.synchronize().map_err(gpu_err)?;
+            let w = self.ring_reduce(&mut tmp, &segs, eb, d, codec, false)?;
+            let v = tmp.slice(segs[r].clone());
+            gstream.memcpy_dtod(&v, out).map_err(gpu_err)?;
+            gstream.synchronize().map_err(gpu_err)?;
+            w
+        };
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = e_total;
+        st.wire_bytes = wire as u64;
+        let moved = if full {
+            2 * (p - 1) * bytes / p
+        } else {
+            (p - 1) * bytes / p
+        };
+        st.ratio = moved as f64 / wire.max(1) as f64;
+        let (_, cmp_t) =
+            self.profile
+                .predict_allreduce(bytes as f64, p, st.ratio, k, codec, dt, !full);
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = cmp_t;
+        self.ratios
+            .put(op, segs[(r + p - 1) % p].len() as i64, st.ratio);
+        self.finish(st, t0)
+    }
+
+    /// Ring reduce-scatter of `acc` (holding this rank's input) over compressed pieces, then
+    /// (`full`) the compressed allgather of the reduced segments. Returns bytes sent.
+    fn ring_reduce<T: NcclReal>(
+        &mut self,
+        acc: &mut CudaSlice<T>,
+        segs: &[Range<usize>],
+        eb: f64,
+        d: f64,
+        codec: CodecKind,
+        full: bool,
+    ) -> Result<usize> {
+        let (p, r) = (self.size(), self.rank());
+        let step = ErrorBound::Abs(eb * d);
+        let mut wire = 0usize;
+        let (to, from) = (to_of(r, p), from_of(r, p));
+        for s in 0..p - 1 {
+            let send_seg = (r + 2 * p - s - 1) % p;
+            let recv_seg = (r + 2 * p - s - 2) % p;
+            wire += self.ring_round(
+                acc,
+                segs[send_seg].clone(),
+                segs[recv_seg].clone(),
+                to,
+                from,
+                step,
+                codec,
+                true,
+            )?;
+        }
+        if d != 1.0 {
+            let mut v = acc.slice_mut(segs[r].clone());
+            self.utils.scale(&self.sh.work, &mut v, T::from_f64(d))?;
+            self.sh.work.synchronize().map_err(gpu_err)?;
+        }
+        if full {
+            wire += self.gather_round(acc, segs, None, ErrorBound::Abs(eb), codec)?;
+        }
+        Ok(wire)
+    }
+
+    fn raw_reduce<T: NcclReal>(
+        &mut self,
+        op: u8,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        segs: &[Range<usize>],
+    ) -> Result<()> {
+        let (p, r) = (self.size(), self.rank());
+        if op == OP_REDUCE_SCATTER {
+            let n = x.len();
+            if n % p == 0 {
+                let (src, _g1) = x.device_ptr(&self.sh.net);
+                let (dst, _g2) = out.device_ptr_mut(&self.sh.net);
+                // SAFETY: x holds p * out.len() elements; guards outlive the enqueue.
+                unsafe {
+                    nres::reduce_scatter(
+                        src as *const _,
+                        dst as *mut _,
+                        n / p,
+                        T::as_nccl_type(),
+                        nsys::ncclRedOp_t::ncclSum,
+                        self.sh.comm,
+                        self.sh.net_stream(),
+                    )
+                }
+                .map_err(|e| nccl_err("ncclReduceScatter", e))?;
+            } else {
+                // SAFETY: fully written by the allreduce.
+                let mut tmp = unsafe { self.sh.net.alloc::<T>(n) }
+                    .map_err(|e| Error::OutOfMemory(format!("{e:?}")))?;
+                self.sh.allreduce_sum(x, &mut tmp)?;
+                let v = tmp.slice(segs[r].clone());
+                self.sh.net.memcpy_dtod(&v, out).map_err(gpu_err)?;
+            }
+            return self.sh.net.synchronize().map_err(gpu_err);
+        }
+        self.sh.allreduce_sum(x, out)?;
+        self.sh.net.synchronize().map_err(gpu_err)?;
+        if op == OP_ALLREDUCE_MEAN {
+            let mut v = out.slice_mut(..);
+            self.utils
+                .scale(&self.sh.work, &mut v, T::from_f64(p as f64))?;
+            self.sh.work.synchronize().map_err(gpu_err)?;
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ point to point
+
+    /// Send `data` to `dest` (matched by [`recv`](Self::recv) with the same length), compressed
+    /// per the policy (the sender decides). A mismatch is an error on both ends.
+    pub fn send<T: NcclReal>(
+        &mut self,
+        data: &CudaSlice<T>,
+        dest: usize,
+        tag: i32,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        self.check_peer(dest)?;
+        check_tag(tag)?;
+        let n = data.len();
+        let bytes = n * T::SIZE;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let k = pieces(n, self.piece_elems::<T>()).len();
+        let dt = T::DTYPE.tag();
+        let (raw_t, best_t) = self.profile.predict_p2p(bytes as f64, 1e12, k, codec, dt);
+        let mut compress = match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => best_t < 0.95 * raw_t,
+        } && n > 0;
+        if compress && self.gpu.is_none() {
+            if let Policy::Always(_) = self.config.policy {
+                return Err(Error::Unavailable(format!("GPU codec: {}", self.gpu_error)));
+            }
+            compress = false;
+        }
+        let mut st = Self::base_stats(OP_SEND, bytes);
+        st.predicted_raw_s = raw_t;
+        st.predicted_s = raw_t;
+        let mut bound = self.config.bound;
+        if compress {
+            bound = self.piece_bound(&data.as_view())?;
+            if let Policy::Auto(_) = self.config.policy {
+                let est = self.estimate(&data.as_view(), bound, codec, OP_SEND)?;
+                let (_, cmp_t) = self.profile.predict_p2p(bytes as f64, est, k, codec, dt);
+                st.ratio_estimate = est;
+                st.predicted_compressed_s = cmp_t;
+                compress = cmp_t < 0.95 * raw_t;
+            } else {
+                st.predicted_compressed_s = best_t;
+            }
+        }
+        let mut d = self.desc::<T>(OP_SEND, n);
+        d.decision = u8::from(compress);
+        d.ratio = st.ratio_estimate;
+        self.sh.boot.send(dest, TAG_P2P + tag, &d.to_bytes())?;
+        let verdict = Desc::parse(&self.sh.boot.recv(dest, TAG_P2P + tag)?)?;
+        check_pair(&d, &verdict, dest)?;
+        if !compress {
+            self.raw_send(data, dest)?;
+            return self.finish(st, t0);
+        }
+        let sh = self.sh.clone();
+        let pcs = pieces(n, self.piece_elems::<T>());
+        let cap = crate::format::HEADER_LEN + self.piece_elems::<T>() * T::SIZE;
+        let mut spool = std::mem::take(&mut self.send_pool);
+        let res = (|| -> Result<usize> {
+            spool.ensure(&sh.work, pcs.len(), cap)?;
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or_else(|| Error::Unavailable("GPU codec".into()))?;
+            let mut wire = 0usize;
+            for (kk, rg) in pcs.iter().enumerate() {
+                let v = data.slice(rg.clone());
+                let len = Self::compress_piece(gpu, &mut spool, kk, &v, bound, codec)?;
+                sh.boot
+                    .send(dest, TAG_P2P + tag, &(len as u64).to_le_bytes())?;
+                let (pp, g) = spool.bufs[kk].device_ptr(&sh.net);
+                // SAFETY: the piece buffer holds len bytes and is borrowed until the guard
+                // records on the net stream.
+                unsafe { sh.send_raw(pp, len, nsys::ncclDataType_t::ncclUint8, dest)? };
+                drop(g);
+                wire += len;
+            }
+            Ok(wire)
+        })();
+        self.send_pool = spool;
+        let wire = res?;
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.wire_bytes = wire as u64;
+        st.ratio = bytes as f64 / wire.max(1) as f64;
+        st.bound = bound.value();
+        let (_, cmp_t) = self
+            .profile
+            .predict_p2p(bytes as f64, st.ratio, k, codec, dt);
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = cmp_t;
+        self.ratios.put(OP_SEND, n as i64, st.ratio);
+        self.finish(st, t0)
+    }
+
+    /// Receive exactly `out.len()` elements from `src` (matched by [`send`](Self::send)).
+    pub fn recv<T: NcclReal>(
+        &mut self,
+        out: &mut CudaSlice<T>,
+        src: usize,
+        tag: i32,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        self.check_peer(src)?;
+        check_tag(tag)?;
+        let n = out.len();
+        let bytes = n * T::SIZE;
+        let sd = Desc::parse(&self.sh.boot.recv(src, TAG_P2P + tag)?)?;
+        let mine = self.desc::<T>(OP_RECV, n);
+        self.sh.boot.send(src, TAG_P2P + tag, &mine.to_bytes())?;
+        check_pair(&sd, &mine, src)?;
+        let mut st = Self::base_stats(OP_RECV, bytes);
+        st.ratio_estimate = sd.ratio;
+        if sd.decision == 0 {
+            self.raw_recv(out, src)?;
+            return self.finish(st, t0);
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let sh = self.sh.clone();
+        let pcs = pieces(n, self.piece_elems::<T>());
+        let cap = crate::format::HEADER_LEN + self.piece_elems::<T>() * T::SIZE;
+        let mut rpool = std::mem::take(&mut self.recv_pool);
+        let res = (|| -> Result<usize> {
+            rpool.ensure(&sh.work, pcs.len(), cap)?;
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or_else(|| Error::Unavailable("GPU codec".into()))?;
+            let mut wire = 0usize;
+            let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
+            for kk in 0..pcs.len() {
+                let len = size_msg(&sh.boot.recv(src, TAG_P2P + tag)?)?;
+                if len == 0 || len > cap {
+                    return Err(Error::Comm(format!(
+                        "peer {src} announced a piece of {len} bytes"
+                    )));
+                }
+                let (pp, g) = rpool.bufs[kk].device_ptr_mut(&sh.net);
+                // SAFETY: the buffer holds cap >= len bytes, borrowed until the guard records.
+                unsafe { sh.recv_raw(pp, len, nsys::ncclDataType_t::ncclUint8, src)? };
+                drop(g);
+                let ev = sh.net.record_event(None).map_err(gpu_err)?;
+                if let Some((j, l, e)) = pending.take() {
+                    Self::consume(gpu, &rpool, j, l, &e, out, pcs[j].clone(), false)?;
+                }
+                pending = Some((kk, len, ev));
+                wire += len;
+            }
+            if let Some((j, l, e)) = pending.take() {
+                Self::consume(gpu, &rpool, j, l, &e, out, pcs[j].clone(), false)?;
+            }
+            Ok(wire)
+        })();
+        self.recv_pool = rpool;
+        let wire = res?;
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.wire_bytes = wire as u64;
+        st.ratio = bytes as f64 / wire.max(1) as f64;
+        self.finish(st, t0)
+    }
+
+    // ------------------------------------------------------------------ calibration
+
+    /// Time `f` on every rank (barrier, run, drain streams), `reps` times after one warm-up;
+    /// returns the smallest over repetitions of the slowest rank.
+    fn time_collective(
+        &mut self,
+        reps: usize,
+        mut f: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<f64> {
+        let mut best = f64::INFINITY;
+        for i in 0..=reps {
+            self.barrier()?;
+            let t0 = self.wtime();
+            f(self)?;
+            self.synchronize()?;
+            let mut t = [self.wtime() - t0];
+            self.sh.boot.allreduce_f64(&mut t, ReduceOp::Max)?;
+            if i > 0 {
+                best = best.min(t[0]);
+            }
+        }
+        Ok(best)
+    }
+
+    /// Measure raw NCCL allreduce, allgather and pairwise exchange (1 MiB and 64 MiB), the
+    /// device codec on a Gaussian random field (`noa:1e-3`, 64 MiB f32) and the per-piece host
+    /// overhead; every rank adopts rank 0's numbers. Collective.
+    pub fn calibrate(&mut self) -> Result<&NcclProfile> {
+        let (p, r) = (self.size(), self.rank());
+        let small = 1usize << 18; // f32 values: 1 MiB
+        let big = 1usize << 24; // 64 MiB
+        let fit = |t1: f64, t2: f64, b1: f64, b2: f64| -> Link {
+            let bw = ((b2 - b1) / (t2 - t1).max(1e-9)).max(1e6);
+            Link {
+                bandwidth: bw,
+                latency: (t1 - b1 / bw).max(1e-6),
+            }
+        };
+        let mut prof = NcclProfile::guess(&self.profile.transport);
+        if p > 1 {
+            let w = self.sh.work.clone();
+            let xs = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
+            let mut ys = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
+            let mut gs = w.alloc_zeros::<f32>(big * p).map_err(gpu_err)?;
+            w.synchronize().map_err(gpu_err)?;
+            let mut t = [0.0f64; 6];
+            for (i, &n) in [small, big].iter().enumerate() {
+                let xv = xs.slice(0..n);
+                let mut yv = ys.slice_mut(0..n);
+                t[i] = self.time_collective(3, |c| c.sh.allreduce_sum(&xv, &mut yv))?;
+                drop(yv);
+                let mut gv = gs.slice_mut(0..n * p);
+                t[2 + i] = self.time_collective(3, |c| c.sh.allgather(&xv, &mut gv))?;
+                drop(gv);
+                let (to, from) = ((r + 1) % p, (r + p - 1) % p);
+                t[4 + i] = self.time_collective(3, |c| {
+                    let sh = c.sh.clone();
+                    let (sp, _g1) = xs.device_ptr(&sh.net);
+                    let (rp, _g2) = ys.device_ptr_mut(&sh.net);
+                    sh.group(|| {
+                        // SAFETY: both buffers hold at least n f32; guards outlive the enqueue.
+                        unsafe {
+                            sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, to)?;
+                            sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, from)
+                        }
+                    })
+                })?;
+            }
+            let (b1, b2) = ((small * 4) as f64, (big * 4) as f64);
+            prof.allreduce = fit(t[0], t[1], b1, b2);
+            prof.allgather = fit(t[2], t[3], b1 * p as f64, b2 * p as f64);
+            prof.p2p = fit(t[4], t[5], b1, b2);
+            // per-piece host overhead: a size message round on the bootstrap transport plus a
+            // codec launch-and-readback
+            let t1 = self.wtime();
+            let reps = 20;
+            for _ in 0..reps {
+                self.sh
+                    .boot
+                    .sendrecv(to_of(r, p), &[0u8; 8], from_of(r, p), TAG_SIZES)?;
+            }
+            prof.piece_overhead = (self.wtime() - t1) / reps as f64 + 20e-6;
+        }
+        if self.gpu.is_some() {
+            let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
+            let bound = self.piece_bound(&field.as_view())?;
+            let codec = self.config.policy.codec().unwrap_or_default();
+            let codec = if codec == CodecKind::Pfpl {
+                CodecKind::Aatrox
+            } else {
+                codec
+            };
+            let mut out = unsafe {
+                self.sh
+                    .work
+                    .alloc::<u8>(crate::format::HEADER_LEN + big * 4 + 256)
+            }
+            .map_err(gpu_err)?;
+            let mut acc = self.sh.work.alloc_zeros::<f32>(big).map_err(gpu_err)?;
+            self.sh.work.synchronize().map_err(gpu_err)?;
+            let gpu = self.gpu()?;
+            let (mut tc, mut td, mut len) = (f64::INFINITY, f64::INFINITY, 1usize);
+            for _ in 0..4 {
+                let t = std::time::Instant::now();
+                let mut ov = out.slice_mut(..);
+                len = gpu.compress_device(&field.as_view(), bound, codec, &mut ov)?;
+                tc = tc.min(t.elapsed().as_secs_f64());
+                drop(ov);
+                let sv = out.slice(0..len);
+                let mut av = acc.slice_mut(..);
+                let t = std::time::Instant::now();
+                gpu.decompress_add_device(&sv, &mut av)?;
+                td = td.min(t.elapsed().as_secs_f64());
+            }
+            let b = (big * 4) as f64;
+            let mut v = [-(b / tc), -(b / td)];
+            self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
+            prof.codecs = vec![CodecSpeed {
+                codec,
+                dtype: 1,
+                compress: -v[0],
+                decompress: -v[1],
+                ratio: b / len as f64,
+            }];
+        }
+        let mut bytes = if r == 0 {
+            serde_json::to_vec(&prof).map_err(|e| Error::invalid(format!("profile: {e}")))?
+        } else {
+            Vec::new()
+        };
+        self.sh.boot.bcast(0, &mut bytes)?;
+        self.profile = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {}; codec {:?}",
+            self.profile.transport,
+            crate::model::fmt_rate(self.profile.allreduce.bandwidth),
+            crate::model::fmt_rate(self.profile.allgather.bandwidth),
+            crate::model::fmt_rate(self.profile.p2p.bandwidth),
+            self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))));
+        Ok(&self.profile)
+    }
+}
+
+fn to_of(r: usize, p: usize) -> usize {
+    (r + 1) % p
+}
+fn from_of(r: usize, p: usize) -> usize {
+    (r + p - 1) % p
+}
+
+/// Tags of the bootstrap transport's control messages (its own duplicated communicator).
+const TAG_SIZES: i32 = 30000;
+const TAG_P2P: i32 = 20000;
+
+fn check_tag(tag: i32) -> Result<()> {
+    if !(0..super::MAX_USER_TAG).contains(&tag) {
+        return Err(Error::invalid(format!(
+            "tag {tag} outside 0..{}",
+            super::MAX_USER_TAG
+        )));
+    }
+    Ok(())
+}
+
+fn size_msg(b: &[u8]) -> Result<usize> {
+    let a: [u8; 8] = b
+        .try_into()
+        .map_err(|_| Error::Comm(format!("malformed size message ({} bytes)", b.len())))?;
+    usize::try_from(u64::from_le_bytes(a)).map_err(|_| Error::Comm("size out of range".into()))
+}
+
+/// Check a sender's descriptor against the receiver's (same verdict on both ends).
+fn check_pair(s: &Desc, r: &Desc, peer: usize) -> Result<()> {
+    let (s, r) = if s.op == OP_SEND { (s, r) } else { (r, s) };
+    if s.op != OP_SEND || r.op != OP_RECV {
+        return Err(Error::Mismatch {
+            what: "NCCL operation",
+            expected: "send matched by recv".into(),
+            found: format!("{} against {} (peer {peer})", op_name(s.op), op_name(r.op)),
+        });
+    }
+    let probe = Desc {
+        op: s.op,
+        seq: s.seq,
+        ..*r
+    };
+    let probe = Desc {
+        count: r.count,
+        ..probe
+    };
+    s.check(
+        &Desc {
+            op: s.op,
+            seq: s.seq,
+            decision: s.decision,
+            ratio: s.ratio,
+            ..probe
+        },
+        peer,
+    )
 }

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+};
 
 use crate::error::{Error, Result};
 
@@ -106,7 +108,9 @@ impl Utils {
     pub(crate) fn load(stream: &Arc<CudaStream>) -> Result<Self> {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(Error::Unavailable("libnvrtc not found (needed for the NCCL transport's kernels)".into()));
+            return Err(Error::Unavailable(
+                "libnvrtc not found (needed for the NCCL transport's kernels)".into(),
+            ));
         }
         let ctx = stream.context();
         let (maj, min) = ctx.compute_capability().map_err(gpu_err)?;
@@ -132,7 +136,9 @@ impl Utils {
         let m = ctx.load_module(ptx).map_err(gpu_err)?;
         let f = |n: &str| m.load_function(n).map_err(gpu_err);
         let sms = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
             .map_err(gpu_err)?;
         Ok(Utils {
             range: [f("zn_range_f32")?, f("zn_range_f64")?],
@@ -145,11 +151,19 @@ impl Utils {
 
     fn cfg(&self, n: usize) -> LaunchConfig {
         let b = (n.div_ceil(256) as u64).clamp(1, self.blocks as u64) as u32;
-        LaunchConfig { grid_dim: (b, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid_dim: (b, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// Smallest and largest finite values (None when there is none). Synchronizes `stream`.
-    pub(crate) fn range<T: NcclReal>(&self, stream: &Arc<CudaStream>, x: &CudaView<'_, T>) -> Result<Option<(f64, f64)>> {
+    pub(crate) fn range<T: NcclReal>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaView<'_, T>,
+    ) -> Result<Option<(f64, f64)>> {
         let n = x.len();
         if n == 0 {
             return Ok(None);
@@ -167,7 +181,11 @@ impl Utils {
         let dec = |k: u64| -> f64 {
             if T::SIZE == 4 {
                 let k = k as u32;
-                let bits = if k & 0x8000_0000 != 0 { k & 0x7fff_ffff } else { !k };
+                let bits = if k & 0x8000_0000 != 0 {
+                    k & 0x7fff_ffff
+                } else {
+                    !k
+                };
                 f32::from_bits(bits) as f64
             } else {
                 let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
@@ -185,7 +203,11 @@ impl Utils {
         b: &CudaView<'_, T>,
     ) -> Result<f64> {
         if a.len() != b.len() {
-            return Err(Error::invalid(format!("max_abs_diff: lengths {} and {} differ", a.len(), b.len())));
+            return Err(Error::invalid(format!(
+                "max_abs_diff: lengths {} and {} differ",
+                a.len(),
+                b.len()
+            )));
         }
         let n = a.len();
         if n == 0 {
@@ -202,7 +224,12 @@ impl Utils {
     }
 
     /// `x_i = x_i / d` (IEEE division, rounded to nearest).
-    pub(crate) fn scale<T: NcclReal>(&self, stream: &Arc<CudaStream>, x: &mut CudaViewMut<'_, T>, d: T) -> Result<()> {
+    pub(crate) fn scale<T: NcclReal>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut CudaViewMut<'_, T>,
+        d: T,
+    ) -> Result<()> {
         let n = x.len();
         if n == 0 {
             return Ok(());
@@ -247,7 +274,16 @@ impl Utils {
         let amp = (2.0f32 / M as f32).sqrt();
         let s32 = (seed ^ (seed >> 32)) as u32;
         let mut l = stream.launch_builder(&self.field[idx::<T>()]);
-        l.arg(x).arg(&n64).arg(&nx).arg(&ny).arg(&kd).arg(&pd).arg(&m).arg(&amp).arg(&noise).arg(&s32);
+        l.arg(x)
+            .arg(&n64)
+            .arg(&nx)
+            .arg(&ny)
+            .arg(&kd)
+            .arg(&pd)
+            .arg(&m)
+            .arg(&amp)
+            .arg(&noise)
+            .arg(&s32);
         // SAFETY: writes n values of x; reads 3M + M floats.
         unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err)?;
         stream.synchronize().map_err(gpu_err)?;

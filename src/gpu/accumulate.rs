@@ -1,0 +1,117 @@
+//! Fused decompress-and-accumulate (`out += decompress(stream)` in one kernel), used by the NCCL
+//! reductions (`comm::nccl`): the `zc_decompress_add_*` instantiations of `kernels/blocked.cu`
+//! (`ACCUMULATE = true`) add every decoded value to the accumulator with one IEEE rounding
+//! (`__fadd_rn` / `__dadd_rn`) instead of storing it, so no decompressed copy is ever
+//! materialised. Stored (uncompressed) streams are checksummed, then added by `zc_add_raw_*`.
+
+use super::*;
+
+impl GpuCodec {
+    /// `out[i] = out[i] + x[i]` where `x` is the device-resident `stream` decoded (same checks
+    /// and errors as [`GpuCodec::decompress_device`]; on an error `out` may be partly updated).
+    pub fn decompress_add_device<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        let h = self.inspect_device(stream)?;
+        if h.dtype != T::DTYPE {
+            return Err(Error::Mismatch {
+                what: "dtype",
+                expected: T::DTYPE.to_string(),
+                found: h.dtype.to_string(),
+            });
+        }
+        if h.count != out.len() as u64 {
+            return Err(Error::Mismatch {
+                what: "value count",
+                expected: out.len().to_string(),
+                found: h.count.to_string(),
+            });
+        }
+        let s = self.stream.clone();
+        let sp = raw_ptr(stream, &s);
+        let op = raw_ptr_mut(out, &s);
+        if sp % 16 != 0 || op % (T::SIZE as u64) != 0 {
+            return Err(Error::invalid(
+                "device buffers must be 16-byte (stream) / element aligned",
+            ));
+        }
+        self.last_times = KernelTimes::default();
+        if h.is_stored() {
+            let payload = sp + HEADER_LEN as u64;
+            let got = self.copy_hash(payload, h.payload_len as usize, None)?;
+            if got != h.payload_checksum {
+                return Err(Error::corrupt("stored payload checksum mismatch"));
+            }
+            let f = self.func(&format!("zc_add_raw_{}", T::KERNEL_TAG))?;
+            let n = h.count;
+            let grid = (self.sm_count * 8).min((n as usize).div_ceil(256).max(1) as u32);
+            self.launch(&f, grid, 256, &mut [arg(&payload), arg(&n), arg(&op)])?;
+            return s.synchronize().map_err(gpu_err("sync"));
+        }
+        let codec = CodecKind::from_tag(h.codec)?;
+        let cname = match codec {
+            CodecKind::Aatrox => "aatrox",
+            CodecKind::CuszpPlain => "plain",
+            CodecKind::CuszpOutlier => "outlier",
+            _ => {
+                return Err(Error::Unavailable(format!(
+                    "{codec} has no GPU decoder yet (use --device cpu)"
+                )))
+            }
+        };
+        let rel = h.mode == BoundMode::Rel;
+        let step = T::from_f64(h.step);
+        let inv = T::from_f64(1.0 / step.to_f64());
+        let f = self.func(&format!(
+            "zc_decompress_add_{}_{cname}_{}",
+            T::KERNEL_TAG,
+            if rel { "rel" } else { "abs" }
+        ))?;
+        let nc = h.n_chunks;
+        if nc == 0 {
+            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 {
+                return Err(Error::corrupt("chunk table checksum mismatch"));
+            }
+            return Ok(());
+        }
+        self.zero_ctrl(nc as usize)?;
+        let status = raw_ptr_mut(&mut self.status, &s);
+        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let slen = stream.len() as u64;
+        let count = h.count;
+        let tc = h.payload_checksum;
+        let (step64, eb) = (h.step, h.abs_bound);
+        self.record(2)?;
+        self.launch(
+            &f,
+            nc,
+            THREADS,
+            &mut [
+                arg(&sp),
+                arg(&slen),
+                arg(&op),
+                arg(&count),
+                arg(&status),
+                arg(&ctrl),
+                arg(&nc),
+                arg(&tc),
+                arg(&step),
+                arg(&inv),
+                arg(&step64),
+                arg(&eb),
+            ],
+        )?;
+        self.record(3)?;
+        self.read_ctrl()?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        let e = self.host_ctrl[C_ERR];
+        if e != 0 {
+            return Err(Error::corrupt(format!(
+                "decompress-accumulate: device error flags {e:#x} (see decompress_device)"
+            )));
+        }
+        Ok(())
+    }
+}
