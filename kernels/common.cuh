@@ -17,9 +17,12 @@ typedef long long i64;
 // ---------------------------------------------------------------------------------------------
 // zhash (FORMAT.md): sum_i mix(w_i, i) xor (n * 0x27D4EB2F), all mod 2^32.
 __device__ __forceinline__ u32 zhash_mix(u32 w, u32 i) {
-    u32 v = (w ^ (i * 0x9E3779B9u)) * 0x85EBCA6Bu;
-    v = (v << 13) | (v >> 19);
-    return v * 0xC2B2AE35u;
+    u32 h = w ^ (i * 0x9E3779B9u);  // MurmurHash3 fmix32 of the index-salted word
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    return h ^ (h >> 16);
 }
 __device__ __forceinline__ u32 zhash_final(u32 sum, u32 nwords) { return sum ^ (nwords * 0x27D4EB2Fu); }
 

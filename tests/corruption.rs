@@ -143,7 +143,6 @@ fn thousands_of_random_single_bit_flips_are_errors() {
 /// KNOWN FAILURE (reported to the lead): zhash misses many double flips, see
 /// `two_opposite_flips_of_the_same_bit_are_detected`.
 #[test]
-#[ignore = "known: zhash misses opposite flips of the same bit in two words (reported to the lead)"]
 fn thousands_of_random_multi_bit_flips_are_errors() {
     let mut r = Rng(0xF11F);
     let streams = sample_streams();
@@ -353,7 +352,6 @@ fn fuzz_body_on_random_inputs() {
 /// reported to the lead; a non-linear per-word mix (e.g. xor-shift/multiply rounds after the
 /// multiply) would fix it while keeping zhash a sum that a GPU warp can reduce in any order.
 #[test]
-#[ignore = "known: zhash misses opposite flips of the same bit in two words (reported to the lead)"]
 fn two_opposite_flips_of_the_same_bit_are_detected() {
     let data: Vec<f32> = gen(1, 70_001, 3);
     let s = compress(&data, ErrorBound::Abs(1e-3), CodecKind::Aatrox).unwrap();

@@ -65,7 +65,9 @@ impl std::str::FromStr for Dtype {
         match s {
             "f32" => Ok(Dtype::F32),
             "f64" => Ok(Dtype::F64),
-            _ => Err(Error::invalid(format!("unknown dtype `{s}` (expected f32 or f64)"))),
+            _ => Err(Error::invalid(format!(
+                "unknown dtype `{s}` (expected f32 or f64)"
+            ))),
         }
     }
 }
@@ -179,7 +181,9 @@ impl Header {
         }
         let version = u16_at(b, 4);
         if version != VERSION {
-            return Err(Error::corrupt(format!("unsupported format version {version}")));
+            return Err(Error::corrupt(format!(
+                "unsupported format version {version}"
+            )));
         }
         if zhash_bytes(&b[..92]) != u32_at(b, 92) {
             return Err(Error::corrupt("header checksum mismatch"));
@@ -216,7 +220,9 @@ impl Header {
         if h.is_stored() {
             let need = h.count.checked_mul(h.dtype.size() as u64);
             if need != Some(h.payload_len) || h.n_chunks != 0 {
-                return Err(Error::corrupt("stored stream length does not match its count"));
+                return Err(Error::corrupt(
+                    "stored stream length does not match its count",
+                ));
             }
             if zhash_bytes(&stream[HEADER_LEN..]) != h.payload_checksum {
                 return Err(Error::corrupt("stored payload checksum mismatch"));
@@ -235,7 +241,9 @@ impl Header {
             }
             let table = h.n_chunks as u64 * TABLE_ENTRY_LEN as u64;
             if table > h.payload_len {
-                return Err(Error::corrupt("chunk table runs past the end of the stream"));
+                return Err(Error::corrupt(
+                    "chunk table runs past the end of the stream",
+                ));
             }
             let t = &stream[HEADER_LEN..HEADER_LEN + table as usize];
             if zhash_bytes(t) != h.payload_checksum {
@@ -260,13 +268,21 @@ impl Header {
             let size = u32_at(t, i * 8);
             let checksum = u32_at(t, i * 8 + 4);
             if size % 4 != 0 {
-                return Err(Error::corrupt(format!("chunk {i} size {size} not a multiple of 4")));
+                return Err(Error::corrupt(format!(
+                    "chunk {i} size {size} not a multiple of 4"
+                )));
             }
-            out.push(ChunkEntry { offset: off as usize, size: size as usize, checksum });
+            out.push(ChunkEntry {
+                offset: off as usize,
+                size: size as usize,
+                checksum,
+            });
             off += size as u64;
         }
         if off != stream.len() as u64 {
-            return Err(Error::corrupt("chunk sizes do not add up to the payload length"));
+            return Err(Error::corrupt(
+                "chunk sizes do not add up to the payload length",
+            ));
         }
         Ok(out)
     }
@@ -288,13 +304,17 @@ pub fn compress_bound(count: usize, dtype: Dtype) -> usize {
     HEADER_LEN + count * dtype.size()
 }
 
-/// `zhash` mixing step of word `w` at index `i` (see `FORMAT.md`).
+/// `zhash` mixing step of word `w` at index `i` (see `FORMAT.md`): MurmurHash3's 32-bit finalizer
+/// of `w XOR (i * 0x9E3779B9)`. Nonlinear, so flips in different words do not cancel; a bijection
+/// of `w` for fixed `i`, so any single changed word changes the hash.
 #[inline(always)]
 pub fn zhash_mix(w: u32, i: u32) -> u32 {
-    (w ^ i.wrapping_mul(0x9E37_79B9))
-        .wrapping_mul(0x85EB_CA6B)
-        .rotate_left(13)
-        .wrapping_mul(0xC2B2_AE35)
+    let mut h = w ^ i.wrapping_mul(0x9E37_79B9);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
 }
 
 /// `zhash` of a byte string (zero-padded to whole 32-bit words).
@@ -362,7 +382,10 @@ mod tests {
             for bit in 0..8 {
                 let mut c = s.clone();
                 c[i] ^= 1 << bit;
-                assert!(Header::parse(&c).is_err(), "flip of byte {i} bit {bit} not caught");
+                assert!(
+                    Header::parse(&c).is_err(),
+                    "flip of byte {i} bit {bit} not caught"
+                );
             }
         }
         for n in 0..s.len() {
