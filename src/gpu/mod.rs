@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+mod accumulate;
 pub mod bench;
 pub mod compile;
 
@@ -758,6 +759,42 @@ impl GpuCodec {
         self.dev_in = Some(din);
         self.dev_out = Some(dout);
         r
+    }
+
+    /// [`GpuCodec::compress`] for any [`Element`] (dispatches on the dtype; for generic callers).
+    pub fn compress_any<T: Element>(
+        &mut self,
+        data: &[T],
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<Vec<u8>> {
+        match T::DTYPE {
+            // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
+            Dtype::F32 => self.compress(
+                unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, data.len()) },
+                bound,
+                codec,
+            ),
+            Dtype::F64 => self.compress(
+                unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f64, data.len()) },
+                bound,
+                codec,
+            ),
+        }
+    }
+
+    /// [`GpuCodec::decompress_into`] for any [`Element`] (dispatches on the dtype).
+    pub fn decompress_into_any<T: Element>(&mut self, stream: &[u8], out: &mut [T]) -> Result<()> {
+        let n = out.len();
+        match T::DTYPE {
+            // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
+            Dtype::F32 => self.decompress_into(stream, unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, n)
+            }),
+            Dtype::F64 => self.decompress_into(stream, unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f64, n)
+            }),
+        }
     }
 
     /// Decompress a host stream on the GPU into a new vector.

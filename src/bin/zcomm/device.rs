@@ -25,6 +25,43 @@ impl Device {
     }
 }
 
+/// Runs `f` on the process-wide GPU codec (device 0), created at first use.
+#[cfg(feature = "cuda")]
+fn with_gpu<R>(f: impl FnOnce(&mut zcomm::gpu::GpuCodec) -> Result<R>) -> Result<R> {
+    static GPU: std::sync::Mutex<Option<zcomm::gpu::GpuCodec>> = std::sync::Mutex::new(None);
+    let mut g = GPU
+        .lock()
+        .map_err(|_| Error::Gpu("GPU codec lock poisoned".into()))?;
+    if g.is_none() {
+        *g = Some(zcomm::gpu::GpuCodec::new(0)?);
+    }
+    f(g.as_mut().expect("initialized above"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn with_gpu<R>(_f: impl FnOnce(&mut NoGpu) -> Result<R>) -> Result<R> {
+    Err(gpu_unavailable())
+}
+
+/// Stand-in when the crate is built without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)]
+struct NoGpu;
+#[cfg(not(feature = "cuda"))]
+#[allow(dead_code)]
+impl NoGpu {
+    fn compress_any<T: Element>(&mut self, _: &[T], _: ErrorBound, _: CodecKind) -> Result<Vec<u8>> {
+        Err(gpu_unavailable())
+    }
+    fn decompress_into_any<T: Element>(&mut self, _: &[u8], _: &mut [T]) -> Result<()> {
+        Err(gpu_unavailable())
+    }
+    fn device_name(&self) -> &str {
+        "gpu (unavailable)"
+    }
+}
+
+#[allow(dead_code)]
 fn gpu_unavailable() -> Error {
     Error::Unavailable(
         "GPU codecs not available: this build of zcomm has no CUDA codec yet (use --device cpu)"
@@ -41,7 +78,7 @@ pub fn compress<T: Element>(
 ) -> Result<Vec<u8>> {
     match device {
         Device::Cpu => zcomm::compress(data, bound, codec),
-        Device::Gpu => Err(gpu_unavailable()),
+        Device::Gpu => with_gpu(|g| g.compress_any(data, bound, codec)),
     }
 }
 
@@ -49,7 +86,7 @@ pub fn compress<T: Element>(
 pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T]) -> Result<()> {
     match device {
         Device::Cpu => zcomm::decompress_into(stream, out),
-        Device::Gpu => Err(gpu_unavailable()),
+        Device::Gpu => with_gpu(|g| g.decompress_into_any(stream, out)),
     }
 }
 
@@ -57,7 +94,8 @@ pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T])
 pub fn describe(device: Device) -> String {
     match device {
         Device::Cpu => cpu_model(),
-        Device::Gpu => "gpu (unavailable)".into(),
+        Device::Gpu => with_gpu(|g| Ok(g.device_name().to_string()))
+            .unwrap_or_else(|_| "gpu (unavailable)".into()),
     }
 }
 
