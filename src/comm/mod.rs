@@ -58,6 +58,8 @@
 
 mod compressor;
 mod element;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod transport;
 
 use std::fmt;
@@ -1040,23 +1042,68 @@ impl Communicator {
         Self::check_tag(tag)?;
         let t0 = self.wtime();
         let (payload, st) = self.encode_p2p(E::scalars(send), OP_SENDRECV, tag)?;
-        let mut d = self.local_desc::<E>(OP_SENDRECV, send.len());
-        d.decision = u8::from(st.decision == Decision::Compressed);
-        d.payload = payload.len() as u64;
-        d.ratio = st.ratio_estimate;
-        let t = &*self.transport;
-        let theirs = t.sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
-        let got = t.sendrecv(dest, &payload, src, tag)?;
+        let compressed = st.decision == Decision::Compressed;
+        let d = Desc {
+            decision: u8::from(compressed),
+            payload: payload.len() as u64,
+            ratio: st.ratio_estimate,
+            ..self.local_desc::<E>(OP_SENDRECV, send.len())
+        };
         let expect = Desc {
             count: recv.len() as u64,
             ..self.local_desc::<E>(OP_SENDRECV, 0)
         };
-        let verdict = t.sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
-        let sd = Desc::parse(&theirs)?;
-        check_pair(&sd, &expect)?;
-        check_pair(&d, &Desc::parse(&verdict)?)?;
-        self.decode_payload(sd.decision == 1, &got, E::scalars_mut(recv))?;
+        let out = E::scalars_mut(recv);
+        let got = self.exchange(
+            &d,
+            &payload,
+            dest,
+            &expect,
+            src,
+            tag,
+            element::scalar_bytes_mut(out),
+        )?;
+        if let Some((sd, bytes)) = got {
+            self.decode_payload(sd.decision == 1, &bytes, out)?;
+        }
         Ok(self.finish(st, t0))
+    }
+
+    /// The sendrecv protocol on bytes: exchange descriptors, payloads (sized from the
+    /// descriptors) and verdicts. A raw incoming payload of exactly `direct.len()` bytes lands in
+    /// `direct` (returns `None`); anything else is returned with the sender's descriptor.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(
+        &self,
+        d: &Desc,
+        payload: &[u8],
+        dest: usize,
+        expect: &Desc,
+        src: usize,
+        tag: i32,
+        direct: Option<&mut [u8]>,
+    ) -> Result<Option<(Desc, Vec<u8>)>> {
+        let t = &*self.transport;
+        let theirs = t.sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+        let sd = Desc::parse(&theirs)?;
+        let n = usize::try_from(sd.payload)
+            .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
+        let fits = sd.decision == 0 && check_pair(&sd, expect).is_ok();
+        let result = match direct {
+            Some(buf) if fits && buf.len() == n => {
+                t.sendrecv_sized(dest, payload, src, buf, tag)?;
+                None
+            }
+            _ => {
+                let mut v = vec![0u8; n];
+                t.sendrecv_sized(dest, payload, src, &mut v, tag)?;
+                Some((sd, v))
+            }
+        };
+        let verdict = t.sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
+        check_pair(&sd, expect)?;
+        check_pair(d, &Desc::parse(&verdict)?)?;
+        Ok(result)
     }
 
     // ----------------------------------------------------------------- collectives

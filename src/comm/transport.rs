@@ -53,6 +53,28 @@ pub trait Transport {
     }
     /// Send `bytes` to `dest` and receive one message from `src` (deadlock-free pairwise exchange).
     fn sendrecv(&self, dest: usize, bytes: &[u8], src: usize, tag: i32) -> Result<Vec<u8>>;
+    /// Pairwise exchange when the incoming length is known: send `bytes` to `dest` and receive
+    /// exactly `recv.len()` bytes from `src` into `recv` (no copies, no probing).
+    fn sendrecv_sized(
+        &self,
+        dest: usize,
+        bytes: &[u8],
+        src: usize,
+        recv: &mut [u8],
+        tag: i32,
+    ) -> Result<()> {
+        let h = self.isend(dest, tag, bytes.to_vec())?;
+        let r = self.recv_into(src, tag, recv)?;
+        h.wait()?;
+        match r {
+            None => Ok(()),
+            Some(v) => Err(Error::Comm(format!(
+                "expected a {}-byte message from rank {src}, got {} bytes",
+                recv.len(),
+                v.len()
+            ))),
+        }
+    }
     /// Non-blocking send; the transport owns `bytes` until the handle completes.
     fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>>;
     /// Whether a message from `src` with `tag` is waiting (never blocks).
@@ -263,6 +285,51 @@ mod mpi_impl {
             let out = self.recv(src, tag)?;
             h.wait()?;
             Ok(out)
+        }
+        fn sendrecv_sized(
+            &self,
+            dest: usize,
+            bytes: &[u8],
+            src: usize,
+            recv: &mut [u8],
+            tag: i32,
+        ) -> Result<()> {
+            self.check_rank(dest)?;
+            self.check_rank(src)?;
+            let tag = i32_tag(tag)?;
+            let d = self.comm.process_at_rank(dest as i32);
+            let s = self.comm.process_at_rank(src as i32);
+            // Both sides cut their message into the same piece sequence as `send`: full pieces,
+            // then one short (possibly empty) piece.
+            let pieces = |n: usize| n / PIECE + 1;
+            let (ns, nr) = (pieces(bytes.len()), pieces(recv.len()));
+            let anchor = [0u8; 1];
+            let mut anchor_r = [0u8; 1];
+            for k in 0..ns.max(nr) {
+                let sp = if k < ns {
+                    &bytes[k * PIECE..((k + 1) * PIECE).min(bytes.len())]
+                } else {
+                    &anchor[..0]
+                };
+                let rlen = recv.len();
+                let rp: &mut [u8] = if k < nr {
+                    &mut recv[k * PIECE..((k + 1) * PIECE).min(rlen)]
+                } else {
+                    &mut anchor_r[..0]
+                };
+                let sp = if sp.is_empty() { &anchor[..0] } else { sp };
+                match (k < ns, k < nr) {
+                    (true, true) => {
+                        mpi::point_to_point::send_receive_into_with_tags(sp, &d, tag, rp, &s, tag);
+                    }
+                    (true, false) => d.send_with_tag(sp, tag),
+                    (false, true) => {
+                        s.receive_into_with_tag(rp, tag);
+                    }
+                    (false, false) => {}
+                }
+            }
+            Ok(())
         }
         fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>> {
             self.check_rank(dest)?;

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build the multi-process tests and examples and run them under mpirun with 1, 2, 3, 4 and 8 ranks.
+# Exits non-zero on any failure. Usage: mpi-tests/run.sh [extra cargo flags, e.g. --no-default-features --features mpi]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FEATURES=("$@")
+[ ${#FEATURES[@]} -eq 0 ] && FEATURES=(--no-default-features --features mpi)
+cargo build --release "${FEATURES[@]}" --example mpi_ops --example allreduce --example statevector --example staging
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+BIN="$TARGET_DIR/release/examples"
+MPIRUN=(mpirun --oversubscribe)
+if [ "$(id -u)" = 0 ]; then MPIRUN+=(--allow-run-as-root); fi
+# keep the processes from spinning on shared cores
+export OMPI_MCA_mpi_yield_when_idle=1
+export ZCOMM_PROFILE="${ZCOMM_PROFILE:-$(mktemp -d)/profile.json}"
+fail=0
+run() {
+    echo "== $*"
+    if ! timeout 600 "$@"; then
+        echo "FAILED: $*"
+        fail=1
+    fi
+}
+run "${MPIRUN[@]}" -n 2 "$BIN/mpi_ops"
+run "${MPIRUN[@]}" -n 4 "$BIN/mpi_ops"
+run "${MPIRUN[@]}" -n 1 "$BIN/mpi_ops"
+run "${MPIRUN[@]}" -n 3 "$BIN/mpi_ops" --only-reduce
+run "${MPIRUN[@]}" -n 8 "$BIN/mpi_ops" --only-reduce
+# the examples check their own bounds and exit non-zero on a violation
+run "${MPIRUN[@]}" -n 2 "$BIN/allreduce" --n 200000 --iters 2
+run "${MPIRUN[@]}" -n 3 "$BIN/allreduce" --n 100001 --iters 2 --dtype f64 --error-bound abs:1e-4
+run "${MPIRUN[@]}" -n 4 "$BIN/allreduce" --n 50000 --iters 2 --dtype c64
+run "${MPIRUN[@]}" -n 2 "$BIN/statevector" --n 100000 --steps 3
+run "${MPIRUN[@]}" -n 4 "$BIN/statevector" --n 50001 --steps 2 --dtype c128 --error-bound rel:1e-3
+run "${MPIRUN[@]}" -n 2 "$BIN/staging" --n 300000
+if [ $fail -ne 0 ]; then
+    echo "mpi-tests: FAILURES"
+    exit 1
+fi
+echo "mpi-tests: all passed"
