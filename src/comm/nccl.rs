@@ -205,6 +205,7 @@ impl NcclProfile {
     /// Predicted `(raw, compressed)` seconds of an allreduce of `bytes` per rank over `p` ranks
     /// at compression ratio `ratio`, with `pieces` pipeline pieces per segment
     /// (`reduce_scatter_only`: stop after the reduce-scatter).
+    #[allow(clippy::too_many_arguments)]
     pub fn predict_allreduce(
         &self,
         bytes: f64,
@@ -344,11 +345,11 @@ impl Drop for Shared {
     fn drop(&mut self) {
         let _ = self.net.synchronize();
         let _ = self.work.synchronize();
-        // SAFETY: `comm` was created by ncclCommInitRank and is destroyed exactly once, after
-        // both streams have drained.
+        // SAFETY: `comm` was created by ncclCommInitRank and is released exactly once, after
+        // both streams have drained. Abort (not finalize) never waits for other ranks, so a
+        // rank leaving early cannot hang the others' teardown.
         unsafe {
-            let _ = nres::comm_finalize(self.comm);
-            let _ = nres::comm_destroy(self.comm);
+            let _ = nres::comm_abort(self.comm);
         }
     }
 }
@@ -1980,10 +1981,8 @@ impl NcclComm {
                 let xv = xs.slice(0..n);
                 let mut yv = ys.slice_mut(0..n);
                 t[i] = self.time_collective(3, |c| c.sh.allreduce_sum(&xv, &mut yv))?;
-                drop(yv);
                 let mut gv = gs.slice_mut(0..n * p);
                 t[2 + i] = self.time_collective(3, |c| c.sh.allgather(&xv, &mut gv))?;
-                drop(gv);
                 let (to, from) = ((r + 1) % p, (r + p - 1) % p);
                 t[4 + i] = self.time_collective(3, |c| {
                     let sh = c.sh.clone();
@@ -2037,7 +2036,6 @@ impl NcclComm {
                 let mut ov = out.slice_mut(..);
                 len = gpu.compress_device(&field.as_view(), bound, codec, &mut ov)?;
                 tc = tc.min(t.elapsed().as_secs_f64());
-                drop(ov);
                 let sv = out.slice(0..len);
                 let mut av = acc.slice_mut(..);
                 let t = std::time::Instant::now();
