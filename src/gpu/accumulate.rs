@@ -87,7 +87,7 @@ impl GpuCodec {
         self.launch(
             &f,
             nc,
-            THREADS,
+            self.threads,
             &mut [
                 arg(&sp),
                 arg(&slen),
