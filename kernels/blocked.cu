@@ -11,6 +11,12 @@
 // popcounts, block scan, in-layer warp scan). Errors go to a device flag, never out of bounds.
 #include "common.cuh"
 
+#ifndef ZC_WARPS
+#define ZC_WARPS 8  // warps per block (1, 2, 4, 8, 16 or 32); each owns 32 / ZC_WARPS iteration layers
+#endif
+#define ZC_THREADS (ZC_WARPS * 32)
+#define ZC_MINB (32 / ZC_WARPS)  // blocks per SM the register budget must allow (50% occupancy)
+
 #define ZC_AATROX 1
 #define ZC_PLAIN 2
 #define ZC_OUTLIER 3
@@ -71,29 +77,31 @@ __device__ __forceinline__ u32 zc_get_any(const u8* p, u64 off) {
 
 template <int CODEC> __device__ __forceinline__ bool zc_aligned() { return CODEC != ZC_OUTLIER; }
 
-// Block-wide sum of one u32 per thread (1024 threads); result valid in thread 0.
+// Block-wide sum of one u32 per thread; result valid in warp 0.
 __device__ __forceinline__ u32 zc_block_sum(u32 v, u32* s_tmp, int w, int lane) {
     v = warp_sum_u32(v);
     __syncthreads();
     if (lane == 0) s_tmp[w] = v;
     __syncthreads();
     u32 r = 0;
-    if (w == 0) r = warp_sum_u32(s_tmp[lane]);
+    if (w == 0) r = warp_sum_u32(lane < ZC_WARPS ? s_tmp[lane] : 0u);
     return r;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Compression
+// Compression. Warp w owns iteration layers w, w + W, w + 2W, ... (J = 32 / W of them).
 template <typename T, int CODEC, bool REL>
 __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out,
                                             u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q) {
     typedef typename ZT<T>::code_t C;
     typedef typename ZU<T>::U U;
     const int SIZE = ZT<T>::SIZE;
+    const int W = ZC_WARPS;
+    const int J = 32 / ZC_WARPS;
 
     __shared__ u32 s_off[1024];
     __shared__ u32 s_rate[256];
-    __shared__ C s_prev[1024];
+    __shared__ C s_prev[CODEC == ZC_AATROX ? 1024 : 1];
     __shared__ C s_first[32];
     __shared__ C s_last[32];
     __shared__ u32 s_wtot[32];
@@ -114,103 +122,124 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     const u32 n_layers = (n + 31) >> 5;
     const T* cin = in + cbase;
 
-    // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (w, t)
-    bool my_exists = false, my_raw = false;
-    U my_rest = 0;
-    C my_q0 = 0, my_q31 = 0;
+    // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (it, t)
+    bool my_exists[J], my_raw[J];
+    U my_rest[J];
+    C my_q0[J], my_q31[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        my_exists[j] = false;
+        my_raw[j] = false;
+        my_rest[j] = 0;
+        my_q0[j] = 0;
+        my_q31[j] = 0;
+        const int it = w + j * W;
 #pragma unroll 1
-    for (int t0 = 0; t0 < 32; t0 += 8) {
-        T xs[8];
+        for (int t0 = 0; t0 < 32; t0 += 8) {
+            T xs[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            u32 e = (u32)(w * 32 + t0 + u) * 32u + lane;
-            xs[u] = e < n ? cin[e] : (T)0;
-        }
+            for (int u = 0; u < 8; u++) {
+                u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
+                xs[u] = e < n ? cin[e] : (T)0;
+            }
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int t = t0 + u;
-            const u32 l = (u32)(w * 32 + t);
-            if (l < n_layers) {
-                const u32 nt = min(32u, n - l * 32u);
-                const bool present = (u32)lane < nt;
-                C code = 0;
-                bool ok = present ? zq_encode<T, REL>(q, xs[u], code) : true;
-                bool raw = __any_sync(ZC_FULL, !ok);
-                C qlast = zc_shfl(code, nt - 1);
-                if (!present) code = qlast;
-                C qp = zc_shfl_up(code, 1);
-                C d = (C)((U)code - (U)qp);
-                U m = lane > 0 ? (d < 0 ? (U)0 - (U)d : (U)d) : (U)0;
-                U rest = ZU<T>::reduce_or(m);
-                C q0 = zc_shfl(code, 0);
-                if (lane == t) {
-                    my_exists = true;
-                    my_raw = raw;
-                    my_rest = rest;
-                    my_q0 = q0;
-                    my_q31 = qlast;
+            for (int u = 0; u < 8; u++) {
+                const int t = t0 + u;
+                const u32 l = (u32)(it * 32 + t);
+                if (l < n_layers) {
+                    const u32 nt = min(32u, n - l * 32u);
+                    const bool present = (u32)lane < nt;
+                    C code = 0;
+                    bool ok = present ? zq_encode<T, REL>(q, xs[u], code) : true;
+                    bool raw = __any_sync(ZC_FULL, !ok);
+                    C qlast = zc_shfl(code, nt - 1);
+                    if (!present) code = qlast;
+                    C qp = zc_shfl_up(code, 1);
+                    C d = (C)((U)code - (U)qp);
+                    U m = lane > 0 ? (d < 0 ? (U)0 - (U)d : (U)d) : (U)0;
+                    U rest = ZU<T>::reduce_or(m);
+                    C q0 = zc_shfl(code, 0);
+                    if (lane == t) {
+                        my_exists[j] = true;
+                        my_raw[j] = raw;
+                        my_rest[j] = rest;
+                        my_q0[j] = q0;
+                        my_q31[j] = qlast;
+                    }
                 }
             }
         }
     }
 
     // ---- chain: init = first code of the first non-raw layer; prev = last code before
-    const u32 nonraw = __ballot_sync(ZC_FULL, my_exists && !my_raw);
-    {
-        int fl = nonraw ? __ffs(nonraw) - 1 : 0;
-        int ll = nonraw ? 31 - __clz(nonraw) : 0;
-        C f = zc_shfl(my_q0, fl);
-        C L = zc_shfl(my_q31, ll);
-        if (lane == 0) {
-            s_first[w] = f;
-            s_last[w] = L;
-            if (nonraw) atomicOr(&s_has, 1u << w);
+    u32 nonraw[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int it = w + j * W;
+        nonraw[j] = __ballot_sync(ZC_FULL, my_exists[j] && !my_raw[j]);
+        if (CODEC == ZC_AATROX) {
+            int fl = nonraw[j] ? __ffs(nonraw[j]) - 1 : 0;
+            int ll = nonraw[j] ? 31 - __clz(nonraw[j]) : 0;
+            C f = zc_shfl(my_q0[j], fl);
+            C L = zc_shfl(my_q31[j], ll);
+            if (lane == 0) {
+                s_first[it] = f;
+                s_last[it] = L;
+                if (nonraw[j]) atomicOr(&s_has, 1u << it);
+            }
         }
     }
     __syncthreads();
-    C init = 0, prev = 0;
-    if (CODEC == ZC_AATROX) {
-        const u32 has = s_has;
-        init = has ? s_first[__ffs(has) - 1] : (C)0;
-        const u32 before = has & ((1u << w) - 1u);
-        C incoming = before ? s_last[31 - __clz(before)] : init;
-        const u32 mb = nonraw & ((1u << lane) - 1u);
-        C pl = zc_shfl(my_q31, mb ? 31 - __clz(mb) : 0);
-        prev = mb ? pl : incoming;
-    }
+    C init = 0;
+    const u32 has = s_has;
+    if (CODEC == ZC_AATROX) init = has ? s_first[__ffs(has) - 1] : (C)0;
 
-    // ---- rate byte and size of layer (w, lane)
-    u32 rate = 0, lsize = 0;
-    if (my_exists) {
-        const u32 l = (u32)(w * 32 + lane);
-        const u32 nt = min(32u, n - l * 32u);
-        if (my_raw) {
-            rate = 0xFF;
-            lsize = nt * SIZE;
-        } else {
-            C d0 = (C)((U)my_q0 - (U)prev);
-            U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
-            u32 b_all = ZU<T>::width(my_rest | a0);
-            rate = b_all;
-            if (CODEC == ZC_OUTLIER) {
-                i64 d64 = (i64)d0;
-                u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
-                if (z <= 0xFFFFFFFFull) {
-                    u32 o = z <= 0xFFull ? 1u : (z <= 0xFFFFull ? 2u : 3u);
-                    u32 ow = zc_obytes(o);
-                    u32 b_rest = ZU<T>::width(my_rest);
-                    if (ow + zc_packed(b_rest) < zc_packed(b_all)) rate = (o << 6) | b_rest;
-                }
-            }
-            lsize = zc_obytes(rate >> 6) + zc_packed(rate & 63u);
+    // ---- rate byte and size of layer (it, lane)
+    u32 incl[J], lsize[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int it = w + j * W;
+        C prev = 0;
+        if (CODEC == ZC_AATROX) {
+            const u32 before = has & ((1u << it) - 1u);
+            C incoming = before ? s_last[31 - __clz(before)] : init;
+            const u32 mb = nonraw[j] & ((1u << lane) - 1u);
+            C pl = zc_shfl(my_q31[j], mb ? 31 - __clz(mb) : 0);
+            prev = mb ? pl : incoming;
         }
+        u32 rate = 0, ls = 0;
+        if (my_exists[j]) {
+            const u32 l = (u32)(it * 32 + lane);
+            const u32 nt = min(32u, n - l * 32u);
+            if (my_raw[j]) {
+                rate = 0xFF;
+                ls = nt * SIZE;
+            } else {
+                C d0 = (C)((U)my_q0[j] - (U)prev);
+                U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
+                u32 b_all = ZU<T>::width(my_rest[j] | a0);
+                rate = b_all;
+                if (CODEC == ZC_OUTLIER) {
+                    i64 d64 = (i64)d0;
+                    u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
+                    if (z <= 0xFFFFFFFFull) {
+                        u32 o = z <= 0xFFull ? 1u : (z <= 0xFFFFull ? 2u : 3u);
+                        u32 ow = zc_obytes(o);
+                        u32 b_rest = ZU<T>::width(my_rest[j]);
+                        if (ow + zc_packed(b_rest) < zc_packed(b_all)) rate = (o << 6) | b_rest;
+                    }
+                }
+                ls = zc_obytes(rate >> 6) + zc_packed(rate & 63u);
+            }
+        }
+        ((u8*)s_rate)[it * 32 + lane] = (u8)rate;
+        if (CODEC == ZC_AATROX) s_prev[it * 32 + lane] = prev;
+        lsize[j] = ls;
+        incl[j] = warp_incl_u32(ls, lane);
+        const bool itnz = __any_sync(ZC_FULL, rate != 0);
+        if (lane == 31) s_wtot[it] = incl[j];
+        if (lane == 0 && itnz) atomicOr(&s_mask, 1u << it);
     }
-    ((u8*)s_rate)[w * 32 + lane] = (u8)rate;
-    s_prev[w * 32 + lane] = prev;
-    const u32 incl = warp_incl_u32(lsize, lane);
-    const bool itnz = __any_sync(ZC_FULL, rate != 0);
-    if (lane == 31) s_wtot[w] = incl;
-    if (lane == 0 && itnz) atomicOr(&s_mask, 1u << w);
     __syncthreads();
     if (w == 0) {
         u32 v = s_wtot[lane];
@@ -231,7 +260,11 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     __syncthreads();
     const u32 mask = s_mask;
     const u32 pstart = SIZE + 4 + 32u * __popc(mask);
-    s_off[w * 32 + lane] = pstart + s_wtot[w] + (incl - lsize);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int it = w + j * W;
+        s_off[it * 32 + lane] = pstart + s_wtot[it] + (incl[j] - lsize[j]);
+    }
     __syncthreads();
 
     const u64 base = s_base;
@@ -254,96 +287,106 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             cw[SIZE / 4] = mask;
             hsum += zhash_mix(mask, SIZE / 4);
         }
-        if ((mask >> w) & 1u) {
-            u32 ro = (SIZE + 4 + 32u * __popc(mask & ((1u << w) - 1u))) >> 2;
-            if (lane < 8) {
-                u32 v = s_rate[w * 8 + lane];
-                cw[ro + lane] = v;
-                hsum += zhash_mix(v, ro + lane);
+        // rate bytes of the iterations this warp owns
+        for (int j = lane >> 3; j < J; j += 4) {
+            const int k = lane & 7;
+            const int it = w + j * W;
+            if ((mask >> it) & 1u) {
+                u32 ro = (SIZE + 4 + 32u * __popc(mask & ((1u << it) - 1u))) >> 2;
+                u32 v = s_rate[it * 8 + k];
+                cw[ro + k] = v;
+                hsum += zhash_mix(v, ro + k);
             }
         }
         // ---- pass 2: layer payloads
 #pragma unroll 1
-        for (int t0 = 0; t0 < 32; t0 += 8) {
-            T xs[8];
+        for (int j = 0; j < J; j++) {
+            const int it = w + j * W;
+#pragma unroll 1
+            for (int t0 = 0; t0 < 32; t0 += 8) {
+                T xs[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                u32 e = (u32)(w * 32 + t0 + u) * 32u + lane;
-                xs[u] = e < n ? cin[e] : (T)0;
-            }
+                for (int u = 0; u < 8; u++) {
+                    u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
+                    xs[u] = e < n ? cin[e] : (T)0;
+                }
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const u32 l = (u32)(w * 32 + t0 + u);
-                if (l >= n_layers) continue;
-                const u32 r = ((const u8*)s_rate)[l];
-                if (r == 0) continue;
-                const u32 nt = min(32u, n - l * 32u);
-                const bool present = (u32)lane < nt;
-                const u32 off = s_off[l];
-                if (r == 0xFF) {
-                    if (present) {
-                        typename ZT<T>::bits_t bits = ZT<T>::bits(xs[u]);
-                        u32 o = off + (u32)lane * SIZE;
+                for (int u = 0; u < 8; u++) {
+                    const u32 l = (u32)(it * 32 + t0 + u);
+                    if (l >= n_layers) continue;
+                    const u32 r = ((const u8*)s_rate)[l];
+                    if (r == 0) continue;
+                    const u32 nt = min(32u, n - l * 32u);
+                    const bool present = (u32)lane < nt;
+                    const u32 off = s_off[l];
+                    if (r == 0xFF) {
+                        if (present) {
+                            typename ZT<T>::bits_t bits = ZT<T>::bits(xs[u]);
+                            u32 o = off + (u32)lane * SIZE;
+                            if (zc_aligned<CODEC>()) {
+                                cw[o >> 2] = (u32)bits;
+                                hsum += zhash_mix((u32)bits, o >> 2);
+                                if (SIZE == 8) {
+                                    cw[(o >> 2) + 1] = (u32)((u64)bits >> 32);
+                                    hsum += zhash_mix((u32)((u64)bits >> 32), (o >> 2) + 1);
+                                }
+                            } else {
+                                zc_put_any(co, o, (u32)bits);
+                                if (SIZE == 8) zc_put_any(co, o + 4, (u32)((u64)bits >> 32));
+                            }
+                        }
+                        continue;
+                    }
+                    C code = 0;
+                    if (present) zq_encode<T, REL>(q, xs[u], code);
+                    C qlast = zc_shfl(code, nt - 1);
+                    if (!present) code = qlast;
+                    C qp = zc_shfl_up(code, 1);
+                    if (lane == 0) {
+                        if (CODEC == ZC_AATROX) qp = s_prev[l];
+                        else qp = 0;
+                    }
+                    C d = (C)((U)code - (U)qp);
+                    const u32 o = r >> 6, b = r & 63u;
+                    u32 pos = off;
+                    if (o != 0) {
+                        const u32 ow = zc_obytes(o);
+                        if (lane == 0) {
+                            i64 d64 = (i64)d;
+                            u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
+                            for (u32 k = 0; k < ow; k++) co[off + k] = (u8)(z >> (8 * k));
+                            d = 0;
+                        }
+                        pos += ow;
+                    }
+                    if (b > 0) {
+                        const u32 sign = __ballot_sync(ZC_FULL, d < 0);
+                        U m = d < 0 ? (U)0 - (U)d : (U)d;
+                        u32 plo = warp_transpose32((u32)m, lane);
                         if (zc_aligned<CODEC>()) {
-                            cw[o >> 2] = (u32)bits;
-                            hsum += zhash_mix((u32)bits, o >> 2);
-                            if (SIZE == 8) {
-                                cw[(o >> 2) + 1] = (u32)((u64)bits >> 32);
-                                hsum += zhash_mix((u32)((u64)bits >> 32), (o >> 2) + 1);
+                            u32 wi = pos >> 2;
+                            if (lane == 0) {
+                                cw[wi] = sign;
+                                hsum += zhash_mix(sign, wi);
+                            }
+                            if ((u32)lane < b) {
+                                cw[wi + 1 + lane] = plo;
+                                hsum += zhash_mix(plo, wi + 1 + lane);
                             }
                         } else {
-                            zc_put_any(co, o, (u32)bits);
-                            if (SIZE == 8) zc_put_any(co, o + 4, (u32)((u64)bits >> 32));
+                            if (lane == 0) zc_put_any(co, pos, sign);
+                            if ((u32)lane < b) zc_put_any(co, pos + 4 + 4 * lane, plo);
                         }
-                    }
-                    continue;
-                }
-                C code = 0;
-                if (present) zq_encode<T, REL>(q, xs[u], code);
-                C qlast = zc_shfl(code, nt - 1);
-                if (!present) code = qlast;
-                C qp = zc_shfl_up(code, 1);
-                if (lane == 0) qp = (CODEC == ZC_AATROX) ? s_prev[l] : (C)0;
-                C d = (C)((U)code - (U)qp);
-                const u32 o = r >> 6, b = r & 63u;
-                u32 pos = off;
-                if (o != 0) {
-                    const u32 ow = zc_obytes(o);
-                    if (lane == 0) {
-                        i64 d64 = (i64)d;
-                        u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
-                        for (u32 k = 0; k < ow; k++) co[off + k] = (u8)(z >> (8 * k));
-                        d = 0;
-                    }
-                    pos += ow;
-                }
-                if (b > 0) {
-                    const u32 sign = __ballot_sync(ZC_FULL, d < 0);
-                    U m = d < 0 ? (U)0 - (U)d : (U)d;
-                    u32 plo = warp_transpose32((u32)m, lane);
-                    if (zc_aligned<CODEC>()) {
-                        u32 wi = pos >> 2;
-                        if (lane == 0) {
-                            cw[wi] = sign;
-                            hsum += zhash_mix(sign, wi);
-                        }
-                        if ((u32)lane < b) {
-                            cw[wi + 1 + lane] = plo;
-                            hsum += zhash_mix(plo, wi + 1 + lane);
-                        }
-                    } else {
-                        if (lane == 0) zc_put_any(co, pos, sign);
-                        if ((u32)lane < b) zc_put_any(co, pos + 4 + 4 * lane, plo);
-                    }
-                    if (SIZE == 8 && b > 32) {
-                        u32 phi = warp_transpose32((u32)((u64)m >> 32), lane);
-                        if ((u32)lane + 32 < b) {
-                            if (zc_aligned<CODEC>()) {
-                                u32 wi = (pos >> 2) + 33 + lane;
-                                cw[wi] = phi;
-                                hsum += zhash_mix(phi, wi);
-                            } else {
-                                zc_put_any(co, pos + 4 + 4 * (32 + lane), phi);
+                        if (SIZE == 8 && b > 32) {
+                            u32 phi = warp_transpose32((u32)((u64)m >> 32), lane);
+                            if ((u32)lane + 32 < b) {
+                                if (zc_aligned<CODEC>()) {
+                                    u32 wi = (pos >> 2) + 33 + lane;
+                                    cw[wi] = phi;
+                                    hsum += zhash_mix(phi, wi);
+                                } else {
+                                    zc_put_any(co, pos + 4 + 4 * (32 + lane), phi);
+                                }
                             }
                         }
                     }
@@ -356,7 +399,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             }
             __syncthreads();
             hsum = 0;  // the head and rates are hashed again from memory with everything else
-            for (u32 i = tid; i < csize / 4; i += 1024) hsum += zhash_mix(__ldcg(cw + i), i);
+            for (u32 i = tid; i < csize / 4; i += ZC_WARPS * 32) hsum += zhash_mix(__ldcg(cw + i), i);
         }
     }
     u32 tot = zc_block_sum(hsum, s_tmp, w, lane);
@@ -445,7 +488,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         const u32* cw = (const u32*)cp;
         // checksum of the whole chunk before trusting a bit of it
         u32 h = 0;
-        for (u32 i = tid; i < size / 4; i += 1024) h += zhash_mix(cw[i], i);
+        for (u32 i = tid; i < size / 4; i += ZC_THREADS) h += zhash_mix(cw[i], i);
         u32 tot = zc_block_sum(h, s_tmp, w, lane);
         if (tid == 0) {
             u64 err = 0;
@@ -466,30 +509,38 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         u64 err = 0;
         if (n_iters < 32 && (mask >> n_iters) != 0) err |= ZC_E_META;
         if (CODEC != ZC_AATROX && init != 0) err |= ZC_E_META;
-        // rate bytes of iteration w, lane = thread layer
-        u32 r = 0;
-        const bool set = (mask >> w) & 1u;
-        if (set) {
-            const u32 ro = head + 32u * __popc(mask & ((1u << w) - 1u));
-            if (ro + 32u > size) err |= ZC_E_META;
-            else r = cp[ro + lane];
-            if (!__any_sync(ZC_FULL, r != 0)) err |= ZC_E_META;
-        }
-        const u32 l = (u32)(w * 32 + lane);
-        if (l >= n_layers && r != 0) err |= ZC_E_META;
-        u32 lsize = 0;
-        if (r == 0xFF) {
-            const u32 nt = l < n_layers ? min(32u, n - l * 32u) : 0u;
-            lsize = nt * SIZE;
-        } else {
-            const u32 b = r & 63u, o = r >> 6;
-            if (b > (u32)ZT<T>::MAX_RATE || (o != 0 && CODEC != ZC_OUTLIER)) err |= ZC_E_META;
-            lsize = zc_obytes(o) + zc_packed(b);
+        // rate bytes of the iterations this warp owns, lane = thread layer
+        const int W = ZC_WARPS;
+        const int J = 32 / ZC_WARPS;
+        u32 rj[J], incl[J], lsize[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int it = w + j * W;
+            u32 r = 0;
+            if ((mask >> it) & 1u) {
+                const u32 ro = head + 32u * __popc(mask & ((1u << it) - 1u));
+                if (ro + 32u > size) err |= ZC_E_META;
+                else r = cp[ro + lane];
+                if (!__any_sync(ZC_FULL, r != 0)) err |= ZC_E_META;
+            }
+            const u32 l = (u32)(it * 32 + lane);
+            if (l >= n_layers && r != 0) err |= ZC_E_META;
+            u32 ls = 0;
+            if (r == 0xFF) {
+                const u32 nt = l < n_layers ? min(32u, n - l * 32u) : 0u;
+                ls = nt * SIZE;
+            } else {
+                const u32 b = r & 63u, o = r >> 6;
+                if (b > (u32)ZT<T>::MAX_RATE || (o != 0 && CODEC != ZC_OUTLIER)) err |= ZC_E_META;
+                ls = zc_obytes(o) + zc_packed(b);
+            }
+            ((u8*)s_rate)[l] = (u8)r;
+            rj[j] = r;
+            lsize[j] = ls;
+            incl[j] = warp_incl_u32(ls, lane);
+            if (lane == 31) s_wtot[it] = incl[j];
         }
         if (err) atomicOr(&s_err, err);
-        ((u8*)s_rate)[l] = (u8)r;
-        const u32 incl = warp_incl_u32(lsize, lane);
-        if (lane == 31) s_wtot[w] = incl;
         __syncthreads();
         if (w == 0) {
             u32 v = s_wtot[lane];
@@ -506,22 +557,36 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         __syncthreads();
         if (s_err) break;
         const u32 pstart = head + 32u * __popc(mask);
-        const u32 loff = pstart + s_wtot[w] + (incl - lsize);
-        s_off[l] = loff;
+        u32 loff[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int it = w + j * W;
+            loff[j] = pstart + s_wtot[it] + (incl[j] - lsize[j]);
+            s_off[it * 32 + lane] = loff[j];
+        }
         if (CODEC == ZC_AATROX) {
             // level 1: sum of the 32 deltas of every layer from its bit planes (raw layers: 0)
-            u64 sum = 0;
-            const u32 b = r & 63u;
-            if (r != 0xFF && b > 0) {
-                const u32 sign = cw[loff >> 2];
-                for (u32 j = 0; j < b; j++) {
-                    const u32 p = cw[(loff >> 2) + 1 + j];
-                    const int cnt = __popc(p & ~sign) - __popc(p & sign);
-                    sum += (u64)(i64)cnt << j;
+            u64 sum[J];
+            i64 sincl[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int it = w + j * W;
+                const u32 r = rj[j];
+                const u32 b = r & 63u;
+                u64 sm = 0;
+                if (r != 0xFF && b > 0) {
+                    const u32* pw = cw + (loff[j] >> 2);
+                    const u32 sign = pw[0];
+                    for (u32 k = 0; k < b; k++) {
+                        const u32 p = pw[1 + k];
+                        const int cnt = __popc(p & ~sign) - __popc(p & sign);
+                        sm += (u64)(i64)cnt << k;
+                    }
                 }
+                sum[j] = sm;
+                sincl[j] = warp_incl_i64((i64)sm, lane);
+                if (lane == 31) s_wsum[it] = sincl[j];
             }
-            i64 s_incl = warp_incl_i64((i64)sum, lane);
-            if (lane == 31) s_wsum[w] = s_incl;
             __syncthreads();
             if (w == 0) {
                 i64 v = s_wsum[lane];
@@ -529,52 +594,73 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                 s_wsum[lane] = (i64)((u64)inc - (u64)v);
             }
             __syncthreads();
-            s_start[l] = (i64)((u64)init + (u64)s_wsum[w] + (u64)s_incl - sum);
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int it = w + j * W;
+                s_start[it * 32 + lane] = (i64)((u64)init + (u64)s_wsum[it] + (u64)sincl[j] - sum[j]);
+            }
         }
         __syncthreads();
         // level 2: per thread layer, lane k = value k
         T* cout = out + cbase;
 #pragma unroll 1
-        for (int t = 0; t < 32; t++) {
-            const u32 ll = (u32)(w * 32 + t);
-            if (ll >= n_layers) break;
-            const u32 rr = ((const u8*)s_rate)[ll];
-            const u32 off = s_off[ll];
-            const u32 nt = min(32u, n - ll * 32u);
-            const bool present = (u32)lane < nt;
-            if (rr == 0xFF) {
-                if (present) {
-                    const u32 o = off + (u32)lane * SIZE;
-                    typename ZT<T>::bits_t bits;
-                    if (SIZE == 4) bits = (typename ZT<T>::bits_t)zc_get_any(cp, o);
-                    else bits = (typename ZT<T>::bits_t)((u64)zc_get_any(cp, o) | ((u64)zc_get_any(cp, o + 4) << 32));
-                    zc_store<T, ACC>(cout + ll * 32u + lane, ZT<T>::from_bits(bits));
+        for (int j = 0; j < J; j++) {
+            const int it = w + j * W;
+#pragma unroll 1
+            for (int t = 0; t < 32; t++) {
+                const u32 ll = (u32)(it * 32 + t);
+                if (ll >= n_layers) break;
+                const u32 rr = ((const u8*)s_rate)[ll];
+                const u32 off = s_off[ll];
+                const u32 nt = min(32u, n - ll * 32u);
+                const bool present = (u32)lane < nt;
+                if (rr == 0xFF) {
+                    if (present) {
+                        const u32 o = off + (u32)lane * SIZE;
+                        typename ZT<T>::bits_t bits;
+                        if (SIZE == 4) bits = (typename ZT<T>::bits_t)zc_get_any(cp, o);
+                        else bits = (typename ZT<T>::bits_t)((u64)zc_get_any(cp, o) | ((u64)zc_get_any(cp, o + 4) << 32));
+                        zc_store<T, ACC>(cout + ll * 32u + lane, ZT<T>::from_bits(bits));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            const u32 o = rr >> 6, b = rr & 63u;
-            const u32 ow = zc_obytes(o);
-            i64 d = 0;
-            if (b > 0) {
-                const u32 pos = off + ow;
-                const u32 sign = zc_get_any(cp, pos);
-                u32 pl = (u32)lane < b ? zc_get_any(cp, pos + 4 + 4 * lane) : 0u;
-                u64 m = warp_transpose32(pl, lane);
-                if (SIZE == 8 && b > 32) {
-                    u32 ph = (u32)lane + 32 < b ? zc_get_any(cp, pos + 4 + 4 * (32 + lane)) : 0u;
-                    m |= (u64)warp_transpose32(ph, lane) << 32;
+                const u32 o = rr >> 6, b = rr & 63u;
+                const u32 ow = zc_obytes(o);
+                const i64 start = CODEC == ZC_AATROX ? s_start[ll] : 0;
+                i64 code;
+                if (SIZE == 4 && o == 0 && b <= 26) {
+                    // |delta| < 2^26: the in-layer prefix sums fit 32 bits
+                    i32 d = 0;
+                    if (b > 0) {
+                        const u32 sign = zc_get_any(cp, off);
+                        u32 pl = (u32)lane < b ? zc_get_any(cp, off + 4 + 4 * lane) : 0u;
+                        i32 m = (i32)warp_transpose32(pl, lane);
+                        d = ((sign >> lane) & 1u) ? -m : m;
+                    }
+                    code = (i64)((u64)start + (u64)(i64)warp_incl_i32(d, lane));
+                } else {
+                    i64 d = 0;
+                    if (b > 0) {
+                        const u32 pos = off + ow;
+                        const u32 sign = zc_get_any(cp, pos);
+                        u32 pl = (u32)lane < b ? zc_get_any(cp, pos + 4 + 4 * lane) : 0u;
+                        u64 m = warp_transpose32(pl, lane);
+                        if (SIZE == 8 && b > 32) {
+                            u32 ph = (u32)lane + 32 < b ? zc_get_any(cp, pos + 4 + 4 * (32 + lane)) : 0u;
+                            m |= (u64)warp_transpose32(ph, lane) << 32;
+                        }
+                        d = ((sign >> lane) & 1u) ? (i64)(0ull - m) : (i64)m;
+                    }
+                    if (o != 0 && lane == 0) {
+                        u64 z = 0;
+                        for (u32 k = 0; k < ow; k++) z |= (u64)cp[off + k] << (8 * k);
+                        i64 d0 = (i64)(z >> 1) ^ -(i64)(z & 1ull);
+                        d = (i64)((u64)d + (u64)d0);
+                    }
+                    code = (i64)((u64)start + (u64)warp_incl_i64(d, lane));
                 }
-                d = ((sign >> lane) & 1u) ? (i64)(0ull - m) : (i64)m;
+                if (present) zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, code));
             }
-            if (o != 0 && lane == 0) {
-                u64 z = 0;
-                for (u32 k = 0; k < ow; k++) z |= (u64)cp[off + k] << (8 * k);
-                i64 d0 = (i64)(z >> 1) ^ -(i64)(z & 1ull);
-                d = (i64)((u64)d + (u64)d0);
-            }
-            i64 code = warp_incl_i64(d, lane);
-            if (CODEC == ZC_AATROX) code = (i64)((u64)code + (u64)s_start[ll]);
-            if (present) zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, code));
         }
     } while (0);
     __syncthreads();
@@ -640,7 +726,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
 }
 
 #define ZC_INST(TY, TN, CID, CN, REL, RN)                                                                      \
-    extern "C" __global__ void __launch_bounds__(1024) zc_compress_##TN##_##CN##_##RN(                         \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB) zc_compress_##TN##_##CN##_##RN(                         \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
         double step64, double eb) {                                                                            \
         ZQ<TY> q;                                                                                              \
@@ -650,7 +736,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                         \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(1024) zc_decompress_##TN##_##CN##_##RN(                       \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
@@ -660,7 +746,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(1024) zc_decompress_add_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \

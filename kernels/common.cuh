@@ -207,7 +207,10 @@ template <> struct ZT<float> {
     __device__ static float rnd(float a) { return rintf(a); }
     __device__ static float absv(float a) { return fabsf(a); }
     __device__ static code_t to_code(float a) { return (i32)a; }
-    __device__ static float from_code(i64 q) { return __ll2float_rn(q); }
+    __device__ static float from_code(i64 q) {
+        // same rounding either way; the 32-bit conversion is the fast one
+        return q == (i64)(i32)q ? __int2float_rn((i32)q) : __ll2float_rn(q);
+    }
     __device__ static float from_f64(double v) { return __double2float_rn(v); }
     __device__ static bits_t bits(float v) { return __float_as_uint(v); }
     __device__ static float from_bits(bits_t b) { return __uint_as_float(b); }

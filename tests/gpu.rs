@@ -356,20 +356,29 @@ fn bench_files() {
             p.next().unwrap_or(spec),
         );
         let bytes = std::fs::read(path).expect("read input");
+        let d32: Vec<f32> = if dtype == "f64" {
+            Vec::new()
+        } else {
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        let d64: Vec<f64> = if dtype == "f64" {
+            bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        drop(bytes);
         for &b in &bounds {
             for &c in &codecs {
                 let r = if dtype == "f64" {
-                    let d: Vec<f64> = bytes
-                        .chunks_exact(8)
-                        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                        .collect();
-                    zcomm::gpu::bench::bench_device(&mut gpu, &d, name, b, c, opts)
+                    zcomm::gpu::bench::bench_device(&mut gpu, &d64, name, b, c, opts)
                 } else {
-                    let d: Vec<f32> = bytes
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                        .collect();
-                    zcomm::gpu::bench::bench_device(&mut gpu, &d, name, b, c, opts)
+                    zcomm::gpu::bench::bench_device(&mut gpu, &d32, name, b, c, opts)
                 }
                 .expect("bench");
                 println!(

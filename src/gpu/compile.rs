@@ -11,6 +11,18 @@ use crate::error::{Error, Result};
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 const BLOCKED: &str = include_str!("../../kernels/blocked.cu");
 
+/// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
+/// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 8.
+pub fn blocked_warps() -> u32 {
+    match std::env::var("ZCOMM_GPU_WARPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(w @ (8 | 16 | 32)) => w,
+        _ => 8,
+    }
+}
+
 /// NVRTC options besides `-arch`: no fused multiply-add anywhere (FORMAT.md), IEEE division.
 pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--prec-div=true", "--std=c++17"];
 
@@ -66,6 +78,11 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 
 /// Compile `src` to a CUBIN for `arch` (e.g. `sm_90`).
 pub fn compile_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
+    compile_cubin_with(src, arch, &[])
+}
+
+/// [`compile_cubin`] with extra NVRTC options (e.g. `-DZC_WARPS=16`).
+pub fn compile_cubin_with(src: &str, arch: &str, extra: &[String]) -> Result<Vec<u8>> {
     if !nvrtc_available() {
         return Err(Error::Unavailable("libnvrtc not found".into()));
     }
@@ -75,6 +92,7 @@ pub fn compile_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
         .map_err(|e| Error::Gpu(format!("nvrtcCreateProgram: {e:?}")))?;
     let mut opts: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
     opts.push(format!("--gpu-architecture={arch}"));
+    opts.extend(extra.iter().cloned());
     // SAFETY: prog is a live program; destroyed below on every path.
     let res = unsafe { nvrtc::compile_program(prog, &opts) };
     let out = (|| {
@@ -119,11 +137,12 @@ fn cache_dir() -> Option<PathBuf> {
 
 /// The CUBIN of the blocked kernels for `arch`: from the cache when present, else compiled with
 /// NVRTC and stored (cache errors only log a warning).
-pub fn blocked_cubin(arch: &str) -> Result<Vec<u8>> {
+pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
     let src = blocked_source();
     let (maj, min) = nvrtc_version()?;
     let ver = format!("{maj}.{min}");
-    let opts = NVRTC_OPTIONS.join(" ");
+    let extra = vec![format!("-DZC_WARPS={warps}")];
+    let opts = format!("{} {}", NVRTC_OPTIONS.join(" "), extra.join(" "));
     let key = fnv1a(&[
         src.as_bytes(),
         opts.as_bytes(),
@@ -140,7 +159,7 @@ pub fn blocked_cubin(arch: &str) -> Result<Vec<u8>> {
         }
     }
     let t = std::time::Instant::now();
-    let cubin = compile_cubin(&src, arch)?;
+    let cubin = compile_cubin_with(&src, arch, &extra)?;
     tracing::info!(
         arch,
         ms = t.elapsed().as_millis() as u64,

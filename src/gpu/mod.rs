@@ -50,7 +50,6 @@ use crate::quant::{ErrorBound, QuantParams};
 /// Values per chunk of the blocked codecs.
 const CHUNK: usize = 1 << 15;
 const CHUNK_LOG2: u16 = 15;
-const THREADS: u32 = 1024;
 const CTRL_WORDS: usize = 16;
 // ctrl word indices (kernels/blocked.cu)
 const C_HASH: usize = 2;
@@ -103,6 +102,7 @@ pub struct GpuCodec {
     name: String,
     arch: String,
     sm_count: u32,
+    threads: u32,
     ctrl: CudaSlice<u64>,
     status: CudaSlice<u64>,
     host_ctrl: Vec<u64>,
@@ -161,7 +161,8 @@ impl GpuCodec {
         let sm_count = ctx
             .attribute(cu_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(gpu_err("SM count"))? as u32;
-        let cubin = compile::blocked_cubin(&arch)?;
+        let warps = compile::blocked_warps();
+        let cubin = compile::blocked_cubin(&arch, warps)?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(gpu_err("cuModuleLoadData"))?;
@@ -178,6 +179,7 @@ impl GpuCodec {
             name,
             arch,
             sm_count,
+            threads: 32 * warps,
             ctrl,
             status,
             host_ctrl: vec![0; CTRL_WORDS],
@@ -497,7 +499,7 @@ impl GpuCodec {
         self.launch(
             &f,
             nc,
-            THREADS,
+            self.threads,
             &mut [
                 arg(&in_ptr),
                 arg(&count),
@@ -649,7 +651,7 @@ impl GpuCodec {
         self.launch(
             &f,
             nc,
-            THREADS,
+            self.threads,
             &mut [
                 arg(&sp),
                 arg(&slen),
