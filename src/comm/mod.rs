@@ -57,6 +57,8 @@
 //! form of its own stream too). Allgather and bcast likewise give every rank the same values.
 
 mod compressor;
+#[cfg(feature = "cuda")]
+pub mod device;
 mod element;
 #[cfg(feature = "nccl")]
 pub mod nccl;
@@ -67,6 +69,8 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 pub use compressor::{Compressor, CpuCompressor};
+#[cfg(feature = "cuda")]
+pub use device::{DeviceProfile, DeviceStager, GpuCompressor, StageTimes, Staged};
 pub use element::{CommElement, Real};
 #[cfg(feature = "mpi")]
 pub use transport::MpiTransport;
@@ -140,6 +144,8 @@ pub struct Config {
     pub profile_path: Option<PathBuf>,
     /// Codec chunks (32,768 values) compressed to estimate a message's ratio.
     pub sample_chunks: usize,
+    /// Message size of the bandwidth ping-pong in calibration (bytes).
+    pub pingpong_bytes: usize,
 }
 
 impl Config {
@@ -152,7 +158,13 @@ impl Config {
             calibration: Calibration::LoadOrMeasure,
             profile_path: None,
             sample_chunks: 4,
+            pingpong_bytes: 16 << 20,
         }
+    }
+    /// With a ping-pong message size for calibration.
+    pub fn with_pingpong_bytes(mut self, b: usize) -> Self {
+        self.pingpong_bytes = b.max(1 << 16);
+        self
     }
     /// With a policy.
     pub fn with_policy(mut self, p: Policy) -> Self {
@@ -677,9 +689,10 @@ impl Communicator {
             if r < 2 {
                 let peer = 1 - r;
                 let small = [0u8; 8];
-                let big = vec![1u8; 8 << 20];
+                let big = vec![1u8; self.config.pingpong_bytes];
                 let lat_rt = pingpong(t, r, peer, &small, 50)?;
-                let bw_rt = pingpong(t, r, peer, &big, 6)?;
+                let reps = ((256usize << 20) / big.len()).clamp(2, 8);
+                let bw_rt = pingpong(t, r, peer, &big, reps)?;
                 let lat = lat_rt / 2.0;
                 let one_way = (bw_rt / 2.0 - lat).max(1e-9);
                 vals = [lat, big.len() as f64 / one_way];

@@ -1,0 +1,644 @@
+//! Device buffers with a non-CUDA-aware MPI: compress on the GPU, copy the compressed bytes
+//! device→host into pinned memory, send, copy host→device, decompress on the GPU.
+//!
+//! * [`DeviceStager`] owns a [`GpuCodec`], device scratch and pinned host buffers (grown, then
+//!   reused, so steady-state calls allocate nothing but the received message).
+//! * [`Communicator::sendrecv_device`] is the staged pairwise exchange (raw or compressed by the
+//!   policy); with [`DeviceStager::set_chunk_bytes`] the buffer is sent in chunks.
+//! * [`DeviceStager::stage_to_host`] / [`DeviceStager::restore_to_device`] expose the GPU→CPU
+//!   staging on its own (checkpoint/offload: compressed on the device, kept compressed on the
+//!   host).
+//! * [`GpuCompressor`] plugs the GPU codec into a [`Communicator`] for host buffers.
+//!
+//! Complex device buffers are passed as their interleaved real scalars (`2n` f32/f64 values).
+
+use std::sync::Mutex;
+
+use cudarc::driver::{
+    result as cu, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    PinnedHostSlice,
+};
+
+use super::{
+    element::Real, Communicator, Compressor, Decision, Desc, OpStats, ReduceOp, OP_SENDRECV,
+};
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::format::Dtype;
+use crate::gpu::{GpuCodec, GpuElement};
+use crate::model::{self, Link, Policy, Scenario};
+use crate::quant::ErrorBound;
+
+fn gpu_err(what: &'static str) -> impl Fn(cu::DriverError) -> Error {
+    move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+/// The GPU codec behind the [`Compressor`] trait (host buffers, compressed on the device).
+pub struct GpuCompressor {
+    gpu: Mutex<GpuCodec>,
+    name: String,
+}
+
+impl GpuCompressor {
+    /// Wrap a GPU codec.
+    pub fn new(gpu: GpuCodec) -> Self {
+        let name = format!("gpu:{}", gpu.device_name());
+        GpuCompressor {
+            gpu: Mutex::new(gpu),
+            name,
+        }
+    }
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, GpuCodec>> {
+        self.gpu
+            .lock()
+            .map_err(|_| Error::Gpu("GPU codec mutex poisoned".into()))
+    }
+}
+
+impl Compressor for GpuCompressor {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn compress_f32(&self, d: &[f32], b: ErrorBound, c: CodecKind) -> Result<Vec<u8>> {
+        self.lock()?.compress(d, b, c)
+    }
+    fn compress_f64(&self, d: &[f64], b: ErrorBound, c: CodecKind) -> Result<Vec<u8>> {
+        self.lock()?.compress(d, b, c)
+    }
+    fn decompress_f32(&self, s: &[u8], out: &mut [f32]) -> Result<()> {
+        self.lock()?.decompress_into(s, out)
+    }
+    fn decompress_f64(&self, s: &[u8], out: &mut [f64]) -> Result<()> {
+        self.lock()?.decompress_into(s, out)
+    }
+}
+
+/// A device buffer compressed and kept in host memory ([`DeviceStager::stage_to_host`]).
+#[derive(Debug, Clone)]
+pub struct Staged {
+    bytes: Vec<u8>,
+    count: usize,
+    dtype: Dtype,
+}
+
+impl Staged {
+    /// The zcomm stream (readable with [`crate::decompress`] on the CPU too).
+    pub fn stream(&self) -> &[u8] {
+        &self.bytes
+    }
+    /// Number of values.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    /// Value type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    /// Uncompressed bytes / stream bytes.
+    pub fn ratio(&self) -> f64 {
+        (self.count * self.dtype.size()) as f64 / self.bytes.len().max(1) as f64
+    }
+}
+
+/// Measured device-side speeds (all ranks agree on them, see [`DeviceStager::calibrate`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceProfile {
+    /// Device→host / host→device pinned copies (slower direction).
+    pub staging: Link,
+    /// GPU compression throughput (input bytes/s).
+    pub compress: f64,
+    /// GPU decompression throughput (output bytes/s).
+    pub decompress: f64,
+}
+
+/// Wall-clock seconds of each stage of the last staged operation on this rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct StageTimes {
+    /// GPU compression.
+    pub compress: f64,
+    /// Device→host copy.
+    pub d2h: f64,
+    /// MPI exchange (descriptors, payload, verdict).
+    pub network: f64,
+    /// Host→device copy.
+    pub h2d: f64,
+    /// GPU decompression.
+    pub decompress: f64,
+}
+
+/// GPU codec + device scratch + pinned host buffers for staged communication.
+pub struct DeviceStager {
+    gpu: GpuCodec,
+    scratch_out: Option<CudaSlice<u8>>,
+    scratch_in: Option<CudaSlice<u8>>,
+    pinned_send: Option<PinnedHostSlice<u8>>,
+    pinned_recv: Option<PinnedHostSlice<u8>>,
+    chunk_bytes: usize,
+    profile: Option<DeviceProfile>,
+    /// Stage times of the last operation.
+    pub last: StageTimes,
+}
+
+impl std::fmt::Debug for DeviceStager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceStager({:?})", self.gpu)
+    }
+}
+
+fn now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+impl DeviceStager {
+    /// Wrap a GPU codec (no calibration yet: see [`calibrate`](Self::calibrate)).
+    pub fn new(gpu: GpuCodec) -> Self {
+        DeviceStager {
+            gpu,
+            scratch_out: None,
+            scratch_in: None,
+            pinned_send: None,
+            pinned_recv: None,
+            chunk_bytes: 0,
+            profile: None,
+            last: StageTimes::default(),
+        }
+    }
+    /// The GPU codec (its stream is the one all copies run on).
+    pub fn gpu(&mut self) -> &mut GpuCodec {
+        &mut self.gpu
+    }
+    /// The device profile, if calibrated.
+    pub fn profile(&self) -> Option<DeviceProfile> {
+        self.profile
+    }
+    /// Use a known profile.
+    pub fn set_profile(&mut self, p: DeviceProfile) {
+        self.profile = Some(p);
+    }
+    /// Send large buffers in chunks of about this many bytes (0 = one piece).
+    pub fn set_chunk_bytes(&mut self, b: usize) {
+        self.chunk_bytes = b;
+    }
+
+    fn stream(&self) -> std::sync::Arc<CudaStream> {
+        self.gpu.stream().clone()
+    }
+
+    fn grow_dev(
+        slot: &mut Option<CudaSlice<u8>>,
+        s: &std::sync::Arc<CudaStream>,
+        n: usize,
+    ) -> Result<()> {
+        let need = n.max(4).next_multiple_of(4);
+        if slot.as_ref().is_none_or(|b| b.len() < need) {
+            *slot = None;
+            // SAFETY: scratch is written (by a kernel or a copy) before it is read.
+            let b = unsafe { s.alloc::<u8>(need) }
+                .map_err(|e| Error::OutOfMemory(format!("{need} device bytes: {e:?}")))?;
+            *slot = Some(b);
+        }
+        Ok(())
+    }
+
+    fn grow_pinned(
+        slot: &mut Option<PinnedHostSlice<u8>>,
+        s: &std::sync::Arc<CudaStream>,
+        n: usize,
+    ) -> Result<()> {
+        let need = n.max(1);
+        if slot.as_ref().is_none_or(|b| b.len() < need) {
+            *slot = None;
+            // SAFETY: pinned memory is written by a copy before it is read; flags 0 (cached,
+            // not write-combined) because the CPU (MPI) reads it.
+            let b = unsafe { s.context().alloc_pinned_with_flags::<u8>(need, 0) }
+                .map_err(|e| Error::OutOfMemory(format!("{need} pinned bytes: {e:?}")))?;
+            *slot = Some(b);
+        }
+        Ok(())
+    }
+
+    /// Compress `data` on the device into the device scratch; returns the stream length.
+    fn compress_to_scratch<T: GpuElement>(
+        &mut self,
+        data: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<usize> {
+        let s = self.stream();
+        Self::grow_dev(
+            &mut self.scratch_out,
+            &s,
+            crate::compress_bound(data.len(), T::DTYPE),
+        )?;
+        let mut out = self.scratch_out.take().expect("grown");
+        let r = {
+            let mut v = out.slice_mut(..);
+            self.gpu.compress_device(data, bound, codec, &mut v)
+        };
+        self.scratch_out = Some(out);
+        r
+    }
+
+    /// Copy `n` bytes of device memory at `src` into `dst` (host) and wait.
+    fn d2h(s: &CudaStream, src: u64, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees `src` holds at least dst.len() bytes on this stream's
+        // context; we synchronize before returning so `dst` is not used while the copy runs.
+        unsafe { cu::memcpy_dtoh_async(dst, src, s.cu_stream()) }.map_err(gpu_err("d2h"))?;
+        s.synchronize().map_err(gpu_err("sync"))
+    }
+
+    /// Copy `src` (host) to device memory at `dst` and wait.
+    fn h2d(s: &CudaStream, src: &[u8], dst: u64) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees `dst` holds at least src.len() bytes; synchronized
+        // before returning so `src` outlives the copy.
+        unsafe { cu::memcpy_htod_async(dst, src, s.cu_stream()) }.map_err(gpu_err("h2d"))?;
+        s.synchronize().map_err(gpu_err("sync"))
+    }
+
+    /// Compress a device buffer on the GPU and keep the stream in host memory.
+    pub fn stage_to_host<T: GpuElement>(
+        &mut self,
+        data: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<Staged> {
+        let t = now();
+        let len = self.compress_to_scratch(data, bound, codec)?;
+        self.last = StageTimes {
+            compress: t.elapsed().as_secs_f64(),
+            ..Default::default()
+        };
+        let t = now();
+        let s = self.stream();
+        let mut bytes = vec![0u8; len];
+        let src = self.scratch_out.as_ref().expect("grown");
+        let (p, _g) = src.device_ptr(&s);
+        Self::d2h(&s, p, &mut bytes)?;
+        self.last.d2h = t.elapsed().as_secs_f64();
+        Ok(Staged {
+            bytes,
+            count: data.len(),
+            dtype: T::DTYPE,
+        })
+    }
+
+    /// Copy a staged stream back to the device and decompress it into `out`.
+    pub fn restore_to_device<T: GpuElement>(
+        &mut self,
+        staged: &Staged,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        if staged.dtype != T::DTYPE || staged.count != out.len() {
+            return Err(Error::Mismatch {
+                what: "staged buffer",
+                expected: format!("{} x {}", out.len(), T::DTYPE),
+                found: format!("{} x {}", staged.count, staged.dtype),
+            });
+        }
+        let t = now();
+        self.upload_and_decompress(&staged.bytes, out)?;
+        let _ = t;
+        Ok(())
+    }
+
+    fn upload_and_decompress<T: GpuElement>(
+        &mut self,
+        bytes: &[u8],
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        let s = self.stream();
+        Self::grow_dev(&mut self.scratch_in, &s, bytes.len())?;
+        let t = now();
+        {
+            let dst = self.scratch_in.as_mut().expect("grown");
+            let (p, _g) = dst.device_ptr_mut(&s);
+            Self::h2d(&s, bytes, p)?;
+        }
+        self.last.h2d = t.elapsed().as_secs_f64();
+        let t = now();
+        let src = self.scratch_in.take().expect("grown");
+        let r = {
+            let v = src.slice(0..bytes.len());
+            self.gpu.decompress_device(&v, out)
+        };
+        self.scratch_in = Some(src);
+        self.last.decompress = t.elapsed().as_secs_f64();
+        r
+    }
+
+    /// Uncompressed device→host copy (the raw staging baseline).
+    pub fn copy_to_host<T: GpuElement>(
+        &mut self,
+        data: &CudaView<'_, T>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let n = std::mem::size_of::<T>() * data.len();
+        if out.len() != n {
+            return Err(Error::invalid("copy_to_host: output length differs"));
+        }
+        let s = self.stream();
+        let (p, _g) = data.device_ptr(&s);
+        Self::d2h(&s, p, out)
+    }
+
+    /// Uncompressed host→device copy (the raw staging baseline).
+    pub fn copy_to_device<T: GpuElement>(
+        &mut self,
+        data: &[u8],
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        let n = std::mem::size_of::<T>() * out.len();
+        if data.len() != n {
+            return Err(Error::invalid("copy_to_device: input length differs"));
+        }
+        let s = self.stream();
+        let (p, _g) = out.device_ptr_mut(&s);
+        Self::h2d(&s, data, p)
+    }
+
+    /// Measure GPU codec throughput and pinned copy bandwidth on `values` f32 values of a smooth
+    /// field, on every rank at once (ranks sharing a GPU see their share); all ranks adopt the
+    /// slowest rank's numbers. Collective over `comm`.
+    pub fn calibrate(
+        &mut self,
+        comm: &Communicator,
+        values: usize,
+        codec: CodecKind,
+    ) -> Result<DeviceProfile> {
+        let s = self.stream();
+        let host: Vec<f32> = (0..values)
+            .map(|i| {
+                let x = i as f64 * 1e-4;
+                ((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0) as f32
+            })
+            .collect();
+        let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
+        let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
+        let bytes = (values * 4) as f64;
+        let bound = ErrorBound::Noa(1e-3);
+        let (mut tc, mut td, mut tdh, mut thd) =
+            (f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY);
+        Self::grow_pinned(&mut self.pinned_send, &s, values * 4)?;
+        comm.barrier()?;
+        for _ in 0..3 {
+            let t = now();
+            let len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
+            tc = tc.min(t.elapsed().as_secs_f64());
+            let t = now();
+            let src = self.scratch_out.take().expect("grown");
+            let r = {
+                let v = src.slice(0..len);
+                let mut o = out.slice_mut(..);
+                self.gpu.decompress_device(&v, &mut o)
+            };
+            self.scratch_out = Some(src);
+            r?;
+            td = td.min(t.elapsed().as_secs_f64());
+            let pinned = self
+                .pinned_send
+                .as_mut()
+                .expect("grown")
+                .as_mut_slice()
+                .map_err(gpu_err("pinned"))?;
+            let t = now();
+            {
+                let (p, _g) = dev.device_ptr(&s);
+                Self::d2h(&s, p, &mut pinned[..values * 4])?;
+            }
+            tdh = tdh.min(t.elapsed().as_secs_f64());
+            let t = now();
+            {
+                let (p, _g) = out.device_ptr_mut(&s);
+                Self::h2d(&s, &pinned[..values * 4], p)?;
+            }
+            thd = thd.min(t.elapsed().as_secs_f64());
+        }
+        let mut v = [-bytes / tc, -bytes / td, -bytes / tdh.max(thd)];
+        comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
+        let p = DeviceProfile {
+            staging: Link {
+                bandwidth: -v[2],
+                latency: 10e-6,
+            },
+            compress: -v[0],
+            decompress: -v[1],
+        };
+        tracing::info!(target: "zcomm::comm", "device profile: compress {} decompress {} staging {}",
+            model::fmt_rate(p.compress), model::fmt_rate(p.decompress), model::fmt_rate(p.staging.bandwidth));
+        self.profile = Some(p);
+        Ok(p)
+    }
+}
+
+impl Communicator {
+    /// Staged pairwise exchange of device buffers (see the [module docs](self)): send `send` to
+    /// `dest`, receive `recv.len()` values from `src` into `recv`. Raw path: D2H, MPI, H2D.
+    /// Compressed path: GPU compress, D2H of the stream, MPI, H2D, GPU decompress. Mismatches
+    /// fail on both ends, as for [`Communicator::sendrecv`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn sendrecv_device<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        dest: usize,
+        recv: &mut CudaViewMut<'_, T>,
+        src: usize,
+        tag: i32,
+    ) -> Result<OpStats> {
+        Self::check_tag(tag)?;
+        let t0 = self.wtime();
+        let n = send.len();
+        let bytes = n * T::SIZE;
+        let bound = self.config.bound;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let dp = dev.profile.unwrap_or(DeviceProfile {
+            staging: Link {
+                bandwidth: 20e9,
+                latency: 10e-6,
+            },
+            compress: 200e9,
+            decompress: 300e9,
+        });
+        let est = self.ratios.get(OP_SENDRECV | 0x80, tag as i64);
+        let k = if dev.chunk_bytes > 0 {
+            bytes.div_ceil(dev.chunk_bytes).max(1)
+        } else {
+            1
+        };
+        let sc = Scenario::new(
+            bytes as f64,
+            est.unwrap_or(1.0),
+            self.profile.link,
+            dp.compress,
+            dp.decompress,
+        )
+        .with_staging(Some(dp.staging))
+        .with_chunks(k);
+        let pr = model::predict(&sc);
+        let compress = match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            // no estimate yet: compress once to learn the ratio
+            Policy::Auto(_) => est.is_none() || pr.compressed_serial < 0.95 * pr.raw_serial,
+        } && n > 0;
+        let mut st = OpStats::raw(OP_SENDRECV);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = est.unwrap_or(1.0);
+        st.predicted_raw_s = pr.raw_serial;
+        st.predicted_compressed_s = pr.compressed_serial;
+        dev.last = StageTimes::default();
+        let s = dev.stream();
+        let expect = Desc {
+            count: recv.len() as u64,
+            dtype: elem_tag::<T>(),
+            ..self.local_desc::<f32>(OP_SENDRECV, 0)
+        };
+        let mut d = Desc {
+            dtype: elem_tag::<T>(),
+            ..self.local_desc::<f32>(OP_SENDRECV, n)
+        };
+        let len;
+        if compress {
+            let t = now();
+            len = dev.compress_to_scratch(send, bound, codec)?;
+            dev.last.compress = t.elapsed().as_secs_f64();
+            DeviceStager::grow_pinned(&mut dev.pinned_send, &s, len)?;
+            let t = now();
+            {
+                let src_buf = dev.scratch_out.as_ref().expect("grown");
+                let (p, _g) = src_buf.device_ptr(&s);
+                let pin = dev
+                    .pinned_send
+                    .as_mut()
+                    .expect("grown")
+                    .as_mut_slice()
+                    .map_err(gpu_err("pinned"))?;
+                DeviceStager::d2h(&s, p, &mut pin[..len])?;
+            }
+            dev.last.d2h = t.elapsed().as_secs_f64();
+            st.decision = Decision::Compressed;
+            st.codec = Some(codec);
+            st.wire_bytes = len as u64;
+            st.ratio = bytes as f64 / len.max(1) as f64;
+            st.bound = match bound {
+                ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+                ErrorBound::Noa(e) => {
+                    let h = crate::inspect(
+                        &dev.pinned_send
+                            .as_ref()
+                            .expect("grown")
+                            .as_slice()
+                            .map_err(gpu_err("pinned"))?[..len],
+                    )?;
+                    e * (h.range_max - h.range_min)
+                }
+            };
+            self.ratios.put(OP_SENDRECV | 0x80, tag as i64, st.ratio);
+            d.decision = 1;
+        } else {
+            DeviceStager::grow_pinned(&mut dev.pinned_send, &s, bytes)?;
+            let t = now();
+            {
+                let (p, _g) = send.device_ptr(&s);
+                let pin = dev
+                    .pinned_send
+                    .as_mut()
+                    .expect("grown")
+                    .as_mut_slice()
+                    .map_err(gpu_err("pinned"))?;
+                DeviceStager::d2h(&s, p, &mut pin[..bytes])?;
+            }
+            dev.last.d2h = t.elapsed().as_secs_f64();
+            len = bytes;
+            st.wire_bytes = bytes as u64;
+        }
+        d.payload = len as u64;
+        d.ratio = st.ratio;
+        // network
+        let rbytes = recv.len() * T::SIZE;
+        DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, rbytes)?;
+        let t = now();
+        let got = {
+            let pin_s = dev
+                .pinned_send
+                .as_ref()
+                .expect("grown")
+                .as_slice()
+                .map_err(gpu_err("pinned"))?;
+            let pin_r = dev
+                .pinned_recv
+                .as_mut()
+                .expect("grown")
+                .as_mut_slice()
+                .map_err(gpu_err("pinned"))?;
+            self.exchange(
+                &d,
+                &pin_s[..len],
+                dest,
+                &expect,
+                src,
+                tag,
+                Some(&mut pin_r[..rbytes]),
+            )?
+        };
+        dev.last.network = t.elapsed().as_secs_f64();
+        match got {
+            None => {
+                let t = now();
+                let (p, _g) = recv.device_ptr_mut(&s);
+                let pin = dev
+                    .pinned_recv
+                    .as_ref()
+                    .expect("grown")
+                    .as_slice()
+                    .map_err(gpu_err("pinned"))?;
+                DeviceStager::h2d(&s, &pin[..rbytes], p)?;
+                dev.last.h2d = t.elapsed().as_secs_f64();
+            }
+            Some((sd, b)) => {
+                if sd.decision == 1 {
+                    dev.upload_and_decompress(&b, recv)?;
+                } else {
+                    return Err(Error::Comm("raw device payload of unexpected size".into()));
+                }
+            }
+        }
+        let ratio_for_model = if compress {
+            st.ratio
+        } else {
+            est.unwrap_or(1.0)
+        };
+        let pr = model::predict(&sc.with_chunks(k).clone_with_ratio(ratio_for_model));
+        st.predicted_raw_s = pr.raw_serial;
+        st.predicted_compressed_s = pr.compressed_serial;
+        st.predicted_s = if compress {
+            pr.compressed_serial
+        } else {
+            pr.raw_serial
+        };
+        tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "sendrecv_device");
+        Ok(self.finish(st, t0))
+    }
+}
+
+fn elem_tag<T: Real>() -> u8 {
+    match T::DTYPE {
+        Dtype::F32 => 1,
+        Dtype::F64 => 2,
+    }
+}
+
+trait WithRatio {
+    fn clone_with_ratio(&self, r: f64) -> Self;
+}
+impl WithRatio for Scenario {
+    fn clone_with_ratio(&self, r: f64) -> Self {
+        Scenario { ratio: r, ..*self }
+    }
+}
