@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 const BLOCKED: &str = include_str!("../../kernels/blocked.cu");
+const PFPL: &str = include_str!("../../kernels/pfpl.cu");
 
 /// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
 /// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 8.
@@ -29,14 +30,15 @@ pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--prec-div=true", "--std=c
 /// The full CUDA source of the blocked codecs (common.cuh inlined, as NVRTC has no file system).
 pub fn blocked_source() -> String {
     let body = BLOCKED.replace("#include \"common.cuh\"", "");
-    format!("{COMMON}\n// ---- blocked.cu\n{body}")
+    let pfpl = PFPL.replace("#include \"common.cuh\"", "");
+    format!("{COMMON}\n// ---- blocked.cu\n{body}\n// ---- pfpl.cu\n{pfpl}")
 }
 
 /// Names of every kernel instantiation in the blocked source.
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for t in ["f32", "f64"] {
-        for c in ["aatrox", "plain", "outlier"] {
+        for c in ["aatrox", "plain", "outlier", "pfpl"] {
             for m in ["abs", "rel"] {
                 v.push(format!("zc_compress_{t}_{c}_{m}"));
                 v.push(format!("zc_decompress_{t}_{c}_{m}"));

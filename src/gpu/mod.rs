@@ -47,9 +47,8 @@ use crate::format::{
 };
 use crate::quant::{ErrorBound, QuantParams};
 
-/// Values per chunk of the blocked codecs.
-const CHUNK: usize = 1 << 15;
-const CHUNK_LOG2: u16 = 15;
+/// Threads per block of the pfpl kernels (kernels/pfpl.cu, PF_THREADS).
+const PFPL_THREADS: u32 = 256;
 const CTRL_WORDS: usize = 16;
 // ctrl word indices (kernels/blocked.cu)
 const C_HASH: usize = 2;
@@ -394,11 +393,6 @@ impl GpuCodec {
         out: &mut CudaViewMut<'_, u8>,
     ) -> Result<usize> {
         bound.validate()?;
-        if codec == CodecKind::Pfpl {
-            return Err(Error::Unavailable(
-                "pfpl has no GPU kernel yet (use --device cpu)".into(),
-            ));
-        }
         let n = input.len();
         let raw_len = n * T::SIZE;
         let bound_len = HEADER_LEN + raw_len;
@@ -455,7 +449,7 @@ impl GpuCodec {
             dtype: T::DTYPE,
             mode: params.mode,
             flags,
-            chunk_log2: CHUNK_LOG2,
+            chunk_log2: codec.chunk_log2(T::DTYPE),
             count: n as u64,
             bound_value: params.bound_value,
             abs_bound: params.abs_bound,
@@ -471,7 +465,7 @@ impl GpuCodec {
             self.write_bytes(out_ptr, &h.to_bytes())?;
             return Ok(HEADER_LEN);
         }
-        let n_chunks = n.div_ceil(CHUNK);
+        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
         if n_chunks > u32::MAX as usize {
             return Err(Error::invalid("too many values for one stream"));
         }
@@ -481,7 +475,13 @@ impl GpuCodec {
         let cname = match codec {
             CodecKind::Aatrox => "aatrox",
             CodecKind::CuszpPlain => "plain",
+            CodecKind::Pfpl => "pfpl", // kernels/pfpl.cu
             _ => "outlier",
+        };
+        let threads = if codec == CodecKind::Pfpl {
+            PFPL_THREADS
+        } else {
+            self.threads
         };
         let f = self.func(&format!(
             "zc_compress_{}_{cname}_{}",
@@ -499,7 +499,7 @@ impl GpuCodec {
         self.launch(
             &f,
             nc,
-            self.threads,
+            threads,
             &mut [
                 arg(&in_ptr),
                 arg(&count),
@@ -611,6 +611,8 @@ impl GpuCodec {
             CodecKind::Aatrox => "aatrox",
             CodecKind::CuszpPlain => "plain",
             CodecKind::CuszpOutlier => "outlier",
+            CodecKind::Pfpl => "pfpl", // kernels/pfpl.cu
+            #[allow(unreachable_patterns)]
             _ => {
                 return Err(Error::Unavailable(format!(
                     "{codec} has no GPU decoder yet (use --device cpu)"
@@ -648,10 +650,15 @@ impl GpuCodec {
         let tc = h.payload_checksum;
         let (step64, eb) = (params.step, params.abs_bound);
         self.record(2)?;
+        let threads = if codec == CodecKind::Pfpl {
+            PFPL_THREADS
+        } else {
+            self.threads
+        };
         self.launch(
             &f,
             nc,
-            self.threads,
+            threads,
             &mut [
                 arg(&sp),
                 arg(&slen),

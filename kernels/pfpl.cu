@@ -1,0 +1,669 @@
+// zcomm pfpl codec (FORMAT.md "pfpl chunks"), the GPU side of src/codec/pfpl.rs: same bytes.
+//
+// One thread block (8 warps) per 16 KiB chunk (4,096 f32 / 2,048 f64 values), all four stages
+// fused in shared memory:
+//   compress:   quantize to words -> differences in negabinary -> warp bit transposes (planes)
+//               -> zero-byte elimination (four bitmap levels, block scans for the kept bytes)
+//               -> chunk offset by decoupled look-back -> coalesced copy-out with the zhash.
+//   decompress: offset by look-back over the table sizes -> load + checksum -> rebuild the
+//               bitmaps top-down with prefix popcounts -> planes -> transposes -> block-wide
+//               prefix sum of the differences -> words -> values.
+// Every structural check of the CPU decoder is made; failures set ctrl[4] bits, never a bad
+// access. The ctrl words and error bits have the meaning they have for kernels/blocked.cu.
+#include "common.cuh"
+
+#define PF_THREADS 256
+#define PF_WARPS 8
+#define PF_BYTES 16384u
+
+#define PF_TICKET 0
+#define PF_DONE 1
+#define PF_HASH 2
+#define PF_PAYLOAD 3
+#define PF_ERR 4
+
+#define PF_E_SIZE 1ull
+#define PF_E_RANGE 2ull
+#define PF_E_CHECKSUM 4ull
+#define PF_E_META 8ull
+#define PF_E_TOTAL 16ull
+#define PF_E_TABLE 32ull
+
+template <typename T> struct PF;
+template <> struct PF<float> {
+    typedef u32 U;
+    static const int W = 32;  // bits per word = values per shuffle group
+    static const int M = 23;  // bin words are the words below 2^M
+    __device__ static U flip() { return 0xFF800000u; }
+    __device__ static U nbm() { return 0xAAAAAAAAu; }
+    __device__ static i64 qhalf() { return 268435456ll; }  // 2^28
+};
+template <> struct PF<double> {
+    typedef u64 U;
+    static const int W = 64;
+    static const int M = 52;
+    __device__ static U flip() { return 0xFFF0000000000000ull; }
+    __device__ static U nbm() { return 0xAAAAAAAAAAAAAAAAull; }
+    __device__ static i64 qhalf() { return 1152921504606846976ll; }  // 2^60
+};
+
+__device__ __forceinline__ u64 pf_zigzag(i64 v) { return ((u64)v << 1) ^ (u64)(v >> 63); }
+__device__ __forceinline__ i64 pf_unzigzag(u64 z) { return (i64)(z >> 1) ^ -(i64)(z & 1ull); }
+
+// Value -> word (Mapper::word). Sets `collide` when a lossless value has a bin-range pattern.
+template <typename T, bool REL>
+__device__ __forceinline__ typename PF<T>::U pf_word(const ZQ<T>& q, T x, bool& collide) {
+    typedef typename PF<T>::U U;
+    typedef typename ZT<T>::code_t C;
+    const u64 lim = 1ull << PF<T>::M;
+    C code = 0;
+    if (zq_encode<T, REL>(q, x, code)) {
+        const i64 c = (i64)code;
+        if (REL) {
+            if (c == 0) return (U)0;
+            const u64 a = c < 0 ? 0ull - (u64)c : (u64)c;
+            const u64 z = pf_zigzag((i64)a - PF<T>::qhalf());
+            if (z < (lim >> 1) - 1ull) return (U)(1ull + ((z << 1) | (c < 0 ? 1ull : 0ull)));
+        } else {
+            const u64 z = pf_zigzag(c);
+            if (z < lim) return (U)z;
+        }
+    }
+    const U b = ZT<T>::bits(x);
+    const U w = REL ? (U)(b ^ PF<T>::flip()) : b;
+    if ((u64)w < lim) collide = true;
+    return w;
+}
+
+// Word -> value (Mapper::value).
+template <typename T, bool REL> __device__ __forceinline__ T pf_value(const ZQ<T>& q, typename PF<T>::U w) {
+    const u64 lim = 1ull << PF<T>::M;
+    if ((u64)w < lim) {
+        i64 c;
+        if (REL) {
+            if (w == 0) {
+                c = 0;
+            } else {
+                const u64 v = (u64)w - 1ull;
+                const i64 m = pf_unzigzag(v >> 1) + PF<T>::qhalf();
+                c = (v & 1ull) ? -m : m;
+            }
+        } else {
+            c = pf_unzigzag((u64)w);
+        }
+        return zq_decode<T, REL>(q, c);
+    }
+    return ZT<T>::from_bits(REL ? (typename PF<T>::U)(w ^ PF<T>::flip()) : w);
+}
+
+template <typename U> __device__ __forceinline__ U pf_to_nb(U d, U m) { return (U)((U)(d + m) ^ m); }
+template <typename U> __device__ __forceinline__ U pf_from_nb(U v, U m) { return (U)((U)(v ^ m) - m); }
+
+// One map byte of 8 bytes: bit j set iff byte j of x is non-zero.
+__device__ __forceinline__ u32 pf_nzbits(u64 x) {
+    const u64 lo7 = 0x7F7F7F7F7F7F7F7Full;
+    const u64 nz = (((x & lo7) + lo7) | x) & 0x8080808080808080ull;
+    return (u32)((nz >> 7) * 0x0102040810204080ull >> 56);
+}
+
+// Exclusive block scan (PF_THREADS threads); every thread gets the total. s_tmp: >= 9 words.
+__device__ __forceinline__ u32 pf_block_excl(u32 v, u32* s_tmp, u32& total, int w, int lane) {
+    const u32 inc = warp_incl_u32(v, lane);
+    if (lane == 31) s_tmp[w] = inc;
+    __syncthreads();
+    if (w == 0) {
+        const u32 t = lane < PF_WARPS ? s_tmp[lane] : 0u;
+        const u32 ti = warp_incl_u32(t, lane);
+        if (lane < PF_WARPS) s_tmp[lane] = ti - t;
+        if (lane == PF_WARPS - 1) s_tmp[PF_WARPS] = ti;
+    }
+    __syncthreads();
+    const u32 r = s_tmp[w] + inc - v;
+    total = s_tmp[PF_WARPS];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ u32 pf_block_sum(u32 v, u32* s_tmp, int w, int lane) {
+    u32 total;
+    pf_block_excl(v, s_tmp, total, w, lane);
+    return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compression
+template <typename T, bool REL>
+__device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out, u64 out_cap,
+                                            u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q) {
+    typedef typename PF<T>::U U;
+    const int SIZE = (int)sizeof(T);
+    const int W = PF<T>::W;
+    const u32 CHUNK = PF_BYTES / SIZE;
+    const int NV = (int)(CHUNK / PF_THREADS);  // values per thread: 16 / 8
+    const int GPW = (int)(CHUNK / W) / PF_WARPS;  // groups per warp: 16 / 4
+
+    __shared__ __align__(16) U s_w[PF_BYTES / sizeof(U)];  // words, then the shuffled bytes D
+    __shared__ __align__(16) u8 s_out[PF_BYTES];
+    __shared__ __align__(16) u8 s_b1[2048];
+    __shared__ __align__(16) u8 s_b2[256];
+    __shared__ __align__(16) u8 s_b3[32];
+    __shared__ __align__(16) u8 s_b4[8];
+    __shared__ u32 s_tmp[PF_WARPS + 1];
+    __shared__ u32 s_chunk, s_k2, s_k3, s_o2, s_o3;
+    __shared__ u64 s_base;
+
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    if (tid == 0) s_chunk = (u32)atomicAdd(ctrl + PF_TICKET, 1ull);
+    __syncthreads();
+    const u32 c = s_chunk;
+    const u64 cbase = (u64)c * CHUNK;
+    const u32 n = (u32)((count - cbase) < (u64)CHUNK ? (count - cbase) : (u64)CHUNK);
+    const u32 groups = (n + W - 1) / W;
+    const T* cin = in + cbase;
+    const U nbm = PF<T>::nbm();
+
+    // 1. words
+    bool coll = false;
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const u32 k = (u32)(i * PF_THREADS + tid);
+        U wd = 0;
+        if (k < n) wd = pf_word<T, REL>(q, cin[k], coll);
+        s_w[k] = wd;
+    }
+    const bool raw_forced = __syncthreads_or(coll) != 0;
+
+    u32 csize = 0;
+    bool raw = raw_forced;
+    if (!raw_forced) {
+        // 2. differences in negabinary, group-major: warp w owns groups w, w + 8, ...
+        U u[NV];
+#pragma unroll
+        for (int i = 0; i < GPW; i++) {
+            const u32 g = (u32)(w + i * PF_WARPS);
+#pragma unroll
+            for (int h = 0; h < W / 32; h++) {
+                const u32 k = g * W + h * 32 + lane;
+                U d = 0;
+                if (k < n) d = (U)(s_w[k] - (k ? s_w[k - 1] : (U)0));
+                u[i * (W / 32) + h] = k < n ? pf_to_nb<U>(d, nbm) : (U)0;
+            }
+        }
+        __syncthreads();
+        // 3. bit shuffle: plane j of group g at word g*W + j
+#pragma unroll
+        for (int i = 0; i < GPW; i++) {
+            const u32 g = (u32)(w + i * PF_WARPS);
+            if (W == 32) {
+                const u32 p = warp_transpose32((u32)u[i], lane);
+                if (g < groups) s_w[g * 32 + lane] = (U)p;
+            } else {
+                const u64 a = (u64)u[2 * i], b = (u64)u[2 * i + 1];
+                const u32 p0 = warp_transpose32((u32)a, lane);
+                const u32 p1 = warp_transpose32((u32)b, lane);
+                const u32 p2 = warp_transpose32((u32)(a >> 32), lane);
+                const u32 p3 = warp_transpose32((u32)(b >> 32), lane);
+                if (g < groups) {
+                    s_w[g * 64 + lane] = (U)((u64)p0 | ((u64)p1 << 32));
+                    s_w[g * 64 + 32 + lane] = (U)((u64)p2 | ((u64)p3 << 32));
+                }
+            }
+        }
+        __syncthreads();
+
+        // 4. zero-byte elimination
+        const u32 L0 = groups * (u32)W * (u32)SIZE;
+        const u32 L1 = L0 / 8, L2 = (L1 + 7) / 8, L3 = (L2 + 7) / 8, L4 = (L3 + 7) / 8;
+        const u64* D = (const u64*)s_w;
+        // level 0: thread t maps D words 8t..8t+7 (64 bytes) into B1 bytes 8t..8t+7
+        u64 m1 = 0;
+        u32 cnt0 = 0;
+        const u32 n0 = L0 / 8;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const u32 wi = (u32)tid * 8u + (u32)j;
+            if (wi < n0) {
+                const u32 bits = pf_nzbits(D[wi]);
+                m1 |= (u64)bits << (8 * j);
+                cnt0 += __popc(bits);
+            }
+        }
+        ((u64*)s_b1)[tid] = m1;
+        u32 k0;
+        const u32 off0 = pf_block_excl(cnt0, s_tmp, k0, w, lane);  // syncs: s_b1 visible
+        // level 1: thread t maps B1 bytes 8t..8t+7 into B2 byte t (L1 is a multiple of 16)
+        u32 bits1 = 0;
+        if ((u32)tid < L1 / 8) {
+            const u64 v = ((const u64*)s_b1)[tid];
+            const u64 prev = tid ? (u64)s_b1[8 * tid - 1] : 0ull;
+            bits1 = pf_nzbits(v ^ ((v << 8) | prev));
+        }
+        s_b2[tid] = (u8)bits1;
+        u32 k1;
+        const u32 off1 = pf_block_excl(__popc(bits1), s_tmp, k1, w, lane);
+        // levels 2 and 3 (at most 32 / 4 map bytes): warp 0
+        if (w == 0) {
+            u32 bits2 = 0;
+            if ((u32)lane < L3) {
+                const u64 v = ((const u64*)s_b2)[lane];
+                const u64 prev = lane ? (u64)s_b2[8 * lane - 1] : 0ull;
+                u64 x = v ^ ((v << 8) | prev);
+                const u32 valid = L2 - 8u * (u32)lane;
+                if (valid < 8) x &= (1ull << (8 * valid)) - 1ull;
+                bits2 = pf_nzbits(x);
+            }
+            s_b3[lane] = (u8)bits2;
+            const u32 i2 = warp_incl_u32(__popc(bits2), lane);
+            const u32 k2 = __shfl_sync(ZC_FULL, i2, 31);
+            __syncwarp();
+            u32 bits3 = 0;
+            if ((u32)lane < L4) {
+                u64 v = ((const u64*)s_b3)[lane];
+                const u64 prev = lane ? (u64)s_b3[8 * lane - 1] : 0ull;
+                u64 x = v ^ ((v << 8) | prev);
+                const u32 valid = L3 - 8u * (u32)lane;
+                if (valid < 8) x &= (1ull << (8 * valid)) - 1ull;
+                bits3 = pf_nzbits(x);
+            }
+            if (lane < 8) s_b4[lane] = (u8)bits3;
+            const u32 i3 = warp_incl_u32(__popc(bits3), lane);
+            const u32 k3 = __shfl_sync(ZC_FULL, i3, 31);
+            // all four totals are known: size, raw/empty decision, scatter of B4, kept3, kept2
+            const u32 total = L4 + k3 + k2 + k1 + k0;
+            const u32 cs = k0 == 0 ? 0u : ((total + 3u) & ~3u);
+            const bool rawc = cs >= n * (u32)SIZE && k0 != 0;
+            if (!rawc && k0 != 0) {
+                // B4
+                if ((u32)lane < L4) s_out[lane] = (u8)bits3;
+                // kept3: bytes of B3 whose bit is set in B4
+                u32 pos3 = L4 + (i3 - __popc(bits3));
+                if ((u32)lane < L4) {
+                    u32 b = bits3;
+                    while (b) {
+                        const int j = __ffs(b) - 1;
+                        s_out[pos3++] = s_b3[8 * lane + j];
+                        b &= b - 1;
+                    }
+                }
+                // kept2: bytes of B2 whose bit is set in B3
+                u32 pos2 = L4 + k3 + (i2 - __popc(bits2));
+                if ((u32)lane < L3) {
+                    u32 b = bits2;
+                    while (b) {
+                        const int j = __ffs(b) - 1;
+                        s_out[pos2++] = s_b2[8 * lane + j];
+                        b &= b - 1;
+                    }
+                }
+                // padding
+                if ((u32)lane < cs - total) s_out[total + lane] = 0;
+            }
+            if (lane == 0) {
+                s_k2 = k2;
+                s_k3 = k3;
+                s_o2 = cs;
+                s_o3 = rawc ? 1u : 0u;
+            }
+        }
+        __syncthreads();
+        csize = s_o2;
+        raw = s_o3 != 0;
+        if (!raw && csize != 0) {
+            const u32 base1 = L4 + s_k3 + s_k2;
+            // kept1: bytes of B1 whose bit is set in B2
+            if ((u32)tid < L1 / 8) {
+                u32 b = bits1;
+                u32 pos = base1 + off1;
+                while (b) {
+                    const int j = __ffs(b) - 1;
+                    s_out[pos++] = s_b1[8 * tid + j];
+                    b &= b - 1;
+                }
+            }
+            // kept0: the non-zero bytes of D
+            const u32 base0 = base1 + k1;
+            u32 pos = base0 + off0;
+            const u8* Db = (const u8*)s_w;
+#pragma unroll 1
+            for (int j = 0; j < 8; j++) {
+                u32 b = (u32)(m1 >> (8 * j)) & 0xFFu;
+                const u32 wi = (u32)tid * 8u + (u32)j;
+                while (b) {
+                    const int bj = __ffs(b) - 1;
+                    s_out[pos++] = Db[wi * 8 + bj];
+                    b &= b - 1;
+                }
+            }
+        }
+    }
+    if (raw) csize = n * (u32)SIZE;
+
+    // 5. chunk offset (decoupled look-back over the chunk sizes), copy-out, hash, table entry
+    __syncthreads();
+    if (w == 0) {
+        const u64 excl = lookback_exclusive(status, c, (u64)csize, lane);
+        if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
+    }
+    __syncthreads();
+    const u64 base = s_base;
+    u32 hsum = 0;
+    if (base + csize <= out_cap) {
+        u32* cw = (u32*)(out + base);
+        const u32* src = raw ? (const u32*)cin : (const u32*)s_out;
+        for (u32 i = (u32)tid; i < csize / 4; i += PF_THREADS) {
+            const u32 v = src[i];
+            cw[i] = v;
+            hsum += zhash_mix(v, i);
+        }
+    }
+    const u32 tot = pf_block_sum(hsum, s_tmp, w, lane);
+    if (tid == 0) {
+        const u32 hash = zhash_final(tot, csize / 4);
+        if (96ull + 8ull * (u64)c + 8ull <= out_cap) {
+            u32* tbl = (u32*)(out + 96);
+            tbl[2 * c] = csize;
+            tbl[2 * c + 1] = hash;
+        }
+        atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(csize, 2 * c) + (u64)zhash_mix(hash, 2 * c + 1));
+        __threadfence();
+        if (atomicAdd(ctrl + PF_DONE, 1ull) == (u64)n_chunks - 1ull) {
+            const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
+            ctrl[PF_PAYLOAD] = 8ull * n_chunks + last;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decompression
+template <typename T, bool REL>
+__device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
+                                              u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 table_checksum,
+                                              ZQ<T> q) {
+    typedef typename PF<T>::U U;
+    const int SIZE = (int)sizeof(T);
+    const int W = PF<T>::W;
+    const u32 CHUNK = PF_BYTES / SIZE;
+    const int GPW = (int)(CHUNK / W) / PF_WARPS;
+    const int NG = (int)(CHUNK / W);  // groups per full chunk: 128 / 32
+
+    __shared__ __align__(16) u32 s_c[PF_BYTES / 4];         // the chunk's bytes
+    __shared__ __align__(16) U s_d[PF_BYTES / sizeof(U)];    // shuffled bytes D
+    __shared__ __align__(16) u8 s_b1[2048];
+    __shared__ __align__(16) u8 s_b2[256];
+    __shared__ __align__(16) u8 s_b3[32];
+    __shared__ u32 s_p3[33];
+    __shared__ U s_gsum[128];
+    __shared__ u32 s_tmp[PF_WARPS + 1];
+    __shared__ u32 s_chunk, s_size, s_cs, s_k3, s_k2, s_o2;
+    __shared__ u64 s_err, s_base;
+
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        s_chunk = (u32)atomicAdd(ctrl + PF_TICKET, 1ull);
+        s_err = 0;
+    }
+    __syncthreads();
+    const u32 c = s_chunk;
+    const u64 cbase = (u64)c * CHUNK;
+    const u32 n = (u32)((count - cbase) < (u64)CHUNK ? (count - cbase) : (u64)CHUNK);
+    const u32 groups = (n + W - 1) / W;
+    const u32 rawsize = n * (u32)SIZE;
+    const u32* tbl = (const u32*)(stream + 96);
+    const U nbm = PF<T>::nbm();
+
+    if (w == 0) {
+        const u32 size = tbl[2 * c];
+        const u32 cs = tbl[2 * c + 1];
+        const u64 excl = lookback_exclusive(status, c, (u64)size, lane);
+        if (lane == 0) {
+            const u64 base = 96ull + 8ull * n_chunks + excl;
+            u64 err = 0;
+            if (size & 3u) err |= PF_E_SIZE;
+            if (base + size > stream_len) err |= PF_E_RANGE;
+            if (size > rawsize) err |= PF_E_META;
+            s_err = err;
+            s_base = base;
+            s_size = size;
+            s_cs = cs;
+            atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(size, 2 * c) + (u64)zhash_mix(cs, 2 * c + 1));
+        }
+    }
+    __syncthreads();
+    // Errors: each thread accumulates its own `err`; every stop decision is a block-wide
+    // __syncthreads_or, so all threads leave the stage loop together.
+    u64 err = s_err;  // size / range checks of warp 0 (same value in every thread)
+    do {
+        if (err) break;
+        const u32 size = s_size;
+        const u32* cw = (const u32*)(stream + s_base);
+        const bool raw = size == rawsize;
+        u32* ow = (u32*)(out + cbase);
+        u32 h = 0;
+        for (u32 i = (u32)tid; i < size / 4; i += PF_THREADS) {
+            const u32 v = cw[i];
+            h += zhash_mix(v, i);
+            if (raw) ow[i] = v;
+            else s_c[i] = v;
+        }
+        const u32 tot = pf_block_sum(h, s_tmp, w, lane);
+        if (tid == 0 && zhash_final(tot, size / 4) != s_cs) err |= PF_E_CHECKSUM;
+        if (__syncthreads_or(err != 0) || raw) break;
+        T* cout = out + cbase;
+        if (size == 0) {
+            const T v0 = pf_value<T, REL>(q, (U)0);
+            for (u32 k = (u32)tid; k < n; k += PF_THREADS) cout[k] = v0;
+            break;
+        }
+        const u8* cp = (const u8*)s_c;
+        const u32 L0 = groups * (u32)W * (u32)SIZE;
+        const u32 L1 = L0 / 8, L2 = (L1 + 7) / 8, L3 = (L2 + 7) / 8, L4 = (L3 + 7) / 8;
+        // B4 -> B3 (warp 0)
+        if (w == 0) {
+            u32 top = 0;
+            for (u32 j = 0; j < L4; j++) top |= (u32)cp[j] << (8 * j);
+            if (top == 0) err |= PF_E_META;
+            if (L3 < 32 && (top >> L3) != 0) err |= PF_E_META;
+            const u32 k3 = __popc(top);
+            if (L4 + k3 > size) err |= PF_E_META;
+            u32 b3 = 0;
+            if (!err && (u32)lane < L3) {
+                const u32 inc = __popc(top & (lane == 31 ? 0xFFFFFFFFu : ((2u << lane) - 1u)));
+                b3 = inc ? cp[L4 + inc - 1] : 0u;
+            }
+            if (!err && (u32)lane < k3) {
+                const u32 prev = lane ? cp[L4 + lane - 1] : 0u;
+                if (cp[L4 + lane] == prev) err |= PF_E_META;
+            }
+            s_b3[lane] = (u8)b3;
+            // tail bits of B3 past L2
+            if ((u32)lane == (L2 >> 3) && (L2 & 7u) && (b3 >> (L2 & 7u))) err |= PF_E_META;
+            const u32 pc = __popc(b3);
+            const u32 inc = warp_incl_u32(pc, lane);
+            s_p3[lane] = inc - pc;
+            const u32 k2 = __shfl_sync(ZC_FULL, inc, 31);
+            if (lane == 0) {
+                if (L4 + k3 + k2 > size) err |= PF_E_META;
+                s_k3 = k3;
+                s_k2 = k2;
+            }
+        }
+        if (__syncthreads_or(err != 0)) break;
+        // B3 -> B2 (thread k = byte k of B2)
+        const u32 o2 = L4 + s_k3;
+        const u32 k2 = s_k2;
+        u32 b2 = 0;
+        {
+            if ((u32)tid < L2) {
+                const u32 byte = s_b3[tid >> 3];
+                const u32 inc = s_p3[tid >> 3] + __popc(byte & ((2u << (tid & 7)) - 1u));
+                b2 = inc ? cp[o2 + inc - 1] : 0u;
+            }
+            if ((u32)tid < k2) {
+                const u32 prev = tid ? cp[o2 + tid - 1] : 0u;
+                if (cp[o2 + tid] == prev) err |= PF_E_META;
+            }
+            s_b2[tid] = (u8)b2;
+        }
+        u32 k1;
+        const u32 e1 = pf_block_excl(__popc(b2), s_tmp, k1, w, lane);
+        const u32 o1 = o2 + k2;
+        if (tid == 0 && o1 + k1 > size) err |= PF_E_META;
+        if (__syncthreads_or(err != 0)) break;
+        // B2 -> B1 (thread t = B1 bytes 8t..8t+7)
+        u64 b1 = 0;
+        {
+            if ((u32)tid < L2) {
+                u32 inc = e1;
+                for (int j = 0; j < 8; j++) {
+                    if ((b2 >> j) & 1u) inc++;
+                    const u64 v = inc ? (u64)cp[o1 + inc - 1] : 0ull;
+                    b1 |= v << (8 * j);
+                }
+            }
+            for (u32 j = (u32)tid; j < k1; j += PF_THREADS) {
+                const u32 prev = j ? cp[o1 + j - 1] : 0u;
+                if (cp[o1 + j] == prev) err |= PF_E_META;
+            }
+            ((u64*)s_b1)[tid] = b1;
+        }
+        u32 k0;
+        const u32 e0 = pf_block_excl((u32)__popcll(b1), s_tmp, k0, w, lane);
+        const u32 o0 = o1 + k1;
+        if (tid == 0) {
+            const u32 used = o0 + k0;
+            if (used > size || ((used + 3u) & ~3u) != size) err |= PF_E_META;
+            else
+                for (u32 j = used; j < size; j++)
+                    if (cp[j] != 0) err |= PF_E_META;
+        }
+        if (__syncthreads_or(err != 0)) break;
+        // B1 -> D (thread t = D words 8t..8t+7), kept data bytes must be non-zero
+        {
+            if ((u32)tid < L2) {
+                u32 pos = o0 + e0;
+                for (int j = 0; j < 8; j++) {
+                    u32 b = (u32)(b1 >> (8 * j)) & 0xFFu;
+                    u64 word = 0;
+                    while (b) {
+                        const int bj = __ffs(b) - 1;
+                        const u32 v = cp[pos++];
+                        if (v == 0) err |= PF_E_META;
+                        word |= (u64)v << (8 * bj);
+                        b &= b - 1;
+                    }
+                    ((u64*)s_d)[tid * 8 + j] = word;
+                }
+            }
+        }
+        if (__syncthreads_or(err != 0)) break;
+        // planes -> differences -> in-group inclusive sums
+        U inc[2 * GPW];
+        {
+#pragma unroll
+            for (int i = 0; i < GPW; i++) {
+                const u32 g = (u32)(w + i * PF_WARPS);
+                U tot = 0;
+                if (g < groups) {  // warp-uniform
+                    if (W == 32) {
+                        const u32 uu = warp_transpose32((u32)s_d[g * 32 + lane], lane);
+                        const u32 k = g * 32 + lane;
+                        if (k >= n && uu != 0) err |= PF_E_META;
+                        const u32 d = pf_from_nb<u32>(uu, (u32)nbm);
+                        const u32 ic = warp_incl_u32(d, lane);
+                        inc[2 * i] = (U)ic;
+                        tot = (U)__shfl_sync(ZC_FULL, ic, 31);
+                    } else {
+                        const u64 pa = (u64)s_d[g * 64 + lane], pb = (u64)s_d[g * 64 + 32 + lane];
+                        const u32 lo_a = warp_transpose32((u32)pa, lane);
+                        const u32 lo_b = warp_transpose32((u32)(pa >> 32), lane);
+                        const u32 hi_a = warp_transpose32((u32)pb, lane);
+                        const u32 hi_b = warp_transpose32((u32)(pb >> 32), lane);
+                        const u64 ua = (u64)lo_a | ((u64)hi_a << 32);
+                        const u64 ub = (u64)lo_b | ((u64)hi_b << 32);
+                        const u32 ka = g * 64 + lane, kb = ka + 32;
+                        if ((ka >= n && ua != 0) || (kb >= n && ub != 0)) err |= PF_E_META;
+                        const u64 da = pf_from_nb<u64>(ua, (u64)nbm), db = pf_from_nb<u64>(ub, (u64)nbm);
+                        const u64 ia = warp_incl_u64(da, lane);
+                        const u64 ta = __shfl_sync(ZC_FULL, ia, 31);
+                        const u64 ib = warp_incl_u64(db, lane) + ta;
+                        inc[2 * i] = (U)ia;
+                        inc[2 * i + 1] = (U)ib;
+                        tot = (U)__shfl_sync(ZC_FULL, ib, 31);
+                    }
+                    if (lane == 0) s_gsum[g] = tot;
+                }
+            }
+        }
+        if (__syncthreads_or(err != 0)) break;
+        // exclusive prefix of the group sums (at most 128): warp 0, NG / 32 per lane
+        if (w == 0) {
+            const int per = NG / 32;  // 4 (f32) / 1 (f64)
+            U loc[4];
+            U run = 0;
+            for (int j = 0; j < per; j++) {
+                const u32 g = (u32)(lane * per + j);
+                loc[j] = g < groups ? s_gsum[g] : (U)0;
+                run += loc[j];
+            }
+            U ex;
+            if (W == 32) ex = (U)(warp_incl_u32((u32)run, lane) - (u32)run);
+            else ex = (U)(warp_incl_u64((u64)run, lane) - (u64)run);
+            for (int j = 0; j < per; j++) {
+                const u32 g = (u32)(lane * per + j);
+                if (g < groups) s_gsum[g] = ex;
+                ex += loc[j];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < GPW; i++) {
+            const u32 g = (u32)(w + i * PF_WARPS);
+            if (g >= groups) continue;
+            const U pre = s_gsum[g];
+#pragma unroll
+            for (int hh = 0; hh < W / 32; hh++) {
+                const u32 k = g * W + hh * 32 + lane;
+                if (k < n) cout[k] = pf_value<T, REL>(q, (U)(pre + inc[2 * i + hh]));
+            }
+        }
+    } while (0);
+    __syncthreads();
+    if (err) atomicOr(ctrl + PF_ERR, err);
+    if (tid == 0) {
+        __threadfence();
+        if (atomicAdd(ctrl + PF_DONE, 1ull) == (u64)n_chunks - 1ull) {
+            const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
+            if (96ull + 8ull * n_chunks + last != stream_len) atomicOr(ctrl + PF_ERR, PF_E_TOTAL);
+            __threadfence();
+            const u32 th = (u32)(*((volatile u64*)(ctrl + PF_HASH)));
+            if (zhash_final(th, 2u * n_chunks) != table_checksum) atomicOr(ctrl + PF_ERR, PF_E_TABLE);
+        }
+    }
+}
+
+#define PF_INST(TY, TN, REL, RN)                                                                               \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS) zc_compress_##TN##_pfpl_##RN(                     \
+        const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
+        double step64, double eb) {                                                                            \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        pf_compress<TY, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                              \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS) zc_decompress_##TN##_pfpl_##RN(                   \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        pf_decompress<TY, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q);     \
+    }
+
+PF_INST(float, f32, false, abs)
+PF_INST(float, f32, true, rel)
+PF_INST(double, f64, false, abs)
+PF_INST(double, f64, true, rel)
