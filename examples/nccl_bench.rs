@@ -74,6 +74,10 @@ struct Args {
     /// White-noise amplitude added to the unit-variance field.
     #[arg(long, default_value_t = 1e-3)]
     noise: f32,
+    /// Only compile the codec kernels for this architecture into the kernel cache (no MPI, no
+    /// GPU needed; e.g. `sm_90`), so a GPU machine can reuse the CUBIN.
+    #[arg(long)]
+    precompile: Option<String>,
 }
 
 fn parse_size(s: &str) -> std::result::Result<usize, String> {
@@ -304,6 +308,19 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let a = Args::parse();
+    if let Some(arch) = &a.precompile {
+        return match zcomm::gpu::compile::blocked_cubin(arch, zcomm::gpu::compile::blocked_warps())
+        {
+            Ok(c) => {
+                println!("compiled blocked kernels for {arch}: {} bytes", c.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nccl_bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run(&a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -2129,3 +2129,121 @@ fn check_pair(s: &Desc, r: &Desc, peer: usize) -> Result<()> {
         peer,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_on_chunk_boundaries() {
+        const C: usize = 1 << 15;
+        for (n, pe) in [
+            (0, 100),
+            (1, 100),
+            (C, C),
+            (10 * C + 7, 3 * C),
+            (5 * C, 1),
+            (1 << 24, 1 << 22),
+        ] {
+            let v = pieces(n, pe);
+            assert!(!v.is_empty());
+            assert_eq!(v[0].start, 0);
+            assert_eq!(v.last().unwrap().end, n);
+            for w in v.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert_eq!(w[0].end % C, 0, "piece boundary off a chunk boundary");
+            }
+        }
+        assert_eq!(pieces(10 * C + 7, 3 * C).len(), 4);
+    }
+
+    #[test]
+    fn step_bound_matches_the_mpi_rule() {
+        // p = 4, E = 1e-2, M = 10, f32, sum: R = 4 u (40 + 0.01), eb = (E - R) / 4
+        let u = f32::UNIT_ROUNDOFF;
+        let eb = reduction_step_bound(1e-2, 10.0, 4, u, 1.0, 4).unwrap();
+        let r = 4.0 * u * (4.0 * 10.0 + 1e-2);
+        assert!((eb - (1e-2 - r) / 4.0).abs() < 1e-18);
+        // p quantizations of eb plus the rounding stay within E
+        assert!(4.0 * eb + r <= 1e-2);
+        // mean: partial sums are quantized with eb * p
+        let m = reduction_step_bound(1e-3, 1.0, 2, u, 2.0, 2).unwrap();
+        assert!(m > 0.0 && 2.0 * m < 1e-3);
+        // nothing left for quantization
+        assert!(reduction_step_bound(1e-9, 1e6, 8, u, 1.0, 8).is_none());
+        assert!(reduction_step_bound(1e-3, f64::INFINITY, 2, u, 1.0, 2).is_none());
+    }
+
+    #[test]
+    fn descriptors_round_trip_and_pair() {
+        let d = Desc {
+            op: OP_SEND,
+            dtype: 1,
+            policy: Policy::default().tag(),
+            mode: 2,
+            decision: 1,
+            bound: 1e-3,
+            count: 77,
+            seq: 0,
+            ratio: 9.5,
+        };
+        assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
+        assert!(Desc::parse(&[0u8; DESC_LEN]).is_err());
+        let r = Desc {
+            op: OP_RECV,
+            decision: 0,
+            ratio: 1.0,
+            ..d
+        };
+        assert!(check_pair(&d, &r, 1).is_ok());
+        assert!(check_pair(&r, &d, 0).is_ok());
+        assert!(check_pair(&d, &Desc { count: 78, ..r }, 1).is_err());
+        assert!(check_pair(&d, &Desc { dtype: 2, ..r }, 1).is_err());
+        assert!(check_pair(&d, &Desc { bound: 1e-4, ..r }, 1).is_err());
+        assert!(check_pair(&d, &d, 1).is_err());
+        let a = Desc {
+            op: OP_ALLREDUCE,
+            ..d
+        };
+        assert!(a.check(&a, 1).is_ok());
+        assert!(a.check(&Desc { seq: 1, ..a }, 1).is_err());
+    }
+
+    #[test]
+    fn auto_prefers_raw_on_nvlink_and_compression_on_sockets() {
+        let mut nv = NcclProfile::guess("nvlink");
+        nv.allreduce = Link {
+            bandwidth: 316e9,
+            latency: 20e-6,
+        };
+        nv.codecs = vec![CodecSpeed {
+            codec: CodecKind::Aatrox,
+            dtype: 1,
+            compress: 300e9,
+            decompress: 400e9,
+            ratio: 10.0,
+        }];
+        let b = (1u64 << 30) as f64;
+        let (raw, best) = nv.predict_allreduce(b, 2, 1e12, 8, CodecKind::Aatrox, 1, false);
+        assert!(
+            best > raw,
+            "NVLink: even infinite ratio must not beat raw ({best} vs {raw})"
+        );
+        let mut so = nv.clone();
+        so.allreduce = Link {
+            bandwidth: 3.7e9,
+            latency: 50e-6,
+        };
+        so.p2p = Link {
+            bandwidth: 3.7e9,
+            latency: 50e-6,
+        };
+        let (raw, cmp) = so.predict_allreduce(b, 2, 10.0, 8, CodecKind::Aatrox, 1, false);
+        assert!(
+            raw / cmp > 3.0,
+            "socket: ratio 10 should give > 3x ({raw} / {cmp})"
+        );
+        let (raw, cmp) = so.predict_allgather(b, 2, 10.0, 16, CodecKind::Aatrox, 1);
+        assert!(raw / cmp > 3.0);
+    }
+}
