@@ -98,7 +98,7 @@ pub fn gen<T: Element>(kind: u64, n: usize, seed: u64) -> Vec<T> {
     let off = r.range(-2.0, 2.0) * amp;
     let f1 = r.range(1e-4, 0.05);
     let f2 = r.range(1e-3, 0.3);
-    let p = r.range(0.0, 6.28);
+    let p = r.range(0.0, std::f64::consts::TAU);
     let sp = specials::<T>();
     let big = if T::SIZE == 4 { 38.0 } else { 307.0 };
     (0..n)
@@ -160,7 +160,7 @@ pub fn smooth_field_dims<T: Element>(dims: [usize; 3], seed: u64) -> Vec<T> {
                 r.range(-s, s),
                 r.range(-s, s),
                 r.range(-s, s),
-                r.range(0.0, 6.28),
+                r.range(0.0, std::f64::consts::TAU),
                 1.0 / (s * s),
             ]
         })
