@@ -29,26 +29,44 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # proptest: a fixed number of cases, no persistence files in the tree
 export PROPTEST_CASES="${PROPTEST_CASES:-160}"
 
-step "cargo fmt --check"
-cargo fmt --all --check
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+failed=()
+# run one check; keep going on failure so that one run reports every problem
+check() {
+    local name=$1
+    shift
+    step "$name"
+    if ! "$@" 2>&1 | tee -a "$log"; then
+        failed+=("$name")
+        echo "FAILED: $name"
+    fi
+}
 
-step "cargo clippy --all-targets --all-features -- -D warnings"
-cargo clippy --all-targets --all-features -- -D warnings
-
-step "cargo test --release --all-features"
-cargo test --release --all-features
-
-step "cargo test --release --no-default-features"
-cargo test --release --no-default-features
-
-step "cargo doc --no-deps --all-features"
-RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --no-deps --all-features
-
-if [ -x mpi-tests/run.sh ] || [ -f mpi-tests/run.sh ]; then
-    step "mpi-tests/run.sh (mpirun -n 2, -n 4, ...)"
-    bash mpi-tests/run.sh --all-features
+check "cargo fmt --check" cargo fmt --all --check
+check "cargo clippy --all-targets --all-features -- -D warnings" \
+    cargo clippy --all-targets --all-features -- -D warnings
+check "cargo test --release --all-features" cargo test --release --all-features
+check "cargo test --release --no-default-features" cargo test --release --no-default-features
+check "cargo doc --no-deps --all-features" \
+    env RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --no-deps --all-features
+if [ -f mpi-tests/run.sh ]; then
+    check "mpi-tests/run.sh (mpirun -n 1, 2, 3, 4, 8)" bash mpi-tests/run.sh --all-features
 else
     step "mpi-tests/run.sh not present: skipped"
 fi
 
-step "all checks passed in $(($(date +%s) - start))s"
+# one closing line over every cargo test run (+ every failed check)
+read -r passed nfailed ignored < <(awk '/^test result:/ {
+        for (i = 1; i <= NF; i++) {
+            if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i
+        }
+    } END { print p + 0, f + 0, g + 0 }' "$log")
+echo
+if [ ${#failed[@]} -ne 0 ]; then
+    echo "=== [$(($(date +%s) - start))s] FAILED checks: ${failed[*]}"
+    echo "tests: $passed passed, $((nfailed + ${#failed[@]})) failed, $ignored skipped"
+    exit 1
+fi
+echo "=== [$(($(date +%s) - start))s] all checks passed"
+echo "tests: $passed passed, 0 failed, $ignored skipped"
