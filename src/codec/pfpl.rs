@@ -1255,3 +1255,253 @@ mod tests {
         assert!(inspect(&c).is_err());
     }
 }
+
+/// GPU kernels (`kernels/pfpl.cu`) against this CPU twin: identical streams, identical
+/// reconstructions, identical rejection of corrupted streams. Without a GPU every test prints
+/// "skipped: no CUDA device".
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests {
+    use super::*;
+    use crate::codec::{compress, decompress, CodecKind};
+    use crate::gpu::{GpuCodec, GpuElement};
+    use crate::quant::ErrorBound;
+
+    fn gpu() -> Option<GpuCodec> {
+        if !crate::gpu::device_available() {
+            println!("skipped: no CUDA device");
+            return None;
+        }
+        Some(GpuCodec::new(0).expect("GPU present but the codec failed to initialize"))
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn unit(&mut self) -> f64 {
+            (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    fn inputs<T: Element>(n: usize, seed: u64) -> Vec<(&'static str, Vec<T>)> {
+        let mut r = Rng(seed | 1);
+        let f = T::from_f64;
+        let w = T::SIZE * 8;
+        let mut adv: Vec<T> = (0..n).map(|i| f((i as f64 * 0.01).sin() * 5.0)).collect();
+        let specials = [
+            f(f64::INFINITY),
+            f(f64::NEG_INFINITY),
+            f(-0.0),
+            f(3e38),
+            T::from_bits_u64(1),
+            T::from_bits_u64((u64::MAX >> (64 - w)) & !7), // negative NaN
+            T::from_bits_u64(0x7FF << (w - 12) | 5),       // positive NaN
+            f(1e-40),
+        ];
+        for (k, &s) in specials.iter().enumerate() {
+            if n > 0 {
+                adv[(k * 7919) % n] = s;
+            }
+        }
+        vec![
+            (
+                "smooth",
+                (0..n).map(|i| f((i as f64 * 1e-3).sin() * 10.0)).collect(),
+            ),
+            (
+                "sparse",
+                (0..n)
+                    .map(|_| {
+                        let u = r.unit();
+                        if u < 1e-4 {
+                            f(r.unit() * 2.0 - 1.0)
+                        } else if u < 0.03 {
+                            f((r.unit() - 0.5) * 1e-2)
+                        } else {
+                            f(0.0)
+                        }
+                    })
+                    .collect(),
+            ),
+            ("noise", (0..n).map(|_| f((r.unit() - 0.5) * 1e4)).collect()),
+            ("zeros", vec![f(0.0); n]),
+            ("const", vec![f(2.5); n]),
+            ("adversarial", adv),
+            (
+                "bits",
+                (0..n)
+                    .map(|_| T::from_bits_u64(r.next() >> (64 - w)))
+                    .collect(),
+            ),
+        ]
+    }
+
+    fn bounds() -> [ErrorBound; 6] {
+        [
+            ErrorBound::Abs(1e-3),
+            ErrorBound::Abs(1e-45),
+            ErrorBound::Noa(1e-2),
+            ErrorBound::Noa(1e-5),
+            ErrorBound::Rel(1e-3),
+            ErrorBound::Rel(1e-6),
+        ]
+    }
+
+    fn check<T: GpuElement>(gpu: &mut GpuCodec, data: &[T], b: ErrorBound, label: &str) {
+        let cpu = compress(data, b, CodecKind::Pfpl).unwrap();
+        let g = gpu
+            .compress(data, b, CodecKind::Pfpl)
+            .unwrap_or_else(|e| panic!("{label} {b} n={}: gpu compress: {e}", data.len()));
+        if g != cpu {
+            let first = g.iter().zip(&cpu).position(|(a, b)| a != b);
+            panic!(
+                "{label} {b} {} n={}: GPU stream differs (len {} vs cpu {}, first diff at {first:?})",
+                T::DTYPE,
+                data.len(),
+                g.len(),
+                cpu.len()
+            );
+        }
+        let back_cpu: Vec<T> = decompress(&cpu).unwrap();
+        let back_gpu: Vec<T> = gpu
+            .decompress(&cpu)
+            .unwrap_or_else(|e| panic!("{label} {b} n={}: gpu decompress: {e}", data.len()));
+        for (i, (a, c)) in back_cpu.iter().zip(&back_gpu).enumerate() {
+            assert_eq!(
+                a.to_bits_u64(),
+                c.to_bits_u64(),
+                "{label} {b} {} n={}: value {i} decodes differently",
+                T::DTYPE,
+                data.len()
+            );
+        }
+    }
+
+    fn identity<T: GpuElement>() {
+        let Some(mut gpu) = gpu() else { return };
+        for n in [
+            0usize, 1, 2, 31, 33, 63, 65, 1000, 2047, 2048, 2049, 4095, 4096, 4097, 100_003,
+        ] {
+            for (name, data) in inputs::<T>(n, n as u64 * 31 + 7) {
+                for b in bounds() {
+                    check(&mut gpu, &data, b, name);
+                }
+            }
+        }
+        for (name, data) in inputs::<T>(3 << 20, 5) {
+            check(&mut gpu, &data, ErrorBound::Noa(1e-3), name);
+        }
+    }
+
+    #[test]
+    fn gpu_pfpl_matches_cpu_f32() {
+        identity::<f32>();
+    }
+
+    #[test]
+    fn gpu_pfpl_matches_cpu_f64() {
+        identity::<f64>();
+    }
+
+    #[test]
+    fn gpu_pfpl_rejects_what_cpu_rejects() {
+        let Some(mut gpu) = gpu() else { return };
+        let mut r = Rng(99);
+        let data: Vec<f32> = (0..70_000)
+            .map(|i| {
+                if i % 5000 == 0 {
+                    f32::NAN
+                } else if i % 3 == 0 {
+                    0.0
+                } else {
+                    (i as f32 * 1e-3).sin()
+                }
+            })
+            .collect();
+        for b in [ErrorBound::Noa(1e-3), ErrorBound::Rel(1e-2)] {
+            let s = compress(&data, b, CodecKind::Pfpl).unwrap();
+            let mut cases: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..400 {
+                let mut t = s.clone();
+                let i = (r.next() % t.len() as u64) as usize;
+                t[i] ^= 1 << (r.next() % 8);
+                cases.push(t);
+            }
+            for cut in [0, 1, 95, 96, 97, 100, s.len() / 2, s.len() - 4, s.len() - 1] {
+                cases.push(s[..cut].to_vec());
+            }
+            let mut longer = s.clone();
+            longer.extend_from_slice(&[0; 4]);
+            cases.push(longer);
+            for (k, t) in cases.iter().enumerate() {
+                let cpu = decompress::<f32>(t);
+                let g = gpu.decompress::<f32>(t);
+                match (&cpu, &g) {
+                    (Ok(a), Ok(c)) => assert!(
+                        a.iter().zip(c).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "case {k}: both accept, outputs differ"
+                    ),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!(
+                        "{b} case {k}: cpu {:?} vs gpu {:?}",
+                        cpu.as_ref().err(),
+                        g.as_ref().err()
+                    ),
+                }
+            }
+        }
+    }
+
+    /// 512 MiB f32 inputs, end-to-end and kernel-only GB/s (`zcomm-* pfpl::gpu_tests::gpu_pfpl_bench
+    /// --ignored --nocapture` on the GPU machine). Prints one JSON record per line.
+    #[test]
+    #[ignore]
+    fn gpu_pfpl_bench() {
+        let Some(mut gpu) = gpu() else { return };
+        let n = 1usize << 27;
+        let mut r = Rng(2024);
+        let smooth: Vec<f32> = (0..n)
+            .map(|i| {
+                let (x, y) = ((i % 4096) as f32 * 2e-3, (i / 4096) as f32 * 3e-4);
+                (x * 3.1).sin() * (y * 1.7).cos() * 10.0 + (x * 0.3 + y * 0.2).cos() * 3.0
+            })
+            .collect();
+        let gradient: Vec<f32> = (0..n)
+            .map(|_| {
+                let u = r.unit();
+                if u < 1e-5 {
+                    (r.unit() * 2.0 - 1.0) as f32
+                } else if u < 0.02 {
+                    ((r.unit() - 0.5) * 2e-3) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let opts = crate::gpu::bench::BenchOptions {
+            runs: 20,
+            warmup: 3,
+            check_cpu: true,
+        };
+        for (name, data) in [
+            ("smooth2d_512MiB", &smooth),
+            ("gradient98_512MiB", &gradient),
+        ] {
+            for b in [
+                ErrorBound::Noa(1e-2),
+                ErrorBound::Noa(1e-3),
+                ErrorBound::Abs(1e-3),
+            ] {
+                for codec in [CodecKind::Pfpl, CodecKind::Aatrox, CodecKind::CuszpPlain] {
+                    let rec = crate::gpu::bench::bench_device(&mut gpu, data, name, b, codec, opts)
+                        .unwrap();
+                    println!("{}", serde_json::to_string(&rec).unwrap());
+                }
+            }
+        }
+    }
+}
