@@ -22,8 +22,8 @@ pub struct Args {
     /// Error bound: abs:E (absolute), noa:E (relative to the value range) or rel:E (point-wise).
     #[arg(long, value_parser = crate::parse::bound)]
     pub error_bound: ErrorBound,
-    /// Codec: aatrox, cuszp-plain or cuszp-outlier.
-    #[arg(long, default_value = "aatrox", value_parser = crate::parse::codec)]
+    /// Codec.
+    #[arg(long, default_value = "aatrox", value_parser = crate::parse::codec())]
     pub codec: CodecKind,
     /// Run the codec on the CPU or the GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]

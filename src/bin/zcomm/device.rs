@@ -64,7 +64,7 @@ impl NoGpu {
 #[allow(dead_code)]
 fn gpu_unavailable() -> Error {
     Error::Unavailable(
-        "GPU codecs not available: this build of zcomm has no CUDA codec yet (use --device cpu)"
+        "GPU codecs not available: zcomm was built without the `cuda` feature (use --device cpu)"
             .into(),
     )
 }

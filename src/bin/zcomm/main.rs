@@ -76,8 +76,10 @@ pub(crate) mod parse {
     pub fn bound(s: &str) -> Result<ErrorBound, String> {
         s.parse().map_err(|e: zcomm::Error| e.to_string())
     }
-    /// A codec name.
-    pub fn codec(s: &str) -> Result<CodecKind, String> {
-        s.parse().map_err(|e: zcomm::Error| e.to_string())
+    /// A codec name (`--help` lists them all, from the registry).
+    pub fn codec() -> impl clap::builder::TypedValueParser<Value = CodecKind> {
+        use clap::builder::TypedValueParser;
+        clap::builder::PossibleValuesParser::new(CodecKind::ALL.iter().map(|c| c.name()))
+            .try_map(|s| s.parse::<CodecKind>().map_err(|e| e.to_string()))
     }
 }
