@@ -510,6 +510,7 @@ impl Pool {
     /// Make sure buffers `0..count` exist with at least `bytes` bytes each.
     fn ensure(&mut self, stream: &Arc<CudaStream>, count: usize, bytes: usize) -> Result<()> {
         let bytes = bytes.max(256).div_ceil(256) * 256;
+        let mut grew = false;
         for i in 0..count {
             if i < self.bufs.len() && self.bufs[i].len() >= bytes {
                 continue;
@@ -519,11 +520,16 @@ impl Pool {
             let b = unsafe { stream.alloc::<u8>(bytes) }.map_err(|e| {
                 Error::OutOfMemory(format!("{bytes} device bytes for NCCL pieces: {e:?}"))
             })?;
+            grew = true;
             if i < self.bufs.len() {
                 self.bufs[i] = b;
             } else {
                 self.bufs.push(b);
             }
+        }
+        if grew {
+            // stream-ordered allocations must be complete before other streams use them
+            stream.synchronize().map_err(gpu_err)?;
         }
         Ok(())
     }
@@ -1088,6 +1094,7 @@ impl NcclComm {
         // SAFETY: u8 scratch; only the stream's bytes are read.
         let mut out = unsafe { work.alloc::<u8>(crate::format::HEADER_LEN + m * T::SIZE + 256) }
             .map_err(gpu_err)?;
+        work.synchronize().map_err(gpu_err)?;
         let sv = sample.slice(0..m);
         let mut ov = out.slice_mut(..);
         let len = self.gpu()?.compress_device(&sv, bound, codec, &mut ov)?;
@@ -1095,7 +1102,12 @@ impl NcclComm {
     }
 
     fn finish(&self, mut st: OpStats, t0: f64) -> Result<OpStats> {
-        self.synchronize()?;
+        if st.decision == Decision::Raw {
+            // raw paths only used (and already drained, except allgather) the NCCL stream
+            self.sh.net.synchronize().map_err(gpu_err)?;
+        } else {
+            self.synchronize()?;
+        }
         st.measured_s = self.wtime() - t0;
         tracing::debug!(target: "zcomm::nccl", rank = self.rank(), "{st}");
         Ok(st)
