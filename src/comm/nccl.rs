@@ -343,11 +343,10 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let _ = self.net.synchronize();
-        let _ = self.work.synchronize();
-        // SAFETY: `comm` was created by ncclCommInitRank and is released exactly once, after
-        // both streams have drained. Abort (not finalize) never waits for other ranks, so a
-        // rank leaving early cannot hang the others' teardown.
+        // Every operation is blocking, so nothing is normally in flight here. Abort (rather
+        // than synchronize + finalize) so that a rank leaving on an error, with a peer gone or
+        // an operation half-posted, never hangs its own teardown or waits for other ranks.
+        // SAFETY: `comm` was created by ncclCommInitRank and is released exactly once.
         unsafe {
             let _ = nres::comm_abort(self.comm);
         }
