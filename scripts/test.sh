@@ -49,7 +49,7 @@ check "cargo clippy --all-targets --all-features -- -D warnings" \
 check "cargo test --release --all-features" cargo test --release --all-features
 check "cargo test --release --no-default-features" cargo test --release --no-default-features
 check "cargo doc --no-deps --all-features" \
-    env RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings" cargo doc --no-deps --all-features
+    cargo doc --no-deps --all-features
 if [ -f mpi-tests/run.sh ]; then
     check "mpi-tests/run.sh (mpirun -n 1, 2, 3, 4, 8)" bash mpi-tests/run.sh --all-features
 else
