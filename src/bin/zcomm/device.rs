@@ -50,7 +50,12 @@ struct NoGpu;
 #[cfg(not(feature = "cuda"))]
 #[allow(dead_code)]
 impl NoGpu {
-    fn compress_any<T: Element>(&mut self, _: &[T], _: ErrorBound, _: CodecKind) -> Result<Vec<u8>> {
+    fn compress_any<T: Element>(
+        &mut self,
+        _: &[T],
+        _: ErrorBound,
+        _: CodecKind,
+    ) -> Result<Vec<u8>> {
         Err(gpu_unavailable())
     }
     fn decompress_into_any<T: Element>(&mut self, _: &[u8], _: &mut [T]) -> Result<()> {
