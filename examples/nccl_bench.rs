@@ -53,7 +53,7 @@ struct Args {
     /// Codec.
     #[arg(long, default_value = "aatrox")]
     codec: CodecKind,
-    /// Timed repetitions (after one warm-up).
+    /// Timed repetitions (after one warm-up; at least 10 for buffers up to 256 MiB).
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Pipeline piece size in MiB.
@@ -217,6 +217,12 @@ fn run(a: &Args) -> Result<()> {
         for size in &a.sizes {
             let bytes = parse_size(size).map_err(zcomm::Error::invalid)?;
             let n = bytes / 4;
+            // short operations: more repetitions for a stable median
+            let reps = if bytes <= 256 << 20 {
+                a.reps.max(10)
+            } else {
+                a.reps
+            };
             let x = match &grad {
                 Some(g) => tile(&c, g, n)?,
                 None => c.gaussian_field::<f32>(n, a.corr, a.noise, 1000 + r as u64)?,
@@ -235,7 +241,7 @@ fn run(a: &Args) -> Result<()> {
                     .stream()
                     .alloc_zeros::<f32>(m)
                     .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-                let (raw_ms, _) = timed(&mut c, a.reps, |c| {
+                let (raw_ms, _) = timed(&mut c, reps, |c| {
                     if gather {
                         c.raw_allgather(&x, &mut raw_out)?;
                     } else {
@@ -254,7 +260,7 @@ fn run(a: &Args) -> Result<()> {
                     c.set_bound(bound)?;
                     for pol in &a.policies {
                         c.set_policy(policy_of(pol, a.codec));
-                        let (ms, st) = timed(&mut c, a.reps, |c| {
+                        let (ms, st) = timed(&mut c, reps, |c| {
                             Ok(Some(if gather {
                                 c.allgather(&x, &mut out)?
                             } else {
