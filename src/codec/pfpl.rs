@@ -1456,6 +1456,43 @@ mod gpu_tests {
         }
     }
 
+    /// ptxas resource usage of the pfpl kernels (registers, spills, shared memory), from NVRTC's
+    /// verbose log; needs libnvrtc only (`cargo test --lib --features cuda
+    /// pfpl::gpu_tests::pfpl_kernel_resources -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn pfpl_kernel_resources() {
+        use cudarc::nvrtc::result as nvrtc;
+        if !crate::gpu::compile::nvrtc_available() {
+            println!("skipped: libnvrtc not found");
+            return;
+        }
+        let src = std::ffi::CString::new(crate::gpu::compile::blocked_source()).unwrap();
+        let prog = nvrtc::create_program(&src, None).unwrap();
+        let mut opts: Vec<String> = crate::gpu::compile::NVRTC_OPTIONS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        opts.push("--gpu-architecture=sm_90".into());
+        opts.push("--ptxas-options=-v".into());
+        // SAFETY: live program, destroyed below.
+        unsafe { nvrtc::compile_program(prog, &opts) }.unwrap();
+        // SAFETY: live program.
+        let log = unsafe { nvrtc::get_program_log(prog) }.unwrap();
+        let log: String = log.iter().map(|&c| c as u8 as char).collect();
+        let mut cur = String::new();
+        for line in log.lines() {
+            if line.contains("Compiling entry function") {
+                cur = line.to_string();
+            }
+            if cur.contains("pfpl") && (line.contains("registers") || line.contains("spill")) {
+                println!("{cur}\n  {line}");
+            }
+        }
+        // SAFETY: created above, destroyed once.
+        unsafe { nvrtc::destroy_program(prog) }.unwrap();
+    }
+
     /// 512 MiB f32 inputs, end-to-end and kernel-only GB/s (`zcomm-* pfpl::gpu_tests::gpu_pfpl_bench
     /// --ignored --nocapture` on the GPU machine). Prints one JSON record per line.
     #[test]
