@@ -75,6 +75,13 @@ __device__ __forceinline__ u32 zc_get_any(const u8* p, u64 off) {
     return __funnelshift_r(w[i], w[i + 1], 8 * a);
 }
 
+// Quantizer::encode, with the f32 abs/noa fast path.
+template <typename T, bool REL>
+__device__ __forceinline__ bool zc_encode(const ZQ<T>& q, float eb32, T x, typename ZT<T>::code_t& code) {
+    if (!REL && ZT<T>::SIZE == 4) return zq_encode_f32_abs((const ZQ<float>&)q, eb32, (float)x, (i32&)code);
+    return zq_encode<T, REL>(q, x, code);
+}
+
 template <int CODEC> __device__ __forceinline__ bool zc_aligned() { return CODEC != ZC_OUTLIER; }
 
 // Block-wide sum of one u32 per thread; result valid in warp 0.
@@ -109,18 +116,22 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     __shared__ u32 s_has, s_mask, s_chunk, s_size, s_usize;
     __shared__ u64 s_base;
 
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    // warp-uniform values go through REDUX (a uniform register) so that the compiler knows the
+    // branches on them are uniform and emits no collective fix-ups around shuffles and votes
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int w = (int)__reduce_max_sync(ZC_FULL, (u32)tid >> 5);
     if (tid == 0) {
         s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
         s_has = 0;
         s_mask = 0;
     }
     __syncthreads();
-    const u32 c = s_chunk;
+    const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
     const u64 cbase = (u64)c << 15;
     const u32 n = (u32)((count - cbase) < 32768ull ? (count - cbase) : 32768ull);
     const u32 n_layers = (n + 31) >> 5;
     const T* cin = in + cbase;
+    const float eb32 = __double2float_rn(q.eb);
 
     // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (it, t)
     bool my_exists[J], my_raw[J];
@@ -150,7 +161,8 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                     const u32 nt = min(32u, n - l * 32u);
                     const bool present = (u32)lane < nt;
                     C code = 0;
-                    bool ok = present ? zq_encode<T, REL>(q, xs[u], code) : true;
+                    bool ok = true;
+                    if (present) ok = zc_encode<T, REL>(q, eb32, xs[u], code);
                     bool raw = __any_sync(ZC_FULL, !ok);
                     C qlast = zc_shfl(code, nt - 1);
                     if (!present) code = qlast;
@@ -314,7 +326,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                 for (int u = 0; u < 8; u++) {
                     const u32 l = (u32)(it * 32 + t0 + u);
                     if (l >= n_layers) continue;
-                    const u32 r = ((const u8*)s_rate)[l];
+                    const u32 r = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l]);
                     if (r == 0) continue;
                     const u32 nt = min(32u, n - l * 32u);
                     const bool present = (u32)lane < nt;
@@ -337,8 +349,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                         }
                         continue;
                     }
-                    C code = 0;
-                    if (present) zq_encode<T, REL>(q, xs[u], code);
+                    C code = present ? zq_code<T, REL>(q, xs[u]) : (C)0;
                     C qlast = zc_shfl(code, nt - 1);
                     if (!present) code = qlast;
                     C qp = zc_shfl_up(code, 1);
@@ -449,13 +460,14 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     __shared__ u64 s_err, s_base;
     __shared__ i64 s_init;
 
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int w = (int)__reduce_max_sync(ZC_FULL, (u32)tid >> 5);
     if (tid == 0) {
         s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
         s_err = 0;
     }
     __syncthreads();
-    const u32 c = s_chunk;
+    const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
     const u64 cbase = (u64)c << 15;
     const u32 n = (u32)((count - cbase) < 32768ull ? (count - cbase) : 32768ull);
     const u32 n_layers = (n + 31) >> 5;
@@ -483,7 +495,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     do {
         if (s_err) break;
         const u64 base = s_base;
-        const u32 size = s_size;
+        const u32 size = __reduce_max_sync(ZC_FULL, s_size);
         const u8* cp = stream + base;
         const u32* cw = (const u32*)cp;
         // checksum of the whole chunk before trusting a bit of it
@@ -505,7 +517,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         i64 init;
         if (SIZE == 4) init = (i64)(i32)cw[0];
         else init = (i64)((u64)cw[0] | ((u64)cw[1] << 32));
-        const u32 mask = cw[SIZE / 4];
+        const u32 mask = __reduce_max_sync(ZC_FULL, cw[SIZE / 4]);
         u64 err = 0;
         if (n_iters < 32 && (mask >> n_iters) != 0) err |= ZC_E_META;
         if (CODEC != ZC_AATROX && init != 0) err |= ZC_E_META;
@@ -610,7 +622,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
             for (int t = 0; t < 32; t++) {
                 const u32 ll = (u32)(it * 32 + t);
                 if (ll >= n_layers) break;
-                const u32 rr = ((const u8*)s_rate)[ll];
+                const u32 rr = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[ll]);
                 const u32 off = s_off[ll];
                 const u32 nt = min(32u, n - ll * 32u);
                 const bool present = (u32)lane < nt;

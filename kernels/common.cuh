@@ -266,6 +266,37 @@ template <typename T, bool REL> __device__ __forceinline__ bool zq_within(const 
     return exact && d <= limit;
 }
 
+// f32 abs/noa fast path of Quantizer::encode (same answers): the f32 difference d32 = fl(|x - r|)
+// is a monotone rounding of the exact difference d, so d32 < fl(eb) proves d <= eb and
+// d32 > fl(eb) proves d > eb; only d32 == fl(eb) needs the exact f64 comparison. Non-finite x
+// fails the range test like the full path.
+__device__ __forceinline__ bool zq_encode_f32_abs(const ZQ<float>& q, float eb32, float x, i32& code) {
+    float p = __fmul_rn(x, q.inv);
+    if (!(fabsf(p) < 536870912.0f)) return false;
+    i32 c = (i32)rintf(p);
+    code = c;
+    float r = __fmul_rn(__int2float_rn(c), q.step);
+    float d32 = fabsf(__fsub_rn(x, r));
+    if (d32 < eb32) return true;
+    if (d32 > eb32) return false;
+    return zq_within<float, false>(q, x, r);
+}
+
+// The code of a value already known to be representable (the encoder's second pass).
+template <typename T, bool REL> __device__ __forceinline__ typename ZT<T>::code_t zq_code(const ZQ<T>& q, T x) {
+    typedef typename ZT<T>::code_t C;
+    if (REL) {
+        double v = (double)x;
+        if (v == 0.0) return 0;
+        const double qh = ZT<T>::qmax() * 0.5;
+        double l = rint(__ddiv_rn(zlog2(fabs(v)), q.step64));
+        C m = (C)__dadd_rn(l, qh);
+        return v < 0.0 ? -m : m;
+    } else {
+        return ZT<T>::to_code(ZT<T>::rnd(ZT<T>::mul(x, q.inv)));
+    }
+}
+
 // Quantizer::encode: returns false when x must be stored losslessly.
 template <typename T, bool REL>
 __device__ __forceinline__ bool zq_encode(const ZQ<T>& q, T x, typename ZT<T>::code_t& code) {
