@@ -26,8 +26,7 @@ export CARGO_TERM_COLOR=never
 # Open MPI as root (CI containers) and oversubscribed ranks on 2 cores
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
-# proptest: a fixed number of cases, no persistence files in the tree
-export PROPTEST_CASES="${PROPTEST_CASES:-160}"
+# proptest: 256 cases per property (PROPTEST_CASES overrides)
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -34,7 +34,7 @@ fn check_all_codecs<T: Element>(data: &[T], bound: ErrorBound) -> Result<(), Tes
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 160, .. ProptestConfig::default() })]
+    // 256 cases per property unless PROPTEST_CASES says otherwise
 
     #[test]
     fn prop_round_trip_f32(kind in 0..KINDS, n in sizes(), seed: u64, mode in 0u8..3, u in 0.0f64..1.0) {
