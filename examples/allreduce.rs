@@ -31,13 +31,16 @@ struct Args {
     /// Learning rate of the gradient step.
     #[arg(long, default_value_t = 0.1)]
     lr: f64,
+    /// Compress with the GPU codec (host buffers; needs feature `cuda` and a device).
+    #[arg(long)]
+    gpu: bool,
 }
 
 fn main() -> ExitCode {
     init_tracing();
     let a = Args::parse();
     let cfg = Config::new(a.c.error_bound).with_policy(Policy::Always(a.c.codec));
-    let mut c = match Communicator::init(cfg) {
+    let mut c = match make_comm(cfg, a.gpu) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("allreduce: {e}");
@@ -166,6 +169,21 @@ fn run<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
         }
     }
     Ok(all_ok)
+}
+
+fn make_comm(cfg: Config, gpu: bool) -> Result<Communicator> {
+    if gpu {
+        #[cfg(feature = "cuda")]
+        {
+            let g = zcomm::gpu::GpuCodec::new(0)?;
+            return Communicator::init_with(cfg, Box::new(zcomm::comm::GpuCompressor::new(g)));
+        }
+        #[cfg(not(feature = "cuda"))]
+        return Err(zcomm::Error::Unavailable(
+            "built without feature `cuda`".into(),
+        ));
+    }
+    Communicator::init(cfg)
 }
 
 fn to64<E: CommElement>(v: &[E]) -> Vec<f64> {

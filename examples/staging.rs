@@ -254,15 +254,23 @@ mod device {
         let bytes = n * S::SIZE;
 
         // 1. stage_to_host vs raw D2H
-        let mut host_raw = vec![0u8; bytes];
+        let gerr = |e: cudarc::driver::DriverError| zcomm::Error::Gpu(format!("{e:?}"));
+        let mut host_raw = dev.alloc_pinned(bytes)?;
         let (t_raw_d2h, _) = best(c, a.iters, |_| {
-            dev.copy_to_host(&d_in.slice(..), &mut host_raw)
+            dev.copy_to_host(
+                &d_in.slice(..),
+                &mut host_raw.as_mut_slice().map_err(gerr)?[..bytes],
+            )
         })?;
-        let (t_stage, staged) = best(c, a.iters, |_| {
-            dev.stage_to_host(&d_in.slice(..), a.c.error_bound, a.c.codec)
+        let mut staged = dev.stage_to_host(&d_in.slice(..), a.c.error_bound, a.c.codec)?;
+        let (t_stage, _) = best(c, a.iters, |_| {
+            dev.restage(&d_in.slice(..), a.c.error_bound, a.c.codec, &mut staged)
         })?;
         let (t_raw_h2d, _) = best(c, a.iters, |_| {
-            dev.copy_to_device(&host_raw, &mut d_out.slice_mut(..))
+            dev.copy_to_device(
+                &host_raw.as_slice().map_err(gerr)?[..bytes],
+                &mut d_out.slice_mut(..),
+            )
         })?;
         let (t_restore, _) = best(c, a.iters, |_| {
             dev.restore_to_device(&staged, &mut d_out.slice_mut(..))

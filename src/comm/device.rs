@@ -4,7 +4,8 @@
 //! * [`DeviceStager`] owns a [`GpuCodec`], device scratch and pinned host buffers (grown, then
 //!   reused, so steady-state calls allocate nothing but the received message).
 //! * [`Communicator::sendrecv_device`] is the staged pairwise exchange (raw or compressed by the
-//!   policy); with [`DeviceStager::set_chunk_bytes`] the buffer is sent in chunks.
+//!   policy). The buffer moves as one piece (the chunked pipeline is not implemented yet; the
+//!   model's pipelined form predicts what it would gain).
 //! * [`DeviceStager::stage_to_host`] / [`DeviceStager::restore_to_device`] expose the GPU→CPU
 //!   staging on its own (checkpoint/offload: compressed on the device, kept compressed on the
 //!   host).
@@ -73,18 +74,36 @@ impl Compressor for GpuCompressor {
     }
 }
 
-/// A device buffer compressed and kept in host memory ([`DeviceStager::stage_to_host`]).
-#[derive(Debug, Clone)]
+/// A device buffer compressed and kept in pinned host memory ([`DeviceStager::stage_to_host`]).
 pub struct Staged {
-    bytes: Vec<u8>,
+    buf: PinnedHostSlice<u8>,
+    len: usize,
     count: usize,
     dtype: Dtype,
 }
 
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Staged({} x {}, {} bytes)",
+            self.count, self.dtype, self.len
+        )
+    }
+}
+
 impl Staged {
     /// The zcomm stream (readable with [`crate::decompress`] on the CPU too).
-    pub fn stream(&self) -> &[u8] {
-        &self.bytes
+    pub fn stream(&self) -> Result<&[u8]> {
+        Ok(&self.buf.as_slice().map_err(gpu_err("pinned"))?[..self.len])
+    }
+    /// Stream length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the stream is empty (never: a stream has a header).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
     /// Number of values.
     pub fn count(&self) -> usize {
@@ -96,7 +115,7 @@ impl Staged {
     }
     /// Uncompressed bytes / stream bytes.
     pub fn ratio(&self) -> f64 {
-        (self.count * self.dtype.size()) as f64 / self.bytes.len().max(1) as f64
+        (self.count * self.dtype.size()) as f64 / self.len.max(1) as f64
     }
 }
 
@@ -133,7 +152,6 @@ pub struct DeviceStager {
     scratch_in: Option<CudaSlice<u8>>,
     pinned_send: Option<PinnedHostSlice<u8>>,
     pinned_recv: Option<PinnedHostSlice<u8>>,
-    chunk_bytes: usize,
     profile: Option<DeviceProfile>,
     /// Stage times of the last operation.
     pub last: StageTimes,
@@ -158,7 +176,6 @@ impl DeviceStager {
             scratch_in: None,
             pinned_send: None,
             pinned_recv: None,
-            chunk_bytes: 0,
             profile: None,
             last: StageTimes::default(),
         }
@@ -174,10 +191,6 @@ impl DeviceStager {
     /// Use a known profile.
     pub fn set_profile(&mut self, p: DeviceProfile) {
         self.profile = Some(p);
-    }
-    /// Send large buffers in chunks of about this many bytes (0 = one piece).
-    pub fn set_chunk_bytes(&mut self, b: usize) {
-        self.chunk_bytes = b;
     }
 
     fn stream(&self) -> std::sync::Arc<CudaStream> {
@@ -268,24 +281,72 @@ impl DeviceStager {
         bound: ErrorBound,
         codec: CodecKind,
     ) -> Result<Staged> {
+        let len = self.compress_timed(data, bound, codec)?;
+        let mut st = Staged {
+            buf: self.alloc_pinned(len)?,
+            len,
+            count: data.len(),
+            dtype: T::DTYPE,
+        };
+        self.stream_to_pinned(len, &mut st.buf)?;
+        Ok(st)
+    }
+
+    /// [`stage_to_host`](Self::stage_to_host) reusing `staged`'s pinned memory when it is large
+    /// enough (steady-state checkpointing allocates nothing).
+    pub fn restage<T: GpuElement>(
+        &mut self,
+        data: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+        staged: &mut Staged,
+    ) -> Result<()> {
+        let len = self.compress_timed(data, bound, codec)?;
+        if staged.buf.len() < len {
+            staged.buf = self.alloc_pinned(len)?;
+        }
+        self.stream_to_pinned(len, &mut staged.buf)?;
+        staged.len = len;
+        staged.count = data.len();
+        staged.dtype = T::DTYPE;
+        Ok(())
+    }
+
+    fn compress_timed<T: GpuElement>(
+        &mut self,
+        data: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<usize> {
         let t = now();
         let len = self.compress_to_scratch(data, bound, codec)?;
         self.last = StageTimes {
             compress: t.elapsed().as_secs_f64(),
             ..Default::default()
         };
+        Ok(len)
+    }
+
+    /// D2H of the first `len` bytes of the compression scratch.
+    fn stream_to_pinned(&mut self, len: usize, dst: &mut PinnedHostSlice<u8>) -> Result<()> {
         let t = now();
         let s = self.stream();
-        let mut bytes = vec![0u8; len];
         let src = self.scratch_out.as_ref().expect("grown");
         let (p, _g) = src.device_ptr(&s);
-        Self::d2h(&s, p, &mut bytes)?;
+        Self::d2h(
+            &s,
+            p,
+            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..len],
+        )?;
         self.last.d2h = t.elapsed().as_secs_f64();
-        Ok(Staged {
-            bytes,
-            count: data.len(),
-            dtype: T::DTYPE,
-        })
+        Ok(())
+    }
+
+    /// Page-locked host memory (cached, CPU-readable) on this stager's context.
+    pub fn alloc_pinned(&self, n: usize) -> Result<PinnedHostSlice<u8>> {
+        let mut slot = None;
+        Self::grow_pinned(&mut slot, &self.stream(), n)?;
+        Ok(slot.expect("grown"))
     }
 
     /// Copy a staged stream back to the device and decompress it into `out`.
@@ -301,10 +362,8 @@ impl DeviceStager {
                 found: format!("{} x {}", staged.count, staged.dtype),
             });
         }
-        let t = now();
-        self.upload_and_decompress(&staged.bytes, out)?;
-        let _ = t;
-        Ok(())
+        self.last = StageTimes::default();
+        self.upload_and_decompress(staged.stream()?, out)
     }
 
     fn upload_and_decompress<T: GpuElement>(
@@ -466,11 +525,7 @@ impl Communicator {
             decompress: 300e9,
         });
         let est = self.ratios.get(OP_SENDRECV | 0x80, tag as i64);
-        let k = if dev.chunk_bytes > 0 {
-            bytes.div_ceil(dev.chunk_bytes).max(1)
-        } else {
-            1
-        };
+        let k = 1;
         let sc = Scenario::new(
             bytes as f64,
             est.unwrap_or(1.0),
@@ -560,11 +615,12 @@ impl Communicator {
         }
         d.payload = len as u64;
         d.ratio = st.ratio;
-        // network
+        // network: the incoming payload (raw or compressed) lands in pinned memory
         let rbytes = recv.len() * T::SIZE;
-        DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, rbytes)?;
+        let cap = crate::compress_bound(recv.len(), T::DTYPE);
+        DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, cap)?;
         let t = now();
-        let got = {
+        let (sd, n) = {
             let pin_s = dev
                 .pinned_send
                 .as_ref()
@@ -577,37 +633,33 @@ impl Communicator {
                 .expect("grown")
                 .as_mut_slice()
                 .map_err(gpu_err("pinned"))?;
-            self.exchange(
+            self.exchange_into(
                 &d,
                 &pin_s[..len],
                 dest,
                 &expect,
                 src,
                 tag,
-                Some(&mut pin_r[..rbytes]),
+                &mut pin_r[..cap],
             )?
         };
         dev.last.network = t.elapsed().as_secs_f64();
-        match got {
-            None => {
-                let t = now();
-                let (p, _g) = recv.device_ptr_mut(&s);
-                let pin = dev
-                    .pinned_recv
-                    .as_ref()
-                    .expect("grown")
-                    .as_slice()
-                    .map_err(gpu_err("pinned"))?;
-                DeviceStager::h2d(&s, &pin[..rbytes], p)?;
-                dev.last.h2d = t.elapsed().as_secs_f64();
+        let pin = dev
+            .pinned_recv
+            .as_ref()
+            .expect("grown")
+            .as_slice()
+            .map_err(gpu_err("pinned"))?;
+        if sd.decision == 1 {
+            dev_upload(dev, n, recv)?;
+        } else {
+            if n != rbytes {
+                return Err(Error::Comm("raw device payload of unexpected size".into()));
             }
-            Some((sd, b)) => {
-                if sd.decision == 1 {
-                    dev.upload_and_decompress(&b, recv)?;
-                } else {
-                    return Err(Error::Comm("raw device payload of unexpected size".into()));
-                }
-            }
+            let t = now();
+            let (p, _g) = recv.device_ptr_mut(&s);
+            DeviceStager::h2d(&s, &pin[..rbytes], p)?;
+            dev.last.h2d = t.elapsed().as_secs_f64();
         }
         let ratio_for_model = if compress {
             st.ratio
@@ -624,6 +676,59 @@ impl Communicator {
         };
         tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "sendrecv_device");
         Ok(self.finish(st, t0))
+    }
+}
+
+/// Upload the first `n` bytes of the pinned receive buffer and decompress them into `out`.
+fn dev_upload<T: GpuElement>(
+    dev: &mut DeviceStager,
+    n: usize,
+    out: &mut CudaViewMut<'_, T>,
+) -> Result<()> {
+    let pinned = dev.pinned_recv.take().expect("grown");
+    let r = pinned
+        .as_slice()
+        .map_err(gpu_err("pinned"))
+        .and_then(|b| dev.upload_and_decompress(&b[..n], out));
+    dev.pinned_recv = Some(pinned);
+    r
+}
+
+impl Communicator {
+    /// [`Communicator::exchange`] receiving any payload into `buf[..n]` (returns the sender's
+    /// descriptor and `n`). A payload larger than `buf` is drained and reported as an error.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange_into(
+        &self,
+        d: &Desc,
+        payload: &[u8],
+        dest: usize,
+        expect: &Desc,
+        src: usize,
+        tag: i32,
+        buf: &mut [u8],
+    ) -> Result<(Desc, usize)> {
+        let t = self.transport();
+        let theirs = t.sendrecv(dest, &d.to_bytes(), src, super::TAG_DESC + tag)?;
+        let sd = Desc::parse(&theirs)?;
+        let n = usize::try_from(sd.payload)
+            .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
+        let fits = n <= buf.len();
+        if fits {
+            t.sendrecv_sized(dest, payload, src, &mut buf[..n], tag)?;
+        } else {
+            let mut v = vec![0u8; n];
+            t.sendrecv_sized(dest, payload, src, &mut v, tag)?;
+        }
+        let verdict = t.sendrecv(src, &expect.to_bytes(), dest, super::TAG_VERDICT + tag)?;
+        super::check_pair(&sd, expect)?;
+        super::check_pair(d, &Desc::parse(&verdict)?)?;
+        if !fits {
+            return Err(Error::Comm(format!(
+                "{n}-byte payload exceeds the receive buffer"
+            )));
+        }
+        Ok((sd, n))
     }
 }
 

@@ -567,6 +567,17 @@ impl Communicator {
         Ok(c)
     }
 
+    /// [`init`](Self::init) with another compressor (e.g. `device::GpuCompressor`).
+    #[cfg(feature = "mpi")]
+    pub fn init_with(config: Config, compressor: Box<dyn Compressor>) -> Result<Self> {
+        let universe = mpi::initialize();
+        let world = mpi::topology::SimpleCommunicator::world();
+        let t = MpiTransport::new(&world);
+        let mut c = Self::with_transport(Box::new(t), compressor, config)?;
+        c._universe = universe;
+        Ok(c)
+    }
+
     /// Build over any transport and compressor. Collective over the transport's ranks.
     pub fn with_transport(
         transport: Box<dyn Transport>,
@@ -690,12 +701,19 @@ impl Communicator {
                 let peer = 1 - r;
                 let small = [0u8; 8];
                 let big = vec![1u8; self.config.pingpong_bytes];
+                let mut back = vec![0u8; big.len()];
                 let lat_rt = pingpong(t, r, peer, &small, 50)?;
-                let reps = ((256usize << 20) / big.len()).clamp(2, 8);
-                let bw_rt = pingpong(t, r, peer, &big, reps)?;
                 let lat = lat_rt / 2.0;
-                let one_way = (bw_rt / 2.0 - lat).max(1e-9);
-                vals = [lat, big.len() as f64 / one_way];
+                // bandwidth: simultaneous exchanges (what sendrecv and ring steps do) into
+                // preallocated buffers, one warm-up
+                let reps = ((256usize << 20) / big.len()).clamp(2, 8);
+                t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
+                let t0 = t.wtime();
+                for _ in 0..reps {
+                    t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
+                }
+                let each = ((t.wtime() - t0) / reps as f64 - lat).max(1e-9);
+                vals = [lat, big.len() as f64 / each];
             }
             t.allreduce_f64(&mut vals, ReduceOp::Max)?;
             link = Link {
