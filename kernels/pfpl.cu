@@ -89,7 +89,17 @@ template <typename T, bool REL> __device__ __forceinline__ T pf_value(const ZQ<T
                 c = (v & 1ull) ? -m : m;
             }
         } else {
+            // bins are below 2^(M-1) in magnitude: a 32-bit (f32) or biased (f64) conversion
+            // is exact, so this equals zq_decode's q * step bit for bit
             c = pf_unzigzag((u64)w);
+            T qf;
+            if (sizeof(T) == 4) {
+                qf = (T)__int2float_rn((int)c);
+            } else {
+                qf = (T)__dsub_rn(__longlong_as_double((long long)(0x4338000000000000ull + (u64)c)),
+                                  6755399441055744.0);
+            }
+            return ZT<T>::mul(qf, q.step);
         }
         return zq_decode<T, REL>(q, c);
     }
@@ -221,10 +231,11 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         const u32 n0 = L0 / 8;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const u32 wi = (u32)tid * 8u + (u32)j;
+            const u32 jj = (u32)(j + tid) & 7u;  // rotated: 64-byte thread stride, fewer bank conflicts
+            const u32 wi = (u32)tid * 8u + jj;
             if (wi < n0) {
                 const u32 bits = pf_nzbits(D[wi]);
-                m1 |= (u64)bits << (8 * j);
+                m1 |= (u64)bits << (8 * jj);
                 cnt0 += __popc(bits);
             }
         }
@@ -272,6 +283,9 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             const u32 total = L4 + k3 + k2 + k1 + k0;
             const u32 cs = k0 == 0 ? 0u : ((total + 3u) & ~3u);
             const bool rawc = cs >= n * (u32)SIZE && k0 != 0;
+            // publish this chunk's size as early as possible (decoupled look-back)
+            const u64 excl = lookback_exclusive(status, c, (u64)(rawc ? n * (u32)SIZE : cs), lane);
+            if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
             if (!rawc && k0 != 0) {
                 // B4
                 if ((u32)lane < L4) s_out[lane] = (u8)bits3;
@@ -322,12 +336,13 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             }
             // kept0: the non-zero bytes of D
             const u32 base0 = base1 + k1;
-            u32 pos = base0 + off0;
             const u8* Db = (const u8*)s_w;
 #pragma unroll 1
             for (int j = 0; j < 8; j++) {
-                u32 b = (u32)(m1 >> (8 * j)) & 0xFFu;
-                const u32 wi = (u32)tid * 8u + (u32)j;
+                const u32 jj = (u32)(j + tid) & 7u;  // rotated, as above
+                u32 b = (u32)(m1 >> (8 * jj)) & 0xFFu;
+                const u32 wi = (u32)tid * 8u + jj;
+                u32 pos = base0 + off0 + (u32)__popcll(m1 & ((1ull << (8 * jj)) - 1ull));
                 while (b) {
                     const int bj = __ffs(b) - 1;
                     s_out[pos++] = Db[wi * 8 + bj];
@@ -337,13 +352,12 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         }
     }
     if (raw) csize = n * (u32)SIZE;
-
-    // 5. chunk offset (decoupled look-back over the chunk sizes), copy-out, hash, table entry
-    __syncthreads();
-    if (w == 0) {
+    if (raw_forced && w == 0) {
         const u64 excl = lookback_exclusive(status, c, (u64)csize, lane);
         if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
     }
+
+    // 5. copy-out (the offset came from the decoupled look-back above), hash, table entry
     __syncthreads();
     const u64 base = s_base;
     u32 hsum = 0;
@@ -540,9 +554,10 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         // B1 -> D (thread t = D words 8t..8t+7), kept data bytes must be non-zero
         {
             if ((u32)tid < L2) {
-                u32 pos = o0 + e0;
                 for (int j = 0; j < 8; j++) {
-                    u32 b = (u32)(b1 >> (8 * j)) & 0xFFu;
+                    const u32 jj = (u32)(j + tid) & 7u;  // rotated: fewer bank conflicts
+                    u32 pos = o0 + e0 + (u32)__popcll(b1 & ((1ull << (8 * jj)) - 1ull));
+                    u32 b = (u32)(b1 >> (8 * jj)) & 0xFFu;
                     u64 word = 0;
                     while (b) {
                         const int bj = __ffs(b) - 1;
@@ -551,7 +566,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
                         word |= (u64)v << (8 * bj);
                         b &= b - 1;
                     }
-                    ((u64*)s_d)[tid * 8 + j] = word;
+                    ((u64*)s_d)[tid * 8 + jj] = word;
                 }
             }
         }
