@@ -67,7 +67,10 @@ fn within<S: Real>(orig: &[S], got: &[S], b: ErrorBound) -> std::result::Result<
             ErrorBound::Noa(e) => e * (hi - lo),
             ErrorBound::Rel(e) => e * a.abs(),
         };
-        if !(e <= lim) {
+        if matches!(
+            e.partial_cmp(&lim),
+            None | Some(std::cmp::Ordering::Greater)
+        ) {
             return Err(format!("value {i}: {a} -> {g}, error {e:e} > {lim:e}"));
         }
         maxe = maxe.max(e);

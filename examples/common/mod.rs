@@ -125,7 +125,10 @@ pub fn max_err<S: Element>(a: &[S], b: &[S], limit: impl Fn(f64) -> f64) -> (f64
         }
         let e = (x - y).abs();
         worst = worst.max(e);
-        if !(e <= limit(x)) {
+        if matches!(
+            e.partial_cmp(&limit(x)),
+            None | Some(std::cmp::Ordering::Greater)
+        ) {
             ok = false;
         }
     }

@@ -203,7 +203,7 @@ impl DeviceStager {
         n: usize,
     ) -> Result<()> {
         let need = n.max(4).next_multiple_of(4);
-        if slot.as_ref().is_none_or(|b| b.len() < need) {
+        if slot.as_ref().map_or(true, |b| b.len() < need) {
             *slot = None;
             // SAFETY: scratch is written (by a kernel or a copy) before it is read.
             let b = unsafe { s.alloc::<u8>(need) }
@@ -219,7 +219,7 @@ impl DeviceStager {
         n: usize,
     ) -> Result<()> {
         let need = n.max(1);
-        if slot.as_ref().is_none_or(|b| b.len() < need) {
+        if slot.as_ref().map_or(true, |b| b.len() < need) {
             *slot = None;
             // SAFETY: pinned memory is written by a copy before it is read; flags 0 (cached,
             // not write-combined) because the CPU (MPI) reads it.

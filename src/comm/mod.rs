@@ -1602,10 +1602,15 @@ mod tests {
             payload: 99,
             ratio: 7.5,
             seq: 42,
+            lo: -1.5,
+            hi: 2.5,
+            bad: 0,
         };
         assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
         assert!(Desc::parse(&[0u8; 64]).is_err());
         assert!(check_table(&[d, d, d]).is_ok());
+        let e = check_table(&[d, Desc { bad: 1, ..d }]).unwrap_err();
+        assert!(e.to_string().contains("rank 1 rejected"), "{e}");
         let e = check_table(&[d, Desc { count: 1, ..d }]).unwrap_err();
         assert!(e.to_string().contains("element count"), "{e}");
         let e = check_table(&[
