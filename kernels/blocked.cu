@@ -311,6 +311,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             }
         }
         // ---- pass 2: layer payloads
+        const bool CPAIRS = SIZE == 4 && CODEC != ZC_OUTLIER;
 #pragma unroll 1
         for (int j = 0; j < J; j++) {
             const int it = w + j * W;
@@ -322,11 +323,64 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                     u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
                     xs[u] = e < n ? cin[e] : (T)0;
                 }
+                bool skip = false;  // the previous step wrote this layer as the second of a pair
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
+                    if (skip) {
+                        skip = false;
+                        continue;
+                    }
                     const u32 l = (u32)(it * 32 + t0 + u);
                     if (l >= n_layers) continue;
                     const u32 r = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l]);
+                    if (CPAIRS && (u & 1) == 0 && l + 1 < n_layers) {
+                        // f32, word-aligned codecs: two non-raw layers with deltas of <= 16 bits
+                        // share one transpose (A = l is full: it is not the last layer)
+                        const u32 rB = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l + 1]);
+                        if (r != 0xFFu && rB != 0xFFu && (r & 63u) <= 16u && (rB & 63u) <= 16u && (r | rB) != 0u) {
+                            const u32 bA = r & 63u, bB = rB & 63u;
+                            const u32 ntB = min(32u, n - (l + 1) * 32u);
+                            C cA = zq_code<T, REL>(q, xs[u]);
+                            C cB = (u32)lane < ntB ? zq_code<T, REL>(q, xs[u + 1]) : (C)0;
+                            if (ntB < 32u) {
+                                C ql = zc_shfl(cB, ntB - 1);
+                                if ((u32)lane >= ntB) cB = ql;
+                            }
+                            C pA = zc_shfl_up(cA, 1), pB = zc_shfl_up(cB, 1);
+                            if (lane == 0) {
+                                pA = CODEC == ZC_AATROX ? s_prev[l] : (C)0;
+                                pB = CODEC == ZC_AATROX ? s_prev[l + 1] : (C)0;
+                            }
+                            const C dA = (C)((U)cA - (U)pA), dB = (C)((U)cB - (U)pB);
+                            const u32 sA = __ballot_sync(ZC_FULL, dA < 0), sB = __ballot_sync(ZC_FULL, dB < 0);
+                            const u32 mA = (u32)(dA < 0 ? (U)0 - (U)dA : (U)dA);
+                            const u32 mB = (u32)(dB < 0 ? (U)0 - (U)dB : (U)dB);
+                            const u32 pl = warp_transpose32(mA | (mB << 16), lane);
+                            const u32 wA = s_off[l] >> 2, wB = s_off[l + 1] >> 2;
+                            if (bA > 0) {
+                                if (lane == 0) {
+                                    cw[wA] = sA;
+                                    hsum += zhash_mix(sA, wA);
+                                }
+                                if ((u32)lane < bA) {
+                                    cw[wA + 1 + lane] = pl;
+                                    hsum += zhash_mix(pl, wA + 1 + lane);
+                                }
+                            }
+                            if (bB > 0) {
+                                if (lane == 16) {
+                                    cw[wB] = sB;
+                                    hsum += zhash_mix(sB, wB);
+                                }
+                                if (lane >= 16 && (u32)lane - 16 < bB) {
+                                    cw[wB + 1 + (lane - 16)] = pl;
+                                    hsum += zhash_mix(pl, wB + 1 + (lane - 16));
+                                }
+                            }
+                            skip = true;
+                            continue;
+                        }
+                    }
                     if (r == 0) continue;
                     const u32 nt = min(32u, n - l * 32u);
                     const bool present = (u32)lane < nt;
@@ -615,13 +669,49 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         __syncthreads();
         // level 2: per thread layer, lane k = value k
         T* cout = out + cbase;
+        // f32, word-aligned codecs: two thread layers whose deltas fit 16 bits share one transpose
+        const bool PAIRS = SIZE == 4 && CODEC != ZC_OUTLIER;
 #pragma unroll 1
         for (int j = 0; j < J; j++) {
             const int it = w + j * W;
+            u32 pairable = 0;
+            if (PAIRS) {
+                const u32 myr = ((const u8*)s_rate)[it * 32 + lane];
+                pairable = __reduce_or_sync(ZC_FULL, (myr != 0xFFu && (myr & 63u) <= 16u) ? (1u << lane) : 0u);
+            }
 #pragma unroll 1
             for (int t = 0; t < 32; t++) {
                 const u32 ll = (u32)(it * 32 + t);
                 if (ll >= n_layers) break;
+                if (PAIRS && t < 31 && ((pairable >> t) & 3u) == 3u && ll + 1 < n_layers) {
+                    // layers A = ll (full: it is not the last) and B = ll + 1; o = 0 for these codecs
+                    const u32 bA = ((const u8*)s_rate)[ll] & 63u, bB = ((const u8*)s_rate)[ll + 1] & 63u;
+                    const u32 wA = s_off[ll] >> 2, wB = s_off[ll + 1] >> 2;
+                    u32 signA = 0, signB = 0, mm = 0;
+                    if (__reduce_or_sync(ZC_FULL, bA | bB) != 0) {
+                        if (bA) signA = cw[wA];
+                        if (bB) signB = cw[wB];
+                        u32 pl = 0;
+                        if (lane < 16) {
+                            if ((u32)lane < bA) pl = cw[wA + 1 + lane];
+                        } else {
+                            if ((u32)lane - 16 < bB) pl = cw[wB + 1 + (lane - 16)];
+                        }
+                        mm = warp_transpose32(pl, lane);
+                    }
+                    const i32 mA = (i32)(mm & 0xFFFFu), mB = (i32)(mm >> 16);
+                    const i32 dA = ((signA >> lane) & 1u) ? -mA : mA;
+                    const i32 dB = ((signB >> lane) & 1u) ? -mB : mB;
+                    const i64 stA = CODEC == ZC_AATROX ? s_start[ll] : 0;
+                    const i64 stB = CODEC == ZC_AATROX ? s_start[ll + 1] : 0;
+                    const i64 cA = (i64)((u64)stA + (u64)(i64)warp_incl_i32(dA, lane));
+                    const i64 cB = (i64)((u64)stB + (u64)(i64)warp_incl_i32(dB, lane));
+                    const u32 ntB = min(32u, n - (ll + 1) * 32u);
+                    zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, cA));
+                    if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, zq_decode<T, REL>(q, cB));
+                    t++;
+                    continue;
+                }
                 const u32 rr = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[ll]);
                 const u32 off = s_off[ll];
                 const u32 nt = min(32u, n - ll * 32u);
