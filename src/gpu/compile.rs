@@ -15,13 +15,11 @@ const PFPL: &str = include_str!("../../kernels/pfpl.cu");
 /// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
 /// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 8.
 pub fn blocked_warps() -> u32 {
-    match std::env::var("ZCOMM_GPU_WARPS")
+    std::env::var("ZCOMM_GPU_WARPS")
         .ok()
         .and_then(|v| v.parse().ok())
-    {
-        Some(w @ (8 | 16 | 32)) => w,
-        _ => 8,
-    }
+        .filter(|w| matches!(w, 8 | 16 | 32))
+        .unwrap_or(8)
 }
 
 /// NVRTC options besides `-arch`: no fused multiply-add anywhere (FORMAT.md), IEEE division.

@@ -58,6 +58,9 @@ const C_MIN: usize = 6;
 const C_MAX: usize = 7;
 const C_FIRST: usize = 8;
 
+/// Finite value range and first finite non-zero value of an input (from the stats kernel).
+type Stats = (Option<(f64, f64)>, Option<f64>);
+
 /// Element types the GPU codecs handle (`f32`, `f64`).
 pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits {
     /// Kernel name suffix.
@@ -325,11 +328,7 @@ impl GpuCodec {
     }
 
     /// Value range and first finite non-zero value of `n` values at `input` (one kernel).
-    fn stats<T: GpuElement>(
-        &mut self,
-        input: u64,
-        n: usize,
-    ) -> Result<(Option<(f64, f64)>, Option<f64>)> {
+    fn stats<T: GpuElement>(&mut self, input: u64, n: usize) -> Result<Stats> {
         self.zero_ctrl(0)?;
         let f = self.func(&format!("zc_stats_{}", T::KERNEL_TAG))?;
         let ctrl = raw_ptr_mut(&mut self.ctrl, &self.stream.clone());
@@ -412,7 +411,7 @@ impl GpuCodec {
         }
         self.last_times = KernelTimes::default();
         // parameters: same Rust code as the CPU path, statistics from the device
-        let mut stats: Option<(Option<(f64, f64)>, Option<f64>)> = None;
+        let mut stats: Option<Stats> = None;
         if n > 0 && matches!(bound, ErrorBound::Noa(_)) {
             stats = Some(self.stats::<T>(in_ptr, n)?);
         }
@@ -904,7 +903,8 @@ fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header
             ));
         }
     }
-    if !(h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0) && !h.is_stored() {
+    let bound_ok = h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0;
+    if !h.is_stored() && !bound_ok {
         return Err(Error::corrupt("header carries an invalid bound or step"));
     }
     if !h.is_stored() {
@@ -915,7 +915,8 @@ fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header
                 h.chunk_log2
             )));
         }
-        if h.mode == BoundMode::Rel && !(h.step > 0.0) {
+        if h.mode == BoundMode::Rel && h.step.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        {
             return Err(Error::corrupt("rel stream with a non-positive step"));
         }
     }
