@@ -1,10 +1,10 @@
 //! Helpers shared by the integration tests: a seeded generator, data generators, an exact
 //! error-bound checker, and stream re-sealing for mutation tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod fuzz_body;
 
-use zcomm::format::{zhash_bytes, BoundMode, HEADER_LEN, TABLE_ENTRY_LEN};
+use zcomm::format::BoundMode;
 use zcomm::{compress_bound, decompress, inspect, CodecKind, Element, ErrorBound};
 
 /// SplitMix64: small, seeded, good enough for test data.
@@ -351,35 +351,4 @@ pub fn round_trip<T: Element>(
     Ok(stream)
 }
 
-/// Recompute every checksum of a (possibly mutated) stream so that the decoder's structural checks,
-/// not its checksums, are what rejects it. Leaves streams too short to have a header alone.
-pub fn reseal(s: &mut [u8]) {
-    if s.len() < HEADER_LEN {
-        return;
-    }
-    let stored = s[9] & 1 != 0;
-    if stored {
-        let c = zhash_bytes(&s[HEADER_LEN..]);
-        s[76..80].copy_from_slice(&c.to_le_bytes());
-    } else {
-        let n = u32::from_le_bytes(s[72..76].try_into().unwrap()) as usize;
-        let table_end = HEADER_LEN.saturating_add(n.saturating_mul(TABLE_ENTRY_LEN));
-        if table_end <= s.len() {
-            let mut off = table_end;
-            for i in 0..n {
-                let e = HEADER_LEN + i * TABLE_ENTRY_LEN;
-                let size = u32::from_le_bytes(s[e..e + 4].try_into().unwrap()) as usize;
-                if off.saturating_add(size) > s.len() {
-                    break;
-                }
-                let c = zhash_bytes(&s[off..off + size]);
-                s[e + 4..e + 8].copy_from_slice(&c.to_le_bytes());
-                off += size;
-            }
-            let c = zhash_bytes(&s[HEADER_LEN..table_end]);
-            s[76..80].copy_from_slice(&c.to_le_bytes());
-        }
-    }
-    let h = zhash_bytes(&s[..92]);
-    s[92..96].copy_from_slice(&h.to_le_bytes());
-}
+pub use fuzz_body::reseal;
