@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use common::*;
-use zcomm::comm::{CommElement, Communicator, Config, Real};
+use zcomm::comm::{CommElement, Communicator, Config};
 use zcomm::model::Policy;
 use zcomm::{Element, ErrorBound, Result};
 
@@ -200,7 +200,7 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
 mod device {
     use super::*;
     use std::io::Write as _;
-    use zcomm::comm::DeviceStager;
+    use zcomm::comm::{DeviceStager, Real};
     use zcomm::gpu::{GpuCodec, GpuElement};
 
     pub fn run<S>(c: &mut Communicator, a: &Args) -> Result<bool>

@@ -16,7 +16,7 @@ fail=0
 step() {
     local name=$1; shift
     echo "== $name: $*"
-    if ! $launch "$@" 2>&1 | tee "$out/$name.txt"; then fail=1; fi
+    $launch "$@" 2>&1 | tee "$out/$name.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || fail=1
 }
 # GPU staging + staged device exchange (falls back to host buffers without a GPU)

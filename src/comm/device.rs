@@ -539,8 +539,13 @@ impl Communicator {
         let compress = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
-            // no estimate yet: compress once to learn the ratio
-            Policy::Auto(_) => est.is_none() || pr.compressed_serial < 0.95 * pr.raw_serial,
+            // never when even an infinite ratio cannot pay; without an estimate yet, compress
+            // once to learn the ratio
+            Policy::Auto(_) => {
+                let best = model::predict(&sc.clone_with_ratio(f64::INFINITY));
+                best.compressed_serial < 0.95 * best.raw_serial
+                    && (est.is_none() || pr.compressed_serial < 0.95 * pr.raw_serial)
+            }
         } && n > 0;
         let mut st = OpStats::raw(OP_SENDRECV);
         st.bytes = bytes as u64;

@@ -848,9 +848,15 @@ impl Communicator {
             Policy::Never => (false, None, 1.0, None),
             Policy::Always(c) => (true, Some(c), 1.0, None),
             Policy::Auto(c) => {
-                let (r, s) = self.estimate(data, bound, c, op, tag as i64)?;
-                let (tr, tcmp) = self.p2p_times::<S>(data.len(), r, c);
-                (tcmp < 0.95 * tr, Some(c), r, s)
+                // even an infinite ratio cannot pay: raw, without spending time on an estimate
+                let (tr, best) = self.p2p_times::<S>(data.len(), f64::INFINITY, c);
+                if best >= 0.95 * tr {
+                    (false, Some(c), 1.0, None)
+                } else {
+                    let (r, s) = self.estimate(data, bound, c, op, tag as i64)?;
+                    let (tr, tcmp) = self.p2p_times::<S>(data.len(), r, c);
+                    (tcmp < 0.95 * tr, Some(c), r, s)
+                }
             }
         };
         st.ratio_estimate = est;
@@ -1157,7 +1163,11 @@ impl Communicator {
         let bound = self.config.bound;
         let mut d = self.local_desc::<E>(OP_ALLGATHER, send.len());
         let mut stream = None;
-        if let (Policy::Auto(c), true) = (self.config.policy, local.is_ok()) {
+        let pays = {
+            let (raw_t, best) = self.allgather_times::<E::Scalar>(sc.len(), f64::INFINITY);
+            best < 0.95 * raw_t
+        };
+        if let (Policy::Auto(c), true, true) = (self.config.policy, local.is_ok(), pays) {
             match self.estimate(sc, bound, c, OP_ALLGATHER, -1) {
                 Ok((r, s)) => {
                     d.ratio = r;
@@ -1171,12 +1181,7 @@ impl Communicator {
         let n = sc.len();
         let bytes = (n * <E::Scalar as crate::Element>::SIZE) as f64;
         let codec = self.config.policy.codec().unwrap_or_default();
-        let (tc, td) = self.speeds::<E::Scalar>(codec);
-        let l = self.profile.link;
-        let pf = p as f64;
-        let raw_t = (pf - 1.0) * (l.latency + bytes / l.bandwidth);
-        let cmp_t =
-            bytes / tc + pf * bytes / td + (pf - 1.0) * (l.latency + bytes / (ratio * l.bandwidth));
+        let (raw_t, cmp_t) = self.allgather_times::<E::Scalar>(n, ratio);
         let compress = self.decide(raw_t, cmp_t) && n > 0;
         let mut st = OpStats::raw(OP_ALLGATHER);
         st.bytes = bytes as u64;
@@ -1260,6 +1265,40 @@ impl Communicator {
             };
         }
         Ok(self.finish(st, t0))
+    }
+
+    /// Model times (raw, compressed) of an allgather of `n` scalars per rank.
+    fn allgather_times<S: Real>(&self, n: usize, ratio: f64) -> (f64, f64) {
+        let bytes = (n * S::SIZE) as f64;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let (tc, td) = self.speeds::<S>(codec);
+        let l = self.profile.link;
+        let pf = self.size() as f64;
+        let raw_t = (pf - 1.0) * (l.latency + bytes / l.bandwidth);
+        let cmp_t =
+            bytes / tc + pf * bytes / td + (pf - 1.0) * (l.latency + bytes / (ratio * l.bandwidth));
+        (raw_t, cmp_t)
+    }
+
+    /// Model times (raw, compressed) of an allreduce (`full`) or reduce-scatter of `n` scalars.
+    fn reduce_times<S: Real>(&self, n: usize, full: bool, ratio: f64) -> (f64, f64) {
+        let pf = self.size() as f64;
+        let seg_b = (n * S::SIZE) as f64 / pf;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let (tc, td) = self.speeds::<S>(codec);
+        let l = self.profile.link;
+        let steps = pf - 1.0;
+        let rs = steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth));
+        if full {
+            (
+                2.0 * steps * (l.latency + seg_b / l.bandwidth),
+                rs + seg_b / tc
+                    + pf * seg_b / td
+                    + steps * (l.latency + seg_b / (ratio * l.bandwidth)),
+            )
+        } else {
+            (steps * (l.latency + seg_b / l.bandwidth), rs)
+        }
     }
 
     fn decide(&self, raw_t: f64, cmp_t: f64) -> bool {
@@ -1397,7 +1436,11 @@ impl Communicator {
         // 3. ratio estimate at the per-step bound (mean over ranks of 1/ratio)
         let codec = self.config.policy.codec().unwrap_or_default();
         let mut ratio = 1.0;
-        if let (Policy::Auto(c), true, true) = (self.config.policy, usable, p > 1) {
+        let pays = {
+            let (raw_t, best) = self.reduce_times::<S>(x.len(), full, f64::INFINITY);
+            best < 0.95 * raw_t
+        };
+        if let (Policy::Auto(c), true, true, true) = (self.config.policy, usable, p > 1, pays) {
             let seg0 = &x[..x.len().div_ceil(p).min(x.len())];
             let inv = match self.estimate(seg0, ErrorBound::Abs(eb * d), c, op, -1) {
                 Ok((er, _)) => 1.0 / er.max(1e-9),
@@ -1410,23 +1453,8 @@ impl Communicator {
         // 4. model
         let bytes = (x.len() * S::SIZE) as f64;
         let seg_b = bytes / pf;
-        let (tc, td) = self.speeds::<S>(codec);
-        let l = self.profile.link;
         let steps = pf - 1.0;
-        let (raw_t, cmp_t) = if full {
-            (
-                2.0 * steps * (l.latency + seg_b / l.bandwidth),
-                steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth))
-                    + seg_b / tc
-                    + pf * seg_b / td
-                    + steps * (l.latency + seg_b / (ratio * l.bandwidth)),
-            )
-        } else {
-            (
-                steps * (l.latency + seg_b / l.bandwidth),
-                steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth)),
-            )
-        };
+        let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, ratio);
         let compress = usable && p > 1 && !x.is_empty() && self.decide(raw_t, cmp_t);
         let mut st = OpStats::raw(op);
         st.bytes = bytes as u64;
