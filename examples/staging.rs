@@ -145,7 +145,8 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
     let (t_raw, _) = best(c, a.iters, |_| Ok(sc.to_vec()))?;
     let mut back = vec![<E::Scalar as Element>::from_f64(0.0); sc.len()];
     let (t_d, _) = best(c, a.iters, |_| zcomm::decompress_into(&stream, &mut back))?;
-    let (err, ok) = max_err(sc, &back, &lim);
+    let (_, ok) = max_err(sc, &back, &lim);
+    let err = reported_err(a.c.error_bound, sc, &back);
     let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
     all_ok &= ok;
     if rank == 0 {
@@ -176,7 +177,8 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
     let rs = E::scalars(&raw);
     let (plo, phi) = zcomm::quant::finite_range(rs).unwrap_or((0.0, 0.0));
     let plim = bound_limit(a.c.error_bound, plo, phi);
-    let (err, ok) = max_err(rs, E::scalars(&got), &plim);
+    let (_, ok) = max_err(rs, E::scalars(&got), &plim);
+    let err = reported_err(a.c.error_bound, rs, E::scalars(&got));
     let err = global_max(c, err);
     let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
     all_ok &= ok;
@@ -278,7 +280,8 @@ mod device {
         let back = s
             .clone_dtoh(&d_out)
             .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-        let (err, ok) = max_err(data, &back, &lim);
+        let (_, ok) = max_err(data, &back, &lim);
+        let err = reported_err(a.c.error_bound, data, &back);
         let err = global_max(c, err);
         let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
         all_ok &= ok;
@@ -365,7 +368,8 @@ mod device {
             let got = s
                 .clone_dtoh(&d_recv)
                 .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-            let (err, ok) = max_err(&raw_back, &got, &plim);
+            let (_, ok) = max_err(&raw_back, &got, &plim);
+            let err = reported_err(a.c.error_bound, &raw_back, &got);
             let err = global_max(c, err);
             let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
             all_ok &= ok;

@@ -110,8 +110,8 @@ fn run<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
             ErrorBound::Noa(e) => e * (hi - lo),
             ErrorBound::Rel(e) => e * x.abs(),
         };
-        let (err, ok) = max_err(rs, E::scalars(&got), lim);
-        let err = global_max(c, err);
+        let (_, ok) = max_err(rs, E::scalars(&got), lim);
+        let err = global_max(c, reported_err(b, rs, E::scalars(&got)));
         let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
         all_ok &= ok;
         let shown = match b {
@@ -135,8 +135,8 @@ fn run<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
         c.set_policy(Policy::Auto(a.c.codec));
         let (t_auto, st_auto) = timed(c, |c| c.sendrecv(&mine, partner, &mut got_auto, partner, 3));
         let st_auto = st_auto?;
-        let (err, ok) = max_err(rs, E::scalars(&got_auto), lim);
-        let err = global_max(c, err);
+        let (_, ok) = max_err(rs, E::scalars(&got_auto), lim);
+        let err = global_max(c, reported_err(b, rs, E::scalars(&got_auto)));
         let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
         all_ok &= ok;
         print_row(

@@ -135,6 +135,28 @@ pub fn max_err<S: Element>(a: &[S], b: &[S], limit: impl Fn(f64) -> f64) -> (f64
     (worst, ok)
 }
 
+/// The error to report under bound `b`: max |a-b| (abs, noa) or max |a-b|/|a| (rel).
+pub fn reported_err<S: Element>(bound: ErrorBound, a: &[S], b: &[S]) -> f64 {
+    let rel = matches!(bound, ErrorBound::Rel(_));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let (x, y) = (x.to_f64(), y.to_f64());
+            if !x.is_finite() {
+                0.0
+            } else if rel {
+                if x == 0.0 {
+                    y.abs()
+                } else {
+                    (x - y).abs() / x.abs()
+                }
+            } else {
+                (x - y).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
 /// One row of the report.
 pub struct Row {
     /// Operation.
@@ -175,6 +197,9 @@ pub fn header(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
                 .unwrap_or_default(),
             prof.compressor
         );
+        if matches!(a.error_bound, ErrorBound::Rel(_)) {
+            println!("(rel bound: `max err` and `bound` are point-wise relative errors)");
+        }
         println!(
             "{:<30} {:>10} {:>10} {:>8} {:>12} {:>12} {:>8} {:>7} {:>11} {:>11}",
             "operation",
