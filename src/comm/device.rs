@@ -441,14 +441,28 @@ impl DeviceStager {
         let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
         let bytes = (values * 4) as f64;
         let bound = ErrorBound::Noa(1e-3);
-        let (mut tc, mut td, mut tdh, mut thd) =
-            (f64::INFINITY, f64::INFINITY, f64::INFINITY, f64::INFINITY);
         Self::grow_pinned(&mut self.pinned_send, &s, values * 4)?;
-        comm.barrier()?;
-        for _ in 0..3 {
+        // Each phase on its own, every rank at once (a barrier before each repetition, as in a
+        // collective where all ranks compress together); one warm-up (kernel loading), then the
+        // median of 5.
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let reps = 6;
+        let mut len = 0;
+        let mut times = Vec::new();
+        for k in 0..reps {
+            comm.barrier()?;
             let t = now();
-            let len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
-            tc = tc.min(t.elapsed().as_secs_f64());
+            len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
+            if k > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let tc = median(std::mem::take(&mut times));
+        for k in 0..reps {
+            comm.barrier()?;
             let t = now();
             let src = self.scratch_out.take().expect("grown");
             let r = {
@@ -458,26 +472,39 @@ impl DeviceStager {
             };
             self.scratch_out = Some(src);
             r?;
-            td = td.min(t.elapsed().as_secs_f64());
+            if k > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let td = median(std::mem::take(&mut times));
+        let mut times_h = Vec::new();
+        for k in 0..reps {
             let pinned = self
                 .pinned_send
                 .as_mut()
                 .expect("grown")
                 .as_mut_slice()
                 .map_err(gpu_err("pinned"))?;
+            comm.barrier()?;
             let t = now();
             {
                 let (p, _g) = dev.device_ptr(&s);
                 Self::d2h(&s, p, &mut pinned[..values * 4])?;
             }
-            tdh = tdh.min(t.elapsed().as_secs_f64());
+            let t1 = t.elapsed().as_secs_f64();
+            comm.barrier()?;
             let t = now();
             {
                 let (p, _g) = out.device_ptr_mut(&s);
                 Self::h2d(&s, &pinned[..values * 4], p)?;
             }
-            thd = thd.min(t.elapsed().as_secs_f64());
+            if k > 0 {
+                times.push(t1);
+                times_h.push(t.elapsed().as_secs_f64());
+            }
         }
+        let tdh = median(times);
+        let thd = median(times_h);
         let mut v = [-bytes / tc, -bytes / td, -bytes / tdh.max(thd)];
         comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
         let p = DeviceProfile {

@@ -15,6 +15,18 @@
 //! println!("{stats}");
 //! ```
 //!
+//! Operations: [`send`](Communicator::send) / [`recv`](Communicator::recv) /
+//! [`recv_vec`](Communicator::recv_vec), [`sendrecv`](Communicator::sendrecv), the non-blocking
+//! [`isend`](Communicator::isend) + [`wait_send`](Communicator::wait_send) and
+//! [`irecv`](Communicator::irecv) (a [`RecvRequest`] with `test`/`wait`),
+//! [`allgather`](Communicator::allgather), [`bcast`](Communicator::bcast),
+//! [`allreduce`](Communicator::allreduce) / [`allreduce_mean`](Communicator::allreduce_mean) /
+//! [`allreduce_in_place`](Communicator::allreduce_in_place),
+//! [`reduce_scatter`](Communicator::reduce_scatter). With feature `cuda`, `device` adds device
+//! buffers through pinned host staging (`Communicator::sendrecv_device`,
+//! `DeviceStager::stage_to_host` / `restore_to_device`) and a GPU [`Compressor`]. Collectives
+//! have no non-blocking variants yet.
+//!
 //! # Protocol: agreement before data
 //!
 //! Every operation first exchanges a 64-byte descriptor (operation, sequence number, dtype,
