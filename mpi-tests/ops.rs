@@ -313,6 +313,29 @@ fn reduce_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker, sizes: &[
                         });
                     }
                     consistent(c, t, E::scalars(&out), &format!("allreduce {}", ctx()));
+                    if st.decision == Decision::Compressed && n > 0 {
+                        // verification reports the same max error the test measured
+                        c.set_verify(true);
+                        let mut o2 = vec![E::default(); n];
+                        let sv = if mean {
+                            c.allreduce_mean(&mine, &mut o2)
+                        } else {
+                            c.allreduce(&mine, &mut o2)
+                        };
+                        c.set_verify(false);
+                        let me = sv.ok().and_then(|s| s.max_error);
+                        t.check(
+                            me.is_some_and(|v| {
+                                v <= lim && (v - worst).abs() <= 1e-9 * m.max(1.0) + slack
+                            }),
+                            || {
+                                format!(
+                                    "allreduce verify {}: reported {me:?}, measured {worst:e}",
+                                    ctx()
+                                )
+                            },
+                        );
+                    }
                 }
                 // reduce_scatter
                 let seg = partition(n, p)[r].clone();

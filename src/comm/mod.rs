@@ -312,6 +312,8 @@ struct Desc {
     hi: f64,
     /// 1 when this rank rejected its own arguments (so every rank fails together).
     bad: u8,
+    /// Bit 0: verification on (reductions then run an extra exact reduction on every rank).
+    flags: u8,
 }
 
 impl Desc {
@@ -332,6 +334,7 @@ impl Desc {
         b[56..64].copy_from_slice(&self.lo.to_le_bytes());
         b[64..72].copy_from_slice(&self.hi.to_le_bytes());
         b[9] = self.bad;
+        b[10] = self.flags;
         b
     }
     fn parse(b: &[u8]) -> Result<Self> {
@@ -357,6 +360,7 @@ impl Desc {
             lo: f64::from_bits(u64at(56)),
             hi: f64::from_bits(u64at(64)),
             bad: b[9],
+            flags: b[10],
         })
     }
 }
@@ -468,6 +472,13 @@ fn check_table(all: &[Desc]) -> Result<()> {
                 format!("{}:{:e}", mode_name(d.mode), d.bound),
             );
             return Err(mismatch("error bound", e, f));
+        }
+        if d.flags != a.flags {
+            let (e, f) = who(
+                format!("flags {:#x}", a.flags),
+                format!("flags {:#x}", d.flags),
+            );
+            return Err(mismatch("verify setting", e, f));
         }
         if d.root != a.root {
             let (e, f) = who(a.root.to_string(), d.root.to_string());
@@ -638,6 +649,11 @@ impl Communicator {
     pub fn set_policy(&mut self, p: Policy) {
         self.config.policy = p;
     }
+    /// Turn max-error verification on or off (all ranks together: reductions then run an extra
+    /// exact f64 reduction, collectively).
+    pub fn set_verify(&mut self, v: bool) {
+        self.config.verify = v;
+    }
     /// Change the bound (all ranks must do the same before their next operation).
     pub fn set_bound(&mut self, b: ErrorBound) -> Result<()> {
         b.validate()?;
@@ -790,6 +806,7 @@ impl Communicator {
             lo: f64::INFINITY,
             hi: f64::NEG_INFINITY,
             bad: 0,
+            flags: u8::from(self.config.verify),
         }
     }
 
@@ -1257,7 +1274,11 @@ impl Communicator {
         let rd = all[root];
         self.transport.bcast(root, &mut payload)?;
         if rd.decision == 1 {
+            let orig = (r == root && self.config.verify).then(|| E::scalars(buf).to_vec());
             self.decode_payload(true, &payload, E::scalars_mut(buf))?;
+            if let Some(o) = orig {
+                st.max_error = Some(max_abs_diff(&o, E::scalars(buf)));
+            }
         } else if r != root {
             scalars_from_bytes(&payload, E::scalars_mut(buf))?;
         }
@@ -1523,6 +1544,9 @@ impl Communicator {
             out.copy_from_slice(&acc);
             st.wire_bytes = wire as u64;
             st.ratio = bytes * steps / pf / wire.max(1) as f64;
+            if self.config.verify {
+                st.max_error = Some(self.reduce_error(x, out, segs[r].clone(), d)?);
+            }
             return Ok(self.finish(st, t0));
         }
         // 6. allgather of the final segments, compressed once
@@ -1534,9 +1558,35 @@ impl Communicator {
         }
         st.wire_bytes = wire as u64;
         st.ratio = (2.0 * bytes * steps / pf) / wire.max(1) as f64;
+        if self.config.verify {
+            st.max_error = Some(self.reduce_error(x, out, 0..x.len(), d)?);
+        }
         self.ratios
             .put(op, -1, (seg_b / s.len().max(1) as f64).max(1.0));
         Ok(self.finish(st, t0))
+    }
+}
+
+impl Communicator {
+    /// Verification of a reduction: max |result - exact| where exact is the f64 sum of every
+    /// rank's input (native allreduce in f64, collective), divided by `d`; `got` holds the
+    /// scalars `range` of the result.
+    fn reduce_error<S: Real>(
+        &self,
+        x: &[S],
+        got: &[S],
+        range: Range<usize>,
+        d: f64,
+    ) -> Result<f64> {
+        let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let mut exact = vec![0.0f64; x64.len()];
+        self.transport.allreduce_sum_f64(&x64, &mut exact)?;
+        Ok(got
+            .iter()
+            .zip(&exact[range])
+            .map(|(g, e)| (g.to_f64() - e / d).abs())
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max))
     }
 }
 
@@ -1645,6 +1695,7 @@ mod tests {
             lo: -1.5,
             hi: 2.5,
             bad: 0,
+            flags: 0,
         };
         assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
         assert!(Desc::parse(&[0u8; 64]).is_err());
