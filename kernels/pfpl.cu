@@ -12,9 +12,12 @@
 // access. The ctrl words and error bits have the meaning they have for kernels/blocked.cu.
 #include "common.cuh"
 
-#define PF_THREADS 256
-#define PF_WARPS 8
+#ifndef PF_THREADS
+#define PF_THREADS 256  // 256 or 512 (host: PFPL_THREADS in src/gpu/mod.rs)
+#endif
+#define PF_WARPS (PF_THREADS / 32)
 #define PF_BYTES 16384u
+#define PF_WPT (2048 / PF_THREADS)  // shuffled u64 words (= B1 bytes) per thread: 8 / 4
 
 #define PF_TICKET 0
 #define PF_DONE 1
@@ -118,6 +121,7 @@ __device__ __forceinline__ u32 pf_nzbits(u64 x) {
 
 // Exclusive block scan (PF_THREADS threads); every thread gets the total. s_tmp: >= 9 words.
 __device__ __forceinline__ u32 pf_block_excl(u32 v, u32* s_tmp, u32& total, int w, int lane) {
+    static_assert(PF_WARPS <= 32, "one warp scans the warp totals");
     const u32 inc = warp_incl_u32(v, lane);
     if (lane == 31) s_tmp[w] = inc;
     __syncthreads();
@@ -178,7 +182,11 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
     for (int i = 0; i < NV; i++) {
         const u32 k = (u32)(i * PF_THREADS + tid);
         U wd = 0;
-        if (k < n) wd = pf_word<T, REL>(q, cin[k], coll);
+        if (k < n) {
+            const T x = cin[k];
+            // +0 is word 0 in every mode (code 0, exact): skip the quantizer
+            wd = ZT<T>::bits(x) == 0 ? (U)0 : pf_word<T, REL>(q, x, coll);
+        }
         s_w[k] = wd;
     }
     const bool raw_forced = __syncthreads_or(coll) != 0;
@@ -225,21 +233,22 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         const u32 L0 = groups * (u32)W * (u32)SIZE;
         const u32 L1 = L0 / 8, L2 = (L1 + 7) / 8, L3 = (L2 + 7) / 8, L4 = (L3 + 7) / 8;
         const u64* D = (const u64*)s_w;
-        // level 0: thread t maps D words 8t..8t+7 (64 bytes) into B1 bytes 8t..8t+7
+        // level 0: thread t maps D words WPT*t.. (8 bytes each) into B1 bytes WPT*t..
         u64 m1 = 0;
         u32 cnt0 = 0;
         const u32 n0 = L0 / 8;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const u32 jj = (u32)(j + tid) & 7u;  // rotated: 64-byte thread stride, fewer bank conflicts
-            const u32 wi = (u32)tid * 8u + jj;
+        for (int j = 0; j < PF_WPT; j++) {
+            const u32 jj = (u32)(j + tid) & (PF_WPT - 1u);  // rotated: fewer bank conflicts
+            const u32 wi = (u32)tid * PF_WPT + jj;
             if (wi < n0) {
                 const u32 bits = pf_nzbits(D[wi]);
                 m1 |= (u64)bits << (8 * jj);
                 cnt0 += __popc(bits);
             }
         }
-        ((u64*)s_b1)[tid] = m1;
+        if (PF_WPT == 8) ((u64*)s_b1)[tid] = m1;
+        else ((u32*)s_b1)[tid] = (u32)m1;
         u32 k0;
         const u32 off0 = pf_block_excl(cnt0, s_tmp, k0, w, lane);  // syncs: s_b1 visible
         // level 1: thread t maps B1 bytes 8t..8t+7 into B2 byte t (L1 is a multiple of 16)
@@ -249,7 +258,7 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             const u64 prev = tid ? (u64)s_b1[8 * tid - 1] : 0ull;
             bits1 = pf_nzbits(v ^ ((v << 8) | prev));
         }
-        s_b2[tid] = (u8)bits1;
+        if (tid < 256) s_b2[tid] = (u8)bits1;
         u32 k1;
         const u32 off1 = pf_block_excl(__popc(bits1), s_tmp, k1, w, lane);
         // levels 2 and 3 (at most 32 / 4 map bytes): warp 0
@@ -283,9 +292,6 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             const u32 total = L4 + k3 + k2 + k1 + k0;
             const u32 cs = k0 == 0 ? 0u : ((total + 3u) & ~3u);
             const bool rawc = cs >= n * (u32)SIZE && k0 != 0;
-            // publish this chunk's size as early as possible (decoupled look-back)
-            const u64 excl = lookback_exclusive(status, c, (u64)(rawc ? n * (u32)SIZE : cs), lane);
-            if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
             if (!rawc && k0 != 0) {
                 // B4
                 if ((u32)lane < L4) s_out[lane] = (u8)bits3;
@@ -322,6 +328,12 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         __syncthreads();
         csize = s_o2;
         raw = s_o3 != 0;
+        // warp 0: decoupled look-back for the chunk offset, overlapped with the other warps'
+        // scatter of the kept bytes (warp 0 does its share afterwards)
+        if (w == 0) {
+            const u64 excl = lookback_exclusive(status, c, (u64)(raw ? n * (u32)SIZE : csize), lane);
+            if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
+        }
         if (!raw && csize != 0) {
             const u32 base1 = L4 + s_k3 + s_k2;
             // kept1: bytes of B1 whose bit is set in B2
@@ -338,10 +350,10 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             const u32 base0 = base1 + k1;
             const u8* Db = (const u8*)s_w;
 #pragma unroll 1
-            for (int j = 0; j < 8; j++) {
-                const u32 jj = (u32)(j + tid) & 7u;  // rotated, as above
+            for (int j = 0; j < PF_WPT; j++) {
+                const u32 jj = (u32)(j + tid) & (PF_WPT - 1u);  // rotated, as above
                 u32 b = (u32)(m1 >> (8 * jj)) & 0xFFu;
-                const u32 wi = (u32)tid * 8u + jj;
+                const u32 wi = (u32)tid * PF_WPT + jj;
                 u32 pos = base0 + off0 + (u32)__popcll(m1 & ((1ull << (8 * jj)) - 1ull));
                 while (b) {
                     const int bj = __ffs(b) - 1;
@@ -516,7 +528,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
                 const u32 prev = tid ? cp[o2 + tid - 1] : 0u;
                 if (cp[o2 + tid] == prev) err |= PF_E_META;
             }
-            s_b2[tid] = (u8)b2;
+            if (tid < 256) s_b2[tid] = (u8)b2;
         }
         u32 k1;
         const u32 e1 = pf_block_excl(__popc(b2), s_tmp, k1, w, lane);
@@ -538,7 +550,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
                 const u32 prev = j ? cp[o1 + j - 1] : 0u;
                 if (cp[o1 + j] == prev) err |= PF_E_META;
             }
-            ((u64*)s_b1)[tid] = b1;
+            if (tid < 256) ((u64*)s_b1)[tid] = b1;
         }
         u32 k0;
         const u32 e0 = pf_block_excl((u32)__popcll(b1), s_tmp, k0, w, lane);

@@ -1534,6 +1534,11 @@ mod gpu_tests {
                 ErrorBound::Abs(1e-3),
             ] {
                 for codec in [CodecKind::Pfpl, CodecKind::Aatrox, CodecKind::CuszpPlain] {
+                    // optional filter (profiling runs): PFPL_BENCH_ONLY=substring of "input bound codec"
+                    let only = std::env::var("PFPL_BENCH_ONLY").unwrap_or_default();
+                    if !format!("{name} {b} {codec}").contains(&only) {
+                        continue;
+                    }
                     let rec = crate::gpu::bench::bench_device(&mut gpu, data, name, b, codec, opts)
                         .unwrap();
                     println!("{}", serde_json::to_string(&rec).unwrap());
