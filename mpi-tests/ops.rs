@@ -181,6 +181,44 @@ fn p2p_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker) {
                     format!("bcast bound {}: {:?}", ctx(), res.err())
                 });
                 consistent(c, t, E::scalars(&buf), &format!("bcast {}", ctx()));
+                // non-blocking allgather and bcast (test() until done, then wait)
+                let rq = c.iallgather(&mine);
+                t.check(rq.is_ok(), || {
+                    format!("iallgather {}: {:?}", ctx(), rq.as_ref().err())
+                });
+                if let Ok(mut rq) = rq {
+                    let t0 = std::time::Instant::now();
+                    while !rq.test().unwrap_or(true) && t0.elapsed().as_secs() < 20 {
+                        std::hint::spin_loop();
+                    }
+                    let mut all2 = vec![E::default(); n * p];
+                    let st = c.wait_allgather(rq, &mut all2);
+                    t.check(st.is_ok(), || {
+                        format!("wait_allgather {}: {:?}", ctx(), st.as_ref().err())
+                    });
+                    t.check(E::scalars(&all2) == E::scalars(&all), || {
+                        format!("iallgather differs from allgather {}", ctx())
+                    });
+                }
+                let src = if r == root {
+                    gen::<E>(root, n)
+                } else {
+                    vec![E::default(); n]
+                };
+                let rq = c.ibcast(&src, root);
+                t.check(rq.is_ok(), || {
+                    format!("ibcast {}: {:?}", ctx(), rq.as_ref().err())
+                });
+                if let Ok(rq) = rq {
+                    let mut b2 = vec![E::default(); n];
+                    let st = c.wait_bcast(rq, &mut b2);
+                    t.check(st.is_ok(), || {
+                        format!("wait_bcast {}: {:?}", ctx(), st.as_ref().err())
+                    });
+                    t.check(E::scalars(&b2) == E::scalars(&buf), || {
+                        format!("ibcast differs from bcast {}", ctx())
+                    });
+                }
             }
         }
     }

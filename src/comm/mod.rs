@@ -25,7 +25,8 @@
 //! [`reduce_scatter`](Communicator::reduce_scatter). With feature `cuda`, `device` adds device
 //! buffers through pinned host staging (`Communicator::sendrecv_device`,
 //! `DeviceStager::stage_to_host` / `restore_to_device`) and a GPU [`Compressor`]. Collectives
-//! have no non-blocking variants yet.
+//! have non-blocking variants for [`iallgather`](Communicator::iallgather) and
+//! [`ibcast`](Communicator::ibcast) (the reductions are blocking).
 //!
 //! # Protocol: agreement before data
 //!
@@ -86,7 +87,7 @@ pub use device::{DeviceProfile, DeviceStager, GpuCompressor, StageTimes, Staged}
 pub use element::{CommElement, Real};
 #[cfg(feature = "mpi")]
 pub use transport::MpiTransport;
-pub use transport::{ReduceOp, SendHandle, Transport};
+pub use transport::{PendingBytes, ReduceOp, SendHandle, Transport};
 
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
@@ -529,6 +530,59 @@ pub struct SendRequest {
 impl fmt::Debug for SendRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SendRequest(dest {}, tag {})", self.dest, self.tag)
+    }
+}
+
+/// A pending non-blocking allgather ([`Communicator::iallgather`]).
+pub struct AllgatherRequest<E: CommElement> {
+    pending: Box<dyn transport::PendingBytes>,
+    compressed: bool,
+    n: usize,
+    st: OpStats,
+    t0: f64,
+    verify: Option<Vec<E::Scalar>>,
+}
+
+impl<E: CommElement> AllgatherRequest<E> {
+    /// Whether the transfer has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test()
+    }
+}
+
+impl<E: CommElement> fmt::Debug for AllgatherRequest<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AllgatherRequest({} x {})", self.n, E::NAME)
+    }
+}
+
+/// A pending non-blocking broadcast ([`Communicator::ibcast`]).
+pub struct BcastRequest<E: CommElement> {
+    pending: Box<dyn transport::PendingBytes>,
+    compressed: bool,
+    n: usize,
+    root: usize,
+    st: OpStats,
+    t0: f64,
+    verify: Option<Vec<E::Scalar>>,
+}
+
+impl<E: CommElement> BcastRequest<E> {
+    /// Whether the transfer has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test()
+    }
+}
+
+impl<E: CommElement> fmt::Debug for BcastRequest<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "BcastRequest({} x {} from {})",
+            self.n,
+            E::NAME,
+            self.root
+        )
     }
 }
 
@@ -1177,17 +1231,35 @@ impl Communicator {
     /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order).
     /// Every rank ends with identical values.
     pub fn allgather<E: CommElement>(&mut self, send: &[E], out: &mut [E]) -> Result<OpStats> {
-        let t0 = self.wtime();
         let p = self.size();
-        let mut local = Ok(());
-        if out.len() != send.len() * p {
-            local = Err(Error::invalid(format!(
+        let local = if out.len() != send.len() * p {
+            Err(Error::invalid(format!(
                 "allgather: output has {} elements, expected {} x {}",
                 out.len(),
                 p,
                 send.len()
-            )));
-        }
+            )))
+        } else {
+            Ok(())
+        };
+        let req = self.iallgather_impl(send, local)?;
+        self.wait_allgather(req, out)
+    }
+
+    /// Non-blocking [`allgather`](Self::allgather): agrees and compresses now, starts the
+    /// transfer (`MPI_Iallgatherv` of the streams) and returns; finish with
+    /// [`wait_allgather`](Self::wait_allgather). Collective.
+    pub fn iallgather<E: CommElement>(&mut self, send: &[E]) -> Result<AllgatherRequest<E>> {
+        self.iallgather_impl(send, Ok(()))
+    }
+
+    fn iallgather_impl<E: CommElement>(
+        &mut self,
+        send: &[E],
+        mut local: Result<()>,
+    ) -> Result<AllgatherRequest<E>> {
+        let t0 = self.wtime();
+        let p = self.size();
         let sc = E::scalars(send);
         let bound = self.config.bound;
         let mut d = self.local_desc::<E>(OP_ALLGATHER, send.len());
@@ -1218,8 +1290,7 @@ impl Communicator {
         st.predicted_raw_s = raw_t;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = if compress { cmp_t } else { raw_t };
-        let outs = E::scalars_mut(out);
-        if compress {
+        let (payload, lens) = if compress {
             let s = match stream {
                 Some(s) => s,
                 None => E::Scalar::compress_with(&*self.compressor, sc, bound, codec)?,
@@ -1230,24 +1301,76 @@ impl Communicator {
             st.codec = Some(codec);
             st.bound = self.bound_of(sc);
             self.ratios.put(OP_ALLGATHER, -1, st.ratio);
-            let streams = self.transport.allgatherv(&s)?;
-            for (k, s) in streams.iter().enumerate() {
-                E::Scalar::decompress_with(&*self.compressor, s, &mut outs[k * n..(k + 1) * n])?;
-            }
-            if self.config.verify {
-                let r = self.rank();
-                st.max_error = Some(max_abs_diff(sc, &outs[r * n..(r + 1) * n]));
-            }
+            let l = self
+                .transport
+                .allgather_fixed(&(s.len() as u64).to_le_bytes())?;
+            let lens = l
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+                .collect::<Vec<_>>();
+            (s, lens)
         } else {
             st.wire_bytes = bytes as u64;
-            let g = self.transport.allgather_fixed(&scalar_bytes(sc))?;
-            scalars_from_bytes(&g, outs)?;
+            (scalar_bytes(sc).into_owned(), vec![bytes as usize; p])
+        };
+        let pending = self.transport.iallgatherv(payload, &lens)?;
+        let verify = (self.config.verify && compress).then(|| sc.to_vec());
+        Ok(AllgatherRequest {
+            pending,
+            compressed: compress,
+            n: send.len(),
+            st,
+            t0,
+            verify,
+        })
+    }
+
+    /// Complete a non-blocking allgather into `out` (`size * count` elements).
+    pub fn wait_allgather<E: CommElement>(
+        &mut self,
+        req: AllgatherRequest<E>,
+        out: &mut [E],
+    ) -> Result<OpStats> {
+        let AllgatherRequest {
+            pending,
+            compressed,
+            n,
+            mut st,
+            t0,
+            verify,
+        } = req;
+        let parts = pending.wait()?;
+        if out.len() != n * self.size() {
+            return Err(Error::invalid(format!(
+                "allgather: output has {} elements, expected {} x {}",
+                out.len(),
+                self.size(),
+                n
+            )));
+        }
+        let ns = n * E::LANES;
+        let outs = E::scalars_mut(out);
+        for (k, part) in parts.iter().enumerate() {
+            self.decode_payload(compressed, part, &mut outs[k * ns..(k + 1) * ns])?;
+        }
+        if let Some(orig) = verify {
+            let r = self.rank();
+            st.max_error = Some(max_abs_diff(&orig, &outs[r * ns..(r + 1) * ns]));
         }
         Ok(self.finish(st, t0))
     }
 
     /// Broadcast `buf` from `root`; every rank (root included) ends with identical values.
     pub fn bcast<E: CommElement>(&mut self, buf: &mut [E], root: usize) -> Result<OpStats> {
+        let req = self.ibcast(buf, root)?;
+        self.wait_bcast(req, buf)
+    }
+
+    /// Non-blocking [`bcast`](Self::bcast): the root compresses now; every rank agrees and the
+    /// transfer (`MPI_Ibcast`) starts. `buf` is the data on the root; elsewhere only its length
+    /// matters. Finish with [`wait_bcast`](Self::wait_bcast) (which writes the values, on the
+    /// root too). Collective.
+    pub fn ibcast<E: CommElement>(&mut self, buf: &[E], root: usize) -> Result<BcastRequest<E>> {
         let t0 = self.wtime();
         let mut local = Ok(());
         if root >= self.size() {
@@ -1258,7 +1381,7 @@ impl Communicator {
         d.root = root as u32;
         let mut payload = Vec::new();
         let mut st = OpStats::raw(OP_BCAST);
-        if r == root {
+        if r == root && local.is_ok() {
             match self.encode_p2p(E::scalars(buf), OP_BCAST, 0) {
                 Ok((pl, s)) => {
                     payload = pl.into_owned();
@@ -1272,16 +1395,11 @@ impl Communicator {
         }
         let all = self.agree(d, local)?;
         let rd = all[root];
-        self.transport.bcast(root, &mut payload)?;
-        if rd.decision == 1 {
-            let orig = (r == root && self.config.verify).then(|| E::scalars(buf).to_vec());
-            self.decode_payload(true, &payload, E::scalars_mut(buf))?;
-            if let Some(o) = orig {
-                st.max_error = Some(max_abs_diff(&o, E::scalars(buf)));
-            }
-        } else if r != root {
-            scalars_from_bytes(&payload, E::scalars_mut(buf))?;
-        }
+        let len = usize::try_from(rd.payload)
+            .map_err(|_| Error::Comm(format!("root announced a {}-byte payload", rd.payload)))?;
+        let pending = self.transport.ibcast(root, payload, len)?;
+        let verify =
+            (r == root && self.config.verify && rd.decision == 1).then(|| E::scalars(buf).to_vec());
         if r != root {
             st.decision = if rd.decision == 1 {
                 Decision::Compressed
@@ -1289,13 +1407,53 @@ impl Communicator {
                 Decision::Raw
             };
             st.ratio_estimate = rd.ratio;
-            st.wire_bytes = payload.len() as u64;
+            st.wire_bytes = len as u64;
             st.bytes = (buf.len() * E::LANES * <E::Scalar as crate::Element>::SIZE) as u64;
-            st.ratio = if payload.is_empty() {
+            st.ratio = if len == 0 {
                 1.0
             } else {
-                st.bytes as f64 / payload.len() as f64
+                st.bytes as f64 / len as f64
             };
+        }
+        Ok(BcastRequest {
+            pending,
+            compressed: rd.decision == 1,
+            n: buf.len(),
+            root,
+            st,
+            t0,
+            verify,
+        })
+    }
+
+    /// Complete a non-blocking broadcast into `buf` (same length as given to `ibcast`).
+    pub fn wait_bcast<E: CommElement>(
+        &mut self,
+        req: BcastRequest<E>,
+        buf: &mut [E],
+    ) -> Result<OpStats> {
+        let BcastRequest {
+            pending,
+            compressed,
+            n,
+            root,
+            mut st,
+            t0,
+            verify,
+        } = req;
+        let mut parts = pending.wait()?;
+        if buf.len() != n {
+            return Err(Error::invalid(format!(
+                "bcast: buffer has {} elements, ibcast was given {n}",
+                buf.len()
+            )));
+        }
+        let payload = parts.pop().unwrap_or_default();
+        // every rank, the root included, takes the values from the payload (identical everywhere)
+        let _ = root;
+        self.decode_payload(compressed, &payload, E::scalars_mut(buf))?;
+        if let Some(o) = verify {
+            st.max_error = Some(max_abs_diff(&o, E::scalars(buf)));
         }
         Ok(self.finish(st, t0))
     }

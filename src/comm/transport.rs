@@ -27,6 +27,29 @@ pub trait SendHandle {
     fn test(&mut self) -> Result<bool>;
 }
 
+/// A pending non-blocking collective on bytes ([`Transport::iallgatherv`],
+/// [`Transport::ibcast`]).
+pub trait PendingBytes {
+    /// Block until done; returns the gathered records (one per rank) or the broadcast bytes
+    /// (one record).
+    fn wait(self: Box<Self>) -> Result<Vec<Vec<u8>>>;
+    /// Whether it has completed (never blocks).
+    fn test(&mut self) -> Result<bool>;
+}
+
+/// An already completed [`PendingBytes`] (used by blocking fallbacks).
+#[derive(Debug)]
+pub struct Ready(pub Vec<Vec<u8>>);
+
+impl PendingBytes for Ready {
+    fn wait(self: Box<Self>) -> Result<Vec<Vec<u8>>> {
+        Ok(self.0)
+    }
+    fn test(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+}
+
 /// Moves byte messages between the ranks of one group.
 ///
 /// Messages between one pair of ranks with one tag are delivered in order. Tags must lie in
@@ -83,6 +106,20 @@ pub trait Transport {
     fn allgather_fixed(&self, mine: &[u8]) -> Result<Vec<u8>>;
     /// Gather one byte record of any length from every rank.
     fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Non-blocking allgather of byte records whose lengths every rank already knows (`lens`, in
+    /// rank order; `mine.len() == lens[rank]`). Default: the blocking [`allgatherv`](Self::allgatherv).
+    fn iallgatherv(&self, mine: Vec<u8>, lens: &[usize]) -> Result<Box<dyn PendingBytes>> {
+        let _ = lens;
+        Ok(Box::new(Ready(self.allgatherv(&mine)?)))
+    }
+    /// Non-blocking broadcast of `len` bytes from `root` (`bytes` is the data on the root and
+    /// ignored elsewhere). Default: the blocking [`bcast`](Self::bcast).
+    fn ibcast(&self, root: usize, bytes: Vec<u8>, len: usize) -> Result<Box<dyn PendingBytes>> {
+        let mut b = bytes;
+        b.resize(len, 0);
+        self.bcast(root, &mut b)?;
+        Ok(Box::new(Ready(vec![b])))
+    }
     /// Broadcast `bytes` from `root` (other ranks' vectors are replaced).
     fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()>;
     /// In-place element-wise reduction of a small f64 vector over all ranks.
@@ -214,6 +251,130 @@ mod mpi_impl {
             return Err(Error::invalid(format!("tag {tag} outside 0..=32767")));
         }
         Ok(tag)
+    }
+
+    type Part = PartitionMut<'static, [u8], Vec<Count>, Vec<Count>>;
+
+    /// In-flight `MPI_Iallgatherv`: owns (leaked, then reclaimed) send, receive and partition.
+    struct MpiGather {
+        req: Option<Request<'static, Part, StaticScope>>,
+        part: *mut Part,
+        recv: *mut [u8],
+        send: *mut [u8],
+        lens: Vec<usize>,
+        result: Option<Vec<Vec<u8>>>,
+        freed: bool,
+    }
+
+    impl MpiGather {
+        /// Wait (if still pending) and reclaim the buffers into `result`.
+        fn finish(&mut self) {
+            if self.freed {
+                return;
+            }
+            if let Some(r) = self.req.take() {
+                r.wait_without_status();
+            }
+            self.reclaim();
+        }
+        /// The request has completed: free the leaked buffers, keep the records.
+        fn reclaim(&mut self) {
+            if self.freed {
+                return;
+            }
+            self.freed = true;
+            // SAFETY: all three came from Box::leak in `iallgatherv`; the request that borrowed
+            // them has completed (waited or tested), and the partition (which borrows `recv`)
+            // is dropped first; `freed` makes this run once.
+            unsafe {
+                drop(Box::from_raw(self.part));
+                drop(Box::from_raw(self.send));
+                let recv = Box::from_raw(self.recv);
+                let mut out = Vec::with_capacity(self.lens.len());
+                let mut off = 0;
+                for &l in &self.lens {
+                    out.push(recv[off..off + l].to_vec());
+                    off += l;
+                }
+                self.result = Some(out);
+            }
+        }
+    }
+
+    impl PendingBytes for MpiGather {
+        fn wait(mut self: Box<Self>) -> Result<Vec<Vec<u8>>> {
+            self.finish();
+            Ok(self.result.take().unwrap_or_default())
+        }
+        fn test(&mut self) -> Result<bool> {
+            if self.freed {
+                return Ok(true);
+            }
+            match self.req.take() {
+                None => Ok(true),
+                Some(r) => match r.test() {
+                    Ok(_) => {
+                        self.reclaim();
+                        Ok(true)
+                    }
+                    Err(r) => {
+                        self.req = Some(r);
+                        Ok(false)
+                    }
+                },
+            }
+        }
+    }
+
+    impl Drop for MpiGather {
+        fn drop(&mut self) {
+            self.finish();
+        }
+    }
+
+    /// In-flight `MPI_Ibcast` on a leaked buffer.
+    struct MpiBcast {
+        req: Option<Request<'static, [u8], StaticScope>>,
+        buf: *mut [u8],
+        done: bool,
+    }
+
+    impl MpiBcast {
+        fn finish(&mut self) -> Option<Vec<u8>> {
+            if self.done {
+                return None;
+            }
+            if let Some(r) = self.req.take() {
+                r.wait_without_status();
+            }
+            self.done = true;
+            // SAFETY: from Box::leak in `ibcast`; the request using it has completed.
+            Some(unsafe { Box::from_raw(self.buf) }.into_vec())
+        }
+    }
+
+    impl PendingBytes for MpiBcast {
+        fn wait(mut self: Box<Self>) -> Result<Vec<Vec<u8>>> {
+            Ok(vec![self.finish().unwrap_or_default()])
+        }
+        fn test(&mut self) -> Result<bool> {
+            match self.req.take() {
+                None => Ok(true),
+                Some(r) => match r.test() {
+                    Ok(_) => Ok(true),
+                    Err(r) => {
+                        self.req = Some(r);
+                        Ok(false)
+                    }
+                },
+            }
+        }
+    }
+
+    impl Drop for MpiBcast {
+        fn drop(&mut self) {
+            let _ = self.finish();
+        }
     }
 
     impl Transport for MpiTransport {
@@ -419,6 +580,79 @@ mod mpi_impl {
                 out[src] = self.sendrecv(dest, mine, src, 32000)?;
             }
             Ok(out)
+        }
+        fn iallgatherv(&self, mine: Vec<u8>, lens: &[usize]) -> Result<Box<dyn PendingBytes>> {
+            if lens.len() != self.size || lens[self.rank] != mine.len() {
+                return Err(Error::invalid(
+                    "iallgatherv: lengths disagree with the records",
+                ));
+            }
+            let total: usize = lens.iter().sum();
+            if total == 0 {
+                return Ok(Box::new(Ready(vec![Vec::new(); self.size])));
+            }
+            if total >= i32::MAX as usize {
+                return Ok(Box::new(Ready(self.allgatherv(&mine)?)));
+            }
+            let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
+            let displs: Vec<Count> = counts
+                .iter()
+                .scan(0, |acc, &x| {
+                    let d = *acc;
+                    *acc += x;
+                    Some(d)
+                })
+                .collect();
+            // a non-empty allocation, so an empty record never has Open MPI's MPI_IN_PLACE address
+            let n = mine.len();
+            let mut sb = mine;
+            sb.push(0);
+            let send: &'static mut [u8] = Box::leak(sb.into_boxed_slice());
+            let send_ptr: *mut [u8] = send;
+            let recv: &'static mut [u8] = Box::leak(vec![0u8; total].into_boxed_slice());
+            let recv_ptr: *mut [u8] = recv;
+            let part: &'static mut Part =
+                Box::leak(Box::new(PartitionMut::new(recv, counts, displs)));
+            let part_ptr: *mut Part = part;
+            // SAFETY: `send_ptr` stays valid (leaked) until MpiGather reclaims it after the wait.
+            let send_view: &'static [u8] = unsafe { &(&*send_ptr)[..n] };
+            let req = self
+                .comm
+                .immediate_all_gather_varcount_into(StaticScope, send_view, part);
+            Ok(Box::new(MpiGather {
+                req: Some(req),
+                part: part_ptr,
+                recv: recv_ptr,
+                send: send_ptr,
+                lens: lens.to_vec(),
+                result: None,
+                freed: false,
+            }))
+        }
+        fn ibcast(&self, root: usize, bytes: Vec<u8>, len: usize) -> Result<Box<dyn PendingBytes>> {
+            self.check_rank(root)?;
+            if len == 0 {
+                return Ok(Box::new(Ready(vec![Vec::new()])));
+            }
+            if len >= i32::MAX as usize {
+                let mut b = bytes;
+                b.resize(len, 0);
+                self.bcast(root, &mut b)?;
+                return Ok(Box::new(Ready(vec![b])));
+            }
+            let mut b = bytes;
+            b.resize(len, 0);
+            let buf: &'static mut [u8] = Box::leak(b.into_boxed_slice());
+            let ptr: *mut [u8] = buf;
+            let req = self
+                .comm
+                .process_at_rank(root as i32)
+                .immediate_broadcast_into(StaticScope, buf);
+            Ok(Box::new(MpiBcast {
+                req: Some(req),
+                buf: ptr,
+                done: false,
+            }))
         }
         fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()> {
             self.check_rank(root)?;
