@@ -15,7 +15,9 @@
 #define ZC_WARPS 8  // warps per block (1, 2, 4, 8, 16 or 32); each owns 32 / ZC_WARPS iteration layers
 #endif
 #define ZC_THREADS (ZC_WARPS * 32)
+#ifndef ZC_MINB
 #define ZC_MINB (32 / ZC_WARPS)  // blocks per SM the register budget must allow (50% occupancy)
+#endif
 
 #define ZC_AATROX 1
 #define ZC_PLAIN 2

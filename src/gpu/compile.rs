@@ -141,7 +141,13 @@ pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
     let src = blocked_source();
     let (maj, min) = nvrtc_version()?;
     let ver = format!("{maj}.{min}");
-    let extra = vec![format!("-DZC_WARPS={warps}")];
+    let mut extra = vec![format!("-DZC_WARPS={warps}")];
+    // tuning knob: blocks per SM the register budget must allow (kernels/blocked.cu ZC_MINB)
+    if let Some(b) = std::env::var("ZCOMM_GPU_MINB").ok().and_then(|v| v.parse::<u32>().ok()) {
+        if (1..=16).contains(&b) {
+            extra.push(format!("-DZC_MINB={b}"));
+        }
+    }
     let opts = format!("{} {}", NVRTC_OPTIONS.join(" "), extra.join(" "));
     let key = fnv1a(&[
         src.as_bytes(),
