@@ -7,7 +7,7 @@
 #   cp ../shared/tools/device-env.sh bench/gpu/gen_fields.py bench/gpu/run-h100.sh .devgpu/
 #   (.devgpu is listed in .git/info/exclude)
 # There (device tool, carry [".devgpu"]):
-#   bash .devgpu/run-h100.sh            # env: NCU=1 (profile), VARIANTS="16 32" (block sizes), CLI=1
+#   bash .devgpu/run-h100.sh            # env: NCU=1 (profile), VARIANTS="8 16/3" (warps[/min blocks per SM]), NO_TESTS=1, NO_FULL=1, CLI=1
 # Writes $OUT/tests.log, $OUT/bench.json (the records committed under bench/results/), bench.log.
 cd "$(dirname "$0")"
 source ./device-env.sh
@@ -21,11 +21,13 @@ fi
 [ -n "$NO_BENCH" ] && exit 0
 python3 gen_fields.py /tmp/f 2>&1 | tee $OUT/gen.log
 B() { timeout ${BENCH_TIMEOUT:-300} ./gpu --ignored bench_files --nocapture 2>&1 | grep -v "^test \|^running\|^$"; }
-for W in $VARIANTS; do
-  echo "== ZC_WARPS=$W"
-  ZCOMM_GPU_WARPS=$W ZCOMM_BENCH_FILES=/tmp/f/grf.f32:f32:grf512 ZCOMM_BENCH_BOUNDS=noa:1e-3 ZCOMM_BENCH_CODECS=aatrox,cuszp-plain ZCOMM_BENCH_JSON=$OUT/w$W.json B | tee -a $OUT/variants.log
+for V in $VARIANTS; do
+  W=${V%/*}; M=${V#*/}; [ "$M" = "$V" ] && M=
+  echo "== ZC_WARPS=$W ZC_MINB=${M:-default}"
+  ZCOMM_GPU_WARPS=$W ZCOMM_GPU_MINB=$M ZCOMM_BENCH_RUNS=10 ZCOMM_BENCH_FILES=/tmp/f/grf.f32:f32:grf512 ZCOMM_BENCH_BOUNDS=noa:1e-3 ZCOMM_BENCH_CODECS=aatrox,cuszp-plain ZCOMM_BENCH_JSON=$OUT/w$W-$M.json B | tee -a $OUT/variants.log
 done
-echo "== full bench (default block size)"
+[ -n "$NO_FULL" ] && { echo "total $(( $(date +%s) - T0 )) s"; exit 0; }
+echo "== full bench"
 F=/tmp/f/grf.f32:f32:grf512,/tmp/f/grf_thr.f32:f32:grf512-thr84,/tmp/f/uniform.f32:f32:uniform
 [ -f /tmp/f/resnet50.f32 ] && F=$F,/tmp/f/resnet50.f32:f32:resnet50-grad
 ZCOMM_BENCH_FILES=$F ZCOMM_BENCH_JSON=$OUT/bench.json B | tee $OUT/bench.log
