@@ -11,7 +11,9 @@ use cudarc::driver::{sys as cu_sys, CudaSlice};
 
 use super::{GpuCodec, GpuElement};
 use crate::codec::CodecKind;
+use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::format::Dtype;
 use crate::quant::ErrorBound;
 
 /// Options of [`bench_device`].
@@ -206,4 +208,35 @@ pub fn bench_device<T: GpuElement>(
         bit_identical_to_cpu: bit_identical,
         decode_identical_to_cpu: decode_identical,
     })
+}
+
+/// [`bench_device`] for any [`Element`] (dispatches on the dtype; for generic callers such as the
+/// CLI).
+pub fn bench_any<T: Element>(
+    gpu: &mut GpuCodec,
+    data: &[T],
+    input: &str,
+    bound: ErrorBound,
+    codec: CodecKind,
+    opts: BenchOptions,
+) -> Result<GpuBenchRecord> {
+    match T::DTYPE {
+        // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
+        Dtype::F32 => bench_device(
+            gpu,
+            unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, data.len()) },
+            input,
+            bound,
+            codec,
+            opts,
+        ),
+        Dtype::F64 => bench_device(
+            gpu,
+            unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f64, data.len()) },
+            input,
+            bound,
+            codec,
+            opts,
+        ),
+    }
 }

@@ -95,6 +95,26 @@ pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T])
     }
 }
 
+/// GPU benchmark as the issue defines it (device input -> device output, CUDA events, 3 warm-up
+/// runs, median of `runs`, kernel-only times too, bit identity with the CPU twin checked) for
+/// `zcomm bench --device gpu`.
+#[cfg(feature = "cuda")]
+#[allow(dead_code)]
+pub fn bench_gpu<T: Element>(
+    data: &[T],
+    input: &str,
+    bound: ErrorBound,
+    codec: CodecKind,
+    runs: usize,
+) -> Result<zcomm::gpu::bench::GpuBenchRecord> {
+    let opts = zcomm::gpu::bench::BenchOptions {
+        runs,
+        warmup: 3,
+        check_cpu: true,
+    };
+    with_gpu(|g| zcomm::gpu::bench::bench_any(g, data, input, bound, codec, opts))
+}
+
 /// A human-readable name of the hardware behind `device` (for benchmark records).
 pub fn describe(device: Device) -> String {
     match device {
