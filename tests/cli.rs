@@ -1,6 +1,8 @@
 //! The `zcomm` binary end to end: compress → info → decompress round trips, bench output, and
 //! clear errors (non-zero exit, no panic) for bad input.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -378,5 +380,52 @@ fn gpu_device_without_gpu_is_an_error_not_a_panic() {
         assert!(e.contains("unavailable") || e.contains("gpu"), "{e}");
         eprintln!("skipped: no CUDA device ({})", e.trim());
     }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A well-formed (all checksums valid) stream that claims 2^36 f64 values (512 GiB) in 40 MiB:
+/// `decompress` must refuse to allocate with an error instead of aborting. Only where the kernel
+/// refuses such an allocation (heuristic overcommit, less than 512 GiB of memory).
+#[test]
+fn huge_claimed_count_is_an_error_not_an_abort() {
+    let overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(u64::MAX);
+    if overcommit.trim() != "0" || mem_kb > 256 << 20 {
+        eprintln!("skipped: this machine might grant a 512 GiB allocation");
+        return;
+    }
+    let one = zcomm::compress(
+        &vec![0f64; 32_768],
+        zcomm::ErrorBound::Abs(1.0),
+        zcomm::CodecKind::Aatrox,
+    )
+    .unwrap();
+    let h = zcomm::inspect(&one).unwrap();
+    assert_eq!(h.n_chunks, 1);
+    let chunk = &one[96 + 8..];
+    let n: usize = 1 << 21;
+    let mut s = one[..96].to_vec();
+    s[16..24].copy_from_slice(&(1u64 << 36).to_le_bytes());
+    s[64..72].copy_from_slice(&((n * (8 + chunk.len())) as u64).to_le_bytes());
+    s[72..76].copy_from_slice(&(n as u32).to_le_bytes());
+    for _ in 0..n {
+        s.extend_from_slice(&one[96..104]);
+    }
+    for _ in 0..n {
+        s.extend_from_slice(chunk);
+    }
+    common::reseal(&mut s);
+    assert_eq!(zcomm::inspect(&s).unwrap().count, 1 << 36);
+    let d = tmpdir("huge");
+    let (zc, out) = (d.join("huge.zc"), d.join("out.f64"));
+    std::fs::write(&zc, &s).unwrap();
+    let o = zcomm(&["decompress", "--input", p(&zc), "--output", p(&out)]);
+    let e = stderr(&o);
+    eprintln!("{}", e.trim());
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("out of memory") || e.contains("limit"), "{e}");
     std::fs::remove_dir_all(&d).ok();
 }

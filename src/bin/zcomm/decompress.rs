@@ -47,7 +47,12 @@ fn decode<T: Element>(stream: &[u8], count: u64, device: Device) -> Result<Vec<u
             limits.max_count
         )));
     }
-    let mut out = vec![T::default(); count as usize];
+    let n = count as usize;
+    let mut out: Vec<T> = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| {
+        zcomm::Error::OutOfMemory(format!("cannot allocate {n} values of {}", T::DTYPE))
+    })?;
+    out.resize(n, T::default());
     device::decompress_into(device, stream, &mut out)?;
     Ok(values_to_bytes(&out))
 }
