@@ -8,7 +8,8 @@
 //! ```no_run
 //! use zcomm::comm::{Communicator, Config};
 //! use zcomm::{model::Policy, CodecKind, ErrorBound};
-//! let mut comm = Communicator::init(Config::new(ErrorBound::Noa(1e-3))).unwrap();
+//! let cfg = Config::new(ErrorBound::Noa(1e-3)).with_policy(Policy::Auto(CodecKind::Aatrox));
+//! let mut comm = Communicator::init(cfg).unwrap(); // collective: every rank calls it
 //! let grad: Vec<f32> = vec![0.5; 1 << 20];
 //! let mut avg = vec![0.0f32; grad.len()];
 //! let stats = comm.allreduce_mean(&grad, &mut avg).unwrap();
