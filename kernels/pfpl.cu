@@ -16,6 +16,9 @@
 #define PF_THREADS 256  // 256 or 512 (host: PFPL_THREADS in src/gpu/mod.rs)
 #endif
 #define PF_WARPS (PF_THREADS / 32)
+#ifndef PF_MINB
+#define PF_MINB (1536 / PF_THREADS)  // blocks per SM the register budget must allow (75 % occupancy)
+#endif
 #define PF_BYTES 16384u
 #define PF_WPT (2048 / PF_THREADS)  // shuffled u64 words (= B1 bytes) per thread: 8 / 4
 
@@ -53,6 +56,25 @@ template <> struct PF<double> {
 __device__ __forceinline__ u64 pf_zigzag(i64 v) { return ((u64)v << 1) ^ (u64)(v >> 63); }
 __device__ __forceinline__ i64 pf_unzigzag(u64 z) { return (i64)(z >> 1) ^ -(i64)(z & 1ull); }
 
+// zq_encode, with a cheaper but identical f32 abs path: |code| < 2^29 fits 32 bits, and the
+// int -> float conversion rounds the same integer to nearest either way.
+template <typename T, bool REL> struct PQ {
+    __device__ static __forceinline__ bool enc(const ZQ<T>& q, T x, typename ZT<T>::code_t& code) {
+        return zq_encode<T, REL>(q, x, code);
+    }
+};
+template <> struct PQ<float, false> {
+    __device__ static __forceinline__ bool enc(const ZQ<float>& q, float x, i32& code) {
+        if (!zc_isfinite(x)) return false;
+        const float p = __fmul_rn(x, q.inv);
+        if (!((double)fabsf(p) < 536870912.0)) return false;
+        const i32 c = (i32)rintf(p);
+        code = c;
+        const float r = __fmul_rn(__int2float_rn(c), q.step);
+        return zq_within<float, false>(q, x, r);
+    }
+};
+
 // Value -> word (Mapper::word). Sets `collide` when a lossless value has a bin-range pattern.
 template <typename T, bool REL>
 __device__ __forceinline__ typename PF<T>::U pf_word(const ZQ<T>& q, T x, bool& collide) {
@@ -60,7 +82,7 @@ __device__ __forceinline__ typename PF<T>::U pf_word(const ZQ<T>& q, T x, bool& 
     typedef typename ZT<T>::code_t C;
     const u64 lim = 1ull << PF<T>::M;
     C code = 0;
-    if (zq_encode<T, REL>(q, x, code)) {
+    if (PQ<T, REL>::enc(q, x, code)) {
         const i64 c = (i64)code;
         if (REL) {
             if (c == 0) return (U)0;
@@ -138,10 +160,12 @@ __device__ __forceinline__ u32 pf_block_excl(u32 v, u32* s_tmp, u32& total, int 
     return r;
 }
 
-__device__ __forceinline__ u32 pf_block_sum(u32 v, u32* s_tmp, int w, int lane) {
-    u32 total;
-    pf_block_excl(v, s_tmp, total, w, lane);
-    return total;
+// Block sum into *s_acc, which must hold 0 (one use per launch); one barrier.
+__device__ __forceinline__ u32 pf_block_sum(u32 v, u32* s_acc, int lane) {
+    v = warp_sum_u32(v);
+    if (lane == 0) atomicAdd(s_acc, v);
+    __syncthreads();
+    return *s_acc;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,11 +187,14 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
     __shared__ __align__(16) u8 s_b3[32];
     __shared__ __align__(16) u8 s_b4[8];
     __shared__ u32 s_tmp[PF_WARPS + 1];
-    __shared__ u32 s_chunk, s_k2, s_k3, s_o2, s_o3;
+    __shared__ u32 s_chunk, s_k2, s_k3, s_o2, s_o3, s_acc;
     __shared__ u64 s_base;
 
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    if (tid == 0) s_chunk = (u32)atomicAdd(ctrl + PF_TICKET, 1ull);
+    if (tid == 0) {
+        s_chunk = (u32)atomicAdd(ctrl + PF_TICKET, 1ull);
+        s_acc = 0;
+    }
     __syncthreads();
     const u32 c = s_chunk;
     const u64 cbase = (u64)c * CHUNK;
@@ -382,7 +409,7 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             hsum += zhash_mix(v, i);
         }
     }
-    const u32 tot = pf_block_sum(hsum, s_tmp, w, lane);
+    const u32 tot = pf_block_sum(hsum, &s_acc, lane);
     if (tid == 0) {
         const u32 hash = zhash_final(tot, csize / 4);
         if (96ull + 8ull * (u64)c + 8ull <= out_cap) {
@@ -420,13 +447,14 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
     __shared__ u32 s_p3[33];
     __shared__ U s_gsum[128];
     __shared__ u32 s_tmp[PF_WARPS + 1];
-    __shared__ u32 s_chunk, s_size, s_cs, s_k3, s_k2, s_o2;
+    __shared__ u32 s_chunk, s_size, s_cs, s_k3, s_k2, s_o2, s_acc;
     __shared__ u64 s_err, s_base;
 
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         s_chunk = (u32)atomicAdd(ctrl + PF_TICKET, 1ull);
         s_err = 0;
+        s_acc = 0;
     }
     __syncthreads();
     const u32 c = s_chunk;
@@ -471,7 +499,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
             if (raw) ow[i] = v;
             else s_c[i] = v;
         }
-        const u32 tot = pf_block_sum(h, s_tmp, w, lane);
+        const u32 tot = pf_block_sum(h, &s_acc, lane);
         if (tid == 0 && zhash_final(tot, size / 4) != s_cs) err |= PF_E_CHECKSUM;
         if (__syncthreads_or(err != 0) || raw) break;
         T* cout = out + cbase;
@@ -669,7 +697,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
 }
 
 #define PF_INST(TY, TN, REL, RN)                                                                               \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS) zc_compress_##TN##_pfpl_##RN(                     \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS, PF_MINB) zc_compress_##TN##_pfpl_##RN(                     \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
         double step64, double eb) {                                                                            \
         ZQ<TY> q;                                                                                              \
@@ -679,7 +707,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         q.eb = eb;                                                                                             \
         pf_compress<TY, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                              \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS) zc_decompress_##TN##_pfpl_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS, PF_MINB) zc_decompress_##TN##_pfpl_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
