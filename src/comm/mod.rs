@@ -817,7 +817,33 @@ impl Communicator {
                 ..s
             });
         }
+        // the native allreduce (the raw path of allreduce): small and large buffer
+        let mut allreduce = None;
+        if p > 1 {
+            let big = vec![1.0f32; (self.config.pingpong_bytes / 4).max(1)];
+            let mut o = vec![0.0f32; big.len()];
+            let small = [1.0f32; 2];
+            let mut os = [0.0f32; 2];
+            let time = |input: &[f32], out: &mut [f32], reps: usize| -> Result<f64> {
+                t.allreduce_sum_f32(input, out)?; // warm-up
+                t.barrier()?;
+                let t0 = t.wtime();
+                for _ in 0..reps {
+                    t.allreduce_sum_f32(input, out)?;
+                }
+                Ok((t.wtime() - t0) / reps as f64)
+            };
+            let ts = time(&small, &mut os, 20)?;
+            let tb = time(&big, &mut o, 4)?;
+            let mut v = [ts, tb];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?;
+            allreduce = Some(Link {
+                latency: v[0],
+                bandwidth: (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
+            });
+        }
         let mut prof = Profile::new(link);
+        prof.allreduce = allreduce;
         prof.host = hostname();
         prof.ranks = p;
         prof.compressor = self.compressor.name();
@@ -1482,8 +1508,12 @@ impl Communicator {
         let steps = pf - 1.0;
         let rs = steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth));
         if full {
+            let raw = match self.profile.allreduce {
+                Some(a) => a.latency + (n * S::SIZE) as f64 / a.bandwidth,
+                None => 2.0 * steps * (l.latency + seg_b / l.bandwidth),
+            };
             (
-                2.0 * steps * (l.latency + seg_b / l.bandwidth),
+                raw,
                 rs + seg_b / tc
                     + pf * seg_b / td
                     + steps * (l.latency + seg_b / (ratio * l.bandwidth)),

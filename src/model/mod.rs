@@ -134,6 +134,11 @@ pub struct Profile {
     pub link: Link,
     /// Device↔host staging link (pinned copies), if device buffers are staged.
     pub staging: Option<Link>,
+    /// The native (uncompressed) MPI allreduce as a link: `t = latency + bytes / bandwidth`
+    /// for a buffer of `bytes` per rank (measured, because MPI libraries' large allreduces can be
+    /// far from link speed).
+    #[serde(default)]
+    pub allreduce: Option<Link>,
     /// Codec speeds.
     pub codecs: Vec<CodecSpeed>,
     /// Seconds since the Unix epoch when measured.
@@ -150,6 +155,7 @@ impl Profile {
             compressor: "cpu".into(),
             link,
             staging: None,
+            allreduce: None,
             codecs: Vec::new(),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
