@@ -427,8 +427,13 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decompression
-template <typename T, bool REL>
+// Decompression. ACC (fused decompress-and-accumulate for NCCL reductions, as in blocked.cu):
+// out = out + x with one IEEE rounding instead of out = x.
+__device__ __forceinline__ float pf_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double pf_add_rn(double a, double b) { return __dadd_rn(a, b); }
+template <typename T, bool ACC> __device__ __forceinline__ void pf_store(T* p, T x) { *p = ACC ? pf_add_rn(*p, x) : x; }
+
+template <typename T, bool REL, bool ACC>
 __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 table_checksum,
                                               ZQ<T> q) {
@@ -491,21 +496,24 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         const u32 size = s_size;
         const u32* cw = (const u32*)(stream + s_base);
         const bool raw = size == rawsize;
-        u32* ow = (u32*)(out + cbase);
         u32 h = 0;
         for (u32 i = (u32)tid; i < size / 4; i += PF_THREADS) {
             const u32 v = cw[i];
             h += zhash_mix(v, i);
-            if (raw) ow[i] = v;
-            else s_c[i] = v;
+            s_c[i] = v;
         }
         const u32 tot = pf_block_sum(h, &s_acc, lane);
         if (tid == 0 && zhash_final(tot, size / 4) != s_cs) err |= PF_E_CHECKSUM;
-        if (__syncthreads_or(err != 0) || raw) break;
+        if (__syncthreads_or(err != 0)) break;
         T* cout = out + cbase;
+        if (raw) {
+            const typename ZT<T>::bits_t* rv = (const typename ZT<T>::bits_t*)s_c;
+            for (u32 k = (u32)tid; k < n; k += PF_THREADS) pf_store<T, ACC>(cout + k, ZT<T>::from_bits(rv[k]));
+            break;
+        }
         if (size == 0) {
             const T v0 = pf_value<T, REL>(q, (U)0);
-            for (u32 k = (u32)tid; k < n; k += PF_THREADS) cout[k] = v0;
+            for (u32 k = (u32)tid; k < n; k += PF_THREADS) pf_store<T, ACC>(cout + k, v0);
             break;
         }
         const u8* cp = (const u8*)s_c;
@@ -678,7 +686,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
 #pragma unroll
             for (int hh = 0; hh < W / 32; hh++) {
                 const u32 k = g * W + hh * 32 + lane;
-                if (k < n) cout[k] = pf_value<T, REL>(q, (U)(pre + inc[2 * i + hh]));
+                if (k < n) pf_store<T, ACC>(cout + k, pf_value<T, REL>(q, (U)(pre + inc[2 * i + hh])));
             }
         }
     } while (0);
@@ -715,7 +723,17 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        pf_decompress<TY, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q);     \
+        pf_decompress<TY, REL, false>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS, PF_MINB) zc_decompress_add_##TN##_pfpl_##RN(      \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        pf_decompress<TY, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }
 
 PF_INST(float, f32, false, abs)

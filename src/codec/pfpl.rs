@@ -1456,6 +1456,55 @@ mod gpu_tests {
         }
     }
 
+    /// Fused decompress-and-accumulate (`zc_decompress_add_*_pfpl_*`, NCCL reductions): equals
+    /// the CPU reconstruction added to the accumulator with one rounding, raw/empty chunks too.
+    #[test]
+    fn gpu_pfpl_decompress_add_matches_cpu() {
+        let Some(mut gpu) = gpu() else { return };
+        fn one<T: GpuElement>(
+            gpu: &mut GpuCodec,
+            data: &[T],
+            b: ErrorBound,
+            add: impl Fn(T, T) -> T,
+        ) {
+            let stream = compress(data, b, CodecKind::Pfpl).unwrap();
+            let back: Vec<T> = decompress(&stream).unwrap();
+            let base: Vec<T> = (0..data.len())
+                .map(|i| T::from_f64((i % 97) as f64 * 0.25 - 3.0))
+                .collect();
+            let s = gpu.stream().clone();
+            let d_stream = s.clone_htod(&stream).unwrap();
+            let mut d_acc = s.clone_htod(&base).unwrap();
+            gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
+                .unwrap();
+            let got = s.clone_dtoh(&d_acc).unwrap();
+            for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
+                let want = add(a, x);
+                assert!(
+                    want.to_bits_u64() == g.to_bits_u64() || (!want.finite() && !g.finite()),
+                    "{b} {} value {i}: {want:?} vs {g:?}",
+                    T::DTYPE
+                );
+            }
+        }
+        for (name, data) in inputs::<f32>(100_003, 77) {
+            if name == "bits" {
+                continue; // NaN + x has no unique payload
+            }
+            for b in [ErrorBound::Noa(1e-3), ErrorBound::Rel(1e-3)] {
+                one(&mut gpu, &data, b, |a: f32, x: f32| a + x);
+            }
+        }
+        for (name, data) in inputs::<f64>(50_001, 78) {
+            if name == "bits" {
+                continue;
+            }
+            one(&mut gpu, &data, ErrorBound::Abs(1e-6), |a: f64, x: f64| {
+                a + x
+            });
+        }
+    }
+
     /// ptxas resource usage of the pfpl kernels (registers, spills, shared memory), from NVRTC's
     /// verbose log; needs libnvrtc only (`cargo test --lib --features cuda
     /// pfpl::gpu_tests::pfpl_kernel_resources -- --ignored --nocapture`).

@@ -55,6 +55,8 @@ impl GpuCodec {
             CodecKind::Aatrox => "aatrox",
             CodecKind::CuszpPlain => "plain",
             CodecKind::CuszpOutlier => "outlier",
+            CodecKind::Pfpl => "pfpl", // kernels/pfpl.cu
+            #[allow(unreachable_patterns)]
             _ => {
                 return Err(Error::Unavailable(format!(
                     "{codec} has no GPU decoder yet (use --device cpu)"
@@ -84,10 +86,15 @@ impl GpuCodec {
         let tc = h.payload_checksum;
         let (step64, eb) = (h.step, h.abs_bound);
         self.record(2)?;
+        let threads = if codec == CodecKind::Pfpl {
+            PFPL_THREADS
+        } else {
+            self.threads
+        };
         self.launch(
             &f,
             nc,
-            self.threads,
+            threads,
             &mut [
                 arg(&sp),
                 arg(&slen),
