@@ -190,11 +190,11 @@ fn encode_chunk<T: Element>(
     let mut body: Vec<u8> = Vec::with_capacity(n * T::SIZE / 4);
     let mut prev = init;
     let mut deltas = [0i64; LAYER];
-    for l in 0..n_layers {
+    for (l, rate_l) in rates.iter_mut().enumerate() {
         let start = l * LAYER;
         let n_t = (n - start).min(LAYER);
         if s.raw[l] {
-            rates[l] = RATE_RAW;
+            *rate_l = RATE_RAW;
             for &x in &vals[start..start + n_t] {
                 x.write_le(&mut body);
             }
@@ -234,7 +234,7 @@ fn encode_chunk<T: Element>(
         if b > 0 {
             pack(&deltas, b, &mut body);
         }
-        rates[l] = rate;
+        *rate_l = rate;
     }
     // assemble: init, mask, rates of non-zero iterations, payloads, padding
     let mut mask = 0u32;
@@ -358,10 +358,9 @@ fn decode_chunk<T: Element>(
     let chained = codec == CodecKind::Aatrox;
     let mut prev = init;
     let mut deltas = [0i64; LAYER];
-    for l in 0..n_layers {
+    for (l, &r) in rates.iter().enumerate().take(n_layers) {
         let start = l * LAYER;
         let n_t = (n - start).min(LAYER);
-        let r = rates[l];
         let dst_l = &mut dst[start..start + n_t];
         if r == RATE_RAW {
             for (k, d) in dst_l.iter_mut().enumerate() {

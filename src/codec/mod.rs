@@ -19,10 +19,13 @@ use crate::format::{zhash_bytes, BoundMode, Header, FLAG_STORED, HEADER_LEN};
 use crate::quant::{ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum CodecKind {
     /// AATROX hierarchical delta (the default).
+    #[default]
     Aatrox,
     /// cuSZp2 plain fixed-length encoding.
     CuszpPlain,
@@ -74,12 +77,6 @@ impl CodecKind {
             .copied()
             .find(|c| c.tag() == t)
             .ok_or_else(|| Error::corrupt(format!("unknown codec tag {t}")))
-    }
-}
-
-impl Default for CodecKind {
-    fn default() -> Self {
-        CodecKind::Aatrox
     }
 }
 
@@ -190,7 +187,8 @@ pub fn inspect(stream: &[u8]) -> Result<Header> {
                 h.chunk_log2
             )));
         }
-        if h.mode == BoundMode::Rel && !(h.step > 0.0) {
+        if h.mode == BoundMode::Rel && h.step.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        {
             return Err(Error::corrupt("rel stream with a non-positive step"));
         }
     }

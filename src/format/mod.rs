@@ -250,7 +250,8 @@ impl Header {
                 return Err(Error::corrupt("chunk table checksum mismatch"));
             }
         }
-        if !(h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0) && !h.is_stored() {
+        let bound_ok = h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0;
+        if !h.is_stored() && !bound_ok {
             return Err(Error::corrupt("header carries an invalid bound or step"));
         }
         Ok(h)

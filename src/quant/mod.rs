@@ -171,7 +171,11 @@ impl QuantParams {
         Self::derive_from_stats::<T>(
             bound,
             || finite_range(data),
-            || data.iter().find(|x| x.finite() && x.to_f64() != 0.0).map(|x| x.to_f64()),
+            || {
+                data.iter()
+                    .find(|x| x.finite() && x.to_f64() != 0.0)
+                    .map(|x| x.to_f64())
+            },
         )
     }
 
@@ -282,7 +286,8 @@ impl<T: Element> Quantizer<T> {
             }
         } else {
             let p = x.mul(self.inv);
-            if !(p.abs_val().to_f64() < T::QMAX) {
+            let in_range = p.abs_val().to_f64() < T::QMAX; // false for NaN
+            if !in_range {
                 return None;
             }
             p.rint().to_code()
