@@ -915,7 +915,7 @@ impl Communicator {
         op: u8,
         tag: i64,
     ) -> Result<(f64, Option<Vec<u8>>)> {
-        if let Some(r) = self.ratios.get(op, tag) {
+        if let Some(r) = self.ratios.get_fresh(op, tag) {
             return Ok((r, None));
         }
         if data.is_empty() {
@@ -923,12 +923,15 @@ impl Communicator {
         }
         const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
         let k = self.config.sample_chunks.max(1);
-        if data.len() <= k * CHUNK {
+        let (r, s) = if data.len() <= k * CHUNK {
             let s = S::compress_with(&*self.compressor, data, bound, codec)?;
-            return Ok(((data.len() * S::SIZE) as f64 / s.len() as f64, Some(s)));
-        }
-        let (r, _) = model::estimate_ratio(data, bound, codec, k)?;
-        Ok((r, None))
+            ((data.len() * S::SIZE) as f64 / s.len() as f64, Some(s))
+        } else {
+            (model::estimate_ratio(data, bound, codec, k)?.0, None)
+        };
+        // remembered for the next messages with this tag (refreshed after a few uses)
+        self.ratios.put(op, tag, r);
+        Ok((r, s))
     }
 
     fn p2p_times<S: Real>(&self, n: usize, ratio: f64, codec: CodecKind) -> (f64, f64) {
@@ -1296,7 +1299,7 @@ impl Communicator {
             best < 0.95 * raw_t
         };
         if let (Policy::Auto(c), true, true) = (self.config.policy, local.is_ok(), pays) {
-            match self.estimate(sc, bound, c, OP_ALLGATHER, -1) {
+            match self.estimate(sc, bound, c, OP_ALLGATHER, coll_key(sc.len(), bound)) {
                 Ok((r, s)) => {
                     d.ratio = r;
                     stream = s;
@@ -1327,7 +1330,8 @@ impl Communicator {
             st.decision = Decision::Compressed;
             st.codec = Some(codec);
             st.bound = self.bound_of(sc);
-            self.ratios.put(OP_ALLGATHER, -1, st.ratio);
+            self.ratios
+                .put(OP_ALLGATHER, coll_key(sc.len(), bound), st.ratio);
             let l = self
                 .transport
                 .allgather_fixed(&(s.len() as u64).to_le_bytes())?;
@@ -1664,7 +1668,13 @@ impl Communicator {
         };
         if let (Policy::Auto(c), true, true, true) = (self.config.policy, usable, p > 1, pays) {
             let seg0 = &x[..x.len().div_ceil(p).min(x.len())];
-            let inv = match self.estimate(seg0, ErrorBound::Abs(eb * d), c, op, -1) {
+            let inv = match self.estimate(
+                seg0,
+                ErrorBound::Abs(eb * d),
+                c,
+                op,
+                coll_key(x.len(), self.config.bound),
+            ) {
                 Ok((er, _)) => 1.0 / er.max(1e-9),
                 Err(_) => 1.0, // (cannot happen for a valid abs bound) assume no gain
             };
@@ -1750,8 +1760,11 @@ impl Communicator {
         if self.config.verify {
             st.max_error = Some(self.reduce_error(x, out, 0..x.len(), d)?);
         }
-        self.ratios
-            .put(op, -1, (seg_b / s.len().max(1) as f64).max(1.0));
+        self.ratios.put(
+            op,
+            coll_key(x.len(), self.config.bound),
+            (seg_b / s.len().max(1) as f64).max(1.0),
+        );
         Ok(self.finish(st, t0))
     }
 }
@@ -1777,6 +1790,14 @@ impl Communicator {
             .filter(|v| v.is_finite())
             .fold(0.0, f64::max))
     }
+}
+
+/// Ratio-cache key of a collective: its size and bound (collectives have no tag).
+fn coll_key(n: usize, bound: ErrorBound) -> i64 {
+    let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ bound.value().to_bits().rotate_left(17)
+        ^ u64::from(bound.mode().tag());
+    (h >> 1) as i64 | i64::MIN // negative: never a user tag
 }
 
 fn harmonic(all: &[Desc]) -> f64 {

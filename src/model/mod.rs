@@ -365,18 +365,32 @@ pub fn fmt_rate(r: f64) -> String {
 /// tag").
 #[derive(Debug, Default, Clone)]
 pub struct RatioCache {
-    map: std::collections::HashMap<(u8, i64), f64>,
+    map: std::collections::HashMap<(u8, i64), (f64, u32)>,
 }
 
 impl RatioCache {
-    /// The ratio achieved by the previous message of kind `op` with `tag`.
+    /// How many times [`get_fresh`](Self::get_fresh) returns one remembered ratio before it asks
+    /// for a new estimate.
+    pub const MAX_REUSE: u32 = 8;
+    /// The ratio remembered for messages of kind `op` with `tag`.
     pub fn get(&self, op: u8, tag: i64) -> Option<f64> {
-        self.map.get(&(op, tag)).copied()
+        self.map.get(&(op, tag)).map(|e| e.0)
     }
-    /// Remember the ratio of a message.
+    /// Like [`get`](Self::get), but `None` after [`MAX_REUSE`](Self::MAX_REUSE) uses without a
+    /// [`put`](Self::put), so that a stale estimate (e.g. one that made `Auto` send raw, which
+    /// measures nothing) is refreshed now and then.
+    pub fn get_fresh(&mut self, op: u8, tag: i64) -> Option<f64> {
+        let e = self.map.get_mut(&(op, tag))?;
+        if e.1 >= Self::MAX_REUSE {
+            return None;
+        }
+        e.1 += 1;
+        Some(e.0)
+    }
+    /// Remember the ratio of a message (or an estimate).
     pub fn put(&mut self, op: u8, tag: i64, ratio: f64) {
         if ratio.is_finite() && ratio > 0.0 {
-            self.map.insert((op, tag), ratio);
+            self.map.insert((op, tag), (ratio, 0));
         }
     }
 }
@@ -503,6 +517,22 @@ mod tests {
         assert!(p.compressed_pipelined > 1e9 / 100e9);
         let one = predict(&s.with_chunks(1));
         assert_eq!(one.compressed_pipelined, one.compressed_serial);
+    }
+
+    #[test]
+    fn ratio_cache_expires_estimates() {
+        let mut c = RatioCache::default();
+        assert_eq!(c.get_fresh(1, 7), None);
+        c.put(1, 7, 12.5);
+        for _ in 0..RatioCache::MAX_REUSE {
+            assert_eq!(c.get_fresh(1, 7), Some(12.5));
+        }
+        assert_eq!(c.get_fresh(1, 7), None);
+        assert_eq!(c.get(1, 7), Some(12.5));
+        c.put(1, 7, 3.0);
+        assert_eq!(c.get_fresh(1, 7), Some(3.0));
+        c.put(1, 8, f64::NAN);
+        assert_eq!(c.get(1, 8), None);
     }
 
     #[test]
