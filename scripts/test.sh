@@ -45,8 +45,9 @@ check() {
 check "cargo fmt --check" cargo fmt --all --check
 check "cargo clippy --all-targets --all-features -- -D warnings" \
     cargo clippy --all-targets --all-features -- -D warnings
-check "cargo test --release --all-features" cargo test --release --all-features
-check "cargo test --release --no-default-features" cargo test --release --no-default-features
+check "cargo test --release --all-features" cargo test --release --all-features --no-fail-fast
+check "cargo test --release --no-default-features" \
+    cargo test --release --no-default-features --no-fail-fast
 check "cargo doc --no-deps --all-features" \
     cargo doc --no-deps --all-features
 if [ -f mpi-tests/run.sh ]; then
