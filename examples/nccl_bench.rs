@@ -270,9 +270,11 @@ fn run(a: &Args) -> Result<()> {
                         let st = st.expect("stats");
                         let err = max_over_ranks(&c, c.max_abs_diff(&out, &raw_out)?)?;
                         let ratio = max_over_ranks(&c, -st.ratio)?.abs(); // worst rank's ratio
+                                                                          // allgather: each rank's segment has its own (noa: own range) bound
+                        let abs_bound = max_over_ranks(&c, st.bound)?;
                         let rec = serde_json::json!({
                             "op": op, "transport": label, "policy": pol, "codec": a.codec.name(), "data": data,
-                            "bytes": bytes, "error_bound": bound.to_string(), "abs_bound": st.bound,
+                            "bytes": bytes, "error_bound": bound.to_string(), "abs_bound": abs_bound,
                             "decision": if st.decision == Decision::Compressed { "compressed" } else { "raw" },
                             "ratio": ratio, "raw_ms": raw_ms, "compressed_ms": ms,
                             "predicted_ms": st.predicted_s * 1e3, "predicted_raw_ms": st.predicted_raw_s * 1e3,
@@ -287,7 +289,7 @@ fn run(a: &Args) -> Result<()> {
                                 st.decision,
                                 raw_ms / ms,
                                 st.predicted_s * 1e3,
-                                st.bound
+                                abs_bound
                             );
                         }
                         if st.decision == Decision::Compressed

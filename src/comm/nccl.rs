@@ -163,8 +163,14 @@ pub struct NcclProfile {
     pub p2p: Link,
     /// Device codec speeds (f32 then f64 when calibrated).
     pub codecs: Vec<CodecSpeed>,
-    /// Host cost per pipeline piece (size readback + control message), seconds.
+    /// Host cost per pipeline piece (the size message round on the bootstrap transport), seconds.
     pub piece_overhead: f64,
+    /// Fixed cost of one device compression call (launches, size readback, header), seconds.
+    #[serde(default)]
+    pub compress_fixed: f64,
+    /// Fixed cost of one device decompression call (header readback, launch, error flag).
+    #[serde(default)]
+    pub decompress_fixed: f64,
 }
 
 impl NcclProfile {
@@ -182,7 +188,9 @@ impl NcclProfile {
             allgather: l,
             p2p: l,
             codecs: Vec::new(),
-            piece_overhead: 30e-6,
+            piece_overhead: 5e-6,
+            compress_fixed: 50e-6,
+            decompress_fixed: 50e-6,
         }
     }
 
@@ -225,7 +233,7 @@ impl NcclProfile {
             seg / tc + seg / td,
             pieces as f64 * lk.latency + seg / (cr * lk.bandwidth),
             pieces,
-            self.piece_overhead,
+            self.piece_overhead + self.compress_fixed + self.decompress_fixed,
         );
         let rs = (pf - 1.0) * step;
         if reduce_scatter_only {
@@ -237,7 +245,7 @@ impl NcclProfile {
             seg / tc + pf * seg / td,
             pieces as f64 * lk.latency + (pf - 1.0) * seg / (cr * lk.bandwidth),
             pieces,
-            self.piece_overhead,
+            self.piece_overhead + self.compress_fixed + pf * self.decompress_fixed,
         );
         (
             self.allreduce.latency + bytes / self.allreduce.bandwidth,
@@ -263,7 +271,7 @@ impl NcclProfile {
             bytes / tc + pf * bytes / td,
             pieces as f64 * lk.latency + (pf - 1.0) * bytes / (cr * lk.bandwidth),
             pieces,
-            self.piece_overhead,
+            self.piece_overhead + self.compress_fixed + pf * self.decompress_fixed,
         );
         (
             self.allgather.latency + pf * bytes / self.allgather.bandwidth,
@@ -287,7 +295,7 @@ impl NcclProfile {
             bytes / tc + bytes / td,
             pieces as f64 * lk.latency + bytes / (cr * lk.bandwidth),
             pieces,
-            self.piece_overhead,
+            self.piece_overhead + self.compress_fixed + self.decompress_fixed,
         );
         (lk.latency + bytes / lk.bandwidth, cmp)
     }
@@ -585,10 +593,10 @@ impl Desc {
         })
     }
     /// Same operation? (`Ok` on every rank iff all descriptors agree.)
-    fn check(&self, other: &Desc, who: usize) -> Result<()> {
+    fn check(&self, other: &Desc, me: usize, who: usize) -> Result<()> {
         let mm = |what: &'static str, a: String, b: String| Error::Mismatch {
             what,
-            expected: format!("{a} (this rank)"),
+            expected: format!("{a} (rank {me})"),
             found: format!("{b} (rank {who})"),
         };
         if self.op != other.op || self.seq != other.seq {
@@ -1017,7 +1025,7 @@ impl NcclComm {
             .map(Desc::parse)
             .collect::<Result<Vec<_>>>()?;
         for (r, x) in all.iter().enumerate().skip(1) {
-            all[0].check(x, r)?;
+            all[0].check(x, 0, r)?;
         }
         Ok(())
     }
@@ -1829,7 +1837,7 @@ impl NcclComm {
         d.ratio = st.ratio_estimate;
         self.sh.boot.send(dest, TAG_P2P + tag, &d.to_bytes())?;
         let verdict = Desc::parse(&self.sh.boot.recv(dest, TAG_P2P + tag)?)?;
-        check_pair(&d, &verdict, dest)?;
+        check_pair(&d, &verdict, self.rank(), dest)?;
         if !compress {
             self.raw_send(data, dest)?;
             return self.finish(st, t0);
@@ -1890,7 +1898,7 @@ impl NcclComm {
         let sd = Desc::parse(&self.sh.boot.recv(src, TAG_P2P + tag)?)?;
         let mine = self.desc::<T>(OP_RECV, n);
         self.sh.boot.send(src, TAG_P2P + tag, &mine.to_bytes())?;
-        check_pair(&sd, &mine, src)?;
+        check_pair(&sd, &mine, self.rank(), src)?;
         let mut st = Self::base_stats(OP_RECV, bytes);
         st.ratio_estimate = sd.ratio;
         if sd.decision == 0 {
@@ -2021,7 +2029,7 @@ impl NcclComm {
                     .boot
                     .sendrecv(to_of(r, p), &[0u8; 8], from_of(r, p), TAG_SIZES)?;
             }
-            prof.piece_overhead = (self.wtime() - t1) / reps as f64 + 20e-6;
+            prof.piece_overhead = (self.wtime() - t1) / reps as f64;
         }
         if self.gpu.is_some() {
             let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
@@ -2041,21 +2049,36 @@ impl NcclComm {
             let mut acc = self.sh.work.alloc_zeros::<f32>(big).map_err(gpu_err)?;
             self.sh.work.synchronize().map_err(gpu_err)?;
             let gpu = self.gpu()?;
-            let (mut tc, mut td, mut len) = (f64::INFINITY, f64::INFINITY, 1usize);
-            for _ in 0..4 {
-                let t = std::time::Instant::now();
-                let mut ov = out.slice_mut(..);
-                len = gpu.compress_device(&field.as_view(), bound, codec, &mut ov)?;
-                tc = tc.min(t.elapsed().as_secs_f64());
-                let sv = out.slice(0..len);
-                let mut av = acc.slice_mut(..);
-                let t = std::time::Instant::now();
-                gpu.decompress_add_device(&sv, &mut av)?;
-                td = td.min(t.elapsed().as_secs_f64());
+            // t = fixed + bytes / throughput, fitted from one codec chunk and 64 MiB
+            let mut fit = [[f64::INFINITY; 2]; 2]; // [small|big][compress|decompress]
+            let mut len = 1usize;
+            for (i, n) in [1usize << 15, big].into_iter().enumerate() {
+                let fv = field.slice(0..n);
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    let mut ov = out.slice_mut(..);
+                    let l = gpu.compress_device(&fv, bound, codec, &mut ov)?;
+                    fit[i][0] = fit[i][0].min(t.elapsed().as_secs_f64());
+                    let sv = out.slice(0..l);
+                    let mut av = acc.slice_mut(0..n);
+                    let t = std::time::Instant::now();
+                    gpu.decompress_add_device(&sv, &mut av)?;
+                    fit[i][1] = fit[i][1].min(t.elapsed().as_secs_f64());
+                    if i == 1 {
+                        len = l;
+                    }
+                }
             }
-            let b = (big * 4) as f64;
-            let mut v = [-(b / tc), -(b / td)];
+            let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
+            let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
+            let (tcr, tdr) = (tp(0), tp(1));
+            let fixed = |k: usize, t: f64| (fit[0][k] - b1 / t).max(0.0);
+            let mut v = [-tcr, -tdr, fixed(0, tcr), fixed(1, tdr)];
             self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
+            prof.compress_fixed = v[2];
+            prof.decompress_fixed = v[3];
+            let b = b2;
+            let v = [v[0], v[1]];
             prof.codecs = vec![CodecSpeed {
                 codec,
                 dtype: 1,
@@ -2072,12 +2095,13 @@ impl NcclComm {
         self.sh.boot.bcast(0, &mut bytes)?;
         self.profile = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
-        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {}; codec {:?}",
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {}; codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us",
             self.profile.transport,
             crate::model::fmt_rate(self.profile.allreduce.bandwidth),
             crate::model::fmt_rate(self.profile.allgather.bandwidth),
             crate::model::fmt_rate(self.profile.p2p.bandwidth),
-            self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))));
+            self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
+            self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6);
         Ok(&self.profile)
     }
 }
@@ -2111,7 +2135,7 @@ fn size_msg(b: &[u8]) -> Result<usize> {
 }
 
 /// Check a sender's descriptor against the receiver's (same verdict on both ends).
-fn check_pair(s: &Desc, r: &Desc, peer: usize) -> Result<()> {
+fn check_pair(s: &Desc, r: &Desc, me: usize, peer: usize) -> Result<()> {
     let (s, r) = if s.op == OP_SEND { (s, r) } else { (r, s) };
     if s.op != OP_SEND || r.op != OP_RECV {
         return Err(Error::Mismatch {
@@ -2137,6 +2161,7 @@ fn check_pair(s: &Desc, r: &Desc, peer: usize) -> Result<()> {
             ratio: s.ratio,
             ..probe
         },
+        me,
         peer,
     )
 }
@@ -2206,18 +2231,18 @@ mod tests {
             ratio: 1.0,
             ..d
         };
-        assert!(check_pair(&d, &r, 1).is_ok());
-        assert!(check_pair(&r, &d, 0).is_ok());
-        assert!(check_pair(&d, &Desc { count: 78, ..r }, 1).is_err());
-        assert!(check_pair(&d, &Desc { dtype: 2, ..r }, 1).is_err());
-        assert!(check_pair(&d, &Desc { bound: 1e-4, ..r }, 1).is_err());
-        assert!(check_pair(&d, &d, 1).is_err());
+        assert!(check_pair(&d, &r, 0, 1).is_ok());
+        assert!(check_pair(&r, &d, 1, 0).is_ok());
+        assert!(check_pair(&d, &Desc { count: 78, ..r }, 0, 1).is_err());
+        assert!(check_pair(&d, &Desc { dtype: 2, ..r }, 0, 1).is_err());
+        assert!(check_pair(&d, &Desc { bound: 1e-4, ..r }, 0, 1).is_err());
+        assert!(check_pair(&d, &d, 0, 1).is_err());
         let a = Desc {
             op: OP_ALLREDUCE,
             ..d
         };
-        assert!(a.check(&a, 1).is_ok());
-        assert!(a.check(&Desc { seq: 1, ..a }, 1).is_err());
+        assert!(a.check(&a, 0, 1).is_ok());
+        assert!(a.check(&Desc { seq: 1, ..a }, 0, 1).is_err());
     }
 
     #[test]
@@ -2243,6 +2268,10 @@ mod tests {
         let mut so = nv.clone();
         so.allreduce = Link {
             bandwidth: 3.7e9,
+            latency: 50e-6,
+        };
+        so.allgather = Link {
+            bandwidth: 7.4e9,
             latency: 50e-6,
         };
         so.p2p = Link {
