@@ -598,6 +598,148 @@ fn mismatch_suite(c: &mut Communicator, t: &mut Checker) {
     fine(c, t, "p2p mismatches");
 }
 
+/// Chunk-pipelined point-to-point: odd sizes around chunk boundaries, both sides chunked, one
+/// side chunked (mixed sendrecv), recv_vec, a count mismatch (then a good message on the same
+/// tag), and the bound.
+fn pipeline_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker) {
+    let (p, r) = (c.size(), c.rank());
+    let next = (r + 1) % p;
+    let prev = (r + p - 1) % p;
+    // 4 KiB chunks, pipelined above 8 KiB
+    c.set_pipeline(4096, 8192);
+    let sb = <E::Scalar as Element>::SIZE;
+    let chunk_elems = 4096 / sb / E::LANES;
+    let sizes = [
+        8192 / sb / E::LANES,     // exactly at the threshold: one message
+        8192 / sb / E::LANES + 1, // just above: three chunks, the last one short
+        3 * chunk_elems,          // exact chunk multiple
+        3 * chunk_elems - 1,
+        5 * chunk_elems + 1,
+        100_003,
+    ];
+    for pol in [
+        Policy::Always(CodecKind::Aatrox),
+        Policy::Always(CodecKind::CuszpOutlier),
+        Policy::Never,
+    ] {
+        c.set_policy(pol);
+        for b in [ErrorBound::Abs(1e-3), ErrorBound::Noa(1e-4)] {
+            c.set_bound(b).unwrap();
+            for n in sizes {
+                let ctx = || format!("pipeline {} {pol} {b} n={n}", E::NAME);
+                let mine = gen::<E>(r + 11, n);
+                let want = gen::<E>(prev + 11, n);
+                // ring isend/recv
+                let chunks0 = c.pipeline_chunks();
+                c.set_verify(true);
+                let req = c.isend(&mine, next, 9);
+                let mut got = vec![E::default(); n];
+                let st = c.recv(&mut got, prev, 9);
+                let w = req.and_then(|q| c.wait_send(q));
+                c.set_verify(false);
+                t.check(st.is_ok() && w.is_ok(), || {
+                    format!(
+                        "{}: recv {:?} send {:?}",
+                        ctx(),
+                        st.as_ref().err(),
+                        w.as_ref().err()
+                    )
+                });
+                let res = within(E::scalars(&want), E::scalars(&got), b);
+                t.check(res.is_ok(), || {
+                    format!("{} send/recv bound: {:?}", ctx(), res.err())
+                });
+                // sent + received chunks: ceil(scalars / chunk) each way above the threshold
+                let scal = n * E::LANES;
+                let per = 4096 / sb;
+                let expect = if pol != Policy::Never && scal * sb > 8192 {
+                    2 * scal.div_ceil(per) as u64
+                } else {
+                    0
+                };
+                let moved = c.pipeline_chunks() - chunks0;
+                t.check(moved == expect, || {
+                    format!("{}: {moved} pipelined chunks, expected {expect}", ctx())
+                });
+                if let (Policy::Always(_), Ok(s)) = (pol, &w) {
+                    let lim = match b {
+                        ErrorBound::Noa(_) => s.bound,
+                        _ => b.value(),
+                    };
+                    t.check(
+                        s.decision == Decision::Compressed
+                            && s.wire_bytes > 0
+                            && s.max_error.is_some_and(|e| e <= lim),
+                        || format!("{} send stats: {s}", ctx()),
+                    );
+                }
+                // recv_vec of a pipelined message
+                let req = c.isend(&mine, next, 10);
+                let rv = c.recv_vec::<E>(prev, 10);
+                let w = req.and_then(|q| c.wait_send(q));
+                match rv {
+                    Ok((v, _)) => {
+                        let res = within(E::scalars(&want), E::scalars(&v), b);
+                        t.check(res.is_ok() && w.is_ok(), || {
+                            format!("{} recv_vec: {:?} {:?}", ctx(), res.err(), w.err())
+                        });
+                    }
+                    Err(e) => t.check(false, || format!("{} recv_vec: {e}", ctx())),
+                }
+                // sendrecv ring, same size both ways
+                let mut got = vec![E::default(); n];
+                let st = c.sendrecv(&mine, next, &mut got, prev, 11);
+                let res = within(E::scalars(&want), E::scalars(&got), b);
+                t.check(st.is_ok() && res.is_ok(), || {
+                    format!("{} sendrecv: {:?} {:?}", ctx(), st.err(), res.err())
+                });
+                // mixed: even ranks send n (maybe chunked), odd ranks send 17 (one message)
+                let len_of = |k: usize| if k % 2 == 0 { n } else { 17 };
+                let mine_m = gen::<E>(r + 11, len_of(r));
+                let want_m = gen::<E>(prev + 11, len_of(prev));
+                let mut got = vec![E::default(); len_of(prev)];
+                let st = c.sendrecv(&mine_m, next, &mut got, prev, 12);
+                let res = within(E::scalars(&want_m), E::scalars(&got), b);
+                t.check(st.is_ok() && res.is_ok(), || {
+                    format!("{} mixed sendrecv: {:?} {:?}", ctx(), st.err(), res.err())
+                });
+            }
+        }
+        // count mismatch on a pipelined send: both ends fail, the tag stays usable
+        if p > 1 {
+            let n = sizes[4];
+            let mine = gen::<E>(r, n);
+            let req = c.isend(&mine, next, 13);
+            let mut got = vec![E::default(); n + 1];
+            let st = c.recv(&mut got, prev, 13);
+            let w = req.and_then(|q| c.wait_send(q));
+            t.check(
+                matches!(st, Err(Error::Mismatch { .. }))
+                    && matches!(w, Err(Error::Mismatch { .. })),
+                || {
+                    format!(
+                        "pipeline {} {pol} mismatch: recv {st:?} send {w:?}",
+                        E::NAME
+                    )
+                },
+            );
+            let mut got = vec![E::default(); n];
+            let st = c.sendrecv(&mine, next, &mut got, prev, 13);
+            let want = gen::<E>(prev, n);
+            let res = within(E::scalars(&want), E::scalars(&got), c.config().bound);
+            t.check(st.is_ok() && res.is_ok(), || {
+                format!(
+                    "pipeline {} {pol} after mismatch: {:?} {:?}",
+                    E::NAME,
+                    st.err(),
+                    res.err()
+                )
+            });
+        }
+    }
+    c.set_pipeline(32 << 20, 64 << 20);
+}
+
 /// Auto chooses raw for incompressible data, and the decision is the same on every rank.
 fn auto_suite(c: &mut Communicator, t: &mut Checker) {
     let r = c.rank();
@@ -654,6 +796,10 @@ fn main() {
         p2p_suite::<[f64; 2]>(&mut c, &mut t);
         mismatch_suite(&mut c, &mut t);
         auto_suite(&mut c, &mut t);
+        pipeline_suite::<f32>(&mut c, &mut t);
+        pipeline_suite::<f64>(&mut c, &mut t);
+        pipeline_suite::<[f32; 2]>(&mut c, &mut t);
+        pipeline_suite::<[f64; 2]>(&mut c, &mut t);
     }
     let sizes: &[usize] = if only_reduce {
         &[0, 7, 50_001]

@@ -4,8 +4,15 @@
 //! * [`DeviceStager`] owns a [`GpuCodec`], device scratch and pinned host buffers (grown, then
 //!   reused, so steady-state calls allocate nothing but the received message).
 //! * [`Communicator::sendrecv_device`] is the staged pairwise exchange (raw or compressed by the
-//!   policy). The buffer moves as one piece (the chunked pipeline is not implemented yet; the
-//!   model's pipelined form predicts what it would gain).
+//!   policy). A compressed buffer larger than `Config::pipeline_min_bytes` goes through the same
+//!   chunk pipeline as host messages (`comm::pipeline`, see the [`comm`](super) docs), with a
+//!   device chunk codec: encode chunk `k` = GPU compression of that slice + D2H of its stream
+//!   into pinned memory; decode = H2D + GPU decompression into the slice. Overlap it gets: the
+//!   GPU compression (+ D2H) of chunk `k+1` runs while chunk `k`'s MPI transfer is in flight,
+//!   and the H2D + decompression of chunk `k-1` while chunk `k` arrives. Not overlapped: the D2H
+//!   of a chunk with its own compression (one stream, synchronous copies), and copies with GPU
+//!   work of other chunks. The device pipeline is a composition of the tested stager pieces and
+//!   the host-tested schedule; it has not been run on a GPU yet.
 //! * [`DeviceStager::stage_to_host`] / [`DeviceStager::restore_to_device`] expose the GPU→CPU
 //!   staging on its own (checkpoint/offload: compressed on the device, kept compressed on the
 //!   host).
@@ -591,7 +598,24 @@ impl Communicator {
             ..self.local_desc::<f32>(OP_SENDRECV, n)
         };
         let len;
-        if compress {
+        let chunk_dev = super::pipeline::chunk_scalars(self.config.chunk_bytes, T::SIZE, 1);
+        let chunk_dev = if compress && bytes > self.config.pipeline_min_bytes && n > chunk_dev {
+            chunk_dev
+        } else {
+            0
+        };
+        if chunk_dev > 0 {
+            // compressed chunk by chunk inside the pipeline
+            st.decision = Decision::Compressed;
+            st.codec = Some(codec);
+            st.bound = match bound {
+                ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+                // per chunk E·(chunk range), from the chunk headers (filled in below)
+                ErrorBound::Noa(_) => 0.0,
+            };
+            d.decision = 1;
+            len = 0;
+        } else if compress {
             let t = now();
             len = dev.compress_to_scratch(send, bound, codec)?;
             dev.last.compress = t.elapsed().as_secs_f64();
@@ -651,6 +675,58 @@ impl Communicator {
         let rbytes = recv.len() * T::SIZE;
         let cap = crate::compress_bound(recv.len(), T::DTYPE);
         DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, cap)?;
+        let theirs = self.transport().sendrecv(
+            dest,
+            &{
+                let mut dd = d;
+                if chunk_dev > 0 {
+                    dd.chunk = chunk_dev as u64;
+                    dd.payload = 0;
+                }
+                dd
+            }
+            .to_bytes(),
+            src,
+            super::TAG_DESC + tag,
+        )?;
+        let sd0 = Desc::parse(&theirs)?;
+        if chunk_dev > 0 || sd0.chunk > 0 {
+            let t = now();
+            let r = self.sendrecv_device_chunked(
+                dev,
+                DevOut {
+                    send,
+                    chunk: chunk_dev,
+                    bound,
+                    codec,
+                    len,
+                },
+                d,
+                sd0,
+                recv,
+                dest,
+                &expect,
+                src,
+                tag,
+            );
+            dev.last.network = t.elapsed().as_secs_f64();
+            let (sent, chunks, noa_bound) = r?;
+            if matches!(bound, ErrorBound::Noa(_)) && chunk_dev > 0 {
+                st.bound = noa_bound;
+            }
+            if chunk_dev > 0 {
+                st.wire_bytes = sent as u64;
+                st.ratio = bytes as f64 / sent.max(1) as f64;
+                self.ratios.put(OP_SENDRECV | 0x80, tag as i64, st.ratio);
+            }
+            self.chunks += chunks;
+            st.predicted_s = if compress {
+                pr.compressed_serial
+            } else {
+                pr.raw_serial
+            };
+            return Ok(self.finish(st, t0));
+        }
         let t = now();
         let (sd, n) = {
             let pin_s = dev
@@ -665,8 +741,9 @@ impl Communicator {
                 .expect("grown")
                 .as_mut_slice()
                 .map_err(gpu_err("pinned"))?;
-            self.exchange_into(
+            self.exchange_into_after(
                 &d,
+                &sd0,
                 &pin_s[..len],
                 dest,
                 &expect,
@@ -727,12 +804,14 @@ fn dev_upload<T: GpuElement>(
 }
 
 impl Communicator {
-    /// [`Communicator::exchange`] receiving any payload into `buf[..n]` (returns the sender's
-    /// descriptor and `n`). A payload larger than `buf` is drained and reported as an error.
+    /// The sendrecv protocol (after the descriptor swap, `sd` is the peer's descriptor)
+    /// receiving any payload into `buf[..n]` (returns the sender's descriptor and `n`). A payload
+    /// larger than `buf` is drained and reported as an error.
     #[allow(clippy::too_many_arguments)]
-    fn exchange_into(
+    fn exchange_into_after(
         &self,
         d: &Desc,
+        sd: &Desc,
         payload: &[u8],
         dest: usize,
         expect: &Desc,
@@ -741,8 +820,7 @@ impl Communicator {
         buf: &mut [u8],
     ) -> Result<(Desc, usize)> {
         let t = self.transport();
-        let theirs = t.sendrecv(dest, &d.to_bytes(), src, super::TAG_DESC + tag)?;
-        let sd = Desc::parse(&theirs)?;
+        let sd = *sd;
         let n = usize::try_from(sd.payload)
             .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
         let fits = n <= buf.len();
@@ -761,6 +839,150 @@ impl Communicator {
             )));
         }
         Ok((sd, n))
+    }
+
+    /// The pipelined device exchange (either side chunked): chunk schedule of
+    /// `comm::pipeline` with a [`DeviceChunks`] codec, then the verdicts. Returns the bytes sent,
+    /// the chunks moved and (noa) the largest per-chunk absolute bound sent.
+    #[allow(clippy::too_many_arguments)]
+    fn sendrecv_device_chunked<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        out: DevOut<'_, '_, T>,
+        d: Desc,
+        sd: Desc,
+        recv: &mut CudaViewMut<'_, T>,
+        dest: usize,
+        expect: &Desc,
+        src: usize,
+        tag: i32,
+    ) -> Result<(usize, u64, f64)> {
+        use super::pipeline::{chunk_count, exchange_chunks};
+        let pair = super::check_pair(&sd, expect);
+        let nrecv = if sd.chunk > 0 {
+            let chunk =
+                usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
+            let total = usize::try_from(sd.count)
+                .map_err(|_| Error::Comm(format!("peer announced {} values", sd.count)))?;
+            chunk_count(total, chunk)
+        } else {
+            1
+        };
+        let nsend = if out.chunk > 0 {
+            chunk_count(out.send.len(), out.chunk)
+        } else {
+            1
+        };
+        let mut dc = DeviceChunks {
+            dev,
+            out,
+            recv: pair.is_ok().then_some(recv),
+            peer: sd,
+            noa_bound: 0.0,
+        };
+        let (sent, r) = exchange_chunks(&*self.transport, &mut dc, dest, nsend, src, nrecv, tag)?;
+        let noa_bound = dc.noa_bound;
+        let verdict =
+            self.transport
+                .sendrecv(src, &expect.to_bytes(), dest, super::TAG_VERDICT + tag)?;
+        pair?;
+        super::check_pair(&d, &Desc::parse(&verdict)?)?;
+        r?;
+        let moved = if d.chunk > 0 { nsend as u64 } else { 0 }
+            + if sd.chunk > 0 { nrecv as u64 } else { 0 };
+        Ok((sent, moved, noa_bound))
+    }
+}
+
+/// What the device side sends: chunked (`chunk > 0`, compressed on the GPU per chunk), or the
+/// already staged whole payload (`len` bytes in the stager's pinned send buffer).
+struct DevOut<'a, 'b, T> {
+    send: &'a CudaView<'b, T>,
+    chunk: usize,
+    bound: ErrorBound,
+    codec: CodecKind,
+    len: usize,
+}
+
+/// The device [`ChunkCodec`](super::pipeline::ChunkCodec): a thin composition of the stager's
+/// tested pieces (GPU compression into scratch, D2H into pinned memory; H2D + GPU
+/// decompression).
+struct DeviceChunks<'a, 'b, 'c, T> {
+    dev: &'a mut DeviceStager,
+    out: DevOut<'a, 'b, T>,
+    /// `None`: a mismatch is known, drain and discard.
+    recv: Option<&'a mut CudaViewMut<'c, T>>,
+    peer: Desc,
+    noa_bound: f64,
+}
+
+impl<T: GpuElement + Real> super::pipeline::ChunkCodec for DeviceChunks<'_, '_, '_, T> {
+    fn encode(&mut self, k: usize) -> Result<Vec<u8>> {
+        let dev = &mut *self.dev;
+        let s = dev.stream();
+        if self.out.chunk == 0 {
+            // the whole payload, staged before the exchange
+            let pin = dev
+                .pinned_send
+                .as_ref()
+                .ok_or_else(|| Error::Comm("nothing staged".into()))?
+                .as_slice()
+                .map_err(gpu_err("pinned"))?;
+            return Ok(pin[..self.out.len].to_vec());
+        }
+        let r = super::pipeline::chunk_range(self.out.send.len(), self.out.chunk, k);
+        let view = self.out.send.slice(r);
+        let t = now();
+        let len = dev.compress_to_scratch(&view, self.out.bound, self.out.codec)?;
+        dev.last.compress += t.elapsed().as_secs_f64();
+        DeviceStager::grow_pinned(&mut dev.pinned_send, &s, len)?;
+        let t = now();
+        let src_buf = dev.scratch_out.as_ref().expect("grown");
+        let (p, _g) = src_buf.device_ptr(&s);
+        let pin = dev
+            .pinned_send
+            .as_mut()
+            .expect("grown")
+            .as_mut_slice()
+            .map_err(gpu_err("pinned"))?;
+        DeviceStager::d2h(&s, p, &mut pin[..len])?;
+        dev.last.d2h += t.elapsed().as_secs_f64();
+        if let ErrorBound::Noa(e) = self.out.bound {
+            let h = crate::inspect(&pin[..len])?;
+            self.noa_bound = self.noa_bound.max(e * (h.range_max - h.range_min));
+        }
+        Ok(pin[..len].to_vec())
+    }
+
+    fn decode(&mut self, k: usize, bytes: Vec<u8>) -> Result<()> {
+        let Some(recv) = self.recv.as_mut() else {
+            return Ok(());
+        };
+        let dev = &mut *self.dev;
+        if self.peer.chunk == 0 {
+            if self.peer.decision == 1 {
+                return dev.upload_and_decompress(&bytes, recv);
+            }
+            if bytes.len() != recv.len() * T::SIZE {
+                return Err(Error::Comm("raw device payload of unexpected size".into()));
+            }
+            let s = dev.stream();
+            let t = now();
+            let (p, _g) = recv.device_ptr_mut(&s);
+            DeviceStager::h2d(&s, &bytes, p)?;
+            dev.last.h2d += t.elapsed().as_secs_f64();
+            return Ok(());
+        }
+        let chunk = self.peer.chunk as usize;
+        let r = super::pipeline::chunk_range(recv.len(), chunk, k);
+        let mut view = recv.slice_mut(r);
+        let h2d = dev.last.h2d;
+        let dec = dev.last.decompress;
+        let res = dev.upload_and_decompress(&bytes, &mut view);
+        // upload_and_decompress overwrites the stage times: accumulate over the chunks
+        dev.last.h2d += h2d;
+        dev.last.decompress += dec;
+        res
     }
 }
 

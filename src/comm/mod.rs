@@ -46,6 +46,24 @@
 //! The decision to compress is made identically on all ranks of a collective (from the gathered
 //! ratio estimates and the shared calibration profile), so every rank takes the same path.
 //!
+//! # Chunk pipelining of large point-to-point messages
+//!
+//! A `send`/`isend`/`sendrecv` payload that is compressed and larger than
+//! [`Config::pipeline_min_bytes`] (default 64 MiB) is cut into chunks of
+//! [`Config::chunk_bytes`] (default 32 MiB; a multiple of the element's lanes, so complex values
+//! are never split), each compressed into its own stream and sent as its own message on the user
+//! tag. The descriptor carries the chunk length (the payload size field is then 0), so the
+//! receiver knows the chunk count and ranges; it learns each chunk's compressed size by probing.
+//! The sender compresses chunk `k+1` while chunk `k` is in flight (non-blocking sends), the
+//! receiver posts the receive of chunk `k+1` and then decompresses chunk `k`. `sendrecv` runs both
+//! directions in one schedule; either side may pipeline independently of the other (the decision
+//! is the sender's). The agreement protocol is unchanged: descriptors first, every announced chunk
+//! is drained even on a mismatch, then the verdicts, so a mismatch is an error on both ends and the
+//! tag stays usable. With `noa` bounds each chunk is bounded relative to its own value range (at
+//! most the whole message's). The schedule is generic over a chunk codec: host slices with any
+//! [`Compressor`], and device buffers (feature `cuda`, `sendrecv_device`: GPU compression + D2H
+//! per chunk). [`Communicator::pipeline_chunks`] counts the chunks moved.
+//!
 //! # Allreduce with an end-to-end bound
 //!
 //! The compressed allreduce is a ring reduce-scatter followed by a compressed allgather.
@@ -76,6 +94,7 @@ pub mod device;
 mod element;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod pipeline;
 pub mod transport;
 
 use std::fmt;
@@ -96,6 +115,7 @@ use crate::format::Dtype;
 use crate::model::{self, Link, Policy, Profile, RatioCache, Scenario};
 use crate::quant::ErrorBound;
 use element::{dtype_name, scalar_bytes, scalars_from_bytes};
+use pipeline::ChunkCodec;
 
 /// Point-to-point tags must be below this (larger tags are the communicator's own).
 pub const MAX_USER_TAG: i32 = 4096;
@@ -160,6 +180,11 @@ pub struct Config {
     pub sample_chunks: usize,
     /// Message size of the bandwidth ping-pong in calibration (bytes).
     pub pingpong_bytes: usize,
+    /// Chunk size of pipelined point-to-point messages (uncompressed bytes; default 32 MiB).
+    pub chunk_bytes: usize,
+    /// Compressed point-to-point messages larger than this (uncompressed bytes; default 64 MiB)
+    /// are chunk-pipelined (see the [module docs](self)).
+    pub pipeline_min_bytes: usize,
 }
 
 impl Config {
@@ -173,7 +198,16 @@ impl Config {
             profile_path: None,
             sample_chunks: 4,
             pingpong_bytes: 16 << 20,
+            chunk_bytes: 32 << 20,
+            pipeline_min_bytes: 64 << 20,
         }
+    }
+    /// With a pipeline chunk size and threshold (uncompressed bytes; a message is pipelined when
+    /// it is compressed, larger than `min_bytes` and longer than one chunk).
+    pub fn with_pipeline(mut self, chunk_bytes: usize, min_bytes: usize) -> Self {
+        self.chunk_bytes = chunk_bytes.max(16);
+        self.pipeline_min_bytes = min_bytes;
+        self
     }
     /// With a ping-pong message size for calibration.
     pub fn with_pingpong_bytes(mut self, b: usize) -> Self {
@@ -316,6 +350,8 @@ struct Desc {
     bad: u8,
     /// Bit 0: verification on (reductions then run an extra exact reduction on every rank).
     flags: u8,
+    /// Point-to-point: scalars per pipelined chunk (0: the payload is one message).
+    chunk: u64,
 }
 
 impl Desc {
@@ -335,6 +371,7 @@ impl Desc {
         b[48..56].copy_from_slice(&self.seq.to_le_bytes());
         b[56..64].copy_from_slice(&self.lo.to_le_bytes());
         b[64..72].copy_from_slice(&self.hi.to_le_bytes());
+        b[72..80].copy_from_slice(&self.chunk.to_le_bytes());
         b[9] = self.bad;
         b[10] = self.flags;
         b
@@ -363,6 +400,7 @@ impl Desc {
             hi: f64::from_bits(u64at(64)),
             bad: b[9],
             flags: b[10],
+            chunk: u64at(72),
         })
     }
 }
@@ -526,6 +564,16 @@ pub struct SendRequest {
     tag: i32,
     stats: OpStats,
     t0: f64,
+    /// A compression error of a pipelined send (reported by `wait_send`).
+    error: Option<Error>,
+}
+
+/// An encoded point-to-point payload.
+enum Payload<'a> {
+    /// One message (raw or compressed bytes).
+    Bytes(std::borrow::Cow<'a, [u8]>),
+    /// Compressed chunk by chunk by the pipeline.
+    Chunked { chunk: usize, codec: CodecKind },
 }
 
 impl fmt::Debug for SendRequest {
@@ -614,6 +662,8 @@ pub struct Communicator {
     profile: Profile,
     ratios: RatioCache,
     seq: u64,
+    /// Pipelined chunks sent + received so far.
+    chunks: u64,
     #[cfg(feature = "mpi")]
     _universe: Option<mpi::environment::Universe>,
 }
@@ -673,6 +723,7 @@ impl Communicator {
             config,
             ratios: RatioCache::default(),
             seq: 0,
+            chunks: 0,
             #[cfg(feature = "mpi")]
             _universe: None,
         };
@@ -714,6 +765,16 @@ impl Communicator {
         b.validate()?;
         self.config.bound = b;
         Ok(())
+    }
+    /// Change the point-to-point pipeline chunk size and threshold (see
+    /// [`Config::with_pipeline`]); each sender decides alone, receivers follow its descriptor.
+    pub fn set_pipeline(&mut self, chunk_bytes: usize, min_bytes: usize) {
+        self.config = self.config.clone().with_pipeline(chunk_bytes, min_bytes);
+    }
+    /// Pipelined chunks this rank has sent and received so far (0 while every message went as
+    /// one piece).
+    pub fn pipeline_chunks(&self) -> u64 {
+        self.chunks
     }
     /// Synchronize all ranks.
     pub fn barrier(&self) -> Result<()> {
@@ -888,6 +949,7 @@ impl Communicator {
             hi: f64::NEG_INFINITY,
             bad: 0,
             flags: u8::from(self.config.verify),
+            chunk: 0,
         }
     }
 
@@ -946,14 +1008,16 @@ impl Communicator {
         (p.raw_serial, p.compressed_serial)
     }
 
-    /// Encode one point-to-point payload: decides, compresses or passes through raw.
-    #[allow(clippy::type_complexity)]
+    /// Encode one point-to-point payload: decides, compresses or passes through raw. With
+    /// `lanes` (scalars per element) a large compressed message is left to the chunk pipeline
+    /// ([`Payload::Chunked`]); `None` never chunks.
     fn encode_p2p<'a, S: Real>(
         &mut self,
         data: &'a [S],
         op: u8,
         tag: i32,
-    ) -> Result<(std::borrow::Cow<'a, [u8]>, OpStats)> {
+        lanes: Option<usize>,
+    ) -> Result<(Payload<'a>, OpStats)> {
         let mut st = OpStats::raw(op);
         st.bytes = (data.len() * S::SIZE) as u64;
         let bound = self.config.bound;
@@ -979,9 +1043,19 @@ impl Communicator {
         st.predicted_s = tr;
         if !compress || data.is_empty() {
             st.wire_bytes = st.bytes;
-            return Ok((scalar_bytes(data), st));
+            return Ok((Payload::Bytes(scalar_bytes(data)), st));
         }
         let codec = codec.unwrap_or_default();
+        if let Some(lanes) = lanes {
+            let chunk = pipeline::chunk_scalars(self.config.chunk_bytes, S::SIZE, lanes);
+            if st.bytes > self.config.pipeline_min_bytes as u64 && data.len() > chunk {
+                st.decision = Decision::Compressed;
+                st.codec = Some(codec);
+                st.predicted_s = tcmp;
+                st.bound = self.bound_of(data);
+                return Ok((Payload::Chunked { chunk, codec }, st));
+            }
+        }
         let s = match stream {
             Some(s) => s,
             None => S::compress_with(&*self.compressor, data, bound, codec)?,
@@ -998,7 +1072,7 @@ impl Communicator {
             S::decompress_with(&*self.compressor, &s, &mut back)?;
             st.max_error = Some(max_abs_diff(data, &back));
         }
-        Ok((std::borrow::Cow::Owned(s), st))
+        Ok((Payload::Bytes(std::borrow::Cow::Owned(s)), st))
     }
 
     /// Guaranteed abs bound for one compression of `data` (rel: E).
@@ -1058,23 +1132,76 @@ impl Communicator {
         tag: i32,
     ) -> Result<SendRequest> {
         Self::check_tag(tag)?;
+        if dest >= self.size() {
+            return Err(Error::invalid(format!("rank {dest} out of range")));
+        }
         let t0 = self.wtime();
-        let (payload, st) = self.encode_p2p(E::scalars(data), OP_SEND, tag)?;
+        let sc = E::scalars(data);
+        let (payload, mut st) = self.encode_p2p(sc, OP_SEND, tag, Some(E::LANES))?;
         let mut d = self.local_desc::<E>(OP_SEND, data.len());
         d.decision = u8::from(st.decision == Decision::Compressed);
-        d.payload = payload.len() as u64;
         d.ratio = st.ratio_estimate;
-        let h1 = self
-            .transport
-            .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?;
-        let h2 = self.transport.isend(dest, tag, payload.into_owned())?;
+        let mut error = None;
+        let handles = match payload {
+            Payload::Bytes(payload) => {
+                d.payload = payload.len() as u64;
+                let h1 = self
+                    .transport
+                    .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?;
+                let h2 = self.transport.isend(dest, tag, payload.into_owned())?;
+                vec![h1, h2]
+            }
+            Payload::Chunked { chunk, codec } => {
+                // descriptor first, then chunk k is compressed while chunks < k are in flight
+                d.chunk = chunk as u64;
+                let mut hs =
+                    vec![self
+                        .transport
+                        .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?];
+                let mut hc = pipeline::HostChunks {
+                    compressor: &*self.compressor,
+                    out: pipeline::Outgoing::Chunks {
+                        data: sc,
+                        chunk,
+                        bound: self.config.bound,
+                        codec,
+                    },
+                    inc: pipeline::Incoming::Discard,
+                    verify: self.config.verify.then_some(0.0),
+                };
+                let mut wire = 0usize;
+                for k in 0..pipeline::chunk_count(sc.len(), chunk) {
+                    // after an error the remaining chunks go out empty (the receiver drains them
+                    // and fails too); the error is reported by wait_send after the verdict
+                    let b = if error.is_none() {
+                        hc.encode(k).unwrap_or_else(|e| {
+                            error = Some(e);
+                            Vec::new()
+                        })
+                    } else {
+                        Vec::new()
+                    };
+                    wire += b.len();
+                    hs.push(self.transport.isend(dest, tag, b)?);
+                }
+                st.wire_bytes = wire as u64;
+                st.ratio = st.bytes as f64 / wire.max(1) as f64;
+                st.max_error = hc.verify;
+                self.chunks += pipeline::chunk_count(sc.len(), chunk) as u64;
+                if error.is_none() {
+                    self.ratios.put(OP_SEND, tag as i64, st.ratio);
+                }
+                hs
+            }
+        };
         Ok(SendRequest {
-            handles: vec![h1, h2],
+            handles,
             desc: d,
             dest,
             tag,
             stats: st,
             t0,
+            error,
         })
     }
 
@@ -1085,21 +1212,23 @@ impl Communicator {
         }
         let v = Desc::parse(&self.transport.recv(req.dest, TAG_VERDICT + req.tag)?)?;
         check_pair(&req.desc, &v)?;
+        if let Some(e) = req.error {
+            return Err(e);
+        }
         Ok(self.finish(req.stats, req.t0))
     }
 
     /// Receive exactly `out.len()` elements from `src`.
     pub fn recv<E: CommElement>(&mut self, out: &mut [E], src: usize, tag: i32) -> Result<OpStats> {
         let n = out.len() as u64;
-        self.recv_impl::<E>(src, tag, n, |comm, sd, payload| {
-            comm.decode_payload(sd.decision == 1, payload, E::scalars_mut(out))
-        })
+        self.recv_impl::<E>(src, tag, n, move |_| Ok(E::scalars_mut(out)))
     }
 
     /// Receive a message of any length from `src`.
     pub fn recv_vec<E: CommElement>(&mut self, src: usize, tag: i32) -> Result<(Vec<E>, OpStats)> {
         let mut out = Vec::new();
-        let st = self.recv_impl::<E>(src, tag, ANY_COUNT, |comm, sd, payload| {
+        let slot = &mut out;
+        let st = self.recv_impl::<E>(src, tag, ANY_COUNT, move |sd| {
             let n = usize::try_from(sd.count)
                 .ok()
                 .filter(|&n| {
@@ -1107,21 +1236,8 @@ impl Communicator {
                         .is_some()
                 })
                 .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
-            if sd.decision == 0
-                && payload.len() != n * E::LANES * <E::Scalar as crate::Element>::SIZE
-            {
-                return Err(Error::corrupt(
-                    "raw payload length disagrees with its descriptor",
-                ));
-            }
-            if sd.decision == 1 {
-                let h = crate::inspect(payload)?;
-                if h.count != (n * E::LANES) as u64 {
-                    return Err(Error::corrupt("stream count disagrees with its descriptor"));
-                }
-            }
-            out = vec![E::default(); n];
-            comm.decode_payload(sd.decision == 1, payload, E::scalars_mut(&mut out))
+            *slot = vec![E::default(); n];
+            Ok(E::scalars_mut(slot))
         })?;
         Ok((out, st))
     }
@@ -1135,33 +1251,95 @@ impl Communicator {
         Ok(RecvRequest { src, tag })
     }
 
-    fn recv_impl<E: CommElement>(
+    /// The receiving side: descriptor, payload (one message or pipelined chunks, always
+    /// drained), verdict. `target` gives the output scalars once the sender's descriptor is
+    /// known and matches (it must have `count * lanes` scalars).
+    fn recv_impl<'a, E: CommElement>(
         &mut self,
         src: usize,
         tag: i32,
         count: u64,
-        decode: impl FnOnce(&Self, &Desc, &[u8]) -> Result<()>,
+        target: impl FnOnce(&Desc) -> Result<&'a mut [E::Scalar]>,
     ) -> Result<OpStats> {
         Self::check_tag(tag)?;
+        if src >= self.size() {
+            return Err(Error::invalid(format!("rank {src} out of range")));
+        }
         let t0 = self.wtime();
         let sd_raw = self.transport.recv(src, TAG_DESC + tag)?;
-        let payload = self.transport.recv(src, tag)?;
         let mine = self.local_desc::<E>(OP_RECV, 0);
         let mine = Desc { count, ..mine };
-        self.transport
-            .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
-        let sd = Desc::parse(&sd_raw)?;
-        check_pair(&sd, &mine)?;
-        decode(self, &sd, &payload)?;
+        let parsed = Desc::parse(&sd_raw);
+        let chunked = parsed.as_ref().map_or(0, |d| d.chunk);
+        let wire;
+        let sd;
+        if chunked == 0 {
+            let payload = self.transport.recv(src, tag)?;
+            self.transport
+                .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
+            sd = parsed?;
+            check_pair(&sd, &mine)?;
+            let out = target(&sd)?;
+            self.decode_payload(sd.decision == 1, &payload, out)?;
+            wire = payload.len();
+        } else {
+            sd = parsed?;
+            self.transport
+                .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
+            let lanes = E::LANES as u64;
+            let total = sd
+                .count
+                .checked_mul(lanes)
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
+            let chunk =
+                usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
+            let nchunks = pipeline::chunk_count(total, chunk);
+            let checked = check_pair(&sd, &mine).and_then(|()| target(&sd));
+            let (inc, bad) = match checked {
+                Ok(out) if out.len() == total => (pipeline::Incoming::Chunks(out, chunk), None),
+                Ok(_) => (
+                    pipeline::Incoming::Discard,
+                    Some(Error::invalid("receive buffer length")),
+                ),
+                Err(e) => (pipeline::Incoming::Discard, Some(e)),
+            };
+            let mut hc = pipeline::HostChunks::<E::Scalar> {
+                compressor: &*self.compressor,
+                out: pipeline::Outgoing::None,
+                inc,
+                verify: None,
+            };
+            let mut got = 0usize;
+            let mut counting = CountingCodec {
+                inner: &mut hc,
+                bytes: &mut got,
+            };
+            let (_, r) = pipeline::exchange_chunks(
+                &*self.transport,
+                &mut counting,
+                src,
+                0,
+                src,
+                nchunks,
+                tag,
+            )?;
+            self.chunks += nchunks as u64;
+            if let Some(e) = bad {
+                return Err(e);
+            }
+            r?;
+            wire = got;
+        }
         let mut st = OpStats::raw(OP_RECV);
         st.bytes = sd
             .count
             .saturating_mul((E::LANES * <E::Scalar as crate::Element>::SIZE) as u64);
-        st.wire_bytes = payload.len() as u64;
-        st.ratio = if payload.is_empty() {
+        st.wire_bytes = wire as u64;
+        st.ratio = if wire == 0 {
             1.0
         } else {
-            st.bytes as f64 / payload.len() as f64
+            st.bytes as f64 / wire as f64
         };
         st.ratio_estimate = sd.ratio;
         if sd.decision == 1 {
@@ -1190,12 +1368,17 @@ impl Communicator {
         tag: i32,
     ) -> Result<OpStats> {
         Self::check_tag(tag)?;
+        for r in [dest, src] {
+            if r >= self.size() {
+                return Err(Error::invalid(format!("rank {r} out of range")));
+            }
+        }
         let t0 = self.wtime();
-        let (payload, st) = self.encode_p2p(E::scalars(send), OP_SENDRECV, tag)?;
+        let sc = E::scalars(send);
+        let (payload, mut st) = self.encode_p2p(sc, OP_SENDRECV, tag, Some(E::LANES))?;
         let compressed = st.decision == Decision::Compressed;
-        let d = Desc {
+        let mut d = Desc {
             decision: u8::from(compressed),
-            payload: payload.len() as u64,
             ratio: st.ratio_estimate,
             ..self.local_desc::<E>(OP_SENDRECV, send.len())
         };
@@ -1204,28 +1387,152 @@ impl Communicator {
             ..self.local_desc::<E>(OP_SENDRECV, 0)
         };
         let out = E::scalars_mut(recv);
-        let got = self.exchange(
-            &d,
-            &payload,
+        let (outgoing, nsend) = match payload {
+            Payload::Bytes(b) => {
+                d.payload = b.len() as u64;
+                // the peer may pipeline; when its descriptor says so, use the chunk schedule
+                // (our payload then travels as its single "chunk")
+                let theirs = self
+                    .transport
+                    .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+                let sd = Desc::parse(&theirs)?;
+                if sd.chunk == 0 {
+                    let got = self.exchange_after_desc(
+                        &d,
+                        &sd,
+                        &b,
+                        dest,
+                        &expect,
+                        src,
+                        tag,
+                        element::scalar_bytes_mut(out),
+                    )?;
+                    if let Some((sd, bytes)) = got {
+                        self.decode_payload(sd.decision == 1, &bytes, out)?;
+                    }
+                    return Ok(self.finish(st, t0));
+                }
+                return self.sendrecv_chunked(
+                    d,
+                    sd,
+                    pipeline::Outgoing::Whole(b.into_owned()),
+                    1,
+                    out,
+                    dest,
+                    &expect,
+                    src,
+                    tag,
+                    E::LANES,
+                    (st, t0),
+                );
+            }
+            Payload::Chunked { chunk, codec } => {
+                d.chunk = chunk as u64;
+                let out_c = pipeline::Outgoing::Chunks {
+                    data: sc,
+                    chunk,
+                    bound: self.config.bound,
+                    codec,
+                };
+                (out_c, pipeline::chunk_count(sc.len(), chunk))
+            }
+        };
+        let theirs = self
+            .transport
+            .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+        let sd = Desc::parse(&theirs)?;
+        st.decision = Decision::Compressed;
+        self.sendrecv_chunked(
+            d,
+            sd,
+            outgoing,
+            nsend,
+            out,
             dest,
             &expect,
             src,
             tag,
-            element::scalar_bytes_mut(out),
-        )?;
-        if let Some((sd, bytes)) = got {
-            self.decode_payload(sd.decision == 1, &bytes, out)?;
+            E::LANES,
+            (st, t0),
+        )
+    }
+
+    /// The pipelined sendrecv after the descriptor exchange (one side or both chunked): chunks
+    /// both ways (see [`pipeline`]), then the verdicts.
+    #[allow(clippy::too_many_arguments)]
+    fn sendrecv_chunked<S: Real>(
+        &mut self,
+        d: Desc,
+        sd: Desc,
+        outgoing: pipeline::Outgoing<'_, S>,
+        nsend: usize,
+        out: &mut [S],
+        dest: usize,
+        expect: &Desc,
+        src: usize,
+        tag: i32,
+        lanes: usize,
+        (mut st, t0): (OpStats, f64),
+    ) -> Result<OpStats> {
+        let pair = check_pair(&sd, expect);
+        let (inc, nrecv) = if sd.chunk > 0 {
+            let chunk =
+                usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
+            let n = sd
+                .count
+                .checked_mul(lanes as u64)
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
+            let k = pipeline::chunk_count(n, chunk);
+            if pair.is_ok() {
+                (pipeline::Incoming::Chunks(out, chunk), k)
+            } else {
+                (pipeline::Incoming::Discard, k)
+            }
+        } else if pair.is_ok() {
+            (pipeline::Incoming::Whole(out, sd.decision == 1), 1)
+        } else {
+            (pipeline::Incoming::Discard, 1)
+        };
+        let mut hc = pipeline::HostChunks {
+            compressor: &*self.compressor,
+            out: outgoing,
+            inc,
+            verify: (self.config.verify && d.chunk > 0).then_some(0.0),
+        };
+        let (sent, r) =
+            pipeline::exchange_chunks(&*self.transport, &mut hc, dest, nsend, src, nrecv, tag)?;
+        let verify = hc.verify;
+        if d.chunk > 0 {
+            self.chunks += nsend as u64;
+        }
+        if sd.chunk > 0 {
+            self.chunks += nrecv as u64;
+        }
+        let verdict = self
+            .transport
+            .sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
+        pair?;
+        check_pair(&d, &Desc::parse(&verdict)?)?;
+        r?;
+        if d.chunk > 0 {
+            st.wire_bytes = sent as u64;
+            st.ratio = st.bytes as f64 / sent.max(1) as f64;
+            st.max_error = verify;
+            self.ratios.put(OP_SENDRECV, tag as i64, st.ratio);
         }
         Ok(self.finish(st, t0))
     }
 
-    /// The sendrecv protocol on bytes: exchange descriptors, payloads (sized from the
-    /// descriptors) and verdicts. A raw incoming payload of exactly `direct.len()` bytes lands in
-    /// `direct` (returns `None`); anything else is returned with the sender's descriptor.
+    /// The sendrecv protocol on bytes once the descriptors are swapped (`sd` is the peer's):
+    /// payloads (sized from the descriptors) and verdicts. A raw incoming payload of exactly
+    /// `direct.len()` bytes lands in `direct` (returns `None`); anything else is returned with
+    /// the sender's descriptor.
     #[allow(clippy::too_many_arguments)]
-    fn exchange(
+    fn exchange_after_desc(
         &self,
         d: &Desc,
+        sd: &Desc,
         payload: &[u8],
         dest: usize,
         expect: &Desc,
@@ -1233,9 +1540,8 @@ impl Communicator {
         tag: i32,
         direct: Option<&mut [u8]>,
     ) -> Result<Option<(Desc, Vec<u8>)>> {
+        let sd = *sd;
         let t = &*self.transport;
-        let theirs = t.sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
-        let sd = Desc::parse(&theirs)?;
         let n = usize::try_from(sd.payload)
             .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
         let fits = sd.decision == 0 && check_pair(&sd, expect).is_ok();
@@ -1413,8 +1719,11 @@ impl Communicator {
         let mut payload = Vec::new();
         let mut st = OpStats::raw(OP_BCAST);
         if r == root && local.is_ok() {
-            match self.encode_p2p(E::scalars(buf), OP_BCAST, 0) {
-                Ok((pl, s)) => {
+            match self.encode_p2p(E::scalars(buf), OP_BCAST, 0, None) {
+                Ok((Payload::Chunked { .. }, _)) => {
+                    local = Err(Error::Comm("bcast payload cannot be chunked".into()))
+                }
+                Ok((Payload::Bytes(pl), s)) => {
                     payload = pl.into_owned();
                     d.decision = u8::from(s.decision == Decision::Compressed);
                     d.ratio = s.ratio_estimate;
@@ -1792,6 +2101,22 @@ impl Communicator {
     }
 }
 
+/// Counts the bytes a [`pipeline::ChunkCodec`] receives.
+struct CountingCodec<'a> {
+    inner: &'a mut dyn pipeline::ChunkCodec,
+    bytes: &'a mut usize,
+}
+
+impl pipeline::ChunkCodec for CountingCodec<'_> {
+    fn encode(&mut self, k: usize) -> Result<Vec<u8>> {
+        self.inner.encode(k)
+    }
+    fn decode(&mut self, k: usize, bytes: Vec<u8>) -> Result<()> {
+        *self.bytes += bytes.len();
+        self.inner.decode(k, bytes)
+    }
+}
+
 /// Ratio-cache key of a collective: its size and bound (collectives have no tag).
 fn coll_key(n: usize, bound: ErrorBound) -> i64 {
     let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -1906,6 +2231,7 @@ mod tests {
             hi: 2.5,
             bad: 0,
             flags: 0,
+            chunk: 77,
         };
         assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
         assert!(Desc::parse(&[0u8; 64]).is_err());

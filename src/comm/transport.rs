@@ -100,6 +100,14 @@ pub trait Transport {
     }
     /// Non-blocking send; the transport owns `bytes` until the handle completes.
     fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>>;
+    /// Receive the next message from `src` with `tag` without waiting for its data: blocks only
+    /// until the message's envelope is visible (probe, to learn its length), then posts a
+    /// non-blocking receive and returns; the one record of the result is the message. Lets a
+    /// caller compute while the payload arrives (the chunk pipeline). Default: blocking
+    /// [`recv`](Self::recv).
+    fn irecv(&self, src: usize, tag: i32) -> Result<Box<dyn PendingBytes>> {
+        Ok(Box::new(Ready(vec![self.recv(src, tag)?])))
+    }
     /// Whether a message from `src` with `tag` is waiting (never blocks).
     fn iprobe(&self, src: usize, tag: i32) -> Result<bool>;
     /// Gather one equal-length byte record from every rank, in rank order.
@@ -332,7 +340,7 @@ mod mpi_impl {
         }
     }
 
-    /// In-flight `MPI_Ibcast` on a leaked buffer.
+    /// In-flight `MPI_Ibcast` (or `MPI_Imrecv` of [`Transport::irecv`]) on a leaked buffer.
     struct MpiBcast {
         req: Option<Request<'static, [u8], StaticScope>>,
         buf: *mut [u8],
@@ -515,6 +523,31 @@ mod mpi_impl {
             Ok(Box::new(MpiSend {
                 req: Some(req),
                 buf: raw,
+            }))
+        }
+        fn irecv(&self, src: usize, tag: i32) -> Result<Box<dyn PendingBytes>> {
+            self.check_rank(src)?;
+            let tag = i32_tag(tag)?;
+            let (msg, status) = self
+                .comm
+                .process_at_rank(src as i32)
+                .matched_probe_with_tag(tag);
+            let n = status.count(u8::equivalent_datatype()) as usize;
+            if n >= PIECE {
+                // a multi-piece message: receive it blocking (pieces are matched in order)
+                let (first, _): (Vec<u8>, _) = (msg, status).matched_receive_vec();
+                let mut out = first;
+                out.extend_from_slice(&self.recv(src, tag)?);
+                return Ok(Box::new(Ready(vec![out])));
+            }
+            let buf: &'static mut [u8] = Box::leak(vec![0u8; n].into_boxed_slice());
+            let ptr: *mut [u8] = buf;
+            let req = msg.immediate_matched_receive_into(StaticScope, buf);
+            // same ownership shape as a broadcast: a leaked buffer reclaimed after completion
+            Ok(Box::new(MpiBcast {
+                req: Some(req),
+                buf: ptr,
+                done: false,
             }))
         }
         fn iprobe(&self, src: usize, tag: i32) -> Result<bool> {
