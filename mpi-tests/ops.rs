@@ -2,7 +2,8 @@
 //! buffers, mismatches and the error bounds. Run under `mpirun -n P` (see `mpi-tests/run.sh`);
 //! exits non-zero when any check fails on any rank.
 //!
-//! `--only-reduce` runs just the allreduce/reduce_scatter bound tests (used for p = 3 and 8).
+//! `--only-reduce` runs just the allreduce/reduce_scatter bound tests and the f32 non-blocking
+//! reductions (used for p = 3 and 8).
 
 use zcomm::comm::{partition, Calibration, CommElement, Communicator, Config, Decision, Real};
 use zcomm::model::Policy;
@@ -740,6 +741,157 @@ fn pipeline_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker) {
     c.set_pipeline(32 << 20, 64 << 20);
 }
 
+/// Non-blocking reductions and sendrecv on the progress thread: same results as the blocking
+/// operations run concurrently on the calling thread, the bound against an exact sum, several
+/// outstanding requests, `test` polling, a count mismatch on every rank, then recovery.
+fn nonblocking_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker) {
+    let (p, r) = (c.size(), c.rank());
+    let next = (r + 1) % p;
+    let prev = (r + p - 1) % p;
+    if !c.has_progress_thread() {
+        let e = c.iallreduce(&[E::default(); 4]);
+        t.check(matches!(e, Err(Error::Unavailable(_))), || {
+            format!("iallreduce without a progress thread: {e:?}")
+        });
+        if r == 0 {
+            println!("nonblocking suite skipped: no MPI_THREAD_MULTIPLE");
+        }
+        return;
+    }
+    for pol in [Policy::Always(CodecKind::Aatrox), Policy::Never] {
+        c.set_policy(pol);
+        for b in [ErrorBound::Abs(1e-3), ErrorBound::Noa(1e-4)] {
+            c.set_bound(b).unwrap();
+            for n in [0usize, 7, 50_001] {
+                let ctx = || format!("nonblocking p={p} {} {pol} {b} n={n}", E::NAME);
+                let mine = gen::<E>(r, n);
+                let q1 = c.iallreduce(&mine);
+                let q2 = c.ireduce_scatter(&mine);
+                let q3 = c.isendrecv(&mine, next, n, prev, 5);
+                let q4 = c.iallreduce_mean(&mine);
+                // the calling thread keeps communicating meanwhile
+                let mut blk = vec![E::default(); n];
+                let sb = c.allreduce(&mine, &mut blk);
+                let seg = partition(n, p)[r].clone();
+                let mut blk_rs = vec![E::default(); seg.len()];
+                let sr = c.reduce_scatter(&mine, &mut blk_rs);
+                let mut blk_sr = vec![E::default(); n];
+                let ss = c.sendrecv(&mine, next, &mut blk_sr, prev, 5);
+                t.check(sb.is_ok() && sr.is_ok() && ss.is_ok(), || {
+                    format!("{} blocking: {sb:?} {sr:?} {ss:?}", ctx())
+                });
+                let (Ok(mut q1), Ok(q2), Ok(q3), Ok(q4)) = (q1, q2, q3, q4) else {
+                    t.check(false, || format!("{}: could not start", ctx()));
+                    continue;
+                };
+                // poll the first one until done (bounded)
+                let t0 = std::time::Instant::now();
+                let mut polled = false;
+                while t0.elapsed().as_secs() < 60 {
+                    match q1.test() {
+                        Ok(true) => {
+                            polled = true;
+                            break;
+                        }
+                        Ok(false) => std::thread::sleep(std::time::Duration::from_micros(200)),
+                        Err(_) => break,
+                    }
+                }
+                t.check(polled, || format!("{}: test() never became true", ctx()));
+                let (a, b1, b2, b3) = (q1.wait(), q2.wait(), q3.wait(), q4.wait());
+                match (&a, &b1, &b2, &b3) {
+                    (Ok((a, _)), Ok((rs, _)), Ok((sr, _)), Ok((mean, _))) => {
+                        let same = |x: &[E], y: &[E]| {
+                            E::scalars(x)
+                                .iter()
+                                .zip(E::scalars(y))
+                                .all(|(u, v)| u.to_f64().to_bits() == v.to_f64().to_bits())
+                                && x.len() == y.len()
+                        };
+                        if pol != Policy::Never {
+                            // the same deterministic algorithm as the blocking calls
+                            t.check(same(a, &blk) && same(rs, &blk_rs), || {
+                                format!("{}: non-blocking result differs from blocking", ctx())
+                            });
+                        }
+                        let res = within(E::scalars(&blk_sr), E::scalars(sr), ErrorBound::Abs(0.0));
+                        t.check(res.is_ok() || pol != Policy::Never, || {
+                            format!("{}: isendrecv raw differs {:?}", ctx(), res.err())
+                        });
+                        let want = gen::<E>(prev, n);
+                        let res = within(E::scalars(&want), E::scalars(sr), b);
+                        t.check(res.is_ok(), || {
+                            format!("{} isendrecv bound: {:?}", ctx(), res.err())
+                        });
+                        // bound of the sum and mean against the exact f64 sum
+                        let held: Vec<Vec<f64>> = (0..p)
+                            .map(|k| {
+                                E::scalars(&gen::<E>(k, n))
+                                    .iter()
+                                    .map(|x| x.to_f64())
+                                    .collect()
+                            })
+                            .collect();
+                        let (glo, ghi) = held
+                            .iter()
+                            .flatten()
+                            .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+                                (l.min(x), h.max(x))
+                            });
+                        let e = match b {
+                            ErrorBound::Noa(e) => e * (ghi - glo).max(0.0),
+                            _ => b.value(),
+                        };
+                        let m = glo.abs().max(ghi.abs());
+                        let u = E::Scalar::UNIT_ROUNDOFF;
+                        let lim = e + 2.0 * p as f64 * u * (p as f64 * m) + 1e-12;
+                        let mut worst: f64 = 0.0;
+                        for i in 0..n * E::LANES {
+                            let ex: f64 = held.iter().map(|h| h[i]).sum();
+                            let g = E::scalars(a)[i].to_f64();
+                            let gm = E::scalars(mean)[i].to_f64();
+                            worst = worst
+                                .max((g - ex).abs())
+                                .max((gm - ex / p as f64).abs() * 1.0);
+                        }
+                        t.check(worst <= lim, || {
+                            format!("{}: iallreduce error {worst:e} > {lim:e}", ctx())
+                        });
+                    }
+                    _ => t.check(false, || {
+                        format!(
+                            "{}: {:?} {:?} {:?} {:?}",
+                            ctx(),
+                            a.err(),
+                            b1.err(),
+                            b2.err(),
+                            b3.err()
+                        )
+                    }),
+                }
+            }
+        }
+    }
+    // a count mismatch fails on every rank; the next operation works
+    if p > 1 {
+        c.set_policy(Policy::Always(CodecKind::Aatrox));
+        c.set_bound(ErrorBound::Abs(1e-3)).unwrap();
+        let n = if r == 0 { 101 } else { 100 };
+        let q = c.iallreduce(&gen::<E>(r, n)).and_then(|q| q.wait());
+        t.check(matches!(q, Err(Error::Mismatch { .. })), || {
+            format!(
+                "iallreduce count mismatch {}: {:?}",
+                E::NAME,
+                q.map(|x| x.1)
+            )
+        });
+        let q = c.iallreduce(&gen::<E>(r, 100)).and_then(|q| q.wait());
+        t.check(q.as_ref().is_ok_and(|x| x.0.len() == 100), || {
+            format!("iallreduce after mismatch {}: {:?}", E::NAME, q.err())
+        });
+    }
+}
+
 /// Auto chooses raw for incompressible data, and the decision is the same on every rank.
 fn auto_suite(c: &mut Communicator, t: &mut Checker) {
     let r = c.rank();
@@ -800,7 +952,9 @@ fn main() {
         pipeline_suite::<f64>(&mut c, &mut t);
         pipeline_suite::<[f32; 2]>(&mut c, &mut t);
         pipeline_suite::<[f64; 2]>(&mut c, &mut t);
+        nonblocking_suite::<[f64; 2]>(&mut c, &mut t);
     }
+    nonblocking_suite::<f32>(&mut c, &mut t);
     let sizes: &[usize] = if only_reduce {
         &[0, 7, 50_001]
     } else {

@@ -26,8 +26,13 @@
 //! [`reduce_scatter`](Communicator::reduce_scatter). With feature `cuda`, `device` adds device
 //! buffers through pinned host staging (`Communicator::sendrecv_device`,
 //! `DeviceStager::stage_to_host` / `restore_to_device`) and a GPU [`Compressor`]. Collectives
-//! have non-blocking variants for [`iallgather`](Communicator::iallgather) and
-//! [`ibcast`](Communicator::ibcast) (the reductions are blocking).
+//! have non-blocking variants: [`iallgather`](Communicator::iallgather) and
+//! [`ibcast`](Communicator::ibcast) (MPI non-blocking collectives on the streams), and
+//! [`iallreduce`](Communicator::iallreduce) / [`iallreduce_mean`](Communicator::iallreduce_mean) /
+//! [`ireduce_scatter`](Communicator::ireduce_scatter) / [`isendrecv`](Communicator::isendrecv),
+//! which run the blocking algorithm on a progress thread with its own duplicated communicator
+//! (needs `MPI_THREAD_MULTIPLE`, else [`Error::Unavailable`]; they return an [`OpRequest`]
+//! with `test`/`wait`; see below).
 //!
 //! # Protocol: agreement before data
 //!
@@ -45,6 +50,19 @@
 //!
 //! The decision to compress is made identically on all ranks of a collective (from the gathered
 //! ratio estimates and the shared calibration profile), so every rank takes the same path.
+//!
+//! # Non-blocking reductions: the progress thread
+//!
+//! `init` asks MPI for `MPI_THREAD_MULTIPLE`; when it is provided it duplicates the communicator
+//! once more (collectively) and starts one progress thread owning a second `Communicator` over
+//! that duplicate. `iallreduce`, `iallreduce_mean`, `ireduce_scatter` and `isendrecv` copy their
+//! input and queue the blocking operation there with the caller's current policy, bound and
+//! settings; the thread runs the queue in order, so all ranks must issue their non-blocking
+//! operations in the same order (as for MPI's non-blocking collectives). The calling thread may
+//! keep communicating meanwhile (its messages use the other communicator). Results are
+//! identical to the blocking calls (same algorithm, same bound split), and a mismatch is an
+//! error in every rank's request. [`Communicator::has_progress_thread`] tells whether they are
+//! available.
 //!
 //! # Chunk pipelining of large point-to-point messages
 //!
@@ -95,6 +113,7 @@ mod element;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod pipeline;
+mod progress;
 pub mod transport;
 
 use std::fmt;
@@ -105,6 +124,7 @@ pub use compressor::{Compressor, CpuCompressor};
 #[cfg(feature = "cuda")]
 pub use device::{DeviceProfile, DeviceStager, GpuCompressor, StageTimes, Staged};
 pub use element::{CommElement, Real};
+pub use progress::OpRequest;
 #[cfg(feature = "mpi")]
 pub use transport::MpiTransport;
 pub use transport::{PendingBytes, ReduceOp, SendHandle, Transport};
@@ -657,13 +677,15 @@ impl RecvRequest {
 /// Compressed communication over a [`Transport`]. See the [module docs](self).
 pub struct Communicator {
     transport: Box<dyn Transport>,
-    compressor: Box<dyn Compressor>,
+    compressor: std::sync::Arc<dyn Compressor>,
     config: Config,
     profile: Profile,
     ratios: RatioCache,
     seq: u64,
     /// Pipelined chunks sent + received so far.
     chunks: u64,
+    /// The progress thread of the non-blocking reductions (dropped before MPI is finalized).
+    worker: Option<progress::Worker>,
     #[cfg(feature = "mpi")]
     _universe: Option<mpi::environment::Universe>,
 }
@@ -683,26 +705,37 @@ impl fmt::Debug for Communicator {
 }
 
 impl Communicator {
-    /// Initialize MPI (if not yet initialized) and build a communicator over a duplicate of
-    /// `MPI_COMM_WORLD` with the CPU codec. Collective: calibrates or loads the profile.
+    /// Initialize MPI (if not yet initialized, asking for `MPI_THREAD_MULTIPLE`) and build a
+    /// communicator over a duplicate of `MPI_COMM_WORLD` with the CPU codec. Collective:
+    /// calibrates or loads the profile; with `MPI_THREAD_MULTIPLE` also duplicates the
+    /// communicator once more for the progress thread of the non-blocking reductions.
     #[cfg(feature = "mpi")]
     pub fn init(config: Config) -> Result<Self> {
-        let universe = mpi::initialize();
-        let world = mpi::topology::SimpleCommunicator::world();
-        let t = MpiTransport::new(&world);
-        let mut c = Self::with_transport(Box::new(t), Box::new(CpuCompressor), config)?;
-        c._universe = universe;
-        Ok(c)
+        Self::init_with(config, Box::new(CpuCompressor))
     }
 
     /// [`init`](Self::init) with another compressor (e.g. `device::GpuCompressor`).
     #[cfg(feature = "mpi")]
     pub fn init_with(config: Config, compressor: Box<dyn Compressor>) -> Result<Self> {
-        let universe = mpi::initialize();
+        use mpi::environment::Threading;
+        let universe = mpi::initialize_with_threading(Threading::Multiple).map(|(u, _)| u);
         let world = mpi::topology::SimpleCommunicator::world();
         let t = MpiTransport::new(&world);
-        let mut c = Self::with_transport(Box::new(t), compressor, config)?;
+        let compressor: std::sync::Arc<dyn Compressor> = std::sync::Arc::from(compressor);
+        let mut c = Self::build(Box::new(t), compressor.clone(), config)?;
         c._universe = universe;
+        if mpi::environment::threading_support() == Threading::Multiple {
+            // collective (every rank sees the same thread level)
+            let wt = SendTransport(MpiTransport::new(&world));
+            let config = Config {
+                calibration: Calibration::Fixed(c.profile.clone()),
+                ..c.config.clone()
+            };
+            c.worker = Some(progress::Worker::start(Box::new(move || {
+                let wt = wt;
+                Self::build(Box::new(wt.0), compressor, config)
+            }))?);
+        }
         Ok(c)
     }
 
@@ -710,6 +743,14 @@ impl Communicator {
     pub fn with_transport(
         transport: Box<dyn Transport>,
         compressor: Box<dyn Compressor>,
+        config: Config,
+    ) -> Result<Self> {
+        Self::build(transport, std::sync::Arc::from(compressor), config)
+    }
+
+    fn build(
+        transport: Box<dyn Transport>,
+        compressor: std::sync::Arc<dyn Compressor>,
         config: Config,
     ) -> Result<Self> {
         config.bound.validate()?;
@@ -724,6 +765,7 @@ impl Communicator {
             ratios: RatioCache::default(),
             seq: 0,
             chunks: 0,
+            worker: None,
             #[cfg(feature = "mpi")]
             _universe: None,
         };
@@ -1903,6 +1945,97 @@ impl Communicator {
         )
     }
 
+    /// Whether the non-blocking reductions and `isendrecv` are available (a progress thread
+    /// with its own communicator: needs `MPI_THREAD_MULTIPLE`, see [`OpRequest`]).
+    pub fn has_progress_thread(&self) -> bool {
+        self.worker.is_some()
+    }
+
+    fn submit<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Communicator) -> Result<(T, OpStats)> + Send + 'static,
+    ) -> Result<OpRequest<T>> {
+        let w = self.worker.as_ref().ok_or_else(|| {
+            Error::Unavailable(format!(
+                "{what}: needs the progress thread (MPI_THREAD_MULTIPLE and Communicator::init)"
+            ))
+        })?;
+        let (config, profile) = (self.config.clone(), self.profile.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        w.submit(Box::new(move |c: &mut Communicator| {
+            c.config = Config {
+                calibration: c.config.calibration.clone(),
+                ..config
+            };
+            c.profile = profile;
+            let _ = tx.send(f(c));
+        }))?;
+        Ok(OpRequest::new(what, rx))
+    }
+
+    /// Non-blocking [`allreduce`](Self::allreduce) (sum): copies `input` and runs the same
+    /// algorithm, with the same bound, on the progress thread; `wait` gives the sum. Collective:
+    /// every rank must issue its non-blocking operations in the same order. Returns
+    /// [`Error::Unavailable`] without `MPI_THREAD_MULTIPLE`.
+    pub fn iallreduce<E: CommElement>(&mut self, input: &[E]) -> Result<OpRequest<Vec<E>>> {
+        let input = input.to_vec();
+        self.submit("iallreduce", move |c| {
+            let mut out = vec![E::default(); input.len()];
+            let st = c.allreduce(&input, &mut out)?;
+            Ok((out, st))
+        })
+    }
+
+    /// Non-blocking [`allreduce_mean`](Self::allreduce_mean) (see
+    /// [`iallreduce`](Self::iallreduce)).
+    pub fn iallreduce_mean<E: CommElement>(&mut self, input: &[E]) -> Result<OpRequest<Vec<E>>> {
+        let input = input.to_vec();
+        self.submit("iallreduce_mean", move |c| {
+            let mut out = vec![E::default(); input.len()];
+            let st = c.allreduce_mean(&input, &mut out)?;
+            Ok((out, st))
+        })
+    }
+
+    /// Non-blocking [`reduce_scatter`](Self::reduce_scatter): `wait` gives this rank's segment
+    /// of [`partition`]`(input.len(), size)`. Collective (see [`iallreduce`](Self::iallreduce)).
+    pub fn ireduce_scatter<E: CommElement>(&mut self, input: &[E]) -> Result<OpRequest<Vec<E>>> {
+        let input = input.to_vec();
+        let seg = partition(input.len(), self.size())[self.rank()].len();
+        self.submit("ireduce_scatter", move |c| {
+            let mut out = vec![E::default(); seg];
+            let st = c.reduce_scatter(&input, &mut out)?;
+            Ok((out, st))
+        })
+    }
+
+    /// Non-blocking [`sendrecv`](Self::sendrecv): copies `send`, and on the progress thread
+    /// sends it to `dest` and receives `recv_len` elements from `src`; `wait` gives them. The
+    /// peers must use `isendrecv` too (their progress threads talk to each other), in the same
+    /// order relative to their other non-blocking operations.
+    pub fn isendrecv<E: CommElement>(
+        &mut self,
+        send: &[E],
+        dest: usize,
+        recv_len: usize,
+        src: usize,
+        tag: i32,
+    ) -> Result<OpRequest<Vec<E>>> {
+        Self::check_tag(tag)?;
+        for r in [dest, src] {
+            if r >= self.size() {
+                return Err(Error::invalid(format!("rank {r} out of range")));
+            }
+        }
+        let send = send.to_vec();
+        self.submit("isendrecv", move |c| {
+            let mut out = vec![E::default(); recv_len];
+            let st = c.sendrecv(&send, dest, &mut out, src, tag)?;
+            Ok((out, st))
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn reduce_impl<S: Real>(
         &mut self,
@@ -2100,6 +2233,15 @@ impl Communicator {
             .fold(0.0, f64::max))
     }
 }
+
+/// An MPI transport moved to the progress thread once, before any use there.
+#[cfg(feature = "mpi")]
+struct SendTransport(MpiTransport);
+
+// SAFETY: only created when MPI provides MPI_THREAD_MULTIPLE; the communicator handle is moved to
+// the progress thread before it is used there and is used by that thread only.
+#[cfg(feature = "mpi")]
+unsafe impl Send for SendTransport {}
 
 /// Counts the bytes a [`pipeline::ChunkCodec`] receives.
 struct CountingCodec<'a> {
