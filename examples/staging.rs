@@ -333,6 +333,9 @@ mod device {
             .alloc_zeros::<S>(n)
             .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
         c.set_policy(Policy::Never);
+        // whole-message exchanges first (comparable with earlier measurements); the chunk
+        // pipeline gets its own row below
+        c.set_pipeline(1 << 40, usize::MAX);
         let (t_raw, st_raw) = best(c, a.iters, |c| {
             c.sendrecv_device(
                 &mut dev,
@@ -396,6 +399,76 @@ mod device {
                     ok,
                 },
             );
+        }
+        // 3. the chunk-pipelined sendrecv_device (16 MiB chunks above 32 MiB), the device
+        // allgather and allreduce: bounds checked (compositions not measured on a GPU before)
+        c.set_policy(Policy::Always(a.c.codec));
+        c.set_pipeline(16 << 20, 32 << 20);
+        let chunks0 = c.pipeline_chunks();
+        let (t_pipe, st_pipe) = best(c, a.iters, |c| {
+            c.sendrecv_device(
+                &mut dev,
+                &d_in.slice(..),
+                partner,
+                &mut d_recv.slice_mut(..),
+                partner,
+                4,
+            )
+        })?;
+        let got = s.clone_dtoh(&d_recv).map_err(gerr)?;
+        let (_, ok) = max_err(&raw_back, &got, &plim);
+        let err = global_max(c, reported_err(a.c.error_bound, &raw_back, &got));
+        let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
+        all_ok &= ok;
+        let chunks = c.pipeline_chunks() - chunks0;
+        print_row(
+            c,
+            &Row {
+                op: format!("sendrecv_device pipelined ({chunks} chunks)"),
+                raw_s: t_raw,
+                cmp_s: t_pipe,
+                stats: st_pipe,
+                max_err: err,
+                bound,
+                ok,
+            },
+        );
+        c.set_pipeline(32 << 20, 64 << 20);
+        let mut d_all = s.alloc_zeros::<S>(n * p).map_err(gerr)?;
+        let st_ag = c.allgather_device(&mut dev, &d_in.slice(..), &mut d_all.slice_mut(..))?;
+        let all = s.clone_dtoh(&d_all).map_err(gerr)?;
+        let (_, ok_own) = max_err(data, &all[rank * n..(rank + 1) * n], &lim);
+        let (_, ok_partner) = max_err(&raw_back, &all[partner * n..(partner + 1) * n], &plim);
+        let ok = global_max(c, f64::from(u8::from(!(ok_own && ok_partner)))) == 0.0;
+        all_ok &= ok;
+        if rank == 0 {
+            println!(
+                "allgather_device: {st_ag}{}",
+                if ok { "" } else { "  BOUND VIOLATED" }
+            );
+        }
+        if !matches!(a.c.error_bound, ErrorBound::Rel(_)) {
+            let st_ar = c.allreduce_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))?;
+            let got = s.clone_dtoh(&d_out).map_err(gerr)?;
+            let mut want = vec![S::default(); n];
+            c.allreduce(data, &mut want)?;
+            // the same host algorithm on the same values: identical results
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
+            let ok = global_max(c, f64::from(u8::from(!same))) == 0.0;
+            all_ok &= ok;
+            if rank == 0 {
+                println!(
+                    "allreduce_device: {st_ar}{}",
+                    if ok {
+                        ""
+                    } else {
+                        "  DIFFERS FROM HOST ALLREDUCE"
+                    }
+                );
+            }
         }
         if let (Some(path), 0) = (&a.json, rank) {
             let mut f = std::fs::File::create(path)?;

@@ -362,11 +362,17 @@ fn reduce_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker, sizes: &[
                             c.allreduce(&mine, &mut o2)
                         };
                         c.set_verify(false);
+                        // Auto may choose raw the second time (the ratio cache now holds the
+                        // achieved ratio, and the calibration is timing-dependent): then there
+                        // is nothing to verify
+                        let flipped = matches!(pol, Policy::Auto(_))
+                            && matches!(&sv, Ok(s) if s.decision == Decision::Raw);
                         let me = sv.ok().and_then(|s| s.max_error);
                         t.check(
-                            me.is_some_and(|v| {
-                                v <= lim && (v - worst).abs() <= 1e-9 * m.max(1.0) + slack
-                            }),
+                            flipped
+                                || me.is_some_and(|v| {
+                                    v <= lim && (v - worst).abs() <= 1e-9 * m.max(1.0) + slack
+                                }),
                             || {
                                 format!(
                                     "allreduce verify {}: reported {me:?}, measured {worst:e}",

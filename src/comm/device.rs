@@ -17,6 +17,17 @@
 //!   staging on its own (checkpoint/offload: compressed on the device, kept compressed on the
 //!   host).
 //! * [`GpuCompressor`] plugs the GPU codec into a [`Communicator`] for host buffers.
+//! * [`Communicator::allgather_device`]: GPU compression, D2H of the stream, the byte allgather
+//!   of the streams (after the usual descriptor agreement), then H2D + GPU decompression of every
+//!   rank's stream into its slice of the output. `Auto` compresses like `Always` here (no device
+//!   ratio estimate yet); `Never` moves the raw bytes.
+//! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`]: D2H of the
+//!   values, the host [`Communicator::allreduce`] (ring with the end-to-end bound, compressed on
+//!   the wire with the communicator's [`Compressor`], e.g. a [`GpuCompressor`]), H2D of the
+//!   result. The staging copies are uncompressed; only the network traffic is compressed.
+//!
+//! The collectives are compositions of tested pieces (stager copies, GPU codec, host
+//! algorithms) compiled under feature `cuda`; they have not been run on a GPU yet.
 //!
 //! Complex device buffers are passed as their interleaved real scalars (`2n` f32/f64 values).
 
@@ -999,5 +1010,139 @@ trait WithRatio {
 impl WithRatio for Scenario {
     fn clone_with_ratio(&self, r: f64) -> Self {
         Scenario { ratio: r, ..*self }
+    }
+}
+
+impl Communicator {
+    /// Allgather of device buffers (see the [module docs](self)): `out.len() == size *
+    /// send.len()`, rank order; every rank ends with identical values. Collective.
+    pub fn allgather_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, n) = (self.size(), send.len());
+        let local = if out.len() != n * p {
+            Err(Error::invalid(format!(
+                "allgather_device: output has {} values, expected {p} x {n}",
+                out.len()
+            )))
+        } else {
+            Ok(())
+        };
+        let bound = self.config.bound;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let compress = !matches!(self.config.policy, Policy::Never) && n > 0;
+        let mut st = OpStats::raw(super::OP_ALLGATHER);
+        st.bytes = (n * T::SIZE) as u64;
+        dev.last = StageTimes::default();
+        // stage before the agreement, so a device failure on one rank fails every rank
+        let staged: Result<Vec<u8>> = local.and_then(|()| {
+            if compress {
+                let staged = dev.stage_to_host(send, bound, codec)?;
+                st.decision = Decision::Compressed;
+                st.codec = Some(codec);
+                st.bound = match bound {
+                    ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+                    ErrorBound::Noa(e) => {
+                        let h = crate::inspect(staged.stream()?)?;
+                        e * (h.range_max - h.range_min)
+                    }
+                };
+                Ok(staged.stream()?.to_vec())
+            } else {
+                let mut v = vec![0u8; n * T::SIZE];
+                dev.copy_to_host(send, &mut v)?;
+                Ok(v)
+            }
+        });
+        let d = Desc {
+            dtype: elem_tag::<T>(),
+            decision: u8::from(compress),
+            ..self.local_desc::<f32>(super::OP_ALLGATHER, n)
+        };
+        let (mine, local) = match staged {
+            Ok(v) => (v, Ok(())),
+            Err(e) => (Vec::new(), Err(e)),
+        };
+        self.agree(d, local)?;
+        st.wire_bytes = mine.len() as u64;
+        st.ratio = st.bytes as f64 / mine.len().max(1) as f64;
+        let t = now();
+        let parts = self.transport().allgatherv(&mine)?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        for (k, part) in parts.iter().enumerate() {
+            let mut view = out.slice_mut(k * n..(k + 1) * n);
+            if compress {
+                dev.upload_and_decompress(part, &mut view)?;
+            } else {
+                dev.copy_to_device(part, &mut view)?;
+            }
+        }
+        Ok(self.finish(st, t0))
+    }
+
+    /// Sum of device buffers over all ranks with the end-to-end bound of the host
+    /// [`allreduce`](Communicator::allreduce) (see the [module docs](self)). Collective.
+    pub fn allreduce_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        self.reduce_device(dev, input, out, false)
+    }
+
+    /// Mean of device buffers over all ranks (gradient averaging; the bound applies to the
+    /// mean). Collective.
+    pub fn allreduce_mean_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        self.reduce_device(dev, input, out, true)
+    }
+
+    fn reduce_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+        mean: bool,
+    ) -> Result<OpStats> {
+        let n = input.len();
+        // a length mismatch is reported by the host allreduce on every rank
+        let mut host_in = vec![T::default(); n];
+        let mut host_out = vec![T::default(); out.len()];
+        dev.last = StageTimes::default();
+        let t = now();
+        let staged = match super::element::scalar_bytes_mut(&mut host_in) {
+            Some(b) => dev.copy_to_host(input, b),
+            None => Err(Error::Unavailable(
+                "device staging needs a little-endian host".into(),
+            )),
+        };
+        if let Err(e) = staged {
+            // make every rank fail together: a rejected argument fails the agreement everywhere
+            let mut bad = vec![T::default(); n + 1];
+            let _ = self.allreduce(&host_in, &mut bad);
+            return Err(e);
+        }
+        dev.last.d2h = t.elapsed().as_secs_f64();
+        let t = now();
+        let st = if mean {
+            self.allreduce_mean(&host_in, &mut host_out)?
+        } else {
+            self.allreduce(&host_in, &mut host_out)?
+        };
+        dev.last.network = t.elapsed().as_secs_f64();
+        let t = now();
+        let b = super::element::scalar_bytes(&host_out);
+        dev.copy_to_device(&b, out)?;
+        dev.last.h2d = t.elapsed().as_secs_f64();
+        Ok(st)
     }
 }

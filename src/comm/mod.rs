@@ -24,8 +24,9 @@
 //! [`allreduce`](Communicator::allreduce) / [`allreduce_mean`](Communicator::allreduce_mean) /
 //! [`allreduce_in_place`](Communicator::allreduce_in_place),
 //! [`reduce_scatter`](Communicator::reduce_scatter). With feature `cuda`, `device` adds device
-//! buffers through pinned host staging (`Communicator::sendrecv_device`,
-//! `DeviceStager::stage_to_host` / `restore_to_device`) and a GPU [`Compressor`]. Collectives
+//! buffers through pinned host staging (`Communicator::sendrecv_device` (chunk-pipelined when
+//! large), `allgather_device`, `allreduce_device` / `allreduce_mean_device` (compositions not yet
+//! run on a GPU), `DeviceStager::stage_to_host` / `restore_to_device`) and a GPU [`Compressor`]. Collectives
 //! have non-blocking variants: [`iallgather`](Communicator::iallgather) and
 //! [`ibcast`](Communicator::ibcast) (MPI non-blocking collectives on the streams), and
 //! [`iallreduce`](Communicator::iallreduce) / [`iallreduce_mean`](Communicator::iallreduce_mean) /
