@@ -143,7 +143,10 @@ pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
     let ver = format!("{maj}.{min}");
     let mut extra = vec![format!("-DZC_WARPS={warps}")];
     // tuning knob: blocks per SM the register budget must allow (kernels/blocked.cu ZC_MINB)
-    if let Some(b) = std::env::var("ZCOMM_GPU_MINB").ok().and_then(|v| v.parse::<u32>().ok()) {
+    if let Some(b) = std::env::var("ZCOMM_GPU_MINB")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
         if (1..=16).contains(&b) {
             extra.push(format!("-DZC_MINB={b}"));
         }
