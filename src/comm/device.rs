@@ -731,7 +731,14 @@ impl Communicator {
                 self.ratios.put(OP_SENDRECV | 0x80, tag as i64, st.ratio);
             }
             self.chunks += chunks;
-            st.predicted_s = if compress {
+            st.predicted_s = if chunk_dev > 0 {
+                // the model's pipelined form with this chunk count
+                let k = super::pipeline::chunk_count(n, chunk_dev);
+                let ratio = st.ratio.max(1e-9);
+                let pk = model::predict(&sc.with_chunks(k).clone_with_ratio(ratio));
+                st.predicted_compressed_s = pk.compressed_pipelined;
+                pk.compressed_pipelined
+            } else if compress {
                 pr.compressed_serial
             } else {
                 pr.raw_serial

@@ -1094,7 +1094,14 @@ impl Communicator {
             if st.bytes > self.config.pipeline_min_bytes as u64 && data.len() > chunk {
                 st.decision = Decision::Compressed;
                 st.codec = Some(codec);
-                st.predicted_s = tcmp;
+                // the model's pipelined form with this chunk count
+                let (sc, sd) = self.speeds::<S>(codec);
+                let pr = model::predict(
+                    &Scenario::new(st.bytes as f64, est, self.profile.link, sc, sd)
+                        .with_chunks(pipeline::chunk_count(data.len(), chunk)),
+                );
+                st.predicted_compressed_s = pr.compressed_pipelined;
+                st.predicted_s = pr.compressed_pipelined;
                 st.bound = self.bound_of(data);
                 return Ok((Payload::Chunked { chunk, codec }, st));
             }
