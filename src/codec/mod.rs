@@ -210,7 +210,17 @@ pub fn decompress_with_limits<T: Element>(stream: &[u8], limits: DecodeLimits) -
             h.count, limits.max_count
         )));
     }
-    let mut out = vec![T::default(); h.count as usize];
+    let n = usize::try_from(h.count)
+        .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| {
+        Error::OutOfMemory(format!(
+            "{n} values of {} ({} bytes)",
+            T::DTYPE,
+            n * T::SIZE
+        ))
+    })?;
+    out.resize(n, T::default());
     decode_checked(stream, &h, &mut out)?;
     Ok(out)
 }
