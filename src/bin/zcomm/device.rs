@@ -99,7 +99,6 @@ pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T])
 /// runs, median of `runs`, kernel-only times too, bit identity with the CPU twin checked) for
 /// `zcomm bench --device gpu`.
 #[cfg(feature = "cuda")]
-#[allow(dead_code)]
 pub fn bench_gpu<T: Element>(
     data: &[T],
     input: &str,
