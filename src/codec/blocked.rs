@@ -52,21 +52,28 @@ pub fn encode<T: Element>(data: &[T], params: &QuantParams, codec: CodecKind) ->
             )
         })
         .collect();
-    let n = chunks.len();
-    let total: usize = chunks.iter().map(Vec::len).sum::<usize>() + n * TABLE_ENTRY_LEN;
-    let mut payload = Vec::with_capacity(total);
-    for c in &chunks {
-        payload.extend_from_slice(&(c.len() as u32).to_le_bytes());
-        payload.extend_from_slice(&zhash_bytes(c).to_le_bytes());
-    }
-    let table_checksum = zhash_bytes(&payload);
-    for c in &chunks {
-        payload.extend_from_slice(c);
-    }
-    Body {
-        payload,
-        n_chunks: n as u32,
-        table_checksum,
+    Body::from_chunks(&chunks)
+}
+
+impl Body {
+    /// Lay out encoded chunks behind their table (`size`, `zhash`) as FORMAT.md describes.
+    pub fn from_chunks(chunks: &[Vec<u8>]) -> Body {
+        let n = chunks.len();
+        let total: usize = chunks.iter().map(Vec::len).sum::<usize>() + n * TABLE_ENTRY_LEN;
+        let mut payload = Vec::with_capacity(total);
+        for c in chunks {
+            payload.extend_from_slice(&(c.len() as u32).to_le_bytes());
+            payload.extend_from_slice(&zhash_bytes(c).to_le_bytes());
+        }
+        let table_checksum = zhash_bytes(&payload);
+        for c in chunks {
+            payload.extend_from_slice(c);
+        }
+        Body {
+            payload,
+            n_chunks: n as u32,
+            table_checksum,
+        }
     }
 }
 

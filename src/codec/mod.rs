@@ -179,9 +179,16 @@ impl DecodeLimits {
 /// Parse and validate a stream's header (cheap; does not decode).
 pub fn inspect(stream: &[u8]) -> Result<Header> {
     let h = Header::parse(stream)?;
+    check_codec_fields(&h)?;
+    Ok(h)
+}
+
+/// The codec-specific header checks of [`inspect`] (shared with the GPU decoder, which parses the
+/// header with [`Header::parse_fields`] and verifies checksums on the device).
+pub(crate) fn check_codec_fields(h: &Header) -> Result<()> {
     if !h.is_stored() {
-        CodecKind::from_tag(h.codec)?;
-        if h.chunk_log2 != CodecKind::from_tag(h.codec)?.chunk_log2(h.dtype) {
+        let codec = CodecKind::from_tag(h.codec)?;
+        if h.chunk_log2 != codec.chunk_log2(h.dtype) {
             return Err(Error::corrupt(format!(
                 "chunk_log2 {} unsupported",
                 h.chunk_log2
@@ -192,7 +199,7 @@ pub fn inspect(stream: &[u8]) -> Result<Header> {
             return Err(Error::corrupt("rel stream with a non-positive step"));
         }
     }
-    Ok(h)
+    Ok(())
 }
 
 /// Decompress a stream into a new vector. The stream's dtype must be `T`.

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use crate::codec::blocked::Body;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Dtype, Header, TABLE_ENTRY_LEN};
+use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Dtype, Header};
 use crate::quant::{QuantParams, Quantizer};
 use crate::simd::simd;
 
@@ -302,22 +302,7 @@ pub fn encode<T: Element>(data: &[T], params: &QuantParams) -> Body {
             )
         })
         .collect();
-    let n = chunks.len();
-    let total: usize = chunks.iter().map(Vec::len).sum::<usize>() + n * TABLE_ENTRY_LEN;
-    let mut payload = Vec::with_capacity(total);
-    for c in &chunks {
-        payload.extend_from_slice(&(c.len() as u32).to_le_bytes());
-        payload.extend_from_slice(&zhash_bytes(c).to_le_bytes());
-    }
-    let table_checksum = zhash_bytes(&payload);
-    for c in &chunks {
-        payload.extend_from_slice(c);
-    }
-    Body {
-        payload,
-        n_chunks: n as u32,
-        table_checksum,
-    }
+    Body::from_chunks(&chunks)
 }
 
 #[inline(always)]

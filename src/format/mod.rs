@@ -167,7 +167,7 @@ impl Header {
     }
 
     /// Parse and validate a header from the start of `stream`; checks that the stream length
-    /// matches `payload_len` exactly.
+    /// matches `payload_len` exactly, and the chunk-table (or stored-payload) checksum.
     pub fn parse(stream: &[u8]) -> Result<Self> {
         if stream.len() < HEADER_LEN {
             return Err(Error::corrupt(format!(
@@ -175,7 +175,26 @@ impl Header {
                 stream.len()
             )));
         }
-        let b = &stream[..HEADER_LEN];
+        let b: &[u8; HEADER_LEN] = stream[..HEADER_LEN].try_into().expect("header length");
+        let h = Self::parse_fields(b, stream.len())?;
+        if h.is_stored() {
+            if zhash_bytes(&stream[HEADER_LEN..]) != h.payload_checksum {
+                return Err(Error::corrupt("stored payload checksum mismatch"));
+            }
+        } else {
+            let table = h.n_chunks as usize * TABLE_ENTRY_LEN;
+            if zhash_bytes(&stream[HEADER_LEN..HEADER_LEN + table]) != h.payload_checksum {
+                return Err(Error::corrupt("chunk table checksum mismatch"));
+            }
+        }
+        Ok(h)
+    }
+
+    /// Every header check that needs no payload bytes: magic, version, header checksum, tags,
+    /// flags, reserved bytes, `payload_len == stream_len - 96`, count/chunk consistency, and the
+    /// chunk table fitting the payload. (A GPU decoder verifies the payload checksums on the
+    /// device.)
+    pub fn parse_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Self> {
         if b[0..4] != MAGIC {
             return Err(Error::corrupt("bad magic (not a zcomm stream)"));
         }
@@ -210,7 +229,7 @@ impl Header {
         if u32_at(b, 12) != 0 || b[80..92].iter().any(|&x| x != 0) {
             return Err(Error::corrupt("reserved header bytes are not zero"));
         }
-        let actual = (stream.len() - HEADER_LEN) as u64;
+        let actual = stream_len.saturating_sub(HEADER_LEN) as u64;
         if h.payload_len != actual {
             return Err(Error::corrupt(format!(
                 "header says {} payload bytes, stream has {actual}",
@@ -224,30 +243,21 @@ impl Header {
                     "stored stream length does not match its count",
                 ));
             }
-            if zhash_bytes(&stream[HEADER_LEN..]) != h.payload_checksum {
-                return Err(Error::corrupt("stored payload checksum mismatch"));
-            }
         } else {
             if !(1..=30).contains(&h.chunk_log2) {
                 return Err(Error::corrupt(format!("bad chunk_log2 {}", h.chunk_log2)));
             }
-            let per = 1u64 << h.chunk_log2;
-            let expect = h.count.div_ceil(per);
+            let expect = h.count.div_ceil(1u64 << h.chunk_log2);
             if expect != h.n_chunks as u64 {
                 return Err(Error::corrupt(format!(
                     "{} values need {expect} chunks, header says {}",
                     h.count, h.n_chunks
                 )));
             }
-            let table = h.n_chunks as u64 * TABLE_ENTRY_LEN as u64;
-            if table > h.payload_len {
+            if h.n_chunks as u64 * TABLE_ENTRY_LEN as u64 > h.payload_len {
                 return Err(Error::corrupt(
                     "chunk table runs past the end of the stream",
                 ));
-            }
-            let t = &stream[HEADER_LEN..HEADER_LEN + table as usize];
-            if zhash_bytes(t) != h.payload_checksum {
-                return Err(Error::corrupt("chunk table checksum mismatch"));
             }
         }
         let bound_ok = h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0;

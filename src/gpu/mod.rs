@@ -42,9 +42,7 @@ use cudarc::driver::{
 use crate::codec::CodecKind;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{
-    zhash_bytes, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN, MAGIC, VERSION,
-};
+use crate::format::{zhash_bytes, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN};
 use crate::quant::{ErrorBound, QuantParams};
 
 /// Threads per block of the pfpl kernels (kernels/pfpl.cu, PF_THREADS).
@@ -837,88 +835,7 @@ impl GpuCodec {
 /// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
 /// table and stored-payload checksums are verified on the device).
 fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header> {
-    use crate::format::{f64_at, u16_at, u32_at, u64_at};
-    if b[0..4] != MAGIC {
-        return Err(Error::corrupt("bad magic (not a zcomm stream)"));
-    }
-    let version = u16_at(b, 4);
-    if version != VERSION {
-        return Err(Error::corrupt(format!(
-            "unsupported format version {version}"
-        )));
-    }
-    if zhash_bytes(&b[..92]) != u32_at(b, 92) {
-        return Err(Error::corrupt("header checksum mismatch"));
-    }
-    let h = Header {
-        codec: b[6],
-        dtype: Dtype::from_tag(b[7])?,
-        mode: BoundMode::from_tag(b[8])?,
-        flags: b[9],
-        chunk_log2: u16_at(b, 10),
-        count: u64_at(b, 16),
-        bound_value: f64_at(b, 24),
-        abs_bound: f64_at(b, 32),
-        step: f64_at(b, 40),
-        range_min: f64_at(b, 48),
-        range_max: f64_at(b, 56),
-        payload_len: u64_at(b, 64),
-        n_chunks: u32_at(b, 72),
-        payload_checksum: u32_at(b, 76),
-    };
-    if h.flags & !FLAG_STORED != 0 {
-        return Err(Error::corrupt(format!("unknown flag bits {:#x}", h.flags)));
-    }
-    if u32_at(b, 12) != 0 || b[80..92].iter().any(|&x| x != 0) {
-        return Err(Error::corrupt("reserved header bytes are not zero"));
-    }
-    let actual = (stream_len - HEADER_LEN) as u64;
-    if h.payload_len != actual {
-        return Err(Error::corrupt(format!(
-            "header says {} payload bytes, stream has {actual}",
-            h.payload_len
-        )));
-    }
-    if h.is_stored() {
-        let need = h.count.checked_mul(h.dtype.size() as u64);
-        if need != Some(h.payload_len) || h.n_chunks != 0 {
-            return Err(Error::corrupt(
-                "stored stream length does not match its count",
-            ));
-        }
-    } else {
-        if !(1..=30).contains(&h.chunk_log2) {
-            return Err(Error::corrupt(format!("bad chunk_log2 {}", h.chunk_log2)));
-        }
-        let expect = h.count.div_ceil(1u64 << h.chunk_log2);
-        if expect != h.n_chunks as u64 {
-            return Err(Error::corrupt(format!(
-                "{} values need {expect} chunks, header says {}",
-                h.count, h.n_chunks
-            )));
-        }
-        if h.n_chunks as u64 * 8 > h.payload_len {
-            return Err(Error::corrupt(
-                "chunk table runs past the end of the stream",
-            ));
-        }
-    }
-    let bound_ok = h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0;
-    if !h.is_stored() && !bound_ok {
-        return Err(Error::corrupt("header carries an invalid bound or step"));
-    }
-    if !h.is_stored() {
-        let codec = CodecKind::from_tag(h.codec)?;
-        if h.chunk_log2 != codec.chunk_log2(h.dtype) {
-            return Err(Error::corrupt(format!(
-                "chunk_log2 {} unsupported",
-                h.chunk_log2
-            )));
-        }
-        if h.mode == BoundMode::Rel && h.step.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
-        {
-            return Err(Error::corrupt("rel stream with a non-positive step"));
-        }
-    }
+    let h = Header::parse_fields(b, stream_len)?;
+    crate::codec::check_codec_fields(&h)?;
     Ok(h)
 }
