@@ -146,14 +146,21 @@ fn check_reductions<T: NcclReal>(
     assert!(err <= e);
 }
 
+/// Say why a GPU test did nothing, on the real stderr: the test harness captures `println!`, so a
+/// skip would otherwise be silent in CI logs.
+fn loud_skip(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
 #[test]
 fn nccl_all_operations() {
     if !nccl_available() {
-        println!("skipped: no CUDA driver or NCCL library");
+        loud_skip("skipped: no CUDA driver or NCCL library");
         return;
     }
     if !zcomm::gpu::device_available() {
-        println!("skipped: no CUDA device");
+        loud_skip("skipped: no CUDA device");
         return;
     }
     let cfg = NcclConfig::new(ErrorBound::Abs(1e-3))
@@ -163,7 +170,7 @@ fn nccl_all_operations() {
     let mut c = match NcclComm::init(cfg) {
         Ok(c) => c,
         Err(Error::Unavailable(m)) => {
-            println!("skipped: {m}");
+            loud_skip(&format!("skipped: {m}"));
             return;
         }
         Err(e) => panic!("NcclComm::init: {e}"),

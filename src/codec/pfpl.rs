@@ -1251,9 +1251,16 @@ mod gpu_tests {
     use crate::gpu::{GpuCodec, GpuElement};
     use crate::quant::ErrorBound;
 
+    /// Say why a GPU test did nothing, on the real stderr: the test harness captures `println!`, so a
+    /// skip would otherwise be silent in CI logs.
+    fn loud_skip(msg: &str) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{msg}");
+    }
+
     fn gpu() -> Option<GpuCodec> {
         if !crate::gpu::device_available() {
-            println!("skipped: no CUDA device");
+            loud_skip("skipped: no CUDA device");
             return None;
         }
         Some(GpuCodec::new(0).expect("GPU present but the codec failed to initialize"))
@@ -1498,7 +1505,7 @@ mod gpu_tests {
     fn pfpl_kernel_resources() {
         use cudarc::nvrtc::result as nvrtc;
         if !crate::gpu::compile::nvrtc_available() {
-            println!("skipped: libnvrtc not found");
+            loud_skip("skipped: libnvrtc not found");
             return;
         }
         let src = std::ffi::CString::new(crate::gpu::compile::blocked_source()).unwrap();
