@@ -562,6 +562,31 @@ pub fn partition(n: usize, p: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// The per-quantization absolute bound of a compressed reduction (the rule of the MPI path, see
+/// the [module docs](self)): `e` is the absolute bound on the result, `max_abs` the largest
+/// finite `|x|` over all inputs, `p` the ranks, `unit_roundoff` of the dtype, `divisor` 1 (sum)
+/// or `p` (mean), `quantizations` `p` (allreduce) or `p-1` (reduce-scatter). Partial sums are
+/// quantized with `eb·divisor`, the final value with `eb`. `None` when no positive bound is left.
+pub fn reduction_step_bound(
+    e: f64,
+    max_abs: f64,
+    p: usize,
+    unit_roundoff: f64,
+    divisor: f64,
+    quantizations: usize,
+) -> Option<f64> {
+    let pf = p as f64;
+    let m = if max_abs.is_finite() {
+        max_abs
+    } else {
+        return None;
+    };
+    let b = pf * m + e * divisor;
+    let r = pf * unit_roundoff * b / divisor;
+    let eb = (e - r) / quantizations.max(1) as f64;
+    (eb.is_finite() && eb > 0.0).then_some(eb)
+}
+
 fn max_abs_diff<S: Real>(a: &[S], b: &[S]) -> f64 {
     use rayon::prelude::*;
     a.par_iter()
@@ -2105,10 +2130,9 @@ impl Communicator {
             }
             ErrorBound::Rel(_) => f64::NAN,
         };
-        let bnd = pf * m + e * d;
-        let rnd = pf * S::UNIT_ROUNDOFF * bnd / d;
-        let eb = (e - rnd) / nq;
-        let usable = eb.is_finite() && eb > 0.0;
+        let step = reduction_step_bound(e, m, p, S::UNIT_ROUNDOFF, d, nq as usize);
+        let usable = step.is_some();
+        let eb = step.unwrap_or(f64::NAN);
         // 3. ratio estimate at the per-step bound (mean over ranks of 1/ratio)
         let codec = self.config.policy.codec().unwrap_or_default();
         let mut ratio = 1.0;

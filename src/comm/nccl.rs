@@ -61,6 +61,7 @@ use cudarc::nccl::{result as nres, sys as nsys, NcclType};
 pub use host::NcclTransport;
 
 use super::element::Real;
+pub use super::reduction_step_bound;
 use super::transport::{ReduceOp, Transport};
 use super::{partition, Decision, OpStats};
 use crate::codec::CodecKind;
@@ -299,31 +300,6 @@ impl NcclProfile {
         );
         (lk.latency + bytes / lk.bandwidth, cmp)
     }
-}
-
-/// The per-quantization absolute bound of a compressed reduction (the rule of the MPI path, see
-/// the [module docs](self)): `e` is the absolute bound on the result, `max_abs` the largest
-/// finite `|x|` over all inputs, `p` the ranks, `unit_roundoff` of the dtype, `divisor` 1 (sum)
-/// or `p` (mean), `quantizations` `p` (allreduce) or `p-1` (reduce-scatter). Partial sums are
-/// quantized with `eb·divisor`, the final value with `eb`. `None` when no positive bound is left.
-pub fn reduction_step_bound(
-    e: f64,
-    max_abs: f64,
-    p: usize,
-    unit_roundoff: f64,
-    divisor: f64,
-    quantizations: usize,
-) -> Option<f64> {
-    let pf = p as f64;
-    let m = if max_abs.is_finite() {
-        max_abs
-    } else {
-        return None;
-    };
-    let b = pf * m + e * divisor;
-    let r = pf * unit_roundoff * b / divisor;
-    let eb = (e - r) / quantizations.max(1) as f64;
-    (eb.is_finite() && eb > 0.0).then_some(eb)
 }
 
 /// Split `n` elements into pipeline pieces of about `piece_elems`, on codec-chunk boundaries.
