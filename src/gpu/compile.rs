@@ -22,6 +22,40 @@ pub fn blocked_warps() -> u32 {
         .unwrap_or(8)
 }
 
+/// Extra preprocessor definitions for tuning experiments: `$ZCOMM_GPU_DEFINES`, a space-separated
+/// list of `NAME=VALUE` with `NAME` in `[A-Z0-9_]` starting with `ZC_` or `PF_` and `VALUE` a
+/// non-negative integer (for example `PF_FASTQ=0 ZC_MINB=3`). Anything else is ignored with a
+/// warning. The definitions are part of the kernel cache key.
+pub fn tuning_defines() -> Vec<String> {
+    let Ok(v) = std::env::var("ZCOMM_GPU_DEFINES") else {
+        return Vec::new();
+    };
+    parse_defines(&v)
+}
+
+fn parse_defines(v: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for item in v.split_whitespace() {
+        let ok = item.split_once('=').is_some_and(|(name, value)| {
+            (name.starts_with("ZC_") || name.starts_with("PF_"))
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+                && !value.is_empty()
+                && value.bytes().all(|b| b.is_ascii_digit())
+        });
+        if ok {
+            out.push(format!("-D{item}"));
+        } else {
+            tracing::warn!(
+                item,
+                "ZCOMM_GPU_DEFINES: ignored (expected ZC_*/PF_* NAME=INTEGER)"
+            );
+        }
+    }
+    out
+}
+
 /// NVRTC options besides `-arch`: no fused multiply-add anywhere (FORMAT.md), IEEE division.
 pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--prec-div=true", "--std=c++17"];
 
@@ -151,6 +185,7 @@ pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
             extra.push(format!("-DZC_MINB={b}"));
         }
     }
+    extra.extend(tuning_defines());
     let opts = format!("{} {}", NVRTC_OPTIONS.join(" "), extra.join(" "));
     let key = fnv1a(&[
         src.as_bytes(),
@@ -187,4 +222,18 @@ pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
         }
     }
     Ok(cubin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_defines;
+
+    #[test]
+    fn tuning_defines_accept_only_integer_zc_pf_names() {
+        assert_eq!(
+            parse_defines(" PF_FASTQ=0  ZC_MINB=3 "),
+            vec!["-DPF_FASTQ=0".to_string(), "-DZC_MINB=3".to_string()]
+        );
+        assert!(parse_defines("FOO=1 ZC_X=-1 ZC_Y= ZC_Z=1;rm PF_a=1 ZC_W").is_empty());
+    }
 }
