@@ -56,15 +56,29 @@ template <> struct PF<double> {
 __device__ __forceinline__ u64 pf_zigzag(i64 v) { return ((u64)v << 1) ^ (u64)(v >> 63); }
 __device__ __forceinline__ i64 pf_unzigzag(u64 z) { return (i64)(z >> 1) ^ -(i64)(z & 1ull); }
 
+// Tuning switches (A/B runs through $ZCOMM_GPU_DEFINES; the bytes written never depend on them):
+// PF_FASTQ: f32 abs/noa bound check in f32 (zq_encode_f32_abs; f64 only on a tie with fl(eb))
+//           instead of three f32 -> f64 conversions per value.
+// PF_VEC:   16-byte input loads when the input is 16-byte aligned.
+#ifndef PF_FASTQ
+#define PF_FASTQ 1
+#endif
+#ifndef PF_VEC
+#define PF_VEC 1
+#endif
+
 // zq_encode, with a cheaper but identical f32 abs path: |code| < 2^29 fits 32 bits, and the
 // int -> float conversion rounds the same integer to nearest either way.
 template <typename T, bool REL> struct PQ {
-    __device__ static __forceinline__ bool enc(const ZQ<T>& q, T x, typename ZT<T>::code_t& code) {
+    __device__ static __forceinline__ bool enc(const ZQ<T>& q, float, T x, typename ZT<T>::code_t& code) {
         return zq_encode<T, REL>(q, x, code);
     }
 };
 template <> struct PQ<float, false> {
-    __device__ static __forceinline__ bool enc(const ZQ<float>& q, float x, i32& code) {
+    __device__ static __forceinline__ bool enc(const ZQ<float>& q, float eb32, float x, i32& code) {
+#if PF_FASTQ
+        return zq_encode_f32_abs(q, eb32, x, code);
+#else
         if (!zc_isfinite(x)) return false;
         const float p = __fmul_rn(x, q.inv);
         if (!((double)fabsf(p) < 536870912.0)) return false;
@@ -72,17 +86,18 @@ template <> struct PQ<float, false> {
         code = c;
         const float r = __fmul_rn(__int2float_rn(c), q.step);
         return zq_within<float, false>(q, x, r);
+#endif
     }
 };
 
 // Value -> word (Mapper::word). Sets `collide` when a lossless value has a bin-range pattern.
 template <typename T, bool REL>
-__device__ __forceinline__ typename PF<T>::U pf_word(const ZQ<T>& q, T x, bool& collide) {
+__device__ __forceinline__ typename PF<T>::U pf_word(const ZQ<T>& q, float eb32, T x, bool& collide) {
     typedef typename PF<T>::U U;
     typedef typename ZT<T>::code_t C;
     const u64 lim = 1ull << PF<T>::M;
     C code = 0;
-    if (PQ<T, REL>::enc(q, x, code)) {
+    if (PQ<T, REL>::enc(q, eb32, x, code)) {
         const i64 c = (i64)code;
         if (REL) {
             if (c == 0) return (U)0;
@@ -203,18 +218,33 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
     const T* cin = in + cbase;
     const U nbm = PF<T>::nbm();
 
-    // 1. words
+    // 1. words (+0 is word 0 in every mode: code 0, exact, so the quantizer is skipped)
     bool coll = false;
+    const float eb32 = __double2float_rn(q.eb);
+    const int VEC = 16 / SIZE;  // values per 16-byte load: 4 / 2
+    if (PF_VEC && n == CHUNK && ((size_t)in & 15u) == 0) {
 #pragma unroll
-    for (int i = 0; i < NV; i++) {
-        const u32 k = (u32)(i * PF_THREADS + tid);
-        U wd = 0;
-        if (k < n) {
-            const T x = cin[k];
-            // +0 is word 0 in every mode (code 0, exact): skip the quantizer
-            wd = ZT<T>::bits(x) == 0 ? (U)0 : pf_word<T, REL>(q, x, coll);
+        for (int i = 0; i < NV / VEC; i++) {
+            const u32 k = (u32)(i * PF_THREADS + tid) * (u32)VEC;
+            const uint4 v = *(const uint4*)(cin + k);
+            const T* xs = (const T*)&v;
+            __align__(16) U wd[16 / sizeof(U)];
+#pragma unroll
+            for (int u = 0; u < VEC; u++)
+                wd[u] = ZT<T>::bits(xs[u]) == 0 ? (U)0 : pf_word<T, REL>(q, eb32, xs[u], coll);
+            *(uint4*)(s_w + k) = *(const uint4*)wd;
         }
-        s_w[k] = wd;
+    } else {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const u32 k = (u32)(i * PF_THREADS + tid);
+            U wd = 0;
+            if (k < n) {
+                const T x = cin[k];
+                wd = ZT<T>::bits(x) == 0 ? (U)0 : pf_word<T, REL>(q, eb32, x, coll);
+            }
+            s_w[k] = wd;
+        }
     }
     const bool raw_forced = __syncthreads_or(coll) != 0;
 

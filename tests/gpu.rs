@@ -316,7 +316,10 @@ fn nvrtc_compiles_every_kernel() {
         loud_skip("skipped: libnvrtc not found");
         return;
     }
-    let cubin = compile::compile_cubin(&compile::blocked_source(), "sm_90").expect("NVRTC compile");
+    // with $ZCOMM_GPU_DEFINES (tuning variants) when set
+    let extra = compile::tuning_defines();
+    let cubin = compile::compile_cubin_with(&compile::blocked_source(), "sm_90", &extra)
+        .expect("NVRTC compile");
     for name in compile::kernel_names() {
         let needle = name.as_bytes();
         assert!(
