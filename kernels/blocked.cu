@@ -19,6 +19,42 @@
 #define ZC_MINB (32 / ZC_WARPS)  // blocks per SM the register budget must allow (50% occupancy)
 #endif
 
+// ---- One-pass compression (ZC_ONEPASS=1; f32 aatrox / cuszp-plain, both modes; f64 and
+// cuszp-outlier always take the two-pass path below).
+//
+// The two-pass kernel reads every value twice from global memory (pass 2 mostly misses L2) and
+// quantizes it twice. The one-pass variant packs each thread layer during pass 1 into a per-warp
+// shared-memory staging arena, so that pass 2 is a copy from shared to global memory:
+//
+// * What cannot be known in pass 1 is a layer's first delta d0 = q0 - prev (aatrox: prev is the
+//   last code of the previous non-raw layer, possibly another warp's; plain: prev = 0). Pass 1
+//   therefore packs the layer with lane 0's delta set to 0 (which the in-layer shuffle already
+//   gives): sign word of lanes 1..31 and the bit planes of their magnitudes, brest =
+//   width(OR of them) planes. Only bit 0 of each word belongs to d0, and the layer's width is
+//   b = width(rest | |d0|) >= brest, so pass 2 rebuilds the layer exactly: sign word | (d0 < 0),
+//   plane k = (k < brest ? staged plane k : 0) | bit k of |d0|, for k < b.
+// * Two layers with brest <= 16 share one warp transpose (low/high halves), as in the old pass 2.
+// * Each warp appends to its own arena slice (ZC_STAGE_WORDS / ZC_WARPS words, at most 2047), in
+//   pass 1 order; s_sinfo[layer] = (word offset << 5) | brest, or 0xFFFF when the layer is raw or
+//   did not fit (then pass 2 re-reads and re-quantizes that one layer from global memory, exactly
+//   as the two-pass kernel; so any chunk is correct, a poorly compressible one is just slower).
+//   Layers with brest = 0 use no arena words.
+// * s_prev holds d0 (not prev) per layer in this mode.
+// * Pass 2 emits 4 layers per warp step (8 lanes each) when all four need <= 8 words (b <= 7),
+//   else 2 (16 lanes, b <= 15), else 1; lane k of a layer writes output word k (sign word, then
+//   planes) and hashes it. No shuffles, no input reads, no quantization.
+// Shared memory per block (f32, one-pass): 4 KiB offsets + 1 KiB rates + 4 KiB d0 + 2 KiB stage
+// info + 36 KiB arena (ZC_STAGE_WORDS = 9216) + ~0.6 KiB = ~47.6 KiB (static limit 48 KiB):
+// 4 blocks/SM of 8 warps or 3 of 16 still fit the 228 KiB of an H100 SM.
+#ifndef ZC_ONEPASS
+#define ZC_ONEPASS 0
+#endif
+#ifndef ZC_STAGE_WORDS
+#define ZC_STAGE_WORDS 9216  // one-pass staging arena per block, u32 words
+#endif
+#define ZC_SW ((ZC_STAGE_WORDS / ZC_WARPS) < 2047 ? (ZC_STAGE_WORDS / ZC_WARPS) : 2047)  // per warp
+#define ZC_NOSTAGE 0xFFFFu
+
 #define ZC_AATROX 1
 #define ZC_PLAIN 2
 #define ZC_OUTLIER 3
@@ -97,6 +133,40 @@ __device__ __forceinline__ u32 zc_block_sum(u32 v, u32* s_tmp, int w, int lane) 
     return r;
 }
 
+// One-pass staging (ZC_ONEPASS): appends one thread layer, packed without its first delta (brest
+// planes of the magnitudes m of lanes 1..31, sign word s), to the warp's arena st at word cur.
+// Returns the layer's stage info ((offset << 5) | brest), or ZC_NOSTAGE (raw: b > 30, or full).
+// Called by the whole warp with warp-uniform b and cur.
+__device__ __forceinline__ u32 zc_stage1(u32* st, u32& cur, u32 b, u32 m, u32 s, int lane) {
+    if (b > 30u) return ZC_NOSTAGE;
+    if (b == 0u) return cur << 5;  // nothing to store: all deltas after the first are 0
+    if (cur + 1u + b > (u32)ZC_SW) return ZC_NOSTAGE;
+    const u32 pl = warp_transpose32(m, lane);
+    if (lane == 0) st[cur] = s;
+    if ((u32)lane < b) st[cur + 1u + (u32)lane] = pl;
+    const u32 info = (cur << 5) | b;
+    cur += 1u + b;
+    return info;
+}
+// Two consecutive layers: one shared transpose when both have brest <= 16 (and both store planes).
+__device__ __forceinline__ void zc_stage2(u32* st, u32& cur, u32 bA, u32 mA, u32 sA, u32 bB, u32 mB, u32 sB,
+                                          int lane, u32& iA, u32& iB) {
+    if (bA != 0u && bB != 0u && bA <= 16u && bB <= 16u && cur + 2u + bA + bB <= (u32)ZC_SW) {
+        const u32 oA = cur, oB = cur + 1u + bA;
+        const u32 pl = warp_transpose32(mA | (mB << 16), lane);  // lane k < 16: plane k of A; else of B
+        if (lane == 0) st[oA] = sA;
+        if ((u32)lane < bA) st[oA + 1u + (u32)lane] = pl;
+        if (lane == 16) st[oB] = sB;
+        if (lane >= 16 && (u32)lane - 16u < bB) st[oB + 1u + ((u32)lane - 16u)] = pl;
+        iA = (oA << 5) | bA;
+        iB = (oB << 5) | bB;
+        cur = oB + 1u + bB;
+        return;
+    }
+    iA = zc_stage1(st, cur, bA, mA, sA, lane);
+    iB = zc_stage1(st, cur, bB, mB, sB, lane);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Compression. Warp w owns iteration layers w, w + W, w + 2W, ... (J = 32 / W of them).
 template <typename T, int CODEC, bool REL>
@@ -107,10 +177,14 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     const int SIZE = ZT<T>::SIZE;
     const int W = ZC_WARPS;
     const int J = 32 / ZC_WARPS;
+    // one-pass variant (see the top of the file): f32, word-aligned codecs
+    constexpr bool ONE = ZC_ONEPASS != 0 && ZT<T>::SIZE == 4 && CODEC != ZC_OUTLIER;
 
     __shared__ u32 s_off[1024];
     __shared__ u32 s_rate[256];
-    __shared__ C s_prev[CODEC == ZC_AATROX ? 1024 : 1];
+    __shared__ C s_prev[(CODEC == ZC_AATROX || ONE) ? 1024 : 1];  // ONE: d0 of every layer
+    __shared__ u32 s_stage[ONE ? ZC_STAGE_WORDS : 1];
+    __shared__ unsigned short s_sinfo[ONE ? 1024 : 1];
     __shared__ C s_first[32];
     __shared__ C s_last[32];
     __shared__ u32 s_wtot[32];
@@ -139,6 +213,8 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     bool my_exists[J], my_raw[J];
     U my_rest[J];
     C my_q0[J], my_q31[J];
+    u32* const st_w = s_stage + (ONE ? w * ZC_SW : 0);  // ONE: this warp's arena slice
+    u32 st_cur = 0;                                      // ONE: words used in it
 #pragma unroll
     for (int j = 0; j < J; j++) {
         my_exists[j] = false;
@@ -155,10 +231,12 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                 u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
                 xs[u] = e < n ? cin[e] : (T)0;
             }
+            u32 pb = 32u, pm = 0u, ps = 0u;  // ONE: the previous (even) layer's brest, magnitude, sign
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int t = t0 + u;
                 const u32 l = (u32)(it * 32 + t);
+                u32 sb = 32u, sm = 0u, ss = 0u;  // ONE: brest (32: not stageable), magnitude, sign
                 if (l < n_layers) {
                     const u32 nt = min(32u, n - l * 32u);
                     const bool present = (u32)lane < nt;
@@ -179,6 +257,26 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                         my_rest[j] = rest;
                         my_q0[j] = q0;
                         my_q31[j] = qlast;
+                    }
+                    if (ONE) {
+                        // lane 0's delta is 0 here (shfl_up leaves lane 0 its own code)
+                        ss = __ballot_sync(ZC_FULL, d < 0);
+                        sm = (u32)m;
+                        if (!raw) sb = ZU<T>::width(rest);
+                    }
+                }
+                if (ONE) {
+                    if (u & 1) {
+                        u32 iA, iB;
+                        zc_stage2(st_w, st_cur, pb, pm, ps, sb, sm, ss, lane, iA, iB);
+                        if (lane == 0) {
+                            s_sinfo[l - 1u] = (unsigned short)iA;
+                            s_sinfo[l] = (unsigned short)iB;
+                        }
+                    } else {
+                        pb = sb;
+                        pm = sm;
+                        ps = ss;
                     }
                 }
             }
@@ -222,6 +320,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             prev = mb ? pl : incoming;
         }
         u32 rate = 0, ls = 0;
+        C d0s = 0;
         if (my_exists[j]) {
             const u32 l = (u32)(it * 32 + lane);
             const u32 nt = min(32u, n - l * 32u);
@@ -230,6 +329,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                 ls = nt * SIZE;
             } else {
                 C d0 = (C)((U)my_q0[j] - (U)prev);
+                d0s = d0;
                 U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
                 u32 b_all = ZU<T>::width(my_rest[j] | a0);
                 rate = b_all;
@@ -247,7 +347,8 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             }
         }
         ((u8*)s_rate)[it * 32 + lane] = (u8)rate;
-        if (CODEC == ZC_AATROX) s_prev[it * 32 + lane] = prev;
+        if (ONE) s_prev[it * 32 + lane] = d0s;
+        else if (CODEC == ZC_AATROX) s_prev[it * 32 + lane] = prev;
         lsize[j] = ls;
         incl[j] = warp_incl_u32(ls, lane);
         const bool itnz = __any_sync(ZC_FULL, rate != 0);
@@ -312,147 +413,226 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                 hsum += zhash_mix(v, ro + k);
             }
         }
-        // ---- pass 2: layer payloads
-        const bool CPAIRS = SIZE == 4 && CODEC != ZC_OUTLIER;
+        if constexpr (ONE) {
+            // ---- one-pass: copy the staged layers out (see the top of the file)
+            const u32* st = st_w;
 #pragma unroll 1
-        for (int j = 0; j < J; j++) {
-            const int it = w + j * W;
+            for (int j = 0; j < J; j++) {
+                const int it = w + j * W;
+                if (!((mask >> it) & 1u)) continue;  // every rate byte of this iteration is 0
 #pragma unroll 1
-            for (int t0 = 0; t0 < 32; t0 += 8) {
-                T xs[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
-                    xs[u] = e < n ? cin[e] : (T)0;
-                }
-                bool skip = false;  // the previous step wrote this layer as the second of a pair
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    if (skip) {
-                        skip = false;
+                for (int t = 0; t < 32;) {
+                    const u32 l = (u32)(it * 32 + t);
+                    if (l >= n_layers) break;
+                    // lane i (mod 4) looks at layer l + i: staged (or all-zero) and small enough?
+                    const u32 i4 = (u32)lane & 3u;
+                    const u32 li = l + i4;
+                    const bool ex = t + (int)i4 < 32 && li < n_layers;
+                    const u32 ri = ex ? (u32)((const u8*)s_rate)[li] : 0xFFu;
+                    const bool fast = ex && ri != 0xFFu && (ri == 0u || (u32)s_sinfo[li] != ZC_NOSTAGE);
+                    const u32 v4 = __ballot_sync(ZC_FULL, fast && ri <= 7u) & 0xFu;
+                    const u32 v2 = __ballot_sync(ZC_FULL, fast && ri <= 15u) & 0x3u;
+                    const u32 v1 = __ballot_sync(ZC_FULL, fast) & 0x1u;
+                    if (v1) {
+                        // 4 layers of <= 8 words (8 lanes each), 2 of <= 16, or 1 of <= 31
+                        const int sh = v4 == 0xFu ? 3 : (v2 == 0x3u ? 4 : 5);
+                        const u32 L = l + ((u32)lane >> sh);
+                        const u32 k = (u32)lane & ((1u << sh) - 1u);
+                        const u32 r = ((const u8*)s_rate)[L];
+                        if (r != 0u && k <= r) {
+                            // word 0: sign; word k >= 1: plane k - 1 (o = 0, b = r for these codecs)
+                            const u32 info = s_sinfo[L];
+                            const u32 br = info & 31u, so = info >> 5;
+                            const C d0 = s_prev[L];
+                            const u32 a0 = d0 < 0 ? 0u - (u32)d0 : (u32)d0;
+                            u32 v;
+                            if (k == 0u) v = (br != 0u ? st[so] : 0u) | (d0 < 0 ? 1u : 0u);
+                            else v = (k <= br ? st[so + k] : 0u) | ((a0 >> (k - 1u)) & 1u);
+                            const u32 wi = (s_off[L] >> 2) + k;
+                            cw[wi] = v;
+                            hsum += zhash_mix(v, wi);
+                        }
+                        t += 1 << (5 - sh);
                         continue;
                     }
-                    const u32 l = (u32)(it * 32 + t0 + u);
-                    if (l >= n_layers) continue;
+                    // layer l is raw or did not fit the arena: re-read and re-quantize it
                     const u32 r = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l]);
-                    if (CPAIRS && (u & 1) == 0 && l + 1 < n_layers) {
-                        // f32, word-aligned codecs: two non-raw layers with deltas of <= 16 bits
-                        // share one transpose (A = l is full: it is not the last layer)
-                        const u32 rB = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l + 1]);
-                        if (r != 0xFFu && rB != 0xFFu && (r & 63u) <= 16u && (rB & 63u) <= 16u && (r | rB) != 0u) {
-                            const u32 bA = r & 63u, bB = rB & 63u;
-                            const u32 ntB = min(32u, n - (l + 1) * 32u);
-                            C cA = zq_code<T, REL>(q, xs[u]);
-                            C cB = (u32)lane < ntB ? zq_code<T, REL>(q, xs[u + 1]) : (C)0;
-                            if (ntB < 32u) {
-                                C ql = zc_shfl(cB, ntB - 1);
-                                if ((u32)lane >= ntB) cB = ql;
-                            }
-                            C pA = zc_shfl_up(cA, 1), pB = zc_shfl_up(cB, 1);
-                            if (lane == 0) {
-                                pA = CODEC == ZC_AATROX ? s_prev[l] : (C)0;
-                                pB = CODEC == ZC_AATROX ? s_prev[l + 1] : (C)0;
-                            }
-                            const C dA = (C)((U)cA - (U)pA), dB = (C)((U)cB - (U)pB);
-                            const u32 sA = __ballot_sync(ZC_FULL, dA < 0), sB = __ballot_sync(ZC_FULL, dB < 0);
-                            const u32 mA = (u32)(dA < 0 ? (U)0 - (U)dA : (U)dA);
-                            const u32 mB = (u32)(dB < 0 ? (U)0 - (U)dB : (U)dB);
-                            const u32 pl = warp_transpose32(mA | (mB << 16), lane);
-                            const u32 wA = s_off[l] >> 2, wB = s_off[l + 1] >> 2;
-                            if (bA > 0) {
-                                if (lane == 0) {
-                                    cw[wA] = sA;
-                                    hsum += zhash_mix(sA, wA);
-                                }
-                                if ((u32)lane < bA) {
-                                    cw[wA + 1 + lane] = pl;
-                                    hsum += zhash_mix(pl, wA + 1 + lane);
-                                }
-                            }
-                            if (bB > 0) {
-                                if (lane == 16) {
-                                    cw[wB] = sB;
-                                    hsum += zhash_mix(sB, wB);
-                                }
-                                if (lane >= 16 && (u32)lane - 16 < bB) {
-                                    cw[wB + 1 + (lane - 16)] = pl;
-                                    hsum += zhash_mix(pl, wB + 1 + (lane - 16));
-                                }
-                            }
-                            skip = true;
-                            continue;
-                        }
-                    }
-                    if (r == 0) continue;
                     const u32 nt = min(32u, n - l * 32u);
                     const bool present = (u32)lane < nt;
+                    const T x = present ? cin[l * 32u + (u32)lane] : (T)0;
                     const u32 off = s_off[l];
-                    if (r == 0xFF) {
+                    if (r == 0xFFu) {
                         if (present) {
-                            typename ZT<T>::bits_t bits = ZT<T>::bits(xs[u]);
-                            u32 o = off + (u32)lane * SIZE;
+                            const u32 bits = (u32)ZT<T>::bits(x);
+                            const u32 wi = (off >> 2) + (u32)lane;
+                            cw[wi] = bits;
+                            hsum += zhash_mix(bits, wi);
+                        }
+                    } else if (r != 0u) {
+                        C code = present ? zq_code<T, REL>(q, x) : (C)0;
+                        const C qlast = zc_shfl(code, nt - 1);
+                        if (!present) code = qlast;
+                        const C qp = zc_shfl_up(code, 1);
+                        C d = (C)((U)code - (U)qp);
+                        if (lane == 0) d = s_prev[l];  // d0
+                        const u32 sign = __ballot_sync(ZC_FULL, d < 0);
+                        const u32 pl = warp_transpose32((u32)(d < 0 ? (U)0 - (U)d : (U)d), lane);
+                        const u32 wi = off >> 2;
+                        if (lane == 0) {
+                            cw[wi] = sign;
+                            hsum += zhash_mix(sign, wi);
+                        }
+                        if ((u32)lane < r) {
+                            cw[wi + 1u + (u32)lane] = pl;
+                            hsum += zhash_mix(pl, wi + 1u + (u32)lane);
+                        }
+                    }
+                    t += 1;
+                }
+            }
+        } else {
+            // ---- pass 2: layer payloads
+            const bool CPAIRS = SIZE == 4 && CODEC != ZC_OUTLIER;
+    #pragma unroll 1
+            for (int j = 0; j < J; j++) {
+                const int it = w + j * W;
+    #pragma unroll 1
+                for (int t0 = 0; t0 < 32; t0 += 8) {
+                    T xs[8];
+    #pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
+                        xs[u] = e < n ? cin[e] : (T)0;
+                    }
+                    bool skip = false;  // the previous step wrote this layer as the second of a pair
+    #pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        if (skip) {
+                            skip = false;
+                            continue;
+                        }
+                        const u32 l = (u32)(it * 32 + t0 + u);
+                        if (l >= n_layers) continue;
+                        const u32 r = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l]);
+                        if (CPAIRS && (u & 1) == 0 && l + 1 < n_layers) {
+                            // f32, word-aligned codecs: two non-raw layers with deltas of <= 16 bits
+                            // share one transpose (A = l is full: it is not the last layer)
+                            const u32 rB = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l + 1]);
+                            if (r != 0xFFu && rB != 0xFFu && (r & 63u) <= 16u && (rB & 63u) <= 16u && (r | rB) != 0u) {
+                                const u32 bA = r & 63u, bB = rB & 63u;
+                                const u32 ntB = min(32u, n - (l + 1) * 32u);
+                                C cA = zq_code<T, REL>(q, xs[u]);
+                                C cB = (u32)lane < ntB ? zq_code<T, REL>(q, xs[u + 1]) : (C)0;
+                                if (ntB < 32u) {
+                                    C ql = zc_shfl(cB, ntB - 1);
+                                    if ((u32)lane >= ntB) cB = ql;
+                                }
+                                C pA = zc_shfl_up(cA, 1), pB = zc_shfl_up(cB, 1);
+                                if (lane == 0) {
+                                    pA = CODEC == ZC_AATROX ? s_prev[l] : (C)0;
+                                    pB = CODEC == ZC_AATROX ? s_prev[l + 1] : (C)0;
+                                }
+                                const C dA = (C)((U)cA - (U)pA), dB = (C)((U)cB - (U)pB);
+                                const u32 sA = __ballot_sync(ZC_FULL, dA < 0), sB = __ballot_sync(ZC_FULL, dB < 0);
+                                const u32 mA = (u32)(dA < 0 ? (U)0 - (U)dA : (U)dA);
+                                const u32 mB = (u32)(dB < 0 ? (U)0 - (U)dB : (U)dB);
+                                const u32 pl = warp_transpose32(mA | (mB << 16), lane);
+                                const u32 wA = s_off[l] >> 2, wB = s_off[l + 1] >> 2;
+                                if (bA > 0) {
+                                    if (lane == 0) {
+                                        cw[wA] = sA;
+                                        hsum += zhash_mix(sA, wA);
+                                    }
+                                    if ((u32)lane < bA) {
+                                        cw[wA + 1 + lane] = pl;
+                                        hsum += zhash_mix(pl, wA + 1 + lane);
+                                    }
+                                }
+                                if (bB > 0) {
+                                    if (lane == 16) {
+                                        cw[wB] = sB;
+                                        hsum += zhash_mix(sB, wB);
+                                    }
+                                    if (lane >= 16 && (u32)lane - 16 < bB) {
+                                        cw[wB + 1 + (lane - 16)] = pl;
+                                        hsum += zhash_mix(pl, wB + 1 + (lane - 16));
+                                    }
+                                }
+                                skip = true;
+                                continue;
+                            }
+                        }
+                        if (r == 0) continue;
+                        const u32 nt = min(32u, n - l * 32u);
+                        const bool present = (u32)lane < nt;
+                        const u32 off = s_off[l];
+                        if (r == 0xFF) {
+                            if (present) {
+                                typename ZT<T>::bits_t bits = ZT<T>::bits(xs[u]);
+                                u32 o = off + (u32)lane * SIZE;
+                                if (zc_aligned<CODEC>()) {
+                                    cw[o >> 2] = (u32)bits;
+                                    hsum += zhash_mix((u32)bits, o >> 2);
+                                    if (SIZE == 8) {
+                                        cw[(o >> 2) + 1] = (u32)((u64)bits >> 32);
+                                        hsum += zhash_mix((u32)((u64)bits >> 32), (o >> 2) + 1);
+                                    }
+                                } else {
+                                    zc_put_any(co, o, (u32)bits);
+                                    if (SIZE == 8) zc_put_any(co, o + 4, (u32)((u64)bits >> 32));
+                                }
+                            }
+                            continue;
+                        }
+                        C code = present ? zq_code<T, REL>(q, xs[u]) : (C)0;
+                        C qlast = zc_shfl(code, nt - 1);
+                        if (!present) code = qlast;
+                        C qp = zc_shfl_up(code, 1);
+                        if (lane == 0) {
+                            if (CODEC == ZC_AATROX) qp = s_prev[l];
+                            else qp = 0;
+                        }
+                        C d = (C)((U)code - (U)qp);
+                        const u32 o = r >> 6, b = r & 63u;
+                        u32 pos = off;
+                        if (o != 0) {
+                            const u32 ow = zc_obytes(o);
+                            if (lane == 0) {
+                                i64 d64 = (i64)d;
+                                u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
+                                for (u32 k = 0; k < ow; k++) co[off + k] = (u8)(z >> (8 * k));
+                                d = 0;
+                            }
+                            pos += ow;
+                        }
+                        if (b > 0) {
+                            const u32 sign = __ballot_sync(ZC_FULL, d < 0);
+                            U m = d < 0 ? (U)0 - (U)d : (U)d;
+                            u32 plo = warp_transpose32((u32)m, lane);
                             if (zc_aligned<CODEC>()) {
-                                cw[o >> 2] = (u32)bits;
-                                hsum += zhash_mix((u32)bits, o >> 2);
-                                if (SIZE == 8) {
-                                    cw[(o >> 2) + 1] = (u32)((u64)bits >> 32);
-                                    hsum += zhash_mix((u32)((u64)bits >> 32), (o >> 2) + 1);
+                                u32 wi = pos >> 2;
+                                if (lane == 0) {
+                                    cw[wi] = sign;
+                                    hsum += zhash_mix(sign, wi);
+                                }
+                                if ((u32)lane < b) {
+                                    cw[wi + 1 + lane] = plo;
+                                    hsum += zhash_mix(plo, wi + 1 + lane);
                                 }
                             } else {
-                                zc_put_any(co, o, (u32)bits);
-                                if (SIZE == 8) zc_put_any(co, o + 4, (u32)((u64)bits >> 32));
+                                if (lane == 0) zc_put_any(co, pos, sign);
+                                if ((u32)lane < b) zc_put_any(co, pos + 4 + 4 * lane, plo);
                             }
-                        }
-                        continue;
-                    }
-                    C code = present ? zq_code<T, REL>(q, xs[u]) : (C)0;
-                    C qlast = zc_shfl(code, nt - 1);
-                    if (!present) code = qlast;
-                    C qp = zc_shfl_up(code, 1);
-                    if (lane == 0) {
-                        if (CODEC == ZC_AATROX) qp = s_prev[l];
-                        else qp = 0;
-                    }
-                    C d = (C)((U)code - (U)qp);
-                    const u32 o = r >> 6, b = r & 63u;
-                    u32 pos = off;
-                    if (o != 0) {
-                        const u32 ow = zc_obytes(o);
-                        if (lane == 0) {
-                            i64 d64 = (i64)d;
-                            u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
-                            for (u32 k = 0; k < ow; k++) co[off + k] = (u8)(z >> (8 * k));
-                            d = 0;
-                        }
-                        pos += ow;
-                    }
-                    if (b > 0) {
-                        const u32 sign = __ballot_sync(ZC_FULL, d < 0);
-                        U m = d < 0 ? (U)0 - (U)d : (U)d;
-                        u32 plo = warp_transpose32((u32)m, lane);
-                        if (zc_aligned<CODEC>()) {
-                            u32 wi = pos >> 2;
-                            if (lane == 0) {
-                                cw[wi] = sign;
-                                hsum += zhash_mix(sign, wi);
-                            }
-                            if ((u32)lane < b) {
-                                cw[wi + 1 + lane] = plo;
-                                hsum += zhash_mix(plo, wi + 1 + lane);
-                            }
-                        } else {
-                            if (lane == 0) zc_put_any(co, pos, sign);
-                            if ((u32)lane < b) zc_put_any(co, pos + 4 + 4 * lane, plo);
-                        }
-                        if (SIZE == 8 && b > 32) {
-                            u32 phi = warp_transpose32((u32)((u64)m >> 32), lane);
-                            if ((u32)lane + 32 < b) {
-                                if (zc_aligned<CODEC>()) {
-                                    u32 wi = (pos >> 2) + 33 + lane;
-                                    cw[wi] = phi;
-                                    hsum += zhash_mix(phi, wi);
-                                } else {
-                                    zc_put_any(co, pos + 4 + 4 * (32 + lane), phi);
+                            if (SIZE == 8 && b > 32) {
+                                u32 phi = warp_transpose32((u32)((u64)m >> 32), lane);
+                                if ((u32)lane + 32 < b) {
+                                    if (zc_aligned<CODEC>()) {
+                                        u32 wi = (pos >> 2) + 33 + lane;
+                                        cw[wi] = phi;
+                                        hsum += zhash_mix(phi, wi);
+                                    } else {
+                                        zc_put_any(co, pos + 4 + 4 * (32 + lane), phi);
+                                    }
                                 }
                             }
                         }
