@@ -33,9 +33,32 @@
 //! [`Policy::Auto`] predicts both paths with the calibrated [`NcclProfile`] (raw NCCL algorithm
 //! bandwidths, device codec throughput, per-piece host overhead). If compression cannot win even
 //! at an infinite ratio (NVLink: the codec kernels alone take longer than raw NCCL) raw NCCL runs
-//! at once, with no sampling. Otherwise every rank estimates its ratio (previous same-shaped
-//! message, else a device sample), the estimates are allgathered and all ranks take the same
-//! decision (compress iff predicted `< 0.95 ×` raw).
+//! at once, with no sampling. Otherwise the decision (compress iff predicted `< 0.95 ×` raw) uses
+//! a ratio all ranks agree on, so all ranks take the same path:
+//!
+//! * a cache of *agreed* ratios per (operation, dtype, element count) answers most calls with no
+//!   sampling and no extra message (every rank holds the identical value, so no exchange is
+//!   needed); every 16th `Auto` call of a shape misses on all ranks alike and re-estimates, so a
+//!   raw decision does not stick when the data change;
+//! * on a miss every rank compresses a small device sample (up to 8 codec chunks spread over the
+//!   buffer) under a bound taken from the *sample* (`noa`: the sample's own range, never wider
+//!   than the buffer's, so the estimate is conservative; reductions: the per-step bound of
+//!   [`reduction_step_bound`] from the sample's range and magnitude, a heuristic), and the
+//!   estimates travel in the descriptor round ([`NcclConfig::check`]; else one 8-byte allgather).
+//!   All ranks cache their harmonic mean;
+//! * only a call that then compresses computes the real bound (the full-buffer value range, for
+//!   reductions allreduced over the ranks), and afterwards all ranks agree on the measured ratio
+//!   (one 8-byte allgather) for the next calls.
+//!
+//! A raw `Auto` call therefore costs raw NCCL plus the descriptor round (none with checks off)
+//! on cache hits. The caches are cleared when the bound or the policy changes.
+//!
+//! # Ranks without a device codec
+//!
+//! Whether each rank loaded its device codec is exchanged once at construction. If any rank
+//! lacks it, `Auto` runs raw NCCL on every rank and `Always` fails with [`Error::Unavailable`] on
+//! every rank (collectives: after the descriptor round; point to point: the sender announces the
+//! failure in the descriptor, so both ends fail) — never a hang.
 //!
 //! # Error bound of reductions
 //!
@@ -48,6 +71,7 @@
 //!
 //! [`Communicator`]: super::Communicator
 
+mod auto;
 mod host;
 mod kernels;
 
@@ -66,8 +90,9 @@ use super::transport::{ReduceOp, Transport};
 use super::{partition, Decision, OpStats};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::model::{CodecSpeed, Link, Policy, RatioCache};
+use crate::model::{CodecSpeed, Link, Policy};
 use crate::quant::ErrorBound;
+use auto::{f64s, Agreed, AgreedRatios, RatioKey};
 
 /// A scalar NCCL and the device codecs move: `f32` or `f64`.
 pub trait NcclReal: Real + NcclType + crate::gpu::GpuElement + Unpin {}
@@ -610,11 +635,6 @@ impl Desc {
     }
 }
 
-fn harmonic(r: &[f64]) -> f64 {
-    let inv: f64 = r.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>() / r.len().max(1) as f64;
-    1.0 / inv
-}
-
 fn local_rank(rank: usize) -> usize {
     for k in [
         "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -646,7 +666,12 @@ pub struct NcclComm {
     utils: kernels::Utils,
     config: NcclConfig,
     profile: NcclProfile,
-    ratios: RatioCache,
+    /// Agreed `Auto` ratios of collectives (identical on all ranks, see [`auto`]).
+    ratios: AgreedRatios,
+    /// `Auto` ratios of this rank's sends (the sender alone decides a point-to-point message).
+    p2p_ratios: AgreedRatios,
+    /// Whether each rank loaded its device codec (exchanged at construction).
+    codec_ranks: Vec<bool>,
     seq: u64,
     send_pool: Pool,
     recv_pool: Pool,
@@ -761,6 +786,19 @@ impl NcclComm {
                 (None, e.to_string())
             }
         };
+        // every rank learns which ranks can run the codec (so Auto/Always decide alike)
+        let codec_ranks: Vec<bool> = sh
+            .boot
+            .allgather_fixed(&[u8::from(gpu.is_some())])?
+            .iter()
+            .map(|&b| b != 0)
+            .collect();
+        if codec_ranks.len() != size {
+            return Err(Error::Comm(format!(
+                "codec availability from {} ranks, expected {size}",
+                codec_ranks.len()
+            )));
+        }
         let label = config
             .transport_label
             .clone()
@@ -772,7 +810,9 @@ impl NcclComm {
             utils,
             profile: NcclProfile::guess(&label),
             config,
-            ratios: RatioCache::default(),
+            ratios: AgreedRatios::default(),
+            p2p_ratios: AgreedRatios::default(),
+            codec_ranks,
             seq: 0,
             send_pool: Pool::default(),
             recv_pool: Pool::default(),
@@ -823,13 +863,21 @@ impl NcclComm {
     pub fn config(&self) -> &NcclConfig {
         &self.config
     }
-    /// Change the policy (all ranks alike).
+    /// Change the policy (all ranks alike; a different policy forgets the `Auto` ratio caches).
     pub fn set_policy(&mut self, p: Policy) {
+        if p != self.config.policy {
+            self.ratios.clear();
+            self.p2p_ratios.clear();
+        }
         self.config.policy = p;
     }
-    /// Change the bound (all ranks alike).
+    /// Change the bound (all ranks alike; a different bound forgets the `Auto` ratio caches).
     pub fn set_bound(&mut self, b: ErrorBound) -> Result<()> {
         b.validate()?;
+        if b != self.config.bound {
+            self.ratios.clear();
+            self.p2p_ratios.clear();
+        }
         self.config.bound = b;
         Ok(())
     }
@@ -845,9 +893,27 @@ impl NcclComm {
     pub fn set_profile(&mut self, p: NcclProfile) {
         self.profile = p;
     }
-    /// Whether the device codec is loaded (else every operation runs raw NCCL).
+    /// Whether this rank's device codec is loaded.
     pub fn has_codec(&self) -> bool {
         self.gpu.is_some()
+    }
+    /// Whether every rank loaded its device codec (else collectives under `Auto` run raw NCCL
+    /// and under `Always` fail on every rank; identical on all ranks).
+    pub fn codec_on_all_ranks(&self) -> bool {
+        self.codec_ranks.iter().all(|&b| b)
+    }
+    /// The ranks without a device codec, for error messages.
+    fn codec_missing_msg(&self, ranks: &[usize]) -> String {
+        let missing: Vec<String> = ranks
+            .iter()
+            .filter(|&&j| !self.codec_ranks.get(j).copied().unwrap_or(false))
+            .map(|j| j.to_string())
+            .collect();
+        let mut m = format!("GPU codec unavailable on rank(s) {}", missing.join(", "));
+        if self.gpu.is_none() {
+            m.push_str(&format!(" (here: {})", self.gpu_error));
+        }
+        m
     }
     /// Synchronize this rank's NCCL and codec streams.
     pub fn synchronize(&self) -> Result<()> {
@@ -991,8 +1057,9 @@ impl NcclComm {
         (self.config.piece_bytes / T::SIZE).max(1)
     }
 
-    /// Exchange and check descriptors (every rank gets the same verdict).
-    fn agree(&mut self, d: Desc) -> Result<()> {
+    /// Exchange and check descriptors (every rank gets the same verdict); returns every rank's
+    /// descriptor in rank order.
+    fn agree(&mut self, d: Desc) -> Result<Vec<Desc>> {
         let d = Desc { seq: self.seq, ..d };
         self.seq += 1;
         let raw = self.sh.boot.allgather_fixed(&d.to_bytes())?;
@@ -1000,8 +1067,109 @@ impl NcclComm {
             .chunks_exact(DESC_LEN)
             .map(Desc::parse)
             .collect::<Result<Vec<_>>>()?;
+        if all.len() != self.size() {
+            return Err(Error::Comm(format!(
+                "{} NCCL descriptors from {} ranks",
+                all.len(),
+                self.size()
+            )));
+        }
         for (r, x) in all.iter().enumerate().skip(1) {
             all[0].check(x, 0, r)?;
+        }
+        Ok(all)
+    }
+
+    /// The one control round of a collective, done exactly once per call: the descriptor check
+    /// (when [`NcclConfig::check`]) carrying this rank's `Auto` estimate `est` (when given), or,
+    /// with checks off, an 8-byte allgather of `est` (nothing at all without an estimate).
+    /// Returns every rank's estimate (rank order) when `est` was given. `est` must be `Some` on
+    /// all ranks or on none (it is: it depends only on agreed state).
+    fn exchange(&mut self, mut d: Desc, est: Option<f64>) -> Result<Option<Vec<f64>>> {
+        if let Some(e) = est {
+            d.ratio = e;
+        }
+        if self.config.check {
+            let all = self.agree(d)?;
+            return Ok(est.map(|_| all.iter().map(|x| x.ratio).collect()));
+        }
+        match est {
+            None => Ok(None),
+            Some(e) => Ok(Some(f64s(&self.sh.boot.allgather_fixed(&e.to_le_bytes())?))),
+        }
+    }
+
+    /// Plan a collective (identical outcome on every rank): runs the control round
+    /// ([`exchange`](Self::exchange)) and returns `None` for raw NCCL, or `Some(ratio)` when
+    /// compression is wanted and possible: under `Auto` the agreed ratio estimate (cached, or
+    /// `estimate`d locally now and agreed), under `Always` `1e12`. `want`: the policy allows
+    /// compression at all (`Auto`: it could win at an infinite ratio), from agreed inputs only.
+    /// `Always` with a rank lacking the codec is [`Error::Unavailable`] on every rank.
+    fn plan<T: NcclReal>(
+        &mut self,
+        op: u8,
+        n: usize,
+        want: bool,
+        estimate: impl FnOnce(&mut Self) -> Result<f64>,
+    ) -> Result<Option<f64>> {
+        let auto = matches!(self.config.policy, Policy::Auto(_));
+        let avail = self.codec_on_all_ranks();
+        let key = RatioKey {
+            op,
+            dtype: T::DTYPE.tag(),
+            count: n as u64,
+        };
+        let mut cached = None;
+        let mut local = None;
+        if want && avail && auto {
+            cached = self.ratios.lookup(key);
+            if cached.is_none() {
+                local = Some(estimate(self).unwrap_or_else(|e| {
+                    tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "{} ratio estimate failed, running raw: {e}", op_name(op));
+                    -1.0 // tells every rank to run raw
+                }));
+            }
+        }
+        let all = self.exchange(self.desc::<T>(op, n), local)?;
+        if !want {
+            return Ok(None);
+        }
+        if !avail {
+            if auto {
+                return Ok(None);
+            }
+            let ranks: Vec<usize> = (0..self.size()).collect();
+            return Err(Error::Unavailable(self.codec_missing_msg(&ranks)));
+        }
+        if !auto {
+            return Ok(Some(1e12));
+        }
+        if cached.is_some() {
+            return Ok(cached);
+        }
+        match all.as_deref().and_then(Agreed::from_all) {
+            Some(a) => {
+                self.ratios.put(key, a);
+                Ok(Some(a.value()))
+            }
+            None => Ok(None), // some rank could not estimate: raw everywhere, nothing cached
+        }
+    }
+
+    /// After a compressed `Auto` collective: all ranks agree on the measured ratio (8-byte
+    /// allgather) and cache it for the next calls of this shape.
+    fn agree_measured<T: NcclReal>(&mut self, op: u8, n: usize, ratio: f64) -> Result<()> {
+        if !matches!(self.config.policy, Policy::Auto(_)) {
+            return Ok(());
+        }
+        let all = f64s(&self.sh.boot.allgather_fixed(&ratio.to_le_bytes())?);
+        if let Some(a) = Agreed::from_all(&all) {
+            let key = RatioKey {
+                op,
+                dtype: T::DTYPE.tag(),
+                count: n as u64,
+            };
+            self.ratios.put(key, a);
         }
         Ok(())
     }
@@ -1040,20 +1208,19 @@ impl NcclComm {
         })
     }
 
-    /// Ratio estimate: the previous message of the same operation and size, else up to 8 codec
-    /// chunks spread over `x` compressed on the device.
-    fn estimate<T: NcclReal>(
+    /// Local ratio estimate from up to 8 codec chunks spread over `x`, compressed on the device
+    /// under a bound derived from the sample alone (no pass over the whole buffer):
+    /// `reduction = None`: the configured bound (`noa` then uses the sample's own range, at most
+    /// the buffer's, so the estimate is conservative); `Some((p, divisor, quantizations))`: the
+    /// per-step bound of [`reduction_step_bound`] from the sample's range and magnitude (a
+    /// heuristic for the global values); `1.0` when no positive step bound is left.
+    fn sample_ratio<T: NcclReal>(
         &mut self,
         x: &CudaView<'_, T>,
-        bound: ErrorBound,
         codec: CodecKind,
-        op: u8,
+        reduction: Option<(usize, f64, usize)>,
     ) -> Result<f64> {
         const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
-        let key = x.len() as i64;
-        if let Some(r) = self.ratios.get(op, key) {
-            return Ok(r);
-        }
         let n = x.len();
         if n == 0 {
             return Ok(1.0);
@@ -1061,8 +1228,12 @@ impl NcclComm {
         let nch = n.div_ceil(CHUNK);
         let k = nch.min(8);
         let work = self.sh.work.clone();
-        // SAFETY: every element is written by the copies below.
+        // SAFETY: the first m elements are written by the copies below, only they are read.
         let mut sample = unsafe { work.alloc::<T>(k * CHUNK) }.map_err(gpu_err)?;
+        // SAFETY: u8 scratch; only the stream's bytes are read.
+        let mut out =
+            unsafe { work.alloc::<u8>(crate::format::HEADER_LEN + k * CHUNK * T::SIZE + 256) }
+                .map_err(gpu_err)?;
         let mut m = 0usize;
         for i in 0..k {
             let c = i * nch / k;
@@ -1073,12 +1244,30 @@ impl NcclComm {
             work.memcpy_dtod(&src, &mut dst).map_err(gpu_err)?;
             m += hi - lo;
         }
-        work.synchronize().map_err(gpu_err)?;
-        // SAFETY: u8 scratch; only the stream's bytes are read.
-        let mut out = unsafe { work.alloc::<u8>(crate::format::HEADER_LEN + m * T::SIZE + 256) }
-            .map_err(gpu_err)?;
-        work.synchronize().map_err(gpu_err)?;
         let sv = sample.slice(0..m);
+        let bound = match reduction {
+            None => {
+                // allocations and copies complete before the codec stream uses them
+                work.synchronize().map_err(gpu_err)?;
+                self.config.bound
+            }
+            Some((p, d, nq)) => {
+                // synchronizes `work`
+                let Some((lo, hi)) = self.utils.range(&work, &sv)? else {
+                    return Ok(1.0);
+                };
+                let e = match self.config.bound {
+                    ErrorBound::Abs(e) => e,
+                    ErrorBound::Noa(e) => e * (hi - lo),
+                    ErrorBound::Rel(_) => return Ok(1.0),
+                };
+                let mag = lo.abs().max(hi.abs());
+                match reduction_step_bound(e, mag, p, T::UNIT_ROUNDOFF, d, nq) {
+                    Some(eb) => ErrorBound::Abs(eb * d),
+                    None => return Ok(1.0),
+                }
+            }
+        };
         let mut ov = out.slice_mut(..);
         let len = self.gpu()?.compress_device(&sv, bound, codec, &mut ov)?;
         Ok((m * T::SIZE) as f64 / len.max(1) as f64)
@@ -1419,13 +1608,18 @@ impl NcclComm {
     /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order),
     /// compressed per the policy (every rank ends with identical values, its own segment
     /// included). Bound: `abs:E`, `noa:E` of each rank's own range, or `rel:E`, per value.
+    ///
+    /// `Auto` decides from the agreed ratio cache or a sample (see the [module docs](self));
+    /// only a compressing call reads the whole buffer for its value range. If any rank lacks the
+    /// device codec, `Auto` runs raw NCCL and `Always` returns [`Error::Unavailable`], on every
+    /// rank alike.
     pub fn allgather<T: NcclReal>(
         &mut self,
         send: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
     ) -> Result<OpStats> {
         let t0 = self.wtime();
-        let (p, r) = (self.size(), self.rank());
+        let p = self.size();
         let n = send.len();
         if out.len() != n * p {
             return Err(Error::invalid(format!(
@@ -1440,52 +1634,41 @@ impl NcclComm {
         let (raw_t, best_t) = self
             .profile
             .predict_allgather(bytes as f64, p, 1e12, k, codec, dt);
-        let mut compress = match self.config.policy {
+        let want = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
             Policy::Auto(_) => best_t < 0.95 * raw_t,
         } && n > 0
             && p > 1;
-        if compress && self.gpu.is_none() {
-            if let Policy::Always(_) = self.config.policy {
-                return Err(Error::Unavailable(format!("GPU codec: {}", self.gpu_error)));
-            }
-            compress = false;
-        }
-        if self.config.check {
-            self.agree(self.desc::<T>(OP_ALLGATHER, n))?;
-        }
+        let plan = self.plan::<T>(OP_ALLGATHER, n, want, |c| {
+            c.sample_ratio(&send.as_view(), codec, None)
+        })?;
         let mut st = Self::base_stats(OP_ALLGATHER, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
-        let mut bound = self.config.bound;
-        if compress {
-            bound = self.piece_bound(&send.as_view())?;
-            let mut ratio = 1e12;
-            if let Policy::Auto(_) = self.config.policy {
-                let est = self.estimate(&send.as_view(), bound, codec, OP_ALLGATHER)?;
-                let all = self.sh.boot.allgather_fixed(&est.to_le_bytes())?;
-                let rs: Vec<f64> = all
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().expect("8")))
-                    .collect();
-                ratio = harmonic(&rs);
-                let (_, cmp_t) =
-                    self.profile
-                        .predict_allgather(bytes as f64, p, ratio, k, codec, dt);
-                st.predicted_compressed_s = cmp_t;
-                compress = cmp_t < 0.95 * raw_t;
-            } else {
-                st.predicted_compressed_s = best_t;
+        let compress = match plan {
+            None => false,
+            Some(ratio) => {
+                st.ratio_estimate = ratio.min(1e6);
+                if let Policy::Auto(_) = self.config.policy {
+                    let (_, cmp_t) =
+                        self.profile
+                            .predict_allgather(bytes as f64, p, ratio, k, codec, dt);
+                    st.predicted_compressed_s = cmp_t;
+                    cmp_t < 0.95 * raw_t
+                } else {
+                    st.predicted_compressed_s = best_t;
+                    true
+                }
             }
-            st.ratio_estimate = ratio.min(1e6);
-        }
+        };
         if !compress {
             self.sh.allgather(send, out)?;
             return self.finish(st, t0);
         }
+        // compressing: now the real (whole-buffer) bound
+        let bound = self.piece_bound(&send.as_view())?;
         let segs: Vec<Range<usize>> = (0..p).map(|j| j * n..(j + 1) * n).collect();
-        let _ = r;
         let wire = self.gather_round(out, &segs, Some(send), bound, codec)?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
@@ -1500,12 +1683,18 @@ impl NcclComm {
             .predict_allgather(bytes as f64, p, st.ratio, k, codec, dt);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.ratios.put(OP_ALLGATHER, n as i64, st.ratio);
+        self.agree_measured::<T>(OP_ALLGATHER, n, st.ratio)?;
         self.finish(st, t0)
     }
 
     /// Sum over all ranks into `out` (same length) with the end-to-end bound of the
     /// [module docs](self); identical results on every rank.
+    ///
+    /// `Auto` decides from the agreed ratio cache or a sample (see the [module docs](self)); the
+    /// global value range (a pass over the buffer and a small MPI allreduce) is only computed
+    /// when the call compresses. If any rank lacks the device codec, `Auto` runs raw NCCL and
+    /// `Always` returns [`Error::Unavailable`], on every rank alike (the same holds for
+    /// [`allreduce_mean`](Self::allreduce_mean) and [`reduce_scatter`](Self::reduce_scatter)).
     pub fn allreduce<T: NcclReal>(
         &mut self,
         input: &CudaSlice<T>,
@@ -1524,7 +1713,7 @@ impl NcclComm {
     }
 
     /// Reduce-scatter (sum): rank `r` receives segment `r` of
-    /// [`partition`](super::partition)`(input.len(), size)` in `out`.
+    /// [`partition`]`(input.len(), size)` in `out`.
     pub fn reduce_scatter<T: NcclReal>(
         &mut self,
         input: &CudaSlice<T>,
@@ -1544,10 +1733,10 @@ impl NcclComm {
         let n = x.len();
         let full = op != OP_REDUCE_SCATTER;
         let segs = partition(n, p);
-        let want = if full { n } else { segs[r].len() };
-        if out.len() != want {
+        let want_len = if full { n } else { segs[r].len() };
+        if out.len() != want_len {
             return Err(Error::invalid(format!(
-                "{}: output has {} elements, expected {want}",
+                "{}: output has {} elements, expected {want_len}",
                 op_name(op),
                 out.len()
             )));
@@ -1558,9 +1747,6 @@ impl NcclComm {
                 op_name(op)
             )));
         }
-        if self.config.check {
-            self.agree(self.desc::<T>(op, n))?;
-        }
         let codec = self.config.policy.codec().unwrap_or_default();
         let bytes = n * T::SIZE;
         let k = pieces(segs[0].len(), self.piece_elems::<T>()).len();
@@ -1568,30 +1754,45 @@ impl NcclComm {
         let (raw_t, best_t) =
             self.profile
                 .predict_allreduce(bytes as f64, p, 1e12, k, codec, dt, !full);
-        let mut compress = match self.config.policy {
+        let want = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
             Policy::Auto(_) => best_t < 0.95 * raw_t,
         } && n > 0
             && p > 1;
-        if compress && self.gpu.is_none() {
-            if let Policy::Always(_) = self.config.policy {
-                return Err(Error::Unavailable(format!("GPU codec: {}", self.gpu_error)));
-            }
-            compress = false;
-        }
-        let mut st = Self::base_stats(op, bytes);
-        st.predicted_raw_s = raw_t;
-        st.predicted_s = raw_t;
         let d = if op == OP_ALLREDUCE_MEAN {
             p as f64
         } else {
             1.0
         };
+        let nq = if full { p } else { (p - 1).max(1) };
+        let plan = self.plan::<T>(op, n, want, |c| {
+            c.sample_ratio(&x.as_view(), codec, Some((p, d, nq)))
+        })?;
+        let mut st = Self::base_stats(op, bytes);
+        st.predicted_raw_s = raw_t;
+        st.predicted_s = raw_t;
+        let mut compress = match plan {
+            None => false,
+            Some(ratio) => {
+                st.ratio_estimate = ratio.min(1e6);
+                if let Policy::Auto(_) = self.config.policy {
+                    let (_, cmp_t) =
+                        self.profile
+                            .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full);
+                    st.predicted_compressed_s = cmp_t;
+                    cmp_t < 0.95 * raw_t
+                } else {
+                    st.predicted_compressed_s = best_t;
+                    true
+                }
+            }
+        };
         let mut eb = 0.0;
         let mut e_total = 0.0;
         if compress {
-            // global range and magnitude, then the per-quantization bound
+            // compressing (same decision on all ranks): the global range and magnitude, then
+            // the per-quantization bound (identical on all ranks)
             let (lo, hi) = self
                 .utils
                 .range(&self.sh.work, &x.as_view())?
@@ -1606,32 +1807,10 @@ impl NcclComm {
                 ErrorBound::Noa(e) if ghi >= glo => e * (ghi - glo),
                 _ => 0.0,
             };
-            let nq = if full { p } else { (p - 1).max(1) };
             match reduction_step_bound(e_total, m, p, T::UNIT_ROUNDOFF, d, nq) {
                 Some(v) => eb = v,
                 None => compress = false,
             }
-        }
-        if compress {
-            let mut ratio = 1e12;
-            if let Policy::Auto(_) = self.config.policy {
-                let seg0 = x.slice(segs[(r + p - 1) % p].clone());
-                let est = self.estimate(&seg0, ErrorBound::Abs(eb * d), codec, op)?;
-                let all = self.sh.boot.allgather_fixed(&est.to_le_bytes())?;
-                let rs: Vec<f64> = all
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().expect("8")))
-                    .collect();
-                ratio = harmonic(&rs);
-                let (_, cmp_t) =
-                    self.profile
-                        .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full);
-                st.predicted_compressed_s = cmp_t;
-                compress = cmp_t < 0.95 * raw_t;
-            } else {
-                st.predicted_compressed_s = best_t;
-            }
-            st.ratio_estimate = ratio.min(1e6);
         }
         if !compress {
             self.raw_reduce(op, x, out, &segs)?;
@@ -1670,8 +1849,7 @@ impl NcclComm {
                 .predict_allreduce(bytes as f64, p, st.ratio, k, codec, dt, !full);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.ratios
-            .put(op, segs[(r + p - 1) % p].len() as i64, st.ratio);
+        self.agree_measured::<T>(op, n, st.ratio)?;
         self.finish(st, t0)
     }
 
@@ -1766,6 +1944,12 @@ impl NcclComm {
 
     /// Send `data` to `dest` (matched by [`recv`](Self::recv) with the same length), compressed
     /// per the policy (the sender decides). A mismatch is an error on both ends.
+    ///
+    /// `Auto` decides from this rank's ratio cache for sends or a sample (only a compressing
+    /// call reads the whole buffer for its value range). When the sender or the receiver has
+    /// no device codec, `Auto` sends raw and `Always` fails with [`Error::Unavailable`] on both
+    /// ends (the descriptor round tells the receiver; the receiver's reply also says whether it
+    /// can decompress, so a compressed message is never sent to a rank that cannot read it).
     pub fn send<T: NcclReal>(
         &mut self,
         data: &CudaSlice<T>,
@@ -1781,39 +1965,86 @@ impl NcclComm {
         let k = pieces(n, self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
         let (raw_t, best_t) = self.profile.predict_p2p(bytes as f64, 1e12, k, codec, dt);
-        let mut compress = match self.config.policy {
+        let want = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
             Policy::Auto(_) => best_t < 0.95 * raw_t,
         } && n > 0;
-        if compress && self.gpu.is_none() {
-            if let Policy::Always(_) = self.config.policy {
-                return Err(Error::Unavailable(format!("GPU codec: {}", self.gpu_error)));
-            }
-            compress = false;
-        }
+        let avail = self.gpu.is_some() && self.codec_ranks.get(dest).copied().unwrap_or(false);
+        let always = matches!(self.config.policy, Policy::Always(_));
+        let mut compress = want && avail;
         let mut st = Self::base_stats(OP_SEND, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
-        let mut bound = self.config.bound;
         if compress {
-            bound = self.piece_bound(&data.as_view())?;
             if let Policy::Auto(_) = self.config.policy {
-                let est = self.estimate(&data.as_view(), bound, codec, OP_SEND)?;
-                let (_, cmp_t) = self.profile.predict_p2p(bytes as f64, est, k, codec, dt);
-                st.ratio_estimate = est;
-                st.predicted_compressed_s = cmp_t;
-                compress = cmp_t < 0.95 * raw_t;
+                // the sender alone decides: its own cache, no agreement needed
+                let key = RatioKey {
+                    op: OP_SEND,
+                    dtype: dt,
+                    count: n as u64,
+                };
+                let est = match self.p2p_ratios.lookup(key) {
+                    Some(r) => Some(r),
+                    None => match self.sample_ratio(&data.as_view(), codec, None) {
+                        Ok(r) => Agreed::from_all(&[r]).map(|a| {
+                            self.p2p_ratios.put(key, a);
+                            a.value()
+                        }),
+                        Err(e) => {
+                            tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "send ratio estimate failed, sending raw: {e}");
+                            None
+                        }
+                    },
+                };
+                match est {
+                    Some(est) => {
+                        let (_, cmp_t) = self.profile.predict_p2p(bytes as f64, est, k, codec, dt);
+                        st.ratio_estimate = est;
+                        st.predicted_compressed_s = cmp_t;
+                        compress = cmp_t < 0.95 * raw_t;
+                    }
+                    None => compress = false,
+                }
             } else {
+                st.ratio_estimate = 1e6;
                 st.predicted_compressed_s = best_t;
             }
         }
+        // compressing: now the real (whole-buffer) bound
+        let bound = if compress {
+            self.piece_bound(&data.as_view())?
+        } else {
+            self.config.bound
+        };
         let mut d = self.desc::<T>(OP_SEND, n);
-        d.decision = u8::from(compress);
+        d.decision = if want && !avail && always {
+            DEC_UNAVAILABLE
+        } else {
+            u8::from(compress)
+        };
         d.ratio = st.ratio_estimate;
         self.sh.boot.send(dest, TAG_P2P + tag, &d.to_bytes())?;
         let verdict = Desc::parse(&self.sh.boot.recv(dest, TAG_P2P + tag)?)?;
         check_pair(&d, &verdict, self.rank(), dest)?;
+        if d.decision == DEC_UNAVAILABLE {
+            return Err(Error::Unavailable(format!(
+                "send to rank {dest} under {}: {}",
+                self.config.policy,
+                self.codec_missing_msg(&[self.rank(), dest])
+            )));
+        }
+        // the receiver's reply says whether it can decompress (it resolves the same way)
+        match p2p_outcome(d.decision, verdict.decision, always) {
+            P2p::Raw => compress = false,
+            P2p::Compressed => {}
+            P2p::Unavailable => {
+                return Err(Error::Unavailable(format!(
+                    "send to rank {dest} under {}: the receiver has no GPU codec",
+                    self.config.policy
+                )))
+            }
+        }
         if !compress {
             self.raw_send(data, dest)?;
             return self.finish(st, t0);
@@ -1855,11 +2086,22 @@ impl NcclComm {
             .predict_p2p(bytes as f64, st.ratio, k, codec, dt);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.ratios.put(OP_SEND, n as i64, st.ratio);
+        if let (Policy::Auto(_), Some(a)) = (self.config.policy, Agreed::from_all(&[st.ratio])) {
+            let key = RatioKey {
+                op: OP_SEND,
+                dtype: dt,
+                count: n as u64,
+            };
+            self.p2p_ratios.put(key, a);
+        }
         self.finish(st, t0)
     }
 
     /// Receive exactly `out.len()` elements from `src` (matched by [`send`](Self::send)).
+    ///
+    /// The reply to the sender's descriptor says whether this rank can decompress: without a
+    /// device codec a message the sender wanted compressed arrives raw under `Auto`, and under
+    /// `Always` both ends fail with [`Error::Unavailable`] (no hang).
     pub fn recv<T: NcclReal>(
         &mut self,
         out: &mut CudaSlice<T>,
@@ -1872,14 +2114,31 @@ impl NcclComm {
         let n = out.len();
         let bytes = n * T::SIZE;
         let sd = Desc::parse(&self.sh.boot.recv(src, TAG_P2P + tag)?)?;
-        let mine = self.desc::<T>(OP_RECV, n);
+        let mut mine = self.desc::<T>(OP_RECV, n);
+        mine.decision = u8::from(self.gpu.is_some());
         self.sh.boot.send(src, TAG_P2P + tag, &mine.to_bytes())?;
         check_pair(&sd, &mine, self.rank(), src)?;
         let mut st = Self::base_stats(OP_RECV, bytes);
         st.ratio_estimate = sd.ratio;
-        if sd.decision == 0 {
-            self.raw_recv(out, src)?;
-            return self.finish(st, t0);
+        let always = matches!(self.config.policy, Policy::Always(_));
+        let outcome = if sd.decision == DEC_UNAVAILABLE {
+            P2p::Unavailable
+        } else {
+            p2p_outcome(sd.decision, mine.decision, always)
+        };
+        match outcome {
+            P2p::Raw => {
+                self.raw_recv(out, src)?;
+                return self.finish(st, t0);
+            }
+            P2p::Unavailable => {
+                return Err(Error::Unavailable(format!(
+                    "recv from rank {src} under {}: {}",
+                    self.config.policy,
+                    self.codec_missing_msg(&[src, self.rank()])
+                )))
+            }
+            P2p::Compressed => {}
         }
         let codec = self.config.policy.codec().unwrap_or_default();
         let sh = self.sh.clone();
@@ -2007,7 +2266,7 @@ impl NcclComm {
             }
             prof.piece_overhead = (self.wtime() - t1) / reps as f64;
         }
-        if self.gpu.is_some() {
+        if self.codec_on_all_ranks() {
             let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
             let bound = self.piece_bound(&field.as_view())?;
             let codec = self.config.policy.codec().unwrap_or_default();
@@ -2087,6 +2346,30 @@ fn to_of(r: usize, p: usize) -> usize {
 }
 fn from_of(r: usize, p: usize) -> usize {
     (r + p - 1) % p
+}
+
+/// `Desc::decision` of a send that cannot compress under `Always` (a codec is missing): both
+/// ends return [`Error::Unavailable`].
+const DEC_UNAVAILABLE: u8 = 2;
+
+/// How a point-to-point message travels, decided alike on both ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum P2p {
+    Raw,
+    Compressed,
+    Unavailable,
+}
+
+/// The outcome from the sender's decision (`1`: compress) and the receiver's reply (`1`: it has
+/// a codec): a compressed message to a receiver without codec is raw under `Auto`, an error
+/// under `Always` (policies are checked equal on both ends).
+fn p2p_outcome(sender: u8, receiver_can: u8, always: bool) -> P2p {
+    match (sender == 1, receiver_can == 1) {
+        (false, _) => P2p::Raw,
+        (true, true) => P2p::Compressed,
+        (true, false) if always => P2p::Unavailable,
+        (true, false) => P2p::Raw,
+    }
 }
 
 /// Tags of the bootstrap transport's control messages (its own duplicated communicator).
@@ -2219,6 +2502,41 @@ mod tests {
         };
         assert!(a.check(&a, 0, 1).is_ok());
         assert!(a.check(&Desc { seq: 1, ..a }, 0, 1).is_err());
+    }
+
+    #[test]
+    fn p2p_outcome_is_the_same_on_both_ends() {
+        // the sender wanted raw: raw whatever the receiver can do
+        for always in [false, true] {
+            assert_eq!(p2p_outcome(0, 0, always), P2p::Raw);
+            assert_eq!(p2p_outcome(0, 1, always), P2p::Raw);
+            assert_eq!(p2p_outcome(1, 1, always), P2p::Compressed);
+        }
+        // a receiver without codec: Auto falls back to raw, Always fails (on both ends)
+        assert_eq!(p2p_outcome(1, 0, false), P2p::Raw);
+        assert_eq!(p2p_outcome(1, 0, true), P2p::Unavailable);
+        // the "unavailable" verdict survives the descriptor round trip
+        let d = Desc {
+            op: OP_SEND,
+            dtype: 1,
+            policy: Policy::Always(CodecKind::Aatrox).tag(),
+            mode: 2,
+            decision: DEC_UNAVAILABLE,
+            bound: 1e-3,
+            count: 5,
+            seq: 0,
+            ratio: 1.0,
+        };
+        assert_eq!(
+            Desc::parse(&d.to_bytes()).unwrap().decision,
+            DEC_UNAVAILABLE
+        );
+        let r = Desc {
+            op: OP_RECV,
+            decision: 0,
+            ..d
+        };
+        assert!(check_pair(&d, &r, 0, 1).is_ok());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 const U8: nsys::ncclDataType_t = nsys::ncclDataType_t::ncclUint8;
 
 /// Host byte messages over an [`NcclComm`](super::NcclComm)'s NCCL communicator (see the
-/// [module docs](self)). Obtained from [`NcclComm::host_transport`](super::NcclComm::host_transport).
+/// [module docs](super)). Obtained from [`NcclComm::host_transport`](super::NcclComm::host_transport).
 pub struct NcclTransport {
     sh: Rc<Shared>,
 }
