@@ -1,15 +1,28 @@
-//! GPU→CPU staging and staged exchange of device buffers.
+//! Every compressed communication operation on device buffers (GPU staging through pinned host
+//! memory), raw vs compressed vs `Policy::Auto`, with the model's predictions.
 //!
 //! With a CUDA device (feature `cuda`): every rank puts its field (generated, or its slice/copy of
-//! `--input`) on the GPU and measures, raw vs compressed,
-//! * `stage_to_host` (GPU compress + D2H of the stream) vs a raw D2H copy,
-//! * `restore_to_device` (H2D + GPU decompress) vs a raw H2D copy,
-//! * `sendrecv_device` with its partner (`r ^ 1`): D2H, MPI, H2D (raw) vs GPU compress, D2H,
-//!   MPI, H2D, GPU decompress (compressed), and `Policy::Auto`,
+//! `--input`) on the GPU, calibrates the device profile (GPU codec and pinned staging, both ranks
+//! at once, median of 9) and measures
 //!
-//! prints the model's prediction (calibrated at start-up), the ratio and the max error, and exits
-//! non-zero if a bound is violated. Without a GPU it runs the same steps on host buffers with the
-//! CPU codec (staging = compress into host memory).
+//! * `sendrecv_device` with its partner (`r ^ 1`), whole message and chunk-pipelined,
+//! * `allgather_device`, `bcast_device` (root 0; timed through `ibcast_device` +
+//!   `wait_bcast_device` so the root's source stays intact),
+//! * `allreduce_device`, `allreduce_mean_device`, `reduce_scatter_device` (not for `rel` bounds),
+//! * `stage_to_host` and `restore_to_device`,
+//!
+//! each under `Policy::Never` (raw), `Policy::Always` (compressed) and `Policy::Auto`, best of
+//! `--iters` after one warm-up, slowest rank. Every compressed result is checked against the exact
+//! values (the partner's / root's / every rank's data, or the exact f64 sum) under the guaranteed
+//! bound; the non-blocking forms (`iallgather_device`, `ibcast_device`, `iallreduce_device`,
+//! `iallreduce_mean_device`, `ireduce_scatter_device`, `isendrecv_device`) are run once and
+//! compared with the blocking results. The table (Markdown) has raw, compressed and Auto times,
+//! the model's prediction of both paths and its error, the ratio, the max error and the bound; the
+//! process exits 1 on any bound violation. `--json FILE` writes one JSON record per operation.
+//!
+//! Without a GPU (or with `--cpu`) the same operations run on host buffers with the CPU codec
+//! (`stage`/`restore` = compress/decompress in host memory) and the device operations are
+//! reported as skipped.
 //!
 //! ```text
 //! mpirun -n 2 target/release/examples/staging --n 268435456 --error-bound noa:1e-3   # 1 GiB f32
@@ -21,16 +34,18 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use common::*;
-use zcomm::comm::{CommElement, Communicator, Config};
+use zcomm::comm::{partition, CommElement, Communicator, Config, Decision, OpStats};
 use zcomm::model::Policy;
 use zcomm::{Element, ErrorBound, Result};
 
 #[derive(Parser, Debug)]
-#[command(about = "GPU->CPU staging and staged device exchange (run under mpirun)")]
+#[command(
+    about = "Compressed MPI operations on device buffers through GPU staging (run under mpirun)"
+)]
 struct Args {
     #[command(flatten)]
     c: Common,
-    /// Repetitions of each measurement (the best is reported after one warm-up).
+    /// Timed repetitions of each measurement (the best is reported, after one warm-up).
     #[arg(long, default_value_t = 3)]
     iters: usize,
     /// Use the host path even when a GPU is present.
@@ -39,7 +54,11 @@ struct Args {
     /// Ping-pong message size for the link calibration, MiB.
     #[arg(long, default_value_t = 16)]
     pingpong_mib: usize,
-    /// Write the results as JSON lines to this file (rank 0).
+    /// Compressor of the communicator (the wire of the reductions and non-blocking exchange,
+    /// which stage the raw values and run the host algorithm): `gpu` or `cpu` (device runs only).
+    #[arg(long, default_value = "gpu")]
+    wire: String,
+    /// Write one JSON record per operation to this file (rank 0).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
 }
@@ -50,32 +69,44 @@ fn main() -> ExitCode {
     let cfg = Config::new(a.c.error_bound)
         .with_policy(Policy::Always(a.c.codec))
         .with_pingpong_bytes(a.pingpong_mib << 20);
-    let mut c = match Communicator::init(cfg) {
+    let gpu = !a.cpu && gpu_present();
+    let c = match init(cfg, gpu && a.wire == "gpu") {
         Ok(c) => c,
         Err(e) => {
             eprintln!("staging: {e}");
             return ExitCode::from(2);
         }
     };
-    let gpu = !a.cpu && gpu_present();
+    let mut c = c;
+    if !gpu && c.rank() == 0 {
+        println!(
+            "staging: no CUDA device{}: device operations SKIPPED; running the host-buffer operations with the CPU codec",
+            if a.cpu { " (--cpu)" } else { "" }
+        );
+    }
+    let mut t = Table {
+        all_ok: true,
+        ..Default::default()
+    };
     let r = match (a.c.dtype.as_str(), gpu) {
-        ("f32", false) => host::<f32>(&mut c, &a),
-        ("f64", false) => host::<f64>(&mut c, &a),
-        ("c64", false) => host::<[f32; 2]>(&mut c, &a),
-        ("c128", false) => host::<[f64; 2]>(&mut c, &a),
+        ("f32", false) => host::<f32>(&mut c, &a, &mut t),
+        ("f64", false) => host::<f64>(&mut c, &a, &mut t),
+        ("c64", false) => host::<[f32; 2]>(&mut c, &a, &mut t),
+        ("c128", false) => host::<[f64; 2]>(&mut c, &a, &mut t),
         #[cfg(feature = "cuda")]
-        ("f32" | "c64", true) => device::run::<f32>(&mut c, &a),
+        ("f32" | "c64", true) => device::run::<f32>(&mut c, &a, &mut t),
         #[cfg(feature = "cuda")]
-        ("f64" | "c128", true) => device::run::<f64>(&mut c, &a),
+        ("f64" | "c128", true) => device::run::<f64>(&mut c, &a, &mut t),
         (d, _) => Err(zcomm::Error::invalid(format!(
             "--dtype {d}: expected f32, f64, c64 or c128"
         ))),
     };
+    let r = r.and_then(|()| t.finish(&c, &a));
     match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             if c.rank() == 0 {
-                eprintln!("staging: ERROR BOUND VIOLATED");
+                eprintln!("staging: ERROR BOUND VIOLATED (or a non-blocking result differs)");
             }
             ExitCode::from(1)
         }
@@ -84,6 +115,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn init(cfg: Config, gpu_wire: bool) -> Result<Communicator> {
+    #[cfg(feature = "cuda")]
+    if gpu_wire {
+        let g = zcomm::gpu::GpuCodec::new(0)?;
+        return Communicator::init_with(cfg, Box::new(zcomm::comm::GpuCompressor::new(g)));
+    }
+    let _ = gpu_wire;
+    Communicator::init(cfg)
 }
 
 fn gpu_present() -> bool {
@@ -105,6 +146,7 @@ fn bound_limit(b: ErrorBound, lo: f64, hi: f64) -> impl Fn(f64) -> f64 {
     }
 }
 
+/// One warm-up, then the best of `iters` (slowest rank each time) and the last result.
 fn best<T>(
     c: &mut Communicator,
     iters: usize,
@@ -121,91 +163,401 @@ fn best<T>(
     Ok((t_best, out))
 }
 
-/// Host buffers with the CPU codec (no GPU).
-fn host<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
+/// Raw (`Never`), `Auto` and compressed (`Always`) runs of one operation, in that order (so the
+/// output buffers hold the compressed result afterwards).
+struct Triple {
+    raw: (f64, OpStats),
+    auto: (f64, OpStats),
+    cmp: (f64, OpStats),
+}
+
+fn triple(
+    c: &mut Communicator,
+    a: &Args,
+    mut f: impl FnMut(&mut Communicator) -> Result<OpStats>,
+) -> Result<Triple> {
+    c.set_policy(Policy::Never);
+    let raw = best(c, a.iters, &mut f)?;
+    c.set_policy(Policy::Auto(a.c.codec));
+    let auto = best(c, a.iters, &mut f)?;
+    c.set_policy(Policy::Always(a.c.codec));
+    let cmp = best(c, a.iters, &mut f)?;
+    Ok(Triple { raw, auto, cmp })
+}
+
+/// Result of the bound check of one operation (already reduced over ranks).
+#[derive(Clone, Copy)]
+struct Check {
+    max_err: f64,
+    bound: f64,
+    ok: bool,
+}
+
+/// Check `got` against `want` slice by slice (`parts` ranges, each with its own value range for
+/// noa), reduced over ranks.
+fn check_parts<S: Element>(
+    c: &Communicator,
+    b: ErrorBound,
+    want: &[S],
+    got: &[S],
+    parts: &[std::ops::Range<usize>],
+) -> Check {
+    let (mut err, mut ok, mut bound) = (0.0f64, want.len() == got.len(), 0.0f64);
+    if ok {
+        for r in parts {
+            let (lo, hi) = zcomm::quant::finite_range(&want[r.clone()]).unwrap_or((0.0, 0.0));
+            let lim = bound_limit(b, lo, hi);
+            let (_, o) = max_err(&want[r.clone()], &got[r.clone()], &lim);
+            ok &= o;
+            err = err.max(reported_err(b, &want[r.clone()], &got[r.clone()]));
+            bound = bound.max(lim(1.0));
+        }
+    }
+    Check {
+        max_err: global_max(c, err),
+        bound: global_max(c, bound),
+        ok: global_max(c, f64::from(u8::from(!ok))) == 0.0,
+    }
+}
+
+/// Check a reduction result against the exact values `exact` (f64) with the end-to-end bound
+/// `e` (absolute), reduced over ranks.
+fn check_exact<S: Element>(c: &Communicator, got: &[S], exact: &[f64], e: f64) -> Check {
+    let mut err = 0.0f64;
+    let mut ok = got.len() == exact.len();
+    for (g, x) in got.iter().zip(exact) {
+        let d = (g.to_f64() - x).abs();
+        if x.is_finite() {
+            if matches!(d.partial_cmp(&e), None | Some(std::cmp::Ordering::Greater)) {
+                ok = false;
+            }
+            err = err.max(d);
+        }
+    }
+    Check {
+        max_err: global_max(c, err),
+        bound: e,
+        ok: global_max(c, f64::from(u8::from(!ok))) == 0.0,
+    }
+}
+
+/// One row of the report.
+struct Rec {
+    op: String,
+    bytes: f64,
+    raw_s: f64,
+    cmp_s: f64,
+    auto_s: f64,
+    auto: Option<Decision>,
+    pred_raw: f64,
+    pred_cmp: f64,
+    ratio: f64,
+    check: Check,
+}
+
+#[derive(Default)]
+struct Table {
+    rows: Vec<Rec>,
+    notes: Vec<String>,
+    all_ok: bool,
+}
+
+fn rel_err(m: f64, p: f64) -> f64 {
+    (m - p) / p
+}
+
+fn fmt_ms(s: f64) -> String {
+    if s.is_finite() {
+        format!("{:.3}", s * 1e3)
+    } else {
+        "-".into()
+    }
+}
+
+fn fmt_pct(e: f64) -> String {
+    if e.is_finite() {
+        format!("{:+.1} %", e * 100.0)
+    } else {
+        "-".into()
+    }
+}
+
+impl Table {
+    fn add_triple(&mut self, c: &Communicator, op: &str, t: &Triple, check: Check) {
+        let g = |v: f64| global_max(c, v);
+        self.push(Rec {
+            op: op.into(),
+            bytes: t.cmp.1.bytes as f64,
+            raw_s: t.raw.0,
+            cmp_s: t.cmp.0,
+            auto_s: t.auto.0,
+            auto: Some(t.auto.1.decision),
+            pred_raw: g(t.raw.1.predicted_raw_s),
+            pred_cmp: g(t.cmp.1.predicted_compressed_s),
+            ratio: -g(-t.cmp.1.ratio),
+            check,
+        });
+    }
+    fn push(&mut self, r: Rec) {
+        self.rows.push(r);
+    }
+    fn note(&mut self, c: &Communicator, s: String) {
+        if c.rank() == 0 {
+            println!("{s}");
+        }
+        self.notes.push(s);
+    }
+    fn finish(&self, c: &Communicator, a: &Args) -> Result<bool> {
+        let ok = self.rows.iter().all(|r| r.check.ok) && self.all_ok;
+        if c.rank() != 0 {
+            return Ok(ok);
+        }
+        println!();
+        println!("| operation | raw ms | zcomm ms | speedup | auto ms (decision) | model raw ms | model zcomm ms | pred err raw | pred err zcomm | ratio | max error | bound | ok |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for r in &self.rows {
+            println!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.3e} | {:.3e} | {} |",
+                r.op,
+                fmt_ms(r.raw_s),
+                fmt_ms(r.cmp_s),
+                if r.raw_s.is_finite() {
+                    format!("{:.2}x", r.raw_s / r.cmp_s)
+                } else {
+                    "-".into()
+                },
+                match r.auto {
+                    Some(d) => format!("{} ({d:?})", fmt_ms(r.auto_s)),
+                    None => "-".into(),
+                },
+                fmt_ms(r.pred_raw),
+                fmt_ms(r.pred_cmp),
+                fmt_pct(rel_err(r.raw_s, r.pred_raw)),
+                fmt_pct(rel_err(r.cmp_s, r.pred_cmp)),
+                r.ratio,
+                r.check.max_err,
+                r.check.bound,
+                if r.check.ok { "ok" } else { "BOUND VIOLATED" }
+            );
+        }
+        if let Some(path) = &a.json {
+            use std::io::Write as _;
+            let mut f = std::fs::File::create(path)?;
+            let num = |v: f64| {
+                if v.is_finite() {
+                    serde_json::json!(v)
+                } else {
+                    serde_json::Value::Null
+                }
+            };
+            for r in &self.rows {
+                let rec = serde_json::json!({
+                    "op": r.op,
+                    "ranks": c.size(),
+                    "dtype": a.c.dtype,
+                    "error_bound": a.c.error_bound.to_string(),
+                    "codec": a.c.codec.to_string(),
+                    "bytes": r.bytes,
+                    "raw_s": num(r.raw_s),
+                    "zcomm_s": num(r.cmp_s),
+                    "auto_s": num(r.auto_s),
+                    "auto_decision": r.auto.map(|d| format!("{d:?}")),
+                    "pred_raw_s": num(r.pred_raw),
+                    "pred_zcomm_s": num(r.pred_cmp),
+                    "pred_err_raw": num(rel_err(r.raw_s, r.pred_raw)),
+                    "pred_err_zcomm": num(rel_err(r.cmp_s, r.pred_cmp)),
+                    "ratio": num(r.ratio),
+                    "max_err": r.check.max_err,
+                    "bound": r.check.bound,
+                    "ok": r.check.ok,
+                });
+                writeln!(f, "{rec}")?;
+            }
+        }
+        Ok(ok)
+    }
+}
+
+/// Host buffers with the communicator's (CPU) codec: the same operations on host memory.
+fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result<()> {
     let (p, rank) = (c.size(), c.rank());
-    let data = load::<E>(&a.c, rank, p, 1 << 22, field::<E>)?;
+    let gen = |r: usize| load::<E>(&a.c, r, p, 1 << 22, field::<E>);
+    let data = gen(rank)?;
     let n = (-global_max(c, -(data.len() as f64))) as usize;
-    let data = &data[..n];
-    header(
+    let all: Vec<Vec<E>> = (0..p)
+        .map(|r| {
+            gen(r).map(|mut v| {
+                v.truncate(n);
+                v
+            })
+        })
+        .collect::<Result<_>>()?;
+    let data = &all[rank];
+    info(
         c,
         "staging (host buffers, CPU codec: no GPU)",
         n,
         E::NAME,
         &a.c,
     );
+    let b = a.c.error_bound;
     let sc = E::scalars(data);
-    let (lo, hi) = zcomm::quant::finite_range(sc).unwrap_or((0.0, 0.0));
-    let lim = bound_limit(a.c.error_bound, lo, hi);
-    let mut all_ok = true;
+    let ns = sc.len();
+    let bytes = (ns * <E::Scalar as Element>::SIZE) as f64;
+    #[allow(clippy::single_range_in_vec_init)]
+    let whole = [0..ns];
     // stage = compress into host memory, restore = decompress
-    let (t_c, stream) = best(c, a.iters, |_| {
-        zcomm::compress(sc, a.c.error_bound, a.c.codec)
-    })?;
     let (t_raw, _) = best(c, a.iters, |_| Ok(sc.to_vec()))?;
-    let mut back = vec![<E::Scalar as Element>::from_f64(0.0); sc.len()];
+    let (t_c, stream) = best(c, a.iters, |_| zcomm::compress(sc, b, a.c.codec))?;
+    let mut back = vec![<E::Scalar as Element>::from_f64(0.0); ns];
     let (t_d, _) = best(c, a.iters, |_| zcomm::decompress_into(&stream, &mut back))?;
-    let (_, ok) = max_err(sc, &back, &lim);
-    let err = reported_err(a.c.error_bound, sc, &back);
-    let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
-    all_ok &= ok;
-    if rank == 0 {
-        println!(
-            "stage (compress to host): {:.3} ms, restore: {:.3} ms, raw copy: {:.3} ms, ratio {:.2}, max error {:.3e}{}",
-            t_c * 1e3,
-            t_d * 1e3,
-            t_raw * 1e3,
-            (sc.len() * <E::Scalar as Element>::SIZE) as f64 / stream.len() as f64,
-            global_max(c, err),
-            if ok { "" } else { "  BOUND VIOLATED" }
-        );
-    } else {
-        global_max(c, err);
-    }
-    // exchange with the partner
-    let partner = if (rank ^ 1) < p { rank ^ 1 } else { rank };
-    let mut raw = vec![E::default(); n];
-    c.set_policy(Policy::Never);
-    let (t_raw, _) = best(c, a.iters, |c| {
-        c.sendrecv(data, partner, &mut raw, partner, 1)
-    })?;
-    let mut got = vec![E::default(); n];
-    c.set_policy(Policy::Always(a.c.codec));
-    let (t_cmp, st) = best(c, a.iters, |c| {
-        c.sendrecv(data, partner, &mut got, partner, 2)
-    })?;
-    let rs = E::scalars(&raw);
-    let (plo, phi) = zcomm::quant::finite_range(rs).unwrap_or((0.0, 0.0));
-    let plim = bound_limit(a.c.error_bound, plo, phi);
-    let (_, ok) = max_err(rs, E::scalars(&got), &plim);
-    let err = reported_err(a.c.error_bound, rs, E::scalars(&got));
-    let err = global_max(c, err);
-    let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
-    all_ok &= ok;
-    let bound = global_max(c, plim(1.0));
-    print_row(
-        c,
-        &Row {
-            op: "sendrecv (host)".into(),
+    let ck = check_parts(c, b, sc, &back, &whole);
+    let ratio = -global_max(c, -(bytes / stream.len() as f64));
+    let sp = c
+        .profile()
+        .codec_speed(a.c.codec, <E::Scalar as Element>::DTYPE);
+    let (pc, pd) = sp.map_or((f64::NAN, f64::NAN), |s| {
+        (bytes / s.compress, bytes / s.decompress)
+    });
+    for (op, tc, pred) in [
+        ("stage (compress, host)", t_c, pc),
+        ("restore (decompress, host)", t_d, pd),
+    ] {
+        t.push(Rec {
+            op: op.into(),
+            bytes,
             raw_s: t_raw,
-            cmp_s: t_cmp,
-            stats: st,
-            max_err: err,
-            bound,
-            ok,
-        },
+            cmp_s: tc,
+            auto_s: f64::NAN,
+            auto: None,
+            pred_raw: f64::NAN,
+            pred_cmp: pred,
+            ratio,
+            check: ck,
+        });
+    }
+    // sendrecv with the partner
+    let partner = if (rank ^ 1) < p { rank ^ 1 } else { rank };
+    let mut got = vec![E::default(); n];
+    let tr = triple(c, a, |c| c.sendrecv(data, partner, &mut got, partner, 1))?;
+    let ck = check_parts(c, b, E::scalars(&all[partner]), E::scalars(&got), &whole);
+    t.add_triple(c, "sendrecv (host)", &tr, ck);
+    // allgather
+    let mut out = vec![E::default(); n * p];
+    let tr = triple(c, a, |c| c.allgather(data, &mut out))?;
+    let want: Vec<E> = all.concat();
+    let parts: Vec<_> = (0..p).map(|k| k * ns..(k + 1) * ns).collect();
+    let ck = check_parts(c, b, E::scalars(&want), E::scalars(&out), &parts);
+    t.add_triple(c, "allgather (host)", &tr, ck);
+    // bcast from 0 (a fresh copy every call so the root's source stays exact)
+    let mut buf = data.to_vec();
+    let tr = triple(c, a, |c| {
+        buf.copy_from_slice(data);
+        c.bcast(&mut buf, 0)
+    })?;
+    let ck = check_parts(c, b, E::scalars(&all[0]), E::scalars(&buf), &whole);
+    t.add_triple(c, "bcast (host)", &tr, ck);
+    if matches!(b, ErrorBound::Rel(_)) {
+        t.note(
+            c,
+            "reductions skipped: rel bounds are not supported for reductions".into(),
+        );
+        return Ok(());
+    }
+    let exact = exact_sum(
+        &all.iter()
+            .map(|v| E::scalars(v).to_vec())
+            .collect::<Vec<_>>(),
     );
-    Ok(all_ok)
+    let e_res = result_bound(b, &all.iter().map(|v| E::scalars(v)).collect::<Vec<_>>());
+    let mut out = vec![E::default(); n];
+    let tr = triple(c, a, |c| c.allreduce(data, &mut out))?;
+    let ck = check_exact(c, E::scalars(&out), &exact, e_res);
+    t.add_triple(c, "allreduce (host)", &tr, ck);
+    let tr = triple(c, a, |c| c.allreduce_mean(data, &mut out))?;
+    let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
+    let ck = check_exact(c, E::scalars(&out), &mean, e_res);
+    t.add_triple(c, "allreduce_mean (host)", &tr, ck);
+    let seg = partition(n, p)[rank].clone();
+    let mut out = vec![E::default(); seg.len()];
+    let tr = triple(c, a, |c| c.reduce_scatter(data, &mut out))?;
+    let l = E::LANES;
+    let ck = check_exact(
+        c,
+        E::scalars(&out),
+        &exact[seg.start * l..seg.end * l],
+        e_res,
+    );
+    t.add_triple(c, "reduce_scatter (host)", &tr, ck);
+    Ok(())
+}
+
+/// The report's first lines (rank 0): what runs, and the communicator's calibration profile.
+fn info(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
+    if c.rank() == 0 {
+        let prof = c.profile();
+        println!(
+            "{what}: {} ranks, {n} {dtype} values per rank ({:.1} MiB), bound {}, codec {}",
+            c.size(),
+            n as f64 * dtype_bytes(dtype) / 1048576.0,
+            a.error_bound,
+            a.codec
+        );
+        let sp = prof.codecs.first();
+        println!(
+            "profile: link {} latency {:.1} us; host codec compress {} decompress {} ({})",
+            zcomm::model::fmt_rate(prof.link.bandwidth),
+            prof.link.latency * 1e6,
+            sp.map(|s| zcomm::model::fmt_rate(s.compress))
+                .unwrap_or_default(),
+            sp.map(|s| zcomm::model::fmt_rate(s.decompress))
+                .unwrap_or_default(),
+            prof.compressor
+        );
+        println!("times: slowest rank, best of --iters after one warm-up; pred err = (measured - model) / model");
+    }
+}
+
+/// The exact (f64) element-wise sum of every rank's scalars.
+fn exact_sum<S: Element>(all: &[Vec<S>]) -> Vec<f64> {
+    let mut s = vec![0.0f64; all.first().map_or(0, |v| v.len())];
+    for v in all {
+        for (o, x) in s.iter_mut().zip(v) {
+            *o += x.to_f64();
+        }
+    }
+    s
+}
+
+/// The guaranteed absolute bound of a reduction result: `abs:E`, or `noa:E` times the global
+/// value range of all inputs.
+fn result_bound<S: Element>(b: ErrorBound, all: &[&[S]]) -> f64 {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in all {
+        if let Some((l, h)) = zcomm::quant::finite_range(v) {
+            lo = lo.min(l);
+            hi = hi.max(h);
+        }
+    }
+    match b {
+        ErrorBound::Abs(e) => e,
+        ErrorBound::Noa(e) => e * (hi - lo).max(0.0),
+        ErrorBound::Rel(_) => f64::NAN,
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod device {
     use super::*;
-    use std::io::Write as _;
+    use zcomm::comm::device::CALIBRATION_MIN_VALUES;
     use zcomm::comm::{DeviceStager, Real};
     use zcomm::gpu::{GpuCodec, GpuElement};
 
-    pub fn run<S>(c: &mut Communicator, a: &Args) -> Result<bool>
+    fn gerr(e: cudarc::driver::DriverError) -> zcomm::Error {
+        zcomm::Error::Gpu(format!("{e:?}"))
+    }
+
+    pub fn run<S>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result<()>
     where
         S: GpuElement + Real + CommElement<Scalar = S>,
         [S; 2]: CommElement<Scalar = S>,
@@ -213,20 +565,39 @@ mod device {
         let (p, rank) = (c.size(), c.rank());
         // complex dtypes: the interleaved scalars
         let lanes = if a.c.dtype.starts_with('c') { 2 } else { 1 };
-        let data: Vec<S> = match lanes {
-            1 => load::<S>(&a.c, rank, p, 1 << 26, field::<S>)?,
-            _ => {
-                let v = load::<[S; 2]>(&a.c, rank, p, 1 << 25, field::<[S; 2]>)?;
-                <[S; 2] as CommElement>::scalars(&v).to_vec()
-            }
+        let gen = |r: usize| -> Result<Vec<S>> {
+            Ok(match lanes {
+                1 => load::<S>(&a.c, r, p, 1 << 26, field::<S>)?,
+                _ => {
+                    let v = load::<[S; 2]>(&a.c, r, p, 1 << 25, field::<[S; 2]>)?;
+                    <[S; 2] as CommElement>::scalars(&v).to_vec()
+                }
+            })
         };
-        let n = (-global_max(c, -(data.len() as f64))) as usize;
-        let data = &data[..n];
+        let mine = gen(rank)?;
+        let n = (-global_max(c, -(mine.len() as f64))) as usize;
+        drop(mine);
+        let all: Vec<Vec<S>> = (0..p)
+            .map(|r| {
+                gen(r).map(|mut v| {
+                    v.truncate(n);
+                    v
+                })
+            })
+            .collect::<Result<_>>()?;
+        let data = &all[rank];
+        let bytes = (n * S::SIZE) as f64;
+        let b = a.c.error_bound;
+        #[allow(clippy::single_range_in_vec_init)]
+        let whole = [0..n];
         let gpu = GpuCodec::new(0)?;
         let dev_name = gpu.device_name().to_string();
         let mut dev = DeviceStager::new(gpu);
-        let prof = dev.calibrate(c, 1 << 26, a.c.codec)?;
-        header(
+        // the codec and staging calibrated at the operations' size (at least 64 MiB, at most
+        // 1 GiB of f32), every rank at once
+        let cal = (n * S::SIZE / 4).clamp(CALIBRATION_MIN_VALUES, 1 << 28);
+        let prof = dev.calibrate(c, cal, a.c.codec)?;
+        info(
             c,
             &format!("staging (device buffers on {dev_name}, GPU codec)"),
             n,
@@ -235,130 +606,82 @@ mod device {
         );
         if rank == 0 {
             println!(
-                "device profile: GPU compress {} decompress {}, pinned staging {} (per rank, {} ranks sharing)",
+                "device profile ({} ranks at once, {} MiB field): GPU compress {} decompress {}; pinned staging (d2h/h2d):",
+                p,
+                (cal * 4) >> 20,
                 zcomm::model::fmt_rate(prof.compress),
                 zcomm::model::fmt_rate(prof.decompress),
-                zcomm::model::fmt_rate(prof.staging.bandwidth),
-                p
             );
+            for q in &prof.staging_curve.points {
+                println!(
+                    "    {:>10.1} MiB: {} / {}",
+                    q.bytes / 1048576.0,
+                    zcomm::model::fmt_rate(q.bytes / q.d2h),
+                    zcomm::model::fmt_rate(q.bytes / q.h2d)
+                );
+            }
         }
         let s = dev.gpu().stream().clone();
-        let d_in = s
-            .clone_htod(data)
-            .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-        let mut d_out = s
-            .alloc_zeros::<S>(n)
-            .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-        let (lo, hi) = zcomm::quant::finite_range(data).unwrap_or((0.0, 0.0));
-        let lim = bound_limit(a.c.error_bound, lo, hi);
-        let mut all_ok = true;
-        let mut json = Vec::new();
-        let bytes = n * S::SIZE;
+        let d_in = s.clone_htod(data).map_err(gerr)?;
+        let mut d_out = s.alloc_zeros::<S>(n).map_err(gerr)?;
+        let fetch = |d: &cudarc::driver::CudaSlice<S>| s.clone_dtoh(d).map_err(gerr);
 
-        // 1. stage_to_host vs raw D2H
-        let gerr = |e: cudarc::driver::DriverError| zcomm::Error::Gpu(format!("{e:?}"));
-        let mut host_raw = dev.alloc_pinned(bytes)?;
-        let (t_raw_d2h, _) = best(c, a.iters, |_| {
+        // 1. stage_to_host / restore_to_device vs raw copies
+        let mut host_raw = dev.alloc_pinned(n * S::SIZE)?;
+        let nb = n * S::SIZE;
+        let (t_d2h, _) = best(c, a.iters, |_| {
             dev.copy_to_host(
                 &d_in.slice(..),
-                &mut host_raw.as_mut_slice().map_err(gerr)?[..bytes],
+                &mut host_raw.as_mut_slice().map_err(gerr)?[..nb],
             )
         })?;
-        let mut staged = dev.stage_to_host(&d_in.slice(..), a.c.error_bound, a.c.codec)?;
+        let mut staged = dev.stage_to_host(&d_in.slice(..), b, a.c.codec)?;
         let (t_stage, _) = best(c, a.iters, |_| {
-            dev.restage(&d_in.slice(..), a.c.error_bound, a.c.codec, &mut staged)
+            dev.restage(&d_in.slice(..), b, a.c.codec, &mut staged)
         })?;
-        let (t_raw_h2d, _) = best(c, a.iters, |_| {
+        let (t_h2d, _) = best(c, a.iters, |_| {
             dev.copy_to_device(
-                &host_raw.as_slice().map_err(gerr)?[..bytes],
+                &host_raw.as_slice().map_err(gerr)?[..nb],
                 &mut d_out.slice_mut(..),
             )
         })?;
         let (t_restore, _) = best(c, a.iters, |_| {
             dev.restore_to_device(&staged, &mut d_out.slice_mut(..))
         })?;
-        let back = s
-            .clone_dtoh(&d_out)
-            .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-        let (_, ok) = max_err(data, &back, &lim);
-        let err = reported_err(a.c.error_bound, data, &back);
-        let err = global_max(c, err);
-        let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
-        all_ok &= ok;
-        let ratio = staged.ratio();
-        // model: raw = S/BW_s; compressed = S/T_c + S/(CR BW_s)  (and the reverse)
-        let bs = prof.staging.bandwidth;
-        let pred_stage = bytes as f64 / prof.compress + bytes as f64 / (ratio * bs);
-        let pred_restore = bytes as f64 / (ratio * bs) + bytes as f64 / prof.decompress;
-        if rank == 0 {
-            println!(
-                "{:<30} {:>10} {:>10} {:>8} {:>12} {:>12} {:>8} {:>7} {:>11}",
-                "staging op",
-                "raw ms",
-                "zcomm ms",
-                "speedup",
-                "pred raw ms",
-                "pred zc ms",
-                "pred err",
-                "ratio",
-                "max err"
-            );
-            for (name, tr, tc, pr) in [
-                ("stage_to_host", t_raw_d2h, t_stage, pred_stage),
-                ("restore_to_device", t_raw_h2d, t_restore, pred_restore),
-            ] {
-                println!(
-                    "{:<30} {:>10.3} {:>10.3} {:>8.2} {:>12.3} {:>12.3} {:>7.1}% {:>7.2} {:>11.3e}{}",
-                    name,
-                    tr * 1e3,
-                    tc * 1e3,
-                    tr / tc,
-                    bytes as f64 / bs * 1e3,
-                    pr * 1e3,
-                    (tc - pr) / pr * 100.0,
-                    ratio,
-                    err,
-                    if ok { "" } else { "  BOUND VIOLATED" }
-                );
-                json.push(format!(
-                    r#"{{"op":"{name}","bytes":{bytes},"raw_s":{tr},"zcomm_s":{tc},"pred_raw_s":{},"pred_zcomm_s":{pr},"ratio":{ratio},"max_err":{err}}}"#,
-                    bytes as f64 / bs
-                ));
-            }
-        }
-
-        // 2. sendrecv_device with the partner
-        let partner = if (rank ^ 1) < p { rank ^ 1 } else { rank };
-        let mut d_recv = s
-            .alloc_zeros::<S>(n)
-            .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-        c.set_policy(Policy::Never);
-        // whole-message exchanges first (comparable with earlier measurements); the chunk
-        // pipeline gets its own row below
-        c.set_pipeline(1 << 40, usize::MAX);
-        let (t_raw, st_raw) = best(c, a.iters, |c| {
-            c.sendrecv_device(
-                &mut dev,
-                &d_in.slice(..),
-                partner,
-                &mut d_recv.slice_mut(..),
-                partner,
-                1,
-            )
-        })?;
-        let stages_raw = dev.last;
-        let raw_back = s
-            .clone_dtoh(&d_recv)
-            .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-        let (plo, phi) = zcomm::quant::finite_range(&raw_back).unwrap_or((0.0, 0.0));
-        let plim = bound_limit(a.c.error_bound, plo, phi);
-        let bound = global_max(c, plim(1.0));
-        for (name, pol, tag) in [
-            ("sendrecv_device", Policy::Always(a.c.codec), 2),
-            ("  auto", Policy::Auto(a.c.codec), 3),
+        let ck = check_parts(c, b, data, &fetch(&d_out)?, &whole);
+        let ratio = -global_max(c, -staged.ratio());
+        let (pr_s, pc_s) = prof.predict_stage_to_host(bytes, ratio);
+        let (pr_r, pc_r) = prof.predict_restore_to_device(bytes, ratio);
+        for (op, tr, tc, pr, pc) in [
+            ("stage_to_host", t_d2h, t_stage, pr_s, pc_s),
+            ("restore_to_device", t_h2d, t_restore, pr_r, pc_r),
         ] {
-            c.set_policy(pol);
-            let (t, st) = best(c, a.iters, |c| {
+            t.push(Rec {
+                op: op.into(),
+                bytes,
+                raw_s: tr,
+                cmp_s: tc,
+                auto_s: f64::NAN,
+                auto: None,
+                pred_raw: pr,
+                pred_cmp: pc,
+                ratio,
+                check: ck,
+            });
+        }
+        drop(staged);
+        drop(host_raw);
+
+        // 2. sendrecv_device: whole message, then chunk-pipelined (16 MiB chunks above 32 MiB)
+        let partner = if (rank ^ 1) < p { rank ^ 1 } else { rank };
+        let mut d_recv = s.alloc_zeros::<S>(n).map_err(gerr)?;
+        for (name, chunk, min, tag) in [
+            ("sendrecv_device", 1usize << 40, usize::MAX, 1),
+            ("sendrecv_device pipelined", 16 << 20, 32 << 20, 2),
+        ] {
+            c.set_pipeline(chunk, min);
+            let chunks0 = c.pipeline_chunks();
+            let tr = triple(c, a, |c| {
                 c.sendrecv_device(
                     &mut dev,
                     &d_in.slice(..),
@@ -368,114 +691,129 @@ mod device {
                     tag,
                 )
             })?;
-            let got = s
-                .clone_dtoh(&d_recv)
-                .map_err(|e| zcomm::Error::Gpu(format!("{e:?}")))?;
-            let (_, ok) = max_err(&raw_back, &got, &plim);
-            let err = reported_err(a.c.error_bound, &raw_back, &got);
-            let err = global_max(c, err);
-            let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
-            all_ok &= ok;
-            if rank == 0 && name == "sendrecv_device" {
-                println!("stages (rank 0): raw {:?}", stages_raw);
-                println!("stages (rank 0): compressed {:?}", dev.last);
-            }
-            json.push(format!(
-                r#"{{"op":"{name}","policy":"{pol}","decision":"{:?}","bytes":{bytes},"raw_s":{t_raw},"zcomm_s":{t},"pred_raw_s":{},"pred_zcomm_s":{},"ratio":{},"max_err":{err},"bound":{bound}}}"#,
-                st.decision, st_raw.predicted_s, st.predicted_s, st.ratio
-            ));
-            if name == "sendrecv_device" {
-                header(c, "staged device exchange", n, S::NAME, &a.c);
-            }
-            print_row(
-                c,
-                &Row {
-                    op: format!("{name} [raw pred {:.1}ms]", st_raw.predicted_s * 1e3),
-                    raw_s: t_raw,
-                    cmp_s: t,
-                    stats: st,
-                    max_err: err,
-                    bound,
-                    ok,
-                },
-            );
-        }
-        // 3. the chunk-pipelined sendrecv_device (16 MiB chunks above 32 MiB), the device
-        // allgather and allreduce: bounds checked (compositions not measured on a GPU before)
-        c.set_policy(Policy::Always(a.c.codec));
-        c.set_pipeline(16 << 20, 32 << 20);
-        let chunks0 = c.pipeline_chunks();
-        let (t_pipe, st_pipe) = best(c, a.iters, |c| {
-            c.sendrecv_device(
-                &mut dev,
-                &d_in.slice(..),
-                partner,
-                &mut d_recv.slice_mut(..),
-                partner,
-                4,
-            )
-        })?;
-        let got = s.clone_dtoh(&d_recv).map_err(gerr)?;
-        let (_, ok) = max_err(&raw_back, &got, &plim);
-        let err = global_max(c, reported_err(a.c.error_bound, &raw_back, &got));
-        let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
-        all_ok &= ok;
-        let chunks = c.pipeline_chunks() - chunks0;
-        print_row(
-            c,
-            &Row {
-                op: format!("sendrecv_device pipelined ({chunks} chunks)"),
-                raw_s: t_raw,
-                cmp_s: t_pipe,
-                stats: st_pipe,
-                max_err: err,
-                bound,
-                ok,
-            },
-        );
-        c.set_pipeline(32 << 20, 64 << 20);
-        let mut d_all = s.alloc_zeros::<S>(n * p).map_err(gerr)?;
-        let st_ag = c.allgather_device(&mut dev, &d_in.slice(..), &mut d_all.slice_mut(..))?;
-        let all = s.clone_dtoh(&d_all).map_err(gerr)?;
-        let (_, ok_own) = max_err(data, &all[rank * n..(rank + 1) * n], &lim);
-        let (_, ok_partner) = max_err(&raw_back, &all[partner * n..(partner + 1) * n], &plim);
-        let ok = global_max(c, f64::from(u8::from(!(ok_own && ok_partner)))) == 0.0;
-        all_ok &= ok;
-        if rank == 0 {
-            println!(
-                "allgather_device: {st_ag}{}",
-                if ok { "" } else { "  BOUND VIOLATED" }
-            );
-        }
-        if !matches!(a.c.error_bound, ErrorBound::Rel(_)) {
-            let st_ar = c.allreduce_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))?;
-            let got = s.clone_dtoh(&d_out).map_err(gerr)?;
-            let mut want = vec![S::default(); n];
-            c.allreduce(data, &mut want)?;
-            // the same host algorithm on the same values: identical results
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits());
-            let ok = global_max(c, f64::from(u8::from(!same))) == 0.0;
-            all_ok &= ok;
+            let moved = c.pipeline_chunks() - chunks0;
+            let ck = check_parts(c, b, &all[partner], &fetch(&d_recv)?, &whole);
+            let label = if moved > 0 {
+                format!(
+                    "{name} ({} chunks/call)",
+                    moved / (3 * (a.iters as u64 + 1)).max(1)
+                )
+            } else {
+                name.to_string()
+            };
+            t.add_triple(c, &label, &tr, ck);
             if rank == 0 {
-                println!(
-                    "allreduce_device: {st_ar}{}",
-                    if ok {
-                        ""
-                    } else {
-                        "  DIFFERS FROM HOST ALLREDUCE"
-                    }
-                );
+                println!("stages of the last {name} call (rank 0): {:?}", dev.last);
             }
         }
-        if let (Some(path), 0) = (&a.json, rank) {
-            let mut f = std::fs::File::create(path)?;
-            for l in &json {
-                writeln!(f, "{l}")?;
+        c.set_pipeline(32 << 20, 64 << 20);
+
+        // 3. allgather_device
+        let mut d_all = s.alloc_zeros::<S>(n * p).map_err(gerr)?;
+        let tr = triple(c, a, |c| {
+            c.allgather_device(&mut dev, &d_in.slice(..), &mut d_all.slice_mut(..))
+        })?;
+        let want = all.concat();
+        let parts: Vec<_> = (0..p).map(|k| k * n..(k + 1) * n).collect();
+        let ck = check_parts(c, b, &want, &fetch(&d_all)?, &parts);
+        t.add_triple(c, "allgather_device", &tr, ck);
+        let ag_cmp = fetch(&d_all)?;
+        drop(want);
+
+        // 4. bcast_device from root 0 (timed as ibcast_device + wait_bcast_device: the root's
+        // source d_in stays intact)
+        let tr = triple(c, a, |c| {
+            let req = c.ibcast_device(&mut dev, &d_in.slice(..), 0)?;
+            c.wait_bcast_device(&mut dev, req, &mut d_out.slice_mut(..))
+        })?;
+        let ck = check_parts(c, b, &all[0], &fetch(&d_out)?, &whole);
+        t.add_triple(c, "bcast_device", &tr, ck);
+        let bc_cmp = fetch(&d_out)?;
+        // the blocking form, in place on a copy
+        let mut d_copy = s.clone_htod(data).map_err(gerr)?;
+        c.bcast_device(&mut dev, &mut d_copy.slice_mut(..), 0)?;
+        let same = fetch(&d_copy)? == bc_cmp;
+        nb_check(c, t, "bcast_device (in place) = ibcast_device", same);
+        drop(d_copy);
+
+        // 5. reductions
+        if matches!(b, ErrorBound::Rel(_)) {
+            t.note(
+                c,
+                "reductions skipped: rel bounds are not supported for reductions".into(),
+            );
+        } else {
+            let exact = exact_sum(&all);
+            let e_res = result_bound(b, &all.iter().map(|v| v.as_slice()).collect::<Vec<_>>());
+            let tr = triple(c, a, |c| {
+                c.allreduce_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
+            })?;
+            let sum = fetch(&d_out)?;
+            let ck = check_exact(c, &sum, &exact, e_res);
+            t.add_triple(c, "allreduce_device", &tr, ck);
+            let tr = triple(c, a, |c| {
+                c.allreduce_mean_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
+            })?;
+            let mean_v = fetch(&d_out)?;
+            let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
+            let ck = check_exact(c, &mean_v, &mean, e_res);
+            t.add_triple(c, "allreduce_mean_device", &tr, ck);
+            let seg = partition(n, p)[rank].clone();
+            let mut d_seg = s.alloc_zeros::<S>(seg.len().max(1)).map_err(gerr)?;
+            let tr = triple(c, a, |c| {
+                c.reduce_scatter_device(
+                    &mut dev,
+                    &d_in.slice(..),
+                    &mut d_seg.slice_mut(..seg.len()),
+                )
+            })?;
+            let rs = fetch(&d_seg)?;
+            let rs = &rs[..seg.len()];
+            let ck = check_exact(c, rs, &exact[seg.clone()], e_res);
+            t.add_triple(c, "reduce_scatter_device", &tr, ck);
+
+            // non-blocking forms (compressed): identical to the blocking results
+            if c.has_progress_thread() {
+                let req = c.iallreduce_device(&mut dev, &d_in.slice(..))?;
+                c.wait_device(&mut dev, req, &mut d_out.slice_mut(..))?;
+                let same = fetch(&d_out)? == sum;
+                nb_check(c, t, "iallreduce_device = allreduce_device", same);
+                let req = c.iallreduce_mean_device(&mut dev, &d_in.slice(..))?;
+                c.wait_device(&mut dev, req, &mut d_out.slice_mut(..))?;
+                let same = fetch(&d_out)? == mean_v;
+                nb_check(c, t, "iallreduce_mean_device = allreduce_mean_device", same);
+                let req = c.ireduce_scatter_device(&mut dev, &d_in.slice(..))?;
+                c.wait_device(&mut dev, req, &mut d_seg.slice_mut(..seg.len()))?;
+                let same = fetch(&d_seg)?[..seg.len()] == *rs;
+                nb_check(c, t, "ireduce_scatter_device = reduce_scatter_device", same);
             }
         }
-        Ok(all_ok)
+        if c.has_progress_thread() {
+            let req = c.isendrecv_device(&mut dev, &d_in.slice(..), partner, n, partner, 3)?;
+            c.wait_device(&mut dev, req, &mut d_recv.slice_mut(..))?;
+            let ck = check_parts(c, b, &all[partner], &fetch(&d_recv)?, &whole);
+            nb_check(c, t, "isendrecv_device within the bound", ck.ok);
+        } else {
+            t.note(
+                c,
+                "non-blocking reductions / isendrecv_device skipped: no progress thread (MPI_THREAD_MULTIPLE)"
+                    .into(),
+            );
+        }
+        let req = c.iallgather_device(&mut dev, &d_in.slice(..))?;
+        c.wait_allgather_device(&mut dev, req, &mut d_all.slice_mut(..))?;
+        let same = fetch(&d_all)? == ag_cmp;
+        nb_check(c, t, "iallgather_device = allgather_device", same);
+        Ok(())
+    }
+
+    /// Record a non-blocking / alternative-form consistency check (all ranks).
+    fn nb_check(c: &Communicator, t: &mut Table, what: &str, ok: bool) {
+        let ok = global_max(c, f64::from(u8::from(!ok))) == 0.0;
+        t.all_ok &= ok;
+        t.note(
+            c,
+            format!("check: {what}: {}", if ok { "ok" } else { "FAILED" }),
+        );
     }
 }

@@ -17,17 +17,48 @@
 //!   staging on its own (checkpoint/offload: compressed on the device, kept compressed on the
 //!   host).
 //! * [`GpuCompressor`] plugs the GPU codec into a [`Communicator`] for host buffers.
-//! * [`Communicator::allgather_device`]: GPU compression, D2H of the stream, the byte allgather
-//!   of the streams (after the usual descriptor agreement), then H2D + GPU decompression of every
-//!   rank's stream into its slice of the output. `Auto` compresses like `Always` here (no device
-//!   ratio estimate yet); `Never` moves the raw bytes.
-//! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`]: D2H of the
-//!   values, the host [`Communicator::allreduce`] (ring with the end-to-end bound, compressed on
-//!   the wire with the communicator's [`Compressor`], e.g. a [`GpuCompressor`]), H2D of the
-//!   result. The staging copies are uncompressed; only the network traffic is compressed.
+//! * [`Communicator::allgather_device`] / [`Communicator::bcast_device`]: GPU compression, D2H
+//!   of the stream, the byte allgather / broadcast of the streams (after the usual descriptor
+//!   agreement), then H2D + GPU decompression of every received stream on every rank (the root
+//!   and the own slice too, so all ranks hold identical values). Allgather: `Auto` compresses
+//!   like `Always` (every rank must take the same path); bcast: the root decides `Auto` with the
+//!   model and the previous ratio. `Never` moves the raw bytes.
+//! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
+//!   [`Communicator::reduce_scatter_device`]: D2H of the values, the host
+//!   [`Communicator::allreduce`] / `allreduce_mean` / `reduce_scatter` (ring with the end-to-end
+//!   bound of [`reduction_step_bound`](super::reduction_step_bound), compressed on the wire with
+//!   the communicator's [`Compressor`], e.g. a [`GpuCompressor`]), H2D of the result. The
+//!   staging copies are uncompressed; only the network traffic is compressed; the bound is
+//!   exactly the host path's because it is the host path.
 //!
-//! The collectives are compositions of tested pieces (stager copies, GPU codec, host
-//! algorithms) compiled under feature `cuda`; they have not been run on a GPU yet.
+//! # Non-blocking forms (as in the host API)
+//!
+//! | blocking | non-blocking | completes with |
+//! |---|---|---|
+//! | `allgather_device` | [`iallgather_device`](Communicator::iallgather_device) (`MPI_Iallgatherv`) | [`wait_allgather_device`](Communicator::wait_allgather_device) |
+//! | `bcast_device` | [`ibcast_device`](Communicator::ibcast_device) (`MPI_Ibcast`) | [`wait_bcast_device`](Communicator::wait_bcast_device) |
+//! | `allreduce_device` | [`iallreduce_device`](Communicator::iallreduce_device) (progress thread) | [`wait_device`](Communicator::wait_device) |
+//! | `allreduce_mean_device` | [`iallreduce_mean_device`](Communicator::iallreduce_mean_device) (progress thread) | `wait_device` |
+//! | `reduce_scatter_device` | [`ireduce_scatter_device`](Communicator::ireduce_scatter_device) (progress thread) | `wait_device` |
+//! | `sendrecv_device` | [`isendrecv_device`](Communicator::isendrecv_device) (progress thread, host wire codec, not the device pipeline) | `wait_device` |
+//! | `stage_to_host` / `restore_to_device` | none (local, synchronous on the stager's stream) | |
+//!
+//! The progress-thread forms stage the input to the host before returning (so the device input
+//! may be reused at once) and need `MPI_THREAD_MULTIPLE` ([`Error::Unavailable`] otherwise), as
+//! the host `iallreduce` family.
+//!
+//! # Model and calibration
+//!
+//! Every operation fills [`OpStats`]'s predictions from a [`DeviceProfile`] measured by
+//! [`DeviceStager::calibrate`]: GPU codec throughput (warm-up, then the median of
+//! [`CALIBRATION_REPS`] repetitions on a field of at least 64 MiB, every rank at once) and pinned
+//! staging times at several sizes ([`StagingCurve`], interpolated; compressed streams are
+//! predicted at their own, smaller size). Composed operations add the two staging copies to the
+//! host operation's prediction.
+//!
+//! The device collectives are compositions of tested pieces (stager copies, GPU codec, host
+//! algorithms) compiled under feature `cuda`; only `sendrecv_device` and the staging calls have
+//! been measured on a GPU so far (`examples/staging` runs and checks all of them).
 //!
 //! Complex device buffers are passed as their interleaved real scalars (`2n` f32/f64 values).
 
@@ -39,13 +70,14 @@ use cudarc::driver::{
 };
 
 use super::{
-    element::Real, Communicator, Compressor, Decision, Desc, OpStats, ReduceOp, OP_SENDRECV,
+    element::Real, transport::PendingBytes, Communicator, Compressor, Decision, Desc, OpRequest,
+    OpStats, ReduceOp, OP_SENDRECV,
 };
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
-use crate::model::{self, Link, Policy, Scenario};
+use crate::model::{self, Link, Policy, Scenario, StagingCurve, StagingPoint};
 use crate::quant::ErrorBound;
 
 fn gpu_err(what: &'static str) -> impl Fn(cu::DriverError) -> Error {
@@ -138,14 +170,107 @@ impl Staged {
 }
 
 /// Measured device-side speeds (all ranks agree on them, see [`DeviceStager::calibrate`]).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+///
+/// Serialized with serde; `staging_curve` was added later and defaults to empty, so profiles
+/// written before it still load (they then predict staging with the single `staging` link).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceProfile {
-    /// Device→host / host→device pinned copies (slower direction).
+    /// Device→host / host→device pinned copies (slower direction) at the largest calibrated size;
+    /// the fallback when `staging_curve` is empty.
     pub staging: Link,
     /// GPU compression throughput (input bytes/s).
     pub compress: f64,
     /// GPU decompression throughput (output bytes/s).
     pub decompress: f64,
+    /// Pinned copy times at several sizes (every rank copying at once), used for the size
+    /// dependence of staging (see [`StagingCurve`]).
+    #[serde(default)]
+    pub staging_curve: StagingCurve,
+}
+
+impl DeviceProfile {
+    /// The guess used before any calibration (H100-class PCIe, one rank per GPU).
+    pub fn guess() -> Self {
+        DeviceProfile {
+            staging: Link {
+                bandwidth: 20e9,
+                latency: 10e-6,
+            },
+            compress: 200e9,
+            decompress: 300e9,
+            staging_curve: StagingCurve::default(),
+        }
+    }
+    /// Seconds of a pinned device→host copy of `bytes`.
+    pub fn d2h_s(&self, bytes: f64) -> f64 {
+        self.staging_curve
+            .d2h(bytes)
+            .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
+    }
+    /// Seconds of a pinned host→device copy of `bytes`.
+    pub fn h2d_s(&self, bytes: f64) -> f64 {
+        self.staging_curve
+            .h2d(bytes)
+            .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
+    }
+    /// The staging link of one hop of `bytes` (the curve at that size, else `staging`).
+    pub fn staging_link(&self, bytes: f64) -> Link {
+        self.staging_curve.link(bytes).unwrap_or(self.staging)
+    }
+    /// The model scenario of a staged point-to-point transfer of `bytes` at `ratio` over `link`
+    /// in `chunks` pieces: the raw hops use the staging link at the chunk size, the compressed
+    /// hops at the compressed chunk size.
+    pub fn scenario(&self, link: Link, bytes: f64, ratio: f64, chunks: usize) -> Scenario {
+        let k = chunks.max(1);
+        let c = bytes / k as f64;
+        Scenario::new(bytes, ratio, link, self.compress, self.decompress)
+            .with_staging(Some(self.staging_link(c)))
+            .with_compressed_staging(Some(self.staging_link(c / ratio.max(1e-9))))
+            .with_chunks(k)
+    }
+    /// Model (raw, compressed) seconds of [`DeviceStager::stage_to_host`] of `bytes`: a D2H of
+    /// the values vs GPU compression + D2H of the stream.
+    pub fn predict_stage_to_host(&self, bytes: f64, ratio: f64) -> (f64, f64) {
+        (
+            self.d2h_s(bytes),
+            bytes / self.compress + self.d2h_s(bytes / ratio.max(1e-9)),
+        )
+    }
+    /// Model (raw, compressed) seconds of [`DeviceStager::restore_to_device`] of `bytes`: an H2D
+    /// of the values vs H2D of the stream + GPU decompression.
+    pub fn predict_restore_to_device(&self, bytes: f64, ratio: f64) -> (f64, f64) {
+        (
+            self.h2d_s(bytes),
+            self.h2d_s(bytes / ratio.max(1e-9)) + bytes / self.decompress,
+        )
+    }
+    /// Model (raw, compressed) seconds of [`Communicator::allgather_device`] of `bytes` per rank
+    /// over `p` ranks: staging out, `p-1` link transfers, and `p` uploads (+ decompressions).
+    pub fn predict_allgather(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (pf, z) = (p as f64, bytes / ratio.max(1e-9));
+        let raw = self.d2h_s(bytes)
+            + (pf - 1.0) * (link.latency + bytes / link.bandwidth)
+            + pf * self.h2d_s(bytes);
+        let cmp = bytes / self.compress
+            + self.d2h_s(z)
+            + (pf - 1.0) * (link.latency + z / link.bandwidth)
+            + pf * (self.h2d_s(z) + bytes / self.decompress);
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of [`Communicator::bcast_device`] of `bytes` over `p`
+    /// ranks (a binomial tree: `ceil(log2 p)` link transfers).
+    pub fn predict_bcast(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+        let hops = (p.max(1) as f64).log2().ceil();
+        let z = bytes / ratio.max(1e-9);
+        let raw =
+            self.d2h_s(bytes) + hops * (link.latency + bytes / link.bandwidth) + self.h2d_s(bytes);
+        let cmp = bytes / self.compress
+            + self.d2h_s(z)
+            + hops * (link.latency + z / link.bandwidth)
+            + self.h2d_s(z)
+            + bytes / self.decompress;
+        (raw, cmp)
+    }
 }
 
 /// Wall-clock seconds of each stage of the last staged operation on this rank.
@@ -204,7 +329,7 @@ impl DeviceStager {
     }
     /// The device profile, if calibrated.
     pub fn profile(&self) -> Option<DeviceProfile> {
-        self.profile
+        self.profile.clone()
     }
     /// Use a known profile.
     pub fn set_profile(&mut self, p: DeviceProfile) {
@@ -439,106 +564,170 @@ impl DeviceStager {
         Self::h2d(&s, data, p)
     }
 
-    /// Measure GPU codec throughput and pinned copy bandwidth on `values` f32 values of a smooth
-    /// field, on every rank at once (ranks sharing a GPU see their share); all ranks adopt the
-    /// slowest rank's numbers. Collective over `comm`.
+    /// Measure GPU codec throughput and pinned copy times, every rank at once (ranks sharing a
+    /// GPU see their share, as in the real collective operations); all ranks adopt the slowest
+    /// rank's numbers. Collective over `comm`.
+    ///
+    /// * Codec: a smooth f32 field of `values` values (at least [`CALIBRATION_MIN_VALUES`],
+    ///   64 MiB; pass the size of the operations to predict, large enough that one call is not
+    ///   lost in another process's time slice), `noa:1e-3`; a barrier before every repetition,
+    ///   [`CALIBRATION_WARMUP`] warm-up calls, then the median of [`CALIBRATION_REPS`].
+    /// * Staging: pinned D2H and H2D copies at 1, 4, 16, 64, 256 MiB and the field's size (the
+    ///   sizes up to it), same schedule, stored as the profile's [`StagingCurve`]; the
+    ///   compressed streams (ratio times smaller) are predicted at their own size. Add exact
+    ///   sizes with [`calibrate_staging`](Self::calibrate_staging).
     pub fn calibrate(
         &mut self,
         comm: &Communicator,
         values: usize,
         codec: CodecKind,
     ) -> Result<DeviceProfile> {
-        let s = self.stream();
-        let host: Vec<f32> = (0..values)
-            .map(|i| {
-                let x = i as f64 * 1e-4;
-                ((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0) as f32
-            })
-            .collect();
-        let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
-        let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
-        let bytes = (values * 4) as f64;
-        let bound = ErrorBound::Noa(1e-3);
-        Self::grow_pinned(&mut self.pinned_send, &s, values * 4)?;
-        // Each phase on its own, every rank at once (a barrier before each repetition, as in a
-        // collective where all ranks compress together); one warm-up (kernel loading), then the
-        // median of 5.
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let reps = 6;
-        let mut len = 0;
-        let mut times = Vec::new();
-        for k in 0..reps {
-            comm.barrier()?;
-            let t = now();
-            len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
-            if k > 0 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        let tc = median(std::mem::take(&mut times));
-        for k in 0..reps {
-            comm.barrier()?;
-            let t = now();
-            let src = self.scratch_out.take().expect("grown");
-            let r = {
-                let v = src.slice(0..len);
-                let mut o = out.slice_mut(..);
-                self.gpu.decompress_device(&v, &mut o)
-            };
-            self.scratch_out = Some(src);
-            r?;
-            if k > 0 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        let td = median(std::mem::take(&mut times));
-        let mut times_h = Vec::new();
-        for k in 0..reps {
-            let pinned = self
-                .pinned_send
-                .as_mut()
-                .expect("grown")
-                .as_mut_slice()
-                .map_err(gpu_err("pinned"))?;
-            comm.barrier()?;
-            let t = now();
-            {
-                let (p, _g) = dev.device_ptr(&s);
-                Self::d2h(&s, p, &mut pinned[..values * 4])?;
-            }
-            let t1 = t.elapsed().as_secs_f64();
-            comm.barrier()?;
-            let t = now();
-            {
-                let (p, _g) = out.device_ptr_mut(&s);
-                Self::h2d(&s, &pinned[..values * 4], p)?;
-            }
-            if k > 0 {
-                times.push(t1);
-                times_h.push(t.elapsed().as_secs_f64());
-            }
-        }
-        let tdh = median(times);
-        let thd = median(times_h);
-        let mut v = [-bytes / tc, -bytes / td, -bytes / tdh.max(thd)];
+        // every rank measures the same sizes
+        let mut v = [values.max(CALIBRATION_MIN_VALUES) as f64];
         comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
+        let values = v[0] as usize;
+        let s = self.stream();
+        let (tc, td) = {
+            use rayon::prelude::*;
+            let host: Vec<f32> = (0..values)
+                .into_par_iter()
+                .map(|i| {
+                    let x = i as f64 * 1e-4;
+                    ((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0) as f32
+                })
+                .collect();
+            let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
+            drop(host);
+            let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
+            let bound = ErrorBound::Noa(1e-3);
+            let mut len = 0;
+            let tc = Self::repeat(comm, || {
+                len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
+                Ok(())
+            })?;
+            let td = Self::repeat(comm, || {
+                let src = self.scratch_out.take().expect("grown");
+                let r = {
+                    let v = src.slice(0..len);
+                    let mut o = out.slice_mut(..);
+                    self.gpu.decompress_device(&v, &mut o)
+                };
+                self.scratch_out = Some(src);
+                r
+            })?;
+            (tc, td)
+        };
+        let total = values * 4;
+        let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
+            .iter()
+            .map(|m| m << 20)
+            .filter(|&b| b < total)
+            .collect();
+        sizes.push(total);
+        let mut times = vec![tc, td];
+        let mut buf = s.alloc_zeros::<u8>(total).map_err(gpu_err("alloc"))?;
+        for &b in &sizes {
+            let (d, h) = self.time_staging(comm, &mut buf, b)?;
+            times.extend([d, h]);
+        }
+        drop(buf);
+        comm.transport().allreduce_f64(&mut times, ReduceOp::Max)?;
+        let bytes = total as f64;
+        let mut curve = StagingCurve::default();
+        for (i, &b) in sizes.iter().enumerate() {
+            curve.insert(StagingPoint {
+                bytes: b as f64,
+                d2h: times[2 + 2 * i],
+                h2d: times[3 + 2 * i],
+            });
+        }
+        let last = curve.points.last().copied().expect("one size at least");
         let p = DeviceProfile {
             staging: Link {
-                bandwidth: -v[2],
+                bandwidth: last.bytes / last.d2h.max(last.h2d).max(1e-12),
                 latency: 10e-6,
             },
-            compress: -v[0],
-            decompress: -v[1],
+            compress: bytes / times[0].max(1e-12),
+            decompress: bytes / times[1].max(1e-12),
+            staging_curve: curve,
         };
-        tracing::info!(target: "zcomm::comm", "device profile: compress {} decompress {} staging {}",
-            model::fmt_rate(p.compress), model::fmt_rate(p.decompress), model::fmt_rate(p.staging.bandwidth));
-        self.profile = Some(p);
+        tracing::info!(target: "zcomm::comm", "device profile: compress {} decompress {} staging {} ({} sizes)",
+            model::fmt_rate(p.compress), model::fmt_rate(p.decompress),
+            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len());
+        self.profile = Some(p.clone());
         Ok(p)
     }
+
+    /// Measure pinned D2H/H2D copies of exactly `bytes` (every rank at once, warm-up + median,
+    /// slowest rank) and add the point to the profile's staging curve (calibrating the profile
+    /// first with the default size if there is none). Collective over `comm`.
+    pub fn calibrate_staging(&mut self, comm: &Communicator, bytes: usize) -> Result<StagingPoint> {
+        if self.profile.is_none() {
+            self.calibrate(comm, CALIBRATION_MIN_VALUES, CodecKind::default())?;
+        }
+        let mut v = [bytes.max(1) as f64];
+        comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
+        let bytes = v[0] as usize;
+        let s = self.stream();
+        let mut buf = s.alloc_zeros::<u8>(bytes).map_err(gpu_err("alloc"))?;
+        let (d, h) = self.time_staging(comm, &mut buf, bytes)?;
+        drop(buf);
+        let mut t = [d, h];
+        comm.transport().allreduce_f64(&mut t, ReduceOp::Max)?;
+        let pt = StagingPoint {
+            bytes: bytes as f64,
+            d2h: t[0],
+            h2d: t[1],
+        };
+        if let Some(p) = self.profile.as_mut() {
+            p.staging_curve.insert(pt);
+        }
+        Ok(pt)
+    }
+
+    /// Warm-up calls, then the median of timed calls, a barrier before each.
+    fn repeat(comm: &Communicator, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let mut times = Vec::with_capacity(CALIBRATION_REPS);
+        for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
+            comm.barrier()?;
+            let t = now();
+            f()?;
+            if k >= CALIBRATION_WARMUP {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(model::median(&times))
+    }
+
+    /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer.
+    fn time_staging(
+        &mut self,
+        comm: &Communicator,
+        buf: &mut CudaSlice<u8>,
+        bytes: usize,
+    ) -> Result<(f64, f64)> {
+        let s = self.stream();
+        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
+        let pinned = self.pinned_send.as_mut().expect("grown");
+        let pinned = pinned.as_mut_slice().map_err(gpu_err("pinned"))?;
+        let td = Self::repeat(comm, || {
+            let (p, _g) = buf.device_ptr(&s);
+            Self::d2h(&s, p, &mut pinned[..bytes])
+        })?;
+        let th = Self::repeat(comm, || {
+            let (p, _g) = buf.device_ptr_mut(&s);
+            Self::h2d(&s, &pinned[..bytes], p)
+        })?;
+        Ok((td, th))
+    }
 }
+
+/// Smallest calibration field of [`DeviceStager::calibrate`] (16 Mi f32 = 64 MiB).
+pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
+/// Warm-up calls before each calibrated quantity.
+pub const CALIBRATION_WARMUP: usize = 2;
+/// Timed repetitions (median) of each calibrated quantity.
+pub const CALIBRATION_REPS: usize = 9;
 
 impl Communicator {
     /// Staged pairwise exchange of device buffers (see the [module docs](self)): send `send` to
@@ -561,33 +750,19 @@ impl Communicator {
         let bytes = n * T::SIZE;
         let bound = self.config.bound;
         let codec = self.config.policy.codec().unwrap_or_default();
-        let dp = dev.profile.unwrap_or(DeviceProfile {
-            staging: Link {
-                bandwidth: 20e9,
-                latency: 10e-6,
-            },
-            compress: 200e9,
-            decompress: 300e9,
-        });
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let est = self.ratios.get(OP_SENDRECV | 0x80, tag as i64);
-        let k = 1;
-        let sc = Scenario::new(
-            bytes as f64,
-            est.unwrap_or(1.0),
-            self.profile.link,
-            dp.compress,
-            dp.decompress,
-        )
-        .with_staging(Some(dp.staging))
-        .with_chunks(k);
-        let pr = model::predict(&sc);
+        let link = self.profile.link;
+        let sc = |ratio: f64, k: usize| dp.scenario(link, bytes as f64, ratio, k);
+        let sc1 = sc(est.unwrap_or(1.0), 1);
+        let pr = model::predict(&sc1);
         let compress = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
             // never when even an infinite ratio cannot pay; without an estimate yet, compress
             // once to learn the ratio
             Policy::Auto(_) => {
-                let best = model::predict(&sc.clone_with_ratio(f64::INFINITY));
+                let best = model::predict(&sc(f64::INFINITY, 1));
                 best.compressed_serial < 0.95 * best.raw_serial
                     && (est.is_none() || pr.compressed_serial < 0.95 * pr.raw_serial)
             }
@@ -735,7 +910,7 @@ impl Communicator {
                 // the model's pipelined form with this chunk count
                 let k = super::pipeline::chunk_count(n, chunk_dev);
                 let ratio = st.ratio.max(1e-9);
-                let pk = model::predict(&sc.with_chunks(k).clone_with_ratio(ratio));
+                let pk = model::predict(&sc(ratio, k));
                 st.predicted_compressed_s = pk.compressed_pipelined;
                 pk.compressed_pipelined
             } else if compress {
@@ -793,7 +968,7 @@ impl Communicator {
         } else {
             est.unwrap_or(1.0)
         };
-        let pr = model::predict(&sc.with_chunks(k).clone_with_ratio(ratio_for_model));
+        let pr = model::predict(&sc(ratio_for_model, 1));
         st.predicted_raw_s = pr.raw_serial;
         st.predicted_compressed_s = pr.compressed_serial;
         st.predicted_s = if compress {
@@ -1011,13 +1186,121 @@ fn elem_tag<T: Real>() -> u8 {
     }
 }
 
-trait WithRatio {
-    fn clone_with_ratio(&self, r: f64) -> Self;
+/// A pending [`Communicator::iallgather_device`]: the compressed (or raw) streams are in flight
+/// (`MPI_Iallgatherv`); [`Communicator::wait_allgather_device`] uploads and decompresses them.
+pub struct DeviceAllgatherRequest {
+    pending: Box<dyn PendingBytes>,
+    compressed: bool,
+    n: usize,
+    st: OpStats,
+    t0: f64,
 }
-impl WithRatio for Scenario {
-    fn clone_with_ratio(&self, r: f64) -> Self {
-        Scenario { ratio: r, ..*self }
+
+impl DeviceAllgatherRequest {
+    /// Whether the transfer has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test()
     }
+}
+
+impl std::fmt::Debug for DeviceAllgatherRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceAllgatherRequest({} values per rank)", self.n)
+    }
+}
+
+/// A pending [`Communicator::ibcast_device`]: the root's stream is in flight (`MPI_Ibcast`);
+/// [`Communicator::wait_bcast_device`] uploads and decompresses it on every rank.
+pub struct DeviceBcastRequest {
+    pending: Box<dyn PendingBytes>,
+    compressed: bool,
+    n: usize,
+    st: OpStats,
+    t0: f64,
+}
+
+impl DeviceBcastRequest {
+    /// Whether the transfer has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test()
+    }
+}
+
+impl std::fmt::Debug for DeviceBcastRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBcastRequest({} values)", self.n)
+    }
+}
+
+/// A pending non-blocking device reduction or exchange run on the progress thread
+/// ([`Communicator::iallreduce_device`], [`Communicator::iallreduce_mean_device`],
+/// [`Communicator::ireduce_scatter_device`], [`Communicator::isendrecv_device`]): the input was
+/// staged to the host when the call returned; finish with [`Communicator::wait_device`], which
+/// copies the result to the device.
+pub struct DeviceRequest<T> {
+    inner: OpRequest<Vec<T>>,
+    in_bytes: usize,
+    t0: f64,
+    d2h: f64,
+}
+
+impl<T> DeviceRequest<T> {
+    /// Whether the operation has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.inner.test()
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceRequest<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceRequest({:?})", self.inner)
+    }
+}
+
+/// Which host reduction a device reduction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    Sum,
+    Mean,
+    Scatter,
+}
+
+impl Reduction {
+    fn op(self) -> u8 {
+        match self {
+            Reduction::Sum => super::OP_ALLREDUCE,
+            Reduction::Mean => super::OP_ALLREDUCE_MEAN,
+            Reduction::Scatter => super::OP_REDUCE_SCATTER,
+        }
+    }
+}
+
+/// The noa bound of a staged stream (its header's range), else the bound's value.
+fn stream_bound(bound: ErrorBound, stream: &[u8]) -> Result<f64> {
+    Ok(match bound {
+        ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+        ErrorBound::Noa(e) => {
+            let h = crate::inspect(stream)?;
+            e * (h.range_max - h.range_min)
+        }
+    })
+}
+
+/// D2H of a device buffer into a host vector (the raw staging of the composed operations).
+fn stage_values<T: GpuElement + Real>(
+    dev: &mut DeviceStager,
+    input: &CudaView<'_, T>,
+) -> Result<Vec<T>> {
+    let mut host = vec![T::default(); input.len()];
+    match super::element::scalar_bytes_mut(&mut host) {
+        Some(b) => dev.copy_to_host(input, b)?,
+        None => {
+            return Err(Error::Unavailable(
+                "device staging needs a little-endian host".into(),
+            ))
+        }
+    }
+    Ok(host)
 }
 
 impl Communicator {
@@ -1029,7 +1312,6 @@ impl Communicator {
         send: &CudaView<'_, T>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<OpStats> {
-        let t0 = self.wtime();
         let (p, n) = (self.size(), send.len());
         let local = if out.len() != n * p {
             Err(Error::invalid(format!(
@@ -1039,8 +1321,34 @@ impl Communicator {
         } else {
             Ok(())
         };
+        let req = self.iallgather_device_impl(dev, send, local)?;
+        self.wait_allgather_device(dev, req, out)
+    }
+
+    /// Non-blocking [`allgather_device`](Self::allgather_device): GPU compression and the D2H
+    /// of the stream happen now, the agreement too; the transfer (`MPI_Iallgatherv`) is started
+    /// and the call returns. Finish with [`wait_allgather_device`](Self::wait_allgather_device).
+    /// Collective.
+    pub fn iallgather_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+    ) -> Result<DeviceAllgatherRequest> {
+        self.iallgather_device_impl(dev, send, Ok(()))
+    }
+
+    fn iallgather_device_impl<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        local: Result<()>,
+    ) -> Result<DeviceAllgatherRequest> {
+        let t0 = self.wtime();
+        let (p, n) = (self.size(), send.len());
         let bound = self.config.bound;
         let codec = self.config.policy.codec().unwrap_or_default();
+        // Auto compresses like Always: every rank must take the same path and the ratio is only
+        // known after compressing (the descriptor table checks the shared policy)
         let compress = !matches!(self.config.policy, Policy::Never) && n > 0;
         let mut st = OpStats::raw(super::OP_ALLGATHER);
         st.bytes = (n * T::SIZE) as u64;
@@ -1051,18 +1359,13 @@ impl Communicator {
                 let staged = dev.stage_to_host(send, bound, codec)?;
                 st.decision = Decision::Compressed;
                 st.codec = Some(codec);
-                st.bound = match bound {
-                    ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
-                    ErrorBound::Noa(e) => {
-                        let h = crate::inspect(staged.stream()?)?;
-                        e * (h.range_max - h.range_min)
-                    }
-                };
+                st.bound = stream_bound(bound, staged.stream()?)?;
                 Ok(staged.stream()?.to_vec())
             } else {
-                let mut v = vec![0u8; n * T::SIZE];
-                dev.copy_to_host(send, &mut v)?;
-                Ok(v)
+                let t = now();
+                let v = stage_values(dev, send)?;
+                dev.last.d2h = t.elapsed().as_secs_f64();
+                Ok(super::element::scalar_bytes(&v).into_owned())
             }
         });
         let d = Desc {
@@ -1077,16 +1380,220 @@ impl Communicator {
         self.agree(d, local)?;
         st.wire_bytes = mine.len() as u64;
         st.ratio = st.bytes as f64 / mine.len().max(1) as f64;
+        let lens = if compress {
+            let l = self
+                .transport()
+                .allgather_fixed(&(mine.len() as u64).to_le_bytes())?;
+            l.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+                .collect()
+        } else {
+            vec![n * T::SIZE; p]
+        };
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let ratio = if compress { st.ratio } else { 1.0 };
+        let (raw_t, cmp_t) = dp.predict_allgather(self.profile.link, p, st.bytes as f64, ratio);
+        st.predicted_raw_s = raw_t;
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let pending = self.transport().iallgatherv(mine, &lens)?;
+        Ok(DeviceAllgatherRequest {
+            pending,
+            compressed: compress,
+            n,
+            st,
+            t0,
+        })
+    }
+
+    /// Complete a non-blocking device allgather into `out` (`size * count` values): H2D of
+    /// every rank's stream and GPU decompression into its slice.
+    pub fn wait_allgather_device<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        req: DeviceAllgatherRequest,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let DeviceAllgatherRequest {
+            pending,
+            compressed,
+            n,
+            st,
+            t0,
+        } = req;
         let t = now();
-        let parts = self.transport().allgatherv(&mine)?;
+        let parts = pending.wait()?;
         dev.last.network = t.elapsed().as_secs_f64();
+        if out.len() != n * self.size() {
+            return Err(Error::invalid(format!(
+                "allgather_device: output has {} values, expected {} x {n}",
+                out.len(),
+                self.size()
+            )));
+        }
+        let (mut h2d, mut dec) = (0.0, 0.0);
         for (k, part) in parts.iter().enumerate() {
             let mut view = out.slice_mut(k * n..(k + 1) * n);
-            if compress {
+            if compressed {
                 dev.upload_and_decompress(part, &mut view)?;
+                dec += dev.last.decompress;
             } else {
+                let t = now();
                 dev.copy_to_device(part, &mut view)?;
+                dev.last.h2d = t.elapsed().as_secs_f64();
             }
+            h2d += dev.last.h2d;
+        }
+        dev.last.h2d = h2d;
+        dev.last.decompress = dec;
+        Ok(self.finish(st, t0))
+    }
+
+    /// Broadcast a device buffer from `root`: the root compresses on the GPU (or, by the
+    /// policy, stages the raw values), the stream is broadcast through pinned host memory, and
+    /// every rank (the root included, so all end with identical values) uploads and decompresses
+    /// it into `buf`. `Policy::Auto` is decided on the root by the model with the ratio of the
+    /// previous broadcast of this size and bound (the first one compresses to learn it).
+    /// Collective.
+    pub fn bcast_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        buf: &mut CudaViewMut<'_, T>,
+        root: usize,
+    ) -> Result<OpStats> {
+        let req = self.ibcast_device(dev, &buf.as_view(), root)?;
+        self.wait_bcast_device(dev, req, buf)
+    }
+
+    /// Non-blocking [`bcast_device`](Self::bcast_device): the root compresses and stages now,
+    /// every rank agrees and the transfer (`MPI_Ibcast`) starts. `buf` holds the data on the
+    /// root; elsewhere only its length matters. Finish with
+    /// [`wait_bcast_device`](Self::wait_bcast_device). Collective.
+    pub fn ibcast_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        buf: &CudaView<'_, T>,
+        root: usize,
+    ) -> Result<DeviceBcastRequest> {
+        let t0 = self.wtime();
+        let (p, r, n) = (self.size(), self.rank(), buf.len());
+        let bytes = (n * T::SIZE) as f64;
+        let mut local = Ok(());
+        if root >= p {
+            local = Err(Error::invalid(format!("bcast root {root} out of range")));
+        }
+        let bound = self.config.bound;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let key = super::coll_key(n, bound);
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let link = self.profile.link;
+        let est = self.ratios.get(super::OP_BCAST | 0x80, key);
+        let mut st = OpStats::raw(super::OP_BCAST);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = est.unwrap_or(1.0);
+        dev.last = StageTimes::default();
+        let mut d = Desc {
+            dtype: elem_tag::<T>(),
+            root: root as u32,
+            ..self.local_desc::<f32>(super::OP_BCAST, n)
+        };
+        let mut payload = Vec::new();
+        if r == root && local.is_ok() {
+            let compress = match self.config.policy {
+                Policy::Never => false,
+                Policy::Always(_) => true,
+                Policy::Auto(_) => {
+                    let (raw_best, cmp_best) = dp.predict_bcast(link, p, bytes, f64::INFINITY);
+                    let (raw_t, cmp_t) = dp.predict_bcast(link, p, bytes, est.unwrap_or(1.0));
+                    cmp_best < 0.95 * raw_best && (est.is_none() || cmp_t < 0.95 * raw_t)
+                }
+            } && n > 0;
+            let staged: Result<Vec<u8>> = if compress {
+                dev.stage_to_host(buf, bound, codec).and_then(|s| {
+                    st.decision = Decision::Compressed;
+                    st.codec = Some(codec);
+                    st.bound = stream_bound(bound, s.stream()?)?;
+                    Ok(s.stream()?.to_vec())
+                })
+            } else {
+                let t = now();
+                stage_values(dev, buf).map(|v| {
+                    dev.last.d2h = t.elapsed().as_secs_f64();
+                    super::element::scalar_bytes(&v).into_owned()
+                })
+            };
+            match staged {
+                Ok(v) => {
+                    payload = v;
+                    d.decision = u8::from(compress);
+                    d.payload = payload.len() as u64;
+                }
+                Err(e) => local = Err(e),
+            }
+        }
+        let all = self.agree(d, local)?;
+        let rd = all[root];
+        let len = usize::try_from(rd.payload)
+            .map_err(|_| Error::Comm(format!("root announced a {}-byte payload", rd.payload)))?;
+        let compressed = rd.decision == 1;
+        if compressed {
+            st.decision = Decision::Compressed;
+            st.codec = Some(codec);
+            st.ratio = bytes / len.max(1) as f64;
+            if r == root {
+                self.ratios.put(super::OP_BCAST | 0x80, key, st.ratio);
+            }
+        }
+        st.wire_bytes = len as u64;
+        let (raw_t, cmp_t) =
+            dp.predict_bcast(link, p, bytes, if compressed { st.ratio } else { 1.0 });
+        st.predicted_raw_s = raw_t;
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = if compressed { cmp_t } else { raw_t };
+        let pending = self.transport().ibcast(root, payload, len)?;
+        Ok(DeviceBcastRequest {
+            pending,
+            compressed,
+            n,
+            st,
+            t0,
+        })
+    }
+
+    /// Complete a non-blocking device broadcast into `buf` (same length as given to
+    /// [`ibcast_device`](Self::ibcast_device); written on the root too).
+    pub fn wait_bcast_device<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        req: DeviceBcastRequest,
+        buf: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let DeviceBcastRequest {
+            pending,
+            compressed,
+            n,
+            mut st,
+            t0,
+        } = req;
+        let t = now();
+        let mut parts = pending.wait()?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        if buf.len() != n {
+            return Err(Error::invalid(format!(
+                "bcast_device: buffer has {} values, ibcast_device was given {n}",
+                buf.len()
+            )));
+        }
+        let payload = parts.pop().unwrap_or_default();
+        if compressed {
+            dev.upload_and_decompress(&payload, buf)?;
+            if st.bound == 0.0 {
+                st.bound = stream_bound(self.config.bound, &payload)?;
+            }
+        } else {
+            let t = now();
+            dev.copy_to_device(&payload, buf)?;
+            dev.last.h2d = t.elapsed().as_secs_f64();
         }
         Ok(self.finish(st, t0))
     }
@@ -1099,7 +1606,7 @@ impl Communicator {
         input: &CudaView<'_, T>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<OpStats> {
-        self.reduce_device(dev, input, out, false)
+        self.reduce_device(dev, input, out, Reduction::Sum)
     }
 
     /// Mean of device buffers over all ranks (gradient averaging; the bound applies to the
@@ -1110,7 +1617,33 @@ impl Communicator {
         input: &CudaView<'_, T>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<OpStats> {
-        self.reduce_device(dev, input, out, true)
+        self.reduce_device(dev, input, out, Reduction::Mean)
+    }
+
+    /// Reduce-scatter (sum) of device buffers: rank `r` receives segment `r` of
+    /// [`partition`](super::partition)`(input.len(), size)` (of the scalars: complex data is
+    /// passed interleaved) in `out`, with the end-to-end bound of the host
+    /// [`reduce_scatter`](Communicator::reduce_scatter) (`p-1` quantizations). Collective.
+    pub fn reduce_scatter_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        self.reduce_device(dev, input, out, Reduction::Scatter)
+    }
+
+    /// Fail every rank of a collective reduction together: this rank's descriptor is marked bad
+    /// (the other ranks are in the host algorithm's agreement).
+    fn fail_reduction<T: Real>(&mut self, op: u8, n: usize, e: Error) -> Error {
+        let d = Desc {
+            dtype: elem_tag::<T>(),
+            ..self.local_desc::<f32>(op, n)
+        };
+        match self.agree(d, Err(e)) {
+            Err(e) => e,
+            Ok(_) => Error::Comm("device reduction: staging failed".into()),
+        }
     }
 
     fn reduce_device<T: GpuElement + Real + super::CommElement>(
@@ -1118,38 +1651,250 @@ impl Communicator {
         dev: &mut DeviceStager,
         input: &CudaView<'_, T>,
         out: &mut CudaViewMut<'_, T>,
-        mean: bool,
+        kind: Reduction,
     ) -> Result<OpStats> {
+        let t0 = self.wtime();
         let n = input.len();
-        // a length mismatch is reported by the host allreduce on every rank
-        let mut host_in = vec![T::default(); n];
-        let mut host_out = vec![T::default(); out.len()];
+        let want = match kind {
+            Reduction::Scatter => super::partition(n, self.size())[self.rank()].len(),
+            _ => n,
+        };
         dev.last = StageTimes::default();
         let t = now();
-        let staged = match super::element::scalar_bytes_mut(&mut host_in) {
-            Some(b) => dev.copy_to_host(input, b),
-            None => Err(Error::Unavailable(
-                "device staging needs a little-endian host".into(),
-            )),
+        let staged = if out.len() != want {
+            Err(Error::invalid(format!(
+                "{}: output has {} values, expected {want}",
+                super::op_name(kind.op()),
+                out.len()
+            )))
+        } else {
+            stage_values(dev, input)
         };
-        if let Err(e) = staged {
-            // make every rank fail together: a rejected argument fails the agreement everywhere
-            let mut bad = vec![T::default(); n + 1];
-            let _ = self.allreduce(&host_in, &mut bad);
-            return Err(e);
-        }
+        let host_in = match staged {
+            Ok(v) => v,
+            Err(e) => return Err(self.fail_reduction::<T>(kind.op(), n, e)),
+        };
         dev.last.d2h = t.elapsed().as_secs_f64();
         let t = now();
-        let st = if mean {
-            self.allreduce_mean(&host_in, &mut host_out)?
-        } else {
-            self.allreduce(&host_in, &mut host_out)?
+        let mut host_out = vec![T::default(); want];
+        let st = match kind {
+            Reduction::Sum => self.allreduce(&host_in, &mut host_out)?,
+            Reduction::Mean => self.allreduce_mean(&host_in, &mut host_out)?,
+            Reduction::Scatter => self.reduce_scatter(&host_in, &mut host_out)?,
         };
         dev.last.network = t.elapsed().as_secs_f64();
         let t = now();
-        let b = super::element::scalar_bytes(&host_out);
-        dev.copy_to_device(&b, out)?;
+        dev.copy_to_device(&super::element::scalar_bytes(&host_out), out)?;
         dev.last.h2d = t.elapsed().as_secs_f64();
-        Ok(st)
+        let st = self.add_staging(dev, st, n * T::SIZE, want * T::SIZE);
+        Ok(self.finish(st, t0))
+    }
+
+    /// The model's staging hops of a composed operation added to the host operation's
+    /// prediction: a D2H of `in_bytes` before and an H2D of `out_bytes` after.
+    fn add_staging(
+        &self,
+        dev: &DeviceStager,
+        mut st: OpStats,
+        in_bytes: usize,
+        out_bytes: usize,
+    ) -> OpStats {
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let extra = dp.d2h_s(in_bytes as f64) + dp.h2d_s(out_bytes as f64);
+        st.predicted_raw_s += extra;
+        st.predicted_compressed_s += extra;
+        st.predicted_s += extra;
+        st
+    }
+
+    /// Stage `input` to the host and queue `f` on the progress thread (see the
+    /// [`DeviceRequest`] docs). A staging failure fails the queued collective on every rank.
+    fn submit_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        what: &'static str,
+        op: u8,
+        f: impl FnOnce(&mut Communicator, Vec<T>) -> Result<(Vec<T>, OpStats)> + Send + 'static,
+    ) -> Result<DeviceRequest<T>> {
+        if !self.has_progress_thread() {
+            return Err(Error::Unavailable(format!(
+                "{what}: needs the progress thread (MPI_THREAD_MULTIPLE and Communicator::init)"
+            )));
+        }
+        let t0 = self.wtime();
+        let n = input.len();
+        let t = now();
+        let staged = stage_values(dev, input);
+        let d2h = t.elapsed().as_secs_f64();
+        let inner = match staged {
+            Ok(host) => self.submit(what, move |c| f(c, host))?,
+            Err(e) => {
+                let msg = e.to_string();
+                self.submit(what, move |c| {
+                    let e = Error::Gpu(format!("{what}: staging failed: {msg}"));
+                    Err(c.fail_reduction::<T>(op, n, e))
+                })?
+            }
+        };
+        Ok(DeviceRequest {
+            inner,
+            in_bytes: n * T::SIZE,
+            t0,
+            d2h,
+        })
+    }
+
+    /// Non-blocking [`allreduce_device`](Self::allreduce_device): D2H of `input` now, the host
+    /// [`iallreduce`](Self::iallreduce) algorithm on the progress thread (same bound), H2D in
+    /// [`wait_device`](Self::wait_device). Collective, in issue order; [`Error::Unavailable`]
+    /// without the progress thread.
+    pub fn iallreduce_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+    ) -> Result<DeviceRequest<T>> {
+        self.submit_device(
+            dev,
+            input,
+            "iallreduce_device",
+            super::OP_ALLREDUCE,
+            |c, x| {
+                let mut out = vec![T::default(); x.len()];
+                let st = c.allreduce(&x, &mut out)?;
+                Ok((out, st))
+            },
+        )
+    }
+
+    /// Non-blocking [`allreduce_mean_device`](Self::allreduce_mean_device) (see
+    /// [`iallreduce_device`](Self::iallreduce_device)).
+    pub fn iallreduce_mean_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+    ) -> Result<DeviceRequest<T>> {
+        self.submit_device(
+            dev,
+            input,
+            "iallreduce_mean_device",
+            super::OP_ALLREDUCE_MEAN,
+            |c, x| {
+                let mut out = vec![T::default(); x.len()];
+                let st = c.allreduce_mean(&x, &mut out)?;
+                Ok((out, st))
+            },
+        )
+    }
+
+    /// Non-blocking [`reduce_scatter_device`](Self::reduce_scatter_device) (see
+    /// [`iallreduce_device`](Self::iallreduce_device)); `wait_device` writes this rank's
+    /// segment.
+    pub fn ireduce_scatter_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+    ) -> Result<DeviceRequest<T>> {
+        let seg = super::partition(input.len(), self.size())[self.rank()].len();
+        self.submit_device(
+            dev,
+            input,
+            "ireduce_scatter_device",
+            super::OP_REDUCE_SCATTER,
+            move |c, x| {
+                let mut out = vec![T::default(); seg];
+                let st = c.reduce_scatter(&x, &mut out)?;
+                Ok((out, st))
+            },
+        )
+    }
+
+    /// Non-blocking exchange of device buffers: D2H of `send` now, the host
+    /// [`isendrecv`](Self::isendrecv) on the progress thread (compressed on the wire with the
+    /// communicator's [`Compressor`], e.g. a [`GpuCompressor`]; not the device chunk pipeline of
+    /// [`sendrecv_device`](Self::sendrecv_device)), H2D of the `recv_len` received values in
+    /// [`wait_device`](Self::wait_device). The peer must use `isendrecv_device` or
+    /// `isendrecv`, in the same order relative to its other non-blocking operations.
+    #[allow(clippy::too_many_arguments)]
+    pub fn isendrecv_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        dest: usize,
+        recv_len: usize,
+        src: usize,
+        tag: i32,
+    ) -> Result<DeviceRequest<T>> {
+        Self::check_tag(tag)?;
+        for r in [dest, src] {
+            if r >= self.size() {
+                return Err(Error::invalid(format!("rank {r} out of range")));
+            }
+        }
+        if !self.has_progress_thread() {
+            return Err(Error::Unavailable(
+                "isendrecv_device: needs the progress thread (MPI_THREAD_MULTIPLE and Communicator::init)"
+                    .into(),
+            ));
+        }
+        let t0 = self.wtime();
+        let t = now();
+        // a staging failure sends nothing: the peer sees a count mismatch, both requests fail
+        let (host, err) = match stage_values(dev, send) {
+            Ok(v) => (v, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        let d2h = t.elapsed().as_secs_f64();
+        let inner = self.submit("isendrecv_device", move |c| {
+            let mut out = vec![T::default(); recv_len];
+            let st = c.sendrecv(&host, dest, &mut out, src, tag)?;
+            match err {
+                Some(m) => Err(Error::Gpu(format!("isendrecv_device: staging failed: {m}"))),
+                None => Ok((out, st)),
+            }
+        })?;
+        Ok(DeviceRequest {
+            inner,
+            in_bytes: send.len() * T::SIZE,
+            t0,
+            d2h,
+        })
+    }
+
+    /// Complete a [`DeviceRequest`]: wait for the host operation, then H2D of its result into
+    /// `out` (which must have the result's length: the input's for the allreduces, this rank's
+    /// segment for reduce-scatter, `recv_len` for `isendrecv_device`). The stats' predictions
+    /// include the two staging copies; `measured_s` runs from the non-blocking call.
+    pub fn wait_device<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        req: DeviceRequest<T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let DeviceRequest {
+            inner,
+            in_bytes,
+            t0,
+            d2h,
+        } = req;
+        dev.last = StageTimes {
+            d2h,
+            ..Default::default()
+        };
+        let t = now();
+        let (v, st) = inner.wait()?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        if out.len() != v.len() {
+            return Err(Error::invalid(format!(
+                "wait_device: output has {} values, the result {}",
+                out.len(),
+                v.len()
+            )));
+        }
+        let t = now();
+        dev.copy_to_device(&super::element::scalar_bytes(&v), out)?;
+        dev.last.h2d = t.elapsed().as_secs_f64();
+        let st = self.add_staging(dev, st, in_bytes, v.len() * T::SIZE);
+        Ok(self.finish(st, t0))
     }
 }

@@ -25,8 +25,10 @@
 //! [`allreduce_in_place`](Communicator::allreduce_in_place),
 //! [`reduce_scatter`](Communicator::reduce_scatter). With feature `cuda`, `device` adds device
 //! buffers through pinned host staging (`Communicator::sendrecv_device` (chunk-pipelined when
-//! large), `allgather_device`, `allreduce_device` / `allreduce_mean_device` (compositions not yet
-//! run on a GPU), `DeviceStager::stage_to_host` / `restore_to_device`) and a GPU [`Compressor`]. Collectives
+//! large), `allgather_device`, `bcast_device`, `allreduce_device` / `allreduce_mean_device` /
+//! `reduce_scatter_device`, their non-blocking forms (`iallgather_device`, `ibcast_device`,
+//! `iallreduce_device`, ...; see the `device` module docs), `DeviceStager::stage_to_host` /
+//! `restore_to_device`) and a GPU [`Compressor`]. Collectives
 //! have non-blocking variants: [`iallgather`](Communicator::iallgather) and
 //! [`ibcast`](Communicator::ibcast) (MPI non-blocking collectives on the streams), and
 //! [`iallreduce`](Communicator::iallreduce) / [`iallreduce_mean`](Communicator::iallreduce_mean) /
@@ -123,7 +125,10 @@ use std::path::PathBuf;
 
 pub use compressor::{Compressor, CpuCompressor};
 #[cfg(feature = "cuda")]
-pub use device::{DeviceProfile, DeviceStager, GpuCompressor, StageTimes, Staged};
+pub use device::{
+    DeviceAllgatherRequest, DeviceBcastRequest, DeviceProfile, DeviceRequest, DeviceStager,
+    GpuCompressor, StageTimes, Staged,
+};
 pub use element::{CommElement, Real};
 pub use progress::OpRequest;
 #[cfg(feature = "mpi")]

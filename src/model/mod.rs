@@ -20,6 +20,9 @@
 //!
 //! With `L = 0`, no staging, `T_d = ∞` and one chunk, `t_raw / t_cmp` is exactly AATROX's formula.
 //! A [`Profile`] holds the calibrated link and codec speeds (JSON file, see [`Profile::load`]).
+//! Pinned staging copies are size dependent: a [`StagingCurve`] of measured sizes gives the
+//! staging link at each hop's size ([`Scenario::with_compressed_staging`] for the compressed
+//! path's smaller streams); calibrations take the [`median`] of repetitions.
 
 use std::path::{Path, PathBuf};
 
@@ -238,6 +241,10 @@ pub struct Scenario {
     pub decompress: f64,
     /// Staging link crossed before and after the network (device buffers), if any.
     pub staging: Option<Link>,
+    /// Staging link of the compressed path, when it differs from `staging` (pinned copies are
+    /// size dependent and the compressed stream is `ratio` times smaller; see [`StagingCurve`]).
+    /// `None`: the compressed path uses `staging` too.
+    pub staging_compressed: Option<Link>,
     /// Number of pipeline chunks (1 = serial).
     pub chunks: usize,
 }
@@ -252,12 +259,18 @@ impl Scenario {
             compress: tc,
             decompress: td,
             staging: None,
+            staging_compressed: None,
             chunks: 1,
         }
     }
     /// With staging hops.
     pub fn with_staging(mut self, s: Option<Link>) -> Self {
         self.staging = s;
+        self
+    }
+    /// With a separate staging link for the compressed path's hops (`None`: as the raw path).
+    pub fn with_compressed_staging(mut self, s: Option<Link>) -> Self {
+        self.staging_compressed = s;
         self
     }
     /// With `k` pipeline chunks.
@@ -305,14 +318,19 @@ pub fn predict(s: &Scenario) -> Prediction {
     let mut raw = Vec::with_capacity(3);
     let mut cmp = Vec::with_capacity(5);
     cmp.push(c / s.compress);
+    let cst = s.staging_compressed.or(s.staging);
     if let Some(st) = s.staging {
         raw.push(st.latency + c / st.bandwidth);
+    }
+    if let Some(st) = cst {
         cmp.push(st.latency + c / (cr * st.bandwidth));
     }
     raw.push(s.link.latency + c / s.link.bandwidth);
     cmp.push(s.link.latency + c / (cr * s.link.bandwidth));
     if let Some(st) = s.staging {
         raw.push(st.latency + c / st.bandwidth);
+    }
+    if let Some(st) = cst {
         cmp.push(st.latency + c / (cr * st.bandwidth));
     }
     cmp.push(c / s.decompress);
@@ -322,6 +340,95 @@ pub fn predict(s: &Scenario) -> Prediction {
         compressed_serial: pipeline(&cmp, 1) * k as f64,
         compressed_pipelined: pipeline(&cmp, k),
     }
+}
+
+/// One measured size of a [`StagingCurve`]: seconds of a pinned device→host and host→device
+/// copy of `bytes` (median over repetitions, every rank copying at once, slowest rank).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StagingPoint {
+    /// Bytes copied.
+    pub bytes: f64,
+    /// Device→host seconds.
+    pub d2h: f64,
+    /// Host→device seconds.
+    pub h2d: f64,
+}
+
+/// Size-dependent pinned staging times (device buffers): measured points, interpolated linearly
+/// in log(bytes)–log(seconds) between them and extended with the bandwidth of the nearest
+/// end point outside them. Pinned copies are not one `latency + bytes/bandwidth` line: the
+/// achieved bandwidth depends on the size and on how many ranks copy through the same PCIe link
+/// at once, so the model uses the time measured at the nearest sizes. An empty curve has no
+/// opinion (callers fall back to a [`Link`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StagingCurve {
+    /// Measured points, sorted by size (see [`insert`](Self::insert)).
+    pub points: Vec<StagingPoint>,
+}
+
+impl StagingCurve {
+    /// Whether no size has been measured.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+    /// Add (or replace) the point of `p.bytes`, keeping the points sorted.
+    pub fn insert(&mut self, p: StagingPoint) {
+        if !(p.bytes > 0.0 && p.d2h > 0.0 && p.h2d > 0.0) {
+            return;
+        }
+        self.points.retain(|q| q.bytes != p.bytes);
+        let i = self.points.partition_point(|q| q.bytes < p.bytes);
+        self.points.insert(i, p);
+    }
+    fn interp(&self, bytes: f64, f: impl Fn(&StagingPoint) -> f64) -> Option<f64> {
+        let pts = &self.points;
+        let (first, last) = (pts.first()?, pts.last()?);
+        if bytes <= 0.0 {
+            return Some(0.0);
+        }
+        if bytes <= first.bytes {
+            return Some(f(first) * bytes / first.bytes);
+        }
+        if bytes >= last.bytes {
+            return Some(f(last) * bytes / last.bytes);
+        }
+        let i = pts.partition_point(|q| q.bytes < bytes).max(1);
+        if pts[i].bytes == bytes {
+            return Some(f(&pts[i]));
+        }
+        let (a, b) = (&pts[i - 1], &pts[i]);
+        let w = (bytes.ln() - a.bytes.ln()) / (b.bytes.ln() - a.bytes.ln());
+        Some((f(a).ln() * (1.0 - w) + f(b).ln() * w).exp())
+    }
+    /// Predicted device→host seconds for `bytes` (`None` when empty).
+    pub fn d2h(&self, bytes: f64) -> Option<f64> {
+        self.interp(bytes, |p| p.d2h)
+    }
+    /// Predicted host→device seconds for `bytes` (`None` when empty).
+    pub fn h2d(&self, bytes: f64) -> Option<f64> {
+        self.interp(bytes, |p| p.h2d)
+    }
+    /// The effective link of one staging hop of `bytes` (mean of both directions, latency 0:
+    /// `bytes / bandwidth` is the interpolated time), for [`Scenario::with_staging`].
+    pub fn link(&self, bytes: f64) -> Option<Link> {
+        let b = bytes.max(1.0);
+        let t = 0.5 * (self.d2h(b)? + self.h2d(b)?);
+        Some(Link {
+            bandwidth: b / t.max(1e-12),
+            latency: 0.0,
+        })
+    }
+}
+
+/// The median of `v` (the upper one of an even count; NaN-safe ordering; 0 when empty). Used by
+/// calibrations: robust against the odd repetition slowed down by another process.
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut w = v.to_vec();
+    w.sort_by(f64::total_cmp);
+    w[w.len() / 2]
 }
 
 /// Parse a rate like `25GB/s`, `400 GB/s`, `12.5GiB/s`, `800MB/s`, `1e9` (bytes/s).
@@ -517,6 +624,87 @@ mod tests {
         assert!(p.compressed_pipelined > 1e9 / 100e9);
         let one = predict(&s.with_chunks(1));
         assert_eq!(one.compressed_pipelined, one.compressed_serial);
+    }
+
+    #[test]
+    fn staging_curve_interpolates_and_extends() {
+        let mut c = StagingCurve::default();
+        assert!(c.d2h(1e6).is_none() && c.link(1e6).is_none());
+        c.insert(StagingPoint {
+            bytes: 1e6,
+            d2h: 1e-4,
+            h2d: 2e-4,
+        });
+        c.insert(StagingPoint {
+            bytes: 1e8,
+            d2h: 4e-3,
+            h2d: 4e-3,
+        });
+        // exact at the points, sorted regardless of insertion order
+        c.insert(StagingPoint {
+            bytes: 1e7,
+            d2h: 5e-4,
+            h2d: 6e-4,
+        });
+        assert_eq!(c.points.len(), 3);
+        assert!(c.points.windows(2).all(|w| w[0].bytes < w[1].bytes));
+        assert!((c.d2h(1e7).unwrap() - 5e-4).abs() < 1e-15);
+        // between: monotone, geometric mean halfway in log size
+        let mid = c.d2h(3e6).unwrap();
+        assert!(mid > 1e-4 && mid < 5e-4);
+        let half = c.d2h((1e7f64 * 1e8).sqrt()).unwrap();
+        assert!((half - (5e-4f64 * 4e-3).sqrt()).abs() < 1e-12);
+        // outside: the end point's bandwidth
+        assert!((c.d2h(1e9).unwrap() - 4e-2).abs() < 1e-12);
+        assert!((c.h2d(5e5).unwrap() - 1e-4).abs() < 1e-15);
+        let l = c.link(1e8).unwrap();
+        assert!((l.bandwidth - 1e8 / 4e-3).abs() < 1e-3 && l.latency == 0.0);
+        // replacing a size keeps one point; invalid points are ignored
+        c.insert(StagingPoint {
+            bytes: 1e7,
+            d2h: 1e-3,
+            h2d: 1e-3,
+        });
+        c.insert(StagingPoint {
+            bytes: 2e7,
+            d2h: f64::NAN,
+            h2d: 1.0,
+        });
+        assert_eq!(c.points.len(), 3);
+        assert_eq!(c.d2h(1e7), Some(1e-3));
+        // the curve round-trips through JSON (the DeviceProfile carries it)
+        let j = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<StagingCurve>(&j).unwrap(), c);
+    }
+
+    #[test]
+    fn median_ignores_outliers() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[1.0, 100.0, 2.0, 3.0, 2.5, 0.1, 2.2]), 2.2);
+        assert_eq!(median(&[4.0, 1.0]), 4.0);
+    }
+
+    #[test]
+    fn compressed_staging_link_only_changes_the_compressed_path() {
+        let link = Link {
+            bandwidth: 3e9,
+            latency: 1e-6,
+        };
+        let raw_st = Link {
+            bandwidth: 27e9,
+            latency: 0.0,
+        };
+        let cmp_st = Link {
+            bandwidth: 20e9,
+            latency: 0.0,
+        };
+        let base = Scenario::new(1e9, 20.0, link, 100e9, 300e9).with_staging(Some(raw_st));
+        let a = predict(&base);
+        let b = predict(&base.with_compressed_staging(Some(cmp_st)));
+        assert_eq!(a.raw_serial, b.raw_serial);
+        let d = 2.0 * (1e9 / 20.0) * (1.0 / 20e9 - 1.0 / 27e9);
+        assert!((b.compressed_serial - a.compressed_serial - d).abs() < 1e-12);
     }
 
     #[test]
