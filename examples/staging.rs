@@ -694,10 +694,7 @@ mod device {
             let moved = c.pipeline_chunks() - chunks0;
             let ck = check_parts(c, b, &all[partner], &fetch(&d_recv)?, &whole);
             let label = if moved > 0 {
-                format!(
-                    "{name} ({} chunks/call)",
-                    moved / (3 * (a.iters as u64 + 1)).max(1)
-                )
+                format!("{name} (16 MiB chunks, {moved} moved)")
             } else {
                 name.to_string()
             };
