@@ -963,29 +963,57 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 
 // ---------------------------------------------------------------------------------------------
 // Range / first finite non-zero value (NOA parameters and the degenerate-step rule).
-template <typename T> __device__ __forceinline__ void zc_stats(const T* __restrict__ in, u64 n, u64* ctrl) {
-    u64 mn = 0, mx = 0, first = 0;  // mn holds ~key (max), first holds ~index (max)
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += 4 * stride) {
-        T xs[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            u64 j = i + u * stride;
-            xs[u] = j < n ? in[j] : (T)0;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            u64 j = i + u * stride;
-            T x = xs[u];
-            if (j < n && zc_isfinite(x)) {
-                u64 k = zc_key(x);
-                mn = (~k > mn) ? ~k : mn;
-                mx = k > mx ? k : mx;
-                if (x != (T)0 && (~j) > first) first = ~j;
+// Memory-bound by design: 16-byte loads (two in flight per thread) when the input is aligned,
+// keys in the element's own width (u32 for f32), and the first non-zero index tracked with a
+// flag (each thread visits its indices in increasing order, the vector part before the tail).
+template <typename T> struct ZcStats {
+    typedef typename ZT<T>::bits_t K;
+    K kmin, kmax;  // order-preserving keys (zc_key); kmax == 0: no finite value seen
+    u64 first;     // smallest index of a finite non-zero value (valid when found)
+    bool found;
+    __device__ __forceinline__ ZcStats() : kmin((K)~(K)0), kmax(0), first(0), found(false) {}
+    __device__ __forceinline__ void visit(T x, u64 j) {
+        if (zc_isfinite(x)) {
+            const K b = ZT<T>::bits(x);
+            const K k = (K)(b ^ ((K)((typename ZT<T>::code_t)b >> (8 * sizeof(K) - 1)) | ((K)1 << (8 * sizeof(K) - 1))));
+            kmin = k < kmin ? k : kmin;
+            kmax = k > kmax ? k : kmax;
+            if (!found && x != (T)0) {
+                found = true;
+                first = j;
             }
         }
     }
+};
+
+template <typename T> __device__ __forceinline__ void zc_stats(const T* __restrict__ in, u64 n, u64* ctrl) {
+    const int VEC = 16 / (int)sizeof(T);
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    ZcStats<T> st;
+    const u64 nv = ((size_t)in & 15u) == 0 ? n / VEC : 0;  // whole 16-byte vectors
+    const uint4* vin = (const uint4*)in;
+    u64 v = t;
+    for (; v + stride < nv; v += 2 * stride) {
+        const uint4 a = vin[v], c = vin[v + stride];
+        const T* xa = (const T*)&a;
+        const T* xc = (const T*)&c;
+#pragma unroll
+        for (int u = 0; u < VEC; u++) st.visit(xa[u], v * VEC + u);
+#pragma unroll
+        for (int u = 0; u < VEC; u++) st.visit(xc[u], (v + stride) * VEC + u);
+    }
+    if (v < nv) {
+        const uint4 a = vin[v];
+        const T* xa = (const T*)&a;
+#pragma unroll
+        for (int u = 0; u < VEC; u++) st.visit(xa[u], v * VEC + u);
+    }
+    for (u64 j = nv * VEC + t; j < n; j += stride) st.visit(in[j], j);
+    // ctrl words hold maxima: ~min key (as u64, like zc_key), max key, ~first index
+    u64 mn = st.kmax ? ~(u64)st.kmin : 0ull;
+    u64 mx = (u64)st.kmax;
+    u64 first = st.found ? ~st.first : 0ull;
     mn = warp_max_u64(mn);
     mx = warp_max_u64(mx);
     first = warp_max_u64(first);
