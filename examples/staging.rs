@@ -86,6 +86,7 @@ fn main() -> ExitCode {
     }
     let mut t = Table {
         all_ok: true,
+        progress: (c.rank() == 0).then(std::time::Instant::now),
         ..Default::default()
     };
     let r = match (a.c.dtype.as_str(), gpu) {
@@ -260,6 +261,8 @@ struct Table {
     rows: Vec<Rec>,
     notes: Vec<String>,
     all_ok: bool,
+    /// Rank 0 prints a progress line per finished row (long runs at 1 GiB per rank).
+    progress: Option<std::time::Instant>,
 }
 
 fn rel_err(m: f64, p: f64) -> f64 {
@@ -299,6 +302,22 @@ impl Table {
         });
     }
     fn push(&mut self, r: Rec) {
+        if let Some(t0) = self.progress {
+            eprintln!(
+                "[{:7.1} s] {}: raw {} ms, zcomm {} ms, auto {} ms, model {} / {} ms, ratio {:.2}, max error {:.3e} (bound {:.3e}) {}",
+                t0.elapsed().as_secs_f64(),
+                r.op,
+                fmt_ms(r.raw_s),
+                fmt_ms(r.cmp_s),
+                fmt_ms(r.auto_s),
+                fmt_ms(r.pred_raw),
+                fmt_ms(r.pred_cmp),
+                r.ratio,
+                r.check.max_err,
+                r.check.bound,
+                if r.check.ok { "ok" } else { "VIOLATED" }
+            );
+        }
         self.rows.push(r);
     }
     fn note(&mut self, c: &Communicator, s: String) {

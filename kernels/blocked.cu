@@ -12,11 +12,11 @@
 #include "common.cuh"
 
 #ifndef ZC_WARPS
-#define ZC_WARPS 8  // warps per block (1, 2, 4, 8, 16 or 32); each owns 32 / ZC_WARPS iteration layers
+#define ZC_WARPS 16  // warps per block (1, 2, 4, 8, 16 or 32); each owns 32 / ZC_WARPS iteration layers
 #endif
 #define ZC_THREADS (ZC_WARPS * 32)
 #ifndef ZC_MINB
-#define ZC_MINB (32 / ZC_WARPS)  // blocks per SM the register budget must allow (50% occupancy)
+#define ZC_MINB (ZC_WARPS == 16 ? 3 : 32 / ZC_WARPS)  // blocks per SM the register budget must allow
 #endif
 
 // ---- One-pass compression (ZC_ONEPASS=1; f32 aatrox / cuszp-plain, both modes; f64 and
@@ -47,7 +47,7 @@
 // info + 36 KiB arena (ZC_STAGE_WORDS = 9216) + ~0.6 KiB = ~47.6 KiB (static limit 48 KiB):
 // 4 blocks/SM of 8 warps or 3 of 16 still fit the 228 KiB of an H100 SM.
 #ifndef ZC_ONEPASS
-#define ZC_ONEPASS 0
+#define ZC_ONEPASS 1
 #endif
 #ifndef ZC_STAGE_WORDS
 #define ZC_STAGE_WORDS 9216  // one-pass staging arena per block, u32 words

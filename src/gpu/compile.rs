@@ -13,13 +13,14 @@ const BLOCKED: &str = include_str!("../../kernels/blocked.cu");
 const PFPL: &str = include_str!("../../kernels/pfpl.cu");
 
 /// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
-/// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 8.
+/// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 16 (with 3 blocks per SM: the fastest of
+/// the H100 sweep in BENCHMARKS.md).
 pub fn blocked_warps() -> u32 {
     std::env::var("ZCOMM_GPU_WARPS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|w| matches!(w, 8 | 16 | 32))
-        .unwrap_or(8)
+        .unwrap_or(16)
 }
 
 /// Extra preprocessor definitions for tuning experiments: `$ZCOMM_GPU_DEFINES`, a space-separated
