@@ -5,7 +5,9 @@
 //! from raw f32 files (`grad`, one per rank, `{rank}` in `--grad-file` is replaced; the gradient
 //! is tiled to fill larger buffers). Timing: every repetition starts after a barrier, ends when
 //! the rank's streams are drained; the slowest rank counts; the median over `--reps` (after one
-//! warm-up) is reported. `max_error` is the largest difference to raw NCCL's result over all
+//! warm-up) is reported. `auto` rows are timed alternating with raw NCCL (at least 10 pairs) and
+//! also carry that paired raw median (`raw_ms_paired`, `speedup_paired`), the fair measure of
+//! what `Auto` costs over raw. `max_error` is the largest difference to raw NCCL's result over all
 //! ranks. Rank 0 writes the JSON records to `--out`.
 //!
 //! ```text
@@ -126,6 +128,37 @@ fn timed(
         }
     }
     Ok((median(ts), last))
+}
+
+/// Like [`timed`] for two operations measured alternately (`a`, `b`, `a`, `b`, ...), so both
+/// medians come from the same minutes of the run (clock and link drift cancel): the `auto` rows
+/// are compared with raw NCCL this way.
+fn timed_pair(
+    c: &mut NcclComm,
+    reps: usize,
+    mut a: impl FnMut(&mut NcclComm) -> Result<Option<OpStats>>,
+    mut b: impl FnMut(&mut NcclComm) -> Result<Option<OpStats>>,
+) -> Result<(f64, f64, Option<OpStats>)> {
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    let mut last = None;
+    for i in 0..=reps {
+        for which in 0..2 {
+            c.barrier()?;
+            let t0 = c.wtime();
+            if which == 0 {
+                a(c)?;
+            } else {
+                last = b(c)?;
+            }
+            c.synchronize()?;
+            let mut t = [c.wtime() - t0];
+            c.bootstrap().allreduce_f64(&mut t, ReduceOp::Max)?;
+            if i > 0 {
+                if which == 0 { &mut ta } else { &mut tb }.push(t[0] * 1e3);
+            }
+        }
+    }
+    Ok((median(ta), median(tb), last))
 }
 
 fn max_over_ranks(c: &NcclComm, v: f64) -> Result<f64> {
@@ -260,13 +293,34 @@ fn run(a: &Args) -> Result<()> {
                     c.set_bound(bound)?;
                     for pol in &a.policies {
                         c.set_policy(policy_of(pol, a.codec));
-                        let (ms, st) = timed(&mut c, reps, |c| {
+                        let run = |c: &mut NcclComm| -> Result<Option<OpStats>> {
                             Ok(Some(if gather {
                                 c.allgather(&x, &mut out)?
                             } else {
                                 c.allreduce(&x, &mut out)?
                             }))
-                        })?;
+                        };
+                        // auto: alternate with raw NCCL (>= 10 pairs) so the overhead is
+                        // measured against a raw run of the same minutes
+                        let (raw_paired, ms, st) = if pol == "auto" {
+                            let (rp, ms, st) = timed_pair(
+                                &mut c,
+                                reps.max(10),
+                                |c| {
+                                    if gather {
+                                        c.raw_allgather(&x, &mut raw_out)?;
+                                    } else {
+                                        c.raw_allreduce(&x, &mut raw_out)?;
+                                    }
+                                    Ok(None)
+                                },
+                                run,
+                            )?;
+                            (Some(rp), ms, st)
+                        } else {
+                            let (ms, st) = timed(&mut c, reps, run)?;
+                            (None, ms, st)
+                        };
                         let st = st.expect("stats");
                         let err = max_over_ranks(&c, c.max_abs_diff(&out, &raw_out)?)?;
                         let ratio = max_over_ranks(&c, -st.ratio)?.abs(); // worst rank's ratio
@@ -279,15 +333,19 @@ fn run(a: &Args) -> Result<()> {
                             "ratio": ratio, "raw_ms": raw_ms, "compressed_ms": ms,
                             "predicted_ms": st.predicted_s * 1e3, "predicted_raw_ms": st.predicted_raw_s * 1e3,
                             "predicted_compressed_ms": st.predicted_compressed_s * 1e3,
-                            "speedup": raw_ms / ms, "max_error": err, "ranks": p, "device": device,
+                            "speedup": raw_ms / ms, "raw_ms_paired": raw_paired,
+                            "speedup_paired": raw_paired.map(|r| r / ms), "max_error": err, "ranks": p, "device": device,
                             "nccl": ver, "piece_mib": a.piece_mib, "date": date,
                         });
                         if r == 0 {
                             println!(
-                                "{data} {op} {} MiB {bound} {pol}: {:?} ratio {ratio:.2} {ms:.3} ms (raw {raw_ms:.3}, x{:.2}) predicted {:.3} ms, max error {err:.3e} (bound {:.3e})",
+                                "{data} {op} {} MiB {bound} {pol}: {:?} ratio {ratio:.2} {ms:.3} ms (raw {raw_ms:.3}, x{:.2}{}) predicted {:.3} ms, max error {err:.3e} (bound {:.3e})",
                                 bytes >> 20,
                                 st.decision,
                                 raw_ms / ms,
+                                raw_paired
+                                    .map(|r| format!("; alternating with raw {r:.3} ms: x{:.3}", r / ms))
+                                    .unwrap_or_default(),
                                 st.predicted_s * 1e3,
                                 abs_bound
                             );
