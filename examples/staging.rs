@@ -61,6 +61,69 @@ struct Args {
     /// Write one JSON record per operation to this file (rank 0).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Run only these operations (comma list; default all). Device runs: stage,
+    /// sendrecv_device, sendrecv_device_pipelined, allgather_device, bcast_device,
+    /// allreduce_device, allreduce_mean_device, reduce_scatter_device, nonblocking (the
+    /// i*_device consistency checks of the selected operations). Host runs: stage, sendrecv,
+    /// allgather, bcast, allreduce, allreduce_mean, reduce_scatter.
+    #[arg(long, value_delimiter = ',')]
+    ops: Vec<String>,
+    /// Abort the whole job (exit 3, naming the step) when one step (one policy of one
+    /// operation: warm-up + --iters) runs longer than this many seconds; 0 = never.
+    #[arg(long, default_value_t = 600.0)]
+    step_timeout_s: f64,
+}
+
+impl Args {
+    /// Whether operation `op` is selected by `--ops`.
+    fn wants(&self, op: &str) -> bool {
+        self.ops.is_empty() || self.ops.iter().any(|o| o.trim() == op)
+    }
+}
+
+/// The step in progress (for the progress lines and the watchdog).
+struct Step {
+    t0: std::time::Instant,
+    since: std::time::Instant,
+    what: String,
+}
+
+static STEP: std::sync::Mutex<Option<Step>> = std::sync::Mutex::new(None);
+
+/// Start a step: rank 0 prints `[t] what` before it runs; the watchdog restarts its clock.
+fn step(c: &Communicator, what: &str) {
+    let mut g = STEP.lock().unwrap_or_else(|e| e.into_inner());
+    let now = std::time::Instant::now();
+    let t0 = g.as_ref().map_or(now, |s| s.t0);
+    if c.rank() == 0 {
+        eprintln!("[{:7.1} s] {what}...", (now - t0).as_secs_f64());
+    }
+    *g = Some(Step {
+        t0,
+        since: now,
+        what: what.to_string(),
+    });
+}
+
+/// Abort the process when one step runs longer than `limit_s` (mpirun then ends every rank),
+/// so a hung collective never waits forever.
+fn watchdog(rank: usize, limit_s: f64) {
+    if !(limit_s > 0.0 && limit_s.is_finite()) {
+        return;
+    }
+    std::thread::spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let g = STEP.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.as_ref() {
+            if s.since.elapsed().as_secs_f64() > limit_s {
+                eprintln!(
+                    "staging (rank {rank}): step '{}' still running after {limit_s} s (--step-timeout-s): aborting",
+                    s.what
+                );
+                std::process::exit(3);
+            }
+        }
+    });
 }
 
 fn main() -> ExitCode {
@@ -78,6 +141,8 @@ fn main() -> ExitCode {
         }
     };
     let mut c = c;
+    step(&c, "start");
+    watchdog(c.rank(), a.step_timeout_s);
     if !gpu && c.rank() == 0 {
         println!(
             "staging: no CUDA device{}: device operations SKIPPED; running the host-buffer operations with the CPU codec",
@@ -102,6 +167,7 @@ fn main() -> ExitCode {
             "--dtype {d}: expected f32, f64, c64 or c128"
         ))),
     };
+    step(&c, "report");
     let r = r.and_then(|()| t.finish(&c, &a));
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -175,12 +241,16 @@ struct Triple {
 fn triple(
     c: &mut Communicator,
     a: &Args,
+    op: &str,
     mut f: impl FnMut(&mut Communicator) -> Result<OpStats>,
 ) -> Result<Triple> {
+    step(c, &format!("{op}: Never"));
     c.set_policy(Policy::Never);
     let raw = best(c, a.iters, &mut f)?;
+    step(c, &format!("{op}: Auto"));
     c.set_policy(Policy::Auto(a.c.codec));
     let auto = best(c, a.iters, &mut f)?;
+    step(c, &format!("{op}: Always"));
     c.set_policy(Policy::Always(a.c.codec));
     let cmp = best(c, a.iters, &mut f)?;
     Ok(Triple { raw, auto, cmp })
@@ -426,56 +496,67 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result
     #[allow(clippy::single_range_in_vec_init)]
     let whole = [0..ns];
     // stage = compress into host memory, restore = decompress
-    let (t_raw, _) = best(c, a.iters, |_| Ok(sc.to_vec()))?;
-    let (t_c, stream) = best(c, a.iters, |_| zcomm::compress(sc, b, a.c.codec))?;
-    let mut back = vec![<E::Scalar as Element>::from_f64(0.0); ns];
-    let (t_d, _) = best(c, a.iters, |_| zcomm::decompress_into(&stream, &mut back))?;
-    let ck = check_parts(c, b, sc, &back, &whole);
-    let ratio = -global_max(c, -(bytes / stream.len() as f64));
-    let sp = c
-        .profile()
-        .codec_speed(a.c.codec, <E::Scalar as Element>::DTYPE);
-    let (pc, pd) = sp.map_or((f64::NAN, f64::NAN), |s| {
-        (bytes / s.compress, bytes / s.decompress)
-    });
-    for (op, tc, pred) in [
-        ("stage (compress, host)", t_c, pc),
-        ("restore (decompress, host)", t_d, pd),
-    ] {
-        t.push(Rec {
-            op: op.into(),
-            bytes,
-            raw_s: t_raw,
-            cmp_s: tc,
-            auto_s: f64::NAN,
-            auto: None,
-            pred_raw: f64::NAN,
-            pred_cmp: pred,
-            ratio,
-            check: ck,
+    if a.wants("stage") {
+        step(c, "stage/restore (host)");
+        let (t_raw, _) = best(c, a.iters, |_| Ok(sc.to_vec()))?;
+        let (t_c, stream) = best(c, a.iters, |_| zcomm::compress(sc, b, a.c.codec))?;
+        let mut back = vec![<E::Scalar as Element>::from_f64(0.0); ns];
+        let (t_d, _) = best(c, a.iters, |_| zcomm::decompress_into(&stream, &mut back))?;
+        let ck = check_parts(c, b, sc, &back, &whole);
+        let ratio = -global_max(c, -(bytes / stream.len() as f64));
+        let sp = c
+            .profile()
+            .codec_speed(a.c.codec, <E::Scalar as Element>::DTYPE);
+        let (pc, pd) = sp.map_or((f64::NAN, f64::NAN), |s| {
+            (bytes / s.compress, bytes / s.decompress)
         });
+        for (op, tc, pred) in [
+            ("stage (compress, host)", t_c, pc),
+            ("restore (decompress, host)", t_d, pd),
+        ] {
+            t.push(Rec {
+                op: op.into(),
+                bytes,
+                raw_s: t_raw,
+                cmp_s: tc,
+                auto_s: f64::NAN,
+                auto: None,
+                pred_raw: f64::NAN,
+                pred_cmp: pred,
+                ratio,
+                check: ck,
+            });
+        }
     }
     // sendrecv with the partner
     let partner = if (rank ^ 1) < p { rank ^ 1 } else { rank };
-    let mut got = vec![E::default(); n];
-    let tr = triple(c, a, |c| c.sendrecv(data, partner, &mut got, partner, 1))?;
-    let ck = check_parts(c, b, E::scalars(&all[partner]), E::scalars(&got), &whole);
-    t.add_triple(c, "sendrecv (host)", &tr, ck);
+    if a.wants("sendrecv") {
+        let mut got = vec![E::default(); n];
+        let tr = triple(c, a, "sendrecv (host)", |c| {
+            c.sendrecv(data, partner, &mut got, partner, 1)
+        })?;
+        let ck = check_parts(c, b, E::scalars(&all[partner]), E::scalars(&got), &whole);
+        t.add_triple(c, "sendrecv (host)", &tr, ck);
+    }
     // allgather
-    let mut out = vec![E::default(); n * p];
-    let tr = triple(c, a, |c| c.allgather(data, &mut out))?;
-    let want: Vec<E> = all.concat();
-    let parts: Vec<_> = (0..p).map(|k| k * ns..(k + 1) * ns).collect();
-    let ck = check_parts(c, b, E::scalars(&want), E::scalars(&out), &parts);
-    t.add_triple(c, "allgather (host)", &tr, ck);
+    if a.wants("allgather") {
+        let mut out = vec![E::default(); n * p];
+        let tr = triple(c, a, "allgather (host)", |c| c.allgather(data, &mut out))?;
+        let want: Vec<E> = all.concat();
+        let parts: Vec<_> = (0..p).map(|k| k * ns..(k + 1) * ns).collect();
+        let ck = check_parts(c, b, E::scalars(&want), E::scalars(&out), &parts);
+        t.add_triple(c, "allgather (host)", &tr, ck);
+    }
     // bcast from 0 (a fresh copy every call so the root's source stays exact)
-    let mut buf = data.to_vec();
-    let tr = triple(c, a, |c| {
-        buf.copy_from_slice(data);
-        c.bcast(&mut buf, 0)
-    })?;
-    let ck = check_parts(c, b, E::scalars(&all[0]), E::scalars(&buf), &whole);
-    t.add_triple(c, "bcast (host)", &tr, ck);
+    if a.wants("bcast") {
+        let mut buf = data.to_vec();
+        let tr = triple(c, a, "bcast (host)", |c| {
+            buf.copy_from_slice(data);
+            c.bcast(&mut buf, 0)
+        })?;
+        let ck = check_parts(c, b, E::scalars(&all[0]), E::scalars(&buf), &whole);
+        t.add_triple(c, "bcast (host)", &tr, ck);
+    }
     if matches!(b, ErrorBound::Rel(_)) {
         t.note(
             c,
@@ -490,24 +571,34 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result
     );
     let e_res = result_bound(b, &all.iter().map(|v| E::scalars(v)).collect::<Vec<_>>());
     let mut out = vec![E::default(); n];
-    let tr = triple(c, a, |c| c.allreduce(data, &mut out))?;
-    let ck = check_exact(c, E::scalars(&out), &exact, e_res);
-    t.add_triple(c, "allreduce (host)", &tr, ck);
-    let tr = triple(c, a, |c| c.allreduce_mean(data, &mut out))?;
-    let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
-    let ck = check_exact(c, E::scalars(&out), &mean, e_res);
-    t.add_triple(c, "allreduce_mean (host)", &tr, ck);
-    let seg = partition(n, p)[rank].clone();
-    let mut out = vec![E::default(); seg.len()];
-    let tr = triple(c, a, |c| c.reduce_scatter(data, &mut out))?;
-    let l = E::LANES;
-    let ck = check_exact(
-        c,
-        E::scalars(&out),
-        &exact[seg.start * l..seg.end * l],
-        e_res,
-    );
-    t.add_triple(c, "reduce_scatter (host)", &tr, ck);
+    if a.wants("allreduce") {
+        let tr = triple(c, a, "allreduce (host)", |c| c.allreduce(data, &mut out))?;
+        let ck = check_exact(c, E::scalars(&out), &exact, e_res);
+        t.add_triple(c, "allreduce (host)", &tr, ck);
+    }
+    if a.wants("allreduce_mean") {
+        let tr = triple(c, a, "allreduce_mean (host)", |c| {
+            c.allreduce_mean(data, &mut out)
+        })?;
+        let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
+        let ck = check_exact(c, E::scalars(&out), &mean, e_res);
+        t.add_triple(c, "allreduce_mean (host)", &tr, ck);
+    }
+    if a.wants("reduce_scatter") {
+        let seg = partition(n, p)[rank].clone();
+        let mut out = vec![E::default(); seg.len()];
+        let tr = triple(c, a, "reduce_scatter (host)", |c| {
+            c.reduce_scatter(data, &mut out)
+        })?;
+        let l = E::LANES;
+        let ck = check_exact(
+            c,
+            E::scalars(&out),
+            &exact[seg.start * l..seg.end * l],
+            e_res,
+        );
+        t.add_triple(c, "reduce_scatter (host)", &tr, ck);
+    }
     Ok(())
 }
 
@@ -646,61 +737,79 @@ mod device {
         let fetch = |d: &cudarc::driver::CudaSlice<S>| s.clone_dtoh(d).map_err(gerr);
 
         // 1. stage_to_host / restore_to_device vs raw copies
-        let mut host_raw = dev.alloc_pinned(n * S::SIZE)?;
-        let nb = n * S::SIZE;
-        let (t_d2h, _) = best(c, a.iters, |_| {
-            dev.copy_to_host(
-                &d_in.slice(..),
-                &mut host_raw.as_mut_slice().map_err(gerr)?[..nb],
-            )
-        })?;
-        let mut staged = dev.stage_to_host(&d_in.slice(..), b, a.c.codec)?;
-        let (t_stage, _) = best(c, a.iters, |_| {
-            dev.restage(&d_in.slice(..), b, a.c.codec, &mut staged)
-        })?;
-        let (t_h2d, _) = best(c, a.iters, |_| {
-            dev.copy_to_device(
-                &host_raw.as_slice().map_err(gerr)?[..nb],
-                &mut d_out.slice_mut(..),
-            )
-        })?;
-        let (t_restore, _) = best(c, a.iters, |_| {
-            dev.restore_to_device(&staged, &mut d_out.slice_mut(..))
-        })?;
-        let ck = check_parts(c, b, data, &fetch(&d_out)?, &whole);
-        let ratio = -global_max(c, -staged.ratio());
-        let (pr_s, pc_s) = prof.predict_stage_to_host(bytes, ratio);
-        let (pr_r, pc_r) = prof.predict_restore_to_device(bytes, ratio);
-        for (op, tr, tc, pr, pc) in [
-            ("stage_to_host", t_d2h, t_stage, pr_s, pc_s),
-            ("restore_to_device", t_h2d, t_restore, pr_r, pc_r),
-        ] {
-            t.push(Rec {
-                op: op.into(),
-                bytes,
-                raw_s: tr,
-                cmp_s: tc,
-                auto_s: f64::NAN,
-                auto: None,
-                pred_raw: pr,
-                pred_cmp: pc,
-                ratio,
-                check: ck,
-            });
+        if a.wants("stage") {
+            step(c, "stage_to_host / restore_to_device");
+            let mut host_raw = dev.alloc_pinned(n * S::SIZE)?;
+            let nb = n * S::SIZE;
+            let (t_d2h, _) = best(c, a.iters, |_| {
+                dev.copy_to_host(
+                    &d_in.slice(..),
+                    &mut host_raw.as_mut_slice().map_err(gerr)?[..nb],
+                )
+            })?;
+            let mut staged = dev.stage_to_host(&d_in.slice(..), b, a.c.codec)?;
+            let (t_stage, _) = best(c, a.iters, |_| {
+                dev.restage(&d_in.slice(..), b, a.c.codec, &mut staged)
+            })?;
+            let (t_h2d, _) = best(c, a.iters, |_| {
+                dev.copy_to_device(
+                    &host_raw.as_slice().map_err(gerr)?[..nb],
+                    &mut d_out.slice_mut(..),
+                )
+            })?;
+            let (t_restore, _) = best(c, a.iters, |_| {
+                dev.restore_to_device(&staged, &mut d_out.slice_mut(..))
+            })?;
+            let ck = check_parts(c, b, data, &fetch(&d_out)?, &whole);
+            let ratio = -global_max(c, -staged.ratio());
+            let (pr_s, pc_s) = prof.predict_stage_to_host(bytes, ratio);
+            let (pr_r, pc_r) = prof.predict_restore_to_device(bytes, ratio);
+            for (op, tr, tc, pr, pc) in [
+                ("stage_to_host", t_d2h, t_stage, pr_s, pc_s),
+                ("restore_to_device", t_h2d, t_restore, pr_r, pc_r),
+            ] {
+                t.push(Rec {
+                    op: op.into(),
+                    bytes,
+                    raw_s: tr,
+                    cmp_s: tc,
+                    auto_s: f64::NAN,
+                    auto: None,
+                    pred_raw: pr,
+                    pred_cmp: pc,
+                    ratio,
+                    check: ck,
+                });
+            }
+            drop(staged);
+            drop(host_raw);
         }
-        drop(staged);
-        drop(host_raw);
 
         // 2. sendrecv_device: whole message, then chunk-pipelined (16 MiB chunks above 32 MiB)
         let partner = if (rank ^ 1) < p { rank ^ 1 } else { rank };
         let mut d_recv = s.alloc_zeros::<S>(n).map_err(gerr)?;
-        for (name, chunk, min, tag) in [
-            ("sendrecv_device", 1usize << 40, usize::MAX, 1),
-            ("sendrecv_device pipelined", 16 << 20, 32 << 20, 2),
+        for (name, key, chunk, min, tag) in [
+            (
+                "sendrecv_device",
+                "sendrecv_device",
+                1usize << 40,
+                usize::MAX,
+                1,
+            ),
+            (
+                "sendrecv_device pipelined",
+                "sendrecv_device_pipelined",
+                16 << 20,
+                32 << 20,
+                2,
+            ),
         ] {
+            if !a.wants(key) {
+                continue;
+            }
             c.set_pipeline(chunk, min);
             let chunks0 = c.pipeline_chunks();
-            let tr = triple(c, a, |c| {
+            let tr = triple(c, a, name, |c| {
                 c.sendrecv_device(
                     &mut dev,
                     &d_in.slice(..),
@@ -726,31 +835,36 @@ mod device {
 
         // 3. allgather_device
         let mut d_all = s.alloc_zeros::<S>(n * p).map_err(gerr)?;
-        let tr = triple(c, a, |c| {
-            c.allgather_device(&mut dev, &d_in.slice(..), &mut d_all.slice_mut(..))
-        })?;
-        let want = all.concat();
-        let parts: Vec<_> = (0..p).map(|k| k * n..(k + 1) * n).collect();
-        let ck = check_parts(c, b, &want, &fetch(&d_all)?, &parts);
-        t.add_triple(c, "allgather_device", &tr, ck);
-        let ag_cmp = fetch(&d_all)?;
-        drop(want);
+        let mut ag_cmp = None;
+        if a.wants("allgather_device") {
+            let tr = triple(c, a, "allgather_device", |c| {
+                c.allgather_device(&mut dev, &d_in.slice(..), &mut d_all.slice_mut(..))
+            })?;
+            let want = all.concat();
+            let parts: Vec<_> = (0..p).map(|k| k * n..(k + 1) * n).collect();
+            let ck = check_parts(c, b, &want, &fetch(&d_all)?, &parts);
+            t.add_triple(c, "allgather_device", &tr, ck);
+            ag_cmp = Some(fetch(&d_all)?);
+        }
 
         // 4. bcast_device from root 0 (timed as ibcast_device + wait_bcast_device: the root's
         // source d_in stays intact)
-        let tr = triple(c, a, |c| {
-            let req = c.ibcast_device(&mut dev, &d_in.slice(..), 0)?;
-            c.wait_bcast_device(&mut dev, req, &mut d_out.slice_mut(..))
-        })?;
-        let ck = check_parts(c, b, &all[0], &fetch(&d_out)?, &whole);
-        t.add_triple(c, "bcast_device", &tr, ck);
-        let bc_cmp = fetch(&d_out)?;
-        // the blocking form, in place on a copy
-        let mut d_copy = s.clone_htod(data).map_err(gerr)?;
-        c.bcast_device(&mut dev, &mut d_copy.slice_mut(..), 0)?;
-        let same = fetch(&d_copy)? == bc_cmp;
-        nb_check(c, t, "bcast_device (in place) = ibcast_device", same);
-        drop(d_copy);
+        if a.wants("bcast_device") {
+            let tr = triple(c, a, "bcast_device", |c| {
+                let req = c.ibcast_device(&mut dev, &d_in.slice(..), 0)?;
+                c.wait_bcast_device(&mut dev, req, &mut d_out.slice_mut(..))
+            })?;
+            let ck = check_parts(c, b, &all[0], &fetch(&d_out)?, &whole);
+            t.add_triple(c, "bcast_device", &tr, ck);
+            let bc_cmp = fetch(&d_out)?;
+            // the blocking form, in place on a copy
+            step(c, "bcast_device (in place)");
+            let mut d_copy = s.clone_htod(data).map_err(gerr)?;
+            c.bcast_device(&mut dev, &mut d_copy.slice_mut(..), 0)?;
+            let same = fetch(&d_copy)? == bc_cmp;
+            nb_check(c, t, "bcast_device (in place) = ibcast_device", same);
+            drop(d_copy);
+        }
 
         // 5. reductions
         if matches!(b, ErrorBound::Rel(_)) {
@@ -761,65 +875,84 @@ mod device {
         } else {
             let exact = exact_sum(&all);
             let e_res = result_bound(b, &all.iter().map(|v| v.as_slice()).collect::<Vec<_>>());
-            let tr = triple(c, a, |c| {
-                c.allreduce_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
-            })?;
-            let sum = fetch(&d_out)?;
-            let ck = check_exact(c, &sum, &exact, e_res);
-            t.add_triple(c, "allreduce_device", &tr, ck);
-            let tr = triple(c, a, |c| {
-                c.allreduce_mean_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
-            })?;
-            let mean_v = fetch(&d_out)?;
-            let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
-            let ck = check_exact(c, &mean_v, &mean, e_res);
-            t.add_triple(c, "allreduce_mean_device", &tr, ck);
-            let seg = partition(n, p)[rank].clone();
-            let mut d_seg = s.alloc_zeros::<S>(seg.len().max(1)).map_err(gerr)?;
-            let tr = triple(c, a, |c| {
-                c.reduce_scatter_device(
-                    &mut dev,
-                    &d_in.slice(..),
-                    &mut d_seg.slice_mut(..seg.len()),
-                )
-            })?;
-            let rs = fetch(&d_seg)?;
-            let rs = &rs[..seg.len()];
-            let ck = check_exact(c, rs, &exact[seg.clone()], e_res);
-            t.add_triple(c, "reduce_scatter_device", &tr, ck);
-
-            // non-blocking forms (compressed): identical to the blocking results
-            if c.has_progress_thread() {
-                let req = c.iallreduce_device(&mut dev, &d_in.slice(..))?;
-                c.wait_device(&mut dev, req, &mut d_out.slice_mut(..))?;
-                let same = fetch(&d_out)? == sum;
-                nb_check(c, t, "iallreduce_device = allreduce_device", same);
-                let req = c.iallreduce_mean_device(&mut dev, &d_in.slice(..))?;
-                c.wait_device(&mut dev, req, &mut d_out.slice_mut(..))?;
-                let same = fetch(&d_out)? == mean_v;
-                nb_check(c, t, "iallreduce_mean_device = allreduce_mean_device", same);
-                let req = c.ireduce_scatter_device(&mut dev, &d_in.slice(..))?;
-                c.wait_device(&mut dev, req, &mut d_seg.slice_mut(..seg.len()))?;
-                let same = fetch(&d_seg)?[..seg.len()] == *rs;
-                nb_check(c, t, "ireduce_scatter_device = reduce_scatter_device", same);
+            let nb = a.wants("nonblocking") && c.has_progress_thread();
+            if a.wants("allreduce_device") {
+                let tr = triple(c, a, "allreduce_device", |c| {
+                    c.allreduce_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
+                })?;
+                let sum = fetch(&d_out)?;
+                let ck = check_exact(c, &sum, &exact, e_res);
+                t.add_triple(c, "allreduce_device", &tr, ck);
+                // non-blocking form (compressed): identical to the blocking result
+                if nb {
+                    step(c, "iallreduce_device");
+                    let req = c.iallreduce_device(&mut dev, &d_in.slice(..))?;
+                    c.wait_device(&mut dev, req, &mut d_out.slice_mut(..))?;
+                    let same = fetch(&d_out)? == sum;
+                    nb_check(c, t, "iallreduce_device = allreduce_device", same);
+                }
+            }
+            if a.wants("allreduce_mean_device") {
+                let tr = triple(c, a, "allreduce_mean_device", |c| {
+                    c.allreduce_mean_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
+                })?;
+                let mean_v = fetch(&d_out)?;
+                let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
+                let ck = check_exact(c, &mean_v, &mean, e_res);
+                t.add_triple(c, "allreduce_mean_device", &tr, ck);
+                if nb {
+                    step(c, "iallreduce_mean_device");
+                    let req = c.iallreduce_mean_device(&mut dev, &d_in.slice(..))?;
+                    c.wait_device(&mut dev, req, &mut d_out.slice_mut(..))?;
+                    let same = fetch(&d_out)? == mean_v;
+                    nb_check(c, t, "iallreduce_mean_device = allreduce_mean_device", same);
+                }
+            }
+            if a.wants("reduce_scatter_device") {
+                let seg = partition(n, p)[rank].clone();
+                let mut d_seg = s.alloc_zeros::<S>(seg.len().max(1)).map_err(gerr)?;
+                let tr = triple(c, a, "reduce_scatter_device", |c| {
+                    c.reduce_scatter_device(
+                        &mut dev,
+                        &d_in.slice(..),
+                        &mut d_seg.slice_mut(..seg.len()),
+                    )
+                })?;
+                let rs = fetch(&d_seg)?;
+                let rs = &rs[..seg.len()];
+                let ck = check_exact(c, rs, &exact[seg.clone()], e_res);
+                t.add_triple(c, "reduce_scatter_device", &tr, ck);
+                if nb {
+                    step(c, "ireduce_scatter_device");
+                    let req = c.ireduce_scatter_device(&mut dev, &d_in.slice(..))?;
+                    c.wait_device(&mut dev, req, &mut d_seg.slice_mut(..seg.len()))?;
+                    let same = fetch(&d_seg)?[..seg.len()] == *rs;
+                    nb_check(c, t, "ireduce_scatter_device = reduce_scatter_device", same);
+                }
             }
         }
-        if c.has_progress_thread() {
-            let req = c.isendrecv_device(&mut dev, &d_in.slice(..), partner, n, partner, 3)?;
-            c.wait_device(&mut dev, req, &mut d_recv.slice_mut(..))?;
-            let ck = check_parts(c, b, &all[partner], &fetch(&d_recv)?, &whole);
-            nb_check(c, t, "isendrecv_device within the bound", ck.ok);
-        } else {
-            t.note(
-                c,
-                "non-blocking reductions / isendrecv_device skipped: no progress thread (MPI_THREAD_MULTIPLE)"
-                    .into(),
-            );
+        if a.wants("nonblocking") {
+            if c.has_progress_thread() {
+                step(c, "isendrecv_device");
+                let req = c.isendrecv_device(&mut dev, &d_in.slice(..), partner, n, partner, 3)?;
+                c.wait_device(&mut dev, req, &mut d_recv.slice_mut(..))?;
+                let ck = check_parts(c, b, &all[partner], &fetch(&d_recv)?, &whole);
+                nb_check(c, t, "isendrecv_device within the bound", ck.ok);
+            } else {
+                t.note(
+                    c,
+                    "non-blocking reductions / isendrecv_device skipped: no progress thread (MPI_THREAD_MULTIPLE)"
+                        .into(),
+                );
+            }
         }
-        let req = c.iallgather_device(&mut dev, &d_in.slice(..))?;
-        c.wait_allgather_device(&mut dev, req, &mut d_all.slice_mut(..))?;
-        let same = fetch(&d_all)? == ag_cmp;
-        nb_check(c, t, "iallgather_device = allgather_device", same);
+        if let (true, Some(ag_cmp)) = (a.wants("nonblocking"), ag_cmp) {
+            step(c, "iallgather_device");
+            let req = c.iallgather_device(&mut dev, &d_in.slice(..))?;
+            c.wait_allgather_device(&mut dev, req, &mut d_all.slice_mut(..))?;
+            let same = fetch(&d_all)? == ag_cmp;
+            nb_check(c, t, "iallgather_device = allgather_device", same);
+        }
         Ok(())
     }
 

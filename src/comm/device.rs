@@ -186,6 +186,12 @@ pub struct DeviceProfile {
     /// dependence of staging (see [`StagingCurve`]).
     #[serde(default)]
     pub staging_curve: StagingCurve,
+    /// Fixed seconds of one GPU compress + decompress call pair beyond the throughput terms
+    /// (kernel launches, synchronizations, the NOA range pass and header read-backs; every rank
+    /// at once), measured on a tiny buffer. Charged once per pipeline chunk by the model
+    /// ([`Scenario::chunk_overhead`]). Profiles written before it load as 0.
+    #[serde(default)]
+    pub call_overhead: f64,
 }
 
 impl DeviceProfile {
@@ -199,6 +205,7 @@ impl DeviceProfile {
             compress: 200e9,
             decompress: 300e9,
             staging_curve: StagingCurve::default(),
+            call_overhead: 300e-6,
         }
     }
     /// Seconds of a pinned device→host copy of `bytes`.
@@ -227,6 +234,19 @@ impl DeviceProfile {
             .with_staging(Some(self.staging_link(c)))
             .with_compressed_staging(Some(self.staging_link(c / ratio.max(1e-9))))
             .with_chunks(k)
+            .with_chunk_overhead(self.call_overhead)
+    }
+
+    /// Whether a compressed device exchange of `bytes` at `ratio` is predicted faster in
+    /// `chunks` pipelined chunks than as one message (by at least 10 %, per-chunk overhead
+    /// included).
+    pub fn pipeline_pays(&self, link: Link, bytes: f64, ratio: f64, chunks: usize) -> bool {
+        if chunks <= 1 {
+            return false;
+        }
+        let whole = model::predict(&self.scenario(link, bytes, ratio, 1)).compressed_serial;
+        let piped = model::predict(&self.scenario(link, bytes, ratio, chunks)).compressed_pipelined;
+        piped < 0.9 * whole
     }
     /// Model (raw, compressed) seconds of [`DeviceStager::stage_to_host`] of `bytes`: a D2H of
     /// the values vs GPU compression + D2H of the stream.
@@ -587,7 +607,7 @@ impl DeviceStager {
         comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
         let values = v[0] as usize;
         let s = self.stream();
-        let (tc, td) = {
+        let (tc, td, tc_tiny, td_tiny, tiny) = {
             use rayon::prelude::*;
             let host: Vec<f32> = (0..values)
                 .into_par_iter()
@@ -615,7 +635,24 @@ impl DeviceStager {
                 self.scratch_out = Some(src);
                 r
             })?;
-            (tc, td)
+            // fixed per-call cost: the same calls on a tiny buffer
+            let tiny = CALIBRATION_TINY_VALUES.min(values);
+            let mut tlen = 0;
+            let tc_tiny = Self::repeat(comm, || {
+                tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
+                Ok(())
+            })?;
+            let td_tiny = Self::repeat(comm, || {
+                let src = self.scratch_out.take().expect("grown");
+                let r = {
+                    let v = src.slice(0..tlen);
+                    let mut o = out.slice_mut(..tiny);
+                    self.gpu.decompress_device(&v, &mut o)
+                };
+                self.scratch_out = Some(src);
+                r
+            })?;
+            (tc, td, tc_tiny, td_tiny, tiny)
         };
         let total = values * 4;
         let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
@@ -624,7 +661,7 @@ impl DeviceStager {
             .filter(|&b| b < total)
             .collect();
         sizes.push(total);
-        let mut times = vec![tc, td];
+        let mut times = vec![tc, td, tc_tiny, td_tiny];
         let mut buf = s.alloc_zeros::<u8>(total).map_err(gpu_err("alloc"))?;
         for &b in &sizes {
             let (d, h) = self.time_staging(comm, &mut buf, b)?;
@@ -637,23 +674,28 @@ impl DeviceStager {
         for (i, &b) in sizes.iter().enumerate() {
             curve.insert(StagingPoint {
                 bytes: b as f64,
-                d2h: times[2 + 2 * i],
-                h2d: times[3 + 2 * i],
+                d2h: times[4 + 2 * i],
+                h2d: times[5 + 2 * i],
             });
         }
         let last = curve.points.last().copied().expect("one size at least");
+        let (compress, decompress) = (bytes / times[0].max(1e-12), bytes / times[1].max(1e-12));
+        let tb = (tiny * 4) as f64;
+        let call_overhead =
+            (times[2] - tb / compress).max(0.0) + (times[3] - tb / decompress).max(0.0);
         let p = DeviceProfile {
             staging: Link {
                 bandwidth: last.bytes / last.d2h.max(last.h2d).max(1e-12),
                 latency: 10e-6,
             },
-            compress: bytes / times[0].max(1e-12),
-            decompress: bytes / times[1].max(1e-12),
+            compress,
+            decompress,
             staging_curve: curve,
+            call_overhead,
         };
-        tracing::info!(target: "zcomm::comm", "device profile: compress {} decompress {} staging {} ({} sizes)",
+        tracing::info!(target: "zcomm::comm", "device profile: compress {} decompress {} staging {} ({} sizes), call overhead {:.1} us",
             model::fmt_rate(p.compress), model::fmt_rate(p.decompress),
-            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len());
+            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(), p.call_overhead * 1e6);
         self.profile = Some(p.clone());
         Ok(p)
     }
@@ -724,6 +766,9 @@ impl DeviceStager {
 
 /// Smallest calibration field of [`DeviceStager::calibrate`] (16 Mi f32 = 64 MiB).
 pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
+/// Values of the tiny buffer whose codec calls measure [`DeviceProfile::call_overhead`]
+/// (64 Ki f32 = 256 KiB).
+pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 /// Warm-up calls before each calibrated quantity.
 pub const CALIBRATION_WARMUP: usize = 2;
 /// Timed repetitions (median) of each calibrated quantity.
@@ -785,8 +830,22 @@ impl Communicator {
         };
         let len;
         let chunk_dev = super::pipeline::chunk_scalars(self.config.chunk_bytes, T::SIZE, 1);
+        // Pipeline only where the model (per-chunk codec overhead included) predicts it faster
+        // than the whole message, with a known ratio (the first call goes whole and learns it).
+        // Each side decides for its own outgoing message; the descriptor tells the peer.
+        // `ZCOMM_DEVICE_PIPELINE=always|never` overrides the model (measurements).
         let chunk_dev = if compress && bytes > self.config.pipeline_min_bytes && n > chunk_dev {
-            chunk_dev
+            let k = super::pipeline::chunk_count(n, chunk_dev);
+            let pays = match std::env::var("ZCOMM_DEVICE_PIPELINE").as_deref() {
+                Ok("always") => true,
+                Ok("never") => false,
+                _ => est.is_some_and(|r| dp.pipeline_pays(link, bytes as f64, r, k)),
+            };
+            if pays {
+                chunk_dev
+            } else {
+                0
+            }
         } else {
             0
         };
@@ -801,6 +860,14 @@ impl Communicator {
             };
             d.decision = 1;
             len = 0;
+            // every chunk's stream fits: no pinned (re)allocation inside the pipeline (a failure
+            // here is not fatal: the chunk's encode grows it again and reports through the
+            // schedule, so both ranks still match their messages)
+            let _ = DeviceStager::grow_pinned(
+                &mut dev.pinned_send,
+                &s,
+                crate::compress_bound(chunk_dev, T::DTYPE),
+            );
         } else if compress {
             let t = now();
             len = dev.compress_to_scratch(send, bound, codec)?;
@@ -1057,6 +1124,17 @@ impl Communicator {
                 usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
             let total = usize::try_from(sd.count)
                 .map_err(|_| Error::Comm(format!("peer announced {} values", sd.count)))?;
+            if pair.is_ok() {
+                // the upload scratch fits every incoming chunk: no device (re)allocation (whose
+                // free synchronizes the device) inside the pipeline; a failure is reported by the
+                // chunk's decode instead (never return before the schedule: the peer is in it)
+                let s = dev.stream();
+                let _ = DeviceStager::grow_dev(
+                    &mut dev.scratch_in,
+                    &s,
+                    crate::compress_bound(chunk.min(total), T::DTYPE),
+                );
+            }
             chunk_count(total, chunk)
         } else {
             1

@@ -13,9 +13,11 @@
 //!
 //! 1. encode chunk `k` and post its non-blocking send (chunk `k-1` may still be in flight, so
 //!    the compression of `k` overlaps the transfer of `k-1`); at most two sends stay posted;
-//! 2. post the receive of the peer's chunk `k` (probe for its length, `MPI_Imrecv`);
-//! 3. decode chunk `k-1` (already arrived) while chunk `k` arrives;
-//! 4. wait for chunk `k`.
+//! 2. decode chunk `k-1` (already arrived) while the peer encodes and sends its chunk `k`;
+//! 3. receive chunk `k` (probe for its length, `MPI_Imrecv`, wait).
+//!
+//! (The receive is posted after the decode: it starts with a blocking probe, so posting it
+//! first would wait for the peer's chunk `k` before decoding `k-1` and serialize both ranks.)
 //!
 //! Errors never stop the schedule: a failed encode sends empty chunks from then on (the peer's
 //! decode fails too), a failed decode keeps draining, so both ranks always post and match the
@@ -92,18 +94,13 @@ pub(crate) fn exchange_chunks(
                 sends.pop_front().expect("non-empty").wait()?;
             }
         }
-        let pending = if k < nrecv {
-            Some(t.irecv(src, tag)?)
-        } else {
-            None
-        };
         if let Some(prev) = held.take() {
             if err.is_ok() {
                 err = codec.decode(k - 1, prev);
             }
         }
-        if let Some(p) = pending {
-            held = Some(p.wait()?.pop().unwrap_or_default());
+        if k < nrecv {
+            held = Some(t.irecv(src, tag)?.wait()?.pop().unwrap_or_default());
         }
     }
     if let Some(last) = held.take() {

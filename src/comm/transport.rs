@@ -159,12 +159,39 @@ mod mpi_impl {
     /// followed by a shorter (possibly empty) final piece, so MPI's `int` counts never overflow.
     pub(crate) const PIECE: usize = 1 << 30;
 
+    /// Test knob: `ZCOMM_MPI_PIECE=<bytes>` makes every [`MpiTransport`] cut messages into pieces
+    /// of that size and treat collectives larger than it as "too large for MPI's int counts", so
+    /// the multi-piece and fallback paths can be exercised with small messages (mpi-tests).
+    fn piece_limits() -> (usize, usize) {
+        match std::env::var("ZCOMM_MPI_PIECE")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            Some(k) if k > 0 => (k.min(PIECE), k.min(i32::MAX as usize)),
+            _ => (PIECE, i32::MAX as usize),
+        }
+    }
+
+    /// The pieces a message of `len` bytes is cut into: `len / piece` full pieces followed by one
+    /// shorter (possibly empty) piece; the receiver stops at the first piece shorter than `piece`.
+    pub(crate) fn piece_ranges(len: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..len / piece + 1).map(move |k| (k * piece, ((k + 1) * piece).min(len)))
+    }
+
+    /// A real (non-dangling) address for empty MPI buffers: an empty slice's dangling pointer can
+    /// equal Open MPI's `MPI_IN_PLACE` (`(void*)1`).
+    static ANCHOR: [u8; 1] = [0];
+
     /// [`Transport`] over an MPI communicator (a private duplicate of the one it was built from,
     /// so zcomm's messages never match the application's).
     pub struct MpiTransport {
         comm: SimpleCommunicator,
         rank: usize,
         size: usize,
+        /// Largest single point-to-point / broadcast piece (bytes), [`PIECE`] by default.
+        piece: usize,
+        /// Largest total byte count handed to one variable-count collective (`i32::MAX`).
+        max_count: usize,
     }
 
     impl std::fmt::Debug for MpiTransport {
@@ -179,7 +206,24 @@ mod mpi_impl {
             let comm = comm.duplicate();
             let rank = comm.rank() as usize;
             let size = comm.size() as usize;
-            MpiTransport { comm, rank, size }
+            let (piece, max_count) = piece_limits();
+            MpiTransport {
+                comm,
+                rank,
+                size,
+                piece,
+                max_count,
+            }
+        }
+
+        /// As [`new`](Self::new) with explicit limits (tests): messages are cut into pieces of
+        /// `piece` bytes and variable-count collectives over `max_count` total bytes take the
+        /// pairwise fallback.
+        pub fn with_limits(comm: &SimpleCommunicator, piece: usize, max_count: usize) -> Self {
+            let mut t = Self::new(comm);
+            t.piece = piece.clamp(1, PIECE);
+            t.max_count = max_count.clamp(1, i32::MAX as usize);
+            t
         }
 
         /// The underlying (duplicated) MPI communicator.
@@ -207,14 +251,16 @@ mod mpi_impl {
         }
     }
 
+    /// In-flight send: one request per piece (a message longer than the piece size is posted as
+    /// several `MPI_Isend`s on the same tag, which MPI matches in order), on a leaked buffer.
     struct MpiSend {
-        req: Option<Request<'static, [u8], StaticScope>>,
+        reqs: Vec<Request<'static, [u8], StaticScope>>,
         buf: *mut [u8],
     }
 
     impl MpiSend {
         fn finish(&mut self) {
-            if let Some(r) = self.req.take() {
+            for r in self.reqs.drain(..) {
                 r.wait_without_status();
             }
             if !self.buf.is_null() {
@@ -232,19 +278,18 @@ mod mpi_impl {
             Ok(())
         }
         fn test(&mut self) -> Result<bool> {
-            match self.req.take() {
-                None => Ok(true),
-                Some(r) => match r.test() {
-                    Ok(_) => {
-                        self.finish();
-                        Ok(true)
-                    }
-                    Err(r) => {
-                        self.req = Some(r);
-                        Ok(false)
-                    }
-                },
+            let mut pending = Vec::with_capacity(self.reqs.len());
+            for r in self.reqs.drain(..) {
+                if let Err(r) = r.test() {
+                    pending.push(r);
+                }
             }
+            self.reqs = pending;
+            if self.reqs.is_empty() {
+                self.finish();
+                return Ok(true);
+            }
+            Ok(false)
         }
     }
 
@@ -396,15 +441,11 @@ mod mpi_impl {
             self.check_rank(dest)?;
             let tag = i32_tag(tag)?;
             let p = self.comm.process_at_rank(dest as i32);
-            let mut rest = bytes;
-            loop {
-                let n = rest.len().min(PIECE);
-                p.send_with_tag(&rest[..n], tag);
-                rest = &rest[n..];
-                if n < PIECE {
-                    return Ok(());
-                }
+            for (a, b) in piece_ranges(bytes.len(), self.piece) {
+                let sp = if a == b { &ANCHOR[..0] } else { &bytes[a..b] };
+                p.send_with_tag(sp, tag);
             }
+            Ok(())
         }
         fn recv_into(&self, src: usize, tag: i32, buf: &mut [u8]) -> Result<Option<Vec<u8>>> {
             self.check_rank(src)?;
@@ -414,19 +455,20 @@ mod mpi_impl {
             loop {
                 let (msg, status) = p.matched_probe_with_tag(tag);
                 let n = status.count(u8::equivalent_datatype()) as usize;
-                if off + n > buf.len() || (n < PIECE && off + n != buf.len()) {
+                let full = self.piece;
+                if off + n > buf.len() || (n < full && off + n != buf.len()) {
                     // Length differs from the buffer: collect into a vector instead.
                     let mut v = buf[..off].to_vec();
                     let (piece, _): (Vec<u8>, _) = (msg, status).matched_receive_vec();
                     v.extend_from_slice(&piece);
-                    if piece.len() == PIECE {
+                    if n == full {
                         v.extend_from_slice(&self.recv(src, tag)?);
                     }
                     return Ok(Some(v));
                 }
                 msg.matched_receive_into(&mut buf[off..off + n]);
                 off += n;
-                if n < PIECE {
+                if n < full {
                     return Ok(None);
                 }
             }
@@ -435,12 +477,12 @@ mod mpi_impl {
             self.check_rank(src)?;
             let tag = i32_tag(tag)?;
             let mut out = self.recv_piece(src, tag);
-            if out.len() < PIECE {
+            if out.len() < self.piece {
                 return Ok(out);
             }
             loop {
                 let piece = self.recv_piece(src, tag);
-                let last = piece.len() < PIECE;
+                let last = piece.len() < self.piece;
                 out.extend_from_slice(&piece);
                 if last {
                     return Ok(out);
@@ -470,19 +512,20 @@ mod mpi_impl {
             let s = self.comm.process_at_rank(src as i32);
             // Both sides cut their message into the same piece sequence as `send`: full pieces,
             // then one short (possibly empty) piece.
-            let pieces = |n: usize| n / PIECE + 1;
+            let piece = self.piece;
+            let pieces = |n: usize| n / piece + 1;
             let (ns, nr) = (pieces(bytes.len()), pieces(recv.len()));
             let anchor = [0u8; 1];
             let mut anchor_r = [0u8; 1];
             for k in 0..ns.max(nr) {
                 let sp = if k < ns {
-                    &bytes[k * PIECE..((k + 1) * PIECE).min(bytes.len())]
+                    &bytes[k * piece..((k + 1) * piece).min(bytes.len())]
                 } else {
                     &anchor[..0]
                 };
                 let rlen = recv.len();
                 let rp: &mut [u8] = if k < nr {
-                    &mut recv[k * PIECE..((k + 1) * PIECE).min(rlen)]
+                    &mut recv[k * piece..((k + 1) * piece).min(rlen)]
                 } else {
                     &mut anchor_r[..0]
                 };
@@ -503,27 +546,20 @@ mod mpi_impl {
         fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>> {
             self.check_rank(dest)?;
             let tag = i32_tag(tag)?;
-            if bytes.len() >= PIECE {
-                // Large messages: pieces are sent blocking from a helper-free path; keep the
-                // non-blocking contract by completing before returning (documented).
-                self.send(dest, tag, &bytes)?;
-                return Ok(Box::new(MpiSend {
-                    req: None,
-                    buf: std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0),
-                }));
-            }
+            // Every piece is posted non-blocking (a blocking send of a large piece here would
+            // deadlock two ranks that isend to each other before receiving, as `sendrecv` does).
             let raw: *mut [u8] = Box::into_raw(bytes.into_boxed_slice());
             // SAFETY: the allocation stays alive (and unaliased by safe code) until `MpiSend`
-            // waits for the request and frees it; MpiSend's Drop always waits first.
+            // waits for the requests and frees it; MpiSend's Drop always waits first.
             let slice: &'static [u8] = unsafe { &*raw };
-            let req = self
-                .comm
-                .process_at_rank(dest as i32)
-                .immediate_send_with_tag(StaticScope, slice, tag);
-            Ok(Box::new(MpiSend {
-                req: Some(req),
-                buf: raw,
-            }))
+            let p = self.comm.process_at_rank(dest as i32);
+            let reqs = piece_ranges(slice.len(), self.piece)
+                .map(|(a, b)| {
+                    let sp: &'static [u8] = if a == b { &ANCHOR[..0] } else { &slice[a..b] };
+                    p.immediate_send_with_tag(StaticScope, sp, tag)
+                })
+                .collect();
+            Ok(Box::new(MpiSend { reqs, buf: raw }))
         }
         fn irecv(&self, src: usize, tag: i32) -> Result<Box<dyn PendingBytes>> {
             self.check_rank(src)?;
@@ -533,7 +569,7 @@ mod mpi_impl {
                 .process_at_rank(src as i32)
                 .matched_probe_with_tag(tag);
             let n = status.count(u8::equivalent_datatype()) as usize;
-            if n >= PIECE {
+            if n >= self.piece {
                 // a multi-piece message: receive it blocking (pieces are matched in order)
                 let (first, _): (Vec<u8>, _) = (msg, status).matched_receive_vec();
                 let mut out = first;
@@ -562,6 +598,18 @@ mod mpi_impl {
             if mine.is_empty() {
                 return Ok(Vec::new());
             }
+            let (p, r, n) = (self.size, self.rank, mine.len());
+            if n * p > self.max_count {
+                // ring of sized pairwise exchanges (every record has this length)
+                let mut out = vec![0u8; n * p];
+                out[r * n..(r + 1) * n].copy_from_slice(mine);
+                for s in 1..p {
+                    let dest = (r + s) % p;
+                    let src = (r + p - s) % p;
+                    self.sendrecv_sized(dest, mine, src, &mut out[src * n..(src + 1) * n], 32001)?;
+                }
+                return Ok(out);
+            }
             let mut out = vec![0u8; mine.len() * self.size];
             self.comm.all_gather_into(mine, &mut out[..]);
             Ok(out)
@@ -573,7 +621,7 @@ mod mpi_impl {
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
                 .collect();
             let total: usize = lens.iter().sum();
-            if total < i32::MAX as usize {
+            if total <= self.max_count {
                 let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
                 let displs: Vec<Count> = counts
                     .iter()
@@ -603,14 +651,18 @@ mod mpi_impl {
                 }
                 return Ok(out);
             }
-            // Too large for MPI's int displacements: ring of pairwise exchanges.
+            // Too large for MPI's int displacements: ring of pairwise exchanges of known sizes
+            // (`MPI_Sendrecv` per piece: no copy of `mine`, no send that waits for a receive the
+            // peer has not posted yet).
             let (p, r) = (self.size, self.rank);
             let mut out = vec![Vec::new(); p];
             out[r] = mine.to_vec();
             for s in 1..p {
                 let dest = (r + s) % p;
                 let src = (r + p - s) % p;
-                out[src] = self.sendrecv(dest, mine, src, 32000)?;
+                let mut v = vec![0u8; lens[src]];
+                self.sendrecv_sized(dest, mine, src, &mut v, 32000)?;
+                out[src] = v;
             }
             Ok(out)
         }
@@ -624,7 +676,7 @@ mod mpi_impl {
             if total == 0 {
                 return Ok(Box::new(Ready(vec![Vec::new(); self.size])));
             }
-            if total >= i32::MAX as usize {
+            if total > self.max_count {
                 return Ok(Box::new(Ready(self.allgatherv(&mine)?)));
             }
             let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
@@ -667,7 +719,7 @@ mod mpi_impl {
             if len == 0 {
                 return Ok(Box::new(Ready(vec![Vec::new()])));
             }
-            if len >= i32::MAX as usize {
+            if len > self.max_count {
                 let mut b = bytes;
                 b.resize(len, 0);
                 self.bcast(root, &mut b)?;
@@ -696,7 +748,7 @@ mod mpi_impl {
                 bytes.clear();
                 bytes.resize(len as usize, 0);
             }
-            for piece in bytes.chunks_mut(PIECE) {
+            for piece in bytes.chunks_mut(self.piece) {
                 rootp.broadcast_into(piece);
             }
             Ok(())
@@ -718,7 +770,8 @@ mod mpi_impl {
                 return Err(Error::invalid("allreduce: input and output lengths differ"));
             }
             // Chunks keep MPI's int count in range.
-            for (i, o) in input.chunks(PIECE / 4).zip(out.chunks_mut(PIECE / 4)) {
+            let c = (self.piece / 4).max(1);
+            for (i, o) in input.chunks(c).zip(out.chunks_mut(c)) {
                 self.comm.all_reduce_into(i, o, SystemOperation::sum());
             }
             Ok(())
@@ -728,7 +781,8 @@ mod mpi_impl {
             if input.len() != out.len() {
                 return Err(Error::invalid("allreduce: input and output lengths differ"));
             }
-            for (i, o) in input.chunks(PIECE / 8).zip(out.chunks_mut(PIECE / 8)) {
+            let c = (self.piece / 8).max(1);
+            for (i, o) in input.chunks(c).zip(out.chunks_mut(c)) {
                 self.comm.all_reduce_into(i, o, SystemOperation::sum());
             }
             Ok(())

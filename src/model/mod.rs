@@ -247,6 +247,11 @@ pub struct Scenario {
     pub staging_compressed: Option<Link>,
     /// Number of pipeline chunks (1 = serial).
     pub chunks: usize,
+    /// Fixed seconds of one compress + decompress call pair beyond the throughput terms (launches,
+    /// synchronizations, range pass, header read-back; measured by timing a tiny buffer), paid
+    /// once per chunk on the compressed path and not overlapped with the other stages (the
+    /// codec calls block the host thread that also drives MPI).
+    pub chunk_overhead: f64,
 }
 
 impl Scenario {
@@ -261,6 +266,7 @@ impl Scenario {
             staging: None,
             staging_compressed: None,
             chunks: 1,
+            chunk_overhead: 0.0,
         }
     }
     /// With staging hops.
@@ -276,6 +282,11 @@ impl Scenario {
     /// With `k` pipeline chunks.
     pub fn with_chunks(mut self, k: usize) -> Self {
         self.chunks = k.max(1);
+        self
+    }
+    /// With a fixed per-chunk codec overhead (seconds, see [`Scenario::chunk_overhead`]).
+    pub fn with_chunk_overhead(mut self, s: f64) -> Self {
+        self.chunk_overhead = if s.is_finite() { s.max(0.0) } else { 0.0 };
         self
     }
 }
@@ -334,11 +345,12 @@ pub fn predict(s: &Scenario) -> Prediction {
         cmp.push(st.latency + c / (cr * st.bandwidth));
     }
     cmp.push(c / s.decompress);
+    let overhead = s.chunk_overhead * k as f64;
     Prediction {
         raw_serial: pipeline(&raw, 1) * k as f64,
         raw_pipelined: pipeline(&raw, k),
-        compressed_serial: pipeline(&cmp, 1) * k as f64,
-        compressed_pipelined: pipeline(&cmp, k),
+        compressed_serial: pipeline(&cmp, 1) * k as f64 + overhead,
+        compressed_pipelined: pipeline(&cmp, k) + overhead,
     }
 }
 
@@ -624,6 +636,31 @@ mod tests {
         assert!(p.compressed_pipelined > 1e9 / 100e9);
         let one = predict(&s.with_chunks(1));
         assert_eq!(one.compressed_pipelined, one.compressed_serial);
+    }
+
+    #[test]
+    fn chunk_overhead_makes_many_chunks_lose() {
+        // the H100 shared-GPU case: 1 GiB at ratio 19, 4.3 GB/s link, ~0.75 ms per codec call
+        let link = Link {
+            bandwidth: 4.29e9,
+            latency: 1.4e-6,
+        };
+        let st = Some(Link {
+            bandwidth: 27e9,
+            latency: 10e-6,
+        });
+        let base = Scenario::new(1073741824.0, 19.0, link, 252e9, 446e9).with_staging(st);
+        let no_oh = predict(&base.with_chunks(64));
+        let whole = predict(&base.with_chunk_overhead(0.75e-3));
+        let piped = predict(&base.with_chunk_overhead(0.75e-3).with_chunks(64));
+        assert!(no_oh.compressed_pipelined < whole.compressed_serial);
+        assert!(piped.compressed_pipelined > whole.compressed_serial);
+        assert!(
+            (piped.compressed_pipelined - no_oh.compressed_pipelined - 64.0 * 0.75e-3).abs()
+                < 1e-12
+        );
+        // the raw path has no codec calls
+        assert_eq!(piped.raw_serial, no_oh.raw_serial);
     }
 
     #[test]
