@@ -30,8 +30,9 @@
 //!
 //! # Policy
 //!
-//! [`Policy::Auto`] predicts both paths with the calibrated [`NcclProfile`] (raw NCCL algorithm
-//! bandwidths, device codec throughput, per-piece host overhead). If compression cannot win even
+//! [`Policy::Auto`] predicts both paths with the calibrated [`NcclProfile`] (raw NCCL times by
+//! message size, [`NcclLink`], evaluated for each compressed piece at its own size; device codec
+//! throughput; per-piece host overhead). If compression cannot win even
 //! at an infinite ratio (NVLink: the codec kernels alone take longer than raw NCCL) raw NCCL runs
 //! at once, with no sampling. Otherwise the decision (compress iff predicted `< 0.95 ×` raw) uses
 //! a ratio all ranks agree on, so all ranks take the same path:
@@ -48,7 +49,9 @@
 //!   All ranks cache their harmonic mean;
 //! * only a call that then compresses computes the real bound (the full-buffer value range, for
 //!   reductions allreduced over the ranks), and afterwards all ranks agree on the measured ratio
-//!   (one 8-byte allgather) for the next calls.
+//!   (one 8-byte allgather) for the next calls. Collectives measure it over the *critical*
+//!   bytes (per round the largest piece any rank sent or received), because a rank whose data
+//!   compress worse sets everyone's time; the reported [`OpStats::ratio`] stays this rank's own.
 //!
 //! A raw `Auto` call therefore costs raw NCCL plus the descriptor round (none with checks off)
 //! on cache hits. The caches are cleared when the bound or the policy changes.
@@ -74,6 +77,7 @@
 mod auto;
 mod host;
 mod kernels;
+mod link;
 
 use std::ops::Range;
 use std::rc::Rc;
@@ -83,6 +87,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, De
 use cudarc::nccl::{result as nres, sys as nsys, NcclType};
 
 pub use host::NcclTransport;
+pub use link::NcclLink;
 
 use super::element::Real;
 pub use super::reduction_step_bound;
@@ -90,7 +95,7 @@ use super::transport::{ReduceOp, Transport};
 use super::{partition, Decision, OpStats};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::model::{CodecSpeed, Link, Policy};
+use crate::model::{CodecSpeed, Policy};
 use crate::quant::ErrorBound;
 use auto::{f64s, Agreed, AgreedRatios, RatioKey};
 
@@ -181,12 +186,14 @@ impl NcclConfig {
 pub struct NcclProfile {
     /// Link label (`nvlink`, `socket`).
     pub transport: String,
-    /// Raw NCCL allreduce: `t = latency + bytes/bandwidth` (bytes = buffer size, algbw).
-    pub allreduce: Link,
-    /// Raw NCCL allgather: bytes = gathered output size.
-    pub allgather: Link,
-    /// Pairwise exchange (grouped ncclSend + ncclRecv of `bytes` each way).
-    pub p2p: Link,
+    /// Raw NCCL allreduce: time by buffer size (calibrated at several sizes and interpolated,
+    /// [`NcclLink`]; `latency + bytes/bandwidth` in profiles without points).
+    pub allreduce: NcclLink,
+    /// Raw NCCL allgather: time by gathered output size.
+    pub allgather: NcclLink,
+    /// Pairwise exchange (grouped ncclSend + ncclRecv of `bytes` each way): time by message
+    /// size, evaluated at each compressed piece's size by the predictions.
+    pub p2p: NcclLink,
     /// Device codec speeds (f32 then f64 when calibrated).
     pub codecs: Vec<CodecSpeed>,
     /// Host cost per pipeline piece (the size message round on the bootstrap transport), seconds.
@@ -204,14 +211,11 @@ impl NcclProfile {
     /// ≈ 3.5 GB/s; codec ≈ 300 GB/s.
     pub fn guess(transport: &str) -> Self {
         let bw = if transport == "socket" { 3.5e9 } else { 300e9 };
-        let l = Link {
-            bandwidth: bw,
-            latency: 20e-6,
-        };
+        let l = NcclLink::linear(bw, 20e-6);
         NcclProfile {
             transport: transport.to_string(),
-            allreduce: l,
-            allgather: l,
+            allreduce: l.clone(),
+            allgather: l.clone(),
             p2p: l,
             codecs: Vec::new(),
             piece_overhead: 5e-6,
@@ -239,6 +243,10 @@ impl NcclProfile {
     /// Predicted `(raw, compressed)` seconds of an allreduce of `bytes` per rank over `p` ranks
     /// at compression ratio `ratio`, with `pieces` pipeline pieces per segment
     /// (`reduce_scatter_only`: stop after the reduce-scatter).
+    ///
+    /// Every compressed piece is its own NCCL message of `bytes / p / pieces / ratio` bytes,
+    /// timed by the calibrated [`p2p`](Self::p2p) curve at that size (small messages travel
+    /// below the large-message bandwidth); the raw paths use the allreduce curve at `bytes`.
     #[allow(clippy::too_many_arguments)]
     pub fn predict_allreduce(
         &self,
@@ -254,32 +262,34 @@ impl NcclProfile {
         let (tc, td) = self.codec_speed(codec, dtype_tag);
         let cr = ratio.max(1e-9);
         let seg = bytes / pf;
-        let lk = self.p2p;
+        let k = pieces.max(1) as f64;
+        let msg = seg / (k * cr); // one compressed piece on the wire
+        let lk = &self.p2p;
         let step = Self::pipelined(
             seg / tc + seg / td,
-            pieces as f64 * lk.latency + seg / (cr * lk.bandwidth),
+            k * lk.time(msg),
             pieces,
             self.piece_overhead + self.compress_fixed + self.decompress_fixed,
         );
         let rs = (pf - 1.0) * step;
         if reduce_scatter_only {
             // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half
-            let raw = self.allreduce.latency + bytes / (2.0 * self.allreduce.bandwidth);
+            let raw = self.allreduce.time_many(bytes, 0.5);
             return (raw, rs);
         }
+        // each piece goes to the p-1 other ranks in one grouped round
         let ag = Self::pipelined(
             seg / tc + pf * seg / td,
-            pieces as f64 * lk.latency + (pf - 1.0) * seg / (cr * lk.bandwidth),
+            k * lk.time_many(msg, pf - 1.0),
             pieces,
             self.piece_overhead + self.compress_fixed + pf * self.decompress_fixed,
         );
-        (
-            self.allreduce.latency + bytes / self.allreduce.bandwidth,
-            rs + ag,
-        )
+        (self.allreduce.time(bytes), rs + ag)
     }
 
-    /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank.
+    /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank (compressed:
+    /// `pieces` messages of `bytes / pieces / ratio` to each other rank, timed by the
+    /// [`p2p`](Self::p2p) curve at that size; raw: the allgather curve at `p × bytes`).
     pub fn predict_allgather(
         &self,
         bytes: f64,
@@ -292,20 +302,20 @@ impl NcclProfile {
         let pf = p.max(1) as f64;
         let (tc, td) = self.codec_speed(codec, dtype_tag);
         let cr = ratio.max(1e-9);
-        let lk = self.p2p;
+        let k = pieces.max(1) as f64;
+        let msg = bytes / (k * cr);
         let cmp = Self::pipelined(
             bytes / tc + pf * bytes / td,
-            pieces as f64 * lk.latency + (pf - 1.0) * bytes / (cr * lk.bandwidth),
+            k * self.p2p.time_many(msg, pf - 1.0),
             pieces,
             self.piece_overhead + self.compress_fixed + pf * self.decompress_fixed,
         );
-        (
-            self.allgather.latency + pf * bytes / self.allgather.bandwidth,
-            cmp,
-        )
+        (self.allgather.time(pf * bytes), cmp)
     }
 
-    /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`.
+    /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`
+    /// (compressed: `pieces` messages of `bytes / pieces / ratio`, each timed by the
+    /// [`p2p`](Self::p2p) curve at its size).
     pub fn predict_p2p(
         &self,
         bytes: f64,
@@ -316,14 +326,32 @@ impl NcclProfile {
     ) -> (f64, f64) {
         let (tc, td) = self.codec_speed(codec, dtype_tag);
         let cr = ratio.max(1e-9);
-        let lk = self.p2p;
+        let k = pieces.max(1) as f64;
+        let lk = &self.p2p;
         let cmp = Self::pipelined(
             bytes / tc + bytes / td,
-            pieces as f64 * lk.latency + bytes / (cr * lk.bandwidth),
+            k * lk.time(bytes / (k * cr)),
             pieces,
             self.piece_overhead + self.compress_fixed + self.decompress_fixed,
         );
-        (lk.latency + bytes / lk.bandwidth, cmp)
+        (lk.time(bytes), cmp)
+    }
+}
+
+/// Compressed bytes of one operation: what this rank sent, and the critical bytes that set the
+/// time (per round the largest message any rank involved sends or receives, summed), in the same
+/// units as `sent`. Equal when every rank compresses alike; larger when one rank's data
+/// compress worse (its pieces keep the link busy while the others wait).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Wire {
+    sent: usize,
+    critical: usize,
+}
+
+impl std::ops::AddAssign for Wire {
+    fn add_assign(&mut self, o: Wire) {
+        self.sent += o.sent;
+        self.critical += o.critical;
     }
 }
 
@@ -1318,7 +1346,8 @@ impl NcclComm {
 
     /// One pipelined ring round: compress `buf[send]` piece by piece and send to `to`, receive
     /// the pieces of `buf[recv]` from `from` and decompress-and-add them into `buf[recv]`
-    /// (`accumulate`) or decompress them there. Returns the bytes this rank sent.
+    /// (`accumulate`) or decompress them there. Returns the bytes this rank sent and the
+    /// critical bytes (per piece the larger of the sent and the received message).
     #[allow(clippy::too_many_arguments)]
     fn ring_round<T: NcclReal>(
         &mut self,
@@ -1330,7 +1359,7 @@ impl NcclComm {
         bound: ErrorBound,
         codec: CodecKind,
         accumulate: bool,
-    ) -> Result<usize> {
+    ) -> Result<Wire> {
         let pe = self.piece_elems::<T>();
         let sp = pieces(send.len(), pe);
         let rp = pieces(recv.len(), pe);
@@ -1345,7 +1374,7 @@ impl NcclComm {
                 .gpu
                 .as_mut()
                 .ok_or_else(|| Error::Unavailable(format!("GPU codec: {}", self.gpu_error)))?;
-            let mut wire = 0usize;
+            let mut wire = Wire::default();
             let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
             for k in 0..sp.len().max(rp.len()) {
                 let slen = if k < sp.len() {
@@ -1400,7 +1429,8 @@ impl NcclComm {
                     })?;
                     drop((g1, g2));
                 }
-                wire += slen;
+                wire.sent += slen;
+                wire.critical += slen.max(rlen);
                 let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, len, ev)) = pending.take() {
                     Self::consume(
@@ -1462,7 +1492,8 @@ impl NcclComm {
 
     /// Pipelined compressed allgather round: rank `j`'s data is `buf[segs[j]]`; this rank's own
     /// segment comes from `src` when given (else from `buf[segs[rank]]`). Every rank ends with
-    /// the decompressed values of every segment, its own included. Returns bytes sent.
+    /// the decompressed values of every segment, its own included. Returns the bytes this rank
+    /// sent and the critical bytes (per piece the largest rank's piece, times the peers).
     fn gather_round<T: NcclReal>(
         &mut self,
         buf: &mut CudaSlice<T>,
@@ -1470,7 +1501,7 @@ impl NcclComm {
         src: Option<&CudaSlice<T>>,
         bound: ErrorBound,
         codec: CodecKind,
-    ) -> Result<usize> {
+    ) -> Result<Wire> {
         let (p, r) = (self.size(), self.rank());
         let pe = self.piece_elems::<T>();
         let pcs: Vec<Vec<Range<usize>>> = segs.iter().map(|s| pieces(s.len(), pe)).collect();
@@ -1480,14 +1511,14 @@ impl NcclComm {
         let sh = self.sh.clone();
         let mut spool = std::mem::take(&mut self.send_pool);
         let mut rpool = std::mem::take(&mut self.recv_pool);
-        let res = (|| -> Result<usize> {
+        let res = (|| -> Result<Wire> {
             spool.ensure(&sh.work, pcs[r].len(), cap)?;
             rpool.ensure(&sh.work, kmax * peers.len(), cap)?;
             let gpu = self
                 .gpu
                 .as_mut()
                 .ok_or_else(|| Error::Unavailable(format!("GPU codec: {}", self.gpu_error)))?;
-            let mut wire = 0usize;
+            let mut wire = Wire::default();
             // (k, sizes of every rank, event)
             let mut pending: Option<(usize, Vec<usize>, cudarc::driver::CudaEvent)> = None;
             let consume_all = |gpu: &mut crate::gpu::GpuCodec,
@@ -1586,7 +1617,8 @@ impl NcclComm {
                     })?;
                     drop(guards);
                 }
-                wire += slen * peers.len();
+                wire.sent += slen * peers.len();
+                wire.critical += sizes.iter().copied().max().unwrap_or(0) * peers.len();
                 let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, sz, e)) = pending.take() {
                     consume_all(gpu, &spool, &rpool, buf, j, &sz, &e)?;
@@ -1676,14 +1708,18 @@ impl NcclComm {
             ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
             ErrorBound::Noa(e) => e,
         };
-        st.wire_bytes = wire as u64;
-        st.ratio = (bytes * (p - 1)) as f64 / wire.max(1) as f64;
+        st.wire_bytes = wire.sent as u64;
+        let moved = (bytes * (p - 1)) as f64;
+        st.ratio = moved / wire.sent.max(1) as f64;
+        // the time follows the rank with the largest pieces: predict (and remember for `Auto`)
+        // the ratio of the critical bytes
+        let crit_ratio = moved / wire.critical.max(1) as f64;
         let (_, cmp_t) = self
             .profile
-            .predict_allgather(bytes as f64, p, st.ratio, k, codec, dt);
+            .predict_allgather(bytes as f64, p, crit_ratio, k, codec, dt);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.agree_measured::<T>(OP_ALLGATHER, n, st.ratio)?;
+        self.agree_measured::<T>(OP_ALLGATHER, n, crit_ratio)?;
         self.finish(st, t0)
     }
 
@@ -1837,24 +1873,29 @@ impl NcclComm {
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = e_total;
-        st.wire_bytes = wire as u64;
+        st.wire_bytes = wire.sent as u64;
         let moved = if full {
             2 * (p - 1) * bytes / p
         } else {
             (p - 1) * bytes / p
         };
-        st.ratio = moved as f64 / wire.max(1) as f64;
+        st.ratio = moved as f64 / wire.sent.max(1) as f64;
+        // every ring step waits for the larger of the pieces sent and received (a rank whose
+        // segment compresses worse holds up its neighbours): predict, and remember for `Auto`,
+        // the ratio of those critical bytes
+        let crit_ratio = moved as f64 / wire.critical.max(1) as f64;
         let (_, cmp_t) =
             self.profile
-                .predict_allreduce(bytes as f64, p, st.ratio, k, codec, dt, !full);
+                .predict_allreduce(bytes as f64, p, crit_ratio, k, codec, dt, !full);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.agree_measured::<T>(op, n, st.ratio)?;
+        self.agree_measured::<T>(op, n, crit_ratio)?;
         self.finish(st, t0)
     }
 
     /// Ring reduce-scatter of `acc` (holding this rank's input) over compressed pieces, then
-    /// (`full`) the compressed allgather of the reduced segments. Returns bytes sent.
+    /// (`full`) the compressed allgather of the reduced segments. Returns the bytes sent (and
+    /// the critical bytes, [`Wire`]).
     fn ring_reduce<T: NcclReal>(
         &mut self,
         acc: &mut CudaSlice<T>,
@@ -1863,10 +1904,10 @@ impl NcclComm {
         d: f64,
         codec: CodecKind,
         full: bool,
-    ) -> Result<usize> {
+    ) -> Result<Wire> {
         let (p, r) = (self.size(), self.rank());
         let step = ErrorBound::Abs(eb * d);
-        let mut wire = 0usize;
+        let mut wire = Wire::default();
         let (to, from) = (to_of(r, p), from_of(r, p));
         for s in 0..p - 1 {
             let send_seg = (r + 2 * p - s - 1) % p;
@@ -2188,14 +2229,14 @@ impl NcclComm {
     // ------------------------------------------------------------------ calibration
 
     /// Time `f` on every rank (barrier, run, drain streams), `reps` times after one warm-up;
-    /// returns the smallest over repetitions of the slowest rank.
+    /// returns the median over repetitions of the slowest rank (identical on all ranks).
     fn time_collective(
         &mut self,
         reps: usize,
         mut f: impl FnMut(&mut Self) -> Result<()>,
     ) -> Result<f64> {
-        let mut best = f64::INFINITY;
-        for i in 0..=reps {
+        let mut ts = Vec::with_capacity(reps);
+        for i in 0..=reps.max(1) {
             self.barrier()?;
             let t0 = self.wtime();
             f(self)?;
@@ -2203,26 +2244,23 @@ impl NcclComm {
             let mut t = [self.wtime() - t0];
             self.sh.boot.allreduce_f64(&mut t, ReduceOp::Max)?;
             if i > 0 {
-                best = best.min(t[0]);
+                ts.push(t[0]);
             }
         }
-        Ok(best)
+        Ok(median(&mut ts))
     }
 
-    /// Measure raw NCCL allreduce, allgather and pairwise exchange (1 MiB and 64 MiB), the
-    /// device codec on a Gaussian random field (`noa:1e-3`, 64 MiB f32) and the per-piece host
-    /// overhead; every rank adopts rank 0's numbers. Collective.
+    /// Measure raw NCCL allreduce, allgather and pairwise exchange at [`CALIBRATION_SIZES`]
+    /// (median of 5 to 9 runs after a warm-up each; the curves of [`NcclLink`]), the device
+    /// codec on a Gaussian random field (`noa:1e-3`, 64 MiB f32) and the per-piece host overhead;
+    /// every rank adopts rank 0's numbers. Collective.
+    ///
+    /// Each of the three operations runs about 630 MiB (per rank) of buffers in total, the
+    /// 16 and 64 MiB runs most of it: roughly 0.6 s over NCCL's socket transport at 3.5 GB/s
+    /// (twice the former two-size calibration), a few ms over NVLink.
     pub fn calibrate(&mut self) -> Result<&NcclProfile> {
         let (p, r) = (self.size(), self.rank());
-        let small = 1usize << 18; // f32 values: 1 MiB
-        let big = 1usize << 24; // 64 MiB
-        let fit = |t1: f64, t2: f64, b1: f64, b2: f64| -> Link {
-            let bw = ((b2 - b1) / (t2 - t1).max(1e-9)).max(1e6);
-            Link {
-                bandwidth: bw,
-                latency: (t1 - b1 / bw).max(1e-6),
-            }
-        };
+        let big = CALIBRATION_SIZES[CALIBRATION_SIZES.len() - 1] / 4; // f32 values: 64 MiB
         let mut prof = NcclProfile::guess(&self.profile.transport);
         if p > 1 {
             let w = self.sh.work.clone();
@@ -2230,15 +2268,20 @@ impl NcclComm {
             let mut ys = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
             let mut gs = w.alloc_zeros::<f32>(big * p).map_err(gpu_err)?;
             w.synchronize().map_err(gpu_err)?;
-            let mut t = [0.0f64; 6];
-            for (i, &n) in [small, big].iter().enumerate() {
+            let (mut ar, mut ag, mut pp) = (Vec::new(), Vec::new(), Vec::new());
+            for &sz in CALIBRATION_SIZES {
+                let n = sz / 4;
+                // large messages are slow on sockets and steady: fewer repetitions
+                let reps = if sz >= 16 << 20 { 5 } else { 9 };
                 let xv = xs.slice(0..n);
                 let mut yv = ys.slice_mut(0..n);
-                t[i] = self.time_collective(3, |c| c.sh.allreduce_sum(&xv, &mut yv))?;
+                let t = self.time_collective(reps, |c| c.sh.allreduce_sum(&xv, &mut yv))?;
+                ar.push((sz as f64, t));
                 let mut gv = gs.slice_mut(0..n * p);
-                t[2 + i] = self.time_collective(3, |c| c.sh.allgather(&xv, &mut gv))?;
+                let t = self.time_collective(reps, |c| c.sh.allgather(&xv, &mut gv))?;
+                ag.push(((sz * p) as f64, t));
                 let (to, from) = ((r + 1) % p, (r + p - 1) % p);
-                t[4 + i] = self.time_collective(3, |c| {
+                let t = self.time_collective(reps, |c| {
                     let sh = c.sh.clone();
                     let (sp, _g1) = xs.device_ptr(&sh.net);
                     let (rp, _g2) = ys.device_ptr_mut(&sh.net);
@@ -2250,11 +2293,11 @@ impl NcclComm {
                         }
                     })
                 })?;
+                pp.push((sz as f64, t));
             }
-            let (b1, b2) = ((small * 4) as f64, (big * 4) as f64);
-            prof.allreduce = fit(t[0], t[1], b1, b2);
-            prof.allgather = fit(t[2], t[3], b1 * p as f64, b2 * p as f64);
-            prof.p2p = fit(t[4], t[5], b1, b2);
+            prof.allreduce = NcclLink::from_points(ar, &prof.allreduce);
+            prof.allgather = NcclLink::from_points(ag, &prof.allgather);
+            prof.p2p = NcclLink::from_points(pp, &prof.p2p);
             // per-piece host overhead: a size message round on the bootstrap transport plus a
             // codec launch-and-readback
             let t1 = self.wtime();
@@ -2330,14 +2373,36 @@ impl NcclComm {
         self.sh.boot.bcast(0, &mut bytes)?;
         self.profile = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
-        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {}; codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us",
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us",
             self.profile.transport,
             crate::model::fmt_rate(self.profile.allreduce.bandwidth),
             crate::model::fmt_rate(self.profile.allgather.bandwidth),
             crate::model::fmt_rate(self.profile.p2p.bandwidth),
+            crate::model::fmt_rate(self.profile.p2p.rate((4u64 << 20) as f64)),
             self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
             self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6);
         Ok(&self.profile)
+    }
+}
+
+/// Message sizes (bytes per rank) at which [`NcclComm::calibrate`] times the raw NCCL links.
+pub const CALIBRATION_SIZES: &[usize] = &[
+    256 << 10,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+    8 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+/// Median of `ts` (sorted in place; the mean of the middle two for an even count, NaN if empty).
+fn median(ts: &mut [f64]) -> f64 {
+    ts.sort_by(f64::total_cmp);
+    match ts.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => ts[n / 2],
+        n => 0.5 * (ts[n / 2 - 1] + ts[n / 2]),
     }
 }
 
@@ -2542,10 +2607,7 @@ mod tests {
     #[test]
     fn auto_prefers_raw_on_nvlink_and_compression_on_sockets() {
         let mut nv = NcclProfile::guess("nvlink");
-        nv.allreduce = Link {
-            bandwidth: 316e9,
-            latency: 20e-6,
-        };
+        nv.allreduce = NcclLink::linear(316e9, 20e-6);
         nv.codecs = vec![CodecSpeed {
             codec: CodecKind::Aatrox,
             dtype: 1,
@@ -2560,18 +2622,9 @@ mod tests {
             "NVLink: even infinite ratio must not beat raw ({best} vs {raw})"
         );
         let mut so = nv.clone();
-        so.allreduce = Link {
-            bandwidth: 3.7e9,
-            latency: 50e-6,
-        };
-        so.allgather = Link {
-            bandwidth: 7.4e9,
-            latency: 50e-6,
-        };
-        so.p2p = Link {
-            bandwidth: 3.7e9,
-            latency: 50e-6,
-        };
+        so.allreduce = NcclLink::linear(3.7e9, 50e-6);
+        so.allgather = NcclLink::linear(7.4e9, 50e-6);
+        so.p2p = NcclLink::linear(3.7e9, 50e-6);
         let (raw, cmp) = so.predict_allreduce(b, 2, 10.0, 8, CodecKind::Aatrox, 1, false);
         assert!(
             raw / cmp > 3.0,
@@ -2579,5 +2632,125 @@ mod tests {
         );
         let (raw, cmp) = so.predict_allgather(b, 2, 10.0, 16, CodecKind::Aatrox, 1);
         assert!(raw / cmp > 3.0);
+    }
+
+    /// A socket profile with a concave p2p/allreduce ramp (mid-size messages slow), as
+    /// calibrated on 2xH200 with NCCL forced onto sockets (shape, not the exact numbers).
+    fn socket_ramp() -> NcclProfile {
+        const MIB: f64 = 1048576.0;
+        let ramp = |scale: f64| {
+            let pts = [
+                (0.25, 0.30e-3),
+                (1.0, 0.80e-3),
+                (2.0, 1.25e-3),
+                (4.0, 1.9e-3),
+                (8.0, 3.0e-3),
+                (16.0, 5.6e-3),
+                (64.0, 19.6e-3),
+            ]
+            .iter()
+            .map(|&(m, t)| (m * MIB * scale, t))
+            .collect();
+            NcclLink::from_points(pts, &NcclLink::linear(3.5e9, 20e-6))
+        };
+        let mut so = NcclProfile::guess("socket");
+        so.p2p = ramp(1.0);
+        so.allreduce = ramp(1.0);
+        so.allgather = ramp(2.0);
+        so.codecs = vec![CodecSpeed {
+            codec: CodecKind::Aatrox,
+            dtype: 1,
+            compress: 300e9,
+            decompress: 400e9,
+            ratio: 10.0,
+        }];
+        so
+    }
+
+    #[test]
+    fn predictions_use_the_piece_size_on_the_curve() {
+        const MIB: f64 = 1048576.0;
+        let so = socket_ramp();
+        // the two-point linear fit through 1 and 64 MiB the former calibration made
+        let mut lin = so.clone();
+        for l in [&mut lin.p2p, &mut lin.allreduce] {
+            *l = NcclLink::from_points(
+                vec![(MIB, l.time(MIB)), (64.0 * MIB, l.time(64.0 * MIB))],
+                l,
+            );
+        }
+        // 64 MiB allreduce over 2 ranks at ratio 8.5: 32 MiB segments, ~3.9 MB pieces, which
+        // the ramp moves slower than the line does
+        let b = 64.0 * MIB;
+        let (_, ramp) = so.predict_allreduce(b, 2, 8.5, 1, CodecKind::Aatrox, 1, false);
+        let (_, line) = lin.predict_allreduce(b, 2, 8.5, 1, CodecKind::Aatrox, 1, false);
+        assert!(ramp > 1.05 * line, "ramp {ramp} vs linear {line}");
+        // exactly: two steps of one piece each, the codec and fixed costs around them
+        let msg = b / 2.0 / 8.5;
+        let (tc, td) = so.codec_speed(CodecKind::Aatrox, 1);
+        let fixed = so.piece_overhead + so.compress_fixed + so.decompress_fixed;
+        let rs = (b / 2.0) / tc + (b / 2.0) / td + so.p2p.time(msg) + fixed;
+        let ag = (b / 2.0) / tc + b / td + so.p2p.time(msg) + fixed + so.decompress_fixed;
+        assert!((ramp - (rs + ag)).abs() < 1e-12, "{ramp} vs {}", rs + ag);
+        // large messages (the pieces near 64 MiB) are where the two agree
+        let (_, r1) = so.predict_p2p(4096.0 * MIB, 1.0, 64, CodecKind::Aatrox, 1);
+        let (_, l1) = lin.predict_p2p(4096.0 * MIB, 1.0, 64, CodecKind::Aatrox, 1);
+        assert!((r1 - l1).abs() / l1 < 0.01, "{r1} vs {l1}");
+        // raw: the curves at the buffer size
+        let (raw, _) = so.predict_allreduce(b, 2, 8.5, 1, CodecKind::Aatrox, 1, false);
+        assert_eq!(raw, so.allreduce.time(b));
+        let (raw, _) = so.predict_allgather(b, 2, 8.5, 1, CodecKind::Aatrox, 1);
+        assert_eq!(raw, so.allgather.time(2.0 * b));
+    }
+
+    #[test]
+    fn predictions_are_monotone() {
+        const MIB: f64 = 1048576.0;
+        let so = socket_ramp();
+        let c = CodecKind::Aatrox;
+        let sizes: Vec<f64> = (0..=48)
+            .map(|i| 0.25 * MIB * 2f64.powf(i as f64 / 4.0))
+            .collect();
+        let ratios = [1.0, 1.5, 2.0, 4.7, 8.5, 20.0, 43.0, 100.0, 1e3, 1e12];
+        for p in [2usize, 3, 4, 8] {
+            for &k in &[1usize, 2, 4, 16] {
+                for &cr in &ratios {
+                    let mut prev = [0.0f64; 8];
+                    for &b in &sizes {
+                        let (a0, a1) = so.predict_allreduce(b, p, cr, k, c, 1, false);
+                        let (r0, r1) = so.predict_allreduce(b, p, cr, k, c, 1, true);
+                        let (g0, g1) = so.predict_allgather(b, p, cr, k, c, 1);
+                        let (p0, p1) = so.predict_p2p(b, cr, k, c, 1);
+                        let now = [a0, a1, r0, r1, g0, g1, p0, p1];
+                        for (j, (&x, &y)) in now.iter().zip(&prev).enumerate() {
+                            assert!(x.is_finite() && x > 0.0);
+                            assert!(x >= y, "p {p} k {k} ratio {cr} bytes {b}: [{j}] {x} < {y}");
+                        }
+                        prev = now;
+                    }
+                }
+                // in the ratio: higher ratios never predict slower
+                for &b in &sizes {
+                    let mut prev = [f64::INFINITY; 4];
+                    for &cr in &ratios {
+                        let now = [
+                            so.predict_allreduce(b, p, cr, k, c, 1, false).1,
+                            so.predict_allreduce(b, p, cr, k, c, 1, true).1,
+                            so.predict_allgather(b, p, cr, k, c, 1).1,
+                            so.predict_p2p(b, cr, k, c, 1).1,
+                        ];
+                        for (j, (&x, &y)) in now.iter().zip(&prev).enumerate() {
+                            assert!(x <= y, "p {p} k {k} bytes {b} ratio {cr}: [{j}] {x} > {y}");
+                        }
+                        prev = now;
+                    }
+                }
+            }
+        }
+        // the raw times in p as well (more data per rank to move)
+        let b = 256.0 * MIB;
+        let (g2, _) = so.predict_allgather(b, 2, 10.0, 4, c, 1);
+        let (g4, _) = so.predict_allgather(b, 4, 10.0, 4, c, 1);
+        assert!(g4 > g2);
     }
 }

@@ -1,0 +1,239 @@
+//! Size-dependent link model of one raw NCCL operation (pure host logic, no device needed).
+//!
+//! NCCL's time for a message is not `latency + bytes / bandwidth` with one bandwidth: over the
+//! socket transport a few channels and TCP slow start make messages of a few MB travel well
+//! below the large-message rate, so a straight line through 1 MiB and 64 MiB underestimates the
+//! mid-size messages that compressed pieces produce. [`NcclLink`] therefore keeps the measured
+//! `(bytes, seconds)` points and interpolates piecewise linearly between them (time is monotone
+//! in bytes); below the smallest point it runs to the latency intercept at zero bytes, beyond the
+//! largest it continues with the last segment's bandwidth. Without points (old profile files,
+//! [`NcclProfile::guess`](super::NcclProfile::guess)) it is the plain linear [`Link`].
+
+use crate::model::Link;
+
+/// One raw NCCL operation's time as a function of message size: measured points, interpolated
+/// piecewise linearly, with the linear `latency + bytes / bandwidth` model outside them (and
+/// everywhere when there are no points).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NcclLink {
+    /// Bytes per second: beyond the largest point (the last segment's bandwidth), everywhere
+    /// when there are no points.
+    pub bandwidth: f64,
+    /// Seconds at zero bytes (the first segment's intercept, at most the first point's time).
+    pub latency: f64,
+    /// Measured `(bytes, seconds)`, strictly increasing in bytes, non-decreasing in time.
+    /// Empty in profiles written before size-dependent calibration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub points: Vec<(f64, f64)>,
+}
+
+impl From<Link> for NcclLink {
+    fn from(l: Link) -> Self {
+        NcclLink {
+            bandwidth: l.bandwidth,
+            latency: l.latency,
+            points: Vec::new(),
+        }
+    }
+}
+
+impl NcclLink {
+    /// The linear model `latency + bytes / bandwidth` (no points).
+    pub fn linear(bandwidth: f64, latency: f64) -> Self {
+        NcclLink {
+            bandwidth,
+            latency,
+            points: Vec::new(),
+        }
+    }
+
+    /// Build the model from measurements `(bytes, seconds)` in any order. Points that are not
+    /// finite and positive are dropped, repeated sizes keep their smallest time, and times are
+    /// made non-decreasing in bytes (a later point's time is raised to the earlier maximum), so
+    /// the model is monotone. With no usable point the result is `fallback`.
+    pub fn from_points(mut pts: Vec<(f64, f64)>, fallback: &NcclLink) -> Self {
+        pts.retain(|&(b, t)| b.is_finite() && t.is_finite() && b > 0.0 && t > 0.0);
+        pts.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.total_cmp(&y.1)));
+        pts.dedup_by(|later, earlier| later.0 == earlier.0);
+        for i in 1..pts.len() {
+            pts[i].1 = pts[i].1.max(pts[i - 1].1);
+        }
+        let n = pts.len();
+        if n == 0 {
+            return fallback.clone();
+        }
+        let avg = |(b, t): (f64, f64)| b / t;
+        // the bandwidth of the segment i-1 .. i (the average one where the segment is flat)
+        let seg_bw = |i: usize| {
+            let (db, dt) = (pts[i].0 - pts[i - 1].0, pts[i].1 - pts[i - 1].1);
+            if dt > db * 1e-15 {
+                db / dt
+            } else {
+                avg(pts[i])
+            }
+        };
+        let (bandwidth, latency) = if n == 1 {
+            (avg(pts[0]), 0.0)
+        } else {
+            let bw = seg_bw(1);
+            let lat = (pts[0].1 - pts[0].0 / bw).clamp(0.0, pts[0].1);
+            (seg_bw(n - 1), lat)
+        };
+        NcclLink {
+            bandwidth: bandwidth.max(1e6),
+            latency,
+            points: pts,
+        }
+    }
+
+    /// Seconds for one message of `bytes` (monotone non-decreasing in `bytes`).
+    pub fn time(&self, bytes: f64) -> f64 {
+        let b = bytes.max(0.0);
+        let (Some(&first), Some(&last)) = (self.points.first(), self.points.last()) else {
+            return self.latency + b / self.bandwidth;
+        };
+        if b >= last.0 {
+            return last.1 + (b - last.0) / self.bandwidth;
+        }
+        let t0 = self.latency.clamp(0.0, first.1);
+        if b <= first.0 {
+            return t0 + (first.1 - t0) * b / first.0;
+        }
+        // first index whose size is above b (b lies in its segment)
+        let i = self.points.partition_point(|&(x, _)| x <= b);
+        let ((b0, t0), (b1, t1)) = (self.points[i - 1], self.points[i]);
+        t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+    }
+
+    /// Seconds at zero bytes (the latency the model charges once per message).
+    pub fn base(&self) -> f64 {
+        match self.points.first() {
+            Some(&(_, t)) => self.latency.clamp(0.0, t),
+            None => self.latency,
+        }
+    }
+
+    /// Seconds for `count` messages of `bytes` each moving at once (one grouped round, e.g. one
+    /// piece to each of `count` peers): the latency once, the transfer part of a `bytes`
+    /// message `count` times (each message at the rate of its own size; fractional `count`
+    /// scales the transfer, e.g. `0.5` for half the traffic of a message of `bytes`).
+    pub fn time_many(&self, bytes: f64, count: f64) -> f64 {
+        let base = self.base();
+        base + count.max(0.0) * (self.time(bytes) - base)
+    }
+
+    /// Effective bandwidth `bytes / time(bytes)` of one message of `bytes`, bytes per second.
+    pub fn rate(&self, bytes: f64) -> f64 {
+        bytes / self.time(bytes).max(1e-12)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: f64 = 1048576.0;
+
+    /// A concave socket-like ramp: 60 us latency, rate rising from ~1 GB/s to 3.7 GB/s.
+    fn socket() -> NcclLink {
+        let pts = vec![
+            (16.0 * MIB, 5.6e-3),
+            (0.25 * MIB, 0.30e-3),
+            (MIB, 0.80e-3),
+            (4.0 * MIB, 1.9e-3),
+            (64.0 * MIB, 19.6e-3),
+        ];
+        NcclLink::from_points(pts, &NcclLink::linear(3.5e9, 20e-6))
+    }
+
+    #[test]
+    fn interpolates_through_points_and_extrapolates_with_last_segment() {
+        let l = socket();
+        assert_eq!(l.points.len(), 5);
+        assert!(l.points.windows(2).all(|w| w[0].0 < w[1].0));
+        for &(b, t) in &l.points {
+            assert!((l.time(b) - t).abs() < 1e-12, "{b}: {} vs {t}", l.time(b));
+        }
+        // half way between 1 and 4 MiB in bytes -> half way in time
+        let mid = l.time(2.5 * MIB);
+        assert!((mid - (0.80e-3 + 1.9e-3) / 2.0).abs() < 1e-12);
+        // last segment: 48 MiB in 14 ms
+        let bw = 48.0 * MIB / 14.0e-3;
+        assert!((l.bandwidth - bw).abs() / bw < 1e-12);
+        let far = l.time(256.0 * MIB);
+        assert!((far - (19.6e-3 + 192.0 * MIB / bw)).abs() < 1e-12);
+        // below the first point: towards the first segment's intercept
+        let bw0 = 0.75 * MIB / 0.5e-3;
+        let lat = 0.30e-3 - 0.25 * MIB / bw0;
+        assert!((l.latency - lat).abs() < 1e-12, "{}", l.latency);
+        assert!((l.time(0.0) - lat).abs() < 1e-12);
+        assert!(l.time(0.125 * MIB) > lat && l.time(0.125 * MIB) < 0.30e-3);
+        // the ramp: mid-size messages slower than the linear 1 MiB / 64 MiB fit predicts
+        let two_point = NcclLink::from_points(
+            vec![(MIB, 0.80e-3), (64.0 * MIB, 19.6e-3)],
+            &NcclLink::linear(1.0, 0.0),
+        );
+        assert!(l.time(4.0 * MIB) > two_point.time(4.0 * MIB));
+        assert!(l.rate(4.0 * MIB) < l.rate(64.0 * MIB));
+    }
+
+    #[test]
+    fn monotone_even_from_noisy_points() {
+        let noisy = vec![
+            (MIB, 1.0e-3),
+            (2.0 * MIB, 0.9e-3), // faster than 1 MiB: noise
+            (4.0 * MIB, 2.0e-3),
+            (4.0 * MIB, 1.8e-3), // repeated size: the smaller time stays
+            (8.0 * MIB, 2.0e-3), // flat last segment
+            (f64::NAN, 1.0),
+            (-1.0, 1.0),
+        ];
+        let l = NcclLink::from_points(noisy, &NcclLink::linear(1e9, 0.0));
+        assert_eq!(l.points.len(), 4);
+        assert_eq!(l.points[1], (2.0 * MIB, 1.0e-3));
+        assert_eq!(l.points[2], (4.0 * MIB, 1.8e-3));
+        assert!(l.bandwidth.is_finite() && l.bandwidth > 0.0);
+        let mut prev = -1.0;
+        for i in 0..2000 {
+            let b = i as f64 * 0.01 * MIB;
+            let t = l.time(b);
+            assert!(t >= prev, "time falls at {b}: {t} < {prev}");
+            prev = t;
+        }
+        assert!(l.time(64.0 * MIB) > l.time(8.0 * MIB));
+    }
+
+    #[test]
+    fn linear_without_points_and_fallback() {
+        let lin = NcclLink::linear(2e9, 10e-6);
+        assert!((lin.time(2e9) - (1.0 + 10e-6)).abs() < 1e-12);
+        assert_eq!(lin.base(), 10e-6);
+        assert!((lin.time_many(2e9, 3.0) - (3.0 + 10e-6)).abs() < 1e-12);
+        let fb = NcclLink::from_points(vec![(f64::INFINITY, 1.0)], &lin);
+        assert_eq!(fb, lin);
+        let one = NcclLink::from_points(vec![(MIB, 1e-3)], &lin);
+        assert!((one.time(2.0 * MIB) - 2e-3).abs() < 1e-12);
+        // an old profile file (no points) still reads
+        let old: NcclLink = serde_json::from_str(r#"{"bandwidth":3.5e9,"latency":2e-5}"#).unwrap();
+        assert_eq!(old, NcclLink::linear(3.5e9, 2e-5));
+        let round: NcclLink =
+            serde_json::from_str(&serde_json::to_string(&socket()).unwrap()).expect("round trip");
+        assert_eq!(round, socket());
+        let l: NcclLink = Link {
+            bandwidth: 1e9,
+            latency: 1e-6,
+        }
+        .into();
+        assert_eq!(l, NcclLink::linear(1e9, 1e-6));
+    }
+
+    #[test]
+    fn many_messages_share_the_latency() {
+        let l = socket();
+        let one = l.time(4.0 * MIB);
+        assert!((l.time_many(4.0 * MIB, 1.0) - one).abs() < 1e-15);
+        let three = l.time_many(4.0 * MIB, 3.0);
+        assert!(three < 3.0 * one && three > one);
+        assert!((l.time_many(4.0 * MIB, 0.0) - l.base()).abs() < 1e-15);
+    }
+}
