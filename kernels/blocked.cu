@@ -681,6 +681,48 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 #define ZC_E_TOTAL 16ull
 #define ZC_E_TABLE 32ull
 
+// ---- DEC2 decompression (ZC_DEC2=1; f32 aatrox / cuszp-plain in abs/noa mode, with and without
+// ACC; f64, REL and cuszp-outlier always take the path below unchanged; with ZC_DEC2=0 the SASS
+// is identical to the kernel before the switch existed). Level 2 (the in-layer decode) is where
+// the instructions go: per two layers the default path issues rate/offset loads, a 5-stage warp
+// transpose, two sign selects, two 5-stage warp scans, i64 code arithmetic and conversions:
+// ~150-175 SASS instructions per pair (64 values). A DEC2 quad (128 values) is ~160 on its
+// common path (small starts, not all zero): about half per value. Same registers (40, the
+// 512 x 3 launch-bound cap, no spills in abs) and the same shared memory (no new arrays).
+// * Quads: four consecutive layers of one iteration with b <= 7 (no raw layer; the typical layer
+//   at ratio 5 has b ~ 5-6) are decoded with ONE transpose: lane 8g + k loads plane k of layer
+//   ll + g (k < b) or its sign word (k = 7; none when b = 0), one coalesced load of <= 32 words.
+//   After the transpose byte g of lane c is sign << 7 | magnitude of value c of layer ll + g.
+// * Two layers per scan: the deltas of layers g and g + 2 are packed as p = d_g + d_{g+2} * 2^16
+//   (exact as an i32, built without per-value selects: positive and negative byte magnitudes are
+//   split with masks and subtracted), so two warp scans serve four layers. |d| <= 127 bounds every
+//   in-layer prefix sum by 32 * 127 = 4064 < 2^15, so both halves are recovered exactly by a sign
+//   extension of the low half and an exact arithmetic shift of the rest.
+// * i32 codes: the block learns in the barrier before level 2 (__syncthreads_and) whether every
+//   layer start lies within +-2^30 (always for plain: starts are 0). Then the code of a quad or
+//   pair value (|in-layer sum| < 2^21) fits i32 and decode is int2float + fmul; otherwise the
+//   i64 code goes through zq_decode as before. ZT<float>::from_code takes the same 32-bit
+//   conversion for a code that fits, so the values are bit-identical. The branch on small32 is
+//   block-uniform and taken once per quad / pair (the starts are then read as 32-bit low words).
+// * An all-zero quad (four b = 0 layers, e.g. an empty iteration) skips the load, transpose and
+//   scans: its codes are the layer starts.
+// Everything before level 2 (table, checksum, metadata, rate and size validation, level 1) is
+// unchanged, so the errors and rejections are identical; quads read only words of their layers'
+// packed payloads (k < b or the sign word of a b > 0 layer), which the size check has bounded.
+// Pairs (b <= 16) and single layers take the default code, only with the i32 codes of pairs.
+// Not done: 16-byte output stores (a warp's store of one layer is already 128 contiguous bytes;
+// vectorizing would need a 4x4 lane transpose costing more shuffles than the stores it saves).
+#ifndef ZC_DEC2
+#define ZC_DEC2 0
+#endif
+#define ZC_D2_SMALL (1ll << 30)
+// A value of a DEC2 quad or pair: code = st + s with |s| < 2^21; small32: |st| <= 2^30.
+template <typename T, bool REL>
+__device__ __forceinline__ T zc_d2_value(const ZQ<T>& q, i64 st, i32 s, bool small32) {
+    if (!REL && ZT<T>::SIZE == 4 && small32) return (T)__fmul_rn(__int2float_rn((i32)st + s), (float)q.step);
+    return zq_decode<T, REL>(q, (i64)((u64)st + (u64)(i64)s));
+}
+
 template <typename T, int CODEC, bool REL, bool ACC = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
@@ -812,6 +854,10 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
             loff[j] = pstart + s_wtot[it] + (incl[j] - lsize[j]);
             s_off[it * 32 + lane] = loff[j];
         }
+        // DEC2 (see the comment block above zc_decompress): f32 word-aligned codecs, abs/noa only
+        // (a REL value costs a zexp2, hundreds of instructions: nothing to win, only spills)
+        constexpr bool D2 = ZC_DEC2 != 0 && SIZE == 4 && CODEC != ZC_OUTLIER && !REL;
+        bool small_ok = true;
         if (CODEC == ZC_AATROX) {
             // level 1: sum of the 32 deltas of every layer from its bit planes (raw layers: 0)
             u64 sum[J];
@@ -845,26 +891,92 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 #pragma unroll
             for (int j = 0; j < J; j++) {
                 const int it = w + j * W;
-                s_start[it * 32 + lane] = (i64)((u64)init + (u64)s_wsum[it] + (u64)sincl[j] - sum[j]);
+                const i64 st = (i64)((u64)init + (u64)s_wsum[it] + (u64)sincl[j] - sum[j]);
+                s_start[it * 32 + lane] = st;
+                small_ok = small_ok && st >= -(i64)ZC_D2_SMALL && st <= (i64)ZC_D2_SMALL;
             }
         }
-        __syncthreads();
+        // DEC2: every layer start within +-2^30 (plain: all 0), so narrow layers' codes fit i32
+        const bool small32 = D2 ? (__syncthreads_and(small_ok ? 1 : 0) != 0) : false;
+        if (!D2) __syncthreads();
         // level 2: per thread layer, lane k = value k
         T* cout = out + cbase;
         // f32, word-aligned codecs: two thread layers whose deltas fit 16 bits share one transpose
         const bool PAIRS = SIZE == 4 && CODEC != ZC_OUTLIER;
+        // DEC2 quads, lane 8 qg + k: plane k (k < 7) or the sign word (k = 7) of layer ll + qg is
+        // word qw of the layer, present when qk < b (the sign word: when b > 0)
+        const u32 qg = (u32)lane >> 3, qk = ((u32)lane & 7u) == 7u ? 0u : ((u32)lane & 7u);
+        const u32 qw = ((u32)lane & 7u) == 7u ? 0u : ((u32)lane & 7u) + 1u;
 #pragma unroll 1
         for (int j = 0; j < J; j++) {
             const int it = w + j * W;
-            u32 pairable = 0;
+            u32 pairable = 0, quad = 0, zero = 0;
             if (PAIRS) {
                 const u32 myr = ((const u8*)s_rate)[it * 32 + lane];
                 pairable = __reduce_or_sync(ZC_FULL, (myr != 0xFFu && (myr & 63u) <= 16u) ? (1u << lane) : 0u);
+                if (D2) {
+                    quad = __ballot_sync(ZC_FULL, myr != 0xFFu && (myr & 63u) <= 7u);
+                    zero = __ballot_sync(ZC_FULL, myr == 0u);
+                }
             }
 #pragma unroll 1
             for (int t = 0; t < 32; t++) {
                 const u32 ll = (u32)(it * 32 + t);
                 if (ll >= n_layers) break;
+                if (D2 && t <= 28 && ((quad >> t) & 15u) == 15u && ll + 3u < n_layers) {
+                    // four layers ll..ll+3 of b <= 7 (o = 0): lane 8g + k holds plane k (k < 7) or
+                    // the sign word (k = 7) of layer ll + g, so that after one transpose byte g of
+                    // lane c is (sign << 7) | magnitude of value c of layer ll + g
+                    i32 s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                    if (((zero >> t) & 15u) != 15u) {
+                        const u32 bg = ((const u8*)s_rate)[ll + qg] & 63u;
+                        const u32 wg = s_off[ll + qg] >> 2;
+                        const u32 x = qk < bg ? cw[wg + qw] : 0u;  // b = 0: no words at all
+                        const u32 mm = warp_transpose32(x, lane);
+                        // two's complement deltas, two layers per 32-bit word: P02 = d0 + d2 * 2^16
+                        // exactly (|d| <= 127, so |in-layer prefix sum| <= 4064 < 2^15)
+                        const u32 neg = ((mm >> 7) & 0x01010101u) * 0x7Fu;
+                        const u32 mag = mm & 0x7F7F7F7Fu;
+                        const u32 pos = mag & ~neg, ngv = mag & neg;
+                        const i32 p02 = (i32)(pos & 0x00FF00FFu) - (i32)(ngv & 0x00FF00FFu);
+                        const i32 p13 = (i32)((pos >> 8) & 0x00FF00FFu) - (i32)((ngv >> 8) & 0x00FF00FFu);
+                        const i32 c02 = warp_incl_i32(p02, lane);
+                        const i32 c13 = warp_incl_i32(p13, lane);
+                        s0 = (i32)((u32)c02 << 16) >> 16;
+                        s2 = (c02 - s0) >> 16;
+                        s1 = (i32)((u32)c13 << 16) >> 16;
+                        s3 = (c13 - s1) >> 16;
+                    }
+                    T* po = cout + ll * 32u + lane;
+                    const u32 nt3 = min(32u, n - (ll + 3u) * 32u);  // only the last layer may be partial
+                    T v0, v1, v2, v3;
+                    if (small32) {  // block-uniform: one branch per quad, not one per value
+                        const i32* s32 = (const i32*)s_start;  // low words (little-endian)
+                        const i32 c0 = CODEC == ZC_AATROX ? s32[2 * ll] : 0;
+                        const i32 c1 = CODEC == ZC_AATROX ? s32[2 * ll + 2] : 0;
+                        const i32 c2 = CODEC == ZC_AATROX ? s32[2 * ll + 4] : 0;
+                        const i32 c3 = CODEC == ZC_AATROX ? s32[2 * ll + 6] : 0;
+                        v0 = zc_d2_value<T, REL>(q, (i64)c0, s0, true);
+                        v1 = zc_d2_value<T, REL>(q, (i64)c1, s1, true);
+                        v2 = zc_d2_value<T, REL>(q, (i64)c2, s2, true);
+                        v3 = zc_d2_value<T, REL>(q, (i64)c3, s3, true);
+                    } else {
+                        const i64 st0 = CODEC == ZC_AATROX ? s_start[ll] : 0;
+                        const i64 st1 = CODEC == ZC_AATROX ? s_start[ll + 1] : 0;
+                        const i64 st2 = CODEC == ZC_AATROX ? s_start[ll + 2] : 0;
+                        const i64 st3 = CODEC == ZC_AATROX ? s_start[ll + 3] : 0;
+                        v0 = zc_d2_value<T, REL>(q, st0, s0, false);
+                        v1 = zc_d2_value<T, REL>(q, st1, s1, false);
+                        v2 = zc_d2_value<T, REL>(q, st2, s2, false);
+                        v3 = zc_d2_value<T, REL>(q, st3, s3, false);
+                    }
+                    zc_store<T, ACC>(po, v0);
+                    zc_store<T, ACC>(po + 32, v1);
+                    zc_store<T, ACC>(po + 64, v2);
+                    if ((u32)lane < nt3) zc_store<T, ACC>(po + 96, v3);
+                    t += 3;
+                    continue;
+                }
                 if (PAIRS && t < 31 && ((pairable >> t) & 3u) == 3u && ll + 1 < n_layers) {
                     // layers A = ll (full: it is not the last) and B = ll + 1; o = 0 for these codecs
                     const u32 bA = ((const u8*)s_rate)[ll] & 63u, bB = ((const u8*)s_rate)[ll + 1] & 63u;
@@ -886,11 +998,27 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                     const i32 dB = ((signB >> lane) & 1u) ? -mB : mB;
                     const i64 stA = CODEC == ZC_AATROX ? s_start[ll] : 0;
                     const i64 stB = CODEC == ZC_AATROX ? s_start[ll + 1] : 0;
-                    const i64 cA = (i64)((u64)stA + (u64)(i64)warp_incl_i32(dA, lane));
-                    const i64 cB = (i64)((u64)stB + (u64)(i64)warp_incl_i32(dB, lane));
-                    const u32 ntB = min(32u, n - (ll + 1) * 32u);
-                    zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, cA));
-                    if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, zq_decode<T, REL>(q, cB));
+                    if (D2) {
+                        // |in-layer sum| < 2^21: i32 codes when every start is small
+                        const u32 ntB = min(32u, n - (ll + 1) * 32u);
+                        const i32 sA = warp_incl_i32(dA, lane), sB = warp_incl_i32(dB, lane);
+                        T vA, vB;
+                        if (small32) {
+                            vA = zc_d2_value<T, REL>(q, stA, sA, true);
+                            vB = zc_d2_value<T, REL>(q, stB, sB, true);
+                        } else {
+                            vA = zc_d2_value<T, REL>(q, stA, sA, false);
+                            vB = zc_d2_value<T, REL>(q, stB, sB, false);
+                        }
+                        zc_store<T, ACC>(cout + ll * 32u + lane, vA);
+                        if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, vB);
+                    } else {
+                        const i64 cA = (i64)((u64)stA + (u64)(i64)warp_incl_i32(dA, lane));
+                        const i64 cB = (i64)((u64)stB + (u64)(i64)warp_incl_i32(dB, lane));
+                        const u32 ntB = min(32u, n - (ll + 1) * 32u);
+                        zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, cA));
+                        if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, zq_decode<T, REL>(q, cB));
+                    }
                     t++;
                     continue;
                 }
