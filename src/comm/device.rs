@@ -99,10 +99,17 @@ impl GpuCompressor {
             name,
         }
     }
+    /// The codec, with its context made current on the calling thread: the compressor is
+    /// called from whatever thread runs the host algorithm (the progress thread of the
+    /// non-blocking reductions among them), and the codec's raw driver copies
+    /// (`cuMemcpy*Async`) need a current context.
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, GpuCodec>> {
-        self.gpu
+        let g = self
+            .gpu
             .lock()
-            .map_err(|_| Error::Gpu("GPU codec mutex poisoned".into()))
+            .map_err(|_| Error::Gpu("GPU codec mutex poisoned".into()))?;
+        g.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        Ok(g)
     }
 }
 
@@ -420,6 +427,8 @@ impl DeviceStager {
         if dst.is_empty() {
             return Ok(());
         }
+        // raw driver call: make the stream's context current on this thread first
+        s.context().bind_to_thread().map_err(gpu_err("bind"))?;
         // SAFETY: the caller guarantees `src` holds at least dst.len() bytes on this stream's
         // context; we synchronize before returning so `dst` is not used while the copy runs.
         unsafe { cu::memcpy_dtoh_async(dst, src, s.cu_stream()) }.map_err(gpu_err("d2h"))?;
@@ -431,6 +440,7 @@ impl DeviceStager {
         if src.is_empty() {
             return Ok(());
         }
+        s.context().bind_to_thread().map_err(gpu_err("bind"))?;
         // SAFETY: the caller guarantees `dst` holds at least src.len() bytes; synchronized
         // before returning so `src` outlives the copy.
         unsafe { cu::memcpy_htod_async(dst, src, s.cu_stream()) }.map_err(gpu_err("h2d"))?;
