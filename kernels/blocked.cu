@@ -169,6 +169,17 @@ __device__ __forceinline__ void zc_stage2(u32* st, u32& cur, u32 bA, u32 mA, u32
 
 // ---------------------------------------------------------------------------------------------
 // Compression. Warp w owns iteration layers w, w + W, w + 2W, ... (J = 32 / W of them).
+// Lane `lane`'s values of thread steps t0 .. t0+7 of iteration layer `it` (value t of a layer is
+// at (it * 32 + t) * 32 + lane of the chunk; 0 past the end).
+template <typename T>
+__device__ __forceinline__ void zc_load_steps(const T* __restrict__ cin, u32 n, int it, int t0, int lane, T (&xs)[8]) {
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
+        xs[u] = e < n ? cin[e] : (T)0;
+    }
+}
+
 template <typename T, int CODEC, bool REL>
 __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out,
                                             u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q) {
@@ -226,11 +237,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
 #pragma unroll 1
         for (int t0 = 0; t0 < 32; t0 += 8) {
             T xs[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
-                xs[u] = e < n ? cin[e] : (T)0;
-            }
+            zc_load_steps(cin, n, it, t0, lane, xs);
             u32 pb = 32u, pm = 0u, ps = 0u;  // ONE: the previous (even) layer's brest, magnitude, sign
 #pragma unroll
             for (int u = 0; u < 8; u++) {
@@ -499,11 +506,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     #pragma unroll 1
                 for (int t0 = 0; t0 < 32; t0 += 8) {
                     T xs[8];
-    #pragma unroll
-                    for (int u = 0; u < 8; u++) {
-                        u32 e = (u32)(it * 32 + t0 + u) * 32u + lane;
-                        xs[u] = e < n ? cin[e] : (T)0;
-                    }
+                    zc_load_steps(cin, n, it, t0, lane, xs);
                     bool skip = false;  // the previous step wrote this layer as the second of a pair
     #pragma unroll
                     for (int u = 0; u < 8; u++) {

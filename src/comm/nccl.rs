@@ -1301,6 +1301,29 @@ impl NcclComm {
         Ok((m * T::SIZE) as f64 / len.max(1) as f64)
     }
 
+    /// The compress decision of a collective from its agreed `plan` (`None`: raw): `Auto`
+    /// compresses when `predict(ratio)` beats the raw prediction in `st` by 5 %, `Always` does;
+    /// records the estimate and the compressed prediction (`best_t` for `Always`) in `st`.
+    fn decide(
+        &self,
+        plan: Option<f64>,
+        st: &mut OpStats,
+        best_t: f64,
+        predict: impl Fn(f64) -> f64,
+    ) -> bool {
+        let Some(ratio) = plan else {
+            return false;
+        };
+        st.ratio_estimate = ratio.min(1e6);
+        if let Policy::Auto(_) = self.config.policy {
+            st.predicted_compressed_s = predict(ratio);
+            st.predicted_compressed_s < 0.95 * st.predicted_raw_s
+        } else {
+            st.predicted_compressed_s = best_t;
+            true
+        }
+    }
+
     fn finish(&self, mut st: OpStats, t0: f64) -> Result<OpStats> {
         if st.decision == Decision::Raw {
             // raw paths only used (and already drained, except allgather) the NCCL stream
@@ -1678,22 +1701,11 @@ impl NcclComm {
         let mut st = Self::base_stats(OP_ALLGATHER, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
-        let compress = match plan {
-            None => false,
-            Some(ratio) => {
-                st.ratio_estimate = ratio.min(1e6);
-                if let Policy::Auto(_) = self.config.policy {
-                    let (_, cmp_t) =
-                        self.profile
-                            .predict_allgather(bytes as f64, p, ratio, k, codec, dt);
-                    st.predicted_compressed_s = cmp_t;
-                    cmp_t < 0.95 * raw_t
-                } else {
-                    st.predicted_compressed_s = best_t;
-                    true
-                }
-            }
-        };
+        let compress = self.decide(plan, &mut st, best_t, |ratio| {
+            self.profile
+                .predict_allgather(bytes as f64, p, ratio, k, codec, dt)
+                .1
+        });
         if !compress {
             self.sh.allgather(send, out)?;
             return self.finish(st, t0);
@@ -1808,22 +1820,11 @@ impl NcclComm {
         let mut st = Self::base_stats(op, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
-        let mut compress = match plan {
-            None => false,
-            Some(ratio) => {
-                st.ratio_estimate = ratio.min(1e6);
-                if let Policy::Auto(_) = self.config.policy {
-                    let (_, cmp_t) =
-                        self.profile
-                            .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full);
-                    st.predicted_compressed_s = cmp_t;
-                    cmp_t < 0.95 * raw_t
-                } else {
-                    st.predicted_compressed_s = best_t;
-                    true
-                }
-            }
-        };
+        let mut compress = self.decide(plan, &mut st, best_t, |ratio| {
+            self.profile
+                .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
+                .1
+        });
         let mut eb = 0.0;
         let mut e_total = 0.0;
         if compress {
