@@ -33,6 +33,10 @@ run "${MPIRUN[@]}" -n 4 "$BIN/allreduce" --n 50000 --iters 2 --dtype c64
 run "${MPIRUN[@]}" -n 2 "$BIN/statevector" --n 100000 --steps 3
 run "${MPIRUN[@]}" -n 4 "$BIN/statevector" --n 50001 --steps 2 --dtype c128 --error-bound rel:1e-3
 run "${MPIRUN[@]}" -n 2 "$BIN/staging" --n 300000
+# MPI's int-count limits scaled down (ZCOMM_MPI_PIECE bytes): the piece splitting and the ring
+# fallback of messages above 2^31 bytes run on small data
+run "${MPIRUN[@]}" -n 3 -x ZCOMM_MPI_PIECE=777 "$BIN/mpi_ops" --only-reduce
+run "${MPIRUN[@]}" -n 2 -x ZCOMM_MPI_PIECE=4096 "$BIN/staging" --n 100000 --iters 1
 if [ $fail -ne 0 ]; then
     echo "mpi-tests: FAILURES"
     exit 1
