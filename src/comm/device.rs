@@ -20,11 +20,16 @@
 //! * [`Communicator::allgather_device`] / [`Communicator::bcast_device`]: GPU compression, D2H
 //!   of the stream, the byte allgather / broadcast of the streams (after the usual descriptor
 //!   agreement), then H2D + GPU decompression of every received stream on every rank (the root
-//!   and the own slice too, so all ranks hold identical values). Allgather: `Auto` compresses
+//!   and the own slice too, so all ranks hold identical values). The blocking forms stage
+//!   through the stager's pinned send / receive buffers (grown once, then reused: no per-call
+//!   host allocation, no copy of the streams, pinned-speed copies; allgathers over 2^31 bytes
+//!   take the transport's ring straight into the pinned buffer); the non-blocking forms hand
+//!   the transfer an owned copy of the staged record. Allgather: `Auto` compresses
 //!   like `Always` (every rank must take the same path); bcast: the root decides `Auto` with the
 //!   model and the previous ratio. `Never` moves the raw bytes.
 //! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
-//!   [`Communicator::reduce_scatter_device`]: D2H of the values, the host
+//!   [`Communicator::reduce_scatter_device`]: D2H of the values (into the stager's pinned
+//!   send buffer; the host algorithm reads it there and writes the pinned receive buffer), the host
 //!   [`Communicator::allreduce`] / `allreduce_mean` / `reduce_scatter` (ring with the end-to-end
 //!   bound of [`reduction_step_bound`](super::reduction_step_bound), compressed on the wire with
 //!   the communicator's [`Compressor`], e.g. a [`GpuCompressor`]), H2D of the result. The
@@ -513,6 +518,109 @@ impl DeviceStager {
         )?;
         self.last.d2h = t.elapsed().as_secs_f64();
         Ok(())
+    }
+
+    /// D2H of the first `len` bytes of the compression scratch into the stager's pinned send
+    /// buffer (grown once, then reused).
+    fn scratch_to_pinned_send(&mut self, len: usize) -> Result<()> {
+        let t = now();
+        let s = self.stream();
+        Self::grow_pinned(&mut self.pinned_send, &s, len)?;
+        let src = self.scratch_out.as_ref().expect("grown");
+        let (p, _g) = src.device_ptr(&s);
+        let dst = self.pinned_send.as_mut().expect("grown");
+        Self::d2h(
+            &s,
+            p,
+            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..len],
+        )?;
+        self.last.d2h = t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Raw D2H of `data` into the stager's pinned send buffer (grown once, then reused);
+    /// returns the byte count.
+    fn values_to_pinned_send<T: GpuElement>(&mut self, data: &CudaView<'_, T>) -> Result<usize> {
+        let t = now();
+        let s = self.stream();
+        let n = std::mem::size_of::<T>() * data.len();
+        Self::grow_pinned(&mut self.pinned_send, &s, n)?;
+        let (p, _g) = data.device_ptr(&s);
+        let dst = self.pinned_send.as_mut().expect("grown");
+        Self::d2h(
+            &s,
+            p,
+            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..n],
+        )?;
+        self.last.d2h = t.elapsed().as_secs_f64();
+        Ok(n)
+    }
+
+    /// Upload `range` of the pinned send (`from_send`) or receive buffer into `out`: H2D +
+    /// GPU decompression of a stream (`compressed`), else an H2D of the raw values. Adds the
+    /// copy and decompression times to `last`.
+    fn upload_pinned<T: GpuElement>(
+        &mut self,
+        from_send: bool,
+        range: std::ops::Range<usize>,
+        out: &mut CudaViewMut<'_, T>,
+        compressed: bool,
+    ) -> Result<()> {
+        let slot = if from_send {
+            self.pinned_send.take()
+        } else {
+            self.pinned_recv.take()
+        };
+        let (h2d, dec) = (self.last.h2d, self.last.decompress);
+        let r = match &slot {
+            None if range.is_empty() => self.upload_bytes(&[], out, compressed),
+            None => Err(Error::Comm("device staging: no pinned buffer".into())),
+            Some(b) => b
+                .as_slice()
+                .map_err(gpu_err("pinned"))
+                .and_then(|b| self.upload_bytes(&b[range], out, compressed)),
+        };
+        if from_send {
+            self.pinned_send = slot;
+        } else {
+            self.pinned_recv = slot;
+        }
+        self.last.h2d += h2d;
+        self.last.decompress += dec;
+        r
+    }
+
+    /// H2D (+ decompression when `compressed`) of host `bytes` into `out`; sets `last.h2d`
+    /// (and `last.decompress`).
+    fn upload_bytes<T: GpuElement>(
+        &mut self,
+        bytes: &[u8],
+        out: &mut CudaViewMut<'_, T>,
+        compressed: bool,
+    ) -> Result<()> {
+        if compressed {
+            self.upload_and_decompress(bytes, out)
+        } else {
+            let t = now();
+            let r = self.copy_to_device(bytes, out);
+            self.last.h2d = t.elapsed().as_secs_f64();
+            self.last.decompress = 0.0;
+            r
+        }
+    }
+
+    /// The first `len` bytes of the pinned send (`send`) or receive buffer.
+    fn pinned_bytes(&self, send: bool, len: usize) -> Result<&[u8]> {
+        let slot = if send {
+            &self.pinned_send
+        } else {
+            &self.pinned_recv
+        };
+        match slot {
+            Some(b) => Ok(&b.as_slice().map_err(gpu_err("pinned"))?[..len]),
+            None if len == 0 => Ok(&[]),
+            None => Err(Error::Comm("device staging: no pinned buffer".into())),
+        }
     }
 
     /// Page-locked host memory (cached, CPU-readable) on this stager's context.
@@ -1274,6 +1382,38 @@ fn elem_tag<T: Real>() -> u8 {
     }
 }
 
+/// A device allgather after its local staging and agreement (this rank's record is the first
+/// `mine_len` bytes of the stager's pinned send buffer).
+struct GatherPrep {
+    compressed: bool,
+    n: usize,
+    mine_len: usize,
+    lens: Vec<usize>,
+    st: OpStats,
+    t0: f64,
+}
+
+/// The blocking allgather of the records between the stager's pinned buffers (`ps`: this
+/// rank's record, `pr`: every record, `total` bytes).
+fn gather_pinned(
+    t: &dyn super::transport::Transport,
+    ps: &Option<PinnedHostSlice<u8>>,
+    pr: &mut Option<PinnedHostSlice<u8>>,
+    mine_len: usize,
+    lens: &[usize],
+    total: usize,
+) -> Result<()> {
+    let mine: &[u8] = match ps {
+        Some(b) => &b.as_slice().map_err(gpu_err("pinned"))?[..mine_len],
+        None => &[],
+    };
+    let out: &mut [u8] = match pr {
+        Some(b) => &mut b.as_mut_slice().map_err(gpu_err("pinned"))?[..total],
+        None => &mut [],
+    };
+    t.allgatherv_into(mine, lens, out)
+}
+
 /// A pending [`Communicator::iallgather_device`]: the compressed (or raw) streams are in flight
 /// (`MPI_Iallgatherv`); [`Communicator::wait_allgather_device`] uploads and decompresses them.
 pub struct DeviceAllgatherRequest {
@@ -1295,6 +1435,16 @@ impl std::fmt::Debug for DeviceAllgatherRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DeviceAllgatherRequest({} values per rank)", self.n)
     }
+}
+
+/// A device broadcast after the root's staging and the agreement (the root's stream is the
+/// first `len` bytes of its stager's pinned send buffer).
+struct BcastPrep {
+    compressed: bool,
+    n: usize,
+    len: usize,
+    st: OpStats,
+    t0: f64,
 }
 
 /// A pending [`Communicator::ibcast_device`]: the root's stream is in flight (`MPI_Ibcast`);
@@ -1374,6 +1524,23 @@ fn stream_bound(bound: ErrorBound, stream: &[u8]) -> Result<f64> {
     })
 }
 
+/// Pinned host bytes as values (little-endian host checked by the caller). Pinned allocations
+/// are page-aligned and the callers slice them from offset 0 in whole values.
+fn pinned_values<T: Real>(b: &[u8]) -> &[T] {
+    // SAFETY: T is f32 or f64 (`Real`): plain data, every bit pattern valid.
+    let (pre, v, post) = unsafe { b.align_to::<T>() };
+    assert!(pre.is_empty() && post.is_empty(), "pinned buffer alignment");
+    v
+}
+
+/// Mutable [`pinned_values`].
+fn pinned_values_mut<T: Real>(b: &mut [u8]) -> &mut [T] {
+    // SAFETY: as in `pinned_values`.
+    let (pre, v, post) = unsafe { b.align_to_mut::<T>() };
+    assert!(pre.is_empty() && post.is_empty(), "pinned buffer alignment");
+    v
+}
+
 /// D2H of a device buffer into a host vector (the raw staging of the composed operations).
 fn stage_values<T: GpuElement + Real>(
     dev: &mut DeviceStager,
@@ -1409,8 +1576,40 @@ impl Communicator {
         } else {
             Ok(())
         };
-        let req = self.iallgather_device_impl(dev, send, local)?;
-        self.wait_allgather_device(dev, req, out)
+        let prep = self.allgather_device_prepare(dev, send, local)?;
+        let GatherPrep {
+            compressed,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        } = prep;
+        // the records land in the stager's pinned receive buffer (grown once, then reused; this
+        // rank's own record stays in the pinned send buffer)
+        let total: usize = lens.iter().sum();
+        let t = now();
+        let s = dev.stream();
+        DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, total)?;
+        let (ps, mut pr) = (dev.pinned_send.take(), dev.pinned_recv.take());
+        let r = gather_pinned(self.transport(), &ps, &mut pr, mine_len, &lens, total);
+        dev.pinned_send = ps;
+        dev.pinned_recv = pr;
+        r?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        dev.last.h2d = 0.0;
+        dev.last.decompress = 0.0;
+        let (me, mut off) = (self.rank(), 0);
+        for (k, &l) in lens.iter().enumerate() {
+            let mut view = out.slice_mut(k * n..(k + 1) * n);
+            if k == me {
+                dev.upload_pinned(true, 0..mine_len, &mut view, compressed)?;
+            } else {
+                dev.upload_pinned(false, off..off + l, &mut view, compressed)?;
+            }
+            off += l;
+        }
+        Ok(self.finish(st, t0))
     }
 
     /// Non-blocking [`allgather_device`](Self::allgather_device): GPU compression and the D2H
@@ -1422,15 +1621,35 @@ impl Communicator {
         dev: &mut DeviceStager,
         send: &CudaView<'_, T>,
     ) -> Result<DeviceAllgatherRequest> {
-        self.iallgather_device_impl(dev, send, Ok(()))
+        let GatherPrep {
+            compressed,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        } = self.allgather_device_prepare(dev, send, Ok(()))?;
+        // the non-blocking transfer owns its send record (MPI_Iallgatherv on a leaked buffer)
+        let mine = dev.pinned_bytes(true, mine_len)?.to_vec();
+        let pending = self.transport().iallgatherv(mine, &lens)?;
+        Ok(DeviceAllgatherRequest {
+            pending,
+            compressed,
+            n,
+            st,
+            t0,
+        })
     }
 
-    fn iallgather_device_impl<T: GpuElement + Real + super::CommElement>(
+    /// The part of the device allgather before the transfer: GPU compression (or not) and the
+    /// D2H of this rank's record into the stager's pinned send buffer, the agreement, the
+    /// record lengths and the model's predictions.
+    fn allgather_device_prepare<T: GpuElement + Real + super::CommElement>(
         &mut self,
         dev: &mut DeviceStager,
         send: &CudaView<'_, T>,
         local: Result<()>,
-    ) -> Result<DeviceAllgatherRequest> {
+    ) -> Result<GatherPrep> {
         let t0 = self.wtime();
         let (p, n) = (self.size(), send.len());
         let bound = self.config.bound;
@@ -1442,18 +1661,17 @@ impl Communicator {
         st.bytes = (n * T::SIZE) as u64;
         dev.last = StageTimes::default();
         // stage before the agreement, so a device failure on one rank fails every rank
-        let staged: Result<Vec<u8>> = local.and_then(|()| {
+        // (into the stager's pinned send buffer: no per-call host allocation, no copy)
+        let staged: Result<usize> = local.and_then(|()| {
             if compress {
-                let staged = dev.stage_to_host(send, bound, codec)?;
+                let len = dev.compress_timed(send, bound, codec)?;
+                dev.scratch_to_pinned_send(len)?;
                 st.decision = Decision::Compressed;
                 st.codec = Some(codec);
-                st.bound = stream_bound(bound, staged.stream()?)?;
-                Ok(staged.stream()?.to_vec())
+                st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;
+                Ok(len)
             } else {
-                let t = now();
-                let v = stage_values(dev, send)?;
-                dev.last.d2h = t.elapsed().as_secs_f64();
-                Ok(super::element::scalar_bytes(&v).into_owned())
+                dev.values_to_pinned_send(send)
             }
         });
         let d = Desc {
@@ -1461,17 +1679,17 @@ impl Communicator {
             decision: u8::from(compress),
             ..self.local_desc::<f32>(super::OP_ALLGATHER, n)
         };
-        let (mine, local) = match staged {
-            Ok(v) => (v, Ok(())),
-            Err(e) => (Vec::new(), Err(e)),
+        let (mine_len, local) = match staged {
+            Ok(l) => (l, Ok(())),
+            Err(e) => (0, Err(e)),
         };
         self.agree(d, local)?;
-        st.wire_bytes = mine.len() as u64;
-        st.ratio = st.bytes as f64 / mine.len().max(1) as f64;
+        st.wire_bytes = mine_len as u64;
+        st.ratio = st.bytes as f64 / mine_len.max(1) as f64;
         let lens = if compress {
             let l = self
                 .transport()
-                .allgather_fixed(&(mine.len() as u64).to_le_bytes())?;
+                .allgather_fixed(&(mine_len as u64).to_le_bytes())?;
             l.chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
                 .collect()
@@ -1484,11 +1702,11 @@ impl Communicator {
         st.predicted_raw_s = raw_t;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = if compress { cmp_t } else { raw_t };
-        let pending = self.transport().iallgatherv(mine, &lens)?;
-        Ok(DeviceAllgatherRequest {
-            pending,
+        Ok(GatherPrep {
             compressed: compress,
             n,
+            mine_len,
+            lens,
             st,
             t0,
         })
@@ -1549,8 +1767,51 @@ impl Communicator {
         buf: &mut CudaViewMut<'_, T>,
         root: usize,
     ) -> Result<OpStats> {
-        let req = self.ibcast_device(dev, &buf.as_view(), root)?;
-        self.wait_bcast_device(dev, req, buf)
+        let BcastPrep {
+            compressed,
+            n,
+            len,
+            mut st,
+            t0,
+        } = self.bcast_device_prepare(dev, &buf.as_view(), root)?;
+        // the root broadcasts from its pinned send buffer, the others receive into their pinned
+        // receive buffer (grown once, then reused), then everyone uploads from there
+        let t = now();
+        let from_send = self.rank() == root;
+        if !from_send {
+            let s = dev.stream();
+            DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, len)?;
+        }
+        let mut slot = if from_send {
+            dev.pinned_send.take()
+        } else {
+            dev.pinned_recv.take()
+        };
+        let r = match &mut slot {
+            Some(b) => b
+                .as_mut_slice()
+                .map_err(gpu_err("pinned"))
+                .and_then(|b| self.transport().bcast_into(root, &mut b[..len])),
+            None if len == 0 => Ok(()),
+            None => Err(Error::Comm("device staging: no pinned buffer".into())),
+        };
+        if from_send {
+            dev.pinned_send = slot;
+        } else {
+            dev.pinned_recv = slot;
+        }
+        r?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        if buf.len() != n {
+            return Err(Error::invalid("bcast_device: buffer length changed"));
+        }
+        dev.last.h2d = 0.0;
+        dev.last.decompress = 0.0;
+        dev.upload_pinned(from_send, 0..len, buf, compressed)?;
+        if compressed && st.bound == 0.0 {
+            st.bound = stream_bound(self.config.bound, dev.pinned_bytes(from_send, len)?)?;
+        }
+        Ok(self.finish(st, t0))
     }
 
     /// Non-blocking [`bcast_device`](Self::bcast_device): the root compresses and stages now,
@@ -1563,6 +1824,38 @@ impl Communicator {
         buf: &CudaView<'_, T>,
         root: usize,
     ) -> Result<DeviceBcastRequest> {
+        let BcastPrep {
+            compressed,
+            n,
+            len,
+            st,
+            t0,
+        } = self.bcast_device_prepare(dev, buf, root)?;
+        // the non-blocking transfer owns its buffer (MPI_Ibcast on a leaked buffer)
+        let payload = if self.rank() == root {
+            dev.pinned_bytes(true, len)?.to_vec()
+        } else {
+            Vec::new()
+        };
+        let pending = self.transport().ibcast(root, payload, len)?;
+        Ok(DeviceBcastRequest {
+            pending,
+            compressed,
+            n,
+            st,
+            t0,
+        })
+    }
+
+    /// The part of the device broadcast before the transfer: the root's decision, GPU
+    /// compression (or not) and D2H into its pinned send buffer, the agreement, the
+    /// predictions.
+    fn bcast_device_prepare<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        buf: &CudaView<'_, T>,
+        root: usize,
+    ) -> Result<BcastPrep> {
         let t0 = self.wtime();
         let (p, r, n) = (self.size(), self.rank(), buf.len());
         let bytes = (n * T::SIZE) as f64;
@@ -1585,7 +1878,6 @@ impl Communicator {
             root: root as u32,
             ..self.local_desc::<f32>(super::OP_BCAST, n)
         };
-        let mut payload = Vec::new();
         if r == root && local.is_ok() {
             let compress = match self.config.policy {
                 Policy::Never => false,
@@ -1596,25 +1888,22 @@ impl Communicator {
                     cmp_best < 0.95 * raw_best && (est.is_none() || cmp_t < 0.95 * raw_t)
                 }
             } && n > 0;
-            let staged: Result<Vec<u8>> = if compress {
-                dev.stage_to_host(buf, bound, codec).and_then(|s| {
+            // into the stager's pinned send buffer: no per-call host allocation, no copy
+            let staged: Result<usize> = if compress {
+                dev.compress_timed(buf, bound, codec).and_then(|len| {
+                    dev.scratch_to_pinned_send(len)?;
                     st.decision = Decision::Compressed;
                     st.codec = Some(codec);
-                    st.bound = stream_bound(bound, s.stream()?)?;
-                    Ok(s.stream()?.to_vec())
+                    st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;
+                    Ok(len)
                 })
             } else {
-                let t = now();
-                stage_values(dev, buf).map(|v| {
-                    dev.last.d2h = t.elapsed().as_secs_f64();
-                    super::element::scalar_bytes(&v).into_owned()
-                })
+                dev.values_to_pinned_send(buf)
             };
             match staged {
-                Ok(v) => {
-                    payload = v;
+                Ok(len) => {
                     d.decision = u8::from(compress);
-                    d.payload = payload.len() as u64;
+                    d.payload = len as u64;
                 }
                 Err(e) => local = Err(e),
             }
@@ -1638,11 +1927,10 @@ impl Communicator {
         st.predicted_raw_s = raw_t;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = if compressed { cmp_t } else { raw_t };
-        let pending = self.transport().ibcast(root, payload, len)?;
-        Ok(DeviceBcastRequest {
-            pending,
+        Ok(BcastPrep {
             compressed,
             n,
+            len,
             st,
             t0,
         })
@@ -1748,33 +2036,50 @@ impl Communicator {
             _ => n,
         };
         dev.last = StageTimes::default();
-        let t = now();
+        let (in_bytes, out_bytes) = (n * T::SIZE, want * T::SIZE);
+        // the values move through the stager's pinned buffers (grown once, then reused): D2H
+        // into the send buffer, the host algorithm from it into the receive buffer, H2D from
+        // there (no per-call host allocation, no zero-filling, no pageable copies)
         let staged = if out.len() != want {
             Err(Error::invalid(format!(
                 "{}: output has {} values, expected {want}",
                 super::op_name(kind.op()),
                 out.len()
             )))
+        } else if cfg!(target_endian = "big") {
+            Err(Error::Unavailable(
+                "device staging needs a little-endian host".into(),
+            ))
         } else {
-            stage_values(dev, input)
+            let s = dev.stream();
+            dev.values_to_pinned_send(input)
+                .and_then(|_| DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, out_bytes))
         };
-        let host_in = match staged {
-            Ok(v) => v,
-            Err(e) => return Err(self.fail_reduction::<T>(kind.op(), n, e)),
-        };
-        dev.last.d2h = t.elapsed().as_secs_f64();
+        if let Err(e) = staged {
+            return Err(self.fail_reduction::<T>(kind.op(), n, e));
+        }
         let t = now();
-        let mut host_out = vec![T::default(); want];
-        let st = match kind {
-            Reduction::Sum => self.allreduce(&host_in, &mut host_out)?,
-            Reduction::Mean => self.allreduce_mean(&host_in, &mut host_out)?,
-            Reduction::Scatter => self.reduce_scatter(&host_in, &mut host_out)?,
+        let (ps, mut pr) = (dev.pinned_send.take(), dev.pinned_recv.take());
+        let r = match (&ps, &mut pr) {
+            (Some(a), Some(b)) => (|| {
+                let x = pinned_values::<T>(&a.as_slice().map_err(gpu_err("pinned"))?[..in_bytes]);
+                let y = pinned_values_mut::<T>(
+                    &mut b.as_mut_slice().map_err(gpu_err("pinned"))?[..out_bytes],
+                );
+                match kind {
+                    Reduction::Sum => self.allreduce(x, y),
+                    Reduction::Mean => self.allreduce_mean(x, y),
+                    Reduction::Scatter => self.reduce_scatter(x, y),
+                }
+            })(),
+            _ => Err(Error::Comm("device staging: no pinned buffer".into())),
         };
+        dev.pinned_send = ps;
+        dev.pinned_recv = pr;
+        let st = r?;
         dev.last.network = t.elapsed().as_secs_f64();
-        let t = now();
-        dev.copy_to_device(&super::element::scalar_bytes(&host_out), out)?;
-        dev.last.h2d = t.elapsed().as_secs_f64();
-        let st = self.add_staging(dev, st, n * T::SIZE, want * T::SIZE);
+        dev.upload_pinned(false, 0..out_bytes, out, false)?;
+        let st = self.add_staging(dev, st, in_bytes, out_bytes);
         Ok(self.finish(st, t0))
     }
 

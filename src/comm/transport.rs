@@ -50,6 +50,22 @@ impl PendingBytes for Ready {
     }
 }
 
+/// Check the arguments of [`Transport::allgatherv_into`].
+fn check_gather_lens(
+    rank: usize,
+    size: usize,
+    mine: &[u8],
+    lens: &[usize],
+    out: &[u8],
+) -> Result<()> {
+    if lens.len() != size || lens[rank] != mine.len() || lens.iter().sum::<usize>() != out.len() {
+        return Err(Error::invalid(
+            "allgatherv_into: lengths disagree with the records or the output",
+        ));
+    }
+    Ok(())
+}
+
 /// Moves byte messages between the ranks of one group.
 ///
 /// Messages between one pair of ranks with one tag are delivered in order. Tags must lie in
@@ -130,6 +146,43 @@ pub trait Transport {
     }
     /// Broadcast `bytes` from `root` (other ranks' vectors are replaced).
     fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()>;
+    /// Blocking allgather of byte records of known lengths (`lens`, rank order, `mine.len() ==
+    /// lens[rank]`) into the borrowed `out` (`lens` summed; the records concatenated in rank
+    /// order), e.g. pinned host memory: no allocation and no copy of the records. This rank's
+    /// range of `out` may be left untouched (callers read their own record from `mine`).
+    /// Default: [`allgatherv`](Self::allgatherv) and a copy.
+    fn allgatherv_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<()> {
+        check_gather_lens(self.rank(), self.size(), mine, lens, out)?;
+        let parts = self.allgatherv(mine)?;
+        let mut off = 0;
+        for (k, (part, &l)) in parts.iter().zip(lens).enumerate() {
+            if part.len() != l {
+                return Err(Error::Comm(format!(
+                    "allgatherv_into: rank {k} sent {} bytes, {l} announced",
+                    part.len()
+                )));
+            }
+            out[off..off + l].copy_from_slice(part);
+            off += l;
+        }
+        Ok(())
+    }
+    /// Blocking broadcast of `buf` from `root` into the borrowed `buf` of every rank (the same
+    /// length everywhere, known in advance), e.g. pinned host memory. Default:
+    /// [`bcast`](Self::bcast) and a copy.
+    fn bcast_into(&self, root: usize, buf: &mut [u8]) -> Result<()> {
+        let mut v = buf.to_vec();
+        self.bcast(root, &mut v)?;
+        if v.len() != buf.len() {
+            return Err(Error::Comm(format!(
+                "bcast_into: {} bytes received, {} expected",
+                v.len(),
+                buf.len()
+            )));
+        }
+        buf.copy_from_slice(&v);
+        Ok(())
+    }
     /// In-place element-wise reduction of a small f64 vector over all ranks.
     fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()>;
     /// Native (uncompressed) sum over all ranks of `input` into `out` (same length).
@@ -749,6 +802,49 @@ mod mpi_impl {
                 bytes.resize(len as usize, 0);
             }
             for piece in bytes.chunks_mut(self.piece) {
+                rootp.broadcast_into(piece);
+            }
+            Ok(())
+        }
+        fn allgatherv_into(&self, mine: &[u8], lens: &[usize], out: &mut [u8]) -> Result<()> {
+            check_gather_lens(self.rank, self.size, mine, lens, out)?;
+            let total = out.len();
+            if total == 0 {
+                return Ok(());
+            }
+            let (p, r) = (self.size, self.rank);
+            let offs: Vec<usize> = lens
+                .iter()
+                .scan(0, |acc, &x| {
+                    let d = *acc;
+                    *acc += x;
+                    Some(d)
+                })
+                .collect();
+            if total <= self.max_count {
+                let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
+                let displs: Vec<Count> = offs.iter().map(|&d| d as Count).collect();
+                // a real address for an empty record (see ANCHOR)
+                let send: &[u8] = if mine.is_empty() { &ANCHOR[..0] } else { mine };
+                let mut part = PartitionMut::new(out, counts, &displs[..]);
+                self.comm.all_gather_varcount_into(send, &mut part);
+                return Ok(());
+            }
+            // Too large for MPI's int displacements: the ring of sized pairwise exchanges of
+            // `allgatherv`, straight into `out` (this rank's range is not written)
+            for s in 1..p {
+                let dest = (r + s) % p;
+                let src = (r + p - s) % p;
+                let dst = &mut out[offs[src]..offs[src] + lens[src]];
+                self.sendrecv_sized(dest, mine, src, dst, 32000)?;
+            }
+            Ok(())
+        }
+        fn bcast_into(&self, root: usize, buf: &mut [u8]) -> Result<()> {
+            self.check_rank(root)?;
+            let rootp = self.comm.process_at_rank(root as i32);
+            // every rank knows the length: pieces of at most `piece` bytes, no length message
+            for piece in buf.chunks_mut(self.piece) {
                 rootp.broadcast_into(piece);
             }
             Ok(())
