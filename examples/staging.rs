@@ -602,28 +602,11 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result
     Ok(())
 }
 
-/// The report's first lines (rank 0): what runs, and the communicator's calibration profile.
+/// The report's first lines (rank 0): what runs, the communicator's calibration profile, and how
+/// times are taken.
 fn info(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
+    describe(c, what, n, dtype, a);
     if c.rank() == 0 {
-        let prof = c.profile();
-        println!(
-            "{what}: {} ranks, {n} {dtype} values per rank ({:.1} MiB), bound {}, codec {}",
-            c.size(),
-            n as f64 * dtype_bytes(dtype) / 1048576.0,
-            a.error_bound,
-            a.codec
-        );
-        let sp = prof.codecs.first();
-        println!(
-            "profile: link {} latency {:.1} us; host codec compress {} decompress {} ({})",
-            zcomm::model::fmt_rate(prof.link.bandwidth),
-            prof.link.latency * 1e6,
-            sp.map(|s| zcomm::model::fmt_rate(s.compress))
-                .unwrap_or_default(),
-            sp.map(|s| zcomm::model::fmt_rate(s.decompress))
-                .unwrap_or_default(),
-            prof.compressor
-        );
         println!("times: slowest rank, best of --iters after one warm-up; pred err = (measured - model) / model");
     }
 }

@@ -175,8 +175,8 @@ pub struct Row {
     pub ok: bool,
 }
 
-/// Print the header line of the report.
-pub fn header(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
+/// Print what runs (ranks, size, bound, codec) and the communicator's calibration profile (rank 0).
+pub fn describe(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
     if c.rank() == 0 {
         let prof = c.profile();
         println!(
@@ -200,6 +200,13 @@ pub fn header(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
         if matches!(a.error_bound, ErrorBound::Rel(_)) {
             println!("(rel bound: `max err` and `bound` are point-wise relative errors)");
         }
+    }
+}
+
+/// Print the header line of the report: [`describe`], then the column names.
+pub fn header(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
+    describe(c, what, n, dtype, a);
+    if c.rank() == 0 {
         println!(
             "{:<30} {:>10} {:>10} {:>8} {:>12} {:>12} {:>8} {:>7} {:>11} {:>11}",
             "operation",
