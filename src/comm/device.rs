@@ -28,14 +28,32 @@
 //!   like `Always` (every rank must take the same path); bcast: the root decides `Auto` with the
 //!   model and the previous ratio. `Never` moves the raw bytes.
 //! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
-//!   [`Communicator::reduce_scatter_device`]: D2H of the values (into the stager's pinned
-//!   send buffer; the host algorithm reads it there and writes the pinned receive buffer), the host
-//!   [`Communicator::allreduce`] / `allreduce_mean` / `reduce_scatter` (ring with the end-to-end
-//!   bound of [`reduction_step_bound`](super::reduction_step_bound), compressed on the wire with
-//!   the communicator's [`Compressor`], e.g. a [`GpuCompressor`]), H2D of the result. The
-//!   staging copies are uncompressed; only the network traffic is compressed; the bound is
-//!   exactly the host path's because it is the host path.
-//!
+//!   [`Communicator::reduce_scatter_device`], compressed (`Always`, or `Auto` when the model
+//!   predicts it faster): a device-resident ring. The global value range comes from a GPU range
+//!   pass and the descriptor agreement; the per-quantization bound is the host path's
+//!   [`reduction_step_bound`](super::reduction_step_bound) (`p` quantizations for the
+//!   allreduces, `p-1` for reduce-scatter; partial sums at `eb·divisor`, the final value at
+//!   `eb`). Ring reduce-scatter over the device segments of [`partition`](super::partition)
+//!   `(n, p)`: each of the `p-1` steps compresses the outgoing partial sum on the GPU into the
+//!   stager's device scratch, copies the stream D2H into the reused pinned send buffer,
+//!   exchanges a length header and the sized stream with the ring neighbours (the transport's
+//!   `sendrecv_sized`, into the pinned receive buffer), copies the received stream H2D and adds
+//!   it into the device accumulator with the fused [`GpuCodec::decompress_add_device`] (the
+//!   allreduces accumulate in `out`, a device copy of the input; reduce-scatter in a segment
+//!   scratch and, at the last step, in `out`). The allreduces then divide this rank's segment
+//!   by `p` (mean, IEEE division on the device, as the host path's `v / p`), compress it once,
+//!   and allgather the compressed segments through the pinned buffers (as `allgather_device`);
+//!   every rank decompresses every segment on the device (its own too: identical results on
+//!   all ranks). The order of operations is the host ring's, so the results equal the host
+//!   path's with the same codec. A failure on one rank travels through the ring as a flagged
+//!   step header (every rank still runs every step) and a second agreement fails every rank
+//!   together. `Never`, `Auto` deciding raw, `rel` bounds, one rank, fewer values than ranks
+//!   or no usable step bound take the staged host path: D2H of the values into the stager's
+//!   pinned send buffer, the host [`Communicator::allreduce`] / `allreduce_mean` /
+//!   `reduce_scatter` (compressed on the wire by the communicator's [`Compressor`], e.g. a
+//!   [`GpuCompressor`], when it decides so), H2D of the result from the pinned receive
+//!   buffer. `config.verify` is not applied by the device ring (no `max_error`).
+
 //! # Non-blocking forms (as in the host API)
 //!
 //! | blocking | non-blocking | completes with |
@@ -51,6 +69,9 @@
 //! The progress-thread forms stage the input to the host before returning (so the device input
 //! may be reused at once) and need `MPI_THREAD_MULTIPLE` ([`Error::Unavailable`] otherwise), as
 //! the host `iallreduce` family.
+//! The non-blocking reductions keep the staged host path (D2H of the raw values, the host ring
+//! with the communicator's [`Compressor`], H2D of the result), not the device ring; with a
+//! [`GpuCompressor`] their results equal the blocking device ring's.
 //!
 //! # Model and calibration
 //!
@@ -59,19 +80,20 @@
 //! [`CALIBRATION_REPS`] repetitions on a field of at least 64 MiB, every rank at once) and pinned
 //! staging times at several sizes ([`StagingCurve`], interpolated; compressed streams are
 //! predicted at their own, smaller size). Composed operations add the two staging copies to the
-//! host operation's prediction.
+//! host operation's prediction; the device ring is predicted by
+//! [`DeviceProfile::predict_reduce`].
 //!
 //! The device collectives are compositions of tested pieces (stager copies, GPU codec, host
-//! algorithms) compiled under feature `cuda`; only `sendrecv_device` and the staging calls have
-//! been measured on a GPU so far (`examples/staging` runs and checks all of them).
+//! algorithms) compiled under feature `cuda` (`examples/staging` runs and checks all of them);
+//! the device ring of the reductions has not been run on a GPU yet.
 //!
 //! Complex device buffers are passed as their interleaved real scalars (`2n` f32/f64 values).
 
 use std::sync::Mutex;
 
 use cudarc::driver::{
-    result as cu, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
-    PinnedHostSlice,
+    result as cu, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 
 use super::{
@@ -305,6 +327,202 @@ impl DeviceProfile {
     }
 }
 
+impl DeviceProfile {
+    /// Model seconds of the compressed device ring of [`Communicator::allreduce_device`] /
+    /// `allreduce_mean_device` (`full`) or [`Communicator::reduce_scatter_device`] of `bytes`
+    /// per rank over `p` ranks at `ratio`: `p-1` steps on a segment of `bytes/p`, each a GPU
+    /// compression, a D2H of the stream, the link transfer (plus the length header's latency),
+    /// an H2D of the received stream and the fused GPU decompress-and-add (and the per-call
+    /// codec overhead); then (`full`) the compressed allgather of the reduced segments
+    /// ([`predict_allgather`](Self::predict_allgather) of one segment). The value-range pass
+    /// and the device copy of the input are not modelled (memory-bandwidth bound, small).
+    pub fn predict_reduce(&self, link: Link, p: usize, bytes: f64, ratio: f64, full: bool) -> f64 {
+        let pf = p.max(1) as f64;
+        let seg = bytes / pf;
+        let z = seg / ratio.max(1e-9);
+        let step = seg / self.compress
+            + self.d2h_s(z)
+            + 2.0 * link.latency
+            + z / link.bandwidth
+            + self.h2d_s(z)
+            + seg / self.decompress
+            + self.call_overhead;
+        let mut t = (pf - 1.0) * step;
+        if full {
+            t += self.predict_allgather(link, p, seg, ratio).1 + self.call_overhead;
+        }
+        t
+    }
+}
+
+/// NVRTC source of the device reductions' utility kernels (the value range and the mean's
+/// division, as the NCCL transport's `zn_range` / `zn_scale`).
+const UTIL_SOURCE: &str = r#"
+typedef unsigned long long u64;
+typedef unsigned int u32;
+__device__ __forceinline__ u64 zd_key(float x) {
+    u32 b = __float_as_uint(x);
+    return (u64)((b & 0x80000000u) ? ~b : (b | 0x80000000u));
+}
+__device__ __forceinline__ u64 zd_key(double x) {
+    u64 b = (u64)__double_as_longlong(x);
+    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
+}
+__device__ __forceinline__ bool zd_finite(float x) { return ((__float_as_uint(x) >> 23) & 0xffu) != 0xffu; }
+__device__ __forceinline__ bool zd_finite(double x) {
+    return ((((u64)__double_as_longlong(x)) >> 52) & 0x7ffull) != 0x7ffull;
+}
+__device__ __forceinline__ u64 zd_wmax(u64 v) {
+    for (int s = 16; s >= 1; s >>= 1) { u64 o = __shfl_xor_sync(0xffffffffu, v, s); v = o > v ? o : v; }
+    return v;
+}
+template <typename T> __device__ void zd_range(const T* x, u64 n, u64* out) {
+    u64 hi = 0, lo = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        T v = x[i];
+        if (zd_finite(v)) { u64 k = zd_key(v); hi = k > hi ? k : hi; lo = ~k > lo ? ~k : lo; }
+    }
+    hi = zd_wmax(hi); lo = zd_wmax(lo);
+    if ((threadIdx.x & 31) == 0) { if (hi) atomicMax(out, hi); if (lo) atomicMax(out + 1, lo); }
+}
+__device__ __forceinline__ float zd_div(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double zd_div(double a, double b) { return __ddiv_rn(a, b); }
+template <typename T> __device__ void zd_scale(T* x, u64 n, T d) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) x[i] = zd_div(x[i], d);
+}
+extern "C" __global__ void zd_range_f32(const float* x, u64 n, u64* out) { zd_range<float>(x, n, out); }
+extern "C" __global__ void zd_range_f64(const double* x, u64 n, u64* out) { zd_range<double>(x, n, out); }
+extern "C" __global__ void zd_scale_f32(float* x, u64 n, float d) { zd_scale<float>(x, n, d); }
+extern "C" __global__ void zd_scale_f64(double* x, u64 n, double d) { zd_scale<double>(x, n, d); }
+"#;
+
+/// The loaded utility kernels of the device reductions.
+struct DevUtils {
+    range: [CudaFunction; 2],
+    scale: [CudaFunction; 2],
+    blocks: u32,
+}
+
+fn util_idx<T: GpuElement>() -> usize {
+    usize::from(std::mem::size_of::<T>() == 8)
+}
+
+impl DevUtils {
+    /// Compile (NVRTC, `--fmad=false`, IEEE division) and load on `stream`'s context.
+    fn load(stream: &std::sync::Arc<CudaStream>) -> Result<Self> {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::Unavailable(
+                "libnvrtc not found (needed for the device reductions' kernels)".into(),
+            ));
+        }
+        let ctx = stream.context();
+        ctx.bind_to_thread().map_err(gpu_err("bind"))?;
+        let (maj, min) = ctx
+            .compute_capability()
+            .map_err(gpu_err("compute capability"))?;
+        let arch: &'static str = match (maj, min) {
+            (9, 0) => "sm_90",
+            (8, 0) => "sm_80",
+            (8, 6) => "sm_86",
+            (8, 9) => "sm_89",
+            (10, 0) => "sm_100",
+            (12, 0) => "sm_120",
+            (7, 0) => "sm_70",
+            (7, 5) => "sm_75",
+            _ => "sm_80",
+        };
+        let opts = cudarc::nvrtc::CompileOptions {
+            fmad: Some(false),
+            prec_div: Some(true),
+            arch: Some(arch),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(UTIL_SOURCE, opts)
+            .map_err(|e| Error::Gpu(format!("NVRTC (device reduction kernels): {e:?}")))?;
+        let m = ctx.load_module(ptx).map_err(gpu_err("load module"))?;
+        let f = |n: &str| m.load_function(n).map_err(gpu_err("load function"));
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(gpu_err("attribute"))?;
+        Ok(DevUtils {
+            range: [f("zd_range_f32")?, f("zd_range_f64")?],
+            scale: [f("zd_scale_f32")?, f("zd_scale_f64")?],
+            blocks: (sms.max(1) as u32) * 8,
+        })
+    }
+
+    fn cfg(&self, n: usize) -> LaunchConfig {
+        let b = (n.div_ceil(256) as u64).clamp(1, self.blocks as u64) as u32;
+        LaunchConfig {
+            grid_dim: (b, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Smallest and largest finite values (`None` when there is none). Synchronizes `stream`.
+    fn range<T: GpuElement>(
+        &self,
+        stream: &std::sync::Arc<CudaStream>,
+        x: &CudaView<'_, T>,
+    ) -> Result<Option<(f64, f64)>> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        let mut out = stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?;
+        let n64 = n as u64;
+        let mut b = stream.launch_builder(&self.range[util_idx::<T>()]);
+        b.arg(x).arg(&n64).arg(&mut out);
+        // SAFETY: the kernel reads n values of x and writes two u64 of out.
+        unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err("range kernel"))?;
+        let h = stream.clone_dtoh(&out).map_err(gpu_err("range d2h"))?;
+        if h[0] == 0 {
+            return Ok(None);
+        }
+        let dec = |k: u64| -> f64 {
+            if std::mem::size_of::<T>() == 4 {
+                let k = k as u32;
+                let bits = if k & 0x8000_0000 != 0 {
+                    k & 0x7fff_ffff
+                } else {
+                    !k
+                };
+                f32::from_bits(bits) as f64
+            } else {
+                let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
+                f64::from_bits(bits)
+            }
+        };
+        Ok(Some((dec(!h[1]), dec(h[0]))))
+    }
+
+    /// `x_i = x_i / d` (IEEE division, rounded to nearest, as the host path's `v / d`), then
+    /// synchronizes `stream`.
+    fn scale<T: GpuElement>(
+        &self,
+        stream: &std::sync::Arc<CudaStream>,
+        x: &mut CudaViewMut<'_, T>,
+        d: T,
+    ) -> Result<()> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        let n64 = n as u64;
+        let mut l = stream.launch_builder(&self.scale[util_idx::<T>()]);
+        l.arg(x).arg(&n64).arg(&d);
+        // SAFETY: reads and writes n values of x.
+        unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err("scale kernel"))?;
+        stream.synchronize().map_err(gpu_err("sync"))
+    }
+}
+
 /// Wall-clock seconds of each stage of the last staged operation on this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct StageTimes {
@@ -328,6 +546,8 @@ pub struct DeviceStager {
     pinned_send: Option<PinnedHostSlice<u8>>,
     pinned_recv: Option<PinnedHostSlice<u8>>,
     profile: Option<DeviceProfile>,
+    /// Value range / scaling kernels of the device reductions (compiled on first use).
+    utils: Option<DevUtils>,
     /// Stage times of the last operation.
     pub last: StageTimes,
 }
@@ -352,6 +572,7 @@ impl DeviceStager {
             pinned_send: None,
             pinned_recv: None,
             profile: None,
+            utils: None,
             last: StageTimes::default(),
         }
     }
@@ -700,6 +921,60 @@ impl DeviceStager {
         let s = self.stream();
         let (p, _g) = out.device_ptr_mut(&s);
         Self::h2d(&s, data, p)
+    }
+
+    /// The utility kernels (compiled with NVRTC on first use).
+    fn utils(&mut self) -> Result<&DevUtils> {
+        if self.utils.is_none() {
+            self.utils = Some(DevUtils::load(&self.stream())?);
+        }
+        Ok(self.utils.as_ref().expect("loaded"))
+    }
+
+    /// H2D of the first `m` bytes of the pinned receive buffer into the device scratch, then
+    /// `out += decompress(stream)` on the GPU (one fused kernel). Adds to `last.h2d` and
+    /// `last.decompress`.
+    fn upload_add<T: GpuElement>(&mut self, m: usize, out: &mut CudaViewMut<'_, T>) -> Result<()> {
+        let s = self.stream();
+        Self::grow_dev(&mut self.scratch_in, &s, m)?;
+        let t = now();
+        {
+            let pin = match &self.pinned_recv {
+                Some(b) => b.as_slice().map_err(gpu_err("pinned"))?,
+                None => return Err(Error::Comm("device staging: no pinned buffer".into())),
+            };
+            let dst = self.scratch_in.as_mut().expect("grown");
+            let (p, _g) = dst.device_ptr_mut(&s);
+            Self::h2d(&s, &pin[..m], p)?;
+        }
+        self.last.h2d += t.elapsed().as_secs_f64();
+        let t = now();
+        let src = self.scratch_in.take().expect("grown");
+        let r = {
+            let v = src.slice(0..m);
+            self.gpu.decompress_add_device(&v, out)
+        };
+        self.scratch_in = Some(src);
+        self.last.decompress += t.elapsed().as_secs_f64();
+        r
+    }
+
+    /// GPU compression of `data` into the device scratch and D2H of the stream into the pinned
+    /// send buffer; returns the stream length. Adds to `last.compress` and `last.d2h`.
+    fn compress_to_pinned_send<T: GpuElement>(
+        &mut self,
+        data: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<usize> {
+        let (c0, d0) = (self.last.compress, self.last.d2h);
+        let t = now();
+        let len = self.compress_to_scratch(data, bound, codec);
+        self.last.compress = c0 + t.elapsed().as_secs_f64();
+        let len = len?;
+        self.scratch_to_pinned_send(len)?;
+        self.last.d2h += d0;
+        Ok(len)
     }
 
     /// Measure GPU codec throughput and pinned copy times, every rank at once (ranks sharing a
@@ -1975,7 +2250,8 @@ impl Communicator {
     }
 
     /// Sum of device buffers over all ranks with the end-to-end bound of the host
-    /// [`allreduce`](Communicator::allreduce) (see the [module docs](self)). Collective.
+    /// [`allreduce`](Communicator::allreduce); compressed, a device-resident ring (see the
+    /// [module docs](self)). Collective.
     pub fn allreduce_device<T: GpuElement + Real + super::CommElement>(
         &mut self,
         dev: &mut DeviceStager,
@@ -2029,6 +2305,11 @@ impl Communicator {
         out: &mut CudaViewMut<'_, T>,
         kind: Reduction,
     ) -> Result<OpStats> {
+        // the device-resident compressed ring where it applies and the decision is to
+        // compress; otherwise the staged host algorithm below
+        if let Some(st) = self.reduce_device_ring(dev, input, out, kind)? {
+            return Ok(st);
+        }
         let t0 = self.wtime();
         let n = input.len();
         let want = match kind {
@@ -2081,6 +2362,368 @@ impl Communicator {
         dev.upload_pinned(false, 0..out_bytes, out, false)?;
         let st = self.add_staging(dev, st, in_bytes, out_bytes);
         Ok(self.finish(st, t0))
+    }
+
+    /// The compressed device ring of the blocking device reductions (see the
+    /// [module docs](self)). Returns `Ok(None)` (nothing done, every rank alike) where it does
+    /// not apply or the decision is raw: the caller then runs the staged host path.
+    ///
+    /// Applies with a policy other than `Never`, more than one rank, an abs or noa bound and at
+    /// least one value per rank. Collective order: the agreement (with the device value range),
+    /// under `Auto` a sum of the ratio estimates, the `p-1` ring steps (every rank runs all of
+    /// them, failed or not: a failure travels as a header flag instead of a stream), a second
+    /// agreement (every rank fails together), then (allreduce) the lengths and the allgather
+    /// of the final streams.
+    fn reduce_device_ring<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+        kind: Reduction,
+    ) -> Result<Option<OpStats>> {
+        let (p, r, n) = (self.size(), self.rank(), input.len());
+        if matches!(self.config.policy, Policy::Never)
+            || matches!(self.config.bound, ErrorBound::Rel(_))
+            || p < 2
+        {
+            return Ok(None);
+        }
+        let t0 = self.wtime();
+        let op = kind.op();
+        let full = kind != Reduction::Scatter;
+        let want = if full {
+            n
+        } else {
+            super::partition(n, p)[r].len()
+        };
+        dev.last = StageTimes::default();
+        // 1. agreement with the global value range (device range pass on every rank)
+        let local = if out.len() != want {
+            Err(Error::invalid(format!(
+                "{}: output has {} values, expected {want}",
+                super::op_name(op),
+                out.len()
+            )))
+        } else if cfg!(target_endian = "big") {
+            Err(Error::Unavailable(
+                "device staging needs a little-endian host".into(),
+            ))
+        } else {
+            let s = dev.stream();
+            dev.utils().and_then(|u| u.range(&s, input))
+        };
+        let (lo, hi) = match &local {
+            Ok(Some(v)) => *v,
+            _ => (f64::INFINITY, f64::NEG_INFINITY),
+        };
+        let desc = Desc {
+            count: n as u64,
+            dtype: elem_tag::<T>(),
+            lo,
+            hi,
+            ..self.local_desc::<f32>(op, n)
+        };
+        let all = self.agree(desc, local.map(|_| ()))?;
+        if n < p {
+            return Ok(None);
+        }
+        // 2. the per-quantization bound (exactly the host path's)
+        let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
+        let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
+        let m = glo.abs().max(ghi.abs());
+        let m = if m.is_finite() { m } else { 0.0 };
+        let pf = p as f64;
+        let d = if kind == Reduction::Mean { pf } else { 1.0 };
+        let nq = if full { p } else { p - 1 };
+        let e = match self.config.bound {
+            ErrorBound::Abs(e) => e,
+            ErrorBound::Noa(e) => {
+                if ghi >= glo {
+                    e * (ghi - glo)
+                } else {
+                    0.0
+                }
+            }
+            ErrorBound::Rel(_) => f64::NAN,
+        };
+        let Some(eb) = super::reduction_step_bound(e, m, p, T::UNIT_ROUNDOFF, d, nq) else {
+            return Ok(None);
+        };
+        // 3. decision (identical on every rank: agreed profile and summed estimates)
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let link = self.profile.link;
+        let (bytes, out_bytes) = (n * T::SIZE, want * T::SIZE);
+        let (host_raw, _) = self.reduce_times::<T>(n, full, 1.0);
+        let raw_t = host_raw + dp.d2h_s(bytes as f64) + dp.h2d_s(out_bytes as f64);
+        let key = super::coll_key(n, self.config.bound);
+        let opk = op | 0x80;
+        let est = self.ratios.get(opk, key);
+        let (compress, ratio) = match self.config.policy {
+            Policy::Never => (false, 1.0),
+            Policy::Always(_) => (true, est.unwrap_or(1.0)),
+            Policy::Auto(_) => {
+                // never when even an infinite ratio cannot pay; without an estimate on every
+                // rank yet, compress once to learn the ratio. The inputs are summed and the
+                // verdict is the minimum over the ranks, so every rank takes the same path
+                // even with differing profiles.
+                let best = dp.predict_reduce(link, p, bytes as f64, f64::INFINITY, full);
+                let mut v = [
+                    1.0 / est.unwrap_or(1.0).max(1e-9),
+                    f64::from(u8::from(est.is_some())),
+                    f64::from(u8::from(best < 0.95 * raw_t)),
+                ];
+                self.transport().allreduce_f64(&mut v, ReduceOp::Sum)?;
+                let ratio = pf / v[0];
+                let (known, can) = (v[1] >= pf - 0.5, v[2] >= pf - 0.5);
+                let cmp = dp.predict_reduce(link, p, bytes as f64, ratio, full);
+                let mut w = [f64::from(u8::from(can && (!known || cmp < 0.95 * raw_t)))];
+                self.transport().allreduce_f64(&mut w, ReduceOp::Min)?;
+                (w[0] > 0.5, ratio)
+            }
+        };
+        if !compress {
+            return Ok(None);
+        }
+        let mut st = OpStats::raw(op);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = ratio;
+        st.predicted_raw_s = raw_t;
+        st.predicted_compressed_s = dp.predict_reduce(link, p, bytes as f64, ratio, full);
+        st.predicted_s = st.predicted_compressed_s;
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = e;
+        // 4. the ring reduce-scatter on device segments
+        let segs = super::partition(n, p);
+        let cap = crate::compress_bound(segs[0].len(), T::DTYPE);
+        let s = dev.stream();
+        let step_bound = ErrorBound::Abs(eb * d);
+        let (to, from) = ((r + 1) % p, (r + p - 1) % p);
+        let mut failed: Option<Error> = None;
+        // buffers: pinned send (one stream), pinned receive (every final stream of the
+        // allgather, else one stream), the device accumulator: `out` itself for the
+        // allreduces (a device copy of the input), a segment scratch for reduce-scatter with
+        // more than two ranks (the last step adds straight into `out`)
+        let setup = (|| -> Result<Option<CudaSlice<T>>> {
+            DeviceStager::grow_pinned(&mut dev.pinned_send, &s, cap)?;
+            DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, if full { p * cap } else { cap })?;
+            DeviceStager::grow_dev(&mut dev.scratch_in, &s, cap)?;
+            if full {
+                s.memcpy_dtod(input, out).map_err(gpu_err("dtod"))?;
+                Ok(None)
+            } else if p > 2 {
+                // SAFETY: each use is written (a device copy of the input segment) before read.
+                let b = unsafe { s.alloc::<T>(segs[0].len()) }.map_err(|e| {
+                    Error::OutOfMemory(format!("{} device values: {e:?}", segs[0].len()))
+                })?;
+                Ok(Some(b))
+            } else {
+                Ok(None)
+            }
+        })();
+        let mut tmp = match setup {
+            Ok(t) => t,
+            Err(e) => {
+                failed = Some(e);
+                None
+            }
+        };
+        let mut wire = 0usize;
+        for step in 0..p - 1 {
+            let send_seg = segs[(r + 2 * p - step - 1) % p].clone();
+            let recv_seg = segs[(r + 2 * p - step - 2) % p].clone();
+            // compress the outgoing partial sum, D2H of its stream
+            let mine = if failed.is_some() {
+                None
+            } else {
+                let l = if full {
+                    let v = out.slice(send_seg.clone());
+                    dev.compress_to_pinned_send(&v, step_bound, codec)
+                } else if step == 0 {
+                    let v = input.slice(send_seg.clone());
+                    dev.compress_to_pinned_send(&v, step_bound, codec)
+                } else {
+                    match &tmp {
+                        Some(b) => {
+                            let v = b.slice(0..send_seg.len());
+                            dev.compress_to_pinned_send(&v, step_bound, codec)
+                        }
+                        None => Err(Error::Comm("device ring: no accumulator".into())),
+                    }
+                };
+                match l {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        failed = Some(e);
+                        None
+                    }
+                }
+            };
+            wire += mine.unwrap_or(0);
+            let t = now();
+            let got = self.ring_exchange(dev, mine, to, from)?;
+            dev.last.network += t.elapsed().as_secs_f64();
+            // H2D of the received stream, decompress-and-add into the accumulator
+            match got {
+                Ok(m) if failed.is_none() => {
+                    let res = if full {
+                        let mut v = out.slice_mut(recv_seg.clone());
+                        dev.upload_add(m, &mut v)
+                    } else if step == p - 2 {
+                        // recv_seg is this rank's segment: accumulate in `out`
+                        let x = input.slice(recv_seg.clone());
+                        s.memcpy_dtod(&x, out)
+                            .map_err(gpu_err("dtod"))
+                            .and_then(|()| dev.upload_add(m, out))
+                    } else {
+                        match tmp.as_mut() {
+                            Some(b) => {
+                                let x = input.slice(recv_seg.clone());
+                                let mut v = b.slice_mut(0..recv_seg.len());
+                                s.memcpy_dtod(&x, &mut v)
+                                    .map_err(gpu_err("dtod"))
+                                    .and_then(|()| dev.upload_add(m, &mut v))
+                            }
+                            None => Err(Error::Comm("device ring: no accumulator".into())),
+                        }
+                    };
+                    if let Err(e) = res {
+                        failed = Some(e);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        drop(tmp.take());
+        // 5. (allreduce) the mean's division, then the final segment compressed once with eb
+        let mut mine_len = 0;
+        if full && failed.is_none() {
+            let res = (|| -> Result<usize> {
+                if d != 1.0 {
+                    let mut v = out.slice_mut(segs[r].clone());
+                    let u = dev.utils()?;
+                    u.scale(&s, &mut v, T::from_f64(d))?;
+                }
+                let v = out.slice(segs[r].clone());
+                dev.compress_to_pinned_send(&v, ErrorBound::Abs(eb), codec)
+            })();
+            match res {
+                Ok(l) => mine_len = l,
+                Err(e) => failed = Some(e),
+            }
+        }
+        // every rank fails together (a failure only reached the ring neighbours so far)
+        let desc = Desc {
+            count: n as u64,
+            dtype: elem_tag::<T>(),
+            ..self.local_desc::<f32>(op, n)
+        };
+        self.agree(desc, failed.map_or(Ok(()), Err))?;
+        let ring_wire = wire;
+        if full {
+            // 6. allgather of the final streams (pinned, as allgather_device), then H2D +
+            // GPU decompression of every stream (this rank's own too: identical results)
+            let l = self
+                .transport()
+                .allgather_fixed(&(mine_len as u64).to_le_bytes())?;
+            let lens: Vec<usize> = l
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+                .collect();
+            let total: usize = lens.iter().sum();
+            if total > p * cap {
+                return Err(Error::Comm(format!(
+                    "device allreduce: {total} bytes of final streams exceed {}",
+                    p * cap
+                )));
+            }
+            let t = now();
+            let (ps, mut pr) = (dev.pinned_send.take(), dev.pinned_recv.take());
+            let g = gather_pinned(self.transport(), &ps, &mut pr, mine_len, &lens, total);
+            dev.pinned_send = ps;
+            dev.pinned_recv = pr;
+            g?;
+            dev.last.network += t.elapsed().as_secs_f64();
+            let mut off = 0;
+            for (k, &l) in lens.iter().enumerate() {
+                let mut view = out.slice_mut(segs[k].clone());
+                if k == r {
+                    dev.upload_pinned(true, 0..mine_len, &mut view, true)?;
+                } else {
+                    dev.upload_pinned(false, off..off + l, &mut view, true)?;
+                }
+                off += l;
+            }
+            wire += mine_len * (p - 1);
+            st.ratio = (2.0 * bytes as f64 * (pf - 1.0) / pf) / wire.max(1) as f64;
+        } else {
+            st.ratio = (bytes as f64 * (pf - 1.0) / pf) / wire.max(1) as f64;
+        }
+        st.wire_bytes = wire as u64;
+        // the ring's per-step ratio: the prediction at the ratio met, and the estimate of the
+        // next Auto decision of this size and bound
+        let rr = ((bytes as f64 / pf) * (pf - 1.0) / ring_wire.max(1) as f64).max(1.0);
+        st.predicted_compressed_s = dp.predict_reduce(link, p, bytes as f64, rr, full);
+        st.predicted_s = st.predicted_compressed_s;
+        self.ratios.put(opk, key, rr);
+        tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "{} device ring", super::op_name(op));
+        Ok(Some(self.finish(st, t0)))
+    }
+
+    /// One ring step's exchange: this rank's stream (`mine`: the first bytes of the pinned
+    /// send buffer; `None` after a failure, sent as a flagged empty message) to `to`, the
+    /// neighbour's into the pinned receive buffer from `from` (a length header first, then the
+    /// sized payload). Returns the received length, or (inner error) the neighbour's failure or
+    /// an oversized stream (received and dropped, so both sides stay matched). MPI errors are
+    /// returned as the outer error.
+    fn ring_exchange(
+        &self,
+        dev: &mut DeviceStager,
+        mine: Option<usize>,
+        to: usize,
+        from: usize,
+    ) -> Result<Result<usize>> {
+        let t = self.transport();
+        let mut hdr = [0u8; 16];
+        hdr[..8].copy_from_slice(&(mine.unwrap_or(0) as u64).to_le_bytes());
+        hdr[8] = u8::from(mine.is_none());
+        let theirs = t.sendrecv(to, &hdr, from, super::TAG_RING)?;
+        if theirs.len() != 16 {
+            return Err(Error::Comm(format!(
+                "device ring: {}-byte step header",
+                theirs.len()
+            )));
+        }
+        let bad = theirs[8] != 0;
+        let m = u64::from_le_bytes(theirs[..8].try_into().expect("8 bytes"));
+        let m = usize::try_from(m)
+            .map_err(|_| Error::Comm(format!("device ring: {m}-byte stream announced")))?;
+        let payload: &[u8] = match (mine, &dev.pinned_send) {
+            (Some(l), Some(b)) => &b.as_slice().map_err(gpu_err("pinned"))?[..l],
+            _ => &[],
+        };
+        let buf: &mut [u8] = match &mut dev.pinned_recv {
+            Some(b) => b.as_mut_slice().map_err(gpu_err("pinned"))?,
+            None => &mut [],
+        };
+        if m > buf.len() {
+            let mut v = vec![0u8; m];
+            t.sendrecv_sized(to, payload, from, &mut v, super::TAG_RING)?;
+            return Ok(Err(Error::Comm(format!(
+                "device ring: {m}-byte stream exceeds the receive buffer"
+            ))));
+        }
+        t.sendrecv_sized(to, payload, from, &mut buf[..m], super::TAG_RING)?;
+        if bad {
+            return Ok(Err(Error::Comm(
+                "device ring: a neighbouring rank failed".into(),
+            )));
+        }
+        Ok(Ok(m))
     }
 
     /// The model's staging hops of a composed operation added to the host operation's
@@ -2141,7 +2784,8 @@ impl Communicator {
     /// Non-blocking [`allreduce_device`](Self::allreduce_device): D2H of `input` now, the host
     /// [`iallreduce`](Self::iallreduce) algorithm on the progress thread (same bound), H2D in
     /// [`wait_device`](Self::wait_device). Collective, in issue order; [`Error::Unavailable`]
-    /// without the progress thread.
+    /// without the progress thread. This (and the other non-blocking reductions) keeps the
+    /// staged host path, not the blocking form's device ring.
     pub fn iallreduce_device<T: GpuElement + Real + super::CommElement>(
         &mut self,
         dev: &mut DeviceStager,
@@ -2289,5 +2933,40 @@ impl Communicator {
         dev.last.h2d = t.elapsed().as_secs_f64();
         let st = self.add_staging(dev, st, in_bytes, v.len() * T::SIZE);
         Ok(self.finish(st, t0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn predict_reduce_structure() {
+        let dp = DeviceProfile::guess();
+        let link = Link {
+            bandwidth: 10e9,
+            latency: 5e-6,
+        };
+        let b = 1e9;
+        // one rank: nothing to do
+        assert_eq!(dp.predict_reduce(link, 1, b, 10.0, false), 0.0);
+        // p-1 steps of compress + D2H + link + H2D + decompress-add on a segment
+        let (p, r) = (4usize, 8.0);
+        let (seg, z) = (b / 4.0, b / 4.0 / r);
+        let step = seg / dp.compress
+            + dp.d2h_s(z)
+            + 2.0 * link.latency
+            + z / link.bandwidth
+            + dp.h2d_s(z)
+            + seg / dp.decompress
+            + dp.call_overhead;
+        let rs = dp.predict_reduce(link, p, b, r, false);
+        assert!((rs - 3.0 * step).abs() < 1e-12 * rs.max(1.0));
+        // the allreduce adds the compressed allgather of one segment
+        let ar = dp.predict_reduce(link, p, b, r, true);
+        let ag = dp.predict_allgather(link, p, seg, r).1 + dp.call_overhead;
+        assert!((ar - rs - ag).abs() < 1e-12 * ar);
+        // a better ratio is never slower
+        assert!(dp.predict_reduce(link, p, b, 20.0, true) <= ar);
     }
 }
