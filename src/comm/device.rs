@@ -355,47 +355,6 @@ impl DeviceProfile {
     }
 }
 
-/// NVRTC source of the device reductions' utility kernels (the value range and the mean's
-/// division, as the NCCL transport's `zn_range` / `zn_scale`).
-const UTIL_SOURCE: &str = r#"
-typedef unsigned long long u64;
-typedef unsigned int u32;
-__device__ __forceinline__ u64 zd_key(float x) {
-    u32 b = __float_as_uint(x);
-    return (u64)((b & 0x80000000u) ? ~b : (b | 0x80000000u));
-}
-__device__ __forceinline__ u64 zd_key(double x) {
-    u64 b = (u64)__double_as_longlong(x);
-    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
-}
-__device__ __forceinline__ bool zd_finite(float x) { return ((__float_as_uint(x) >> 23) & 0xffu) != 0xffu; }
-__device__ __forceinline__ bool zd_finite(double x) {
-    return ((((u64)__double_as_longlong(x)) >> 52) & 0x7ffull) != 0x7ffull;
-}
-__device__ __forceinline__ u64 zd_wmax(u64 v) {
-    for (int s = 16; s >= 1; s >>= 1) { u64 o = __shfl_xor_sync(0xffffffffu, v, s); v = o > v ? o : v; }
-    return v;
-}
-template <typename T> __device__ void zd_range(const T* x, u64 n, u64* out) {
-    u64 hi = 0, lo = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        T v = x[i];
-        if (zd_finite(v)) { u64 k = zd_key(v); hi = k > hi ? k : hi; lo = ~k > lo ? ~k : lo; }
-    }
-    hi = zd_wmax(hi); lo = zd_wmax(lo);
-    if ((threadIdx.x & 31) == 0) { if (hi) atomicMax(out, hi); if (lo) atomicMax(out + 1, lo); }
-}
-__device__ __forceinline__ float zd_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double zd_div(double a, double b) { return __ddiv_rn(a, b); }
-template <typename T> __device__ void zd_scale(T* x, u64 n, T d) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) x[i] = zd_div(x[i], d);
-}
-extern "C" __global__ void zd_range_f32(const float* x, u64 n, u64* out) { zd_range<float>(x, n, out); }
-extern "C" __global__ void zd_range_f64(const double* x, u64 n, u64* out) { zd_range<double>(x, n, out); }
-extern "C" __global__ void zd_scale_f32(float* x, u64 n, float d) { zd_scale<float>(x, n, d); }
-extern "C" __global__ void zd_scale_f64(double* x, u64 n, double d) { zd_scale<double>(x, n, d); }
-"#;
-
 /// The loaded utility kernels of the device reductions.
 struct DevUtils {
     range: [CudaFunction; 2],
@@ -410,47 +369,16 @@ fn util_idx<T: GpuElement>() -> usize {
 impl DevUtils {
     /// Compile (NVRTC, `--fmad=false`, IEEE division) and load on `stream`'s context.
     fn load(stream: &std::sync::Arc<CudaStream>) -> Result<Self> {
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(Error::Unavailable(
-                "libnvrtc not found (needed for the device reductions' kernels)".into(),
-            ));
-        }
-        let ctx = stream.context();
-        ctx.bind_to_thread().map_err(gpu_err("bind"))?;
-        let (maj, min) = ctx
-            .compute_capability()
-            .map_err(gpu_err("compute capability"))?;
-        let arch: &'static str = match (maj, min) {
-            (9, 0) => "sm_90",
-            (8, 0) => "sm_80",
-            (8, 6) => "sm_86",
-            (8, 9) => "sm_89",
-            (10, 0) => "sm_100",
-            (12, 0) => "sm_120",
-            (7, 0) => "sm_70",
-            (7, 5) => "sm_75",
-            _ => "sm_80",
-        };
-        let opts = cudarc::nvrtc::CompileOptions {
-            fmad: Some(false),
-            prec_div: Some(true),
-            arch: Some(arch),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(UTIL_SOURCE, opts)
-            .map_err(|e| Error::Gpu(format!("NVRTC (device reduction kernels): {e:?}")))?;
-        let m = ctx.load_module(ptx).map_err(gpu_err("load module"))?;
+        let (m, blocks) = crate::gpu::util::compile_and_load(
+            stream,
+            crate::gpu::util::util_cuda!(),
+            "the device reductions' kernels",
+        )?;
         let f = |n: &str| m.load_function(n).map_err(gpu_err("load function"));
-        let sms = ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(gpu_err("attribute"))?;
         Ok(DevUtils {
-            range: [f("zd_range_f32")?, f("zd_range_f64")?],
-            scale: [f("zd_scale_f32")?, f("zd_scale_f64")?],
-            blocks: (sms.max(1) as u32) * 8,
+            range: [f("zu_range_f32")?, f("zu_range_f64")?],
+            scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
+            blocks,
         })
     }
 

@@ -29,6 +29,7 @@
 mod accumulate;
 pub mod bench;
 pub mod compile;
+pub(crate) mod util;
 
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -15,41 +15,15 @@ use crate::error::{Error, Result};
 
 use super::{gpu_err, NcclReal};
 
-const SOURCE: &str = r#"
-typedef unsigned long long u64;
-typedef unsigned int u32;
-__device__ __forceinline__ u64 zn_key(float x) {
-    u32 b = __float_as_uint(x);
-    return (u64)((b & 0x80000000u) ? ~b : (b | 0x80000000u));
-}
-__device__ __forceinline__ u64 zn_key(double x) {
-    u64 b = (u64)__double_as_longlong(x);
-    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
-}
-__device__ __forceinline__ bool zn_finite(float x) { return ((__float_as_uint(x) >> 23) & 0xffu) != 0xffu; }
-__device__ __forceinline__ bool zn_finite(double x) {
-    return ((((u64)__double_as_longlong(x)) >> 52) & 0x7ffull) != 0x7ffull;
-}
-__device__ __forceinline__ u64 zn_wmax(u64 v) {
-    for (int s = 16; s >= 1; s >>= 1) { u64 o = __shfl_xor_sync(0xffffffffu, v, s); v = o > v ? o : v; }
-    return v;
-}
-// out[0] = max key, out[1] = max ~key (min), over finite values.
-template <typename T> __device__ void zn_range(const T* x, u64 n, u64* out) {
-    u64 hi = 0, lo = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        T v = x[i];
-        if (zn_finite(v)) { u64 k = zn_key(v); hi = k > hi ? k : hi; lo = ~k > lo ? ~k : lo; }
-    }
-    hi = zn_wmax(hi); lo = zn_wmax(lo);
-    if ((threadIdx.x & 31) == 0) { if (hi) atomicMax(out, hi); if (lo) atomicMax(out + 1, lo); }
-}
+const SOURCE: &str = concat!(
+    crate::gpu::util::util_cuda!(),
+    r#"
 // out[0] = max over i of the f64 bits of |a_i - b_i| (inf when exactly one side is not finite).
 template <typename T> __device__ void zn_maxdiff(const T* a, const T* b, u64 n, u64* out) {
     u64 m = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         T x = a[i], y = b[i];
-        bool fx = zn_finite(x), fy = zn_finite(y);
+        bool fx = zu_finite(x), fy = zu_finite(y);
         double d;
         if (fx && fy) { d = __dsub_rn((double)x, (double)y); d = d < 0.0 ? -d : d; }
         else if (fx != fy) d = __longlong_as_double(0x7ff0000000000000ll);
@@ -57,13 +31,8 @@ template <typename T> __device__ void zn_maxdiff(const T* a, const T* b, u64 n, 
         u64 k = (u64)__double_as_longlong(d);
         m = k > m ? k : m;
     }
-    m = zn_wmax(m);
+    m = zu_wmax(m);
     if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
-}
-__device__ __forceinline__ float zn_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double zn_div(double a, double b) { return __ddiv_rn(a, b); }
-template <typename T> __device__ void zn_scale(T* x, u64 n, T d) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) x[i] = zn_div(x[i], d);
 }
 // Gaussian random field on an nx * ny * (n / (nx ny)) grid: sum of `m` random Fourier modes
 // (wave vectors k[3j..3j+3], phases ph[j]) scaled by sqrt(2/m), plus `noise` times a hashed
@@ -80,15 +49,12 @@ template <typename T> __device__ void zn_field(T* x, u64 n, u64 nx, u64 ny, cons
         x[i] = (T)(amp * s + noise * u);
     }
 }
-extern "C" __global__ void zn_range_f32(const float* x, u64 n, u64* out) { zn_range<float>(x, n, out); }
-extern "C" __global__ void zn_range_f64(const double* x, u64 n, u64* out) { zn_range<double>(x, n, out); }
 extern "C" __global__ void zn_maxdiff_f32(const float* a, const float* b, u64 n, u64* out) { zn_maxdiff<float>(a, b, n, out); }
 extern "C" __global__ void zn_maxdiff_f64(const double* a, const double* b, u64 n, u64* out) { zn_maxdiff<double>(a, b, n, out); }
-extern "C" __global__ void zn_scale_f32(float* x, u64 n, float d) { zn_scale<float>(x, n, d); }
-extern "C" __global__ void zn_scale_f64(double* x, u64 n, double d) { zn_scale<double>(x, n, d); }
 extern "C" __global__ void zn_field_f32(float* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m, float amp, float noise, u32 seed) { zn_field<float>(x, n, nx, ny, k, ph, m, amp, noise, seed); }
 extern "C" __global__ void zn_field_f64(double* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m, float amp, float noise, u32 seed) { zn_field<double>(x, n, nx, ny, k, ph, m, amp, noise, seed); }
-"#;
+"#
+);
 
 /// The loaded utility kernels.
 pub(crate) struct Utils {
@@ -106,46 +72,15 @@ fn idx<T: NcclReal>() -> usize {
 impl Utils {
     /// Compile (NVRTC) and load the kernels on `stream`'s context.
     pub(crate) fn load(stream: &Arc<CudaStream>) -> Result<Self> {
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(Error::Unavailable(
-                "libnvrtc not found (needed for the NCCL transport's kernels)".into(),
-            ));
-        }
-        let ctx = stream.context();
-        let (maj, min) = ctx.compute_capability().map_err(gpu_err)?;
-        let arch: &'static str = match (maj, min) {
-            (9, 0) => "sm_90",
-            (8, 0) => "sm_80",
-            (8, 6) => "sm_86",
-            (8, 9) => "sm_89",
-            (10, 0) => "sm_100",
-            (12, 0) => "sm_120",
-            (7, 0) => "sm_70",
-            (7, 5) => "sm_75",
-            _ => "sm_80",
-        };
-        let opts = cudarc::nvrtc::CompileOptions {
-            fmad: Some(false),
-            prec_div: Some(true),
-            arch: Some(arch),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
-            .map_err(|e| Error::Gpu(format!("NVRTC (nccl utility kernels): {e:?}")))?;
-        let m = ctx.load_module(ptx).map_err(gpu_err)?;
+        let (m, blocks) =
+            crate::gpu::util::compile_and_load(stream, SOURCE, "the NCCL transport's kernels")?;
         let f = |n: &str| m.load_function(n).map_err(gpu_err);
-        let sms = ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(gpu_err)?;
         Ok(Utils {
-            range: [f("zn_range_f32")?, f("zn_range_f64")?],
+            range: [f("zu_range_f32")?, f("zu_range_f64")?],
             maxdiff: [f("zn_maxdiff_f32")?, f("zn_maxdiff_f64")?],
-            scale: [f("zn_scale_f32")?, f("zn_scale_f64")?],
+            scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
             field: [f("zn_field_f32")?, f("zn_field_f64")?],
-            blocks: (sms.max(1) as u32) * 8,
+            blocks,
         })
     }
 
@@ -309,5 +244,36 @@ impl SplitMix {
         let u1 = self.uniform().max(1e-300);
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The NCCL transport's kernels (shared utilities + its own) compile with NVRTC.
+    #[test]
+    fn nccl_util_source_compiles() {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: libnvrtc not found");
+            return;
+        }
+        let opts = cudarc::nvrtc::CompileOptions {
+            fmad: Some(false),
+            prec_div: Some(true),
+            arch: Some("sm_90"),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(super::SOURCE, opts).expect("NVRTC");
+        let text = ptx.to_src();
+        for k in [
+            "zu_range_f32",
+            "zu_scale_f64",
+            "zn_maxdiff_f32",
+            "zn_maxdiff_f64",
+            "zn_field_f32",
+            "zn_field_f64",
+        ] {
+            assert!(text.contains(k), "{k} missing from the PTX");
+        }
     }
 }
