@@ -92,8 +92,8 @@
 use std::sync::Mutex;
 
 use cudarc::driver::{
-    result as cu, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
-    DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    result as cu, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+    PinnedHostSlice,
 };
 
 use super::{
@@ -355,100 +355,17 @@ impl DeviceProfile {
     }
 }
 
-/// The loaded utility kernels of the device reductions.
-struct DevUtils {
-    range: [CudaFunction; 2],
-    scale: [CudaFunction; 2],
-    blocks: u32,
-}
+/// The utility kernels of the device reductions (value range, the mean's division).
+type DevUtils = crate::gpu::util::RangeScale;
 
-fn util_idx<T: GpuElement>() -> usize {
-    usize::from(std::mem::size_of::<T>() == 8)
-}
-
-impl DevUtils {
-    /// Compile (NVRTC, `--fmad=false`, IEEE division) and load on `stream`'s context.
-    fn load(stream: &std::sync::Arc<CudaStream>) -> Result<Self> {
-        let (m, blocks) = crate::gpu::util::compile_and_load(
-            stream,
-            crate::gpu::util::util_cuda!(),
-            "the device reductions' kernels",
-        )?;
-        let f = |n: &str| m.load_function(n).map_err(gpu_err("load function"));
-        Ok(DevUtils {
-            range: [f("zu_range_f32")?, f("zu_range_f64")?],
-            scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
-            blocks,
-        })
-    }
-
-    fn cfg(&self, n: usize) -> LaunchConfig {
-        let b = (n.div_ceil(256) as u64).clamp(1, self.blocks as u64) as u32;
-        LaunchConfig {
-            grid_dim: (b, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// Smallest and largest finite values (`None` when there is none). Synchronizes `stream`.
-    fn range<T: GpuElement>(
-        &self,
-        stream: &std::sync::Arc<CudaStream>,
-        x: &CudaView<'_, T>,
-    ) -> Result<Option<(f64, f64)>> {
-        let n = x.len();
-        if n == 0 {
-            return Ok(None);
-        }
-        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
-        let mut out = stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?;
-        let n64 = n as u64;
-        let mut b = stream.launch_builder(&self.range[util_idx::<T>()]);
-        b.arg(x).arg(&n64).arg(&mut out);
-        // SAFETY: the kernel reads n values of x and writes two u64 of out.
-        unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err("range kernel"))?;
-        let h = stream.clone_dtoh(&out).map_err(gpu_err("range d2h"))?;
-        if h[0] == 0 {
-            return Ok(None);
-        }
-        let dec = |k: u64| -> f64 {
-            if std::mem::size_of::<T>() == 4 {
-                let k = k as u32;
-                let bits = if k & 0x8000_0000 != 0 {
-                    k & 0x7fff_ffff
-                } else {
-                    !k
-                };
-                f32::from_bits(bits) as f64
-            } else {
-                let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
-                f64::from_bits(bits)
-            }
-        };
-        Ok(Some((dec(!h[1]), dec(h[0]))))
-    }
-
-    /// `x_i = x_i / d` (IEEE division, rounded to nearest, as the host path's `v / d`), then
-    /// synchronizes `stream`.
-    fn scale<T: GpuElement>(
-        &self,
-        stream: &std::sync::Arc<CudaStream>,
-        x: &mut CudaViewMut<'_, T>,
-        d: T,
-    ) -> Result<()> {
-        let n = x.len();
-        if n == 0 {
-            return Ok(());
-        }
-        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
-        let n64 = n as u64;
-        let mut l = stream.launch_builder(&self.scale[util_idx::<T>()]);
-        l.arg(x).arg(&n64).arg(&d);
-        // SAFETY: reads and writes n values of x.
-        unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err("scale kernel"))?;
-        stream.synchronize().map_err(gpu_err("sync"))
-    }
+/// Compile (NVRTC, `--fmad=false`, IEEE division) and load them on `stream`'s context.
+fn load_dev_utils(stream: &std::sync::Arc<CudaStream>) -> Result<DevUtils> {
+    let (m, blocks) = crate::gpu::util::compile_and_load(
+        stream,
+        crate::gpu::util::util_cuda!(),
+        "the device reductions' kernels",
+    )?;
+    DevUtils::from_module(&m, blocks)
 }
 
 /// Wall-clock seconds of each stage of the last staged operation on this rank.
@@ -854,7 +771,7 @@ impl DeviceStager {
     /// The utility kernels (compiled with NVRTC on first use).
     fn utils(&mut self) -> Result<&DevUtils> {
         if self.utils.is_none() {
-            self.utils = Some(DevUtils::load(&self.stream())?);
+            self.utils = Some(load_dev_utils(&self.stream())?);
         }
         Ok(self.utils.as_ref().expect("loaded"))
     }
@@ -2535,6 +2452,7 @@ impl Communicator {
                     let mut v = out.slice_mut(segs[r].clone());
                     let u = dev.utils()?;
                     u.scale(&s, &mut v, T::from_f64(d))?;
+                    s.synchronize().map_err(gpu_err("sync"))?;
                 }
                 let v = out.slice(segs[r].clone());
                 dev.compress_to_pinned_send(&v, ErrorBound::Abs(eb), codec)

@@ -29,6 +29,7 @@
 mod accumulate;
 pub mod bench;
 pub mod compile;
+#[cfg(feature = "mpi")]
 pub(crate) mod util;
 
 use std::collections::HashMap;

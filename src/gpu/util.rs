@@ -10,9 +10,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, CudaStream};
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+};
 
 use crate::error::{Error, Result};
+use crate::gpu::GpuElement;
 
 /// The shared CUDA source (see the [module docs](self)) as a string literal.
 macro_rules! util_cuda {
@@ -107,6 +110,104 @@ pub(crate) fn compile_and_load(
         )
         .map_err(gpu)?;
     Ok((module, (sms.max(1) as u32) * 8))
+}
+
+/// The loaded `zu_range_*` / `zu_scale_*` kernels of a module built from [`util_cuda!`].
+pub(crate) struct RangeScale {
+    range: [CudaFunction; 2],
+    scale: [CudaFunction; 2],
+    blocks: u32,
+}
+
+fn idx<T>() -> usize {
+    usize::from(std::mem::size_of::<T>() == 8)
+}
+
+fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+impl RangeScale {
+    /// The kernels of `module` (which contains [`util_cuda!`]); `blocks` caps the grid.
+    pub(crate) fn from_module(module: &Arc<CudaModule>, blocks: u32) -> Result<Self> {
+        let f = |n: &str| module.load_function(n).map_err(gpu_err("load function"));
+        Ok(RangeScale {
+            range: [f("zu_range_f32")?, f("zu_range_f64")?],
+            scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
+            blocks,
+        })
+    }
+
+    /// A grid-stride launch over `n` values: 256 threads per block, at most `blocks` blocks.
+    pub(crate) fn cfg(&self, n: usize) -> LaunchConfig {
+        let b = (n.div_ceil(256) as u64).clamp(1, self.blocks as u64) as u32;
+        LaunchConfig {
+            grid_dim: (b, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Smallest and largest finite values of `x` (`None` when there is none). Synchronizes
+    /// `stream`.
+    pub(crate) fn range<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaView<'_, T>,
+    ) -> Result<Option<(f64, f64)>> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        let mut out = stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?;
+        let n64 = n as u64;
+        let mut b = stream.launch_builder(&self.range[idx::<T>()]);
+        b.arg(x).arg(&n64).arg(&mut out);
+        // SAFETY: the kernel reads n values of x and writes two u64 of out.
+        unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err("range kernel"))?;
+        let h = stream.clone_dtoh(&out).map_err(gpu_err("range d2h"))?;
+        if h[0] == 0 {
+            return Ok(None);
+        }
+        let dec = |k: u64| -> f64 {
+            if std::mem::size_of::<T>() == 4 {
+                let k = k as u32;
+                let bits = if k & 0x8000_0000 != 0 {
+                    k & 0x7fff_ffff
+                } else {
+                    !k
+                };
+                f32::from_bits(bits) as f64
+            } else {
+                let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
+                f64::from_bits(bits)
+            }
+        };
+        Ok(Some((dec(!h[1]), dec(h[0]))))
+    }
+
+    /// `x_i = x_i / d` (IEEE division, rounded to nearest, as the host's `v / d`); does not
+    /// synchronize.
+    pub(crate) fn scale<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut CudaViewMut<'_, T>,
+        d: T,
+    ) -> Result<()> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        let n64 = n as u64;
+        let mut l = stream.launch_builder(&self.scale[idx::<T>()]);
+        l.arg(x).arg(&n64).arg(&d);
+        // SAFETY: reads and writes n values of x.
+        unsafe { l.launch(self.cfg(n)) }
+            .map(|_| ())
+            .map_err(gpu_err("scale kernel"))
+    }
 }
 
 #[cfg(test)]

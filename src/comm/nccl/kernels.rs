@@ -58,11 +58,9 @@ extern "C" __global__ void zn_field_f64(double* x, u64 n, u64 nx, u64 ny, const 
 
 /// The loaded utility kernels.
 pub(crate) struct Utils {
-    range: [CudaFunction; 2],
+    rs: crate::gpu::util::RangeScale,
     maxdiff: [CudaFunction; 2],
-    scale: [CudaFunction; 2],
     field: [CudaFunction; 2],
-    blocks: u32,
 }
 
 fn idx<T: NcclReal>() -> usize {
@@ -76,21 +74,14 @@ impl Utils {
             crate::gpu::util::compile_and_load(stream, SOURCE, "the NCCL transport's kernels")?;
         let f = |n: &str| m.load_function(n).map_err(gpu_err);
         Ok(Utils {
-            range: [f("zu_range_f32")?, f("zu_range_f64")?],
+            rs: crate::gpu::util::RangeScale::from_module(&m, blocks)?,
             maxdiff: [f("zn_maxdiff_f32")?, f("zn_maxdiff_f64")?],
-            scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
             field: [f("zn_field_f32")?, f("zn_field_f64")?],
-            blocks,
         })
     }
 
     fn cfg(&self, n: usize) -> LaunchConfig {
-        let b = (n.div_ceil(256) as u64).clamp(1, self.blocks as u64) as u32;
-        LaunchConfig {
-            grid_dim: (b, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        self.rs.cfg(n)
     }
 
     /// Smallest and largest finite values (None when there is none). Synchronizes `stream`.
@@ -99,35 +90,7 @@ impl Utils {
         stream: &Arc<CudaStream>,
         x: &CudaView<'_, T>,
     ) -> Result<Option<(f64, f64)>> {
-        let n = x.len();
-        if n == 0 {
-            return Ok(None);
-        }
-        let mut out = stream.alloc_zeros::<u64>(2).map_err(gpu_err)?;
-        let n64 = n as u64;
-        let mut b = stream.launch_builder(&self.range[idx::<T>()]);
-        b.arg(x).arg(&n64).arg(&mut out);
-        // SAFETY: the kernel reads n values of x and writes two u64 of out.
-        unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err)?;
-        let h = stream.clone_dtoh(&out).map_err(gpu_err)?;
-        if h[0] == 0 {
-            return Ok(None);
-        }
-        let dec = |k: u64| -> f64 {
-            if T::SIZE == 4 {
-                let k = k as u32;
-                let bits = if k & 0x8000_0000 != 0 {
-                    k & 0x7fff_ffff
-                } else {
-                    !k
-                };
-                f32::from_bits(bits) as f64
-            } else {
-                let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
-                f64::from_bits(bits)
-            }
-        };
-        Ok(Some((dec(!h[1]), dec(h[0]))))
+        self.rs.range(stream, x)
     }
 
     /// `max |a_i - b_i|` (computed in f64; infinite when exactly one side is not finite).
@@ -165,16 +128,7 @@ impl Utils {
         x: &mut CudaViewMut<'_, T>,
         d: T,
     ) -> Result<()> {
-        let n = x.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let n64 = n as u64;
-        let mut l = stream.launch_builder(&self.scale[idx::<T>()]);
-        l.arg(x).arg(&n64).arg(&d);
-        // SAFETY: reads and writes n values of x.
-        unsafe { l.launch(self.cfg(n)) }.map_err(gpu_err)?;
-        Ok(())
+        self.rs.scale(stream, x, d)
     }
 
     /// Fill `x` with a Gaussian random field (see [`super::NcclComm::gaussian_field`]).
