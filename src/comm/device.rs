@@ -2280,17 +2280,7 @@ impl Communicator {
         let pf = p as f64;
         let d = if kind == Reduction::Mean { pf } else { 1.0 };
         let nq = if full { p } else { p - 1 };
-        let e = match self.config.bound {
-            ErrorBound::Abs(e) => e,
-            ErrorBound::Noa(e) => {
-                if ghi >= glo {
-                    e * (ghi - glo)
-                } else {
-                    0.0
-                }
-            }
-            ErrorBound::Rel(_) => f64::NAN,
-        };
+        let e = super::reduction_result_bound(self.config.bound, glo, ghi);
         let Some(eb) = super::reduction_step_bound(e, m, p, T::UNIT_ROUNDOFF, d, nq) else {
             return Ok(None);
         };

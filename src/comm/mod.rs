@@ -567,6 +567,18 @@ pub fn partition(n: usize, p: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// The absolute bound on a reduction's result for the configured `bound`: `abs:E` → `E`,
+/// `noa:E` → `E` × the global value range `[lo, hi]` (0 without finite values), `rel` → NaN
+/// (not supported for reductions).
+pub(crate) fn reduction_result_bound(bound: ErrorBound, lo: f64, hi: f64) -> f64 {
+    match bound {
+        ErrorBound::Abs(e) => e,
+        ErrorBound::Noa(e) if hi >= lo => e * (hi - lo),
+        ErrorBound::Noa(_) => 0.0,
+        ErrorBound::Rel(_) => f64::NAN,
+    }
+}
+
 /// The per-quantization absolute bound of a compressed reduction (the rule of the MPI path, see
 /// the [module docs](self)): `e` is the absolute bound on the result, `max_abs` the largest
 /// finite `|x|` over all inputs, `p` the ranks, `unit_roundoff` of the dtype, `divisor` 1 (sum)
@@ -2124,17 +2136,7 @@ impl Communicator {
         };
         let pf = p as f64;
         let nq = if full { pf } else { (pf - 1.0).max(1.0) };
-        let e = match self.config.bound {
-            ErrorBound::Abs(e) => e,
-            ErrorBound::Noa(e) => {
-                if ghi >= glo {
-                    e * (ghi - glo)
-                } else {
-                    0.0
-                }
-            }
-            ErrorBound::Rel(_) => f64::NAN,
-        };
+        let e = reduction_result_bound(self.config.bound, glo, ghi);
         let step = reduction_step_bound(e, m, p, S::UNIT_ROUNDOFF, d, nq as usize);
         let usable = step.is_some();
         let eb = step.unwrap_or(f64::NAN);

@@ -1839,11 +1839,7 @@ impl NcclComm {
             let (glo, ghi) = (-mm[0], mm[1]);
             let m = glo.abs().max(ghi.abs());
             let m = if m.is_finite() { m } else { 0.0 };
-            e_total = match self.config.bound {
-                ErrorBound::Abs(e) => e,
-                ErrorBound::Noa(e) if ghi >= glo => e * (ghi - glo),
-                _ => 0.0,
-            };
+            e_total = super::reduction_result_bound(self.config.bound, glo, ghi);
             match reduction_step_bound(e_total, m, p, T::UNIT_ROUNDOFF, d, nq) {
                 Some(v) => eb = v,
                 None => compress = false,
