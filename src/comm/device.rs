@@ -2547,7 +2547,12 @@ impl Communicator {
             None => &mut [],
         };
         if m > buf.len() {
-            let mut v = vec![0u8; m];
+            // drain the oversized message (fallibly: `m` came over the wire)
+            let mut v = Vec::new();
+            v.try_reserve_exact(m).map_err(|_| {
+                Error::OutOfMemory(format!("device ring: {m}-byte stream announced"))
+            })?;
+            v.resize(m, 0u8);
             t.sendrecv_sized(to, payload, from, &mut v, super::TAG_RING)?;
             return Ok(Err(Error::Comm(format!(
                 "device ring: {m}-byte stream exceeds the receive buffer"
