@@ -47,6 +47,27 @@ use crate::error::{Error, Result};
 use crate::format::{zhash_bytes, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN};
 use crate::quant::{ErrorBound, QuantParams};
 
+/// The value of an order-preserving key of the kernels (`zc_key` / `zu_key`: the sign bit flipped
+/// for non-negative values, all bits for negative ones; f32 keys in the low 32 bits), as f64.
+pub(crate) fn from_key<T>(k: u64) -> f64 {
+    if std::mem::size_of::<T>() == 4 {
+        let k = k as u32;
+        let b = if k & 0x8000_0000 != 0 {
+            k & 0x7fff_ffff
+        } else {
+            !k
+        };
+        f32::from_bits(b) as f64
+    } else {
+        let b = if k & (1 << 63) != 0 {
+            k & !(1u64 << 63)
+        } else {
+            !k
+        };
+        f64::from_bits(b)
+    }
+}
+
 /// Threads per block of the pfpl kernels (kernels/pfpl.cu, PF_THREADS).
 const PFPL_THREADS: u32 = 256;
 const CTRL_WORDS: usize = 16;
@@ -340,24 +361,7 @@ impl GpuCodec {
         self.read_ctrl()?;
         self.last_times.stats_ms = self.elapsed(0, 1)?;
         let c = &self.host_ctrl;
-        let from_key = |k: u64| -> f64 {
-            if T::SIZE == 4 {
-                let k = k as u32;
-                let b = if k & 0x8000_0000 != 0 {
-                    k & 0x7fff_ffff
-                } else {
-                    !k
-                };
-                f32::from_bits(b) as f64
-            } else {
-                let b = if k & (1 << 63) != 0 {
-                    k & !(1u64 << 63)
-                } else {
-                    !k
-                };
-                f64::from_bits(b)
-            }
-        };
+        let from_key = from_key::<T>;
         let range = if c[C_MIN] != 0 && c[C_MAX] != 0 {
             // same canonical zero as quant::finite_range
             Some((from_key(!c[C_MIN]) + 0.0, from_key(c[C_MAX]) + 0.0))

@@ -170,20 +170,7 @@ impl RangeScale {
         if h[0] == 0 {
             return Ok(None);
         }
-        let dec = |k: u64| -> f64 {
-            if std::mem::size_of::<T>() == 4 {
-                let k = k as u32;
-                let bits = if k & 0x8000_0000 != 0 {
-                    k & 0x7fff_ffff
-                } else {
-                    !k
-                };
-                f32::from_bits(bits) as f64
-            } else {
-                let bits = if k >> 63 != 0 { k & !(1u64 << 63) } else { !k };
-                f64::from_bits(bits)
-            }
-        };
+        let dec = crate::gpu::from_key::<T>;
         Ok(Some((dec(!h[1]), dec(h[0]))))
     }
 
@@ -210,24 +197,33 @@ impl RangeScale {
     }
 }
 
+/// PTX of `source` compiled like [`compile_and_load`] for sm_90, for the kernels' compile tests;
+/// `None` (after a loud "skipped" line) when libnvrtc is missing.
+#[cfg(test)]
+pub(crate) fn ptx_for_test(source: &str) -> Option<String> {
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("skipped: libnvrtc not found");
+        return None;
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        fmad: Some(false),
+        prec_div: Some(true),
+        arch: Some("sm_90"),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).expect("NVRTC");
+    Some(ptx.to_src())
+}
+
 #[cfg(test)]
 mod tests {
     /// The shared source compiles with NVRTC (CI installs libnvrtc; skipped loudly without it).
     #[test]
     fn util_source_compiles() {
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("skipped: libnvrtc not found");
+        let Some(text) = super::ptx_for_test(util_cuda!()) else {
             return;
-        }
-        let opts = cudarc::nvrtc::CompileOptions {
-            fmad: Some(false),
-            prec_div: Some(true),
-            arch: Some("sm_90"),
-            ..Default::default()
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(util_cuda!(), opts).expect("NVRTC");
-        let text = ptx.to_src();
         for k in [
             "zu_range_f32",
             "zu_range_f64",
