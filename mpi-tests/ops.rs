@@ -49,6 +49,18 @@ fn gen<E: CommElement>(seed: usize, n: usize) -> Vec<E> {
     v
 }
 
+/// Every rank's input (`gen(rank, n)`) as its scalars in f64, exactly as the ranks hold them.
+fn held_inputs<E: CommElement>(p: usize, n: usize) -> Vec<Vec<f64>> {
+    (0..p)
+        .map(|k| {
+            E::scalars(&gen::<E>(k, n))
+                .iter()
+                .map(|x| x.to_f64())
+                .collect()
+        })
+        .collect()
+}
+
 /// Check `got` against `orig` under a single-compression bound; returns the max error.
 fn within<S: Real>(orig: &[S], got: &[S], b: ErrorBound) -> std::result::Result<f64, String> {
     if orig.len() != got.len() {
@@ -284,17 +296,8 @@ fn reduce_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker, sizes: &[
             c.set_bound(b).unwrap();
             for &n in sizes {
                 let ctx = || format!("p={p} {} {pol} {b} n={n}", E::NAME);
-                let inputs: Vec<Vec<f64>> = (0..p).map(|k| gen_f64(k, n * E::LANES)).collect();
                 // the inputs as the ranks hold them (rounded to the dtype)
-                let held: Vec<Vec<f64>> = (0..p)
-                    .map(|k| {
-                        E::scalars(&gen::<E>(k, n))
-                            .iter()
-                            .map(|x| x.to_f64())
-                            .collect()
-                    })
-                    .collect();
-                let _ = inputs;
+                let held = held_inputs::<E>(p, n);
                 let exact: Vec<f64> = (0..n * E::LANES)
                     .map(|i| held.iter().map(|h| h[i]).sum())
                     .collect();
@@ -830,14 +833,7 @@ fn nonblocking_suite<E: CommElement>(c: &mut Communicator, t: &mut Checker) {
                             format!("{} isendrecv bound: {:?}", ctx(), res.err())
                         });
                         // bound of the sum and mean against the exact f64 sum
-                        let held: Vec<Vec<f64>> = (0..p)
-                            .map(|k| {
-                                E::scalars(&gen::<E>(k, n))
-                                    .iter()
-                                    .map(|x| x.to_f64())
-                                    .collect()
-                            })
-                            .collect();
+                        let held = held_inputs::<E>(p, n);
                         let (glo, ghi) = held
                             .iter()
                             .flatten()

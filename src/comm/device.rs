@@ -1807,12 +1807,7 @@ impl Communicator {
         st.wire_bytes = mine_len as u64;
         st.ratio = st.bytes as f64 / mine_len.max(1) as f64;
         let lens = if compress {
-            let l = self
-                .transport()
-                .allgather_fixed(&(mine_len as u64).to_le_bytes())?;
-            l.chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-                .collect()
+            self.transport().allgather_lens(mine_len)?
         } else {
             vec![n * T::SIZE; p]
         };
@@ -2463,13 +2458,7 @@ impl Communicator {
         if full {
             // 6. allgather of the final streams (pinned, as allgather_device), then H2D +
             // GPU decompression of every stream (this rank's own too: identical results)
-            let l = self
-                .transport()
-                .allgather_fixed(&(mine_len as u64).to_le_bytes())?;
-            let lens: Vec<usize> = l
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-                .collect();
+            let lens = self.transport().allgather_lens(mine_len)?;
             let total: usize = lens.iter().sum();
             if total > p * cap {
                 return Err(Error::Comm(format!(

@@ -1730,13 +1730,7 @@ impl Communicator {
             st.bound = self.bound_of(sc);
             self.ratios
                 .put(OP_ALLGATHER, coll_key(sc.len(), bound), st.ratio);
-            let l = self
-                .transport
-                .allgather_fixed(&(s.len() as u64).to_le_bytes())?;
-            let lens = l
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-                .collect::<Vec<_>>();
+            let lens = self.transport.allgather_lens(s.len())?;
             (s, lens)
         } else {
             st.wire_bytes = bytes as u64;

@@ -128,6 +128,15 @@ pub trait Transport {
     fn iprobe(&self, src: usize, tag: i32) -> Result<bool>;
     /// Gather one equal-length byte record from every rank, in rank order.
     fn allgather_fixed(&self, mine: &[u8]) -> Result<Vec<u8>>;
+    /// Every rank's `len` (rank order): an [`allgather_fixed`](Self::allgather_fixed) of one
+    /// little-endian u64 each.
+    fn allgather_lens(&self, len: usize) -> Result<Vec<usize>> {
+        let all = self.allgather_fixed(&(len as u64).to_le_bytes())?;
+        Ok(all
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunks")) as usize)
+            .collect())
+    }
     /// Gather one byte record of any length from every rank.
     fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
     /// Non-blocking allgather of byte records whose lengths every rank already knows (`lens`, in
@@ -207,6 +216,27 @@ mod mpi_impl {
     use mpi::topology::SimpleCommunicator;
     use mpi::traits::*;
     use mpi::Count;
+
+    /// Start of each record when records of `lens` bytes are laid out back to back.
+    fn exclusive_offsets(lens: &[usize]) -> Vec<usize> {
+        lens.iter()
+            .scan(0, |acc, &x| {
+                let d = *acc;
+                *acc += x;
+                Some(d)
+            })
+            .collect()
+    }
+
+    /// MPI counts and displacements of records of `lens` bytes (callers check the total fits).
+    fn counts_displs(lens: &[usize]) -> (Vec<Count>, Vec<Count>) {
+        let counts = lens.iter().map(|&l| l as Count).collect();
+        let displs = exclusive_offsets(lens)
+            .into_iter()
+            .map(|d| d as Count)
+            .collect();
+        (counts, displs)
+    }
 
     /// Largest single MPI message (bytes); longer messages are split into pieces of this size
     /// followed by a shorter (possibly empty) final piece, so MPI's `int` counts never overflow.
@@ -668,22 +698,10 @@ mod mpi_impl {
             Ok(out)
         }
         fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-            let lens = self.allgather_fixed(&(mine.len() as u64).to_le_bytes())?;
-            let lens: Vec<usize> = lens
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize)
-                .collect();
+            let lens = self.allgather_lens(mine.len())?;
             let total: usize = lens.iter().sum();
             if total <= self.max_count {
-                let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
-                let displs: Vec<Count> = counts
-                    .iter()
-                    .scan(0, |acc, &x| {
-                        let d = *acc;
-                        *acc += x;
-                        Some(d)
-                    })
-                    .collect();
+                let (counts, displs) = counts_displs(lens.as_slice());
                 if total == 0 {
                     return Ok(vec![Vec::new(); self.size]);
                 }
@@ -732,15 +750,7 @@ mod mpi_impl {
             if total > self.max_count {
                 return Ok(Box::new(Ready(self.allgatherv(&mine)?)));
             }
-            let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
-            let displs: Vec<Count> = counts
-                .iter()
-                .scan(0, |acc, &x| {
-                    let d = *acc;
-                    *acc += x;
-                    Some(d)
-                })
-                .collect();
+            let (counts, displs) = counts_displs(lens);
             // a non-empty allocation, so an empty record never has Open MPI's MPI_IN_PLACE address
             let n = mine.len();
             let mut sb = mine;
@@ -813,17 +823,9 @@ mod mpi_impl {
                 return Ok(());
             }
             let (p, r) = (self.size, self.rank);
-            let offs: Vec<usize> = lens
-                .iter()
-                .scan(0, |acc, &x| {
-                    let d = *acc;
-                    *acc += x;
-                    Some(d)
-                })
-                .collect();
+            let offs = exclusive_offsets(lens);
             if total <= self.max_count {
-                let counts: Vec<Count> = lens.iter().map(|&l| l as Count).collect();
-                let displs: Vec<Count> = offs.iter().map(|&d| d as Count).collect();
+                let (counts, displs) = counts_displs(lens);
                 // a real address for an empty record (see ANCHOR)
                 let send: &[u8] = if mine.is_empty() { &ANCHOR[..0] } else { mine };
                 let mut part = PartitionMut::new(out, counts, &displs[..]);

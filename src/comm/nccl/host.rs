@@ -254,11 +254,7 @@ impl Transport for NcclTransport {
         self.fetch(&dout, mine.len() * p)
     }
     fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let lens = self.allgather_fixed(&(mine.len() as u64).to_le_bytes())?;
-        let lens: Vec<usize> = lens
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-            .collect();
+        let lens = self.allgather_lens(mine.len())?;
         let max = lens.iter().copied().max().unwrap_or(0);
         if max == 0 {
             return Ok(vec![Vec::new(); self.sh.size]);
