@@ -18,6 +18,9 @@
 #ifndef ZC_MINB
 #define ZC_MINB (ZC_WARPS == 16 ? 3 : 32 / ZC_WARPS)  // blocks per SM the register budget must allow
 #endif
+#ifndef ZC_DMINB
+#define ZC_DMINB ZC_MINB  // the same for the decompression kernels (tuned separately by A/B runs)
+#endif
 
 // ---- One-pass compression (ZC_ONEPASS=1; f32 aatrox / cuszp-plain, both modes; f64 and
 // cuszp-outlier always take the two-pass path below).
@@ -1180,7 +1183,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                         \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB) zc_decompress_##TN##_##CN##_##RN(                       \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
@@ -1190,7 +1193,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB) zc_decompress_add_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
