@@ -22,9 +22,11 @@
 //!   agreement), then H2D + GPU decompression of every received stream on every rank (the root
 //!   and the own slice too, so all ranks hold identical values). The blocking forms stage
 //!   through the stager's pinned send / receive buffers (grown once, then reused: no per-call
-//!   host allocation, no copy of the streams, pinned-speed copies; allgathers over 2^31 bytes
-//!   take the transport's ring straight into the pinned buffer); the non-blocking forms hand
-//!   the transfer an owned copy of the staged record. Allgather: `Auto` compresses
+//!   host allocation, no copy of the streams, pinned-speed copies; the allgather is `p-1`
+//!   pairwise sized exchanges straight into the pinned buffer, not `MPI_Allgatherv`, which
+//!   would also memcpy this rank's own record into the receive buffer); the non-blocking forms
+//!   hand the transfer an owned copy of the staged record (a pageable allocation and copy per
+//!   call, and a pageable H2D: slower than the blocking forms by a per-byte host cost). Allgather: `Auto` compresses
 //!   like `Always` (every rank must take the same path); bcast: the root decides `Auto` with the
 //!   model and the previous ratio. `Never` moves the raw bytes.
 //! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
@@ -205,27 +207,104 @@ impl Staged {
 
 /// Measured device-side speeds (all ranks agree on them, see [`DeviceStager::calibrate`]).
 ///
-/// Serialized with serde; `staging_curve` was added later and defaults to empty, so profiles
-/// written before it still load (they then predict staging with the single `staging` link).
+/// Serialized with serde; fields added later default to 0 / empty, so older profiles still load
+/// (they then predict staging with the single `staging` link, codec calls without a separate
+/// fixed cost, and no device passes).
+///
+/// Codec calls follow the line `t(b) = overhead + b / rate` through a tiny and the full
+/// calibration call ([`model::call_line`]): `compress` / `decompress` / `decompress_add` are the
+/// slopes and the `*_overhead` fields the intercepts, so a call is charged its fixed cost once.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceProfile {
     /// Device→host / host→device pinned copies (slower direction) at the largest calibrated size;
     /// the fallback when `staging_curve` is empty.
     pub staging: Link,
-    /// GPU compression throughput (input bytes/s).
+    /// GPU compression throughput (input bytes/s), beyond `compress_overhead`.
     pub compress: f64,
-    /// GPU decompression throughput (output bytes/s).
+    /// GPU decompression throughput (output bytes/s), beyond `decompress_overhead`.
     pub decompress: f64,
     /// Pinned copy times at several sizes (every rank copying at once), used for the size
     /// dependence of staging (see [`StagingCurve`]).
     #[serde(default)]
     pub staging_curve: StagingCurve,
     /// Fixed seconds of one GPU compress + decompress call pair beyond the throughput terms
-    /// (kernel launches, synchronizations, the NOA range pass and header read-backs; every rank
-    /// at once), measured on a tiny buffer. Charged once per pipeline chunk by the model
-    /// ([`Scenario::chunk_overhead`]). Profiles written before it load as 0.
+    /// (`compress_overhead + decompress_overhead`; kernel launches, synchronizations, the NOA
+    /// range pass and header read-backs; every rank at once). Charged once per pipeline chunk by
+    /// the model ([`Scenario::chunk_overhead`]). Profiles written before it load as 0.
     #[serde(default)]
     pub call_overhead: f64,
+    /// Fixed seconds of one GPU compression call (intercept of its calibration line).
+    #[serde(default)]
+    pub compress_overhead: f64,
+    /// Fixed seconds of one GPU decompression call (intercept of its calibration line).
+    #[serde(default)]
+    pub decompress_overhead: f64,
+    /// Fused decompress-and-add throughput ([`GpuCodec::decompress_add_device`], output bytes/s)
+    /// beyond `decompress_add_overhead`, used by the device ring's steps; 0 = not calibrated
+    /// (the plain decompression's line is used).
+    #[serde(default)]
+    pub decompress_add: f64,
+    /// Fixed seconds of one fused decompress-and-add call.
+    #[serde(default)]
+    pub decompress_add_overhead: f64,
+    /// Device-to-device copy (bytes copied per second, every rank at once): the device ring's
+    /// copy of the input into the accumulator; 0 = not calibrated (not charged).
+    #[serde(default)]
+    pub device_copy: f64,
+    /// The device reductions' value-range pass (input bytes per second, including its read-back);
+    /// 0 = not calibrated (not charged).
+    #[serde(default)]
+    pub range_pass: f64,
+    /// The mean's in-place division kernel (bytes of values per second); 0 = not calibrated.
+    #[serde(default)]
+    pub scale_pass: f64,
+}
+
+/// The model's time of one device operation split by stage (seconds; the same stages as the
+/// measured [`StageTimes`], `link` ↔ `network`), so a measurement shows which term misses.
+/// `device` holds device-memory passes that [`StageTimes`] does not time (the reductions' input
+/// copy, range pass and the mean's division). Codec terms include the per-call fixed costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Terms {
+    /// GPU compression.
+    pub compress: f64,
+    /// Device→host copies.
+    pub d2h: f64,
+    /// MPI transfers (latency + bytes / link bandwidth).
+    pub link: f64,
+    /// Host→device copies.
+    pub h2d: f64,
+    /// GPU decompression (the ring's fused decompress-and-add included).
+    pub decompress: f64,
+    /// Device-memory passes (copies, range, scaling).
+    pub device: f64,
+}
+
+impl Terms {
+    /// The predicted time: the sum of the stages (the operations run them one after another).
+    pub fn total(&self) -> f64 {
+        self.compress + self.d2h + self.link + self.h2d + self.decompress + self.device
+    }
+    /// Every stage times `k` (e.g. `k` equal chunks).
+    pub fn times(&self, k: f64) -> Terms {
+        Terms {
+            compress: self.compress * k,
+            d2h: self.d2h * k,
+            link: self.link * k,
+            h2d: self.h2d * k,
+            decompress: self.decompress * k,
+            device: self.device * k,
+        }
+    }
+}
+
+/// `bytes / rate`, or 0 when the rate was not calibrated.
+fn pass_s(rate: f64, bytes: f64) -> f64 {
+    if rate > 0.0 && bytes > 0.0 {
+        bytes / rate
+    } else {
+        0.0
+    }
 }
 
 impl DeviceProfile {
@@ -240,6 +319,13 @@ impl DeviceProfile {
             decompress: 300e9,
             staging_curve: StagingCurve::default(),
             call_overhead: 300e-6,
+            compress_overhead: 150e-6,
+            decompress_overhead: 150e-6,
+            decompress_add: 0.0,
+            decompress_add_overhead: 0.0,
+            device_copy: 0.0,
+            range_pass: 0.0,
+            scale_pass: 0.0,
         }
     }
     /// Seconds of a pinned device→host copy of `bytes`.
@@ -254,13 +340,31 @@ impl DeviceProfile {
             .h2d(bytes)
             .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
     }
+    /// Seconds of one GPU compression call on `bytes` (fixed cost + throughput term).
+    pub fn compress_s(&self, bytes: f64) -> f64 {
+        self.compress_overhead + bytes / self.compress
+    }
+    /// Seconds of one GPU decompression call producing `bytes`.
+    pub fn decompress_s(&self, bytes: f64) -> f64 {
+        self.decompress_overhead + bytes / self.decompress
+    }
+    /// Seconds of one fused decompress-and-add call on `bytes` of values (the plain
+    /// decompression's when not calibrated).
+    pub fn decompress_add_s(&self, bytes: f64) -> f64 {
+        if self.decompress_add > 0.0 {
+            self.decompress_add_overhead + bytes / self.decompress_add
+        } else {
+            self.decompress_s(bytes)
+        }
+    }
     /// The staging link of one hop of `bytes` (the curve at that size, else `staging`).
     pub fn staging_link(&self, bytes: f64) -> Link {
         self.staging_curve.link(bytes).unwrap_or(self.staging)
     }
     /// The model scenario of a staged point-to-point transfer of `bytes` at `ratio` over `link`
     /// in `chunks` pieces: the raw hops use the staging link at the chunk size, the compressed
-    /// hops at the compressed chunk size.
+    /// hops at the compressed chunk size; every chunk pays one compress + decompress call's
+    /// fixed cost ([`call_overhead`](Self::call_overhead)) on top of the throughput slopes.
     pub fn scenario(&self, link: Link, bytes: f64, ratio: f64, chunks: usize) -> Scenario {
         let k = chunks.max(1);
         let c = bytes / k as f64;
@@ -282,76 +386,182 @@ impl DeviceProfile {
         let piped = model::predict(&self.scenario(link, bytes, ratio, chunks)).compressed_pipelined;
         piped < 0.9 * whole
     }
-    /// Model (raw, compressed) seconds of [`DeviceStager::stage_to_host`] of `bytes`: a D2H of
-    /// the values vs GPU compression + D2H of the stream.
-    pub fn predict_stage_to_host(&self, bytes: f64, ratio: f64) -> (f64, f64) {
-        (
-            self.d2h_s(bytes),
-            bytes / self.compress + self.d2h_s(bytes / ratio.max(1e-9)),
-        )
-    }
-    /// Model (raw, compressed) seconds of [`DeviceStager::restore_to_device`] of `bytes`: an H2D
-    /// of the values vs H2D of the stream + GPU decompression.
-    pub fn predict_restore_to_device(&self, bytes: f64, ratio: f64) -> (f64, f64) {
-        (
-            self.h2d_s(bytes),
-            self.h2d_s(bytes / ratio.max(1e-9)) + bytes / self.decompress,
-        )
-    }
-    /// Model (raw, compressed) seconds of [`Communicator::allgather_device`] of `bytes` per rank
-    /// over `p` ranks: staging out, `p-1` link transfers, and `p` uploads (+ decompressions).
-    pub fn predict_allgather(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
-        let (pf, z) = (p as f64, bytes / ratio.max(1e-9));
-        let raw = self.d2h_s(bytes)
-            + (pf - 1.0) * (link.latency + bytes / link.bandwidth)
-            + pf * self.h2d_s(bytes);
-        let cmp = bytes / self.compress
-            + self.d2h_s(z)
-            + (pf - 1.0) * (link.latency + z / link.bandwidth)
-            + pf * (self.h2d_s(z) + bytes / self.decompress);
+    /// Model stages (raw, compressed) of [`DeviceStager::stage_to_host`] of `bytes`: a D2H of
+    /// the values vs a GPU compression + D2H of the stream.
+    pub fn stage_terms(&self, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(bytes / ratio.max(1e-9)),
+            ..Terms::default()
+        };
         (raw, cmp)
     }
-    /// Model (raw, compressed) seconds of [`Communicator::bcast_device`] of `bytes` over `p`
-    /// ranks (a binomial tree: `ceil(log2 p)` link transfers).
-    pub fn predict_bcast(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+    /// Model (raw, compressed) seconds of [`DeviceStager::stage_to_host`] of `bytes`.
+    pub fn predict_stage_to_host(&self, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.stage_terms(bytes, ratio);
+        (r.total(), c.total())
+    }
+    /// Model stages (raw, compressed) of [`DeviceStager::restore_to_device`] of `bytes`: an H2D
+    /// of the values vs an H2D of the stream + GPU decompression.
+    pub fn restore_terms(&self, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let raw = Terms {
+            h2d: self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            h2d: self.h2d_s(bytes / ratio.max(1e-9)),
+            decompress: self.decompress_s(bytes),
+            ..Terms::default()
+        };
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of [`DeviceStager::restore_to_device`] of `bytes`.
+    pub fn predict_restore_to_device(&self, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.restore_terms(bytes, ratio);
+        (r.total(), c.total())
+    }
+    /// Model stages (raw, compressed) of one whole-message [`Communicator::sendrecv_device`] of
+    /// `bytes` at `ratio` (the serial form of [`scenario`](Self::scenario) with one chunk, which
+    /// has the same total).
+    pub fn sendrecv_terms(&self, link: Link, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let z = bytes / ratio.max(1e-9);
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            link: link.latency + bytes / link.bandwidth,
+            h2d: self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(z),
+            link: link.latency + z / link.bandwidth,
+            h2d: self.h2d_s(z),
+            decompress: self.decompress_s(bytes),
+            device: 0.0,
+        };
+        (raw, cmp)
+    }
+    /// Model stages (raw, compressed) of [`Communicator::allgather_device`] of `bytes` per rank
+    /// over `p` ranks: staging out, `p-1` pairwise link transfers, and `p` uploads (+
+    /// decompression calls).
+    pub fn allgather_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let (pf, z) = (p.max(1) as f64, bytes / ratio.max(1e-9));
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            link: (pf - 1.0) * (link.latency + bytes / link.bandwidth),
+            h2d: pf * self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(z),
+            link: (pf - 1.0) * (link.latency + z / link.bandwidth),
+            h2d: pf * self.h2d_s(z),
+            decompress: pf * self.decompress_s(bytes),
+            device: 0.0,
+        };
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of [`Communicator::allgather_device`].
+    pub fn predict_allgather(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.allgather_terms(link, p, bytes, ratio);
+        (r.total(), c.total())
+    }
+    /// Model stages (raw, compressed) of the blocking [`Communicator::bcast_device`] of `bytes`
+    /// over `p` ranks: the root's staging out, `ceil(log2 p)` link transfers (binomial tree),
+    /// one upload (+ decompression) on every rank.
+    pub fn bcast_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let hops = (p.max(1) as f64).log2().ceil();
         let z = bytes / ratio.max(1e-9);
-        let raw =
-            self.d2h_s(bytes) + hops * (link.latency + bytes / link.bandwidth) + self.h2d_s(bytes);
-        let cmp = bytes / self.compress
-            + self.d2h_s(z)
-            + hops * (link.latency + z / link.bandwidth)
-            + self.h2d_s(z)
-            + bytes / self.decompress;
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            link: hops * (link.latency + bytes / link.bandwidth),
+            h2d: self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(z),
+            link: hops * (link.latency + z / link.bandwidth),
+            h2d: self.h2d_s(z),
+            decompress: self.decompress_s(bytes),
+            device: 0.0,
+        };
         (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of the blocking [`Communicator::bcast_device`].
+    pub fn predict_bcast(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.bcast_terms(link, p, bytes, ratio);
+        (r.total(), c.total())
     }
 }
 
 impl DeviceProfile {
-    /// Model seconds of the compressed device ring of [`Communicator::allreduce_device`] /
-    /// `allreduce_mean_device` (`full`) or [`Communicator::reduce_scatter_device`] of `bytes`
-    /// per rank over `p` ranks at `ratio`: `p-1` steps on a segment of `bytes/p`, each a GPU
-    /// compression, a D2H of the stream, the link transfer (plus the length header's latency),
-    /// an H2D of the received stream and the fused GPU decompress-and-add (and the per-call
-    /// codec overhead); then (`full`) the compressed allgather of the reduced segments
-    /// ([`predict_allgather`](Self::predict_allgather) of one segment). The value-range pass
-    /// and the device copy of the input are not modelled (memory-bandwidth bound, small).
-    pub fn predict_reduce(&self, link: Link, p: usize, bytes: f64, ratio: f64, full: bool) -> f64 {
-        let pf = p.max(1) as f64;
+    /// Model stages of the compressed device ring of [`Communicator::allreduce_device`] /
+    /// `allreduce_mean_device` (`fin = Some(final_ratio)`) or
+    /// [`Communicator::reduce_scatter_device`] (`fin = None`) of `bytes` per rank over `p` ranks:
+    ///
+    /// * the value-range pass over the input (every kind), and for the allreduces the device
+    ///   copy of the input into the accumulator (reduce-scatter copies one input segment per
+    ///   step instead);
+    /// * `p-1` steps on a segment of `bytes/p` at the ring's `ratio`, each a GPU compression, a
+    ///   D2H of the stream, the link transfer (plus the length header's latency), an H2D of the
+    ///   received stream and the fused GPU decompress-and-add;
+    /// * (allreduces) the mean's division of this rank's segment (`mean`), its compression once
+    ///   more at the final bound, whose stream has its own ratio `final_ratio` (the reduced
+    ///   segment is a sum of `p` fields at a bound of its own, so it compresses differently from
+    ///   the ring's partial sums), and the allgather of these streams
+    ///   ([`allgather_terms`](Self::allgather_terms) of one segment).
+    pub fn reduce_terms(
+        &self,
+        link: Link,
+        p: usize,
+        bytes: f64,
+        ratio: f64,
+        fin: Option<f64>,
+        mean: bool,
+    ) -> Terms {
+        if p < 2 {
+            return Terms::default();
+        }
+        let pf = p as f64;
         let seg = bytes / pf;
         let z = seg / ratio.max(1e-9);
-        let step = seg / self.compress
-            + self.d2h_s(z)
-            + 2.0 * link.latency
-            + z / link.bandwidth
-            + self.h2d_s(z)
-            + seg / self.decompress
-            + self.call_overhead;
-        let mut t = (pf - 1.0) * step;
-        if full {
-            t += self.predict_allgather(link, p, seg, ratio).1 + self.call_overhead;
+        let steps = pf - 1.0;
+        let mut t = Terms {
+            compress: steps * self.compress_s(seg),
+            d2h: steps * self.d2h_s(z),
+            link: steps * (2.0 * link.latency + z / link.bandwidth),
+            h2d: steps * self.h2d_s(z),
+            decompress: steps * self.decompress_add_s(seg),
+            device: pass_s(self.range_pass, bytes),
+        };
+        match fin {
+            Some(rf) => {
+                t.device += pass_s(self.device_copy, bytes);
+                if mean {
+                    t.device += pass_s(self.scale_pass, seg);
+                }
+                let g = self.allgather_terms(link, p, seg, rf).1;
+                t.compress += g.compress;
+                t.d2h += g.d2h;
+                t.link += g.link;
+                t.h2d += g.h2d;
+                t.decompress += g.decompress;
+            }
+            None => t.device += steps * pass_s(self.device_copy, seg),
         }
         t
+    }
+    /// Model seconds of the compressed device ring (see [`reduce_terms`](Self::reduce_terms)),
+    /// with the final streams (`full`) at the ring's ratio and no division.
+    pub fn predict_reduce(&self, link: Link, p: usize, bytes: f64, ratio: f64, full: bool) -> f64 {
+        self.reduce_terms(link, p, bytes, ratio, full.then_some(ratio), false)
+            .total()
     }
 }
 
@@ -395,6 +605,9 @@ pub struct DeviceStager {
     utils: Option<DevUtils>,
     /// Stage times of the last operation.
     pub last: StageTimes,
+    /// The model's stages of the last operation's path (compressed or raw) at the ratios it
+    /// achieved (see [`Terms`]; for a pipelined exchange the serial sums of its chunks).
+    pub last_predicted: Terms,
 }
 
 impl std::fmt::Debug for DeviceStager {
@@ -419,6 +632,7 @@ impl DeviceStager {
             profile: None,
             utils: None,
             last: StageTimes::default(),
+            last_predicted: Terms::default(),
         }
     }
     /// The GPU codec (its stream is the one all copies run on).
@@ -568,6 +782,13 @@ impl DeviceStager {
             compress: t.elapsed().as_secs_f64(),
             ..Default::default()
         };
+        let bytes = (data.len() * T::SIZE) as f64;
+        self.last_predicted = self
+            .profile
+            .clone()
+            .unwrap_or_else(DeviceProfile::guess)
+            .stage_terms(bytes, bytes / len.max(1) as f64)
+            .1;
         Ok(len)
     }
 
@@ -710,6 +931,13 @@ impl DeviceStager {
             });
         }
         self.last = StageTimes::default();
+        let bytes = (staged.count * staged.dtype.size()) as f64;
+        self.last_predicted = self
+            .profile
+            .clone()
+            .unwrap_or_else(DeviceProfile::guess)
+            .restore_terms(bytes, staged.ratio())
+            .1;
         self.upload_and_decompress(staged.stream()?, out)
     }
 
@@ -834,6 +1062,13 @@ impl DeviceStager {
     ///   sizes up to it), same schedule, stored as the profile's [`StagingCurve`]; the
     ///   compressed streams (ratio times smaller) are predicted at their own size. Add exact
     ///   sizes with [`calibrate_staging`](Self::calibrate_staging).
+    /// * Codec calls (compression, decompression, the fused decompress-and-add of the device
+    ///   ring) on the field and on a tiny prefix of [`CALIBRATION_TINY_VALUES`]: the line
+    ///   through both ([`model::call_line`]) gives each call's throughput and fixed cost.
+    /// * Device-memory passes of the device reductions, same schedule: a device-to-device copy
+    ///   of the field, the value-range pass over it and the in-place division kernel (the last
+    ///   two need the NVRTC-compiled utility kernels; without them on every rank they stay 0,
+    ///   i.e. not charged).
     pub fn calibrate(
         &mut self,
         comm: &Communicator,
@@ -845,7 +1080,7 @@ impl DeviceStager {
         comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
         let values = v[0] as usize;
         let s = self.stream();
-        let (tc, td, tc_tiny, td_tiny, tiny) = {
+        let (codec_times, tiny) = {
             use rayon::prelude::*;
             let host: Vec<f32> = (0..values)
                 .into_par_iter()
@@ -858,39 +1093,82 @@ impl DeviceStager {
             drop(host);
             let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
             let bound = ErrorBound::Noa(1e-3);
+            // one codec call on the calibration stream (the first `len` bytes of the compression
+            // scratch) into the first `m` values of `out`: plain or fused decompress-and-add
+            let mut decode = |me: &mut Self, len: usize, m: usize, add: bool| -> Result<()> {
+                let src = me.scratch_out.take().expect("grown");
+                let r = {
+                    let v = src.slice(0..len);
+                    let mut o = out.slice_mut(..m);
+                    if add {
+                        me.gpu.decompress_add_device(&v, &mut o)
+                    } else {
+                        me.gpu.decompress_device(&v, &mut o)
+                    }
+                };
+                me.scratch_out = Some(src);
+                r
+            };
             let mut len = 0;
             let tc = Self::repeat(comm, || {
                 len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
                 Ok(())
             })?;
-            let td = Self::repeat(comm, || {
-                let src = self.scratch_out.take().expect("grown");
-                let r = {
-                    let v = src.slice(0..len);
-                    let mut o = out.slice_mut(..);
-                    self.gpu.decompress_device(&v, &mut o)
-                };
-                self.scratch_out = Some(src);
-                r
-            })?;
-            // fixed per-call cost: the same calls on a tiny buffer
+            let td = Self::repeat(comm, || decode(self, len, values, false))?;
+            let tda = Self::repeat(comm, || decode(self, len, values, true))?;
+            // fixed per-call cost: the same calls on a tiny buffer (the intercept of each call's
+            // line, see `model::call_line`)
             let tiny = CALIBRATION_TINY_VALUES.min(values);
             let mut tlen = 0;
             let tc_tiny = Self::repeat(comm, || {
                 tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
                 Ok(())
             })?;
-            let td_tiny = Self::repeat(comm, || {
-                let src = self.scratch_out.take().expect("grown");
-                let r = {
-                    let v = src.slice(0..tlen);
-                    let mut o = out.slice_mut(..tiny);
-                    self.gpu.decompress_device(&v, &mut o)
-                };
-                self.scratch_out = Some(src);
-                r
+            let td_tiny = Self::repeat(comm, || decode(self, tlen, tiny, false))?;
+            let tda_tiny = Self::repeat(comm, || decode(self, tlen, tiny, true))?;
+            // device-memory passes of the device reductions: the input copy into the
+            // accumulator, the value-range pass, the mean's division (by 1 here)
+            let t_copy = Self::repeat(comm, || {
+                s.memcpy_dtod(&dev, &mut out).map_err(gpu_err("dtod"))?;
+                s.synchronize().map_err(gpu_err("sync"))
             })?;
-            (tc, td, tc_tiny, td_tiny, tiny)
+            // the utility kernels need NVRTC: without it the device ring is not used either,
+            // and their terms stay uncalibrated (0)
+            // (every rank runs the timed calls or none: the repetitions hold barriers)
+            let loaded = self.utils().map(|_| ());
+            let mut all_ok = [f64::from(u8::from(loaded.is_ok()))];
+            comm.transport().allreduce_f64(&mut all_ok, ReduceOp::Min)?;
+            let loaded = match loaded {
+                Ok(()) if all_ok[0] < 0.5 => Err(Error::Unavailable(
+                    "another rank has no utility kernels".into(),
+                )),
+                r => r,
+            };
+            let (t_range, t_scale) = match loaded {
+                Ok(()) => {
+                    let u = self.utils.take().expect("loaded");
+                    let r = (|| -> Result<(f64, f64)> {
+                        let tr = Self::repeat(comm, || u.range(&s, &dev.slice(..)).map(|_| ()))?;
+                        let ts = Self::repeat(comm, || {
+                            u.scale(&s, &mut out.slice_mut(..), 1.0f32)?;
+                            s.synchronize().map_err(gpu_err("sync"))
+                        })?;
+                        Ok((tr, ts))
+                    })();
+                    self.utils = Some(u);
+                    r?
+                }
+                Err(e) => {
+                    tracing::warn!(target: "zcomm::comm", "device profile: no utility kernels ({e}): range and scale passes not calibrated");
+                    (0.0, 0.0)
+                }
+            };
+            (
+                vec![
+                    tc, td, tda, tc_tiny, td_tiny, tda_tiny, t_copy, t_range, t_scale,
+                ],
+                tiny,
+            )
         };
         let total = values * 4;
         let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
@@ -899,28 +1177,33 @@ impl DeviceStager {
             .filter(|&b| b < total)
             .collect();
         sizes.push(total);
-        let mut times = vec![tc, td, tc_tiny, td_tiny];
+        let nc = codec_times.len();
+        let mut times = codec_times;
         let mut buf = s.alloc_zeros::<u8>(total).map_err(gpu_err("alloc"))?;
         for &b in &sizes {
             let (d, h) = self.time_staging(comm, &mut buf, b)?;
             times.extend([d, h]);
         }
         drop(buf);
+        // every rank must have run the same calls (a rank without the utility kernels sent 0:
+        // the maximum keeps the others' measurement)
         comm.transport().allreduce_f64(&mut times, ReduceOp::Max)?;
         let bytes = total as f64;
         let mut curve = StagingCurve::default();
         for (i, &b) in sizes.iter().enumerate() {
             curve.insert(StagingPoint {
                 bytes: b as f64,
-                d2h: times[4 + 2 * i],
-                h2d: times[5 + 2 * i],
+                d2h: times[nc + 2 * i],
+                h2d: times[nc + 1 + 2 * i],
             });
         }
         let last = curve.points.last().copied().expect("one size at least");
-        let (compress, decompress) = (bytes / times[0].max(1e-12), bytes / times[1].max(1e-12));
         let tb = (tiny * 4) as f64;
-        let call_overhead =
-            (times[2] - tb / compress).max(0.0) + (times[3] - tb / decompress).max(0.0);
+        let (compress, compress_overhead) = model::call_line(tb, times[3], bytes, times[0]);
+        let (decompress, decompress_overhead) = model::call_line(tb, times[4], bytes, times[1]);
+        let (decompress_add, decompress_add_overhead) =
+            model::call_line(tb, times[5], bytes, times[2]);
+        let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
         let p = DeviceProfile {
             staging: Link {
                 bandwidth: last.bytes / last.d2h.max(last.h2d).max(1e-12),
@@ -929,11 +1212,22 @@ impl DeviceStager {
             compress,
             decompress,
             staging_curve: curve,
-            call_overhead,
+            call_overhead: compress_overhead + decompress_overhead,
+            compress_overhead,
+            decompress_overhead,
+            decompress_add,
+            decompress_add_overhead,
+            // a copy moves `bytes` once (read + write)
+            device_copy: rate(times[6]),
+            range_pass: rate(times[7]),
+            scale_pass: rate(times[8]),
         };
-        tracing::info!(target: "zcomm::comm", "device profile: compress {} decompress {} staging {} ({} sizes), call overhead {:.1} us",
-            model::fmt_rate(p.compress), model::fmt_rate(p.decompress),
-            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(), p.call_overhead * 1e6);
+        tracing::info!(target: "zcomm::comm", "device profile: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us, staging {} ({} sizes), device copy {}, range {}, scale {}",
+            model::fmt_rate(p.compress), p.compress_overhead * 1e6,
+            model::fmt_rate(p.decompress), p.decompress_overhead * 1e6,
+            model::fmt_rate(p.decompress_add), p.decompress_add_overhead * 1e6,
+            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(),
+            model::fmt_rate(p.device_copy), model::fmt_rate(p.range_pass), model::fmt_rate(p.scale_pass));
         self.profile = Some(p.clone());
         Ok(p)
     }
@@ -1217,6 +1511,9 @@ impl Communicator {
                 let ratio = st.ratio.max(1e-9);
                 let pk = model::predict(&sc(ratio, k));
                 st.predicted_compressed_s = pk.compressed_pipelined;
+                // the stages' serial sums over the k chunks (the pipeline overlaps them)
+                let c = dp.sendrecv_terms(link, bytes as f64 / k as f64, ratio).1;
+                dev.last_predicted = c.times(k as f64);
                 pk.compressed_pipelined
             } else if compress {
                 pr.compressed_serial
@@ -1281,7 +1578,9 @@ impl Communicator {
         } else {
             pr.raw_serial
         };
-        tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "sendrecv_device");
+        let (tr, tc) = dp.sendrecv_terms(link, bytes as f64, ratio_for_model);
+        dev.last_predicted = if compress { tc } else { tr };
+        tracing::debug!(target: "zcomm::comm", stages = ?dev.last, predicted = ?dev.last_predicted, "sendrecv_device");
         Ok(self.finish(st, t0))
     }
 }
@@ -1513,8 +1812,15 @@ struct GatherPrep {
     t0: f64,
 }
 
+/// Tag of the pairwise exchanges of [`gather_pinned`].
+const TAG_GATHER: i32 = 32002;
+
 /// The blocking allgather of the records between the stager's pinned buffers (`ps`: this
-/// rank's record, `pr`: every record, `total` bytes).
+/// rank's record, `pr`: every record, `total` bytes; this rank's range of `pr` is not written:
+/// callers read their own record from `ps`). `p-1` pairwise exchanges of known sizes (step `s`:
+/// send to `r+s`, receive from `r-s`) straight into the pinned buffer, not `MPI_Allgatherv`,
+/// which also copies this rank's record into its place in the receive buffer (a host memcpy of
+/// the whole stream per call, outside the link's time).
 fn gather_pinned(
     t: &dyn super::transport::Transport,
     ps: &Option<PinnedHostSlice<u8>>,
@@ -1531,7 +1837,24 @@ fn gather_pinned(
         Some(b) => &mut b.as_mut_slice().map_err(gpu_err("pinned"))?[..total],
         None => &mut [],
     };
-    t.allgatherv_into(mine, lens, out)
+    let (p, r) = (t.size(), t.rank());
+    if lens.len() != p || lens[r] != mine.len() || lens.iter().sum::<usize>() != out.len() {
+        return Err(Error::invalid(
+            "device allgather: lengths disagree with the records or the output",
+        ));
+    }
+    let mut offs = Vec::with_capacity(p);
+    let mut off = 0;
+    for &l in lens {
+        offs.push(off);
+        off += l;
+    }
+    for s in 1..p {
+        let (dest, src) = ((r + s) % p, (r + p - s) % p);
+        let dst = &mut out[offs[src]..offs[src] + lens[src]];
+        t.sendrecv_sized(dest, mine, src, dst, TAG_GATHER)?;
+    }
+    Ok(())
 }
 
 /// A pending [`Communicator::iallgather_device`]: the compressed (or raw) streams are in flight
@@ -1813,10 +2136,15 @@ impl Communicator {
         };
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let ratio = if compress { st.ratio } else { 1.0 };
-        let (raw_t, cmp_t) = dp.predict_allgather(self.profile.link, p, st.bytes as f64, ratio);
-        st.predicted_raw_s = raw_t;
-        st.predicted_compressed_s = cmp_t;
-        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let (raw_t, cmp_t) = dp.allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
+        st.predicted_raw_s = raw_t.total();
+        st.predicted_compressed_s = cmp_t.total();
+        st.predicted_s = if compress {
+            st.predicted_compressed_s
+        } else {
+            st.predicted_raw_s
+        };
+        dev.last_predicted = if compress { cmp_t } else { raw_t };
         Ok(GatherPrep {
             compressed: compress,
             n,
@@ -2038,10 +2366,15 @@ impl Communicator {
         }
         st.wire_bytes = len as u64;
         let (raw_t, cmp_t) =
-            dp.predict_bcast(link, p, bytes, if compressed { st.ratio } else { 1.0 });
-        st.predicted_raw_s = raw_t;
-        st.predicted_compressed_s = cmp_t;
-        st.predicted_s = if compressed { cmp_t } else { raw_t };
+            dp.bcast_terms(link, p, bytes, if compressed { st.ratio } else { 1.0 });
+        st.predicted_raw_s = raw_t.total();
+        st.predicted_compressed_s = cmp_t.total();
+        st.predicted_s = if compressed {
+            st.predicted_compressed_s
+        } else {
+            st.predicted_raw_s
+        };
+        dev.last_predicted = if compressed { cmp_t } else { raw_t };
         Ok(BcastPrep {
             compressed,
             n,
@@ -2200,6 +2533,15 @@ impl Communicator {
         let st = r?;
         dev.last.network = t.elapsed().as_secs_f64();
         dev.upload_pinned(false, 0..out_bytes, out, false)?;
+        {
+            let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+            dev.last_predicted = Terms {
+                d2h: dp.d2h_s(in_bytes as f64),
+                link: st.predicted_s,
+                h2d: dp.h2d_s(out_bytes as f64),
+                ..Terms::default()
+            };
+        }
         let st = self.add_staging(dev, st, in_bytes, out_bytes);
         Ok(self.finish(st, t0))
     }
@@ -2287,29 +2629,40 @@ impl Communicator {
         let (host_raw, _) = self.reduce_times::<T>(n, full, 1.0);
         let raw_t = host_raw + dp.d2h_s(bytes as f64) + dp.h2d_s(out_bytes as f64);
         let key = super::coll_key(n, self.config.bound);
-        let opk = op | 0x80;
+        // the ring's per-step ratio and (allreduces) the final streams' ratio, remembered
+        // separately: the final segment is a sum of `p` fields compressed at a bound of its own
+        let (opk, opf) = (op | 0x80, op | 0xC0);
         let est = self.ratios.get(opk, key);
-        let (compress, ratio) = match self.config.policy {
-            Policy::Never => (false, 1.0),
-            Policy::Always(_) => (true, est.unwrap_or(1.0)),
+        let est_f = self.ratios.get(opf, key).or(est);
+        let mean = kind == Reduction::Mean;
+        let fin = |r: f64| full.then_some(r);
+        let (compress, ratio, ratio_f) = match self.config.policy {
+            Policy::Never => (false, 1.0, 1.0),
+            Policy::Always(_) => (true, est.unwrap_or(1.0), est_f.unwrap_or(1.0)),
             Policy::Auto(_) => {
                 // never when even an infinite ratio cannot pay; without an estimate on every
                 // rank yet, compress once to learn the ratio. The inputs are summed and the
                 // verdict is the minimum over the ranks, so every rank takes the same path
                 // even with differing profiles.
-                let best = dp.predict_reduce(link, p, bytes as f64, f64::INFINITY, full);
+                let inf = f64::INFINITY;
+                let best = dp
+                    .reduce_terms(link, p, bytes as f64, inf, fin(inf), mean)
+                    .total();
                 let mut v = [
                     1.0 / est.unwrap_or(1.0).max(1e-9),
                     f64::from(u8::from(est.is_some())),
                     f64::from(u8::from(best < 0.95 * raw_t)),
+                    1.0 / est_f.unwrap_or(1.0).max(1e-9),
                 ];
                 self.transport().allreduce_f64(&mut v, ReduceOp::Sum)?;
-                let ratio = pf / v[0];
+                let (ratio, ratio_f) = (pf / v[0], pf / v[3]);
                 let (known, can) = (v[1] >= pf - 0.5, v[2] >= pf - 0.5);
-                let cmp = dp.predict_reduce(link, p, bytes as f64, ratio, full);
+                let cmp = dp
+                    .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
+                    .total();
                 let mut w = [f64::from(u8::from(can && (!known || cmp < 0.95 * raw_t)))];
                 self.transport().allreduce_f64(&mut w, ReduceOp::Min)?;
-                (w[0] > 0.5, ratio)
+                (w[0] > 0.5, ratio, ratio_f)
             }
         };
         if !compress {
@@ -2319,7 +2672,9 @@ impl Communicator {
         st.bytes = bytes as u64;
         st.ratio_estimate = ratio;
         st.predicted_raw_s = raw_t;
-        st.predicted_compressed_s = dp.predict_reduce(link, p, bytes as f64, ratio, full);
+        st.predicted_compressed_s = dp
+            .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
+            .total();
         st.predicted_s = st.predicted_compressed_s;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
@@ -2455,11 +2810,13 @@ impl Communicator {
         };
         self.agree(desc, failed.map_or(Ok(()), Err))?;
         let ring_wire = wire;
+        let mut final_total = 0usize;
         if full {
             // 6. allgather of the final streams (pinned, as allgather_device), then H2D +
             // GPU decompression of every stream (this rank's own too: identical results)
             let lens = self.transport().allgather_lens(mine_len)?;
             let total: usize = lens.iter().sum();
+            final_total = total;
             if total > p * cap {
                 return Err(Error::Comm(format!(
                     "device allreduce: {total} bytes of final streams exceed {}",
@@ -2492,9 +2849,16 @@ impl Communicator {
         // the ring's per-step ratio: the prediction at the ratio met, and the estimate of the
         // next Auto decision of this size and bound
         let rr = ((bytes as f64 / pf) * (pf - 1.0) / ring_wire.max(1) as f64).max(1.0);
-        st.predicted_compressed_s = dp.predict_reduce(link, p, bytes as f64, rr, full);
+        // the final streams: every segment once (`bytes` in all)
+        let rf = (bytes as f64 / final_total.max(1) as f64).max(1.0);
+        let terms = dp.reduce_terms(link, p, bytes as f64, rr, fin(rf), mean);
+        st.predicted_compressed_s = terms.total();
         st.predicted_s = st.predicted_compressed_s;
+        dev.last_predicted = terms;
         self.ratios.put(opk, key, rr);
+        if full {
+            self.ratios.put(opf, key, rf);
+        }
         tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "{} device ring", super::op_name(op));
         Ok(Some(self.finish(st, t0)))
     }
@@ -2770,33 +3134,146 @@ impl Communicator {
 mod tests {
     use super::*;
 
+    /// A calibrated-looking profile: H100-like numbers, every term set, staging by the curve.
+    fn profile() -> DeviceProfile {
+        let mut curve = StagingCurve::default();
+        for (b, d, h) in [
+            (16e6, 0.8e-3, 0.6e-3),
+            (64e6, 2.4e-3, 1.3e-3),
+            (1e9, 39e-3, 39e-3),
+        ] {
+            curve.insert(StagingPoint {
+                bytes: b,
+                d2h: d,
+                h2d: h,
+            });
+        }
+        DeviceProfile {
+            staging: Link {
+                bandwidth: 27e9,
+                latency: 10e-6,
+            },
+            compress: 260e9,
+            decompress: 480e9,
+            staging_curve: curve,
+            call_overhead: 0.5e-3,
+            compress_overhead: 0.3e-3,
+            decompress_overhead: 0.2e-3,
+            decompress_add: 400e9,
+            decompress_add_overhead: 0.25e-3,
+            device_copy: 1.2e12,
+            range_pass: 2.0e12,
+            scale_pass: 1.0e12,
+        }
+    }
+
+    const LINK: Link = Link {
+        bandwidth: 3.8e9,
+        latency: 2e-6,
+    };
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * a.abs().max(b.abs()).max(1e-9)
+    }
+
+    #[test]
+    fn predict_bcast_is_the_hand_formula() {
+        let dp = profile();
+        let (b, r) = (1073741824.0, 19.0);
+        let z = b / r;
+        for (p, hops) in [(2usize, 1.0), (4, 2.0), (5, 3.0)] {
+            let (raw, cmp) = dp.predict_bcast(LINK, p, b, r);
+            let want_raw = dp.d2h_s(b) + hops * (2e-6 + b / 3.8e9) + dp.h2d_s(b);
+            let want_cmp = (0.3e-3 + b / 260e9)
+                + dp.d2h_s(z)
+                + hops * (2e-6 + z / 3.8e9)
+                + dp.h2d_s(z)
+                + (0.2e-3 + b / 480e9);
+            assert!(close(raw, want_raw), "p={p}: {raw} vs {want_raw}");
+            assert!(close(cmp, want_cmp), "p={p}: {cmp} vs {want_cmp}");
+            let (tr, tc) = dp.bcast_terms(LINK, p, b, r);
+            assert!(close(tr.total(), raw) && close(tc.total(), cmp));
+            assert!(close(tc.link, hops * (2e-6 + z / 3.8e9)) && tc.device == 0.0);
+        }
+        // one rank: no link hop
+        assert_eq!(dp.bcast_terms(LINK, 1, b, r).1.link, 0.0);
+    }
+
+    #[test]
+    fn codec_calls_pay_their_fixed_cost_once() {
+        let dp = profile();
+        let b = 1073741824.0;
+        // the whole-message exchange: its scenario (one chunk) equals the stage sum, with one
+        // compress + decompress call's fixed cost
+        let (tr, tc) = dp.sendrecv_terms(LINK, b, 19.0);
+        let pr = model::predict(&dp.scenario(LINK, b, 19.0, 1));
+        assert!(close(pr.compressed_serial, tc.total()));
+        assert!(close(pr.raw_serial, tr.total()));
+        assert!(close(tc.compress, 0.3e-3 + b / 260e9));
+        assert!(close(tc.decompress, 0.2e-3 + b / 480e9));
+        // stage / restore
+        let (_, s) = dp.stage_terms(b, 19.0);
+        assert!(close(s.total(), 0.3e-3 + b / 260e9 + dp.d2h_s(b / 19.0)));
+        let (_, r) = dp.restore_terms(b, 19.0);
+        assert!(close(r.total(), dp.h2d_s(b / 19.0) + 0.2e-3 + b / 480e9));
+        // allgather: one compression, p decompression calls
+        let (_, g) = dp.allgather_terms(LINK, 4, b, 19.0);
+        assert!(close(g.compress, dp.compress_s(b)));
+        assert!(close(g.decompress, 4.0 * dp.decompress_s(b)));
+        assert!(close(g.link, 3.0 * (2e-6 + b / 19.0 / 3.8e9)));
+        assert!(close(g.h2d, 4.0 * dp.h2d_s(b / 19.0)));
+        // the fused kernel falls back to the plain decompression when not calibrated
+        let mut q = dp.clone();
+        q.decompress_add = 0.0;
+        assert_eq!(q.decompress_add_s(b), q.decompress_s(b));
+        assert!(close(dp.decompress_add_s(b), 0.25e-3 + b / 400e9));
+    }
+
     #[test]
     fn predict_reduce_structure() {
-        let dp = DeviceProfile::guess();
-        let link = Link {
-            bandwidth: 10e9,
-            latency: 5e-6,
-        };
+        let dp = profile();
         let b = 1e9;
         // one rank: nothing to do
-        assert_eq!(dp.predict_reduce(link, 1, b, 10.0, false), 0.0);
-        // p-1 steps of compress + D2H + link + H2D + decompress-add on a segment
+        assert_eq!(dp.predict_reduce(LINK, 1, b, 10.0, false), 0.0);
+        // p-1 steps of compress + D2H + link + H2D + fused decompress-add on a segment, the
+        // range pass, one input segment copied per step
         let (p, r) = (4usize, 8.0);
         let (seg, z) = (b / 4.0, b / 4.0 / r);
-        let step = seg / dp.compress
+        let step = dp.compress_s(seg)
             + dp.d2h_s(z)
-            + 2.0 * link.latency
-            + z / link.bandwidth
+            + 2.0 * LINK.latency
+            + z / LINK.bandwidth
             + dp.h2d_s(z)
-            + seg / dp.decompress
-            + dp.call_overhead;
-        let rs = dp.predict_reduce(link, p, b, r, false);
-        assert!((rs - 3.0 * step).abs() < 1e-12 * rs.max(1.0));
-        // the allreduce adds the compressed allgather of one segment
-        let ar = dp.predict_reduce(link, p, b, r, true);
-        let ag = dp.predict_allgather(link, p, seg, r).1 + dp.call_overhead;
-        assert!((ar - rs - ag).abs() < 1e-12 * ar);
-        // a better ratio is never slower
-        assert!(dp.predict_reduce(link, p, b, 20.0, true) <= ar);
+            + dp.decompress_add_s(seg)
+            + seg / dp.device_copy;
+        let range = b / dp.range_pass;
+        let rs = dp.reduce_terms(LINK, p, b, r, None, false);
+        assert!(close(rs.total(), 3.0 * step + range));
+        assert!(close(rs.device, range + 3.0 * seg / dp.device_copy));
+        assert!(close(dp.predict_reduce(LINK, p, b, r, false), rs.total()));
+        // the allreduce: the input copied once (not per step), then the compressed allgather
+        // of one segment at the final streams' own ratio
+        let rf = 5.0;
+        let ar = dp.reduce_terms(LINK, p, b, r, Some(rf), false);
+        let ag = dp.allgather_terms(LINK, p, seg, rf).1.total();
+        let ring = 3.0 * (step - seg / dp.device_copy) + range + b / dp.device_copy;
+        assert!(
+            close(ar.total(), ring + ag),
+            "{} vs {}",
+            ar.total(),
+            ring + ag
+        );
+        // the mean adds the division of this rank's segment
+        let am = dp.reduce_terms(LINK, p, b, r, Some(rf), true);
+        assert!(close(am.total() - ar.total(), seg / dp.scale_pass));
+        // predict_reduce: the final streams at the ring's ratio
+        let same = dp.reduce_terms(LINK, p, b, r, Some(r), false).total();
+        assert!(close(dp.predict_reduce(LINK, p, b, r, true), same));
+        // a worse final ratio is slower; a better ratio is never slower
+        assert!(ar.total() > same);
+        assert!(dp.predict_reduce(LINK, p, b, 20.0, true) <= same);
+        // uncalibrated device passes are not charged
+        let g = DeviceProfile::guess();
+        assert_eq!(g.reduce_terms(LINK, p, b, r, Some(r), true).device, 0.0);
     }
 }

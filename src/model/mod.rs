@@ -443,6 +443,29 @@ pub fn median(v: &[f64]) -> f64 {
     w[w.len() / 2]
 }
 
+/// The line `t(b) = overhead + b / rate` through two measured calls of one operation, on
+/// `small` and `big` bytes (`small < big`), as `(rate, overhead)`: the fixed per-call cost
+/// (launches, synchronizations, read-backs) is the intercept and `rate` the slope, so that
+/// `t(big)` is reproduced exactly and a call on `b` bytes costs `overhead + b / rate` once, not
+/// `b / (big / t(big))` plus a separately charged overhead (which counts the fixed cost twice).
+/// Degenerate measurements (a non-increasing pair, a non-positive intercept) give overhead 0
+/// and the rate `big / t(big)`.
+pub fn call_line(small: f64, t_small: f64, big: f64, t_big: f64) -> (f64, f64) {
+    let whole = (big / t_big.max(1e-12), 0.0);
+    if !(big > small && small >= 0.0 && t_big > 0.0 && t_small >= 0.0) {
+        return whole;
+    }
+    let slope = (t_big - t_small) / (big - small);
+    if !(slope > 0.0 && slope.is_finite()) {
+        return whole;
+    }
+    let overhead = t_big - big * slope;
+    if overhead.is_nan() || overhead <= 0.0 {
+        return whole;
+    }
+    (1.0 / slope, overhead)
+}
+
 /// Parse a rate like `25GB/s`, `400 GB/s`, `12.5GiB/s`, `800MB/s`, `1e9` (bytes/s).
 pub fn parse_rate(s: &str) -> Result<f64> {
     let t = s.trim().trim_end_matches("/s").trim();
@@ -712,6 +735,21 @@ mod tests {
         // the curve round-trips through JSON (the DeviceProfile carries it)
         let j = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<StagingCurve>(&j).unwrap(), c);
+    }
+
+    #[test]
+    fn call_line_reproduces_both_points() {
+        // 0.3 ms fixed + 1 GiB at 250 GB/s; tiny call of 256 KiB
+        let (o, r) = (0.3e-3, 250e9);
+        let (small, big) = (262144.0, 1073741824.0);
+        let (rate, oh) = call_line(small, o + small / r, big, o + big / r);
+        assert!((rate / r - 1.0).abs() < 1e-9 && (oh - o).abs() < 1e-12);
+        // the big call is reproduced exactly: overhead + big / rate = t(big)
+        assert!((oh + big / rate - (o + big / r)).abs() < 1e-15);
+        // degenerate: tiny call slower than the big one, or a negative intercept
+        assert_eq!(call_line(small, 1.0, big, 0.5), (big / 0.5, 0.0));
+        assert_eq!(call_line(small, 0.0, big, 4e-3), (big / 4e-3, 0.0));
+        assert_eq!(call_line(big, 1e-3, small, 2e-3), (small / 2e-3, 0.0));
     }
 
     #[test]
