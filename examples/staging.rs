@@ -213,46 +213,85 @@ fn bound_limit(b: ErrorBound, lo: f64, hi: f64) -> impl Fn(f64) -> f64 {
     }
 }
 
+/// The times of `--iters` timed calls (slowest rank each): the best (the report's time) and the
+/// median (the statistic of the calibrations behind the model).
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    best: f64,
+    median: f64,
+}
+
 /// One warm-up, then the best of `iters` (slowest rank each time) and the last result.
 fn best<T>(
     c: &mut Communicator,
     iters: usize,
-    mut f: impl FnMut(&mut Communicator) -> Result<T>,
+    f: impl FnMut(&mut Communicator) -> Result<T>,
 ) -> Result<(f64, T)> {
+    best_setup(c, iters, |_| Ok(()), f).map(|(t, r)| (t.best, r))
+}
+
+/// [`best`] with both statistics and an untimed `setup` before every call (e.g. restoring an
+/// in-place operation's input).
+fn best_setup<T>(
+    c: &mut Communicator,
+    iters: usize,
+    mut setup: impl FnMut(&mut Communicator) -> Result<()>,
+    mut f: impl FnMut(&mut Communicator) -> Result<T>,
+) -> Result<(Timing, T)> {
+    setup(c)?;
     let (_, first) = timed(c, &mut f);
     let mut out = first?;
-    let mut t_best = f64::INFINITY;
+    let mut times = Vec::with_capacity(iters.max(1));
     for _ in 0..iters.max(1) {
+        setup(c)?;
         let (t, r) = timed(c, &mut f);
         out = r?;
-        t_best = t_best.min(t);
+        times.push(t);
     }
-    Ok((t_best, out))
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok((
+        Timing {
+            best,
+            median: zcomm::model::median(&times),
+        },
+        out,
+    ))
 }
 
 /// Raw (`Never`), `Auto` and compressed (`Always`) runs of one operation, in that order (so the
 /// output buffers hold the compressed result afterwards).
 struct Triple {
-    raw: (f64, OpStats),
-    auto: (f64, OpStats),
-    cmp: (f64, OpStats),
+    raw: (Timing, OpStats),
+    auto: (Timing, OpStats),
+    cmp: (Timing, OpStats),
 }
 
 fn triple(
     c: &mut Communicator,
     a: &Args,
     op: &str,
+    f: impl FnMut(&mut Communicator) -> Result<OpStats>,
+) -> Result<Triple> {
+    triple_setup(c, a, op, |_| Ok(()), f)
+}
+
+/// [`triple`] with an untimed `setup` before every call.
+fn triple_setup(
+    c: &mut Communicator,
+    a: &Args,
+    op: &str,
+    mut setup: impl FnMut(&mut Communicator) -> Result<()>,
     mut f: impl FnMut(&mut Communicator) -> Result<OpStats>,
 ) -> Result<Triple> {
     step(c, &format!("{op}: Never"));
     c.set_policy(Policy::Never);
-    let raw = best(c, a.iters, &mut f)?;
+    let raw = best_setup(c, a.iters, &mut setup, &mut f)?;
     step(c, &format!("{op}: Auto"));
     c.set_policy(Policy::Auto(a.c.codec));
-    let auto = best(c, a.iters, &mut f)?;
+    let auto = best_setup(c, a.iters, &mut setup, &mut f)?;
     step(c, &format!("{op}: Always"));
     c.set_policy(Policy::Always(a.c.codec));
-    let cmp = best(c, a.iters, &mut f)?;
+    let cmp = best_setup(c, a.iters, &mut setup, &mut f)?;
     Ok(Triple { raw, auto, cmp })
 }
 
@@ -318,17 +357,25 @@ struct Rec {
     bytes: f64,
     raw_s: f64,
     cmp_s: f64,
+    /// Medians of the timed calls (NaN where not taken).
+    raw_med: f64,
+    cmp_med: f64,
     auto_s: f64,
     auto: Option<Decision>,
     pred_raw: f64,
     pred_cmp: f64,
     ratio: f64,
     check: Check,
+    /// More fields of the JSON record (device runs: the measured stages and the model's terms
+    /// of the last compressed call).
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Default)]
 struct Table {
     rows: Vec<Rec>,
+    /// JSON records written before the rows (device runs: the calibration profile).
+    meta: Vec<serde_json::Value>,
     notes: Vec<String>,
     all_ok: bool,
     /// Rank 0 prints a progress line per finished row (long runs at 1 GiB per rank).
@@ -357,13 +404,26 @@ fn fmt_pct(e: f64) -> String {
 
 impl Table {
     fn add_triple(&mut self, c: &Communicator, op: &str, t: &Triple, check: Check) {
+        self.add_triple_with(c, op, t, check, Default::default());
+    }
+    fn add_triple_with(
+        &mut self,
+        c: &Communicator,
+        op: &str,
+        t: &Triple,
+        check: Check,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) {
         let g = |v: f64| global_max(c, v);
         self.push(Rec {
             op: op.into(),
             bytes: t.cmp.1.bytes as f64,
-            raw_s: t.raw.0,
-            cmp_s: t.cmp.0,
-            auto_s: t.auto.0,
+            raw_s: t.raw.0.best,
+            cmp_s: t.cmp.0.best,
+            raw_med: t.raw.0.median,
+            cmp_med: t.cmp.0.median,
+            extra,
+            auto_s: t.auto.0.best,
             auto: Some(t.auto.1.decision),
             pred_raw: g(t.raw.1.predicted_raw_s),
             pred_cmp: g(t.cmp.1.predicted_compressed_s),
@@ -402,11 +462,11 @@ impl Table {
             return Ok(ok);
         }
         println!();
-        println!("| operation | raw ms | zcomm ms | speedup | auto ms (decision) | model raw ms | model zcomm ms | pred err raw | pred err zcomm | ratio | max error | bound | ok |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        println!("| operation | raw ms | zcomm ms | speedup | auto ms (decision) | model raw ms | model zcomm ms | pred err raw | pred err zcomm | zcomm median ms (pred err) | ratio | max error | bound | ok |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         for r in &self.rows {
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.3e} | {:.3e} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.2} | {:.3e} | {:.3e} | {} |",
                 r.op,
                 fmt_ms(r.raw_s),
                 fmt_ms(r.cmp_s),
@@ -423,6 +483,8 @@ impl Table {
                 fmt_ms(r.pred_cmp),
                 fmt_pct(rel_err(r.raw_s, r.pred_raw)),
                 fmt_pct(rel_err(r.cmp_s, r.pred_cmp)),
+                fmt_ms(r.cmp_med),
+                fmt_pct(rel_err(r.cmp_med, r.pred_cmp)),
                 r.ratio,
                 r.check.max_err,
                 r.check.bound,
@@ -439,8 +501,11 @@ impl Table {
                     serde_json::Value::Null
                 }
             };
+            for m in &self.meta {
+                writeln!(f, "{m}")?;
+            }
             for r in &self.rows {
-                let rec = serde_json::json!({
+                let mut rec = serde_json::json!({
                     "op": r.op,
                     "ranks": c.size(),
                     "dtype": a.c.dtype,
@@ -455,11 +520,19 @@ impl Table {
                     "pred_zcomm_s": num(r.pred_cmp),
                     "pred_err_raw": num(rel_err(r.raw_s, r.pred_raw)),
                     "pred_err_zcomm": num(rel_err(r.cmp_s, r.pred_cmp)),
+                    "raw_median_s": num(r.raw_med),
+                    "zcomm_median_s": num(r.cmp_med),
+                    "pred_err_raw_median": num(rel_err(r.raw_med, r.pred_raw)),
+                    "pred_err_zcomm_median": num(rel_err(r.cmp_med, r.pred_cmp)),
+                    "iters": a.iters,
                     "ratio": num(r.ratio),
                     "max_err": r.check.max_err,
                     "bound": r.check.bound,
                     "ok": r.check.ok,
                 });
+                if let Some(o) = rec.as_object_mut() {
+                    o.extend(r.extra.clone());
+                }
                 writeln!(f, "{rec}")?;
             }
         }
@@ -525,6 +598,9 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result
                 pred_cmp: pred,
                 ratio,
                 check: ck,
+                raw_med: f64::NAN,
+                cmp_med: f64::NAN,
+                extra: Default::default(),
             });
         }
     }
@@ -607,7 +683,7 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result
 fn info(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
     describe(c, what, n, dtype, a);
     if c.rank() == 0 {
-        println!("times: slowest rank, best of --iters after one warm-up; pred err = (measured - model) / model");
+        println!("times: slowest rank, best (and median) of --iters after one warm-up; pred err = (measured - model) / model");
     }
 }
 
@@ -648,6 +724,36 @@ mod device {
 
     fn gerr(e: cudarc::driver::DriverError) -> zcomm::Error {
         zcomm::Error::Gpu(format!("{e:?}"))
+    }
+
+    /// JSON fields of the last call on `dev`: its measured stages (`dev.last`, each the slowest
+    /// rank's) and the model's terms of the path it took (`dev.last_predicted`, at the ratios it
+    /// achieved; the largest over ranks), so a record shows which term misses.
+    fn stages(c: &Communicator, dev: &DeviceStager) -> serde_json::Map<String, serde_json::Value> {
+        let g = |v: f64| global_max(c, v);
+        let (m, p) = (dev.last, dev.last_predicted);
+        let v = serde_json::json!({
+            "measured_stages": {
+                "compress": g(m.compress),
+                "d2h": g(m.d2h),
+                "network": g(m.network),
+                "h2d": g(m.h2d),
+                "decompress": g(m.decompress),
+            },
+            "predicted_terms": {
+                "compress": g(p.compress),
+                "d2h": g(p.d2h),
+                "link": g(p.link),
+                "h2d": g(p.h2d),
+                "decompress": g(p.decompress),
+                "device": g(p.device),
+                "total": g(p.total()),
+            },
+        });
+        match v {
+            serde_json::Value::Object(o) => o,
+            _ => Default::default(),
+        }
     }
 
     pub fn run<S>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result<()>
@@ -713,7 +819,29 @@ mod device {
                     zcomm::model::fmt_rate(q.bytes / q.h2d)
                 );
             }
+            println!(
+                "  per call: compress +{:.1} us, decompress +{:.1} us, decompress-add {} +{:.1} us; device copy {}, range pass {}, scale {}",
+                prof.compress_overhead * 1e6,
+                prof.decompress_overhead * 1e6,
+                zcomm::model::fmt_rate(prof.decompress_add),
+                prof.decompress_add_overhead * 1e6,
+                zcomm::model::fmt_rate(prof.device_copy),
+                zcomm::model::fmt_rate(prof.range_pass),
+                zcomm::model::fmt_rate(prof.scale_pass),
+            );
         }
+        // the calibration behind every prediction, first in the JSON file
+        t.meta.push(serde_json::json!({
+            "op": "profile",
+            "ranks": p,
+            "device": dev_name,
+            "calibration_bytes": cal * 4,
+            "link": {
+                "bandwidth": c.profile().link.bandwidth,
+                "latency": c.profile().link.latency,
+            },
+            "device_profile": prof,
+        }));
         let s = dev.gpu().stream().clone();
         let d_in = s.clone_htod(data).map_err(gerr)?;
         let mut d_out = s.alloc_zeros::<S>(n).map_err(gerr)?;
@@ -731,37 +859,48 @@ mod device {
                 )
             })?;
             let mut staged = dev.stage_to_host(&d_in.slice(..), b, a.c.codec)?;
-            let (t_stage, _) = best(c, a.iters, |_| {
-                dev.restage(&d_in.slice(..), b, a.c.codec, &mut staged)
-            })?;
+            let (t_stage, _) = best_setup(
+                c,
+                a.iters,
+                |_| Ok(()),
+                |_| dev.restage(&d_in.slice(..), b, a.c.codec, &mut staged),
+            )?;
+            let x_stage = stages(c, &dev);
             let (t_h2d, _) = best(c, a.iters, |_| {
                 dev.copy_to_device(
                     &host_raw.as_slice().map_err(gerr)?[..nb],
                     &mut d_out.slice_mut(..),
                 )
             })?;
-            let (t_restore, _) = best(c, a.iters, |_| {
-                dev.restore_to_device(&staged, &mut d_out.slice_mut(..))
-            })?;
+            let (t_restore, _) = best_setup(
+                c,
+                a.iters,
+                |_| Ok(()),
+                |_| dev.restore_to_device(&staged, &mut d_out.slice_mut(..)),
+            )?;
+            let x_restore = stages(c, &dev);
             let ck = check_parts(c, b, data, &fetch(&d_out)?, &whole);
             let ratio = -global_max(c, -staged.ratio());
             let (pr_s, pc_s) = prof.predict_stage_to_host(bytes, ratio);
             let (pr_r, pc_r) = prof.predict_restore_to_device(bytes, ratio);
-            for (op, tr, tc, pr, pc) in [
-                ("stage_to_host", t_d2h, t_stage, pr_s, pc_s),
-                ("restore_to_device", t_h2d, t_restore, pr_r, pc_r),
+            for (op, tr, tc, pr, pc, x) in [
+                ("stage_to_host", t_d2h, t_stage, pr_s, pc_s, x_stage),
+                ("restore_to_device", t_h2d, t_restore, pr_r, pc_r, x_restore),
             ] {
                 t.push(Rec {
                     op: op.into(),
                     bytes,
                     raw_s: tr,
-                    cmp_s: tc,
+                    cmp_s: tc.best,
+                    raw_med: f64::NAN,
+                    cmp_med: tc.median,
                     auto_s: f64::NAN,
                     auto: None,
                     pred_raw: pr,
                     pred_cmp: pc,
                     ratio,
                     check: ck,
+                    extra: x,
                 });
             }
             drop(staged);
@@ -809,7 +948,8 @@ mod device {
             } else {
                 name.to_string()
             };
-            t.add_triple(c, &label, &tr, ck);
+            let x = stages(c, &dev);
+            t.add_triple_with(c, &label, &tr, ck, x);
             if rank == 0 {
                 println!("stages of the last {name} call (rank 0): {:?}", dev.last);
             }
@@ -825,28 +965,55 @@ mod device {
             })?;
             let want = all.concat();
             let parts: Vec<_> = (0..p).map(|k| k * n..(k + 1) * n).collect();
+            let x = stages(c, &dev);
             let ck = check_parts(c, b, &want, &fetch(&d_all)?, &parts);
-            t.add_triple(c, "allgather_device", &tr, ck);
+            t.add_triple_with(c, "allgather_device", &tr, ck, x);
             ag_cmp = Some(fetch(&d_all)?);
         }
 
-        // 4. bcast_device from root 0 (timed as ibcast_device + wait_bcast_device: the root's
-        // source d_in stays intact)
+        // 4. bcast_device from root 0: the blocking form (pinned staging buffers, the form the
+        // model describes), in place on a device copy of the input restored before every call
+        // (untimed), then the non-blocking form (owned pageable buffers) once, compared
         if a.wants("bcast_device") {
-            let tr = triple(c, a, "bcast_device", |c| {
-                let req = c.ibcast_device(&mut dev, &d_in.slice(..), 0)?;
-                c.wait_bcast_device(&mut dev, req, &mut d_out.slice_mut(..))
-            })?;
-            let ck = check_parts(c, b, &all[0], &fetch(&d_out)?, &whole);
-            t.add_triple(c, "bcast_device", &tr, ck);
-            let bc_cmp = fetch(&d_out)?;
-            // the blocking form, in place on a copy
-            step(c, "bcast_device (in place)");
-            let mut d_copy = s.clone_htod(data).map_err(gerr)?;
-            c.bcast_device(&mut dev, &mut d_copy.slice_mut(..), 0)?;
-            let same = fetch(&d_copy)? == bc_cmp;
-            nb_check(c, t, "bcast_device (in place) = ibcast_device", same);
-            drop(d_copy);
+            let d_bc = std::cell::RefCell::new(s.alloc_zeros::<S>(n).map_err(gerr)?);
+            let tr = triple_setup(
+                c,
+                a,
+                "bcast_device",
+                |_| {
+                    s.memcpy_dtod(&d_in, &mut *d_bc.borrow_mut())
+                        .map_err(gerr)?;
+                    s.synchronize().map_err(gerr)
+                },
+                |c| c.bcast_device(&mut dev, &mut d_bc.borrow_mut().slice_mut(..), 0),
+            )?;
+            let x = stages(c, &dev);
+            let bc_cmp = fetch(&d_bc.borrow())?;
+            let ck = check_parts(c, b, &all[0], &bc_cmp, &whole);
+            t.add_triple_with(c, "bcast_device", &tr, ck, x);
+            drop(d_bc);
+            step(c, "ibcast_device + wait_bcast_device");
+            c.set_policy(Policy::Always(a.c.codec));
+            let (tn, _) = best_setup(
+                c,
+                a.iters,
+                |_| Ok(()),
+                |c| {
+                    let req = c.ibcast_device(&mut dev, &d_in.slice(..), 0)?;
+                    c.wait_bcast_device(&mut dev, req, &mut d_out.slice_mut(..))
+                },
+            )?;
+            let same = fetch(&d_out)? == bc_cmp;
+            nb_check(c, t, "ibcast_device = bcast_device", same);
+            t.note(
+                c,
+                format!(
+                    "ibcast_device + wait_bcast_device (compressed, owned pageable buffers): best {} ms, median {} ms (blocking bcast_device {} ms)",
+                    fmt_ms(tn.best),
+                    fmt_ms(tn.median),
+                    fmt_ms(tr.cmp.0.best)
+                ),
+            );
         }
 
         // 5. reductions
@@ -863,9 +1030,10 @@ mod device {
                 let tr = triple(c, a, "allreduce_device", |c| {
                     c.allreduce_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
                 })?;
+                let x = stages(c, &dev);
                 let sum = fetch(&d_out)?;
                 let ck = check_exact(c, &sum, &exact, e_res);
-                t.add_triple(c, "allreduce_device", &tr, ck);
+                t.add_triple_with(c, "allreduce_device", &tr, ck, x);
                 // non-blocking form (compressed): identical to the blocking result
                 if nb {
                     step(c, "iallreduce_device");
@@ -879,10 +1047,11 @@ mod device {
                 let tr = triple(c, a, "allreduce_mean_device", |c| {
                     c.allreduce_mean_device(&mut dev, &d_in.slice(..), &mut d_out.slice_mut(..))
                 })?;
+                let x = stages(c, &dev);
                 let mean_v = fetch(&d_out)?;
                 let mean: Vec<f64> = exact.iter().map(|x| x / p as f64).collect();
                 let ck = check_exact(c, &mean_v, &mean, e_res);
-                t.add_triple(c, "allreduce_mean_device", &tr, ck);
+                t.add_triple_with(c, "allreduce_mean_device", &tr, ck, x);
                 if nb {
                     step(c, "iallreduce_mean_device");
                     let req = c.iallreduce_mean_device(&mut dev, &d_in.slice(..))?;
@@ -901,10 +1070,11 @@ mod device {
                         &mut d_seg.slice_mut(..seg.len()),
                     )
                 })?;
+                let x = stages(c, &dev);
                 let rs = fetch(&d_seg)?;
                 let rs = &rs[..seg.len()];
                 let ck = check_exact(c, rs, &exact[seg.clone()], e_res);
-                t.add_triple(c, "reduce_scatter_device", &tr, ck);
+                t.add_triple_with(c, "reduce_scatter_device", &tr, ck, x);
                 if nb {
                     step(c, "ireduce_scatter_device");
                     let req = c.ireduce_scatter_device(&mut dev, &d_in.slice(..))?;
