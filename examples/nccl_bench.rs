@@ -208,10 +208,12 @@ fn run(a: &Args) -> Result<()> {
         .unwrap_or_default();
     if r == 0 {
         println!("# NCCL {ver}, {p} ranks on {device}, link {label}");
-        println!(
-            "# profile: {}",
-            serde_json::to_string(c.profile()).unwrap_or_default()
-        );
+        let prof = serde_json::to_string(c.profile()).unwrap_or_default();
+        println!("# profile: {prof}");
+        // the calibration beside the records, so the predictions can be replayed offline
+        if let Err(e) = std::fs::write(format!("{}.profile.json", a.out), &prof) {
+            eprintln!("cannot write the profile: {e}");
+        }
     }
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
@@ -329,6 +331,16 @@ fn run(a: &Args) -> Result<()> {
                         let ratio = max_over_ranks(&c, -st.ratio)?.abs(); // worst rank's ratio
                                                                           // allgather: each rank's segment has its own (noa: own range) bound
                         let abs_bound = max_over_ranks(&c, st.bound)?;
+                        // the ratios of both directions the prediction used (rank 0's; two ranks:
+                        // identical on both) and this rank's own ratio on every rank
+                        let wr = c
+                            .last_ratios()
+                            .filter(|_| st.decision == Decision::Compressed);
+                        let own = c.bootstrap().allgather_fixed(&st.ratio.to_le_bytes())?;
+                        let own: Vec<f64> = own
+                            .chunks_exact(8)
+                            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                            .collect();
                         let rec = serde_json::json!({
                             "op": op, "transport": label, "policy": pol, "codec": a.codec.name(), "data": data,
                             "bytes": bytes, "error_bound": bound.to_string(), "abs_bound": abs_bound,
@@ -339,6 +351,8 @@ fn run(a: &Args) -> Result<()> {
                             "speedup": raw_ms / ms, "raw_ms_paired": raw_paired,
                             "speedup_paired": raw_paired.map(|r| r / ms), "max_error": err, "ranks": p, "device": device,
                             "nccl": ver, "piece_mib": a.piece_mib, "date": date,
+                            "ratio_major": wr.map(|w| w.major), "ratio_minor": wr.map(|w| w.minor.min(1e12)),
+                            "ratio_ranks": own,
                         });
                         if r == 0 {
                             println!(

@@ -49,9 +49,11 @@
 //!   All ranks cache their harmonic mean;
 //! * only a call that then compresses computes the real bound (the full-buffer value range, for
 //!   reductions allreduced over the ranks), and afterwards all ranks agree on the measured ratio
-//!   (one 8-byte allgather) for the next calls. Collectives measure it over the *critical*
-//!   bytes (per round the largest piece any rank sent or received), because a rank whose data
-//!   compress worse sets everyone's time; the reported [`OpStats::ratio`] stays this rank's own.
+//!   (one 16-byte allgather) for the next calls. Collectives measure it per direction
+//!   ([`WireRatio`]): per exchange round the larger (*major*) and the smaller (*minor*) of the
+//!   messages sent and received, because a rank whose data compress worse sets everyone's time
+//!   while the smaller message only shares the link for part of the round
+//!   ([`NcclProfile::exchange`]); the reported [`OpStats::ratio`] stays this rank's own.
 //!
 //! A raw `Auto` call therefore costs raw NCCL plus the descriptor round (none with checks off)
 //! on cache hits. The caches are cleared when the bound or the policy changes.
@@ -181,6 +183,37 @@ impl NcclConfig {
     }
 }
 
+/// Compression ratios (moved bytes / wire bytes) of the two directions of the exchanges of a
+/// compressed operation: `major` for the larger message of each exchange (per step the
+/// direction that finishes last), `minor` for the smaller one (`minor >= major`). A plain ratio
+/// converts to the symmetric pair (both directions alike).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WireRatio {
+    /// Ratio of the larger message of every exchange.
+    pub major: f64,
+    /// Ratio of the smaller message of every exchange (`f64::MAX`: nothing comes back).
+    pub minor: f64,
+}
+
+impl From<f64> for WireRatio {
+    fn from(r: f64) -> Self {
+        WireRatio { major: r, minor: r }
+    }
+}
+
+impl WireRatio {
+    /// `(major, minor)` made usable: positive, `minor >= major`.
+    fn sane(self) -> (f64, f64) {
+        let major = if self.major > 0.0 { self.major } else { 1e-9 };
+        let minor = if self.minor.is_nan() {
+            major
+        } else {
+            self.minor.max(major)
+        };
+        (major, minor)
+    }
+}
+
 /// Calibrated speeds of the NCCL links and the device codec (identical on all ranks).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NcclProfile {
@@ -194,6 +227,13 @@ pub struct NcclProfile {
     /// Pairwise exchange (grouped ncclSend + ncclRecv of `bytes` each way): time by message
     /// size, evaluated at each compressed piece's size by the predictions.
     pub p2p: NcclLink,
+    /// One-way message (ncclSend on one rank, ncclRecv on its peer, nothing coming back): time
+    /// by message size. `None` in profiles written before it was calibrated: then [`p2p`]
+    /// (both directions loaded) stands in.
+    ///
+    /// [`p2p`]: Self::p2p
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_one: Option<NcclLink>,
     /// Device codec speeds (f32 then f64 when calibrated).
     pub codecs: Vec<CodecSpeed>,
     /// Host cost per pipeline piece (the size message round on the bootstrap transport), seconds.
@@ -204,6 +244,23 @@ pub struct NcclProfile {
     /// Fixed cost of one device decompression call (header readback, launch, error flag).
     #[serde(default)]
     pub decompress_fixed: f64,
+    /// Input bytes per second of the value-range pass a compressing call makes over its input
+    /// (launch and readback included, calibrated at 64 MiB); `0`: not calibrated, no cost.
+    #[serde(default)]
+    pub range_rate: f64,
+    /// Bytes per second of a device-to-device copy (a compressing reduction copies its input
+    /// into the accumulator first); `0`: not calibrated, no cost.
+    #[serde(default)]
+    pub copy_rate: f64,
+}
+
+/// Seconds of `bytes` at `rate` bytes/s (`0` or less: not calibrated, no cost).
+fn at_rate(bytes: f64, rate: f64) -> f64 {
+    if rate > 0.0 {
+        bytes / rate
+    } else {
+        0.0
+    }
 }
 
 impl NcclProfile {
@@ -217,10 +274,13 @@ impl NcclProfile {
             allreduce: l.clone(),
             allgather: l.clone(),
             p2p: l,
+            p2p_one: None,
             codecs: Vec::new(),
             piece_overhead: 5e-6,
             compress_fixed: 50e-6,
             decompress_fixed: 50e-6,
+            range_rate: 0.0,
+            copy_rate: 0.0,
         }
     }
 
@@ -235,24 +295,49 @@ impl NcclProfile {
             .unwrap_or((200e9, 300e9))
     }
 
-    fn pipelined(gpu: f64, net: f64, pieces: usize, overhead: f64) -> f64 {
-        let k = pieces.max(1) as f64;
-        gpu.max(net) + gpu.min(net) / k + k * overhead
+    /// The one-way link ([`p2p_one`](Self::p2p_one), else the pairwise curve).
+    pub fn one_way(&self) -> &NcclLink {
+        self.p2p_one.as_ref().unwrap_or(&self.p2p)
+    }
+
+    /// Seconds of one exchange round in which this rank's `peers` exchanges carry `major` bytes
+    /// in one direction and `minor <= major` bytes in the other, all at once: while both
+    /// directions move, the pairwise curve at `minor` ([`p2p`](Self::p2p)); the rest of the
+    /// larger message alone, on the one-way curve (`one(major) - one(minor)`). Symmetric
+    /// messages: the pairwise curve; nothing coming back: the one-way curve.
+    pub fn exchange(&self, major: f64, minor: f64, peers: f64) -> f64 {
+        let minor = minor.clamp(0.0, major.max(0.0));
+        let one = self.one_way();
+        let solo = (one.time_many(major, peers) - one.time_many(minor, peers)).max(0.0);
+        self.p2p.time_many(minor, peers) + solo
+    }
+
+    /// Seconds of a pipelined round of `k` pieces, each passing the codec stage `gpu` (the
+    /// codec stream and the host, which blocks on every codec call: compress, size message,
+    /// decompress) and the network stage `net`: the first piece passes both, then every further
+    /// piece costs the slower stage (piece `j` is on the wire while `j+1` is compressed and
+    /// `j-1` decompressed).
+    fn pipeline(gpu: f64, net: f64, k: f64) -> f64 {
+        gpu + net + (k - 1.0).max(0.0) * gpu.max(net)
     }
 
     /// Predicted `(raw, compressed)` seconds of an allreduce of `bytes` per rank over `p` ranks
-    /// at compression ratio `ratio`, with `pieces` pipeline pieces per segment
-    /// (`reduce_scatter_only`: stop after the reduce-scatter).
+    /// at compression ratios `ratio` ([`WireRatio`]; a plain `f64` for both directions alike),
+    /// with `pieces` pipeline pieces per segment (`reduce_scatter_only`: stop after the
+    /// reduce-scatter).
     ///
-    /// Every compressed piece is its own NCCL message of `bytes / p / pieces / ratio` bytes,
-    /// timed by the calibrated [`p2p`](Self::p2p) curve at that size (small messages travel
-    /// below the large-message bandwidth); the raw paths use the allreduce curve at `bytes`.
+    /// Compressed: the preparation (value-range pass, input copy), then `p-1` ring steps and
+    /// (allreduce) one allgather round, each [`pipeline`](Self::pipeline)d over `pieces`: per
+    /// piece the codec stage (compress + fixed + size message, decompress-and-add + fixed; the
+    /// allgather round decompresses `p` pieces) and the network stage
+    /// ([`exchange`](Self::exchange) of the pieces' compressed sizes, `bytes / p / pieces /
+    /// ratio`). Raw: the allreduce curve at `bytes`.
     #[allow(clippy::too_many_arguments)]
     pub fn predict_allreduce(
         &self,
         bytes: f64,
         p: usize,
-        ratio: f64,
+        ratio: impl Into<WireRatio>,
         pieces: usize,
         codec: CodecKind,
         dtype_tag: u8,
@@ -260,62 +345,56 @@ impl NcclProfile {
     ) -> (f64, f64) {
         let pf = p.max(1) as f64;
         let (tc, td) = self.codec_speed(codec, dtype_tag);
-        let cr = ratio.max(1e-9);
-        let seg = bytes / pf;
+        let (major, minor) = ratio.into().sane();
         let k = pieces.max(1) as f64;
-        let msg = seg / (k * cr); // one compressed piece on the wire
-        let lk = &self.p2p;
-        let step = Self::pipelined(
-            seg / tc + seg / td,
-            k * lk.time(msg),
-            pieces,
-            self.piece_overhead + self.compress_fixed + self.decompress_fixed,
-        );
-        let rs = (pf - 1.0) * step;
+        let piece = bytes / pf / k;
+        let comp = piece / tc + self.compress_fixed + self.piece_overhead;
+        let dec = piece / td + self.decompress_fixed;
+        let net = self.exchange(piece / major, piece / minor, 1.0);
+        let prep =
+            at_rate(bytes, self.range_rate) + self.piece_overhead + at_rate(bytes, self.copy_rate);
+        let rs = (pf - 1.0) * Self::pipeline(comp + dec, net, k);
         if reduce_scatter_only {
             // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half
             let raw = self.allreduce.time_many(bytes, 0.5);
-            return (raw, rs);
+            return (raw, prep + rs);
         }
         // each piece goes to the p-1 other ranks in one grouped round
-        let ag = Self::pipelined(
-            seg / tc + pf * seg / td,
-            k * lk.time_many(msg, pf - 1.0),
-            pieces,
-            self.piece_overhead + self.compress_fixed + pf * self.decompress_fixed,
-        );
-        (self.allreduce.time(bytes), rs + ag)
+        let net = self.exchange(piece / major, piece / minor, pf - 1.0);
+        let ag = Self::pipeline(comp + pf * dec, net, k);
+        (self.allreduce.time(bytes), prep + rs + ag)
     }
 
     /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank (compressed:
-    /// `pieces` messages of `bytes / pieces / ratio` to each other rank, timed by the
-    /// [`p2p`](Self::p2p) curve at that size; raw: the allgather curve at `p × bytes`).
+    /// the value-range pass, then one [`pipeline`](Self::pipeline)d round of `pieces` pieces of
+    /// `bytes / pieces / ratio` to every other rank, `p` decompressions per piece; raw: the
+    /// allgather curve at `p × bytes`).
     pub fn predict_allgather(
         &self,
         bytes: f64,
         p: usize,
-        ratio: f64,
+        ratio: impl Into<WireRatio>,
         pieces: usize,
         codec: CodecKind,
         dtype_tag: u8,
     ) -> (f64, f64) {
         let pf = p.max(1) as f64;
         let (tc, td) = self.codec_speed(codec, dtype_tag);
-        let cr = ratio.max(1e-9);
+        let (major, minor) = ratio.into().sane();
         let k = pieces.max(1) as f64;
-        let msg = bytes / (k * cr);
-        let cmp = Self::pipelined(
-            bytes / tc + pf * bytes / td,
-            k * self.p2p.time_many(msg, pf - 1.0),
-            pieces,
-            self.piece_overhead + self.compress_fixed + pf * self.decompress_fixed,
-        );
+        let piece = bytes / k;
+        let gpu = piece / tc
+            + self.compress_fixed
+            + self.piece_overhead
+            + pf * (piece / td + self.decompress_fixed);
+        let net = self.exchange(piece / major, piece / minor, pf - 1.0);
+        let cmp = at_rate(bytes, self.range_rate) + Self::pipeline(gpu, net, k);
         (self.allgather.time(pf * bytes), cmp)
     }
 
-    /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`
-    /// (compressed: `pieces` messages of `bytes / pieces / ratio`, each timed by the
-    /// [`p2p`](Self::p2p) curve at its size).
+    /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`, one way
+    /// ([`one_way`](Self::one_way) curve; compressed: the value-range pass, then `pieces`
+    /// [`pipeline`](Self::pipeline)d messages of `bytes / pieces / ratio`).
     pub fn predict_p2p(
         &self,
         bytes: f64,
@@ -327,31 +406,46 @@ impl NcclProfile {
         let (tc, td) = self.codec_speed(codec, dtype_tag);
         let cr = ratio.max(1e-9);
         let k = pieces.max(1) as f64;
-        let lk = &self.p2p;
-        let cmp = Self::pipelined(
-            bytes / tc + bytes / td,
-            k * lk.time(bytes / (k * cr)),
-            pieces,
-            self.piece_overhead + self.compress_fixed + self.decompress_fixed,
-        );
+        let piece = bytes / k;
+        let lk = self.one_way();
+        let gpu = piece / tc
+            + self.compress_fixed
+            + self.piece_overhead
+            + piece / td
+            + self.decompress_fixed;
+        let cmp = at_rate(bytes, self.range_rate) + Self::pipeline(gpu, lk.time(piece / cr), k);
         (lk.time(bytes), cmp)
     }
 }
 
-/// Compressed bytes of one operation: what this rank sent, and the critical bytes that set the
-/// time (per round the largest message any rank involved sends or receives, summed), in the same
-/// units as `sent`. Equal when every rank compresses alike; larger when one rank's data
-/// compress worse (its pieces keep the link busy while the others wait).
+/// Compressed bytes of one operation: what this rank sent, and per exchange round the larger
+/// (`critical`) and the smaller (`minor`) of the messages in its two directions (what it sends
+/// and what it receives; allgather rounds: the largest and the smallest piece of any rank),
+/// summed, in the same units as `sent` (times the peers). Equal when every rank compresses
+/// alike; apart when one rank's data compress worse (its pieces keep one direction busy after
+/// the other has finished).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Wire {
     sent: usize,
     critical: usize,
+    minor: usize,
 }
 
 impl std::ops::AddAssign for Wire {
     fn add_assign(&mut self, o: Wire) {
         self.sent += o.sent;
         self.critical += o.critical;
+        self.minor += o.minor;
+    }
+}
+
+impl Wire {
+    /// The ratios of the two directions for `moved` uncompressed bytes.
+    fn ratios(&self, moved: f64) -> WireRatio {
+        WireRatio {
+            major: moved / self.critical.max(1) as f64,
+            minor: moved / self.minor.max(1) as f64,
+        }
     }
 }
 
@@ -696,6 +790,8 @@ pub struct NcclComm {
     profile: NcclProfile,
     /// Agreed `Auto` ratios of collectives (identical on all ranks, see [`auto`]).
     ratios: AgreedRatios,
+    /// The ratios of both directions of this rank's last compressed collective.
+    last_ratios: Option<WireRatio>,
     /// `Auto` ratios of this rank's sends (the sender alone decides a point-to-point message).
     p2p_ratios: AgreedRatios,
     /// Whether each rank loaded its device codec (exchanged at construction).
@@ -839,6 +935,7 @@ impl NcclComm {
             profile: NcclProfile::guess(&label),
             config,
             ratios: AgreedRatios::default(),
+            last_ratios: None,
             p2p_ratios: AgreedRatios::default(),
             codec_ranks,
             seq: 0,
@@ -912,6 +1009,11 @@ impl NcclComm {
     /// Change the pipeline piece size (bytes; all ranks alike).
     pub fn set_piece_bytes(&mut self, b: usize) {
         self.config.piece_bytes = b;
+    }
+    /// The compression ratios of both directions ([`WireRatio`]) this rank measured in its
+    /// last compressed collective (what its prediction used); `None` before the first.
+    pub fn last_ratios(&self) -> Option<WireRatio> {
+        self.last_ratios
     }
     /// The calibration profile in use (identical on all ranks).
     pub fn profile(&self) -> &NcclProfile {
@@ -1139,7 +1241,7 @@ impl NcclComm {
         n: usize,
         want: bool,
         estimate: impl FnOnce(&mut Self) -> Result<f64>,
-    ) -> Result<Option<f64>> {
+    ) -> Result<Option<WireRatio>> {
         let auto = matches!(self.config.policy, Policy::Auto(_));
         let avail = self.codec_on_all_ranks();
         let key = RatioKey {
@@ -1170,7 +1272,7 @@ impl NcclComm {
             return Err(Error::Unavailable(self.codec_missing_msg(&ranks)));
         }
         if !auto {
-            return Ok(Some(1e12));
+            return Ok(Some(WireRatio::from(1e12)));
         }
         if cached.is_some() {
             return Ok(cached);
@@ -1184,14 +1286,20 @@ impl NcclComm {
         }
     }
 
-    /// After a compressed `Auto` collective: all ranks agree on the measured ratio (8-byte
-    /// allgather) and cache it for the next calls of this shape.
-    fn agree_measured<T: NcclReal>(&mut self, op: u8, n: usize, ratio: f64) -> Result<()> {
+    /// After a compressed `Auto` collective: all ranks agree on the measured ratios (16-byte
+    /// allgather; the slowest rank's, [`Agreed::from_measured`]) and cache them for the next
+    /// calls of this shape.
+    fn agree_measured<T: NcclReal>(&mut self, op: u8, n: usize, wr: WireRatio) -> Result<()> {
         if !matches!(self.config.policy, Policy::Auto(_)) {
             return Ok(());
         }
-        let all = f64s(&self.sh.boot.allgather_fixed(&ratio.to_le_bytes())?);
-        if let Some(a) = Agreed::from_all(&all) {
+        let mut mine = [0u8; 16];
+        mine[..8].copy_from_slice(&wr.major.to_le_bytes());
+        mine[8..].copy_from_slice(&wr.minor.to_le_bytes());
+        let all = f64s(&self.sh.boot.allgather_fixed(&mine)?);
+        let majors: Vec<f64> = all.iter().copied().step_by(2).collect();
+        let minors: Vec<f64> = all.iter().copied().skip(1).step_by(2).collect();
+        if let Some(a) = Agreed::from_measured(&majors, &minors) {
             let key = RatioKey {
                 op,
                 dtype: T::DTYPE.tag(),
@@ -1306,15 +1414,15 @@ impl NcclComm {
     /// records the estimate and the compressed prediction (`best_t` for `Always`) in `st`.
     fn decide(
         &self,
-        plan: Option<f64>,
+        plan: Option<WireRatio>,
         st: &mut OpStats,
         best_t: f64,
-        predict: impl Fn(f64) -> f64,
+        predict: impl Fn(WireRatio) -> f64,
     ) -> bool {
         let Some(ratio) = plan else {
             return false;
         };
-        st.ratio_estimate = ratio.min(1e6);
+        st.ratio_estimate = ratio.major.min(1e6);
         if let Policy::Auto(_) = self.config.policy {
             st.predicted_compressed_s = predict(ratio);
             st.predicted_compressed_s < 0.95 * st.predicted_raw_s
@@ -1454,6 +1562,7 @@ impl NcclComm {
                 }
                 wire.sent += slen;
                 wire.critical += slen.max(rlen);
+                wire.minor += slen.min(rlen);
                 let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, len, ev)) = pending.take() {
                     Self::consume(
@@ -1642,6 +1751,7 @@ impl NcclComm {
                 }
                 wire.sent += slen * peers.len();
                 wire.critical += sizes.iter().copied().max().unwrap_or(0) * peers.len();
+                wire.minor += sizes.iter().copied().min().unwrap_or(0) * peers.len();
                 let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, sz, e)) = pending.take() {
                     consume_all(gpu, &spool, &rpool, buf, j, &sz, &e)?;
@@ -1723,15 +1833,16 @@ impl NcclComm {
         st.wire_bytes = wire.sent as u64;
         let moved = (bytes * (p - 1)) as f64;
         st.ratio = moved / wire.sent.max(1) as f64;
-        // the time follows the rank with the largest pieces: predict (and remember for `Auto`)
-        // the ratio of the critical bytes
-        let crit_ratio = moved / wire.critical.max(1) as f64;
+        // the time follows the larger and the smaller piece of every round: predict (and
+        // remember for `Auto`) the ratios of both directions
+        let wr = wire.ratios(moved);
+        self.last_ratios = Some(wr);
         let (_, cmp_t) = self
             .profile
-            .predict_allgather(bytes as f64, p, crit_ratio, k, codec, dt);
+            .predict_allgather(bytes as f64, p, wr, k, codec, dt);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.agree_measured::<T>(OP_ALLGATHER, n, crit_ratio)?;
+        self.agree_measured::<T>(OP_ALLGATHER, n, wr)?;
         self.finish(st, t0)
     }
 
@@ -1877,16 +1988,17 @@ impl NcclComm {
             (p - 1) * bytes / p
         };
         st.ratio = moved as f64 / wire.sent.max(1) as f64;
-        // every ring step waits for the larger of the pieces sent and received (a rank whose
-        // segment compresses worse holds up its neighbours): predict, and remember for `Auto`,
-        // the ratio of those critical bytes
-        let crit_ratio = moved as f64 / wire.critical.max(1) as f64;
-        let (_, cmp_t) =
-            self.profile
-                .predict_allreduce(bytes as f64, p, crit_ratio, k, codec, dt, !full);
+        // every ring step ends when the larger of the pieces sent and received has arrived (a
+        // rank whose segment compresses worse holds up its neighbours), the smaller one sharing
+        // the link meanwhile: predict, and remember for `Auto`, the ratios of both directions
+        let wr = wire.ratios(moved as f64);
+        self.last_ratios = Some(wr);
+        let (_, cmp_t) = self
+            .profile
+            .predict_allreduce(bytes as f64, p, wr, k, codec, dt, !full);
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.agree_measured::<T>(op, n, crit_ratio)?;
+        self.agree_measured::<T>(op, n, wr)?;
         self.finish(st, t0)
     }
 
@@ -2022,12 +2134,12 @@ impl NcclComm {
                     dtype: dt,
                     count: n as u64,
                 };
-                let est = match self.p2p_ratios.lookup(key) {
+                let est = match self.p2p_ratios.lookup(key).map(|r| r.major) {
                     Some(r) => Some(r),
                     None => match self.sample_ratio(&data.as_view(), codec, None) {
                         Ok(r) => Agreed::from_all(&[r]).map(|a| {
                             self.p2p_ratios.put(key, a);
-                            a.value()
+                            a.value().major
                         }),
                         Err(e) => {
                             tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "send ratio estimate failed, sending raw: {e}");
@@ -2265,7 +2377,8 @@ impl NcclComm {
             let mut ys = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
             let mut gs = w.alloc_zeros::<f32>(big * p).map_err(gpu_err)?;
             w.synchronize().map_err(gpu_err)?;
-            let (mut ar, mut ag, mut pp) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut ar, mut ag, mut pp, mut one) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for &sz in CALIBRATION_SIZES {
                 let n = sz / 4;
                 // large messages are slow on sockets and steady: fewer repetitions
@@ -2291,10 +2404,35 @@ impl NcclComm {
                     })
                 })?;
                 pp.push((sz as f64, t));
+                // one way: even ranks send to the next rank, which only receives
+                let t = self.time_collective(reps, |c| {
+                    let sh = c.sh.clone();
+                    let (sp, _g1) = xs.device_ptr(&sh.net);
+                    let (rp, _g2) = ys.device_ptr_mut(&sh.net);
+                    sh.group(|| {
+                        // SAFETY: both buffers hold at least n f32; guards outlive the enqueue.
+                        unsafe {
+                            if r % 2 == 0 && r + 1 < p {
+                                sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, r + 1)?;
+                            }
+                            if r % 2 == 1 {
+                                sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, r - 1)?;
+                            }
+                            Ok(())
+                        }
+                    })
+                })?;
+                one.push((sz as f64, t));
             }
             prof.allreduce = NcclLink::from_points(ar, &prof.allreduce);
             prof.allgather = NcclLink::from_points(ag, &prof.allgather);
             prof.p2p = NcclLink::from_points(pp, &prof.p2p);
+            // a message alone is never slower than with traffic coming back
+            let one: Vec<(f64, f64)> = one
+                .into_iter()
+                .map(|(b, t)| (b, t.min(prof.p2p.time(b))))
+                .collect();
+            prof.p2p_one = Some(NcclLink::from_points(one, &prof.p2p));
             // per-piece host overhead: a size message round on the bootstrap transport plus a
             // codec launch-and-readback
             let t1 = self.wtime();
@@ -2344,14 +2482,38 @@ impl NcclComm {
                     }
                 }
             }
+            // the preparation of a compressing call: value-range pass (with its readback) and
+            // device copy of the whole buffer, best of 5
+            let (mut t_range, mut t_copy) = (f64::INFINITY, f64::INFINITY);
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                self.utils.range(&self.sh.work, &field.as_view())?;
+                t_range = t_range.min(t.elapsed().as_secs_f64());
+                let t = std::time::Instant::now();
+                self.sh
+                    .work
+                    .memcpy_dtod(&field, &mut acc)
+                    .map_err(gpu_err)?;
+                self.sh.work.synchronize().map_err(gpu_err)?;
+                t_copy = t_copy.min(t.elapsed().as_secs_f64());
+            }
             let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
             let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
             let (tcr, tdr) = (tp(0), tp(1));
             let fixed = |k: usize, t: f64| (fit[0][k] - b1 / t).max(0.0);
-            let mut v = [-tcr, -tdr, fixed(0, tcr), fixed(1, tdr)];
+            let mut v = [
+                -tcr,
+                -tdr,
+                fixed(0, tcr),
+                fixed(1, tdr),
+                -b2 / t_range.max(1e-9),
+                -b2 / t_copy.max(1e-9),
+            ];
             self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
             prof.compress_fixed = v[2];
             prof.decompress_fixed = v[3];
+            prof.range_rate = -v[4];
+            prof.copy_rate = -v[5];
             let b = b2;
             let v = [v[0], v[1]];
             prof.codecs = vec![CodecSpeed {
@@ -2370,14 +2532,16 @@ impl NcclComm {
         self.sh.boot.bcast(0, &mut bytes)?;
         self.profile = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
-        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us",
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}, one way {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us; range pass {}, copy {}",
             self.profile.transport,
             crate::model::fmt_rate(self.profile.allreduce.bandwidth),
             crate::model::fmt_rate(self.profile.allgather.bandwidth),
             crate::model::fmt_rate(self.profile.p2p.bandwidth),
             crate::model::fmt_rate(self.profile.p2p.rate((4u64 << 20) as f64)),
+            crate::model::fmt_rate(self.profile.one_way().rate((4u64 << 20) as f64)),
             self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
-            self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6);
+            self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6,
+            crate::model::fmt_rate(self.profile.range_rate), crate::model::fmt_rate(self.profile.copy_rate));
         Ok(&self.profile)
     }
 }
@@ -2685,10 +2849,17 @@ mod tests {
         // exactly: two steps of one piece each, the codec and fixed costs around them
         let msg = b / 2.0 / 8.5;
         let (tc, td) = so.codec_speed(CodecKind::Aatrox, 1);
-        let fixed = so.piece_overhead + so.compress_fixed + so.decompress_fixed;
-        let rs = (b / 2.0) / tc + (b / 2.0) / td + so.p2p.time(msg) + fixed;
-        let ag = (b / 2.0) / tc + b / td + so.p2p.time(msg) + fixed + so.decompress_fixed;
-        assert!((ramp - (rs + ag)).abs() < 1e-12, "{ramp} vs {}", rs + ag);
+        let comp = (b / 2.0) / tc + so.compress_fixed + so.piece_overhead;
+        let dec = (b / 2.0) / td + so.decompress_fixed;
+        let rs = comp + dec + so.p2p.time(msg);
+        let ag = comp + 2.0 * dec + so.p2p.time(msg);
+        // uncalibrated range pass and copy: only the size message round of the range
+        let prep = so.piece_overhead;
+        assert!(
+            (ramp - (prep + rs + ag)).abs() < 1e-12,
+            "{ramp} vs {}",
+            prep + rs + ag
+        );
         // large messages (the pieces near 64 MiB) are where the two agree
         let (_, r1) = so.predict_p2p(4096.0 * MIB, 1.0, 64, CodecKind::Aatrox, 1);
         let (_, l1) = lin.predict_p2p(4096.0 * MIB, 1.0, 64, CodecKind::Aatrox, 1);
@@ -2749,5 +2920,132 @@ mod tests {
         let (g2, _) = so.predict_allgather(b, 2, 10.0, 4, c, 1);
         let (g4, _) = so.predict_allgather(b, 4, 10.0, 4, c, 1);
         assert!(g4 > g2);
+    }
+
+    /// A two-rank socket profile with round numbers: pairwise 1 ms per MB each way plus 0.1 ms,
+    /// one way twice as fast; codec 1e11 B/s both ways, 10 us fixed per call, 1 us size
+    /// message; range pass 1e12 B/s, copy 5e11 B/s.
+    fn round_profile() -> NcclProfile {
+        let mut so = NcclProfile::guess("socket");
+        so.p2p = NcclLink::linear(1e9, 1e-4);
+        so.p2p_one = Some(NcclLink::linear(2e9, 1e-4));
+        so.codecs = vec![CodecSpeed {
+            codec: CodecKind::Aatrox,
+            dtype: 1,
+            compress: 1e11,
+            decompress: 1e11,
+            ratio: 10.0,
+        }];
+        so.compress_fixed = 10e-6;
+        so.decompress_fixed = 10e-6;
+        so.piece_overhead = 1e-6;
+        so.range_rate = 1e12;
+        so.copy_rate = 5e11;
+        so
+    }
+
+    #[test]
+    fn exchange_shares_the_link_then_runs_one_way() {
+        let so = round_profile();
+        // symmetric: the pairwise curve; nothing back: the one-way curve
+        assert!((so.exchange(4e6, 4e6, 1.0) - (1e-4 + 4e-3)).abs() < 1e-15);
+        assert!((so.exchange(4e6, 0.0, 1.0) - (1e-4 + 2e-3)).abs() < 1e-15);
+        // 4 MB one way, 1 MB back: 1 MB each way (1.1 ms), then 3 MB alone (1.5 ms)
+        assert!((so.exchange(4e6, 1e6, 1.0) - 2.6e-3).abs() < 1e-15);
+        // minor above major is clamped (the roles are the same)
+        assert_eq!(so.exchange(1e6, 4e6, 1.0), so.exchange(1e6, 1e6, 1.0));
+        // three peers: the latency once, the transfers three times
+        assert!((so.exchange(4e6, 1e6, 3.0) - (1e-4 + 3.0 * 1e-3 + 3.0 * 1.5e-3)).abs() < 1e-15);
+        // without a one-way curve the pairwise one stands in: the larger message decides
+        let mut old = so.clone();
+        old.p2p_one = None;
+        assert!((old.exchange(4e6, 1e6, 1.0) - (1e-4 + 4e-3)).abs() < 1e-15);
+        // an old profile file (no one-way curve, no preparation rates) still reads
+        let mut js = serde_json::to_value(&old).unwrap();
+        let o = js.as_object_mut().unwrap();
+        o.remove("range_rate");
+        o.remove("copy_rate");
+        let back: NcclProfile = serde_json::from_value(js).unwrap();
+        assert_eq!(back.p2p_one, None);
+        assert_eq!((back.range_rate, back.copy_rate), (0.0, 0.0));
+        let round: NcclProfile =
+            serde_json::from_str(&serde_json::to_string(&so).unwrap()).unwrap();
+        assert_eq!(round, so);
+    }
+
+    /// Hand-computed predictions of the round-number profile.
+    #[test]
+    fn predictions_by_hand() {
+        let so = round_profile();
+        let c = CodecKind::Aatrox;
+        // allreduce of 400 MB per rank, 2 ranks, 2 pieces of 100 MB per segment, ratios 50
+        // (major) and 100: pieces of 2 MB and 1 MB on the wire
+        let b = 400e6;
+        let wr = WireRatio {
+            major: 50.0,
+            minor: 100.0,
+        };
+        // codec stage: compress 1 ms + 10 us + 1 us, decompress-and-add 1 ms + 10 us
+        let comp: f64 = 1e-3 + 10e-6 + 1e-6;
+        let dec: f64 = 1e-3 + 10e-6;
+        // network stage: 1 MB each way 1.1 ms, then 1 MB one way 0.5 ms = 1.6 ms
+        let net = 1.6e-3;
+        // ring step: both stages for the first piece, then the slower (codec 2.021 ms) again
+        let g = comp + dec;
+        let rs = g + net + g.max(net);
+        // allgather round: two decompressions per piece (3.031 ms per piece)
+        let g2 = comp + 2.0 * dec;
+        let ag = g2 + net + g2.max(net);
+        // preparation: range 0.4 ms, size message round 1 us, copy 0.8 ms
+        let prep = 0.4e-3 + 1e-6 + 0.8e-3;
+        let (raw, cmp) = so.predict_allreduce(b, 2, wr, 2, c, 1, false);
+        assert!(
+            (cmp - (prep + rs + ag)).abs() < 1e-12,
+            "{cmp} vs {}",
+            prep + rs + ag
+        );
+        assert!((cmp - 14.505e-3).abs() < 1e-12, "{cmp}");
+        assert_eq!(raw, so.allreduce.time(b));
+        let (_, rso) = so.predict_allreduce(b, 2, wr, 2, c, 1, true);
+        assert!((rso - (prep + rs)).abs() < 1e-12);
+        // network-bound: ratio 10 (10 MB pieces both ways, 10.1 ms) over codec 2.021 ms
+        let (_, slow) = so.predict_allreduce(b, 2, 10.0, 2, c, 1, false);
+        let want = prep + (g + 2.0 * 10.1e-3) + (g2 + 2.0 * 10.1e-3);
+        assert!((slow - want).abs() < 1e-12, "{slow} vs {want}");
+        // allgather of 200 MB per rank over 2 ranks in 2 pieces at ratio 100: 1 MB pieces both
+        // ways (1.1 ms), codec stage 1 ms + 11 us + 2 x 1.01 ms = 3.031 ms
+        let (graw, gcmp) = so.predict_allgather(200e6, 2, 100.0, 2, c, 1);
+        let want = 0.2e-3 + 2.0 * 3.031e-3 + 1.1e-3;
+        assert!((gcmp - want).abs() < 1e-12, "{gcmp} vs {want}");
+        assert_eq!(graw, so.allgather.time(400e6));
+        // point to point of 100 MB at ratio 50 in 1 piece: one way 2 MB (1.1 ms), codec 2.021 ms
+        let (praw, pcmp) = so.predict_p2p(100e6, 50.0, 1, c, 1);
+        let want = 0.1e-3 + 2.021e-3 + 1.1e-3;
+        assert!((pcmp - want).abs() < 1e-12, "{pcmp} vs {want}");
+        assert!((praw - (1e-4 + 0.05)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_lopsided_exchange_is_between_its_symmetric_bounds() {
+        let so = round_profile();
+        let c = CodecKind::Aatrox;
+        let b = 1e9;
+        let t = |wr: WireRatio| so.predict_allreduce(b, 2, wr, 4, c, 1, false).1;
+        let lop = t(WireRatio {
+            major: 20.0,
+            minor: 200.0,
+        });
+        // both directions at the larger piece: slower; both at the smaller: faster
+        assert!(lop < t(20.0.into()) && lop > t(200.0.into()));
+        // ratios from the measured bytes: 4 MB and 1 MB per piece
+        let w = Wire {
+            sent: 5,
+            critical: 4,
+            minor: 1,
+        };
+        let r = w.ratios(20.0);
+        assert_eq!((r.major, r.minor), (5.0, 20.0));
+        let none = Wire::default().ratios(20.0);
+        assert_eq!((none.major, none.minor), (20.0, 20.0));
     }
 }
