@@ -4,12 +4,17 @@
 // fused in shared memory:
 //   compress:   quantize to words -> differences in negabinary -> warp bit transposes (planes)
 //               -> zero-byte elimination (four bitmap levels, block scans for the kept bytes)
-//               -> chunk offset by decoupled look-back -> coalesced copy-out with the zhash.
-//   decompress: offset by look-back over the table sizes -> load + checksum -> rebuild the
-//               bitmaps top-down with prefix popcounts -> planes -> transposes -> block-wide
-//               prefix sum of the differences -> words -> values.
-// Every structural check of the CPU decoder is made; failures set ctrl[4] bits, never a bad
-// access. The ctrl words and error bits have the meaning they have for kernels/blocked.cu.
+//               -> u16 table entry + chunk offset by decoupled look-back -> byte-aligned copy-out
+//               (aligned 32-bit stores with funnel shifts, byte stores at the ends) with the zhash.
+//   decompress: offset by look-back over the u16 table sizes -> byte-aligned load (aligned words
+//               + funnel shift) + chunk hash -> rebuild the bitmaps top-down with prefix popcounts
+//               -> planes -> transposes -> block-wide prefix sum of the differences -> values.
+// Format version 2 (FORMAT.md): the table is n_chunks u16 sizes at offset 96, payloads follow
+// byte-aligned and unpadded; the header's data checksum is the zhash of the chunk hashes, which
+// both directions accumulate as sum_i mix(c_i, i) in ctrl[PF_DHASH] (the host finishes and, on
+// decompression, compares it: a mismatch is reported after the kernel, whose output is then
+// unspecified). Every structural check of the CPU decoder is made; failures set ctrl[4] bits,
+// never a bad access. The other ctrl words and error bits have their kernels/blocked.cu meaning.
 #include "common.cuh"
 
 #ifndef PF_THREADS
@@ -27,10 +32,11 @@
 #define PF_HASH 2
 #define PF_PAYLOAD 3
 #define PF_ERR 4
+#define PF_DHASH 5  // sum over chunks of zhash_mix(chunk hash c_i, i) (host: C_DHASH)
 
-#define PF_E_SIZE 1ull
+typedef unsigned short pf_u16;  // chunk-table entries
+
 #define PF_E_RANGE 2ull
-#define PF_E_CHECKSUM 4ull
 #define PF_E_META 8ull
 #define PF_E_TOTAL 16ull
 #define PF_E_TABLE 32ull
@@ -181,6 +187,47 @@ __device__ __forceinline__ u32 pf_block_sum(u32 v, u32* s_acc, int lane) {
     if (lane == 0) atomicAdd(s_acc, v);
     __syncthreads();
     return *s_acc;
+}
+
+// Warp 0 of a compress block, once the chunk's stored size is known: writes its u16 table entry,
+// publishes the size to the decoupled look-back, and adds the table word it completes to
+// ctrl[PF_HASH] (odd chunk c: word c/2 = size[c-1] | size[c] << 16; the last chunk when it is
+// even: word c/2 = size[c]). Chunk c-1 writes its entry before it publishes (with a fence), and
+// the look-back of chunk c returns only once it has seen that publication, so the entry is
+// visible. Returns the chunk's payload offset in the stream (every lane).
+__device__ __forceinline__ u64 pf_place(u8* out, u64 out_cap, u64* status, u64* ctrl, u32 c, u32 n_chunks,
+                                        u32 size, int lane) {
+    pf_u16* tbl = (pf_u16*)(out + 96);
+    const bool fits = 96ull + 2ull * n_chunks <= out_cap;
+    if (lane == 0) {
+        if (fits) tbl[c] = (pf_u16)size;
+        __threadfence();
+    }
+    __syncwarp();
+    const u64 excl = lookback_exclusive(status, c, (u64)size, lane);
+    if (lane == 0) {
+        if (c & 1u) {
+            // this thread observes chunk c-1's publication itself before reading its entry
+            while ((*((volatile u64*)(status + c - 1)) & 3ull) == 0ull) {
+            }
+            __threadfence();
+            const u32 prev = fits ? (u32)(*((volatile pf_u16*)(tbl + c - 1))) : 0u;
+            atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(prev | (size << 16), c >> 1));
+        } else if (c == n_chunks - 1u) {
+            atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(size, c >> 1));
+        }
+    }
+    return 96ull + 2ull * n_chunks + excl;
+}
+
+// Aligned word at byte offset a (a multiple of 4) of a stream of len bytes; bytes past the end
+// read as 0 (only the stream's last word can straddle its end).
+__device__ __forceinline__ u32 pf_ldw(const u8* __restrict__ stream, u64 a, u64 len) {
+    if (a + 4ull <= len) return *(const u32*)(stream + a);
+    u32 v = 0;
+    for (u32 k = 0; k < 4u; k++)
+        if (a + k < len) v |= (u32)stream[a + k] << (8 * k);
+    return v;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -346,8 +393,8 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             const u32 i3 = warp_incl_u32(__popc(bits3), lane);
             const u32 k3 = __shfl_sync(ZC_FULL, i3, 31);
             // all four totals are known: size, raw/empty decision, scatter of B4, kept3, kept2
-            const u32 total = L4 + k3 + k2 + k1 + k0;
-            const u32 cs = k0 == 0 ? 0u : ((total + 3u) & ~3u);
+            const u32 total = L4 + k3 + k2 + k1 + k0;  // unpadded: payloads are byte-aligned
+            const u32 cs = k0 == 0 ? 0u : total;
             const bool rawc = cs >= n * (u32)SIZE && k0 != 0;
             if (!rawc && k0 != 0) {
                 // B4
@@ -372,8 +419,6 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
                         b &= b - 1;
                     }
                 }
-                // padding
-                if ((u32)lane < cs - total) s_out[total + lane] = 0;
             }
             if (lane == 0) {
                 s_k2 = k2;
@@ -385,11 +430,11 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         __syncthreads();
         csize = s_o2;
         raw = s_o3 != 0;
-        // warp 0: decoupled look-back for the chunk offset, overlapped with the other warps'
-        // scatter of the kept bytes (warp 0 does its share afterwards)
+        // warp 0: table entry and decoupled look-back for the chunk offset, overlapped with the
+        // other warps' scatter of the kept bytes (warp 0 does its share afterwards)
         if (w == 0) {
-            const u64 excl = lookback_exclusive(status, c, (u64)(raw ? n * (u32)SIZE : csize), lane);
-            if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
+            const u64 b = pf_place(out, out_cap, status, ctrl, c, n_chunks, raw ? n * (u32)SIZE : csize, lane);
+            if (lane == 0) s_base = b;
         }
         if (!raw && csize != 0) {
             const u32 base1 = L4 + s_k3 + s_k2;
@@ -422,36 +467,44 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
     }
     if (raw) csize = n * (u32)SIZE;
     if (raw_forced && w == 0) {
-        const u64 excl = lookback_exclusive(status, c, (u64)csize, lane);
-        if (lane == 0) s_base = 96ull + 8ull * n_chunks + excl;
+        const u64 b = pf_place(out, out_cap, status, ctrl, c, n_chunks, csize, lane);
+        if (lane == 0) s_base = b;
     }
 
-    // 5. copy-out (the offset came from the decoupled look-back above), hash, table entry
+    // 5. copy-out to the byte offset from the look-back, and the chunk hash (of the payload in
+    // its own word order, zero-padded). Destination word j (aligned) holds payload bytes
+    // sh + 4j .. sh + 4j + 3, a funnel shift of source words j and j + 1; the sh head bytes and
+    // the at most 3 tail bytes are byte stores, so every stream byte has exactly one writer.
     __syncthreads();
     const u64 base = s_base;
+    const u32 nsw = (csize + 3u) / 4u;
     u32 hsum = 0;
     if (base + csize <= out_cap) {
-        u32* cw = (u32*)(out + base);
         const u32* src = raw ? (const u32*)cin : (const u32*)s_out;
-        for (u32 i = (u32)tid; i < csize / 4; i += PF_THREADS) {
-            const u32 v = src[i];
-            cw[i] = v;
+        const u8* srcb = (const u8*)src;
+        const u32 sh = (4u - (u32)(base & 3ull)) & 3u;
+        const u32 nfull = csize >= sh ? (csize - sh) / 4u : 0u;
+        u32* dw = (u32*)(out + base + sh);
+        for (u32 i = (u32)tid; i < nsw; i += PF_THREADS) {
+            u32 v = src[i];
+            if (4u * i + 4u > csize) v &= (1u << (8u * (csize & 3u))) - 1u;  // past the payload: 0
             hsum += zhash_mix(v, i);
+            if (i < nfull) dw[i] = sh ? __funnelshift_r(v, src[i + 1], 8u * sh) : v;
+        }
+        const u32 nhead = sh < csize ? sh : csize;
+        if ((u32)tid < nhead) out[base + tid] = srcb[tid];
+        if (tid >= 32 && tid < 35) {
+            const u32 p = sh + 4u * nfull + (u32)(tid - 32);
+            if (p < csize && p >= nhead) out[base + p] = srcb[p];
         }
     }
     const u32 tot = pf_block_sum(hsum, &s_acc, lane);
     if (tid == 0) {
-        const u32 hash = zhash_final(tot, csize / 4);
-        if (96ull + 8ull * (u64)c + 8ull <= out_cap) {
-            u32* tbl = (u32*)(out + 96);
-            tbl[2 * c] = csize;
-            tbl[2 * c + 1] = hash;
-        }
-        atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(csize, 2 * c) + (u64)zhash_mix(hash, 2 * c + 1));
+        atomicAdd(ctrl + PF_DHASH, (u64)zhash_mix(zhash_final(tot, nsw), c));
         __threadfence();
         if (atomicAdd(ctrl + PF_DONE, 1ull) == (u64)n_chunks - 1ull) {
             const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
-            ctrl[PF_PAYLOAD] = 8ull * n_chunks + last;
+            ctrl[PF_PAYLOAD] = 2ull * n_chunks + last;
         }
     }
 }
@@ -482,7 +535,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
     __shared__ u32 s_p3[33];
     __shared__ U s_gsum[128];
     __shared__ u32 s_tmp[PF_WARPS + 1];
-    __shared__ u32 s_chunk, s_size, s_cs, s_k3, s_k2, s_o2, s_acc;
+    __shared__ u32 s_chunk, s_size, s_k3, s_k2, s_acc;
     __shared__ u64 s_err, s_base;
 
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -497,24 +550,25 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
     const u32 n = (u32)((count - cbase) < (u64)CHUNK ? (count - cbase) : (u64)CHUNK);
     const u32 groups = (n + W - 1) / W;
     const u32 rawsize = n * (u32)SIZE;
-    const u32* tbl = (const u32*)(stream + 96);
+    const pf_u16* tbl = (const pf_u16*)(stream + 96);  // the host checked 96 + 2 n_chunks <= stream_len
     const U nbm = PF<T>::nbm();
 
     if (w == 0) {
-        const u32 size = tbl[2 * c];
-        const u32 cs = tbl[2 * c + 1];
+        const u32 size = tbl[c];
         const u64 excl = lookback_exclusive(status, c, (u64)size, lane);
         if (lane == 0) {
-            const u64 base = 96ull + 8ull * n_chunks + excl;
+            const u64 base = 96ull + 2ull * n_chunks + excl;
             u64 err = 0;
-            if (size & 3u) err |= PF_E_SIZE;
             if (base + size > stream_len) err |= PF_E_RANGE;
             if (size > rawsize) err |= PF_E_META;
             s_err = err;
             s_base = base;
             s_size = size;
-            s_cs = cs;
-            atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(size, 2 * c) + (u64)zhash_mix(cs, 2 * c + 1));
+            // table word c/2 (sizes c, c+1; zero-padded past the last chunk): even chunks add it
+            if (!(c & 1u)) {
+                const u32 hi = c + 1u < n_chunks ? (u32)tbl[c + 1] : 0u;
+                atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(size | (hi << 16), c >> 1));
+            }
         }
     }
     __syncthreads();
@@ -524,17 +578,31 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
     do {
         if (err) break;
         const u32 size = s_size;
-        const u32* cw = (const u32*)(stream + s_base);
         const bool raw = size == rawsize;
-        u32 h = 0;
-        for (u32 i = (u32)tid; i < size / 4; i += PF_THREADS) {
-            const u32 v = cw[i];
-            h += zhash_mix(v, i);
-            s_c[i] = v;
+        // byte-aligned payload -> s_c word i = payload bytes 4i..4i+3 (zero past the end): a
+        // funnel shift of aligned stream words i and i + 1 (from the next lane); chunk hash
+        {
+            const u64 base = s_base;
+            const u32 r = (u32)(base & 3ull);
+            const u64 a0 = base - r;  // >= 96
+            const u32 nw = (size + 3u) / 4u;
+            const u32 ngw = (r + size + 3u) / 4u;  // aligned stream words holding payload bytes
+            u32 h = 0;
+            for (u32 i0 = 0; i0 < nw; i0 += PF_THREADS) {  // block-uniform trip count
+                const u32 i = i0 + (u32)tid;
+                const u32 lo = i < ngw ? pf_ldw(stream, a0 + 4ull * i, stream_len) : 0u;
+                u32 hi = __shfl_down_sync(ZC_FULL, lo, 1);
+                if (lane == 31) hi = i + 1u < ngw ? pf_ldw(stream, a0 + 4ull * (i + 1u), stream_len) : 0u;
+                if (i < nw) {
+                    u32 v = r ? __funnelshift_r(lo, hi, 8u * r) : lo;
+                    if (4u * i + 4u > size) v &= (1u << (8u * (size & 3u))) - 1u;
+                    h += zhash_mix(v, i);
+                    s_c[i] = v;
+                }
+            }
+            const u32 tot = pf_block_sum(h, &s_acc, lane);
+            if (tid == 0) atomicAdd(ctrl + PF_DHASH, (u64)zhash_mix(zhash_final(tot, nw), c));
         }
-        const u32 tot = pf_block_sum(h, &s_acc, lane);
-        if (tid == 0 && zhash_final(tot, size / 4) != s_cs) err |= PF_E_CHECKSUM;
-        if (__syncthreads_or(err != 0)) break;
         T* cout = out + cbase;
         if (raw) {
             const typename ZT<T>::bits_t* rv = (const typename ZT<T>::bits_t*)s_c;
@@ -621,13 +689,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         u32 k0;
         const u32 e0 = pf_block_excl((u32)__popcll(b1), s_tmp, k0, w, lane);
         const u32 o0 = o1 + k1;
-        if (tid == 0) {
-            const u32 used = o0 + k0;
-            if (used > size || ((used + 3u) & ~3u) != size) err |= PF_E_META;
-            else
-                for (u32 j = used; j < size; j++)
-                    if (cp[j] != 0) err |= PF_E_META;
-        }
+        if (tid == 0 && o0 + k0 != size) err |= PF_E_META;  // metadata must account for every byte
         if (__syncthreads_or(err != 0)) break;
         // B1 -> D (thread t = D words 8t..8t+7), kept data bytes must be non-zero
         {
@@ -726,10 +788,10 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         __threadfence();
         if (atomicAdd(ctrl + PF_DONE, 1ull) == (u64)n_chunks - 1ull) {
             const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
-            if (96ull + 8ull * n_chunks + last != stream_len) atomicOr(ctrl + PF_ERR, PF_E_TOTAL);
+            if (96ull + 2ull * n_chunks + last != stream_len) atomicOr(ctrl + PF_ERR, PF_E_TOTAL);
             __threadfence();
             const u32 th = (u32)(*((volatile u64*)(ctrl + PF_HASH)));
-            if (zhash_final(th, 2u * n_chunks) != table_checksum) atomicOr(ctrl + PF_ERR, PF_E_TABLE);
+            if (zhash_final(th, (n_chunks + 1u) / 2u) != table_checksum) atomicOr(ctrl + PF_ERR, PF_E_TABLE);
         }
     }
 }

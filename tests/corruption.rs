@@ -6,6 +6,7 @@ mod common;
 use common::fuzz_body::decode_any;
 use common::{gen, reseal, specials, Rng};
 use zcomm::codec::decompress_with_limits;
+use zcomm::format::{table_entry_len, CODEC_PFPL};
 use zcomm::{compress, decompress, decompress_into, CodecKind, DecodeLimits, Error, ErrorBound};
 
 /// A varied set of valid streams: every codec and mode, both dtypes, raw layers, stored streams,
@@ -263,21 +264,28 @@ fn resealed_mutations_never_panic() {
                         m[o] = small[0];
                     }
                 }
-                // chunk table sizes
+                // chunk table sizes (pfpl: u16 sizes of any value; others: u32 multiples of 4)
                 2 => {
                     let n = u32::from_le_bytes(m[72..76].try_into().unwrap()) as usize;
                     if n > 0 && m[9] & 1 == 0 {
-                        let e = 96 + 8 * r.below(n as u64) as usize;
-                        let d = (r.below(9) as i64 - 4) * 4;
-                        let v =
-                            (u32::from_le_bytes(m[e..e + 4].try_into().unwrap()) as i64 + d).max(0);
-                        m[e..e + 4].copy_from_slice(&(v as u32).to_le_bytes());
+                        let e = 96 + table_entry_len(m[6]) * r.below(n as u64) as usize;
+                        if m[6] == CODEC_PFPL {
+                            let d = r.below(9) as i64 - 4;
+                            let v = (u16::from_le_bytes([m[e], m[e + 1]]) as i64 + d).max(0);
+                            m[e..e + 2].copy_from_slice(&(v as u16).to_le_bytes());
+                        } else {
+                            let d = (r.below(9) as i64 - 4) * 4;
+                            let v = (u32::from_le_bytes(m[e..e + 4].try_into().unwrap()) as i64
+                                + d)
+                                .max(0);
+                            m[e..e + 4].copy_from_slice(&(v as u32).to_le_bytes());
+                        }
                     }
                 }
-                // the first bytes of a chunk: init, mask, rate bytes
+                // the first bytes of a chunk: init, mask, rate bytes (pfpl: the bitmaps)
                 3 => {
                     let n = u32::from_le_bytes(m[72..76].try_into().unwrap()) as usize;
-                    let start = 96 + 8 * n;
+                    let start = 96 + table_entry_len(m[6]) * n;
                     if start + 48 < m.len() {
                         let i = start + r.below(48) as usize;
                         m[i] = match r.below(4) {

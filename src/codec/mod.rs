@@ -108,14 +108,15 @@ impl std::str::FromStr for CodecKind {
 /// make the data smaller. Uses all rayon threads.
 pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
     let params = QuantParams::derive(data, bound)?;
-    let body = match codec {
+    // (pfpl also returns its data checksum; the other codecs have none)
+    let (body, data_checksum) = match codec {
         CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
-            blocked::encode(data, &params, codec)
+            (blocked::encode(data, &params, codec), 0)
         }
         CodecKind::Pfpl => pfpl::encode(data, &params),
     };
     let raw_len = data.len() * T::SIZE;
-    let header = |flags, payload_len: usize, n_chunks, payload_checksum| Header {
+    let header = |flags, payload_len: usize, n_chunks, payload_checksum, data_checksum| Header {
         codec: codec.tag(),
         dtype: T::DTYPE,
         mode: params.mode,
@@ -130,15 +131,22 @@ pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> 
         payload_len: payload_len as u64,
         n_chunks,
         payload_checksum,
+        data_checksum,
     };
     if body.payload.len() < raw_len {
-        let h = header(0, body.payload.len(), body.n_chunks, body.table_checksum);
+        let h = header(
+            0,
+            body.payload.len(),
+            body.n_chunks,
+            body.table_checksum,
+            data_checksum,
+        );
         let mut out = Vec::with_capacity(HEADER_LEN + body.payload.len());
         out.extend_from_slice(&h.to_bytes());
         out.extend_from_slice(&body.payload);
         Ok(out)
     } else {
-        Ok(stored_stream(data, header(FLAG_STORED, raw_len, 0, 0)))
+        Ok(stored_stream(data, header(FLAG_STORED, raw_len, 0, 0, 0)))
     }
 }
 

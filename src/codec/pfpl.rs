@@ -13,15 +13,16 @@
 //!    by keeping only the bytes that differ from their predecessor.
 //!
 //! A chunk whose compressed form would not be smaller than its values is stored raw; a chunk whose
-//! shuffled bytes are all zero costs nothing but its table entry. Chunks are independent, so both
-//! directions run in parallel over chunks (rayon).
+//! shuffled bytes are all zero costs nothing but its 2-byte table entry. Chunk payloads are
+//! byte-aligned and unpadded; one data checksum in the header covers them all. Chunks are
+//! independent, so both directions run in parallel over chunks (rayon).
 
 use rayon::prelude::*;
 
 use crate::codec::blocked::Body;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Dtype, Header};
+use crate::format::{data_checksum, pfpl_table, zhash_bytes, BoundMode, Dtype, Header};
 use crate::quant::{QuantParams, Quantizer};
 use crate::simd::simd;
 
@@ -290,19 +291,34 @@ struct Scratch {
     kept: [Vec<u8>; LEVELS],
 }
 
-/// Encode `data` into a chunk table and chunk payloads (in parallel over chunks).
-pub fn encode<T: Element>(data: &[T], params: &QuantParams) -> Body {
+/// Encode `data` into a chunk table (u16 sizes) and byte-aligned chunk payloads (in parallel
+/// over chunks). Returns them with the stream's data checksum (header offset 80).
+pub fn encode<T: Element>(data: &[T], params: &QuantParams) -> (Body, u32) {
     let m = Mapper::<T>::new(params);
-    let chunks: Vec<Vec<u8>> = data
+    let chunks: Vec<(Vec<u8>, u32)> = data
         .par_chunks(chunk_len::<T>())
         .map_init(Scratch::default, |s, c| {
-            simd(
+            let chunk = simd(
                 #[inline(always)]
                 || encode_chunk(c, &m, s),
-            )
+            );
+            let hash = zhash_bytes(&chunk);
+            (chunk, hash)
         })
         .collect();
-    Body::from_chunks(&chunks)
+    let mut payload = pfpl_table(chunks.iter().map(|c| c.0.len()));
+    let table_checksum = zhash_bytes(&payload);
+    payload.reserve_exact(chunks.iter().map(|c| c.0.len()).sum());
+    for (c, _) in &chunks {
+        payload.extend_from_slice(c);
+    }
+    let hashes: Vec<u32> = chunks.iter().map(|c| c.1).collect();
+    let body = Body {
+        payload,
+        n_chunks: chunks.len() as u32,
+        table_checksum,
+    };
+    (body, data_checksum(&hashes))
 }
 
 #[inline(always)]
@@ -332,7 +348,6 @@ fn encode_chunk<T: Element>(vals: &[T], m: &Mapper<T>, s: &mut Scratch) -> Vec<u
     if !ze_encode(s, &mut out) {
         return out; // all zero: empty chunk
     }
-    out.resize(out.len().next_multiple_of(4), 0);
     if out.len() >= n * T::SIZE {
         return raw_chunk(vals);
     }
@@ -442,7 +457,7 @@ fn ze_encode(s: &mut Scratch, out: &mut Vec<u8>) -> bool {
         let (lo, hi) = maps.split_at_mut(i);
         select_bytes(&lo[i - 1], true, &mut hi[0], &mut kept[i]);
     }
-    out.reserve(lens[LEVELS] + kept.iter().map(Vec::len).sum::<usize>() + 3);
+    out.reserve(lens[LEVELS] + kept.iter().map(Vec::len).sum::<usize>());
     out.extend_from_slice(&maps[LEVELS - 1]);
     for i in (0..LEVELS).rev() {
         out.extend_from_slice(&kept[i]);
@@ -492,7 +507,8 @@ fn select_bytes(src: &[u8], repeat: bool, map: &mut Vec<u8>, kept: &mut Vec<u8>)
     }
 }
 
-/// Decode a validated (header-parsed) pfpl stream into `out` (`out.len() == h.count`).
+/// Decode a validated (header-parsed) pfpl stream into `out` (`out.len() == h.count`). The
+/// chunk table and the data checksum are verified before any chunk is decoded.
 pub fn decode<T: Element>(
     stream: &[u8],
     h: &Header,
@@ -511,23 +527,14 @@ pub fn decode<T: Element>(
         .try_for_each_init(Scratch::default, |s, (ci, (dst, e))| {
             simd(
                 #[inline(always)]
-                || decode_chunk(&stream[e.offset..e.offset + e.size], e, &m, dst, s),
+                || decode_chunk(&stream[e.offset..e.offset + e.size], &m, dst, s),
             )
             .map_err(|err| Error::corrupt(format!("chunk {ci}: {err}")))
         })
 }
 
 #[inline(always)]
-fn decode_chunk<T: Element>(
-    c: &[u8],
-    e: &ChunkEntry,
-    m: &Mapper<T>,
-    dst: &mut [T],
-    s: &mut Scratch,
-) -> Result<()> {
-    if zhash_bytes(c) != e.checksum {
-        return Err(Error::corrupt("checksum mismatch"));
-    }
+fn decode_chunk<T: Element>(c: &[u8], m: &Mapper<T>, dst: &mut [T], s: &mut Scratch) -> Result<()> {
     let n = dst.len();
     let raw = n * T::SIZE;
     if c.len() == raw {
@@ -588,7 +595,7 @@ fn check_tail(map: &[u8], bits: usize) -> Result<()> {
 }
 
 /// Inverse of [`ze_encode`] into `s.bytes` (whose length is the shuffled size); validates every
-/// length and the zero padding.
+/// length (the metadata must account for exactly the chunk's bytes).
 #[inline(always)]
 fn ze_decode(c: &[u8], s: &mut Scratch) -> Result<()> {
     let lens = level_lens(s.bytes.len());
@@ -649,10 +656,9 @@ fn ze_decode(c: &[u8], s: &mut Scratch) -> Result<()> {
             bits &= bits - 1;
         }
     }
-    if pos.next_multiple_of(4) != c.len() || c[pos..].iter().any(|&b| b != 0) {
+    if pos != c.len() {
         return Err(Error::corrupt(format!(
-            "chunk metadata implies {} bytes, table says {}",
-            pos.next_multiple_of(4),
+            "chunk metadata implies {pos} bytes, table says {}",
             c.len()
         )));
     }
@@ -1029,8 +1035,11 @@ mod tests {
         assert!(ratio > 50.0, "ratio {ratio}");
         let zeros = vec![0f32; 1 << 20];
         let s0 = round_trip(&zeros, ErrorBound::Noa(1e-2));
-        let r0 = (zeros.len() * 4) as f64 / s0.len() as f64;
-        assert!(r0 > 1900.0, "all-zero ratio {r0}");
+        assert_eq!(
+            s0.len(),
+            96 + 2 * 256,
+            "empty chunks cost their 2-byte entry only"
+        );
     }
 
     /// Writes the synthetic inputs used for the PFPL section of BENCHMARKS.md into
@@ -1184,10 +1193,9 @@ mod tests {
         let h = inspect(s).unwrap();
         assert_eq!(h.n_chunks, 1);
         let mut h2 = h;
-        let mut table = Vec::new();
-        table.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-        table.extend_from_slice(&zhash_bytes(chunk).to_le_bytes());
+        let table = pfpl_table([chunk.len()]);
         h2.payload_checksum = zhash_bytes(&table);
+        h2.data_checksum = data_checksum(&[zhash_bytes(chunk)]);
         h2.payload_len = (table.len() + chunk.len()) as u64;
         let mut out = h2.to_bytes().to_vec();
         out.extend_from_slice(&table);
@@ -1206,25 +1214,102 @@ mod tests {
             decompress::<f32>(&with_chunk(&s, &chunk)).unwrap(),
             decompress::<f32>(&s).unwrap()
         );
-        // non-canonical all-zero, too long, too short, bigger than raw, garbage
+        // non-canonical all-zero, too long (also by one zero byte, the old padding), too short,
+        // bigger than raw, garbage
         for bad in [
             vec![0u8; 4],
+            vec![0u8; 1],
             [chunk.clone(), vec![0; 4]].concat(),
+            [chunk.clone(), vec![0; 1]].concat(),
             chunk[..chunk.len() - 4].to_vec(),
+            chunk[..chunk.len() - 1].to_vec(),
             vec![0xFF; 4004],
+            vec![0xFF; 4001],
             vec![0xFF; 400],
             vec![0x01, 0, 0, 0],
+            vec![0x01],
         ] {
             assert_rejects::<f32>(&with_chunk(&s, &bad));
         }
         // random garbage chunks of every small size
         let mut r = Rng(1);
-        for len in (4..1200).step_by(4) {
+        for len in 1..1200 {
             let g: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
             let c = with_chunk(&s, &g);
             let res = std::panic::catch_unwind(|| decompress::<f32>(&c));
             assert!(res.is_ok(), "panic on garbage chunk of {len} bytes");
         }
+    }
+
+    /// The data checksum (header offset 80) covers every payload byte: a stream whose chunk
+    /// bytes or data checksum changed, with the header checksum recomputed, is rejected.
+    #[test]
+    fn altered_data_checksum_is_rejected() {
+        let mut r = Rng(21);
+        let data: Vec<f32> = sparse(&mut r, 30_000, 0.05);
+        let s = compress(&data, ErrorBound::Noa(1e-3), CodecKind::Pfpl).unwrap();
+        let h = inspect(&s).unwrap();
+        assert!(h.n_chunks > 1 && h.data_checksum != 0);
+        decompress::<f32>(&s).unwrap();
+        for delta in [1u32, 0x8000_0000, 0xDEAD_BEEF] {
+            let mut h2 = h;
+            h2.data_checksum ^= delta;
+            let mut c = s.clone();
+            c[..crate::format::HEADER_LEN].copy_from_slice(&h2.to_bytes());
+            assert!(inspect(&c).is_ok(), "header and table still valid");
+            assert_rejects::<f32>(&c);
+        }
+        // a changed payload byte with the table checksum intact: caught by the data checksum
+        let t = h.chunk_table(&s).unwrap();
+        let e = t.iter().find(|e| e.size > 0).unwrap();
+        let mut c = s.clone();
+        c[e.offset + e.size / 2] ^= 0x40;
+        assert_rejects::<f32>(&c);
+        // data checksum set in a stream of another codec, or a stored pfpl stream
+        let a = compress(&data, ErrorBound::Noa(1e-3), CodecKind::Aatrox).unwrap();
+        let mut ha = inspect(&a).unwrap();
+        ha.data_checksum = 1;
+        let mut c = a.clone();
+        c[..crate::format::HEADER_LEN].copy_from_slice(&ha.to_bytes());
+        assert_rejects::<f32>(&c);
+        let noise: Vec<f32> = (0..500).map(|_| f32::from_bits(r.next() as u32)).collect();
+        let st = compress(&noise, ErrorBound::Abs(1e-9), CodecKind::Pfpl).unwrap();
+        let mut hs = inspect(&st).unwrap();
+        assert!(hs.is_stored());
+        hs.data_checksum = 1;
+        let mut c = st.clone();
+        c[..crate::format::HEADER_LEN].copy_from_slice(&hs.to_bytes());
+        assert_rejects::<f32>(&c);
+    }
+
+    /// 2^22 zeros (1,024 empty f32 chunks) cost the header and 2 bytes per chunk, nothing else.
+    #[test]
+    fn all_zero_stream_is_header_plus_u16_table() {
+        let zeros = vec![0f32; 1 << 22];
+        let s = round_trip(&zeros, ErrorBound::Noa(1e-2));
+        assert_eq!(s.len(), 96 + 2 * 1024);
+        let h = inspect(&s).unwrap();
+        assert_eq!(h.n_chunks, 1024);
+        assert!(s[96..].iter().all(|&b| b == 0));
+        // c_i = zhash of the empty string = 0 for every chunk
+        assert_eq!(h.data_checksum, data_checksum(&[0; 1024]));
+        let zeros64 = vec![0f64; 1 << 21];
+        let s = round_trip(&zeros64, ErrorBound::Abs(1e-3));
+        assert_eq!(s.len(), 96 + 2 * 1024);
+    }
+
+    /// Chunk payloads are byte-aligned and unpadded: sizes need not be multiples of 4.
+    #[test]
+    fn payloads_are_unpadded() {
+        let mut r = Rng(8);
+        let data: Vec<f32> = sparse(&mut r, 200_000, 0.01);
+        let s = round_trip(&data, ErrorBound::Noa(1e-3));
+        let h = inspect(&s).unwrap();
+        let t = h.chunk_table(&s).unwrap();
+        assert_eq!(t[0].offset, 96 + 2 * t.len());
+        assert!(t.iter().any(|e| e.size % 4 != 0), "no odd-sized chunk");
+        let sum: usize = t.iter().map(|e| e.size).sum();
+        assert_eq!(s.len(), 96 + 2 * t.len() + sum);
     }
 
     #[test]

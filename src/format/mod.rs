@@ -2,16 +2,23 @@
 //!
 //! This module is the only place that knows byte offsets; codecs and kernels build on it.
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 
 /// Stream magic.
 pub const MAGIC: [u8; 4] = *b"ZCMP";
-/// Format version written and accepted.
-pub const VERSION: u16 = 1;
+/// Format version written and accepted (any other version is rejected).
+pub const VERSION: u16 = 2;
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 96;
-/// Bytes per chunk-table entry (`size: u32`, `checksum: u32`).
+/// Bytes per chunk-table entry of the aatrox / cuszp codecs (`size: u32`, `checksum: u32`).
 pub const TABLE_ENTRY_LEN: usize = 8;
+/// Bytes per chunk-table entry of `pfpl` streams (`size: u16`; chunk payloads are checked through
+/// the header's data checksum instead of a per-chunk one).
+pub const PFPL_TABLE_ENTRY_LEN: usize = 2;
+/// Codec tag of `pfpl`, the codec whose chunk table is [`PFPL_TABLE_ENTRY_LEN`] bytes per chunk.
+pub const CODEC_PFPL: u8 = 4;
 /// Flag bit: the values follow the header verbatim.
 pub const FLAG_STORED: u8 = 1;
 
@@ -134,12 +141,25 @@ pub struct Header {
     pub n_chunks: u32,
     /// `zhash` of the chunk table (or of the raw values when stored).
     pub payload_checksum: u32,
+    /// Compressed `pfpl` streams: the [`data_checksum()`] of the chunk payloads (header offset 80);
+    /// 0 for every other stream.
+    pub data_checksum: u32,
 }
 
 impl Header {
     /// Whether the values are stored verbatim.
     pub fn is_stored(&self) -> bool {
         self.flags & FLAG_STORED != 0
+    }
+
+    /// Bytes of the chunk table (0 for stored streams): `n_chunks` entries of
+    /// [`table_entry_len`] bytes.
+    pub fn table_len(&self) -> usize {
+        if self.is_stored() {
+            0
+        } else {
+            self.n_chunks as usize * table_entry_len(self.codec)
+        }
     }
 
     /// Serialize to exactly [`HEADER_LEN`] bytes (the header checksum is computed here).
@@ -161,13 +181,15 @@ impl Header {
         b[64..72].copy_from_slice(&self.payload_len.to_le_bytes());
         b[72..76].copy_from_slice(&self.n_chunks.to_le_bytes());
         b[76..80].copy_from_slice(&self.payload_checksum.to_le_bytes());
+        b[80..84].copy_from_slice(&self.data_checksum.to_le_bytes());
         let h = zhash_bytes(&b[..92]);
         b[92..96].copy_from_slice(&h.to_le_bytes());
         b
     }
 
     /// Parse and validate a header from the start of `stream`; checks that the stream length
-    /// matches `payload_len` exactly, and the chunk-table (or stored-payload) checksum.
+    /// matches `payload_len` exactly, and the chunk-table (or stored-payload) checksum. (The
+    /// `pfpl` data checksum is verified by [`Header::chunk_table`].)
     pub fn parse(stream: &[u8]) -> Result<Self> {
         if stream.len() < HEADER_LEN {
             return Err(Error::corrupt(format!(
@@ -182,7 +204,7 @@ impl Header {
                 return Err(Error::corrupt("stored payload checksum mismatch"));
             }
         } else {
-            let table = h.n_chunks as usize * TABLE_ENTRY_LEN;
+            let table = h.table_len();
             if zhash_bytes(&stream[HEADER_LEN..HEADER_LEN + table]) != h.payload_checksum {
                 return Err(Error::corrupt("chunk table checksum mismatch"));
             }
@@ -222,12 +244,18 @@ impl Header {
             payload_len: u64_at(b, 64),
             n_chunks: u32_at(b, 72),
             payload_checksum: u32_at(b, 76),
+            data_checksum: u32_at(b, 80),
         };
         if h.flags & !FLAG_STORED != 0 {
             return Err(Error::corrupt(format!("unknown flag bits {:#x}", h.flags)));
         }
-        if u32_at(b, 12) != 0 || b[80..92].iter().any(|&x| x != 0) {
+        if u32_at(b, 12) != 0 || b[84..92].iter().any(|&x| x != 0) {
             return Err(Error::corrupt("reserved header bytes are not zero"));
+        }
+        if h.data_checksum != 0 && (h.codec != CODEC_PFPL || h.is_stored()) {
+            return Err(Error::corrupt(
+                "data checksum set in a stream that has none (reserved bytes not zero)",
+            ));
         }
         let actual = stream_len.saturating_sub(HEADER_LEN) as u64;
         if h.payload_len != actual {
@@ -254,7 +282,7 @@ impl Header {
                     h.count, h.n_chunks
                 )));
             }
-            if h.n_chunks as u64 * TABLE_ENTRY_LEN as u64 > h.payload_len {
+            if h.n_chunks as u64 * table_entry_len(h.codec) as u64 > h.payload_len {
                 return Err(Error::corrupt(
                     "chunk table runs past the end of the stream",
                 ));
@@ -267,10 +295,19 @@ impl Header {
         Ok(h)
     }
 
-    /// The chunk table entries `(size, checksum)` of a compressed (non-stored) stream whose header
-    /// was parsed by [`Header::parse`], with sizes checked to be multiples of 4 that sum to the
-    /// payload. Returns the entries and each chunk's byte offset from the start of the stream.
+    /// The chunk table of a compressed (non-stored) stream whose header was parsed by
+    /// [`Header::parse`]: each chunk's offset from the start of the stream, size and checksum,
+    /// with the sizes checked to sum to the payload.
+    ///
+    /// * aatrox / cuszp: `(size, checksum)` entries, sizes checked to be multiples of 4; the
+    ///   caller verifies each chunk against its checksum.
+    /// * `pfpl`: u16 sizes and byte-aligned payloads; each entry's `checksum` is the `zhash` of
+    ///   the chunk's bytes, computed here (in parallel), and their [`data_checksum()`] is checked
+    ///   against the header before this returns.
     pub fn chunk_table(&self, stream: &[u8]) -> Result<Vec<ChunkEntry>> {
+        if self.codec == CODEC_PFPL {
+            return self.pfpl_chunk_table(stream);
+        }
         let n = self.n_chunks as usize;
         let t = &stream[HEADER_LEN..HEADER_LEN + n * TABLE_ENTRY_LEN];
         let mut off = (HEADER_LEN + n * TABLE_ENTRY_LEN) as u64;
@@ -297,6 +334,41 @@ impl Header {
         }
         Ok(out)
     }
+
+    /// [`Header::chunk_table`] of a `pfpl` stream.
+    fn pfpl_chunk_table(&self, stream: &[u8]) -> Result<Vec<ChunkEntry>> {
+        let n = self.n_chunks as usize;
+        let table = &stream[HEADER_LEN..HEADER_LEN + n * PFPL_TABLE_ENTRY_LEN];
+        let mut off = HEADER_LEN + table.len();
+        let mut out = Vec::with_capacity(n);
+        for e in table.chunks_exact(PFPL_TABLE_ENTRY_LEN) {
+            let size = u16::from_le_bytes([e[0], e[1]]) as usize;
+            out.push(ChunkEntry {
+                offset: off,
+                size,
+                checksum: 0,
+            });
+            off += size;
+        }
+        if off != stream.len() {
+            return Err(Error::corrupt(
+                "chunk sizes do not add up to the payload length",
+            ));
+        }
+        let sum = out
+            .par_iter_mut()
+            .enumerate()
+            .with_min_len(64)
+            .map(|(i, e)| {
+                e.checksum = zhash_bytes(&stream[e.offset..e.offset + e.size]);
+                zhash_mix(e.checksum, i as u32)
+            })
+            .reduce(|| 0, u32::wrapping_add);
+        if zhash_final(sum, n as u32) != self.data_checksum {
+            return Err(Error::corrupt("data checksum mismatch"));
+        }
+        Ok(out)
+    }
 }
 
 /// One chunk's place in the stream.
@@ -304,10 +376,43 @@ impl Header {
 pub struct ChunkEntry {
     /// Byte offset from the start of the stream.
     pub offset: usize,
-    /// Size in bytes (a multiple of 4).
+    /// Size in bytes (a multiple of 4 except in `pfpl` streams).
     pub size: usize,
-    /// `zhash` of the chunk's bytes.
+    /// `zhash` of the chunk's bytes (stored in the table, or computed for `pfpl`).
     pub checksum: u32,
+}
+
+/// Bytes per chunk-table entry of streams of codec tag `codec`: [`PFPL_TABLE_ENTRY_LEN`] for
+/// `pfpl`, [`TABLE_ENTRY_LEN`] for every other tag.
+pub fn table_entry_len(codec: u8) -> usize {
+    if codec == CODEC_PFPL {
+        PFPL_TABLE_ENTRY_LEN
+    } else {
+        TABLE_ENTRY_LEN
+    }
+}
+
+/// The `pfpl` chunk table for chunk payload sizes `sizes` (each at most `u16::MAX`): `n` u16
+/// little-endian sizes.
+pub fn pfpl_table(sizes: impl IntoIterator<Item = usize>) -> Vec<u8> {
+    sizes
+        .into_iter()
+        .flat_map(|s| {
+            u16::try_from(s)
+                .expect("pfpl chunk size fits u16")
+                .to_le_bytes()
+        })
+        .collect()
+}
+
+/// The `pfpl` data checksum (header offset 80): `zhash` of the word sequence `c_0 … c_{n-1}`,
+/// where `c_i` is the `zhash` of chunk `i`'s payload bytes.
+pub fn data_checksum(chunk_hashes: &[u32]) -> u32 {
+    let sum = chunk_hashes
+        .iter()
+        .enumerate()
+        .fold(0u32, |a, (i, &c)| a.wrapping_add(zhash_mix(c, i as u32)));
+    zhash_final(sum, chunk_hashes.len() as u32)
 }
 
 /// Bytes of the largest stream `count` values of `dtype` can produce (a stored stream).
@@ -328,6 +433,12 @@ pub fn zhash_mix(w: u32, i: u32) -> u32 {
     h ^ (h >> 16)
 }
 
+/// The last step of `zhash`: `sum` (of [`zhash_mix`] terms) XOR `nwords * 0x27D4EB2F`.
+#[inline(always)]
+pub fn zhash_final(sum: u32, nwords: u32) -> u32 {
+    sum ^ nwords.wrapping_mul(0x27D4_EB2F)
+}
+
 /// `zhash` of a byte string (zero-padded to whole 32-bit words).
 pub fn zhash_bytes(b: &[u8]) -> u32 {
     let mut sum = 0u32;
@@ -344,7 +455,7 @@ pub fn zhash_bytes(b: &[u8]) -> u32 {
         sum = sum.wrapping_add(zhash_mix(u32::from_le_bytes(w), n));
         n = n.wrapping_add(1);
     }
-    sum ^ n.wrapping_mul(0x27D4_EB2F)
+    zhash_final(sum, n)
 }
 
 pub(crate) fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -380,6 +491,7 @@ mod tests {
             payload_len: 8,
             n_chunks: 1,
             payload_checksum: zhash_bytes(&[0; 8]),
+            data_checksum: 0,
         }
     }
 
@@ -402,6 +514,69 @@ mod tests {
         for n in 0..s.len() {
             assert!(Header::parse(&s[..n]).is_err());
         }
+    }
+
+    /// Version 1 streams (and any other version) are rejected, whatever else they hold.
+    #[test]
+    fn other_versions_are_rejected() {
+        let h = sample();
+        let mut s = h.to_bytes().to_vec();
+        s.extend_from_slice(&[0; 8]);
+        for v in [0u16, 1, 3, 0xFFFF] {
+            let mut c = s.clone();
+            c[4..6].copy_from_slice(&v.to_le_bytes());
+            let hc = zhash_bytes(&c[..92]);
+            c[92..96].copy_from_slice(&hc.to_le_bytes());
+            let e = Header::parse(&c).unwrap_err().to_string();
+            assert!(e.contains("version"), "{e}");
+        }
+    }
+
+    /// pfpl: u16 table entries and a data checksum at offset 80, which other codecs must leave 0.
+    #[test]
+    fn pfpl_table_and_data_checksum_fields() {
+        let sizes = [0usize, 7, 16_384];
+        let table = pfpl_table(sizes);
+        assert_eq!(table, [0, 0, 7, 0, 0, 0x40]);
+        let chunks: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0x5A; n]).collect();
+        let hashes: Vec<u32> = chunks.iter().map(|c| zhash_bytes(c)).collect();
+        let mut h = sample();
+        h.codec = CODEC_PFPL;
+        h.chunk_log2 = 12;
+        h.count = 3 * 4096;
+        h.n_chunks = 3;
+        h.payload_len = (table.len() + 7 + 16_384) as u64;
+        h.payload_checksum = zhash_bytes(&table);
+        h.data_checksum = data_checksum(&hashes);
+        assert_eq!(h.table_len(), 6);
+        let mut s = h.to_bytes().to_vec();
+        s.extend_from_slice(&table);
+        for c in &chunks {
+            s.extend_from_slice(c);
+        }
+        assert_eq!(Header::parse(&s).unwrap(), h);
+        let t = h.chunk_table(&s).unwrap();
+        assert_eq!(
+            t.iter().map(|e| e.offset).collect::<Vec<_>>(),
+            [102, 102, 109]
+        );
+        assert_eq!(t.iter().map(|e| e.checksum).collect::<Vec<_>>(), hashes);
+        // a changed payload byte or data checksum fails the table parse
+        let mut c = s.clone();
+        c[105] ^= 1;
+        assert!(h.chunk_table(&c).is_err());
+        let mut h2 = h;
+        h2.data_checksum ^= 1;
+        let mut c = s.clone();
+        c[..HEADER_LEN].copy_from_slice(&h2.to_bytes());
+        assert!(Header::parse(&c).is_ok());
+        assert!(h2.chunk_table(&c).is_err());
+        // another codec with a data checksum: reserved bytes not zero
+        let mut h3 = sample();
+        h3.data_checksum = 1;
+        let mut c = h3.to_bytes().to_vec();
+        c.extend_from_slice(&[0; 8]);
+        assert!(Header::parse(&c).is_err());
     }
 
     #[test]

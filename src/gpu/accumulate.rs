@@ -73,7 +73,8 @@ impl GpuCodec {
         ))?;
         let nc = h.n_chunks;
         if nc == 0 {
-            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 {
+            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 || h.data_checksum != 0
+            {
                 return Err(Error::corrupt("chunk table checksum mismatch"));
             }
             return Ok(());
@@ -113,7 +114,10 @@ impl GpuCodec {
         self.record(3)?;
         self.read_ctrl()?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
-        let e = self.host_ctrl[C_ERR];
+        let mut e = self.host_ctrl[C_ERR];
+        if codec == CodecKind::Pfpl && pfpl_data_mismatch(&h, &self.host_ctrl) {
+            e |= 4; // data checksum mismatch
+        }
         if e != 0 {
             return Err(Error::corrupt(format!(
                 "decompress-accumulate: device error flags {e:#x} (see decompress_device)"

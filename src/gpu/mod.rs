@@ -44,7 +44,7 @@ use cudarc::driver::{
 use crate::codec::CodecKind;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN};
+use crate::format::{zhash_bytes, zhash_final, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN};
 use crate::quant::{ErrorBound, QuantParams};
 
 /// The value of an order-preserving key of the kernels (`zc_key` / `zu_key`: the sign bit flipped
@@ -75,9 +75,18 @@ const CTRL_WORDS: usize = 16;
 const C_HASH: usize = 2;
 const C_PAYLOAD: usize = 3;
 const C_ERR: usize = 4;
+/// pfpl: sum of `zhash_mix(c_i, i)` over chunk hashes `c_i` (the data checksum before its final
+/// step; kernels/pfpl.cu PF_DHASH).
+const C_DHASH: usize = 5;
 const C_MIN: usize = 6;
 const C_MAX: usize = 7;
 const C_FIRST: usize = 8;
+
+/// Whether the chunk hashes a pfpl decode kernel accumulated (`ctrl[C_DHASH]`) miss the header's
+/// data checksum (FORMAT.md, "pfpl chunks"). Output contents are unspecified when they do.
+fn pfpl_data_mismatch(h: &Header, ctrl: &[u64]) -> bool {
+    zhash_final(ctrl[C_DHASH] as u32, h.n_chunks) != h.data_checksum
+}
 
 /// Finite value range and first finite non-zero value of an input (from the stats kernel).
 type Stats = (Option<(f64, f64)>, Option<f64>);
@@ -447,7 +456,7 @@ impl GpuCodec {
         if let Some(e) = first_err {
             return Err(e);
         }
-        let header = |flags, payload_len: u64, n_chunks, payload_checksum| Header {
+        let header = |flags, payload_len: u64, n_chunks, payload_checksum, data_checksum| Header {
             codec: codec.tag(),
             dtype: T::DTYPE,
             mode: params.mode,
@@ -462,9 +471,10 @@ impl GpuCodec {
             payload_len,
             n_chunks,
             payload_checksum,
+            data_checksum,
         };
         if n == 0 {
-            let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]));
+            let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]), 0);
             self.write_bytes(out_ptr, &h.to_bytes())?;
             return Ok(HEADER_LEN);
         }
@@ -522,14 +532,21 @@ impl GpuCodec {
         self.last_times.main_ms = self.elapsed(2, 3)?;
         let payload = self.host_ctrl[C_PAYLOAD];
         if payload < raw_len as u64 {
-            let th = (self.host_ctrl[C_HASH] as u32) ^ (2 * nc).wrapping_mul(0x27D4_EB2F);
-            let h = header(0, payload, nc, th);
+            // table words: pfpl has one u16 size per chunk, the others (size, checksum) pairs
+            let (table_words, dc) = if codec == CodecKind::Pfpl {
+                let dc = zhash_final(self.host_ctrl[C_DHASH] as u32, nc);
+                (nc.div_ceil(2), dc)
+            } else {
+                (2 * nc, 0)
+            };
+            let th = zhash_final(self.host_ctrl[C_HASH] as u32, table_words);
+            let h = header(0, payload, nc, th, dc);
             self.write_bytes(out_ptr, &h.to_bytes())?;
             return Ok(HEADER_LEN + payload as usize);
         }
         // stored stream: raw values after the header
         let hash = self.copy_hash(in_ptr, raw_len, Some(out_ptr + HEADER_LEN as u64))?;
-        let h = header(FLAG_STORED, raw_len as u64, 0, hash);
+        let h = header(FLAG_STORED, raw_len as u64, 0, hash, 0);
         self.write_bytes(out_ptr, &h.to_bytes())?;
         Ok(bound_len)
     }
@@ -639,8 +656,10 @@ impl GpuCodec {
         ))?;
         let nc = h.n_chunks;
         if nc == 0 {
-            // no chunks: the table is empty, and so must the payload be
-            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 {
+            // no chunks: the table is empty, and so must the payload be (a pfpl data checksum
+            // over no chunks is zhash_final(0, 0) = 0; the other codecs' field is always 0)
+            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 || h.data_checksum != 0
+            {
                 return Err(Error::corrupt("chunk table checksum mismatch"));
             }
             return Ok(());
@@ -680,13 +699,16 @@ impl GpuCodec {
         self.record(3)?;
         self.read_ctrl()?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
-        let e = self.host_ctrl[C_ERR];
+        let mut e = self.host_ctrl[C_ERR];
+        if codec == CodecKind::Pfpl && pfpl_data_mismatch(&h, &self.host_ctrl) {
+            e |= 4;
+        }
         if e != 0 {
             let mut what = Vec::new();
             for (bit, name) in [
                 (1, "chunk size not a multiple of 4"),
                 (2, "chunk runs past the end of the stream"),
-                (4, "chunk checksum mismatch"),
+                (4, "chunk (pfpl: data) checksum mismatch"),
                 (8, "invalid chunk metadata"),
                 (16, "chunk sizes do not add up to the payload length"),
                 (32, "chunk table checksum mismatch"),

@@ -5,7 +5,9 @@
 //! and a successful decode must agree with the header.
 
 use zcomm::codec::decompress_with_limits;
-use zcomm::format::{zhash_bytes, HEADER_LEN, TABLE_ENTRY_LEN};
+use zcomm::format::{
+    data_checksum, table_entry_len, zhash_bytes, CODEC_PFPL, HEADER_LEN, TABLE_ENTRY_LEN,
+};
 use zcomm::{inspect, DecodeLimits, Dtype};
 
 /// Largest value count the fuzz body lets a stream claim (keeps allocations small).
@@ -74,6 +76,28 @@ pub fn reseal(s: &mut [u8]) {
     if stored {
         let c = zhash_bytes(&s[HEADER_LEN..]);
         s[76..80].copy_from_slice(&c.to_le_bytes());
+    } else if s[6] == CODEC_PFPL {
+        // u16 sizes, byte-aligned payloads, one data checksum over the chunk hashes
+        let n = u32::from_le_bytes(s[72..76].try_into().unwrap()) as usize;
+        let table_end = HEADER_LEN.saturating_add(n.saturating_mul(table_entry_len(CODEC_PFPL)));
+        if table_end <= s.len() {
+            let mut off = table_end;
+            let mut hashes = Vec::with_capacity(n);
+            for i in 0..n {
+                let e = HEADER_LEN + 2 * i;
+                let size = u16::from_le_bytes([s[e], s[e + 1]]) as usize;
+                if off.saturating_add(size) > s.len() {
+                    break;
+                }
+                hashes.push(zhash_bytes(&s[off..off + size]));
+                off += size;
+            }
+            if hashes.len() == n {
+                s[80..84].copy_from_slice(&data_checksum(&hashes).to_le_bytes());
+            }
+            let c = zhash_bytes(&s[HEADER_LEN..table_end]);
+            s[76..80].copy_from_slice(&c.to_le_bytes());
+        }
     } else {
         let n = u32::from_le_bytes(s[72..76].try_into().unwrap()) as usize;
         let table_end = HEADER_LEN.saturating_add(n.saturating_mul(TABLE_ENTRY_LEN));
