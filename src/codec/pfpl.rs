@@ -1332,7 +1332,7 @@ mod tests {
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests {
     use super::*;
-    use crate::codec::{compress, decompress, CodecKind};
+    use crate::codec::{compress, decompress, inspect, CodecKind};
     use crate::gpu::{GpuCodec, GpuElement};
     use crate::quant::ErrorBound;
 
@@ -1514,6 +1514,17 @@ mod gpu_tests {
             let mut longer = s.clone();
             longer.extend_from_slice(&[0; 4]);
             cases.push(longer);
+            // the data checksum (header offset 80) altered, header checksum recomputed: the GPU
+            // decodes, then reports the mismatch
+            let h = inspect(&s).unwrap();
+            for delta in [1u32, 0x8000_0000] {
+                let mut h2 = h;
+                h2.data_checksum ^= delta;
+                let mut t = s.clone();
+                t[..crate::format::HEADER_LEN].copy_from_slice(&h2.to_bytes());
+                assert!(decompress::<f32>(&t).is_err());
+                cases.push(t);
+            }
             for (k, t) in cases.iter().enumerate() {
                 let cpu = decompress::<f32>(t);
                 let g = gpu.decompress::<f32>(t);
