@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use zcomm::format::{BoundMode, Header, HEADER_LEN, TABLE_ENTRY_LEN};
+use zcomm::format::{BoundMode, Header, HEADER_LEN};
 use zcomm::{CodecKind, Result};
 
 use crate::array::read_file;
@@ -94,10 +94,13 @@ pub fn run(a: Args) -> Result<()> {
     println!("chunks           {}", h.n_chunks);
     println!(
         "layout           header {HEADER_LEN} B + table {} B + chunks {} B",
-        h.n_chunks as usize * TABLE_ENTRY_LEN,
-        h.payload_len - (h.n_chunks as u64 * TABLE_ENTRY_LEN as u64)
+        h.table_len(),
+        h.payload_len - h.table_len() as u64
     );
     println!("payload checksum {:#010x}", h.payload_checksum);
+    if h.data_checksum != 0 {
+        println!("data checksum    {:#010x}", h.data_checksum);
+    }
     println!("ratio            {ratio:.3}");
     Ok(())
 }
