@@ -923,6 +923,148 @@ fn auto_suite(c: &mut Communicator, t: &mut Checker) {
     });
 }
 
+/// Deterministic test bytes of record `seed`.
+fn bytes_of(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 131 + seed * 7919 + len) % 251) as u8)
+        .collect()
+}
+
+/// The transport's non-blocking collectives on owned buffers (`ibcast_into`,
+/// `iallgatherv_into`): empty, odd and multi-piece sizes (pieces of 1000 bytes and a 3000-byte
+/// collective limit on a second transport, besides the communicator's own, which
+/// `ZCOMM_MPI_PIECE` scales down in run.sh), buffers longer than the transfer, two in flight,
+/// results equal to the blocking forms, and too-short buffers failing on every rank.
+fn transport_suite(c: &mut Communicator, t: &mut Checker) {
+    use zcomm::comm::transport::OwnedBytes;
+    use zcomm::comm::{MpiTransport, Transport};
+    let world = mpi::topology::SimpleCommunicator::world();
+    let limited = MpiTransport::with_limits(&world, 1000, 3000);
+    let (p, r) = (c.size(), c.rank());
+    let back = |bufs: Vec<Box<dyn OwnedBytes>>| -> Vec<Vec<u8>> {
+        bufs.into_iter()
+            .map(|b| *b.into_any().downcast::<Vec<u8>>().expect("a Vec<u8>"))
+            .collect()
+    };
+    let transports: [(&dyn Transport, &str); 2] =
+        [(c.transport(), "default"), (&limited, "piece=1000")];
+    for (tr, name) in transports {
+        for root in [0, p - 1] {
+            for len in [0usize, 1, 7, 999, 1000, 1001, 2999, 3001, 4567] {
+                let ctx = || format!("ibcast_into {name} p={p} root={root} len={len}");
+                let want = bytes_of(root, len);
+                let mine = if r == root {
+                    let mut b = want.clone();
+                    b.extend_from_slice(&[0xEE; 3]);
+                    b
+                } else {
+                    vec![0xAB; len + 5]
+                };
+                let extra = mine.len() - len;
+                let pad = mine[len..].to_vec();
+                // two in flight, waited in reverse order
+                let second_want = bytes_of(root + 100, len);
+                let second = if r == root {
+                    second_want.clone()
+                } else {
+                    vec![0u8; len]
+                };
+                let h1 = tr.ibcast_into(root, Box::new(mine), len);
+                let h2 = tr.ibcast_into(root, Box::new(second), len);
+                let (Ok(mut h1), Ok(h2)) = (h1, h2) else {
+                    t.check(false, || format!("{}: could not start", ctx()));
+                    continue;
+                };
+                let _ = h1.test();
+                let got2 = h2.wait().map(back);
+                let got1 = h1.wait().map(back);
+                t.check(
+                    matches!(&got2, Ok(v) if v.len() == 1 && v[0] == second_want),
+                    || format!("{}: second broadcast differs", ctx()),
+                );
+                t.check(
+                    matches!(&got1, Ok(v) if v.len() == 1 && v[0].len() == len + extra
+                        && v[0][..len] == want[..] && v[0][len..] == pad[..]),
+                    || format!("{}: received bytes (or the untouched tail) differ", ctx()),
+                );
+                // equal to the blocking form
+                let mut blk = if r == root {
+                    want.clone()
+                } else {
+                    vec![0u8; len]
+                };
+                let rb = tr.bcast_into(root, &mut blk);
+                t.check(rb.is_ok() && blk == want, || {
+                    format!("{}: bcast_into differs", ctx())
+                });
+            }
+        }
+        // a buffer shorter than the broadcast fails on every rank (locally, nothing posted)
+        let e = tr.ibcast_into(0, Box::new(vec![0u8; 3]), 4);
+        t.check(e.is_err(), || {
+            format!("ibcast_into {name}: short buffer accepted")
+        });
+        for base in [0usize, 1, 333, 1001, 2000] {
+            let lens: Vec<usize> = (0..p)
+                .map(|k| (base + k * 37) * usize::from(k != 1 || base > 1))
+                .collect();
+            let total: usize = lens.iter().sum();
+            let ctx = || format!("iallgatherv_into {name} p={p} lens={lens:?}");
+            let recs: Vec<Vec<u8>> = (0..p).map(|k| bytes_of(k, lens[k])).collect();
+            let mut mine = recs[r].clone();
+            mine.push(0x5A);
+            let out = vec![0xCDu8; total + 2];
+            let h = tr.iallgatherv_into(Box::new(mine), &lens, Box::new(out));
+            let Ok(h) = h else {
+                t.check(false, || format!("{}: could not start", ctx()));
+                continue;
+            };
+            let got = h.wait().map(back);
+            let ok = match &got {
+                Ok(v) if v.len() == 2 => {
+                    let (m, o) = (&v[0], &v[1]);
+                    let mut off = 0;
+                    let mut good = m[..lens[r]] == recs[r][..] && o[total..] == [0xCD, 0xCD];
+                    for k in 0..p {
+                        // this rank's own range may be left untouched
+                        if k != r {
+                            good &= o[off..off + lens[k]] == recs[k][..];
+                        }
+                        off += lens[k];
+                    }
+                    good
+                }
+                _ => false,
+            };
+            t.check(ok, || format!("{}: records differ", ctx()));
+            // equal to the blocking form
+            let mut blk = vec![0u8; total];
+            let rb = tr.allgatherv_into(&recs[r], &lens, &mut blk);
+            let want: Vec<u8> = recs.concat();
+            let mut same = rb.is_ok();
+            let mut off = 0;
+            for k in 0..p {
+                if k != r {
+                    same &= blk[off..off + lens[k]] == want[off..off + lens[k]];
+                }
+                off += lens[k];
+            }
+            t.check(same, || format!("{}: allgatherv_into differs", ctx()));
+        }
+        let mut lens = vec![4usize; p];
+        lens[r] = 4;
+        let e = tr.iallgatherv_into(
+            Box::new(vec![0u8; 4]),
+            &lens,
+            Box::new(vec![0u8; 4 * p - 1]),
+        );
+        t.check(e.is_err(), || {
+            format!("iallgatherv_into {name}: short output accepted")
+        });
+    }
+    drop(limited);
+}
+
 fn main() {
     let only_reduce = std::env::args().any(|a| a == "--only-reduce");
     let profile = std::env::temp_dir().join("zcomm-mpi-tests-profile.json");
@@ -943,6 +1085,7 @@ fn main() {
         checks: 0,
     };
     let t0 = std::time::Instant::now();
+    transport_suite(&mut c, &mut t);
     if !only_reduce {
         p2p_suite::<f32>(&mut c, &mut t);
         p2p_suite::<f64>(&mut c, &mut t);

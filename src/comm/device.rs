@@ -25,10 +25,14 @@
 //!   host allocation, no copy of the streams, pinned-speed copies; the allgather is `p-1`
 //!   pairwise sized exchanges straight into the pinned buffer, not `MPI_Allgatherv`, which
 //!   would also memcpy this rank's own record into the receive buffer); the non-blocking forms
-//!   hand the transfer an owned copy of the staged record (a pageable allocation and copy per
-//!   call, and a pageable H2D: slower than the blocking forms by a per-byte host cost). Allgather: `Auto` compresses
-//!   like `Always` (every rank must take the same path); bcast: the root decides `Auto` with the
-//!   model and the previous ratio. `Never` moves the raw bytes.
+//!   lend the same pinned buffers to the transfer (`MPI_Ibcast` / `MPI_Iallgatherv` straight
+//!   on them, through the transport's `ibcast_into` / `iallgatherv_into`) and take them back
+//!   in the wait: no per-call allocation or copy of the streams either, pinned H2D (the
+//!   non-blocking allgather's `MPI_Iallgatherv` also copies this rank's record into the
+//!   receive buffer; another stager operation between the start and the wait grows fresh
+//!   pinned buffers). Allgather: `Auto` compresses like `Always` (every rank must take the
+//!   same path); bcast: the root decides `Auto` with the model and the previous ratio. `Never`
+//!   moves the raw bytes.
 //! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
 //!   [`Communicator::reduce_scatter_device`], compressed (`Always`, or `Auto` when the model
 //!   predicts it faster): a device-resident ring. The global value range comes from a GPU range
@@ -99,8 +103,9 @@ use cudarc::driver::{
 };
 
 use super::{
-    element::Real, transport::PendingBytes, Communicator, Compressor, Decision, Desc, OpRequest,
-    OpStats, ReduceOp, OP_SENDRECV,
+    element::Real,
+    transport::{OwnedBytes, PendingBuf},
+    Communicator, Compressor, Decision, Desc, OpRequest, OpStats, ReduceOp, OP_SENDRECV,
 };
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
@@ -593,6 +598,19 @@ pub struct StageTimes {
     pub decompress: f64,
 }
 
+/// A stager's pinned buffer lent to a non-blocking transfer ([`OwnedBytes`]; handed back to
+/// the stager by the wait).
+struct PinnedBytes(PinnedHostSlice<u8>);
+
+impl OwnedBytes for PinnedBytes {
+    fn bytes(&mut self) -> Result<&mut [u8]> {
+        self.0.as_mut_slice().map_err(gpu_err("pinned"))
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
 /// GPU codec + device scratch + pinned host buffers for staged communication.
 pub struct DeviceStager {
     gpu: GpuCodec,
@@ -907,6 +925,47 @@ impl DeviceStager {
             Some(b) => Ok(&b.as_slice().map_err(gpu_err("pinned"))?[..len]),
             None if len == 0 => Ok(&[]),
             None => Err(Error::Comm("device staging: no pinned buffer".into())),
+        }
+    }
+
+    /// Lend the pinned send (`send`) or receive buffer, grown to at least `n` bytes, to a
+    /// non-blocking transfer (it owns it until the wait hands it back through
+    /// [`reclaim_pinned`](Self::reclaim_pinned); meanwhile the stager grows a new one if another
+    /// operation needs it). When no pinned memory can be had, a pageable vector of `n` bytes
+    /// stands in (slower, but the collective still runs on every rank: an error here, after the
+    /// agreement, would leave the other ranks waiting in the transfer).
+    fn lend_pinned(&mut self, send: bool, n: usize) -> Box<dyn OwnedBytes> {
+        let s = self.stream();
+        let slot = if send {
+            &mut self.pinned_send
+        } else {
+            &mut self.pinned_recv
+        };
+        if n == 0 {
+            return match slot.take() {
+                Some(b) => Box::new(PinnedBytes(b)),
+                None => Box::new(Vec::new()),
+            };
+        }
+        match Self::grow_pinned(slot, &s, n) {
+            Ok(()) => Box::new(PinnedBytes(slot.take().expect("grown"))),
+            Err(_) => Box::new(vec![0u8; n]),
+        }
+    }
+
+    /// Take back a buffer lent by [`lend_pinned`](Self::lend_pinned): pinned memory returns to
+    /// its slot (unless the slot already holds a buffer at least as large), a stand-in vector
+    /// is dropped.
+    fn reclaim_pinned(&mut self, send: bool, b: Box<dyn OwnedBytes>) {
+        if let Ok(b) = b.into_any().downcast::<PinnedBytes>() {
+            let slot = if send {
+                &mut self.pinned_send
+            } else {
+                &mut self.pinned_recv
+            };
+            if slot.as_ref().map_or(true, |cur| cur.len() < b.0.len()) {
+                *slot = Some(b.0);
+            }
         }
     }
 
@@ -1858,11 +1917,15 @@ fn gather_pinned(
 }
 
 /// A pending [`Communicator::iallgather_device`]: the compressed (or raw) streams are in flight
-/// (`MPI_Iallgatherv`); [`Communicator::wait_allgather_device`] uploads and decompresses them.
+/// (`MPI_Iallgatherv` from the stager's pinned send buffer into its pinned receive buffer, both
+/// lent to the request); [`Communicator::wait_allgather_device`] uploads and decompresses them
+/// and hands the buffers back to the stager.
 pub struct DeviceAllgatherRequest {
-    pending: Box<dyn PendingBytes>,
+    pending: Box<dyn PendingBuf>,
     compressed: bool,
     n: usize,
+    mine_len: usize,
+    lens: Vec<usize>,
     st: OpStats,
     t0: f64,
 }
@@ -1890,12 +1953,17 @@ struct BcastPrep {
     t0: f64,
 }
 
-/// A pending [`Communicator::ibcast_device`]: the root's stream is in flight (`MPI_Ibcast`);
-/// [`Communicator::wait_bcast_device`] uploads and decompresses it on every rank.
+/// A pending [`Communicator::ibcast_device`]: the root's stream is in flight (`MPI_Ibcast`
+/// straight from the root's pinned send buffer into the other ranks' pinned receive buffers,
+/// lent to the request); [`Communicator::wait_bcast_device`] uploads and decompresses it on
+/// every rank and hands the buffer back to the stager.
 pub struct DeviceBcastRequest {
-    pending: Box<dyn PendingBytes>,
+    pending: Box<dyn PendingBuf>,
     compressed: bool,
     n: usize,
+    len: usize,
+    /// The lent buffer is the stager's send buffer (the root) or its receive buffer.
+    from_send: bool,
     st: OpStats,
     t0: f64,
 }
@@ -2072,13 +2140,19 @@ impl Communicator {
             st,
             t0,
         } = self.allgather_device_prepare(dev, send, Ok(()))?;
-        // the non-blocking transfer owns its send record (MPI_Iallgatherv on a leaked buffer)
-        let mine = dev.pinned_bytes(true, mine_len)?.to_vec();
-        let pending = self.transport().iallgatherv(mine, &lens)?;
+        // the transfer borrows the stager's pinned buffers (this rank's record in the send
+        // buffer, the receive buffer grown once, then reused) until the wait hands them back:
+        // no per-call allocation, no copy of the streams
+        let total: usize = lens.iter().sum();
+        let mine = dev.lend_pinned(true, mine_len);
+        let out = dev.lend_pinned(false, total);
+        let pending = self.transport().iallgatherv_into(mine, &lens, out)?;
         Ok(DeviceAllgatherRequest {
             pending,
             compressed,
             n,
+            mine_len,
+            lens,
             st,
             t0,
         })
@@ -2167,34 +2241,49 @@ impl Communicator {
             pending,
             compressed,
             n,
+            mine_len,
+            lens,
             st,
             t0,
         } = req;
         let t = now();
-        let parts = pending.wait()?;
+        let mut bufs = pending.wait()?.into_iter();
         dev.last.network = t.elapsed().as_secs_f64();
-        if out.len() != n * self.size() {
-            return Err(Error::invalid(format!(
-                "allgather_device: output has {} values, expected {} x {n}",
-                out.len(),
-                self.size()
-            )));
-        }
-        let (mut h2d, mut dec) = (0.0, 0.0);
-        for (k, part) in parts.iter().enumerate() {
-            let mut view = out.slice_mut(k * n..(k + 1) * n);
-            if compressed {
-                dev.upload_and_decompress(part, &mut view)?;
-                dec += dev.last.decompress;
-            } else {
-                let t = now();
-                dev.copy_to_device(part, &mut view)?;
-                dev.last.h2d = t.elapsed().as_secs_f64();
+        let (Some(mut mine), Some(mut recv)) = (bufs.next(), bufs.next()) else {
+            return Err(Error::Comm(
+                "allgather_device: the transfer lost its buffers".into(),
+            ));
+        };
+        let me = self.rank();
+        let mut upload = || -> Result<()> {
+            if out.len() != n * self.size() {
+                return Err(Error::invalid(format!(
+                    "allgather_device: output has {} values, expected {} x {n}",
+                    out.len(),
+                    self.size()
+                )));
             }
-            h2d += dev.last.h2d;
-        }
-        dev.last.h2d = h2d;
-        dev.last.decompress = dec;
+            let total: usize = lens.iter().sum();
+            let mine: &[u8] = &mine.bytes()?[..mine_len];
+            let recv: &[u8] = &recv.bytes()?[..total];
+            let (mut h2d, mut dec, mut off) = (0.0, 0.0, 0);
+            for (k, &l) in lens.iter().enumerate() {
+                let mut view = out.slice_mut(k * n..(k + 1) * n);
+                // this rank's record from its send buffer (MPI may not have written its range)
+                let part = if k == me { mine } else { &recv[off..off + l] };
+                dev.upload_bytes(part, &mut view, compressed)?;
+                h2d += dev.last.h2d;
+                dec += dev.last.decompress;
+                off += l;
+            }
+            dev.last.h2d = h2d;
+            dev.last.decompress = dec;
+            Ok(())
+        };
+        let r = upload();
+        dev.reclaim_pinned(true, mine);
+        dev.reclaim_pinned(false, recv);
+        r?;
         Ok(self.finish(st, t0))
     }
 
@@ -2274,17 +2363,18 @@ impl Communicator {
             st,
             t0,
         } = self.bcast_device_prepare(dev, buf, root)?;
-        // the non-blocking transfer owns its buffer (MPI_Ibcast on a leaked buffer)
-        let payload = if self.rank() == root {
-            dev.pinned_bytes(true, len)?.to_vec()
-        } else {
-            Vec::new()
-        };
-        let pending = self.transport().ibcast(root, payload, len)?;
+        // the transfer borrows the root's pinned send buffer (the staged stream) or the others'
+        // pinned receive buffer (grown once, then reused) until the wait hands it back: no
+        // per-call allocation, no copy of the stream
+        let from_send = self.rank() == root;
+        let b = dev.lend_pinned(from_send, len);
+        let pending = self.transport().ibcast_into(root, b, len)?;
         Ok(DeviceBcastRequest {
             pending,
             compressed,
             n,
+            len,
+            from_send,
             st,
             t0,
         })
@@ -2396,29 +2486,36 @@ impl Communicator {
             pending,
             compressed,
             n,
+            len,
+            from_send,
             mut st,
             t0,
         } = req;
         let t = now();
-        let mut parts = pending.wait()?;
+        let Some(mut b) = pending.wait()?.pop() else {
+            return Err(Error::Comm(
+                "bcast_device: the transfer lost its buffer".into(),
+            ));
+        };
         dev.last.network = t.elapsed().as_secs_f64();
-        if buf.len() != n {
-            return Err(Error::invalid(format!(
-                "bcast_device: buffer has {} values, ibcast_device was given {n}",
-                buf.len()
-            )));
-        }
-        let payload = parts.pop().unwrap_or_default();
-        if compressed {
-            dev.upload_and_decompress(&payload, buf)?;
-            if st.bound == 0.0 {
-                st.bound = stream_bound(self.config.bound, &payload)?;
+        let bound = self.config.bound;
+        let mut upload = || -> Result<()> {
+            if buf.len() != n {
+                return Err(Error::invalid(format!(
+                    "bcast_device: buffer has {} values, ibcast_device was given {n}",
+                    buf.len()
+                )));
             }
-        } else {
-            let t = now();
-            dev.copy_to_device(&payload, buf)?;
-            dev.last.h2d = t.elapsed().as_secs_f64();
-        }
+            let payload: &[u8] = &b.bytes()?[..len];
+            dev.upload_bytes(payload, buf, compressed)?;
+            if compressed && st.bound == 0.0 {
+                st.bound = stream_bound(bound, payload)?;
+            }
+            Ok(())
+        };
+        let r = upload();
+        dev.reclaim_pinned(from_send, b);
+        r?;
         Ok(self.finish(st, t0))
     }
 

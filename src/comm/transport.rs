@@ -50,6 +50,64 @@ impl PendingBytes for Ready {
     }
 }
 
+/// Host memory that a non-blocking transfer owns while it runs and hands back when it completes
+/// ([`Transport::ibcast_into`], [`Transport::iallgatherv_into`]): a `Vec<u8>`, or a caller's
+/// page-locked buffer (the device staging's pinned memory) wrapped in a type of its own, so the
+/// transfer needs neither an allocation nor a copy. The memory behind
+/// [`bytes`](Self::bytes) must stay at the same address while the object is alive and
+/// unmoved-from (true of heap and pinned allocations).
+pub trait OwnedBytes: std::any::Any {
+    /// The whole buffer.
+    fn bytes(&mut self) -> Result<&mut [u8]>;
+    /// For getting the concrete buffer back (`Box<dyn Any>::downcast`).
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
+impl OwnedBytes for Vec<u8> {
+    fn bytes(&mut self) -> Result<&mut [u8]> {
+        Ok(self.as_mut_slice())
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+/// A pending non-blocking transfer on owned buffers ([`Transport::ibcast_into`],
+/// [`Transport::iallgatherv_into`]). Dropping it waits for the transfer (the buffers are never
+/// freed while MPI may still use them).
+pub trait PendingBuf {
+    /// Block until done; hands the buffers back in the order they were given.
+    fn wait(self: Box<Self>) -> Result<Vec<Box<dyn OwnedBytes>>>;
+    /// Whether it has completed (never blocks).
+    fn test(&mut self) -> Result<bool>;
+}
+
+/// An already completed [`PendingBuf`] (blocking fallbacks).
+pub struct ReadyBuf(pub Vec<Box<dyn OwnedBytes>>);
+
+impl std::fmt::Debug for ReadyBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReadyBuf({} buffers)", self.0.len())
+    }
+}
+
+impl PendingBuf for ReadyBuf {
+    fn wait(self: Box<Self>) -> Result<Vec<Box<dyn OwnedBytes>>> {
+        Ok(self.0)
+    }
+    fn test(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// The first `len` bytes of an owned buffer (an error when it is shorter).
+fn owned_prefix<'a>(b: &'a mut dyn OwnedBytes, len: usize, what: &str) -> Result<&'a mut [u8]> {
+    let s = b.bytes()?;
+    let have = s.len();
+    s.get_mut(..len)
+        .ok_or_else(|| Error::invalid(format!("{what}: buffer has {have} bytes, {len} needed")))
+}
+
 /// Check the arguments of [`Transport::allgatherv_into`].
 fn check_gather_lens(
     rank: usize,
@@ -191,6 +249,44 @@ pub trait Transport {
         }
         buf.copy_from_slice(&v);
         Ok(())
+    }
+    /// Non-blocking [`bcast_into`](Self::bcast_into) of the first `len` bytes of the owned
+    /// `buf` (the same `len` on every rank, known in advance; `buf` may be longer), e.g. pinned
+    /// host memory: no allocation and no copy. The transfer owns `buf` until it completes;
+    /// [`PendingBuf::wait`] hands it back (one buffer) with the root's bytes in `..len`.
+    /// Default: the blocking [`bcast_into`](Self::bcast_into).
+    fn ibcast_into(
+        &self,
+        root: usize,
+        mut buf: Box<dyn OwnedBytes>,
+        len: usize,
+    ) -> Result<Box<dyn PendingBuf>> {
+        self.bcast_into(root, owned_prefix(buf.as_mut(), len, "ibcast_into")?)?;
+        Ok(Box::new(ReadyBuf(vec![buf])))
+    }
+    /// Non-blocking [`allgatherv_into`](Self::allgatherv_into) on owned buffers: this rank's
+    /// record is `mine[..lens[rank]]`, the records land in `out[..lens.iter().sum()]` (rank
+    /// order; this rank's range may be left untouched). No allocation, no copy of the records.
+    /// [`PendingBuf::wait`] hands back `[mine, out]`. Default: the blocking
+    /// [`allgatherv_into`](Self::allgatherv_into).
+    fn iallgatherv_into(
+        &self,
+        mut mine: Box<dyn OwnedBytes>,
+        lens: &[usize],
+        mut out: Box<dyn OwnedBytes>,
+    ) -> Result<Box<dyn PendingBuf>> {
+        if lens.len() != self.size() {
+            return Err(Error::invalid(
+                "iallgatherv_into: lengths disagree with the ranks",
+            ));
+        }
+        let (total, ml) = (lens.iter().sum::<usize>(), lens[self.rank()]);
+        {
+            let m = owned_prefix(mine.as_mut(), ml, "iallgatherv_into")?;
+            let o = owned_prefix(out.as_mut(), total, "iallgatherv_into")?;
+            self.allgatherv_into(m, lens, o)?;
+        }
+        Ok(Box::new(ReadyBuf(vec![mine, out])))
     }
     /// In-place element-wise reduction of a small f64 vector over all ranks.
     fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()>;
@@ -510,6 +606,56 @@ mod mpi_impl {
     impl Drop for MpiBcast {
         fn drop(&mut self) {
             let _ = self.finish();
+        }
+    }
+
+    /// In-flight non-blocking collective(s) on owned buffers ([`Transport::ibcast_into`]: one
+    /// `MPI_Ibcast` per piece; [`Transport::iallgatherv_into`]: one `MPI_Iallgatherv` on a
+    /// leaked partition). The requests borrow the buffers' memory: they are waited for (in
+    /// `finish`, also on drop) before the buffers are handed back or dropped.
+    struct MpiOwned<D: ?Sized + 'static> {
+        reqs: Vec<Request<'static, D, StaticScope>>,
+        bufs: Vec<Box<dyn OwnedBytes>>,
+        /// Frees what the requests borrowed besides `bufs` (the leaked partition), after them.
+        cleanup: Option<Box<dyn FnOnce()>>,
+    }
+
+    impl<D: ?Sized + 'static> MpiOwned<D> {
+        fn finish(&mut self) {
+            for r in self.reqs.drain(..) {
+                r.wait_without_status();
+            }
+            if let Some(f) = self.cleanup.take() {
+                f();
+            }
+        }
+    }
+
+    impl<D: ?Sized + 'static> PendingBuf for MpiOwned<D> {
+        fn wait(mut self: Box<Self>) -> Result<Vec<Box<dyn OwnedBytes>>> {
+            self.finish();
+            Ok(std::mem::take(&mut self.bufs))
+        }
+        fn test(&mut self) -> Result<bool> {
+            let mut pending = Vec::with_capacity(self.reqs.len());
+            for r in self.reqs.drain(..) {
+                if let Err(r) = r.test() {
+                    pending.push(r);
+                }
+            }
+            self.reqs = pending;
+            if self.reqs.is_empty() {
+                self.finish();
+                return Ok(true);
+            }
+            Ok(false)
+        }
+    }
+
+    impl<D: ?Sized + 'static> Drop for MpiOwned<D> {
+        fn drop(&mut self) {
+            // the buffers (fields) are dropped after this: never while MPI may use them
+            self.finish();
         }
     }
 
@@ -850,6 +996,86 @@ mod mpi_impl {
                 rootp.broadcast_into(piece);
             }
             Ok(())
+        }
+        fn ibcast_into(
+            &self,
+            root: usize,
+            mut buf: Box<dyn OwnedBytes>,
+            len: usize,
+        ) -> Result<Box<dyn PendingBuf>> {
+            self.check_rank(root)?;
+            let ptr = owned_prefix(buf.as_mut(), len, "ibcast_into")?.as_mut_ptr();
+            if len == 0 {
+                return Ok(Box::new(ReadyBuf(vec![buf])));
+            }
+            // SAFETY: `ptr..ptr+len` lies in `buf`'s memory, which stays at its address (the
+            // `OwnedBytes` contract) and is not touched by safe code until `MpiOwned` has waited
+            // for every request (`finish`, also run on drop, before `bufs` is released).
+            let all: &'static mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+            let rootp = self.comm.process_at_rank(root as i32);
+            // every rank knows `len`: the same pieces of at most `piece` bytes everywhere (as
+            // `bcast_into`); outstanding non-blocking collectives match in the order posted
+            let reqs = all
+                .chunks_mut(self.piece)
+                .map(|piece| rootp.immediate_broadcast_into(StaticScope, piece))
+                .collect();
+            Ok(Box::new(MpiOwned::<[u8]> {
+                reqs,
+                bufs: vec![buf],
+                cleanup: None,
+            }))
+        }
+        fn iallgatherv_into(
+            &self,
+            mut mine: Box<dyn OwnedBytes>,
+            lens: &[usize],
+            mut out: Box<dyn OwnedBytes>,
+        ) -> Result<Box<dyn PendingBuf>> {
+            if lens.len() != self.size {
+                return Err(Error::invalid(
+                    "iallgatherv_into: lengths disagree with the ranks",
+                ));
+            }
+            let (total, ml) = (lens.iter().sum::<usize>(), lens[self.rank]);
+            let mptr = owned_prefix(mine.as_mut(), ml, "iallgatherv_into")?.as_mut_ptr();
+            let optr = owned_prefix(out.as_mut(), total, "iallgatherv_into")?.as_mut_ptr();
+            if total == 0 {
+                return Ok(Box::new(ReadyBuf(vec![mine, out])));
+            }
+            if total > self.max_count {
+                // too large for MPI's int displacements: the blocking ring of sized exchanges
+                {
+                    let m = owned_prefix(mine.as_mut(), ml, "iallgatherv_into")?;
+                    let o = owned_prefix(out.as_mut(), total, "iallgatherv_into")?;
+                    self.allgatherv_into(m, lens, o)?;
+                }
+                return Ok(Box::new(ReadyBuf(vec![mine, out])));
+            }
+            // SAFETY: both ranges lie in the owned buffers' memory, which stays at its address
+            // and is not touched by safe code until `MpiOwned` has waited for the request.
+            let (send, recv): (&'static [u8], &'static mut [u8]) = unsafe {
+                (
+                    std::slice::from_raw_parts(mptr, ml),
+                    std::slice::from_raw_parts_mut(optr, total),
+                )
+            };
+            // a real address for an empty record (see ANCHOR)
+            let send: &'static [u8] = if send.is_empty() { &ANCHOR[..0] } else { send };
+            let (counts, displs) = counts_displs(lens);
+            let part: &'static mut Part =
+                Box::leak(Box::new(PartitionMut::new(recv, counts, displs)));
+            let part_ptr: *mut Part = part;
+            let req = self
+                .comm
+                .immediate_all_gather_varcount_into(StaticScope, send, part);
+            // SAFETY: `part_ptr` came from Box::leak above; the cleanup runs once, after the
+            // request that borrowed it has completed.
+            let cleanup = move || drop(unsafe { Box::from_raw(part_ptr) });
+            Ok(Box::new(MpiOwned::<Part> {
+                reqs: vec![req],
+                bufs: vec![mine, out],
+                cleanup: Some(Box::new(cleanup)),
+            }))
         }
         fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()> {
             use mpi::collective::SystemOperation;
