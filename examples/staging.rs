@@ -973,7 +973,7 @@ mod device {
 
         // 4. bcast_device from root 0: the blocking form (pinned staging buffers, the form the
         // model describes), in place on a device copy of the input restored before every call
-        // (untimed), then the non-blocking form (owned pageable buffers) once, compared
+        // (untimed), then the non-blocking form (lent pinned staging buffers) once, compared
         if a.wants("bcast_device") {
             let d_bc = std::cell::RefCell::new(s.alloc_zeros::<S>(n).map_err(gerr)?);
             let tr = triple_setup(
@@ -1008,7 +1008,7 @@ mod device {
             t.note(
                 c,
                 format!(
-                    "ibcast_device + wait_bcast_device (compressed, owned pageable buffers): best {} ms, median {} ms (blocking bcast_device {} ms)",
+                    "ibcast_device + wait_bcast_device (compressed, pinned staging buffers): best {} ms, median {} ms (blocking bcast_device {} ms)",
                     fmt_ms(tn.best),
                     fmt_ms(tn.median),
                     fmt_ms(tr.cmp.0.best)
