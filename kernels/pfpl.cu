@@ -485,11 +485,17 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         const u32 sh = (4u - (u32)(base & 3ull)) & 3u;
         const u32 nfull = csize >= sh ? (csize - sh) / 4u : 0u;
         u32* dw = (u32*)(out + base + sh);
-        for (u32 i = (u32)tid; i < nsw; i += PF_THREADS) {
-            u32 v = src[i];
-            if (4u * i + 4u > csize) v &= (1u << (8u * (csize & 3u))) - 1u;  // past the payload: 0
-            hsum += zhash_mix(v, i);
-            if (i < nfull) dw[i] = sh ? __funnelshift_r(v, src[i + 1], 8u * sh) : v;
+        // block-uniform trip count: source word i + 1 comes from the next lane (one load each)
+        for (u32 i0 = 0; i0 < nsw; i0 += PF_THREADS) {
+            const u32 i = i0 + (u32)tid;
+            u32 v = i < nsw ? src[i] : 0u;
+            u32 nx = __shfl_down_sync(ZC_FULL, v, 1);
+            if (lane == 31 && sh && i < nfull) nx = src[i + 1];
+            if (i < nsw) {
+                if (4u * i + 4u > csize) v &= (1u << (8u * (csize & 3u))) - 1u;  // past the payload: 0
+                hsum += zhash_mix(v, i);
+                if (i < nfull) dw[i] = sh ? __funnelshift_r(v, nx, 8u * sh) : v;
+            }
         }
         const u32 nhead = sh < csize ? sh : csize;
         if ((u32)tid < nhead) out[base + tid] = srcb[tid];
