@@ -2379,6 +2379,22 @@ impl NcclComm {
             w.synchronize().map_err(gpu_err)?;
             let (mut ar, mut ag, mut pp, mut one) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            // Warm the transport up with the largest size first (untimed): on the socket
+            // transport the first large transfers of a fresh communicator can run ~1.5x slower
+            // than later ones (seen once in eight process starts of the 2xH200 v5 runs, where
+            // the whole calibration came out slow and every prediction of that process 20-37 %
+            // high), and one warm-up per size is not enough to get past that.
+            {
+                let xv = xs.slice(0..big);
+                let mut yv = ys.slice_mut(0..big);
+                for _ in 0..3 {
+                    self.sh.allreduce_sum(&xv, &mut yv)?;
+                }
+                let mut gv = gs.slice_mut(0..big * p);
+                self.sh.allgather(&xv, &mut gv)?;
+                self.synchronize()?;
+                self.barrier()?;
+            }
             for &sz in CALIBRATION_SIZES {
                 let n = sz / 4;
                 // large messages are slow on sockets and steady: fewer repetitions
