@@ -3,7 +3,8 @@
 //!
 //! With a CUDA device (feature `cuda`): every rank puts its field (generated, or its slice/copy of
 //! `--input`) on the GPU, calibrates the device profile (GPU codec and pinned staging, both ranks
-//! at once, median of 9) and measures
+//! at once, median of 9; the same with rank 0 alone; the one-way link between ranks 0 and 1;
+//! the ranks per GPU) and measures
 //!
 //! * `sendrecv_device` with its partner (`r ^ 1`), whole message and chunk-pipelined,
 //! * `allgather_device`, `bcast_device` (root 0; timed through `ibcast_device` +
@@ -829,6 +830,31 @@ mod device {
                 zcomm::model::fmt_rate(prof.range_pass),
                 zcomm::model::fmt_rate(prof.scale_pass),
             );
+            // one rank alone (rank 0 while the others wait), the one-way link, the placement
+            println!(
+                "  one rank alone: compress {} +{:.1} us, decompress {} +{:.1} us; {} rank(s) per GPU",
+                zcomm::model::fmt_rate(prof.compress_solo),
+                prof.compress_solo_overhead * 1e6,
+                zcomm::model::fmt_rate(prof.decompress_solo),
+                prof.decompress_solo_overhead * 1e6,
+                prof.ranks_per_gpu,
+            );
+            for q in &prof.staging_curve_solo.points {
+                println!(
+                    "    {:>10.1} MiB alone: {} / {}",
+                    q.bytes / 1048576.0,
+                    zcomm::model::fmt_rate(q.bytes / q.d2h),
+                    zcomm::model::fmt_rate(q.bytes / q.h2d)
+                );
+            }
+            for q in &prof.link_one_way.points {
+                println!(
+                    "  one-way link {:>8.1} MiB: {} (ping-pong {} per direction)",
+                    q.bytes / 1048576.0,
+                    zcomm::model::fmt_rate(q.bytes / q.seconds),
+                    zcomm::model::fmt_rate(c.profile().link.bandwidth),
+                );
+            }
         }
         // the calibration behind every prediction, first in the JSON file
         t.meta.push(serde_json::json!({
@@ -840,6 +866,8 @@ mod device {
                 "bandwidth": c.profile().link.bandwidth,
                 "latency": c.profile().link.latency,
             },
+            // every field, the solo rates (`*_solo`, `staging_curve_solo`), the one-way link
+            // (`link_one_way`) and `ranks_per_gpu` included
             "device_profile": prof,
         }));
         let s = dev.gpu().stream().clone();

@@ -89,6 +89,48 @@
 //! host operation's prediction; the device ring is predicted by
 //! [`DeviceProfile::predict_reduce`].
 //!
+//! ## Who works at the same time: shared and solo rates
+//!
+//! The calibration measures every codec call and pinned copy twice: *shared* (every rank at
+//! once, as in a collective) and *solo* (rank 0 alone, the others waiting in a barrier), plus
+//! the link twice: the communicator's two-way ping-pong (both ranks send at once) and a
+//! *one-way* curve (rank 0 → 1 and 1 → 0, the others idle). It also records how many ranks share
+//! one GPU (`ranks_per_gpu`, `s`: same host and same GPU PCI address). Each stage of each
+//! operation takes the measurement made under its own concurrency; no term is scaled by a
+//! fitted factor:
+//!
+//! * A stage that every rank runs at the same time uses the shared rates: the compression and
+//!   the copies of `stage_to_host`, every stage of `sendrecv_device`, `allgather_device` and
+//!   the device ring, every rank's upload in `bcast_device` and `restore_to_device`. With
+//!   `s > 1` the shared copies already contain their serialization on the one copy engine /
+//!   PCIe link (the slowest rank's copy ends after all of them); with one rank per GPU shared
+//!   and solo are the same calls (the shared ones also contain any sharing of the host link).
+//! * A stage that one rank runs while the others wait uses the solo rates: the `bcast_device`
+//!   root's compression and D2H (the other ranks wait in the broadcast).
+//! * A broadcast's tree step is one-way (`ceil(log2 p)` steps of the one-way curve; concurrent
+//!   pairs of a later step are assumed not to slow each other).
+//! * The decompression after the uploads of `restore_to_device` and `bcast_device` (the
+//!   broadcast's root leaves the transfer before the receivers; the local restore measured so
+//!   too): the `s` uploads of one GPU end one after another (the first after `h2d / s`, `h2d`
+//!   the shared upload time), so the slowest rank's call ends at the later of its own upload
+//!   plus a solo call and the GPU's `s` calls at the shared rate started after the first upload:
+//!   `decompress = max(solo, h2d / s + shared - h2d)`
+//!   ([`DeviceProfile::decompress_after_upload_s`]). With `s = 1` this is `max(solo, shared)`.
+//!   After a joint exchange (`sendrecv_device`, `allgather_device`, the ring steps) every rank
+//!   leaves the MPI call at once and the calls measured at the shared rate (below): shared.
+//!
+//! Evidence (bench/results/2026-11-22-h100-mpi-staging-v5.jsonl, 1 GiB f32 at ratio 19, two
+//! ranks sharing one H100, shared-only profile): `restore_to_device` measured H2D 2.07 ms =
+//! the shared curve's 2.06 ms, but decompression 0.75 ms = the solo rate, not the shared
+//! 1.47 ms (2.07 + 0.75 = 2.82 ≈ 2.81 ms measured; each upload alone ≈ 1.03 ms, the first
+//! rank decompresses while the second copies); `bcast_device` measured the root's compression
+//! 1.91 ms and D2H 1.03 ms (solo; shared 4.27 / 2.06 ms), the link 9.54 ms for the 56 MB
+//! stream (≈ 5.9 GB/s one way, the ping-pong's 3.48 GB/s per direction predicted 16.2 ms; raw
+//! bcast 223 ms vs 387 ms predicted), H2D 2.12 ms (shared 2.06) and decompression 0.75 ms
+//! (solo). `stage_to_host` (6.15 vs 6.33 ms), `sendrecv_device` (25.8 vs 26.0 ms: its
+//! decompression 1.47 ms is the shared rate), `allgather_device` and the reductions matched
+//! the shared rates within 10 %, and keep them.
+//!
 //! The device collectives are compositions of tested pieces (stager copies, GPU codec, host
 //! algorithms) compiled under feature `cuda` (`examples/staging` runs and checks all of them);
 //! the device ring of the reductions has not been run on a GPU yet.
@@ -111,7 +153,9 @@ use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
-use crate::model::{self, Link, Policy, Scenario, StagingCurve, StagingPoint};
+use crate::model::{
+    self, Link, LinkCurve, LinkPoint, Policy, Scenario, StagingCurve, StagingPoint,
+};
 use crate::quant::ErrorBound;
 
 fn gpu_err(what: &'static str) -> impl Fn(cu::DriverError) -> Error {
@@ -263,6 +307,34 @@ pub struct DeviceProfile {
     /// The mean's in-place division kernel (bytes of values per second); 0 = not calibrated.
     #[serde(default)]
     pub scale_pass: f64,
+    /// Ranks sharing one GPU (the most of any GPU; ranks on the same host with the same PCI
+    /// address, see [`DeviceStager::calibrate`]); 0 = unknown (profiles written before it:
+    /// treated as 1).
+    #[serde(default)]
+    pub ranks_per_gpu: usize,
+    /// GPU compression throughput of one rank calling alone (the others idle), beyond
+    /// `compress_solo_overhead`; 0 = not calibrated (the shared `compress` line is used).
+    #[serde(default)]
+    pub compress_solo: f64,
+    /// Fixed seconds of one GPU compression call of one rank alone.
+    #[serde(default)]
+    pub compress_solo_overhead: f64,
+    /// GPU decompression throughput of one rank alone, beyond `decompress_solo_overhead`; 0 =
+    /// not calibrated (the shared `decompress` line is used).
+    #[serde(default)]
+    pub decompress_solo: f64,
+    /// Fixed seconds of one GPU decompression call of one rank alone.
+    #[serde(default)]
+    pub decompress_solo_overhead: f64,
+    /// Pinned copy times of one rank copying alone (the others idle); empty = not calibrated
+    /// (the shared `staging_curve` is used).
+    #[serde(default)]
+    pub staging_curve_solo: StagingCurve,
+    /// One-way transfer times between ranks 0 and 1 (one sends, the other receives, the rest
+    /// idle; pinned buffers; the slower direction), for the broadcast's tree steps; empty = not
+    /// calibrated (the two-way ping-pong link is used).
+    #[serde(default)]
+    pub link_one_way: LinkCurve,
 }
 
 /// The model's time of one device operation split by stage (seconds; the same stages as the
@@ -331,6 +403,13 @@ impl DeviceProfile {
             device_copy: 0.0,
             range_pass: 0.0,
             scale_pass: 0.0,
+            ranks_per_gpu: 0,
+            compress_solo: 0.0,
+            compress_solo_overhead: 0.0,
+            decompress_solo: 0.0,
+            decompress_solo_overhead: 0.0,
+            staging_curve_solo: StagingCurve::default(),
+            link_one_way: LinkCurve::default(),
         }
     }
     /// Seconds of a pinned device→host copy of `bytes`.
@@ -361,6 +440,61 @@ impl DeviceProfile {
         } else {
             self.decompress_s(bytes)
         }
+    }
+    /// Seconds of a pinned device→host copy of `bytes` by one rank alone (the solo curve; the
+    /// shared one when not calibrated).
+    pub fn d2h_solo_s(&self, bytes: f64) -> f64 {
+        self.staging_curve_solo
+            .d2h(bytes)
+            .unwrap_or_else(|| self.d2h_s(bytes))
+    }
+    /// Seconds of a pinned host→device copy of `bytes` by one rank alone.
+    pub fn h2d_solo_s(&self, bytes: f64) -> f64 {
+        self.staging_curve_solo
+            .h2d(bytes)
+            .unwrap_or_else(|| self.h2d_s(bytes))
+    }
+    /// Seconds of one GPU compression call on `bytes` by one rank alone (the shared line when
+    /// not calibrated).
+    pub fn compress_solo_s(&self, bytes: f64) -> f64 {
+        if self.compress_solo > 0.0 {
+            self.compress_solo_overhead + bytes / self.compress_solo
+        } else {
+            self.compress_s(bytes)
+        }
+    }
+    /// Seconds of one GPU decompression call producing `bytes` by one rank alone.
+    pub fn decompress_solo_s(&self, bytes: f64) -> f64 {
+        if self.decompress_solo > 0.0 {
+            self.decompress_solo_overhead + bytes / self.decompress_solo
+        } else {
+            self.decompress_s(bytes)
+        }
+    }
+    /// Ranks per GPU (at least 1).
+    pub fn sharing(&self) -> usize {
+        self.ranks_per_gpu.max(1)
+    }
+    /// Seconds of one one-way transfer of `bytes` (one rank sends, one receives): the one-way
+    /// curve, else `link` (the two-way ping-pong).
+    pub fn one_way_s(&self, link: Link, bytes: f64) -> f64 {
+        self.link_one_way
+            .seconds(bytes)
+            .unwrap_or(link.latency + bytes / link.bandwidth)
+    }
+    /// Seconds of the decompression producing `bytes` that follows an upload taking `h2d`
+    /// seconds with every rank uploading at once (the shared curve), for the slowest rank. The
+    /// `s` ranks of one GPU ([`sharing`](Self::sharing)) get their uploads one after another
+    /// (the first done after `h2d / s`), so the last rank's call cannot end before
+    /// `h2d + decompress_solo` (its own upload, then its call alone), nor before the GPU has
+    /// done all `s` calls at the shared rate, started when the first upload is done
+    /// (`h2d / s + decompress_shared`): the later of the two, minus the upload. One rank per
+    /// GPU: `max(solo, shared)` (the same physical call).
+    pub fn decompress_after_upload_s(&self, bytes: f64, h2d: f64) -> f64 {
+        let s = self.sharing() as f64;
+        let solo = self.decompress_solo_s(bytes);
+        let shared = h2d / s + self.decompress_s(bytes) - h2d;
+        solo.max(shared)
     }
     /// The staging link of one hop of `bytes` (the curve at that size, else `staging`).
     pub fn staging_link(&self, bytes: f64) -> Link {
@@ -417,9 +551,10 @@ impl DeviceProfile {
             h2d: self.h2d_s(bytes),
             ..Terms::default()
         };
+        let h2d = self.h2d_s(bytes / ratio.max(1e-9));
         let cmp = Terms {
-            h2d: self.h2d_s(bytes / ratio.max(1e-9)),
-            decompress: self.decompress_s(bytes),
+            h2d,
+            decompress: self.decompress_after_upload_s(bytes, h2d),
             ..Terms::default()
         };
         (raw, cmp)
@@ -477,23 +612,26 @@ impl DeviceProfile {
         (r.total(), c.total())
     }
     /// Model stages (raw, compressed) of the blocking [`Communicator::bcast_device`] of `bytes`
-    /// over `p` ranks: the root's staging out, `ceil(log2 p)` link transfers (binomial tree),
-    /// one upload (+ decompression) on every rank.
+    /// over `p` ranks: the root alone compresses and stages out (solo codec call and copy),
+    /// `ceil(log2 p)` one-way link transfers (binomial tree; [`one_way_s`](Self::one_way_s) per
+    /// step), then every rank uploads at once (shared curve) and decompresses after its upload
+    /// ([`decompress_after_upload_s`](Self::decompress_after_upload_s)).
     pub fn bcast_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let hops = (p.max(1) as f64).log2().ceil();
         let z = bytes / ratio.max(1e-9);
         let raw = Terms {
-            d2h: self.d2h_s(bytes),
-            link: hops * (link.latency + bytes / link.bandwidth),
+            d2h: self.d2h_solo_s(bytes),
+            link: hops * self.one_way_s(link, bytes),
             h2d: self.h2d_s(bytes),
             ..Terms::default()
         };
+        let h2d = self.h2d_s(z);
         let cmp = Terms {
-            compress: self.compress_s(bytes),
-            d2h: self.d2h_s(z),
-            link: hops * (link.latency + z / link.bandwidth),
-            h2d: self.h2d_s(z),
-            decompress: self.decompress_s(bytes),
+            compress: self.compress_solo_s(bytes),
+            d2h: self.d2h_solo_s(z),
+            link: hops * self.one_way_s(link, z),
+            h2d,
+            decompress: self.decompress_after_upload_s(bytes, h2d),
             device: 0.0,
         };
         (raw, cmp)
@@ -1128,6 +1266,24 @@ impl DeviceStager {
     ///   of the field, the value-range pass over it and the in-place division kernel (the last
     ///   two need the NVRTC-compiled utility kernels; without them on every rank they stay 0,
     ///   i.e. not charged).
+    /// * Solo rates (the profile's `*_solo` fields): the compression and decompression lines
+    ///   (field + tiny prefix) and the pinned D2H/H2D copies at the same sizes, run by rank 0
+    ///   alone while the other ranks wait in a barrier (warm-up + median, no barrier between
+    ///   the calls). One rank suffices when every rank drives the same kind of GPU; all ranks
+    ///   adopt rank 0's numbers (the maximum of the gathered times, 0 elsewhere).
+    /// * One-way link (`link_one_way`): rank 0 sends from its pinned send buffer to rank 1's
+    ///   pinned receive buffer while the other ranks idle, then 1 → 0, at
+    ///   [`CALIBRATION_LINK_MIB`] (up to the field's size), [`CALIBRATION_LINK_WARMUP`] +
+    ///   median of [`CALIBRATION_LINK_REPS`], a barrier before each; the slower direction and
+    ///   the slower of the two ranks' clocks (the receiver's) per size.
+    /// * Placement (`ranks_per_gpu`): the largest number of ranks on one host with the same
+    ///   GPU PCI address (gathered from every rank; the device ordinal where the driver reports
+    ///   no PCI address).
+    ///
+    /// Added time of the solo and one-way parts (1 GiB field, two ranks sharing an H100, v5
+    /// rates): solo codec calls ≈ 0.1 s, solo copies ≈ 0.6 s (22 copies per size, ≈ 20 ms
+    /// each at 1 GiB), one-way link ≈ 0.7 s (2 directions × 6 transfers per size, ≈ 45 ms
+    /// each at 256 MiB): about 1.4 s on top of the shared calibration's ≈ 2 s.
     pub fn calibrate(
         &mut self,
         comm: &Communicator,
@@ -1138,6 +1294,7 @@ impl DeviceStager {
         let mut v = [values.max(CALIBRATION_MIN_VALUES) as f64];
         comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
         let values = v[0] as usize;
+        let ranks_per_gpu = self.ranks_per_gpu(comm)?;
         let s = self.stream();
         let (codec_times, tiny) = {
             use rayon::prelude::*;
@@ -1185,6 +1342,20 @@ impl DeviceStager {
             })?;
             let td_tiny = Self::repeat(comm, || decode(self, tlen, tiny, false))?;
             let tda_tiny = Self::repeat(comm, || decode(self, tlen, tiny, true))?;
+            // the same lines with rank 0 calling alone (the others wait in a barrier): what a
+            // call costs when no other rank uses the GPU (the broadcast's root, a rank whose
+            // upload finished after the others'; see the module docs' model section)
+            let solo = comm.rank() == 0;
+            let tc_solo = Self::repeat_solo(comm, solo, || {
+                len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
+                Ok(())
+            })?;
+            let td_solo = Self::repeat_solo(comm, solo, || decode(self, len, values, false))?;
+            let tc_solo_tiny = Self::repeat_solo(comm, solo, || {
+                tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
+                Ok(())
+            })?;
+            let td_solo_tiny = Self::repeat_solo(comm, solo, || decode(self, tlen, tiny, false))?;
             // device-memory passes of the device reductions: the input copy into the
             // accumulator, the value-range pass, the mean's division (by 1 here)
             let t_copy = Self::repeat(comm, || {
@@ -1224,7 +1395,19 @@ impl DeviceStager {
             };
             (
                 vec![
-                    tc, td, tda, tc_tiny, td_tiny, tda_tiny, t_copy, t_range, t_scale,
+                    tc,
+                    td,
+                    tda,
+                    tc_tiny,
+                    td_tiny,
+                    tda_tiny,
+                    t_copy,
+                    t_range,
+                    t_scale,
+                    tc_solo,
+                    td_solo,
+                    tc_solo_tiny,
+                    td_solo_tiny,
                 ],
                 tiny,
             )
@@ -1243,7 +1426,31 @@ impl DeviceStager {
             let (d, h) = self.time_staging(comm, &mut buf, b)?;
             times.extend([d, h]);
         }
+        // the same copies by rank 0 alone (0 on the others: the maximum below keeps rank 0's)
+        for &b in &sizes {
+            let (d, h) = self.time_staging_solo(comm, &mut buf, b)?;
+            times.extend([d, h]);
+        }
         drop(buf);
+        // one-way transfers between ranks 0 and 1 from and into pinned memory, both directions
+        let link_sizes: Vec<usize> = if comm.size() > 1 {
+            let mut v: Vec<usize> = CALIBRATION_LINK_MIB
+                .iter()
+                .map(|m| m << 20)
+                .filter(|&b| b <= total)
+                .collect();
+            if v.is_empty() {
+                v.push(total);
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        for &b in &link_sizes {
+            let f = self.time_one_way(comm, 0, 1, b)?;
+            let r = self.time_one_way(comm, 1, 0, b)?;
+            times.extend([f, r]);
+        }
         // every rank must have run the same calls (a rank without the utility kernels sent 0:
         // the maximum keeps the others' measurement)
         comm.transport().allreduce_f64(&mut times, ReduceOp::Max)?;
@@ -1257,11 +1464,32 @@ impl DeviceStager {
             });
         }
         let last = curve.points.last().copied().expect("one size at least");
+        let ns = sizes.len();
+        let mut curve_solo = StagingCurve::default();
+        for (i, &b) in sizes.iter().enumerate() {
+            curve_solo.insert(StagingPoint {
+                bytes: b as f64,
+                d2h: times[nc + 2 * ns + 2 * i],
+                h2d: times[nc + 2 * ns + 1 + 2 * i],
+            });
+        }
+        let mut link_one_way = LinkCurve::default();
+        for (i, &b) in link_sizes.iter().enumerate() {
+            let k = nc + 4 * ns + 2 * i;
+            link_one_way.insert(LinkPoint {
+                bytes: b as f64,
+                seconds: times[k].max(times[k + 1]),
+            });
+        }
         let tb = (tiny * 4) as f64;
         let (compress, compress_overhead) = model::call_line(tb, times[3], bytes, times[0]);
         let (decompress, decompress_overhead) = model::call_line(tb, times[4], bytes, times[1]);
         let (decompress_add, decompress_add_overhead) =
             model::call_line(tb, times[5], bytes, times[2]);
+        let (compress_solo, compress_solo_overhead) =
+            model::call_line(tb, times[11], bytes, times[9]);
+        let (decompress_solo, decompress_solo_overhead) =
+            model::call_line(tb, times[12], bytes, times[10]);
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
         let p = DeviceProfile {
             staging: Link {
@@ -1280,6 +1508,13 @@ impl DeviceStager {
             device_copy: rate(times[6]),
             range_pass: rate(times[7]),
             scale_pass: rate(times[8]),
+            ranks_per_gpu,
+            compress_solo,
+            compress_solo_overhead,
+            decompress_solo,
+            decompress_solo_overhead,
+            staging_curve_solo: curve_solo,
+            link_one_way,
         };
         tracing::info!(target: "zcomm::comm", "device profile: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us, staging {} ({} sizes), device copy {}, range {}, scale {}",
             model::fmt_rate(p.compress), p.compress_overhead * 1e6,
@@ -1287,6 +1522,12 @@ impl DeviceStager {
             model::fmt_rate(p.decompress_add), p.decompress_add_overhead * 1e6,
             model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(),
             model::fmt_rate(p.device_copy), model::fmt_rate(p.range_pass), model::fmt_rate(p.scale_pass));
+        tracing::info!(target: "zcomm::comm", "device profile, one rank alone: compress {} + {:.1} us, decompress {} + {:.1} us, staging {} sizes; one-way link {} ({} sizes); {} rank(s) per GPU",
+            model::fmt_rate(p.compress_solo), p.compress_solo_overhead * 1e6,
+            model::fmt_rate(p.decompress_solo), p.decompress_solo_overhead * 1e6,
+            p.staging_curve_solo.points.len(),
+            p.link_one_way.points.last().map_or_else(|| "-".into(), |q| model::fmt_rate(q.bytes / q.seconds)),
+            p.link_one_way.points.len(), p.ranks_per_gpu);
         self.profile = Some(p.clone());
         Ok(p)
     }
@@ -1332,6 +1573,146 @@ impl DeviceStager {
         Ok(model::median(&times))
     }
 
+    /// Like [`repeat`](Self::repeat), but only where `me` (one rank) runs the calls, without
+    /// barriers between them, while the other ranks wait (a barrier before, one reduction of the
+    /// error status after; they return 0). The solo rates of the profile.
+    fn repeat_solo(
+        comm: &Communicator,
+        me: bool,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        comm.barrier()?;
+        let r = if me {
+            let mut times = Vec::with_capacity(CALIBRATION_REPS);
+            let mut res = Ok(());
+            for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
+                let t = now();
+                if let Err(e) = f() {
+                    res = Err(e);
+                    break;
+                }
+                if k >= CALIBRATION_WARMUP {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            res.map(|()| model::median(&times))
+        } else {
+            Ok(0.0)
+        };
+        // every rank leaves together, and fails together when the calling rank failed
+        let mut failed = [f64::from(u8::from(r.is_err()))];
+        comm.transport().allreduce_f64(&mut failed, ReduceOp::Max)?;
+        match r {
+            Ok(_) if failed[0] > 0.5 => Err(Error::Comm(
+                "device calibration: the solo calls failed on another rank".into(),
+            )),
+            r => r,
+        }
+    }
+
+    /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer, copied
+    /// by rank 0 alone (0 on the other ranks).
+    fn time_staging_solo(
+        &mut self,
+        comm: &Communicator,
+        buf: &mut CudaSlice<u8>,
+        bytes: usize,
+    ) -> Result<(f64, f64)> {
+        let s = self.stream();
+        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
+        let pinned = self.pinned_send.as_mut().expect("grown");
+        let pinned = pinned.as_mut_slice().map_err(gpu_err("pinned"))?;
+        let me = comm.rank() == 0;
+        let td = Self::repeat_solo(comm, me, || {
+            let (p, _g) = buf.device_ptr(&s);
+            Self::d2h(&s, p, &mut pinned[..bytes])
+        })?;
+        let th = Self::repeat_solo(comm, me, || {
+            let (p, _g) = buf.device_ptr_mut(&s);
+            Self::h2d(&s, &pinned[..bytes], p)
+        })?;
+        Ok((td, th))
+    }
+
+    /// Median seconds of a one-way transfer of `bytes` from rank `from`'s pinned send buffer
+    /// into rank `to`'s pinned receive buffer (a barrier before each, the other ranks idle in
+    /// it; [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`] transfers): each of the two
+    /// returns its own median (the receiver's is the complete transfer), the others 0.
+    fn time_one_way(
+        &mut self,
+        comm: &Communicator,
+        from: usize,
+        to: usize,
+        bytes: usize,
+    ) -> Result<f64> {
+        let s = self.stream();
+        let r = comm.rank();
+        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
+        Self::grow_pinned(&mut self.pinned_recv, &s, bytes)?;
+        let snd = self.pinned_send.as_ref().expect("grown");
+        let snd = &snd.as_slice().map_err(gpu_err("pinned"))?[..bytes];
+        let rcv = self.pinned_recv.as_mut().expect("grown");
+        let rcv = &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes];
+        let t = comm.transport();
+        let mut times = Vec::with_capacity(CALIBRATION_LINK_REPS);
+        for k in 0..CALIBRATION_LINK_WARMUP + CALIBRATION_LINK_REPS {
+            comm.barrier()?;
+            let t0 = now();
+            if r == from {
+                t.send(to, super::TAG_PING, snd)?;
+            } else if r == to {
+                if let Some(v) = t.recv_into(from, super::TAG_PING, rcv)? {
+                    return Err(Error::Comm(format!(
+                        "link calibration: expected {bytes} bytes from rank {from}, got {}",
+                        v.len()
+                    )));
+                }
+            }
+            if k >= CALIBRATION_LINK_WARMUP {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(if r == from || r == to {
+            model::median(&times)
+        } else {
+            0.0
+        })
+    }
+
+    /// The most ranks sharing one GPU: every rank's (host name, PCI domain / bus / device id of
+    /// its GPU) gathered, the largest group of equal records (the device ordinal stands in for
+    /// the PCI address where the driver does not report it). Collective.
+    fn ranks_per_gpu(&self, comm: &Communicator) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let ctx = self.gpu.context();
+        let attr = |a: A| ctx.attribute(a).ok();
+        let pci = match (
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID),
+        ) {
+            (Some(d), Some(b), Some(v)) => [d, b, v],
+            _ => [-1, -1, ctx.ordinal() as i32],
+        };
+        // FNV-1a of the host name
+        let host = super::hostname()
+            .bytes()
+            .fold(0xcbf29ce484222325u64, |h, c| {
+                (h ^ u64::from(c)).wrapping_mul(0x100000001b3)
+            });
+        let mut mine = host.to_le_bytes().to_vec();
+        for x in pci {
+            mine.extend(x.to_le_bytes());
+        }
+        let all = comm.transport().allgather_fixed(&mine)?;
+        Ok(all
+            .chunks(mine.len())
+            .map(|a| all.chunks(mine.len()).filter(|b| a == *b).count())
+            .max()
+            .unwrap_or(1)
+            .max(1))
+    }
+
     /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer.
     fn time_staging(
         &mut self,
@@ -1364,6 +1745,13 @@ pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 pub const CALIBRATION_WARMUP: usize = 2;
 /// Timed repetitions (median) of each calibrated quantity.
 pub const CALIBRATION_REPS: usize = 9;
+/// Sizes (MiB) of the one-way link calibration (those up to the calibration field's size; the
+/// field's size alone when it is smaller than all of them).
+pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
+/// Warm-up transfers of each one-way link size and direction.
+pub const CALIBRATION_LINK_WARMUP: usize = 1;
+/// Timed one-way transfers (median) of each size and direction.
+pub const CALIBRATION_LINK_REPS: usize = 5;
 
 impl Communicator {
     /// Staged pairwise exchange of device buffers (see the [module docs](self)): send `send` to
@@ -3261,7 +3649,49 @@ mod tests {
             device_copy: 1.2e12,
             range_pass: 2.0e12,
             scale_pass: 1.0e12,
+            ranks_per_gpu: 0,
+            compress_solo: 0.0,
+            compress_solo_overhead: 0.0,
+            decompress_solo: 0.0,
+            decompress_solo_overhead: 0.0,
+            staging_curve_solo: StagingCurve::default(),
+            link_one_way: LinkCurve::default(),
         }
+    }
+
+    /// [`profile`] with solo rates, a one-way link and `s` ranks per GPU: solo compression
+    /// 0.1 ms + 600 GB/s, solo decompression 0.05 ms + 1500 GB/s, solo copies 2 ms (D2H) /
+    /// 2.5 ms (H2D) per 100 MB, one-way link 16 ms per 100 MB (6.25 GB/s).
+    fn solo_profile(s: usize) -> DeviceProfile {
+        let mut dp = profile();
+        dp.ranks_per_gpu = s;
+        dp.compress_solo = 600e9;
+        dp.compress_solo_overhead = 0.1e-3;
+        dp.decompress_solo = 1500e9;
+        dp.decompress_solo_overhead = 0.05e-3;
+        dp.staging_curve_solo.insert(StagingPoint {
+            bytes: 1e8,
+            d2h: 2e-3,
+            h2d: 2.5e-3,
+        });
+        dp.link_one_way.insert(LinkPoint {
+            bytes: 1e8,
+            seconds: 16e-3,
+        });
+        dp
+    }
+
+    /// The device profile of bench/results/2026-11-22-h100-mpi-staging-v5.jsonl (two ranks
+    /// sharing one H100, written before the solo fields).
+    const V5_PROFILE_JSON: &str = r#"{"call_overhead":0.0012299709262515262,"compress":318533820564.29175,"compress_overhead":0.0008994880293040292,"decompress":946016283949.4966,"decompress_add":539903675538.65643,"decompress_add_overhead":0.00034473846153846134,"decompress_overhead":0.00033048289694749696,"device_copy":624423519094.5659,"range_pass":814696766606.0935,"scale_pass":526916148661.41425,"staging":{"bandwidth":27505553384.69587,"latency":0.00001},"staging_curve":{"points":[{"bytes":1048576.0,"d2h":0.000048747,"h2d":0.000050172},{"bytes":4194304.0,"d2h":0.000162442,"h2d":0.000163906},{"bytes":16777216.0,"d2h":0.000618763,"h2d":0.000620922},{"bytes":67108864.0,"d2h":0.002451287,"h2d":0.002454058},{"bytes":268435456.0,"d2h":0.009757648,"h2d":0.009767423},{"bytes":1073741824.0,"d2h":0.039001573,"h2d":0.039037274}]}}"#;
+
+    fn close_terms(a: Terms, b: Terms) -> bool {
+        close(a.compress, b.compress)
+            && close(a.d2h, b.d2h)
+            && close(a.link, b.link)
+            && close(a.h2d, b.h2d)
+            && close(a.decompress, b.decompress)
+            && close(a.device, b.device)
     }
 
     const LINK: Link = Link {
@@ -3324,6 +3754,192 @@ mod tests {
         q.decompress_add = 0.0;
         assert_eq!(q.decompress_add_s(b), q.decompress_s(b));
         assert!(close(dp.decompress_add_s(b), 0.25e-3 + b / 400e9));
+    }
+
+    #[test]
+    fn bcast_uses_solo_root_one_way_link_and_late_decompression() {
+        // 1.024 GB at ratio 16: the stream is 64 MB, a point of the shared curve (D2H 2.4 ms,
+        // H2D 1.3 ms); the raw 1.024 GB extends the 1 GB point (39 ms per GB)
+        let (b, r) = (1.024e9, 16.0);
+        let compress = 0.1e-3 + 1.024e9 / 600e9; // solo line: 1.806667 ms
+        let d2h_z = 2e-3 * 0.64; // solo curve at 64 MB: 1.28 ms
+        let one_way_z = 16e-3 * 0.64; // 10.24 ms
+        let dec_solo = 0.05e-3 + 1.024e9 / 1500e9; // 0.732667 ms
+        let dec_shared = 0.2e-3 + 1.024e9 / 480e9; // 2.333333 ms
+        for (p, hops) in [(2usize, 1.0), (4, 2.0)] {
+            // two ranks per GPU: the first upload ends after 1.3 / 2 ms; the last rank's call
+            // ends at max(1.3 + 0.732667, 0.65 + 2.333333) = 2.983333 ms
+            let (raw, cmp) = solo_profile(2).bcast_terms(LINK, p, b, r);
+            let want = Terms {
+                compress,
+                d2h: d2h_z,
+                link: hops * one_way_z,
+                h2d: 1.3e-3,
+                decompress: 0.65e-3 + dec_shared - 1.3e-3,
+                device: 0.0,
+            };
+            assert!(close_terms(cmp, want), "p={p}: {cmp:?} vs {want:?}");
+            assert!(close(cmp.decompress, 1.683333333333333e-3));
+            let want_raw = Terms {
+                d2h: 2e-3 * 10.24,
+                link: hops * 16e-3 * 10.24,
+                h2d: 39e-3 * 1.024,
+                ..Terms::default()
+            };
+            assert!(close_terms(raw, want_raw), "p={p}: {raw:?} vs {want_raw:?}");
+            // one rank per GPU: the root's stages and the link as above, every rank's
+            // decompression at the shared rate (max(solo, shared) after its own upload)
+            let (_, own) = solo_profile(1).bcast_terms(LINK, p, b, r);
+            let want_own = Terms {
+                decompress: dec_shared,
+                ..want
+            };
+            assert!(close_terms(own, want_own), "p={p}: {own:?} vs {want_own:?}");
+            // four ranks per GPU: the first upload after 1.3 / 4 ms
+            let (_, four) = solo_profile(4).bcast_terms(LINK, p, b, r);
+            assert!(close(four.decompress, 0.325e-3 + dec_shared - 1.3e-3));
+        }
+        // a slow upload: the last rank's call runs alone after it (H2D 13 ms at the stream's
+        // size with the shared curve scaled up ten times)
+        let mut slow = solo_profile(2);
+        for q in &mut slow.staging_curve.points {
+            q.h2d *= 10.0;
+        }
+        let (_, c) = slow.bcast_terms(LINK, 2, b, r);
+        assert!(close(c.h2d, 13e-3) && close(c.decompress, dec_solo));
+        // one rank: no link step
+        assert_eq!(solo_profile(2).bcast_terms(LINK, 1, b, r).1.link, 0.0);
+    }
+
+    #[test]
+    fn restore_decompresses_after_the_shared_upload() {
+        let (b, r) = (1.024e9, 16.0);
+        let dec_solo = 0.05e-3 + 1.024e9 / 1500e9;
+        let dec_shared = 0.2e-3 + 1.024e9 / 480e9;
+        for (s, dec) in [
+            (2usize, 0.65e-3 + dec_shared - 1.3e-3),
+            (1, dec_shared),
+            (4, 0.325e-3 + dec_shared - 1.3e-3),
+        ] {
+            let dp = solo_profile(s);
+            let (raw, cmp) = dp.restore_terms(b, r);
+            assert!(close(raw.h2d, 39e-3 * 1.024) && raw.decompress == 0.0);
+            assert!(close(cmp.h2d, 1.3e-3), "s={s}");
+            assert!(
+                close(cmp.decompress, dec),
+                "s={s}: {} vs {dec}",
+                cmp.decompress
+            );
+            assert!(cmp.decompress >= dec_solo);
+            // stage_to_host: every rank compresses at once, then the copies (shared)
+            let (_, st) = dp.stage_terms(b, r);
+            assert!(close(st.compress, dp.compress_s(b)) && close(st.d2h, 2.4e-3));
+        }
+    }
+
+    #[test]
+    fn collective_stages_keep_the_shared_rates() {
+        // every rank works in every stage of sendrecv / allgather / the ring: the solo rates,
+        // the one-way link and the placement do not change them
+        let (b, r) = (1e9, 19.0);
+        let (a, z) = (profile(), solo_profile(2));
+        assert_eq!(a.sendrecv_terms(LINK, b, r), z.sendrecv_terms(LINK, b, r));
+        assert_eq!(
+            a.allgather_terms(LINK, 4, b, r),
+            z.allgather_terms(LINK, 4, b, r)
+        );
+        assert_eq!(
+            a.reduce_terms(LINK, 4, b, r, Some(r), true),
+            z.reduce_terms(LINK, 4, b, r, Some(r), true)
+        );
+        assert_eq!(a.stage_terms(b, r), z.stage_terms(b, r));
+    }
+
+    #[test]
+    fn old_profiles_load_and_fall_back_to_the_shared_rates() {
+        // the device profile of bench/results/2026-11-22-h100-mpi-staging-v5.jsonl (before the
+        // solo fields)
+        let json = V5_PROFILE_JSON;
+        let dp: DeviceProfile = serde_json::from_str(json).unwrap();
+        assert_eq!(dp.ranks_per_gpu, 0);
+        assert_eq!(dp.sharing(), 1);
+        assert!(dp.staging_curve_solo.is_empty() && dp.link_one_way.is_empty());
+        let (b, r) = (1073741824.0, 19.1);
+        let z = b / r;
+        assert_eq!(dp.compress_solo_s(b), dp.compress_s(b));
+        assert_eq!(dp.decompress_solo_s(b), dp.decompress_s(b));
+        assert_eq!(dp.d2h_solo_s(z), dp.d2h_s(z));
+        assert_eq!(dp.h2d_solo_s(z), dp.h2d_s(z));
+        let v5 = Link {
+            bandwidth: 3477443380.212728,
+            latency: 1.37079e-6,
+        };
+        assert_eq!(dp.one_way_s(v5, z), v5.latency + z / v5.bandwidth);
+        // the v5 predictions: bcast 26.0 ms, restore 3.53 ms
+        let (_, bc) = dp.bcast_terms(v5, 2, b, r);
+        assert!((bc.total() - 26.0e-3).abs() < 0.1e-3, "{}", bc.total());
+        assert!(close(bc.decompress, dp.decompress_s(b)));
+        let (_, rs) = dp.restore_terms(b, 19.09);
+        assert!((rs.total() - 3.53e-3).abs() < 0.01e-3, "{}", rs.total());
+        // and the new fields round-trip
+        let mut q = dp.clone();
+        q.ranks_per_gpu = 2;
+        q.compress_solo = 5.6e11;
+        q.link_one_way.insert(LinkPoint {
+            bytes: 1e8,
+            seconds: 0.017,
+        });
+        let back: DeviceProfile =
+            serde_json::from_str(&serde_json::to_string(&q).unwrap()).unwrap();
+        assert_eq!(back, q);
+    }
+
+    #[test]
+    fn v5_with_solo_rates_predicts_the_measured_ops() {
+        // the v5 profile plus solo values as its measured stages suggest (two ranks sharing one
+        // H100): a 1 GiB compression alone ≈ 1.9 ms, decompression alone ≈ 0.75 ms, copies
+        // alone at twice the shared rate, one-way link ≈ 5.9 GB/s
+        let json = V5_PROFILE_JSON;
+        let mut dp: DeviceProfile = serde_json::from_str(json).unwrap();
+        let b = 1073741824.0;
+        dp.ranks_per_gpu = 2;
+        dp.compress_solo = b / 1.6e-3;
+        dp.compress_solo_overhead = 0.3e-3;
+        dp.decompress_solo = b / 0.6e-3;
+        dp.decompress_solo_overhead = 0.15e-3;
+        for q in dp.staging_curve.points.clone() {
+            dp.staging_curve_solo.insert(StagingPoint {
+                d2h: q.d2h / 2.0,
+                h2d: q.h2d / 2.0,
+                ..q
+            });
+        }
+        for mib in [1.0, 16.0, 64.0, 256.0] {
+            let x = mib * 1048576.0;
+            dp.link_one_way.insert(LinkPoint {
+                bytes: x,
+                seconds: x / 5.9e9,
+            });
+        }
+        let v5 = Link {
+            bandwidth: 3477443380.212728,
+            latency: 1.37079e-6,
+        };
+        let within = |pred: f64, meas: f64| ((meas - pred) / pred).abs() < 0.2;
+        // measured: bcast_device 15.38 ms (raw 222.9 ms), restore_to_device 2.81 ms
+        let (raw, bc) = dp.bcast_terms(v5, 2, b, 19.109);
+        assert!(
+            within(bc.total(), 15.38e-3),
+            "bcast {:?} {}",
+            bc,
+            bc.total()
+        );
+        assert!(within(raw.total(), 222.9e-3), "raw bcast {}", raw.total());
+        let (_, rs) = dp.restore_terms(b, 19.092);
+        assert!(within(rs.total(), 2.81e-3), "restore {:?}", rs);
+        // unchanged: stage_to_host 6.15 ms, sendrecv 25.8 ms
+        assert!(within(dp.stage_terms(b, 19.092).1.total(), 6.15e-3));
+        assert!(within(dp.sendrecv_terms(v5, b, 19.092).1.total(), 25.8e-3));
     }
 
     #[test]

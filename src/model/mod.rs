@@ -22,7 +22,9 @@
 //! A [`Profile`] holds the calibrated link and codec speeds (JSON file, see [`Profile::load`]).
 //! Pinned staging copies are size dependent: a [`StagingCurve`] of measured sizes gives the
 //! staging link at each hop's size ([`Scenario::with_compressed_staging`] for the compressed
-//! path's smaller streams); calibrations take the [`median`] of repetitions.
+//! path's smaller streams); a [`LinkCurve`] holds measured one-way transfer times (one rank
+//! sends, the others idle), which a ping-pong [`Link`] overestimates; calibrations take the
+//! [`median`] of repetitions.
 
 use std::path::{Path, PathBuf};
 
@@ -355,7 +357,8 @@ pub fn predict(s: &Scenario) -> Prediction {
 }
 
 /// One measured size of a [`StagingCurve`]: seconds of a pinned device→host and host→device
-/// copy of `bytes` (median over repetitions, every rank copying at once, slowest rank).
+/// copy of `bytes` (median over repetitions; every rank copying at once, slowest rank, or one
+/// rank alone for a solo curve).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StagingPoint {
     /// Bytes copied.
@@ -393,24 +396,7 @@ impl StagingCurve {
         self.points.insert(i, p);
     }
     fn interp(&self, bytes: f64, f: impl Fn(&StagingPoint) -> f64) -> Option<f64> {
-        let pts = &self.points;
-        let (first, last) = (pts.first()?, pts.last()?);
-        if bytes <= 0.0 {
-            return Some(0.0);
-        }
-        if bytes <= first.bytes {
-            return Some(f(first) * bytes / first.bytes);
-        }
-        if bytes >= last.bytes {
-            return Some(f(last) * bytes / last.bytes);
-        }
-        let i = pts.partition_point(|q| q.bytes < bytes).max(1);
-        if pts[i].bytes == bytes {
-            return Some(f(&pts[i]));
-        }
-        let (a, b) = (&pts[i - 1], &pts[i]);
-        let w = (bytes.ln() - a.bytes.ln()) / (b.bytes.ln() - a.bytes.ln());
-        Some((f(a).ln() * (1.0 - w) + f(b).ln() * w).exp())
+        interp_log(&self.points, bytes, |p| p.bytes, f)
     }
     /// Predicted device→host seconds for `bytes` (`None` when empty).
     pub fn d2h(&self, bytes: f64) -> Option<f64> {
@@ -425,6 +411,86 @@ impl StagingCurve {
     pub fn link(&self, bytes: f64) -> Option<Link> {
         let b = bytes.max(1.0);
         let t = 0.5 * (self.d2h(b)? + self.h2d(b)?);
+        Some(Link {
+            bandwidth: b / t.max(1e-12),
+            latency: 0.0,
+        })
+    }
+}
+
+/// Interpolate the seconds `y` of measured `points` (sorted by their size `x`) at `bytes`:
+/// linear in log(bytes)–log(seconds) between points, the bandwidth of the nearest end point
+/// outside them, 0 for no bytes, `None` without points.
+fn interp_log<P>(
+    pts: &[P],
+    bytes: f64,
+    x: impl Fn(&P) -> f64,
+    y: impl Fn(&P) -> f64,
+) -> Option<f64> {
+    let (first, last) = (pts.first()?, pts.last()?);
+    if bytes <= 0.0 {
+        return Some(0.0);
+    }
+    if bytes <= x(first) {
+        return Some(y(first) * bytes / x(first));
+    }
+    if bytes >= x(last) {
+        return Some(y(last) * bytes / x(last));
+    }
+    let i = pts.partition_point(|q| x(q) < bytes).max(1);
+    if x(&pts[i]) == bytes {
+        return Some(y(&pts[i]));
+    }
+    let (a, b) = (&pts[i - 1], &pts[i]);
+    let w = (bytes.ln() - x(a).ln()) / (x(b).ln() - x(a).ln());
+    Some((y(a).ln() * (1.0 - w) + y(b).ln() * w).exp())
+}
+
+/// One measured size of a [`LinkCurve`]: seconds of a one-way transfer of `bytes` (median over
+/// repetitions; the slower direction of the measured pair).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkPoint {
+    /// Bytes sent.
+    pub bytes: f64,
+    /// Seconds until the receiver holds them.
+    pub seconds: f64,
+}
+
+/// Size-dependent one-way transfer times between two ranks (one rank sends, the receiver
+/// receives, every other rank idle): measured points interpolated like a [`StagingCurve`]. A
+/// one-way stream does not share the link (or, on one node, the memory system) with the
+/// opposite direction, so it is faster than the per-direction bandwidth of a ping-pong in which
+/// both ranks send at once ([`Profile::link`]). An empty curve has no opinion.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkCurve {
+    /// Measured points, sorted by size (see [`insert`](Self::insert)).
+    pub points: Vec<LinkPoint>,
+}
+
+impl LinkCurve {
+    /// Whether no size has been measured.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+    /// Add (or replace) the point of `p.bytes`, keeping the points sorted (invalid points are
+    /// ignored).
+    pub fn insert(&mut self, p: LinkPoint) {
+        if !(p.bytes > 0.0 && p.seconds > 0.0 && p.seconds.is_finite()) {
+            return;
+        }
+        self.points.retain(|q| q.bytes != p.bytes);
+        let i = self.points.partition_point(|q| q.bytes < p.bytes);
+        self.points.insert(i, p);
+    }
+    /// Predicted one-way seconds of `bytes` (`None` when empty).
+    pub fn seconds(&self, bytes: f64) -> Option<f64> {
+        interp_log(&self.points, bytes, |p| p.bytes, |p| p.seconds)
+    }
+    /// The effective link of one transfer of `bytes` (latency 0: `bytes / bandwidth` is the
+    /// interpolated time).
+    pub fn link(&self, bytes: f64) -> Option<Link> {
+        let b = bytes.max(1.0);
+        let t = self.seconds(b)?;
         Some(Link {
             bandwidth: b / t.max(1e-12),
             latency: 0.0,
@@ -735,6 +801,37 @@ mod tests {
         // the curve round-trips through JSON (the DeviceProfile carries it)
         let j = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<StagingCurve>(&j).unwrap(), c);
+    }
+
+    #[test]
+    fn link_curve_interpolates_and_round_trips() {
+        let mut c = LinkCurve::default();
+        assert!(c.is_empty() && c.seconds(1e6).is_none() && c.link(1e6).is_none());
+        c.insert(LinkPoint {
+            bytes: 256e6,
+            seconds: 43e-3,
+        });
+        c.insert(LinkPoint {
+            bytes: 1e6,
+            seconds: 0.1e-3,
+        });
+        c.insert(LinkPoint {
+            bytes: 16e6,
+            seconds: f64::NAN,
+        });
+        assert_eq!(c.points.len(), 2);
+        assert!(c.points[0].bytes < c.points[1].bytes);
+        assert_eq!(c.seconds(0.0), Some(0.0));
+        assert!((c.seconds(1e6).unwrap() - 0.1e-3).abs() < 1e-15);
+        // beyond the largest size: its bandwidth
+        assert!((c.seconds(1024e6).unwrap() - 4.0 * 43e-3).abs() < 1e-12);
+        // halfway in log size: the geometric mean
+        let mid = c.seconds(16e6).unwrap();
+        assert!((mid - (0.1e-3f64 * 43e-3).sqrt()).abs() < 1e-12);
+        let l = c.link(256e6).unwrap();
+        assert!((l.bandwidth - 256e6 / 43e-3).abs() < 1e-3 && l.latency == 0.0);
+        let j = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<LinkCurve>(&j).unwrap(), c);
     }
 
     #[test]
