@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     result as cu, sys as cu_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
-    CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+    CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
 };
 
 use crate::codec::CodecKind;
@@ -81,6 +81,12 @@ const C_DHASH: usize = 5;
 const C_MIN: usize = 6;
 const C_MAX: usize = 7;
 const C_FIRST: usize = 8;
+/// u64 words of the pinned small-transfer buffer: the larger of the ctrl words and the header.
+const PINNED_WORDS: usize = if CTRL_WORDS > HEADER_LEN / 8 {
+    CTRL_WORDS
+} else {
+    HEADER_LEN / 8
+};
 
 /// Whether the chunk hashes a pfpl decode kernel accumulated (`ctrl[C_DHASH]`) miss the header's
 /// data checksum (FORMAT.md, "pfpl chunks"). Output contents are unspecified when they do.
@@ -88,8 +94,9 @@ fn pfpl_data_mismatch(h: &Header, ctrl: &[u64]) -> bool {
     zhash_final(ctrl[C_DHASH] as u32, h.n_chunks) != h.data_checksum
 }
 
-/// Finite value range and first finite non-zero value of an input (from the stats kernel).
-type Stats = (Option<(f64, f64)>, Option<f64>);
+/// Finite value range and the index of the first finite non-zero value of an input (from the
+/// stats kernel; the value itself is read only when the quantizer needs it).
+type Stats = (Option<(f64, f64)>, Option<u64>);
 
 /// Element types the GPU codecs handle (`f32`, `f64`).
 pub trait GpuElement: Element + DeviceRepr + ValidAsZeroBits {
@@ -138,6 +145,9 @@ pub struct GpuCodec {
     ctrl: CudaSlice<u64>,
     status: CudaSlice<u64>,
     host_ctrl: Vec<u64>,
+    /// Pinned host words for the small transfers of every call (ctrl words, the 96-byte header,
+    /// one value): pinned copies skip the driver's pageable staging (~10 us each on an H100).
+    pinned: Option<PinnedHostSlice<u64>>,
     // host-API staging buffers (grown on demand)
     dev_in: Option<CudaSlice<u8>>,
     dev_out: Option<CudaSlice<u8>>,
@@ -215,6 +225,7 @@ impl GpuCodec {
             ctrl,
             status,
             host_ctrl: vec![0; CTRL_WORDS],
+            pinned: None,
             dev_in: None,
             dev_out: None,
             timing: false,
@@ -340,21 +351,66 @@ impl GpuCodec {
         Ok(())
     }
 
-    fn read_ctrl(&mut self) -> Result<()> {
+    /// The pinned small-transfer buffer ([`PINNED_WORDS`] u64), allocated at first use.
+    fn pinned_ptr(&mut self) -> Result<*mut u64> {
+        if self.pinned.is_none() {
+            // SAFETY: plain page-locked host memory (not write-combined: the host reads it).
+            let p = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(PINNED_WORDS, 0) }
+                .map_err(|e| Error::OutOfMemory(format!("pinned host words: {e:?}")))?;
+            self.pinned = Some(p);
+        }
+        let p = self.pinned.as_mut().expect("allocated above");
+        p.as_mut_ptr().map_err(gpu_err("pinned"))
+    }
+
+    /// Copy `bytes` (at most `PINNED_WORDS * 8`) from device address `src` to the host through
+    /// the pinned buffer; synchronizes the stream.
+    fn read_small(&mut self, src: u64, out: &mut [u8]) -> Result<()> {
+        debug_assert!(out.len() <= PINNED_WORDS * 8);
+        let hp = self.pinned_ptr()? as *mut u8;
         let s = self.stream.clone();
-        let cp = raw_ptr(&self.ctrl, &s);
-        // SAFETY: ctrl holds CTRL_WORDS u64; host_ctrl has the same length.
-        unsafe { cu::memcpy_dtoh_async(&mut self.host_ctrl[..], cp, s.cu_stream()) }
-            .map_err(gpu_err("memcpy dtoh"))?;
+        // SAFETY: the pinned buffer holds PINNED_WORDS * 8 >= out.len() bytes and is used by
+        // this codec only; the stream is synchronized before it is read.
+        unsafe {
+            let h = std::slice::from_raw_parts_mut(hp, out.len());
+            cu::memcpy_dtoh_async(h, src, s.cu_stream()).map_err(gpu_err("memcpy dtoh"))?;
+            s.synchronize().map_err(gpu_err("sync"))?;
+            out.copy_from_slice(h);
+        }
+        Ok(())
+    }
+
+    fn read_ctrl(&mut self) -> Result<()> {
+        let cp = raw_ptr(&self.ctrl, &self.stream.clone());
+        let mut b = [0u8; CTRL_WORDS * 8];
+        self.read_small(cp, &mut b)?;
+        for (w, c) in self.host_ctrl.iter_mut().zip(b.chunks_exact(8)) {
+            *w = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
+        }
+        Ok(())
+    }
+
+    /// Write `bytes` (a header: at most `PINNED_WORDS * 8`) to device address `dst` through the
+    /// pinned buffer; synchronizes the stream.
+    fn write_bytes(&mut self, dst: u64, bytes: &[u8]) -> Result<()> {
+        debug_assert!(bytes.len() <= PINNED_WORDS * 8);
+        let hp = self.pinned_ptr()? as *mut u8;
+        let s = self.stream.clone();
+        // SAFETY: as in read_small; the copy completes before the pinned buffer is reused.
+        unsafe {
+            let h = std::slice::from_raw_parts_mut(hp, bytes.len());
+            h.copy_from_slice(bytes);
+            cu::memcpy_htod_async(dst, &*h, s.cu_stream()).map_err(gpu_err("memcpy htod"))?;
+        }
         s.synchronize().map_err(gpu_err("sync"))
     }
 
-    fn write_bytes(&self, dst: u64, bytes: &[u8]) -> Result<()> {
-        // SAFETY: callers pass a destination with at least bytes.len() bytes; the stream is
-        // synchronized before `bytes` can go away.
-        unsafe { cu::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) }
-            .map_err(gpu_err("memcpy htod"))?;
-        self.stream.synchronize().map_err(gpu_err("sync"))
+    /// The value at index `idx` of the input at device address `input` (the first finite
+    /// non-zero value the stats kernel found), read only when the quantizer needs it.
+    fn value_at<T: GpuElement>(&mut self, input: u64, idx: u64) -> Result<f64> {
+        let mut b = [0u8; 8];
+        self.read_small(input + idx * T::SIZE as u64, &mut b[..T::SIZE])?;
+        Ok(T::read_le(&b[..T::SIZE]).to_f64())
     }
 
     /// Value range and first finite non-zero value of `n` values at `input` (one kernel).
@@ -377,20 +433,7 @@ impl GpuCodec {
         } else {
             None
         };
-        let first = if c[C_FIRST] != 0 {
-            let idx = !c[C_FIRST];
-            let mut v = [T::default()];
-            let s = self.stream.clone();
-            // SAFETY: idx < n, inside the input allocation.
-            unsafe {
-                cu::memcpy_dtoh_async(&mut v[..], input + idx * T::SIZE as u64, s.cu_stream())
-            }
-            .map_err(gpu_err("memcpy dtoh"))?;
-            s.synchronize().map_err(gpu_err("sync"))?;
-            Some(v[0].to_f64())
-        } else {
-            None
-        };
+        let first = (c[C_FIRST] != 0).then(|| !c[C_FIRST]);
         Ok((range, first))
     }
 
@@ -440,11 +483,18 @@ impl GpuCodec {
                     if n == 0 {
                         return None;
                     }
-                    if let Some(f) = first_cell.take() {
-                        return f;
-                    }
-                    match me.stats::<T>(in_ptr, n) {
-                        Ok(s) => s.1,
+                    let idx = match first_cell.take() {
+                        Some(i) => i,
+                        None => match me.stats::<T>(in_ptr, n) {
+                            Ok(s) => s.1,
+                            Err(e) => {
+                                first_err = Some(e);
+                                return None;
+                            }
+                        },
+                    }?;
+                    match me.value_at::<T>(in_ptr, idx) {
+                        Ok(v) => Some(v),
                         Err(e) => {
                             first_err = Some(e);
                             None
@@ -580,11 +630,9 @@ impl GpuCodec {
             )));
         }
         let mut b = [0u8; HEADER_LEN];
-        let s = self.stream.clone();
-        let p = raw_ptr(stream, &s);
-        // SAFETY: the view holds at least HEADER_LEN bytes.
-        unsafe { cu::memcpy_dtoh_async(&mut b[..], p, s.cu_stream()) }.map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        let p = raw_ptr(stream, &self.stream.clone());
+        // the view holds at least HEADER_LEN bytes
+        self.read_small(p, &mut b)?;
         parse_header_fields(&b, len)
     }
 
