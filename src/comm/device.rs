@@ -384,6 +384,16 @@ fn pass_s(rate: f64, bytes: f64) -> f64 {
     }
 }
 
+/// Seconds of a calibrated call line (fixed cost + `bytes / rate`), or `fallback` when the
+/// rate was not calibrated (0 in profiles written before it existed).
+fn line_or(overhead: f64, rate: f64, bytes: f64, fallback: impl FnOnce() -> f64) -> f64 {
+    if rate > 0.0 {
+        overhead + bytes / rate
+    } else {
+        fallback()
+    }
+}
+
 impl DeviceProfile {
     /// The guess used before any calibration (H100-class PCIe, one rank per GPU).
     pub fn guess() -> Self {
@@ -435,11 +445,12 @@ impl DeviceProfile {
     /// Seconds of one fused decompress-and-add call on `bytes` of values (the plain
     /// decompression's when not calibrated).
     pub fn decompress_add_s(&self, bytes: f64) -> f64 {
-        if self.decompress_add > 0.0 {
-            self.decompress_add_overhead + bytes / self.decompress_add
-        } else {
-            self.decompress_s(bytes)
-        }
+        line_or(
+            self.decompress_add_overhead,
+            self.decompress_add,
+            bytes,
+            || self.decompress_s(bytes),
+        )
     }
     /// Seconds of a pinned device→host copy of `bytes` by one rank alone (the solo curve; the
     /// shared one when not calibrated).
@@ -457,19 +468,21 @@ impl DeviceProfile {
     /// Seconds of one GPU compression call on `bytes` by one rank alone (the shared line when
     /// not calibrated).
     pub fn compress_solo_s(&self, bytes: f64) -> f64 {
-        if self.compress_solo > 0.0 {
-            self.compress_solo_overhead + bytes / self.compress_solo
-        } else {
-            self.compress_s(bytes)
-        }
+        line_or(
+            self.compress_solo_overhead,
+            self.compress_solo,
+            bytes,
+            || self.compress_s(bytes),
+        )
     }
     /// Seconds of one GPU decompression call producing `bytes` by one rank alone.
     pub fn decompress_solo_s(&self, bytes: f64) -> f64 {
-        if self.decompress_solo > 0.0 {
-            self.decompress_solo_overhead + bytes / self.decompress_solo
-        } else {
-            self.decompress_s(bytes)
-        }
+        line_or(
+            self.decompress_solo_overhead,
+            self.decompress_solo,
+            bytes,
+            || self.decompress_s(bytes),
+        )
     }
     /// Ranks per GPU (at least 1).
     pub fn sharing(&self) -> usize {

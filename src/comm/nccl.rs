@@ -2406,38 +2406,31 @@ impl NcclComm {
                 let mut gv = gs.slice_mut(0..n * p);
                 let t = self.time_collective(reps, |c| c.sh.allgather(&xv, &mut gv))?;
                 ag.push(((sz * p) as f64, t));
-                let (to, from) = ((r + 1) % p, (r + p - 1) % p);
-                let t = self.time_collective(reps, |c| {
+                // a send to `to` and/or a receive from `from` of n f32, in one group
+                let mut exchange = |c: &mut Self, to: Option<usize>, from: Option<usize>| {
                     let sh = c.sh.clone();
                     let (sp, _g1) = xs.device_ptr(&sh.net);
                     let (rp, _g2) = ys.device_ptr_mut(&sh.net);
                     sh.group(|| {
                         // SAFETY: both buffers hold at least n f32; guards outlive the enqueue.
                         unsafe {
-                            sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, to)?;
-                            sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, from)
-                        }
-                    })
-                })?;
-                pp.push((sz as f64, t));
-                // one way: even ranks send to the next rank, which only receives
-                let t = self.time_collective(reps, |c| {
-                    let sh = c.sh.clone();
-                    let (sp, _g1) = xs.device_ptr(&sh.net);
-                    let (rp, _g2) = ys.device_ptr_mut(&sh.net);
-                    sh.group(|| {
-                        // SAFETY: both buffers hold at least n f32; guards outlive the enqueue.
-                        unsafe {
-                            if r % 2 == 0 && r + 1 < p {
-                                sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, r + 1)?;
+                            if let Some(to) = to {
+                                sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, to)?;
                             }
-                            if r % 2 == 1 {
-                                sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, r - 1)?;
+                            if let Some(from) = from {
+                                sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, from)?;
                             }
                             Ok(())
                         }
                     })
-                })?;
+                };
+                let (to, from) = ((r + 1) % p, (r + p - 1) % p);
+                let t = self.time_collective(reps, |c| exchange(c, Some(to), Some(from)))?;
+                pp.push((sz as f64, t));
+                // one way: even ranks send to the next rank, which only receives
+                let to = (r % 2 == 0 && r + 1 < p).then_some(r + 1);
+                let from = (r % 2 == 1).then(|| r - 1);
+                let t = self.time_collective(reps, |c| exchange(c, to, from))?;
                 one.push((sz as f64, t));
             }
             prof.allreduce = NcclLink::from_points(ar, &prof.allreduce);

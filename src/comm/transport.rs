@@ -451,24 +451,29 @@ mod mpi_impl {
         }
     }
 
+    /// Test every request once, keep the pending ones; true when none is left.
+    fn drain_completed<D: ?Sized>(reqs: &mut Vec<Request<'static, D, StaticScope>>) -> bool {
+        let mut pending = Vec::with_capacity(reqs.len());
+        for r in reqs.drain(..) {
+            if let Err(r) = r.test() {
+                pending.push(r);
+            }
+        }
+        *reqs = pending;
+        reqs.is_empty()
+    }
+
     impl SendHandle for MpiSend {
         fn wait(mut self: Box<Self>) -> Result<()> {
             self.finish();
             Ok(())
         }
         fn test(&mut self) -> Result<bool> {
-            let mut pending = Vec::with_capacity(self.reqs.len());
-            for r in self.reqs.drain(..) {
-                if let Err(r) = r.test() {
-                    pending.push(r);
-                }
-            }
-            self.reqs = pending;
-            if self.reqs.is_empty() {
+            let done = drain_completed(&mut self.reqs);
+            if done {
                 self.finish();
-                return Ok(true);
             }
-            Ok(false)
+            Ok(done)
         }
     }
 
@@ -637,18 +642,11 @@ mod mpi_impl {
             Ok(std::mem::take(&mut self.bufs))
         }
         fn test(&mut self) -> Result<bool> {
-            let mut pending = Vec::with_capacity(self.reqs.len());
-            for r in self.reqs.drain(..) {
-                if let Err(r) = r.test() {
-                    pending.push(r);
-                }
-            }
-            self.reqs = pending;
-            if self.reqs.is_empty() {
+            let done = drain_completed(&mut self.reqs);
+            if done {
                 self.finish();
-                return Ok(true);
             }
-            Ok(false)
+            Ok(done)
         }
     }
 
