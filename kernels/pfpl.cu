@@ -9,6 +9,9 @@
 //   decompress: offset by look-back over the u16 table sizes -> byte-aligned load (aligned words
 //               + funnel shift) + chunk hash -> rebuild the bitmaps top-down with prefix popcounts
 //               -> planes -> transposes -> block-wide prefix sum of the differences -> values.
+// The shuffled bytes D are plane-major over the chunk (plane p of group g is D word p G + g); both
+// directions keep them in shared memory in a padded group-major layout (pf_slot) and address the
+// zero-byte stages through it.
 // Format version 2 (FORMAT.md): the table is n_chunks u16 sizes at offset 96, payloads follow
 // byte-aligned and unpadded; the header's data checksum is the zhash of the chunk hashes, which
 // both directions accumulate as sum_i mix(c_i, i) in ctrl[PF_DHASH] (the host finishes and, on
@@ -220,6 +223,40 @@ __device__ __forceinline__ u64 pf_place(u8* out, u64 out_cap, u64* status, u64* 
     return 96ull + 2ull * n_chunks + excl;
 }
 
+// FORMAT.md "Bit shuffle": D is plane-major, its plane word j = p G + g (G = groups) holds plane p
+// of group g. Shared memory keeps the planes group-major with one spare slot per group, slot
+// g (W + 1) + p, so that both a warp's transpose stores (one g, lane = p) and reads of consecutive
+// plane words of D (one p, consecutive g) spread over all banks. PF_SLOTS: slots of a full chunk.
+#define PF_SLOTS(W) ((PF_BYTES * 8 / ((W) * (W))) * ((W) + 1))  // 4,224 (f32) / 2,080 (f64)
+template <int W> __device__ __forceinline__ u32 pf_slot(u32 j, u32 groups) {
+    const u32 NG = PF_BYTES * 8u / (u32)(W * W);  // groups of a full chunk: 128 / 32
+    u32 p;
+    if (groups == NG) p = j / NG;  // block-uniform: shifts for every chunk but a short last one
+    else p = j / groups;
+    return (j - p * groups) * (u32)(W + 1) + p;
+}
+// 8-byte unit wi of D (bytes 8 wi .. 8 wi + 7, little-endian) in / out of the padded layout.
+template <typename U> __device__ __forceinline__ u64 pf_dld(const U* s, u32 wi, u32 groups) {
+    if (sizeof(U) == 4)
+        return (u64)s[pf_slot<32>(2u * wi, groups)] | ((u64)s[pf_slot<32>(2u * wi + 1u, groups)] << 32);
+    return (u64)s[pf_slot<64>(wi, groups)];
+}
+template <typename U> __device__ __forceinline__ void pf_dst(U* s, u32 wi, u32 groups, u64 v) {
+    if (sizeof(U) == 4) {
+        s[pf_slot<32>(2u * wi, groups)] = (U)v;
+        s[pf_slot<32>(2u * wi + 1u, groups)] = (U)(v >> 32);
+    } else {
+        s[pf_slot<64>(wi, groups)] = (U)v;
+    }
+}
+// Start of thread t's rotation over its WPT consecutive D units (unit t WPT + (j + rot) mod WPT at
+// step j): with a full chunk every step of a warp is free of bank conflicts (f32: lanes differ in
+// g or p; f64's 64-bit accesses need no rotation).
+template <int W, int WPT> __device__ __forceinline__ u32 pf_rot(int t) {
+    if (W == 64) return 0u;
+    return WPT == 8 ? 2u * (((u32)t >> 1) & 3u) : ((u32)t >> 2) & 3u;
+}
+
 // Aligned word at byte offset a (a multiple of 4) of a stream of len bytes; bytes past the end
 // read as 0 (only the stream's last word can straddle its end).
 __device__ __forceinline__ u32 pf_ldw(const u8* __restrict__ stream, u64 a, u64 len) {
@@ -242,7 +279,7 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
     const int NV = (int)(CHUNK / PF_THREADS);  // values per thread: 16 / 8
     const int GPW = (int)(CHUNK / W) / PF_WARPS;  // groups per warp: 16 / 4
 
-    __shared__ __align__(16) U s_w[PF_BYTES / sizeof(U)];  // words, then the shuffled bytes D
+    __shared__ __align__(16) U s_w[PF_SLOTS(PF<T>::W)];  // words, then D (padded, see pf_slot)
     __shared__ __align__(16) u8 s_out[PF_BYTES];
     __shared__ __align__(16) u8 s_b1[2048];
     __shared__ __align__(16) u8 s_b2[256];
@@ -312,13 +349,13 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             }
         }
         __syncthreads();
-        // 3. bit shuffle: plane j of group g at word g*W + j
+        // 3. bit shuffle: plane j of group g at slot g*(W+1) + j (D word j*G + g)
 #pragma unroll
         for (int i = 0; i < GPW; i++) {
             const u32 g = (u32)(w + i * PF_WARPS);
             if (W == 32) {
                 const u32 p = warp_transpose32((u32)u[i], lane);
-                if (g < groups) s_w[g * 32 + lane] = (U)p;
+                if (g < groups) s_w[g * 33 + lane] = (U)p;
             } else {
                 const u64 a = (u64)u[2 * i], b = (u64)u[2 * i + 1];
                 const u32 p0 = warp_transpose32((u32)a, lane);
@@ -326,8 +363,8 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
                 const u32 p2 = warp_transpose32((u32)(a >> 32), lane);
                 const u32 p3 = warp_transpose32((u32)(b >> 32), lane);
                 if (g < groups) {
-                    s_w[g * 64 + lane] = (U)((u64)p0 | ((u64)p1 << 32));
-                    s_w[g * 64 + 32 + lane] = (U)((u64)p2 | ((u64)p3 << 32));
+                    s_w[g * 65 + lane] = (U)((u64)p0 | ((u64)p1 << 32));
+                    s_w[g * 65 + 32 + lane] = (U)((u64)p2 | ((u64)p3 << 32));
                 }
             }
         }
@@ -336,17 +373,17 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
         // 4. zero-byte elimination
         const u32 L0 = groups * (u32)W * (u32)SIZE;
         const u32 L1 = L0 / 8, L2 = (L1 + 7) / 8, L3 = (L2 + 7) / 8, L4 = (L3 + 7) / 8;
-        const u64* D = (const u64*)s_w;
+        const u32 rot = pf_rot<W, PF_WPT>(tid);
         // level 0: thread t maps D words WPT*t.. (8 bytes each) into B1 bytes WPT*t..
         u64 m1 = 0;
         u32 cnt0 = 0;
         const u32 n0 = L0 / 8;
 #pragma unroll
         for (int j = 0; j < PF_WPT; j++) {
-            const u32 jj = (u32)(j + tid) & (PF_WPT - 1u);  // rotated: fewer bank conflicts
+            const u32 jj = ((u32)j + rot) & (PF_WPT - 1u);  // rotated: no bank conflicts
             const u32 wi = (u32)tid * PF_WPT + jj;
             if (wi < n0) {
-                const u32 bits = pf_nzbits(D[wi]);
+                const u32 bits = pf_nzbits(pf_dld<U>(s_w, wi, groups));
                 m1 |= (u64)bits << (8 * jj);
                 cnt0 += __popc(bits);
             }
@@ -450,16 +487,16 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
             }
             // kept0: the non-zero bytes of D
             const u32 base0 = base1 + k1;
-            const u8* Db = (const u8*)s_w;
 #pragma unroll 1
             for (int j = 0; j < PF_WPT; j++) {
-                const u32 jj = (u32)(j + tid) & (PF_WPT - 1u);  // rotated, as above
+                const u32 jj = ((u32)j + pf_rot<W, PF_WPT>(tid)) & (PF_WPT - 1u);  // as above
                 u32 b = (u32)(m1 >> (8 * jj)) & 0xFFu;
-                const u32 wi = (u32)tid * PF_WPT + jj;
+                if (!b) continue;
+                const u64 v = pf_dld<U>(s_w, (u32)tid * PF_WPT + jj, groups);
                 u32 pos = base0 + off0 + (u32)__popcll(m1 & ((1ull << (8 * jj)) - 1ull));
                 while (b) {
                     const int bj = __ffs(b) - 1;
-                    s_out[pos++] = Db[wi * 8 + bj];
+                    s_out[pos++] = (u8)(v >> (8 * bj));
                     b &= b - 1;
                 }
             }
@@ -534,7 +571,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
     const int NG = (int)(CHUNK / W);  // groups per full chunk: 128 / 32
 
     __shared__ __align__(16) u32 s_c[PF_BYTES / 4];         // the chunk's bytes
-    __shared__ __align__(16) U s_d[PF_BYTES / sizeof(U)];    // shuffled bytes D
+    __shared__ __align__(16) U s_d[PF_SLOTS(PF<T>::W)];      // shuffled bytes D (padded, see pf_slot)
     __shared__ __align__(16) u8 s_b1[2048];
     __shared__ __align__(16) u8 s_b2[256];
     __shared__ __align__(16) u8 s_b3[32];
@@ -697,11 +734,12 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         const u32 o0 = o1 + k1;
         if (tid == 0 && o0 + k0 != size) err |= PF_E_META;  // metadata must account for every byte
         if (__syncthreads_or(err != 0)) break;
-        // B1 -> D (thread t = D words 8t..8t+7), kept data bytes must be non-zero
+        // B1 -> D (thread t = D units 8t..8t+7, into the padded layout), kept data bytes must be
+        // non-zero
         {
             if ((u32)tid < L2) {
                 for (int j = 0; j < 8; j++) {
-                    const u32 jj = (u32)(j + tid) & 7u;  // rotated: fewer bank conflicts
+                    const u32 jj = ((u32)j + pf_rot<W, 8>(tid)) & 7u;  // rotated: no bank conflicts
                     u32 pos = o0 + e0 + (u32)__popcll(b1 & ((1ull << (8 * jj)) - 1ull));
                     u32 b = (u32)(b1 >> (8 * jj)) & 0xFFu;
                     u64 word = 0;
@@ -712,7 +750,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
                         word |= (u64)v << (8 * bj);
                         b &= b - 1;
                     }
-                    ((u64*)s_d)[tid * 8 + jj] = word;
+                    pf_dst<U>(s_d, (u32)tid * 8u + jj, groups, word);
                 }
             }
         }
@@ -726,7 +764,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
                 U tot = 0;
                 if (g < groups) {  // warp-uniform
                     if (W == 32) {
-                        const u32 uu = warp_transpose32((u32)s_d[g * 32 + lane], lane);
+                        const u32 uu = warp_transpose32((u32)s_d[g * 33 + lane], lane);
                         const u32 k = g * 32 + lane;
                         if (k >= n && uu != 0) err |= PF_E_META;
                         const u32 d = pf_from_nb<u32>(uu, (u32)nbm);
@@ -734,7 +772,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
                         inc[2 * i] = (U)ic;
                         tot = (U)__shfl_sync(ZC_FULL, ic, 31);
                     } else {
-                        const u64 pa = (u64)s_d[g * 64 + lane], pb = (u64)s_d[g * 64 + 32 + lane];
+                        const u64 pa = (u64)s_d[g * 65 + lane], pb = (u64)s_d[g * 65 + 32 + lane];
                         const u32 lo_a = warp_transpose32((u32)pa, lane);
                         const u32 lo_b = warp_transpose32((u32)(pa >> 32), lane);
                         const u32 hi_a = warp_transpose32((u32)pb, lane);

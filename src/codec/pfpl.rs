@@ -7,8 +7,9 @@
 //!    range of bit patterns no lossless value can take (the positive denormals for abs/noa, the
 //!    negative NaNs for rel); any other value keeps its own bits, so no outlier list is needed;
 //! 2. **difference coding** of the words (wrapping), each difference written in **negabinary**;
-//! 3. **bit shuffle** within groups of 32 (f32) / 64 (f64) words: word `j` of a group holds bit `j`
-//!    of every difference;
+//! 3. **bit shuffle** within groups of 32 (f32) / 64 (f64) words: plane `j` of a group holds bit
+//!    `j` of every difference; the planes are stored plane-major over the chunk (plane 0 of every
+//!    group, then plane 1, ...), so the all-zero high planes form one long zero run;
 //! 4. **zero-byte elimination**: a bitmap of the non-zero bytes, itself compressed three more times
 //!    by keeping only the bytes that differ from their predecessor.
 //!
@@ -388,41 +389,59 @@ fn map_words<T: Element>(vals: &[T], m: &Mapper<T>, out: &mut [u64]) -> bool {
     true
 }
 
-/// Bit shuffle of whole groups of `words` into little-endian plane bytes.
+/// Bit shuffle of whole groups of `words` into little-endian plane bytes, plane-major: plane `p`
+/// of group `g` is plane word `p * G + g` (`G` groups), so each plane of the chunk is contiguous.
+/// The groups are transposed in place (`words[g W + p]` = plane `p` of group `g`), then written
+/// out one plane at a time.
 #[inline(always)]
 fn shuffle<T: Element>(words: &mut [u64], bytes: &mut Vec<u8>) {
     bytes.clear();
     bytes.resize(words.len() * T::SIZE, 0);
+    let groups = words.len() / width::<T>();
     if T::SIZE == 4 {
-        for (grp, out) in words.chunks_exact(32).zip(bytes.chunks_exact_mut(128)) {
+        for grp in words.chunks_exact_mut(32) {
             let mut a = [0u32; 32];
-            for (x, &w) in a.iter_mut().zip(grp) {
+            for (x, &w) in a.iter_mut().zip(grp.iter()) {
                 *x = w as u32;
             }
             transpose32(&mut a);
-            for (o, x) in out.chunks_exact_mut(4).zip(a) {
-                o.copy_from_slice(&x.to_le_bytes());
+            for (w, x) in grp.iter_mut().zip(a) {
+                *w = x as u64;
+            }
+        }
+        for (p, row) in bytes.chunks_exact_mut(groups * 4).enumerate() {
+            for (o, grp) in row.chunks_exact_mut(4).zip(words.chunks_exact(32)) {
+                o.copy_from_slice(&(grp[p] as u32).to_le_bytes());
             }
         }
     } else {
-        for (grp, out) in words.chunks_exact(64).zip(bytes.chunks_exact_mut(512)) {
-            let mut a: [u64; 64] = grp.try_into().expect("64 words");
-            transpose64(&mut a);
-            for (o, x) in out.chunks_exact_mut(8).zip(a) {
-                o.copy_from_slice(&x.to_le_bytes());
+        for grp in words.chunks_exact_mut(64) {
+            let a: &mut [u64; 64] = grp.try_into().expect("64 words");
+            transpose64(a);
+        }
+        for (p, row) in bytes.chunks_exact_mut(groups * 8).enumerate() {
+            for (o, grp) in row.chunks_exact_mut(8).zip(words.chunks_exact(64)) {
+                o.copy_from_slice(&grp[p].to_le_bytes());
             }
         }
     }
 }
 
-/// Inverse of [`shuffle`]: plane bytes of whole groups back into words.
+/// Inverse of [`shuffle`]: plane-major plane bytes of whole groups back into words (gathered
+/// one plane at a time into `words[g W + p]`, then transposed in place).
 #[inline(always)]
 fn unshuffle<T: Element>(bytes: &[u8], words: &mut [u64]) {
+    let groups = words.len() / width::<T>();
     if T::SIZE == 4 {
-        for (grp, b) in words.chunks_exact_mut(32).zip(bytes.chunks_exact(128)) {
+        for (p, row) in bytes.chunks_exact(groups * 4).enumerate() {
+            for (c, grp) in row.chunks_exact(4).zip(words.chunks_exact_mut(32)) {
+                grp[p] = u32::from_le_bytes(c.try_into().expect("4 bytes")) as u64;
+            }
+        }
+        for grp in words.chunks_exact_mut(32) {
             let mut a = [0u32; 32];
-            for (x, c) in a.iter_mut().zip(b.chunks_exact(4)) {
-                *x = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+            for (x, &w) in a.iter_mut().zip(grp.iter()) {
+                *x = w as u32;
             }
             transpose32(&mut a);
             for (w, x) in grp.iter_mut().zip(a) {
@@ -430,13 +449,14 @@ fn unshuffle<T: Element>(bytes: &[u8], words: &mut [u64]) {
             }
         }
     } else {
-        for (grp, b) in words.chunks_exact_mut(64).zip(bytes.chunks_exact(512)) {
-            let mut a = [0u64; 64];
-            for (x, c) in a.iter_mut().zip(b.chunks_exact(8)) {
-                *x = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        for (p, row) in bytes.chunks_exact(groups * 8).enumerate() {
+            for (c, grp) in row.chunks_exact(8).zip(words.chunks_exact_mut(64)) {
+                grp[p] = u64::from_le_bytes(c.try_into().expect("8 bytes"));
             }
-            transpose64(&mut a);
-            grp.copy_from_slice(&a);
+        }
+        for grp in words.chunks_exact_mut(64) {
+            let a: &mut [u64; 64] = grp.try_into().expect("64 words");
+            transpose64(a);
         }
     }
 }
@@ -718,6 +738,83 @@ mod tests {
             transpose(&mut b);
             assert_eq!(b, a);
         }
+    }
+
+    /// FORMAT.md "Bit shuffle": plane `p` of group `g` is plane word `p * G + g` of `D`. A short
+    /// chunk of 40 (f32) / 70 (f64) values with `u_k = k` (G = 2; padding 0) has hand-computed
+    /// planes: group 0 holds the counting pattern, group 1 the values 32..39 / 64..69.
+    #[test]
+    fn shuffle_is_plane_major_on_a_hand_made_chunk() {
+        // f32: G = 2, D = 64 plane words of 4 bytes
+        let words: Vec<u64> = (0..64).map(|k| if k < 40 { k } else { 0 }).collect();
+        let mut d = Vec::new();
+        shuffle::<f32>(&mut words.clone(), &mut d);
+        let mut want = [0u32; 64];
+        // (plane, group, word)
+        for (p, g, v) in [
+            (0, 0, 0xAAAA_AAAA),
+            (0, 1, 0xAA), // k' = 1, 3, 5, 7 of 32..39
+            (1, 0, 0xCCCC_CCCC),
+            (1, 1, 0xCC),
+            (2, 0, 0xF0F0_F0F0),
+            (2, 1, 0xF0),
+            (3, 0, 0xFF00_FF00),
+            (4, 0, 0xFFFF_0000),
+            (5, 1, 0xFF), // bit 5 of 32..39
+        ] {
+            want[p * 2 + g] = v;
+        }
+        let want: Vec<u8> = want.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(d, want);
+        // the leading bytes spelled out: plane 0 of groups 0 and 1, then plane 1 of group 0
+        assert_eq!(
+            d[..12],
+            [0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0, 0, 0, 0xCC, 0xCC, 0xCC, 0xCC]
+        );
+        let mut back = vec![0u64; 64];
+        unshuffle::<f32>(&d, &mut back);
+        assert_eq!(back, words);
+
+        // f64: G = 2, D = 128 plane words of 8 bytes
+        let words: Vec<u64> = (0..128).map(|k| if k < 70 { k } else { 0 }).collect();
+        shuffle::<f64>(&mut words.clone(), &mut d);
+        let mut want = [0u64; 128];
+        for (p, g, v) in [
+            (0, 0, 0xAAAA_AAAA_AAAA_AAAA),
+            (0, 1, 0x2A), // k' = 1, 3, 5 of 64..69
+            (1, 0, 0xCCCC_CCCC_CCCC_CCCC),
+            (1, 1, 0x0C),
+            (2, 0, 0xF0F0_F0F0_F0F0_F0F0),
+            (2, 1, 0x30),
+            (3, 0, 0xFF00_FF00_FF00_FF00),
+            (4, 0, 0xFFFF_0000_FFFF_0000),
+            (5, 0, 0xFFFF_FFFF_0000_0000),
+            (6, 1, 0x3F), // bit 6 of 64..69
+        ] {
+            want[p * 2 + g] = v;
+        }
+        let want: Vec<u8> = want.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(d, want);
+        let mut back = vec![0u64; 128];
+        unshuffle::<f64>(&d, &mut back);
+        assert_eq!(back, words);
+
+        // an odd group count (G = 3): definition and inverse
+        let mut r = Rng(5);
+        let words: Vec<u64> = (0..96).map(|_| r.next() as u32 as u64).collect();
+        shuffle::<f32>(&mut words.clone(), &mut d);
+        for p in 0..32 {
+            for g in 0..3 {
+                let o = (p * 3 + g) * 4;
+                let plane = u32::from_le_bytes(d[o..o + 4].try_into().unwrap());
+                for k in 0..32 {
+                    assert_eq!(plane >> k & 1, (words[g * 32 + k] >> p & 1) as u32);
+                }
+            }
+        }
+        let mut back = vec![0u64; 96];
+        unshuffle::<f32>(&d, &mut back);
+        assert_eq!(back, words);
     }
 
     #[test]
