@@ -1450,12 +1450,12 @@ impl DeviceStager {
         let mut times = codec_times;
         let mut buf = s.alloc_zeros::<u8>(total).map_err(gpu_err("alloc"))?;
         for &b in &sizes {
-            let (d, h) = self.time_staging(comm, &mut buf, b)?;
+            let (d, h) = self.time_staging(comm, &mut buf, b, false)?;
             times.extend([d, h]);
         }
         // the same copies by rank 0 alone (0 on the others: the maximum below keeps rank 0's)
         for &b in &sizes {
-            let (d, h) = self.time_staging_solo(comm, &mut buf, b)?;
+            let (d, h) = self.time_staging(comm, &mut buf, b, true)?;
             times.extend([d, h]);
         }
         drop(buf);
@@ -1571,7 +1571,7 @@ impl DeviceStager {
         let bytes = v[0] as usize;
         let s = self.stream();
         let mut buf = s.alloc_zeros::<u8>(bytes).map_err(gpu_err("alloc"))?;
-        let (d, h) = self.time_staging(comm, &mut buf, bytes)?;
+        let (d, h) = self.time_staging(comm, &mut buf, bytes, false)?;
         drop(buf);
         let mut t = [d, h];
         comm.transport().allreduce_f64(&mut t, ReduceOp::Max)?;
@@ -1635,30 +1635,6 @@ impl DeviceStager {
             )),
             r => r,
         }
-    }
-
-    /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer, copied
-    /// by rank 0 alone (0 on the other ranks).
-    fn time_staging_solo(
-        &mut self,
-        comm: &Communicator,
-        buf: &mut CudaSlice<u8>,
-        bytes: usize,
-    ) -> Result<(f64, f64)> {
-        let s = self.stream();
-        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
-        let pinned = self.pinned_send.as_mut().expect("grown");
-        let pinned = pinned.as_mut_slice().map_err(gpu_err("pinned"))?;
-        let me = comm.rank() == 0;
-        let td = Self::repeat_solo(comm, me, || {
-            let (p, _g) = buf.device_ptr(&s);
-            Self::d2h(&s, p, &mut pinned[..bytes])
-        })?;
-        let th = Self::repeat_solo(comm, me, || {
-            let (p, _g) = buf.device_ptr_mut(&s);
-            Self::h2d(&s, &pinned[..bytes], p)
-        })?;
-        Ok((td, th))
     }
 
     /// Median seconds of a one-way transfer of `bytes` from rank `from`'s pinned send buffer
@@ -1740,22 +1716,32 @@ impl DeviceStager {
             .max(1))
     }
 
-    /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer.
+    /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer, copied
+    /// by every rank at once, or with `solo` by rank 0 alone (0 on the other ranks).
     fn time_staging(
         &mut self,
         comm: &Communicator,
         buf: &mut CudaSlice<u8>,
         bytes: usize,
+        solo: bool,
     ) -> Result<(f64, f64)> {
         let s = self.stream();
         Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
         let pinned = self.pinned_send.as_mut().expect("grown");
         let pinned = pinned.as_mut_slice().map_err(gpu_err("pinned"))?;
-        let td = Self::repeat(comm, || {
+        let me = comm.rank() == 0;
+        let timed = |f: &mut dyn FnMut() -> Result<()>| {
+            if solo {
+                Self::repeat_solo(comm, me, f)
+            } else {
+                Self::repeat(comm, f)
+            }
+        };
+        let td = timed(&mut || {
             let (p, _g) = buf.device_ptr(&s);
             Self::d2h(&s, p, &mut pinned[..bytes])
         })?;
-        let th = Self::repeat(comm, || {
+        let th = timed(&mut || {
             let (p, _g) = buf.device_ptr_mut(&s);
             Self::h2d(&s, &pinned[..bytes], p)
         })?;
