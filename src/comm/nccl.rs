@@ -327,7 +327,7 @@ impl NcclProfile {
     /// reduce-scatter).
     ///
     /// Compressed: the preparation (value-range pass, input copy), then `p-1` ring steps and
-    /// (allreduce) one allgather round, each [`pipeline`](Self::pipeline)d over `pieces`: per
+    /// (allreduce) one allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per round): per
     /// piece the codec stage (compress + fixed + size message, decompress-and-add + fixed; the
     /// allgather round decompresses `p` pieces) and the network stage
     /// ([`exchange`](Self::exchange) of the pieces' compressed sizes, `bytes / p / pieces /
@@ -366,7 +366,7 @@ impl NcclProfile {
     }
 
     /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank (compressed:
-    /// the value-range pass, then one [`pipeline`](Self::pipeline)d round of `pieces` pieces of
+    /// the value-range pass, then one pipelined round of `pieces` pieces of
     /// `bytes / pieces / ratio` to every other rank, `p` decompressions per piece; raw: the
     /// allgather curve at `p × bytes`).
     pub fn predict_allgather(
@@ -394,7 +394,7 @@ impl NcclProfile {
 
     /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`, one way
     /// ([`one_way`](Self::one_way) curve; compressed: the value-range pass, then `pieces`
-    /// [`pipeline`](Self::pipeline)d messages of `bytes / pieces / ratio`).
+    /// pipelined messages of `bytes / pieces / ratio`).
     pub fn predict_p2p(
         &self,
         bytes: f64,
