@@ -389,6 +389,23 @@ fn pass_s(rate: f64, bytes: f64) -> f64 {
     }
 }
 
+/// Record a `(raw, compressed)` model prediction in `st` (both totals, and the one of the path
+/// taken as `predicted_s`); returns the terms of the path taken.
+fn record_prediction(st: &mut OpStats, (raw, cmp): (Terms, Terms), compressed: bool) -> Terms {
+    st.predicted_raw_s = raw.total();
+    st.predicted_compressed_s = cmp.total();
+    st.predicted_s = if compressed {
+        st.predicted_compressed_s
+    } else {
+        st.predicted_raw_s
+    };
+    if compressed {
+        cmp
+    } else {
+        raw
+    }
+}
+
 /// Seconds of a calibrated call line (fixed cost + `bytes / rate`), or `fallback` when the
 /// rate was not calibrated (0 in profiles written before it existed).
 fn line_or(overhead: f64, rate: f64, bytes: f64, fallback: impl FnOnce() -> f64) -> f64 {
@@ -2611,15 +2628,8 @@ impl Communicator {
         };
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let ratio = if compress { st.ratio } else { 1.0 };
-        let (raw_t, cmp_t) = dp.allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
-        st.predicted_raw_s = raw_t.total();
-        st.predicted_compressed_s = cmp_t.total();
-        st.predicted_s = if compress {
-            st.predicted_compressed_s
-        } else {
-            st.predicted_raw_s
-        };
-        dev.last_predicted = if compress { cmp_t } else { raw_t };
+        let terms = dp.allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
+        dev.last_predicted = record_prediction(&mut st, terms, compress);
         Ok(GatherPrep {
             compressed: compress,
             n,
@@ -2856,16 +2866,8 @@ impl Communicator {
             }
         }
         st.wire_bytes = len as u64;
-        let (raw_t, cmp_t) =
-            dp.bcast_terms(link, p, bytes, if compressed { st.ratio } else { 1.0 });
-        st.predicted_raw_s = raw_t.total();
-        st.predicted_compressed_s = cmp_t.total();
-        st.predicted_s = if compressed {
-            st.predicted_compressed_s
-        } else {
-            st.predicted_raw_s
-        };
-        dev.last_predicted = if compressed { cmp_t } else { raw_t };
+        let terms = dp.bcast_terms(link, p, bytes, if compressed { st.ratio } else { 1.0 });
+        dev.last_predicted = record_prediction(&mut st, terms, compressed);
         Ok(BcastPrep {
             compressed,
             n,
