@@ -3485,17 +3485,7 @@ impl Communicator {
         dev: &mut DeviceStager,
         input: &CudaView<'_, T>,
     ) -> Result<DeviceRequest<T>> {
-        self.submit_device(
-            dev,
-            input,
-            "iallreduce_device",
-            super::OP_ALLREDUCE,
-            |c, x| {
-                let mut out = vec![T::default(); x.len()];
-                let st = c.allreduce(&x, &mut out)?;
-                Ok((out, st))
-            },
-        )
+        self.submit_allreduce_device(dev, input, false)
     }
 
     /// Non-blocking [`allreduce_mean_device`](Self::allreduce_mean_device) (see
@@ -3505,17 +3495,31 @@ impl Communicator {
         dev: &mut DeviceStager,
         input: &CudaView<'_, T>,
     ) -> Result<DeviceRequest<T>> {
-        self.submit_device(
-            dev,
-            input,
-            "iallreduce_mean_device",
-            super::OP_ALLREDUCE_MEAN,
-            |c, x| {
-                let mut out = vec![T::default(); x.len()];
-                let st = c.allreduce_mean(&x, &mut out)?;
-                Ok((out, st))
-            },
-        )
+        self.submit_allreduce_device(dev, input, true)
+    }
+
+    /// The host allreduce (sum, or `mean`) of [`iallreduce_device`](Self::iallreduce_device) /
+    /// [`iallreduce_mean_device`](Self::iallreduce_mean_device) on the progress thread.
+    fn submit_allreduce_device<T: GpuElement + Real + super::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        input: &CudaView<'_, T>,
+        mean: bool,
+    ) -> Result<DeviceRequest<T>> {
+        let (name, op) = if mean {
+            ("iallreduce_mean_device", super::OP_ALLREDUCE_MEAN)
+        } else {
+            ("iallreduce_device", super::OP_ALLREDUCE)
+        };
+        self.submit_device(dev, input, name, op, move |c, x| {
+            let mut out = vec![T::default(); x.len()];
+            let st = if mean {
+                c.allreduce_mean(&x, &mut out)?
+            } else {
+                c.allreduce(&x, &mut out)?
+            };
+            Ok((out, st))
+        })
     }
 
     /// Non-blocking [`reduce_scatter_device`](Self::reduce_scatter_device) (see

@@ -11,7 +11,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaFunction, CudaModule, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
+    PushKernelArg,
 };
 
 use crate::error::{Error, Result};
@@ -117,6 +118,9 @@ pub(crate) struct RangeScale {
     range: [CudaFunction; 2],
     scale: [CudaFunction; 2],
     blocks: u32,
+    /// The range kernel's two output words, allocated at the first call and reused (cleared
+    /// on the stream before each launch; the lock keeps concurrent callers apart).
+    out: std::sync::Mutex<Option<CudaSlice<u64>>>,
 }
 
 fn idx<T>() -> usize {
@@ -135,6 +139,7 @@ impl RangeScale {
             range: [f("zu_range_f32")?, f("zu_range_f64")?],
             scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
             blocks,
+            out: std::sync::Mutex::new(None),
         })
     }
 
@@ -160,13 +165,24 @@ impl RangeScale {
             return Ok(None);
         }
         stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
-        let mut out = stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?;
+        let mut guard = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let out = match guard.as_mut() {
+            Some(o) => {
+                stream.memset_zeros(o).map_err(gpu_err("memset"))?;
+                o
+            }
+            None => guard.insert(stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?),
+        };
         let n64 = n as u64;
         let mut b = stream.launch_builder(&self.range[idx::<T>()]);
-        b.arg(x).arg(&n64).arg(&mut out);
+        b.arg(x).arg(&n64).arg(&mut *out);
         // SAFETY: the kernel reads n values of x and writes two u64 of out.
         unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err("range kernel"))?;
-        let h = stream.clone_dtoh(&out).map_err(gpu_err("range d2h"))?;
+        let mut h = [0u64; 2];
+        stream
+            .memcpy_dtoh(&*out, &mut h[..])
+            .map_err(gpu_err("range d2h"))?;
+        stream.synchronize().map_err(gpu_err("sync"))?;
         if h[0] == 0 {
             return Ok(None);
         }
