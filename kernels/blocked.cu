@@ -107,6 +107,21 @@ __device__ __forceinline__ void zc_put_any(u8* p, u64 off, u32 v) {
         p[off + 3] = (u8)(v >> 24);
     }
 }
+// Stores one thread layer at word `w` of the chunk (4-aligned): the sign word from lane `first`,
+// then its `b` bit planes from lanes `first .. first + b - 1` (lane `first + k` holds plane k), and
+// adds their zhash terms to the lane's `hsum`.
+__device__ __forceinline__ void zc_put_layer(u32* cw, u32 w, u32 sign, u32 plane, u32 b, int lane, int first,
+                                             u32& hsum) {
+    if (lane == first) {
+        cw[w] = sign;
+        hsum += zhash_mix(sign, w);
+    }
+    const u32 k = (u32)(lane - first);
+    if (lane >= first && k < b) {
+        cw[w + 1u + k] = plane;
+        hsum += zhash_mix(plane, w + 1u + k);
+    }
+}
 // Loads a 32-bit word at any byte offset; the 4-aligned words touched must lie in the buffer.
 __device__ __forceinline__ u32 zc_get_any(const u8* p, u64 off) {
     const u32* w = (const u32*)p;
@@ -487,15 +502,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                         if (lane == 0) d = s_prev[l];  // d0
                         const u32 sign = __ballot_sync(ZC_FULL, d < 0);
                         const u32 pl = warp_transpose32((u32)(d < 0 ? (U)0 - (U)d : (U)d), lane);
-                        const u32 wi = off >> 2;
-                        if (lane == 0) {
-                            cw[wi] = sign;
-                            hsum += zhash_mix(sign, wi);
-                        }
-                        if ((u32)lane < r) {
-                            cw[wi + 1u + (u32)lane] = pl;
-                            hsum += zhash_mix(pl, wi + 1u + (u32)lane);
-                        }
+                        zc_put_layer(cw, off >> 2, sign, pl, r, lane, 0, hsum);
                     }
                     t += 1;
                 }
@@ -544,26 +551,8 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                                 const u32 mB = (u32)(dB < 0 ? (U)0 - (U)dB : (U)dB);
                                 const u32 pl = warp_transpose32(mA | (mB << 16), lane);
                                 const u32 wA = s_off[l] >> 2, wB = s_off[l + 1] >> 2;
-                                if (bA > 0) {
-                                    if (lane == 0) {
-                                        cw[wA] = sA;
-                                        hsum += zhash_mix(sA, wA);
-                                    }
-                                    if ((u32)lane < bA) {
-                                        cw[wA + 1 + lane] = pl;
-                                        hsum += zhash_mix(pl, wA + 1 + lane);
-                                    }
-                                }
-                                if (bB > 0) {
-                                    if (lane == 16) {
-                                        cw[wB] = sB;
-                                        hsum += zhash_mix(sB, wB);
-                                    }
-                                    if (lane >= 16 && (u32)lane - 16 < bB) {
-                                        cw[wB + 1 + (lane - 16)] = pl;
-                                        hsum += zhash_mix(pl, wB + 1 + (lane - 16));
-                                    }
-                                }
+                                if (bA > 0) zc_put_layer(cw, wA, sA, pl, bA, lane, 0, hsum);
+                                if (bB > 0) zc_put_layer(cw, wB, sB, pl, bB, lane, 16, hsum);
                                 skip = true;
                                 continue;
                             }
@@ -616,15 +605,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                             U m = d < 0 ? (U)0 - (U)d : (U)d;
                             u32 plo = warp_transpose32((u32)m, lane);
                             if (zc_aligned<CODEC>()) {
-                                u32 wi = pos >> 2;
-                                if (lane == 0) {
-                                    cw[wi] = sign;
-                                    hsum += zhash_mix(sign, wi);
-                                }
-                                if ((u32)lane < b) {
-                                    cw[wi + 1 + lane] = plo;
-                                    hsum += zhash_mix(plo, wi + 1 + lane);
-                                }
+                                zc_put_layer(cw, pos >> 2, sign, plo, b, lane, 0, hsum);
                             } else {
                                 if (lane == 0) zc_put_any(co, pos, sign);
                                 if ((u32)lane < b) zc_put_any(co, pos + 4 + 4 * lane, plo);
