@@ -22,32 +22,37 @@
 #define ZC_DMINB ZC_MINB  // the same for the decompression kernels (tuned separately by A/B runs)
 #endif
 
-// ---- One-pass compression (ZC_ONEPASS=1; f32 aatrox / cuszp-plain, both modes; f64 and
-// cuszp-outlier always take the two-pass path below).
+// ---- One-pass compression (ZC_ONEPASS=1; full chunks of f32 aatrox / cuszp-plain, both modes;
+// f64, cuszp-outlier and a stream's partial last chunk take the two-pass path below).
 //
 // The two-pass kernel reads every value twice from global memory (pass 2 mostly misses L2) and
-// quantizes it twice. The one-pass variant packs each thread layer during pass 1 into a per-warp
-// shared-memory staging arena, so that pass 2 is a copy from shared to global memory:
+// quantizes it twice. The one-pass variant encodes each thread layer during pass 1 into a per-warp
+// shared-memory staging arena, so that pass 2 is mostly a copy from shared to global memory:
 //
-// * What cannot be known in pass 1 is a layer's first delta d0 = q0 - prev (aatrox: prev is the
-//   last code of the previous non-raw layer, possibly another warp's; plain: prev = 0). Pass 1
-//   therefore packs the layer with lane 0's delta set to 0 (which the in-layer shuffle already
-//   gives): sign word of lanes 1..31 and the bit planes of their magnitudes, brest =
-//   width(OR of them) planes. Only bit 0 of each word belongs to d0, and the layer's width is
-//   b = width(rest | |d0|) >= brest, so pass 2 rebuilds the layer exactly: sign word | (d0 < 0),
-//   plane k = (k < brest ? staged plane k : 0) | bit k of |d0|, for k < b.
-// * Two layers with brest <= 16 share one warp transpose (low/high halves), as in the old pass 2.
+// * A layer's first delta d0 = q0 - prev needs prev, the last code of the previous non-raw layer
+//   (plain: prev = 0). The layers of one iteration are consecutive in the stream and one warp
+//   encodes them in order, so prev is known for every non-raw layer of an iteration except the
+//   first one (its "pending" layer), whose prev lies in an earlier iteration (another warp's).
+//   The shuffle that gives lane k the code of lane k - 1 wraps around: lane 0 gets lane 31's
+//   register, which holds the last code of the previous non-raw layer. So pass 1 stages every
+//   other layer exactly as the stream holds it: sign word, then b bit planes (b = width of the
+//   OR of the 32 magnitudes; none at all when b = 0).
+// * The pending layer is staged with d0 = 0: brest = width(OR of lanes 1..31) planes. After pass 1
+//   the block resolves d0 from the iterations' last codes, its width is b = max(brest, width(|d0|)),
+//   and pass 2 rebuilds it: sign word | (d0 < 0), plane k = (k < brest ? staged plane k : 0) |
+//   bit k of |d0|.
+// * Four layers with b <= 8 share one warp transpose (lane 8g + k gets plane k of layer g); two
+//   with b <= 16 share one as low/high halves; wider layers take one each.
 // * Each warp appends to its own arena slice (ZC_STAGE_WORDS / ZC_WARPS words, at most 2047), in
-//   pass 1 order; s_sinfo[layer] = (word offset << 5) | brest, or 0xFFFF when the layer is raw or
-//   did not fit (then pass 2 re-reads and re-quantizes that one layer from global memory, exactly
-//   as the two-pass kernel; so any chunk is correct, a poorly compressible one is just slower).
-//   Layers with brest = 0 use no arena words.
+//   layer order; s_sinfo[layer] = (word offset << 5) | staged width, or 0xFFFF when the layer is
+//   raw or did not fit (then pass 2 re-reads and re-quantizes that one layer from global memory,
+//   exactly as the two-pass kernel; so any chunk is correct, a poorly compressible one is slower).
 // * s_prev holds d0 (not prev) per layer in this mode.
-// * Pass 2 emits 4 layers per warp step (8 lanes each) when all four need <= 8 words (b <= 7),
-//   else 2 (16 lanes, b <= 15), else 1; lane k of a layer writes output word k (sign word, then
-//   planes) and hashes it. No shuffles, no input reads, no quantization.
+// * Pass 2 walks each iteration: a run of consecutive staged non-pending layers is one contiguous
+//   copy (their arena words are the stream's words), lane-parallel, each word hashed as it is
+//   stored; the pending layer is rebuilt; raw and unstaged layers are re-encoded.
 // Shared memory per block (f32, one-pass): 4 KiB offsets + 1 KiB rates + 4 KiB d0 + 2 KiB stage
-// info + 36 KiB arena (ZC_STAGE_WORDS = 9216) + ~0.6 KiB = ~47.6 KiB (static limit 48 KiB):
+// info + 36 KiB arena (ZC_STAGE_WORDS = 9216) + ~0.8 KiB = ~47.8 KiB (static limit 48 KiB):
 // 4 blocks/SM of 8 warps or 3 of 16 still fit the 228 KiB of an H100 SM.
 #ifndef ZC_ONEPASS
 #define ZC_ONEPASS 1
@@ -151,10 +156,10 @@ __device__ __forceinline__ u32 zc_block_sum(u32 v, u32* s_tmp, int w, int lane) 
     return r;
 }
 
-// One-pass staging (ZC_ONEPASS): appends one thread layer, packed without its first delta (brest
-// planes of the magnitudes m of lanes 1..31, sign word s), to the warp's arena st at word cur.
-// Returns the layer's stage info ((offset << 5) | brest), or ZC_NOSTAGE (raw: b > 30, or full).
-// Called by the whole warp with warp-uniform b and cur.
+// One-pass staging (ZC_ONEPASS): appends one thread layer (sign word s, then b bit planes of the
+// magnitudes m) to the warp's arena st at word cur. Returns the layer's stage info
+// ((offset << 5) | b), or ZC_NOSTAGE (raw: b > 30, or full). Called by the whole warp with
+// warp-uniform b and cur.
 __device__ __forceinline__ u32 zc_stage1(u32* st, u32& cur, u32 b, u32 m, u32 s, int lane) {
     if (b > 30u) return ZC_NOSTAGE;
     if (b == 0u) return cur << 5;  // nothing to store: all deltas after the first are 0
@@ -185,6 +190,144 @@ __device__ __forceinline__ void zc_stage2(u32* st, u32& cur, u32 bA, u32 mA, u32
     iB = zc_stage1(st, cur, bB, mB, sB, lane);
 }
 
+// Four consecutive layers: one shared transpose when all four have b <= 8 (after it, lane 8g + k
+// holds plane k of layer g), else two zc_stage2 pairs. info[g] receives layer g's stage info.
+__device__ __forceinline__ void zc_stage4(u32* st, u32& cur, const u32 (&b)[4], const u32 (&m)[4], const u32 (&s)[4],
+                                          int lane, unsigned short* info) {
+    if (b[0] <= 8u && b[1] <= 8u && b[2] <= 8u && b[3] <= 8u) {
+        const u32 w0 = b[0] ? 1u + b[0] : 0u, w1 = b[1] ? 1u + b[1] : 0u, w2 = b[2] ? 1u + b[2] : 0u;
+        const u32 w3 = b[3] ? 1u + b[3] : 0u;
+        const u32 o1 = w0, o2 = o1 + w1, o3 = o2 + w2;  // relative to cur
+        if (cur + o3 + w3 <= (u32)ZC_SW) {
+            if ((b[0] | b[1] | b[2] | b[3]) != 0u) {
+                const u32 pl = warp_transpose32(m[0] | (m[1] << 8) | (m[2] << 16) | (m[3] << 24), lane);
+                // byte g of the packed widths / offsets is layer g's (all fit a byte here)
+                const u32 sel = 0x4440u | ((u32)lane >> 3);
+                const u32 bg = __byte_perm(b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24), 0u, sel);
+                const u32 og = cur + __byte_perm((o1 << 8) | (o2 << 16) | (o3 << 24), 0u, sel);
+                const u32 k = (u32)lane & 7u;
+                if (k < bg) st[og + 1u + k] = pl;
+                if (lane == 0) {
+                    if (b[0]) st[cur] = s[0];
+                    if (b[1]) st[cur + o1] = s[1];
+                    if (b[2]) st[cur + o2] = s[2];
+                    if (b[3]) st[cur + o3] = s[3];
+                }
+            }
+            if (lane == 0) {
+                info[0] = (unsigned short)((cur << 5) | b[0]);
+                info[1] = (unsigned short)(((cur + o1) << 5) | b[1]);
+                info[2] = (unsigned short)(((cur + o2) << 5) | b[2]);
+                info[3] = (unsigned short)(((cur + o3) << 5) | b[3]);
+            }
+            cur += o3 + w3;
+            return;
+        }
+    }
+    u32 i0, i1, i2, i3;
+    zc_stage2(st, cur, b[0], m[0], s[0], b[1], m[1], s[1], lane, i0, i1);
+    zc_stage2(st, cur, b[2], m[2], s[2], b[3], m[3], s[3], lane, i2, i3);
+    if (lane == 0) {
+        info[0] = (unsigned short)i0;
+        info[1] = (unsigned short)i1;
+        info[2] = (unsigned short)i2;
+        info[3] = (unsigned short)i3;
+    }
+}
+
+// Quantizes one thread layer (lane k: value k) and returns whether every value is representable
+// (false: the layer is raw). f32 abs/noa: the same operations as zq_encode_f32_abs without its
+// branches; the rare tie |x - r| == eb32 takes zq_within as that function does.
+template <typename T, bool REL>
+__device__ __forceinline__ bool zc_encode_layer(const ZQ<T>& q, float eb32, T x, typename ZT<T>::code_t& code) {
+    if constexpr (!REL && ZT<T>::SIZE == 4) {
+        const ZQ<float>& qf = (const ZQ<float>&)q;
+        const float p = __fmul_rn((float)x, qf.inv);
+        const bool inr = fabsf(p) < 536870912.0f;
+        const i32 c = __float2int_rn(p);  // = (i32)rintf(p) wherever inr holds
+        const float r = __fmul_rn(__int2float_rn(c), qf.step);
+        const float d32 = fabsf(__fsub_rn((float)x, r));
+        code = c;
+        bool ok = inr && d32 < eb32;
+        if (__all_sync(ZC_FULL, ok)) return true;
+        if (inr && d32 == eb32) ok = zq_within<float, false>(qf, (float)x, r);
+        return __all_sync(ZC_FULL, ok);
+    } else {
+        const bool ok = zc_encode<T, REL>(q, eb32, x, code);
+        return __all_sync(ZC_FULL, ok);
+    }
+}
+
+// Pass 1 of a full chunk in one-pass mode (see the top of the file): quantizes and stages every
+// layer of the warp's iterations; writes rate[l] (0xFF raw; the pending layer: its brest), d0s[l]
+// (lane 0's delta; 0 for the pending and raw layers), sinfo[l]; per iteration with a non-raw
+// layer (aatrox) first[it] = its pending layer's first code, pend[it] = that layer's index t,
+// last[it] = the last code of its last non-raw layer, and bit it of *has.
+template <typename T, int CODEC, bool REL>
+__device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const ZQ<T>& q, float eb32, int w, int lane,
+                                               u32* st, u8* rate, i32* d0s, unsigned short* sinfo, i32* first,
+                                               i32* last, u32* pend, u32* has) {
+    const int W = ZC_WARPS;
+    const int J = 32 / ZC_WARPS;
+    u32 cur = 0;
+#pragma unroll 1
+    for (int j = 0; j < J; j++) {
+        const int it = w + j * W;
+        bool have = false;  // aatrox: this iteration has had a non-raw layer (warp-uniform)
+        i32 prev31 = 0;     // lane 31: the last code of that layer
+#pragma unroll 1
+        for (int t0 = 0; t0 < 32; t0 += 8) {
+            const T* p = cin + ((u32)(it * 32 + t0) << 5) + (u32)lane;
+            T xs[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) xs[u] = p[u * 32];
+#pragma unroll
+            for (int h = 0; h < 8; h += 4) {
+                u32 bq[4], mq[4], sq[4];
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    const u32 t = (u32)(t0 + h + g);
+                    const u32 l = (u32)it * 32u + t;
+                    i32 code = 0;
+                    const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
+                    // lane k gets lane k-1's code; lane 0 gets lane 31's register: the previous
+                    // non-raw layer's last code
+                    i32 qp = __shfl_sync(ZC_FULL, lane == 31 ? prev31 : code, (lane + 31) & 31);
+                    if (lane == 0 && (CODEC != ZC_AATROX || !have)) qp = CODEC == ZC_AATROX ? code : 0;
+                    const i32 d = (i32)((u32)code - (u32)qp);
+                    const u32 m = d < 0 ? 0u - (u32)d : (u32)d;
+                    const u32 s = __ballot_sync(ZC_FULL, d < 0);
+                    u32 b = zc_width32(__reduce_or_sync(ZC_FULL, m));
+                    if (raw) {
+                        b = 0xFFu;
+                    } else {
+                        if (CODEC == ZC_AATROX && !have) {
+                            if (lane == 0) {
+                                first[it] = code;
+                                pend[it] = t;
+                            }
+                            have = true;
+                        }
+                        if (lane == 31) prev31 = code;
+                    }
+                    if (lane == 0) {
+                        rate[l] = (u8)b;
+                        d0s[l] = raw ? 0 : d;
+                    }
+                    bq[g] = b;
+                    mq[g] = m;
+                    sq[g] = s;
+                }
+                zc_stage4(st, cur, bq, mq, sq, lane, sinfo + (u32)it * 32u + (u32)(t0 + h));
+            }
+        }
+        if (CODEC == ZC_AATROX && have) {
+            if (lane == 31) last[it] = prev31;
+            if (lane == 0) atomicOr(has, 1u << it);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Compression. Warp w owns iteration layers w, w + W, w + 2W, ... (J = 32 / W of them).
 // Lane `lane`'s values of thread steps t0 .. t0+7 of iteration layer `it` (value t of a layer is
@@ -211,11 +354,12 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
 
     __shared__ u32 s_off[1024];
     __shared__ u32 s_rate[256];
-    __shared__ C s_prev[(CODEC == ZC_AATROX || ONE) ? 1024 : 1];  // ONE: d0 of every layer
+    __shared__ C s_prev[(CODEC == ZC_AATROX || ONE) ? 1024 : 1];  // one-pass: d0; two-pass: prev
     __shared__ u32 s_stage[ONE ? ZC_STAGE_WORDS : 1];
     __shared__ unsigned short s_sinfo[ONE ? 1024 : 1];
     __shared__ C s_first[32];
     __shared__ C s_last[32];
+    __shared__ u32 s_pend[32];  // one-pass: index t of each iteration's pending layer
     __shared__ u32 s_wtot[32];
     __shared__ u32 s_tmp[32];
     __shared__ u32 s_has, s_mask, s_chunk, s_size, s_usize;
@@ -238,142 +382,155 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     const T* cin = in + cbase;
     const float eb32 = __double2float_rn(q.eb);
 
-    // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (it, t)
-    bool my_exists[J], my_raw[J];
-    U my_rest[J];
-    C my_q0[J], my_q31[J];
-    u32* const st_w = s_stage + (ONE ? w * ZC_SW : 0);  // ONE: this warp's arena slice
-    u32 st_cur = 0;                                      // ONE: words used in it
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        my_exists[j] = false;
-        my_raw[j] = false;
-        my_rest[j] = 0;
-        my_q0[j] = 0;
-        my_q31[j] = 0;
-        const int it = w + j * W;
-#pragma unroll 1
-        for (int t0 = 0; t0 < 32; t0 += 8) {
-            T xs[8];
-            zc_load_steps(cin, n, it, t0, lane, xs);
-            u32 pb = 32u, pm = 0u, ps = 0u;  // ONE: the previous (even) layer's brest, magnitude, sign
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int t = t0 + u;
-                const u32 l = (u32)(it * 32 + t);
-                u32 sb = 32u, sm = 0u, ss = 0u;  // ONE: brest (32: not stageable), magnitude, sign
-                if (l < n_layers) {
-                    const u32 nt = min(32u, n - l * 32u);
-                    const bool present = (u32)lane < nt;
-                    C code = 0;
-                    bool ok = true;
-                    if (present) ok = zc_encode<T, REL>(q, eb32, xs[u], code);
-                    bool raw = __any_sync(ZC_FULL, !ok);
-                    C qlast = zc_shfl(code, nt - 1);
-                    if (!present) code = qlast;
-                    C qp = zc_shfl_up(code, 1);
-                    C d = (C)((U)code - (U)qp);
-                    U m = lane > 0 ? (d < 0 ? (U)0 - (U)d : (U)d) : (U)0;
-                    U rest = ZU<T>::reduce_or(m);
-                    C q0 = zc_shfl(code, 0);
-                    if (lane == t) {
-                        my_exists[j] = true;
-                        my_raw[j] = raw;
-                        my_rest[j] = rest;
-                        my_q0[j] = q0;
-                        my_q31[j] = qlast;
-                    }
-                    if (ONE) {
-                        // lane 0's delta is 0 here (shfl_up leaves lane 0 its own code)
-                        ss = __ballot_sync(ZC_FULL, d < 0);
-                        sm = (u32)m;
-                        if (!raw) sb = ZU<T>::width(rest);
-                    }
-                }
-                if (ONE) {
-                    if (u & 1) {
-                        u32 iA, iB;
-                        zc_stage2(st_w, st_cur, pb, pm, ps, sb, sm, ss, lane, iA, iB);
-                        if (lane == 0) {
-                            s_sinfo[l - 1u] = (unsigned short)iA;
-                            s_sinfo[l] = (unsigned short)iB;
-                        }
-                    } else {
-                        pb = sb;
-                        pm = sm;
-                        ps = ss;
-                    }
-                }
-            }
-        }
-    }
-
-    // ---- chain: init = first code of the first non-raw layer; prev = last code before
-    u32 nonraw[J];
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int it = w + j * W;
-        nonraw[j] = __ballot_sync(ZC_FULL, my_exists[j] && !my_raw[j]);
-        if (CODEC == ZC_AATROX) {
-            int fl = nonraw[j] ? __ffs(nonraw[j]) - 1 : 0;
-            int ll = nonraw[j] ? 31 - __clz(nonraw[j]) : 0;
-            C f = zc_shfl(my_q0[j], fl);
-            C L = zc_shfl(my_q31[j], ll);
-            if (lane == 0) {
-                s_first[it] = f;
-                s_last[it] = L;
-                if (nonraw[j]) atomicOr(&s_has, 1u << it);
-            }
-        }
-    }
-    __syncthreads();
     C init = 0;
-    const u32 has = s_has;
-    if (CODEC == ZC_AATROX) init = has ? s_first[__ffs(has) - 1] : (C)0;
+    // one-pass staging for full chunks (block-uniform); the partial last chunk takes two passes
+    const bool staged = ONE && n == 32768u;
+    u32* const st_w = s_stage + (ONE ? w * ZC_SW : 0);  // ONE: this warp's arena slice
+    if (staged) {
+        if constexpr (ONE) {
+            zc_stage_chunk<T, CODEC, REL>(cin, q, eb32, w, lane, st_w, (u8*)s_rate, s_prev, s_sinfo, s_first, s_last,
+                                          s_pend, &s_has);
+        }
+        __syncthreads();
+        if (CODEC == ZC_AATROX) {
+            // the first delta of each iteration's pending layer: prev is the last code of the
+            // latest earlier iteration with a non-raw layer, or init (the chunk's first code)
+            const u32 has = s_has;
+            init = has ? s_first[__ffs(has) - 1] : (C)0;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int it = w + j * W;
+                if (((has >> it) & 1u) && (u32)lane == s_pend[it]) {
+                    const u32 before = has & ((1u << it) - 1u);
+                    const C incoming = before ? s_last[31 - __clz(before)] : init;
+                    const C d0 = (C)((U)s_first[it] - (U)incoming);
+                    const U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
+                    const u32 l = (u32)(it * 32 + lane);
+                    const u32 br = ((const u8*)s_rate)[l];
+                    const u32 bw = ZU<T>::width(a0);
+                    ((u8*)s_rate)[l] = (u8)(bw > br ? bw : br);
+                    s_prev[l] = d0;
+                }
+            }
+            __syncwarp();
+        }
+    } else {
+        // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (it, t)
+        bool my_exists[J], my_raw[J];
+        U my_rest[J];
+        C my_q0[J], my_q31[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            my_exists[j] = false;
+            my_raw[j] = false;
+            my_rest[j] = 0;
+            my_q0[j] = 0;
+            my_q31[j] = 0;
+            const int it = w + j * W;
+#pragma unroll 1
+            for (int t0 = 0; t0 < 32; t0 += 8) {
+                T xs[8];
+                zc_load_steps(cin, n, it, t0, lane, xs);
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int t = t0 + u;
+                    const u32 l = (u32)(it * 32 + t);
+                    if (l < n_layers) {
+                        const u32 nt = min(32u, n - l * 32u);
+                        const bool present = (u32)lane < nt;
+                        C code = 0;
+                        bool ok = true;
+                        if (present) ok = zc_encode<T, REL>(q, eb32, xs[u], code);
+                        bool raw = __any_sync(ZC_FULL, !ok);
+                        C qlast = zc_shfl(code, nt - 1);
+                        if (!present) code = qlast;
+                        C qp = zc_shfl_up(code, 1);
+                        C d = (C)((U)code - (U)qp);
+                        U m = lane > 0 ? (d < 0 ? (U)0 - (U)d : (U)d) : (U)0;
+                        U rest = ZU<T>::reduce_or(m);
+                        C q0 = zc_shfl(code, 0);
+                        if (lane == t) {
+                            my_exists[j] = true;
+                            my_raw[j] = raw;
+                            my_rest[j] = rest;
+                            my_q0[j] = q0;
+                            my_q31[j] = qlast;
+                        }
+                    }
+                }
+            }
+        }
 
-    // ---- rate byte and size of layer (it, lane)
+        // ---- chain: init = first code of the first non-raw layer; prev = last code before
+        u32 nonraw[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int it = w + j * W;
+            nonraw[j] = __ballot_sync(ZC_FULL, my_exists[j] && !my_raw[j]);
+            if (CODEC == ZC_AATROX) {
+                int fl = nonraw[j] ? __ffs(nonraw[j]) - 1 : 0;
+                int ll = nonraw[j] ? 31 - __clz(nonraw[j]) : 0;
+                C f = zc_shfl(my_q0[j], fl);
+                C L = zc_shfl(my_q31[j], ll);
+                if (lane == 0) {
+                    s_first[it] = f;
+                    s_last[it] = L;
+                    if (nonraw[j]) atomicOr(&s_has, 1u << it);
+                }
+            }
+        }
+        __syncthreads();
+        const u32 has = s_has;
+        if (CODEC == ZC_AATROX) init = has ? s_first[__ffs(has) - 1] : (C)0;
+
+        // ---- rate byte of layer (it, lane)
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int it = w + j * W;
+            C prev = 0;
+            if (CODEC == ZC_AATROX) {
+                const u32 before = has & ((1u << it) - 1u);
+                C incoming = before ? s_last[31 - __clz(before)] : init;
+                const u32 mb = nonraw[j] & ((1u << lane) - 1u);
+                C pl = zc_shfl(my_q31[j], mb ? 31 - __clz(mb) : 0);
+                prev = mb ? pl : incoming;
+            }
+            u32 rate = 0;
+            if (my_exists[j]) {
+                const u32 l = (u32)(it * 32 + lane);
+                const u32 nt = min(32u, n - l * 32u);
+                if (my_raw[j]) {
+                    rate = 0xFF;
+                } else {
+                    C d0 = (C)((U)my_q0[j] - (U)prev);
+                    U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
+                    u32 b_all = ZU<T>::width(my_rest[j] | a0);
+                    rate = b_all;
+                    if (CODEC == ZC_OUTLIER) {
+                        i64 d64 = (i64)d0;
+                        u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
+                        if (z <= 0xFFFFFFFFull) {
+                            u32 o = z <= 0xFFull ? 1u : (z <= 0xFFFFull ? 2u : 3u);
+                            u32 ow = zc_obytes(o);
+                            u32 b_rest = ZU<T>::width(my_rest[j]);
+                            if (ow + zc_packed(b_rest) < zc_packed(b_all)) rate = (o << 6) | b_rest;
+                        }
+                    }
+                }
+            }
+            ((u8*)s_rate)[it * 32 + lane] = (u8)rate;
+            if (CODEC == ZC_AATROX) s_prev[it * 32 + lane] = prev;
+        }
+    }
+    // ---- layer sizes, offsets within each iteration, iterations with a non-zero rate
     u32 incl[J], lsize[J];
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const int it = w + j * W;
-        C prev = 0;
-        if (CODEC == ZC_AATROX) {
-            const u32 before = has & ((1u << it) - 1u);
-            C incoming = before ? s_last[31 - __clz(before)] : init;
-            const u32 mb = nonraw[j] & ((1u << lane) - 1u);
-            C pl = zc_shfl(my_q31[j], mb ? 31 - __clz(mb) : 0);
-            prev = mb ? pl : incoming;
-        }
-        u32 rate = 0, ls = 0;
-        C d0s = 0;
-        if (my_exists[j]) {
-            const u32 l = (u32)(it * 32 + lane);
-            const u32 nt = min(32u, n - l * 32u);
-            if (my_raw[j]) {
-                rate = 0xFF;
-                ls = nt * SIZE;
-            } else {
-                C d0 = (C)((U)my_q0[j] - (U)prev);
-                d0s = d0;
-                U a0 = d0 < 0 ? (U)0 - (U)d0 : (U)d0;
-                u32 b_all = ZU<T>::width(my_rest[j] | a0);
-                rate = b_all;
-                if (CODEC == ZC_OUTLIER) {
-                    i64 d64 = (i64)d0;
-                    u64 z = ((u64)d64 << 1) ^ (u64)(d64 >> 63);
-                    if (z <= 0xFFFFFFFFull) {
-                        u32 o = z <= 0xFFull ? 1u : (z <= 0xFFFFull ? 2u : 3u);
-                        u32 ow = zc_obytes(o);
-                        u32 b_rest = ZU<T>::width(my_rest[j]);
-                        if (ow + zc_packed(b_rest) < zc_packed(b_all)) rate = (o << 6) | b_rest;
-                    }
-                }
-                ls = zc_obytes(rate >> 6) + zc_packed(rate & 63u);
-            }
-        }
-        ((u8*)s_rate)[it * 32 + lane] = (u8)rate;
-        if (ONE) s_prev[it * 32 + lane] = d0s;
-        else if (CODEC == ZC_AATROX) s_prev[it * 32 + lane] = prev;
+        const u32 l = (u32)(it * 32 + lane);
+        const u32 rate = ((const u8*)s_rate)[l];
+        const u32 nt = l < n_layers ? min(32u, n - l * 32u) : 0u;
+        const u32 ls = rate == 0xFFu ? nt * SIZE : zc_obytes(rate >> 6) + zc_packed(rate & 63u);
         lsize[j] = ls;
         incl[j] = warp_incl_u32(ls, lane);
         const bool itnz = __any_sync(ZC_FULL, rate != 0);
@@ -438,73 +595,76 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                 hsum += zhash_mix(v, ro + k);
             }
         }
-        if constexpr (ONE) {
+        if (staged) {
             // ---- one-pass: copy the staged layers out (see the top of the file)
-            const u32* st = st_w;
+            const u32 has = CODEC == ZC_AATROX ? s_has : 0u;
 #pragma unroll 1
             for (int j = 0; j < J; j++) {
                 const int it = w + j * W;
                 if (!((mask >> it) & 1u)) continue;  // every rate byte of this iteration is 0
+                const u32 l0 = (u32)it * 32u;
+                // lane t describes layer l0 + t (o = 0 for these codecs: the rate byte is b)
+                const u32 r = ((const u8*)s_rate)[l0 + lane];
+                const u32 si = s_sinfo[l0 + lane];
+                const u32 myoff = s_off[l0 + lane];
+                const u32 myend = myoff + (r == 0xFFu ? 32u * SIZE : zc_packed(r));
+                const u32 pend = ((has >> it) & 1u) ? s_pend[it] : 32u;
+                // staged exactly as the stream holds it: one contiguous copy per run of such layers
+                const u32 cm = __ballot_sync(ZC_FULL, r != 0xFFu && si != ZC_NOSTAGE && (u32)lane != pend);
 #pragma unroll 1
-                for (int t = 0; t < 32;) {
-                    const u32 l = (u32)(it * 32 + t);
-                    if (l >= n_layers) break;
-                    // lane i (mod 4) looks at layer l + i: staged (or all-zero) and small enough?
-                    const u32 i4 = (u32)lane & 3u;
-                    const u32 li = l + i4;
-                    const bool ex = t + (int)i4 < 32 && li < n_layers;
-                    const u32 ri = ex ? (u32)((const u8*)s_rate)[li] : 0xFFu;
-                    const bool fast = ex && ri != 0xFFu && (ri == 0u || (u32)s_sinfo[li] != ZC_NOSTAGE);
-                    const u32 v4 = __ballot_sync(ZC_FULL, fast && ri <= 7u) & 0xFu;
-                    const u32 v2 = __ballot_sync(ZC_FULL, fast && ri <= 15u) & 0x3u;
-                    const u32 v1 = __ballot_sync(ZC_FULL, fast) & 0x1u;
-                    if (v1) {
-                        // 4 layers of <= 8 words (8 lanes each), 2 of <= 16, or 1 of <= 31
-                        const int sh = v4 == 0xFu ? 3 : (v2 == 0x3u ? 4 : 5);
-                        const u32 L = l + ((u32)lane >> sh);
-                        const u32 k = (u32)lane & ((1u << sh) - 1u);
-                        const u32 r = ((const u8*)s_rate)[L];
-                        if (r != 0u && k <= r) {
-                            // word 0: sign; word k >= 1: plane k - 1 (o = 0, b = r for these codecs)
-                            const u32 info = s_sinfo[L];
-                            const u32 br = info & 31u, so = info >> 5;
-                            const C d0 = s_prev[L];
-                            const u32 a0 = d0 < 0 ? 0u - (u32)d0 : (u32)d0;
+                for (u32 t = 0; t < 32u;) {
+                    const u32 run = cm >> t;
+                    if (run & 1u) {
+                        const u32 e = ~run == 0u ? 32u : t + (u32)(__ffs(~run) - 1);
+                        const u32 wo = __shfl_sync(ZC_FULL, myoff, t) >> 2;
+                        const u32 nw = (__shfl_sync(ZC_FULL, myend, e - 1u) >> 2) - wo;
+                        const u32* src = st_w + (__shfl_sync(ZC_FULL, si, t) >> 5);
+                        for (u32 i = (u32)lane; i < nw; i += 32u) {
+                            const u32 v = src[i];
+                            cw[wo + i] = v;
+                            hsum += zhash_mix(v, wo + i);
+                        }
+                        t = e;
+                        continue;
+                    }
+                    const u32 l = l0 + t;
+                    const u32 rr = __shfl_sync(ZC_FULL, r, t);
+                    const u32 off = __shfl_sync(ZC_FULL, myoff, t);
+                    const u32 info = __shfl_sync(ZC_FULL, si, t);
+                    if (rr != 0u && rr != 0xFFu && info != ZC_NOSTAGE) {
+                        // the pending layer, staged without its first delta: word k of the layer
+                        // (0: sign word, k >= 1: plane k - 1) from lane k
+                        const u32 br = info & 31u, so = info >> 5;
+                        const C d0 = s_prev[l];
+                        const u32 a0 = d0 < 0 ? 0u - (u32)d0 : (u32)d0;
+                        const u32 k = (u32)lane;
+                        if (k <= rr) {
                             u32 v;
-                            if (k == 0u) v = (br != 0u ? st[so] : 0u) | (d0 < 0 ? 1u : 0u);
-                            else v = (k <= br ? st[so + k] : 0u) | ((a0 >> (k - 1u)) & 1u);
-                            const u32 wi = (s_off[L] >> 2) + k;
+                            if (k == 0u) v = (br != 0u ? st_w[so] : 0u) | (d0 < 0 ? 1u : 0u);
+                            else v = (k <= br ? st_w[so + k] : 0u) | ((a0 >> (k - 1u)) & 1u);
+                            const u32 wi = (off >> 2) + k;
                             cw[wi] = v;
                             hsum += zhash_mix(v, wi);
                         }
-                        t += 1 << (5 - sh);
-                        continue;
-                    }
-                    // layer l is raw or did not fit the arena: re-read and re-quantize it
-                    const u32 r = __reduce_max_sync(ZC_FULL, (u32)((const u8*)s_rate)[l]);
-                    const u32 nt = min(32u, n - l * 32u);
-                    const bool present = (u32)lane < nt;
-                    const T x = present ? cin[l * 32u + (u32)lane] : (T)0;
-                    const u32 off = s_off[l];
-                    if (r == 0xFFu) {
-                        if (present) {
+                    } else if (rr != 0u) {
+                        // raw, or did not fit the arena: re-read and re-quantize (a full chunk)
+                        const T x = cin[l * 32u + (u32)lane];
+                        if (rr == 0xFFu) {
                             const u32 bits = (u32)ZT<T>::bits(x);
                             const u32 wi = (off >> 2) + (u32)lane;
                             cw[wi] = bits;
                             hsum += zhash_mix(bits, wi);
+                        } else {
+                            const C code = zq_code<T, REL>(q, x);
+                            const C qp = zc_shfl_up(code, 1);
+                            C d = (C)((U)code - (U)qp);
+                            if (lane == 0) d = s_prev[l];  // d0
+                            const u32 sign = __ballot_sync(ZC_FULL, d < 0);
+                            const u32 pl = warp_transpose32((u32)(d < 0 ? (U)0 - (U)d : (U)d), lane);
+                            zc_put_layer(cw, off >> 2, sign, pl, rr, lane, 0, hsum);
                         }
-                    } else if (r != 0u) {
-                        C code = present ? zq_code<T, REL>(q, x) : (C)0;
-                        const C qlast = zc_shfl(code, nt - 1);
-                        if (!present) code = qlast;
-                        const C qp = zc_shfl_up(code, 1);
-                        C d = (C)((U)code - (U)qp);
-                        if (lane == 0) d = s_prev[l];  // d0
-                        const u32 sign = __ballot_sync(ZC_FULL, d < 0);
-                        const u32 pl = warp_transpose32((u32)(d < 0 ? (U)0 - (U)d : (U)d), lane);
-                        zc_put_layer(cw, off >> 2, sign, pl, r, lane, 0, hsum);
                     }
-                    t += 1;
+                    t += 1u;
                 }
             }
         } else {
