@@ -284,10 +284,10 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
 #pragma unroll
             for (int h = 0; h < 8; h += 4) {
                 u32 bq[4], mq[4], sq[4];
+                i32 dq[4];  // lane 0: the layers' first deltas
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
                     const u32 t = (u32)(t0 + h + g);
-                    const u32 l = (u32)it * 32u + t;
                     i32 code = 0;
                     const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
                     // lane k gets lane k-1's code; lane 0 gets lane 31's register: the previous
@@ -310,15 +310,17 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
                         }
                         if (lane == 31) prev31 = code;
                     }
-                    if (lane == 0) {
-                        rate[l] = (u8)b;
-                        d0s[l] = raw ? 0 : d;
-                    }
                     bq[g] = b;
                     mq[g] = m;
                     sq[g] = s;
+                    dq[g] = raw ? 0 : d;
                 }
-                zc_stage4(st, cur, bq, mq, sq, lane, sinfo + (u32)it * 32u + (u32)(t0 + h));
+                const u32 lq = (u32)it * 32u + (u32)(t0 + h);  // a multiple of 4
+                if (lane == 0) {
+                    *(u32*)(rate + lq) = bq[0] | (bq[1] << 8) | (bq[2] << 16) | (bq[3] << 24);
+                    *(int4*)(d0s + lq) = make_int4(dq[0], dq[1], dq[2], dq[3]);
+                }
+                zc_stage4(st, cur, bq, mq, sq, lane, sinfo + lq);
             }
         }
         if (CODEC == ZC_AATROX && have) {
@@ -353,8 +355,8 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     constexpr bool ONE = ZC_ONEPASS != 0 && ZT<T>::SIZE == 4 && CODEC != ZC_OUTLIER;
 
     __shared__ u32 s_off[1024];
-    __shared__ u32 s_rate[256];
-    __shared__ C s_prev[(CODEC == ZC_AATROX || ONE) ? 1024 : 1];  // one-pass: d0; two-pass: prev
+    __shared__ __align__(16) u32 s_rate[256];
+    __shared__ __align__(16) C s_prev[(CODEC == ZC_AATROX || ONE) ? 1024 : 1];  // one-pass: d0; two-pass: prev
     __shared__ u32 s_stage[ONE ? ZC_STAGE_WORDS : 1];
     __shared__ unsigned short s_sinfo[ONE ? 1024 : 1];
     __shared__ C s_first[32];
@@ -857,7 +859,9 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 // Everything before level 2 (table, checksum, metadata, rate and size validation, level 1) is
 // unchanged, so the errors and rejections are identical; quads read only words of their layers'
 // packed payloads (k < b or the sign word of a b > 0 layer), which the size check has bounded.
-// Pairs (b <= 16) and single layers take the default code, only with the i32 codes of pairs.
+// Pairs (b <= 16) and single layers take the default code, only with the i32 codes of pairs;
+// a pair whose layers both have b <= 10 packs its two deltas into one i32 (d_A + d_B * 2^16) and
+// takes one warp scan, as the quads do (32 * 1023 < 2^15 keeps both halves exact).
 // Not done: 16-byte output stores (a warp's store of one layer is already 128 contiguous bytes;
 // vectorizing would need a 4x4 lane transpose costing more shuffles than the stores it saves).
 #ifndef ZC_DEC2
@@ -1149,7 +1153,17 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                     if (D2) {
                         // |in-layer sum| < 2^21: i32 codes when every start is small
                         const u32 ntB = min(32u, n - (ll + 1) * 32u);
-                        const i32 sA = warp_incl_i32(dA, lane), sB = warp_incl_i32(dB, lane);
+                        i32 sA, sB;
+                        if (bA <= 10u && bB <= 10u) {
+                            // one scan for both: |in-layer prefix sum| <= 32 * 1023 < 2^15, so
+                            // p = dA + dB * 2^16 and its prefix sums are exact (< 2^31)
+                            const i32 c = warp_incl_i32(dA + dB * 65536, lane);
+                            sA = (i32)((u32)c << 16) >> 16;
+                            sB = (c - sA) >> 16;
+                        } else {
+                            sA = warp_incl_i32(dA, lane);
+                            sB = warp_incl_i32(dB, lane);
+                        }
                         T vA, vB;
                         if (small32) {
                             vA = zc_d2_value<T, REL>(q, stA, sA, true);

@@ -82,13 +82,19 @@ __device__ __forceinline__ u64 warp_incl_u64(u64 v, int lane) {
 
 // 32x32 bit-matrix transpose across a warp: on entry lane r holds row r; on exit lane c holds
 // column c (bit r of the result = bit c of row r). Turns 32 magnitudes into bit planes and back.
+// Five butterfly stages; in the half-word and byte stages every moved group is whole bytes, so
+// one byte permute with a per-lane selector does the select, shifts and masks.
 __device__ __forceinline__ u32 warp_transpose32(u32 x, int lane) {
-    const u32 masks[5] = {0x0000FFFFu, 0x00FF00FFu, 0x0F0F0F0Fu, 0x33333333u, 0x55555555u};
+    u32 y = __shfl_xor_sync(ZC_FULL, x, 16);
+    x = __byte_perm(x, y, (lane & 16) ? 0x3276u : 0x5410u);  // upper: (y >> 16) | x.hi; lower: x.lo | (y << 16)
+    y = __shfl_xor_sync(ZC_FULL, x, 8);
+    x = __byte_perm(x, y, (lane & 8) ? 0x3715u : 0x6240u);  // the same for the odd / even bytes
+    const u32 masks[3] = {0x0F0F0F0Fu, 0x33333333u, 0x55555555u};
 #pragma unroll
-    for (int i = 0; i < 5; i++) {
-        const int s = 16 >> i;
+    for (int i = 0; i < 3; i++) {
+        const int s = 4 >> i;
         const u32 m = masks[i];
-        u32 y = __shfl_xor_sync(ZC_FULL, x, s);
+        y = __shfl_xor_sync(ZC_FULL, x, s);
         x = (lane & s) ? (((y >> s) & m) | (x & ~m)) : ((x & m) | ((y << s) & ~m));
     }
     return x;
