@@ -8,7 +8,9 @@ pub mod format;
 pub mod quant;
 mod simd;
 
-pub use codec::{compress, decompress, decompress_into, inspect, CodecKind, DecodeLimits};
+pub use codec::{
+    compress, compress_with_range, decompress, decompress_into, inspect, CodecKind, DecodeLimits,
+};
 pub use element::Element;
 pub use error::{Error, Result};
 pub use format::{compress_bound, Dtype};

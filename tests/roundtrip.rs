@@ -68,6 +68,58 @@ proptest! {
     }
 }
 
+/// `compress_with_range` under `noa:e`: the data's own finite range gives `compress`'s bytes; a
+/// range `(own.min + a * w, own.min + a * w + b * w)` (`w` = the own width, at least 1) is recorded
+/// in the header and bounds every finite value's error by `E * (max - min)` of that range.
+fn check_given_range<T: Element>(data: &[T], e: f64, a: f64, b: f64) -> Result<(), TestCaseError> {
+    let bound = ErrorBound::Noa(e);
+    let own = zcomm::quant::finite_range(data).unwrap_or((0.0, 0.0));
+    let w = (own.1 - own.0).max(1.0);
+    let lo = own.0 + a * w;
+    let given = (lo, lo + b * w);
+    for &codec in CodecKind::ALL {
+        let ctx = format!(
+            "{codec} {} {bound} n={} range {given:?}",
+            T::DTYPE,
+            data.len()
+        );
+        let s = zcomm::compress_with_range(data, bound, codec, own).unwrap();
+        prop_assert!(
+            s == compress(data, bound, codec).unwrap(),
+            "{}: own range",
+            ctx
+        );
+        if !(given.0.is_finite() && given.1.is_finite()) {
+            continue;
+        }
+        let s = zcomm::compress_with_range(data, bound, codec, given).unwrap();
+        let h = zcomm::inspect(&s).unwrap();
+        prop_assert_eq!((h.range_min, h.range_max), given, "{}", ctx);
+        let width = given.1 - given.0;
+        prop_assert!(h.abs_bound >= 0.0 && (!width.is_finite() || h.abs_bound <= e * width));
+        let back: Vec<T> = decompress(&s).unwrap();
+        common::check_bound(data, &back, bound, h.abs_bound)
+            .map_err(|m| TestCaseError::fail(format!("{ctx}: {m}")))?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn prop_given_range_f32(kind in 0..KINDS, n in sizes(), seed: u64, u in 0.0f64..1.0, a in -2.0f64..1.0, b in 0.0f64..3.0) {
+        let data: Vec<f32> = gen(kind, n, seed);
+        check_given_range(&data, 10f64.powf(-7.0 + 6.5 * u), a, b)?;
+    }
+
+    #[test]
+    fn prop_given_range_f64(kind in 0..KINDS, n in sizes(), seed: u64, u in 0.0f64..1.0, a in -2.0f64..1.0, b in 0.0f64..3.0) {
+        let data: Vec<f64> = gen(kind, n, seed);
+        check_given_range(&data, 10f64.powf(-7.0 + 6.5 * u), a, b)?;
+    }
+}
+
 fn bounds_for_adversarial() -> Vec<ErrorBound> {
     vec![
         ErrorBound::Abs(1e-3),

@@ -16,7 +16,7 @@ pub mod pfpl;
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::format::{zhash_bytes, BoundMode, Header, FLAG_STORED, HEADER_LEN};
-use crate::quant::{ErrorBound, QuantParams};
+use crate::quant::{first_nonzero, ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
 #[derive(
@@ -108,12 +108,60 @@ impl std::str::FromStr for CodecKind {
 /// make the data smaller. Uses all rayon threads.
 pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
     let params = QuantParams::derive(data, bound)?;
+    compress_with_params(data, &params, codec)
+}
+
+/// [`compress`] under a `noa` bound with the value range `range = (min, max)` given by the caller
+/// instead of measured from `data` (e.g. computed once and reused, or agreed on by all ranks).
+///
+/// * Every finite value is reconstructed within `E * (max - min)` of the **given** range (the
+///   guaranteed bound is `pred(E * (max - min))`, as for a measured range); the header records
+///   the given range as its `range_min` / `range_max`.
+/// * The range need not contain the data: values the quantizer cannot reconstruct within that
+///   bound (and non-finite values) are stored losslessly, as always.
+/// * When `range` equals the data's own finite range ([`crate::quant::finite_range`]; `(0, 0)`
+///   for data without finite values), the stream is byte-identical to [`compress`]'s. `-0.0` is
+///   recorded as `+0.0`, as in a measured range.
+///
+/// Errors ([`Error::InvalidArgument`]): an invalid bound, a bound that is not `noa` (an `abs` or
+/// `rel` bound does not depend on the range), a non-finite range value, or `min > max`.
+///
+/// ```
+/// use zcomm::{compress, compress_with_range, decompress, CodecKind, ErrorBound};
+/// let data: Vec<f32> = (0..10_000).map(|i| (i as f32 * 1e-3).sin()).collect();
+/// let b = ErrorBound::Noa(1e-3);
+/// let own = zcomm::quant::finite_range(&data).unwrap();
+/// let s = compress_with_range(&data, b, CodecKind::Aatrox, own).unwrap();
+/// assert_eq!(s, compress(&data, b, CodecKind::Aatrox).unwrap());
+/// // a wider range: a looser absolute bound, 1e-3 * 4
+/// let s = compress_with_range(&data, b, CodecKind::Aatrox, (-2.0, 2.0)).unwrap();
+/// let back: Vec<f32> = decompress(&s).unwrap();
+/// assert!(data.iter().zip(&back).all(|(x, y)| ((x - y).abs() as f64) <= 4e-3));
+/// assert!(compress_with_range(&data, ErrorBound::Abs(1e-3), CodecKind::Aatrox, own).is_err());
+/// ```
+pub fn compress_with_range<T: Element>(
+    data: &[T],
+    bound: ErrorBound,
+    codec: CodecKind,
+    range: (f64, f64),
+) -> Result<Vec<u8>> {
+    let params = QuantParams::derive_with_range::<T>(bound, range, || first_nonzero(data))?;
+    compress_with_params(data, &params, codec)
+}
+
+/// The body of [`compress`] and [`compress_with_range`]: encode `data` under `params` and wrap it
+/// in a header (or a stored stream when compression does not pay).
+fn compress_with_params<T: Element>(
+    data: &[T],
+    params: &QuantParams,
+    codec: CodecKind,
+) -> Result<Vec<u8>> {
     // (pfpl also returns its data checksum; the other codecs have none)
     let (body, data_checksum) = match codec {
         CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
-            (blocked::encode(data, &params, codec), 0)
+            (blocked::encode(data, params, codec), 0)
         }
-        CodecKind::Pfpl => pfpl::encode(data, &params),
+        CodecKind::Pfpl => pfpl::encode(data, params),
     };
     let raw_len = data.len() * T::SIZE;
     let header = |flags, payload_len: usize, n_chunks, payload_checksum, data_checksum| Header {
@@ -287,5 +335,145 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
             blocked::decode(stream, h, &params, c, out)
         }
         CodecKind::Pfpl => pfpl::decode(stream, h, &params, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{finite_range, pred};
+
+    /// Test inputs of `n` values: smooth, with non-finite values, non-negative with `-0.0`,
+    /// constant, all zeros, without finite values.
+    fn inputs<T: Element>(n: usize) -> Vec<(&'static str, Vec<T>)> {
+        let f = |g: &dyn Fn(usize) -> f64| (0..n).map(|i| T::from_f64(g(i))).collect::<Vec<T>>();
+        vec![
+            ("smooth", f(&|i| (i as f64 * 1e-3).sin() * 300.0 + 7.0)),
+            (
+                "specials",
+                f(&|i| match i % 97 {
+                    0 => f64::NAN,
+                    1 => f64::INFINITY,
+                    2 => f64::NEG_INFINITY,
+                    _ => (i as f64 * 0.01).cos() * 1e3,
+                }),
+            ),
+            (
+                "neg-zero-min",
+                f(&|i| if i % 5 == 0 { -0.0 } else { (i % 17) as f64 }),
+            ),
+            ("constant", f(&|_| -2.5)),
+            ("zeros", f(&|_| 0.0)),
+            ("no-finite", f(&|_| f64::NAN)),
+        ]
+    }
+
+    fn own_range_is_compress<T: Element>() {
+        for n in [0usize, 1, 1000, 40_000] {
+            for (name, data) in inputs::<T>(n) {
+                let own = finite_range(&data).unwrap_or((0.0, 0.0));
+                for b in [ErrorBound::Noa(1e-2), ErrorBound::Noa(1e-5)] {
+                    for &c in CodecKind::ALL {
+                        let want = compress(&data, b, c).unwrap();
+                        let got = compress_with_range(&data, b, c, own).unwrap();
+                        assert!(got == want, "{name} {} n={n} {c} {b}", T::DTYPE);
+                    }
+                }
+            }
+        }
+        // a -0.0 given for +0.0 is the same range
+        let data: Vec<T> = (0..1000).map(|i| T::from_f64((i % 9) as f64)).collect();
+        let b = ErrorBound::Noa(1e-3);
+        assert_eq!(
+            compress_with_range(&data, b, CodecKind::Aatrox, (-0.0, 8.0)).unwrap(),
+            compress(&data, b, CodecKind::Aatrox).unwrap()
+        );
+    }
+
+    #[test]
+    fn given_own_range_equals_compress_f32() {
+        own_range_is_compress::<f32>();
+    }
+
+    #[test]
+    fn given_own_range_equals_compress_f64() {
+        own_range_is_compress::<f64>();
+    }
+
+    /// Every finite value within `pred(e * (max - min))` of the given range, non-finite values
+    /// bit-exact, and the header records the given range.
+    fn check_given<T: Element>(data: &[T], e: f64, c: CodecKind, range: (f64, f64)) {
+        let s = compress_with_range(data, ErrorBound::Noa(e), c, range).unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!((h.range_min, h.range_max), range, "{c}");
+        let limit = pred(e * (range.1 - range.0));
+        assert_eq!(h.abs_bound, limit, "{c}");
+        let back: Vec<T> = decompress(&s).unwrap();
+        for (x, y) in data.iter().zip(&back) {
+            if x.finite() {
+                let d = (x.to_f64() - y.to_f64()).abs();
+                assert!(d <= limit, "{c} {range:?}: |{x:?} - {y:?}| = {d} > {limit}");
+            } else {
+                assert_eq!(x.to_bits_u64(), y.to_bits_u64(), "{c}");
+            }
+        }
+    }
+
+    fn given_ranges<T: Element>() {
+        let data: Vec<T> = (0..50_000)
+            .map(|i| {
+                if i % 1001 == 0 {
+                    T::from_f64(f64::NAN)
+                } else {
+                    T::from_f64((i as f64 * 3e-4).sin())
+                }
+            })
+            .collect();
+        let own = finite_range(&data).unwrap();
+        for &c in CodecKind::ALL {
+            // wider: a looser absolute bound than the data's own range gives
+            check_given(&data, 1e-3, c, (-5.0, 7.0));
+            let wide = compress_with_range(&data, ErrorBound::Noa(1e-3), c, (-5.0, 7.0)).unwrap();
+            let tight = compress(&data, ErrorBound::Noa(1e-3), c).unwrap();
+            assert!(inspect(&wide).unwrap().abs_bound > inspect(&tight).unwrap().abs_bound);
+            // narrower than the data (values that do not fit are kept losslessly) and degenerate
+            check_given(&data, 1e-3, c, (own.0, own.0 + 1e-3));
+            check_given(&data, 1e-3, c, (0.25, 0.25));
+            // not even overlapping the data
+            check_given(&data, 1e-2, c, (100.0, 101.0));
+        }
+    }
+
+    #[test]
+    fn given_range_bounds_the_error_f32() {
+        given_ranges::<f32>();
+    }
+
+    #[test]
+    fn given_range_bounds_the_error_f64() {
+        given_ranges::<f64>();
+    }
+
+    #[test]
+    fn given_range_rejects_invalid_arguments() {
+        let data: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let c = CodecKind::Aatrox;
+        let bad = [
+            (ErrorBound::Abs(1e-3), (0.0, 99.0)),
+            (ErrorBound::Rel(1e-3), (0.0, 99.0)),
+            (ErrorBound::Noa(0.0), (0.0, 99.0)),
+            (ErrorBound::Noa(f64::NAN), (0.0, 99.0)),
+            (ErrorBound::Noa(1e-3), (f64::NAN, 99.0)),
+            (ErrorBound::Noa(1e-3), (0.0, f64::NAN)),
+            (ErrorBound::Noa(1e-3), (f64::NEG_INFINITY, 99.0)),
+            (ErrorBound::Noa(1e-3), (0.0, f64::INFINITY)),
+            (ErrorBound::Noa(1e-3), (99.0, 0.0)),
+        ];
+        for (b, r) in bad {
+            let e = compress_with_range(&data, b, c, r).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{b} {r:?}: {e}");
+        }
+        let e = compress_with_range(&data, ErrorBound::Abs(1e-3), c, (0.0, 99.0)).unwrap_err();
+        assert!(e.to_string().contains("noa"), "{e}");
     }
 }

@@ -149,6 +149,37 @@ pub fn finite_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
     (lo <= hi).then_some((lo + 0.0, hi + 0.0))
 }
 
+/// The first finite non-zero value of `data` (the step of a degenerate `abs`/`noa` bound, see
+/// [`QuantParams::derive_from_stats`]), or `None` when there is none.
+pub fn first_nonzero<T: Element>(data: &[T]) -> Option<f64> {
+    data.iter()
+        .find(|x| x.finite() && x.to_f64() != 0.0)
+        .map(|x| x.to_f64())
+}
+
+/// Checks a caller-given value range for `bound` (valid, `noa` only, finite, `min <= max`) and
+/// returns it with `finite_range`'s canonical zero (`+ 0.0` turns `-0.0` into `+0.0`).
+fn given_range(bound: ErrorBound, (lo, hi): (f64, f64)) -> Result<(f64, f64)> {
+    bound.validate()?;
+    if !matches!(bound, ErrorBound::Noa(_)) {
+        return Err(Error::invalid(format!(
+            "a given value range applies to noa bounds only, not {bound} (abs and rel bounds do \
+             not depend on the value range)"
+        )));
+    }
+    if !(lo.is_finite() && hi.is_finite()) {
+        return Err(Error::invalid(format!(
+            "given value range must be finite, got ({lo}, {hi})"
+        )));
+    }
+    if lo > hi {
+        return Err(Error::invalid(format!(
+            "given value range has min > max: ({lo}, {hi})"
+        )));
+    }
+    Ok((lo + 0.0, hi + 0.0))
+}
+
 /// Parameters shared by encoder and decoder, as stored in the header.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QuantParams {
@@ -168,15 +199,21 @@ impl QuantParams {
     /// Derive the parameters for `data` under `bound` (scans the data for noa and the
     /// constant-array case).
     pub fn derive<T: Element>(data: &[T], bound: ErrorBound) -> Result<Self> {
-        Self::derive_from_stats::<T>(
-            bound,
-            || finite_range(data),
-            || {
-                data.iter()
-                    .find(|x| x.finite() && x.to_f64() != 0.0)
-                    .map(|x| x.to_f64())
-            },
-        )
+        Self::derive_from_stats::<T>(bound, || finite_range(data), || first_nonzero(data))
+    }
+
+    /// [`QuantParams::derive_from_stats`] for a `noa` bound with a value range given by the
+    /// caller instead of measured (`zcomm::compress_with_range` and its GPU twin). Checks that
+    /// `bound` is `noa` and that `range` is finite with `min <= max`, and records the range with
+    /// the canonical zero of [`finite_range`] (`-0.0` becomes `+0.0`), so a range equal to the
+    /// data's own gives the same parameters as [`QuantParams::derive`].
+    pub(crate) fn derive_with_range<T: Element>(
+        bound: ErrorBound,
+        range: (f64, f64),
+        first_nonzero: impl FnOnce() -> Option<f64>,
+    ) -> Result<Self> {
+        let range = given_range(bound, range)?;
+        Self::derive_from_stats::<T>(bound, || Some(range), first_nonzero)
     }
 
     /// [`QuantParams::derive`] from statistics computed elsewhere (e.g. on a GPU): `range` gives
