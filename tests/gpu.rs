@@ -310,6 +310,116 @@ fn device_api_round_trip() {
     );
 }
 
+/// `value_range_device` equals the CPU's `quant::finite_range`, and `compress_device_with_range`
+/// writes the bytes of `zcomm::compress_with_range` (own, wider, narrower and degenerate ranges;
+/// every codec), which for the data's own range are `compress_device`'s.
+fn given_range_matches_cpu<T: GpuElement>(gpu: &mut GpuCodec) {
+    let s = gpu.stream().clone();
+    for n in [0usize, 1, 33, 32769, 100_003] {
+        let mut cases = inputs(n, n as u64 * 5 + 1);
+        cases.push(("bit-patterns".into(), bit_patterns::<f64>(n, n as u64 + 17)));
+        for (name, vals) in cases {
+            let data: Vec<T> = narrow(&vals);
+            // device buffers of at least one element (no zero-sized allocations), viewed as n
+            let mut padded = data.clone();
+            padded.resize(n.max(1), T::default());
+            let d_in = s.clone_htod(&padded).unwrap();
+            let view = d_in.slice(0..n);
+            let mut d_out = s
+                .alloc_zeros::<u8>(zcomm::compress_bound(n, T::DTYPE))
+                .unwrap();
+            let range = gpu.value_range_device(&view).unwrap();
+            let cpu_range = zcomm::quant::finite_range(&data);
+            assert_eq!(
+                range.map(|(a, b)| (a.to_bits(), b.to_bits())),
+                cpu_range.map(|(a, b)| (a.to_bits(), b.to_bits())),
+                "{name} {} n={n}: value range",
+                T::DTYPE
+            );
+            let own = range.unwrap_or((0.0, 0.0));
+            let w = own.1 - own.0;
+            let ranges = [
+                own,
+                (own.0 - 1.0 - w, own.1 + 2.0),
+                (own.0, own.0 + w / 4.0),
+                (own.1, own.1),
+            ];
+            for bound in [ErrorBound::Noa(1e-2), ErrorBound::Noa(1e-4)] {
+                for &codec in CodecKind::ALL {
+                    for (k, &r) in ranges.iter().enumerate() {
+                        let label = format!("{name} {} n={n} {codec} {bound} range {k}", T::DTYPE);
+                        let Ok(cpu) = zcomm::compress_with_range(&data, bound, codec, r) else {
+                            // (a wider range of huge values can overflow to Inf)
+                            assert!(!(r.0.is_finite() && r.1.is_finite()), "{label}");
+                            continue;
+                        };
+                        let len = gpu
+                            .compress_device_with_range(
+                                &view,
+                                bound,
+                                codec,
+                                r,
+                                &mut d_out.as_view_mut(),
+                            )
+                            .unwrap_or_else(|e| panic!("{label}: {e}"));
+                        let g = s.clone_dtoh(&d_out.slice(0..len)).unwrap();
+                        assert!(g == cpu, "{label}: GPU stream differs from the CPU twin");
+                        if k == 0 {
+                            assert_eq!(
+                                cpu,
+                                zcomm::compress(&data, bound, codec).unwrap(),
+                                "{label}: own range differs from compress"
+                            );
+                            // no value-range kernel (the step of these inputs is not
+                            // degenerate: no first non-zero value is needed)
+                            gpu.set_kernel_timing(true).unwrap();
+                            gpu.compress_device_with_range(
+                                &view,
+                                bound,
+                                codec,
+                                r,
+                                &mut d_out.as_view_mut(),
+                            )
+                            .unwrap();
+                            let t = gpu.last_kernel_times();
+                            gpu.set_kernel_timing(false).unwrap();
+                            if n > 1 && matches!(name.as_str(), "smooth" | "noise") {
+                                assert_eq!(t.stats_ms, 0.0, "{label}: stats kernel launched");
+                                assert!(t.main_ms > 0.0, "{label}: no compress kernel time");
+                            }
+                        }
+                    }
+                }
+            }
+            // invalid arguments are errors, not panics
+            for (b, r) in [
+                (ErrorBound::Abs(1e-3), own),
+                (ErrorBound::Rel(1e-3), own),
+                (ErrorBound::Noa(1e-3), (f64::NAN, 1.0)),
+                (ErrorBound::Noa(1e-3), (0.0, f64::INFINITY)),
+                (ErrorBound::Noa(1e-3), (1.0, 0.0)),
+            ] {
+                assert!(gpu
+                    .compress_device_with_range(
+                        &view,
+                        b,
+                        CodecKind::Aatrox,
+                        r,
+                        &mut d_out.as_view_mut()
+                    )
+                    .is_err());
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_given_range_matches_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    given_range_matches_cpu::<f32>(&mut gpu);
+    given_range_matches_cpu::<f64>(&mut gpu);
+}
+
 #[test]
 fn nvrtc_compiles_every_kernel() {
     if !compile::nvrtc_available() {

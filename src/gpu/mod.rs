@@ -6,6 +6,8 @@
 //!
 //! * Compression: one kernel (plus, for `noa` and degenerate steps, one reduction kernel for the
 //!   value range). The host builds the 96-byte header with the same Rust code as the CPU path.
+//!   [`GpuCodec::compress_device_with_range`] takes the `noa` range from the caller (e.g. one
+//!   [`GpuCodec::value_range_device`] call reused) and skips that kernel and its read-back.
 //! * Decompression: one kernel; corruption is reported through a device flag as
 //!   [`Error::Corrupt`].
 //! * Kernels are compiled by NVRTC at first use for the device's architecture with
@@ -126,7 +128,8 @@ fn gpu_err(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
 /// Kernel times of the last call (CUDA events around each launch), when timing is on.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct KernelTimes {
-    /// Milliseconds in the value-range kernel (noa / degenerate step), 0 if not launched.
+    /// Milliseconds in the value-range kernel (noa without a given range / degenerate step /
+    /// [`GpuCodec::value_range_device`]), 0 if not launched.
     pub stats_ms: f32,
     /// Milliseconds in the main compress or decompress kernel.
     pub main_ms: f32,
@@ -437,6 +440,30 @@ impl GpuCodec {
         Ok((range, first))
     }
 
+    /// The finite value range `(min, max)` of `input` (device memory), exactly as the value-range
+    /// kernel of [`GpuCodec::compress_device`] computes it for a `noa` bound (equal to
+    /// [`crate::quant::finite_range`] of the same values, `-0.0` as `+0.0`), or `None` when
+    /// `input` holds no finite value. One reduction kernel and a small read-back (synchronizes
+    /// the stream); with kernel timing on, [`GpuCodec::last_kernel_times`] reports it as
+    /// `stats_ms`. Compute it once and pass it to [`GpuCodec::compress_device_with_range`] to
+    /// skip that kernel on later calls (`(0.0, 0.0)` in place of `None` gives the same stream as
+    /// [`GpuCodec::compress_device`]).
+    pub fn value_range_device<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+    ) -> Result<Option<(f64, f64)>> {
+        let s = self.stream.clone();
+        let in_ptr = raw_ptr(input, &s);
+        if in_ptr % (T::SIZE as u64) != 0 {
+            return Err(Error::invalid("device buffer must be element aligned"));
+        }
+        self.last_times = KernelTimes::default();
+        if input.is_empty() {
+            return Ok(None);
+        }
+        Ok(self.stats::<T>(in_ptr, input.len())?.0)
+    }
+
     /// Compress `input` (device memory) into `out` (device memory, at least
     /// [`crate::compress_bound`] bytes, 4-byte aligned). Returns the stream length; the bytes
     /// `out[..len]` equal what [`crate::compress`] returns for the same values.
@@ -445,6 +472,39 @@ impl GpuCodec {
         input: &CudaView<'_, T>,
         bound: ErrorBound,
         codec: CodecKind,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        self.compress_device_impl(input, bound, codec, None, out)
+    }
+
+    /// [`GpuCodec::compress_device`] under a `noa` bound with the value range `range = (min,
+    /// max)` given by the caller (e.g. from one [`GpuCodec::value_range_device`] call reused for
+    /// many compressions): no value-range kernel and no read-back for it, except when the bound
+    /// is degenerate (e.g. `min == max`) and the first finite non-zero value is needed, as in
+    /// [`GpuCodec::compress_device`]. The bytes `out[..len]` equal what
+    /// [`crate::compress_with_range`] returns for the same values and range (see there for the
+    /// guarantee), and what [`GpuCodec::compress_device`] returns when `range` is the data's own.
+    /// Rejects the same bounds and ranges as [`crate::compress_with_range`]
+    /// ([`Error::InvalidArgument`]).
+    pub fn compress_device_with_range<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+        range: (f64, f64),
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        self.compress_device_impl(input, bound, codec, Some(range), out)
+    }
+
+    /// The body of [`GpuCodec::compress_device`] (`range` = None: measured by the value-range
+    /// kernel for `noa`) and [`GpuCodec::compress_device_with_range`] (`range` given).
+    fn compress_device_impl<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+        range: Option<(f64, f64)>,
         out: &mut CudaViewMut<'_, u8>,
     ) -> Result<usize> {
         bound.validate()?;
@@ -466,9 +526,10 @@ impl GpuCodec {
             ));
         }
         self.last_times = KernelTimes::default();
-        // parameters: same Rust code as the CPU path, statistics from the device
+        // parameters: same Rust code as the CPU path, statistics from the device (the value
+        // range only when the caller did not give it)
         let mut stats: Option<Stats> = None;
-        if n > 0 && matches!(bound, ErrorBound::Noa(_)) {
+        if range.is_none() && n > 0 && matches!(bound, ErrorBound::Noa(_)) {
             stats = Some(self.stats::<T>(in_ptr, n)?);
         }
         let mut first_err = None;
@@ -476,32 +537,36 @@ impl GpuCodec {
             let st = stats;
             let me = &mut *self;
             let mut first_cell = st.map(|s| s.1);
-            QuantParams::derive_from_stats::<T>(
-                bound,
-                || st.and_then(|s| s.0),
-                || {
-                    if n == 0 {
-                        return None;
-                    }
-                    let idx = match first_cell.take() {
-                        Some(i) => i,
-                        None => match me.stats::<T>(in_ptr, n) {
-                            Ok(s) => s.1,
-                            Err(e) => {
-                                first_err = Some(e);
-                                return None;
-                            }
-                        },
-                    }?;
-                    match me.value_at::<T>(in_ptr, idx) {
-                        Ok(v) => Some(v),
+            let first_nonzero = || {
+                if n == 0 {
+                    return None;
+                }
+                let idx = match first_cell.take() {
+                    Some(i) => i,
+                    None => match me.stats::<T>(in_ptr, n) {
+                        Ok(s) => s.1,
                         Err(e) => {
                             first_err = Some(e);
-                            None
+                            return None;
                         }
+                    },
+                }?;
+                match me.value_at::<T>(in_ptr, idx) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        first_err = Some(e);
+                        None
                     }
-                },
-            )?
+                }
+            };
+            match range {
+                Some(r) => QuantParams::derive_with_range::<T>(bound, r, first_nonzero),
+                None => QuantParams::derive_from_stats::<T>(
+                    bound,
+                    || st.and_then(|s| s.0),
+                    first_nonzero,
+                ),
+            }?
         };
         if let Some(e) = first_err {
             return Err(e);
