@@ -501,8 +501,19 @@ fn bench_files() {
                     zcomm::gpu::bench::bench_device(&mut gpu, &d32, name, b, c, opts)
                 }
                 .expect("bench");
+                // noa: compression with the value range given (computed once before timing)
+                let given = match (
+                    r.compress_given_range_gbps,
+                    r.kernel_compress_given_range_gbps,
+                ) {
+                    (Some(e2e), Some(k)) => format!(
+                        " comp(range given) {e2e:>7.1} GB/s (kernel {k:>7.1}) identical {}",
+                        r.given_range_identical == Some(true)
+                    ),
+                    _ => String::new(),
+                };
                 println!(
-                    "{:<10} {:<14} {:<9} ratio {:>8.2} maxerr {:.3e} comp {:>7.1} GB/s (kernel {:>7.1}) decomp {:>7.1} GB/s (kernel {:>7.1}) identical {} {}",
+                    "{:<10} {:<14} {:<9} ratio {:>8.2} maxerr {:.3e} comp {:>7.1} GB/s (kernel {:>7.1}) decomp {:>7.1} GB/s (kernel {:>7.1}) identical {} {}{given}",
                     r.input, r.codec, r.error_bound, r.ratio, r.max_error, r.compress_gbps, r.kernel_compress_gbps,
                     r.decompress_gbps, r.kernel_decompress_gbps, r.bit_identical_to_cpu, r.decode_identical_to_cpu
                 );

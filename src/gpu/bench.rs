@@ -6,8 +6,13 @@
 //! Kernel-only time is the sum of the kernels' own CUDA-event times. Both are the median of
 //! `runs` timed runs after `warmup` untimed ones; GB/s = 1e9 bytes of uncompressed data per
 //! second.
+//!
+//! For `noa` bounds a third phase times [`GpuCodec::compress_device_with_range`] the same way,
+//! with the value range computed once by [`GpuCodec::value_range_device`] before timing (so
+//! without the value-range kernel and its read-back), and checks that its stream equals the
+//! [`GpuCodec::compress_device`] one.
 
-use cudarc::driver::{sys as cu_sys, CudaSlice};
+use cudarc::driver::{sys as cu_sys, CudaEvent, CudaSlice};
 
 use super::{GpuCodec, GpuElement};
 use crate::codec::CodecKind;
@@ -80,6 +85,27 @@ pub struct GpuBenchRecord {
     pub bit_identical_to_cpu: bool,
     /// The GPU reconstruction equals `zcomm::decompress`'s bit for bit (false when not checked).
     pub decode_identical_to_cpu: bool,
+    /// `noa` only: end-to-end throughput, GB/s (median), of
+    /// [`GpuCodec::compress_device_with_range`] given the data's own value range (computed once
+    /// by [`GpuCodec::value_range_device`] before timing, so no value-range kernel or read-back
+    /// per call). Absent for `abs` / `rel` bounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress_given_range_gbps: Option<f64>,
+    /// `noa` only: kernel-only throughput, GB/s (median), of those calls (the compress kernel's
+    /// CUDA-event time, plus the value-range kernel's when a degenerate step needs it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_compress_given_range_gbps: Option<f64>,
+    /// `noa` only: median end-to-end time of those calls, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress_given_range_ms: Option<f64>,
+    /// `noa` only: median kernel-only time of those calls, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_compress_given_range_ms: Option<f64>,
+    /// `noa` only: the [`GpuCodec::compress_device_with_range`] stream equals the
+    /// [`GpuCodec::compress_device`] stream byte for byte (it must: the given range is the data's
+    /// own), and hence `zcomm::compress_with_range`'s when `bit_identical_to_cpu` holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub given_range_identical: Option<bool>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -93,6 +119,32 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn ge<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
     move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+/// Run `op` (one codec call on `gpu`'s stream) `opts.warmup + opts.runs` times, each between the
+/// CUDA events `ev.0` and `ev.1`; returns the end-to-end and kernel-only milliseconds
+/// (`stats_ms + main_ms` of [`GpuCodec::last_kernel_times`]) of the timed runs. Kernel timing
+/// must be on.
+fn time_runs(
+    gpu: &mut GpuCodec,
+    ev: &(CudaEvent, CudaEvent),
+    opts: &BenchOptions,
+    mut op: impl FnMut(&mut GpuCodec) -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let s = gpu.stream().clone();
+    let (mut e2e, mut kernel) = (Vec::new(), Vec::new());
+    for i in 0..opts.warmup + opts.runs {
+        ev.0.record(&s).map_err(ge("record"))?;
+        op(gpu)?;
+        ev.1.record(&s).map_err(ge("record"))?;
+        let ms = ev.0.elapsed_ms(&ev.1).map_err(ge("elapsed"))? as f64;
+        let k = gpu.last_kernel_times();
+        if i >= opts.warmup {
+            e2e.push(ms);
+            kernel.push((k.stats_ms + k.main_ms) as f64);
+        }
+    }
+    Ok((e2e, kernel))
 }
 
 /// Benchmark `codec` on `data` (copied to the device once) under `bound`.
@@ -118,39 +170,47 @@ pub fn bench_device<T: GpuElement>(
         ctx.new_event(Some(cu_sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(ge("event"))
     };
-    let (e0, e1) = (ev(0)?, ev(1)?);
+    let events = (ev(0)?, ev(1)?);
     gpu.set_kernel_timing(true)?;
 
     let mut len = 0usize;
-    let (mut c_e2e, mut c_k) = (Vec::new(), Vec::new());
-    for i in 0..opts.warmup + opts.runs {
-        e0.record(&s).map_err(ge("record"))?;
-        len = gpu.compress_device(&d_in.as_view(), bound, codec, &mut d_out.as_view_mut())?;
-        e1.record(&s).map_err(ge("record"))?;
-        let ms = e0.elapsed_ms(&e1).map_err(ge("elapsed"))? as f64;
-        let k = gpu.last_kernel_times();
-        if i >= opts.warmup {
-            c_e2e.push(ms);
-            c_k.push((k.stats_ms + k.main_ms) as f64);
-        }
-    }
-    let (mut d_e2e, mut d_k) = (Vec::new(), Vec::new());
-    for i in 0..opts.warmup + opts.runs {
+    let (mut c_e2e, mut c_k) = {
+        let iv = d_in.as_view();
+        let mut ov = d_out.as_view_mut();
+        time_runs(gpu, &events, &opts, |g| {
+            len = g.compress_device(&iv, bound, codec, &mut ov)?;
+            Ok(())
+        })?
+    };
+    let (mut d_e2e, mut d_k) = {
         let sv = d_out.slice(0..len);
         let mut rv = d_rec.slice_mut(0..n);
-        e0.record(&s).map_err(ge("record"))?;
-        gpu.decompress_device(&sv, &mut rv)?;
-        e1.record(&s).map_err(ge("record"))?;
-        let ms = e0.elapsed_ms(&e1).map_err(ge("elapsed"))? as f64;
-        let k = gpu.last_kernel_times();
-        if i >= opts.warmup {
-            d_e2e.push(ms);
-            d_k.push((k.stats_ms + k.main_ms) as f64);
-        }
-    }
+        time_runs(gpu, &events, &opts, |g| g.decompress_device(&sv, &mut rv))?
+    };
+    let stream: Vec<u8> = s.clone_dtoh(&d_out.slice(0..len)).map_err(ge("dtoh"))?;
+
+    // noa: the range computed once, then compression without the value-range kernel (into
+    // d_out again: the stream above is on the host now)
+    let given = if matches!(bound, ErrorBound::Noa(_)) {
+        let range = gpu
+            .value_range_device(&d_in.as_view())?
+            .unwrap_or((0.0, 0.0));
+        let mut glen = 0usize;
+        let (e2e, k) = {
+            let iv = d_in.as_view();
+            let mut ov = d_out.as_view_mut();
+            time_runs(gpu, &events, &opts, |g| {
+                glen = g.compress_device_with_range(&iv, bound, codec, range, &mut ov)?;
+                Ok(())
+            })?
+        };
+        let gstream: Vec<u8> = s.clone_dtoh(&d_out.slice(0..glen)).map_err(ge("dtoh"))?;
+        Some((e2e, k, gstream == stream))
+    } else {
+        None
+    };
     gpu.set_kernel_timing(false)?;
 
-    let stream: Vec<u8> = s.clone_dtoh(&d_out.slice(0..len)).map_err(ge("dtoh"))?;
     let rec: Vec<T> = if n > 0 {
         s.clone_dtoh(&d_rec.slice(0..n)).map_err(ge("dtoh"))?
     } else {
@@ -180,6 +240,10 @@ pub fn bench_device<T: GpuElement>(
             0.0
         }
     };
+    let (gm, gkm, given_identical) = match given {
+        Some((mut e2e, mut k, same)) => (Some(median(&mut e2e)), Some(median(&mut k)), Some(same)),
+        None => (None, None, None),
+    };
     let (cm, dm, kcm, kdm) = (
         median(&mut c_e2e),
         median(&mut d_e2e),
@@ -207,6 +271,11 @@ pub fn bench_device<T: GpuElement>(
         device: gpu.device_name().to_string(),
         bit_identical_to_cpu: bit_identical,
         decode_identical_to_cpu: decode_identical,
+        compress_given_range_gbps: gm.map(gbps),
+        kernel_compress_given_range_gbps: gkm.map(gbps),
+        compress_given_range_ms: gm,
+        kernel_compress_given_range_ms: gkm,
+        given_range_identical: given_identical,
     })
 }
 

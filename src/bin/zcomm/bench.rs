@@ -96,6 +96,17 @@ pub struct Record {
     /// GPU only: the GPU stream is byte-identical to the CPU twin's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bit_identical_to_cpu: Option<bool>,
+    /// GPU, `noa` only: compression throughput, GB/s, with the value range given by the caller
+    /// (computed once before timing; no value-range kernel per call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress_given_range_gbps: Option<f64>,
+    /// GPU, `noa` only: kernel-only throughput of those compressions (CUDA events), GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_compress_given_range_gbps: Option<f64>,
+    /// GPU, `noa` only: the stream compressed with the given range is byte-identical to the
+    /// measured-range one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub given_range_identical: Option<bool>,
 }
 
 /// Error statistics of a reconstruction.
@@ -224,6 +235,9 @@ fn bench_one<T: Element>(a: &Args, data: &[T], codec: CodecKind) -> Result<Recor
         kernel_compress_gbps: None,
         kernel_decompress_gbps: None,
         bit_identical_to_cpu: None,
+        compress_given_range_gbps: None,
+        kernel_compress_given_range_gbps: None,
+        given_range_identical: None,
     };
     #[cfg(feature = "cuda")]
     if a.device == Device::Gpu {
@@ -238,6 +252,9 @@ fn bench_one<T: Element>(a: &Args, data: &[T], codec: CodecKind) -> Result<Recor
         record.kernel_compress_gbps = Some(g.kernel_compress_gbps);
         record.kernel_decompress_gbps = Some(g.kernel_decompress_gbps);
         record.bit_identical_to_cpu = Some(g.bit_identical_to_cpu);
+        record.compress_given_range_gbps = g.compress_given_range_gbps;
+        record.kernel_compress_given_range_gbps = g.kernel_compress_given_range_gbps;
+        record.given_range_identical = g.given_range_identical;
         record.device = g.device;
     }
     Ok(record)
@@ -266,11 +283,25 @@ pub fn print_table(recs: &[Record]) {
         );
         println!();
     }
-    println!("| codec | ratio | max error | PSNR (dB) | compress GB/s | decompress GB/s | bound |");
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    // GPU noa runs also measure compression with the value range given by the caller
+    let given = recs.iter().any(|r| r.compress_given_range_gbps.is_some());
+    let (gh, gs) = if given {
+        (" compress GB/s (range given) |", "---:|")
+    } else {
+        ("", "")
+    };
+    println!(
+        "| codec | ratio | max error | PSNR (dB) | compress GB/s |{gh} decompress GB/s | bound |"
+    );
+    println!("|---|---:|---:|---:|---:|{gs}---:|---|");
     for r in recs {
+        let gc = match (given, r.compress_given_range_gbps) {
+            (false, _) => String::new(),
+            (true, Some(g)) => format!(" {g:.3} |"),
+            (true, None) => " - |".into(),
+        };
         println!(
-            "| {} | {:.3} | {:.3e} | {} | {:.3} | {:.3} | {} |",
+            "| {} | {:.3} | {:.3e} | {} | {:.3} |{gc} {:.3} | {} |",
             r.codec,
             r.ratio,
             r.max_error,
