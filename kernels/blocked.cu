@@ -15,11 +15,19 @@
 #define ZC_WARPS 16  // warps per block (1, 2, 4, 8, 16 or 32); each owns 32 / ZC_WARPS iteration layers
 #endif
 #define ZC_THREADS (ZC_WARPS * 32)
-#ifndef ZC_MINB
-#define ZC_MINB (ZC_WARPS == 16 ? 3 : 32 / ZC_WARPS)  // blocks per SM the register budget must allow
+// Blocks per SM the register budget must allow, per element size. 16 warps: 4 for f32 (32
+// registers, no spills; +2-4 % over 3 in the H100 A/B of 13:00 UTC, bench/gpu/NOTES.md), 3 for
+// f64 (whose compression spills at 32). -DZC_MINB / -DZC_DMINB override it for every dtype
+// (compression / decompression kernels; ZC_DMINB defaults to ZC_MINB).
+#ifdef ZC_MINB
+#define ZC_MINB_OF(SIZE) (ZC_MINB)
+#else
+#define ZC_MINB_OF(SIZE) (ZC_WARPS == 16 ? ((SIZE) == 4 ? 4 : 3) : 32 / ZC_WARPS)
 #endif
-#ifndef ZC_DMINB
-#define ZC_DMINB ZC_MINB  // the same for the decompression kernels (tuned separately by A/B runs)
+#ifdef ZC_DMINB
+#define ZC_DMINB_OF(SIZE) (ZC_DMINB)
+#else
+#define ZC_DMINB_OF(SIZE) ZC_MINB_OF(SIZE)
 #endif
 
 // ---- One-pass compression (ZC_ONEPASS=1; full chunks of f32 aatrox / cuszp-plain, both modes;
@@ -1328,7 +1336,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
 }
 
 #define ZC_INST(TY, TN, CID, CN, REL, RN)                                                                      \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB) zc_compress_##TN##_##CN##_##RN(                         \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY))) zc_compress_##TN##_##CN##_##RN(                         \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
         double step64, double eb) {                                                                            \
         ZQ<TY> q;                                                                                              \
@@ -1338,7 +1346,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                         \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB) zc_decompress_##TN##_##CN##_##RN(                       \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY))) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
@@ -1348,7 +1356,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB) zc_decompress_add_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY))) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \

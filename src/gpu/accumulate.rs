@@ -80,8 +80,8 @@ impl GpuCodec {
             return Ok(());
         }
         self.zero_ctrl(nc as usize)?;
-        let status = raw_ptr_mut(&mut self.status, &s);
-        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let status = self.status_ptr();
+        let ctrl = self.ctrl_ptr();
         let slen = stream.len() as u64;
         let count = h.count;
         let tc = h.payload_checksum;

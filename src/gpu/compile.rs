@@ -13,8 +13,8 @@ const BLOCKED: &str = include_str!("../../kernels/blocked.cu");
 const PFPL: &str = include_str!("../../kernels/pfpl.cu");
 
 /// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
-/// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 16 (with 3 blocks per SM: the fastest of
-/// the H100 sweep in BENCHMARKS.md).
+/// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 16 (with launch bounds for 4 blocks per SM
+/// for f32 and 3 for f64: the fastest of the H100 sweeps in bench/gpu/NOTES.md).
 pub fn blocked_warps() -> u32 {
     std::env::var("ZCOMM_GPU_WARPS")
         .ok()

@@ -145,8 +145,11 @@ pub struct GpuCodec {
     arch: String,
     sm_count: u32,
     threads: u32,
-    ctrl: CudaSlice<u64>,
-    status: CudaSlice<u64>,
+    /// Device words of every launch, cleared by one memset: [`CTRL_WORDS`] ctrl words (ticket,
+    /// done count, hashes, error flags, ...) followed by the per-chunk look-back status words.
+    work: CudaSlice<u64>,
+    /// Status words that `work` holds after the ctrl words.
+    status_cap: usize,
     host_ctrl: Vec<u64>,
     /// Pinned host words for the small transfers of every call (ctrl words, the 96-byte header,
     /// one value): pinned copies skip the driver's pageable staging (~10 us each on an H100).
@@ -212,10 +215,9 @@ impl GpuCodec {
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(gpu_err("cuModuleLoadData"))?;
         let stream = ctx.default_stream();
-        let ctrl = stream
-            .alloc_zeros::<u64>(CTRL_WORDS)
+        let work = stream
+            .alloc_zeros::<u64>(CTRL_WORDS + 64)
             .map_err(gpu_err("alloc"))?;
-        let status = stream.alloc_zeros::<u64>(64).map_err(gpu_err("alloc"))?;
         Ok(GpuCodec {
             ctx,
             stream,
@@ -225,8 +227,8 @@ impl GpuCodec {
             arch,
             sm_count,
             threads: 32 * warps,
-            ctrl,
-            status,
+            work,
+            status_cap: 64,
             host_ctrl: vec![0; CTRL_WORDS],
             pinned: None,
             dev_in: None,
@@ -332,24 +334,33 @@ impl GpuCodec {
         }
     }
 
+    /// Device address of the ctrl words.
+    fn ctrl_ptr(&mut self) -> u64 {
+        raw_ptr_mut(&mut self.work, &self.stream.clone())
+    }
+
+    /// Device address of the look-back status words (right after the ctrl words).
+    fn status_ptr(&mut self) -> u64 {
+        self.ctrl_ptr() + (CTRL_WORDS * 8) as u64
+    }
+
+    /// Clear the ctrl words and the first `n_status` status words (one memset, queued on the
+    /// stream), growing the workspace when needed.
     fn zero_ctrl(&mut self, n_status: usize) -> Result<()> {
-        if self.status.len() < n_status {
-            self.status = self
+        if self.status_cap < n_status {
+            let cap = n_status.next_power_of_two();
+            self.work = self
                 .stream
-                .alloc_zeros::<u64>(n_status.next_power_of_two())
+                .alloc_zeros::<u64>(CTRL_WORDS + cap)
                 .map_err(|e| Error::OutOfMemory(format!("look-back workspace: {e:?}")))?;
+            self.status_cap = cap;
         }
-        let s = &self.stream;
         self.ctx.bind_to_thread().map_err(gpu_err("bind"))?;
-        let cp = raw_ptr_mut(&mut self.ctrl, s);
-        let sp = raw_ptr_mut(&mut self.status, s);
-        // SAFETY: both allocations hold at least the bytes cleared.
+        let p = self.ctrl_ptr();
+        // SAFETY: the allocation holds CTRL_WORDS + status_cap >= CTRL_WORDS + n_status words.
         unsafe {
-            cu::memset_d8_async(cp, 0, CTRL_WORDS * 8, s.cu_stream()).map_err(gpu_err("memset"))?;
-            if n_status > 0 {
-                cu::memset_d8_async(sp, 0, n_status * 8, s.cu_stream())
-                    .map_err(gpu_err("memset"))?;
-            }
+            cu::memset_d8_async(p, 0, (CTRL_WORDS + n_status) * 8, self.stream.cu_stream())
+                .map_err(gpu_err("memset"))?;
         }
         Ok(())
     }
@@ -384,7 +395,7 @@ impl GpuCodec {
     }
 
     fn read_ctrl(&mut self) -> Result<()> {
-        let cp = raw_ptr(&self.ctrl, &self.stream.clone());
+        let cp = self.ctrl_ptr();
         let mut b = [0u8; CTRL_WORDS * 8];
         self.read_small(cp, &mut b)?;
         for (w, c) in self.host_ctrl.iter_mut().zip(b.chunks_exact(8)) {
@@ -417,10 +428,14 @@ impl GpuCodec {
     }
 
     /// Value range and first finite non-zero value of `n` values at `input` (one kernel).
-    fn stats<T: GpuElement>(&mut self, input: u64, n: usize) -> Result<Stats> {
-        self.zero_ctrl(0)?;
+    /// With `clear` false the caller has already cleared the ctrl words on the stream (the
+    /// compression kernels use other ctrl words than this one, so one memset serves both).
+    fn stats<T: GpuElement>(&mut self, input: u64, n: usize, clear: bool) -> Result<Stats> {
+        if clear {
+            self.zero_ctrl(0)?;
+        }
         let f = self.func(&format!("zc_stats_{}", T::KERNEL_TAG))?;
-        let ctrl = raw_ptr_mut(&mut self.ctrl, &self.stream.clone());
+        let ctrl = self.ctrl_ptr();
         let n64 = n as u64;
         let grid = (self.sm_count * 8).min(n.div_ceil(256 * 4).max(1) as u32);
         self.record(0)?;
@@ -461,7 +476,7 @@ impl GpuCodec {
         if input.is_empty() {
             return Ok(None);
         }
-        Ok(self.stats::<T>(in_ptr, input.len())?.0)
+        Ok(self.stats::<T>(in_ptr, input.len(), true)?.0)
     }
 
     /// Compress `input` (device memory) into `out` (device memory, at least
@@ -526,11 +541,20 @@ impl GpuCodec {
             ));
         }
         self.last_times = KernelTimes::default();
+        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
+        if n_chunks > u32::MAX as usize {
+            return Err(Error::invalid("too many values for one stream"));
+        }
+        // one memset for the statistics kernel's and the compression kernel's ctrl words and the
+        // look-back status words
+        if n > 0 {
+            self.zero_ctrl(n_chunks)?;
+        }
         // parameters: same Rust code as the CPU path, statistics from the device (the value
         // range only when the caller did not give it)
         let mut stats: Option<Stats> = None;
         if range.is_none() && n > 0 && matches!(bound, ErrorBound::Noa(_)) {
-            stats = Some(self.stats::<T>(in_ptr, n)?);
+            stats = Some(self.stats::<T>(in_ptr, n, false)?);
         }
         let mut first_err = None;
         let params = {
@@ -543,7 +567,7 @@ impl GpuCodec {
                 }
                 let idx = match first_cell.take() {
                     Some(i) => i,
-                    None => match me.stats::<T>(in_ptr, n) {
+                    None => match me.stats::<T>(in_ptr, n, false) {
                         Ok(s) => s.1,
                         Err(e) => {
                             first_err = Some(e);
@@ -593,10 +617,6 @@ impl GpuCodec {
             self.write_bytes(out_ptr, &h.to_bytes())?;
             return Ok(HEADER_LEN);
         }
-        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
-        if n_chunks > u32::MAX as usize {
-            return Err(Error::invalid("too many values for one stream"));
-        }
         let step = T::from_f64(params.step);
         let inv = T::from_f64(1.0 / step.to_f64());
         let rel = params.mode == BoundMode::Rel;
@@ -616,11 +636,10 @@ impl GpuCodec {
             T::KERNEL_TAG,
             if rel { "rel" } else { "abs" }
         ))?;
-        self.zero_ctrl(n_chunks)?;
         let count = n as u64;
         let cap = bound_len as u64;
-        let status = raw_ptr_mut(&mut self.status, &s);
-        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let status = self.status_ptr();
+        let ctrl = self.ctrl_ptr();
         let nc = n_chunks as u32;
         let (step64, eb) = (params.step, params.abs_bound);
         self.record(2)?;
@@ -670,8 +689,7 @@ impl GpuCodec {
     fn copy_hash(&mut self, src: u64, bytes: usize, dst: Option<u64>) -> Result<u32> {
         self.zero_ctrl(0)?;
         let f = self.func("zc_copy_hash")?;
-        let s = self.stream.clone();
-        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        let ctrl = self.ctrl_ptr();
         let nwords = (bytes / 4) as u64;
         let dst = dst.unwrap_or(0);
         let grid = (self.sm_count * 8).min((nwords as usize).div_ceil(256).max(1) as u32);
@@ -708,6 +726,15 @@ impl GpuCodec {
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<()> {
+        // Clear the workspace for the most chunks `out.len()` values can have (any codec) before
+        // the header read, so that the memset runs during that round trip rather than after it.
+        let min_log2 = CodecKind::ALL
+            .iter()
+            .map(|c| c.chunk_log2(T::DTYPE))
+            .min()
+            .unwrap_or(0);
+        let cleared = out.len().div_ceil(1usize << min_log2.min(40));
+        self.zero_ctrl(cleared)?;
         let h = self.inspect_device(stream)?;
         if h.dtype != T::DTYPE {
             return Err(Error::Mismatch {
@@ -777,9 +804,11 @@ impl GpuCodec {
             }
             return Ok(());
         }
-        self.zero_ctrl(nc as usize)?;
-        let status = raw_ptr_mut(&mut self.status, &s);
-        let ctrl = raw_ptr_mut(&mut self.ctrl, &s);
+        if nc as usize > cleared {
+            self.zero_ctrl(nc as usize)?;
+        }
+        let status = self.status_ptr();
+        let ctrl = self.ctrl_ptr();
         let slen = stream.len() as u64;
         let count = h.count;
         let tc = h.payload_checksum;
