@@ -266,6 +266,50 @@ __device__ __forceinline__ bool zc_encode_layer(const ZQ<T>& q, float eb32, T x,
     }
 }
 
+// Quantizes the four layers t0 + h .. t0 + h + 3 of iteration `it` (values xs[h .. h + 3]) for
+// zc_stage_chunk: width b (0xFF: raw), magnitudes m, sign word s, lane 0's delta d0 of each.
+// PENDING (aatrox only): the iteration has had no non-raw layer yet, so the first non-raw one
+// here becomes its pending layer (staged with d0 = 0; first[it], pend[it] recorded). Without
+// PENDING lane 0's predecessor is always lane 31's register, which keeps the common path short.
+template <typename T, int CODEC, bool REL, bool PENDING>
+__device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, const T (&xs)[8], int h, u32 t0, int it,
+                                                 int lane, bool& have, i32& prev31, u32 (&bq)[4], u32 (&mq)[4],
+                                                 u32 (&sq)[4], i32 (&dq)[4], i32* first, u32* pend) {
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        i32 code = 0;
+        const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
+        // lane k gets lane k-1's code; lane 0 gets lane 31's register: the previous non-raw
+        // layer's last code
+        i32 qp = __shfl_sync(ZC_FULL, lane == 31 ? prev31 : code, (lane + 31) & 31);
+        if (CODEC != ZC_AATROX) {
+            if (lane == 0) qp = 0;
+        } else if (PENDING) {
+            if (lane == 0 && !have) qp = code;
+        }
+        const i32 d = (i32)((u32)code - (u32)qp);
+        const u32 m = d < 0 ? 0u - (u32)d : (u32)d;
+        const u32 s = __ballot_sync(ZC_FULL, d < 0);
+        u32 b = zc_width32(__reduce_or_sync(ZC_FULL, m));
+        if (raw) {
+            b = 0xFFu;
+        } else {
+            if (PENDING && !have) {
+                if (lane == 0) {
+                    first[it] = code;
+                    pend[it] = t0 + (u32)(h + g);
+                }
+                have = true;
+            }
+            if (lane == 31) prev31 = code;
+        }
+        bq[g] = b;
+        mq[g] = m;
+        sq[g] = s;
+        dq[g] = raw ? 0 : d;
+    }
+}
+
 // Pass 1 of a full chunk in one-pass mode (see the top of the file): quantizes and stages every
 // layer of the warp's iterations; writes rate[l] (0xFF raw; the pending layer: its brest), d0s[l]
 // (lane 0's delta; 0 for the pending and raw layers), sinfo[l]; per iteration with a non-raw
@@ -293,35 +337,12 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
             for (int h = 0; h < 8; h += 4) {
                 u32 bq[4], mq[4], sq[4];
                 i32 dq[4];  // lane 0: the layers' first deltas
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const u32 t = (u32)(t0 + h + g);
-                    i32 code = 0;
-                    const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
-                    // lane k gets lane k-1's code; lane 0 gets lane 31's register: the previous
-                    // non-raw layer's last code
-                    i32 qp = __shfl_sync(ZC_FULL, lane == 31 ? prev31 : code, (lane + 31) & 31);
-                    if (lane == 0 && (CODEC != ZC_AATROX || !have)) qp = CODEC == ZC_AATROX ? code : 0;
-                    const i32 d = (i32)((u32)code - (u32)qp);
-                    const u32 m = d < 0 ? 0u - (u32)d : (u32)d;
-                    const u32 s = __ballot_sync(ZC_FULL, d < 0);
-                    u32 b = zc_width32(__reduce_or_sync(ZC_FULL, m));
-                    if (raw) {
-                        b = 0xFFu;
-                    } else {
-                        if (CODEC == ZC_AATROX && !have) {
-                            if (lane == 0) {
-                                first[it] = code;
-                                pend[it] = t;
-                            }
-                            have = true;
-                        }
-                        if (lane == 31) prev31 = code;
-                    }
-                    bq[g] = b;
-                    mq[g] = m;
-                    sq[g] = s;
-                    dq[g] = raw ? 0 : d;
+                if (CODEC == ZC_AATROX && !have) {  // warp-uniform; mostly the first quad only
+                    zc_quantize_quad<T, CODEC, REL, true>(q, eb32, xs, h, (u32)t0, it, lane, have, prev31, bq, mq, sq,
+                                                          dq, first, pend);
+                } else {
+                    zc_quantize_quad<T, CODEC, REL, false>(q, eb32, xs, h, (u32)t0, it, lane, have, prev31, bq, mq,
+                                                           sq, dq, first, pend);
                 }
                 const u32 lq = (u32)it * 32u + (u32)(t0 + h);  // a multiple of 4
                 if (lane == 0) {
