@@ -35,7 +35,7 @@ for V in $DVARIANTS; do
   WM=; case $V in *@*) WM=${V#*@}; V=${V%@*};; esac
   W=${WM%/*}; M=${WM#*/}; [ "$M" = "$WM" ] && M=
   D=${V//:/ }; [ "$V" = default ] && D=
-  echo "== ZCOMM_GPU_DEFINES='$D' warps=${W:-8} minb=${M:-default}"
+  echo "== ZCOMM_GPU_DEFINES='$D' warps=${W:-16} minb=${M:-default}"
   ZCOMM_GPU_WARPS=$W ZCOMM_GPU_MINB=$M ZCOMM_GPU_DEFINES="$D" ZCOMM_BENCH_RUNS=10 ZCOMM_BENCH_FILES=/tmp/f/grf.f32:f32:grf512 ZCOMM_BENCH_BOUNDS=noa:1e-3 ZCOMM_BENCH_CODECS=${VCODECS:-aatrox,pfpl} ZCOMM_BENCH_JSON=$OUT/d-${V//[:=]/_}${WM:+-w${WM//\//_}}.json B | tee -a $OUT/variants.log
 done
 [ -n "$NO_FULL" ] && { echo "total $(( $(date +%s) - T0 )) s"; exit 0; }
