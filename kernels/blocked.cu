@@ -16,7 +16,7 @@
 #endif
 #define ZC_THREADS (ZC_WARPS * 32)
 // Blocks per SM the register budget must allow, per element size. 16 warps: 4 for f32 (32
-// registers, no spills; +2-4 % over 3 in the H100 A/B of 12:43 and 12:57 UTC, bench/gpu/NOTES.md), 3 for
+// registers, no spills; +2-4 % over 3 in the H100 A/B of 12:43 and 12:52 UTC, bench/gpu/NOTES.md), 3 for
 // f64 (whose compression spills at 32). -DZC_MINB / -DZC_DMINB override it for every dtype
 // (compression / decompression kernels; ZC_DMINB defaults to ZC_MINB).
 #ifdef ZC_MINB
