@@ -858,6 +858,7 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 #define ZC_E_META 8ull
 #define ZC_E_TOTAL 16ull
 #define ZC_E_TABLE 32ull
+#define ZC_E_GUESS 64ull  // zc_decompress_hdr: the header is not the one the launch assumed
 
 // ---- DEC2 decompression (ZC_DEC2=1, the default since the H100 A/B of 08:56 UTC: 846 -> 1,428 GB/s
 // end-to-end on grf512 noa:1e-3; f32 aatrox / cuszp-plain in abs/noa mode, with and without
@@ -1280,6 +1281,31 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     }
 }
 
+// Decompression with the parameters read from the stream's own header on the device, so that the
+// host can launch without waiting for the header's round trip (GpuCodec::decompress_device guesses
+// the codec and mode of the previous call and checks the header afterwards). `expect` is the u32
+// at header bytes 6..9 the launch assumes (codec, dtype, mode tags; flags 0 = not stored); with
+// another header, another count or another chunk count every block returns at once and
+// ZC_E_GUESS is set: the host then takes the ordinary path. step, inv, step64 and eb are derived
+// from the header's step and absolute bound with the host's operations (FORMAT.md header).
+template <typename T, int CODEC, bool REL>
+__device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
+                                                  u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect) {
+    const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream >= 96 bytes
+    const u32 tags = (h[1] >> 16) | (h[2] << 16);
+    const u64 hcount = (u64)h[4] | ((u64)h[5] << 32);
+    if (stream_len < 96ull || tags != expect || hcount != count || h[18] != n_chunks) {
+        if (threadIdx.x == 0) atomicOr(ctrl + ZC_ERR, ZC_E_GUESS);
+        return;
+    }
+    ZQ<T> q;
+    q.eb = __hiloint2double((int)h[9], (int)h[8]);       // bytes 32..39: absolute bound
+    q.step64 = __hiloint2double((int)h[11], (int)h[10]);  // bytes 40..47: step
+    q.step = (T)q.step64;                                  // T::from_f64
+    q.inv = (T)__ddiv_rn(1.0, (double)q.step);             // T::from_f64(1.0 / step)
+    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Range / first finite non-zero value (NOA parameters and the degenerate-step rule).
 // Memory-bound by design: 16-byte loads (two in flight per thread) when the input is aligned,
@@ -1386,6 +1412,10 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY))) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect) { \
+        zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect);        \
     }
 
 #define ZC_INST_MODES(TY, TN, CID, CN) \

@@ -75,6 +75,9 @@ pub fn kernel_names() -> Vec<String> {
             for m in ["abs", "rel"] {
                 v.push(format!("zc_compress_{t}_{c}_{m}"));
                 v.push(format!("zc_decompress_{t}_{c}_{m}"));
+                if c != "pfpl" {
+                    v.push(format!("zc_decompress_hdr_{t}_{c}_{m}"));
+                }
             }
         }
         v.push(format!("zc_stats_{t}"));
