@@ -889,9 +889,11 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 // Everything before level 2 (table, checksum, metadata, rate and size validation, level 1) is
 // unchanged, so the errors and rejections are identical; quads read only words of their layers'
 // packed payloads (k < b or the sign word of a b > 0 layer), which the size check has bounded.
-// Pairs (b <= 16) and single layers take the default code, only with the i32 codes of pairs;
-// a pair whose layers both have b <= 10 packs its two deltas into one i32 (d_A + d_B * 2^16) and
-// takes one warp scan, as the quads do (32 * 1023 < 2^15 keeps both halves exact).
+// Pairs (b <= 16) and single layers take the default code, only with the i32 codes of pairs. A
+// pair of b <= 15 is read like a quad with 16-lane groups (planes and sign word in one load, the
+// sign at bit 15 of each half after the transpose); when both have b <= 10 its two deltas are
+// packed into one i32 (d_A + d_B * 2^16) for one warp scan (32 * 1023 < 2^15 keeps both halves
+// exact).
 // Not done: 16-byte output stores (a warp's store of one layer is already 128 contiguous bytes;
 // vectorizing would need a 4x4 lane transpose costing more shuffles than the stores it saves).
 #ifndef ZC_DEC2
@@ -1162,38 +1164,65 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                 if (PAIRS && t < 31 && ((pairable >> t) & 3u) == 3u && ll + 1 < n_layers) {
                     // layers A = ll (full: it is not the last) and B = ll + 1; o = 0 for these codecs
                     const u32 bA = ((const u8*)s_rate)[ll] & 63u, bB = ((const u8*)s_rate)[ll + 1] & 63u;
-                    const u32 wA = s_off[ll] >> 2, wB = s_off[ll + 1] >> 2;
-                    u32 signA = 0, signB = 0, mm = 0;
-                    if (__reduce_or_sync(ZC_FULL, bA | bB) != 0) {
-                        if (bA) signA = cw[wA];
-                        if (bB) signB = cw[wB];
-                        u32 pl = 0;
-                        if (lane < 16) {
-                            if ((u32)lane < bA) pl = cw[wA + 1 + lane];
-                        } else {
-                            if ((u32)lane - 16 < bB) pl = cw[wB + 1 + (lane - 16)];
-                        }
-                        mm = warp_transpose32(pl, lane);
-                    }
-                    const i32 mA = (i32)(mm & 0xFFFFu), mB = (i32)(mm >> 16);
-                    const i32 dA = ((signA >> lane) & 1u) ? -mA : mA;
-                    const i32 dB = ((signB >> lane) & 1u) ? -mB : mB;
                     const i64 stA = CODEC == ZC_AATROX ? s_start[ll] : 0;
                     const i64 stB = CODEC == ZC_AATROX ? s_start[ll + 1] : 0;
-                    if (D2) {
-                        // |in-layer sum| < 2^21: i32 codes when every start is small
-                        const u32 ntB = min(32u, n - (ll + 1) * 32u);
-                        i32 sA, sB;
+                    const u32 ntB = min(32u, n - (ll + 1) * 32u);
+                    i32 sA = 0, sB = 0;  // D2: in-layer prefix sums of the deltas
+                    bool summed = false;
+                    if (D2 && bA <= 15u && bB <= 15u) {
+                        // as a quad with 16-lane groups: lane 16h + k loads plane k (k < 15) or the
+                        // sign word (k = 15) of layer ll + h, so that after one transpose half h of
+                        // lane c is (sign << 15) | magnitude of value c of layer ll + h
+                        u32 mm = 0;
+                        if (__reduce_or_sync(ZC_FULL, bA | bB) != 0) {
+                            const u32 h = (u32)lane >> 4, k = (u32)lane & 15u;
+                            const u32 bh = h ? bB : bA;
+                            const u32 wh = s_off[ll + h] >> 2;
+                            u32 x = 0;
+                            if (k == 15u) {
+                                if (bh) x = cw[wh];
+                            } else if (k < bh) {
+                                x = cw[wh + 1u + k];
+                            }
+                            mm = warp_transpose32(x, lane);
+                        }
+                        // two's complement deltas of A (low half) and B (high half) without selects
+                        const u32 neg = ((mm >> 15) & 0x00010001u) * 0x7FFFu;
+                        const u32 mag = mm & 0x7FFF7FFFu;
+                        const u32 pos = mag & ~neg, ngv = mag & neg;
                         if (bA <= 10u && bB <= 10u) {
-                            // one scan for both: |in-layer prefix sum| <= 32 * 1023 < 2^15, so
-                            // p = dA + dB * 2^16 and its prefix sums are exact (< 2^31)
-                            const i32 c = warp_incl_i32(dA + dB * 65536, lane);
+                            // one scan: p = dA + dB * 2^16 exactly, |in-layer prefix sum| <= 32 * 1023 < 2^15
+                            const i32 c = warp_incl_i32((i32)pos - (i32)ngv, lane);
                             sA = (i32)((u32)c << 16) >> 16;
                             sB = (c - sA) >> 16;
                         } else {
-                            sA = warp_incl_i32(dA, lane);
-                            sB = warp_incl_i32(dB, lane);
+                            sA = warp_incl_i32((i32)(pos & 0xFFFFu) - (i32)(ngv & 0xFFFFu), lane);
+                            sB = warp_incl_i32((i32)(pos >> 16) - (i32)(ngv >> 16), lane);
                         }
+                        summed = true;
+                    }
+                    if (!summed) {
+                        const u32 wA = s_off[ll] >> 2, wB = s_off[ll + 1] >> 2;
+                        u32 signA = 0, signB = 0, mm = 0;
+                        if (__reduce_or_sync(ZC_FULL, bA | bB) != 0) {
+                            if (bA) signA = cw[wA];
+                            if (bB) signB = cw[wB];
+                            u32 pl = 0;
+                            if (lane < 16) {
+                                if ((u32)lane < bA) pl = cw[wA + 1 + lane];
+                            } else {
+                                if ((u32)lane - 16 < bB) pl = cw[wB + 1 + (lane - 16)];
+                            }
+                            mm = warp_transpose32(pl, lane);
+                        }
+                        const i32 mA = (i32)(mm & 0xFFFFu), mB = (i32)(mm >> 16);
+                        const i32 dA = ((signA >> lane) & 1u) ? -mA : mA;
+                        const i32 dB = ((signB >> lane) & 1u) ? -mB : mB;
+                        sA = warp_incl_i32(dA, lane);
+                        sB = warp_incl_i32(dB, lane);
+                    }
+                    if (D2) {
+                        // |in-layer sum| < 2^21: i32 codes when every start is small
                         T vA, vB;
                         if (small32) {
                             vA = zc_d2_value<T, REL>(q, stA, sA, true);
@@ -1205,9 +1234,8 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                         zc_store<T, ACC>(cout + ll * 32u + lane, vA);
                         if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, vB);
                     } else {
-                        const i64 cA = (i64)((u64)stA + (u64)(i64)warp_incl_i32(dA, lane));
-                        const i64 cB = (i64)((u64)stB + (u64)(i64)warp_incl_i32(dB, lane));
-                        const u32 ntB = min(32u, n - (ll + 1) * 32u);
+                        const i64 cA = (i64)((u64)stA + (u64)(i64)sA);
+                        const i64 cB = (i64)((u64)stB + (u64)(i64)sB);
                         zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, cA));
                         if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, zq_decode<T, REL>(q, cB));
                     }
