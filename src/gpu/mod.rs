@@ -746,6 +746,13 @@ impl GpuCodec {
 
     /// Decompress the device-resident `stream` into `out` (device memory; its length must equal
     /// the stream's count). Accepts and rejects the same streams as [`crate::decompress_into`].
+    ///
+    /// After a blocked-codec stream of the same dtype, the call launches the decoder for that
+    /// codec and bound mode before the header has come back to the host (the kernel reads its
+    /// parameters from the header on the device and does nothing when they differ); the header is
+    /// then checked as always, and any difference takes the ordinary path. One synchronization
+    /// per call in the common case. When an error is returned the contents of `out` are
+    /// unspecified.
     pub fn decompress_device<T: GpuElement>(
         &mut self,
         stream: &CudaView<'_, u8>,
