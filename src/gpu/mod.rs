@@ -934,9 +934,8 @@ impl GpuCodec {
             if rel { "rel" } else { "abs" }
         ))?;
         // header bytes 6..9: codec, dtype, mode, flags (0: not stored)
-        let expect = u32::from(codec.tag())
-            | u32::from(T::DTYPE.tag()) << 8
-            | u32::from(mode.tag()) << 16;
+        let expect =
+            u32::from(codec.tag()) | u32::from(T::DTYPE.tag()) << 8 | u32::from(mode.tag()) << 16;
         let status = self.status_ptr();
         let ctrl = self.ctrl_ptr();
         let (slen, count) = (len as u64, n as u64);
