@@ -80,8 +80,6 @@ impl GpuCodec {
             return Ok(());
         }
         self.zero_ctrl(nc as usize)?;
-        let status = self.status_ptr();
-        let ctrl = self.ctrl_ptr();
         let slen = stream.len() as u64;
         let count = h.count;
         let tc = h.payload_checksum;
@@ -92,24 +90,12 @@ impl GpuCodec {
         } else {
             self.threads
         };
-        self.launch(
+        let d = self.decode_args(sp, slen, op, count, nc);
+        self.launch_decoder(
             &f,
-            nc,
             threads,
-            &mut [
-                arg(&sp),
-                arg(&slen),
-                arg(&op),
-                arg(&count),
-                arg(&status),
-                arg(&ctrl),
-                arg(&nc),
-                arg(&tc),
-                arg(&step),
-                arg(&inv),
-                arg(&step64),
-                arg(&eb),
-            ],
+            &d,
+            &mut [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)],
         )?;
         self.record(3)?;
         self.read_ctrl()?;

@@ -318,6 +318,48 @@ impl GpuCodec {
         .map_err(gpu_err("cuLaunchKernel"))
     }
 
+    /// The leading decompression-kernel parameters, with this codec's status and ctrl words.
+    fn decode_args(
+        &mut self,
+        stream: u64,
+        stream_len: u64,
+        out: u64,
+        count: u64,
+        n_chunks: u32,
+    ) -> DecodeArgs {
+        DecodeArgs {
+            stream,
+            stream_len,
+            out,
+            count,
+            status: self.status_ptr(),
+            ctrl: self.ctrl_ptr(),
+            n_chunks,
+        }
+    }
+
+    /// Launch a decompression kernel on `d.n_chunks` blocks: the parameters all of them take
+    /// first (`d`), then the kernel's own (`tail`).
+    fn launch_decoder(
+        &self,
+        f: &CudaFunction,
+        threads: u32,
+        d: &DecodeArgs,
+        tail: &mut [*mut c_void],
+    ) -> Result<()> {
+        let mut args = vec![
+            arg(&d.stream),
+            arg(&d.stream_len),
+            arg(&d.out),
+            arg(&d.count),
+            arg(&d.status),
+            arg(&d.ctrl),
+            arg(&d.n_chunks),
+        ];
+        args.extend_from_slice(tail);
+        self.launch(f, d.n_chunks, threads, &mut args)
+    }
+
     fn record(&self, i: usize) -> Result<()> {
         if self.timing {
             if let Some(ev) = &self.ev {
@@ -835,8 +877,6 @@ impl GpuCodec {
         if nc as usize > cleared {
             self.zero_ctrl(nc as usize)?;
         }
-        let status = self.status_ptr();
-        let ctrl = self.ctrl_ptr();
         let slen = stream.len() as u64;
         let count = h.count;
         let tc = h.payload_checksum;
@@ -847,24 +887,12 @@ impl GpuCodec {
         } else {
             self.threads
         };
-        self.launch(
+        let d = self.decode_args(sp, slen, op, count, nc);
+        self.launch_decoder(
             &f,
-            nc,
             threads,
-            &mut [
-                arg(&sp),
-                arg(&slen),
-                arg(&op),
-                arg(&count),
-                arg(&status),
-                arg(&ctrl),
-                arg(&nc),
-                arg(&tc),
-                arg(&step),
-                arg(&inv),
-                arg(&step64),
-                arg(&eb),
-            ],
+            &d,
+            &mut [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)],
         )?;
         self.record(3)?;
         self.read_ctrl()?;
@@ -936,26 +964,11 @@ impl GpuCodec {
         // header bytes 6..9: codec, dtype, mode, flags (0: not stored)
         let expect =
             u32::from(codec.tag()) | u32::from(T::DTYPE.tag()) << 8 | u32::from(mode.tag()) << 16;
-        let status = self.status_ptr();
-        let ctrl = self.ctrl_ptr();
         let (slen, count) = (len as u64, n as u64);
         self.last_times = KernelTimes::default();
         self.record(2)?;
-        self.launch(
-            &f,
-            nc,
-            self.threads,
-            &mut [
-                arg(&sp),
-                arg(&slen),
-                arg(&op),
-                arg(&count),
-                arg(&status),
-                arg(&ctrl),
-                arg(&nc),
-                arg(&expect),
-            ],
-        )?;
+        let d = self.decode_args(sp, slen, op, count, nc);
+        self.launch_decoder(&f, self.threads, &d, &mut [arg(&expect)])?;
         self.record(3)?;
         let hb = self.read_ctrl_and_header(sp)?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
@@ -1104,6 +1117,19 @@ impl GpuCodec {
 
 /// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
 /// table and stored-payload checksums are verified on the device).
+/// The leading parameters of every decompression kernel (kernels/blocked.cu, kernels/pfpl.cu):
+/// stream address and length, output address, value count, look-back status and ctrl words,
+/// chunk count (= the grid).
+struct DecodeArgs {
+    stream: u64,
+    stream_len: u64,
+    out: u64,
+    count: u64,
+    status: u64,
+    ctrl: u64,
+    n_chunks: u32,
+}
+
 /// The checks of a header against the buffer it is decompressed into (dtype and value count).
 fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
     if h.dtype != T::DTYPE {
