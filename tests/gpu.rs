@@ -425,6 +425,46 @@ fn gpu_given_range_matches_cpu() {
     given_range_matches_cpu::<f64>(&mut gpu);
 }
 
+/// `decompress_add_device` (the fused decompress-and-accumulate of the NCCL reductions) adds the
+/// CPU twin's reconstruction to the accumulator with one IEEE rounding per value, for every
+/// blocked codec (pfpl has its own test in the library).
+#[test]
+fn gpu_decompress_add_matches_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    fn one(gpu: &mut GpuCodec, data: &[f32], b: ErrorBound, c: CodecKind) {
+        let stream = zcomm::compress(data, b, c).unwrap();
+        let back: Vec<f32> = zcomm::decompress(&stream).unwrap();
+        let base: Vec<f32> = (0..data.len())
+            .map(|i| (i % 97) as f32 * 0.25 - 3.0)
+            .collect();
+        let s = gpu.stream().clone();
+        let d_stream = s.clone_htod(&stream).unwrap();
+        let mut d_acc = s.clone_htod(&base).unwrap();
+        gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
+            .unwrap();
+        let got = s.clone_dtoh(&d_acc).unwrap();
+        for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
+            let want = a + x;
+            assert!(
+                want.to_bits() == g.to_bits() || (!want.is_finite() && !g.is_finite()),
+                "{c} {b} value {i}: {want:?} vs {g:?}"
+            );
+        }
+    }
+    for (_, vals) in inputs(100_003, 91) {
+        let data: Vec<f32> = narrow(&vals);
+        for c in CODECS {
+            for b in [
+                ErrorBound::Noa(1e-3),
+                ErrorBound::Abs(1e-2),
+                ErrorBound::Rel(1e-3),
+            ] {
+                one(&mut gpu, &data, b, c);
+            }
+        }
+    }
+}
+
 #[test]
 fn nvrtc_compiles_every_kernel() {
     if !compile::nvrtc_available() {
