@@ -1319,10 +1319,14 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 template <typename T, int CODEC, bool REL>
 __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                                   u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect) {
-    const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream >= 96 bytes
-    const u32 tags = (h[1] >> 16) | (h[2] << 16);
-    const u64 hcount = (u64)h[4] | ((u64)h[5] << 32);
-    if (stream_len < 96ull || tags != expect || hcount != count || h[18] != n_chunks) {
+    const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream
+    bool same = stream_len >= 96ull;
+    if (same) {
+        const u32 tags = (h[1] >> 16) | (h[2] << 16);
+        const u64 hcount = (u64)h[4] | ((u64)h[5] << 32);
+        same = tags == expect && hcount == count && h[18] == n_chunks;
+    }
+    if (!same) {
         if (threadIdx.x == 0) atomicOr(ctrl + ZC_ERR, ZC_E_GUESS);
         return;
     }
