@@ -15,19 +15,19 @@
 #define ZC_WARPS 16  // warps per block (1, 2, 4, 8, 16 or 32); each owns 32 / ZC_WARPS iteration layers
 #endif
 #define ZC_THREADS (ZC_WARPS * 32)
-// Blocks per SM the register budget must allow, per element size. 16 warps: 4 for f32 (32
-// registers, no spills; +2-4 % over 3 in the H100 A/B of 12:43 and 12:52 UTC, bench/gpu/NOTES.md), 3 for
-// f64 (whose compression spills at 32). -DZC_MINB / -DZC_DMINB override it for every dtype
-// (compression / decompression kernels; ZC_DMINB defaults to ZC_MINB).
+// Blocks per SM the register budget must allow, per element size and mode. 16 warps: 4 for f32
+// abs/noa (32 registers, no spills; +2-4 % over 3 in the H100 A/B of 12:43 and 12:52 UTC,
+// bench/gpu/NOTES.md), 3 for f64 and REL (whose kernels spill at 32). -DZC_MINB / -DZC_DMINB
+// override it for every kernel (compression / decompression; ZC_DMINB defaults to ZC_MINB).
 #ifdef ZC_MINB
-#define ZC_MINB_OF(SIZE) (ZC_MINB)
+#define ZC_MINB_OF(SIZE, REL) (ZC_MINB)
 #else
-#define ZC_MINB_OF(SIZE) (ZC_WARPS == 16 ? ((SIZE) == 4 ? 4 : 3) : 32 / ZC_WARPS)
+#define ZC_MINB_OF(SIZE, REL) (ZC_WARPS == 16 ? ((SIZE) == 4 && !(REL) ? 4 : 3) : 32 / ZC_WARPS)
 #endif
 #ifdef ZC_DMINB
-#define ZC_DMINB_OF(SIZE) (ZC_DMINB)
+#define ZC_DMINB_OF(SIZE, REL) (ZC_DMINB)
 #else
-#define ZC_DMINB_OF(SIZE) ZC_MINB_OF(SIZE)
+#define ZC_DMINB_OF(SIZE, REL) ZC_MINB_OF(SIZE, REL)
 #endif
 
 // ---- One-pass compression (ZC_ONEPASS=1; full chunks of f32 aatrox / cuszp-plain, both modes;
@@ -266,6 +266,41 @@ __device__ __forceinline__ bool zc_encode_layer(const ZQ<T>& q, float eb32, T x,
     }
 }
 
+// One layer of zc_quantize_quad once its codes are known: deltas (lane 0's predecessor is lane 31's
+// register, the previous non-raw layer's last code), width b (0xFF: raw), magnitudes, sign word,
+// lane 0's delta; the pending-layer bookkeeping when PENDING. MAYBE_RAW = false: `raw` is false.
+template <int CODEC, bool PENDING, bool MAYBE_RAW>
+__device__ __forceinline__ void zc_layer_body(i32 code, bool raw, int lane, u32 t, int it, bool& have, i32& prev31,
+                                              u32& b_out, u32& m_out, u32& s_out, i32& d_out, i32* first,
+                                              u32* pend) {
+    if (!MAYBE_RAW) raw = false;
+    i32 qp = __shfl_sync(ZC_FULL, lane == 31 ? prev31 : code, (lane + 31) & 31);
+    if (CODEC != ZC_AATROX) {
+        if (lane == 0) qp = 0;
+    } else if (PENDING) {
+        if (lane == 0 && !have) qp = code;
+    }
+    const i32 d = (i32)((u32)code - (u32)qp);
+    const u32 m = d < 0 ? 0u - (u32)d : (u32)d;
+    s_out = __ballot_sync(ZC_FULL, d < 0);
+    u32 b = zc_width32(__reduce_or_sync(ZC_FULL, m));
+    if (raw) {
+        b = 0xFFu;
+    } else {
+        if (PENDING && !have) {
+            if (lane == 0) {
+                first[it] = code;
+                pend[it] = t;
+            }
+            have = true;
+        }
+        if (lane == 31) prev31 = code;
+    }
+    b_out = b;
+    m_out = m;
+    d_out = raw ? 0 : d;
+}
+
 // Quantizes the four layers t0 + h .. t0 + h + 3 of iteration `it` (values xs[h .. h + 3]) for
 // zc_stage_chunk: width b (0xFF: raw), magnitudes m, sign word s, lane 0's delta d0 of each.
 // PENDING (aatrox only): the iteration has had no non-raw layer yet, so the first non-raw one
@@ -278,35 +313,31 @@ __device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, con
 #pragma unroll
     for (int g = 0; g < 4; g++) {
         i32 code = 0;
-        const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
-        // lane k gets lane k-1's code; lane 0 gets lane 31's register: the previous non-raw
-        // layer's last code
-        i32 qp = __shfl_sync(ZC_FULL, lane == 31 ? prev31 : code, (lane + 31) & 31);
-        if (CODEC != ZC_AATROX) {
-            if (lane == 0) qp = 0;
-        } else if (PENDING) {
-            if (lane == 0 && !have) qp = code;
-        }
-        const i32 d = (i32)((u32)code - (u32)qp);
-        const u32 m = d < 0 ? 0u - (u32)d : (u32)d;
-        const u32 s = __ballot_sync(ZC_FULL, d < 0);
-        u32 b = zc_width32(__reduce_or_sync(ZC_FULL, m));
-        if (raw) {
-            b = 0xFFu;
-        } else {
-            if (PENDING && !have) {
-                if (lane == 0) {
-                    first[it] = code;
-                    pend[it] = t0 + (u32)(h + g);
-                }
-                have = true;
+        if constexpr (!REL && ZT<T>::SIZE == 4) {
+            // zc_encode_layer's f32 abs/noa test, with the common outcome (every value strictly
+            // inside the bound) taking a layer body in which the layer is known not to be raw
+            const ZQ<float>& qf = (const ZQ<float>&)q;
+            const float x = (float)xs[h + g];
+            const float p = __fmul_rn(x, qf.inv);
+            const bool inr = fabsf(p) < 536870912.0f;
+            code = __float2int_rn(p);  // = (i32)rintf(p) wherever inr holds
+            const float r = __fmul_rn(__int2float_rn(code), qf.step);
+            const float d32 = fabsf(__fsub_rn(x, r));
+            bool ok = inr && d32 < eb32;
+            if (__all_sync(ZC_FULL, ok)) {
+                zc_layer_body<CODEC, PENDING, false>(code, false, lane, t0 + (u32)(h + g), it, have, prev31, bq[g],
+                                                     mq[g], sq[g], dq[g], first, pend);
+                continue;
             }
-            if (lane == 31) prev31 = code;
+            if (inr && d32 == eb32) ok = zq_within<float, false>(qf, x, r);
+            const bool raw = !__all_sync(ZC_FULL, ok);
+            zc_layer_body<CODEC, PENDING, true>(code, raw, lane, t0 + (u32)(h + g), it, have, prev31, bq[g], mq[g],
+                                                sq[g], dq[g], first, pend);
+        } else {
+            const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
+            zc_layer_body<CODEC, PENDING, true>(code, raw, lane, t0 + (u32)(h + g), it, have, prev31, bq[g], mq[g],
+                                                sq[g], dq[g], first, pend);
         }
-        bq[g] = b;
-        mq[g] = m;
-        sq[g] = s;
-        dq[g] = raw ? 0 : d;
     }
 }
 
@@ -1415,7 +1446,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
 }
 
 #define ZC_INST(TY, TN, CID, CN, REL, RN)                                                                      \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY))) zc_compress_##TN##_##CN##_##RN(                         \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_compress_##TN##_##CN##_##RN(                         \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
         double step64, double eb) {                                                                            \
         ZQ<TY> q;                                                                                              \
@@ -1425,7 +1456,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                         \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY))) zc_decompress_##TN##_##CN##_##RN(                       \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
@@ -1435,7 +1466,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY))) zc_decompress_add_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
         ZQ<TY> q;                                                                                              \
@@ -1445,7 +1476,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY))) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect) { \
         zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect);        \
     }
