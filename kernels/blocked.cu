@@ -1,14 +1,18 @@
 // zcomm blocked codecs (FORMAT.md "aatrox / cuszp chunks"): aatrox, cuszp-plain, cuszp-outlier.
-// One templated source for all three codecs and both dtypes. One thread block (32 warps) per
-// 32,768-value chunk; warp w owns iteration layer w, lane k is value k of the thread layer being
-// processed, so a thread layer is one coalesced load, its bit planes one warp transpose.
+// One templated source for all three codecs and both dtypes. One thread block (ZC_WARPS warps,
+// default 16) per 32,768-value chunk; warp w owns iteration layers w, w + ZC_WARPS, ...; lane k is
+// value k of the thread layer being processed, so a thread layer is one coalesced load and its bit
+// planes one warp transpose.
 //
-// Compression is one kernel: pass 1 quantizes and sizes every thread layer, the block scans the
-// sizes, gets its output offset by decoupled look-back over chunk sizes, and pass 2 re-quantizes
-// (the input is still in L2) and writes the chunk, its table entry, and its share of the table
-// checksum. Decompression is one kernel: offsets by decoupled look-back over the table sizes,
-// checksum + metadata validation, then AATROX's dual-level prefix sum (layer sums from bit-plane
-// popcounts, block scan, in-layer warp scan). Errors go to a device flag, never out of bounds.
+// Compression is one kernel: pass 1 quantizes every thread layer (full f32 aatrox/plain chunks:
+// and stages its encoding in shared memory, see "One-pass compression" below), the block scans
+// the layer sizes, gets its output offset by decoupled look-back over chunk sizes, and pass 2
+// writes the chunk (one-pass: copies the staged runs; two-pass: re-quantizes, the input mostly
+// still in L2), its table entry, and its share of the table checksum. Decompression is one
+// kernel: offsets by decoupled look-back over the table sizes, checksum + metadata validation,
+// then AATROX's dual-level prefix sum (layer sums from bit-plane popcounts, block scan, in-layer
+// warp scan); zc_decompress_hdr is the same kernel taking its parameters from the stream header.
+// Errors go to a device flag, never out of bounds.
 #include "common.cuh"
 
 #ifndef ZC_WARPS
