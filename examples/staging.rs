@@ -812,14 +812,18 @@ mod device {
                 zcomm::model::fmt_rate(prof.compress),
                 zcomm::model::fmt_rate(prof.decompress),
             );
-            for q in &prof.staging_curve.points {
-                println!(
-                    "    {:>10.1} MiB: {} / {}",
-                    q.bytes / 1048576.0,
-                    zcomm::model::fmt_rate(q.bytes / q.d2h),
-                    zcomm::model::fmt_rate(q.bytes / q.h2d)
-                );
-            }
+            // one line per calibrated point: d2h / h2d rate
+            let print_curve = |curve: &zcomm::model::StagingCurve, label: &str| {
+                for q in &curve.points {
+                    println!(
+                        "    {:>10.1} MiB{label}: {} / {}",
+                        q.bytes / 1048576.0,
+                        zcomm::model::fmt_rate(q.bytes / q.d2h),
+                        zcomm::model::fmt_rate(q.bytes / q.h2d)
+                    );
+                }
+            };
+            print_curve(&prof.staging_curve, "");
             println!(
                 "  per call: compress +{:.1} us, decompress +{:.1} us, decompress-add {} +{:.1} us; device copy {}, range pass {}, scale {}",
                 prof.compress_overhead * 1e6,
@@ -839,14 +843,7 @@ mod device {
                 prof.decompress_solo_overhead * 1e6,
                 prof.ranks_per_gpu,
             );
-            for q in &prof.staging_curve_solo.points {
-                println!(
-                    "    {:>10.1} MiB alone: {} / {}",
-                    q.bytes / 1048576.0,
-                    zcomm::model::fmt_rate(q.bytes / q.d2h),
-                    zcomm::model::fmt_rate(q.bytes / q.h2d)
-                );
-            }
+            print_curve(&prof.staging_curve_solo, " alone");
             for q in &prof.link_one_way.points {
                 println!(
                     "  one-way link {:>8.1} MiB: {} (ping-pong {} per direction)",

@@ -3668,13 +3668,8 @@ mod tests {
             device_copy: 1.2e12,
             range_pass: 2.0e12,
             scale_pass: 1.0e12,
-            ranks_per_gpu: 0,
-            compress_solo: 0.0,
-            compress_solo_overhead: 0.0,
-            decompress_solo: 0.0,
-            decompress_solo_overhead: 0.0,
-            staging_curve_solo: StagingCurve::default(),
-            link_one_way: LinkCurve::default(),
+            // no solo rates, one-way curve or ranks-per-GPU count: as before any calibration
+            ..DeviceProfile::guess()
         }
     }
 

@@ -347,7 +347,12 @@ impl GpuCodec {
         d: &DecodeArgs,
         tail: &mut [*mut c_void],
     ) -> Result<()> {
-        let mut args = vec![
+        const HEAD: usize = 7;
+        let mut args = [std::ptr::null_mut(); HEAD + 5];
+        if tail.len() > args.len() - HEAD {
+            return Err(Error::invalid("too many decoder kernel parameters"));
+        }
+        args[..HEAD].copy_from_slice(&[
             arg(&d.stream),
             arg(&d.stream_len),
             arg(&d.out),
@@ -355,9 +360,9 @@ impl GpuCodec {
             arg(&d.status),
             arg(&d.ctrl),
             arg(&d.n_chunks),
-        ];
-        args.extend_from_slice(tail);
-        self.launch(f, d.n_chunks, threads, &mut args)
+        ]);
+        args[HEAD..HEAD + tail.len()].copy_from_slice(tail);
+        self.launch(f, d.n_chunks, threads, &mut args[..HEAD + tail.len()])
     }
 
     fn record(&self, i: usize) -> Result<()> {
@@ -800,22 +805,10 @@ impl GpuCodec {
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<()> {
-        // Clear the workspace for the most chunks `out.len()` values can have (any codec) before
-        // the header read, so that the memset runs during that round trip rather than after it.
-        let min_log2 = CodecKind::ALL
-            .iter()
-            .map(|c| c.chunk_log2(T::DTYPE))
-            .min()
-            .unwrap_or(0);
-        let cleared = out.len().div_ceil(1usize << min_log2.min(40));
-        self.zero_ctrl(cleared)?;
         if let Some((dtype, codec, mode)) = self.decode_guess {
-            if dtype == T::DTYPE {
-                if self.decompress_speculative::<T>(stream, out, codec, mode)? {
-                    return Ok(());
-                }
-                // not the assumed header (or a stream to judge the ordinary way): start over
-                self.zero_ctrl(cleared)?;
+            // not the assumed header (or a stream to judge the ordinary way): start over below
+            if dtype == T::DTYPE && self.decompress_speculative::<T>(stream, out, codec, mode)? {
+                return Ok(());
             }
         }
         let h = self.inspect_device(stream)?;
@@ -874,9 +867,7 @@ impl GpuCodec {
             }
             return Ok(());
         }
-        if nc as usize > cleared {
-            self.zero_ctrl(nc as usize)?;
-        }
+        self.zero_ctrl(nc as usize)?;
         let slen = stream.len() as u64;
         let count = h.count;
         let tc = h.payload_checksum;
@@ -956,6 +947,7 @@ impl GpuCodec {
             return Ok(false);
         };
         let rel = mode == BoundMode::Rel;
+        self.zero_ctrl(nc as usize)?;
         let f = self.func(&format!(
             "zc_decompress_hdr_{}_{cname}_{}",
             T::KERNEL_TAG,
