@@ -942,6 +942,101 @@ __device__ __forceinline__ T zc_d2_value(const ZQ<T>& q, i64 st, i32 s, bool sma
     return zq_decode<T, REL>(q, (i64)((u64)st + (u64)(i64)s));
 }
 
+// ---- Group decoding (ZC_DECG=1, the default): an iteration (32 layers) of a full chunk whose
+// layers are all non-raw with b <= 15, in a block with small32 (f32 abs/noa, aatrox / plain), is
+// decoded by a loop without per-layer decisions: groups of G consecutive layers share one load and
+// one warp transpose. The group size follows the iteration's widest layer: G = 4 (b <= 7, field
+// width F = 8), G = 3 (b <= 9, F = 10, lanes 30 and 31 idle) or G = 2 (b <= 15, F = 16). Lane F g + k
+// loads word `kw` of layer t + g: its plane k (word k + 1, k < F - 1, present when k < b) or its
+// sign word (word 0, k = F - 1, present when b > 0); so after the transpose field g of lane c is
+// (sign << (F - 1)) | magnitude of value c of layer t + g. Each lane holds its own layer's word
+// offset and word count (`info`), which the group's lanes fetch by one shuffle.
+// Deltas are scanned two per i32 (d_a + d_b * 2^16): exact while 32 * max|d| < 2^15, i.e. b <= 10
+// (G = 2 with a wider layer scans each layer alone). Codes are start + in-layer prefix as i32
+// (small32) and decode as zc_d2_value does, so the values are those of the loop below (which a
+// ZC_DECG=0 build runs alone). What it saves: the per-layer quad / pair / zero tests, rate and
+// offset loads, and the pair path's set-up (uniform noise at noa 1e-3 has b = 9 and took pairs).
+#ifndef ZC_DECG
+#define ZC_DECG 1
+#endif
+// One group of layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0) with
+// starts s32[2 t], s32[2 t + 2], ... (low words). PACK: G = 2 with both b <= 10 (one scan).
+template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
+__device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 info, const i32* s32, T* po, const ZQ<T>& q,
+                                             int t, int lane) {
+    constexpr int F = G == 3 ? 10 : 32 / G;
+    const int g = lane / F;  // G = 3: lanes 30, 31 give 3 (no layer)
+    const int k = lane - g * F;
+    const u32 kw = g >= G ? 0xFFu : (k == F - 1 ? 0u : (u32)k + 1u);
+    const u32 inf = __shfl_sync(ZC_FULL, info, t + (g < G ? g : G - 1));
+    const u32 x = kw < (inf & 31u) ? cw[(inf >> 5) + kw] : 0u;
+    const u32 mm = warp_transpose32(x, lane);
+    i32 s[G];
+    if constexpr (G == 4) {
+        // byte g = sign << 7 | magnitude; P02 = d0 + d2 * 2^16, P13 = d1 + d3 * 2^16
+        const u32 neg = ((mm >> 7) & 0x01010101u) * 0x7Fu;
+        const u32 mag = mm & 0x7F7F7F7Fu;
+        const u32 pos = mag & ~neg, ngv = mag & neg;
+        const i32 c02 = warp_incl_i32((i32)(pos & 0x00FF00FFu) - (i32)(ngv & 0x00FF00FFu), lane);
+        const i32 c13 = warp_incl_i32((i32)((pos >> 8) & 0x00FF00FFu) - (i32)((ngv >> 8) & 0x00FF00FFu), lane);
+        s[0] = (i32)((u32)c02 << 16) >> 16;
+        s[2] = (c02 - s[0]) >> 16;
+        s[1] = (i32)((u32)c13 << 16) >> 16;
+        s[3] = (c13 - s[1]) >> 16;
+    } else if constexpr (G == 3) {
+        // fields of 10 bits (sign at bit 9); 0 and 1 moved to the two half-words: d0 + d1 * 2^16
+        const u32 x01 = (mm & 0x3FFu) | ((mm << 6) & 0x03FF0000u);
+        const u32 neg = ((x01 >> 9) & 0x00010001u) * 0x1FFu;
+        const u32 mag = x01 & 0x01FF01FFu;
+        const i32 c01 = warp_incl_i32((i32)(mag & ~neg) - (i32)(mag & neg), lane);
+        const i32 m2 = (i32)((mm >> 20) & 0x1FFu);
+        s[2] = warp_incl_i32(((mm >> 29) & 1u) ? -m2 : m2, lane);
+        s[0] = (i32)((u32)c01 << 16) >> 16;
+        s[1] = (c01 - s[0]) >> 16;
+    } else {
+        const u32 neg = ((mm >> 15) & 0x00010001u) * 0x7FFFu;
+        const u32 mag = mm & 0x7FFF7FFFu;
+        const u32 pos = mag & ~neg, ngv = mag & neg;
+        if (PACK) {
+            const i32 c = warp_incl_i32((i32)pos - (i32)ngv, lane);
+            s[0] = (i32)((u32)c << 16) >> 16;
+            s[1] = (c - s[0]) >> 16;
+        } else {
+            s[0] = warp_incl_i32((i32)(pos & 0xFFFFu) - (i32)(ngv & 0xFFFFu), lane);
+            s[1] = warp_incl_i32((i32)(pos >> 16) - (i32)(ngv >> 16), lane);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < G; e++) {
+        const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
+        zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, s[e], true));
+    }
+}
+
+// Decodes iteration layers 0..31 at `po` in groups of G (see above); groups of all-zero layers
+// (bit t of `zero`: b = 0) are their starts.
+template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
+__device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 info, u32 zero, const i32* s32, T* po,
+                                              const ZQ<T>& q, int lane) {
+    constexpr u32 GM = (1u << G) - 1u;
+    // keeps the lane constants of zc_dec_group (per G) from being hoisted above the caller's
+    // loop, where those of the three group sizes together would exceed the 32 registers
+    asm volatile("" : "+r"(lane));
+#pragma unroll 1
+    for (int t = 0; t + G <= 32; t += G) {
+        if (((zero >> t) & GM) == GM) {
+#pragma unroll
+            for (int e = 0; e < G; e++) {
+                const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
+                zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, 0, true));
+            }
+        } else {
+            zc_dec_group<T, CODEC, REL, ACC, G, PACK>(cw, info, s32, po, q, t, lane);
+        }
+    }
+    if constexpr (G == 3) zc_dec_group<T, CODEC, REL, ACC, 2, true>(cw, info, s32, po, q, 30, lane);  // b <= 9
+}
+
 template <typename T, int CODEC, bool REL, bool ACC = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
@@ -1129,6 +1224,26 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 #pragma unroll 1
         for (int j = 0; j < J; j++) {
             const int it = w + j * W;
+            if constexpr (D2 && ZC_DECG != 0) {
+                // group decoding (see zc_dec_group) when the iteration is full, none of its layers
+                // is raw and every b <= 15
+                if (small32 && (u32)(it + 1) * 1024u <= n) {
+                    const u32 myr = ((const u8*)s_rate)[it * 32 + lane];
+                    const u32 mb = myr == 0xFFu ? 0xFFu : (myr & 63u);
+                    const u32 maxb = __reduce_max_sync(ZC_FULL, mb);
+                    if (maxb <= 15u) {
+                        const u32 info = ((s_off[it * 32 + lane] >> 2) << 5) | (mb ? mb + 1u : 0u);
+                        const u32 zero = __ballot_sync(ZC_FULL, mb == 0u);
+                        const i32* s32 = (const i32*)(s_start + it * 32);
+                        T* po = cout + (u32)it * 1024u + lane;
+                        if (maxb <= 7u) zc_dec_groups<T, CODEC, REL, ACC, 4, false>(cw, info, zero, s32, po, q, lane);
+                        else if (maxb <= 9u) zc_dec_groups<T, CODEC, REL, ACC, 3, false>(cw, info, zero, s32, po, q, lane);
+                        else if (maxb <= 10u) zc_dec_groups<T, CODEC, REL, ACC, 2, true>(cw, info, zero, s32, po, q, lane);
+                        else zc_dec_groups<T, CODEC, REL, ACC, 2, false>(cw, info, zero, s32, po, q, lane);
+                        continue;
+                    }
+                }
+            }
             u32 pairable = 0, quad = 0, zero = 0;
             if (PAIRS) {
                 const u32 myr = ((const u8*)s_rate)[it * 32 + lane];

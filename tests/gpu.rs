@@ -425,32 +425,35 @@ fn gpu_given_range_matches_cpu() {
     given_range_matches_cpu::<f64>(&mut gpu);
 }
 
+/// `decompress_add_device` of `data`'s CPU stream onto a fixed accumulator equals the CPU twin's
+/// reconstruction added with one IEEE rounding per value.
+fn check_add(gpu: &mut GpuCodec, data: &[f32], b: ErrorBound, c: CodecKind) {
+    let stream = zcomm::compress(data, b, c).unwrap();
+    let back: Vec<f32> = zcomm::decompress(&stream).unwrap();
+    let base: Vec<f32> = (0..data.len())
+        .map(|i| (i % 97) as f32 * 0.25 - 3.0)
+        .collect();
+    let s = gpu.stream().clone();
+    let d_stream = s.clone_htod(&stream).unwrap();
+    let mut d_acc = s.clone_htod(&base).unwrap();
+    gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
+        .unwrap();
+    let got = s.clone_dtoh(&d_acc).unwrap();
+    for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
+        let want = a + x;
+        assert!(
+            want.to_bits() == g.to_bits() || (!want.is_finite() && !g.is_finite()),
+            "{c} {b} value {i}: {want:?} vs {g:?}"
+        );
+    }
+}
+
 /// `decompress_add_device` (the fused decompress-and-accumulate of the NCCL reductions) adds the
 /// CPU twin's reconstruction to the accumulator with one IEEE rounding per value, for every
 /// blocked codec (pfpl has its own test in the library).
 #[test]
 fn gpu_decompress_add_matches_cpu() {
     let Some(mut gpu) = gpu() else { return };
-    fn one(gpu: &mut GpuCodec, data: &[f32], b: ErrorBound, c: CodecKind) {
-        let stream = zcomm::compress(data, b, c).unwrap();
-        let back: Vec<f32> = zcomm::decompress(&stream).unwrap();
-        let base: Vec<f32> = (0..data.len())
-            .map(|i| (i % 97) as f32 * 0.25 - 3.0)
-            .collect();
-        let s = gpu.stream().clone();
-        let d_stream = s.clone_htod(&stream).unwrap();
-        let mut d_acc = s.clone_htod(&base).unwrap();
-        gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
-            .unwrap();
-        let got = s.clone_dtoh(&d_acc).unwrap();
-        for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
-            let want = a + x;
-            assert!(
-                want.to_bits() == g.to_bits() || (!want.is_finite() && !g.is_finite()),
-                "{c} {b} value {i}: {want:?} vs {g:?}"
-            );
-        }
-    }
     for (_, vals) in inputs(100_003, 91) {
         let data: Vec<f32> = narrow(&vals);
         for c in CODECS {
@@ -459,7 +462,38 @@ fn gpu_decompress_add_matches_cpu() {
                 ErrorBound::Abs(1e-2),
                 ErrorBound::Rel(1e-3),
             ] {
-                one(&mut gpu, &data, b, c);
+                check_add(&mut gpu, &data, b, c);
+            }
+        }
+    }
+}
+
+/// Every layer width 0 ..= 17 through the f32 decoders (kernels/blocked.cu "Group decoding": groups
+/// of four layers up to 7 bits, three up to 9, two up to 15, the per-layer loop beyond), with
+/// uniform widths per chunk and with widths that vary from layer to layer and iteration to
+/// iteration: integer codes (abs 0.5, step 1) drawn below 2^w. Three full chunks and a partial one.
+#[test]
+fn gpu_group_widths_match_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let n = 3 * 32768 + 4321;
+    let mut r = Rng(77);
+    for top in 0..=17u32 {
+        for varied in [false, true] {
+            let data: Vec<f32> = (0..n)
+                .map(|i| {
+                    let (layer, iter) = (i / 32, i / 1024);
+                    let w = if varied {
+                        top.saturating_sub(((layer % 5) as u32 + iter as u32) % 4)
+                    } else {
+                        top
+                    };
+                    ((r.unit() * (1u64 << w) as f64).floor() - ((1u64 << w) / 2) as f64) as f32
+                })
+                .collect();
+            let label = format!("widths top={top} varied={varied}");
+            for c in [CodecKind::Aatrox, CodecKind::CuszpPlain] {
+                check(&mut gpu, &data, ErrorBound::Abs(0.5), c, &label);
+                check_add(&mut gpu, &data, ErrorBound::Abs(0.5), c);
             }
         }
     }

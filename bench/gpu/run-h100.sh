@@ -11,7 +11,7 @@
 #     DVARIANTS="default PF_FASTQ=0:PF_VEC=0 ZC_ONEPASS=1@16/3" (kernel -D switches, ':' between defines,
 #       optional @warps/minblocks; ZCOMM_GPU_DEFINES), FULL_DEFINES="..." (defines for the full bench),
 #     VCODECS=aatrox,pfpl (codecs of the variant runs), CODECS=... (full bench), FILES=grf,grf_thr,uniform,resnet50,
-#     LIBTESTS="pfpl::gpu_tests" (lib unit tests to run from tests/zcomm), BOUNDS=noa:1e-2,noa:1e-3,noa:1e-4
+#     VFILES=/tmp/f/uniform.f32:f32:uniform,... (inputs of the variant runs), LIBTESTS="pfpl::gpu_tests" (lib unit tests to run from tests/zcomm), BOUNDS=noa:1e-2,noa:1e-3,noa:1e-4
 # Writes $OUT/tests.log, $OUT/bench.json (the records committed under bench/results/), bench.log.
 cd "$(dirname "$0")"
 source ./device-env.sh
@@ -36,7 +36,7 @@ for V in $DVARIANTS; do
   W=${WM%/*}; M=${WM#*/}; [ "$M" = "$WM" ] && M=
   D=${V//:/ }; [ "$V" = default ] && D=
   echo "== ZCOMM_GPU_DEFINES='$D' warps=${W:-16} minb=${M:-default}"
-  ZCOMM_GPU_WARPS=$W ZCOMM_GPU_MINB=$M ZCOMM_GPU_DEFINES="$D" ZCOMM_BENCH_RUNS=10 ZCOMM_BENCH_FILES=/tmp/f/grf.f32:f32:grf512 ZCOMM_BENCH_BOUNDS=noa:1e-3 ZCOMM_BENCH_CODECS=${VCODECS:-aatrox,pfpl} ZCOMM_BENCH_JSON=$OUT/d-${V//[:=]/_}${WM:+-w${WM//\//_}}.json B | tee -a $OUT/variants.log
+  ZCOMM_GPU_WARPS=$W ZCOMM_GPU_MINB=$M ZCOMM_GPU_DEFINES="$D" ZCOMM_BENCH_RUNS=10 ZCOMM_BENCH_FILES=${VFILES:-/tmp/f/grf.f32:f32:grf512} ZCOMM_BENCH_BOUNDS=noa:1e-3 ZCOMM_BENCH_CODECS=${VCODECS:-aatrox,pfpl} ZCOMM_BENCH_JSON=$OUT/d-${V//[:=]/_}${WM:+-w${WM//\//_}}.json B | tee -a $OUT/variants.log
 done
 [ -n "$NO_FULL" ] && { echo "total $(( $(date +%s) - T0 )) s"; exit 0; }
 echo "== full bench"
