@@ -882,7 +882,17 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
 // ACC (fused decompress-and-accumulate, NCCL reductions): out = out + x, one IEEE rounding.
 __device__ __forceinline__ float zc_add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ double zc_add_rn(double a, double b) { return __dadd_rn(a, b); }
-template <typename T, bool ACC> __device__ __forceinline__ void zc_store(T* p, T x) { *p = ACC ? zc_add_rn(*p, x) : x; }
+// Decoded values are stored with the streaming (evict-first) hint: the 4-5x larger output then
+// no longer pushes the stream, which each block reads three times (checksum, level 1, level 2),
+// out of L2. H100 A/B of 15:00 UTC: +4-7 % kernel decompression (bench/gpu/NOTES.md).
+#ifndef ZC_STCS
+#define ZC_STCS 1
+#endif
+template <typename T, bool ACC> __device__ __forceinline__ void zc_store(T* p, T x) {
+    if (ACC) *p = zc_add_rn(*p, x);
+    else if (ZC_STCS) __stcs(p, x);
+    else *p = x;
+}
 // Accumulate a stored stream's raw values: dst[i] += src[i].
 template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __restrict__ src, u64 n, T* __restrict__ dst) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) dst[i] = zc_add_rn(dst[i], src[i]);
