@@ -944,6 +944,16 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 #ifndef ZC_DEC2
 #define ZC_DEC2 1
 #endif
+// Chunk checksum pass with 16-byte loads (ZC_CSV): +3-5 % kernel decompression on the H100 (A/B
+// of 15:12 UTC); unrolling level 1's plane loads (ZC_L1U=4) was ~1 % slower than none (1).
+#ifndef ZC_CSV
+#define ZC_CSV 1
+#endif
+#ifndef ZC_L1U
+#define ZC_L1U 1
+#endif
+#define ZC_PRAGMA(x) _Pragma(#x)
+#define ZC_UNROLL(n) ZC_PRAGMA(unroll n)
 #define ZC_D2_SMALL (1ll << 30)
 // A value of a DEC2 quad or pair: code = st + s with |s| < 2^21; small32: |st| <= 2^30.
 template <typename T, bool REL>
@@ -1102,7 +1112,24 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         const u32* cw = (const u32*)cp;
         // checksum of the whole chunk before trusting a bit of it
         u32 h = 0;
-        for (u32 i = tid; i < size / 4; i += ZC_THREADS) h += zhash_mix(cw[i], i);
+        if (ZC_CSV) {
+            // 16-byte loads from the chunk's first 16-byte boundary on (the chunk is 4-aligned);
+            // the words before it and after the last whole vector one by one
+            const u32 nw = size / 4;
+            const u32 mis = (u32)(((size_t)cw >> 2) & 3u);
+            const u32 hw = mis ? min(4u - mis, nw) : 0u;
+            const u32 nv = (nw - hw) / 4, tail = hw + 4 * nv;
+            if ((u32)tid < hw) h += zhash_mix(cw[tid], tid);
+            if ((u32)tid < nw - tail) h += zhash_mix(cw[tail + tid], tail + tid);
+            const uint4* cv = (const uint4*)(cw + hw);
+            for (u32 i = tid; i < nv; i += ZC_THREADS) {
+                const uint4 x = cv[i];
+                const u32 k = hw + 4 * i;
+                h += zhash_mix(x.x, k) + zhash_mix(x.y, k + 1) + zhash_mix(x.z, k + 2) + zhash_mix(x.w, k + 3);
+            }
+        } else {
+            for (u32 i = tid; i < size / 4; i += ZC_THREADS) h += zhash_mix(cw[i], i);
+        }
         u32 tot = zc_block_sum(h, s_tmp, w, lane);
         if (tid == 0) {
             u64 err = 0;
@@ -1195,6 +1222,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                 if (r != 0xFF && b > 0) {
                     const u32* pw = cw + (loff[j] >> 2);
                     const u32 sign = pw[0];
+                    ZC_UNROLL(ZC_L1U)
                     for (u32 k = 0; k < b; k++) {
                         const u32 p = pw[1 + k];
                         const int cnt = __popc(p & ~sign) - __popc(p & sign);
