@@ -11,7 +11,8 @@
 // still in L2), its table entry, and its share of the table checksum. Decompression is one
 // kernel: offsets by decoupled look-back over the table sizes, checksum + metadata validation,
 // then AATROX's dual-level prefix sum (layer sums from bit-plane popcounts, block scan, in-layer
-// warp scan); zc_decompress_hdr is the same kernel taking its parameters from the stream header.
+// warp scans over several layers at once: "DEC2" and "Group decoding" below); zc_decompress_hdr is
+// the same kernel taking its parameters from the stream header.
 // Errors go to a device flag, never out of bounds.
 #include "common.cuh"
 
