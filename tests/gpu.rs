@@ -3,7 +3,7 @@
 //! compiles every kernel whenever libnvrtc can be loaded (CI installs it without a GPU).
 #![cfg(feature = "cuda")]
 
-use zcomm::gpu::{compile, GpuCodec, GpuElement};
+use zcomm::gpu::{compile, testing, GpuCodec, GpuElement};
 use zcomm::{CodecKind, Element, ErrorBound};
 
 /// Say why a GPU test did nothing, on the real stderr: the test harness captures `println!`, so a
@@ -428,23 +428,8 @@ fn gpu_given_range_matches_cpu() {
 /// `decompress_add_device` of `data`'s CPU stream onto a fixed accumulator equals the CPU twin's
 /// reconstruction added with one IEEE rounding per value.
 fn check_add(gpu: &mut GpuCodec, data: &[f32], b: ErrorBound, c: CodecKind) {
-    let stream = zcomm::compress(data, b, c).unwrap();
-    let back: Vec<f32> = zcomm::decompress(&stream).unwrap();
-    let base: Vec<f32> = (0..data.len())
-        .map(|i| (i % 97) as f32 * 0.25 - 3.0)
-        .collect();
-    let s = gpu.stream().clone();
-    let d_stream = s.clone_htod(&stream).unwrap();
-    let mut d_acc = s.clone_htod(&base).unwrap();
-    gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
-        .unwrap();
-    let got = s.clone_dtoh(&d_acc).unwrap();
-    for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
-        let want = a + x;
-        assert!(
-            want.to_bits() == g.to_bits() || (!want.is_finite() && !g.is_finite()),
-            "{c} {b} value {i}: {want:?} vs {g:?}"
-        );
+    if let Err(e) = testing::check_decompress_add(gpu, data, b, c, |a: f32, x: f32| a + x) {
+        panic!("{e}");
     }
 }
 

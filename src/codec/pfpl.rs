@@ -1652,24 +1652,9 @@ mod gpu_tests {
             b: ErrorBound,
             add: impl Fn(T, T) -> T,
         ) {
-            let stream = compress(data, b, CodecKind::Pfpl).unwrap();
-            let back: Vec<T> = decompress(&stream).unwrap();
-            let base: Vec<T> = (0..data.len())
-                .map(|i| T::from_f64((i % 97) as f64 * 0.25 - 3.0))
-                .collect();
-            let s = gpu.stream().clone();
-            let d_stream = s.clone_htod(&stream).unwrap();
-            let mut d_acc = s.clone_htod(&base).unwrap();
-            gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
-                .unwrap();
-            let got = s.clone_dtoh(&d_acc).unwrap();
-            for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
-                let want = add(a, x);
-                assert!(
-                    want.to_bits_u64() == g.to_bits_u64() || (!want.finite() && !g.finite()),
-                    "{b} {} value {i}: {want:?} vs {g:?}",
-                    T::DTYPE
-                );
+            let r = crate::gpu::testing::check_decompress_add(gpu, data, b, CodecKind::Pfpl, add);
+            if let Err(e) = r {
+                panic!("{e}");
             }
         }
         for (name, data) in inputs::<f32>(100_003, 77) {

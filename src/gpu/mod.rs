@@ -31,6 +31,8 @@
 mod accumulate;
 pub mod bench;
 pub mod compile;
+#[doc(hidden)]
+pub mod testing;
 #[cfg(feature = "mpi")]
 pub(crate) mod util;
 

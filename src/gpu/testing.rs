@@ -1,0 +1,40 @@
+//! Checks shared by the GPU tests (the library's unit tests and `tests/gpu.rs`). Not a stable API.
+
+use super::{GpuCodec, GpuElement};
+use crate::codec::CodecKind;
+use crate::quant::ErrorBound;
+
+/// Compresses `data` with the CPU twin, decompresses the stream on the GPU onto a fixed
+/// accumulator with [`GpuCodec::decompress_add_device`], and compares every value with `add`
+/// (the dtype's own IEEE addition) of the accumulator and the CPU reconstruction; two non-finite
+/// values count as equal (NaN payloads of a sum are not unique). `Err` names the first mismatch
+/// or the failing step.
+pub fn check_decompress_add<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    data: &[T],
+    bound: ErrorBound,
+    codec: CodecKind,
+    add: impl Fn(T, T) -> T,
+) -> Result<(), String> {
+    let stream = crate::compress(data, bound, codec).map_err(|e| format!("cpu compress: {e}"))?;
+    let back: Vec<T> = crate::decompress(&stream).map_err(|e| format!("cpu decompress: {e}"))?;
+    let base: Vec<T> = (0..data.len())
+        .map(|i| T::from_f64((i % 97) as f64 * 0.25 - 3.0))
+        .collect();
+    let s = gpu.stream().clone();
+    let d_stream = s.clone_htod(&stream).map_err(|e| format!("htod: {e:?}"))?;
+    let mut d_acc = s.clone_htod(&base).map_err(|e| format!("htod: {e:?}"))?;
+    gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
+        .map_err(|e| format!("gpu decompress_add: {e}"))?;
+    let got = s.clone_dtoh(&d_acc).map_err(|e| format!("dtoh: {e:?}"))?;
+    for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
+        let want = add(a, x);
+        if want.to_bits_u64() != g.to_bits_u64() && (want.finite() || g.finite()) {
+            return Err(format!(
+                "{codec} {bound} {} value {i}: {want:?} vs {g:?}",
+                T::DTYPE
+            ));
+        }
+    }
+    Ok(())
+}
