@@ -93,7 +93,9 @@
 __device__ __forceinline__ u32 zc_width32(u32 m) { return 32 - __clz(m); }
 __device__ __forceinline__ u32 zc_width64(u64 m) { return 64 - __clzll((long long)m); }
 __device__ __forceinline__ u32 zc_obytes(u32 o) { return o == 0 ? 0u : (o == 1 ? 1u : (o == 2 ? 2u : 4u)); }
-__device__ __forceinline__ u32 zc_packed(u32 b) { return b == 0 ? 0u : 4u + 4u * b; }
+// Words of a packed (non-raw) layer of width b: its sign word and b planes, none when b = 0.
+__device__ __forceinline__ u32 zc_layer_words(u32 b) { return b ? b + 1u : 0u; }
+__device__ __forceinline__ u32 zc_packed(u32 b) { return 4u * zc_layer_words(b); }
 
 template <typename T> struct ZU;
 template <> struct ZU<float> {
@@ -208,8 +210,8 @@ __device__ __forceinline__ void zc_stage2(u32* st, u32& cur, u32 bA, u32 mA, u32
 __device__ __forceinline__ void zc_stage4(u32* st, u32& cur, const u32 (&b)[4], const u32 (&m)[4], const u32 (&s)[4],
                                           int lane, unsigned short* info) {
     if (b[0] <= 8u && b[1] <= 8u && b[2] <= 8u && b[3] <= 8u) {
-        const u32 w0 = b[0] ? 1u + b[0] : 0u, w1 = b[1] ? 1u + b[1] : 0u, w2 = b[2] ? 1u + b[2] : 0u;
-        const u32 w3 = b[3] ? 1u + b[3] : 0u;
+        const u32 w0 = zc_layer_words(b[0]), w1 = zc_layer_words(b[1]), w2 = zc_layer_words(b[2]);
+        const u32 w3 = zc_layer_words(b[3]);
         const u32 o1 = w0, o2 = o1 + w1, o3 = o2 + w2;  // relative to cur
         if (cur + o3 + w3 <= (u32)ZC_SW) {
             if ((b[0] | b[1] | b[2] | b[3]) != 0u) {
@@ -968,31 +970,29 @@ __device__ __forceinline__ T zc_d2_value(const ZQ<T>& q, i64 st, i32 s, bool sma
 // decoded by a loop without per-layer decisions: groups of G consecutive layers share one load and
 // one warp transpose. The group size follows the iteration's widest layer: G = 4 (b <= 7, field
 // width F = 8), G = 3 (b <= 9, F = 10, lanes 30 and 31 idle) or G = 2 (b <= 15, F = 16). Lane F g + k
-// loads word `kw` of layer t + g: its plane k (word k + 1, k < F - 1, present when k < b) or its
-// sign word (word 0, k = F - 1, present when b > 0); so after the transpose field g of lane c is
-// (sign << (F - 1)) | magnitude of value c of layer t + g. Each lane holds its own layer's word
-// offset and word count (`info`), which the group's lanes fetch by one shuffle.
-// Deltas are scanned two per i32 (d_a + d_b * 2^16): exact while 32 * max|d| < 2^15, i.e. b <= 10
-// (G = 2 with a wider layer scans each layer alone). Codes are start + in-layer prefix as i32
+// loads word zc_group_kw of layer t + g, so after the transpose field g of lane c is
+// (sign << (F - 1)) | magnitude of value c of layer t + g (zc_group_prefix; the per-layer loop's
+// quads and pairs load and sum the same way). Codes are start + in-layer prefix as i32
 // (small32) and decode as zc_d2_value does, so the values are those of the loop below (which a
 // ZC_DECG=0 build runs alone). What it saves: the per-layer quad / pair / zero tests, rate and
 // offset loads, and the pair path's set-up (uniform noise at noa 1e-3 has b = 9 and took pairs).
 #ifndef ZC_DECG
 #define ZC_DECG 1
 #endif
-// One group of layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0) with
-// starts s32[2 t], s32[2 t + 2], ... (low words). PACK: G = 2 with both b <= 10 (one scan).
-template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
-__device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 info, const i32* s32, T* po, const ZQ<T>& q,
-                                             int t, int lane) {
+// The word of its group's layer g = lane / F that lane F g + k loads: plane k (word k + 1) for
+// k < F - 1, the sign word (word 0) for k = F - 1; 0xFF for the idle lanes 30, 31 of G = 3. The
+// lane loads it when kw < the layer's word count (b + 1, or 0 when b = 0).
+template <int G> __device__ __forceinline__ u32 zc_group_kw(int lane) {
     constexpr int F = G == 3 ? 10 : 32 / G;
-    const int g = lane / F;  // G = 3: lanes 30, 31 give 3 (no layer)
-    const int k = lane - g * F;
-    const u32 kw = g >= G ? 0xFFu : (k == F - 1 ? 0u : (u32)k + 1u);
-    const u32 inf = __shfl_sync(ZC_FULL, info, t + (g < G ? g : G - 1));
-    const u32 x = kw < (inf & 31u) ? cw[(inf >> 5) + kw] : 0u;
-    const u32 mm = warp_transpose32(x, lane);
-    i32 s[G];
+    const int g = lane / F, k = lane - g * F;
+    return g >= G ? 0xFFu : (k == F - 1 ? 0u : (u32)k + 1u);
+}
+
+// In-layer prefix sums s[g] of the G layers of a group from their transposed words mm (field g of
+// lane c = (sign << (F - 1)) | magnitude of value c). Deltas are scanned two per i32 (d_a +
+// d_b * 2^16): exact while 32 * max|d| < 2^15, i.e. b <= 10; PACK = false (G = 2 with a wider
+// layer) scans each layer alone.
+template <int G, bool PACK> __device__ __forceinline__ void zc_group_prefix(u32 mm, int lane, i32 (&s)[G]) {
     if constexpr (G == 4) {
         // byte g = sign << 7 | magnitude; P02 = d0 + d2 * 2^16, P13 = d1 + d3 * 2^16
         const u32 neg = ((mm >> 7) & 0x01010101u) * 0x7Fu;
@@ -1015,6 +1015,7 @@ __device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 inf
         s[0] = (i32)((u32)c01 << 16) >> 16;
         s[1] = (c01 - s[0]) >> 16;
     } else {
+        // half h = sign << 15 | magnitude, two's complement deltas without selects
         const u32 neg = ((mm >> 15) & 0x00010001u) * 0x7FFFu;
         const u32 mag = mm & 0x7FFF7FFFu;
         const u32 pos = mag & ~neg, ngv = mag & neg;
@@ -1027,11 +1028,33 @@ __device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 inf
             s[1] = warp_incl_i32((i32)(pos >> 16) - (i32)(ngv >> 16), lane);
         }
     }
+}
+
+// Stores layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0): start
+// s32[2 (t + e)] (low word; 0 for plain) + in-layer prefix s[e].
+template <typename T, int CODEC, bool REL, bool ACC, int G>
+__device__ __forceinline__ void zc_store_group(const i32 (&s)[G], const i32* s32, T* po, const ZQ<T>& q, int t) {
 #pragma unroll
     for (int e = 0; e < G; e++) {
         const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
         zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, s[e], true));
     }
+}
+
+// One group of layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0) with
+// starts s32[2 t], s32[2 t + 2], ... (low words); `info` = the lane's own layer's word offset << 5
+// | word count, fetched by the group's lanes with one shuffle.
+template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
+__device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 info, const i32* s32, T* po, const ZQ<T>& q,
+                                             int t, int lane) {
+    constexpr int F = G == 3 ? 10 : 32 / G;
+    const int g = lane / F;
+    const u32 kw = zc_group_kw<G>(lane);
+    const u32 inf = __shfl_sync(ZC_FULL, info, t + (g < G ? g : G - 1));
+    const u32 x = kw < (inf & 31u) ? cw[(inf >> 5) + kw] : 0u;
+    i32 s[G];
+    zc_group_prefix<G, PACK>(warp_transpose32(x, lane), lane, s);
+    zc_store_group<T, CODEC, REL, ACC, G>(s, s32, po, q, t);
 }
 
 // Decodes iteration layers 0..31 at `po` in groups of G (see above); groups of all-zero layers
@@ -1040,17 +1063,14 @@ template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
 __device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 info, u32 zero, const i32* s32, T* po,
                                               const ZQ<T>& q, int lane) {
     constexpr u32 GM = (1u << G) - 1u;
-    // keeps the lane constants of zc_dec_group (per G) from being hoisted above the caller's
+    // keeps the lane constants of zc_group_kw (per G) from being hoisted above the caller's
     // loop, where those of the three group sizes together would exceed the 32 registers
     asm volatile("" : "+r"(lane));
 #pragma unroll 1
     for (int t = 0; t + G <= 32; t += G) {
         if (((zero >> t) & GM) == GM) {
-#pragma unroll
-            for (int e = 0; e < G; e++) {
-                const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
-                zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, 0, true));
-            }
+            const i32 none[G] = {};
+            zc_store_group<T, CODEC, REL, ACC, G>(none, s32, po, q, t);
         } else {
             zc_dec_group<T, CODEC, REL, ACC, G, PACK>(cw, info, s32, po, q, t, lane);
         }
@@ -1256,10 +1276,8 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         T* cout = out + cbase;
         // f32, word-aligned codecs: two thread layers whose deltas fit 16 bits share one transpose
         const bool PAIRS = SIZE == 4 && CODEC != ZC_OUTLIER;
-        // DEC2 quads, lane 8 qg + k: plane k (k < 7) or the sign word (k = 7) of layer ll + qg is
-        // word qw of the layer, present when qk < b (the sign word: when b > 0)
-        const u32 qg = (u32)lane >> 3, qk = ((u32)lane & 7u) == 7u ? 0u : ((u32)lane & 7u);
-        const u32 qw = ((u32)lane & 7u) == 7u ? 0u : ((u32)lane & 7u) + 1u;
+        // DEC2 quads: lane 8 g + k loads word qkw of layer ll + g (zc_group_kw)
+        const u32 qkw = zc_group_kw<4>(lane);
 #pragma unroll 1
         for (int j = 0; j < J; j++) {
             const int it = w + j * W;
@@ -1271,7 +1289,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                     const u32 mb = myr == 0xFFu ? 0xFFu : (myr & 63u);
                     const u32 maxb = __reduce_max_sync(ZC_FULL, mb);
                     if (maxb <= 15u) {
-                        const u32 info = ((s_off[it * 32 + lane] >> 2) << 5) | (mb ? mb + 1u : 0u);
+                        const u32 info = ((s_off[it * 32 + lane] >> 2) << 5) | zc_layer_words(mb);
                         const u32 zero = __ballot_sync(ZC_FULL, mb == 0u);
                         const i32* s32 = (const i32*)(s_start + it * 32);
                         T* po = cout + (u32)it * 1024u + lane;
@@ -1300,26 +1318,14 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                     // four layers ll..ll+3 of b <= 7 (o = 0): lane 8g + k holds plane k (k < 7) or
                     // the sign word (k = 7) of layer ll + g, so that after one transpose byte g of
                     // lane c is (sign << 7) | magnitude of value c of layer ll + g
-                    i32 s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+                    i32 sq[4] = {0, 0, 0, 0};
                     if (((zero >> t) & 15u) != 15u) {
-                        const u32 bg = ((const u8*)s_rate)[ll + qg] & 63u;
-                        const u32 wg = s_off[ll + qg] >> 2;
-                        const u32 x = qk < bg ? cw[wg + qw] : 0u;  // b = 0: no words at all
-                        const u32 mm = warp_transpose32(x, lane);
-                        // two's complement deltas, two layers per 32-bit word: P02 = d0 + d2 * 2^16
-                        // exactly (|d| <= 127, so |in-layer prefix sum| <= 4064 < 2^15)
-                        const u32 neg = ((mm >> 7) & 0x01010101u) * 0x7Fu;
-                        const u32 mag = mm & 0x7F7F7F7Fu;
-                        const u32 pos = mag & ~neg, ngv = mag & neg;
-                        const i32 p02 = (i32)(pos & 0x00FF00FFu) - (i32)(ngv & 0x00FF00FFu);
-                        const i32 p13 = (i32)((pos >> 8) & 0x00FF00FFu) - (i32)((ngv >> 8) & 0x00FF00FFu);
-                        const i32 c02 = warp_incl_i32(p02, lane);
-                        const i32 c13 = warp_incl_i32(p13, lane);
-                        s0 = (i32)((u32)c02 << 16) >> 16;
-                        s2 = (c02 - s0) >> 16;
-                        s1 = (i32)((u32)c13 << 16) >> 16;
-                        s3 = (c13 - s1) >> 16;
+                        const u32 bg = ((const u8*)s_rate)[ll + ((u32)lane >> 3)] & 63u;
+                        const u32 wg = s_off[ll + ((u32)lane >> 3)] >> 2;
+                        const u32 x = qkw < zc_layer_words(bg) ? cw[wg + qkw] : 0u;
+                        zc_group_prefix<4, true>(warp_transpose32(x, lane), lane, sq);
                     }
+                    const i32 s0 = sq[0], s1 = sq[1], s2 = sq[2], s3 = sq[3];
                     T* po = cout + ll * 32u + lane;
                     const u32 nt3 = min(32u, n - (ll + 3u) * 32u);  // only the last layer may be partial
                     T v0, v1, v2, v3;
@@ -1364,30 +1370,16 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                         // lane c is (sign << 15) | magnitude of value c of layer ll + h
                         u32 mm = 0;
                         if (__reduce_or_sync(ZC_FULL, bA | bB) != 0) {
-                            const u32 h = (u32)lane >> 4, k = (u32)lane & 15u;
-                            const u32 bh = h ? bB : bA;
+                            const u32 h = (u32)lane >> 4, kw = zc_group_kw<2>(lane);
                             const u32 wh = s_off[ll + h] >> 2;
-                            u32 x = 0;
-                            if (k == 15u) {
-                                if (bh) x = cw[wh];
-                            } else if (k < bh) {
-                                x = cw[wh + 1u + k];
-                            }
+                            const u32 x = kw < zc_layer_words(h ? bB : bA) ? cw[wh + kw] : 0u;
                             mm = warp_transpose32(x, lane);
                         }
-                        // two's complement deltas of A (low half) and B (high half) without selects
-                        const u32 neg = ((mm >> 15) & 0x00010001u) * 0x7FFFu;
-                        const u32 mag = mm & 0x7FFF7FFFu;
-                        const u32 pos = mag & ~neg, ngv = mag & neg;
-                        if (bA <= 10u && bB <= 10u) {
-                            // one scan: p = dA + dB * 2^16 exactly, |in-layer prefix sum| <= 32 * 1023 < 2^15
-                            const i32 c = warp_incl_i32((i32)pos - (i32)ngv, lane);
-                            sA = (i32)((u32)c << 16) >> 16;
-                            sB = (c - sA) >> 16;
-                        } else {
-                            sA = warp_incl_i32((i32)(pos & 0xFFFFu) - (i32)(ngv & 0xFFFFu), lane);
-                            sB = warp_incl_i32((i32)(pos >> 16) - (i32)(ngv >> 16), lane);
-                        }
+                        i32 sp[2];
+                        if (bA <= 10u && bB <= 10u) zc_group_prefix<2, true>(mm, lane, sp);
+                        else zc_group_prefix<2, false>(mm, lane, sp);
+                        sA = sp[0];
+                        sB = sp[1];
                         summed = true;
                     }
                     if (!summed) {

@@ -394,16 +394,9 @@ fn pass_s(rate: f64, bytes: f64) -> f64 {
 fn record_prediction(st: &mut OpStats, (raw, cmp): (Terms, Terms), compressed: bool) -> Terms {
     st.predicted_raw_s = raw.total();
     st.predicted_compressed_s = cmp.total();
-    st.predicted_s = if compressed {
-        st.predicted_compressed_s
-    } else {
-        st.predicted_raw_s
-    };
-    if compressed {
-        cmp
-    } else {
-        raw
-    }
+    let taken = if compressed { cmp } else { raw };
+    st.predicted_s = taken.total();
+    taken
 }
 
 /// Seconds of a calibrated call line (fixed cost + `bytes / rate`), or `fallback` when the

@@ -51,26 +51,10 @@ impl GpuCodec {
             return s.synchronize().map_err(gpu_err("sync"));
         }
         let codec = CodecKind::from_tag(h.codec)?;
-        let cname = match codec {
-            CodecKind::Aatrox => "aatrox",
-            CodecKind::CuszpPlain => "plain",
-            CodecKind::CuszpOutlier => "outlier",
-            CodecKind::Pfpl => "pfpl", // kernels/pfpl.cu
-            #[allow(unreachable_patterns)]
-            _ => {
-                return Err(Error::Unavailable(format!(
-                    "{codec} has no GPU decoder yet (use --device cpu)"
-                )))
-            }
-        };
-        let rel = h.mode == BoundMode::Rel;
+        let f = self.func(&kernel_name::<T>("decompress_add", codec, h.mode)?)?;
         let step = T::from_f64(h.step);
         let inv = T::from_f64(1.0 / step.to_f64());
-        let f = self.func(&format!(
-            "zc_decompress_add_{}_{cname}_{}",
-            T::KERNEL_TAG,
-            if rel { "rel" } else { "abs" }
-        ))?;
+
         let nc = h.n_chunks;
         if nc == 0 {
             if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 || h.data_checksum != 0

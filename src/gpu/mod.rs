@@ -693,23 +693,12 @@ impl GpuCodec {
         }
         let step = T::from_f64(params.step);
         let inv = T::from_f64(1.0 / step.to_f64());
-        let rel = params.mode == BoundMode::Rel;
-        let cname = match codec {
-            CodecKind::Aatrox => "aatrox",
-            CodecKind::CuszpPlain => "plain",
-            CodecKind::Pfpl => "pfpl", // kernels/pfpl.cu
-            _ => "outlier",
-        };
         let threads = if codec == CodecKind::Pfpl {
             PFPL_THREADS
         } else {
             self.threads
         };
-        let f = self.func(&format!(
-            "zc_compress_{}_{cname}_{}",
-            T::KERNEL_TAG,
-            if rel { "rel" } else { "abs" }
-        ))?;
+        let f = self.func(&kernel_name::<T>("compress", codec, params.mode)?)?;
         let count = n as u64;
         let cap = bound_len as u64;
         let status = self.status_ptr();
@@ -832,18 +821,7 @@ impl GpuCodec {
             return Ok(());
         }
         let codec = CodecKind::from_tag(h.codec)?;
-        let cname = match codec {
-            CodecKind::Aatrox => "aatrox",
-            CodecKind::CuszpPlain => "plain",
-            CodecKind::CuszpOutlier => "outlier",
-            CodecKind::Pfpl => "pfpl", // kernels/pfpl.cu
-            #[allow(unreachable_patterns)]
-            _ => {
-                return Err(Error::Unavailable(format!(
-                    "{codec} has no GPU decoder yet (use --device cpu)"
-                )))
-            }
-        };
+        let f = self.func(&kernel_name::<T>("decompress", codec, h.mode)?)?;
         let params = QuantParams {
             mode: h.mode,
             bound_value: h.bound_value,
@@ -853,12 +831,7 @@ impl GpuCodec {
         };
         let step = T::from_f64(params.step);
         let inv = T::from_f64(1.0 / step.to_f64());
-        let rel = params.mode == BoundMode::Rel;
-        let f = self.func(&format!(
-            "zc_decompress_{}_{cname}_{}",
-            T::KERNEL_TAG,
-            if rel { "rel" } else { "abs" }
-        ))?;
+
         let nc = h.n_chunks;
         if nc == 0 {
             // no chunks: the table is empty, and so must the payload be (a pfpl data checksum
@@ -938,23 +911,15 @@ impl GpuCodec {
         if len < HEADER_LEN || n == 0 || sp % 4 != 0 || op % (T::SIZE as u64) != 0 {
             return Ok(false);
         }
-        let cname = match codec {
-            CodecKind::Aatrox => "aatrox",
-            CodecKind::CuszpPlain => "plain",
-            CodecKind::CuszpOutlier => "outlier",
-            _ => return Ok(false),
-        };
+        if codec == CodecKind::Pfpl {
+            return Ok(false); // no header-reading kernel: pfpl takes the ordinary path
+        }
         let nc = n.div_ceil(1usize << codec.chunk_log2(T::DTYPE));
         let Ok(nc) = u32::try_from(nc) else {
             return Ok(false);
         };
-        let rel = mode == BoundMode::Rel;
         self.zero_ctrl(nc as usize)?;
-        let f = self.func(&format!(
-            "zc_decompress_hdr_{}_{cname}_{}",
-            T::KERNEL_TAG,
-            if rel { "rel" } else { "abs" }
-        ))?;
+        let f = self.func(&kernel_name::<T>("decompress_hdr", codec, mode)?)?;
         // header bytes 6..9: codec, dtype, mode, flags (0: not stored)
         let expect =
             u32::from(codec.tag()) | u32::from(T::DTYPE.tag()) << 8 | u32::from(mode.tag()) << 16;
@@ -1109,8 +1074,26 @@ impl GpuCodec {
     }
 }
 
-/// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
-/// table and stored-payload checksums are verified on the device).
+/// The name of a codec's kernel `op` (`compress`, `decompress`, `decompress_add`,
+/// `decompress_hdr`) for dtype `T` and bound mode `mode`: `zc_{op}_{dtype}_{codec}_{abs|rel}`
+/// (kernels/blocked.cu; kernels/pfpl.cu for pfpl).
+fn kernel_name<T: GpuElement>(op: &str, codec: CodecKind, mode: BoundMode) -> Result<String> {
+    let cname = match codec {
+        CodecKind::Aatrox => "aatrox",
+        CodecKind::CuszpPlain => "plain",
+        CodecKind::CuszpOutlier => "outlier",
+        CodecKind::Pfpl => "pfpl",
+        #[allow(unreachable_patterns)]
+        _ => {
+            return Err(Error::Unavailable(format!(
+                "{codec} has no GPU kernels yet (use --device cpu)"
+            )))
+        }
+    };
+    let m = if mode == BoundMode::Rel { "rel" } else { "abs" };
+    Ok(format!("zc_{op}_{}_{cname}_{m}", T::KERNEL_TAG))
+}
+
 /// The leading parameters of every decompression kernel (kernels/blocked.cu, kernels/pfpl.cu):
 /// stream address and length, output address, value count, look-back status and ctrl words,
 /// chunk count (= the grid).
@@ -1143,6 +1126,8 @@ fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
+/// table and stored-payload checksums are verified on the device).
 fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header> {
     let h = Header::parse_fields(b, stream_len)?;
     crate::codec::check_codec_fields(&h)?;
