@@ -947,7 +947,7 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 #ifndef ZC_DEC2
 #define ZC_DEC2 1
 #endif
-// Chunk checksum pass with 16-byte loads (ZC_CSV): +3-5 % kernel decompression on the H100 (A/B
+// Chunk checksum pass with 16-byte loads (ZC_CSV): +3-6 % kernel decompression on the H100 (A/B
 // of 15:12 UTC); unrolling level 1's plane loads (ZC_L1U=4) was ~1 % slower than none (1).
 #ifndef ZC_CSV
 #define ZC_CSV 1
