@@ -80,7 +80,11 @@
 #define ZC_PLAIN 2
 #define ZC_OUTLIER 3
 
-// ctrl[] words (u64), zeroed before every launch by the host.
+// ctrl[] words (u64). The host zeroes them (and the look-back status words) before a launch,
+// except before a decompression launch into a workspace the previous decompression left clean:
+// the last block of zc_decompress records its result (ZC_RESULT, ZC_SEQ, the header copy) and
+// zeroes the words that kernel uses (ticket, done, hash, error, its status words), so
+// back-to-back decompressions need no memset (src/gpu/mod.rs `prepare_decode`).
 #define ZC_TICKET 0
 #define ZC_DONE 1
 #define ZC_HASH 2
@@ -89,6 +93,9 @@
 #define ZC_MIN 6
 #define ZC_MAX 7
 #define ZC_FIRST 8
+#define ZC_RESULT 9    // decompression: the error bits of the call, written by its last block
+#define ZC_SEQ 10      // decompression: the launch's `seq` argument, written by its last block
+#define ZC_HDRCOPY 16  // decompression: words 16..27 hold a copy of the stream's 96-byte header
 
 __device__ __forceinline__ u32 zc_width32(u32 m) { return 32 - __clz(m); }
 __device__ __forceinline__ u32 zc_width64(u64 m) { return 64 - __clzll((long long)m); }
@@ -410,9 +417,32 @@ __device__ __forceinline__ void zc_load_steps(const T* __restrict__ cin, u32 n, 
     }
 }
 
+// The stream header as the host prepares it for a compression launch (FORMAT.md "Header"): every
+// field but payload_len, the payload checksum and the header checksum, which the last block of
+// zc_compress fills in before it writes the header (the host rewrites it for a stored stream).
+struct ZHeader {
+    u32 w[24];
+};
+__device__ __forceinline__ void zc_write_header(u8* out, const ZHeader& hdr, u64 payload_len, u32 payload_checksum) {
+    u32 w[24];
+#pragma unroll
+    for (int i = 0; i < 24; i++) w[i] = hdr.w[i];
+    w[16] = (u32)payload_len;  // bytes 64..71
+    w[17] = (u32)(payload_len >> 32);
+    w[19] = payload_checksum;  // bytes 76..79
+    u32 sum = 0;
+#pragma unroll
+    for (int i = 0; i < 23; i++) sum += zhash_mix(w[i], (u32)i);
+    w[23] = zhash_final(sum, 23u);  // bytes 92..95: zhash of bytes 0..92
+    uint4* o = (uint4*)out;  // the host launches only for a 16-aligned output
+#pragma unroll
+    for (int i = 0; i < 6; i++) o[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+}
+
 template <typename T, int CODEC, bool REL>
 __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out,
-                                            u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q) {
+                                            u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q,
+                                            const ZHeader& hdr) {
     typedef typename ZT<T>::code_t C;
     typedef typename ZU<T>::U U;
     const int SIZE = ZT<T>::SIZE;
@@ -874,8 +904,12 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
         atomicAdd(ctrl + ZC_HASH, (u64)zhash_mix(csize, 2 * c) + (u64)zhash_mix(hash, 2 * c + 1));
         __threadfence();
         if (atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull) {
-            u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
-            ctrl[ZC_PAYLOAD] = 8ull * n_chunks + last;
+            __threadfence();
+            const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
+            const u64 payload = 8ull * n_chunks + last;
+            ctrl[ZC_PAYLOAD] = payload;
+            const u32 th = (u32)atomicAdd(ctrl + ZC_HASH, 0ull);
+            zc_write_header(out, hdr, payload, zhash_final(th, 2u * n_chunks));
         }
     }
 }
@@ -1078,10 +1112,37 @@ __device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 in
     if constexpr (G == 3) zc_dec_group<T, CODEC, REL, ACC, 2, true>(cw, info, s32, po, q, 30, lane);  // b <= 9
 }
 
+// The last block of a decompression (every other block has counted itself done, so every
+// look-back and every error report is in): the whole-stream checks, the call's result
+// (ZC_RESULT, ZC_SEQ = seq, which tells the host that this launch ran to the end, and the header
+// copy) and the clean-up that lets the next decompression skip the host's memset. No barrier:
+// thread 0 alone reads the last status word and the accumulated words, and zeroes them.
+__device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64 stream_len, u64* status, u64* ctrl,
+                                              u32 n_chunks, u32 table_checksum, u64 seq) {
+    const u32 tid = threadIdx.x;
+    if (tid == 0) {
+        __threadfence();
+        const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
+        u64 err = atomicExch(ctrl + ZC_ERR, 0ull);
+        const u32 th = (u32)atomicExch(ctrl + ZC_HASH, 0ull);
+        if (96ull + 8ull * n_chunks + last != stream_len) err |= ZC_E_TOTAL;
+        if (zhash_final(th, 2u * n_chunks) != table_checksum) err |= ZC_E_TABLE;
+        status[n_chunks - 1] = 0;
+        ctrl[ZC_TICKET] = 0;
+        ctrl[ZC_DONE] = 0;
+        ctrl[ZC_RESULT] = err;
+        ctrl[ZC_SEQ] = seq;  // the host reads every word after the kernel has ended
+    } else if (tid <= 24u) {
+        // the stream holds at least the 96-byte header (both launch paths check)
+        ((u32*)(ctrl + ZC_HDRCOPY))[tid - 1] = ((const u32*)stream)[tid - 1];
+    }
+    for (u32 i = tid; i + 1u < n_chunks; i += blockDim.x) status[i] = 0;
+}
+
 template <typename T, int CODEC, bool REL, bool ACC = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
-                                              u32 table_checksum, ZQ<T> q) {
+                                              u32 table_checksum, ZQ<T> q, u64 seq) {
     const int SIZE = ZT<T>::SIZE;
     __shared__ u32 s_off[1024];
     __shared__ u32 s_rate[256];
@@ -1092,6 +1153,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     __shared__ u32 s_chunk, s_size, s_cs, s_mask;
     __shared__ u64 s_err, s_base;
     __shared__ i64 s_init;
+    __shared__ bool s_last;
 
     const int tid = threadIdx.x, lane = tid & 31;
     const int w = (int)__reduce_max_sync(ZC_FULL, (u32)tid >> 5);
@@ -1480,14 +1542,10 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     if (tid == 0) {
         if (s_err) atomicOr(ctrl + ZC_ERR, s_err);
         __threadfence();
-        if (atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull) {
-            u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
-            if (96ull + 8ull * n_chunks + last != stream_len) atomicOr(ctrl + ZC_ERR, ZC_E_TOTAL);
-            __threadfence();
-            u32 th = (u32)(*((volatile u64*)(ctrl + ZC_HASH)));
-            if (zhash_final(th, 2u * n_chunks) != table_checksum) atomicOr(ctrl + ZC_ERR, ZC_E_TABLE);
-        }
+        s_last = atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull;
     }
+    __syncthreads();
+    if (s_last) zc_decode_finish(stream, stream_len, status, ctrl, n_chunks, table_checksum, seq);
 }
 
 // Decompression with the parameters read from the stream's own header on the device, so that the
@@ -1499,7 +1557,8 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 // from the header's step and absolute bound with the host's operations (FORMAT.md header).
 template <typename T, int CODEC, bool REL>
 __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
-                                                  u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect) {
+                                                  u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect,
+                                                  u64 seq) {
     const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream
     bool same = stream_len >= 96ull;
     if (same) {
@@ -1516,7 +1575,7 @@ __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream,
     q.step64 = __hiloint2double((int)h[11], (int)h[10]);  // bytes 40..47: step
     q.step = (T)q.step64;                                  // T::from_f64
     q.inv = (T)__ddiv_rn(1.0, (double)q.step);             // T::from_f64(1.0 / step)
-    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q);
+    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1583,6 +1642,18 @@ template <typename T> __device__ __forceinline__ void zc_stats(const T* __restri
 }
 
 // Copies (when dst != 0) and hashes 32-bit words: ctrl[ZC_HASH] += sum of mix(w_i, i).
+// Holds the stream for `ns` nanoseconds (one thread; benchmarks only): work queued behind it
+// starts back to back, so CUDA events around a kernel launched while it runs time the kernel and
+// not the host's launch latency (the "blocking kernel" of NVIDIA's nvbench, with a timeout).
+extern "C" __global__ void zc_spin(u64 ns) {
+    u64 t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords, u32* __restrict__ dst, u64* ctrl) {
     u32 h = 0;
     const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -1598,37 +1669,38 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
 #define ZC_INST(TY, TN, CID, CN, REL, RN)                                                                      \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_compress_##TN##_##CN##_##RN(                         \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
-        double step64, double eb) {                                                                            \
+        double step64, double eb, ZHeader hdr) {                                                               \
         ZQ<TY> q;                                                                                              \
         q.step = step;                                                                                         \
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                         \
+        zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q, hdr);                    \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
-        u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
+        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq) {                              \
         ZQ<TY> q;                                                                                              \
         q.step = step;                                                                                         \
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
+        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
-        u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
+        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq) {                              \
         ZQ<TY> q;                                                                                              \
         q.step = step;                                                                                         \
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
+        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
-        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect) { \
-        zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect);        \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect, \
+        u64 seq) {                                                                                             \
+        zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq);   \
     }
 
 #define ZC_INST_MODES(TY, TN, CID, CN) \

@@ -284,6 +284,69 @@ fn gpu_rejects_what_cpu_rejects() {
     }
 }
 
+/// Decompressions back to back, with no other launch between them, reuse the workspace their
+/// kernels leave clean (no memset): streams of other chunk counts, codecs, modes and dtypes,
+/// corrupted ones among them, and decompress-accumulate calls, in a fixed shuffled order twice.
+/// Every output must still equal the CPU's, every rejection the CPU's.
+#[test]
+fn gpu_back_to_back_decodes_match_cpu() {
+    let Some(mut gpu) = gpu() else { return };
+    let mut r = Rng(7);
+    let mut streams: Vec<(String, Vec<u8>)> = Vec::new();
+    for (k, n) in [1usize << 20, 70_000, 1000, 5 * 32768 + 7, 32768]
+        .into_iter()
+        .enumerate()
+    {
+        let data: Vec<f32> = (0..n)
+            .map(|i| (i as f32 * 1e-3).sin() * (1.0 + k as f32))
+            .collect();
+        for c in CODECS {
+            for b in [
+                ErrorBound::Noa(1e-3),
+                ErrorBound::Abs(1e-2),
+                ErrorBound::Rel(1e-3),
+            ] {
+                let s = zcomm::compress(&data, b, c).unwrap();
+                let mut bad = s.clone();
+                let i = 96 + (r.next() % (bad.len() as u64 - 96)) as usize;
+                bad[i] ^= 0x10;
+                streams.push((format!("{c} {b} n={n}"), s));
+                streams.push((format!("{c} {b} n={n} corrupted at {i}"), bad));
+            }
+        }
+    }
+    let f64s: Vec<f64> = (0..100_000).map(|i| (i as f64 * 1e-4).cos()).collect();
+    let f64_stream = zcomm::compress(&f64s, ErrorBound::Noa(1e-4), CodecKind::Aatrox).unwrap();
+    let mut order: Vec<usize> = (0..streams.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, (r.next() % (i as u64 + 1)) as usize);
+    }
+    for round in 0..2 {
+        for (j, &k) in order.iter().enumerate() {
+            let (label, s) = &streams[k];
+            let cpu = zcomm::decompress::<f32>(s);
+            match (&cpu, gpu.decompress::<f32>(s)) {
+                (Ok(a), Ok(b)) => assert!(
+                    a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "round {round}, {label}: outputs differ"
+                ),
+                (Err(_), Err(_)) => {}
+                (_, g) => panic!("round {round}, {label}: cpu {cpu:?} vs gpu {g:?}"),
+            }
+            if j % 7 == 3 {
+                // another dtype between two f32 decodes
+                let back: Vec<f64> = gpu.decompress(&f64_stream).unwrap();
+                assert_eq!(back, zcomm::decompress::<f64>(&f64_stream).unwrap());
+            }
+            if j % 11 == 5 {
+                if let Ok(a) = &cpu {
+                    check_add(&mut gpu, a, ErrorBound::Noa(1e-3), CodecKind::Aatrox);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn device_api_round_trip() {
     let Some(mut gpu) = gpu() else { return };

@@ -63,28 +63,17 @@ impl GpuCodec {
             }
             return Ok(());
         }
-        self.zero_ctrl(nc as usize)?;
-        let slen = stream.len() as u64;
-        let count = h.count;
+        let g = DecodeGeometry {
+            stream: sp,
+            stream_len: stream.len() as u64,
+            out: op,
+            count: h.count,
+            n_chunks: nc,
+        };
         let tc = h.payload_checksum;
         let (step64, eb) = (h.step, h.abs_bound);
-        self.record(2)?;
-        let threads = if codec == CodecKind::Pfpl {
-            PFPL_THREADS
-        } else {
-            self.threads
-        };
-        let d = self.decode_args(sp, slen, op, count, nc);
-        self.launch_decoder(
-            &f,
-            threads,
-            &d,
-            &mut [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)],
-        )?;
-        self.record(3)?;
-        self.read_ctrl()?;
-        self.last_times.main_ms = self.elapsed(2, 3)?;
-        let mut e = self.host_ctrl[C_ERR];
+        let mut tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
+        let mut e = self.run_decoder(&f, codec, g, &mut tail)?;
         if codec == CodecKind::Pfpl && pfpl_data_mismatch(&h, &self.host_ctrl) {
             e |= 4; // data checksum mismatch
         }

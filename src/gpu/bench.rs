@@ -2,10 +2,14 @@
 //!
 //! End-to-end time is device input → device output of one [`GpuCodec::compress_device`] /
 //! [`GpuCodec::decompress_device`] call, including every launch, small copy and host step the
-//! call makes (the value-range kernel for `noa`, the header upload, the status read-back).
-//! Kernel-only time is the sum of the kernels' own CUDA-event times. Both are the median of
-//! `runs` timed runs after `warmup` untimed ones; GB/s = 1e9 bytes of uncompressed data per
-//! second.
+//! call makes (the value-range kernel for `noa` and its read-back, a workspace memset where
+//! one is needed, the status read-back; pfpl: the header upload).
+//! Kernel-only time is the sum of the kernels' own CUDA-event times, taken in a second call
+//! after each end-to-end one (the per-kernel events are off in the end-to-end calls, as in a
+//! caller's), queued behind a short spin kernel so that the events time the kernel and not the
+//! host's launch latency (a kernel launched after a synchronization inside the call, such as
+//! the compression kernel after the value-range read-back, still waits for its launch). Both are the median of `runs` timed runs after `warmup` untimed ones; GB/s = 1e9
+//! bytes of uncompressed data per second.
 //!
 //! For `noa` bounds a third phase times [`GpuCodec::compress_device_with_range`] the same way,
 //! with the value range computed once by [`GpuCodec::value_range_device`] before timing (so
@@ -121,10 +125,16 @@ fn ge<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
     move |e| Error::Gpu(format!("{what}: {e:?}"))
 }
 
-/// Run `op` (one codec call on `gpu`'s stream) `opts.warmup + opts.runs` times, each between the
-/// CUDA events `ev.0` and `ev.1`; returns the end-to-end and kernel-only milliseconds
-/// (`stats_ms + main_ms` of [`GpuCodec::last_kernel_times`]) of the timed runs. Kernel timing
-/// must be on.
+/// How long the kernel-timed call waits behind [`GpuCodec::hold_stream`]: ample time for the host
+/// to queue the call's launches up to its first synchronization.
+const HOLD_MICROS: u32 = 100;
+
+/// Run `op` (one codec call on `gpu`'s stream) `opts.warmup + opts.runs` times between the CUDA
+/// events `ev.0` and `ev.1` with kernel timing off (the end-to-end time a caller sees, without
+/// the per-kernel events), each followed by one call with kernel timing on for the kernel-only
+/// time (`stats_ms + main_ms` of [`GpuCodec::last_kernel_times`]), queued behind
+/// [`GpuCodec::hold_stream`] so that its first kernel's events do not time the host's launch
+/// latency. Returns the end-to-end and kernel-only milliseconds of the timed runs.
 fn time_runs(
     gpu: &mut GpuCodec,
     ev: &(CudaEvent, CudaEvent),
@@ -134,10 +144,14 @@ fn time_runs(
     let s = gpu.stream().clone();
     let (mut e2e, mut kernel) = (Vec::new(), Vec::new());
     for i in 0..opts.warmup + opts.runs {
+        gpu.set_kernel_timing(false)?;
         ev.0.record(&s).map_err(ge("record"))?;
         op(gpu)?;
         ev.1.record(&s).map_err(ge("record"))?;
         let ms = ev.0.elapsed_ms(&ev.1).map_err(ge("elapsed"))? as f64;
+        gpu.set_kernel_timing(true)?;
+        gpu.hold_stream(HOLD_MICROS)?;
+        op(gpu)?;
         let k = gpu.last_kernel_times();
         if i >= opts.warmup {
             e2e.push(ms);

@@ -83,6 +83,7 @@ pub fn kernel_names() -> Vec<String> {
         v.push(format!("zc_stats_{t}"));
     }
     v.push("zc_copy_hash".into());
+    v.push("zc_spin".into());
     v
 }
 

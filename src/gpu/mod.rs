@@ -74,7 +74,7 @@ pub(crate) fn from_key<T>(k: u64) -> f64 {
 
 /// Threads per block of the pfpl kernels (kernels/pfpl.cu, PF_THREADS).
 const PFPL_THREADS: u32 = 256;
-const CTRL_WORDS: usize = 16;
+const CTRL_WORDS: usize = 32;
 // ctrl word indices (kernels/blocked.cu)
 const C_HASH: usize = 2;
 const C_PAYLOAD: usize = 3;
@@ -85,9 +85,17 @@ const C_DHASH: usize = 5;
 const C_MIN: usize = 6;
 const C_MAX: usize = 7;
 const C_FIRST: usize = 8;
-/// u64 words of the pinned small-transfer buffer: the ctrl words followed by a header (a
-/// speculative decompression reads both with one synchronization).
-const PINNED_WORDS: usize = CTRL_WORDS + HEADER_LEN / 8;
+/// Blocked-codec decompression: the call's error bits, written by the kernel's last block.
+const C_RESULT: usize = 9;
+/// Blocked-codec decompression: the `seq` argument of the launch whose last block ran.
+const C_SEQ: usize = 10;
+/// Blocked-codec decompression: words 16..28 hold a copy of the stream's header.
+const C_HDRCOPY: usize = 16;
+/// u64 words of the pinned small-transfer buffer: the ctrl words (every call reads them back
+/// in one copy), or a header read or written on its own.
+const PINNED_WORDS: usize = CTRL_WORDS;
+const _: () =
+    assert!(HEADER_LEN <= PINNED_WORDS * 8 && C_HDRCOPY * 8 + HEADER_LEN <= CTRL_WORDS * 8);
 
 /// Whether the chunk hashes a pfpl decode kernel accumulated (`ctrl[C_DHASH]`) miss the header's
 /// data checksum (FORMAT.md, "pfpl chunks"). Output contents are unspecified when they do.
@@ -144,11 +152,18 @@ pub struct GpuCodec {
     arch: String,
     sm_count: u32,
     threads: u32,
-    /// Device words of every launch, cleared by one memset: [`CTRL_WORDS`] ctrl words (ticket,
+    /// Device words of every launch, cleared by one memset (or, between decompressions, by the
+    /// blocked decoder itself): [`CTRL_WORDS`] ctrl words (ticket,
     /// done count, hashes, error flags, ...) followed by the per-chunk look-back status words.
     work: CudaSlice<u64>,
     /// Status words that `work` holds after the ctrl words.
     status_cap: usize,
+    /// How many leading status words are known to be zero together with the ctrl words a
+    /// blocked decoder uses (ticket, done, hash, error): the decoder's last block leaves them
+    /// so, and then the next decompression needs no memset. 0 when not known.
+    clean_status: usize,
+    /// The `seq` argument of the last blocked-decoder launch (its last block writes it back).
+    seq: u64,
     host_ctrl: Vec<u64>,
     /// Pinned host words for the small transfers of every call (ctrl words, the 96-byte header,
     /// one value): pinned copies skip the driver's pageable staging (~10 us each on an H100).
@@ -231,6 +246,8 @@ impl GpuCodec {
             threads: 32 * warps,
             work,
             status_cap: 64,
+            clean_status: 0,
+            seq: 0,
             host_ctrl: vec![0; CTRL_WORDS],
             pinned: None,
             dev_in: None,
@@ -321,22 +338,15 @@ impl GpuCodec {
     }
 
     /// The leading decompression-kernel parameters, with this codec's status and ctrl words.
-    fn decode_args(
-        &mut self,
-        stream: u64,
-        stream_len: u64,
-        out: u64,
-        count: u64,
-        n_chunks: u32,
-    ) -> DecodeArgs {
+    fn decode_args(&mut self, g: DecodeGeometry) -> DecodeArgs {
         DecodeArgs {
-            stream,
-            stream_len,
-            out,
-            count,
+            stream: g.stream,
+            stream_len: g.stream_len,
+            out: g.out,
+            count: g.count,
             status: self.status_ptr(),
             ctrl: self.ctrl_ptr(),
-            n_chunks,
+            n_chunks: g.n_chunks,
         }
     }
 
@@ -350,7 +360,7 @@ impl GpuCodec {
         tail: &mut [*mut c_void],
     ) -> Result<()> {
         const HEAD: usize = 7;
-        let mut args = [std::ptr::null_mut(); HEAD + 5];
+        let mut args = [std::ptr::null_mut(); HEAD + 6];
         if tail.len() > args.len() - HEAD {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
@@ -365,6 +375,80 @@ impl GpuCodec {
         ]);
         args[HEAD..HEAD + tail.len()].copy_from_slice(tail);
         self.launch(f, d.n_chunks, threads, &mut args[..HEAD + tail.len()])
+    }
+
+    /// Launch the decoder `f` of `codec` for the stream `g` (its first kernel parameters; `tail`
+    /// the kernel's own) and wait for it. Returns the kernel's error bits (kernels/blocked.cu
+    /// `ZC_E_*`); the ctrl words stay in `host_ctrl`.
+    fn run_decoder(
+        &mut self,
+        f: &CudaFunction,
+        codec: CodecKind,
+        g: DecodeGeometry,
+        tail: &mut [*mut c_void],
+    ) -> Result<u64> {
+        if codec != CodecKind::Pfpl {
+            return self.run_blocked_decoder(f, g, tail)?.ok_or_else(|| {
+                Error::Gpu("a decompression kernel did not record its result".into())
+            });
+        }
+        self.zero_ctrl(g.n_chunks as usize)?;
+        let d = self.decode_args(g);
+        self.record(2)?;
+        self.launch_decoder(f, PFPL_THREADS, &d, tail)?;
+        self.record(3)?;
+        self.read_ctrl()?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        Ok(self.host_ctrl[C_ERR])
+    }
+
+    /// [`GpuCodec::run_decoder`] for a blocked codec (aatrox, cuszp): the workspace is cleared
+    /// only when the previous decompression did not leave it clean, `seq` is appended to `tail`,
+    /// and the ctrl words (with the kernel's result and header copy) come back in one copy.
+    /// `None` when the kernel's last block did not run (a `decompress_hdr` launch whose guess
+    /// failed: every block returned at once).
+    fn run_blocked_decoder(
+        &mut self,
+        f: &CudaFunction,
+        g: DecodeGeometry,
+        tail: &[*mut c_void],
+    ) -> Result<Option<u64>> {
+        let nc = g.n_chunks as usize;
+        let keep = if self.clean_status >= nc {
+            self.clean_status
+        } else {
+            self.zero_ctrl(nc)?;
+            nc
+        };
+        self.clean_status = 0;
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut args = [std::ptr::null_mut(); 6];
+        if tail.len() >= args.len() {
+            return Err(Error::invalid("too many decoder kernel parameters"));
+        }
+        args[..tail.len()].copy_from_slice(tail);
+        args[tail.len()] = arg(&seq);
+        let d = self.decode_args(g);
+        self.record(2)?;
+        self.launch_decoder(f, self.threads, &d, &mut args[..=tail.len()])?;
+        self.record(3)?;
+        self.read_ctrl()?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        if self.host_ctrl[C_SEQ] != seq {
+            return Ok(None);
+        }
+        self.clean_status = keep;
+        Ok(Some(self.host_ctrl[C_RESULT]))
+    }
+
+    /// The header copy the last blocked-decoder launch left in the ctrl words.
+    fn header_copy(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        for (d, w) in b.chunks_exact_mut(8).zip(&self.host_ctrl[C_HDRCOPY..]) {
+            d.copy_from_slice(&w.to_ne_bytes());
+        }
+        b
     }
 
     fn record(&self, i: usize) -> Result<()> {
@@ -397,6 +481,8 @@ impl GpuCodec {
     /// Clear the ctrl words and the first `n_status` status words (one memset, queued on the
     /// stream), growing the workspace when needed.
     fn zero_ctrl(&mut self, n_status: usize) -> Result<()> {
+        // whatever launch follows leaves its words set
+        self.clean_status = 0;
         if self.status_cap < n_status {
             let cap = n_status.next_power_of_two();
             self.work = self
@@ -452,30 +538,6 @@ impl GpuCodec {
             *w = u64::from_ne_bytes(c.try_into().expect("8 bytes"));
         }
         Ok(())
-    }
-
-    /// Read the ctrl words (into `host_ctrl`) and the 96-byte header at device address `hdr`
-    /// through the pinned buffer with one synchronization of the stream.
-    fn read_ctrl_and_header(&mut self, hdr: u64) -> Result<[u8; HEADER_LEN]> {
-        let hp = self.pinned_ptr()? as *mut u8;
-        let cp = self.ctrl_ptr();
-        let s = self.stream.clone();
-        let mut b = [0u8; HEADER_LEN];
-        // SAFETY: the pinned buffer holds PINNED_WORDS * 8 = CTRL_WORDS * 8 + HEADER_LEN bytes and
-        // is used by this codec only; the stream is synchronized before it is read.
-        unsafe {
-            let all = std::slice::from_raw_parts_mut(hp, PINNED_WORDS * 8);
-            let (c, h) = all.split_at_mut(CTRL_WORDS * 8);
-            cu::memcpy_dtoh_async(c, cp, s.cu_stream()).map_err(gpu_err("memcpy dtoh"))?;
-            cu::memcpy_dtoh_async(&mut h[..HEADER_LEN], hdr, s.cu_stream())
-                .map_err(gpu_err("memcpy dtoh"))?;
-            s.synchronize().map_err(gpu_err("sync"))?;
-            for (w, x) in self.host_ctrl.iter_mut().zip(c.chunks_exact(8)) {
-                *w = u64::from_ne_bytes(x.try_into().expect("8 bytes"));
-            }
-            b.copy_from_slice(&h[..HEADER_LEN]);
-        }
-        Ok(b)
     }
 
     /// Write `bytes` (a header: at most `PINNED_WORDS * 8`) to device address `dst` through the
@@ -705,40 +767,44 @@ impl GpuCodec {
         let ctrl = self.ctrl_ptr();
         let nc = n_chunks as u32;
         let (step64, eb) = (params.step, params.abs_bound);
+        // the blocked kernels' last block writes the header: this one with its payload length
+        // and checksums filled in (kernels/blocked.cu zc_write_header)
+        let mut hdr_words = [0u32; HEADER_LEN / 4];
+        for (w, b) in hdr_words
+            .iter_mut()
+            .zip(header(0, 0, nc, 0, 0).to_bytes().chunks_exact(4))
+        {
+            *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+        }
+        let mut args = [
+            arg(&in_ptr),
+            arg(&count),
+            arg(&out_ptr),
+            arg(&cap),
+            arg(&status),
+            arg(&ctrl),
+            arg(&nc),
+            arg(&step),
+            arg(&inv),
+            arg(&step64),
+            arg(&eb),
+            arg(&hdr_words),
+        ];
+        let n_args = if codec == CodecKind::Pfpl { 11 } else { 12 };
         self.record(2)?;
-        self.launch(
-            &f,
-            nc,
-            threads,
-            &mut [
-                arg(&in_ptr),
-                arg(&count),
-                arg(&out_ptr),
-                arg(&cap),
-                arg(&status),
-                arg(&ctrl),
-                arg(&nc),
-                arg(&step),
-                arg(&inv),
-                arg(&step64),
-                arg(&eb),
-            ],
-        )?;
+        self.launch(&f, nc, threads, &mut args[..n_args])?;
         self.record(3)?;
         self.read_ctrl()?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
         let payload = self.host_ctrl[C_PAYLOAD];
         if payload < raw_len as u64 {
-            // table words: pfpl has one u16 size per chunk, the others (size, checksum) pairs
-            let (table_words, dc) = if codec == CodecKind::Pfpl {
+            if codec == CodecKind::Pfpl {
+                // table: one u16 size per chunk
                 let dc = zhash_final(self.host_ctrl[C_DHASH] as u32, nc);
-                (nc.div_ceil(2), dc)
-            } else {
-                (2 * nc, 0)
-            };
-            let th = zhash_final(self.host_ctrl[C_HASH] as u32, table_words);
-            let h = header(0, payload, nc, th, dc);
-            self.write_bytes(out_ptr, &h.to_bytes())?;
+                let th = zhash_final(self.host_ctrl[C_HASH] as u32, nc.div_ceil(2));
+                let h = header(0, payload, nc, th, dc);
+                self.write_bytes(out_ptr, &h.to_bytes())?;
+            }
             return Ok(HEADER_LEN + payload as usize);
         }
         // stored stream: raw values after the header
@@ -746,6 +812,16 @@ impl GpuCodec {
         let h = header(FLAG_STORED, raw_len as u64, 0, hash, 0);
         self.write_bytes(out_ptr, &h.to_bytes())?;
         Ok(bound_len)
+    }
+
+    /// Queue a kernel that holds this codec's stream for `micros` microseconds (benchmarks: the
+    /// launches queued behind it start back to back, so [`GpuCodec::last_kernel_times`] of the
+    /// next call does not include the host's launch latency where the call does not wait on
+    /// the GPU before its kernel).
+    pub fn hold_stream(&mut self, micros: u32) -> Result<()> {
+        let f = self.func("zc_spin")?;
+        let ns = u64::from(micros) * 1000;
+        self.launch(&f, 1, 1, &mut [arg(&ns)])
     }
 
     /// zhash of `bytes` (a multiple of 4) at `src`, copying them to `dst` when given.
@@ -842,28 +918,17 @@ impl GpuCodec {
             }
             return Ok(());
         }
-        self.zero_ctrl(nc as usize)?;
-        let slen = stream.len() as u64;
-        let count = h.count;
+        let g = DecodeGeometry {
+            stream: sp,
+            stream_len: stream.len() as u64,
+            out: op,
+            count: h.count,
+            n_chunks: nc,
+        };
         let tc = h.payload_checksum;
         let (step64, eb) = (params.step, params.abs_bound);
-        self.record(2)?;
-        let threads = if codec == CodecKind::Pfpl {
-            PFPL_THREADS
-        } else {
-            self.threads
-        };
-        let d = self.decode_args(sp, slen, op, count, nc);
-        self.launch_decoder(
-            &f,
-            threads,
-            &d,
-            &mut [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)],
-        )?;
-        self.record(3)?;
-        self.read_ctrl()?;
-        self.last_times.main_ms = self.elapsed(2, 3)?;
-        let mut e = self.host_ctrl[C_ERR];
+        let mut tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
+        let mut e = self.run_decoder(&f, codec, g, &mut tail)?;
         if codec == CodecKind::Pfpl && pfpl_data_mismatch(&h, &self.host_ctrl) {
             e |= 4;
         }
@@ -892,8 +957,9 @@ impl GpuCodec {
     /// The launch of [`GpuCodec::decompress_device`] that does not wait for the header: the
     /// `zc_decompress_hdr` kernel of the guessed (blocked) codec and bound mode reads its
     /// parameters from the stream's header on the device and does nothing unless that header
-    /// has those tags, `out.len()` values and their chunk count; the header comes back with
-    /// the ctrl words (one synchronization) and is then checked as the ordinary path checks it.
+    /// has those tags, `out.len()` values and their chunk count; the kernel's last block copies
+    /// the header into the ctrl words, which come back in one copy (one synchronization), and
+    /// it is then checked as the ordinary path checks it.
     /// Returns `Ok(true)` when `out` holds the decoded values, `Ok(false)` when the ordinary path
     /// must decide (another codec or mode, a stored stream, any error the kernel flagged: that
     /// path then reports it), or the ordinary path's error for the header itself.
@@ -918,22 +984,24 @@ impl GpuCodec {
         let Ok(nc) = u32::try_from(nc) else {
             return Ok(false);
         };
-        self.zero_ctrl(nc as usize)?;
         let f = self.func(&kernel_name::<T>("decompress_hdr", codec, mode)?)?;
         // header bytes 6..9: codec, dtype, mode, flags (0: not stored)
         let expect =
             u32::from(codec.tag()) | u32::from(T::DTYPE.tag()) << 8 | u32::from(mode.tag()) << 16;
-        let (slen, count) = (len as u64, n as u64);
         self.last_times = KernelTimes::default();
-        self.record(2)?;
-        let d = self.decode_args(sp, slen, op, count, nc);
-        self.launch_decoder(&f, self.threads, &d, &mut [arg(&expect)])?;
-        self.record(3)?;
-        let hb = self.read_ctrl_and_header(sp)?;
-        self.last_times.main_ms = self.elapsed(2, 3)?;
-        let h = parse_header_fields(&hb, len)?;
+        let g = DecodeGeometry {
+            stream: sp,
+            stream_len: len as u64,
+            out: op,
+            count: n as u64,
+            n_chunks: nc,
+        };
+        let Some(e) = self.run_blocked_decoder(&f, g, &[arg(&expect)])? else {
+            return Ok(false); // another header: every block returned at once
+        };
+        let h = parse_header_fields(&self.header_copy(), len)?;
         check_header_for::<T>(&h, n)?;
-        Ok(self.host_ctrl[C_ERR] == 0)
+        Ok(e == 0)
     }
 
     fn staging(slot: &mut Option<CudaSlice<u8>>, s: &Arc<CudaStream>, bytes: usize) -> Result<()> {
@@ -1097,6 +1165,16 @@ fn kernel_name<T: GpuElement>(op: &str, codec: CodecKind, mode: BoundMode) -> Re
 /// The leading parameters of every decompression kernel (kernels/blocked.cu, kernels/pfpl.cu):
 /// stream address and length, output address, value count, look-back status and ctrl words,
 /// chunk count (= the grid).
+/// The stream and output of one decompression launch.
+#[derive(Clone, Copy)]
+struct DecodeGeometry {
+    stream: u64,
+    stream_len: u64,
+    out: u64,
+    count: u64,
+    n_chunks: u32,
+}
+
 struct DecodeArgs {
     stream: u64,
     stream_len: u64,
