@@ -82,7 +82,7 @@
 
 // ctrl[] words (u64). The host zeroes them (and the look-back status words) before a launch,
 // except before a decompression launch into a workspace the previous decompression left clean:
-// the last block of zc_decompress records its result (ZC_RESULT, ZC_SEQ, the header copy) and
+// the last block of zc_decompress records its result (ZC_RES_*, in host-mapped memory) and
 // zeroes the words that kernel uses (ticket, done, hash, error, its status words), so
 // back-to-back decompressions need no memset (src/gpu/mod.rs `prepare_decode`).
 #define ZC_TICKET 0
@@ -93,9 +93,13 @@
 #define ZC_MIN 6
 #define ZC_MAX 7
 #define ZC_FIRST 8
-#define ZC_RESULT 9    // decompression: the error bits of the call, written by its last block
-#define ZC_SEQ 10      // decompression: the launch's `seq` argument, written by its last block
-#define ZC_HDRCOPY 16  // decompression: words 16..27 hold a copy of the stream's 96-byte header
+// The result words of a blocked decompression, written by its last block into host-mapped
+// memory (`res`), so the host reads them after its synchronization with no copy: the error bits,
+// the launch's `seq` argument (the host's proof that this launch ran to its end) and a copy of
+// the stream's 96-byte header (words 2..13).
+#define ZC_RES_ERR 0
+#define ZC_RES_SEQ 1
+#define ZC_RES_HDR 2
 
 __device__ __forceinline__ u32 zc_width32(u32 m) { return 32 - __clz(m); }
 __device__ __forceinline__ u32 zc_width64(u64 m) { return 64 - __clzll((long long)m); }
@@ -1114,11 +1118,11 @@ __device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 in
 
 // The last block of a decompression (every other block has counted itself done, so every
 // look-back and every error report is in): the whole-stream checks, the call's result
-// (ZC_RESULT, ZC_SEQ = seq, which tells the host that this launch ran to the end, and the header
-// copy) and the clean-up that lets the next decompression skip the host's memset. No barrier:
-// thread 0 alone reads the last status word and the accumulated words, and zeroes them.
+// (the result words in `res`) and the clean-up that lets the next decompression skip the host's
+// memset. No barrier: thread 0 alone reads the last status word and the accumulated words, and
+// zeroes them.
 __device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64 stream_len, u64* status, u64* ctrl,
-                                              u32 n_chunks, u32 table_checksum, u64 seq) {
+                                              u32 n_chunks, u32 table_checksum, u64 seq, volatile u64* res) {
     const u32 tid = threadIdx.x;
     if (tid == 0) {
         __threadfence();
@@ -1130,11 +1134,11 @@ __device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64
         status[n_chunks - 1] = 0;
         ctrl[ZC_TICKET] = 0;
         ctrl[ZC_DONE] = 0;
-        ctrl[ZC_RESULT] = err;
-        ctrl[ZC_SEQ] = seq;  // the host reads every word after the kernel has ended
-    } else if (tid <= 24u) {
+        res[ZC_RES_ERR] = err;
+        res[ZC_RES_SEQ] = seq;  // the host reads every word after the kernel has ended
+    } else if (tid <= 12u) {
         // the stream holds at least the 96-byte header (both launch paths check)
-        ((u32*)(ctrl + ZC_HDRCOPY))[tid - 1] = ((const u32*)stream)[tid - 1];
+        res[ZC_RES_HDR + tid - 1] = ((const u64*)stream)[tid - 1];
     }
     for (u32 i = tid; i + 1u < n_chunks; i += blockDim.x) status[i] = 0;
 }
@@ -1142,7 +1146,7 @@ __device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64
 template <typename T, int CODEC, bool REL, bool ACC = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
-                                              u32 table_checksum, ZQ<T> q, u64 seq) {
+                                              u32 table_checksum, ZQ<T> q, u64 seq, u64* res) {
     const int SIZE = ZT<T>::SIZE;
     __shared__ u32 s_off[1024];
     __shared__ u32 s_rate[256];
@@ -1545,7 +1549,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         s_last = atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull;
     }
     __syncthreads();
-    if (s_last) zc_decode_finish(stream, stream_len, status, ctrl, n_chunks, table_checksum, seq);
+    if (s_last) zc_decode_finish(stream, stream_len, status, ctrl, n_chunks, table_checksum, seq, res);
 }
 
 // Decompression with the parameters read from the stream's own header on the device, so that the
@@ -1558,7 +1562,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 template <typename T, int CODEC, bool REL>
 __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                                   u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect,
-                                                  u64 seq) {
+                                                  u64 seq, u64* res) {
     const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream
     bool same = stream_len >= 96ull;
     if (same) {
@@ -1575,7 +1579,7 @@ __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream,
     q.step64 = __hiloint2double((int)h[11], (int)h[10]);  // bytes 40..47: step
     q.step = (T)q.step64;                                  // T::from_f64
     q.inv = (T)__ddiv_rn(1.0, (double)q.step);             // T::from_f64(1.0 / step)
-    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq);
+    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq, res);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1679,28 +1683,28 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
-        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq) {                              \
+        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {                    \
         ZQ<TY> q;                                                                                              \
         q.step = step;                                                                                         \
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq); \
+        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
-        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq) {                              \
+        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {                    \
         ZQ<TY> q;                                                                                              \
         q.step = step;                                                                                         \
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq); \
+        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect, \
-        u64 seq) {                                                                                             \
-        zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq);   \
+        u64 seq, u64* res) {                                                                                   \
+        zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq, res); \
     }
 
 #define ZC_INST_MODES(TY, TN, CID, CN) \

@@ -74,7 +74,7 @@ pub(crate) fn from_key<T>(k: u64) -> f64 {
 
 /// Threads per block of the pfpl kernels (kernels/pfpl.cu, PF_THREADS).
 const PFPL_THREADS: u32 = 256;
-const CTRL_WORDS: usize = 32;
+const CTRL_WORDS: usize = 16;
 // ctrl word indices (kernels/blocked.cu)
 const C_HASH: usize = 2;
 const C_PAYLOAD: usize = 3;
@@ -85,17 +85,16 @@ const C_DHASH: usize = 5;
 const C_MIN: usize = 6;
 const C_MAX: usize = 7;
 const C_FIRST: usize = 8;
-/// Blocked-codec decompression: the call's error bits, written by the kernel's last block.
-const C_RESULT: usize = 9;
-/// Blocked-codec decompression: the `seq` argument of the launch whose last block ran.
-const C_SEQ: usize = 10;
-/// Blocked-codec decompression: words 16..28 hold a copy of the stream's header.
-const C_HDRCOPY: usize = 16;
-/// u64 words of the pinned small-transfer buffer: the ctrl words (every call reads them back
-/// in one copy), or a header read or written on its own.
+/// u64 words of the pinned small-transfer buffer: the ctrl words, or a header read or written
+/// on its own.
 const PINNED_WORDS: usize = CTRL_WORDS;
-const _: () =
-    assert!(HEADER_LEN <= PINNED_WORDS * 8 && C_HDRCOPY * 8 + HEADER_LEN <= CTRL_WORDS * 8);
+const _: () = assert!(HEADER_LEN <= PINNED_WORDS * 8);
+// Result words of a blocked-codec decompression, written by the kernel's last block into
+// host-mapped memory (kernels/blocked.cu ZC_RES_*): error bits, the launch's `seq`, the header.
+const R_ERR: usize = 0;
+const R_SEQ: usize = 1;
+const R_HDR: usize = 2;
+const RES_WORDS: usize = R_HDR + HEADER_LEN / 8;
 
 /// Whether the chunk hashes a pfpl decode kernel accumulated (`ctrl[C_DHASH]`) miss the header's
 /// data checksum (FORMAT.md, "pfpl chunks"). Output contents are unspecified when they do.
@@ -164,6 +163,11 @@ pub struct GpuCodec {
     clean_status: usize,
     /// The `seq` argument of the last blocked-decoder launch (its last block writes it back).
     seq: u64,
+    /// Host-mapped page-locked words the blocked decoders write their result into (allocated at
+    /// the first decompression), with their host and device addresses.
+    mapped: Option<(PinnedHostSlice<u64>, usize, u64)>,
+    /// The result words of the last blocked-decoder launch, read from `mapped`.
+    res: [u64; RES_WORDS],
     host_ctrl: Vec<u64>,
     /// Pinned host words for the small transfers of every call (ctrl words, the 96-byte header,
     /// one value): pinned copies skip the driver's pageable staging (~10 us each on an H100).
@@ -248,6 +252,8 @@ impl GpuCodec {
             status_cap: 64,
             clean_status: 0,
             seq: 0,
+            mapped: None,
+            res: [0; RES_WORDS],
             host_ctrl: vec![0; CTRL_WORDS],
             pinned: None,
             dev_in: None,
@@ -360,7 +366,7 @@ impl GpuCodec {
         tail: &mut [*mut c_void],
     ) -> Result<()> {
         const HEAD: usize = 7;
-        let mut args = [std::ptr::null_mut(); HEAD + 6];
+        let mut args = [std::ptr::null_mut(); HEAD + 7];
         if tail.len() > args.len() - HEAD {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
@@ -403,16 +409,18 @@ impl GpuCodec {
     }
 
     /// [`GpuCodec::run_decoder`] for a blocked codec (aatrox, cuszp): the workspace is cleared
-    /// only when the previous decompression did not leave it clean, `seq` is appended to `tail`,
-    /// and the ctrl words (with the kernel's result and header copy) come back in one copy.
-    /// `None` when the kernel's last block did not run (a `decompress_hdr` launch whose guess
-    /// failed: every block returned at once).
+    /// only when the previous decompression did not leave it clean, `seq` and the host-mapped
+    /// result words are appended to `tail`, and after the synchronization the kernel's result
+    /// (error bits, header copy) is read from those words, with no copy. `None` when the
+    /// kernel's last block did not run (a `decompress_hdr` launch whose guess failed: every
+    /// block returned at once).
     fn run_blocked_decoder(
         &mut self,
         f: &CudaFunction,
         g: DecodeGeometry,
         tail: &[*mut c_void],
     ) -> Result<Option<u64>> {
+        let res_dev = self.mapped_result_words()?;
         let nc = g.n_chunks as usize;
         let keep = if self.clean_status >= nc {
             self.clean_status
@@ -423,29 +431,59 @@ impl GpuCodec {
         self.clean_status = 0;
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let mut args = [std::ptr::null_mut(); 6];
-        if tail.len() >= args.len() {
+        let mut args = [std::ptr::null_mut(); 7];
+        if tail.len() + 2 > args.len() {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
         args[..tail.len()].copy_from_slice(tail);
         args[tail.len()] = arg(&seq);
+        args[tail.len() + 1] = arg(&res_dev);
         let d = self.decode_args(g);
         self.record(2)?;
-        self.launch_decoder(f, self.threads, &d, &mut args[..=tail.len()])?;
+        self.launch_decoder(f, self.threads, &d, &mut args[..tail.len() + 2])?;
         self.record(3)?;
-        self.read_ctrl()?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
-        if self.host_ctrl[C_SEQ] != seq {
+        let host = self.mapped.as_ref().expect("allocated above").1 as *const u64;
+        for (i, w) in self.res.iter_mut().enumerate() {
+            // SAFETY: `host` is the RES_WORDS-word mapped allocation; the kernel that writes it
+            // has ended (stream synchronized), and nothing else writes it.
+            *w = unsafe { std::ptr::read_volatile(host.add(i)) };
+        }
+        if self.res[R_SEQ] != seq {
             return Ok(None);
         }
         self.clean_status = keep;
-        Ok(Some(self.host_ctrl[C_RESULT]))
+        Ok(Some(self.res[R_ERR]))
     }
 
-    /// The header copy the last blocked-decoder launch left in the ctrl words.
+    /// Device address of the host-mapped result words, allocated at first use.
+    fn mapped_result_words(&mut self) -> Result<u64> {
+        if let Some((_, _, dev)) = &self.mapped {
+            return Ok(*dev);
+        }
+        let flags = cu_sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: page-locked host memory mapped into the device's address space; zeroed below
+        // before any kernel can see it.
+        let mut p = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(RES_WORDS, flags) }
+            .map_err(|e| Error::OutOfMemory(format!("mapped host words: {e:?}")))?;
+        let host = p.as_mut_ptr().map_err(gpu_err("mapped"))?;
+        let mut dev: cu_sys::CUdeviceptr = 0;
+        // SAFETY: `host` is a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP, RES_WORDS long.
+        unsafe {
+            std::ptr::write_bytes(host, 0, RES_WORDS);
+            cu_sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0)
+                .result()
+                .map_err(gpu_err("cuMemHostGetDevicePointer"))?;
+        }
+        self.mapped = Some((p, host as usize, dev));
+        Ok(dev)
+    }
+
+    /// The header copy the last blocked-decoder launch left in its result words.
     fn header_copy(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        for (d, w) in b.chunks_exact_mut(8).zip(&self.host_ctrl[C_HDRCOPY..]) {
+        for (d, w) in b.chunks_exact_mut(8).zip(&self.res[R_HDR..]) {
             d.copy_from_slice(&w.to_ne_bytes());
         }
         b
