@@ -50,37 +50,9 @@ impl GpuCodec {
             self.launch(&f, grid, 256, &mut [arg(&payload), arg(&n), arg(&op)])?;
             return s.synchronize().map_err(gpu_err("sync"));
         }
-        let codec = CodecKind::from_tag(h.codec)?;
-        let f = self.func(&kernel_name::<T>("decompress_add", codec, h.mode)?)?;
-        let step = T::from_f64(h.step);
-        let inv = T::from_f64(1.0 / step.to_f64());
-
-        let nc = h.n_chunks;
-        if nc == 0 {
-            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 || h.data_checksum != 0
-            {
-                return Err(Error::corrupt("chunk table checksum mismatch"));
-            }
-            return Ok(());
-        }
-        let g = DecodeGeometry {
-            stream: sp,
-            stream_len: stream.len() as u64,
-            out: op,
-            count: h.count,
-            n_chunks: nc,
-        };
-        let tc = h.payload_checksum;
-        let (step64, eb) = (h.step, h.abs_bound);
-        let mut tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
-        let mut e = self.run_decoder(&f, codec, g, &mut tail)?;
-        if codec == CodecKind::Pfpl && pfpl_data_mismatch(&h, &self.host_ctrl) {
-            e |= 4; // data checksum mismatch
-        }
+        let e = self.decode_with_header::<T>("decompress_add", &h, sp, stream.len(), op)?;
         if e != 0 {
-            return Err(Error::corrupt(format!(
-                "decompress-accumulate: device error flags {e:#x} (see decompress_device)"
-            )));
+            return Err(decode_error(e));
         }
         Ok(())
     }

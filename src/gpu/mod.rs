@@ -935,61 +935,56 @@ impl GpuCodec {
             return Ok(());
         }
         let codec = CodecKind::from_tag(h.codec)?;
-        let f = self.func(&kernel_name::<T>("decompress", codec, h.mode)?)?;
-        let params = QuantParams {
-            mode: h.mode,
-            bound_value: h.bound_value,
-            abs_bound: h.abs_bound,
-            step: h.step,
-            range: (h.range_min, h.range_max),
-        };
-        let step = T::from_f64(params.step);
-        let inv = T::from_f64(1.0 / step.to_f64());
-
-        let nc = h.n_chunks;
-        if nc == 0 {
-            // no chunks: the table is empty, and so must the payload be (a pfpl data checksum
-            // over no chunks is zhash_final(0, 0) = 0; the other codecs' field is always 0)
-            if h.payload_checksum != zhash_bytes(&[]) || h.payload_len != 0 || h.data_checksum != 0
-            {
-                return Err(Error::corrupt("chunk table checksum mismatch"));
-            }
-            return Ok(());
-        }
-        let g = DecodeGeometry {
-            stream: sp,
-            stream_len: stream.len() as u64,
-            out: op,
-            count: h.count,
-            n_chunks: nc,
-        };
-        let tc = h.payload_checksum;
-        let (step64, eb) = (params.step, params.abs_bound);
-        let mut tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
-        let mut e = self.run_decoder(&f, codec, g, &mut tail)?;
-        if codec == CodecKind::Pfpl && pfpl_data_mismatch(&h, &self.host_ctrl) {
-            e |= 4;
-        }
+        let e = self.decode_with_header::<T>("decompress", &h, sp, stream.len(), op)?;
         if e != 0 {
-            let mut what = Vec::new();
-            for (bit, name) in [
-                (1, "chunk size not a multiple of 4"),
-                (2, "chunk runs past the end of the stream"),
-                (4, "chunk (pfpl: data) checksum mismatch"),
-                (8, "invalid chunk metadata"),
-                (16, "chunk sizes do not add up to the payload length"),
-                (32, "chunk table checksum mismatch"),
-            ] {
-                if e & bit != 0 {
-                    what.push(name);
-                }
-            }
-            return Err(Error::corrupt(what.join(", ")));
+            return Err(decode_error(e));
         }
         if codec != CodecKind::Pfpl {
             self.decode_guess = Some((T::DTYPE, codec, h.mode));
         }
         Ok(())
+    }
+
+    /// Decode the compressed (not stored) stream at `sp` (`len` bytes, header `h`, already
+    /// checked against the output) with the `op` kernel family ("decompress" or
+    /// "decompress_add") into `out`; returns the kernel's error bits (0: decoded), with a
+    /// pfpl data-checksum mismatch as bit 4.
+    fn decode_with_header<T: GpuElement>(
+        &mut self,
+        op: &str,
+        h: &Header,
+        sp: u64,
+        len: usize,
+        out: u64,
+    ) -> Result<u64> {
+        let codec = CodecKind::from_tag(h.codec)?;
+        let f = self.func(&kernel_name::<T>(op, codec, h.mode)?)?;
+        let nc = h.n_chunks;
+        if nc == 0 {
+            // no chunks: the table is empty, and so must the payload be (a pfpl data checksum
+            // over no chunks is zhash_final(0, 0) = 0; the other codecs' field is always 0)
+            let empty = h.payload_checksum == zhash_bytes(&[])
+                && h.payload_len == 0
+                && h.data_checksum == 0;
+            return Ok(if empty { 0 } else { 32 }); // 32: chunk table checksum mismatch
+        }
+        let step = T::from_f64(h.step);
+        let inv = T::from_f64(1.0 / step.to_f64());
+        let g = DecodeGeometry {
+            stream: sp,
+            stream_len: len as u64,
+            out,
+            count: h.count,
+            n_chunks: nc,
+        };
+        let tc = h.payload_checksum;
+        let (step64, eb) = (h.step, h.abs_bound);
+        let mut tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
+        let mut e = self.run_decoder(&f, codec, g, &mut tail)?;
+        if codec == CodecKind::Pfpl && pfpl_data_mismatch(h, &self.host_ctrl) {
+            e |= 4;
+        }
+        Ok(e)
     }
 
     /// The launch of [`GpuCodec::decompress_device`] that does not wait for the header: the
@@ -1221,6 +1216,28 @@ struct DecodeArgs {
     status: u64,
     ctrl: u64,
     n_chunks: u32,
+}
+
+/// The error for the non-zero error bits `e` of a decompression kernel (kernels/blocked.cu
+/// `ZC_E_*`; pfpl's are the same).
+fn decode_error(e: u64) -> Error {
+    let mut what = Vec::new();
+    for (bit, name) in [
+        (1, "chunk size not a multiple of 4"),
+        (2, "chunk runs past the end of the stream"),
+        (4, "chunk (pfpl: data) checksum mismatch"),
+        (8, "invalid chunk metadata"),
+        (16, "chunk sizes do not add up to the payload length"),
+        (32, "chunk table checksum mismatch"),
+    ] {
+        if e & bit != 0 {
+            what.push(name);
+        }
+    }
+    if what.is_empty() {
+        what.push("unknown device error");
+    }
+    Error::corrupt(what.join(", "))
 }
 
 /// The checks of a header against the buffer it is decompressed into (dtype and value count).
