@@ -84,7 +84,7 @@
 // except before a decompression launch into a workspace the previous decompression left clean:
 // the last block of zc_decompress records its result (ZC_RES_*, in host-mapped memory) and
 // zeroes the words that kernel uses (ticket, done, hash, error, its status words), so
-// back-to-back decompressions need no memset (src/gpu/mod.rs `prepare_decode`).
+// back-to-back decompressions need no memset (src/gpu/mod.rs `run_blocked_decoder`).
 #define ZC_TICKET 0
 #define ZC_DONE 1
 #define ZC_HASH 2
@@ -1645,7 +1645,6 @@ template <typename T> __device__ __forceinline__ void zc_stats(const T* __restri
     }
 }
 
-// Copies (when dst != 0) and hashes 32-bit words: ctrl[ZC_HASH] += sum of mix(w_i, i).
 // Holds the stream for `ns` nanoseconds (one thread; benchmarks only): work queued behind it
 // starts back to back, so CUDA events around a kernel launched while it runs time the kernel and
 // not the host's launch latency (the "blocking kernel" of NVIDIA's nvbench, with a timeout).
@@ -1658,6 +1657,7 @@ extern "C" __global__ void zc_spin(u64 ns) {
     } while (t - t0 < ns);
 }
 
+// Copies (when dst != 0) and hashes 32-bit words: ctrl[ZC_HASH] += sum of mix(w_i, i).
 extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords, u32* __restrict__ dst, u64* ctrl) {
     u32 h = 0;
     const u64 stride = (u64)gridDim.x * blockDim.x;

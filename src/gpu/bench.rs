@@ -8,8 +8,9 @@
 //! after each end-to-end one (the per-kernel events are off in the end-to-end calls, as in a
 //! caller's), queued behind a short spin kernel so that the events time the kernel and not the
 //! host's launch latency (a kernel launched after a synchronization inside the call, such as
-//! the compression kernel after the value-range read-back, still waits for its launch). Both are the median of `runs` timed runs after `warmup` untimed ones; GB/s = 1e9
-//! bytes of uncompressed data per second.
+//! the compression kernel after the value-range read-back, still waits for its launch). Both
+//! are the median of `runs` timed runs after `warmup` untimed ones; GB/s = 1e9 bytes of
+//! uncompressed data per second.
 //!
 //! For `noa` bounds a third phase times [`GpuCodec::compress_device_with_range`] the same way,
 //! with the value range computed once by [`GpuCodec::value_range_device`] before timing (so
