@@ -343,44 +343,33 @@ impl GpuCodec {
         .map_err(gpu_err("cuLaunchKernel"))
     }
 
-    /// The leading decompression-kernel parameters, with this codec's status and ctrl words.
-    fn decode_args(&mut self, g: DecodeGeometry) -> DecodeArgs {
-        DecodeArgs {
-            stream: g.stream,
-            stream_len: g.stream_len,
-            out: g.out,
-            count: g.count,
-            status: self.status_ptr(),
-            ctrl: self.ctrl_ptr(),
-            n_chunks: g.n_chunks,
-        }
-    }
-
-    /// Launch a decompression kernel on `d.n_chunks` blocks: the parameters all of them take
-    /// first (`d`), then the kernel's own (`tail`).
+    /// Launch a decompression kernel on `g.n_chunks` blocks: the parameters all of them take
+    /// first (the stream and output of `g`, this codec's status and ctrl words, the chunk
+    /// count), then the kernel's own (`tail`).
     fn launch_decoder(
-        &self,
+        &mut self,
         f: &CudaFunction,
         threads: u32,
-        d: &DecodeArgs,
-        tail: &mut [*mut c_void],
+        g: DecodeGeometry,
+        tail: &[*mut c_void],
     ) -> Result<()> {
         const HEAD: usize = 7;
         let mut args = [std::ptr::null_mut(); HEAD + 7];
         if tail.len() > args.len() - HEAD {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
+        let (status, ctrl) = (self.status_ptr(), self.ctrl_ptr());
         args[..HEAD].copy_from_slice(&[
-            arg(&d.stream),
-            arg(&d.stream_len),
-            arg(&d.out),
-            arg(&d.count),
-            arg(&d.status),
-            arg(&d.ctrl),
-            arg(&d.n_chunks),
+            arg(&g.stream),
+            arg(&g.stream_len),
+            arg(&g.out),
+            arg(&g.count),
+            arg(&status),
+            arg(&ctrl),
+            arg(&g.n_chunks),
         ]);
         args[HEAD..HEAD + tail.len()].copy_from_slice(tail);
-        self.launch(f, d.n_chunks, threads, &mut args[..HEAD + tail.len()])
+        self.launch(f, g.n_chunks, threads, &mut args[..HEAD + tail.len()])
     }
 
     /// Launch the decoder `f` of `codec` for the stream `g` (its first kernel parameters; `tail`
@@ -391,7 +380,7 @@ impl GpuCodec {
         f: &CudaFunction,
         codec: CodecKind,
         g: DecodeGeometry,
-        tail: &mut [*mut c_void],
+        tail: &[*mut c_void],
     ) -> Result<u64> {
         if codec != CodecKind::Pfpl {
             return self.run_blocked_decoder(f, g, tail)?.ok_or_else(|| {
@@ -399,9 +388,8 @@ impl GpuCodec {
             });
         }
         self.zero_ctrl(g.n_chunks as usize)?;
-        let d = self.decode_args(g);
         self.record(2)?;
-        self.launch_decoder(f, PFPL_THREADS, &d, tail)?;
+        self.launch_decoder(f, PFPL_THREADS, g, tail)?;
         self.record(3)?;
         self.read_ctrl()?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
@@ -438,9 +426,8 @@ impl GpuCodec {
         args[..tail.len()].copy_from_slice(tail);
         args[tail.len()] = arg(&seq);
         args[tail.len() + 1] = arg(&res_dev);
-        let d = self.decode_args(g);
         self.record(2)?;
-        self.launch_decoder(f, self.threads, &d, &mut args[..tail.len() + 2])?;
+        self.launch_decoder(f, self.threads, g, &args[..tail.len() + 2])?;
         self.record(3)?;
         self.stream.synchronize().map_err(gpu_err("sync"))?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
@@ -966,7 +953,7 @@ impl GpuCodec {
             let empty = h.payload_checksum == zhash_bytes(&[])
                 && h.payload_len == 0
                 && h.data_checksum == 0;
-            return Ok(if empty { 0 } else { 32 }); // 32: chunk table checksum mismatch
+            return Ok(if empty { 0 } else { E_TABLE });
         }
         let step = T::from_f64(h.step);
         let inv = T::from_f64(1.0 / step.to_f64());
@@ -979,10 +966,10 @@ impl GpuCodec {
         };
         let tc = h.payload_checksum;
         let (step64, eb) = (h.step, h.abs_bound);
-        let mut tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
-        let mut e = self.run_decoder(&f, codec, g, &mut tail)?;
+        let tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
+        let mut e = self.run_decoder(&f, codec, g, &tail)?;
         if codec == CodecKind::Pfpl && pfpl_data_mismatch(h, &self.host_ctrl) {
-            e |= 4;
+            e |= E_CHECKSUM;
         }
         Ok(e)
     }
@@ -991,8 +978,8 @@ impl GpuCodec {
     /// `zc_decompress_hdr` kernel of the guessed (blocked) codec and bound mode reads its
     /// parameters from the stream's header on the device and does nothing unless that header
     /// has those tags, `out.len()` values and their chunk count; the kernel's last block copies
-    /// the header into the ctrl words, which come back in one copy (one synchronization), and
-    /// it is then checked as the ordinary path checks it.
+    /// the header into the host-mapped result words (one synchronization, no copy), and it is
+    /// then checked as the ordinary path checks it.
     /// Returns `Ok(true)` when `out` holds the decoded values, `Ok(false)` when the ordinary path
     /// must decide (another codec or mode, a stored stream, any error the kernel flagged: that
     /// path then reports it), or the ordinary path's error for the header itself.
@@ -1195,10 +1182,10 @@ fn kernel_name<T: GpuElement>(op: &str, codec: CodecKind, mode: BoundMode) -> Re
     Ok(format!("zc_{op}_{}_{cname}_{m}", T::KERNEL_TAG))
 }
 
-/// The leading parameters of every decompression kernel (kernels/blocked.cu, kernels/pfpl.cu):
-/// stream address and length, output address, value count, look-back status and ctrl words,
+/// The stream and output of one decompression launch: with this codec's look-back status and
+/// ctrl words, the leading parameters of every decompression kernel (kernels/blocked.cu,
+/// kernels/pfpl.cu): stream address and length, output address, value count, status, ctrl,
 /// chunk count (= the grid).
-/// The stream and output of one decompression launch.
 #[derive(Clone, Copy)]
 struct DecodeGeometry {
     stream: u64,
@@ -1208,15 +1195,10 @@ struct DecodeGeometry {
     n_chunks: u32,
 }
 
-struct DecodeArgs {
-    stream: u64,
-    stream_len: u64,
-    out: u64,
-    count: u64,
-    status: u64,
-    ctrl: u64,
-    n_chunks: u32,
-}
+/// Decompression error bits (kernels/blocked.cu `ZC_E_CHECKSUM`, `ZC_E_TABLE`; pfpl's are the
+/// same) that the host also sets itself.
+const E_CHECKSUM: u64 = 4;
+const E_TABLE: u64 = 32;
 
 /// The error for the non-zero error bits `e` of a decompression kernel (kernels/blocked.cu
 /// `ZC_E_*`; pfpl's are the same).
@@ -1225,10 +1207,10 @@ fn decode_error(e: u64) -> Error {
     for (bit, name) in [
         (1, "chunk size not a multiple of 4"),
         (2, "chunk runs past the end of the stream"),
-        (4, "chunk (pfpl: data) checksum mismatch"),
+        (E_CHECKSUM, "chunk (pfpl: data) checksum mismatch"),
         (8, "invalid chunk metadata"),
         (16, "chunk sizes do not add up to the payload length"),
-        (32, "chunk table checksum mismatch"),
+        (E_TABLE, "chunk table checksum mismatch"),
     ] {
         if e & bit != 0 {
             what.push(name);
