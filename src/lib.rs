@@ -19,7 +19,6 @@ pub use quant::ErrorBound;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 
-#[cfg(feature = "mpi")]
 pub mod comm;
 
 pub mod model;

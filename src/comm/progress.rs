@@ -30,6 +30,7 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// Start the thread; `make` builds its communicator on the thread.
+    #[cfg(feature = "mpi")]
     pub(crate) fn start(make: Box<dyn FnOnce() -> Result<Communicator> + Send>) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()

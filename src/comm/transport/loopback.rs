@@ -1,0 +1,569 @@
+//! An in-process [`Transport`]: the ranks of one group are threads of one process exchanging
+//! messages through shared queues.
+//!
+//! It exists so that every operation of the communication layer can run, and be tested, without
+//! an MPI launcher or a second machine: `cargo test` in CI runs the same algorithms that
+//! `mpirun` runs, on 1 to N ranks, with the CPU codec. An optional [`LinkEmulation`] delays each
+//! message by `latency + bytes / bandwidth` on a per-direction link, so that the speedup model
+//! and the pipelines can be exercised against a link of known speed.
+//!
+//! Semantics follow MPI's where the algorithms rely on them: messages between one pair of ranks
+//! with one tag arrive in order; sends complete at once (the message is copied, as an eager MPI
+//! send would); collectives must be called by every rank in the same order. Collectives reduce in
+//! rank order, so every rank gets bit-identical results. A rank whose transport is dropped is
+//! "gone": a receive that can only be satisfied by it fails instead of waiting forever.
+//!
+//! ```
+//! use zcomm::comm::transport::{LoopbackTransport, Transport};
+//! let group = LoopbackTransport::group(3);
+//! let sums = std::thread::scope(|s| {
+//!     let handles: Vec<_> = group
+//!         .into_iter()
+//!         .map(|t| {
+//!             s.spawn(move || {
+//!                 let mut v = [t.rank() as f64];
+//!                 t.allreduce_f64(&mut v, zcomm::comm::transport::ReduceOp::Sum).unwrap();
+//!                 v[0]
+//!             })
+//!         })
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+//! });
+//! assert_eq!(sums, vec![3.0; 3]);
+//! ```
+
+use super::{ReduceOp, SendHandle, Transport};
+use crate::error::{Error, Result};
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The speed of the emulated link between every ordered pair of ranks.
+///
+/// Each direction of each pair is one link: messages on it are serialised (a message starts when
+/// the previous one has left), take `bytes / bandwidth` seconds to leave and arrive `latency`
+/// seconds after that. The default is an unthrottled link (messages are visible at once).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct LinkEmulation {
+    /// Bytes per second of one direction of one link; `None`: unlimited.
+    pub bandwidth: Option<f64>,
+    /// Seconds from a message's departure to its arrival.
+    pub latency: f64,
+}
+
+impl LinkEmulation {
+    /// A link of `bandwidth` bytes per second and `latency` seconds.
+    pub fn new(bandwidth: f64, latency: f64) -> Result<Self> {
+        if !(bandwidth.is_finite() && bandwidth > 0.0) {
+            return Err(Error::invalid(format!(
+                "loopback link bandwidth must be positive and finite, got {bandwidth}"
+            )));
+        }
+        if !(latency.is_finite() && latency >= 0.0) {
+            return Err(Error::invalid(format!(
+                "loopback link latency must be non-negative and finite, got {latency}"
+            )));
+        }
+        Ok(LinkEmulation {
+            bandwidth: Some(bandwidth),
+            latency,
+        })
+    }
+
+    /// Seconds a message of `bytes` occupies the link.
+    fn occupancy(&self, bytes: usize) -> f64 {
+        self.bandwidth.map_or(0.0, |bw| bytes as f64 / bw)
+    }
+}
+
+/// Which stream of messages between two ranks a message belongs to. Collectives get their own
+/// channel per call so they can never match a user's point-to-point message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Channel {
+    P2p(i32),
+    Collective(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Route {
+    src: usize,
+    dst: usize,
+    channel: Channel,
+}
+
+#[derive(Debug)]
+struct Message {
+    bytes: Vec<u8>,
+    /// Seconds since the fabric's epoch at which the receiver may see it.
+    arrives: f64,
+}
+
+#[derive(Debug, Default)]
+struct Queues {
+    messages: HashMap<Route, VecDeque<Message>>,
+    /// For each `src * size + dst`: when that link is free again (seconds since the epoch).
+    link_free: Vec<f64>,
+}
+
+/// State shared by the ranks of one group.
+#[derive(Debug)]
+struct Fabric {
+    size: usize,
+    link: LinkEmulation,
+    epoch: Instant,
+    queues: Mutex<Queues>,
+    arrived: Condvar,
+    /// `alive[r]`: rank `r`'s transport has not been dropped.
+    alive: Vec<AtomicBool>,
+}
+
+impl Fabric {
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        // A panicking rank thread cannot leave the queues half-updated (every update is one
+        // push or pop), so a poisoned lock is still consistent.
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn post(&self, route: Route, bytes: Vec<u8>) {
+        let now = self.now();
+        let mut q = self.lock();
+        let arrives = match self.link.bandwidth {
+            None => now + self.link.latency,
+            Some(_) => {
+                let slot = &mut q.link_free[route.src * self.size + route.dst];
+                let start = slot.max(now);
+                *slot = start + self.link.occupancy(bytes.len());
+                *slot + self.link.latency
+            }
+        };
+        q.messages
+            .entry(route)
+            .or_default()
+            .push_back(Message { bytes, arrives });
+        drop(q);
+        self.arrived.notify_all();
+    }
+
+    /// Wait for the next message on `route` and take it.
+    fn take(&self, route: Route) -> Result<Vec<u8>> {
+        let mut q = self.lock();
+        loop {
+            let now = self.now();
+            let wait = match q.messages.get_mut(&route).and_then(|m| m.front()) {
+                Some(m) if m.arrives <= now => {
+                    let m = q
+                        .messages
+                        .get_mut(&route)
+                        .and_then(VecDeque::pop_front)
+                        .expect("front checked above");
+                    return Ok(m.bytes);
+                }
+                Some(m) => Some(Duration::from_secs_f64(m.arrives - now)),
+                None if !self.alive[route.src].load(Ordering::Acquire) => {
+                    return Err(Error::Comm(format!(
+                        "loopback: rank {} left the group before sending the message rank {} \
+                         waits for",
+                        route.src, route.dst
+                    )));
+                }
+                None => None,
+            };
+            q = match wait {
+                Some(d) => {
+                    self.arrived
+                        .wait_timeout(q, d)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.arrived.wait(q).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+    }
+
+    fn ready(&self, route: Route) -> bool {
+        let now = self.now();
+        self.lock()
+            .messages
+            .get(&route)
+            .and_then(|m| m.front())
+            .is_some_and(|m| m.arrives <= now)
+    }
+}
+
+/// One rank of an in-process group (see the [module docs](self)). `Send`, so each rank can be
+/// moved to its own thread; not `Sync` (one thread drives one rank, as with MPI).
+#[derive(Debug)]
+pub struct LoopbackTransport {
+    rank: usize,
+    fabric: Arc<Fabric>,
+    /// Number of collectives this rank has started: every rank calls collectives in the same
+    /// order, so equal counts name the same call.
+    collectives: Cell<u64>,
+}
+
+impl LoopbackTransport {
+    /// A group of `n` ranks over an unthrottled link (`n >= 1`; zero gives an empty group).
+    pub fn group(n: usize) -> Vec<Self> {
+        Self::group_with_link(n, LinkEmulation::default())
+    }
+
+    /// A group of `n` ranks whose messages travel over emulated links of speed `link`.
+    pub fn group_with_link(n: usize, link: LinkEmulation) -> Vec<Self> {
+        let fabric = Arc::new(Fabric {
+            size: n,
+            link,
+            epoch: Instant::now(),
+            queues: Mutex::new(Queues {
+                messages: HashMap::new(),
+                link_free: vec![0.0; n * n],
+            }),
+            arrived: Condvar::new(),
+            alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
+        });
+        (0..n)
+            .map(|rank| LoopbackTransport {
+                rank,
+                fabric: fabric.clone(),
+                collectives: Cell::new(0),
+            })
+            .collect()
+    }
+
+    /// The emulated link.
+    pub fn link(&self) -> LinkEmulation {
+        self.fabric.link
+    }
+
+    fn check_peer(&self, r: usize) -> Result<()> {
+        if r >= self.fabric.size {
+            return Err(Error::invalid(format!(
+                "rank {r} out of range (size {})",
+                self.fabric.size
+            )));
+        }
+        Ok(())
+    }
+
+    fn p2p(&self, src: usize, dst: usize, tag: i32) -> Result<Route> {
+        self.check_peer(src)?;
+        self.check_peer(dst)?;
+        if tag < 0 {
+            return Err(Error::invalid(format!("negative message tag {tag}")));
+        }
+        Ok(Route {
+            src,
+            dst,
+            channel: Channel::P2p(tag),
+        })
+    }
+
+    /// Every rank's record of this collective call, in rank order (this rank's own included).
+    fn exchange_all(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let seq = self.collectives.get();
+        self.collectives.set(seq + 1);
+        let channel = Channel::Collective(seq);
+        let size = self.fabric.size;
+        for dst in (0..size).filter(|&d| d != self.rank) {
+            let route = Route {
+                src: self.rank,
+                dst,
+                channel,
+            };
+            self.fabric.post(route, mine.to_vec());
+        }
+        (0..size)
+            .map(|src| {
+                if src == self.rank {
+                    Ok(mine.to_vec())
+                } else {
+                    self.fabric.take(Route {
+                        src,
+                        dst: self.rank,
+                        channel,
+                    })
+                }
+            })
+            .collect()
+    }
+
+    /// Element-wise sum, in rank order, of every rank's `input` (the same length everywhere).
+    fn sum_all<const W: usize>(
+        &self,
+        input: &[u8],
+        out_len: usize,
+        add: impl Fn(&mut [u8; W], [u8; W]),
+    ) -> Result<Vec<u8>> {
+        let all = self.exchange_all(input)?;
+        if let Some((r, bad)) = all.iter().enumerate().find(|(_, a)| a.len() != out_len) {
+            return Err(Error::Comm(format!(
+                "loopback sum: rank {r} contributed {} bytes, {out_len} expected",
+                bad.len()
+            )));
+        }
+        let mut acc = all[0].clone();
+        for other in &all[1..] {
+            for (a, b) in acc.chunks_exact_mut(W).zip(other.chunks_exact(W)) {
+                let a: &mut [u8; W] = a.try_into().expect("chunks of W bytes");
+                add(a, b.try_into().expect("chunks of W bytes"));
+            }
+        }
+        Ok(acc)
+    }
+}
+
+impl Drop for LoopbackTransport {
+    fn drop(&mut self) {
+        self.fabric.alive[self.rank].store(false, Ordering::Release);
+        self.fabric.arrived.notify_all();
+    }
+}
+
+/// A send that completed when it was posted (the loopback copies the message).
+struct Sent;
+
+impl SendHandle for Sent {
+    fn wait(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+    fn test(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+impl Transport for LoopbackTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.fabric.size
+    }
+
+    fn send(&self, dest: usize, tag: i32, bytes: &[u8]) -> Result<()> {
+        let route = self.p2p(self.rank, dest, tag)?;
+        self.fabric.post(route, bytes.to_vec());
+        Ok(())
+    }
+
+    fn recv(&self, src: usize, tag: i32) -> Result<Vec<u8>> {
+        let route = self.p2p(src, self.rank, tag)?;
+        self.fabric.take(route)
+    }
+
+    fn sendrecv(&self, dest: usize, bytes: &[u8], src: usize, tag: i32) -> Result<Vec<u8>> {
+        self.send(dest, tag, bytes)?;
+        self.recv(src, tag)
+    }
+
+    fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>> {
+        let route = self.p2p(self.rank, dest, tag)?;
+        self.fabric.post(route, bytes);
+        Ok(Box::new(Sent))
+    }
+
+    fn iprobe(&self, src: usize, tag: i32) -> Result<bool> {
+        let route = self.p2p(src, self.rank, tag)?;
+        Ok(self.fabric.ready(route))
+    }
+
+    fn allgather_fixed(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        let all = self.exchange_all(mine)?;
+        if let Some((r, bad)) = all.iter().enumerate().find(|(_, a)| a.len() != mine.len()) {
+            return Err(Error::Comm(format!(
+                "allgather_fixed: rank {r} sent {} bytes, this rank {}",
+                bad.len(),
+                mine.len()
+            )));
+        }
+        Ok(all.concat())
+    }
+
+    fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.exchange_all(mine)
+    }
+
+    fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()> {
+        self.check_peer(root)?;
+        // Every rank takes part in the exchange so that the collective counters stay in step;
+        // only the root's record is kept.
+        let mine = if self.rank == root {
+            bytes.as_slice()
+        } else {
+            &[]
+        };
+        let mut all = self.exchange_all(mine)?;
+        *bytes = std::mem::take(&mut all[root]);
+        Ok(())
+    }
+
+    fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()> {
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f = |a: &mut [u8; 8], b: [u8; 8]| {
+            let (x, y) = (f64::from_le_bytes(*a), f64::from_le_bytes(b));
+            let r = match op {
+                ReduceOp::Sum => x + y,
+                ReduceOp::Min => x.min(y),
+                ReduceOp::Max => x.max(y),
+            };
+            *a = r.to_le_bytes();
+        };
+        let acc = self.sum_all::<8>(&bytes, bytes.len(), f)?;
+        for (v, c) in vals.iter_mut().zip(acc.chunks_exact(8)) {
+            *v = f64::from_le_bytes(c.try_into().expect("8-byte chunks"));
+        }
+        Ok(())
+    }
+
+    fn allreduce_sum_f32(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        if input.len() != out.len() {
+            return Err(Error::invalid(
+                "allreduce_sum_f32: input and output lengths differ",
+            ));
+        }
+        let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let add = |a: &mut [u8; 4], b: [u8; 4]| {
+            *a = (f32::from_le_bytes(*a) + f32::from_le_bytes(b)).to_le_bytes();
+        };
+        let acc = self.sum_all::<4>(&bytes, bytes.len(), add)?;
+        for (v, c) in out.iter_mut().zip(acc.chunks_exact(4)) {
+            *v = f32::from_le_bytes(c.try_into().expect("4-byte chunks"));
+        }
+        Ok(())
+    }
+
+    fn allreduce_sum_f64(&self, input: &[f64], out: &mut [f64]) -> Result<()> {
+        if input.len() != out.len() {
+            return Err(Error::invalid(
+                "allreduce_sum_f64: input and output lengths differ",
+            ));
+        }
+        let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let add = |a: &mut [u8; 8], b: [u8; 8]| {
+            *a = (f64::from_le_bytes(*a) + f64::from_le_bytes(b)).to_le_bytes();
+        };
+        let acc = self.sum_all::<8>(&bytes, bytes.len(), add)?;
+        for (v, c) in out.iter_mut().zip(acc.chunks_exact(8)) {
+            *v = f64::from_le_bytes(c.try_into().expect("8-byte chunks"));
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.exchange_all(&[]).map(drop)
+    }
+
+    fn wtime(&self) -> f64 {
+        self.fabric.now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_group<R: Send>(
+        group: Vec<LoopbackTransport>,
+        f: impl Fn(LoopbackTransport) -> R + Sync,
+    ) -> Vec<R> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .into_iter()
+                .map(|t| {
+                    let f = &f;
+                    s.spawn(move || f(t))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn messages_between_a_pair_arrive_in_order_and_tags_do_not_mix() {
+        let got = on_group(LoopbackTransport::group(2), |t| {
+            if t.rank() == 0 {
+                t.send(1, 7, b"a").unwrap();
+                t.send(1, 9, b"x").unwrap();
+                t.send(1, 7, b"b").unwrap();
+                vec![]
+            } else {
+                vec![
+                    t.recv(0, 9).unwrap(),
+                    t.recv(0, 7).unwrap(),
+                    t.recv(0, 7).unwrap(),
+                ]
+            }
+        });
+        assert_eq!(got[1], vec![b"x".to_vec(), b"a".to_vec(), b"b".to_vec()]);
+    }
+
+    #[test]
+    fn collectives_agree_on_every_rank() {
+        let got = on_group(LoopbackTransport::group(4), |t| {
+            let r = t.rank();
+            let fixed = t.allgather_fixed(&[r as u8; 2]).unwrap();
+            let var = t.allgatherv(&vec![r as u8; r]).unwrap();
+            let mut b = if r == 2 { b"root".to_vec() } else { vec![] };
+            t.bcast(2, &mut b).unwrap();
+            let mut out = [0.0f32; 3];
+            t.allreduce_sum_f32(&[r as f32, 1.0, -0.5], &mut out)
+                .unwrap();
+            let mut m = [r as f64, -(r as f64)];
+            t.allreduce_f64(&mut m, ReduceOp::Max).unwrap();
+            t.barrier().unwrap();
+            (fixed, var, b, out, m)
+        });
+        for (fixed, var, b, out, m) in got {
+            assert_eq!(fixed, vec![0, 0, 1, 1, 2, 2, 3, 3]);
+            assert_eq!(var, vec![vec![], vec![1], vec![2, 2], vec![3, 3, 3]]);
+            assert_eq!(b, b"root");
+            assert_eq!(out, [6.0, 4.0, -2.0]);
+            assert_eq!(m, [3.0, 0.0]);
+        }
+    }
+
+    #[test]
+    fn a_departed_rank_is_an_error_not_a_hang() {
+        let mut g = LoopbackTransport::group(2);
+        let t1 = g.pop().unwrap();
+        drop(g); // rank 0 leaves without sending
+        let e = t1.recv(0, 0).unwrap_err();
+        assert!(e.to_string().contains("rank 0 left"), "{e}");
+    }
+
+    #[test]
+    fn bad_peers_and_tags_are_errors() {
+        let g = LoopbackTransport::group(2);
+        assert!(g[0].send(2, 0, b"").is_err());
+        assert!(g[0].send(1, -1, b"").is_err());
+        assert!(g[0].recv(5, 0).is_err());
+        assert!(LinkEmulation::new(0.0, 0.0).is_err());
+        assert!(LinkEmulation::new(1e9, f64::NAN).is_err());
+    }
+
+    #[test]
+    fn an_emulated_link_delays_by_size() {
+        // 1 MB at 100 MB/s = 10 ms on the link plus 1 ms latency.
+        let link = LinkEmulation::new(100e6, 1e-3).unwrap();
+        let got = on_group(LoopbackTransport::group_with_link(2, link), |t| {
+            if t.rank() == 0 {
+                t.barrier().unwrap();
+                t.send(1, 0, &vec![0u8; 1_000_000]).unwrap();
+                0.0
+            } else {
+                t.barrier().unwrap();
+                let t0 = t.wtime();
+                t.recv(0, 0).unwrap();
+                t.wtime() - t0
+            }
+        });
+        assert!(got[1] >= 0.0105, "arrived after {} s", got[1]);
+        assert!(got[1] < 1.0, "arrived after {} s", got[1]);
+    }
+}

@@ -1,0 +1,259 @@
+//! Every host operation of the communication layer on 1 to 4 ranks of the in-process loopback
+//! transport, with the CPU codec: the same algorithms `mpirun` runs, inside `cargo test`.
+
+use zcomm::comm::transport::{LinkEmulation, LoopbackTransport, Transport};
+use zcomm::comm::{partition, Calibration, Communicator, Config, CpuCompressor, Decision};
+use zcomm::model::{Link, Policy, Profile};
+use zcomm::{CodecKind, ErrorBound};
+
+/// A profile for a link of `bandwidth` bytes/s (no measurement: tests stay fast and
+/// deterministic).
+fn profile(bandwidth: f64) -> Profile {
+    Profile::new(Link {
+        bandwidth,
+        latency: 1e-6,
+    })
+}
+
+/// Run `f` on every rank of a loopback group of `p` ranks, each on its own thread with its own
+/// communicator; results in rank order.
+fn on_ranks<R: Send>(
+    p: usize,
+    link: LinkEmulation,
+    cfg: Config,
+    f: impl Fn(&mut Communicator) -> R + Sync,
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = LoopbackTransport::group_with_link(p, link)
+            .into_iter()
+            .map(|t| {
+                let (f, cfg) = (&f, cfg.clone());
+                s.spawn(move || {
+                    let mut c =
+                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
+                            .expect("communicator over loopback");
+                    f(&mut c)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+fn cfg(policy: Policy, bound: ErrorBound) -> Config {
+    Config::new(bound)
+        .with_policy(policy)
+        .with_calibration(Calibration::Fixed(profile(1e9)))
+}
+
+/// A smooth, rank-dependent signal.
+fn field(rank: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as f32) * 1e-3 + rank as f32).sin() * 100.0 + rank as f32)
+        .collect()
+}
+
+fn max_err(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).abs())
+        .fold(0.0, f64::max)
+}
+
+const ALWAYS: Policy = Policy::Always(CodecKind::Aatrox);
+
+#[test]
+fn sendrecv_ring_holds_the_bound_on_every_rank_count() {
+    for p in 1..=4 {
+        for policy in [ALWAYS, Policy::Never] {
+            let got = on_ranks(
+                p,
+                LinkEmulation::default(),
+                cfg(policy, ErrorBound::Abs(1e-2)),
+                |c| {
+                    let (r, p) = (c.rank(), c.size());
+                    let send = field(r, 50_000);
+                    let mut recv = vec![0.0f32; 50_000];
+                    let st = c
+                        .sendrecv(&send, (r + 1) % p, &mut recv, (r + p - 1) % p, 3)
+                        .unwrap();
+                    (max_err(&recv, &field((r + p - 1) % p, 50_000)), st)
+                },
+            );
+            for (e, st) in got {
+                match policy {
+                    Policy::Never => {
+                        assert_eq!(e, 0.0);
+                        assert_eq!(st.decision, Decision::Raw);
+                    }
+                    _ => {
+                        assert!(e <= 1e-2, "p={p}: error {e}");
+                        assert_eq!(st.decision, Decision::Compressed);
+                        assert!(st.ratio > 2.0, "p={p}: ratio {}", st.ratio);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn send_and_recv_with_pipelined_chunks() {
+    // 400 KB messages in 64 KB chunks: the chunk pipeline runs.
+    let c0 = cfg(ALWAYS, ErrorBound::Noa(1e-4)).with_pipeline(64 << 10, 128 << 10);
+    let got = on_ranks(2, LinkEmulation::default(), c0, |c| {
+        let data = field(7, 100_000);
+        if c.rank() == 0 {
+            c.send(&data, 1, 11).unwrap();
+            assert!(c.pipeline_chunks() >= 6, "chunks: {}", c.pipeline_chunks());
+            0.0
+        } else {
+            let mut out = vec![0.0f32; data.len()];
+            c.recv(&mut out, 0, 11).unwrap();
+            let (lo, hi) = data.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| {
+                (lo.min(v as f64), hi.max(v as f64))
+            });
+            max_err(&out, &data) / (1e-4 * (hi - lo))
+        }
+    });
+    assert!(got[1] <= 1.0, "error/bound = {}", got[1]);
+}
+
+#[test]
+fn allgather_and_bcast_hold_the_bound() {
+    for p in 1..=4 {
+        let got = on_ranks(
+            p,
+            LinkEmulation::default(),
+            cfg(ALWAYS, ErrorBound::Abs(1e-3)),
+            |c| {
+                let (r, p) = (c.rank(), c.size());
+                let n = 10_000;
+                let mut all = vec![0.0f32; n * p];
+                c.allgather(&field(r, n), &mut all).unwrap();
+                let gather_err = (0..p)
+                    .map(|k| max_err(&all[k * n..(k + 1) * n], &field(k, n)))
+                    .fold(0.0, f64::max);
+                let mut b = if r == p - 1 {
+                    field(99, n)
+                } else {
+                    vec![0.0; n]
+                };
+                c.bcast(&mut b, p - 1).unwrap();
+                (gather_err, max_err(&b, &field(99, n)), b)
+            },
+        );
+        for (g, b, v) in &got {
+            assert!(*g <= 1e-3 && *b <= 1e-3, "p={p}: {g} {b}");
+            assert_eq!(v, &got[0].2, "p={p}: ranks disagree after bcast");
+        }
+    }
+}
+
+#[test]
+fn reductions_hold_the_end_to_end_bound_and_agree_bitwise() {
+    for p in 1..=4 {
+        for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {
+            let n = 30_001;
+            let got = on_ranks(p, LinkEmulation::default(), cfg(ALWAYS, bound), |c| {
+                let (r, p) = (c.rank(), c.size());
+                let x = field(r, n);
+                let mut sum = vec![0.0f32; n];
+                let s1 = c.allreduce(&x, &mut sum).unwrap();
+                let mut mean = vec![0.0f32; n];
+                let s2 = c.allreduce_mean(&x, &mut mean).unwrap();
+                let seg = partition(n, p)[r].clone();
+                let mut part = vec![0.0f32; seg.len()];
+                let s3 = c.reduce_scatter(&x, &mut part).unwrap();
+                let mut inplace = x.clone();
+                c.allreduce_in_place(&mut inplace).unwrap();
+                (sum, mean, part, seg, inplace, [s1, s2, s3])
+            });
+            let inputs: Vec<Vec<f32>> = (0..p).map(|r| field(r, n)).collect();
+            let exact: Vec<f64> = (0..n)
+                .map(|i| inputs.iter().map(|x| x[i] as f64).sum())
+                .collect();
+            for (sum, mean, part, seg, inplace, st) in &got {
+                let e_sum = sum.iter().zip(&exact).map(|(a, b)| (*a as f64 - b).abs());
+                assert!(
+                    e_sum.fold(0.0, f64::max) <= st[0].bound,
+                    "p={p} {bound:?} sum"
+                );
+                let e_mean = mean
+                    .iter()
+                    .zip(&exact)
+                    .map(|(a, b)| (*a as f64 - b / p as f64).abs());
+                assert!(
+                    e_mean.fold(0.0, f64::max) <= st[1].bound,
+                    "p={p} {bound:?} mean"
+                );
+                let e_rs = part
+                    .iter()
+                    .zip(&exact[seg.clone()])
+                    .map(|(a, b)| (*a as f64 - b).abs());
+                assert!(
+                    e_rs.fold(0.0, f64::max) <= st[2].bound,
+                    "p={p} {bound:?} rs"
+                );
+                // identical results on every rank (same algorithm, same order)
+                assert_eq!(sum, &got[0].0);
+                assert_eq!(inplace, &got[0].0);
+                if p > 1 {
+                    assert_eq!(st[0].decision, Decision::Compressed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_count_mismatch_fails_on_every_rank() {
+    let got = on_ranks(
+        3,
+        LinkEmulation::default(),
+        cfg(ALWAYS, ErrorBound::Abs(1e-3)),
+        |c| {
+            let n = 1000 + usize::from(c.rank() == 1);
+            let x = vec![1.0f32; n];
+            let mut out = vec![0.0f32; n];
+            c.allreduce(&x, &mut out)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        },
+    );
+    for r in got {
+        let e = r.unwrap_err();
+        assert!(e.contains("mismatch"), "{e}");
+    }
+}
+
+#[test]
+fn auto_compresses_over_a_slow_link_and_not_over_a_fast_one() {
+    // The model's link speed is what decides: 10 MB/s makes compression pay for smooth data,
+    // 10 TB/s (faster than the CPU codec) does not.
+    for (bandwidth, want) in [(10e6, Decision::Compressed), (10e12, Decision::Raw)] {
+        let c0 = Config::new(ErrorBound::Noa(1e-3))
+            .with_policy(Policy::Auto(CodecKind::Aatrox))
+            .with_calibration(Calibration::Fixed(profile(bandwidth)));
+        let got = on_ranks(2, LinkEmulation::default(), c0, |c| {
+            let r = c.rank();
+            let send = field(r, 1 << 20);
+            let mut recv = vec![0.0f32; send.len()];
+            c.sendrecv(&send, 1 - r, &mut recv, 1 - r, 0)
+                .unwrap()
+                .decision
+        });
+        assert_eq!(got, vec![want; 2], "bandwidth {bandwidth}");
+    }
+}
+
+#[test]
+fn the_transport_is_usable_directly() {
+    let g = LoopbackTransport::group(1);
+    assert_eq!((g[0].rank(), g[0].size()), (0, 1));
+    let mut b = b"x".to_vec();
+    g[0].bcast(0, &mut b).unwrap();
+    assert_eq!(b, b"x");
+}
