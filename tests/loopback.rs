@@ -257,3 +257,81 @@ fn the_transport_is_usable_directly() {
     g[0].bcast(0, &mut b).unwrap();
     assert_eq!(b, b"x");
 }
+
+/// A smooth log-normal field: `exp(2 g)` of a smooth zero-mean signal `g` with unit variance, so
+/// most values sit near 1 and a few reach e^6: the heavy tail stretches the `noa` range.
+fn log_normal(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let t = i as f64 / n as f64;
+            let g = [(3.0, 0.3), (17.0, 1.1), (61.0, 2.0), (211.0, 4.2)]
+                .iter()
+                .map(|(f, ph)| (std::f64::consts::TAU * f * t + ph).sin())
+                .sum::<f64>()
+                / 2f64.sqrt();
+            (2.0 * g).exp() as f32
+        })
+        .collect()
+}
+
+#[test]
+fn auto_chooses_the_codec_per_message_by_link_speed() {
+    let data = log_normal(1 << 20);
+    let bound = ErrorBound::Noa(1e-2);
+    let ratio =
+        |c| (data.len() * 4) as f64 / zcomm::compress(&data, bound, c).unwrap().len() as f64;
+    let (r_aatrox, r_pfpl) = (ratio(CodecKind::Aatrox), ratio(CodecKind::Pfpl));
+    // the premise: on a heavy-tailed field pfpl reaches the higher ratio
+    assert!(
+        r_pfpl > 1.3 * r_aatrox,
+        "pfpl {r_pfpl} vs aatrox {r_aatrox}"
+    );
+    // GPU-like codec speeds (bytes/s): aatrox the faster, pfpl the denser
+    let speeds = [
+        (CodecKind::Aatrox, 1300e9, 1900e9),
+        (CodecKind::Pfpl, 500e9, 600e9),
+    ];
+    let with_codecs = |bandwidth: f64| {
+        let mut p = profile(bandwidth);
+        p.codecs = speeds
+            .iter()
+            .flat_map(|&(codec, compress, decompress)| {
+                [1, 2].map(|dtype| zcomm::model::CodecSpeed {
+                    codec,
+                    dtype,
+                    compress,
+                    decompress,
+                    ratio: 10.0,
+                })
+            })
+            .collect();
+        Config::new(bound)
+            .with_policy(Policy::Auto(CodecKind::Aatrox))
+            .with_calibration(Calibration::Fixed(p))
+    };
+    for (bandwidth, want) in [(1e9, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
+        let got = on_ranks(2, LinkEmulation::default(), with_codecs(bandwidth), |c| {
+            let r = c.rank();
+            let mut recv = vec![0.0f32; data.len()];
+            let st = c.sendrecv(&data, 1 - r, &mut recv, 1 - r, 0).unwrap();
+            assert!(max_err(&recv, &data) <= st.bound, "bound");
+            (st.decision, st.codec)
+        });
+        assert_eq!(
+            got,
+            vec![(Decision::Compressed, Some(want)); 2],
+            "link {bandwidth}"
+        );
+        // the reductions choose the same way, one choice for all ranks
+        let got = on_ranks(2, LinkEmulation::default(), with_codecs(bandwidth), |c| {
+            let mut out = vec![0.0f32; data.len()];
+            let st = c.allreduce(&data, &mut out).unwrap();
+            (st.decision, st.codec)
+        });
+        assert_eq!(
+            got,
+            vec![(Decision::Compressed, Some(want)); 2],
+            "allreduce, link {bandwidth}"
+        );
+    }
+}

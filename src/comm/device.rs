@@ -1810,8 +1810,9 @@ impl Communicator {
             // once to learn the ratio
             Policy::Auto(_) => {
                 let best = model::predict(&sc(f64::INFINITY, 1));
-                best.compressed_serial < 0.95 * best.raw_serial
-                    && (est.is_none() || pr.compressed_serial < 0.95 * pr.raw_serial)
+                best.compressed_serial < crate::model::choice::HYSTERESIS * best.raw_serial
+                    && (est.is_none()
+                        || pr.compressed_serial < crate::model::choice::HYSTERESIS * pr.raw_serial)
             }
         } && n > 0;
         let mut st = OpStats::raw(OP_SENDRECV);
@@ -2822,7 +2823,8 @@ impl Communicator {
                 Policy::Auto(_) => {
                     let (raw_best, cmp_best) = dp.predict_bcast(link, p, bytes, f64::INFINITY);
                     let (raw_t, cmp_t) = dp.predict_bcast(link, p, bytes, est.unwrap_or(1.0));
-                    cmp_best < 0.95 * raw_best && (est.is_none() || cmp_t < 0.95 * raw_t)
+                    cmp_best < crate::model::choice::HYSTERESIS * raw_best
+                        && (est.is_none() || cmp_t < crate::model::choice::HYSTERESIS * raw_t)
                 }
             } && n > 0;
             // into the stager's pinned send buffer: no per-call host allocation, no copy
@@ -3119,7 +3121,8 @@ impl Communicator {
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let link = self.profile.link;
         let (bytes, out_bytes) = (n * T::SIZE, want * T::SIZE);
-        let (host_raw, _) = self.reduce_times::<T>(n, full, 1.0);
+        let (host_raw, _) =
+            self.reduce_times::<T>(n, full, 1.0, self.config.policy.codec().unwrap_or_default());
         let raw_t = host_raw + dp.d2h_s(bytes as f64) + dp.h2d_s(out_bytes as f64);
         let key = super::coll_key(n, self.config.bound);
         // the ring's per-step ratio and (allreduces) the final streams' ratio, remembered
@@ -3144,7 +3147,7 @@ impl Communicator {
                 let mut v = [
                     1.0 / est.unwrap_or(1.0).max(1e-9),
                     f64::from(u8::from(est.is_some())),
-                    f64::from(u8::from(best < 0.95 * raw_t)),
+                    f64::from(u8::from(best < crate::model::choice::HYSTERESIS * raw_t)),
                     1.0 / est_f.unwrap_or(1.0).max(1e-9),
                 ];
                 self.transport().allreduce_f64(&mut v, ReduceOp::Sum)?;
@@ -3153,7 +3156,9 @@ impl Communicator {
                 let cmp = dp
                     .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
                     .total();
-                let mut w = [f64::from(u8::from(can && (!known || cmp < 0.95 * raw_t)))];
+                let mut w = [f64::from(u8::from(
+                    can && (!known || cmp < crate::model::choice::HYSTERESIS * raw_t),
+                ))];
                 self.transport().allreduce_f64(&mut w, ReduceOp::Min)?;
                 (w[0] > 0.5, ratio, ratio_f)
             }

@@ -138,7 +138,7 @@ pub use transport::{PendingBytes, ReduceOp, SendHandle, Transport};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::format::Dtype;
-use crate::model::{self, Link, Policy, Profile, RatioCache, Scenario};
+use crate::model::{self, choice, Link, Policy, Profile, RatioCache, Scenario};
 use crate::quant::ErrorBound;
 use element::{dtype_name, scalar_bytes, scalars_from_bytes};
 use pipeline::ChunkCodec;
@@ -951,10 +951,14 @@ impl Communicator {
             };
         }
         let codec = self.config.policy.codec().unwrap_or_default();
+        // every codec, so that `Auto` can choose among them per message
         let mut codecs = Vec::new();
-        for dt in [Dtype::F32, Dtype::F64] {
+        for (&c, dt) in CodecKind::ALL
+            .iter()
+            .flat_map(|c| [(c, Dtype::F32), (c, Dtype::F64)])
+        {
             t.barrier()?;
-            let s = measure_compressor(&*self.compressor, codec, dt, 1 << 21)?;
+            let s = measure_compressor(&*self.compressor, c, dt, 1 << 21)?;
             let mut v = [-s.compress, -s.decompress];
             t.allreduce_f64(&mut v, ReduceOp::Max)?; // min of throughputs
             codecs.push(model::CodecSpeed {
@@ -1002,9 +1006,11 @@ impl Communicator {
         };
         t.bcast(0, &mut bytes)?;
         let prof = Profile::from_json(&String::from_utf8_lossy(&bytes))?;
-        tracing::info!(target: "zcomm::comm", "calibrated: link {} latency {:.1} us; {codec} f32 compress {} decompress {}",
-            model::fmt_rate(prof.link.bandwidth), prof.link.latency * 1e6,
-            model::fmt_rate(prof.codecs[0].compress), model::fmt_rate(prof.codecs[0].decompress));
+        if let Some(cs) = prof.codec_speed(codec, Dtype::F32) {
+            tracing::info!(target: "zcomm::comm", "calibrated: link {} latency {:.1} us; {codec} f32 compress {} decompress {}",
+                model::fmt_rate(prof.link.bandwidth), prof.link.latency * 1e6,
+                model::fmt_rate(cs.compress), model::fmt_rate(cs.decompress));
+        }
         Ok(prof)
     }
 
@@ -1013,6 +1019,21 @@ impl Communicator {
             .codec_speed(codec, S::DTYPE)
             .map(|c| (c.compress, c.decompress))
             .unwrap_or((1e9, 2e9))
+    }
+
+    /// The codecs `Auto(preferred)` chooses among for messages of `S`: `preferred` first (it
+    /// wins ties), then every other codec the profile has speeds for.
+    fn candidates<S: Real>(&self, preferred: CodecKind) -> Vec<CodecKind> {
+        let mut v = vec![preferred];
+        v.extend(
+            self.profile
+                .codecs
+                .iter()
+                .filter(|c| c.dtype == S::DTYPE.tag() && c.codec != preferred)
+                .map(|c| c.codec),
+        );
+        v.dedup();
+        v
     }
 
     // ----------------------------------------------------------------- helpers
@@ -1109,15 +1130,38 @@ impl Communicator {
         let (compress, codec, est, stream) = match self.config.policy {
             Policy::Never => (false, None, 1.0, None),
             Policy::Always(c) => (true, Some(c), 1.0, None),
-            Policy::Auto(c) => {
-                // even an infinite ratio cannot pay: raw, without spending time on an estimate
-                let (tr, best) = self.p2p_times::<S>(data.len(), f64::INFINITY, c);
-                if best >= 0.95 * tr {
-                    (false, Some(c), 1.0, None)
-                } else {
-                    let (r, s) = self.estimate(data, bound, c, op, tag as i64)?;
-                    let (tr, tcmp) = self.p2p_times::<S>(data.len(), r, c);
-                    (tcmp < 0.95 * tr, Some(c), r, s)
+            Policy::Auto(preferred) => {
+                let mut cands = Vec::new();
+                let mut streams = Vec::new();
+                let mut raw_t = 0.0;
+                for c in self.candidates::<S>(preferred) {
+                    // even an infinite ratio cannot pay: skip the estimate
+                    let (tr, best) = self.p2p_times::<S>(data.len(), f64::INFINITY, c);
+                    raw_t = tr;
+                    if choice::choose(tr, [cand(c, f64::INFINITY, best)])
+                        .codec
+                        .is_none()
+                    {
+                        continue;
+                    }
+                    let (r, s) = self.estimate(data, bound, c, op, codec_key(tag as i64, c))?;
+                    let (_, tcmp) = self.p2p_times::<S>(data.len(), r, c);
+                    cands.push(cand(c, r, tcmp));
+                    streams.push((c, s));
+                }
+                let ch = choice::choose(raw_t, cands);
+                let est = ch.best.map_or(1.0, |b| b.ratio);
+                match ch.codec {
+                    Some(c) => {
+                        let s = streams.into_iter().find(|(k, _)| *k == c).and_then(|x| x.1);
+                        (true, Some(c), est, s)
+                    }
+                    None => (
+                        false,
+                        Some(ch.best.map_or(preferred, |b| b.codec)),
+                        est,
+                        None,
+                    ),
                 }
             }
         };
@@ -1158,7 +1202,7 @@ impl Communicator {
         st.wire_bytes = s.len() as u64;
         st.ratio = st.bytes as f64 / s.len() as f64;
         st.bound = self.bound_of(data);
-        self.ratios.put(op, tag as i64, st.ratio);
+        self.ratios.put(op, codec_key(tag as i64, codec), st.ratio);
         if self.config.verify {
             let mut back = vec![S::default(); data.len()];
             S::decompress_with(&*self.compressor, &s, &mut back)?;
@@ -1694,7 +1738,7 @@ impl Communicator {
         let mut stream = None;
         let pays = {
             let (raw_t, best) = self.allgather_times::<E::Scalar>(sc.len(), f64::INFINITY);
-            best < 0.95 * raw_t
+            best < choice::HYSTERESIS * raw_t
         };
         if let (Policy::Auto(c), true, true) = (self.config.policy, local.is_ok(), pays) {
             match self.estimate(sc, bound, c, OP_ALLGATHER, coll_key(sc.len(), bound)) {
@@ -1898,10 +1942,15 @@ impl Communicator {
     }
 
     /// Model times (raw, compressed) of an allreduce (`full`) or reduce-scatter of `n` scalars.
-    fn reduce_times<S: Real>(&self, n: usize, full: bool, ratio: f64) -> (f64, f64) {
+    fn reduce_times<S: Real>(
+        &self,
+        n: usize,
+        full: bool,
+        ratio: f64,
+        codec: CodecKind,
+    ) -> (f64, f64) {
         let pf = self.size() as f64;
         let seg_b = (n * S::SIZE) as f64 / pf;
-        let codec = self.config.policy.codec().unwrap_or_default();
         let (tc, td) = self.speeds::<S>(codec);
         let l = self.profile.link;
         let steps = pf - 1.0;
@@ -1926,7 +1975,7 @@ impl Communicator {
         match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
-            Policy::Auto(_) => cmp_t < 0.95 * raw_t,
+            Policy::Auto(_) => cmp_t < choice::HYSTERESIS * raw_t,
         }
     }
 
@@ -2134,34 +2183,58 @@ impl Communicator {
         let step = reduction_step_bound(e, m, p, S::UNIT_ROUNDOFF, d, nq as usize);
         let usable = step.is_some();
         let eb = step.unwrap_or(f64::NAN);
-        // 3. ratio estimate at the per-step bound (mean over ranks of 1/ratio)
-        let codec = self.config.policy.codec().unwrap_or_default();
-        let mut ratio = 1.0;
-        let pays = {
-            let (raw_t, best) = self.reduce_times::<S>(x.len(), full, f64::INFINITY);
-            best < 0.95 * raw_t
-        };
-        if let (Policy::Auto(c), true, true, true) = (self.config.policy, usable, p > 1, pays) {
+        // 3. ratio estimate at the per-step bound, per candidate codec (mean over ranks of
+        //    1/ratio: every rank then sees the same numbers and makes the same choice)
+        let mut ratio_of = 1.0;
+        let preferred = self.config.policy.codec().unwrap_or_default();
+        let mut cands = vec![preferred];
+        if let (Policy::Auto(c), true, true) = (self.config.policy, usable, p > 1) {
+            cands = self
+                .candidates::<S>(c)
+                .into_iter()
+                .filter(|&k| {
+                    let (raw_t, best) = self.reduce_times::<S>(x.len(), full, f64::INFINITY, k);
+                    choice::choose(raw_t, [cand(k, f64::INFINITY, best)])
+                        .codec
+                        .is_some()
+                })
+                .collect();
             let seg0 = &x[..x.len().div_ceil(p).min(x.len())];
-            let inv = match self.estimate(
-                seg0,
-                ErrorBound::Abs(eb * d),
-                c,
-                op,
-                coll_key(x.len(), self.config.bound),
-            ) {
-                Ok((er, _)) => 1.0 / er.max(1e-9),
-                Err(_) => 1.0, // (cannot happen for a valid abs bound) assume no gain
+            let mut inv = Vec::with_capacity(cands.len());
+            for &k in &cands {
+                let key = codec_key(coll_key(x.len(), self.config.bound), k);
+                inv.push(
+                    match self.estimate(seg0, ErrorBound::Abs(eb * d), k, op, key) {
+                        Ok((er, _)) => 1.0 / er.max(1e-9),
+                        Err(_) => 1.0, // (cannot happen for a valid abs bound) assume no gain
+                    },
+                );
+            }
+            // every rank filtered the same candidates (same profile, same sizes)
+            self.transport.allreduce_f64(&mut inv, ReduceOp::Sum)?;
+            let ratios: Vec<f64> = inv.iter().map(|v| pf / v).collect();
+            let (raw_t, _) = self.reduce_times::<S>(x.len(), full, 1.0, preferred);
+            let ch = choice::choose(
+                raw_t,
+                cands
+                    .iter()
+                    .zip(&ratios)
+                    .map(|(&k, &r)| cand(k, r, self.reduce_times::<S>(x.len(), full, r, k).1)),
+            );
+            cands = match (ch.codec, ch.best) {
+                (Some(k), _) => vec![k],
+                (None, Some(b)) => vec![b.codec],
+                (None, None) => vec![preferred],
             };
-            let mut v = [inv];
-            self.transport.allreduce_f64(&mut v, ReduceOp::Sum)?;
-            ratio = pf / v[0];
+            ratio_of = ch.best.map_or(1.0, |b| b.ratio);
         }
+        let codec = cands[0];
+        let ratio = ratio_of;
         // 4. model
         let bytes = (x.len() * S::SIZE) as f64;
         let seg_b = bytes / pf;
         let steps = pf - 1.0;
-        let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, ratio);
+        let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, ratio, codec);
         let compress = usable && p > 1 && !x.is_empty() && self.decide(raw_t, cmp_t);
         let mut st = OpStats::raw(op);
         st.bytes = bytes as u64;
@@ -2289,6 +2362,20 @@ impl pipeline::ChunkCodec for CountingCodec<'_> {
     fn decode(&mut self, k: usize, bytes: Vec<u8>) -> Result<()> {
         *self.bytes += bytes.len();
         self.inner.decode(k, bytes)
+    }
+}
+
+/// Ratio-cache key of one codec's estimate for the message stream `key`.
+fn codec_key(key: i64, codec: CodecKind) -> i64 {
+    key ^ (i64::from(codec.tag()) << 52)
+}
+
+/// A model candidate (shorthand).
+fn cand(codec: CodecKind, ratio: f64, predicted_s: f64) -> choice::Candidate {
+    choice::Candidate {
+        codec,
+        ratio,
+        predicted_s,
     }
 }
 

@@ -1425,7 +1425,7 @@ impl NcclComm {
         st.ratio_estimate = ratio.major.min(1e6);
         if let Policy::Auto(_) = self.config.policy {
             st.predicted_compressed_s = predict(ratio);
-            st.predicted_compressed_s < 0.95 * st.predicted_raw_s
+            st.predicted_compressed_s < crate::model::choice::HYSTERESIS * st.predicted_raw_s
         } else {
             st.predicted_compressed_s = best_t;
             true
@@ -1802,7 +1802,7 @@ impl NcclComm {
         let want = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
-            Policy::Auto(_) => best_t < 0.95 * raw_t,
+            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
         } && n > 0
             && p > 1;
         let plan = self.plan::<T>(OP_ALLGATHER, n, want, |c| {
@@ -1916,7 +1916,7 @@ impl NcclComm {
         let want = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
-            Policy::Auto(_) => best_t < 0.95 * raw_t,
+            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
         } && n > 0
             && p > 1;
         let d = if op == OP_ALLREDUCE_MEAN {
@@ -2118,7 +2118,7 @@ impl NcclComm {
         let want = match self.config.policy {
             Policy::Never => false,
             Policy::Always(_) => true,
-            Policy::Auto(_) => best_t < 0.95 * raw_t,
+            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
         } && n > 0;
         let avail = self.gpu.is_some() && self.codec_ranks.get(dest).copied().unwrap_or(false);
         let always = matches!(self.config.policy, Policy::Always(_));
@@ -2152,7 +2152,7 @@ impl NcclComm {
                         let (_, cmp_t) = self.profile.predict_p2p(bytes as f64, est, k, codec, dt);
                         st.ratio_estimate = est;
                         st.predicted_compressed_s = cmp_t;
-                        compress = cmp_t < 0.95 * raw_t;
+                        compress = cmp_t < crate::model::choice::HYSTERESIS * raw_t;
                     }
                     None => compress = false,
                 }

@@ -26,6 +26,8 @@
 //! sends, the others idle), which a ping-pong [`Link`] overestimates; calibrations take the
 //! [`median`] of repetitions.
 
+pub mod choice;
+
 use std::path::{Path, PathBuf};
 
 use crate::codec::CodecKind;
