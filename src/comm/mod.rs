@@ -117,6 +117,7 @@ mod element;
 pub mod nccl;
 mod pipeline;
 mod progress;
+mod ring;
 pub mod transport;
 
 use std::fmt;
@@ -2264,56 +2265,101 @@ impl Communicator {
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = e;
-        // 5. ring reduce-scatter
-        let step_bound = ErrorBound::Abs(eb * d);
-        let mut wire = 0usize;
-        let mut acc: Vec<S> = x[segs[(r + p - 1) % p].clone()].to_vec();
-        for s in 0..p - 1 {
-            let recv_seg = (r + 2 * p - s - 2) % p;
-            let msg = S::compress_with(&*self.compressor, &acc, step_bound, codec)?;
-            wire += msg.len();
-            let got = self
-                .transport
-                .sendrecv((r + 1) % p, &msg, (r + p - 1) % p, TAG_RING)?;
-            let mut part = vec![S::default(); segs[recv_seg].len()];
-            S::decompress_with(&*self.compressor, &got, &mut part)?;
-            let mine = &x[segs[recv_seg].clone()];
-            for (a, &v) in part.iter_mut().zip(mine) {
-                *a = *a + v;
-            }
-            acc = part;
-        }
-        if d != 1.0 {
-            let dd = S::from_f64(d);
-            acc.iter_mut().for_each(|v| *v = *v / dd);
-        }
+        // 5. the ring (reduce-scatter, then for the allreduces the allgather)
+        let plan = ring::RingPlan {
+            rank: r,
+            size: p,
+            step_bound: eb * d,
+            final_bound: eb,
+            divisor: d,
+            full,
+            codec,
+        };
+        let left = (r + p - 1) % p;
+        let mut place = HostRing {
+            transport: &*self.transport,
+            compressor: &*self.compressor,
+            acc: x[segs[left].clone()].to_vec(),
+            acc_seg: left,
+            x,
+            out: &mut *out,
+            segs: &segs,
+        };
+        let sent = ring::reduce(&mut place, plan)?;
         if !full {
+            let acc = std::mem::take(&mut place.acc);
             out.copy_from_slice(&acc);
-            st.wire_bytes = wire as u64;
-            st.ratio = bytes * steps / pf / wire.max(1) as f64;
-            if self.config.verify {
-                st.max_error = Some(self.reduce_error(x, out, segs[r].clone(), d)?);
-            }
-            return Ok(self.finish(st, t0));
         }
-        // 6. allgather of the final segments, compressed once
-        let s = S::compress_with(&*self.compressor, &acc, ErrorBound::Abs(eb), codec)?;
-        wire += s.len() * (p - 1);
-        let streams = self.transport.allgatherv(&s)?;
-        for (k, s) in streams.iter().enumerate() {
-            S::decompress_with(&*self.compressor, s, &mut out[segs[k].clone()])?;
-        }
-        st.wire_bytes = wire as u64;
-        st.ratio = (2.0 * bytes * steps / pf) / wire.max(1) as f64;
+        st.wire_bytes = sent.total(p) as u64;
+        let moved = if full { 2.0 } else { 1.0 } * bytes * steps / pf;
+        st.ratio = moved / st.wire_bytes.max(1) as f64;
         if self.config.verify {
-            st.max_error = Some(self.reduce_error(x, out, 0..x.len(), d)?);
+            let range = if full { 0..x.len() } else { segs[r].clone() };
+            st.max_error = Some(self.reduce_error(x, out, range, d)?);
         }
-        self.ratios.put(
-            op,
-            coll_key(x.len(), self.config.bound),
-            (seg_b / s.len().max(1) as f64).max(1.0),
-        );
+        if full {
+            self.ratios.put(
+                op,
+                codec_key(coll_key(x.len(), self.config.bound), codec),
+                (seg_b / sent.final_stream.max(1) as f64).max(1.0),
+            );
+        }
         Ok(self.finish(st, t0))
+    }
+}
+
+/// The ring's buffers on the host: the CPU (or any [`Compressor`]) codec over a [`Transport`].
+struct HostRing<'a, S: Real> {
+    transport: &'a dyn Transport,
+    compressor: &'a dyn Compressor,
+    /// This rank's input.
+    x: &'a [S],
+    /// The allreduce's output.
+    out: &'a mut [S],
+    /// Scalar range of each rank's segment.
+    segs: &'a [Range<usize>],
+    /// The partial sum of segment `acc_seg` (before the first step: the input there).
+    acc: Vec<S>,
+    acc_seg: usize,
+}
+
+impl<S: Real> ring::RingPlace for HostRing<'_, S> {
+    type Msg = Vec<u8>;
+    fn wire_len(&self, m: &Vec<u8>) -> usize {
+        m.len()
+    }
+    fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
+        debug_assert_eq!(
+            seg, self.acc_seg,
+            "the ring compresses the segment it holds"
+        );
+        S::compress_with(self.compressor, &self.acc, bound, codec)
+    }
+    fn exchange(&mut self, m: Vec<u8>, to: usize, from: usize) -> Result<Vec<u8>> {
+        self.transport.sendrecv(to, &m, from, TAG_RING)
+    }
+    fn accumulate(&mut self, seg: usize, m: &Vec<u8>) -> Result<()> {
+        let range = self.segs[seg].clone();
+        let mut part = vec![S::default(); range.len()];
+        S::decompress_with(self.compressor, m, &mut part)?;
+        for (a, &v) in part.iter_mut().zip(&self.x[range]) {
+            *a = *a + v;
+        }
+        self.acc = part;
+        self.acc_seg = seg;
+        Ok(())
+    }
+    fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
+        debug_assert_eq!(seg, self.acc_seg);
+        let d = S::from_f64(d);
+        self.acc.iter_mut().for_each(|v| *v = *v / d);
+        Ok(())
+    }
+    fn allgather(&mut self, m: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        self.transport.allgatherv(&m)
+    }
+    fn decode_into_output(&mut self, seg: usize, m: &Vec<u8>) -> Result<()> {
+        S::decompress_with(self.compressor, m, &mut self.out[self.segs[seg].clone()])
     }
 }
 

@@ -1,0 +1,109 @@
+//! The compressed ring reduction, written once for every place a buffer can live.
+//!
+//! A [`RingPlace`] says how to compress, move and accumulate segments where the data is (host
+//! slices with the CPU codec, device buffers with the GPU codec, ...); [`reduce`] is the schedule:
+//!
+//! 1. **reduce-scatter**, `p - 1` steps: rank `r` compresses its partial sum of one segment,
+//!    sends it to `r + 1`, receives `r - 1`'s and adds it, decoded, to its own input for the
+//!    next segment. After the last step rank `r` holds the sum of segment `r`. Each step's
+//!    compression is under the per-step bound of [`super::reduction_step_bound`];
+//! 2. the mean divides this rank's segment by `p` (IEEE division, as the uncompressed path);
+//! 3. for an allreduce, **allgather**: the final segment is compressed once under the final
+//!    bound and every rank decodes every segment, its own too, so all ranks hold bit-identical
+//!    results.
+//!
+//! The order of operations is fixed by the schedule, so every place gives the same values for
+//! the same codec (a GPU run reproduces a CPU run bit for bit).
+
+use crate::codec::CodecKind;
+use crate::error::Result;
+use crate::quant::ErrorBound;
+
+/// Where the ring's buffers live and how segments are compressed, exchanged and accumulated.
+pub(crate) trait RingPlace {
+    /// A compressed segment in flight (host bytes, a device buffer, ...).
+    type Msg;
+    /// Bytes `m` puts on the wire.
+    fn wire_len(&self, m: &Self::Msg) -> usize;
+    /// Compress this rank's current partial sum of segment `seg` (before any step: its input).
+    fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<Self::Msg>;
+    /// Send `m` to rank `to` and receive one message from rank `from`.
+    fn exchange(&mut self, m: Self::Msg, to: usize, from: usize) -> Result<Self::Msg>;
+    /// Partial sum of segment `seg` = this rank's input there + `m` decoded.
+    fn accumulate(&mut self, seg: usize, m: &Self::Msg) -> Result<()>;
+    /// Divide the partial sum of segment `seg` by `d`.
+    fn scale(&mut self, seg: usize, d: f64) -> Result<()>;
+    /// Gather every rank's final message, in rank order (this rank's `m` at its own index).
+    fn allgather(&mut self, m: Self::Msg) -> Result<Vec<Self::Msg>>;
+    /// Output segment `seg` = `m` decoded.
+    fn decode_into_output(&mut self, seg: usize, m: &Self::Msg) -> Result<()>;
+}
+
+/// What [`reduce`] needs to know.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingPlan {
+    /// This rank and the number of ranks.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Absolute bound of each partial sum's compression.
+    pub step_bound: f64,
+    /// Absolute bound of the final segment's compression (allreduce).
+    pub final_bound: f64,
+    /// Divisor of the result (`p` for the mean, else 1).
+    pub divisor: f64,
+    /// Allreduce (`true`: every rank gets every segment) or reduce-scatter.
+    pub full: bool,
+    /// The codec.
+    pub codec: CodecKind,
+}
+
+/// Bytes a ring put on the wire.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RingBytes {
+    /// Sent by this rank during the reduce-scatter.
+    pub reduce_scatter: usize,
+    /// Length of this rank's final compressed segment (allreduce; sent to `p - 1` ranks).
+    pub final_stream: usize,
+}
+
+impl RingBytes {
+    /// Everything this rank sent.
+    pub fn total(&self, p: usize) -> usize {
+        self.reduce_scatter + self.final_stream * p.saturating_sub(1)
+    }
+}
+
+/// Run the ring on `place`. The result is in the place's output (allreduce) or its partial sum
+/// of segment `rank` (reduce-scatter).
+pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<RingBytes> {
+    let (p, r) = (plan.size, plan.rank);
+    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    let step = ErrorBound::Abs(plan.step_bound);
+    let mut bytes = RingBytes::default();
+    if p > 1 {
+        let mut msg = place.encode(left, step, plan.codec)?;
+        for s in 0..p - 1 {
+            bytes.reduce_scatter += place.wire_len(&msg);
+            let got = place.exchange(msg, right, left)?;
+            let seg = (r + 2 * p - s - 2) % p;
+            place.accumulate(seg, &got)?;
+            msg = if s + 2 < p {
+                place.encode(seg, step, plan.codec)?
+            } else {
+                got // unused: the loop ends
+            };
+        }
+    }
+    if plan.divisor != 1.0 {
+        place.scale(r, plan.divisor)?;
+    }
+    if plan.full {
+        let fin = place.encode(r, ErrorBound::Abs(plan.final_bound), plan.codec)?;
+        bytes.final_stream = place.wire_len(&fin);
+        for (k, m) in place.allgather(fin)?.iter().enumerate() {
+            place.decode_into_output(k, m)?;
+        }
+    }
+    Ok(bytes)
+}
