@@ -30,7 +30,7 @@ pub fn parse_timeout(value: Option<&str>) -> Result<Option<f64>> {
         return Ok(None);
     };
     match v.parse::<f64>() {
-        Ok(s) if s == 0.0 => Ok(None),
+        Ok(0.0) => Ok(None),
         // Duration::from_secs_f64 panics above ~1.8e19 s: such a timeout never fires anyway
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e15 => Ok(Some(s)),
         _ => Err(Error::invalid(format!(
