@@ -37,6 +37,26 @@ run "${MPIRUN[@]}" -n 2 "$BIN/staging" --n 300000
 # fallback of messages above 2^31 bytes run on small data
 run "${MPIRUN[@]}" -n 3 -x ZCOMM_MPI_PIECE=777 "$BIN/mpi_ops" --only-reduce
 run "${MPIRUN[@]}" -n 2 -x ZCOMM_MPI_PIECE=4096 "$BIN/staging" --n 100000 --iters 1
+# ranks that disagree on the number of calls: with ZCOMM_TIMEOUT the watchdog must end the job
+# (instead of a hang), failing, within a bounded time, with a message naming the operation
+expect_abort() {
+    echo "== (expected to abort) $*"
+    local out t0 rc took
+    out=$(mktemp)
+    t0=$(date +%s)
+    if timeout 120 "$@" >"$out" 2>&1; then rc=0; else rc=$?; fi
+    took=$(($(date +%s) - t0))
+    cat "$out"
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$took" -gt 90 ] ||
+        ! grep -q "zcomm: allreduce exceeded ZCOMM_TIMEOUT=2s on rank 0; aborting" "$out"; then
+        echo "FAILED (exit status $rc after ${took}s; expected the watchdog's abort): $*"
+        fail=1
+    else
+        echo "aborted by the watchdog as expected (exit status $rc after ${took}s)"
+    fi
+    rm -f "$out"
+}
+expect_abort "${MPIRUN[@]}" -n 2 -x ZCOMM_TIMEOUT=2 "$BIN/mpi_ops" --watchdog
 if [ $fail -ne 0 ]; then
     echo "mpi-tests: FAILURES"
     exit 1

@@ -119,6 +119,7 @@ mod pipeline;
 mod progress;
 mod ring;
 pub mod transport;
+pub mod watchdog;
 
 use std::fmt;
 use std::ops::Range;
@@ -714,6 +715,7 @@ impl RecvRequest {
     }
     /// Complete the receive into `out`.
     pub fn wait<E: CommElement>(self, comm: &mut Communicator, out: &mut [E]) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("irecv wait");
         comm.recv(out, self.src, self.tag)
     }
 }
@@ -798,6 +800,7 @@ impl Communicator {
         config: Config,
     ) -> Result<Self> {
         config.bound.validate()?;
+        watchdog::init(transport.rank())?;
         let mut c = Communicator {
             transport,
             compressor,
@@ -864,6 +867,7 @@ impl Communicator {
     }
     /// Synchronize all ranks.
     pub fn barrier(&self) -> Result<()> {
+        let _watchdog = watchdog::arm("barrier");
         self.transport.barrier()
     }
     /// Wall-clock seconds.
@@ -894,7 +898,7 @@ impl Communicator {
                 };
                 self.transport.bcast(0, &mut bytes)?;
                 if !bytes.is_empty() {
-                    if let Ok(p) = Profile::from_json(&String::from_utf8_lossy(&bytes)) {
+                    if let Some(p) = Profile::from_cache(&bytes, &path) {
                         if p.ranks == self.size() && p.compressor == self.compressor.name() {
                             tracing::debug!(target: "zcomm::comm", path = %path.display(), "loaded profile");
                             self.profile = p;
@@ -1344,6 +1348,7 @@ impl Communicator {
 
     /// Complete a non-blocking send.
     pub fn wait_send(&mut self, req: SendRequest) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("send");
         for h in req.handles {
             h.wait()?;
         }
@@ -1357,12 +1362,14 @@ impl Communicator {
 
     /// Receive exactly `out.len()` elements from `src`.
     pub fn recv<E: CommElement>(&mut self, out: &mut [E], src: usize, tag: i32) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("recv");
         let n = out.len() as u64;
         self.recv_impl::<E>(src, tag, n, move |_| Ok(E::scalars_mut(out)))
     }
 
     /// Receive a message of any length from `src`.
     pub fn recv_vec<E: CommElement>(&mut self, src: usize, tag: i32) -> Result<(Vec<E>, OpStats)> {
+        let _watchdog = watchdog::arm("recv_vec");
         let mut out = Vec::new();
         let slot = &mut out;
         let st = self.recv_impl::<E>(src, tag, ANY_COUNT, move |sd| {
@@ -1504,6 +1511,7 @@ impl Communicator {
         src: usize,
         tag: i32,
     ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("sendrecv");
         Self::check_tag(tag)?;
         for r in [dest, src] {
             if r >= self.size() {
@@ -1704,6 +1712,7 @@ impl Communicator {
     /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order).
     /// Every rank ends with identical values.
     pub fn allgather<E: CommElement>(&mut self, send: &[E], out: &mut [E]) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allgather");
         let p = self.size();
         let local = if out.len() != send.len() * p {
             Err(Error::invalid(format!(
@@ -1799,6 +1808,7 @@ impl Communicator {
         req: AllgatherRequest<E>,
         out: &mut [E],
     ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("iallgather wait");
         let AllgatherRequest {
             pending,
             compressed,
@@ -1830,6 +1840,7 @@ impl Communicator {
 
     /// Broadcast `buf` from `root`; every rank (root included) ends with identical values.
     pub fn bcast<E: CommElement>(&mut self, buf: &mut [E], root: usize) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("bcast");
         let req = self.ibcast(buf, root)?;
         self.wait_bcast(req, buf)
     }
@@ -1903,6 +1914,7 @@ impl Communicator {
         req: BcastRequest<E>,
         buf: &mut [E],
     ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("ibcast wait");
         let BcastRequest {
             pending,
             compressed,
@@ -1982,6 +1994,7 @@ impl Communicator {
 
     /// Sum over all ranks into `out` with the end-to-end bound of the [module docs](self).
     pub fn allreduce<E: CommElement>(&mut self, input: &[E], out: &mut [E]) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allreduce");
         self.reduce_impl(
             OP_ALLREDUCE,
             E::scalars(input),
@@ -1998,6 +2011,7 @@ impl Communicator {
         input: &[E],
         out: &mut [E],
     ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allreduce_mean");
         self.reduce_impl(
             OP_ALLREDUCE_MEAN,
             E::scalars(input),
@@ -2010,6 +2024,7 @@ impl Communicator {
 
     /// In-place sum (copies the input once).
     pub fn allreduce_in_place<E: CommElement>(&mut self, buf: &mut [E]) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allreduce_in_place");
         let input = buf.to_vec();
         self.allreduce(&input, buf)
     }
@@ -2021,6 +2036,7 @@ impl Communicator {
         input: &[E],
         out: &mut [E],
     ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("reduce_scatter");
         let seg = partition(input.len(), self.size())[self.rank()].clone();
         if out.len() != seg.len() {
             return Err(Error::invalid(format!(

@@ -116,6 +116,7 @@ impl<T> OpRequest<T> {
     }
     /// Block until done; the result and the operation's stats (or its error).
     pub fn wait(mut self) -> Result<(T, OpStats)> {
+        let _watchdog = super::watchdog::arm(self.what);
         if let Some(r) = self.done.take() {
             return r;
         }

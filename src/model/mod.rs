@@ -177,12 +177,81 @@ impl Profile {
             .copied()
             .find(|c| c.codec == codec && c.dtype == dtype.tag())
     }
-    /// Read a profile from a JSON file.
+    /// Read a profile from a JSON file and [`validate`](Self::validate) it.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)?;
-        Self::from_json(&text)
+        let p = Self::from_json(&text)?;
+        p.validate()?;
+        Ok(p)
     }
-    /// Parse a profile from JSON text.
+    /// A cached profile's bytes (read from `path`) parsed and [`validate`](Self::validate)d, or
+    /// `None` after a warning that names the file and the reason, so that the caller
+    /// recalibrates: a damaged or hand-edited cache must not feed the model zero, negative,
+    /// non-finite or absurd speeds (which made `Auto` compress every message).
+    pub fn from_cache(bytes: &[u8], path: &Path) -> Option<Self> {
+        let p = Self::from_json(&String::from_utf8_lossy(bytes)).and_then(|p| {
+            p.validate()?;
+            Ok(p)
+        });
+        match p {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(target: "zcomm::model", path = %path.display(), "ignoring the cached profile ({e}); recalibrating");
+                None
+            }
+        }
+    }
+    /// Check that every speed is usable by the model: bandwidths and codec throughputs finite,
+    /// `> 0` and at most [`MAX_RATE`](Self::MAX_RATE); latencies finite, `>= 0` and at most
+    /// [`MAX_LATENCY`](Self::MAX_LATENCY); ratios finite and `> 0`. The error names the field.
+    pub fn validate(&self) -> Result<()> {
+        let rate = |what: &str, v: f64| {
+            if v.is_finite() && v > 0.0 && v <= Self::MAX_RATE {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!(
+                    "profile {what} = {v}: expected a rate in (0, {:e}] bytes/s",
+                    Self::MAX_RATE
+                )))
+            }
+        };
+        let link = |what: &str, l: &Link| {
+            rate(&format!("{what}.bandwidth"), l.bandwidth)?;
+            if l.latency.is_finite() && (0.0..=Self::MAX_LATENCY).contains(&l.latency) {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!(
+                    "profile {what}.latency = {}: expected seconds in [0, {}]",
+                    l.latency,
+                    Self::MAX_LATENCY
+                )))
+            }
+        };
+        link("link", &self.link)?;
+        if let Some(l) = &self.staging {
+            link("staging", l)?;
+        }
+        if let Some(l) = &self.allreduce {
+            link("allreduce", l)?;
+        }
+        for c in &self.codecs {
+            rate(&format!("{} compress", c.codec), c.compress)?;
+            rate(&format!("{} decompress", c.codec), c.decompress)?;
+            if !(c.ratio.is_finite() && c.ratio > 0.0) {
+                return Err(Error::invalid(format!(
+                    "profile {} ratio = {}: expected a finite ratio > 0",
+                    c.codec, c.ratio
+                )));
+            }
+        }
+        Ok(())
+    }
+    /// The largest rate (bytes/s) a valid profile holds: 10 PB/s, three orders of magnitude
+    /// above any memory system; beyond it a "measurement" is a broken timer or a damaged file.
+    pub const MAX_RATE: f64 = 1e16;
+    /// The largest per-message latency (seconds) a valid profile holds.
+    pub const MAX_LATENCY: f64 = 60.0;
+    /// Parse a profile from JSON text (the format only: see [`validate`](Self::validate)).
     pub fn from_json(text: &str) -> Result<Self> {
         let p: Profile =
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("profile JSON: {e}")))?;
@@ -309,13 +378,21 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    /// `raw_serial / compressed_serial`.
+    /// `raw_serial / compressed_serial` (1 when both are equal, zero times included).
     pub fn speedup_serial(&self) -> f64 {
-        self.raw_serial / self.compressed_serial
+        speedup(self.raw_serial, self.compressed_serial)
     }
-    /// `raw_pipelined / compressed_pipelined`.
+    /// `raw_pipelined / compressed_pipelined` (1 when both are equal, zero times included).
     pub fn speedup_pipelined(&self) -> f64 {
-        self.raw_pipelined / self.compressed_pipelined
+        speedup(self.raw_pipelined, self.compressed_pipelined)
+    }
+}
+
+fn speedup(raw: f64, cmp: f64) -> f64 {
+    if raw == cmp {
+        1.0
+    } else {
+        raw / cmp
     }
 }
 
@@ -325,36 +402,82 @@ fn pipeline(stages: &[f64], k: usize) -> f64 {
     sum + (k.saturating_sub(1)) as f64 * max
 }
 
+/// `v` if it is `> 0` (+∞ included), else 0: latencies and overheads come from measurements and
+/// files, and one NaN or negative value must not make every prediction NaN (every comparison
+/// false) or negative (the compressed path always "faster").
+fn nonneg(v: f64) -> f64 {
+    if v > 0.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// Seconds to move `bytes` at `rate` bytes/s: an infinite rate costs nothing, an unusable one
+/// (zero, negative, NaN) never finishes (+∞, so that a path with an unknown speed is never
+/// preferred).
+fn secs(bytes: f64, rate: f64) -> f64 {
+    if bytes == 0.0 || rate == f64::INFINITY {
+        0.0
+    } else if rate > 0.0 {
+        bytes / rate
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// A predicted time, never NaN or negative: `+∞ - ∞` or `0·∞` of unusable inputs count as
+/// "never finishes", and every time is capped at `f64::MAX` so that the raw/compressed ratio of
+/// two such times stays defined.
+fn time(t: f64) -> f64 {
+    if t.is_nan() {
+        f64::MAX
+    } else {
+        t.clamp(0.0, f64::MAX)
+    }
+}
+
 /// Predict raw and compressed transfer times, serial and pipelined (see the module docs).
+///
+/// Every time is finite and `>= 0` whatever the inputs: NaN or negative bytes, latencies and
+/// overheads count as 0, a NaN or non-positive ratio as 1 (no compression), and a zero, negative
+/// or NaN rate as a stage that never finishes (`f64::MAX` seconds), so that `Auto` does not choose
+/// a path whose speed is unknown.
 pub fn predict(s: &Scenario) -> Prediction {
     let k = s.chunks.max(1);
-    let c = s.bytes / k as f64;
-    let cr = s.ratio.max(f64::MIN_POSITIVE);
+    let bytes = if s.bytes.is_nan() {
+        0.0
+    } else {
+        s.bytes.max(0.0)
+    };
+    let c = bytes / k as f64;
+    let cr = if s.ratio > 0.0 { s.ratio } else { 1.0 };
+    let hop = |l: &Link, b: f64| nonneg(l.latency) + secs(b, l.bandwidth);
     let mut raw = Vec::with_capacity(3);
     let mut cmp = Vec::with_capacity(5);
-    cmp.push(c / s.compress);
+    cmp.push(secs(c, s.compress));
     let cst = s.staging_compressed.or(s.staging);
-    if let Some(st) = s.staging {
-        raw.push(st.latency + c / st.bandwidth);
+    if let Some(st) = &s.staging {
+        raw.push(hop(st, c));
     }
-    if let Some(st) = cst {
-        cmp.push(st.latency + c / (cr * st.bandwidth));
+    if let Some(st) = &cst {
+        cmp.push(hop(st, c / cr));
     }
-    raw.push(s.link.latency + c / s.link.bandwidth);
-    cmp.push(s.link.latency + c / (cr * s.link.bandwidth));
-    if let Some(st) = s.staging {
-        raw.push(st.latency + c / st.bandwidth);
+    raw.push(hop(&s.link, c));
+    cmp.push(hop(&s.link, c / cr));
+    if let Some(st) = &s.staging {
+        raw.push(hop(st, c));
     }
-    if let Some(st) = cst {
-        cmp.push(st.latency + c / (cr * st.bandwidth));
+    if let Some(st) = &cst {
+        cmp.push(hop(st, c / cr));
     }
-    cmp.push(c / s.decompress);
-    let overhead = s.chunk_overhead * k as f64;
+    cmp.push(secs(c, s.decompress));
+    let overhead = nonneg(s.chunk_overhead) * k as f64;
     Prediction {
-        raw_serial: pipeline(&raw, 1) * k as f64,
-        raw_pipelined: pipeline(&raw, k),
-        compressed_serial: pipeline(&cmp, 1) * k as f64 + overhead,
-        compressed_pipelined: pipeline(&cmp, k) + overhead,
+        raw_serial: time(pipeline(&raw, 1) * k as f64),
+        raw_pipelined: time(pipeline(&raw, k)),
+        compressed_serial: time(pipeline(&cmp, 1) * k as f64 + overhead),
+        compressed_pipelined: time(pipeline(&cmp, k) + overhead),
     }
 }
 
@@ -422,7 +545,7 @@ impl StagingCurve {
 
 /// Interpolate the seconds `y` of measured `points` (sorted by their size `x`) at `bytes`:
 /// linear in log(bytes)–log(seconds) between points, the bandwidth of the nearest end point
-/// outside them, 0 for no bytes, `None` without points.
+/// outside them, 0 for no (or NaN) bytes, `None` without points.
 fn interp_log<P>(
     pts: &[P],
     bytes: f64,
@@ -430,7 +553,7 @@ fn interp_log<P>(
     y: impl Fn(&P) -> f64,
 ) -> Option<f64> {
     let (first, last) = (pts.first()?, pts.last()?);
-    if bytes <= 0.0 {
+    if bytes.is_nan() || bytes <= 0.0 {
         return Some(0.0);
     }
     if bytes <= x(first) {
@@ -928,6 +1051,172 @@ mod tests {
         let (a, b) = (p.codecs[0], q.codecs[0]);
         assert!((a.compress / b.compress - 1.0).abs() < 1e-12 && a.codec == b.codec);
         assert!(q.codec_speed(CodecKind::Aatrox, Dtype::F32).unwrap().ratio > 1.0);
+    }
+
+    fn good_profile() -> Profile {
+        let mut p = Profile::new(Link {
+            bandwidth: 1e10,
+            latency: 2e-6,
+        });
+        p.staging = Some(Link {
+            bandwidth: 2e10,
+            latency: 1e-5,
+        });
+        p.allreduce = Some(Link {
+            bandwidth: 5e9,
+            latency: 3e-6,
+        });
+        p.codecs.push(CodecSpeed {
+            codec: CodecKind::Aatrox,
+            dtype: 1,
+            compress: 3e9,
+            decompress: 6e9,
+            ratio: 8.0,
+        });
+        p
+    }
+
+    /// A cached profile with a zero, negative, NaN, infinite or absurd (1e308) speed, latency or
+    /// ratio anywhere is refused by `validate`, `load` and `from_cache` (the communicator then
+    /// recalibrates); the intact profile is accepted.
+    #[test]
+    fn cached_profiles_with_unusable_speeds_are_refused() {
+        let path = std::env::temp_dir().join(format!("zcomm-model-{}.json", std::process::id()));
+        let good = good_profile();
+        good.validate().unwrap();
+        assert_eq!(
+            Profile::from_cache(good.to_json().as_bytes(), &path),
+            Some(good.clone())
+        );
+        type Edit = fn(&mut Profile, f64);
+        let edits: [(&str, Edit); 8] = [
+            ("link.bandwidth", |p, v| p.link.bandwidth = v),
+            ("link.latency", |p, v| p.link.latency = v),
+            ("staging.bandwidth", |p, v| {
+                p.staging.as_mut().unwrap().bandwidth = v
+            }),
+            ("allreduce.latency", |p, v| {
+                p.allreduce.as_mut().unwrap().latency = v
+            }),
+            ("allreduce.bandwidth", |p, v| {
+                p.allreduce.as_mut().unwrap().bandwidth = v
+            }),
+            ("compress", |p, v| p.codecs[0].compress = v),
+            ("decompress", |p, v| p.codecs[0].decompress = v),
+            ("ratio", |p, v| p.codecs[0].ratio = v),
+        ];
+        for (field, edit) in edits {
+            let latency = field.ends_with("latency");
+            for v in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e308, -0.0] {
+                if latency && v == 0.0 || field == "ratio" && v == 1e308 {
+                    continue; // a zero latency and a huge ratio (constant data) are real
+                }
+                let mut p = good.clone();
+                edit(&mut p, v);
+                let e = p.validate().expect_err(&format!("{field} = {v} accepted"));
+                assert!(
+                    e.to_string().contains(field.split('.').next().unwrap()),
+                    "{e}"
+                );
+                // NaN and infinities are written as JSON null: refused by the parser instead
+                assert_eq!(Profile::from_cache(p.to_json().as_bytes(), &path), None);
+                p.save(&path).unwrap();
+                assert!(Profile::load(&path).is_err(), "{field} = {v} loaded");
+            }
+        }
+        assert_eq!(Profile::from_cache(b"{ not json", &path), None);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// `predict` gives finite, non-negative times and defined speedups for any input, and a path
+    /// whose speed is unusable is never the faster one.
+    #[test]
+    fn predictions_are_never_nan_or_negative() {
+        let bad = [
+            0.0,
+            -1.0,
+            -0.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e308,
+        ];
+        let base = Scenario::new(
+            1e8,
+            10.0,
+            Link {
+                bandwidth: 1e10,
+                latency: 1e-6,
+            },
+            3e9,
+            6e9,
+        )
+        .with_staging(Some(Link {
+            bandwidth: 2e10,
+            latency: 1e-5,
+        }))
+        .with_chunks(4)
+        .with_chunk_overhead(1e-5);
+        type Edit = fn(&mut Scenario, f64);
+        let edits: [(&str, Edit); 9] = [
+            ("bytes", |s, v| s.bytes = v),
+            ("ratio", |s, v| s.ratio = v),
+            ("bandwidth", |s, v| s.link.bandwidth = v),
+            ("latency", |s, v| s.link.latency = v),
+            ("compress", |s, v| s.compress = v),
+            ("decompress", |s, v| s.decompress = v),
+            ("staging bandwidth", |s, v| {
+                s.staging.as_mut().unwrap().bandwidth = v
+            }),
+            ("staging latency", |s, v| {
+                s.staging.as_mut().unwrap().latency = v
+            }),
+            ("chunk overhead", |s, v| s.chunk_overhead = v),
+        ];
+        for (field, edit) in edits {
+            for v in bad {
+                let mut s = base;
+                edit(&mut s, v);
+                let p = predict(&s);
+                for t in [
+                    p.raw_serial,
+                    p.raw_pipelined,
+                    p.compressed_serial,
+                    p.compressed_pipelined,
+                ] {
+                    assert!(
+                        t.is_finite() && t >= 0.0,
+                        "{field} = {v}: time {t} in {p:?}"
+                    );
+                }
+                for x in [p.speedup_serial(), p.speedup_pipelined()] {
+                    assert!(!x.is_nan() && x >= 0.0, "{field} = {v}: speedup {x}");
+                }
+                let unusable = v.is_nan() || v <= 0.0;
+                if unusable && matches!(field, "compress" | "decompress") {
+                    assert!(
+                        p.compressed_serial > p.raw_serial,
+                        "{field} = {v}: an unknown codec speed wins: {p:?}"
+                    );
+                }
+            }
+        }
+        // no bytes and no latency: both paths take no time, speedup 1
+        let mut s = base;
+        s.bytes = 0.0;
+        s.link.latency = 0.0;
+        s.staging = None;
+        s.chunk_overhead = 0.0;
+        let p = predict(&s);
+        assert_eq!((p.raw_serial, p.compressed_serial), (0.0, 0.0));
+        assert_eq!(p.speedup_serial(), 1.0);
+        // the curves' interpolation of NaN bytes is 0, not NaN
+        let mut c = LinkCurve::default();
+        c.insert(LinkPoint {
+            bytes: 1e6,
+            seconds: 1e-3,
+        });
+        assert_eq!(c.seconds(f64::NAN), Some(0.0));
     }
 
     #[test]
