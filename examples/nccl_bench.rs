@@ -19,7 +19,6 @@
 
 use std::process::ExitCode;
 
-#[allow(dead_code)]
 mod common;
 use common::outln;
 
