@@ -38,8 +38,9 @@ struct Args {
 
 fn main() -> ExitCode {
     init_tracing();
-    let a = Args::parse();
+    let a: Args = parse_args("2097152 (2^21)");
     let cfg = Config::new(a.c.error_bound).with_policy(Policy::Always(a.c.codec));
+    progress("allreduce: starting MPI and calibrating the link and codec...");
     let mut c = match make_comm(cfg, a.gpu) {
         Ok(c) => c,
         Err(e) => {
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    clear_progress();
     let r = match a.c.dtype.as_str() {
         "f32" => run::<f32>(&mut c, &a),
         "f64" => run::<f64>(&mut c, &a),
@@ -56,7 +58,10 @@ fn main() -> ExitCode {
             "--dtype {d}: expected f32, f64, c64 or c128"
         ))),
     };
-    match r {
+    if let Ok(ok) = r {
+        verdict(&c, ok);
+    }
+    let code = match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             if c.rank() == 0 {
@@ -68,7 +73,8 @@ fn main() -> ExitCode {
             eprintln!("allreduce (rank {}): {e}", c.rank());
             ExitCode::from(2)
         }
-    }
+    };
+    exit_code(code)
 }
 
 fn run<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
@@ -82,6 +88,7 @@ fn run<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
     let mut all_ok = true;
     let codec = a.c.codec;
     for it in 0..a.iters {
+        progress(&format!("allreduce: iteration {}/{}...", it + 1, a.iters));
         // this iteration's gradient: the base field, damped, plus a parameter-dependent term
         let mut grad = grad0.clone();
         for (g, w) in E::scalars_mut(&mut grad).iter_mut().zip(&params) {

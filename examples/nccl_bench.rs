@@ -19,6 +19,9 @@
 
 use std::process::ExitCode;
 
+mod common;
+use common::outln;
+
 use clap::Parser;
 use cudarc::driver::CudaSlice;
 use zcomm::comm::nccl::{nccl_version, NcclComm, NcclConfig};
@@ -207,9 +210,9 @@ fn run(a: &Args) -> Result<()> {
         .map(|(a, b, c)| format!("{a}.{b}.{c}"))
         .unwrap_or_default();
     if r == 0 {
-        println!("# NCCL {ver}, {p} ranks on {device}, link {label}");
+        outln!("# NCCL {ver}, {p} ranks on {device}, link {label}");
         let prof = serde_json::to_string(c.profile()).unwrap_or_default();
-        println!("# profile: {prof}");
+        outln!("# profile: {prof}");
         // the calibration beside the records, so the predictions can be replayed offline
         if let Err(e) = std::fs::write(format!("{}.profile.json", a.out), &prof) {
             eprintln!("cannot write the profile: {e}");
@@ -240,7 +243,7 @@ fn run(a: &Args) -> Result<()> {
                 .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
                 .collect();
             if r == 0 {
-                println!("# gradient {path}: {} values", v.len());
+                outln!("# gradient {path}: {} values", v.len());
             }
             Some(
                 c.stream()
@@ -286,7 +289,7 @@ fn run(a: &Args) -> Result<()> {
                     Ok(None)
                 })?;
                 if r == 0 {
-                    println!(
+                    outln!(
                         "{data} {op} {} MiB raw NCCL: {raw_ms:.3} ms ({:.1} GB/s algbw)",
                         bytes >> 20,
                         (if gather { bytes * p } else { bytes }) as f64 / raw_ms / 1e6
@@ -355,7 +358,7 @@ fn run(a: &Args) -> Result<()> {
                             "ratio_ranks": own,
                         });
                         if r == 0 {
-                            println!(
+                            outln!(
                                 "{data} {op} {} MiB {bound} {pol}: {:?} ratio {ratio:.2} {ms:.3} ms (raw {raw_ms:.3}, x{:.2}{}) predicted {:.3} ms, max error {err:.3e} (bound {:.3e})",
                                 bytes >> 20,
                                 st.decision,
@@ -392,23 +395,24 @@ fn main() -> ExitCode {
         .try_init();
     let a = Args::parse();
     if let Some(arch) = &a.precompile {
-        return match zcomm::gpu::compile::blocked_cubin(arch, zcomm::gpu::compile::blocked_warps())
-        {
-            Ok(c) => {
-                println!("compiled blocked kernels for {arch}: {} bytes", c.len());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("nccl_bench: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        return common::exit_code(
+            match zcomm::gpu::compile::blocked_cubin(arch, zcomm::gpu::compile::blocked_warps()) {
+                Ok(c) => {
+                    outln!("compiled blocked kernels for {arch}: {} bytes", c.len());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("nccl_bench: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+        );
     }
-    match run(&a) {
+    common::exit_code(match run(&a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("nccl_bench: {e}");
             ExitCode::FAILURE
         }
-    }
+    })
 }

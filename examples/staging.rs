@@ -97,7 +97,14 @@ fn step(c: &Communicator, what: &str) {
     let now = std::time::Instant::now();
     let t0 = g.as_ref().map_or(now, |s| s.t0);
     if c.rank() == 0 {
-        eprintln!("[{:7.1} s] {what}...", (now - t0).as_secs_f64());
+        // on a terminal one line redrawn in place (erased before stdout's next line); in a log,
+        // one line per step (what the watchdog's message refers to)
+        let line = format!("[{:7.1} s] {what}...", (now - t0).as_secs_f64());
+        if progress_enabled() {
+            progress(&line);
+        } else {
+            eprintln!("{line}");
+        }
     }
     *g = Some(Step {
         t0,
@@ -129,7 +136,7 @@ fn watchdog(rank: usize, limit_s: f64) {
 
 fn main() -> ExitCode {
     init_tracing();
-    let a = Args::parse();
+    let a: Args = parse_args("4194304 (2^22) host values; on a GPU 2^26 f32, 2^25 complex values");
     let cfg = Config::new(a.c.error_bound)
         .with_policy(Policy::Always(a.c.codec))
         .with_pingpong_bytes(a.pingpong_mib << 20);
@@ -145,7 +152,7 @@ fn main() -> ExitCode {
     step(&c, "start");
     watchdog(c.rank(), a.step_timeout_s);
     if !gpu && c.rank() == 0 {
-        println!(
+        outln!(
             "staging: no CUDA device{}: device operations SKIPPED; running the host-buffer operations with the CPU codec",
             if a.cpu { " (--cpu)" } else { "" }
         );
@@ -170,7 +177,12 @@ fn main() -> ExitCode {
     };
     step(&c, "report");
     let r = r.and_then(|()| t.finish(&c, &a));
-    match r {
+    if c.rank() == 0 {
+        if let Ok(ok) = r {
+            verdict(&c, ok);
+        }
+    }
+    let code = match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             if c.rank() == 0 {
@@ -182,7 +194,8 @@ fn main() -> ExitCode {
             eprintln!("staging (rank {}): {e}", c.rank());
             ExitCode::from(2)
         }
-    }
+    };
+    exit_code(code)
 }
 
 fn init(cfg: Config, gpu_wire: bool) -> Result<Communicator> {
@@ -434,7 +447,7 @@ impl Table {
     }
     fn push(&mut self, r: Rec) {
         if let Some(t0) = self.progress {
-            eprintln!(
+            let line = format!(
                 "[{:7.1} s] {}: raw {} ms, zcomm {} ms, auto {} ms, model {} / {} ms, ratio {:.2}, max error {:.3e} (bound {:.3e}) {}",
                 t0.elapsed().as_secs_f64(),
                 r.op,
@@ -448,12 +461,18 @@ impl Table {
                 r.check.bound,
                 if r.check.ok { "ok" } else { "VIOLATED" }
             );
+            // on a terminal: the progress line (the table follows on stdout at the end)
+            if progress_enabled() {
+                progress(&line);
+            } else {
+                eprintln!("{line}");
+            }
         }
         self.rows.push(r);
     }
     fn note(&mut self, c: &Communicator, s: String) {
         if c.rank() == 0 {
-            println!("{s}");
+            outln!("{s}");
         }
         self.notes.push(s);
     }
@@ -462,11 +481,11 @@ impl Table {
         if c.rank() != 0 {
             return Ok(ok);
         }
-        println!();
-        println!("| operation | raw ms | zcomm ms | speedup | auto ms (decision) | model raw ms | model zcomm ms | pred err raw | pred err zcomm | zcomm median ms (pred err) | ratio | max error | bound | ok |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        outln!();
+        outln!("| operation | raw ms | zcomm ms | speedup | auto ms (decision) | model raw ms | model zcomm ms | pred err raw | pred err zcomm | zcomm median ms (pred err) | ratio | max error | bound | ok |");
+        outln!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         for r in &self.rows {
-            println!(
+            outln!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.2} | {:.3e} | {:.3e} | {} |",
                 r.op,
                 fmt_ms(r.raw_s),
@@ -684,7 +703,7 @@ fn host<E: CommElement>(c: &mut Communicator, a: &Args, t: &mut Table) -> Result
 fn info(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
     describe(c, what, n, dtype, a);
     if c.rank() == 0 {
-        println!("times: slowest rank, best (and median) of --iters after one warm-up; pred err = (measured - model) / model");
+        outln!("times: slowest rank, best (and median) of --iters after one warm-up; pred err = (measured - model) / model");
     }
 }
 
@@ -805,7 +824,7 @@ mod device {
             &a.c,
         );
         if rank == 0 {
-            println!(
+            outln!(
                 "device profile ({} ranks at once, {} MiB field): GPU compress {} decompress {}; pinned staging (d2h/h2d):",
                 p,
                 (cal * 4) >> 20,
@@ -815,7 +834,7 @@ mod device {
             // one line per calibrated point: d2h / h2d rate
             let print_curve = |curve: &zcomm::model::StagingCurve, label: &str| {
                 for q in &curve.points {
-                    println!(
+                    outln!(
                         "    {:>10.1} MiB{label}: {} / {}",
                         q.bytes / 1048576.0,
                         zcomm::model::fmt_rate(q.bytes / q.d2h),
@@ -824,7 +843,7 @@ mod device {
                 }
             };
             print_curve(&prof.staging_curve, "");
-            println!(
+            outln!(
                 "  per call: compress +{:.1} us, decompress +{:.1} us, decompress-add {} +{:.1} us; device copy {}, range pass {}, scale {}",
                 prof.compress_overhead * 1e6,
                 prof.decompress_overhead * 1e6,
@@ -835,7 +854,7 @@ mod device {
                 zcomm::model::fmt_rate(prof.scale_pass),
             );
             // one rank alone (rank 0 while the others wait), the one-way link, the placement
-            println!(
+            outln!(
                 "  one rank alone: compress {} +{:.1} us, decompress {} +{:.1} us; {} rank(s) per GPU",
                 zcomm::model::fmt_rate(prof.compress_solo),
                 prof.compress_solo_overhead * 1e6,
@@ -845,7 +864,7 @@ mod device {
             );
             print_curve(&prof.staging_curve_solo, " alone");
             for q in &prof.link_one_way.points {
-                println!(
+                outln!(
                     "  one-way link {:>8.1} MiB: {} (ping-pong {} per direction)",
                     q.bytes / 1048576.0,
                     zcomm::model::fmt_rate(q.bytes / q.seconds),
@@ -976,7 +995,7 @@ mod device {
             let x = stages(c, &dev);
             t.add_triple_with(c, &label, &tr, ck, x);
             if rank == 0 {
-                println!("stages of the last {name} call (rank 0): {:?}", dev.last);
+                outln!("stages of the last {name} call (rank 0): {:?}", dev.last);
             }
         }
         c.set_pipeline(32 << 20, 64 << 20);

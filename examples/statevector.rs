@@ -33,8 +33,9 @@ struct Args {
 
 fn main() -> ExitCode {
     init_tracing();
-    let a = Args::parse();
+    let a: Args = parse_args("1048576 (2^20)");
     let cfg = Config::new(a.c.error_bound).with_policy(Policy::Always(a.c.codec));
+    progress("statevector: starting MPI and calibrating the link and codec...");
     let mut c = match Communicator::init(cfg) {
         Ok(c) => c,
         Err(e) => {
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    clear_progress();
     let r = match a.c.dtype.as_str() {
         "f32" => run::<f32>(&mut c, &a),
         "f64" => run::<f64>(&mut c, &a),
@@ -51,7 +53,10 @@ fn main() -> ExitCode {
             "--dtype {d}: expected f32, f64, c64 or c128"
         ))),
     };
-    match r {
+    if let Ok(ok) = r {
+        verdict(&c, ok);
+    }
+    let code = match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             if c.rank() == 0 {
@@ -63,7 +68,8 @@ fn main() -> ExitCode {
             eprintln!("statevector (rank {}): {e}", c.rank());
             ExitCode::from(2)
         }
-    }
+    };
+    exit_code(code)
 }
 
 /// Amplitudes: a normalised superposition with a smooth phase.
@@ -93,6 +99,7 @@ fn run<E: CommElement>(c: &mut Communicator, a: &Args) -> Result<bool> {
     let s = std::f64::consts::FRAC_1_SQRT_2;
     let mut all_ok = true;
     for step in 0..a.steps {
+        progress(&format!("statevector: step {}/{}...", step + 1, a.steps));
         let mut raw = vec![E::default(); n];
         c.set_policy(Policy::Never);
         let (t_raw, st) = timed(c, |c| c.sendrecv(&mine, partner, &mut raw, partner, 1));

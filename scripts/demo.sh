@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # THE demo command (README): installs what it needs, builds in release mode and runs the
 # gradient-averaging `allreduce` example on 2 MPI ranks. Without a GPU (or without CUDA libraries)
-# the example uses the CPU codec. Extra arguments go to the example, e.g.
+# the example uses the CPU codec. The column names are followed by a one-line legend (speedup, pred err,
+# [Compressed]/[Raw], auto rows) and ends with a verdict line (every bound held, or violated).
+# Extra arguments go to the example, e.g.
 #   scripts/demo.sh --input /path/field.f32 --dtype f32 --error-bound noa:1e-3
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -46,8 +46,11 @@ check "cargo fmt --check" cargo fmt --all --check
 check "cargo clippy --all-targets --all-features -- -D warnings" \
     cargo clippy --all-targets --all-features -- -D warnings
 check "cargo test --release --all-features" cargo test --release --all-features --no-fail-fast
+# in a target directory of its own: in the shared one this build would replace
+# target/release/zcomm with a binary without CUDA (`--device gpu` would then fail after a test run)
 check "cargo test --release --no-default-features" \
-    cargo test --release --no-default-features --no-fail-fast
+    cargo test --release --no-default-features --no-fail-fast \
+    --target-dir "${CARGO_TARGET_DIR:-target}/no-default"
 check "cargo doc --no-deps --all-features" \
     cargo doc --no-deps --all-features
 if [ -f mpi-tests/run.sh ]; then

@@ -429,3 +429,474 @@ fn huge_claimed_count_is_an_error_not_an_abort() {
     assert!(e.contains("out of memory") || e.contains("limit"), "{e}");
     std::fs::remove_dir_all(&d).ok();
 }
+
+fn compress_args<'a>(input: &'a Path, output: &'a Path, dtype: &'a str) -> Vec<&'a str> {
+    vec![
+        "compress",
+        "-i",
+        p(input),
+        "-o",
+        p(output),
+        "--dtype",
+        dtype,
+        "--error-bound",
+        "noa:1e-3",
+    ]
+}
+
+fn assert_clean_failure(o: &Output, what: &str, msg: &str) {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "{what}: {e}");
+    assert!(!e.contains("panicked"), "{what} panicked: {e}");
+    assert!(e.contains(msg), "{what}: expected `{msg}` in: {e}");
+}
+
+fn smooth_f32(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (i as f32 * 1e-3).sin() * 100.0).collect()
+}
+
+/// Issue 15, item 5: an output that is the input (directly, through a symlink or a hard link) is
+/// refused and the input survives; outputs are written through a temporary file that is renamed
+/// (none is left behind), and a failed decompress leaves the previous output untouched.
+#[test]
+fn output_never_overwrites_the_input_and_is_atomic() {
+    let d = tmpdir("inplace");
+    let (raw, zc) = (d.join("x.f32"), d.join("x.zc"));
+    write_f32(&raw, &smooth_f32(10_000));
+    let before = std::fs::read(&raw).unwrap();
+    let o = zcomm(&compress_args(&raw, &raw, "f32"));
+    assert_clean_failure(&o, "compress -i x -o x", "is the input");
+    assert_eq!(
+        std::fs::read(&raw).unwrap(),
+        before,
+        "the input was changed"
+    );
+    let link = d.join("link.f32");
+    std::os::unix::fs::symlink(&raw, &link).unwrap();
+    let o = zcomm(&compress_args(&raw, &link, "f32"));
+    assert_clean_failure(&o, "compress through a symlink", "is the input");
+    assert_eq!(std::fs::read(&raw).unwrap(), before);
+    let hard = d.join("hard.f32");
+    std::fs::hard_link(&raw, &hard).unwrap();
+    let o = zcomm(&compress_args(&hard, &raw, "f32"));
+    assert_clean_failure(&o, "compress over a hard link", "is the input");
+    assert_eq!(std::fs::read(&raw).unwrap(), before);
+
+    assert!(zcomm(&compress_args(&raw, &zc, "f32")).status.success());
+    let stream = std::fs::read(&zc).unwrap();
+    let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&zc)]);
+    assert_clean_failure(&o, "decompress -i s.zc -o s.zc", "is the input");
+    assert_eq!(std::fs::read(&zc).unwrap(), stream);
+
+    // a failed decompress keeps the previous output as it was, and leaves no temporary file
+    let out = d.join("out.f32");
+    std::fs::write(&out, b"previous").unwrap();
+    let bad = d.join("bad.zc");
+    let mut s = stream.clone();
+    let last = s.len() - 1;
+    s[last] ^= 0xff;
+    std::fs::write(&bad, &s).unwrap();
+    let o = zcomm(&["decompress", "-i", p(&bad), "-o", p(&out)]);
+    assert!(!o.status.success());
+    assert_eq!(std::fs::read(&out).unwrap(), b"previous");
+    // writing through a symlink replaces the link's target, the link stays
+    let target = d.join("target.f32");
+    std::fs::write(&target, b"old").unwrap();
+    let out_link = d.join("out-link.f32");
+    std::os::unix::fs::symlink(&target, &out_link).unwrap();
+    let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&out_link)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&out_link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(&target).unwrap().len(), 40_000);
+    let names: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.ends_with(".tmp")),
+        "temporary files left: {names:?}"
+    );
+    // /dev/null is written in place, not replaced
+    let o = zcomm(&["decompress", "-i", p(&zc), "-o", "/dev/null"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Issue 15, item 6: the decoded size the header claims is checked against
+/// `--max-output-bytes` before decoding.
+#[test]
+fn decompress_respects_max_output_bytes() {
+    let d = tmpdir("maxout");
+    let (raw, zc, out) = (d.join("x.f32"), d.join("x.zc"), d.join("out.f32"));
+    write_f32(&raw, &smooth_f32(10_000));
+    assert!(zcomm(&compress_args(&raw, &zc, "f32")).status.success());
+    let o = zcomm(&[
+        "decompress",
+        "-i",
+        p(&zc),
+        "-o",
+        p(&out),
+        "--max-output-bytes",
+        "39999",
+    ]);
+    assert_clean_failure(&o, "over the limit", "--max-output-bytes");
+    assert!(!out.exists());
+    for limit in ["40000", "1MiB", "1GB"] {
+        let o = zcomm(&[
+            "decompress",
+            "-i",
+            p(&zc),
+            "-o",
+            p(&out),
+            "--max-output-bytes",
+            limit,
+        ]);
+        assert!(o.status.success(), "{limit}: {}", stderr(&o));
+        assert_eq!(std::fs::read(&out).unwrap().len(), 40_000);
+    }
+    let o = zcomm(&[
+        "decompress",
+        "-i",
+        p(&zc),
+        "-o",
+        p(&out),
+        "--max-output-bytes",
+        "lots",
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("not a byte count"));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Issue 15, item 7: a full or closed stdout is an error (or a quiet exit), never a panic.
+#[test]
+fn full_or_closed_stdout_is_not_a_panic() {
+    let d = tmpdir("stdout");
+    let (raw, zc) = (d.join("x.f32"), d.join("x.zc"));
+    write_f32(&raw, &smooth_f32(10_000));
+    assert!(zcomm(&compress_args(&raw, &zc, "f32")).status.success());
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_zcomm"))
+        .args(["info", "-i", p(&zc)])
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, "info > /dev/full", "No space left");
+    // a reader that closes the pipe at once (`| head -0`)
+    for args in [
+        vec!["info", "-i", p(&zc)],
+        vec![
+            "model",
+            "--bandwidth",
+            "10GB/s",
+            "--ratio",
+            "8",
+            "--throughput",
+            "100GB/s",
+        ],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_zcomm"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let e = stderr(&o);
+        assert!(!e.contains("panicked"), "{args:?}: {e}");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {e}");
+    }
+    // the examples too (built by `cargo test` with the mpi feature; skipped otherwise)
+    if let Some(sv) = example("statevector") {
+        let mut child = Command::new(sv)
+            .args(["--n", "1000", "--steps", "1"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let e = stderr(&o);
+        assert!(!e.contains("panicked"), "statevector | head: {e}");
+        assert_eq!(o.status.code(), Some(0), "{e}");
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(example("statevector").unwrap())
+            .args(["--n", "1000", "--steps", "1"])
+            .stdout(full)
+            .output()
+            .unwrap();
+        assert_clean_failure(&o, "statevector > /dev/full", "No space left");
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// An example binary next to the zcomm binary (`target/<profile>/examples/<name>`), if built.
+fn example(name: &str) -> Option<PathBuf> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_zcomm"));
+    let e = bin.parent()?.join("examples").join(name);
+    if e.exists() {
+        Some(e)
+    } else {
+        eprintln!("skipped: example `{name}` not built (needs feature `mpi`)");
+        None
+    }
+}
+
+/// Issue 15, item 8: resource knobs and endless inputs are refused at once.
+#[test]
+fn threads_and_endless_inputs_are_refused() {
+    let d = tmpdir("knobs");
+    let raw = d.join("x.f32");
+    write_f32(&raw, &smooth_f32(1000));
+    let t = std::time::Instant::now();
+    let o = zcomm(&[
+        "bench",
+        "-i",
+        p(&raw),
+        "--dtype",
+        "f32",
+        "--error-bound",
+        "abs:1e-3",
+        "--threads",
+        "100000",
+    ]);
+    assert_clean_failure(&o, "--threads 100000", "--threads 100000: at most");
+    assert!(t.elapsed().as_secs() < 10);
+    for input in ["/dev/zero", "/dev/null"] {
+        let o = zcomm(&compress_args(Path::new(input), &d.join("z"), "f32"));
+        assert_clean_failure(&o, input, "not a regular file");
+        let o = zcomm(&["info", "-i", input]);
+        assert_clean_failure(&o, input, "not a regular file");
+    }
+    let o = zcomm(&compress_args(&d, &d.join("z"), "f32"));
+    assert_clean_failure(&o, "a directory", "not a regular file");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Issue 15, item 11: the no-default-features test run builds in its own target directory, so
+/// that it does not replace `target/release/zcomm` (the CUDA build) with a build without CUDA.
+#[test]
+fn test_script_builds_no_default_features_apart() {
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test.sh")).unwrap();
+    let cmd: String = script
+        .split("\ncheck ")
+        .find(|c| c.contains("cargo test --release --no-default-features --no-fail-fast"))
+        .expect("the no-default-features test step")
+        .split("\n\n")
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        cmd.contains("--target-dir") && cmd.contains("no-default"),
+        "the no-default-features step shares the target directory: {cmd}"
+    );
+}
+
+/// Issue 15, item 12: output for people (short numbers, `stored` explained, the relative error
+/// column under a rel bound, usage examples in every `--help`, the plot's default throughput).
+#[test]
+fn output_explains_itself() {
+    let d = tmpdir("explain");
+    let (raw, zc) = (d.join("x.f32"), d.join("x.zc"));
+    write_f32(&raw, &smooth_f32(10_000));
+    // noa: the abs bound is bound x range, a long decimal
+    assert!(zcomm(&compress_args(&raw, &zc, "f32")).status.success());
+    let o = zcomm(&["info", "-i", p(&zc)]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let abs = out
+        .lines()
+        .find(|l| l.starts_with("abs bound"))
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_string();
+    assert!(
+        abs.split('e').next().unwrap().len() <= 5,
+        "abs bound not rounded: {out}"
+    );
+    assert!(out.contains("stored           no: "), "{out}");
+    let o = zcomm(&["info", "-i", p(&zc), "--json"]);
+    let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(h["abs_bound"].as_f64().unwrap() > 0.0);
+    // bench under a rel bound shows the relative error
+    let o = zcomm(&[
+        "bench",
+        "-i",
+        p(&raw),
+        "--dtype",
+        "f32",
+        "--error-bound",
+        "rel:1e-2",
+        "--runs",
+        "1",
+        "--codec",
+        "aatrox",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains("| max rel error |") && out.contains("point-wise relative"),
+        "{out}"
+    );
+    for cmd in ["compress", "decompress", "bench", "info", "model"] {
+        let o = zcomm(&[cmd, "--help"]);
+        let h = String::from_utf8_lossy(&o.stdout).into_owned();
+        let n = h.matches(&format!("  zcomm {cmd} ")).count();
+        assert!(h.contains("Examples:") && n >= 2, "{cmd} --help: {h}");
+    }
+    let svg = d.join("plot.svg");
+    let o = zcomm(&["model", "--plot", p(&svg)]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && svg.exists());
+    assert!(
+        out.contains("372.60 GB/s") && out.contains("default"),
+        "{out}"
+    );
+    let o = zcomm(&[
+        "model",
+        "--bandwidth",
+        "10GB/s",
+        "--ratio",
+        "8",
+        "--throughput",
+        "100GB/s",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("for 1 GiB (1073741824 bytes)"), "{out}");
+    if let Some(ar) = example("allreduce") {
+        let o = Command::new(&ar).arg("--help").output().unwrap();
+        let h = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(h.contains("[default: 2097152"), "{h}");
+        let o = Command::new(&ar)
+            .args(["--n", "2000", "--iters", "1"])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(out.matches("legend:").count(), 1, "{out}");
+        assert!(
+            out.trim_end().ends_with("verdict: every error bound held"),
+            "{out}"
+        );
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Issue 15, item 13: `bench` on a large input shows a progress line when stderr is a terminal
+/// (run under `script`, which gives it one), and none in `--json` mode or without a terminal.
+#[test]
+fn bench_shows_progress_on_a_terminal_only() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` to run zcomm on a terminal");
+        return;
+    }
+    let d = tmpdir("progress");
+    let raw = d.join("big.f32");
+    // 64 MiB: the size from which bench shows progress
+    let v: Vec<u8> = (0..16usize << 20)
+        .flat_map(|i| ((i % 4096) as f32).to_le_bytes())
+        .collect();
+    std::fs::write(&raw, v).unwrap();
+    let bench = |json: &str| {
+        let cmd = format!(
+            "{} bench -i {} --dtype f32 --error-bound abs:1 --codec aatrox --runs 1 {json} >/dev/null",
+            env!("CARGO_BIN_EXE_zcomm"),
+            p(&raw)
+        );
+        let o = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let tty = bench("");
+    assert!(
+        tty.contains("bench ") && tty.contains("aatrox: "),
+        "{tty:?}"
+    );
+    assert!(!bench("--json").contains("aatrox: "));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Issue 15, item 15: `compress` prints the value count and warns about an f32 file compressed as
+/// f64 (and the reverse).
+#[test]
+fn reinterpreted_dtype_is_warned_about() {
+    let d = tmpdir("dtype");
+    let (raw, zc) = (d.join("x.f32"), d.join("x.zc"));
+    write_f32(&raw, &smooth_f32(10_000));
+    let o = zcomm(&compress_args(&raw, &zc, "f32"));
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("10000 f32 values"));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    let o = zcomm(&compress_args(&raw, &zc, "f64"));
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("5000 f64 values"));
+    assert!(
+        stderr(&o).contains("warning") && stderr(&o).contains("--dtype f32"),
+        "{}",
+        stderr(&o)
+    );
+    let raw64 = d.join("x.f64");
+    let v: Vec<u8> = (0..10_000)
+        .flat_map(|i| ((i as f64) * 1.37e-3).sin().to_le_bytes())
+        .collect();
+    std::fs::write(&raw64, v).unwrap();
+    let o = zcomm(&compress_args(&raw64, &zc, "f64"));
+    assert!(o.status.success() && !stderr(&o).contains("warning"));
+    let o = zcomm(&compress_args(&raw64, &zc, "f32"));
+    assert!(
+        stderr(&o).contains("warning") && stderr(&o).contains("--dtype f64"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Issue 15, item 16: an empty input says so, with no ratio, PSNR or throughput.
+#[test]
+fn empty_input_says_so() {
+    let d = tmpdir("empty");
+    let (raw, zc, back) = (d.join("e.f32"), d.join("e.zc"), d.join("back.f32"));
+    std::fs::write(&raw, b"").unwrap();
+    let o = zcomm(&compress_args(&raw, &zc, "f32"));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains("empty input") && !out.contains("ratio"),
+        "{out}"
+    );
+    let o = zcomm(&[
+        "bench",
+        "-i",
+        p(&raw),
+        "--dtype",
+        "f32",
+        "--error-bound",
+        "abs:1",
+        "--runs",
+        "1",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains("empty input") && !out.contains("GB/s") && !out.contains("inf"),
+        "{out}"
+    );
+    let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&back)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&back).unwrap().len(), 0);
+    std::fs::remove_dir_all(&d).ok();
+}

@@ -1,7 +1,11 @@
-//! Helpers shared by the MPI examples: arguments, input loading, reports, bound checks.
-#![allow(dead_code)]
+//! Helpers shared by the MPI examples: arguments, input loading, reports, bound checks, checked
+//! stdout ([`outln!`]) and a progress line ([`progress`]).
+#![allow(dead_code, unused_macros, unused_imports)]
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use zcomm::comm::{partition, CommElement, Communicator, OpStats, ReduceOp};
 use zcomm::{CodecKind, Element, Error, ErrorBound, Result};
@@ -21,7 +25,7 @@ pub struct Common {
     /// Codec.
     #[arg(long, default_value = "aatrox", value_parser = parse_codec)]
     pub codec: CodecKind,
-    /// Elements per rank when generating data.
+    /// Elements per rank when generating data (each example's [`parse_args`] names its default).
     #[arg(long)]
     pub n: Option<usize>,
     /// With --input: `slice` (each rank takes its part of the file) or `copy` (each rank takes
@@ -179,7 +183,7 @@ pub struct Row {
 pub fn describe(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
     if c.rank() == 0 {
         let prof = c.profile();
-        println!(
+        outln!(
             "{what}: {} ranks, {n} {dtype} elements per rank ({:.1} MiB), bound {}, codec {}",
             c.size(),
             n as f64 * dtype_bytes(dtype) / 1048576.0,
@@ -187,7 +191,7 @@ pub fn describe(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common)
             a.codec
         );
         let sp = prof.codecs.first();
-        println!(
+        outln!(
             "profile: link {} latency {:.1} us; codec compress {} decompress {} ({})",
             zcomm::model::fmt_rate(prof.link.bandwidth),
             prof.link.latency * 1e6,
@@ -198,7 +202,7 @@ pub fn describe(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common)
             prof.compressor
         );
         if matches!(a.error_bound, ErrorBound::Rel(_)) {
-            println!("(rel bound: `max err` and `bound` are point-wise relative errors)");
+            outln!("(rel bound: `max err` and `bound` are point-wise relative errors)");
         }
     }
 }
@@ -207,7 +211,7 @@ pub fn describe(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common)
 pub fn header(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
     describe(c, what, n, dtype, a);
     if c.rank() == 0 {
-        println!(
+        outln!(
             "{:<30} {:>10} {:>10} {:>8} {:>12} {:>12} {:>8} {:>7} {:>11} {:>11}",
             "operation",
             "raw ms",
@@ -221,13 +225,14 @@ pub fn header(c: &Communicator, what: &str, n: usize, dtype: &str, a: &Common) {
             "bound"
         );
     }
+    legend(c);
 }
 
 /// Print one report row on rank 0.
 pub fn print_row(c: &Communicator, r: &Row) {
     if c.rank() == 0 {
         let pred = r.stats.predicted_s;
-        println!(
+        outln!(
             "{:<30} {:>10.3} {:>10.3} {:>8.2} {:>12.3} {:>12.3} {:>7.1}% {:>7.2} {:>11.3e} {:>11.3e}{}",
             format!("{} [{:?}]", r.op, r.stats.decision),
             r.raw_s * 1e3,
@@ -272,4 +277,114 @@ pub fn init_tracing() {
         )
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Parse the example's arguments; `n_default` is what `--help` shows as `--n`'s default (the
+/// examples pick different sizes, so [`Common`] cannot name one).
+pub fn parse_args<A: clap::Parser>(n_default: &str) -> A {
+    let cmd = A::command().mut_arg("n", |a| {
+        a.help(format!(
+            "Elements per rank when generating data [default: {n_default}]"
+        ))
+    });
+    let m = cmd.get_matches();
+    A::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+}
+
+/// What went wrong on stdout: 0 nothing, 1 the reader closed the pipe, 2 another error.
+static STDOUT_STATE: AtomicU8 = AtomicU8::new(0);
+
+/// Write a line to stdout without panicking (what [`outln!`] calls).
+///
+/// `println!` panics when stdout is a closed pipe (`statevector | head -1`) or a full disk. Here
+/// the first error stops all further output instead: a closed pipe silently (the reader has what
+/// it wanted), any other error with one message on stderr and a failing exit code
+/// ([`exit_code`]). The example keeps running to the end rather than exiting on the spot: the
+/// other ranks wait for this one in collectives, and MPI must be finalized.
+pub fn emit(args: std::fmt::Arguments<'_>) {
+    if STDOUT_STATE.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    clear_progress();
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|()| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            STDOUT_STATE.store(1, Ordering::Relaxed);
+        } else {
+            STDOUT_STATE.store(2, Ordering::Relaxed);
+            let _ = writeln!(std::io::stderr(), "cannot write to stdout: {e}");
+        }
+    }
+}
+
+/// `println!` through [`emit`]: never panics.
+macro_rules! outln {
+    () => {
+        $crate::common::emit(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::common::emit(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use outln;
+
+/// `code`, or a failure when stdout could not be written (other than a closed pipe).
+pub fn exit_code(code: ExitCode) -> ExitCode {
+    clear_progress();
+    if STDOUT_STATE.load(Ordering::Relaxed) == 2 {
+        ExitCode::FAILURE
+    } else {
+        code
+    }
+}
+
+/// Whether a progress line is on the terminal now.
+static PROGRESS_SHOWN: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process shows progress: stderr is a terminal and this is rank 0 (from the
+/// launcher's environment, so that it works before MPI is initialized).
+pub fn progress_enabled() -> bool {
+    let rank0 = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .map_or(true, |r| r.trim() == "0");
+    rank0 && std::io::stderr().is_terminal()
+}
+
+/// Show `what` as the progress line on stderr (redrawn in place; erased before the next line
+/// of stdout, so the progress never ends up inside the report).
+pub fn progress(what: &str) {
+    if progress_enabled() {
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[2K{what}");
+        PROGRESS_SHOWN.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Erase the progress line, if one is shown.
+pub fn clear_progress() {
+    if PROGRESS_SHOWN.swap(false, Ordering::Relaxed) {
+        let _ = write!(std::io::stderr().lock(), "\r\x1b[2K");
+    }
+}
+
+/// The one-line legend under the report's column names (rank 0).
+pub fn legend(c: &Communicator) {
+    if c.rank() == 0 {
+        outln!(
+            "legend: speedup = raw ms / zcomm ms (below 1: compression cost more than it saved, usual for a \
+             CPU codec); pred = the model's time, pred err = (zcomm - pred) / pred; [Compressed]/[Raw] = the \
+             path taken; `auto #N` = Policy::Auto, the model chose the path"
+        );
+    }
+}
+
+/// The closing line (rank 0): whether every bound held.
+pub fn verdict(c: &Communicator, all_ok: bool) {
+    if c.rank() == 0 {
+        if all_ok {
+            outln!("verdict: every error bound held");
+        } else {
+            outln!("verdict: ERROR BOUND VIOLATED (see the rows marked BOUND VIOLATED)");
+        }
+    }
 }

@@ -4,16 +4,19 @@ use std::path::Path;
 
 use zcomm::{Element, Error, Result};
 
-/// Read a whole file, naming it in the error.
+/// Read a whole regular file, naming it in the error.
+///
+/// Anything else (`/dev/zero`, a FIFO, a terminal) is refused: such an input has no size to check
+/// up front and may never end, and reading it whole would grow memory without bound.
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| Error::invalid(format!("cannot read input `{}`: {e}", path.display())))
-}
-
-/// Write a whole file, naming it in the error.
-pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::write(path, bytes)
-        .map_err(|e| Error::invalid(format!("cannot write output `{}`: {e}", path.display())))
+    let cannot = |e: &dyn std::fmt::Display| {
+        Error::invalid(format!("cannot read input `{}`: {e}", path.display()))
+    };
+    let meta = std::fs::metadata(path).map_err(|e| cannot(&e))?;
+    if !meta.is_file() {
+        return Err(cannot(&"not a regular file (devices, pipes and directories are refused; copy the data to a file)"));
+    }
+    std::fs::read(path).map_err(|e| cannot(&e))
 }
 
 /// Interpret `bytes` (read from `path`) as little-endian values of `T`.
@@ -30,13 +33,85 @@ pub fn values_from_bytes<T: Element>(bytes: &[u8], path: &Path) -> Result<Vec<T>
     Ok(bytes.chunks_exact(T::SIZE).map(T::read_le).collect())
 }
 
-/// The little-endian bytes of `values`.
-pub fn values_to_bytes<T: Element>(values: &[T]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * T::SIZE);
-    for &v in values {
-        v.write_le(&mut out);
+/// Values converted to little-endian bytes per block: the writer of a decoded array holds one
+/// block of bytes at a time, never a second copy of the whole array.
+pub const BLOCK_BYTES: usize = 1 << 20;
+
+/// Feed the little-endian bytes of `values` to `sink`, [`BLOCK_BYTES`] at a time.
+pub fn write_values<T: Element>(
+    values: &[T],
+    mut sink: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let mut buf = Vec::with_capacity(BLOCK_BYTES.min(std::mem::size_of_val(values)));
+    for block in values.chunks((BLOCK_BYTES / T::SIZE).max(1)) {
+        buf.clear();
+        for &v in block {
+            v.write_le(&mut buf);
+        }
+        sink(&buf)?;
     }
-    out
+    Ok(())
+}
+
+/// Whether `values` look like data of another dtype read as `T` (an f32 file passed as
+/// `--dtype f64`, or the reverse); returns the warning to print.
+///
+/// * f32 data read as f64: each f64 holds two neighbouring f32 values, and neighbours in real data
+///   mostly share sign and exponent, so the top 9 bits of an f64's two 32-bit halves agree far
+///   more often than the 1 in 512 of genuine f64 values (whose low half is mantissa bits).
+/// * f64 data read as f32: every other f32 is the low half of an f64's mantissa, i.e. bits with
+///   an arbitrary exponent, so a large share of values has a magnitude beyond 2^±64, where real
+///   f32 data hardly ever is.
+pub fn dtype_warning<T: Element>(values: &[T]) -> Option<String> {
+    const MIN_VALUES: usize = 64;
+    if values.len() < MIN_VALUES {
+        return None;
+    }
+    // a sample of at most 64 Ki values, spread over the whole array
+    let stride = (values.len() / 65_536).max(1);
+    let sample = values.iter().step_by(stride);
+    let n = values.len().div_ceil(stride) as f64;
+    match T::DTYPE {
+        zcomm::Dtype::F64 => {
+            let (mut same, mut zero) = (0usize, 0usize);
+            for v in sample {
+                let bits = v.to_bits_u64();
+                let (hi, lo) = ((bits >> 32) as u32, bits as u32);
+                if hi == 0 && lo == 0 {
+                    zero += 1;
+                } else if hi >> 23 == lo >> 23 {
+                    same += 1;
+                }
+            }
+            let nonzero = n - zero as f64;
+            (nonzero >= MIN_VALUES as f64 && same as f64 > 0.3 * nonzero).then(|| {
+                format!(
+                    "{:.0}% of the values' two 32-bit halves share sign and exponent, as pairs of f32 \
+                     values do: is the input f32 data (--dtype f32)?",
+                    100.0 * same as f64 / nonzero
+                )
+            })
+        }
+        zcomm::Dtype::F32 => {
+            let (mut wild, mut zero) = (0usize, 0usize);
+            for v in sample {
+                let x = v.to_f64();
+                if x == 0.0 {
+                    zero += 1;
+                } else if !x.is_finite() || !(5.4e-20..=1.9e19).contains(&x.abs()) {
+                    wild += 1;
+                }
+            }
+            let nonzero = n - zero as f64;
+            (nonzero >= MIN_VALUES as f64 && wild as f64 > 0.15 * nonzero).then(|| {
+                format!(
+                    "{:.0}% of the values are non-finite or beyond 2^±64 in magnitude, as the low halves \
+                     of f64 values read as f32 are: is the input f64 data (--dtype f64)?",
+                    100.0 * wild as f64 / nonzero
+                )
+            })
+        }
+    }
 }
 
 /// Call a generic function with the element type named by a [`zcomm::Dtype`] value:

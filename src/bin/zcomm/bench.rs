@@ -10,11 +10,18 @@ use serde::Serialize;
 use zcomm::format::BoundMode;
 use zcomm::{CodecKind, Dtype, Element, Error, ErrorBound, Result};
 
-use crate::array::{read_file, values_from_bytes, with_dtype};
+use crate::array::{dtype_warning, read_file, values_from_bytes, with_dtype};
 use crate::device::{self, Device};
+use crate::out::outln;
+use crate::progress::Progress;
 
 /// Arguments of `zcomm bench`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  zcomm bench -i field.f32 --dtype f32 --error-bound noa:1e-3
+  zcomm bench -i field.f64 --dtype f64 --error-bound rel:1e-4 --codec aatrox,pfpl --runs 5
+  zcomm bench -i field.f32 --dtype f32 --error-bound abs:1e-2 --threads 1 --json > bench.json")]
 pub struct Args {
     /// Raw little-endian array.
     #[arg(long, short = 'i')]
@@ -31,7 +38,7 @@ pub struct Args {
     /// Timed runs per direction (the median is reported).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
-    /// Worker threads for the CPU codecs (default: all cores).
+    /// Worker threads for the CPU codecs (default: all cores; at most 4 per core).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
     /// Print JSON records (an array, one object per codec) instead of a table.
@@ -183,12 +190,19 @@ fn codecs(spec: &str) -> Result<Vec<CodecKind>> {
     }
 }
 
-fn bench_one<T: Element>(a: &Args, data: &[T], codec: CodecKind) -> Result<Record> {
+fn bench_one<T: Element>(
+    a: &Args,
+    data: &[T],
+    codec: CodecKind,
+    progress: &mut Progress,
+) -> Result<Record> {
     let bytes = std::mem::size_of_val(data);
     // warm-up: also the stream the statistics are computed from
+    progress.step(&format!("{codec}: compress (warm-up)"));
     let stream = device::compress(a.device, data, a.error_bound, codec)?;
     let mut ct = Vec::with_capacity(a.runs as usize);
-    for _ in 0..a.runs {
+    for i in 0..a.runs {
+        progress.step(&format!("{codec}: compress {}/{}", i + 1, a.runs));
         let t = Instant::now();
         let s = device::compress(a.device, data, a.error_bound, codec)?;
         ct.push(t.elapsed().as_secs_f64());
@@ -199,9 +213,11 @@ fn bench_one<T: Element>(a: &Args, data: &[T], codec: CodecKind) -> Result<Recor
         }
     }
     let mut back = vec![T::default(); data.len()];
+    progress.step(&format!("{codec}: decompress (warm-up)"));
     device::decompress_into(a.device, &stream, &mut back)?;
     let mut dt = Vec::with_capacity(a.runs as usize);
-    for _ in 0..a.runs {
+    for i in 0..a.runs {
+        progress.step(&format!("{codec}: decompress {}/{}", i + 1, a.runs));
         let t = Instant::now();
         device::decompress_into(a.device, &stream, &mut back)?;
         dt.push(t.elapsed().as_secs_f64());
@@ -262,7 +278,19 @@ fn bench_one<T: Element>(a: &Args, data: &[T], codec: CodecKind) -> Result<Recor
 
 fn bench_all<T: Element>(bytes: &[u8], a: &Args, list: &[CodecKind]) -> Result<Vec<Record>> {
     let data: Vec<T> = values_from_bytes(bytes, &a.input)?;
-    list.iter().map(|&c| bench_one(a, &data, c)).collect()
+    if let Some(w) = dtype_warning(&data) {
+        crate::out::warn(format_args!("`{}` as {}: {w}", a.input.display(), T::DTYPE));
+    }
+    // a progress line only where a run takes a while: inputs of 64 MiB and more
+    let quiet = a.json || bytes.len() < 64 << 20;
+    let steps = list.len() as u64 * 2 * (1 + u64::from(a.runs));
+    let mut progress = Progress::new("bench", steps, quiet);
+    let recs = list
+        .iter()
+        .map(|&c| bench_one(a, &data, c, &mut progress))
+        .collect();
+    progress.finish();
+    recs
 }
 
 fn fmt_psnr(p: f64) -> String {
@@ -274,14 +302,24 @@ fn fmt_psnr(p: f64) -> String {
 }
 
 /// Print records as a Markdown table (pasteable into BENCHMARKS.md).
-pub fn print_table(recs: &[Record]) {
+///
+/// Under a `rel` bound the error column is the largest point-wise relative error (what the bound
+/// limits); under `abs`/`noa` it is the largest absolute error.
+pub fn print_table(recs: &[Record]) -> Result<()> {
+    let rel = recs
+        .first()
+        .is_some_and(|r| r.error_bound.starts_with("rel"));
     if let Some(r) = recs.first() {
-        println!(
-            "input {} ({} {} values, {} bytes), bound {} (abs {:e}), device {} ({}), {} threads, median of {} runs",
-            r.input, r.count, r.dtype, r.bytes, r.error_bound, r.abs_bound, r.device_kind, r.device,
-            r.threads, r.runs
-        );
-        println!();
+        let bound = if rel {
+            format!("{} (point-wise relative)", r.error_bound)
+        } else {
+            format!("{} (abs {:.4e})", r.error_bound, r.abs_bound)
+        };
+        outln!(
+            "input {} ({} {} values, {} bytes), bound {bound}, device {} ({}), {} threads, median of {} runs",
+            r.input, r.count, r.dtype, r.bytes, r.device_kind, r.device, r.threads, r.runs
+        )?;
+        outln!()?;
     }
     // GPU noa runs also measure compression with the value range given by the caller
     let given = recs.iter().any(|r| r.compress_given_range_gbps.is_some());
@@ -290,33 +328,60 @@ pub fn print_table(recs: &[Record]) {
     } else {
         ("", "")
     };
-    println!(
-        "| codec | ratio | max error | PSNR (dB) | compress GB/s |{gh} decompress GB/s | bound |"
-    );
-    println!("|---|---:|---:|---:|---:|{gs}---:|---|");
+    let err_name = if rel { "max rel error" } else { "max error" };
+    outln!(
+        "| codec | ratio | {err_name} | PSNR (dB) | compress GB/s |{gh} decompress GB/s | bound |"
+    )?;
+    outln!("|---|---:|---:|---:|---:|{gs}---:|---|")?;
     for r in recs {
         let gc = match (given, r.compress_given_range_gbps) {
             (false, _) => String::new(),
             (true, Some(g)) => format!(" {g:.3} |"),
             (true, None) => " - |".into(),
         };
-        println!(
+        outln!(
             "| {} | {:.3} | {:.3e} | {} | {:.3} |{gc} {:.3} | {} |",
             r.codec,
             r.ratio,
-            r.max_error,
+            if rel { r.max_rel_error } else { r.max_error },
             fmt_psnr(r.psnr_db),
             r.compress_gbps,
             r.decompress_gbps,
             if r.bound_ok { "ok" } else { "VIOLATED" }
-        );
+        )?;
     }
+    Ok(())
+}
+
+/// The most `--threads` accepted: more threads than a few per core only measure the scheduler
+/// (and 100000 of them take minutes to start).
+fn max_threads() -> usize {
+    4 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Run `zcomm bench`.
 pub fn run(a: Args) -> Result<()> {
     let list = codecs(&a.codec)?;
+    if let Some(n) = a.threads {
+        let max = max_threads();
+        if n as usize > max {
+            return Err(Error::invalid(format!(
+                "--threads {n}: at most {max} (4 per core on this machine's {} cores)",
+                max / 4
+            )));
+        }
+    }
     let bytes = read_file(&a.input)?;
+    if bytes.is_empty() {
+        // no values: no ratio, error or throughput to report
+        if a.json {
+            return outln!("[]");
+        }
+        return outln!(
+            "input {}: empty input (0 values), nothing to measure",
+            a.input.display()
+        );
+    }
     let work = || with_dtype!(a.dtype, bench_all::<T>(&bytes, &a, &list));
     let recs = match a.threads {
         Some(n) => rayon::ThreadPoolBuilder::new()
@@ -327,12 +392,11 @@ pub fn run(a: Args) -> Result<()> {
         None => work()?,
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&recs).expect("JSON of plain values")
-        );
+        let json = serde_json::to_string_pretty(&recs)
+            .map_err(|e| Error::invalid(format!("cannot print JSON: {e}")))?;
+        outln!("{json}")?;
     } else {
-        print_table(&recs);
+        print_table(&recs)?;
     }
     let bad: Vec<&str> = recs
         .iter()

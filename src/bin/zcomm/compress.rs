@@ -4,16 +4,23 @@ use std::path::PathBuf;
 
 use zcomm::{CodecKind, Dtype, Element, ErrorBound, Result};
 
-use crate::array::{read_file, values_from_bytes, with_dtype, write_file};
+use crate::array::{dtype_warning, read_file, values_from_bytes, with_dtype};
 use crate::device::{self, Device};
+use crate::out::outln;
+use crate::output::OutputFile;
 
 /// Arguments of `zcomm compress`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  zcomm compress -i field.f32 -o field.zc --dtype f32 --error-bound abs:1e-3
+  zcomm compress -i field.f64 -o field.zc --dtype f64 --error-bound noa:1e-4 --codec cuszp-outlier
+  zcomm compress -i grad.f32 -o grad.zc --dtype f32 --error-bound rel:1e-2 --device gpu")]
 pub struct Args {
-    /// Raw little-endian array to compress.
+    /// Raw little-endian array to compress (a regular file).
     #[arg(long, short = 'i')]
     pub input: PathBuf,
-    /// Where to write the compressed stream.
+    /// Where to write the compressed stream (written atomically; must differ from the input).
     #[arg(long, short = 'o')]
     pub output: PathBuf,
     /// Element type of the input: f32 or f64.
@@ -33,26 +40,39 @@ pub struct Args {
 /// Run `zcomm compress`.
 pub fn run(a: Args) -> Result<()> {
     let bytes = read_file(&a.input)?;
+    // opened first: an output that is the input is refused before any work
+    let mut out = OutputFile::create(&a.output, &[&a.input])?;
     let stream = with_dtype!(a.dtype, compress_bytes::<T>(&bytes, &a))?;
-    write_file(&a.output, &stream)?;
-    let ratio = if stream.is_empty() {
-        0.0
-    } else {
-        bytes.len() as f64 / stream.len() as f64
-    };
-    println!(
-        "{}: {} bytes -> {} bytes (ratio {ratio:.3}, {} {}, {})",
+    out.write(&stream)?;
+    out.commit()?;
+    let count = bytes.len() / a.dtype.size();
+    if count == 0 {
+        // a ratio of an empty input is meaningless (0 / header bytes)
+        return outln!(
+            "{}: empty input (0 values) -> {} bytes (header only; {} {}, {})",
+            a.output.display(),
+            stream.len(),
+            a.codec,
+            a.dtype,
+            a.error_bound
+        );
+    }
+    outln!(
+        "{}: {count} {} values, {} bytes -> {} bytes (ratio {:.3}, {}, {})",
         a.output.display(),
+        a.dtype,
         bytes.len(),
         stream.len(),
+        bytes.len() as f64 / stream.len() as f64,
         a.codec,
-        a.dtype,
         a.error_bound
-    );
-    Ok(())
+    )
 }
 
 fn compress_bytes<T: Element>(bytes: &[u8], a: &Args) -> Result<Vec<u8>> {
     let data: Vec<T> = values_from_bytes(bytes, &a.input)?;
+    if let Some(w) = dtype_warning(&data) {
+        crate::out::warn(format_args!("`{}` as {}: {w}", a.input.display(), T::DTYPE));
+    }
     device::compress(a.device, &data, a.error_bound, a.codec)
 }

@@ -6,14 +6,20 @@ use zcomm::format::{BoundMode, Header, HEADER_LEN};
 use zcomm::{CodecKind, Result};
 
 use crate::array::read_file;
+use crate::out::outln;
 
 /// Arguments of `zcomm info`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  zcomm info -i field.zc
+  zcomm info -i field.zc --json
+  zcomm info -i field.zc --json | jq .count")]
 pub struct Args {
     /// Compressed stream.
     #[arg(long, short = 'i')]
     pub input: PathBuf,
-    /// Print the header as one JSON object.
+    /// Print the header as one JSON object (numbers at full precision).
     #[arg(long)]
     pub json: bool,
 }
@@ -58,49 +64,74 @@ pub fn run(a: Args) -> Result<()> {
             "payload_checksum": format!("{:#010x}", h.payload_checksum),
             "ratio": ratio,
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).expect("JSON of plain values")
-        );
-        return Ok(());
+        let json = serde_json::to_string_pretty(&v)
+            .map_err(|e| zcomm::Error::invalid(format!("cannot print JSON: {e}")))?;
+        return outln!("{json}");
     }
-    println!(
+    outln!(
         "stream           {} ({} bytes)",
         a.input.display(),
         stream.len()
-    );
-    println!("codec            {}", codec_name(&h));
-    println!("dtype            {}", h.dtype);
-    println!("count            {}", h.count);
-    println!("bound            {}:{:e}", mode_name(h.mode), h.bound_value);
-    println!("abs bound        {:e}", h.abs_bound);
-    println!("step             {:e}", h.step);
+    )?;
+    outln!("codec            {}", codec_name(&h))?;
+    outln!("dtype            {}", h.dtype)?;
+    outln!("count            {}", h.count)?;
+    outln!(
+        "bound            {}:{}",
+        mode_name(h.mode),
+        num(h.bound_value)
+    )?;
+    let abs_what = match h.mode {
+        BoundMode::Abs => "",
+        BoundMode::Noa => " (bound x value range)",
+        BoundMode::Rel => " (point-wise relative bound)",
+    };
+    outln!("abs bound        {}{abs_what}", num(h.abs_bound))?;
+    outln!("step             {}", num(h.step))?;
     if h.mode == BoundMode::Noa {
-        println!("range            [{:e}, {:e}]", h.range_min, h.range_max);
+        outln!(
+            "range            [{}, {}]",
+            num(h.range_min),
+            num(h.range_max)
+        )?;
     }
-    println!(
+    outln!(
         "stored           {}",
         if h.is_stored() {
-            "yes (raw values)"
+            "yes: the values are kept raw (encoding would not have been smaller), decoded exactly"
         } else {
-            "no"
+            "no: the values are quantized and encoded within the bound"
         }
-    );
-    println!(
+    )?;
+    outln!(
         "chunk_log2       {} ({} values per chunk)",
         h.chunk_log2,
         1u64 << h.chunk_log2
-    );
-    println!("chunks           {}", h.n_chunks);
-    println!(
+    )?;
+    outln!("chunks           {}", h.n_chunks)?;
+    outln!(
         "layout           header {HEADER_LEN} B + table {} B + chunks {} B",
         h.table_len(),
         h.payload_len - h.table_len() as u64
-    );
-    println!("payload checksum {:#010x}", h.payload_checksum);
+    )?;
+    outln!("payload checksum {:#010x}", h.payload_checksum)?;
     if h.data_checksum != 0 {
-        println!("data checksum    {:#010x}", h.data_checksum);
+        outln!("data checksum    {:#010x}", h.data_checksum)?;
     }
-    println!("ratio            {ratio:.3}");
-    Ok(())
+    if h.count == 0 {
+        return outln!("ratio            - (empty array)");
+    }
+    outln!("ratio            {ratio:.3}")
+}
+
+/// A number for people: as given when it is short (`1e-2`), else 4 significant digits
+/// (`1.319e-1`, not `1.3188195800781247e-1`); `--json` keeps full precision.
+fn num(x: f64) -> String {
+    let full = format!("{x:e}");
+    let mantissa = full.split('e').next().unwrap_or("");
+    if mantissa.trim_start_matches('-').len() <= 5 {
+        full
+    } else {
+        format!("{x:.3e}")
+    }
 }

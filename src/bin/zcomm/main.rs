@@ -4,6 +4,9 @@
 //! `pub fn run(args: Args) -> zcomm::Result<()>`. Adding a subcommand takes one `mod` line and one
 //! [`Command`] variant (plus its arm in [`main`]). The CPU/GPU choice of `--device` is made in one
 //! place only: [`device`].
+//!
+//! Shared pieces: [`output`] (atomic output files, never over an input), [`out`] (stdout writes
+//! that fail with an error instead of a panic), [`progress`] (a progress line on a terminal).
 
 mod array;
 mod bench;
@@ -12,6 +15,9 @@ mod decompress;
 mod device;
 mod info;
 mod model;
+mod out;
+mod output;
+mod progress;
 
 use std::process::ExitCode;
 
@@ -55,10 +61,13 @@ fn main() -> ExitCode {
         Command::Info(a) => info::run(a),
         Command::Model(a) => model::run(a),
     };
-    match result {
+    // stdout is line-buffered: the last bytes (and their errors) only reach it here
+    match result.and_then(|()| out::flush()) {
         Ok(()) => ExitCode::SUCCESS,
+        // the reader closed the pipe (`zcomm info ... | head -1`): it has what it wanted
+        Err(e) if out::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("zcomm: error: {e}");
+            out::error(&e);
             ExitCode::FAILURE
         }
     }
@@ -75,6 +84,36 @@ pub(crate) mod parse {
     /// `abs:E` | `noa:E` | `rel:E` with `E` finite and positive.
     pub fn bound(s: &str) -> Result<ErrorBound, String> {
         s.parse().map_err(|e: zcomm::Error| e.to_string())
+    }
+    /// A byte count: `1000`, `500MB`, `8GiB`, `1.5e9` (decimal and binary units).
+    pub fn bytes(s: &str) -> Result<u64, String> {
+        let t = s.trim();
+        let units: [(&str, f64); 9] = [
+            ("KiB", 1024.0),
+            ("MiB", 1048576.0),
+            ("GiB", 1073741824.0),
+            ("TiB", 1099511627776.0),
+            ("KB", 1e3),
+            ("MB", 1e6),
+            ("GB", 1e9),
+            ("TB", 1e12),
+            ("B", 1.0),
+        ];
+        let (num, mult) = units
+            .iter()
+            .find_map(|&(u, m)| t.strip_suffix(u).map(|n| (n, m)))
+            .unwrap_or((t, 1.0));
+        let v: f64 = num
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a byte count (e.g. 1000, 500MB, 8GiB)"))?;
+        let b = v * mult;
+        if !(b.is_finite() && b >= 0.0 && b < u64::MAX as f64) {
+            return Err(format!(
+                "`{s}` is not a byte count (e.g. 1000, 500MB, 8GiB)"
+            ));
+        }
+        Ok(b.round() as u64)
     }
     /// A codec name (`--help` lists them all, from the registry).
     pub fn codec() -> impl clap::builder::TypedValueParser<Value = CodecKind> {

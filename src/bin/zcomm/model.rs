@@ -11,8 +11,21 @@ use std::path::PathBuf;
 use zcomm::model::{aatrox_speedup, parse_rate, predict, Link, Profile, Scenario};
 use zcomm::{Error, Result};
 
+use crate::out::outln;
+
+/// The compression throughput `--plot` assumes without `--throughput` or `--profile`: AATROX's
+/// measured compression throughput on an A100 (GB/s = 1e9 bytes/s).
+const DEFAULT_PLOT_THROUGHPUT: f64 = 372.6e9;
+
 /// Arguments of `zcomm model`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  zcomm model --bandwidth 25GB/s --ratio 20 --throughput 400GB/s
+  zcomm model --bandwidth 12GiB/s --ratio 8 --throughput 150GB/s --latency 5us --bytes 256MiB
+  zcomm model --plot speedup.svg --throughput 200GB/s
+
+Units: GB, MB are decimal (1e9, 1e6 bytes), GiB, MiB binary (2^30, 2^20 bytes).")]
 pub struct Args {
     /// Link bandwidth (e.g. `25GB/s`, `12GiB/s`).
     #[arg(long, value_parser = rate)]
@@ -20,7 +33,7 @@ pub struct Args {
     /// Compression ratio.
     #[arg(long)]
     pub ratio: Option<f64>,
-    /// Compression throughput (e.g. `400GB/s`).
+    /// Compression throughput (e.g. `400GB/s`; with --plot, default 372.6 GB/s, AATROX on an A100).
     #[arg(long, value_parser = rate)]
     pub throughput: Option<f64>,
     /// Decompression throughput (default: ignored, as in AATROX's formula).
@@ -32,7 +45,7 @@ pub struct Args {
     /// Staging link crossed before and after the network (device→host, host→device).
     #[arg(long, value_parser = rate)]
     pub staging_bandwidth: Option<f64>,
-    /// Message size for the extended model (e.g. `1GiB`).
+    /// Message size for the extended model (e.g. `1GiB` = 2^30 bytes, `1GB` = 1e9 bytes).
     #[arg(long, value_parser = rate, default_value = "1GiB")]
     pub bytes: f64,
     /// Pipeline chunks for the pipelined form.
@@ -95,15 +108,21 @@ pub fn run(a: Args) -> Result<()> {
         })
         .or(prof.as_ref().and_then(|p| p.staging));
     if let Some(path) = &a.plot {
-        let tc = tc.unwrap_or(372.6e9);
+        let (tc, whence) = match tc {
+            Some(t) => (t, ""),
+            None => (
+                DEFAULT_PLOT_THROUGHPUT,
+                ", the default: set it with --throughput",
+            ),
+        };
         let svg = surface_svg(tc, td, lat, staging, a.bytes);
-        std::fs::write(path, svg)
-            .map_err(|e| Error::invalid(format!("cannot write `{}`: {e}", path.display())))?;
-        println!(
-            "wrote {} (speedup over ratio 1-100 x bandwidth 1-100 GB/s, compression {})",
+        let inputs: Vec<&std::path::Path> = a.profile.iter().map(|p| p.as_path()).collect();
+        crate::output::write_all(path, svg.as_bytes(), &inputs)?;
+        outln!(
+            "wrote {} (speedup over ratio 1-100 x bandwidth 1-100 GB/s, compression throughput {}{whence})",
             path.display(),
             zcomm::model::fmt_rate(tc)
-        );
+        )?;
         if a.ratio.is_none() {
             return Ok(());
         }
@@ -117,11 +136,11 @@ pub fn run(a: Args) -> Result<()> {
         return Err(Error::invalid("--ratio must be > 0"));
     }
     let s = aatrox_speedup(bw, cr, tc);
-    println!(
+    outln!(
         "AATROX overall speedup: 1/((1/(BW*CR) + 1/T_compr)*BW) = {s:.2}x  (BW {}, CR {cr}, T_compr {})",
         zcomm::model::fmt_rate(bw),
         zcomm::model::fmt_rate(tc)
-    );
+    )?;
     let sc = Scenario::new(
         a.bytes,
         cr,
@@ -135,9 +154,9 @@ pub fn run(a: Args) -> Result<()> {
     .with_staging(staging)
     .with_chunks(a.chunks);
     let p = predict(&sc);
-    println!(
-        "extended model for {:.3} GB (T_decompr {}, latency {:.1} us, staging {}):",
-        a.bytes / 1e9,
+    outln!(
+        "extended model for {} (T_decompr {}, latency {:.1} us, staging {}):",
+        fmt_bytes(a.bytes),
         if td.is_finite() {
             zcomm::model::fmt_rate(td)
         } else {
@@ -147,21 +166,36 @@ pub fn run(a: Args) -> Result<()> {
         staging
             .map(|l| zcomm::model::fmt_rate(l.bandwidth))
             .unwrap_or_else(|| "none".into())
-    );
-    println!(
+    )?;
+    outln!(
         "  serial:    raw {:.3} ms, compressed {:.3} ms, speedup {:.2}x",
         p.raw_serial * 1e3,
         p.compressed_serial * 1e3,
         p.speedup_serial()
-    );
-    println!(
+    )?;
+    outln!(
         "  pipelined ({} chunks): raw {:.3} ms, compressed {:.3} ms, speedup {:.2}x",
         a.chunks,
         p.raw_pipelined * 1e3,
         p.compressed_pipelined * 1e3,
         p.speedup_pipelined()
-    );
-    Ok(())
+    )
+}
+
+/// A message size in the unit family it was most likely given in: binary (`1 GiB`) when it is a
+/// whole number of MiB, decimal (`1.5 GB`) otherwise; exact bytes too.
+fn fmt_bytes(b: f64) -> String {
+    let (gib, mib) = (1073741824.0, 1048576.0);
+    let unit = if b >= gib && (b % mib) == 0.0 {
+        format!("{} GiB", b / gib)
+    } else if b >= mib && (b % mib) == 0.0 {
+        format!("{} MiB", b / mib)
+    } else if b >= 1e9 {
+        format!("{} GB", b / 1e9)
+    } else {
+        format!("{} MB", b / 1e6)
+    };
+    format!("{unit} ({b} bytes)")
 }
 
 /// Colour for a speedup (log scale, <1 red, 1 white-ish, high blue).
