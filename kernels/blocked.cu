@@ -21,21 +21,12 @@
 #endif
 #define ZC_THREADS (ZC_WARPS * 32)
 // Blocks per SM the register budget must allow, per element size and mode. 16 warps: 4 for f32
-// abs/noa (32 registers, no spills; +2-4 % over 3 in the H100 A/B of 12:43 and 12:52 UTC,
-// bench/gpu/NOTES.md), 3 for f64 and REL (whose kernels spill at 32). -DZC_MINB / -DZC_DMINB
-// override it for every kernel (compression / decompression; ZC_DMINB defaults to ZC_MINB).
-#ifdef ZC_MINB
-#define ZC_MINB_OF(SIZE, REL) (ZC_MINB)
-#else
+// abs/noa (fits 32 registers without spills, and more resident blocks hide the look-back and
+// barrier waits), 3 for f64 and REL (whose kernels spill at 32).
 #define ZC_MINB_OF(SIZE, REL) (ZC_WARPS == 16 ? ((SIZE) == 4 && !(REL) ? 4 : 3) : 32 / ZC_WARPS)
-#endif
-#ifdef ZC_DMINB
-#define ZC_DMINB_OF(SIZE, REL) (ZC_DMINB)
-#else
-#define ZC_DMINB_OF(SIZE, REL) ZC_MINB_OF(SIZE, REL)
-#endif
+#define ZC_CHUNK 32768u  // values per chunk (src/codec/blocked.rs CHUNK)
 
-// ---- One-pass compression (ZC_ONEPASS=1; full chunks of f32 aatrox / cuszp-plain, both modes;
+// ---- One-pass compression (full chunks of f32 aatrox / cuszp-plain, both modes;
 // f64, cuszp-outlier and a stream's partial last chunk take the two-pass path below).
 //
 // The two-pass kernel reads every value twice from global memory (pass 2 mostly misses L2) and
@@ -67,12 +58,7 @@
 // Shared memory per block (f32, one-pass): 4 KiB offsets + 1 KiB rates + 4 KiB d0 + 2 KiB stage
 // info + 36 KiB arena (ZC_STAGE_WORDS = 9216) + ~0.8 KiB = ~47.8 KiB (static limit 48 KiB):
 // 4 blocks/SM of 8 warps or 3 of 16 still fit the 228 KiB of an H100 SM.
-#ifndef ZC_ONEPASS
-#define ZC_ONEPASS 1
-#endif
-#ifndef ZC_STAGE_WORDS
 #define ZC_STAGE_WORDS 9216  // one-pass staging arena per block, u32 words
-#endif
 #define ZC_SW ((ZC_STAGE_WORDS / ZC_WARPS) < 2047 ? (ZC_STAGE_WORDS / ZC_WARPS) : 2047)  // per warp
 #define ZC_NOSTAGE 0xFFFFu
 
@@ -182,7 +168,7 @@ __device__ __forceinline__ u32 zc_block_sum(u32 v, u32* s_tmp, int w, int lane) 
     return r;
 }
 
-// One-pass staging (ZC_ONEPASS): appends one thread layer (sign word s, then b bit planes of the
+// One-pass staging: appends one thread layer (sign word s, then b bit planes of the
 // magnitudes m) to the warp's arena st at word cur. Returns the layer's stage info
 // ((offset << 5) | b), or ZC_NOSTAGE (raw: b > 30, or full). Called by the whole warp with
 // warp-uniform b and cur.
@@ -453,7 +439,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     const int W = ZC_WARPS;
     const int J = 32 / ZC_WARPS;
     // one-pass variant (see the top of the file): f32, word-aligned codecs
-    constexpr bool ONE = ZC_ONEPASS != 0 && ZT<T>::SIZE == 4 && CODEC != ZC_OUTLIER;
+    constexpr bool ONE = ZT<T>::SIZE == 4 && CODEC != ZC_OUTLIER;
 
     __shared__ u32 s_off[1024];
     __shared__ __align__(16) u32 s_rate[256];
@@ -480,14 +466,14 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     __syncthreads();
     const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
     const u64 cbase = (u64)c << 15;
-    const u32 n = (u32)((count - cbase) < 32768ull ? (count - cbase) : 32768ull);
+    const u32 n = (u32)((count - cbase) < (u64)ZC_CHUNK ? (count - cbase) : (u64)ZC_CHUNK);
     const u32 n_layers = (n + 31) >> 5;
     const T* cin = in + cbase;
     const float eb32 = __double2float_rn(q.eb);
 
     C init = 0;
     // one-pass staging for full chunks (block-uniform); the partial last chunk takes two passes
-    const bool staged = ONE && n == 32768u;
+    const bool staged = ONE && n == ZC_CHUNK;
     u32* const st_w = s_stage + (ONE ? w * ZC_SW : 0);  // ONE: this warp's arena slice
     if (staged) {
         if constexpr (ONE) {
@@ -652,7 +638,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
         const u32 csize = (usize + 3u) & ~3u;
         u64 excl = lookback_exclusive(status, c, (u64)csize, lane);
         if (lane == 0) {
-            s_base = 96ull + 8ull * n_chunks + excl;
+            s_base = ZC_HEADER_LEN + 8ull * n_chunks + excl;
             s_size = csize;
             s_usize = usize;
         }
@@ -925,14 +911,10 @@ __device__ __forceinline__ float zc_add_rn(float a, float b) { return __fadd_rn(
 __device__ __forceinline__ double zc_add_rn(double a, double b) { return __dadd_rn(a, b); }
 // Decoded values are stored with the streaming (evict-first) hint: the 4-5x larger output then
 // no longer pushes the stream, which each block reads three times (checksum, level 1, level 2),
-// out of L2. H100 A/B of 15:00 UTC: +4-7 % kernel decompression (bench/gpu/NOTES.md).
-#ifndef ZC_STCS
-#define ZC_STCS 1
-#endif
+// out of L2.
 template <typename T, bool ACC> __device__ __forceinline__ void zc_store(T* p, T x) {
     if (ACC) *p = zc_add_rn(*p, x);
-    else if (ZC_STCS) __stcs(p, x);
-    else *p = x;
+    else __stcs(p, x);
 }
 // Accumulate a stored stream's raw values: dst[i] += src[i].
 template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __restrict__ src, u64 n, T* __restrict__ dst) {
@@ -946,10 +928,8 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 #define ZC_E_TABLE 32ull
 #define ZC_E_GUESS 64ull  // zc_decompress_hdr: the header is not the one the launch assumed
 
-// ---- DEC2 decompression (ZC_DEC2=1, the default since the H100 A/B of 08:56 UTC: 846 -> 1,428 GB/s
-// end-to-end on grf512 noa:1e-3; f32 aatrox / cuszp-plain in abs/noa mode, with and without
-// ACC; f64, REL and cuszp-outlier always take the path below unchanged; with ZC_DEC2=0 the SASS
-// is identical to the kernel before the switch existed). Level 2 (the in-layer decode) is where
+// ---- DEC2 decompression (f32 aatrox / cuszp-plain in abs/noa mode, with and without ACC; f64,
+// REL and cuszp-outlier take the per-layer path). Level 2 (the in-layer decode) is where
 // the instructions go: per two layers the default path issues rate/offset loads, a 5-stage warp
 // transpose, two sign selects, two 5-stage warp scans, i64 code arithmetic and conversions:
 // ~150-175 SASS instructions per pair (64 values). A DEC2 quad (128 values) is ~160 on its
@@ -982,19 +962,6 @@ template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __rest
 // exact).
 // Not done: 16-byte output stores (a warp's store of one layer is already 128 contiguous bytes;
 // vectorizing would need a 4x4 lane transpose costing more shuffles than the stores it saves).
-#ifndef ZC_DEC2
-#define ZC_DEC2 1
-#endif
-// Chunk checksum pass with 16-byte loads (ZC_CSV): +3-6 % kernel decompression on the H100 (A/B
-// of 15:12 UTC); unrolling level 1's plane loads (ZC_L1U=4) was ~1 % slower than none (1).
-#ifndef ZC_CSV
-#define ZC_CSV 1
-#endif
-#ifndef ZC_L1U
-#define ZC_L1U 1
-#endif
-#define ZC_PRAGMA(x) _Pragma(#x)
-#define ZC_UNROLL(n) ZC_PRAGMA(unroll n)
 #define ZC_D2_SMALL (1ll << 30)
 // A value of a DEC2 quad or pair: code = st + s with |s| < 2^21; small32: |st| <= 2^30.
 template <typename T, bool REL>
@@ -1003,7 +970,7 @@ __device__ __forceinline__ T zc_d2_value(const ZQ<T>& q, i64 st, i32 s, bool sma
     return zq_decode<T, REL>(q, (i64)((u64)st + (u64)(i64)s));
 }
 
-// ---- Group decoding (ZC_DECG=1, the default): an iteration (32 layers) of a full chunk whose
+// ---- Group decoding: an iteration (32 layers) of a full chunk whose
 // layers are all non-raw with b <= 15, in a block with small32 (f32 abs/noa, aatrox / plain), is
 // decoded by a loop without per-layer decisions: groups of G consecutive layers share one load and
 // one warp transpose. The group size follows the iteration's widest layer: G = 4 (b <= 7, field
@@ -1011,12 +978,9 @@ __device__ __forceinline__ T zc_d2_value(const ZQ<T>& q, i64 st, i32 s, bool sma
 // loads word zc_group_kw of layer t + g, so after the transpose field g of lane c is
 // (sign << (F - 1)) | magnitude of value c of layer t + g (zc_group_prefix; the per-layer loop's
 // quads and pairs load and sum the same way). Codes are start + in-layer prefix as i32
-// (small32) and decode as zc_d2_value does, so the values are those of the loop below (which a
-// ZC_DECG=0 build runs alone). What it saves: the per-layer quad / pair / zero tests, rate and
+// (small32) and decode as zc_d2_value does, so the values are those of the per-layer loop. What
+// it saves: the per-layer quad / pair / zero tests, rate and
 // offset loads, and the pair path's set-up (uniform noise at noa 1e-3 has b = 9 and took pairs).
-#ifndef ZC_DECG
-#define ZC_DECG 1
-#endif
 // The word of its group's layer g = lane / F that lane F g + k loads: plane k (word k + 1) for
 // k < F - 1, the sign word (word 0) for k = F - 1; 0xFF for the idle lanes 30, 31 of G = 3. The
 // lane loads it when kw < the layer's word count (b + 1, or 0 when b = 0).
@@ -1129,7 +1093,7 @@ __device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64
         const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
         u64 err = atomicExch(ctrl + ZC_ERR, 0ull);
         const u32 th = (u32)atomicExch(ctrl + ZC_HASH, 0ull);
-        if (96ull + 8ull * n_chunks + last != stream_len) err |= ZC_E_TOTAL;
+        if (ZC_HEADER_LEN + 8ull * n_chunks + last != stream_len) err |= ZC_E_TOTAL;
         if (zhash_final(th, 2u * n_chunks) != table_checksum) err |= ZC_E_TABLE;
         status[n_chunks - 1] = 0;
         ctrl[ZC_TICKET] = 0;
@@ -1168,7 +1132,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     __syncthreads();
     const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
     const u64 cbase = (u64)c << 15;
-    const u32 n = (u32)((count - cbase) < 32768ull ? (count - cbase) : 32768ull);
+    const u32 n = (u32)((count - cbase) < (u64)ZC_CHUNK ? (count - cbase) : (u64)ZC_CHUNK);
     const u32 n_layers = (n + 31) >> 5;
     const u32 n_iters = (n_layers + 31) >> 5;
     const u32* tbl = (const u32*)(stream + 96);
@@ -1178,7 +1142,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         const u32 cs = tbl[2 * c + 1];
         u64 excl = lookback_exclusive(status, c, (u64)size, lane);
         if (lane == 0) {
-            const u64 base = 96ull + 8ull * n_chunks + excl;
+            const u64 base = ZC_HEADER_LEN + 8ull * n_chunks + excl;
             u64 err = 0;
             if (size & 3u) err |= ZC_E_SIZE;
             if (base & 3ull) err |= ZC_E_SIZE;
@@ -1199,23 +1163,19 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         const u32* cw = (const u32*)cp;
         // checksum of the whole chunk before trusting a bit of it
         u32 h = 0;
-        if (ZC_CSV) {
-            // 16-byte loads from the chunk's first 16-byte boundary on (the chunk is 4-aligned);
-            // the words before it and after the last whole vector one by one
-            const u32 nw = size / 4;
-            const u32 mis = (u32)(((size_t)cw >> 2) & 3u);
-            const u32 hw = mis ? min(4u - mis, nw) : 0u;
-            const u32 nv = (nw - hw) / 4, tail = hw + 4 * nv;
-            if ((u32)tid < hw) h += zhash_mix(cw[tid], tid);
-            if ((u32)tid < nw - tail) h += zhash_mix(cw[tail + tid], tail + tid);
-            const uint4* cv = (const uint4*)(cw + hw);
-            for (u32 i = tid; i < nv; i += ZC_THREADS) {
-                const uint4 x = cv[i];
-                const u32 k = hw + 4 * i;
-                h += zhash_mix(x.x, k) + zhash_mix(x.y, k + 1) + zhash_mix(x.z, k + 2) + zhash_mix(x.w, k + 3);
-            }
-        } else {
-            for (u32 i = tid; i < size / 4; i += ZC_THREADS) h += zhash_mix(cw[i], i);
+        // 16-byte loads from the chunk's first 16-byte boundary on (the chunk is 4-aligned);
+        // the words before it and after the last whole vector one by one
+        const u32 nw = size / 4;
+        const u32 mis = (u32)(((size_t)cw >> 2) & 3u);
+        const u32 hw = mis ? min(4u - mis, nw) : 0u;
+        const u32 nv = (nw - hw) / 4, tail = hw + 4 * nv;
+        if ((u32)tid < hw) h += zhash_mix(cw[tid], tid);
+        if ((u32)tid < nw - tail) h += zhash_mix(cw[tail + tid], tail + tid);
+        const uint4* cv = (const uint4*)(cw + hw);
+        for (u32 i = tid; i < nv; i += ZC_THREADS) {
+            const uint4 x = cv[i];
+            const u32 k = hw + 4 * i;
+            h += zhash_mix(x.x, k) + zhash_mix(x.y, k + 1) + zhash_mix(x.z, k + 2) + zhash_mix(x.w, k + 3);
         }
         u32 tot = zc_block_sum(h, s_tmp, w, lane);
         if (tid == 0) {
@@ -1294,7 +1254,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
         }
         // DEC2 (see the comment block above zc_decompress): f32 word-aligned codecs, abs/noa only
         // (a REL value costs a zexp2, hundreds of instructions: nothing to win, only spills)
-        constexpr bool D2 = ZC_DEC2 != 0 && SIZE == 4 && CODEC != ZC_OUTLIER && !REL;
+        constexpr bool D2 = SIZE == 4 && CODEC != ZC_OUTLIER && !REL;
         bool small_ok = true;
         if (CODEC == ZC_AATROX) {
             // level 1: sum of the 32 deltas of every layer from its bit planes (raw layers: 0)
@@ -1309,7 +1269,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                 if (r != 0xFF && b > 0) {
                     const u32* pw = cw + (loff[j] >> 2);
                     const u32 sign = pw[0];
-                    ZC_UNROLL(ZC_L1U)
+#pragma unroll 1
                     for (u32 k = 0; k < b; k++) {
                         const u32 p = pw[1 + k];
                         const int cnt = __popc(p & ~sign) - __popc(p & sign);
@@ -1347,7 +1307,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 #pragma unroll 1
         for (int j = 0; j < J; j++) {
             const int it = w + j * W;
-            if constexpr (D2 && ZC_DECG != 0) {
+            if constexpr (D2) {
                 // group decoding (see zc_dec_group) when the iteration is full, none of its layers
                 // is raw and every b <= 15
                 if (small32 && (u32)(it + 1) * 1024u <= n) {
@@ -1564,7 +1524,7 @@ __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream,
                                                   u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect,
                                                   u64 seq, u64* res) {
     const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream
-    bool same = stream_len >= 96ull;
+    bool same = stream_len >= ZC_HEADER_LEN;
     if (same) {
         const u32 tags = (h[1] >> 16) | (h[2] << 16);
         const u64 hcount = (u64)h[4] | ((u64)h[5] << 32);
@@ -1681,7 +1641,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q, hdr);                    \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {                    \
         ZQ<TY> q;                                                                                              \
@@ -1691,7 +1651,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {                    \
         ZQ<TY> q;                                                                                              \
@@ -1701,7 +1661,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.eb = eb;                                                                                             \
         zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_DMINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect, \
         u64 seq, u64* res) {                                                                                   \
         zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq, res); \

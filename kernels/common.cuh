@@ -13,6 +13,8 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 #define ZC_FULL 0xffffffffu
+// Bytes of a stream header (src/format HEADER_LEN).
+#define ZC_HEADER_LEN 96ull
 
 // ---------------------------------------------------------------------------------------------
 // zhash (FORMAT.md): sum_i mix(w_i, i) xor (n * 0x27D4EB2F), all mod 2^32.
@@ -55,14 +57,9 @@ __device__ __forceinline__ u32 warp_incl_u32(u32 v, int lane) {
     }
     return v;
 }
-// ZC_PSCAN (default): each step adds under the predicate the shuffle itself returns (source lane
-// in range), two instructions a step instead of shuffle, select and add. Same sums; +1-2 % kernel
-// decompression on the H100 (A/B of 14:50 UTC, bench/gpu/NOTES.md).
-#ifndef ZC_PSCAN
-#define ZC_PSCAN 1
-#endif
+// Each step adds under the predicate the shuffle itself returns (source lane in range): two
+// instructions a step instead of shuffle, select and add, for the same sums.
 __device__ __forceinline__ i32 warp_incl_i32(i32 v, int lane) {
-#if ZC_PSCAN
 #pragma unroll
     for (int s = 1; s < 32; s <<= 1)
         asm("{\n\t.reg .pred p;\n\t.reg .b32 t;\n\t"
@@ -72,14 +69,6 @@ __device__ __forceinline__ i32 warp_incl_i32(i32 v, int lane) {
             : "r"(s));
     (void)lane;
     return v;
-#else
-#pragma unroll
-    for (int s = 1; s < 32; s <<= 1) {
-        i32 o = __shfl_up_sync(ZC_FULL, v, s);
-        if (lane >= s) v += o;
-    }
-    return v;
-#endif
 }
 __device__ __forceinline__ i64 warp_incl_i64(i64 v, int lane) {
 #pragma unroll

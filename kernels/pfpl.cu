@@ -20,13 +20,9 @@
 // never a bad access. The other ctrl words and error bits have their kernels/blocked.cu meaning.
 #include "common.cuh"
 
-#ifndef PF_THREADS
 #define PF_THREADS 256  // 256 or 512 (host: PFPL_THREADS in src/gpu/mod.rs)
-#endif
 #define PF_WARPS (PF_THREADS / 32)
-#ifndef PF_MINB
 #define PF_MINB (1536 / PF_THREADS)  // blocks per SM the register budget must allow (75 % occupancy)
-#endif
 #define PF_BYTES 16384u
 #define PF_WPT (2048 / PF_THREADS)  // shuffled u64 words (= B1 bytes) per thread: 8 / 4
 
@@ -65,19 +61,10 @@ template <> struct PF<double> {
 __device__ __forceinline__ u64 pf_zigzag(i64 v) { return ((u64)v << 1) ^ (u64)(v >> 63); }
 __device__ __forceinline__ i64 pf_unzigzag(u64 z) { return (i64)(z >> 1) ^ -(i64)(z & 1ull); }
 
-// Tuning switches (A/B runs through $ZCOMM_GPU_DEFINES; the bytes written never depend on them):
-// PF_FASTQ: f32 abs/noa bound check in f32 (zq_encode_f32_abs; f64 only on a tie with fl(eb))
-//           instead of three f32 -> f64 conversions per value.
-// PF_VEC:   16-byte input loads when the input is 16-byte aligned.
-#ifndef PF_FASTQ
-#define PF_FASTQ 1
-#endif
-#ifndef PF_VEC
-#define PF_VEC 1
-#endif
-
 // zq_encode, with a cheaper but identical f32 abs path: |code| < 2^29 fits 32 bits, and the
-// int -> float conversion rounds the same integer to nearest either way.
+// int -> float conversion rounds the same integer to nearest either way. The bound check is
+// made in f32 (zq_encode_f32_abs; f64 only on a tie with fl(eb)) instead of three f32 -> f64
+// conversions per value.
 template <typename T, bool REL> struct PQ {
     __device__ static __forceinline__ bool enc(const ZQ<T>& q, float, T x, typename ZT<T>::code_t& code) {
         return zq_encode<T, REL>(q, x, code);
@@ -85,17 +72,7 @@ template <typename T, bool REL> struct PQ {
 };
 template <> struct PQ<float, false> {
     __device__ static __forceinline__ bool enc(const ZQ<float>& q, float eb32, float x, i32& code) {
-#if PF_FASTQ
         return zq_encode_f32_abs(q, eb32, x, code);
-#else
-        if (!zc_isfinite(x)) return false;
-        const float p = __fmul_rn(x, q.inv);
-        if (!((double)fabsf(p) < 536870912.0)) return false;
-        const i32 c = (i32)rintf(p);
-        code = c;
-        const float r = __fmul_rn(__int2float_rn(c), q.step);
-        return zq_within<float, false>(q, x, r);
-#endif
     }
 };
 
@@ -201,7 +178,7 @@ __device__ __forceinline__ u32 pf_block_sum(u32 v, u32* s_acc, int lane) {
 __device__ __forceinline__ u64 pf_place(u8* out, u64 out_cap, u64* status, u64* ctrl, u32 c, u32 n_chunks,
                                         u32 size, int lane) {
     pf_u16* tbl = (pf_u16*)(out + 96);
-    const bool fits = 96ull + 2ull * n_chunks <= out_cap;
+    const bool fits = ZC_HEADER_LEN + 2ull * n_chunks <= out_cap;
     if (lane == 0) {
         if (fits) tbl[c] = (pf_u16)size;
         __threadfence();
@@ -220,7 +197,7 @@ __device__ __forceinline__ u64 pf_place(u8* out, u64 out_cap, u64* status, u64* 
             atomicAdd(ctrl + PF_HASH, (u64)zhash_mix(size, c >> 1));
         }
     }
-    return 96ull + 2ull * n_chunks + excl;
+    return ZC_HEADER_LEN + 2ull * n_chunks + excl;
 }
 
 // FORMAT.md "Bit shuffle": D is plane-major, its plane word j = p G + g (G = groups) holds plane p
@@ -306,7 +283,8 @@ __device__ __forceinline__ void pf_compress(const T* __restrict__ in, u64 count,
     bool coll = false;
     const float eb32 = __double2float_rn(q.eb);
     const int VEC = 16 / SIZE;  // values per 16-byte load: 4 / 2
-    if (PF_VEC && n == CHUNK && ((size_t)in & 15u) == 0) {
+    // 16-byte input loads when the chunk is full and the input 16-byte aligned
+    if (n == CHUNK && ((size_t)in & 15u) == 0) {
 #pragma unroll
         for (int i = 0; i < NV / VEC; i++) {
             const u32 k = (u32)(i * PF_THREADS + tid) * (u32)VEC;
@@ -600,7 +578,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         const u32 size = tbl[c];
         const u64 excl = lookback_exclusive(status, c, (u64)size, lane);
         if (lane == 0) {
-            const u64 base = 96ull + 2ull * n_chunks + excl;
+            const u64 base = ZC_HEADER_LEN + 2ull * n_chunks + excl;
             u64 err = 0;
             if (base + size > stream_len) err |= PF_E_RANGE;
             if (size > rawsize) err |= PF_E_META;
@@ -832,7 +810,7 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
         __threadfence();
         if (atomicAdd(ctrl + PF_DONE, 1ull) == (u64)n_chunks - 1ull) {
             const u64 last = *((volatile u64*)(status + n_chunks - 1)) >> 2;
-            if (96ull + 2ull * n_chunks + last != stream_len) atomicOr(ctrl + PF_ERR, PF_E_TOTAL);
+            if (ZC_HEADER_LEN + 2ull * n_chunks + last != stream_len) atomicOr(ctrl + PF_ERR, PF_E_TOTAL);
             __threadfence();
             const u32 th = (u32)(*((volatile u64*)(ctrl + PF_HASH)));
             if (zhash_final(th, (n_chunks + 1u) / 2u) != table_checksum) atomicOr(ctrl + PF_ERR, PF_E_TABLE);

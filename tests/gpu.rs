@@ -54,6 +54,8 @@ fn main() {
         ),
         gpu_trial("gpu_group_widths_match_cpu", gpu_group_widths_match_cpu),
         nvrtc_trial("nvrtc_compiles_every_kernel", nvrtc_compiles_every_kernel),
+        nvrtc_trial("util_source_compiles", util_source_compiles),
+        nvrtc_trial("nccl_util_source_compiles", nccl_util_source_compiles),
         gpu_trial("gpu_pfpl_matches_cpu_f32", pfpl::gpu_pfpl_matches_cpu_f32),
         gpu_trial("gpu_pfpl_matches_cpu_f64", pfpl::gpu_pfpl_matches_cpu_f64),
         gpu_trial(
@@ -580,18 +582,30 @@ fn gpu_group_widths_match_cpu(gpu: &mut GpuCodec) {
     }
 }
 
-fn nvrtc_compiles_every_kernel() {
-    // with $ZCOMM_GPU_DEFINES (tuning variants) when set
-    let extra = compile::tuning_defines();
-    let cubin = compile::compile_cubin_with(&compile::blocked_source(), "sm_90", &extra)
-        .expect("NVRTC compile");
-    for name in compile::kernel_names() {
+/// `module` compiles with NVRTC for sm_90 (uncached) and its CUBIN has every kernel it names.
+fn compiles_with_every_kernel(module: compile::Module) {
+    let cubin = compile::compile_cubin_with(&module.source(), "sm_90", &module.defines())
+        .unwrap_or_else(|e| panic!("NVRTC compile of {}: {e}", module.name()));
+    for name in module.kernel_names() {
         let needle = name.as_bytes();
         assert!(
             cubin.windows(needle.len()).any(|w| w == needle),
-            "kernel {name} missing from the CUBIN"
+            "kernel {name} missing from the {} CUBIN",
+            module.name()
         );
     }
+}
+
+fn nvrtc_compiles_every_kernel() {
+    compiles_with_every_kernel(compile::Module::Codecs);
+}
+
+fn util_source_compiles() {
+    compiles_with_every_kernel(compile::Module::Util);
+}
+
+fn nccl_util_source_compiles() {
+    compiles_with_every_kernel(compile::Module::NcclUtil);
 }
 
 /// Benchmark driver for the GPU machine (no Rust there, so it ships as this test binary):

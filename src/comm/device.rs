@@ -748,13 +748,10 @@ impl DeviceProfile {
 /// The utility kernels of the device reductions (value range, the mean's division).
 type DevUtils = crate::gpu::util::RangeScale;
 
-/// Compile (NVRTC, `--fmad=false`, IEEE division) and load them on `stream`'s context.
+/// Compile (or take from the cache) and load them on `stream`'s context.
 fn load_dev_utils(stream: &std::sync::Arc<CudaStream>) -> Result<DevUtils> {
-    let (m, blocks) = crate::gpu::util::compile_and_load(
-        stream,
-        crate::gpu::util::util_cuda!(),
-        "the device reductions' kernels",
-    )?;
+    let (m, blocks) =
+        crate::gpu::util::compile_and_load(stream, crate::gpu::compile::Module::Util)?;
     DevUtils::from_module(&m, blocks)
 }
 

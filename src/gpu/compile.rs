@@ -1,20 +1,128 @@
-//! NVRTC compilation of `kernels/` for the device's own architecture, with an on-disk cache of
-//! the CUBIN keyed by a hash of the source, the options, the NVRTC version and the architecture.
+//! The one compile path of every CUDA kernel of zcomm: the sources under `kernels/` (embedded
+//! with `include_str!`, each `#include "…"` resolved here, as NVRTC has no file system), compiled
+//! by NVRTC with the same options for the device's own architecture to a CUBIN, with an on-disk
+//! cache keyed by a hash of the source, the options, the NVRTC version and the architecture.
+//!
+//! Each [`Module`] is one NVRTC program: the codecs ([`GpuCodec`](super::GpuCodec)), the
+//! utility kernels of the device reductions, and those of the NCCL transport.
 
 use std::ffi::CString;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use cudarc::driver::{CudaContext, CudaModule};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use crate::error::{Error, Result};
 
-const COMMON: &str = include_str!("../../kernels/common.cuh");
-const BLOCKED: &str = include_str!("../../kernels/blocked.cu");
-const PFPL: &str = include_str!("../../kernels/pfpl.cu");
+/// Every CUDA file under `kernels/`, by the name `#include` uses.
+const FILES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("blocked.cu", include_str!("../../kernels/blocked.cu")),
+    ("pfpl.cu", include_str!("../../kernels/pfpl.cu")),
+    ("util.cu", include_str!("../../kernels/util.cu")),
+    ("nccl_util.cu", include_str!("../../kernels/nccl_util.cu")),
+];
+
+/// The text of `kernels/<name>` (for tests that check it against the Rust side).
+pub fn kernel_file(name: &str) -> Option<&'static str> {
+    FILES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// A kernel module: one NVRTC program built from files of `kernels/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Module {
+    /// The blocked codecs and pfpl (`blocked.cu`, `pfpl.cu`), compiled with
+    /// `-DZC_WARPS=`[`blocked_warps`].
+    Codecs,
+    /// Value range and scaling of device buffers (`util.cu`), for the device reductions.
+    Util,
+    /// `util.cu` plus the NCCL transport's own kernels (`nccl_util.cu`).
+    NcclUtil,
+}
+
+impl Module {
+    /// Every module.
+    pub const ALL: [Module; 3] = [Module::Codecs, Module::Util, Module::NcclUtil];
+
+    /// Short name (cache files, errors).
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Codecs => "codecs",
+            Module::Util => "util",
+            Module::NcclUtil => "nccl_util",
+        }
+    }
+
+    fn roots(self) -> &'static [&'static str] {
+        match self {
+            Module::Codecs => &["blocked.cu", "pfpl.cu"],
+            Module::Util => &["util.cu"],
+            Module::NcclUtil => &["nccl_util.cu"],
+        }
+    }
+
+    /// The full source: the root files in order, each `#include "…"` replaced by that file the
+    /// first time it is included and dropped after that.
+    pub fn source(self) -> String {
+        let mut out = String::new();
+        let mut seen = Vec::new();
+        for root in self.roots() {
+            expand(root, &mut seen, &mut out);
+        }
+        out
+    }
+
+    /// The preprocessor definitions this module is compiled with.
+    pub fn defines(self) -> Vec<String> {
+        match self {
+            Module::Codecs => vec![format!("-DZC_WARPS={}", blocked_warps())],
+            Module::Util | Module::NcclUtil => Vec::new(),
+        }
+    }
+
+    /// Names of every kernel entry point of the module.
+    pub fn kernel_names(self) -> Vec<String> {
+        const UTIL: [&str; 4] = ["zu_range_f32", "zu_range_f64", "zu_scale_f32", "zu_scale_f64"];
+        const NCCL: [&str; 4] = [
+            "zn_maxdiff_f32",
+            "zn_maxdiff_f64",
+            "zn_field_f32",
+            "zn_field_f64",
+        ];
+        match self {
+            Module::Codecs => kernel_names(),
+            Module::Util => UTIL.iter().map(|s| s.to_string()).collect(),
+            Module::NcclUtil => UTIL.iter().chain(&NCCL).map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+fn expand(name: &str, seen: &mut Vec<String>, out: &mut String) {
+    if seen.iter().any(|s| s == name) {
+        return;
+    }
+    seen.push(name.to_string());
+    let text = kernel_file(name).unwrap_or_else(|| panic!("kernels/{name} is not in FILES"));
+    out.push_str(&format!("// ---- kernels/{name}\n"));
+    for line in text.lines() {
+        let inc = line
+            .trim()
+            .strip_prefix("#include \"")
+            .and_then(|r| r.strip_suffix('"'));
+        match inc {
+            Some(inc) => expand(inc, seen, out),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+}
 
 /// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
 /// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 16 (with launch bounds for 4 blocks per SM
-/// for f32 and 3 for f64: the fastest of the H100 sweeps in bench/gpu/NOTES.md).
+/// for f32 and 3 for f64, the fastest configuration measured on an H100).
 pub fn blocked_warps() -> u32 {
     std::env::var("ZCOMM_GPU_WARPS")
         .ok()
@@ -23,51 +131,16 @@ pub fn blocked_warps() -> u32 {
         .unwrap_or(16)
 }
 
-/// Extra preprocessor definitions for tuning experiments: `$ZCOMM_GPU_DEFINES`, a space-separated
-/// list of `NAME=VALUE` with `NAME` in `[A-Z0-9_]` starting with `ZC_` or `PF_` and `VALUE` a
-/// non-negative integer (for example `PF_FASTQ=0 ZC_MINB=3`). Anything else is ignored with a
-/// warning. The definitions are part of the kernel cache key.
-pub fn tuning_defines() -> Vec<String> {
-    let Ok(v) = std::env::var("ZCOMM_GPU_DEFINES") else {
-        return Vec::new();
-    };
-    parse_defines(&v)
-}
-
-fn parse_defines(v: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for item in v.split_whitespace() {
-        let ok = item.split_once('=').is_some_and(|(name, value)| {
-            (name.starts_with("ZC_") || name.starts_with("PF_"))
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-                && !value.is_empty()
-                && value.bytes().all(|b| b.is_ascii_digit())
-        });
-        if ok {
-            out.push(format!("-D{item}"));
-        } else {
-            tracing::warn!(
-                item,
-                "ZCOMM_GPU_DEFINES: ignored (expected ZC_*/PF_* NAME=INTEGER)"
-            );
-        }
-    }
-    out
-}
-
-/// NVRTC options besides `-arch`: no fused multiply-add anywhere (FORMAT.md), IEEE division.
+/// NVRTC options besides `-arch` and the defines: no fused multiply-add anywhere (FORMAT.md),
+/// IEEE division.
 pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--prec-div=true", "--std=c++17"];
 
-/// The full CUDA source of the blocked codecs (common.cuh inlined, as NVRTC has no file system).
+/// The full CUDA source of the codecs ([`Module::Codecs`]).
 pub fn blocked_source() -> String {
-    let body = BLOCKED.replace("#include \"common.cuh\"", "");
-    let pfpl = PFPL.replace("#include \"common.cuh\"", "");
-    format!("{COMMON}\n// ---- blocked.cu\n{body}\n// ---- pfpl.cu\n{pfpl}")
+    Module::Codecs.source()
 }
 
-/// Names of every kernel instantiation in the blocked source.
+/// Names of every kernel instantiation of the codecs.
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for t in ["f32", "f64"] {
@@ -126,7 +199,7 @@ pub fn compile_cubin_with(src: &str, arch: &str, extra: &[String]) -> Result<Vec
         return Err(Error::Unavailable("libnvrtc not found".into()));
     }
     let csrc = CString::new(src).map_err(|_| Error::invalid("kernel source has a NUL byte"))?;
-    let name = CString::new("zcomm_blocked.cu").expect("no NUL");
+    let name = CString::new("zcomm.cu").expect("no NUL");
     let prog = nvrtc::create_program(&csrc, Some(&name))
         .map_err(|e| Error::Gpu(format!("nvrtcCreateProgram: {e:?}")))?;
     let mut opts: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
@@ -174,31 +247,20 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("zcomm"))
 }
 
-/// The CUBIN of the blocked kernels for `arch`: from the cache when present, else compiled with
-/// NVRTC and stored (cache errors only log a warning).
-pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
-    let src = blocked_source();
+/// The CUBIN of `module` for `arch` compiled with the preprocessor definitions `defines`: from
+/// the cache when present, else compiled with NVRTC and stored (cache errors only log a warning).
+pub fn module_cubin(module: Module, arch: &str, defines: &[String]) -> Result<Vec<u8>> {
+    let src = module.source();
     let (maj, min) = nvrtc_version()?;
     let ver = format!("{maj}.{min}");
-    let mut extra = vec![format!("-DZC_WARPS={warps}")];
-    // tuning knob: blocks per SM the register budget must allow (kernels/blocked.cu ZC_MINB)
-    if let Some(b) = std::env::var("ZCOMM_GPU_MINB")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        if (1..=16).contains(&b) {
-            extra.push(format!("-DZC_MINB={b}"));
-        }
-    }
-    extra.extend(tuning_defines());
-    let opts = format!("{} {}", NVRTC_OPTIONS.join(" "), extra.join(" "));
+    let opts = format!("{} {}", NVRTC_OPTIONS.join(" "), defines.join(" "));
     let key = fnv1a(&[
         src.as_bytes(),
         opts.as_bytes(),
         ver.as_bytes(),
         arch.as_bytes(),
     ]);
-    let path = cache_dir().map(|d| d.join(format!("blocked-{key:016x}-{arch}.cubin")));
+    let path = cache_dir().map(|d| d.join(format!("{}-{key:016x}-{arch}.cubin", module.name())));
     if let Some(p) = &path {
         if let Ok(b) = std::fs::read(p) {
             if !b.is_empty() {
@@ -208,11 +270,12 @@ pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
         }
     }
     let t = std::time::Instant::now();
-    let cubin = compile_cubin_with(&src, arch, &extra)?;
+    let cubin = compile_cubin_with(&src, arch, defines)?;
     tracing::info!(
         arch,
+        module = module.name(),
         ms = t.elapsed().as_millis() as u64,
-        "compiled blocked kernels with NVRTC"
+        "compiled kernels with NVRTC"
     );
     if let Some(p) = &path {
         let tmp = p.with_extension(format!("tmp{}", std::process::id()));
@@ -229,16 +292,48 @@ pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
     Ok(cubin)
 }
 
+/// The CUBIN of the codecs for `arch` with `warps` warps per block ([`module_cubin`]).
+pub fn blocked_cubin(arch: &str, warps: u32) -> Result<Vec<u8>> {
+    module_cubin(Module::Codecs, arch, &[format!("-DZC_WARPS={warps}")])
+}
+
+/// `sm_XY` of `ctx`'s device: kernels are compiled for the device's own architecture.
+pub fn arch_of(ctx: &CudaContext) -> Result<String> {
+    let (maj, min) = ctx
+        .compute_capability()
+        .map_err(|e| Error::Gpu(format!("compute capability: {e:?}")))?;
+    Ok(format!("sm_{maj}{min}"))
+}
+
+/// `module` (with its [`Module::defines`]) taken from the cache or compiled for `ctx`'s device,
+/// and loaded into `ctx`.
+pub fn load(ctx: &Arc<CudaContext>, module: Module) -> Result<Arc<CudaModule>> {
+    let cubin = module_cubin(module, &arch_of(ctx)?, &module.defines())?;
+    ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+        .map_err(|e| Error::Gpu(format!("cuModuleLoadData ({}): {e:?}", module.name())))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_defines;
+    use super::Module;
 
     #[test]
-    fn tuning_defines_accept_only_integer_zc_pf_names() {
+    fn every_module_source_resolves_its_includes_once() {
+        for m in Module::ALL {
+            let src = m.source();
+            assert!(!src.contains("#include"), "{m:?} keeps an #include");
+            if m != Module::Codecs {
+                for k in m.kernel_names() {
+                    assert!(src.contains(&k), "{m:?}: {k} not in the source");
+                }
+            }
+        }
         assert_eq!(
-            parse_defines(" PF_FASTQ=0  ZC_MINB=3 "),
-            vec!["-DPF_FASTQ=0".to_string(), "-DZC_MINB=3".to_string()]
+            Module::Codecs
+                .source()
+                .matches("// ---- kernels/common.cuh")
+                .count(),
+            1
         );
-        assert!(parse_defines("FOO=1 ZC_X=-1 ZC_Y= ZC_Z=1;rm PF_a=1 ZC_W").is_empty());
     }
 }

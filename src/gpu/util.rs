@@ -1,12 +1,6 @@
-//! Small utility kernels shared by the communication layers (`comm::device`, `comm::nccl`): the
-//! value range of a device buffer and an IEEE division by a scalar, as CUDA source plus the
-//! NVRTC compile-and-load step (`--fmad=false`, IEEE division, the device's own architecture).
-//!
-//! [`util_cuda!`](crate::gpu::util_cuda) expands to the shared source as a string literal, so a
-//! module can append its own kernels with `concat!`. Entry points: `zu_range_f32/f64(x, n, out)`
-//! (`out[0]` = max order-preserving key, `out[1]` = max of the complemented key, over finite
-//! values; both 0 when there is none) and `zu_scale_f32/f64(x, n, d)` (`x[i] = x[i] / d`).
-//! Device helpers for appended kernels: `zu_key`, `zu_finite`, `zu_wmax`.
+//! Host side of the small utility kernels shared by the communication layers (`comm::device`,
+//! `comm::nccl`): the value range of a device buffer and an IEEE division by a scalar
+//! (`kernels/util.cu`, compiled through [`crate::gpu::compile`]).
 
 use std::sync::Arc;
 
@@ -16,104 +10,34 @@ use cudarc::driver::{
 };
 
 use crate::error::{Error, Result};
+use crate::gpu::compile::{self, Module};
 use crate::gpu::GpuElement;
 
-/// The shared CUDA source (see the [module docs](self)) as a string literal.
-macro_rules! util_cuda {
-    () => {
-        r#"
-typedef unsigned long long u64;
-typedef unsigned int u32;
-__device__ __forceinline__ u64 zu_key(float x) {
-    u32 b = __float_as_uint(x);
-    return (u64)((b & 0x80000000u) ? ~b : (b | 0x80000000u));
-}
-__device__ __forceinline__ u64 zu_key(double x) {
-    u64 b = (u64)__double_as_longlong(x);
-    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
-}
-__device__ __forceinline__ bool zu_finite(float x) { return ((__float_as_uint(x) >> 23) & 0xffu) != 0xffu; }
-__device__ __forceinline__ bool zu_finite(double x) {
-    return ((((u64)__double_as_longlong(x)) >> 52) & 0x7ffull) != 0x7ffull;
-}
-__device__ __forceinline__ u64 zu_wmax(u64 v) {
-    for (int s = 16; s >= 1; s >>= 1) { u64 o = __shfl_xor_sync(0xffffffffu, v, s); v = o > v ? o : v; }
-    return v;
-}
-// out[0] = max key, out[1] = max ~key (min), over finite values.
-template <typename T> __device__ void zu_range(const T* x, u64 n, u64* out) {
-    u64 hi = 0, lo = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        T v = x[i];
-        if (zu_finite(v)) { u64 k = zu_key(v); hi = k > hi ? k : hi; lo = ~k > lo ? ~k : lo; }
-    }
-    hi = zu_wmax(hi); lo = zu_wmax(lo);
-    if ((threadIdx.x & 31) == 0) { if (hi) atomicMax(out, hi); if (lo) atomicMax(out + 1, lo); }
-}
-__device__ __forceinline__ float zu_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double zu_div(double a, double b) { return __ddiv_rn(a, b); }
-template <typename T> __device__ void zu_scale(T* x, u64 n, T d) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) x[i] = zu_div(x[i], d);
-}
-extern "C" __global__ void zu_range_f32(const float* x, u64 n, u64* out) { zu_range<float>(x, n, out); }
-extern "C" __global__ void zu_range_f64(const double* x, u64 n, u64* out) { zu_range<double>(x, n, out); }
-extern "C" __global__ void zu_scale_f32(float* x, u64 n, float d) { zu_scale<float>(x, n, d); }
-extern "C" __global__ void zu_scale_f64(double* x, u64 n, double d) { zu_scale<double>(x, n, d); }
-"#
-    };
-}
-pub(crate) use util_cuda;
-
-/// `sm_XY` of a compute capability (a close architecture for unknown ones).
-pub(crate) fn arch_of(major: i32, minor: i32) -> &'static str {
-    match (major, minor) {
-        (9, 0) => "sm_90",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        (7, 0) => "sm_70",
-        (7, 5) => "sm_75",
-        _ => "sm_80",
-    }
-}
-
-/// Compile `source` with NVRTC for `stream`'s device and load it; returns the module and a grid
-/// size for grid-stride kernels (8 blocks per SM). `what` names the kernels in errors.
+/// Compile (or take from the cache) and load `module` for `stream`'s device; returns the module
+/// and a grid size for grid-stride kernels (8 blocks per SM).
 pub(crate) fn compile_and_load(
     stream: &Arc<CudaStream>,
-    source: &str,
-    what: &str,
+    module: Module,
 ) -> Result<(Arc<CudaModule>, u32)> {
-    let gpu = |e: cudarc::driver::DriverError| Error::Gpu(format!("{what}: {e:?}"));
-    // SAFETY: only tries to dlopen the library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    let gpu = |e: cudarc::driver::DriverError| Error::Gpu(format!("{}: {e:?}", module.name()));
+    if !compile::nvrtc_available() {
         return Err(Error::Unavailable(format!(
-            "libnvrtc not found (needed for {what})"
+            "libnvrtc not found (needed for the {} kernels)",
+            module.name()
         )));
     }
     let ctx = stream.context();
     ctx.bind_to_thread().map_err(gpu)?;
-    let (maj, min) = ctx.compute_capability().map_err(gpu)?;
-    let opts = cudarc::nvrtc::CompileOptions {
-        fmad: Some(false),
-        prec_div: Some(true),
-        arch: Some(arch_of(maj, min)),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-        .map_err(|e| Error::Gpu(format!("NVRTC ({what}): {e:?}")))?;
-    let module = ctx.load_module(ptx).map_err(gpu)?;
+    let m = compile::load(ctx, module)?;
     let sms = ctx
         .attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )
         .map_err(gpu)?;
-    Ok((module, (sms.max(1) as u32) * 8))
+    Ok((m, (sms.max(1) as u32) * 8))
 }
 
-/// The loaded `zu_range_*` / `zu_scale_*` kernels of a module built from [`util_cuda!`].
+/// The loaded `zu_range_*` / `zu_scale_*` kernels of a module that contains `kernels/util.cu`.
 pub(crate) struct RangeScale {
     range: [CudaFunction; 2],
     scale: [CudaFunction; 2],
@@ -132,7 +56,7 @@ fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error 
 }
 
 impl RangeScale {
-    /// The kernels of `module` (which contains [`util_cuda!`]); `blocks` caps the grid.
+    /// The kernels of `module` (which contains `kernels/util.cu`); `blocks` caps the grid.
     pub(crate) fn from_module(module: &Arc<CudaModule>, blocks: u32) -> Result<Self> {
         let f = |n: &str| module.load_function(n).map_err(gpu_err("load function"));
         Ok(RangeScale {
@@ -210,43 +134,5 @@ impl RangeScale {
         unsafe { l.launch(self.cfg(n)) }
             .map(|_| ())
             .map_err(gpu_err("scale kernel"))
-    }
-}
-
-/// PTX of `source` compiled like [`compile_and_load`] for sm_90, for the kernels' compile tests;
-/// `None` (after a loud "skipped" line) when libnvrtc is missing.
-#[cfg(test)]
-pub(crate) fn ptx_for_test(source: &str) -> Option<String> {
-    // SAFETY: only tries to dlopen the library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("skipped: libnvrtc not found");
-        return None;
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        fmad: Some(false),
-        prec_div: Some(true),
-        arch: Some("sm_90"),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).expect("NVRTC");
-    Some(ptx.to_src())
-}
-
-#[cfg(test)]
-mod tests {
-    /// The shared source compiles with NVRTC (CI installs libnvrtc; skipped loudly without it).
-    #[test]
-    fn util_source_compiles() {
-        let Some(text) = super::ptx_for_test(util_cuda!()) else {
-            return;
-        };
-        for k in [
-            "zu_range_f32",
-            "zu_range_f64",
-            "zu_scale_f32",
-            "zu_scale_f64",
-        ] {
-            assert!(text.contains(k), "{k} missing from the PTX");
-        }
     }
 }

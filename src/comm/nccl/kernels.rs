@@ -1,5 +1,5 @@
 //! Small utility kernels of the NCCL transport (value range, max error, scaling, a synthetic
-//! Gaussian random field), compiled once per process with NVRTC (`--fmad=false`) to PTX.
+//! Gaussian random field): `kernels/nccl_util.cu`, compiled through [`crate::gpu::compile`].
 //!
 //! The codec kernels themselves (compression, decompression and the fused
 //! decompress-and-accumulate) live in `kernels/blocked.cu` and are launched through
@@ -15,47 +15,6 @@ use crate::error::{Error, Result};
 
 use super::{gpu_err, NcclReal};
 
-const SOURCE: &str = concat!(
-    crate::gpu::util::util_cuda!(),
-    r#"
-// out[0] = max over i of the f64 bits of |a_i - b_i| (inf when exactly one side is not finite).
-template <typename T> __device__ void zn_maxdiff(const T* a, const T* b, u64 n, u64* out) {
-    u64 m = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        T x = a[i], y = b[i];
-        bool fx = zu_finite(x), fy = zu_finite(y);
-        double d;
-        if (fx && fy) { d = __dsub_rn((double)x, (double)y); d = d < 0.0 ? -d : d; }
-        else if (fx != fy) d = __longlong_as_double(0x7ff0000000000000ll);
-        else d = 0.0;
-        u64 k = (u64)__double_as_longlong(d);
-        m = k > m ? k : m;
-    }
-    m = zu_wmax(m);
-    if ((threadIdx.x & 31) == 0 && m) atomicMax(out, m);
-}
-// Gaussian random field on an nx * ny * (n / (nx ny)) grid: sum of `m` random Fourier modes
-// (wave vectors k[3j..3j+3], phases ph[j]) scaled by sqrt(2/m), plus `noise` times a hashed
-// uniform variate in [-1, 1).
-template <typename T> __device__ void zn_field(T* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m,
-                                               float amp, float noise, u32 seed) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        float px = (float)(i % nx), py = (float)((i / nx) % ny), pz = (float)(i / (nx * ny));
-        float s = 0.0f;
-        for (int j = 0; j < m; j++) s += cosf(k[3 * j] * px + k[3 * j + 1] * py + k[3 * j + 2] * pz + ph[j]);
-        u32 h = (u32)i * 0x9E3779B9u ^ (u32)(i >> 32) * 0x85EBCA6Bu ^ seed;
-        h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-        float u = (float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f;
-        x[i] = (T)(amp * s + noise * u);
-    }
-}
-extern "C" __global__ void zn_maxdiff_f32(const float* a, const float* b, u64 n, u64* out) { zn_maxdiff<float>(a, b, n, out); }
-extern "C" __global__ void zn_maxdiff_f64(const double* a, const double* b, u64 n, u64* out) { zn_maxdiff<double>(a, b, n, out); }
-extern "C" __global__ void zn_field_f32(float* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m, float amp, float noise, u32 seed) { zn_field<float>(x, n, nx, ny, k, ph, m, amp, noise, seed); }
-extern "C" __global__ void zn_field_f64(double* x, u64 n, u64 nx, u64 ny, const float* k, const float* ph, int m, float amp, float noise, u32 seed) { zn_field<double>(x, n, nx, ny, k, ph, m, amp, noise, seed); }
-"#
-);
-
 /// The loaded utility kernels.
 pub(crate) struct Utils {
     rs: crate::gpu::util::RangeScale,
@@ -68,10 +27,10 @@ fn idx<T: NcclReal>() -> usize {
 }
 
 impl Utils {
-    /// Compile (NVRTC) and load the kernels on `stream`'s context.
+    /// Compile (or take from the cache) and load the kernels on `stream`'s context.
     pub(crate) fn load(stream: &Arc<CudaStream>) -> Result<Self> {
         let (m, blocks) =
-            crate::gpu::util::compile_and_load(stream, SOURCE, "the NCCL transport's kernels")?;
+            crate::gpu::util::compile_and_load(stream, crate::gpu::compile::Module::NcclUtil)?;
         let f = |n: &str| m.load_function(n).map_err(gpu_err);
         Ok(Utils {
             rs: crate::gpu::util::RangeScale::from_module(&m, blocks)?,
@@ -198,26 +157,5 @@ impl SplitMix {
         let u1 = self.uniform().max(1e-300);
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The NCCL transport's kernels (shared utilities + its own) compile with NVRTC.
-    #[test]
-    fn nccl_util_source_compiles() {
-        let Some(text) = crate::gpu::util::ptx_for_test(super::SOURCE) else {
-            return;
-        };
-        for k in [
-            "zu_range_f32",
-            "zu_scale_f64",
-            "zn_maxdiff_f32",
-            "zn_maxdiff_f64",
-            "zn_field_f32",
-            "zn_field_f64",
-        ] {
-            assert!(text.contains(k), "{k} missing from the PTX");
-        }
     }
 }
