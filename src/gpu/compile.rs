@@ -83,7 +83,12 @@ impl Module {
 
     /// Names of every kernel entry point of the module.
     pub fn kernel_names(self) -> Vec<String> {
-        const UTIL: [&str; 4] = ["zu_range_f32", "zu_range_f64", "zu_scale_f32", "zu_scale_f64"];
+        const UTIL: [&str; 4] = [
+            "zu_range_f32",
+            "zu_range_f64",
+            "zu_scale_f32",
+            "zu_scale_f64",
+        ];
         const NCCL: [&str; 4] = [
             "zn_maxdiff_f32",
             "zn_maxdiff_f64",
@@ -122,14 +127,17 @@ fn expand(name: &str, seen: &mut Vec<String>, out: &mut String) {
 
 /// Warps per thread block of the blocked kernels (each owns 32 / warps iteration layers of its
 /// chunk): `$ZCOMM_GPU_WARPS` (8, 16 or 32), default 16 (with launch bounds for 4 blocks per SM
-/// for f32 and 3 for f64, the fastest configuration measured on an H100).
+/// for f32 and 3 for f64).
 pub fn blocked_warps() -> u32 {
     std::env::var("ZCOMM_GPU_WARPS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|w| matches!(w, 8 | 16 | 32))
-        .unwrap_or(16)
+        .unwrap_or(DEFAULT_WARPS)
 }
+
+/// The default of [`blocked_warps`] (also kernels/blocked.cu's default `ZC_WARPS`).
+pub const DEFAULT_WARPS: u32 = 16;
 
 /// NVRTC options besides `-arch` and the defines: no fused multiply-add anywhere (FORMAT.md),
 /// IEEE division.
@@ -315,7 +323,96 @@ pub fn load(ctx: &Arc<CudaContext>, module: Module) -> Result<Arc<CudaModule>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Module;
+    use super::{kernel_file, Module};
+
+    /// The integer value of `#define NAME VALUE` in `kernels/<file>` (decimal or hex, with an
+    /// optional `u` / `ull` suffix; the first definition when there are several).
+    fn define(file: &str, name: &str) -> u64 {
+        let text = kernel_file(file).unwrap_or_else(|| panic!("no kernels/{file}"));
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if it.next() == Some("#define") && it.next() == Some(name) {
+                let v = it
+                    .next()
+                    .unwrap_or_else(|| panic!("{file}: {name} has no value"));
+                let v = v.trim_end_matches(['u', 'l', 'U', 'L']);
+                let parsed = match v.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => v.parse(),
+                };
+                return parsed.unwrap_or_else(|_| panic!("{file}: {name} = {v} is not an integer"));
+            }
+        }
+        panic!("{file} does not define {name}")
+    }
+
+    /// Every constant that the Rust side and the kernels both know, defined once on each side:
+    /// the values must agree.
+    #[test]
+    fn constants_shared_with_the_kernels_agree() {
+        use crate::gpu as g;
+        let (b, p, c) = ("blocked.cu", "pfpl.cu", "common.cuh");
+        let pairs: &[(&str, &str, u64)] = &[
+            (b, "ZC_WARPS", super::DEFAULT_WARPS as u64),
+            (b, "ZC_CHUNK", crate::codec::blocked::CHUNK as u64),
+            (c, "ZC_HEADER_LEN", crate::format::HEADER_LEN as u64),
+            (b, "ZC_HASH", g::C_HASH as u64),
+            (b, "ZC_PAYLOAD", g::C_PAYLOAD as u64),
+            (b, "ZC_ERR", g::C_ERR as u64),
+            (b, "ZC_MIN", g::C_MIN as u64),
+            (b, "ZC_MAX", g::C_MAX as u64),
+            (b, "ZC_FIRST", g::C_FIRST as u64),
+            (b, "ZC_RES_ERR", g::R_ERR as u64),
+            (b, "ZC_RES_SEQ", g::R_SEQ as u64),
+            (b, "ZC_RES_HDR", g::R_HDR as u64),
+            (b, "ZC_E_SIZE", g::E_SIZE),
+            (b, "ZC_E_RANGE", g::E_RANGE),
+            (b, "ZC_E_CHECKSUM", g::E_CHECKSUM),
+            (b, "ZC_E_META", g::E_META),
+            (b, "ZC_E_TOTAL", g::E_TOTAL),
+            (b, "ZC_E_TABLE", g::E_TABLE),
+            (p, "PF_THREADS", g::PFPL_THREADS as u64),
+            (p, "PF_BYTES", crate::codec::pfpl::CHUNK_BYTES as u64),
+            (p, "PF_HASH", g::C_HASH as u64),
+            (p, "PF_PAYLOAD", g::C_PAYLOAD as u64),
+            (p, "PF_ERR", g::C_ERR as u64),
+            (p, "PF_DHASH", g::C_DHASH as u64),
+            (p, "PF_E_RANGE", g::E_RANGE),
+            (p, "PF_E_META", g::E_META),
+            (p, "PF_E_TOTAL", g::E_TOTAL),
+            (p, "PF_E_TABLE", g::E_TABLE),
+        ];
+        for &(file, name, rust) in pairs {
+            assert_eq!(
+                define(file, name),
+                rust,
+                "kernels/{file} {name} vs the Rust side"
+            );
+        }
+        // the ctrl words the kernels use fit the host's ctrl buffer
+        for name in [
+            "ZC_TICKET",
+            "ZC_DONE",
+            "ZC_HASH",
+            "ZC_PAYLOAD",
+            "ZC_ERR",
+            "ZC_MIN",
+            "ZC_MAX",
+            "ZC_FIRST",
+        ] {
+            assert!(define(b, name) < g::CTRL_WORDS as u64, "{name}");
+        }
+        for name in [
+            "PF_TICKET",
+            "PF_DONE",
+            "PF_HASH",
+            "PF_PAYLOAD",
+            "PF_ERR",
+            "PF_DHASH",
+        ] {
+            assert!(define(p, name) < g::CTRL_WORDS as u64, "{name}");
+        }
+    }
 
     #[test]
     fn every_module_source_resolves_its_includes_once() {

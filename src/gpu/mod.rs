@@ -75,7 +75,8 @@ pub(crate) fn from_key<T>(k: u64) -> f64 {
 /// Threads per block of the pfpl kernels (kernels/pfpl.cu, PF_THREADS).
 const PFPL_THREADS: u32 = 256;
 const CTRL_WORDS: usize = 16;
-// ctrl word indices (kernels/blocked.cu)
+// ctrl word indices (kernels/blocked.cu ZC_*, kernels/pfpl.cu PF_*; checked by
+// compile::tests::constants_shared_with_the_kernels_agree)
 const C_HASH: usize = 2;
 const C_PAYLOAD: usize = 3;
 const C_ERR: usize = 4;
@@ -170,7 +171,7 @@ pub struct GpuCodec {
     res: [u64; RES_WORDS],
     host_ctrl: Vec<u64>,
     /// Pinned host words for the small transfers of every call (ctrl words, the 96-byte header,
-    /// one value): pinned copies skip the driver's pageable staging (~10 us each on an H100).
+    /// one value): pinned copies skip the driver's pageable staging.
     pinned: Option<PinnedHostSlice<u64>>,
     // host-API staging buffers (grown on demand)
     dev_in: Option<CudaSlice<u8>>,
@@ -1195,9 +1196,13 @@ struct DecodeGeometry {
     n_chunks: u32,
 }
 
-/// Decompression error bits (kernels/blocked.cu `ZC_E_CHECKSUM`, `ZC_E_TABLE`; pfpl's are the
-/// same) that the host also sets itself.
+// Decompression error bits (kernels/blocked.cu `ZC_E_*`; pfpl's `PF_E_*` are the same); the
+// host sets E_CHECKSUM and E_TABLE itself too.
+const E_SIZE: u64 = 1;
+const E_RANGE: u64 = 2;
 const E_CHECKSUM: u64 = 4;
+const E_META: u64 = 8;
+const E_TOTAL: u64 = 16;
 const E_TABLE: u64 = 32;
 
 /// The error for the non-zero error bits `e` of a decompression kernel (kernels/blocked.cu
@@ -1205,11 +1210,11 @@ const E_TABLE: u64 = 32;
 fn decode_error(e: u64) -> Error {
     let mut what = Vec::new();
     for (bit, name) in [
-        (1, "chunk size not a multiple of 4"),
-        (2, "chunk runs past the end of the stream"),
+        (E_SIZE, "chunk size not a multiple of 4"),
+        (E_RANGE, "chunk runs past the end of the stream"),
         (E_CHECKSUM, "chunk (pfpl: data) checksum mismatch"),
-        (8, "invalid chunk metadata"),
-        (16, "chunk sizes do not add up to the payload length"),
+        (E_META, "invalid chunk metadata"),
+        (E_TOTAL, "chunk sizes do not add up to the payload length"),
         (E_TABLE, "chunk table checksum mismatch"),
     ] {
         if e & bit != 0 {
