@@ -33,7 +33,6 @@ pub mod bench;
 pub mod compile;
 #[doc(hidden)]
 pub mod testing;
-#[cfg(feature = "mpi")]
 pub(crate) mod util;
 
 use std::collections::HashMap;
@@ -263,6 +262,16 @@ impl GpuCodec {
             last_times: KernelTimes::default(),
             decode_guess: None,
         })
+    }
+
+    /// Move this codec to a stream of its own instead of the context's default stream, so that
+    /// several codecs on one device (the ranks of a loopback group, a compute stream beside a
+    /// communication stream) run their work concurrently.
+    pub fn with_own_stream(mut self) -> Result<Self> {
+        // the workspace was cleared on the old stream: finish that before switching
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.stream = self.ctx.new_stream().map_err(gpu_err("new stream"))?;
+        Ok(self)
     }
 
     /// The device's name (e.g. "NVIDIA H100 80GB HBM3").
