@@ -568,10 +568,14 @@ fn f64_rel_compresses_like_f32_rel() {
             let r32 = ratio_of(&d32, b, c);
             let r64 = ratio_of(&d64, b, c);
             eprintln!("{c} rel:{e:e}: f32 {r32:.1}, f64 {r64:.1}");
-            // (cuszp-plain restarts every 32 values from code 0: rel codes, offset by 2^28 or
-            // 2^60, do not compress there in either dtype)
+            // cuszp-plain restarts every 32 values from code 0, and cuszp-outlier's outlier
+            // holds at most 4 bytes: rel codes, offset by 2^28 (f32) or 2^60 (f64), do not
+            // compress there (f64), a limit of those layouts, not of the quantizer
+            if matches!(c, CodecKind::CuszpPlain | CodecKind::CuszpOutlier) {
+                continue;
+            }
             assert!(
-                r64 >= 0.5 * r32 && (r64 > 2.0 || r32 < 2.0),
+                r64 >= 0.5 * r32 && r64 > 2.0,
                 "{c} rel:{e:e}: f64 {r64} vs f32 {r32}"
             );
         }
