@@ -15,7 +15,7 @@ pub mod pfpl;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Header, FLAG_STORED, HEADER_LEN};
+use crate::format::{zhash_bytes, ChunkEntry, Header, FLAG_STORED, HEADER_LEN};
 use crate::quant::{first_nonzero, ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
@@ -377,12 +377,7 @@ pub(crate) fn check_codec_fields(h: &Header) -> Result<()> {
             h.chunk_log2
         )));
     }
-    if !h.is_stored() {
-        if h.mode == BoundMode::Rel && h.step.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
-        {
-            return Err(Error::corrupt("rel stream with a non-positive step"));
-        }
-    }
+    // (a compressed rel stream's positive step is a check of Header::parse_fields)
     Ok(())
 }
 

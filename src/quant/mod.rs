@@ -479,7 +479,8 @@ impl<T: Element> Quantizer<T> {
             // `|l| < QHALF` (false for NaN; QHALF is a power of two, so the comparison is
             // exact): `l` is then an integer that converts to i64 exactly, and the code's
             // magnitude `l + QHALF` is in [1, 2 QHALF)
-            if !(l.abs() < qhalf::<T>() as f64) {
+            let in_range = l.abs() < qhalf::<T>() as f64;
+            if !in_range {
                 return None;
             }
             let m = l as i64 + qhalf::<T>();
