@@ -255,8 +255,10 @@ template <typename T> struct ZQ {
 template <typename T, bool REL> __device__ __forceinline__ T zq_decode(const ZQ<T>& q, i64 c) {
     if (REL) {
         if (c == 0) return ZT<T>::from_f64(0.0);
+        // |c| - QHALF in integers, then one rounding conversion (quant::Quantizer::decode)
         u64 a = c < 0 ? (0ull - (u64)c) : (u64)c;
-        double m = __dmul_rn(__dsub_rn(__ull2double_rn(a), ZT<T>::qmax() * 0.5), q.step64);
+        const i64 l = (i64)(a - (u64)(ZT<T>::qmax() * 0.5));
+        double m = __dmul_rn(__ll2double_rn(l), q.step64);
         double mag = zexp2(m);
         return ZT<T>::from_f64(c < 0 ? -mag : mag);
     } else {
@@ -303,7 +305,8 @@ template <typename T, bool REL> __device__ __forceinline__ typename ZT<T>::code_
         if (v == 0.0) return 0;
         const double qh = ZT<T>::qmax() * 0.5;
         double l = rint(__ddiv_rn(zlog2(fabs(v)), q.step64));
-        C m = (C)__dadd_rn(l, qh);
+        // the offset is added in integers: l + 2^60 in f64 would round l (zq_encode)
+        C m = (C)((i64)l + (i64)qh);
         return v < 0.0 ? -m : m;
     } else {
         return ZT<T>::to_code(ZT<T>::rnd(ZT<T>::mul(x, q.inv)));
@@ -324,8 +327,10 @@ __device__ __forceinline__ bool zq_encode(const ZQ<T>& q, T x, typename ZT<T>::c
         }
         const double qh = ZT<T>::qmax() * 0.5;
         double l = rint(__ddiv_rn(zlog2(fabs(v)), q.step64));
-        if (fabs(l) > __dsub_rn(qh, 1.0)) return false;
-        C m = (C)__dadd_rn(l, qh);
+        // |l| < QHALF (false for NaN; exact, QHALF is a power of two): l converts to i64
+        // exactly and the offset is added in integers (quant::Quantizer::encode)
+        if (!(fabs(l) < qh)) return false;
+        C m = (C)((i64)l + (i64)qh);
         c = v < 0.0 ? -m : m;
     } else {
         T p = ZT<T>::mul(x, q.inv);

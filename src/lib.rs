@@ -9,7 +9,8 @@ pub mod quant;
 mod simd;
 
 pub use codec::{
-    compress, compress_with_range, decompress, decompress_into, inspect, CodecKind, DecodeLimits,
+    compress, compress_with_options, compress_with_range, decompress, decompress_chunked,
+    decompress_into, decompress_to_writer, inspect, CodecKind, CompressOptions, DecodeLimits,
 };
 pub use element::Element;
 pub use error::{Error, Result};

@@ -399,3 +399,209 @@ fn two_opposite_flips_of_the_same_bit_are_detected() {
         &accepted[..accepted.len().min(10)]
     );
 }
+
+/// Overwrite `bytes` at `off`, reseal every checksum, and check that `inspect`, `decompress`
+/// and the chunked decoder all reject the stream.
+fn assert_field_rejected(name: &str, s: &[u8], off: usize, bytes: &[u8]) {
+    let mut m = s.to_vec();
+    m[off..off + bytes.len()].copy_from_slice(bytes);
+    reseal(&mut m);
+    let what = format!("{name}: bytes {bytes:02x?} at offset {off}");
+    assert!(zcomm::inspect(&m).is_err(), "{what}: inspect accepted it");
+    assert!(
+        decompress::<f32>(&m).is_err(),
+        "{what}: decompress f32 accepted it"
+    );
+    assert!(
+        decompress::<f64>(&m).is_err(),
+        "{what}: decompress f64 accepted it"
+    );
+    let mut sink = Vec::new();
+    let r = zcomm::decompress_to_writer::<f32, _>(&m, &mut sink, DecodeLimits::default());
+    assert!(r.is_err(), "{what}: decompress_to_writer accepted it");
+    decode_any(&m);
+}
+
+/// Every header field is validated for stored and compressed streams alike (a stored stream used
+/// to skip the codec, chunk_log2, bound and step checks).
+#[test]
+fn invalid_header_fields_are_rejected_for_every_stream_kind() {
+    let noise: Vec<f32> = gen(3, 5_000, 6);
+    let smooth: Vec<f32> = gen(1, 5_000, 3);
+    let smooth64: Vec<f64> = gen(1, 5_000, 3);
+    let mut streams = Vec::new();
+    for &c in CodecKind::ALL {
+        for b in [
+            ErrorBound::Abs(1e-3),
+            ErrorBound::Noa(1e-3),
+            ErrorBound::Rel(1e-3),
+        ] {
+            let st = compress(&noise, ErrorBound::Abs(1e-30), c).unwrap();
+            assert_eq!(st[9] & 1, 1, "{c}: noise is stored");
+            streams.push((format!("{c} {b} stored"), st));
+            streams.push((format!("{c} {b} f32"), compress(&smooth, b, c).unwrap()));
+            streams.push((format!("{c} {b} f64"), compress(&smooth64, b, c).unwrap()));
+        }
+        let o = zcomm::CompressOptions::default().with_fill_value(-1e10);
+        let s = zcomm::compress_with_options(&smooth, ErrorBound::Noa(1e-3), c, &o).unwrap();
+        streams.push((format!("{c} fill"), s));
+    }
+    let f = |v: f64| v.to_le_bytes();
+    for (name, s) in &streams {
+        // sanity: the stream itself is valid
+        assert!(zcomm::inspect(s).is_ok(), "{name}");
+        let mode = s[8];
+        let mut bad: Vec<(usize, Vec<u8>)> = vec![
+            (6, vec![0]), // codec tags
+            (6, vec![5]),
+            (6, vec![0xFF]),
+            (7, vec![3]), // dtype
+            (8, vec![0]), // mode
+            (8, vec![4]),
+            (9, vec![s[9] | 4]), // unknown flag bits
+            (9, vec![s[9] | 0x80]),
+            (10, 100u16.to_le_bytes().to_vec()), // chunk_log2
+            (10, 0u16.to_le_bytes().to_vec()),
+            (10, 64u16.to_le_bytes().to_vec()),
+            (
+                10,
+                (u16::from_le_bytes([s[10], s[11]]) ^ 1)
+                    .to_le_bytes()
+                    .to_vec(),
+            ),
+            (12, vec![1]),              // reserved
+            (24, f(f64::NAN).to_vec()), // bound value
+            (24, f(-1e-3).to_vec()),
+            (24, f(0.0).to_vec()),
+            (24, f(f64::INFINITY).to_vec()),
+            (32, f(f64::NAN).to_vec()), // absolute bound
+            (32, f(-1.0).to_vec()),
+            (32, f(f64::INFINITY).to_vec()),
+            (40, f(f64::NAN).to_vec()), // step
+            (40, f(-0.5).to_vec()),
+            (40, f(f64::INFINITY).to_vec()),
+            (48, f(f64::NAN).to_vec()), // range
+            (56, f(f64::NEG_INFINITY).to_vec()),
+        ];
+        if mode == 3 {
+            bad.push((24, f(1.0).to_vec())); // rel bound >= 1
+        }
+        if mode == 2 {
+            // min > max
+            let mut lohi = s[56..64].to_vec();
+            lohi.extend_from_slice(&s[48..56]);
+            if s[48..56] != s[56..64] {
+                bad.push((48, lohi));
+            }
+        } else {
+            bad.push((48, f(1.0).to_vec())); // abs/rel streams carry no range
+            bad.push((32, f(0.5).to_vec())); // abs/rel: the absolute bound repeats E
+        }
+        if s[9] & 2 != 0 {
+            bad.push((84, f(f64::NAN).to_vec())); // fill value
+            bad.push((84, f(f64::INFINITY).to_vec()));
+            bad.push((84, f(1.1).to_vec())); // not an f32 value
+        } else {
+            bad.push((84, f(1.0).to_vec())); // reserved without the fill flag
+            bad.push((90, vec![1]));
+        }
+        for (off, bytes) in bad {
+            assert_field_rejected(name, s, off, &bytes);
+        }
+    }
+}
+
+/// The reported stored stream: unknown codec tag, chunk_log2 = 100, a NaN bound and a negative
+/// step, all at once, with a recomputed checksum.
+#[test]
+fn stored_stream_with_garbage_header_fields_is_rejected() {
+    let noise: Vec<f32> = gen(3, 1_000, 6);
+    let mut s = compress(&noise, ErrorBound::Abs(1e-30), CodecKind::Aatrox).unwrap();
+    assert_eq!(s[9] & 1, 1);
+    s[6] = 9;
+    s[10..12].copy_from_slice(&100u16.to_le_bytes());
+    s[24..32].copy_from_slice(&f64::NAN.to_le_bytes());
+    s[40..48].copy_from_slice(&(-1.0f64).to_le_bytes());
+    reseal(&mut s);
+    assert!(zcomm::inspect(&s).is_err());
+    assert!(decompress::<f32>(&s).is_err());
+}
+
+/// The byte limit: a small valid stream that decodes to more than `max_bytes` is refused before
+/// anything is allocated, with an error (no abort); the default limit is at most 64 GiB.
+#[test]
+fn decode_byte_limit_refuses_bombs() {
+    let zeros = vec![0f32; 1 << 22];
+    for &c in CodecKind::ALL {
+        let s = compress(&zeros, ErrorBound::Abs(1e-3), c).unwrap();
+        assert!(s.len() < 20_000, "{c}: {}", s.len());
+        let lim = DecodeLimits::default().with_max_bytes((1 << 24) - 1);
+        let e = decompress_with_limits::<f32>(&s, lim).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory(_)), "{c}: {e}");
+        assert!(e.to_string().contains("limit"), "{e}");
+        let mut w = Vec::new();
+        assert!(zcomm::decompress_to_writer::<f32, _>(&s, &mut w, lim).is_err());
+        assert!(w.is_empty());
+        let lim = DecodeLimits::default().with_max_bytes(1 << 24);
+        assert_eq!(decompress_with_limits::<f32>(&s, lim).unwrap(), zeros);
+    }
+    let d = DecodeLimits::default();
+    assert!(d.max_bytes <= 64 << 30 && d.max_bytes > 0);
+    assert_eq!(d.max_bytes, DecodeLimits::default_max_bytes());
+    // a stream claiming 2^40 f64 values (8 TiB) in a few hundred bytes: a clear error
+    let s = compress(&[0f64; 2048], ErrorBound::Abs(1e-3), CodecKind::Pfpl).unwrap();
+    let mut m = s.clone();
+    m[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    m[72..76].copy_from_slice(&((1u64 << 29) as u32).to_le_bytes());
+    reseal(&mut m);
+    let e = decompress_with_limits::<f64>(&m, DecodeLimits::unlimited()).unwrap_err();
+    assert!(!e.to_string().is_empty());
+    assert!(decompress::<f64>(&m).is_err());
+}
+
+/// The chunked decoder hands over consecutive batches whose concatenation is `decompress`'s
+/// output, for stored and compressed streams of every codec, and stops at a sink error.
+#[test]
+fn chunked_decode_matches_decompress() {
+    let big: Vec<f32> = gen(1, (1 << 24) + 12_345, 3);
+    let noise: Vec<f64> = gen(3, 70_001, 6);
+    for &c in CodecKind::ALL {
+        for s in [
+            compress(&big, ErrorBound::Noa(1e-4), c).unwrap(),
+            compress(&big[..100], ErrorBound::Abs(1e-4), c).unwrap(),
+            compress::<f32>(&[], ErrorBound::Abs(1e-4), c).unwrap(),
+        ] {
+            let want: Vec<f32> = decompress(&s).unwrap();
+            let mut got = Vec::new();
+            let mut batches = 0;
+            let n = zcomm::decompress_chunked::<f32, _>(&s, DecodeLimits::default(), |v| {
+                batches += 1;
+                got.extend_from_slice(v);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(n, want.len() as u64);
+            assert!(got == want, "{c}");
+            assert!(
+                batches <= want.len().div_ceil(1 << 24).max(1),
+                "{c}: {batches}"
+            );
+        }
+        let s = compress(&noise, ErrorBound::Abs(1e-300), c).unwrap();
+        let mut w = Vec::new();
+        zcomm::decompress_to_writer::<f64, _>(&s, &mut w, DecodeLimits::default()).unwrap();
+        assert_eq!(&w[..], &s[96..], "{c}: stored stream bytes");
+        // a sink error stops the decode and comes back unchanged
+        let s = compress(&big, ErrorBound::Noa(1e-4), c).unwrap();
+        let e = zcomm::decompress_chunked::<f32, _>(&s, DecodeLimits::default(), |_| {
+            Err(Error::invalid("sink full"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("sink full"), "{e}");
+        // a wrong dtype is a mismatch
+        assert!(matches!(
+            zcomm::decompress_to_writer::<f64, _>(&s, &mut Vec::new(), DecodeLimits::default()),
+            Err(Error::Mismatch { .. })
+        ));
+    }
+}

@@ -5,7 +5,9 @@ mod common;
 
 use common::{gen, round_trip, smooth_field, smooth_field_dims, specials, Rng, KINDS};
 use proptest::prelude::*;
-use zcomm::{compress, decompress, CodecKind, Element, ErrorBound};
+use zcomm::{
+    compress, compress_with_options, decompress, CodecKind, CompressOptions, Element, ErrorBound,
+};
 
 /// A bound of mode `mode` (0 abs, 1 noa, 2 rel) with exponent `u` in [0, 1): abs bounds span
 /// 1e-12 … 1e4, noa 1e-7 … 0.3, rel 1e-6 … 0.5.
@@ -485,4 +487,333 @@ fn bound_checker_is_exact() {
     assert!(!rel_within(1e-320, 1.1e-320, 1e-3));
     assert!(rel_within(1e300, 1e300 * (1.0 + 1e-4), 1e-3));
     assert!(!rel_within(1e300, 1e300 * (1.0 + 2e-3), 1e-3));
+}
+
+/// Exactly: every finite value within `E * (max - min)` of the data's own range (not merely the
+/// header's absolute bound), non-finite values bit-exact.
+fn check_noa_exact<T: Element>(label: &str, data: &[T], e: f64, c: CodecKind) {
+    let s = compress(data, ErrorBound::Noa(e), c).unwrap();
+    let h = zcomm::inspect(&s).unwrap();
+    let range = common::finite_range(data).unwrap();
+    assert_eq!((h.range_min, h.range_max), range, "{label} {c}");
+    assert!(
+        h.abs_bound.is_finite() && common::noa_bound_le_exact(h.abs_bound, e, range),
+        "{label} {c}: abs bound {:e} above E*(max-min)",
+        h.abs_bound
+    );
+    let back: Vec<T> = decompress(&s).unwrap();
+    common::check_bound(data, &back, ErrorBound::Noa(e), h.abs_bound)
+        .unwrap_or_else(|m| panic!("{label} {} {c} noa:{e:e}: {m}", T::DTYPE));
+}
+
+/// Ranges near the f32 and f64 limits, including f64 ranges wider than `f64::MAX` (whose width
+/// overflows): the bound is the true `E * (max - min)`, for every codec.
+#[test]
+fn noa_bound_holds_for_ranges_near_the_dtype_limits() {
+    let mut r = Rng(0xF1);
+    let n = 40_000;
+    let mix = |r: &mut Rng, lo: f64, hi: f64| r.range(lo, hi);
+    for &c in CodecKind::ALL {
+        for e in [1e-3, 1e-1, 0.5, 0.9] {
+            for (lo, hi) in [
+                (-f64::MAX, f64::MAX),
+                (-1.7e308, 1.6e308),
+                (-9e307, 9e307),
+                (-1e300, f64::MAX),
+                (0.0, f64::MAX),
+                (-f64::MAX, -1e308),
+            ] {
+                let mut d: Vec<f64> = (0..n).map(|_| mix(&mut r, lo, hi)).collect();
+                d[0] = lo;
+                d[1] = hi;
+                d[2] = f64::NAN;
+                d[3] = f64::INFINITY;
+                d[4] = 1e-310;
+                check_noa_exact(&format!("f64 [{lo:e}, {hi:e}]"), &d, e, c);
+            }
+            let m = f32::MAX as f64;
+            for (lo, hi) in [(-m, m), (-3e38, 1e38), (0.0, m), (-m, -1e38)] {
+                let mut d: Vec<f32> = (0..n).map(|_| mix(&mut r, lo, hi) as f32).collect();
+                d[0] = lo as f32;
+                d[1] = hi as f32;
+                d[2] = f32::NEG_INFINITY;
+                d[3] = 1e-44;
+                check_noa_exact(&format!("f32 [{lo:e}, {hi:e}]"), &d, e, c);
+            }
+        }
+        // the reported case: +-1e308 at noa:1e-3 came back as 0.0
+        let d: Vec<f64> = (0..1000)
+            .map(|i| ((i as f64) * 0.01).sin() * 1e308)
+            .collect();
+        check_noa_exact("f64 sin * 1e308", &d, 1e-3, c);
+        let d: Vec<f64> = (0..1000)
+            .map(|i| if i % 2 == 0 { 1e307 } else { -f64::MAX })
+            .collect();
+        check_noa_exact("f64 two values", &d, 1e-3, c);
+    }
+}
+
+/// f64 `rel` compresses as well as f32 `rel` (the code offset 2^60 used to round `l` to a
+/// multiple of 256, so every value missed and the stream was stored).
+#[test]
+fn f64_rel_compresses_like_f32_rel() {
+    let n = 1 << 20;
+    let d64: Vec<f64> = (0..n)
+        .map(|i| 1000.0 + 1000.0 * i as f64 / (n - 1) as f64)
+        .collect();
+    let d32: Vec<f32> = d64.iter().map(|&x| x as f32).collect();
+    for &c in CodecKind::ALL {
+        for e in [1e-1, 1e-3, 1e-6] {
+            let b = ErrorBound::Rel(e);
+            let r32 = ratio_of(&d32, b, c);
+            let r64 = ratio_of(&d64, b, c);
+            eprintln!("{c} rel:{e:e}: f32 {r32:.1}, f64 {r64:.1}");
+            // cuszp-plain restarts every 32 values from code 0, and cuszp-outlier's outlier
+            // holds at most 4 bytes: rel codes, offset by 2^28 (f32) or 2^60 (f64), do not
+            // compress there (f64), a limit of those layouts, not of the quantizer
+            if matches!(c, CodecKind::CuszpPlain | CodecKind::CuszpOutlier) {
+                continue;
+            }
+            assert!(
+                r64 >= 0.5 * r32 && r64 > 2.0,
+                "{c} rel:{e:e}: f64 {r64} vs f32 {r32}"
+            );
+        }
+    }
+    // small and large magnitudes, both signs, zeros
+    let mut r = Rng(5);
+    let d: Vec<f64> = (0..50_000)
+        .map(|i| match i % 5 {
+            0 => 0.0,
+            1 => -r.range(1e-300, 1e-290),
+            2 => r.range(1e290, 1e300),
+            _ => (i as f64 * 1e-3).sin(),
+        })
+        .collect();
+    for &c in CodecKind::ALL {
+        round_trip(&d, ErrorBound::Rel(1e-4), c).unwrap();
+    }
+}
+
+/// Streams written before fill values and the integer rel offset existed (generated by the
+/// previous commit) decode to the same values.
+#[test]
+fn streams_from_before_the_fill_value_change_decode_unchanged() {
+    let golden: [(&str, u64, &str); 4] = [
+        ("aatrox_f32_abs", 0x4bc597fe031a37fc, "5a434d500200010101000f0000000000c8000000000000007b14ae47e17a843f7b14ae47e17a843f00000040e17a943f00000000000000000000000000000000d80000000000000001000000111092c0000000000000000000000000a8cda86ed00000008b02193d0000000001000000050505050505050000000000000000000000000000000000000000000000000000000000aefc2af080c69969803e78187e01f807feff0700feffffff90a392ea263ae302383cfc02c03f00fd00c0ffffffffff7f5768744240e7ec26401f1c1ebf00fc01ffff0300000000007a47cdecb389f1003c0efe00c00f00ff00f0ffff000000c0e7f67ee9e031321be00f0e071f00fe00ffff0100ffffffffafff747dc9cc78000e0f7f00f00f80ff00f0ffffff00000073000000f0000000f00000000f000000ff000000"),
+        ("pfpl_f64_noa", 0xdbd7de24c229166f, "5a434d500200040202000b0000000000c800000000000000fca9f1d24d62503f174176465893783f174176465893883f44ee3dd390ffffbf00000000000010408c0000000000000001000000625af7b3899ad12a000000000000000029b0c9ba8a00036f009efdff330300010400ff01ffe7010fefe501f80fff01f9000700010001000100010001000104a950a32fd46fadda5e91175a7855d1451fd0bf55755f412f7c417f03d0ff6faddaa0fe17a07f81fe05e0ff07a0fe2f8041ffff2fa1feff5f80feff1f04a0feff7fd0fffffffffeffff5fe0fffbffffffffff7f01d0ffffffffe0ff030101010101"),
+        ("cuszp_f32_rel", 0x40860e2b9ed64e60, "5a434d500200030103000f0000000000c8000000000000007b14ae47e17a843f7b14ae47e17a843f7e5be3ce4e669d3f000000000000000000000000000000005c02000000000000010000007f8624700000000000000000000000000ebb37d854020000041cafc700000000010000001c1dc51dc51dc400000000000000000000000000000000000000000000000000000000000624c15714a33f003a5f0000f20000000a0000000400000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000d4ffffffd40b473400f487110100f839000000de010000a0010000400100008000000000000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008000000080000000800000008001000080c9ffff1ffeffff276672e927def11700ca0f00003a0000000600000001000000ea4a355000f5c5f20100faf4000000670100001801000060010000c00000000000000040000000400000004000000040000000400000004000000040000000400000004000000040000000400000004000000040000000400000004000000040000000400000004000000040000000400100004010000020000000802e50f893e8f00700e40f00001c00000002000000ecffffff6dc159f481fe615900007e720000808b010000fc01000070010000200000000000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200000002000000020000000200100002037000020fe000000d000000034000000f20000000e000000"),
+        ("pfpl_f64_rel", 0x41208c4b9e49068b, "5a434d500200040203000b000000000010000000000000007b14ae47e17a843f7b14ae47e17a843f7e5be3ce4e669d3f000000000000000000000000000000007100000000000000010000007144959e4b0bb06500000000000000007eb859ac6f0001e3010040a14003020001000138f1c8773c94b233ecf54c8136beba4f3c2b1efd34029a884a8cece098add8ac7c5b68ed3ce58260e2adeab952daea8bf04d9c7dda9fa091844d448192a43c7c9851743e6292c618b89c385dfe9454723229689bdab6b66d388ef881fefe03020101"),
+    ];
+    for (name, want, hex) in golden {
+        let s: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let h = zcomm::inspect(&s).unwrap();
+        assert_eq!(h.fill_value, None);
+        let mut bytes = Vec::new();
+        if h.dtype == zcomm::Dtype::F32 {
+            decompress::<f32>(&s)
+                .unwrap()
+                .iter()
+                .for_each(|v| bytes.extend(v.to_le_bytes()));
+        } else {
+            decompress::<f64>(&s)
+                .unwrap()
+                .iter()
+                .for_each(|v| bytes.extend(v.to_le_bytes()));
+        }
+        let fnv = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |f, &b| {
+            (f ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        assert_eq!(fnv, want, "{name}");
+    }
+}
+
+/// Data with a fill value `fill` at every `every`-th point: the fill points decode bit-exact, the
+/// others within the bound of their own range, for every codec and mode.
+fn check_fill<T: Element>(data: &[T], fill: f64, b: ErrorBound, c: CodecKind) {
+    let opts = CompressOptions::default().with_fill_value(fill);
+    let s = compress_with_options(data, b, c, &opts).unwrap();
+    let h = zcomm::inspect(&s).unwrap();
+    let fv = T::from_f64(fill);
+    assert_eq!(h.fill_value, Some(fv.to_f64()), "{c} {b}");
+    let rest: Vec<T> = data
+        .iter()
+        .copied()
+        .filter(|x| x.to_bits_u64() != fv.to_bits_u64())
+        .collect();
+    if let ErrorBound::Noa(e) = b {
+        let range = common::finite_range(&rest).unwrap_or((0.0, 0.0));
+        assert_eq!((h.range_min, h.range_max), range, "{c} {b}");
+        assert!(common::noa_bound_le_exact(h.abs_bound, e, range));
+    }
+    let back: Vec<T> = decompress(&s).unwrap();
+    for (i, (x, y)) in data.iter().zip(&back).enumerate() {
+        if x.to_bits_u64() == fv.to_bits_u64() {
+            assert_eq!(y.to_bits_u64(), x.to_bits_u64(), "{c} {b}: fill at {i}");
+        }
+    }
+    common::check_bound(data, &back, b, h.abs_bound).unwrap_or_else(|m| panic!("{c} {b}: {m}"));
+    // the chunked decode to a writer gives the same bytes
+    let mut w = Vec::new();
+    let n =
+        zcomm::decompress_to_writer::<T, _>(&s, &mut w, zcomm::DecodeLimits::default()).unwrap();
+    assert_eq!(n, data.len() as u64);
+    let mut want = Vec::new();
+    back.iter().for_each(|v| v.write_le(&mut want));
+    assert!(w == want, "{c} {b}: decompress_to_writer differs");
+}
+
+fn fill_data<T: Element>(n: usize, fill: f64, seed: u64) -> Vec<T> {
+    let mut d: Vec<T> = smooth_field_dims([n, 1, 1], seed);
+    // land: runs and scattered points
+    for (i, x) in d.iter_mut().enumerate() {
+        if (i / 5000) % 3 == 1 || i % 97 == 0 {
+            *x = T::from_f64(fill);
+        }
+    }
+    d
+}
+
+#[test]
+fn fill_values_are_kept_exactly_and_left_out_of_the_range() {
+    for &c in CodecKind::ALL {
+        for b in [
+            ErrorBound::Noa(1e-3),
+            ErrorBound::Abs(1e-2),
+            ErrorBound::Rel(1e-3),
+        ] {
+            for fill in [-1e10, 9.969_209_968_386_869e36, 0.0, -0.0, 1e-40] {
+                check_fill(&fill_data::<f32>(70_000, fill, 1), fill, b, c);
+                check_fill(&fill_data::<f64>(30_000, fill, 2), fill, b, c);
+            }
+        }
+    }
+    // without a fill value in the data, and in data with specials
+    let mut d: Vec<f32> = smooth_field_dims([10_000, 1, 1], 3);
+    for (i, s) in specials::<f32>().into_iter().enumerate() {
+        d[i * 311] = s;
+    }
+    for &c in CodecKind::ALL {
+        check_fill(&d, -1e10, ErrorBound::Noa(1e-4), c);
+    }
+}
+
+/// Under `noa` a fill value no longer sets the range: the Levitus case (-1e10 on land).
+#[test]
+fn fill_value_keeps_the_noa_bound_of_the_real_values() {
+    let d = fill_data::<f32>(100_000, -1e10, 4);
+    let b = ErrorBound::Noa(1e-3);
+    let plain = zcomm::inspect(&compress(&d, b, CodecKind::Aatrox).unwrap()).unwrap();
+    assert!(plain.abs_bound > 1e6);
+    let opts = CompressOptions::default().with_fill_value(-1e10);
+    for &c in CodecKind::ALL {
+        let s = compress_with_options(&d, b, c, &opts).unwrap();
+        let h = zcomm::inspect(&s).unwrap();
+        assert!(h.abs_bound < 0.1, "{c}: {}", h.abs_bound);
+        assert!(s.len() < d.len() * 4, "{c}: not compressed");
+    }
+    assert_eq!(zcomm::quant::likely_fill_value(&d), Some(-1e10));
+}
+
+#[test]
+fn default_options_are_compress() {
+    let d: Vec<f64> = smooth_field_dims([50_000, 1, 1], 9);
+    for &c in CodecKind::ALL {
+        for b in [
+            ErrorBound::Noa(1e-3),
+            ErrorBound::Abs(1e-4),
+            ErrorBound::Rel(1e-2),
+        ] {
+            let o = CompressOptions::default();
+            assert_eq!(
+                compress_with_options(&d, b, c, &o).unwrap(),
+                compress(&d, b, c).unwrap()
+            );
+        }
+        let own = common::finite_range(&d).unwrap();
+        let o = CompressOptions::default().with_range(own);
+        let b = ErrorBound::Noa(1e-3);
+        assert_eq!(
+            compress_with_options(&d, b, c, &o).unwrap(),
+            compress(&d, b, c).unwrap()
+        );
+    }
+}
+
+#[test]
+fn invalid_fill_values_are_errors() {
+    let d: Vec<f32> = smooth_field_dims([1000, 1, 1], 1);
+    for fill in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e300] {
+        let o = CompressOptions::default().with_fill_value(fill);
+        let e = compress_with_options(&d, ErrorBound::Noa(1e-3), CodecKind::Pfpl, &o).unwrap_err();
+        assert!(matches!(e, zcomm::Error::InvalidArgument(_)), "{fill}: {e}");
+    }
+    let d: Vec<f64> = smooth_field_dims([1000, 1, 1], 1);
+    let o = CompressOptions::default().with_fill_value(1e300);
+    assert!(compress_with_options(&d, ErrorBound::Noa(1e-3), CodecKind::Pfpl, &o).is_ok());
+}
+
+#[test]
+fn likely_fill_value_detection() {
+    use zcomm::quant::likely_fill_value;
+    let clean: Vec<f64> = smooth_field_dims([20_000, 1, 1], 5);
+    assert_eq!(likely_fill_value(&clean), None);
+    assert_eq!(likely_fill_value::<f32>(&[]), None);
+    assert_eq!(likely_fill_value(&[1.0f32; 100]), None);
+    // one far outlier: not a fill value
+    let mut one = clean.clone();
+    one[7] = 1e20;
+    assert_eq!(likely_fill_value(&one), None);
+    // a repeated far value at either end
+    for fill in [9.96921e36, -1e10, -99_999.0] {
+        let mut d = clean.clone();
+        for x in d.iter_mut().skip(3).step_by(50) {
+            *x = fill;
+        }
+        assert_eq!(likely_fill_value(&d), Some(fill), "{fill}");
+    }
+    // a repeated value close to the rest: not a fill value
+    let mut near = clean.clone();
+    let hi = common::finite_range(&clean).unwrap().1;
+    for x in near.iter_mut().step_by(10) {
+        *x = hi * 1.5;
+    }
+    assert_eq!(likely_fill_value(&near), None);
+    // f64 fills near the limits (no overflowing width)
+    let mut d = clean.clone();
+    for x in d.iter_mut().step_by(4) {
+        *x = -f64::MAX;
+    }
+    assert_eq!(likely_fill_value(&d), Some(-f64::MAX));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn prop_fill_round_trip_f32(kind in 0..KINDS, n in sizes(), seed: u64, mode in 0u8..3, u in 0.0f64..1.0, every in 1usize..50, fill in -1e12f64..1e12) {
+        let mut d: Vec<f32> = gen(kind, n, seed);
+        for x in d.iter_mut().step_by(every) {
+            *x = fill as f32;
+        }
+        let b = make_bound(mode, u);
+        for &c in CodecKind::ALL {
+            check_fill(&d, fill, b, c);
+        }
+    }
+
+    #[test]
+    fn prop_fill_round_trip_f64(kind in 0..KINDS, n in sizes(), seed: u64, mode in 0u8..3, u in 0.0f64..1.0, every in 1usize..50, fill in -1e300f64..1e300) {
+        let mut d: Vec<f64> = gen(kind, n, seed);
+        for x in d.iter_mut().step_by(every) {
+            *x = fill;
+        }
+        let b = make_bound(mode, u);
+        for &c in CodecKind::ALL {
+            check_fill(&d, fill, b, c);
+        }
+    }
 }

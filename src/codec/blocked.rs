@@ -311,10 +311,28 @@ pub fn decode<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let entries = h.chunk_table(stream)?;
+    decode_entries(stream, &entries, 0, params, codec, out)
+}
+
+/// Decode the chunks `entries` (from [`Header::chunk_table`]; the first is chunk `first` of the
+/// stream) into `out`, which holds exactly their values. Each chunk's checksum is verified
+/// before it is decoded.
+pub fn decode_entries<T: Element>(
+    stream: &[u8],
+    entries: &[ChunkEntry],
+    first: usize,
+    params: &QuantParams,
+    codec: CodecKind,
+    out: &mut [T],
+) -> Result<()> {
+    if out.len().div_ceil(CHUNK) != entries.len() {
+        return Err(Error::corrupt("chunk count does not match the value count"));
+    }
     let q = params.quantizer::<T>();
     out.par_chunks_mut(CHUNK)
         .zip(entries.par_iter())
         .enumerate()
+        .map(|(i, x)| (first + i, x))
         .try_for_each(|(ci, (dst, e))| {
             let c = &stream[e.offset..e.offset + e.size];
             simd(

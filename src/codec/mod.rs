@@ -15,7 +15,7 @@ pub mod pfpl;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, BoundMode, Header, FLAG_STORED, HEADER_LEN};
+use crate::format::{zhash_bytes, ChunkEntry, Header, FLAG_STORED, HEADER_LEN};
 use crate::quant::{first_nonzero, ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
@@ -149,6 +149,69 @@ pub fn compress_with_range<T: Element>(
     compress_with_params(data, &params, codec)
 }
 
+/// Options of [`compress_with_options`] beyond the bound and the codec. Build with
+/// `CompressOptions::default()` and the `with_*` methods (the struct is non-exhaustive).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
+pub struct CompressOptions {
+    /// A fill value marking missing points (e.g. `-1e10` on land in ocean data): values bitwise
+    /// equal to it (after conversion to the data's dtype, round to nearest) are kept exactly and
+    /// left out of the `noa` value range. Recorded in the header.
+    pub fill_value: Option<f64>,
+    /// A `noa` value range given instead of measured (as [`compress_with_range`]).
+    pub range: Option<(f64, f64)>,
+}
+
+impl CompressOptions {
+    /// Set the fill value (see [`CompressOptions::fill_value`]).
+    pub fn with_fill_value(mut self, fill: f64) -> Self {
+        self.fill_value = Some(fill);
+        self
+    }
+    /// Set the `noa` value range (see [`compress_with_range`]).
+    pub fn with_range(mut self, range: (f64, f64)) -> Self {
+        self.range = Some(range);
+        self
+    }
+}
+
+/// [`compress`] with [`CompressOptions`]: a fill value, a given `noa` range.
+///
+/// With a fill value `V`, every value bitwise equal to `T::from(V)` decodes to exactly that
+/// value, and the `noa` range (and so the bound on the other values) is taken over the others.
+/// The codecs store fill values losslessly (an aatrox/cuszp thread layer holding one is stored
+/// raw; pfpl keeps their bits as words, which cost little in runs). With default options the
+/// stream is byte-identical to [`compress`]'s.
+///
+/// Errors ([`Error::InvalidArgument`]): an invalid bound, a fill value that is not finite in
+/// the dtype (NaN and infinities are always kept exactly), and the range errors of
+/// [`compress_with_range`].
+///
+/// ```
+/// use zcomm::{compress_with_options, decompress, CodecKind, CompressOptions, ErrorBound};
+/// let mut data: Vec<f32> = (0..10_000).map(|i| (i as f32 * 1e-3).sin()).collect();
+/// for x in data.iter_mut().step_by(7) {
+///     *x = -1e10; // land
+/// }
+/// let opts = CompressOptions::default().with_fill_value(-1e10);
+/// let s = compress_with_options(&data, ErrorBound::Noa(1e-3), CodecKind::Pfpl, &opts).unwrap();
+/// assert_eq!(zcomm::inspect(&s).unwrap().fill_value, Some(-1e10));
+/// let back: Vec<f32> = decompress(&s).unwrap();
+/// for (x, y) in data.iter().zip(&back) {
+///     // the bound is 1e-3 of the ocean's range (2), not of 1e10
+///     assert!(if *x == -1e10 { y == x } else { (x - y).abs() <= 2e-3 });
+/// }
+/// ```
+pub fn compress_with_options<T: Element>(
+    data: &[T],
+    bound: ErrorBound,
+    codec: CodecKind,
+    options: &CompressOptions,
+) -> Result<Vec<u8>> {
+    let params = QuantParams::derive_with_fill(data, bound, options.fill_value, options.range)?;
+    compress_with_params(data, &params, codec)
+}
+
 /// The body of [`compress`] and [`compress_with_range`]: encode `data` under `params` and wrap it
 /// in a header (or a stored stream when compression does not pay).
 fn compress_with_params<T: Element>(
@@ -180,6 +243,7 @@ fn compress_with_params<T: Element>(
         n_chunks,
         payload_checksum,
         data_checksum,
+        fill_value: params.fill,
     };
     if body.payload.len() < raw_len {
         let h = header(
@@ -210,25 +274,88 @@ fn stored_stream<T: Element>(data: &[T], mut h: Header) -> Vec<u8> {
     out
 }
 
-/// Limits a decoder applies to untrusted streams.
+/// Limits a decoder applies to untrusted streams: a small stream can claim billions of values
+/// (a "decompression bomb"), and the limits are checked before anything is allocated.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct DecodeLimits {
     /// Largest value count accepted (default 2^36).
     pub max_count: u64,
+    /// Largest decoded size in bytes (`count * dtype size`) accepted (default
+    /// [`DecodeLimits::default_max_bytes`]: the lesser of half the physical memory and 64 GiB).
+    pub max_bytes: u64,
 }
 
 impl Default for DecodeLimits {
     fn default() -> Self {
-        DecodeLimits { max_count: 1 << 36 }
+        DecodeLimits {
+            max_count: 1 << 36,
+            max_bytes: Self::default_max_bytes(),
+        }
     }
 }
+
+/// 64 GiB: the default decode limit's cap, and its value where the memory size is unknown.
+const DEFAULT_MAX_BYTES_CAP: u64 = 64 << 30;
 
 impl DecodeLimits {
     /// Accept at most `n` values.
     pub fn with_max_count(mut self, n: u64) -> Self {
         self.max_count = n;
         self
+    }
+    /// Accept at most `n` decoded bytes (`count * dtype size`).
+    pub fn with_max_bytes(mut self, n: u64) -> Self {
+        self.max_bytes = n;
+        self
+    }
+    /// No limit beyond what the allocator grants (for trusted streams).
+    pub fn unlimited() -> Self {
+        DecodeLimits {
+            max_count: u64::MAX,
+            max_bytes: u64::MAX,
+        }
+    }
+    /// The default byte limit: the lesser of half the physical memory (`MemTotal` of
+    /// `/proc/meminfo`) and 64 GiB; 64 GiB where the memory size cannot be read.
+    pub fn default_max_bytes() -> u64 {
+        static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        *BYTES.get_or_init(|| match physical_memory() {
+            Some(m) => (m / 2).min(DEFAULT_MAX_BYTES_CAP),
+            None => DEFAULT_MAX_BYTES_CAP,
+        })
+    }
+
+    /// Checks a header's count and decoded size against the limits.
+    fn check(&self, h: &Header) -> Result<()> {
+        if h.count > self.max_count {
+            return Err(Error::corrupt(format!(
+                "stream claims {} values, limit is {}",
+                h.count, self.max_count
+            )));
+        }
+        let bytes = h.count.saturating_mul(h.dtype.size() as u64);
+        if bytes > self.max_bytes {
+            return Err(Error::OutOfMemory(format!(
+                "stream decodes to {bytes} bytes ({} values of {}), above the decode limit of \
+                 {} bytes (DecodeLimits::with_max_bytes)",
+                h.count, h.dtype, self.max_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Physical memory in bytes (`MemTotal` of `/proc/meminfo`), if readable.
+fn physical_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut it = line["MemTotal:".len()..].split_whitespace();
+    let n: u64 = it.next()?.parse().ok()?;
+    match it.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        _ => None,
     }
 }
 
@@ -242,19 +369,15 @@ pub fn inspect(stream: &[u8]) -> Result<Header> {
 /// The codec-specific header checks of [`inspect`] (shared with the GPU decoder, which parses the
 /// header with [`Header::parse_fields`] and verifies checksums on the device).
 pub(crate) fn check_codec_fields(h: &Header) -> Result<()> {
-    if !h.is_stored() {
-        let codec = CodecKind::from_tag(h.codec)?;
-        if h.chunk_log2 != codec.chunk_log2(h.dtype) {
-            return Err(Error::corrupt(format!(
-                "chunk_log2 {} unsupported",
-                h.chunk_log2
-            )));
-        }
-        if h.mode == BoundMode::Rel && h.step.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
-        {
-            return Err(Error::corrupt("rel stream with a non-positive step"));
-        }
+    // every stream kind names a known codec with its own chunk size (stored streams too)
+    let codec = CodecKind::from_tag(h.codec)?;
+    if h.chunk_log2 != codec.chunk_log2(h.dtype) {
+        return Err(Error::corrupt(format!(
+            "chunk_log2 {} unsupported",
+            h.chunk_log2
+        )));
     }
+    // (a compressed rel stream's positive step is a check of Header::parse_fields)
     Ok(())
 }
 
@@ -267,25 +390,111 @@ pub fn decompress<T: Element>(stream: &[u8]) -> Result<Vec<T>> {
 pub fn decompress_with_limits<T: Element>(stream: &[u8], limits: DecodeLimits) -> Result<Vec<T>> {
     let h = inspect(stream)?;
     check_dtype::<T>(&h)?;
-    if h.count > limits.max_count {
-        return Err(Error::corrupt(format!(
-            "stream claims {} values, limit is {}",
-            h.count, limits.max_count
-        )));
-    }
+    limits.check(&h)?;
     let n = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
+    let mut out = try_vec::<T>(n)?;
+    decode_checked(stream, &h, &mut out)?;
+    Ok(out)
+}
+
+/// A vector of `n` default values, or [`Error::OutOfMemory`] when the allocation fails (instead
+/// of the abort of an unchecked allocation).
+fn try_vec<T: Element>(n: usize) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(n).map_err(|_| {
         Error::OutOfMemory(format!(
             "{n} values of {} ({} bytes)",
             T::DTYPE,
-            n * T::SIZE
+            (n as u128) * T::SIZE as u128
         ))
     })?;
     out.resize(n, T::default());
-    decode_checked(stream, &h, &mut out)?;
     Ok(out)
+}
+
+/// Values decoded per batch by [`decompress_chunked`] (64 MiB of f32, 128 MiB of f64): a multiple
+/// of every codec's chunk size, large enough to keep every thread busy.
+const BATCH_VALUES: usize = 1 << 24;
+
+/// Decode a stream batch by batch, handing each batch of consecutive values to `sink` in order:
+/// at most `min(count, 2^24)` values are held at once, so a large stream is decoded without a
+/// second full-size copy (the caller writes each batch to a file, a socket, a buffer...).
+///
+/// Everything [`decompress_with_limits`] checks is checked first (header, `limits`, the chunk
+/// table; pfpl: its data checksum over all chunks); each aatrox/cuszp chunk's checksum is
+/// verified before that chunk is decoded. On an error, the batches already handed over stay
+/// with the caller, and the error is returned (the sink's own errors too, unchanged).
+pub fn decompress_chunked<T: Element, F>(
+    stream: &[u8],
+    limits: DecodeLimits,
+    mut sink: F,
+) -> Result<u64>
+where
+    F: FnMut(&[T]) -> Result<()>,
+{
+    let h = inspect(stream)?;
+    check_dtype::<T>(&h)?;
+    limits.check(&h)?;
+    let count = usize::try_from(h.count)
+        .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
+    let mut buf = try_vec::<T>(count.min(BATCH_VALUES))?;
+    if h.is_stored() {
+        for c in stream[HEADER_LEN..].chunks(BATCH_VALUES * T::SIZE) {
+            let n = c.len() / T::SIZE;
+            let dst = &mut buf[..n];
+            for (o, b) in dst.iter_mut().zip(c.chunks_exact(T::SIZE)) {
+                *o = T::read_le(b);
+            }
+            sink(dst)?;
+        }
+        return Ok(h.count);
+    }
+    let params = header_params(&h);
+    let codec = CodecKind::from_tag(h.codec)?;
+    let entries = h.chunk_table(stream)?;
+    let per = 1usize << h.chunk_log2;
+    let chunks_per_batch = (BATCH_VALUES / per).max(1);
+    for (i, batch) in entries.chunks(chunks_per_batch).enumerate() {
+        let first = i * chunks_per_batch;
+        let start = first * per;
+        let n = (count - start).min(batch.len() * per);
+        let dst = &mut buf[..n];
+        decode_entries(stream, batch, first, &params, codec, dst)?;
+        sink(dst)?;
+    }
+    Ok(h.count)
+}
+
+/// [`decompress_chunked`] into a writer: the decoded values as little-endian bytes (the raw
+/// `count * size` bytes of the array), written batch by batch. Returns the number of values
+/// written. The writer is not flushed.
+///
+/// ```
+/// use zcomm::{compress, codec::decompress_to_writer, CodecKind, DecodeLimits, ErrorBound};
+/// let data: Vec<f64> = (0..100_000).map(|i| (i as f64 * 1e-3).sin()).collect();
+/// let s = compress(&data, ErrorBound::Abs(1e-6), CodecKind::Pfpl).unwrap();
+/// let mut bytes = Vec::new();
+/// let n = decompress_to_writer::<f64, _>(&s, &mut bytes, DecodeLimits::default()).unwrap();
+/// assert_eq!((n, bytes.len()), (100_000, 800_000));
+/// ```
+pub fn decompress_to_writer<T: Element, W: std::io::Write + ?Sized>(
+    stream: &[u8],
+    out: &mut W,
+    limits: DecodeLimits,
+) -> Result<u64> {
+    let mut bytes: Vec<u8> = Vec::new();
+    decompress_chunked::<T, _>(stream, limits, |vals| {
+        bytes.clear();
+        bytes
+            .try_reserve_exact(vals.len() * T::SIZE)
+            .map_err(|_| Error::OutOfMemory(format!("{} bytes", vals.len() * T::SIZE)))?;
+        for &v in vals {
+            v.write_le(&mut bytes);
+        }
+        out.write_all(&bytes)?;
+        Ok(())
+    })
 }
 
 /// Decompress into `out`, whose length must equal the stream's count.
@@ -323,18 +532,42 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
         }
         return Ok(());
     }
-    let params = QuantParams {
-        mode: h.mode,
-        bound_value: h.bound_value,
-        abs_bound: h.abs_bound,
-        step: h.step,
-        range: (h.range_min, h.range_max),
-    };
+    let params = header_params(h);
     match CodecKind::from_tag(h.codec)? {
         c @ (CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier) => {
             blocked::decode(stream, h, &params, c, out)
         }
         CodecKind::Pfpl => pfpl::decode(stream, h, &params, out),
+    }
+}
+
+/// The quantizer parameters a header records.
+fn header_params(h: &Header) -> QuantParams {
+    QuantParams {
+        mode: h.mode,
+        bound_value: h.bound_value,
+        abs_bound: h.abs_bound,
+        step: h.step,
+        range: (h.range_min, h.range_max),
+        fill: h.fill_value,
+    }
+}
+
+/// Decode chunks `entries` (the first is chunk `first`) of a checked compressed stream into
+/// `out` (exactly their values).
+fn decode_entries<T: Element>(
+    stream: &[u8],
+    entries: &[ChunkEntry],
+    first: usize,
+    params: &QuantParams,
+    codec: CodecKind,
+    out: &mut [T],
+) -> Result<()> {
+    match codec {
+        CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
+            blocked::decode_entries(stream, entries, first, params, codec, out)
+        }
+        CodecKind::Pfpl => pfpl::decode_entries(stream, entries, first, params, out),
     }
 }
 

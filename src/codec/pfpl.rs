@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::codec::blocked::Body;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{data_checksum, pfpl_table, zhash_bytes, BoundMode, Dtype, Header};
+use crate::format::{data_checksum, pfpl_table, zhash_bytes, BoundMode, ChunkEntry, Dtype, Header};
 use crate::quant::{QuantParams, Quantizer};
 use crate::simd::simd;
 
@@ -536,6 +536,18 @@ pub fn decode<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let entries = h.chunk_table(stream)?;
+    decode_entries(stream, &entries, 0, params, out)
+}
+
+/// Decode the chunks `entries` (from [`Header::chunk_table`], whose checks have passed; the first
+/// is chunk `first` of the stream) into `out`, which holds exactly their values.
+pub fn decode_entries<T: Element>(
+    stream: &[u8],
+    entries: &[ChunkEntry],
+    first: usize,
+    params: &QuantParams,
+    out: &mut [T],
+) -> Result<()> {
     let m = Mapper::<T>::new(params);
     let per = chunk_len::<T>();
     if out.len().div_ceil(per) != entries.len() {
@@ -544,6 +556,7 @@ pub fn decode<T: Element>(
     out.par_chunks_mut(per)
         .zip(entries.par_iter())
         .enumerate()
+        .map(|(i, x)| (first + i, x))
         .try_for_each_init(Scratch::default, |s, (ci, (dst, e))| {
             simd(
                 #[inline(always)]
@@ -862,6 +875,7 @@ mod tests {
                     abs_bound: st / 2.0,
                     step: st,
                     range: (0.0, 0.0),
+                    fill: None,
                 };
                 let m = Mapper::<T>::new(&p);
                 let mut words: Vec<u64> = vec![0, 1, 2, 3, lim - 1, lim - 2, lim - 3];

@@ -112,6 +112,8 @@
 mod compressor;
 #[cfg(feature = "cuda")]
 pub mod device;
+#[cfg(feature = "cuda")]
+pub mod device_ring;
 mod element;
 #[cfg(feature = "nccl")]
 pub mod nccl;

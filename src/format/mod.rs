@@ -21,6 +21,13 @@ pub const PFPL_TABLE_ENTRY_LEN: usize = 2;
 pub const CODEC_PFPL: u8 = 4;
 /// Flag bit: the values follow the header verbatim.
 pub const FLAG_STORED: u8 = 1;
+/// Flag bit: the stream has a fill value (header offset 84): values bitwise equal to it were kept
+/// exactly and left out of the `noa` value range.
+pub const FLAG_FILL: u8 = 2;
+/// Every flag bit a stream may set.
+pub const KNOWN_FLAGS: u8 = FLAG_STORED | FLAG_FILL;
+/// The codec tags a stream may carry (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl).
+pub const CODEC_TAGS: std::ops::RangeInclusive<u8> = 1..=4;
 
 /// Element type of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -144,6 +151,10 @@ pub struct Header {
     /// Compressed `pfpl` streams: the [`data_checksum()`] of the chunk payloads (header offset 80);
     /// 0 for every other stream.
     pub data_checksum: u32,
+    /// The fill value (header offset 84, flag [`FLAG_FILL`]): a finite value of the stream's
+    /// dtype (widened to f64) whose occurrences were kept exactly and left out of the range.
+    /// [`Header::to_bytes`] sets or clears [`FLAG_FILL`] from this field.
+    pub fill_value: Option<f64>,
 }
 
 impl Header {
@@ -170,7 +181,11 @@ impl Header {
         b[6] = self.codec;
         b[7] = self.dtype.tag();
         b[8] = self.mode.tag();
-        b[9] = self.flags;
+        b[9] = if self.fill_value.is_some() {
+            self.flags | FLAG_FILL
+        } else {
+            self.flags & !FLAG_FILL
+        };
         b[10..12].copy_from_slice(&self.chunk_log2.to_le_bytes());
         b[16..24].copy_from_slice(&self.count.to_le_bytes());
         b[24..32].copy_from_slice(&self.bound_value.to_le_bytes());
@@ -182,6 +197,9 @@ impl Header {
         b[72..76].copy_from_slice(&self.n_chunks.to_le_bytes());
         b[76..80].copy_from_slice(&self.payload_checksum.to_le_bytes());
         b[80..84].copy_from_slice(&self.data_checksum.to_le_bytes());
+        if let Some(f) = self.fill_value {
+            b[84..92].copy_from_slice(&f.to_le_bytes());
+        }
         let h = zhash_bytes(&b[..92]);
         b[92..96].copy_from_slice(&h.to_le_bytes());
         b
@@ -212,10 +230,11 @@ impl Header {
         Ok(h)
     }
 
-    /// Every header check that needs no payload bytes: magic, version, header checksum, tags,
-    /// flags, reserved bytes, `payload_len == stream_len - 96`, count/chunk consistency, and the
-    /// chunk table fitting the payload. (A GPU decoder verifies the payload checksums on the
-    /// device.)
+    /// Every header check that needs no payload bytes, for stored and compressed streams alike
+    /// (FORMAT.md, "Header"): magic, version, header checksum, codec/dtype/mode tags, flags,
+    /// reserved bytes, `chunk_log2` (the codec's own value), the bound fields, the range, the
+    /// fill value, `payload_len == stream_len - 96`, count/chunk consistency, and the chunk
+    /// table fitting the payload. (A GPU decoder verifies the payload checksums on the device.)
     pub fn parse_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Self> {
         if b[0..4] != MAGIC {
             return Err(Error::corrupt("bad magic (not a zcomm stream)"));
@@ -229,6 +248,8 @@ impl Header {
         if zhash_bytes(&b[..92]) != u32_at(b, 92) {
             return Err(Error::corrupt("header checksum mismatch"));
         }
+        let flags = b[9];
+        let fill_value = (flags & FLAG_FILL != 0).then(|| f64_at(b, 84));
         let h = Header {
             codec: b[6],
             dtype: Dtype::from_tag(b[7])?,
@@ -245,13 +266,25 @@ impl Header {
             n_chunks: u32_at(b, 72),
             payload_checksum: u32_at(b, 76),
             data_checksum: u32_at(b, 80),
+            fill_value,
         };
-        if h.flags & !FLAG_STORED != 0 {
+        if !CODEC_TAGS.contains(&h.codec) {
+            return Err(Error::corrupt(format!("unknown codec tag {}", h.codec)));
+        }
+        if h.flags & !KNOWN_FLAGS != 0 {
             return Err(Error::corrupt(format!("unknown flag bits {:#x}", h.flags)));
         }
-        if u32_at(b, 12) != 0 || b[84..92].iter().any(|&x| x != 0) {
+        if u32_at(b, 12) != 0 || (h.fill_value.is_none() && b[84..92].iter().any(|&x| x != 0)) {
             return Err(Error::corrupt("reserved header bytes are not zero"));
         }
+        let want_log2 = codec_chunk_log2(h.codec, h.dtype);
+        if h.chunk_log2 != want_log2 {
+            return Err(Error::corrupt(format!(
+                "chunk_log2 {} unsupported (codec tag {} with {} values uses {want_log2})",
+                h.chunk_log2, h.codec, h.dtype
+            )));
+        }
+        h.check_bound_fields()?;
         if h.data_checksum != 0 && (h.codec != CODEC_PFPL || h.is_stored()) {
             return Err(Error::corrupt(
                 "data checksum set in a stream that has none (reserved bytes not zero)",
@@ -288,11 +321,61 @@ impl Header {
                 ));
             }
         }
-        let bound_ok = h.step.is_finite() && h.abs_bound >= 0.0 && h.bound_value > 0.0;
-        if !h.is_stored() && !bound_ok {
-            return Err(Error::corrupt("header carries an invalid bound or step"));
-        }
         Ok(h)
+    }
+
+    /// The checks of the bound, step, range and fill value fields (FORMAT.md, "Header"): what an
+    /// encoder can write, for every stream kind.
+    fn check_bound_fields(&self) -> Result<()> {
+        let bad = |what: &str, v: f64| Err(Error::corrupt(format!("header carries {what} {v:e}")));
+        let e = self.bound_value;
+        if !(e.is_finite() && e > 0.0) || (self.mode == BoundMode::Rel && e >= 1.0) {
+            return bad("an invalid bound value", e);
+        }
+        let eb = self.abs_bound;
+        match self.mode {
+            // abs and rel: the absolute-bound field repeats E
+            BoundMode::Abs | BoundMode::Rel if eb.to_bits() != e.to_bits() => {
+                return bad("an absolute bound different from the bound value", eb);
+            }
+            BoundMode::Noa if !(eb.is_finite() && eb >= 0.0) => {
+                return bad("an invalid absolute bound", eb);
+            }
+            _ => {}
+        }
+        // abs/noa steps are positive; a rel step underflows to 0 for a tiny E (nothing is then
+        // representable, so such a stream is always stored)
+        let s = self.step;
+        let step_ok = s.is_finite()
+            && if self.mode == BoundMode::Rel && self.is_stored() {
+                s >= 0.0
+            } else {
+                s > 0.0
+            };
+        if !step_ok {
+            return bad("an invalid step", s);
+        }
+        let (lo, hi) = (self.range_min, self.range_max);
+        let range_ok = if self.mode == BoundMode::Noa {
+            lo.is_finite() && hi.is_finite() && lo <= hi
+        } else {
+            lo.to_bits() == 0 && hi.to_bits() == 0
+        };
+        if !range_ok {
+            return Err(Error::corrupt(format!(
+                "header carries an invalid value range ({lo:e}, {hi:e})"
+            )));
+        }
+        if let Some(f) = self.fill_value {
+            let representable = match self.dtype {
+                Dtype::F32 => (f as f32) as f64 == f,
+                Dtype::F64 => true,
+            };
+            if !(f.is_finite() && representable) {
+                return bad("a fill value that is not a finite value of its dtype", f);
+            }
+        }
+        Ok(())
     }
 
     /// The chunk table of a compressed (non-stored) stream whose header was parsed by
@@ -311,7 +394,7 @@ impl Header {
         let n = self.n_chunks as usize;
         let t = &stream[HEADER_LEN..HEADER_LEN + n * TABLE_ENTRY_LEN];
         let mut off = (HEADER_LEN + n * TABLE_ENTRY_LEN) as u64;
-        let mut out = Vec::with_capacity(n);
+        let mut out = try_entries(n)?;
         for i in 0..n {
             let size = u32_at(t, i * 8);
             let checksum = u32_at(t, i * 8 + 4);
@@ -340,7 +423,7 @@ impl Header {
         let n = self.n_chunks as usize;
         let table = &stream[HEADER_LEN..HEADER_LEN + n * PFPL_TABLE_ENTRY_LEN];
         let mut off = HEADER_LEN + table.len();
-        let mut out = Vec::with_capacity(n);
+        let mut out = try_entries(n)?;
         for e in table.chunks_exact(PFPL_TABLE_ENTRY_LEN) {
             let size = u16::from_le_bytes([e[0], e[1]]) as usize;
             out.push(ChunkEntry {
@@ -371,6 +454,15 @@ impl Header {
     }
 }
 
+/// An empty vector for `n` chunk entries (`n` is bounded by the stream's length, but the
+/// allocation is checked all the same: no abort on a failed allocation).
+fn try_entries(n: usize) -> Result<Vec<ChunkEntry>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| Error::OutOfMemory(format!("a chunk table of {n} entries")))?;
+    Ok(v)
+}
+
 /// One chunk's place in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkEntry {
@@ -380,6 +472,16 @@ pub struct ChunkEntry {
     pub size: usize,
     /// `zhash` of the chunk's bytes (stored in the table, or computed for `pfpl`).
     pub checksum: u32,
+}
+
+/// The `chunk_log2` a stream of codec tag `codec` and `dtype` carries (stored streams too): 15 for
+/// aatrox / cuszp, 12 (f32) or 11 (f64) for `pfpl` (16 KiB chunks).
+pub fn codec_chunk_log2(codec: u8, dtype: Dtype) -> u16 {
+    match (codec, dtype) {
+        (CODEC_PFPL, Dtype::F32) => 12,
+        (CODEC_PFPL, Dtype::F64) => 11,
+        _ => 15,
+    }
 }
 
 /// Bytes per chunk-table entry of streams of codec tag `codec`: [`PFPL_TABLE_ENTRY_LEN`] for
@@ -492,6 +594,7 @@ mod tests {
             n_chunks: 1,
             payload_checksum: zhash_bytes(&[0; 8]),
             data_checksum: 0,
+            fill_value: None,
         }
     }
 

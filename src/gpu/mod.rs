@@ -33,7 +33,6 @@ pub mod bench;
 pub mod compile;
 #[doc(hidden)]
 pub mod testing;
-#[cfg(feature = "mpi")]
 pub(crate) mod util;
 
 use std::collections::HashMap;
@@ -264,6 +263,16 @@ impl GpuCodec {
             last_times: KernelTimes::default(),
             decode_guess: None,
         })
+    }
+
+    /// Move this codec to a stream of its own instead of the context's default stream, so that
+    /// several codecs on one device (the ranks of a loopback group, a compute stream beside a
+    /// communication stream) run their work concurrently.
+    pub fn with_own_stream(mut self) -> Result<Self> {
+        // the workspace was cleared on the old stream: finish that before switching
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.stream = self.ctx.new_stream().map_err(gpu_err("new stream"))?;
+        Ok(self)
     }
 
     /// The device's name (e.g. "NVIDIA H100 80GB HBM3").
@@ -773,6 +782,7 @@ impl GpuCodec {
             n_chunks,
             payload_checksum,
             data_checksum,
+            fill_value: None,
         };
         if n == 0 {
             let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]), 0);
@@ -1069,6 +1079,32 @@ impl GpuCodec {
         self.dev_in = Some(din);
         self.dev_out = Some(dout);
         r
+    }
+
+    /// [`GpuCodec::compress`] with [`crate::CompressOptions`]. The kernels do not implement fill
+    /// values: a fill value is an [`Error::InvalidArgument`] (use the CPU's
+    /// [`crate::compress_with_options`]) rather than being ignored, and so is a given range
+    /// (use [`GpuCodec::compress_device_with_range`]).
+    pub fn compress_with_options<T: GpuElement>(
+        &mut self,
+        data: &[T],
+        bound: ErrorBound,
+        codec: CodecKind,
+        options: &crate::CompressOptions,
+    ) -> Result<Vec<u8>> {
+        if let Some(f) = options.fill_value {
+            return Err(Error::invalid(format!(
+                "fill value {f:e}: fill values are not supported by the GPU codecs (compress on \
+                 the CPU instead)"
+            )));
+        }
+        if options.range.is_some() {
+            return Err(Error::invalid(
+                "a given value range is not supported by GpuCodec::compress_with_options (use \
+                 GpuCodec::compress_device_with_range)",
+            ));
+        }
+        self.compress(data, bound, codec)
     }
 
     /// Decompress a host stream on the GPU into `out` (length = the stream's count).

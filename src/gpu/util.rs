@@ -56,6 +56,25 @@ fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error 
 }
 
 impl RangeScale {
+    /// The utility kernels for `stream`'s context: compiled at the first call for that context,
+    /// then shared (a process-wide cache, so per-call users pay no compile).
+    pub(crate) fn for_stream(stream: &Arc<CudaStream>) -> Result<Arc<RangeScale>> {
+        type Cache = std::sync::Mutex<std::collections::HashMap<usize, Arc<RangeScale>>>;
+        static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+        let key = stream.context().cu_ctx() as usize;
+        let mut cache = CACHE
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        let (module, blocks) = compile_and_load(stream, Module::Util)?;
+        let k = Arc::new(Self::from_module(&module, blocks)?);
+        cache.insert(key, k.clone());
+        Ok(k)
+    }
+
     /// The kernels of `module` (which contains `kernels/util.cu`); `blocks` caps the grid.
     pub(crate) fn from_module(module: &Arc<CudaModule>, blocks: u32) -> Result<Self> {
         let f = |n: &str| module.load_function(n).map_err(gpu_err("load function"));

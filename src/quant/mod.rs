@@ -95,6 +95,45 @@ pub fn pred(v: f64) -> f64 {
     }
 }
 
+/// `b - a` rounded down, for finite `a <= b` whose difference does not overflow: the rounded
+/// difference, one ulp lower when the rounding went up (the error term of Knuth's TwoSum, exact
+/// in IEEE arithmetic, says which way it went).
+fn sub_down(b: f64, a: f64) -> f64 {
+    let s = b - a;
+    let bb = s - b;
+    let err = (b - (s - bb)) + (-a - bb);
+    if err < 0.0 {
+        f64::from_bits(s.to_bits() - 1) // s > 0 here: a tie or a rounding up needs s > |err|
+    } else {
+        s
+    }
+}
+
+/// The guaranteed absolute bound of `noa:E` over the finite value range `(lo, hi)`: a finite f64
+/// that never exceeds the exact `E * (hi - lo)`, and is within a few ulps of it.
+///
+/// `hi - lo` overflows when the range spans more than `f64::MAX` (f64 data from below
+/// `-8.9e307` to above `8.9e307`); the width is then taken of the halved ends (exact: both ends
+/// are far from the subnormals) and the bound doubled back, saturating at `f64::MAX`, which is
+/// still below the exact product. Rounding: the width is rounded down ([`sub_down`]) and the
+/// product one ulp down ([`pred`] of a round-to-nearest result never exceeds the exact value).
+pub fn noa_abs_bound(e: f64, (lo, hi): (f64, f64)) -> f64 {
+    if !(e >= 0.0 && lo <= hi && lo.is_finite() && hi.is_finite()) {
+        return 0.0;
+    }
+    let eb = if (hi - lo).is_finite() {
+        pred(e * sub_down(hi, lo))
+    } else {
+        // `pred` of an infinite half-product stays infinite and saturates below
+        2.0 * pred(e * sub_down(hi * 0.5, lo * 0.5))
+    };
+    if eb <= f64::MAX {
+        eb.max(0.0)
+    } else {
+        f64::MAX
+    }
+}
+
 /// Smallest and largest finite values of `data` (None if it has none). Parallel.
 pub fn finite_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
     use rayon::prelude::*;
@@ -157,6 +196,98 @@ pub fn first_nonzero<T: Element>(data: &[T]) -> Option<f64> {
         .map(|x| x.to_f64())
 }
 
+/// `fill` converted to `T` (round to nearest, as `as` does), checked: the value whose bit
+/// pattern marks a fill point in `T` data. Errors ([`Error::InvalidArgument`]) when the value is
+/// not finite in `T` (non-finite values are always kept exactly: a fill value is not needed for
+/// them).
+pub fn fill_in_dtype<T: Element>(fill: f64) -> Result<T> {
+    let f = T::from_f64(fill);
+    if !f.finite() {
+        return Err(Error::invalid(format!(
+            "fill value {fill:e} is not a finite {} value (NaN and infinities are always kept \
+             exactly)",
+            T::DTYPE
+        )));
+    }
+    Ok(f)
+}
+
+/// [`finite_range`] of the values that are not bitwise equal to `fill` (the `noa` range of data
+/// with a fill value).
+pub fn finite_range_except<T: Element>(data: &[T], fill: Option<T>) -> Option<(f64, f64)> {
+    use rayon::prelude::*;
+    let Some(fill) = fill else {
+        return finite_range(data);
+    };
+    let fb = fill.to_bits_u64();
+    let (lo, hi) = data
+        .par_chunks(1 << 16)
+        .map(|c| {
+            c.iter()
+                .filter(|x| x.finite() && x.to_bits_u64() != fb)
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), x| {
+                    (l.min(x.to_f64()), h.max(x.to_f64()))
+                })
+        })
+        .reduce(
+            || (f64::INFINITY, f64::NEG_INFINITY),
+            |a, b| (a.0.min(b.0), a.1.max(b.1)),
+        );
+    (lo <= hi).then_some((lo + 0.0, hi + 0.0))
+}
+
+/// [`first_nonzero`] of the values that are not bitwise equal to `fill`.
+pub fn first_nonzero_except<T: Element>(data: &[T], fill: Option<T>) -> Option<f64> {
+    let fb = fill.map(|f| f.to_bits_u64());
+    data.iter()
+        .find(|x| x.finite() && x.to_f64() != 0.0 && Some(x.to_bits_u64()) != fb)
+        .map(|x| x.to_f64())
+}
+
+/// A likely fill value of `data` (a "missing data" marker such as `-1e10` on land in ocean
+/// fields): one of the two ends of the finite range that
+///
+/// * occurs at least `max(2, n / 1000)` times (bitwise equal), and
+/// * accounts for at least 99% of the `noa` value range: the other values span at most 1% of the
+///   full range.
+///
+/// Such a value makes a `noa` bound 100 times looser than the real values' range suggests; pass
+/// it as the fill value (`CompressOptions::with_fill_value`) to exclude it. Returns `None` when
+/// no end qualifies, or the one that leaves the narrower rest when both do.
+///
+/// ```
+/// let mut data: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.01).sin()).collect();
+/// assert_eq!(zcomm::quant::likely_fill_value(&data), None);
+/// for x in data.iter_mut().step_by(3) {
+///     *x = -1e10;
+/// }
+/// assert_eq!(zcomm::quant::likely_fill_value(&data), Some(-1e10));
+/// ```
+pub fn likely_fill_value<T: Element>(data: &[T]) -> Option<f64> {
+    let (lo, hi) = finite_range(data)?;
+    // widths of halved ends: no overflow for any finite range
+    let half_width = |(a, b): (f64, f64)| b * 0.5 - a * 0.5;
+    let full = half_width((lo, hi));
+    if full <= 0.0 {
+        return None;
+    }
+    let min_count = (data.len() / 1000).max(2);
+    [lo, hi]
+        .into_iter()
+        .filter_map(|c| {
+            let cb = T::from_f64(c).to_bits_u64();
+            let count = data.iter().filter(|x| x.to_bits_u64() == cb).count();
+            if count < min_count {
+                return None;
+            }
+            let rest = finite_range_except(data, Some(T::from_f64(c)))?;
+            let w = half_width(rest);
+            (w <= full * 0.01).then_some((c, w))
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(c, _)| c)
+}
+
 /// Checks a caller-given value range for `bound` (valid, `noa` only, finite, `min <= max`) and
 /// returns it with `finite_range`'s canonical zero (`+ 0.0` turns `-0.0` into `+0.0`).
 fn given_range(bound: ErrorBound, (lo, hi): (f64, f64)) -> Result<(f64, f64)> {
@@ -193,6 +324,9 @@ pub struct QuantParams {
     pub step: f64,
     /// Value range (noa) or zeros.
     pub range: (f64, f64),
+    /// The fill value (a finite value of the dtype, widened to f64): values bitwise equal to it
+    /// are left out of the range and kept exactly (the quantizer refuses them).
+    pub fill: Option<f64>,
 }
 
 impl QuantParams {
@@ -200,6 +334,27 @@ impl QuantParams {
     /// constant-array case).
     pub fn derive<T: Element>(data: &[T], bound: ErrorBound) -> Result<Self> {
         Self::derive_from_stats::<T>(bound, || finite_range(data), || first_nonzero(data))
+    }
+
+    /// [`QuantParams::derive`] for data with a fill value `fill` (see [`fill_in_dtype`]): the
+    /// range and the degenerate step ignore the values bitwise equal to it, and the quantizer
+    /// refuses them, so the codecs keep them exactly. `range` replaces the measured range as in
+    /// [`QuantParams::derive_with_range`] (noa only).
+    pub fn derive_with_fill<T: Element>(
+        data: &[T],
+        bound: ErrorBound,
+        fill: Option<f64>,
+        range: Option<(f64, f64)>,
+    ) -> Result<Self> {
+        bound.validate()?;
+        let fill = fill.map(fill_in_dtype::<T>).transpose()?;
+        let nz = || first_nonzero_except(data, fill);
+        let mut p = match range {
+            Some(r) => Self::derive_with_range::<T>(bound, r, nz)?,
+            None => Self::derive_from_stats::<T>(bound, || finite_range_except(data, fill), nz)?,
+        };
+        p.fill = fill.map(T::to_f64);
+        Ok(p)
     }
 
     /// [`QuantParams::derive_from_stats`] for a `noa` bound with a value range given by the
@@ -235,22 +390,19 @@ impl QuantParams {
                     abs_bound: e,
                     step,
                     range: (0.0, 0.0),
+                    fill: None,
                 })
             }
             ErrorBound::Abs(_) | ErrorBound::Noa(_) => {
                 let (abs_bound, range) = if let ErrorBound::Noa(_) = bound {
                     let r = range().unwrap_or((0.0, 0.0));
-                    let width = r.1 - r.0;
-                    let eb = if width.is_finite() {
-                        pred(e * width)
-                    } else {
-                        f64::MAX
-                    };
-                    (eb.max(0.0), r)
+                    (noa_abs_bound(e, r), r)
                 } else {
                     (e, (0.0, 0.0))
                 };
-                let mut step = T::round_down_from_f64(2.0 * abs_bound).to_f64();
+                // the largest dtype value <= 2 eb; `2 eb` may exceed f64::MAX (eb > MAX / 2),
+                // and then that value is the dtype's MAX, not the 0 an infinity would give
+                let mut step = T::round_down_from_f64((2.0 * abs_bound).min(f64::MAX)).to_f64();
                 if !(step.is_normal() && T::from_f64(1.0 / step).finite()) {
                     // Degenerate bound (constant array under noa, or an underflowing bound):
                     // keep the data exactly, with a step that represents the first value.
@@ -265,6 +417,7 @@ impl QuantParams {
                     abs_bound,
                     step,
                     range,
+                    fill: None,
                 })
             }
         }
@@ -278,7 +431,14 @@ impl QuantParams {
             step,
             inv: T::from_f64(1.0 / step.to_f64()),
             step64: self.step,
-            eb: self.abs_bound,
+            // an infinite or NaN bound (impossible from `derive`) would let an infinite
+            // reconstruction pass the check; such a bound accepts nothing instead
+            eb: if self.abs_bound <= f64::MAX {
+                self.abs_bound
+            } else {
+                0.0
+            },
+            fill: self.fill.map(|f| T::from_f64(f).to_bits_u64()),
         }
     }
 }
@@ -291,19 +451,23 @@ pub struct Quantizer<T: Element> {
     inv: T,
     step64: f64,
     eb: f64,
+    /// Bit pattern of the fill value: refused, so kept exactly.
+    fill: Option<u64>,
 }
 
-/// Half of the rel code offset: codes are `sign * (l + QHALF)`.
+/// Half of the rel code offset: codes are `sign * (l + QHALF)`, `QHALF = QMAX / 2` (2^28 for
+/// f32, 2^60 for f64). An integer: the offset is added and removed in integer arithmetic, since
+/// `l + 2^60` in f64 would round `l` to a multiple of 256.
 #[inline]
-fn qhalf<T: Element>() -> f64 {
-    T::QMAX / 2.0
+fn qhalf<T: Element>() -> i64 {
+    (T::QMAX / 2.0) as i64
 }
 
 impl<T: Element> Quantizer<T> {
     /// The code of `x`, or `None` when `x` must be stored losslessly.
     #[inline(always)]
     pub fn encode(&self, x: T) -> Option<i64> {
-        if !x.finite() {
+        if !x.finite() || Some(x.to_bits_u64()) == self.fill {
             return None;
         }
         let q = if self.rel {
@@ -312,10 +476,14 @@ impl<T: Element> Quantizer<T> {
                 return if x.to_bits_u64() == 0 { Some(0) } else { None };
             }
             let l = (zlog2(v.abs()) / self.step64).round_ties_even();
-            if l.abs() > qhalf::<T>() - 1.0 {
+            // `|l| < QHALF` (false for NaN; QHALF is a power of two, so the comparison is
+            // exact): `l` is then an integer that converts to i64 exactly, and the code's
+            // magnitude `l + QHALF` is in [1, 2 QHALF)
+            let in_range = l.abs() < qhalf::<T>() as f64;
+            if !in_range {
                 return None;
             }
-            let m = (l + qhalf::<T>()) as i64;
+            let m = l as i64 + qhalf::<T>();
             if v < 0.0 {
                 -m
             } else {
@@ -338,6 +506,15 @@ impl<T: Element> Quantizer<T> {
     /// value; written branch-free for the abs/noa case so the compiler vectorizes it.
     #[inline(always)]
     pub fn encode_layer(&self, xs: &[T], codes: &mut [i64]) -> bool {
+        if let Some(fb) = self.fill {
+            // (rare) fill values: a separate pass keeps the common loop below branch-free
+            if xs.iter().any(|x| x.to_bits_u64() == fb) {
+                for (c, &x) in codes.iter_mut().zip(xs) {
+                    *c = self.encode(x).unwrap_or(0);
+                }
+                return false;
+            }
+        }
         let mut ok = true;
         if self.rel {
             for (c, &x) in codes.iter_mut().zip(xs) {
@@ -379,7 +556,10 @@ impl<T: Element> Quantizer<T> {
             if q == 0 {
                 return T::from_f64(0.0);
             }
-            let m = (q.unsigned_abs() as f64 - qhalf::<T>()) * self.step64;
+            // `|q| - QHALF` in integers (wrapping only on corrupt codes), then one rounding
+            // conversion (exact for every code the encoder writes: it is `l`)
+            let l = (q.unsigned_abs() as i64).wrapping_sub(qhalf::<T>());
+            let m = l as f64 * self.step64;
             let mag = zexp2(m);
             T::from_f64(if q < 0 { -mag } else { mag })
         } else {

@@ -55,8 +55,36 @@ pub fn decode_any(data: &[u8]) {
                     }
                 }
             }
+            // the chunked decoder accepts exactly what decompress accepts, with the same bytes
+            let mut w = Vec::new();
+            let (r, ok, bytes) = match h.dtype {
+                Dtype::F32 => (
+                    zcomm::decompress_to_writer::<f32, _>(data, &mut w, limits),
+                    r32.is_ok(),
+                    r32.as_ref().map(|v| le_bytes(v)).unwrap_or_default(),
+                ),
+                Dtype::F64 => (
+                    zcomm::decompress_to_writer::<f64, _>(data, &mut w, limits),
+                    r64.is_ok(),
+                    r64.as_ref().map(|v| le_bytes(v)).unwrap_or_default(),
+                ),
+            };
+            assert_eq!(
+                r.is_ok(),
+                ok,
+                "decompress_to_writer disagrees with decompress"
+            );
+            if ok {
+                assert!(w == bytes, "decompress_to_writer bytes differ");
+            }
         }
     }
+}
+
+fn le_bytes<T: zcomm::Element>(v: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * T::SIZE);
+    v.iter().for_each(|x| x.write_le(&mut out));
+    out
 }
 
 fn same_bits<T: zcomm::Element>(a: &[T], b: &[T]) -> bool {

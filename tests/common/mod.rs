@@ -352,3 +352,14 @@ pub fn round_trip<T: Element>(
 }
 
 pub use fuzz_body::reseal;
+
+/// Exactly (up to a double-double's ~2^-100 relative remainder): `eb <= e * (hi - lo)`, also
+/// when `hi - lo` overflows (both sides are scaled by 1/4, exact for ends that large).
+pub fn noa_bound_le_exact(eb: f64, e: f64, (lo, hi): (f64, f64)) -> bool {
+    let scale = if (hi - lo).is_finite() { 1.0 } else { 0.25 };
+    let (w, wl) = two_sum(hi * scale, -lo * scale);
+    let (p, pl) = two_prod(e, w);
+    let rest = pl + e * wl;
+    let a = eb * scale;
+    a < p || (a == p && rest >= 0.0)
+}

@@ -236,6 +236,14 @@ impl LoopbackTransport {
             .collect()
     }
 
+    /// Whether rank `r`'s transport is still alive (not dropped).
+    pub(crate) fn peer_alive(&self, r: usize) -> bool {
+        self.fabric
+            .alive
+            .get(r)
+            .is_some_and(|a| a.load(Ordering::Acquire))
+    }
+
     /// The emulated link.
     pub fn link(&self) -> LinkEmulation {
         self.fabric.link

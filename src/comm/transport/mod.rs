@@ -307,3 +307,34 @@ pub use self::mpi::MpiTransport;
 
 mod loopback;
 pub use self::loopback::{LinkEmulation, LoopbackTransport};
+
+#[cfg(feature = "cuda")]
+mod device_loopback;
+#[cfg(feature = "cuda")]
+pub use self::device_loopback::DeviceLoopback;
+
+/// A [`Transport`] that also moves bytes that live in device memory, without staging them
+/// through the host (NVLink, PCIe peer copies, or the in-process [`DeviceLoopback`]).
+///
+/// The device-resident algorithms (`comm::device_ring`) are written against it; the host
+/// [`Transport`] methods carry their small agreements (descriptors, value ranges).
+#[cfg(feature = "cuda")]
+pub trait DeviceTransport: Transport {
+    /// Send `bytes` (device memory, ready on `stream`) to `dest` and receive one message from
+    /// `src` into a new device buffer, ready on `stream` when this returns.
+    fn sendrecv_device(
+        &self,
+        dest: usize,
+        bytes: &cudarc::driver::CudaView<'_, u8>,
+        src: usize,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<cudarc::driver::CudaSlice<u8>>;
+
+    /// Gather one device record of any length from every rank, in rank order (this rank's own
+    /// record is copied too).
+    fn allgather_device(
+        &self,
+        mine: &cudarc::driver::CudaView<'_, u8>,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Vec<cudarc::driver::CudaSlice<u8>>>;
+}

@@ -1,0 +1,304 @@
+//! Single-GPU benchmark of the device-resident compressed allreduce: `--ranks` ranks of one
+//! process share GPU 0 and exchange their compressed segments through device memory (the
+//! [`DeviceLoopback`] transport, unthrottled or at `--link` GB/s). Reports time, ratio, max error
+//! against the exact sum and `input_gbps` = (all ranks' input bytes) / time, as a table and, with
+//! `--json FILE`, as JSON lines appended to FILE.
+//!
+//! ```text
+//! engine_bench                                  # 2 ranks, 1 GiB f32 per rank, noa:1e-3, aatrox
+//! engine_bench --mib 256 --error-bound noa:1e-2 --codec pfpl --iters 20
+//! engine_bench --mib 64 --check-cpu             # also run the host ring: results must be bit-identical
+//! ```
+
+use std::io::Write;
+use std::time::Instant;
+
+use clap::Parser;
+use rayon::prelude::*;
+use zcomm::comm::transport::{DeviceLoopback, LinkEmulation, LoopbackTransport, Transport};
+use zcomm::comm::{device_ring, Calibration, Communicator, Config, CpuCompressor};
+use zcomm::gpu::GpuCodec;
+use zcomm::model::{Link, Policy, Profile};
+use zcomm::{CodecKind, Error, ErrorBound, Result};
+
+/// Compressed allreduce of device buffers, ranks sharing one GPU.
+#[derive(Parser, Debug)]
+#[command(
+    after_help = "Examples:\n  engine_bench\n  engine_bench --mib 256 --codec pfpl --iters 20\n  engine_bench --mib 64 --check-cpu --json bench/results/engine.jsonl"
+)]
+struct Args {
+    /// Ranks (threads sharing GPU 0).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// MiB of f32 input per rank.
+    #[arg(long, default_value_t = 1024)]
+    mib: usize,
+    /// Error bound of the result: abs:E or noa:E.
+    #[arg(long, default_value = "noa:1e-3")]
+    error_bound: String,
+    /// Codec.
+    #[arg(long, default_value = "aatrox")]
+    codec: String,
+    /// Timed iterations (after one warm-up).
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Emulated link speed in GB/s (default: unthrottled device copies).
+    #[arg(long)]
+    link: Option<f64>,
+    /// Also run the host ring (CPU codec, loopback transport) and require bit-identical results.
+    #[arg(long)]
+    check_cpu: bool,
+    /// Append one JSON record to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// A smooth, non-sparse field with structure at every scale: plane waves with amplitudes
+/// falling as k^-2 on a 3-D grid of `n` points (as a Gaussian random field with a steep
+/// spectrum), different on every rank.
+fn field(rank: usize, n: usize) -> Vec<f32> {
+    let side = (n as f64).cbrt().ceil() as usize;
+    let waves: Vec<([f64; 3], f64, f64)> = (0..24)
+        .map(|j| {
+            let h = |s: u64| {
+                let mut z = (s + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64 * 7919);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+            };
+            let k = 1.0 + j as f64 * 1.7;
+            let dir = [h(3 * j) - 0.5, h(3 * j + 1) - 0.5, h(3 * j + 2) - 0.5];
+            let norm = (dir.iter().map(|d| d * d).sum::<f64>()).sqrt().max(1e-9);
+            let kv = dir.map(|d| std::f64::consts::TAU * k * d / norm / side as f64);
+            (kv, 1.0 / (k * k), std::f64::consts::TAU * h(100 + j))
+        })
+        .collect();
+    (0..n)
+        .into_par_iter()
+        .map(|i| {
+            let (x, y, z) = (i % side, (i / side) % side, i / (side * side));
+            let v: f64 = waves
+                .iter()
+                .map(|(k, a, ph)| {
+                    a * (k[0] * x as f64 + k[1] * y as f64 + k[2] * z as f64 + ph).sin()
+                })
+                .sum();
+            v as f32
+        })
+        .collect()
+}
+
+fn gpu_err(e: cudarc::driver::DriverError) -> Error {
+    Error::Gpu(format!("{e:?}"))
+}
+
+struct RankResult {
+    times: Vec<f64>,
+    out: Vec<f32>,
+    ratio: f64,
+    bound: f64,
+    device: String,
+}
+
+fn run_rank(
+    t: DeviceLoopback,
+    x: &[f32],
+    bound: ErrorBound,
+    codec: CodecKind,
+    iters: usize,
+) -> Result<RankResult> {
+    let mut gpu = GpuCodec::new(0)?.with_own_stream()?;
+    let s = gpu.stream().clone();
+    let xd = s.clone_htod(x).map_err(gpu_err)?;
+    let mut out = s.alloc_zeros::<f32>(x.len()).map_err(gpu_err)?;
+    let mut times = Vec::with_capacity(iters);
+    let mut st = device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, false)?;
+    for _ in 0..iters {
+        t.barrier()?;
+        let t0 = Instant::now();
+        st = device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, false)?;
+        t.barrier()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let out = s.clone_dtoh(&out).map_err(gpu_err)?;
+    Ok(RankResult {
+        times,
+        out,
+        ratio: st.ratio,
+        bound: st.bound,
+        device: gpu.device_name().to_string(),
+    })
+}
+
+/// The host ring on the same inputs (CPU codec over the host loopback transport).
+fn host_ring(inputs: &[Vec<f32>], bound: ErrorBound, codec: CodecKind) -> Result<Vec<Vec<f32>>> {
+    let prof = Profile::new(Link {
+        bandwidth: 1e9,
+        latency: 1e-6,
+    });
+    let cfg = Config::new(bound)
+        .with_policy(Policy::Always(codec))
+        .with_calibration(Calibration::Fixed(prof));
+    std::thread::scope(|s| {
+        let hs: Vec<_> = LoopbackTransport::group(inputs.len())
+            .into_iter()
+            .zip(inputs)
+            .map(|(t, x)| {
+                let cfg = cfg.clone();
+                s.spawn(move || -> Result<Vec<f32>> {
+                    let mut c =
+                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)?;
+                    let mut out = vec![0.0f32; x.len()];
+                    c.allreduce(x, &mut out)?;
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| Error::Comm("host ring thread panicked".into()))?
+            })
+            .collect()
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("engine_bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(a: Args) -> Result<bool> {
+    let bound: ErrorBound = a.error_bound.parse()?;
+    let codec: CodecKind = a.codec.parse()?;
+    if a.ranks == 0 || a.mib == 0 || a.iters == 0 {
+        return Err(Error::invalid(
+            "--ranks, --mib and --iters must be positive",
+        ));
+    }
+    if !zcomm::gpu::device_available() {
+        return Err(Error::Unavailable("no CUDA device".into()));
+    }
+    let n = a.mib << 18;
+    eprintln!("generating {} x {} MiB of f32 ...", a.ranks, a.mib);
+    let inputs: Vec<Vec<f32>> = (0..a.ranks).map(|r| field(r, n)).collect();
+    let link = match a.link {
+        Some(g) => LinkEmulation::new(g * 1e9, 0.0)?,
+        None => LinkEmulation::default(),
+    };
+    let results: Vec<Result<RankResult>> = std::thread::scope(|s| {
+        let hs: Vec<_> = DeviceLoopback::group(a.ranks, link)
+            .into_iter()
+            .zip(&inputs)
+            .map(|(t, x)| s.spawn(move || run_rank(t, x, bound, codec, a.iters)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Comm("rank panicked".into())))
+            })
+            .collect()
+    });
+    let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+    // exact sum in f64, max error of every rank's result, bit-identity across ranks
+    let exact: Vec<f64> = (0..n)
+        .into_par_iter()
+        .map(|i| inputs.iter().map(|x| x[i] as f64).sum())
+        .collect();
+    let max_error = results
+        .iter()
+        .map(|r| {
+            r.out
+                .par_iter()
+                .zip(&exact)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .reduce(|| 0.0, f64::max)
+        })
+        .fold(0.0, f64::max);
+    let identical = results.iter().all(|r| r.out == results[0].out);
+    let r0 = &results[0];
+    let mut times: Vec<f64> = (0..a.iters)
+        .map(|i| results.iter().map(|r| r.times[i]).fold(0.0, f64::max))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let bytes = (n * 4) as f64;
+    let input_gbps = a.ranks as f64 * bytes / median / 1e9;
+    let mut ok = max_error <= r0.bound && identical;
+    let mut cpu_identical = None;
+    if a.check_cpu {
+        eprintln!("running the host ring on the same inputs ...");
+        let host = host_ring(&inputs, bound, codec)?;
+        let same = host.iter().all(|h| h == &r0.out);
+        cpu_identical = Some(same);
+        ok &= same;
+    }
+    let mut out = std::io::stdout().lock();
+    let w = |out: &mut std::io::StdoutLock<'_>, s: String| writeln!(out, "{s}").map_err(Error::Io);
+    w(&mut out, "| op | transport | ranks | codec | bound | MiB/rank | ratio | median ms | input GB/s | max error | guaranteed | identical on ranks | = host ring |".into())?;
+    w(
+        &mut out,
+        "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|".into(),
+    )?;
+    w(
+        &mut out,
+        format!(
+            "| allreduce | device-loopback{} | {} | {codec} | {} | {} | {:.2} | {:.3} | {:.1} | {:.3e} | {:.3e} | {} | {} |",
+            a.link.map(|g| format!(" @{g} GB/s")).unwrap_or_default(),
+            a.ranks,
+            a.error_bound,
+            a.mib,
+            r0.ratio,
+            median * 1e3,
+            input_gbps,
+            max_error,
+            r0.bound,
+            if identical { "yes" } else { "NO" },
+            cpu_identical.map_or("not run", |s| if s { "yes" } else { "NO" }),
+        ),
+    )?;
+    w(
+        &mut out,
+        format!(
+            "{}: device {}, times (ms) min {:.3} median {:.3} max {:.3}",
+            if ok { "ok" } else { "FAILED" },
+            r0.device,
+            times[0] * 1e3,
+            median * 1e3,
+            times[times.len() - 1] * 1e3
+        ),
+    )?;
+    if let Some(path) = &a.json {
+        let rec = serde_json::json!({
+            "op": "allreduce",
+            "transport": if a.link.is_some() { "device-loopback-throttled" } else { "device-loopback" },
+            "link_gbps": a.link,
+            "ranks": a.ranks,
+            "codec": codec.name(),
+            "dtype": "f32",
+            "bytes": n * 4,
+            "error_bound": a.error_bound,
+            "ratio": r0.ratio,
+            "time_ms": median * 1e3,
+            "input_gbps": input_gbps,
+            "device": r0.device,
+            "max_error": max_error,
+            "guaranteed_error": r0.bound,
+            "identical_on_ranks": identical,
+            "identical_to_host_ring": cpu_identical,
+            "iters": a.iters,
+        });
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(f, "{rec}")?;
+    }
+    Ok(ok)
+}

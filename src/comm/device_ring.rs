@@ -1,0 +1,304 @@
+//! The compressed ring reduction on device-resident buffers over a [`DeviceTransport`]: the
+//! schedule of [`ring`](super::ring), with the GPU codec compressing segments in device memory,
+//! the transport moving the compressed bytes device to device, and the fused
+//! decompress-and-add kernel accumulating them. Nothing is staged through the host; the host
+//! sees only the descriptor agreement (count and value range, one small allgather).
+//!
+//! Because the GPU codec writes the CPU twin's bytes and the fused accumulation rounds once per
+//! value as the host's `a + b`, the results equal the host ring's with the same codec, bit for
+//! bit.
+//!
+//! ```no_run
+//! # fn main() -> zcomm::Result<()> {
+//! use zcomm::comm::{device_ring, transport::{DeviceLoopback, LinkEmulation}};
+//! use zcomm::gpu::GpuCodec;
+//! use zcomm::{CodecKind, ErrorBound};
+//! // two ranks of one process sharing GPU 0
+//! let group = DeviceLoopback::group(2, LinkEmulation::default());
+//! std::thread::scope(|s| {
+//!     for t in group {
+//!         s.spawn(move || -> zcomm::Result<()> {
+//!             let mut gpu = GpuCodec::new(0)?.with_own_stream()?;
+//!             let x = gpu.stream().clone_htod(&vec![1.0f32; 1 << 20]).unwrap();
+//!             let mut out = gpu.stream().alloc_zeros::<f32>(1 << 20).unwrap();
+//!             let st = device_ring::allreduce(
+//!                 &t, &mut gpu, &x, &mut out, ErrorBound::Noa(1e-3), CodecKind::Aatrox, false,
+//!             )?;
+//!             println!("{st}");
+//!             Ok(())
+//!         });
+//!     }
+//! });
+//! # Ok(()) }
+//! ```
+
+use std::ops::Range;
+
+use cudarc::driver::{CudaSlice, CudaView};
+
+use super::element::Real;
+use super::ring::{self, RingPlace, RingPlan};
+use super::transport::DeviceTransport;
+use super::{
+    partition, reduction_result_bound, reduction_step_bound, Decision, OpStats, OP_ALLREDUCE,
+    OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER,
+};
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::gpu::{GpuCodec, GpuElement};
+use crate::quant::ErrorBound;
+
+fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+/// Sum over all ranks of the device buffer `x` into `out` (same length; `mean`: divided by the
+/// number of ranks), compressed on the wire with `codec`; every value of `out` is within the
+/// end-to-end `bound` of the exact result (abs or noa; noa of the inputs' global value range)
+/// and `out` is bit-identical on every rank. Collective over `t`'s ranks; a count mismatch is
+/// an [`Error::Mismatch`] on every rank before any payload moves.
+pub fn allreduce<T: GpuElement + Real>(
+    t: &dyn DeviceTransport,
+    gpu: &mut GpuCodec,
+    x: &CudaSlice<T>,
+    out: &mut CudaSlice<T>,
+    bound: ErrorBound,
+    codec: CodecKind,
+    mean: bool,
+) -> Result<OpStats> {
+    let op = if mean {
+        OP_ALLREDUCE_MEAN
+    } else {
+        OP_ALLREDUCE
+    };
+    reduce(t, gpu, x, out, bound, codec, op)
+}
+
+/// Reduce-scatter (sum) of the device buffer `x`: rank `r` receives segment `r` of
+/// [`partition`]`(x.len(), size)` in `out` (that segment's length), within the end-to-end
+/// `bound`. Collective, as [`allreduce`].
+pub fn reduce_scatter<T: GpuElement + Real>(
+    t: &dyn DeviceTransport,
+    gpu: &mut GpuCodec,
+    x: &CudaSlice<T>,
+    out: &mut CudaSlice<T>,
+    bound: ErrorBound,
+    codec: CodecKind,
+) -> Result<OpStats> {
+    reduce(t, gpu, x, out, bound, codec, OP_REDUCE_SCATTER)
+}
+
+fn reduce<T: GpuElement + Real>(
+    t: &dyn DeviceTransport,
+    gpu: &mut GpuCodec,
+    x: &CudaSlice<T>,
+    out: &mut CudaSlice<T>,
+    bound: ErrorBound,
+    codec: CodecKind,
+    op: u8,
+) -> Result<OpStats> {
+    let t0 = t.wtime();
+    let (p, r) = (t.size(), t.rank());
+    let full = op != OP_REDUCE_SCATTER;
+    let segs = partition(x.len(), p);
+    let want = if full { x.len() } else { segs[r].len() };
+    let local = if matches!(bound, ErrorBound::Rel(_)) {
+        Err(Error::invalid(
+            "rel bounds are not supported for reductions (use abs or noa)",
+        ))
+    } else if out.len() != want {
+        Err(Error::invalid(format!(
+            "output has {} values, {want} expected",
+            out.len()
+        )))
+    } else {
+        bound.validate()
+    };
+    // 1. agreement: every rank's count, value range and argument check, in one allgather
+    let range = match local {
+        Ok(()) => gpu.value_range_device(&x.as_view())?,
+        Err(_) => None,
+    };
+    let (lo, hi) = range.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+    let mut rec = Vec::with_capacity(25);
+    rec.extend_from_slice(&(x.len() as u64).to_le_bytes());
+    rec.extend_from_slice(&lo.to_le_bytes());
+    rec.extend_from_slice(&hi.to_le_bytes());
+    rec.push(u8::from(local.is_err()));
+    let all = t.allgather_fixed(&rec)?;
+    local?;
+    let f = |c: &[u8], i: usize| f64::from_le_bytes(c[i..i + 8].try_into().expect("8 bytes"));
+    let (mut glo, mut ghi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (k, c) in all.chunks_exact(25).enumerate() {
+        let n = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+        if c[24] != 0 {
+            return Err(Error::invalid(format!("rank {k} rejected its arguments")));
+        }
+        if n != x.len() as u64 {
+            return Err(Error::Mismatch {
+                what: "value count",
+                expected: x.len().to_string(),
+                found: format!("{n} on rank {k}"),
+            });
+        }
+        glo = glo.min(f(c, 8));
+        ghi = ghi.max(f(c, 16));
+    }
+    // 2. the per-quantisation bound (as the host ring: p quantisations for the allreduces,
+    //    p - 1 for reduce-scatter; partial sums at eb * divisor, the final segment at eb)
+    let m = glo.abs().max(ghi.abs());
+    let m = if m.is_finite() { m } else { 0.0 };
+    let d = if op == OP_ALLREDUCE_MEAN {
+        p as f64
+    } else {
+        1.0
+    };
+    let nq = if full { p } else { (p - 1).max(1) };
+    let e = reduction_result_bound(bound, glo, ghi);
+    let eb = reduction_step_bound(e, m, p, T::UNIT_ROUNDOFF, d, nq).ok_or_else(|| {
+        Error::invalid(format!(
+            "the bound {e:e} leaves no room for quantisation at this value magnitude ({m:e})"
+        ))
+    })?;
+    // 3. the ring, accumulating in `acc` (the allreduces: `out` itself)
+    let stream = gpu.stream().clone();
+    let longest = segs.iter().map(Range::len).max().unwrap_or(0);
+    let scratch_len = crate::format::compress_bound(longest, T::DTYPE);
+    let scratch = stream
+        .alloc_zeros::<u8>(scratch_len.max(16))
+        .map_err(gpu_err("alloc scratch"))?;
+    let plan = RingPlan {
+        rank: r,
+        size: p,
+        step_bound: eb * d,
+        final_bound: eb,
+        divisor: d,
+        full,
+        codec,
+    };
+    let sent = if full {
+        stream.memcpy_dtod(x, out).map_err(gpu_err("copy input"))?;
+        let mut place = DevicePlace {
+            t,
+            gpu,
+            acc: out,
+            segs: &segs,
+            scratch,
+        };
+        ring::reduce(&mut place, plan)?
+    } else {
+        let mut acc = stream.clone_dtod(x).map_err(gpu_err("copy input"))?;
+        let mut place = DevicePlace {
+            t,
+            gpu,
+            acc: &mut acc,
+            segs: &segs,
+            scratch,
+        };
+        let sent = ring::reduce(&mut place, plan)?;
+        stream
+            .memcpy_dtod(&acc.slice(segs[r].clone()), out)
+            .map_err(gpu_err("copy result"))?;
+        sent
+    };
+    stream.synchronize().map_err(gpu_err("sync"))?;
+    let bytes = (x.len() * T::SIZE) as f64;
+    let mut st = OpStats::raw(op);
+    st.decision = Decision::Compressed;
+    st.codec = Some(codec);
+    st.bytes = bytes as u64;
+    st.bound = e;
+    st.wire_bytes = sent.total(p) as u64;
+    let moved = if full { 2.0 } else { 1.0 } * bytes * (p as f64 - 1.0) / p as f64;
+    st.ratio = moved / st.wire_bytes.max(1) as f64;
+    st.measured_s = t.wtime() - t0;
+    Ok(st)
+}
+
+/// A compressed segment: this rank's own (in the scratch buffer) or one received.
+enum DeviceMsg {
+    Scratch(usize),
+    Received(CudaSlice<u8>),
+}
+
+/// The ring's buffers on the device.
+struct DevicePlace<'a, T: GpuElement> {
+    t: &'a dyn DeviceTransport,
+    gpu: &'a mut GpuCodec,
+    acc: &'a mut CudaSlice<T>,
+    segs: &'a [Range<usize>],
+    /// Where this rank's outgoing segment is compressed (reused every step).
+    scratch: CudaSlice<u8>,
+}
+
+impl<T: GpuElement + Real> DevicePlace<'_, T> {
+    fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
+        match m {
+            DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
+            DeviceMsg::Received(s) => s.as_view(),
+        }
+    }
+}
+
+impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
+    type Msg = DeviceMsg;
+
+    fn wire_len(&self, m: &DeviceMsg) -> usize {
+        match m {
+            DeviceMsg::Scratch(len) => *len,
+            DeviceMsg::Received(s) => s.len(),
+        }
+    }
+
+    fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<DeviceMsg> {
+        let range = self.segs[seg].clone();
+        let input = self.acc.slice(range);
+        let len =
+            self.gpu
+                .compress_device(&input, bound, codec, &mut self.scratch.as_view_mut())?;
+        Ok(DeviceMsg::Scratch(len))
+    }
+
+    fn exchange(&mut self, m: DeviceMsg, to: usize, from: usize) -> Result<DeviceMsg> {
+        let stream = self.gpu.stream().clone();
+        let got = self.t.sendrecv_device(to, &self.view(&m), from, &stream)?;
+        Ok(DeviceMsg::Received(got))
+    }
+
+    fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        let range = self.segs[seg].clone();
+        let stream = match m {
+            DeviceMsg::Received(s) => s,
+            DeviceMsg::Scratch(_) => {
+                return Err(Error::Comm("ring: accumulating an unsent segment".into()))
+            }
+        };
+        self.gpu
+            .decompress_add_device(&stream.as_view(), &mut self.acc.slice_mut(range))
+    }
+
+    fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
+        let range = self.segs[seg].clone();
+        let stream = self.gpu.stream().clone();
+        let util = crate::gpu::util::RangeScale::for_stream(&stream)?;
+        util.scale(&stream, &mut self.acc.slice_mut(range), T::from_f64(d))
+    }
+
+    fn allgather(&mut self, m: DeviceMsg) -> Result<Vec<DeviceMsg>> {
+        let stream = self.gpu.stream().clone();
+        let all = self.t.allgather_device(&self.view(&m), &stream)?;
+        Ok(all.into_iter().map(DeviceMsg::Received).collect())
+    }
+
+    fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        let range = self.segs[seg].clone();
+        let stream = match m {
+            DeviceMsg::Received(s) => s,
+            DeviceMsg::Scratch(_) => {
+                return Err(Error::Comm("ring: decoding an unsent segment".into()))
+            }
+        };
+        self.gpu
+            .decompress_device(&stream.as_view(), &mut self.acc.slice_mut(range))
+    }
+}

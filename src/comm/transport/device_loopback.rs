@@ -1,0 +1,204 @@
+//! The in-process loopback transport for device buffers: the ranks of one group are threads of
+//! one process on one GPU, and a message is a device-to-device copy into a buffer of the
+//! receiver's.
+//!
+//! It lets the device-resident algorithms run and be measured on a single GPU: two ranks share
+//! the device, every byte that would cross a link is copied once through device memory (at the
+//! GPU's copy bandwidth, or slower with a [`LinkEmulation`]), and the small agreements travel
+//! over a host [`LoopbackTransport`]. Messages between a pair of ranks arrive in order; sends
+//! complete when the copy has been made (the sender synchronizes its stream first).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+
+use super::{DeviceTransport, LinkEmulation, LoopbackTransport, ReduceOp, SendHandle, Transport};
+use crate::error::{Error, Result};
+
+type Mailbox = HashMap<(usize, usize), VecDeque<CudaSlice<u8>>>;
+
+/// State shared by the ranks of one device group.
+struct DeviceFabric {
+    mail: Mutex<Mailbox>,
+    arrived: Condvar,
+    link: LinkEmulation,
+    epoch: Instant,
+}
+
+/// One rank of an in-process device group (see the [module docs](self)). `Send`: each rank runs
+/// on its own thread.
+pub struct DeviceLoopback {
+    host: LoopbackTransport,
+    fabric: Arc<DeviceFabric>,
+}
+
+impl std::fmt::Debug for DeviceLoopback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceLoopback(rank {} of {})", self.rank(), self.size())
+    }
+}
+
+fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Gpu(format!("{what}: {e:?}"))
+}
+
+impl DeviceLoopback {
+    /// A group of `n` ranks; device messages travel over links of speed `link` (the default:
+    /// as fast as the device copies).
+    pub fn group(n: usize, link: LinkEmulation) -> Vec<Self> {
+        let fabric = Arc::new(DeviceFabric {
+            mail: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            link,
+            epoch: Instant::now(),
+        });
+        LoopbackTransport::group(n)
+            .into_iter()
+            .map(|host| DeviceLoopback {
+                host,
+                fabric: fabric.clone(),
+            })
+            .collect()
+    }
+
+    fn check_peer(&self, r: usize) -> Result<()> {
+        if r >= self.size() {
+            return Err(Error::invalid(format!(
+                "rank {r} out of range (size {})",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copy `bytes` into a new buffer on `stream` and post it to `dest`.
+    fn post(&self, dest: usize, bytes: &CudaView<'_, u8>, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check_peer(dest)?;
+        let t0 = self.fabric.epoch.elapsed().as_secs_f64();
+        let copy = stream.clone_dtod(bytes).map_err(gpu_err("loopback copy"))?;
+        stream.synchronize().map_err(gpu_err("loopback copy"))?;
+        if let Some(bw) = self.fabric.link.bandwidth {
+            // the link is slower than the copy: hold the message until it would have arrived
+            let due = t0 + self.fabric.link.latency + bytes.len() as f64 / bw;
+            let wait = due - self.fabric.epoch.elapsed().as_secs_f64();
+            if wait > 0.0 {
+                std::thread::sleep(std::time::Duration::from_secs_f64(wait));
+            }
+        }
+        let mut mail = self.fabric.mail.lock().unwrap_or_else(|e| e.into_inner());
+        mail.entry((self.rank(), dest)).or_default().push_back(copy);
+        drop(mail);
+        self.fabric.arrived.notify_all();
+        Ok(())
+    }
+
+    /// The next device message from `src`.
+    fn take(&self, src: usize) -> Result<CudaSlice<u8>> {
+        self.check_peer(src)?;
+        let key = (src, self.rank());
+        let mut mail = self.fabric.mail.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(m) = mail.get_mut(&key).and_then(VecDeque::pop_front) {
+                return Ok(m);
+            }
+            let (m, timeout) = self
+                .fabric
+                .arrived
+                .wait_timeout(mail, std::time::Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner());
+            mail = m;
+            if timeout.timed_out() && !self.host.peer_alive(src) {
+                // a departed sender would otherwise leave us waiting forever
+                return Err(Error::Comm(format!(
+                    "device loopback: rank {src} left the group before sending the message \
+                     rank {} waits for",
+                    self.rank()
+                )));
+            }
+        }
+    }
+}
+
+impl Transport for DeviceLoopback {
+    fn rank(&self) -> usize {
+        self.host.rank()
+    }
+    fn size(&self) -> usize {
+        self.host.size()
+    }
+    fn send(&self, dest: usize, tag: i32, bytes: &[u8]) -> Result<()> {
+        self.host.send(dest, tag, bytes)
+    }
+    fn recv(&self, src: usize, tag: i32) -> Result<Vec<u8>> {
+        self.host.recv(src, tag)
+    }
+    fn sendrecv(&self, dest: usize, bytes: &[u8], src: usize, tag: i32) -> Result<Vec<u8>> {
+        self.host.sendrecv(dest, bytes, src, tag)
+    }
+    fn isend(&self, dest: usize, tag: i32, bytes: Vec<u8>) -> Result<Box<dyn SendHandle>> {
+        self.host.isend(dest, tag, bytes)
+    }
+    fn iprobe(&self, src: usize, tag: i32) -> Result<bool> {
+        self.host.iprobe(src, tag)
+    }
+    fn allgather_fixed(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        self.host.allgather_fixed(mine)
+    }
+    fn allgatherv(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.host.allgatherv(mine)
+    }
+    fn bcast(&self, root: usize, bytes: &mut Vec<u8>) -> Result<()> {
+        self.host.bcast(root, bytes)
+    }
+    fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()> {
+        self.host.allreduce_f64(vals, op)
+    }
+    fn allreduce_sum_f32(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        self.host.allreduce_sum_f32(input, out)
+    }
+    fn allreduce_sum_f64(&self, input: &[f64], out: &mut [f64]) -> Result<()> {
+        self.host.allreduce_sum_f64(input, out)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.host.barrier()
+    }
+    fn wtime(&self) -> f64 {
+        self.host.wtime()
+    }
+}
+
+impl DeviceTransport for DeviceLoopback {
+    fn sendrecv_device(
+        &self,
+        dest: usize,
+        bytes: &CudaView<'_, u8>,
+        src: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<CudaSlice<u8>> {
+        self.post(dest, bytes, stream)?;
+        self.take(src)
+    }
+
+    fn allgather_device(
+        &self,
+        mine: &CudaView<'_, u8>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<CudaSlice<u8>>> {
+        let (r, p) = (self.rank(), self.size());
+        for dest in (0..p).filter(|&d| d != r) {
+            self.post(dest, mine, stream)?;
+        }
+        (0..p)
+            .map(|src| {
+                if src == r {
+                    let own = stream.clone_dtod(mine).map_err(gpu_err("loopback copy"))?;
+                    Ok(own)
+                } else {
+                    self.take(src)
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,193 @@
+//! The device-resident ring (`comm::device_ring`) on ranks sharing one GPU through the device
+//! loopback transport: results bit-identical to the host ring's (CPU codec, host loopback) for
+//! every reduction, dtype, codec and bound mode tried, and a count mismatch is an error on every
+//! rank. Without a CUDA device the trials are reported *ignored*.
+
+use cudarc::driver::CudaSlice;
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use zcomm::comm::transport::{DeviceLoopback, LinkEmulation, LoopbackTransport};
+use zcomm::comm::{
+    device_ring, partition, Calibration, CommElement, Communicator, Config, CpuCompressor, Real,
+};
+use zcomm::gpu::{GpuCodec, GpuElement};
+use zcomm::model::{Link, Policy, Profile};
+use zcomm::{CodecKind, ErrorBound};
+
+fn gpu_trial(name: &str, test: fn() -> Result<(), String>) -> Trial {
+    Trial::ignorable_test(name, move || {
+        if !zcomm::gpu::device_available() {
+            return Ok(Completion::ignored_with("no CUDA device"));
+        }
+        test().map_err(Failed::from)?;
+        Ok(Completion::Completed)
+    })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        gpu_trial("device_ring_matches_host_ring_f32", matches_host::<f32>),
+        gpu_trial("device_ring_matches_host_ring_f64", matches_host::<f64>),
+        gpu_trial("device_ring_count_mismatch_fails_everywhere", mismatch),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Op {
+    Sum,
+    Mean,
+    ReduceScatter,
+}
+
+fn input<T: Real>(rank: usize, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|i| T::from_f64(((i as f64) * 3e-3 + rank as f64).sin() * 50.0 + rank as f64))
+        .collect()
+}
+
+fn host<T: Real + CommElement>(
+    inputs: &[Vec<T>],
+    op: Op,
+    bound: ErrorBound,
+    codec: CodecKind,
+) -> Vec<Vec<T>> {
+    let cfg = Config::new(bound)
+        .with_policy(Policy::Always(codec))
+        .with_calibration(Calibration::Fixed(Profile::new(Link {
+            bandwidth: 1e9,
+            latency: 1e-6,
+        })));
+    std::thread::scope(|s| {
+        let hs: Vec<_> = LoopbackTransport::group(inputs.len())
+            .into_iter()
+            .zip(inputs)
+            .map(|(t, x)| {
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    let p = inputs.len();
+                    let mut c =
+                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
+                            .unwrap();
+                    let r = c.rank();
+                    match op {
+                        Op::Sum | Op::Mean => {
+                            let mut out = vec![T::default(); x.len()];
+                            if op == Op::Sum {
+                                c.allreduce(x, &mut out).unwrap();
+                            } else {
+                                c.allreduce_mean(x, &mut out).unwrap();
+                            }
+                            out
+                        }
+                        Op::ReduceScatter => {
+                            let mut out = vec![T::default(); partition(x.len(), p)[r].len()];
+                            c.reduce_scatter(x, &mut out).unwrap();
+                            out
+                        }
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn device<T: Real + GpuElement>(
+    inputs: &[Vec<T>],
+    op: Op,
+    bound: ErrorBound,
+    codec: CodecKind,
+    counts: &[usize],
+) -> Vec<Result<Vec<T>, String>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = DeviceLoopback::group(inputs.len(), LinkEmulation::default())
+            .into_iter()
+            .zip(inputs)
+            .zip(counts)
+            .map(|((t, x), &n)| {
+                s.spawn(move || -> Result<Vec<T>, String> {
+                    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+                    let mut gpu = GpuCodec::new(0)
+                        .and_then(|g| g.with_own_stream())
+                        .map_err(|e| e.to_string())?;
+                    let st = gpu.stream().clone();
+                    let xd: CudaSlice<T> = st.clone_htod(&x[..n]).map_err(e)?;
+                    let len = match op {
+                        Op::ReduceScatter => partition(n, inputs.len())[t_rank(&t)].len(),
+                        _ => n,
+                    };
+                    let mut out = st.alloc_zeros::<T>(len).map_err(e)?;
+                    let r = match op {
+                        Op::Sum => {
+                            device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, false)
+                        }
+                        Op::Mean => {
+                            device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, true)
+                        }
+                        Op::ReduceScatter => {
+                            device_ring::reduce_scatter(&t, &mut gpu, &xd, &mut out, bound, codec)
+                        }
+                    };
+                    r.map_err(|e| e.to_string())?;
+                    st.clone_dtoh(&out).map_err(e)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn t_rank(t: &DeviceLoopback) -> usize {
+    zcomm::comm::transport::Transport::rank(t)
+}
+
+fn matches_host<T: Real + GpuElement + CommElement>() -> Result<(), String> {
+    for p in [1, 2, 3] {
+        let n = 100_003;
+        let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
+        for codec in [CodecKind::Aatrox, CodecKind::CuszpOutlier, CodecKind::Pfpl] {
+            for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {
+                for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
+                    let want = host(&inputs, op, bound, codec);
+                    let got = device(&inputs, op, bound, codec, &vec![n; p]);
+                    for (r, (g, w)) in got.into_iter().zip(want).enumerate() {
+                        let g = g.map_err(|e| format!("p={p} {codec} {bound:?} {op:?}: {e}"))?;
+                        if g.iter()
+                            .zip(&w)
+                            .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
+                            || g.len() != w.len()
+                        {
+                            return Err(format!(
+                                "p={p} {codec} {bound:?} {op:?} rank {r}: device ring differs from the host ring"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mismatch() -> Result<(), String> {
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| input(r, 1000)).collect();
+    let got = device(
+        &inputs,
+        Op::Sum,
+        ErrorBound::Abs(1e-3),
+        CodecKind::Aatrox,
+        &[1000, 999],
+    );
+    for (r, g) in got.into_iter().enumerate() {
+        match g {
+            Err(e) if e.contains("mismatch") => {}
+            other => {
+                return Err(format!(
+                    "rank {r}: expected a mismatch error, got {other:?}"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
