@@ -166,7 +166,10 @@ def _decode_target(out: Any, count: int, sdt: str) -> Tuple[Any, Any]:
     if dt != sdt:
         raise ValueError(f"the stream holds {sdt} values; out ({out.dtype}) needs {dt}")
     direct = out.device.type == "cpu" and out.dtype not in (torch.bfloat16, torch.float16)
-    return (flat if direct else flat.cpu().clone()), (None if direct else flat)
+    if direct:
+        return flat, None
+    view = torch.view_as_real(out).reshape(-1) if out.dtype.is_complex else out.reshape(-1)
+    return flat.cpu().clone(), view  # decode on the host in f32/f64, then one copy back
 
 
 def decompress(stream: Any, out: Optional[Any] = None) -> Any:

@@ -28,8 +28,6 @@ default hook does). CUDA buckets are copied to the host for the CPU codecs of th
 streams are exchanged as CUDA tensors (NCCL); the GPU codecs are not wired to Python yet.
 """
 
-from __future__ import annotations
-
 import math
 import threading
 import time
@@ -397,13 +395,13 @@ def _log(state: HookState, key: Any, path: str, predicted: float, measured: floa
         del lst[:-64]
 
 
-def _done(t: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
-    fut: "torch.futures.Future[torch.Tensor]" = torch.futures.Future()
+def _done(t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(t)
     return fut
 
 
-def allreduce_hook(state: HookState, bucket: Any) -> "torch.futures.Future[torch.Tensor]":
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the error-bounded compressed average of a gradient bucket.
 
     Register with ``ddp_model.register_comm_hook(state, zcomm.torch.allreduce_hook)``. Returns
