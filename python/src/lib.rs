@@ -40,7 +40,9 @@ fn dt(s: &str) -> PyResult<Dt> {
     match s {
         "f32" => Ok(Dt::F32),
         "f64" => Ok(Dt::F64),
-        _ => Err(bad(format!("unsupported buffer dtype `{s}` (expected f32 or f64)"))),
+        _ => Err(bad(format!(
+            "unsupported buffer dtype `{s}` (expected f32 or f64)"
+        ))),
     }
 }
 
@@ -143,8 +145,20 @@ fn compress<'py>(
         }
         // SAFETY: see `slice`; the Python wrapper holds the tensor.
         match d {
-            Dt::F32 => run(unsafe { slice::<f32>(ptr, count) }.map_err(|e| zcomm::Error::invalid(e.to_string()))?, b, c, range),
-            Dt::F64 => run(unsafe { slice::<f64>(ptr, count) }.map_err(|e| zcomm::Error::invalid(e.to_string()))?, b, c, range),
+            Dt::F32 => run(
+                unsafe { slice::<f32>(ptr, count) }
+                    .map_err(|e| zcomm::Error::invalid(e.to_string()))?,
+                b,
+                c,
+                range,
+            ),
+            Dt::F64 => run(
+                unsafe { slice::<f64>(ptr, count) }
+                    .map_err(|e| zcomm::Error::invalid(e.to_string()))?,
+                b,
+                c,
+                range,
+            ),
         }
     });
     let stream = stream.map_err(err)?;
@@ -169,7 +183,9 @@ fn inspect<'py>(py: Python<'py>, ptr: usize, len: usize) -> PyResult<Bound<'py, 
         if h.is_stored() {
             "stored".to_string()
         } else {
-            CodecKind::from_tag(h.codec).map(|c| c.name().to_string()).unwrap_or_default()
+            CodecKind::from_tag(h.codec)
+                .map(|c| c.name().to_string())
+                .unwrap_or_default()
         },
     )?;
     d.set_item("mode", format!("{:?}", h.mode).to_lowercase())?;
@@ -217,7 +233,11 @@ fn decompress_into(
     if n != count {
         return Err(bad(format!("stream holds {n} values, output has {count}")));
     }
-    fn run<T: zcomm::Element + std::ops::AddAssign>(s: &[u8], o: &mut [T], add: bool) -> zcomm::Result<()> {
+    fn run<T: zcomm::Element + std::ops::AddAssign>(
+        s: &[u8],
+        o: &mut [T],
+        add: bool,
+    ) -> zcomm::Result<()> {
         if add {
             let mut tmp = vec![T::default(); o.len()];
             zcomm::decompress_into(s, &mut tmp)?;
@@ -230,8 +250,18 @@ fn decompress_into(
         }
     }
     py.allow_threads(|| match d {
-        Dt::F32 => run(s, unsafe { slice_mut::<f32>(out, count) }.map_err(|e| zcomm::Error::invalid(e.to_string()))?, add),
-        Dt::F64 => run(s, unsafe { slice_mut::<f64>(out, count) }.map_err(|e| zcomm::Error::invalid(e.to_string()))?, add),
+        Dt::F32 => run(
+            s,
+            unsafe { slice_mut::<f32>(out, count) }
+                .map_err(|e| zcomm::Error::invalid(e.to_string()))?,
+            add,
+        ),
+        Dt::F64 => run(
+            s,
+            unsafe { slice_mut::<f64>(out, count) }
+                .map_err(|e| zcomm::Error::invalid(e.to_string()))?,
+            add,
+        ),
     })
     .map_err(err)
 }
@@ -241,13 +271,20 @@ fn decompress_into(
 /// order, each addition one f64 rounding): the same streams in the same order give bit-identical
 /// sums on every rank and every run.
 #[pyfunction]
-fn accumulate_f64(py: Python<'_>, streams: Vec<(usize, usize)>, acc: usize, count: usize) -> PyResult<()> {
+fn accumulate_f64(
+    py: Python<'_>,
+    streams: Vec<(usize, usize)>,
+    acc: usize,
+    count: usize,
+) -> PyResult<()> {
     let mut parsed = Vec::with_capacity(streams.len());
     for (r, &(p, l)) in streams.iter().enumerate() {
         let s = unsafe { slice::<u8>(p, l)? };
         let (d, n) = header_dtype(s)?;
         if n != count {
-            return Err(bad(format!("stream {r} holds {n} values, expected {count}")));
+            return Err(bad(format!(
+                "stream {r} holds {n} values, expected {count}"
+            )));
         }
         parsed.push((s, d));
     }
@@ -280,7 +317,12 @@ fn accumulate_f64(py: Python<'_>, streams: Vec<(usize, usize)>, acc: usize, coun
 
 /// The finite value range `(min, max)` of a buffer, or `None` if it has no finite value.
 #[pyfunction]
-fn finite_range(py: Python<'_>, ptr: usize, count: usize, dtype: &str) -> PyResult<Option<(f64, f64)>> {
+fn finite_range(
+    py: Python<'_>,
+    ptr: usize,
+    count: usize,
+    dtype: &str,
+) -> PyResult<Option<(f64, f64)>> {
     let d = dt(dtype)?;
     match d {
         Dt::F32 => {
