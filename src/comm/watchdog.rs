@@ -164,6 +164,7 @@ impl Dog {
             "zcomm: {op} exceeded {ENV}={}s on rank {}; aborting",
             self.secs, self.rank
         );
+        #[cfg(feature = "mpi")]
         if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
             use mpi::topology::Communicator;
             mpi::topology::SimpleCommunicator::world().abort(1)

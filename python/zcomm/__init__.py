@@ -1,0 +1,216 @@
+"""zcomm: error-bounded lossy compression of tensors, and compressed PyTorch communication.
+
+Tensor codec API (this module)::
+
+    stream = zcomm.compress(grad, error_bound="noa:1e-3")   # torch.uint8 tensor, same device
+    back = zcomm.decompress(stream)                          # 1-D float32/float64 tensor
+    zcomm.decompress_add(stream, out)                        # out += decoded
+
+Every finite value ``x`` comes back as ``x'`` with ``|x - x'| <= E`` (``abs:E``),
+``<= E * (max - min)`` (``noa:E``) or ``<= E * |x|`` (``rel:E``); NaN and +-Inf are kept exactly.
+The streams are the bytes the Rust crate's ``zcomm::compress`` writes for the same values.
+
+Dtypes: ``float32`` and ``float64`` are compressed as they are; ``complex64`` / ``complex128`` as
+their interleaved real and imaginary parts (the bound holds on each part); ``bfloat16`` and
+``float16`` are widened exactly to ``float32`` (so the bound holds on the values as given, and
+the stream decodes to ``float32``; decoding into a bf16/fp16 ``out`` adds the rounding to that
+dtype, at most half an ulp of each result).
+
+CUDA tensors: the codecs of this build run on the CPU. A CUDA tensor is copied to the host,
+compressed there, and the stream is returned on the tensor's device (likewise in reverse for
+``decompress``). The bit-identical GPU codecs of the Rust crate are not wired to this package yet.
+
+DDP / FSDP communication hooks live in :mod:`zcomm.torch`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from . import _native
+from ._native import ZcommError
+
+__all__ = [
+    "ZcommError",
+    "compress",
+    "decompress",
+    "decompress_add",
+    "inspect",
+    "codecs",
+    "parse_bound",
+]
+
+__version__ = "0.1.0"
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is installed in every tested setup
+        raise ImportError("zcomm's tensor API needs PyTorch: pip install torch") from e
+    return torch
+
+
+def codecs() -> list:
+    """Names of the codecs (``aatrox`` is the default, also selected by ``"auto"``)."""
+    return list(_native.codecs())
+
+
+def parse_bound(error_bound: str) -> Tuple[str, float]:
+    """Validate an error-bound spec ``abs:E`` / ``noa:E`` / ``rel:E``; return ``(mode, E)``.
+
+    Raises :class:`ZcommError` (a ``ValueError``) for a malformed spec or ``E <= 0``.
+    """
+    if not isinstance(error_bound, str):
+        raise ZcommError(
+            f"error_bound must be a string like 'noa:1e-3' or 'abs:1e-4', got {error_bound!r}"
+        )
+    return _native.bound_spec(error_bound)
+
+
+def _plan(t: Any) -> Tuple[Any, str]:
+    """The flat float32/float64 view of ``t`` that is compressed, and its native dtype name."""
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError(
+            "zcomm needs a contiguous tensor (got strides "
+            f"{tuple(t.stride())} for shape {tuple(t.shape)}); call .contiguous() first"
+        )
+    if t.dtype == torch.float32:
+        return t.reshape(-1), "f32"
+    if t.dtype == torch.float64:
+        return t.reshape(-1), "f64"
+    if t.dtype == torch.complex64:
+        return torch.view_as_real(t).reshape(-1), "f32"
+    if t.dtype == torch.complex128:
+        return torch.view_as_real(t).reshape(-1), "f64"
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.reshape(-1).to(torch.float32), "f32"
+    raise TypeError(
+        f"zcomm cannot compress dtype {t.dtype}: supported are float32, float64, complex64, "
+        "complex128, bfloat16 and float16"
+    )
+
+
+def _host(t: Any) -> Any:
+    return t if t.device.type == "cpu" else t.cpu()
+
+
+def compress(
+    tensor: Any,
+    error_bound: str = "noa:1e-3",
+    codec: str = "auto",
+    *,
+    value_range: Optional[Tuple[float, float]] = None,
+) -> Any:
+    """Compress ``tensor`` so that every finite value is reconstructed within ``error_bound``.
+
+    Args:
+        tensor: a contiguous float32 / float64 / complex64 / complex128 / bfloat16 / float16
+            tensor of any shape (it is compressed flat, in memory order).
+        error_bound: ``"abs:E"``, ``"noa:E"`` (E times the finite value range) or ``"rel:E"``.
+        codec: ``"auto"`` (the default codec, aatrox), ``"aatrox"``, ``"cuszp-plain"``,
+            ``"cuszp-outlier"`` or ``"pfpl"``.
+        value_range: for ``noa`` bounds, the ``(min, max)`` to scale the bound with instead of
+            the tensor's own finite range (e.g. a range agreed on by several ranks).
+
+    Returns:
+        A 1-D ``torch.uint8`` tensor holding the stream, on ``tensor``'s device.
+
+    Raises:
+        TypeError: not a tensor, or an unsupported dtype.
+        ValueError: a non-contiguous tensor; :class:`ZcommError` (a ``ValueError``) for a bad
+            bound (``<= 0``, NaN, unknown mode) or codec name.
+    """
+    torch = _torch()
+    flat, dt = _plan(tensor)
+    parse_bound(error_bound)
+    _native.codec_name(codec)
+    h = _host(flat)
+    ba = _native.compress(h.data_ptr(), h.numel(), dt, error_bound, codec, value_range)
+    out = torch.frombuffer(ba, dtype=torch.uint8) if len(ba) else torch.empty(0, dtype=torch.uint8)
+    return out if tensor.device.type == "cpu" else out.to(tensor.device)
+
+
+def _stream_host(stream: Any) -> Any:
+    torch = _torch()
+    if isinstance(stream, (bytes, bytearray, memoryview)):
+        b = bytearray(stream)
+        return torch.frombuffer(b, dtype=torch.uint8) if len(b) else torch.empty(0, dtype=torch.uint8)
+    if not isinstance(stream, torch.Tensor):
+        raise TypeError(f"expected a torch.uint8 stream tensor or bytes, got {type(stream).__name__}")
+    if stream.dtype != torch.uint8:
+        raise TypeError(f"a zcomm stream is a torch.uint8 tensor, got dtype {stream.dtype}")
+    if not stream.is_contiguous():
+        raise ValueError("the stream tensor must be contiguous")
+    return _host(stream.reshape(-1))
+
+
+def inspect(stream: Any) -> Dict[str, Any]:
+    """Header of a stream (dtype, count, codec, bound mode and value, abs_bound, range...).
+
+    Raises :class:`ZcommError` for a corrupt or truncated header.
+    """
+    s = _stream_host(stream)
+    return dict(_native.inspect(s.data_ptr(), s.numel()))
+
+
+def _decode_target(out: Any, count: int, sdt: str) -> Tuple[Any, Any]:
+    """(flat buffer the stream decodes into, final tensor or None when a copy back is needed)."""
+    torch = _torch()
+    flat, dt = _plan(out)
+    if flat.numel() != count:
+        raise ValueError(f"out holds {flat.numel()} values, the stream holds {count}")
+    if dt != sdt:
+        raise ValueError(f"the stream holds {sdt} values; out ({out.dtype}) needs {dt}")
+    direct = out.device.type == "cpu" and out.dtype not in (torch.bfloat16, torch.float16)
+    if direct:
+        return flat, None
+    view = torch.view_as_real(out).reshape(-1) if out.dtype.is_complex else out.reshape(-1)
+    return flat.cpu().clone(), view  # decode on the host in f32/f64, then one copy back
+
+
+def decompress(stream: Any, out: Optional[Any] = None) -> Any:
+    """Decode ``stream`` (a ``torch.uint8`` tensor or bytes).
+
+    Without ``out``: returns a new 1-D float32 / float64 tensor (the stream's dtype) on the
+    stream's device. With ``out`` (contiguous, any supported dtype with the same number of
+    underlying float values, e.g. the original tensor's shape and dtype): decodes into it and
+    returns it. Raises :class:`ZcommError` for a corrupt stream or a count / dtype mismatch.
+    """
+    torch = _torch()
+    s = _stream_host(stream)
+    h = _native.inspect(s.data_ptr(), s.numel())
+    sdt, count = h["dtype"], int(h["count"])
+    if out is None:
+        res = torch.empty(count, dtype=torch.float32 if sdt == "f32" else torch.float64)
+        _native.decompress_into(s.data_ptr(), s.numel(), res.data_ptr(), count, sdt, False)
+        dev = stream.device if isinstance(stream, torch.Tensor) else torch.device("cpu")
+        return res if dev.type == "cpu" else res.to(dev)
+    buf, back = _decode_target(out, count, sdt)
+    _native.decompress_into(s.data_ptr(), s.numel(), buf.data_ptr(), count, sdt, False)
+    if back is not None:
+        with torch.no_grad():
+            back.copy_(buf)
+    return out
+
+
+def decompress_add(stream: Any, out: Any) -> Any:
+    """``out += decompress(stream)`` without allocating the decoded tensor on the caller's side.
+
+    ``out`` must be contiguous with as many underlying float values as the stream. For float32 /
+    float64 / complex outputs the addition is done in the output's dtype; for bf16 / fp16 it is
+    done in float32 and rounded once. Returns ``out``.
+    """
+    torch = _torch()
+    s = _stream_host(stream)
+    h = _native.inspect(s.data_ptr(), s.numel())
+    sdt, count = h["dtype"], int(h["count"])
+    buf, back = _decode_target(out, count, sdt)
+    _native.decompress_into(s.data_ptr(), s.numel(), buf.data_ptr(), count, sdt, True)
+    if back is not None:
+        with torch.no_grad():
+            back.copy_(buf)
+    return out

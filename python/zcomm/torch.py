@@ -1,0 +1,561 @@
+"""Compressed gradient communication for PyTorch: DDP and FSDP communication hooks.
+
+Two lines::
+
+    state = zcomm.torch.HookState(error_bound="noa:1e-3")
+    model.register_comm_hook(state, zcomm.torch.allreduce_hook)   # model: a DistributedDataParallel
+
+What the hook does with each gradient bucket (``x_r`` on rank ``r`` of ``p``):
+
+1. one small ``all_reduce(MAX)`` carries each rank's finite value range, its model prediction and
+   its settings (bound, policy, codec, error feedback, bucket size); ranks whose settings differ
+   all raise :class:`ZcommMismatchError` after this same collective (no rank hangs);
+2. if the bucket is compressed (see ``policy``), every rank compresses ``x_r`` under the absolute
+   bound ``e`` (``abs:E``: ``e = E``; ``noa:E``: ``e = E * (max - min)`` of the **global** range,
+   so ``e`` is the same on every rank), the stream lengths are all-gathered, then the streams
+   (padded to the longest) over the process group's own backend (gloo or NCCL);
+3. every rank decodes all ``p`` streams and sums them in rank order in float64, divides by ``p``
+   and rounds once to the bucket's dtype. Every rank decodes the same bytes in the same order, so
+   the averages are bit-identical on every rank and every run.
+
+Guarantee, for every finite averaged value: ``|avg - mean_r(x_r)| <= e + ulp(avg)/2 + d``, where
+``e`` is ``stats()["bound"]``, ``ulp(avg)/2`` is the final rounding to the gradient dtype and
+``d <= p * 2**-52 * max_r |x_r|`` covers the float64 accumulation (zero in practice for p = 2).
+With ``error_feedback=True`` the bound holds on the compensated values ``x_r + residual_r``.
+
+A bucket that is not compressed is averaged by the backend's plain ``all_reduce`` (as DDP's
+default hook does). CUDA buckets are copied to the host for the CPU codecs of this build and the
+streams are exchanged as CUDA tensors (NCCL); the GPU codecs are not wired to Python yet.
+"""
+
+import math
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import ZcommError, _native, parse_bound
+
+__all__ = [
+    "HookState",
+    "ZcommMismatchError",
+    "allreduce_hook",
+    "register",
+    "fsdp_reduce_scatter_hook",
+    "fsdp_allreduce_hook",
+    "compressed_reduce_scatter_tensor",
+    "compressed_all_gather_into_tensor",
+    "report",
+]
+
+
+class ZcommMismatchError(ZcommError):
+    """Ranks disagree on the hook's settings (bound, policy, codec, ...) or on the bucket size."""
+
+
+_POLICIES = {"never": 0, "auto": 1, "always": 2}
+_MODES = {"abs": 1, "noa": 2}
+_STATES: "List[HookState]" = []
+_EMA = 0.3
+
+
+def _ema(old: Optional[float], new: float) -> float:
+    if not (new > 0 and math.isfinite(new)):
+        return old if old is not None else 0.0
+    return new if old is None else (1 - _EMA) * old + _EMA * new
+
+
+class HookState:
+    """Settings and telemetry of the zcomm communication hooks.
+
+    Args:
+        error_bound: ``"abs:E"`` or ``"noa:E"`` (``E`` times the global finite range of the
+            bucket over all ranks). ``rel`` bounds are refused: they do not bound an average.
+        policy: ``"always"`` compress every bucket; ``"never"`` plain ``all_reduce``;
+            ``"auto"`` decide per bucket with zcomm's transfer model (``zcomm::model::predict``)
+            fed with this run's measured codec throughputs, compression ratio of that bucket and
+            link speed (each bucket is compressed on its first call and sent raw on its second,
+            to measure both paths).
+        process_group: the group to reduce over (default: the world).
+        error_feedback: carry each rank's compression residual (``x - x'``) into its next call on
+            the same bucket.
+        codec: ``"auto"`` (aatrox) or a codec name (see :func:`zcomm.codecs`).
+    """
+
+    def __init__(
+        self,
+        error_bound: str = "noa:1e-3",
+        policy: str = "auto",
+        process_group: Optional[Any] = None,
+        error_feedback: bool = False,
+        codec: str = "auto",
+    ) -> None:
+        mode, value = parse_bound(error_bound)
+        if mode not in _MODES:
+            raise ZcommError(
+                f"error_bound {error_bound!r}: a {mode} bound does not bound an average; "
+                "use abs:E or noa:E"
+            )
+        if policy not in _POLICIES:
+            raise ZcommError(f"policy {policy!r}: expected 'auto', 'always' or 'never'")
+        self.error_bound = error_bound
+        self.mode = mode
+        self.value = float(value)
+        self.policy = policy
+        self.codec = _native.codec_name(codec)
+        self.process_group = process_group
+        self.error_feedback = bool(error_feedback)
+        self._codec_tag = float(_native.codecs().index(self.codec) + 1)
+        self._residual: Dict[Any, torch.Tensor] = {}
+        self._bucket: Dict[Any, Dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        # measured speeds (bytes/s, s), shared by all buckets
+        self._tc: Optional[float] = None
+        self._td: Optional[float] = None
+        self._bw: Optional[float] = None
+        self._lat: Optional[float] = None
+        self._s: Dict[str, Any] = {
+            "calls": 0,
+            "compressed_calls": 0,
+            "raw_calls": 0,
+            "bytes_in": 0,
+            "bytes_on_wire": 0,
+            "max_error": 0.0,
+            "bound": 0.0,
+            "bound_violations": 0,
+            "decisions": {"always": 0, "never": 0, "auto:explore": 0, "auto:compress": 0, "auto:raw": 0},
+            "predicted_s": 0.0,
+            "measured_s": 0.0,
+            "predicted_vs_measured": [],
+        }
+        _STATES.append(self)
+
+    # -- agreement ---------------------------------------------------------------------------
+    def _spec(self) -> List[float]:
+        return [
+            float(_MODES[self.mode]),
+            self.value,
+            float(_POLICIES[self.policy]),
+            float(self.error_feedback),
+            self._codec_tag,
+        ]
+
+    _SPEC_NAMES = ("bound mode", "bound value", "policy", "error_feedback", "codec")
+
+    def check(self, device: Optional[Any] = None) -> None:
+        """Collective: raise :class:`ZcommMismatchError` on every rank if ranks' settings differ.
+
+        Every rank of the group must call it (the hooks run the same check on every call).
+        """
+        _meta(self, 0, (math.inf, -math.inf), (0.0, 0.0), device or _group_device(self))
+
+    # -- telemetry -----------------------------------------------------------------------------
+    def stats(self) -> Dict[str, Any]:
+        """This rank's telemetry.
+
+        Keys: ``calls``, ``compressed_calls``, ``raw_calls``, ``bytes_in`` (bucket bytes handed
+        to the hook), ``bytes_on_wire`` (bytes this rank sent: its streams, padding and metadata
+        included, or the raw bucket), ``ratio`` (``bytes_in / bytes_on_wire``), ``max_error``
+        (largest ``|x - x'|`` of this rank's compressed values), ``bound`` (largest absolute bound
+        ``e`` used), ``bound_violations`` (values with ``|x - x'| > e``: always 0),
+        ``decisions`` (per policy / model decision), ``predicted_s`` / ``measured_s`` (sums over
+        model-decided calls of the predicted and measured seconds of the chosen path) and
+        ``predicted_vs_measured`` (the last 64 ``(bucket, path, predicted_s, measured_s)``).
+        """
+        with self._lock:
+            s = dict(self._s)
+            s["decisions"] = dict(s["decisions"])
+            s["predicted_vs_measured"] = list(s["predicted_vs_measured"])
+        s["ratio"] = s["bytes_in"] / s["bytes_on_wire"] if s["bytes_on_wire"] else 1.0
+        s["error_bound"] = self.error_bound
+        s["policy"] = self.policy
+        return s
+
+    def _record(self, key: str, v: Any) -> None:
+        with self._lock:
+            self._s[key] += v
+
+
+def _group_device(state: HookState) -> torch.device:
+    backend = dist.get_backend(state.process_group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _meta(
+    state: HookState,
+    numel: int,
+    local_range: Tuple[float, float],
+    pred: Tuple[float, float],
+    device: Any,
+) -> Tuple[Tuple[float, float], Tuple[float, float]]:
+    """One all_reduce(MAX): global range, max predictions, and the agreement check."""
+    spec = state._spec() + [float(numel)]
+    lo, hi = local_range
+    v = [hi, -lo, pred[0], pred[1]] + spec + [-x for x in spec]
+    t = torch.tensor(v, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=state.process_group)
+    r = t.tolist()
+    k = len(spec)
+    hi_s, lo_s = r[4 : 4 + k], [-x for x in r[4 + k :]]
+    bad = [
+        n
+        for n, a, b in zip(HookState._SPEC_NAMES + ("bucket size",), hi_s, lo_s)
+        if a != b
+    ]
+    if bad:
+        detail = ", ".join(
+            f"{n} ranges over [{b:g}, {a:g}]"
+            for n, a, b in zip(HookState._SPEC_NAMES + ("bucket size",), hi_s, lo_s)
+            if a != b
+        )
+        raise ZcommMismatchError(
+            f"zcomm hook: ranks disagree on {', '.join(bad)} ({detail}); every rank must use the "
+            f"same HookState settings (this rank: error_bound={state.error_bound!r}, "
+            f"policy={state.policy!r}, codec={state.codec!r}, "
+            f"error_feedback={state.error_feedback}) and the same model"
+        )
+    return (-r[1], r[0]), (r[2], r[3])
+
+
+def _flat_compute(buf: torch.Tensor) -> Tuple[torch.Tensor, str]:
+    """Host float32/float64 copy-or-view of a bucket (bf16/fp16 widened exactly to float32)."""
+    if buf.dtype == torch.float64:
+        dt, ct = "f64", torch.float64
+    elif buf.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        dt, ct = "f32", torch.float32
+    else:
+        raise TypeError(
+            f"zcomm hook: gradient dtype {buf.dtype} is not supported "
+            "(float32, float64, bfloat16, float16)"
+        )
+    if not buf.is_contiguous():
+        raise ValueError("zcomm hook: the gradient buffer must be contiguous")
+    x = buf.reshape(-1)
+    if x.device.type != "cpu":
+        x = x.cpu()
+    return x.to(ct), dt
+
+
+def _predict(state: HookState, key: Any, nbytes: int, p: int) -> Tuple[float, float]:
+    """(raw, compressed) seconds from zcomm's model, or (0, 0) while speeds are unknown."""
+    b = state._bucket.get(key)
+    if not b or b.get("ratio") is None or not state._tc or not state._td or not state._bw:
+        return 0.0, 0.0
+    v_raw = 2.0 * (p - 1) / p * nbytes  # ring all_reduce volume per rank
+    v_cmp = (p - 1) * nbytes / b["ratio"]  # all_gather of the streams
+    lat = state._lat or 0.0
+    raw, cmp = _native.predict(
+        v_raw, v_raw / max(v_cmp, 1e-30), state._bw, lat, state._tc * v_raw / nbytes,
+        state._td * v_raw / (p * nbytes),
+    )
+    return raw, cmp + 2 * lat  # + the lengths exchange and the metadata all_reduce
+
+
+def _exchange(state: HookState, stream: torch.Tensor, device: Any, p: int) -> List[torch.Tensor]:
+    """All-gather variable-length byte streams (lengths first, then padded streams)."""
+    pg = state.process_group
+    n = torch.tensor([stream.numel()], dtype=torch.int64, device=device)
+    lens = [torch.zeros_like(n) for _ in range(p)]
+    dist.all_gather(lens, n, group=pg)
+    ls = [int(x.item()) for x in lens]
+    m = max(ls)
+    pad = torch.zeros(m, dtype=torch.uint8, device=device)
+    pad[: stream.numel()] = stream.to(device)
+    outs = [torch.empty(m, dtype=torch.uint8, device=device) for _ in range(p)]
+    dist.all_gather(outs, pad, group=pg)
+    return [o[:l].cpu() for o, l in zip(outs, ls)]
+
+
+def _compress_own(
+    state: HookState, key: Any, x: torch.Tensor, dt: str, grange: Tuple[float, float]
+) -> Tuple[torch.Tensor, torch.Tensor, float]:
+    """Compress this rank's values; returns (stream, decoded own values, abs bound e)."""
+    if state.error_feedback and key in state._residual and state._residual[key].numel() == x.numel():
+        x = x + state._residual[key]
+    else:
+        x = x.contiguous()
+    lo, hi = grange
+    if state.mode == "noa":
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            lo, hi = 0.0, 0.0
+        ba = _native.compress(x.data_ptr(), x.numel(), dt, state.error_bound, state.codec, (lo, hi))
+    else:
+        ba = _native.compress(x.data_ptr(), x.numel(), dt, state.error_bound, state.codec, None)
+    stream = torch.frombuffer(ba, dtype=torch.uint8) if len(ba) else torch.empty(0, dtype=torch.uint8)
+    h = _native.inspect(stream.data_ptr(), stream.numel())
+    e = float(h["abs_bound"]) if state.mode == "noa" else state.value
+    xd = torch.empty_like(x)
+    _native.decompress_into(stream.data_ptr(), stream.numel(), xd.data_ptr(), x.numel(), dt, False)
+    diff = (x.double() - xd.double()).abs()
+    diff = torch.nan_to_num(diff, nan=0.0, posinf=0.0)  # non-finite values are kept exactly
+    err = float(diff.max().item()) if diff.numel() else 0.0
+    viol = int((diff > e).sum().item()) if diff.numel() else 0
+    if state.error_feedback:
+        res = x - xd
+        state._residual[key] = torch.nan_to_num(res, nan=0.0, posinf=0.0, neginf=0.0)
+    with state._lock:
+        state._s["max_error"] = max(state._s["max_error"], err)
+        state._s["bound"] = max(state._s["bound"], e)
+        state._s["bound_violations"] += viol
+    return stream, xd, e
+
+
+def _average(
+    state: HookState, key: Any, buf: torch.Tensor
+) -> torch.Tensor:
+    """The compressed (or raw) average of ``buf`` over the group; returns a new tensor."""
+    pg = state.process_group
+    p = dist.get_world_size(pg)
+    rank = dist.get_rank(pg)
+    device = buf.device
+    nbytes = buf.numel() * buf.element_size()
+    t0 = time.perf_counter()
+    x, dt = _flat_compute(buf)
+    b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
+    pred = _predict(state, key, nbytes, p) if state.policy == "auto" else (0.0, 0.0)
+    lr = _native.finite_range(x.data_ptr(), x.numel(), dt) if state.mode == "noa" else None
+    lo, hi = lr if lr is not None else (math.inf, -math.inf)
+    tm = time.perf_counter()
+    grange, gpred = _meta(state, buf.numel(), (lo, hi), pred, device)
+    state._lat = _ema(state._lat, time.perf_counter() - tm)
+
+    if state.policy == "always":
+        compress, why = True, "always"
+    elif state.policy == "never":
+        compress, why = False, "never"
+    elif b["calls"] == 0:
+        compress, why = True, "auto:explore"
+    elif b["calls"] == 1 or gpred == (0.0, 0.0):
+        compress, why = False, "auto:explore"
+    else:
+        compress = gpred[1] < gpred[0]
+        why = "auto:compress" if compress else "auto:raw"
+    b["calls"] += 1
+    with state._lock:
+        state._s["decisions"][why] += 1
+        state._s["calls"] += 1
+        state._s["bytes_in"] += nbytes
+
+    if not compress:
+        out = buf.detach().clone()
+        out.div_(p)
+        tr = time.perf_counter()
+        dist.all_reduce(out, group=pg)
+        dt_raw = time.perf_counter() - tr
+        state._bw = _ema(state._bw, 2.0 * (p - 1) / p * nbytes / max(dt_raw, 1e-9))
+        with state._lock:
+            state._s["raw_calls"] += 1
+            state._s["bytes_on_wire"] += nbytes + 8 * 16
+        measured = time.perf_counter() - t0
+        _log(state, key, "raw", gpred[0], measured, why)
+        return out
+
+    tc0 = time.perf_counter()
+    stream, xd, _e = _compress_own(state, key, x, dt, grange)
+    tc = time.perf_counter() - tc0
+    state._tc = _ema(state._tc, x.numel() * x.element_size() / max(tc, 1e-9))
+    b["ratio"] = nbytes / max(stream.numel(), 1)
+    tx0 = time.perf_counter()
+    streams = _exchange(state, stream, device, p)
+    tx = time.perf_counter() - tx0
+    m = max(s.numel() for s in streams)
+    state._bw = _ema(state._bw, (p - 1) * m / max(tx, 1e-9))
+    td0 = time.perf_counter()
+    acc = torch.zeros(x.numel(), dtype=torch.float64)
+    # rank order; this rank's own stream was decoded already (same bytes, same values)
+    for r in range(p):
+        if r == rank:
+            acc.add_(xd.double())
+        else:
+            s = streams[r]
+            _native.accumulate_f64([(s.data_ptr(), s.numel())], acc.data_ptr(), x.numel())
+    acc.div_(p)
+    out = acc.to(buf.dtype).reshape(buf.shape)
+    td = time.perf_counter() - td0
+    state._td = _ema(state._td, p * x.numel() * x.element_size() / max(td, 1e-9))
+    with state._lock:
+        state._s["compressed_calls"] += 1
+        state._s["bytes_on_wire"] += m + 8 + 8 * 16
+    measured = time.perf_counter() - t0
+    _log(state, key, "compressed", gpred[1], measured, why)
+    return out if device.type == "cpu" else out.to(device)
+
+
+def _log(state: HookState, key: Any, path: str, predicted: float, measured: float, why: str) -> None:
+    with state._lock:
+        if why.startswith("auto:") and why != "auto:explore":
+            state._s["predicted_s"] += predicted
+            state._s["measured_s"] += measured
+        lst = state._s["predicted_vs_measured"]
+        lst.append((key, path, predicted, measured))
+        del lst[:-64]
+
+
+def _done(t: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(t)
+    return fut
+
+
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the error-bounded compressed average of a gradient bucket.
+
+    Register with ``ddp_model.register_comm_hook(state, zcomm.torch.allreduce_hook)``. Returns
+    a completed future holding the averaged bucket (see the module docs for the bound and the
+    determinism guarantee). Raises :class:`ZcommMismatchError` on every rank when the ranks'
+    settings differ, and ``TypeError`` for an unsupported gradient dtype.
+    """
+    buf = bucket.buffer()
+    return _done(_average(state, ("ddp", bucket.index()), buf))
+
+
+def register(model: Any, state: HookState) -> Any:
+    """Check that all ranks agree on ``state`` (collective), then
+    ``model.register_comm_hook(state, allreduce_hook)``. Returns ``model``."""
+    state.check()
+    model.register_comm_hook(state, allreduce_hook)
+    return model
+
+
+# -- FSDP ---------------------------------------------------------------------------------------
+
+
+def fsdp_allreduce_hook(state: HookState, grad: torch.Tensor) -> None:
+    """FSDP (``NO_SHARD``) hook: replaces ``grad`` in place by its compressed average."""
+    avg = _average(state, ("fsdp-ar", grad.numel()), grad)
+    with torch.no_grad():
+        grad.copy_(avg.reshape(grad.shape))
+
+
+def fsdp_reduce_scatter_hook(state: HookState, grad: torch.Tensor, output: torch.Tensor) -> None:
+    """FSDP (sharded strategies) hook: ``output`` = this rank's shard of the compressed average.
+
+    Register with ``fsdp_model.register_comm_hook(state, zcomm.torch.fsdp_reduce_scatter_hook)``
+    (FSDP1). ``grad`` is the flat unsharded gradient (``p`` equal shards), ``output`` this rank's
+    shard. Same bound and determinism as :func:`allreduce_hook`.
+    """
+    compressed_reduce_scatter_tensor(output, grad, state)
+
+
+def compressed_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, state: HookState) -> torch.Tensor:
+    """Compressed ``reduce_scatter_tensor`` with the average (``ReduceOp.AVG``) as reduction.
+
+    ``input`` holds ``p`` equal shards; ``output`` receives shard ``rank`` of the average over
+    ranks. Each rank compresses each shard (global ``noa`` range over all ranks and shards),
+    the streams go through ``all_to_all_single`` (lengths first), and each rank sums the ``p``
+    streams of its shard in rank order in float64: bit-deterministic, bound as for the DDP hook.
+    Usable as a recipe with FSDP2 / custom sharding where no hook exists.
+    """
+    pg = state.process_group
+    p = dist.get_world_size(pg)
+    rank = dist.get_rank(pg)
+    if input.numel() != p * output.numel():
+        raise ValueError(
+            f"reduce_scatter: input has {input.numel()} values, expected {p} x {output.numel()}"
+        )
+    device = input.device
+    t0 = time.perf_counter()
+    x, dt = _flat_compute(input)
+    lr = _native.finite_range(x.data_ptr(), x.numel(), dt) if state.mode == "noa" else None
+    lo, hi = lr if lr is not None else (math.inf, -math.inf)
+    grange, _ = _meta(state, input.numel(), (lo, hi), (0.0, 0.0), device)
+    n = output.numel()
+    streams, own = [], None
+    for j in range(p):
+        s, xd, _e = _compress_own(state, ("rs", input.numel(), j), x[j * n : (j + 1) * n].contiguous(), dt, grange)
+        streams.append(s)
+        if j == rank:
+            own = xd
+    send_lens = torch.tensor([s.numel() for s in streams], dtype=torch.int64, device=device)
+    recv_lens = torch.empty_like(send_lens)
+    dist.all_to_all_single(recv_lens, send_lens, group=pg)
+    rl = [int(v) for v in recv_lens.tolist()]
+    send = torch.cat(streams).to(device)
+    recv = torch.empty(sum(rl), dtype=torch.uint8, device=device)
+    dist.all_to_all_single(recv, send, rl, [s.numel() for s in streams], group=pg)
+    recv = recv.cpu()
+    acc = torch.zeros(n, dtype=torch.float64)
+    off = 0
+    for r in range(p):
+        if r == rank:
+            acc.add_(own.double())
+        else:
+            seg = recv[off : off + rl[r]]
+            _native.accumulate_f64([(seg.data_ptr(), seg.numel())], acc.data_ptr(), n)
+        off += rl[r]
+    acc.div_(p)
+    with torch.no_grad():
+        output.copy_(acc.to(output.dtype).reshape(output.shape))
+    nb = input.numel() * input.element_size()
+    with state._lock:
+        state._s["calls"] += 1
+        state._s["compressed_calls"] += 1
+        state._s["decisions"]["always"] += 1
+        state._s["bytes_in"] += nb
+        state._s["bytes_on_wire"] += int(send.numel()) + 8 * p + 8 * 16
+    _log(state, ("rs", input.numel()), "compressed", 0.0, time.perf_counter() - t0, "always")
+    return output
+
+
+def compressed_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, state: HookState) -> torch.Tensor:
+    """Compressed ``all_gather_into_tensor``: ``output`` = the ``p`` ranks' ``input`` concatenated,
+    each value within the bound ``e`` of the original (every rank decodes the same streams, so
+    ``output`` is bit-identical on every rank). A recipe for compressing FSDP's parameter
+    all-gather, e.g. in a custom sharding loop; parameters are then lossy, use a tight bound.
+    """
+    pg = state.process_group
+    p = dist.get_world_size(pg)
+    if output.numel() != p * input.numel():
+        raise ValueError(
+            f"all_gather: output has {output.numel()} values, expected {p} x {input.numel()}"
+        )
+    x, dt = _flat_compute(input)
+    lr = _native.finite_range(x.data_ptr(), x.numel(), dt) if state.mode == "noa" else None
+    lo, hi = lr if lr is not None else (math.inf, -math.inf)
+    grange, _ = _meta(state, input.numel(), (lo, hi), (0.0, 0.0), input.device)
+    stream, _xd, _e = _compress_own(state, ("ag", input.numel()), x, dt, grange)
+    streams = _exchange(state, stream, input.device, p)
+    n = input.numel()
+    res = torch.empty(p * n, dtype=x.dtype)
+    for r, s in enumerate(streams):
+        part = res[r * n : (r + 1) * n]
+        _native.decompress_into(s.data_ptr(), s.numel(), part.data_ptr(), n, dt, False)
+    with torch.no_grad():
+        output.copy_(res.to(output.dtype).reshape(output.shape))
+    with state._lock:
+        state._s["calls"] += 1
+        state._s["compressed_calls"] += 1
+        state._s["decisions"]["always"] += 1
+        state._s["bytes_in"] += n * input.element_size()
+        state._s["bytes_on_wire"] += int(stream.numel()) + 8 + 8 * 16
+    return output
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def report(file: Any = None) -> str:
+    """Print (and return) a table of every HookState's telemetry on this rank."""
+    head = (
+        f"{'bound':>12} {'policy':>7} {'calls':>6} {'cmp':>5} {'raw':>5} {'MB in':>9} "
+        f"{'MB wire':>9} {'ratio':>7} {'max err':>10} {'e':>10} {'viol':>5} "
+        f"{'pred s':>8} {'meas s':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for st in _STATES:
+        s = st.stats()
+        lines.append(
+            f"{st.error_bound:>12} {st.policy:>7} {s['calls']:>6} {s['compressed_calls']:>5} "
+            f"{s['raw_calls']:>5} {s['bytes_in'] / 1e6:>9.3f} {s['bytes_on_wire'] / 1e6:>9.3f} "
+            f"{s['ratio']:>7.2f} {s['max_error']:>10.3e} {s['bound']:>10.3e} "
+            f"{s['bound_violations']:>5} {s['predicted_s']:>8.4f} {s['measured_s']:>8.4f}"
+        )
+        dec = ", ".join(f"{k}={v}" for k, v in s["decisions"].items() if v)
+        lines.append(f"{'':>12} decisions: {dec or '-'}")
+    text = "\n".join(lines)
+    print(text, file=file)
+    return text
