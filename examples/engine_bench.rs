@@ -73,19 +73,36 @@ fn field(rank: usize, n: usize) -> Vec<f32> {
             (kv, 1.0 / (k * k), std::f64::consts::TAU * h(100 + j))
         })
         .collect();
-    (0..n)
-        .into_par_iter()
-        .map(|i| {
-            let (x, y, z) = (i % side, (i / side) % side, i / (side * side));
-            let v: f64 = waves
-                .iter()
-                .map(|(k, a, ph)| {
-                    a * (k[0] * x as f64 + k[1] * y as f64 + k[2] * z as f64 + ph).sin()
-                })
-                .sum();
-            v as f32
+    // sin(kx·x + (ky·y + kz·z + φ)) = sin(kx·x)·cos(B) + cos(kx·x)·sin(B): per row one sin/cos
+    // per wave, per point two multiply-adds per wave
+    let tables: Vec<(Vec<f64>, Vec<f64>)> = waves
+        .iter()
+        .map(|(k, _, _)| {
+            (0..side)
+                .map(|x| ((k[0] * x as f64).sin(), (k[0] * x as f64).cos()))
+                .unzip()
         })
-        .collect()
+        .collect();
+    let mut v = vec![0.0f32; n];
+    v.par_chunks_mut(side).enumerate().for_each(|(row, out)| {
+        let (y, z) = (row % side, row / side);
+        let rowc: Vec<(f64, f64, f64)> = waves
+            .iter()
+            .map(|(k, a, ph)| {
+                let b = k[1] * y as f64 + k[2] * z as f64 + ph;
+                (*a, b.sin(), b.cos())
+            })
+            .collect();
+        for (x, o) in out.iter_mut().enumerate() {
+            let s: f64 = rowc
+                .iter()
+                .zip(&tables)
+                .map(|(&(a, sb, cb), (sa, ca))| a * (sa[x] * cb + ca[x] * sb))
+                .sum();
+            *o = s as f32;
+        }
+    });
+    v
 }
 
 fn gpu_err(e: cudarc::driver::DriverError) -> Error {
