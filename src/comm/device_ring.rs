@@ -160,13 +160,25 @@ fn reduce<T: GpuElement + Real>(
             "the bound {e:e} leaves no room for quantisation at this value magnitude ({m:e})"
         ))
     })?;
-    // 3. the ring, accumulating in `acc` (the allreduces: `out` itself)
+    // 3. the ring, accumulating in `acc` (the allreduces: `out` itself). One rank: the exact
+    //    result is the input (divided by 1), as on the host path, which sends nothing either.
     let stream = gpu.stream().clone();
+    if p == 1 {
+        let seg = segs[0].clone();
+        stream
+            .memcpy_dtod(&x.slice(seg), out)
+            .map_err(gpu_err("copy input"))?;
+        stream.synchronize().map_err(gpu_err("sync"))?;
+        let mut st = OpStats::raw(op);
+        st.bytes = (x.len() * T::SIZE) as u64;
+        st.measured_s = t.wtime() - t0;
+        return Ok(st);
+    }
     let longest = segs.iter().map(Range::len).max().unwrap_or(0);
     let scratch_len = crate::format::compress_bound(longest, T::DTYPE);
-    let scratch = stream
-        .alloc_zeros::<u8>(scratch_len.max(16))
-        .map_err(gpu_err("alloc scratch"))?;
+    // SAFETY: the codec writes a stream into the scratch before anything reads it.
+    let scratch =
+        unsafe { stream.alloc::<u8>(scratch_len.max(16)) }.map_err(gpu_err("alloc scratch"))?;
     let plan = RingPlan {
         rank: r,
         size: p,
@@ -177,24 +189,13 @@ fn reduce<T: GpuElement + Real>(
         codec,
     };
     let sent = if full {
-        stream.memcpy_dtod(x, out).map_err(gpu_err("copy input"))?;
-        let mut place = DevicePlace {
-            t,
-            gpu,
-            acc: out,
-            segs: &segs,
-            scratch,
-        };
+        let mut place = DevicePlace::new(t, gpu, x, out, &segs, scratch);
         ring::reduce(&mut place, plan)?
     } else {
-        let mut acc = stream.clone_dtod(x).map_err(gpu_err("copy input"))?;
-        let mut place = DevicePlace {
-            t,
-            gpu,
-            acc: &mut acc,
-            segs: &segs,
-            scratch,
-        };
+        // SAFETY: every segment of `acc` the ring reads is written first (`DevicePlace`
+        // copies a segment of `x` into it before accumulating there).
+        let mut acc = unsafe { stream.alloc::<T>(x.len()) }.map_err(gpu_err("alloc"))?;
+        let mut place = DevicePlace::new(t, gpu, x, &mut acc, &segs, scratch);
         let sent = ring::reduce(&mut place, plan)?;
         stream
             .memcpy_dtod(&acc.slice(segs[r].clone()), out)
@@ -225,13 +226,51 @@ enum DeviceMsg {
 struct DevicePlace<'a, T: GpuElement> {
     t: &'a dyn DeviceTransport,
     gpu: &'a mut GpuCodec,
+    /// This rank's input.
+    x: &'a CudaSlice<T>,
+    /// The partial sums (and, for the allreduces, the output).
     acc: &'a mut CudaSlice<T>,
+    /// `acc` holds segment `k` once `touched[k]`; before that the segment is read from `x`,
+    /// which spares copying the whole input (a segment is copied only where it is accumulated).
+    touched: Vec<bool>,
     segs: &'a [Range<usize>],
     /// Where this rank's outgoing segment is compressed (reused every step).
     scratch: CudaSlice<u8>,
 }
 
-impl<T: GpuElement + Real> DevicePlace<'_, T> {
+impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
+    fn new(
+        t: &'a dyn DeviceTransport,
+        gpu: &'a mut GpuCodec,
+        x: &'a CudaSlice<T>,
+        acc: &'a mut CudaSlice<T>,
+        segs: &'a [Range<usize>],
+        scratch: CudaSlice<u8>,
+    ) -> Self {
+        DevicePlace {
+            t,
+            gpu,
+            x,
+            acc,
+            touched: vec![false; segs.len()],
+            segs,
+            scratch,
+        }
+    }
+
+    /// Make `acc` hold segment `seg` (a copy of the input there, the first time).
+    fn touch(&mut self, seg: usize) -> Result<()> {
+        if !self.touched[seg] {
+            let range = self.segs[seg].clone();
+            let stream = self.gpu.stream().clone();
+            stream
+                .memcpy_dtod(&self.x.slice(range.clone()), &mut self.acc.slice_mut(range))
+                .map_err(gpu_err("copy input"))?;
+            self.touched[seg] = true;
+        }
+        Ok(())
+    }
+
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
         match m {
             DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
@@ -266,6 +305,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        self.touch(seg)?;
         let range = self.segs[seg].clone();
         let stream = match m {
             DeviceMsg::Received(s) => s,
@@ -278,6 +318,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
+        self.touch(seg)?;
         let range = self.segs[seg].clone();
         let stream = self.gpu.stream().clone();
         let util = crate::gpu::util::RangeScale::for_stream(&stream)?;
