@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # THE test command (README, CI): installs what it needs, then runs every CPU check:
 # rustfmt, clippy (-D warnings), the whole test suite with all features and with none, rustdoc,
-# and the multi-process tests under mpirun (2 and 4 ranks and more, see mpi-tests/run.sh).
-# GPU tests print "skipped: no CUDA device" on machines without one; NVRTC is installed anyway so
-# that every kernel is compiled.
+# the multi-process tests under mpirun (2 and 4 ranks and more, see mpi-tests/run.sh), and the
+# Python package (scripts/test-python.sh: pip install ./python, pytest).
+# GPU and NCCL tests are reported as ignored ("no CUDA device") on machines without a device, not as
+# passed; NVRTC is installed anyway so that every kernel is compiled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,6 +59,7 @@ if [ -f mpi-tests/run.sh ]; then
 else
     step "mpi-tests/run.sh not present: skipped"
 fi
+check "python package (pytest)" bash scripts/test-python.sh
 
 # one closing line over every cargo test run (+ every failed check)
 read -r passed nfailed ignored < <(awk '/^test result:/ {

@@ -356,8 +356,11 @@ fn bad_input_is_a_clear_error() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// Built without the `cuda` feature, `--device gpu` is a clear error (with the feature, the GPU
+/// CLI path is tested by tests/cli_gpu.rs, ignored on machines without a CUDA device).
+#[cfg(not(feature = "cuda"))]
 #[test]
-fn gpu_device_without_gpu_is_an_error_not_a_panic() {
+fn gpu_device_without_cuda_feature_is_a_clear_error() {
     let d = tmpdir("gpu");
     let raw = d.join("in.f32");
     write_f32(&raw, &[1.0, 2.0, 3.0]);
@@ -374,12 +377,11 @@ fn gpu_device_without_gpu_is_an_error_not_a_panic() {
         "--device",
         "gpu",
     ]);
-    let e = stderr(&o);
-    assert!(!e.contains("panicked"), "{e}");
-    if !o.status.success() {
-        assert!(e.contains("unavailable") || e.contains("gpu"), "{e}");
-        eprintln!("skipped: no CUDA device ({})", e.trim());
-    }
+    assert_clean_failure(
+        &o,
+        "--device gpu without cuda",
+        "without the `cuda` feature",
+    );
     std::fs::remove_dir_all(&d).ok();
 }
 
@@ -898,5 +900,253 @@ fn empty_input_says_so() {
     let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&back)]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(&back).unwrap().len(), 0);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A Levitus-like field: a smooth ocean (values within [5, 25]) with `-1e10` on land, 30 % of the
+/// points, in runs of 300 out of every 1000 (land is contiguous, as on a real grid).
+fn levitus_like(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            if i % 1000 < 300 {
+                -1e10
+            } else {
+                15.0 + 10.0 * ((i as f32 * 7e-4).sin() * (i as f32 * 3e-5).cos())
+            }
+        })
+        .collect()
+}
+
+/// Issue 15, item 14: without `--fill-value`, compress and bench warn about a value that spans
+/// most of the range, naming it and the option; with it, the fill points come back exactly and
+/// the other values are within E * (their own max - min), in compress/decompress and in every
+/// codec of bench (whose bound check excludes the fill points and checks them exact). On the GPU
+/// a fill value is a clear error, not a silent fallback.
+#[test]
+fn fill_value_is_kept_exactly_and_warned_about() {
+    let d = tmpdir("fill");
+    let (raw, zc, back) = (d.join("ocean.f32"), d.join("ocean.zc"), d.join("back.f32"));
+    let data = levitus_like(200_000);
+    write_f32(&raw, &data);
+    let fill = -1e10f32;
+    let nfill = data.iter().filter(|&&x| x == fill).count();
+    assert_eq!(nfill, 60_000);
+    let real = data.iter().filter(|&&x| x != fill).map(|&x| x as f64);
+    let (lo, hi) = real.fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(x), h.max(x)));
+    let e = 1e-3;
+
+    // without the flag: a warning naming the value and the option; the bound is then taken over
+    // the fill value's range (1e7 here, not 2e-2)
+    let o = zcomm(&compress_args(&raw, &zc, "f32"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let w = stderr(&o);
+    assert!(
+        w.contains("warning")
+            && w.contains("likely a fill value")
+            && w.contains("--fill-value -1e10"),
+        "{w}"
+    );
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "-i",
+            p(&raw),
+            "--dtype",
+            "f32",
+            "--error-bound",
+            "noa:1e-3",
+            "--runs",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        zcomm(&args)
+    };
+    let o = bench(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--fill-value -1e10"), "{}", stderr(&o));
+
+    // with the flag: no warning, the header records the fill value, fill points exact
+    let mut args = compress_args(&raw, &zc, "f32");
+    args.extend_from_slice(&["--fill-value", "-1e10"]);
+    for codec in ["aatrox", "cuszp-plain", "cuszp-outlier", "pfpl"] {
+        let mut a = args.clone();
+        a.extend_from_slice(&["--codec", codec]);
+        let o = zcomm(&a);
+        assert!(o.status.success(), "{codec}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("fill value"), "{}", stderr(&o));
+        let o = zcomm(&["info", "-i", p(&zc), "--json"]);
+        let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(h["fill_value"].as_f64(), Some(fill as f64), "{codec}");
+        let o = zcomm(&["info", "-i", p(&zc)]);
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(text.contains("fill value       -1e10"), "{text}");
+        let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&back)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let b = std::fs::read(&back).unwrap();
+        assert_eq!(b.len(), data.len() * 4);
+        for (i, (x, c)) in data.iter().zip(b.chunks_exact(4)).enumerate() {
+            let y = f32::from_le_bytes(c.try_into().unwrap());
+            if *x == fill {
+                assert_eq!(y.to_bits(), x.to_bits(), "{codec}: fill point {i} -> {y}");
+            } else {
+                let err = (*x as f64 - y as f64).abs();
+                assert!(err <= e * (hi - lo), "{codec}: value {i}: {x} -> {y}");
+            }
+        }
+    }
+    let o = zcomm(&["info", "-i", p(&zc), "--json"]);
+    let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(h["abs_bound"].as_f64().unwrap() <= e * (hi - lo) * (1.0 + 1e-9));
+
+    // bench: every codec honours the fill value, and says how many points it excluded
+    let o = bench(&["--fill-value", "-1e10"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("likely a fill value"),
+        "{}",
+        stderr(&o)
+    );
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let recs = recs.as_array().unwrap();
+    assert_eq!(recs.len(), 4);
+    for r in recs {
+        assert_eq!(r["bound_ok"], true, "{r}");
+        assert_eq!(r["fill_exact"], true, "{r}");
+        assert_eq!(r["fill_count"], nfill, "{r}");
+        assert!(r["max_error"].as_f64().unwrap() <= e * (hi - lo), "{r}");
+    }
+    // without a fill value the JSON records keep their old shape
+    let o = bench(&["--codec", "pfpl"]);
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(recs[0].get("fill_value").is_none(), "{recs}");
+
+    // the GPU codecs have no fill values: an error, never a silent fallback or a dropped fill
+    let mut a = args.clone();
+    a.extend_from_slice(&["--device", "gpu"]);
+    let o = zcomm(&a);
+    assert_clean_failure(
+        &o,
+        "compress --fill-value --device gpu",
+        "not supported by the GPU",
+    );
+    let o = bench(&["--fill-value", "-1e10", "--device", "gpu"]);
+    assert_clean_failure(
+        &o,
+        "bench --fill-value --device gpu",
+        "not supported by the GPU",
+    );
+    // a fill value that is not finite in the dtype is refused
+    let mut a = compress_args(&raw, &zc, "f32");
+    a.extend_from_slice(&["--fill-value", "1e300"]);
+    let o = zcomm(&a);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A valid aatrox stream of `chunks` copies of one 32768-value f32 chunk (built by replicating a
+/// compressed chunk and resealing: cheap to make however large the decoded array).
+fn replicated_f32_stream(chunks: usize) -> Vec<u8> {
+    let vals: Vec<f32> = (0..32_768).map(|i| (i as f32 * 1e-3).sin()).collect();
+    let one = zcomm::compress(
+        &vals,
+        zcomm::ErrorBound::Abs(1e-2),
+        zcomm::CodecKind::Aatrox,
+    )
+    .unwrap();
+    let h = zcomm::inspect(&one).unwrap();
+    assert_eq!((h.n_chunks, h.chunk_log2), (1, 15));
+    let chunk = &one[96 + 8..];
+    let mut s = one[..96].to_vec();
+    s[16..24].copy_from_slice(&((chunks as u64) << 15).to_le_bytes());
+    s[64..72].copy_from_slice(&((chunks * (8 + chunk.len())) as u64).to_le_bytes());
+    s[72..76].copy_from_slice(&(chunks as u32).to_le_bytes());
+    for _ in 0..chunks {
+        s.extend_from_slice(&one[96..104]);
+    }
+    for _ in 0..chunks {
+        s.extend_from_slice(chunk);
+    }
+    common::reseal(&mut s);
+    s
+}
+
+/// Issue 15, item 6: `decompress` streams the decoded array to the output batch by batch: a
+/// 200 MB output is written with the peak memory of the stream and one batch (64 MiB of f32),
+/// not of the whole array; its bytes are those of the in-memory decoder; and
+/// `--max-output-bytes` below the decoded size refuses it before anything is written.
+#[test]
+fn decompress_streams_large_outputs_in_batches() {
+    let chunks = 1526; // 50 M values, 200 MB
+    let s = replicated_f32_stream(chunks);
+    let size = (chunks << 15) * 4;
+    let d = tmpdir("stream");
+    let (zc, out) = (d.join("big.zc"), d.join("big.f32"));
+    std::fs::write(&zc, &s).unwrap();
+
+    let o = zcomm(&[
+        "decompress",
+        "-i",
+        p(&zc),
+        "-o",
+        p(&out),
+        "--max-output-bytes",
+        &(size - 1).to_string(),
+    ]);
+    assert_clean_failure(&o, "one byte over the limit", "--max-output-bytes");
+    assert!(!out.exists());
+
+    // peak memory (maximum resident set size) of the child, where GNU time can measure it
+    let time = Path::new("/usr/bin/time");
+    let o = if time.exists() {
+        Command::new(time)
+            .arg("-v")
+            .arg(env!("CARGO_BIN_EXE_zcomm"))
+            .args(["decompress", "-i", p(&zc), "-o", p(&out)])
+            .output()
+            .unwrap()
+    } else {
+        zcomm(&["decompress", "-i", p(&zc), "-o", p(&out)])
+    };
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    if time.exists() {
+        let kib: u64 = e
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no peak memory in: {e}"));
+        // the stream, one batch of 2^24 f32, and the binary itself with its buffers
+        let limit = s.len() as u64 + (64 << 20) + (48 << 20);
+        assert!(
+            limit < size as u64,
+            "the test must tell the two decoders apart"
+        );
+        eprintln!(
+            "peak memory {} MiB (stream {} MiB, output {} MiB)",
+            kib >> 10,
+            s.len() >> 20,
+            size >> 20
+        );
+        assert!(
+            kib * 1024 <= limit,
+            "peak memory {} MiB for a {} MiB output (limit {} MiB)",
+            kib >> 10,
+            size >> 20,
+            limit >> 20
+        );
+    } else {
+        eprintln!("note: /usr/bin/time not found: peak memory not measured");
+    }
+    let got = std::fs::read(&out).unwrap();
+    assert_eq!(got.len(), size);
+    let want: Vec<f32> = zcomm::decompress(&s).unwrap();
+    assert!(
+        got.chunks_exact(4)
+            .zip(&want)
+            .all(|(b, w)| b == w.to_le_bytes()),
+        "streamed output differs from the in-memory decoder's"
+    );
     std::fs::remove_dir_all(&d).ok();
 }

@@ -114,6 +114,50 @@ pub fn dtype_warning<T: Element>(values: &[T]) -> Option<String> {
     }
 }
 
+/// `v` (a value of `T`) written as briefly as `T` allows: an f32 fill value of `-1e10` is the
+/// f64 `-9999998976`, and `--fill-value -1e10` is what the user typed and should type again.
+pub fn short_value<T: Element>(v: f64) -> String {
+    match T::DTYPE {
+        zcomm::Dtype::F32 => format!("{:e}", v as f32),
+        zcomm::Dtype::F64 => format!("{v:e}"),
+    }
+}
+
+/// Whether one value of `data` accounts for most of its range, as a fill value marking missing
+/// points does (`-1e10` on land in ocean data); returns the warning to print. `None` when the
+/// user gave `--fill-value` (`fill`): then the range is theirs to choose.
+///
+/// Under a `noa` bound such a value makes the bound on every other value ~100 times looser than
+/// the user expects (the bound is a fraction of a range the fill value stretches), silently; under
+/// abs and rel bounds it only costs ratio, but keeping it exact is still what a fill value wants.
+pub fn fill_warning<T: Element>(
+    data: &[T],
+    bound: zcomm::ErrorBound,
+    fill: Option<f64>,
+) -> Option<String> {
+    if fill.is_some() {
+        return None;
+    }
+    let v = zcomm::quant::likely_fill_value(data)?;
+    let vb = T::from_f64(v).to_bits_u64();
+    let n = data.iter().filter(|x| x.to_bits_u64() == vb).count();
+    let shown = short_value::<T>(v);
+    let effect = if matches!(bound, zcomm::ErrorBound::Noa(_)) {
+        format!(
+            "the {bound} bound is a fraction of a value range it stretches, so the other values \
+             get a bound ~100 times looser than their own range suggests"
+        )
+    } else {
+        "it is quantized like any other value".to_string()
+    };
+    Some(format!(
+        "{n} of {} values are {shown}, which accounts for more than 99% of the value range: \
+         likely a fill value (missing data); {effect}. Pass --fill-value {shown} to keep these \
+         points exactly and leave them out of the range",
+        data.len()
+    ))
+}
+
 /// Call a generic function with the element type named by a [`zcomm::Dtype`] value:
 /// `with_dtype!(dtype, f::<T>(args))` expands to a match over f32/f64.
 macro_rules! with_dtype {

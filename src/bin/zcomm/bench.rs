@@ -10,7 +10,7 @@ use serde::Serialize;
 use zcomm::format::BoundMode;
 use zcomm::{CodecKind, Dtype, Element, Error, ErrorBound, Result};
 
-use crate::array::{dtype_warning, read_file, values_from_bytes, with_dtype};
+use crate::array::{dtype_warning, fill_warning, read_file, values_from_bytes, with_dtype};
 use crate::device::{self, Device};
 use crate::out::outln;
 use crate::progress::Progress;
@@ -21,7 +21,8 @@ use crate::progress::Progress;
 Examples:
   zcomm bench -i field.f32 --dtype f32 --error-bound noa:1e-3
   zcomm bench -i field.f64 --dtype f64 --error-bound rel:1e-4 --codec aatrox,pfpl --runs 5
-  zcomm bench -i field.f32 --dtype f32 --error-bound abs:1e-2 --threads 1 --json > bench.json")]
+  zcomm bench -i field.f32 --dtype f32 --error-bound abs:1e-2 --threads 1 --json > bench.json
+  zcomm bench -i ocean.f32 --dtype f32 --error-bound noa:1e-4 --fill-value -1e10")]
 pub struct Args {
     /// Raw little-endian array.
     #[arg(long, short = 'i')]
@@ -47,6 +48,11 @@ pub struct Args {
     /// Run the codecs on the CPU or the GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// A fill value marking missing points (as `zcomm compress --fill-value`): every codec keeps
+    /// them exactly (checked) and leaves them out of the value range and the error statistics.
+    /// CPU only.
+    #[arg(long, allow_negative_numbers = true, value_name = "V")]
+    pub fill_value: Option<f64>,
 }
 
 /// One benchmark result.
@@ -76,8 +82,18 @@ pub struct Record {
     pub max_rel_error: f64,
     /// PSNR in dB over finite values (value range / RMSE); `null` when lossless.
     pub psnr_db: f64,
-    /// Every finite value within the bound and every non-finite value bit-exact.
+    /// Every finite value within the bound, every non-finite value and every fill point
+    /// bit-exact.
     pub bound_ok: bool,
+    /// The `--fill-value`, when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill_value: Option<f64>,
+    /// With `--fill-value`: how many values are fill points (left out of the error statistics).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill_count: Option<usize>,
+    /// With `--fill-value`: every fill point came back bit-exact (also part of `bound_ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill_exact: Option<bool>,
     /// Median compression time in seconds.
     pub compress_s: f64,
     /// Median decompression time in seconds.
@@ -119,6 +135,10 @@ pub struct Record {
 /// Error statistics of a reconstruction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
+    /// Values equal to the fill value (not in the other statistics).
+    pub fill_count: usize,
+    /// Every fill point bit-exact.
+    pub fill_exact: bool,
     /// Largest absolute error over finite values.
     pub max_error: f64,
     /// Largest relative error over finite non-zero values.
@@ -129,12 +149,31 @@ pub struct Stats {
     pub bound_ok: bool,
 }
 
-/// Compare `orig` with its reconstruction `back` under a stream's bound (`abs_bound` from the header).
-pub fn error_stats<T: Element>(orig: &[T], back: &[T], mode: BoundMode, abs_bound: f64) -> Stats {
+/// Compare `orig` with its reconstruction `back` under a stream's bound (`abs_bound` and
+/// `fill_value` from the header).
+///
+/// Fill points (values bitwise equal to the fill value in `T`, as the codecs match them) must
+/// come back bit-exact, and are left out of the error statistics and the PSNR's value range:
+/// the bound the stream promises is over the other values only (a `noa` bound is a fraction of
+/// their range).
+pub fn error_stats<T: Element>(
+    orig: &[T],
+    back: &[T],
+    mode: BoundMode,
+    abs_bound: f64,
+    fill_value: Option<f64>,
+) -> Stats {
     let (mut max_err, mut max_rel, mut sse, mut n) = (0f64, 0f64, 0f64, 0usize);
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    let fill = fill_value.map(|f| T::from_f64(f).to_bits_u64());
+    let (mut fill_count, mut fill_exact) = (0usize, true);
     let mut ok = orig.len() == back.len();
     for (&x, &y) in orig.iter().zip(back) {
+        if Some(x.to_bits_u64()) == fill {
+            fill_count += 1;
+            fill_exact &= x.to_bits_u64() == y.to_bits_u64();
+            continue;
+        }
         if !x.finite() {
             ok &= x.to_bits_u64() == y.to_bits_u64();
             continue;
@@ -165,10 +204,12 @@ pub fn error_stats<T: Element>(orig: &[T], back: &[T], mode: BoundMode, abs_boun
         20.0 * (hi - lo).log10() - 10.0 * (sse / n as f64).log10()
     };
     Stats {
+        fill_count,
+        fill_exact,
         max_error: max_err,
         max_rel_error: max_rel,
         psnr_db: psnr,
-        bound_ok: ok,
+        bound_ok: ok && fill_exact,
     }
 }
 
@@ -199,12 +240,13 @@ fn bench_one<T: Element>(
     let bytes = std::mem::size_of_val(data);
     // warm-up: also the stream the statistics are computed from
     progress.step(&format!("{codec}: compress (warm-up)"));
-    let stream = device::compress(a.device, data, a.error_bound, codec)?;
+    let options = crate::compress::options(a.fill_value);
+    let stream = device::compress(a.device, data, a.error_bound, codec, &options)?;
     let mut ct = Vec::with_capacity(a.runs as usize);
     for i in 0..a.runs {
         progress.step(&format!("{codec}: compress {}/{}", i + 1, a.runs));
         let t = Instant::now();
-        let s = device::compress(a.device, data, a.error_bound, codec)?;
+        let s = device::compress(a.device, data, a.error_bound, codec, &options)?;
         ct.push(t.elapsed().as_secs_f64());
         if s != stream {
             return Err(Error::invalid(format!(
@@ -223,7 +265,8 @@ fn bench_one<T: Element>(
         dt.push(t.elapsed().as_secs_f64());
     }
     let h = zcomm::inspect(&stream)?;
-    let st = error_stats(data, &back, h.mode, h.abs_bound);
+    // the fill value asked for, not the header's: the check is that the codec honoured it
+    let st = error_stats(data, &back, h.mode, h.abs_bound, a.fill_value);
     let (cs, ds) = (median(ct), median(dt));
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut record = Record {
@@ -240,6 +283,9 @@ fn bench_one<T: Element>(
         max_rel_error: st.max_rel_error,
         psnr_db: st.psnr_db,
         bound_ok: st.bound_ok,
+        fill_value: a.fill_value,
+        fill_count: a.fill_value.map(|_| st.fill_count),
+        fill_exact: a.fill_value.map(|_| st.fill_exact),
         compress_s: cs,
         decompress_s: ds,
         compress_gbps: bytes as f64 / cs / 1e9,
@@ -281,6 +327,9 @@ fn bench_all<T: Element>(bytes: &[u8], a: &Args, list: &[CodecKind]) -> Result<V
     if let Some(w) = dtype_warning(&data) {
         crate::out::warn(format_args!("`{}` as {}: {w}", a.input.display(), T::DTYPE));
     }
+    if let Some(w) = fill_warning(&data, a.error_bound, a.fill_value) {
+        crate::out::warn(format_args!("`{}`: {w}", a.input.display()));
+    }
     // a progress line only where a run takes a while: inputs of 64 MiB and more
     let quiet = a.json || bytes.len() < 64 << 20;
     let steps = list.len() as u64 * 2 * (1 + u64::from(a.runs));
@@ -315,8 +364,14 @@ pub fn print_table(recs: &[Record]) -> Result<()> {
         } else {
             format!("{} (abs {:.4e})", r.error_bound, r.abs_bound)
         };
+        let fill = match (r.fill_value, r.fill_count) {
+            (Some(v), Some(n)) => {
+                format!(", fill value {v:e} ({n} points, kept exactly, not in the errors)")
+            }
+            _ => String::new(),
+        };
         outln!(
-            "input {} ({} {} values, {} bytes), bound {bound}, device {} ({}), {} threads, median of {} runs",
+            "input {} ({} {} values, {} bytes), bound {bound}{fill}, device {} ({}), {} threads, median of {} runs",
             r.input, r.count, r.dtype, r.bytes, r.device_kind, r.device, r.threads, r.runs
         )?;
         outln!()?;
@@ -347,7 +402,11 @@ pub fn print_table(recs: &[Record]) -> Result<()> {
             fmt_psnr(r.psnr_db),
             r.compress_gbps,
             r.decompress_gbps,
-            if r.bound_ok { "ok" } else { "VIOLATED" }
+            match (r.bound_ok, r.fill_exact) {
+                (true, _) => "ok",
+                (false, Some(false)) => "VIOLATED (fill points changed)",
+                (false, _) => "VIOLATED",
+            }
         )?;
     }
     Ok(())
@@ -404,9 +463,15 @@ pub fn run(a: Args) -> Result<()> {
         .map(|r| r.codec.as_str())
         .collect();
     if !bad.is_empty() {
+        let fill_bad = recs.iter().any(|r| r.fill_exact == Some(false));
         return Err(Error::invalid(format!(
-            "error bound violated by {}",
-            bad.join(", ")
+            "error bound violated by {}{}",
+            bad.join(", "),
+            if fill_bad {
+                " (fill points not kept exactly)"
+            } else {
+                ""
+            }
         )));
     }
     Ok(())

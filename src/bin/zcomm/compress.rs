@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use zcomm::{CodecKind, Dtype, Element, ErrorBound, Result};
+use zcomm::{CodecKind, CompressOptions, Dtype, Element, ErrorBound, Result};
 
-use crate::array::{dtype_warning, read_file, values_from_bytes, with_dtype};
+use crate::array::{dtype_warning, fill_warning, read_file, values_from_bytes, with_dtype};
 use crate::device::{self, Device};
 use crate::out::outln;
 use crate::output::OutputFile;
@@ -15,7 +15,8 @@ use crate::output::OutputFile;
 Examples:
   zcomm compress -i field.f32 -o field.zc --dtype f32 --error-bound abs:1e-3
   zcomm compress -i field.f64 -o field.zc --dtype f64 --error-bound noa:1e-4 --codec cuszp-outlier
-  zcomm compress -i grad.f32 -o grad.zc --dtype f32 --error-bound rel:1e-2 --device gpu")]
+  zcomm compress -i grad.f32 -o grad.zc --dtype f32 --error-bound rel:1e-2 --device gpu
+  zcomm compress -i ocean.f32 -o ocean.zc --dtype f32 --error-bound noa:1e-4 --fill-value -1e10")]
 pub struct Args {
     /// Raw little-endian array to compress (a regular file).
     #[arg(long, short = 'i')]
@@ -35,6 +36,11 @@ pub struct Args {
     /// Run the codec on the CPU or the GPU.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// A fill value marking missing points (e.g. -1e10 on land): values equal to it (in the
+    /// input's dtype) are kept exactly and left out of the value range of noa bounds. Recorded in
+    /// the stream's header. CPU only.
+    #[arg(long, allow_negative_numbers = true, value_name = "V")]
+    pub fill_value: Option<f64>,
 }
 
 /// Run `zcomm compress`.
@@ -57,8 +63,11 @@ pub fn run(a: Args) -> Result<()> {
             a.error_bound
         );
     }
+    let fill = a
+        .fill_value
+        .map_or(String::new(), |v| format!(", fill value {v:e}"));
     outln!(
-        "{}: {count} {} values, {} bytes -> {} bytes (ratio {:.3}, {}, {})",
+        "{}: {count} {} values, {} bytes -> {} bytes (ratio {:.3}, {}, {}{fill})",
         a.output.display(),
         a.dtype,
         bytes.len(),
@@ -74,5 +83,22 @@ fn compress_bytes<T: Element>(bytes: &[u8], a: &Args) -> Result<Vec<u8>> {
     if let Some(w) = dtype_warning(&data) {
         crate::out::warn(format_args!("`{}` as {}: {w}", a.input.display(), T::DTYPE));
     }
-    device::compress(a.device, &data, a.error_bound, a.codec)
+    if let Some(w) = fill_warning(&data, a.error_bound, a.fill_value) {
+        crate::out::warn(format_args!("`{}`: {w}", a.input.display()));
+    }
+    device::compress(
+        a.device,
+        &data,
+        a.error_bound,
+        a.codec,
+        &options(a.fill_value),
+    )
+}
+
+/// The library options of `--fill-value`.
+pub fn options(fill_value: Option<f64>) -> CompressOptions {
+    match fill_value {
+        Some(v) => CompressOptions::default().with_fill_value(v),
+        None => CompressOptions::default(),
+    }
 }

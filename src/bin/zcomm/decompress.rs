@@ -2,12 +2,14 @@
 //!
 //! A small stream can claim a huge array (a 393 KB stream of constant data decodes to 3 GiB), so
 //! the size the header claims is checked against `--max-output-bytes` before anything is
-//! allocated, and the decoded values are written out in blocks ([`write_values`]) rather than
-//! converted into a second full-size byte buffer.
+//! allocated. On the CPU the stream is then decoded batch by batch
+//! ([`zcomm::codec::decompress_chunked`]) and each batch written out as it comes, so memory holds
+//! the stream and one batch (at most 2^24 values), never the whole decoded array. The GPU decodes
+//! the whole array at once (its kernels take the full output buffer).
 
 use std::path::PathBuf;
 
-use zcomm::{Element, Error, Result};
+use zcomm::{DecodeLimits, Element, Error, Result};
 
 use crate::array::{read_file, with_dtype, write_values};
 use crate::device::{self, Device};
@@ -38,24 +40,16 @@ pub struct Args {
     pub max_output_bytes: Option<u64>,
 }
 
-/// The default `--max-output-bytes`: half of the physical memory (the decoded array must fit in
-/// memory), at most 64 GiB; 64 GiB where the memory size is unknown.
-pub fn default_max_output_bytes() -> u64 {
-    const CAP: u64 = 64 << 30;
-    let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib.saturating_mul(1024))
-    });
-    mem.map_or(CAP, |m| (m / 2).min(CAP))
-}
-
 /// Run `zcomm decompress`.
 pub fn run(a: Args) -> Result<()> {
     let stream = read_file(&a.input)?;
     let h = zcomm::inspect(&stream)?;
     let size = h.count.saturating_mul(h.dtype.size() as u64);
-    let max = a.max_output_bytes.unwrap_or_else(default_max_output_bytes);
+    let max = a
+        .max_output_bytes
+        .unwrap_or_else(DecodeLimits::default_max_bytes);
+    // checked here too (the decoder's limits check it again) for an error that names the file and
+    // the option, before the output file is created
     if size > max {
         return Err(Error::invalid(format!(
             "`{}` decodes to {} values of {} ({size} bytes), more than the limit of {max} bytes \
@@ -70,8 +64,12 @@ pub fn run(a: Args) -> Result<()> {
             }
         )));
     }
+    let limits = DecodeLimits::default().with_max_bytes(max);
     let mut out = OutputFile::create(&a.output, &[&a.input])?;
-    with_dtype!(h.dtype, decode::<T>(&stream, h.count, a.device, &mut out))?;
+    with_dtype!(
+        h.dtype,
+        decode::<T>(&stream, h.count, limits, a.device, &mut out)
+    )?;
     out.commit()?;
     outln!(
         "{}: {} values of {} ({size} bytes)",
@@ -81,19 +79,23 @@ pub fn run(a: Args) -> Result<()> {
     )
 }
 
-/// Decode `stream` (of `count` values of `T`) and write the values to `out`.
-///
-/// Today the whole array is decoded into one buffer, then written in blocks; a chunked decoder
-/// only has to replace the body of this function (decode a block, write it, repeat).
+/// Decode `stream` (of `count` values of `T`) under `limits` and write the values to `out`.
 fn decode<T: Element>(
     stream: &[u8],
     count: u64,
+    limits: DecodeLimits,
     device: Device,
     out: &mut OutputFile,
 ) -> Result<()> {
-    // `inspect` has checked that the stream's length matches its header; refuse counts the
-    // default decoder limits would refuse before allocating.
-    let limits = zcomm::DecodeLimits::default();
+    if device == Device::Cpu {
+        // (not decompress_to_writer: its io errors would not name the output file)
+        zcomm::codec::decompress_chunked::<T, _>(stream, limits, |batch| {
+            write_values(batch, |b| out.write(b))
+        })?;
+        return Ok(());
+    }
+    // the GPU decoder takes the whole output buffer: refuse counts the limits refuse, then
+    // allocate fallibly (an error, not an abort, when memory runs out)
     if count > limits.max_count {
         return Err(Error::corrupt(format!(
             "stream claims {count} values, limit is {}",

@@ -3,7 +3,7 @@
 //! Every subcommand calls [`compress`] / [`decompress_into`] here instead of the library directly,
 //! so wiring the GPU codecs in means editing only this file.
 
-use zcomm::{CodecKind, Element, Error, ErrorBound, Result};
+use zcomm::{CodecKind, CompressOptions, Element, Error, ErrorBound, Result};
 
 /// Where a codec runs.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,16 +74,31 @@ fn gpu_unavailable() -> Error {
     )
 }
 
-/// Compress `data` on `device`.
+/// Compress `data` on `device` with `options` (a fill value: `--fill-value`).
+///
+/// The GPU kernels do not implement fill values; `zcomm::gpu::GpuCodec::compress_with_options`
+/// refuses one with an invalid-argument error, and so does this function, before the device is
+/// even opened: a fill value must never be dropped silently (the fill points would then be
+/// quantized, and the noa bound taken over the fill value's range), nor the work quietly moved
+/// to the CPU.
 pub fn compress<T: Element>(
     device: Device,
     data: &[T],
     bound: ErrorBound,
     codec: CodecKind,
+    options: &CompressOptions,
 ) -> Result<Vec<u8>> {
     match device {
-        Device::Cpu => zcomm::compress(data, bound, codec),
-        Device::Gpu => with_gpu(|g| g.compress_any(data, bound, codec)),
+        Device::Cpu => zcomm::compress_with_options(data, bound, codec, options),
+        Device::Gpu => {
+            if let Some(f) = options.fill_value {
+                return Err(Error::invalid(format!(
+                    "--fill-value {f:e}: fill values are not supported by the GPU codecs \
+                     (compress on the CPU: --device cpu)"
+                )));
+            }
+            with_gpu(|g| g.compress_any(data, bound, codec))
+        }
     }
 }
 

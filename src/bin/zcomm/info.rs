@@ -59,6 +59,8 @@ pub fn run(a: Args) -> Result<()> {
             "step": h.step,
             "range_min": h.range_min,
             "range_max": h.range_max,
+            // null when the stream has none
+            "fill_value": h.fill_value,
             "payload_len": h.payload_len,
             "n_chunks": h.n_chunks,
             "payload_checksum": format!("{:#010x}", h.payload_checksum),
@@ -90,10 +92,23 @@ pub fn run(a: Args) -> Result<()> {
     outln!("step             {}", num(h.step))?;
     if h.mode == BoundMode::Noa {
         outln!(
-            "range            [{}, {}]",
+            "range            [{}, {}]{}",
             num(h.range_min),
-            num(h.range_max)
+            num(h.range_max),
+            if h.fill_value.is_some() {
+                " (fill points excluded)"
+            } else {
+                ""
+            }
         )?;
+    }
+    if let Some(f) = h.fill_value {
+        // exact, in the stream's dtype: the value to pass to --fill-value again
+        let shown = match h.dtype {
+            zcomm::Dtype::F32 => format!("{:e}", f as f32),
+            zcomm::Dtype::F64 => format!("{f:e}"),
+        };
+        outln!("fill value       {shown} (kept exactly)")?;
     }
     outln!(
         "stored           {}",
