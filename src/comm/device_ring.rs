@@ -189,13 +189,12 @@ fn reduce<T: GpuElement + Real>(
         codec,
     };
     let sent = if full {
-        let mut place = DevicePlace::new(t, gpu, x, out, &segs, scratch);
+        stream.memcpy_dtod(x, out).map_err(gpu_err("copy input"))?;
+        let mut place = DevicePlace::new(t, gpu, out, &segs, scratch);
         ring::reduce(&mut place, plan)?
     } else {
-        // SAFETY: every segment of `acc` the ring reads is written first (`DevicePlace`
-        // copies a segment of `x` into it before accumulating there).
-        let mut acc = unsafe { stream.alloc::<T>(x.len()) }.map_err(gpu_err("alloc"))?;
-        let mut place = DevicePlace::new(t, gpu, x, &mut acc, &segs, scratch);
+        let mut acc = stream.clone_dtod(x).map_err(gpu_err("copy input"))?;
+        let mut place = DevicePlace::new(t, gpu, &mut acc, &segs, scratch);
         let sent = ring::reduce(&mut place, plan)?;
         stream
             .memcpy_dtod(&acc.slice(segs[r].clone()), out)
@@ -226,13 +225,8 @@ enum DeviceMsg {
 struct DevicePlace<'a, T: GpuElement> {
     t: &'a dyn DeviceTransport,
     gpu: &'a mut GpuCodec,
-    /// This rank's input.
-    x: &'a CudaSlice<T>,
-    /// The partial sums (and, for the allreduces, the output).
+    /// The partial sums, starting as a copy of the input (for the allreduces: the output).
     acc: &'a mut CudaSlice<T>,
-    /// `acc` holds segment `k` once `touched[k]`; before that the segment is read from `x`,
-    /// which spares copying the whole input (a segment is copied only where it is accumulated).
-    touched: Vec<bool>,
     segs: &'a [Range<usize>],
     /// Where this rank's outgoing segment is compressed (reused every step).
     scratch: CudaSlice<u8>,
@@ -242,7 +236,6 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     fn new(
         t: &'a dyn DeviceTransport,
         gpu: &'a mut GpuCodec,
-        x: &'a CudaSlice<T>,
         acc: &'a mut CudaSlice<T>,
         segs: &'a [Range<usize>],
         scratch: CudaSlice<u8>,
@@ -250,25 +243,10 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         DevicePlace {
             t,
             gpu,
-            x,
             acc,
-            touched: vec![false; segs.len()],
             segs,
             scratch,
         }
-    }
-
-    /// Make `acc` hold segment `seg` (a copy of the input there, the first time).
-    fn touch(&mut self, seg: usize) -> Result<()> {
-        if !self.touched[seg] {
-            let range = self.segs[seg].clone();
-            let stream = self.gpu.stream().clone();
-            stream
-                .memcpy_dtod(&self.x.slice(range.clone()), &mut self.acc.slice_mut(range))
-                .map_err(gpu_err("copy input"))?;
-            self.touched[seg] = true;
-        }
-        Ok(())
     }
 
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
@@ -305,7 +283,6 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
-        self.touch(seg)?;
         let range = self.segs[seg].clone();
         let stream = match m {
             DeviceMsg::Received(s) => s,
@@ -318,7 +295,6 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
-        self.touch(seg)?;
         let range = self.segs[seg].clone();
         let stream = self.gpu.stream().clone();
         let util = crate::gpu::util::RangeScale::for_stream(&stream)?;
