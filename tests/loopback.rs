@@ -335,3 +335,33 @@ fn auto_chooses_the_codec_per_message_by_link_speed() {
         );
     }
 }
+
+#[test]
+fn nonblocking_reductions_are_futures_and_match_the_blocking_calls() {
+    let got = on_ranks(
+        3,
+        LinkEmulation::default(),
+        cfg(ALWAYS, ErrorBound::Abs(1e-3)),
+        |c| {
+            assert!(c.has_progress_thread(), "the loopback duplicates itself");
+            let x = field(c.rank(), 20_000);
+            let mut blocking = vec![0.0f32; x.len()];
+            c.allreduce(&x, &mut blocking).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let (awaited, st) = rt.block_on(c.iallreduce(&x).unwrap()).unwrap();
+            let mut req = c.iallreduce(&x).unwrap();
+            while !req.test().unwrap() {
+                std::thread::yield_now();
+            }
+            let (tested, _) = req.wait().unwrap();
+            (blocking, awaited, tested, st.decision)
+        },
+    );
+    for (blocking, awaited, tested, decision) in got {
+        assert_eq!(decision, Decision::Compressed);
+        assert_eq!(awaited, blocking);
+        assert_eq!(tested, blocking);
+    }
+}

@@ -787,13 +787,27 @@ impl Communicator {
         Ok(c)
     }
 
-    /// Build over any transport and compressor. Collective over the transport's ranks.
+    /// Build over any transport and compressor. Collective over the transport's ranks. When the
+    /// transport can [duplicate](Transport::duplicate) itself (the loopback can), the
+    /// non-blocking reductions get a progress thread over the duplicate, as with MPI.
     pub fn with_transport(
         transport: Box<dyn Transport>,
         compressor: Box<dyn Compressor>,
         config: Config,
     ) -> Result<Self> {
-        Self::build(transport, std::sync::Arc::from(compressor), config)
+        let dup = transport.duplicate()?;
+        let compressor: std::sync::Arc<dyn Compressor> = std::sync::Arc::from(compressor);
+        let mut c = Self::build(transport, compressor.clone(), config)?;
+        if let Some(dup) = dup {
+            let config = Config {
+                calibration: Calibration::Fixed(c.profile.clone()),
+                ..c.config.clone()
+            };
+            c.worker = Some(progress::Worker::start(Box::new(move || {
+                Self::build(dup, compressor, config)
+            }))?);
+        }
+        Ok(c)
     }
 
     fn build(
@@ -2070,20 +2084,21 @@ impl Communicator {
     ) -> Result<OpRequest<T>> {
         let w = self.worker.as_ref().ok_or_else(|| {
             Error::Unavailable(format!(
-                "{what}: needs the progress thread (MPI_THREAD_MULTIPLE and Communicator::init)"
+                "{what}: needs the progress thread (MPI_THREAD_MULTIPLE with Communicator::init, or a \
+                 transport that can duplicate itself, such as the loopback)"
             ))
         })?;
         let (config, profile) = (self.config.clone(), self.profile.clone());
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (req, done) = OpRequest::new(what);
         w.submit(Box::new(move |c: &mut Communicator| {
             c.config = Config {
                 calibration: c.config.calibration.clone(),
                 ..config
             };
             c.profile = profile;
-            let _ = tx.send(f(c));
+            done.complete(f(c));
         }))?;
-        Ok(OpRequest::new(what, rx))
+        Ok(req)
     }
 
     /// Non-blocking [`allreduce`](Self::allreduce) (sum): copies `input` and runs the same

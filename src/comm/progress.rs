@@ -14,7 +14,10 @@
 //! at the time of the call. The requests are [`OpRequest`]s: `test` never blocks, `wait` returns
 //! the result vector and the operation's [`OpStats`].
 
-use std::sync::mpsc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 
 use super::{Communicator, OpStats};
@@ -30,7 +33,6 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// Start the thread; `make` builds its communicator on the thread.
-    #[cfg(feature = "mpi")]
     pub(crate) fn start(make: Box<dyn FnOnce() -> Result<Communicator> + Send>) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
@@ -74,54 +76,138 @@ impl Drop for Worker {
     }
 }
 
+/// Where the progress thread leaves an operation's result, and who to wake when it does.
+struct Slot<T> {
+    result: Option<Result<(T, OpStats)>>,
+    /// The task polling the request as a future (the last one to poll).
+    waker: Option<Waker>,
+    /// Set when the job was dropped unrun (the progress thread stopped).
+    abandoned: bool,
+}
+
+/// The progress thread's end of a request: fills the slot and wakes the waiting task. Dropped
+/// without [`Completion::complete`] (the thread stopped), it marks the request abandoned so that
+/// `wait` and `.await` end with an error instead of hanging.
+pub(crate) struct Completion<T> {
+    slot: Arc<(Mutex<Slot<T>>, Condvar)>,
+    done: bool,
+}
+
+impl<T> Completion<T> {
+    pub(crate) fn complete(mut self, r: Result<(T, OpStats)>) {
+        self.finish(Some(r));
+    }
+
+    fn finish(&mut self, r: Option<Result<(T, OpStats)>>) {
+        self.done = true;
+        let (m, cv) = &*self.slot;
+        let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+        match r {
+            Some(r) => s.result = Some(r),
+            None => s.abandoned = true,
+        }
+        let w = s.waker.take();
+        drop(s);
+        cv.notify_all();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Drop for Completion<T> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.finish(None);
+        }
+    }
+}
+
 /// A pending non-blocking operation run on the progress thread (see
 /// [`Communicator::iallreduce`] and the `comm` module docs); its result is a `T` and the
 /// operation's [`OpStats`].
+///
+/// Three ways to complete it: [`test`](Self::test) (never blocks), [`wait`](Self::wait)
+/// (blocks the thread), or `.await` — it is a [`std::future::Future`] woken by the progress
+/// thread when the operation ends, so an async runtime (e.g. tokio) can run other tasks, such as
+/// a compute loop, while the compressed collective proceeds.
 pub struct OpRequest<T> {
-    rx: mpsc::Receiver<Result<(T, OpStats)>>,
-    done: Option<Result<(T, OpStats)>>,
+    slot: Arc<(Mutex<Slot<T>>, Condvar)>,
     what: &'static str,
 }
 
 impl<T> std::fmt::Debug for OpRequest<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OpRequest({}, done: {})", self.what, self.done.is_some())
+        write!(f, "OpRequest({})", self.what)
     }
 }
 
 impl<T> OpRequest<T> {
-    pub(crate) fn new(what: &'static str, rx: mpsc::Receiver<Result<(T, OpStats)>>) -> Self {
-        OpRequest {
-            rx,
-            done: None,
-            what,
-        }
+    /// A request and the progress thread's end of it.
+    pub(crate) fn new(what: &'static str) -> (Self, Completion<T>) {
+        let slot = Arc::new((
+            Mutex::new(Slot {
+                result: None,
+                waker: None,
+                abandoned: false,
+            }),
+            Condvar::new(),
+        ));
+        (
+            OpRequest {
+                slot: slot.clone(),
+                what,
+            },
+            Completion { slot, done: false },
+        )
     }
+
+    fn stopped(&self) -> Error {
+        Error::Comm(format!("{}: the progress thread stopped", self.what))
+    }
+
     /// Whether the operation has completed (never blocks).
     pub fn test(&mut self) -> Result<bool> {
-        if self.done.is_some() {
-            return Ok(true);
-        }
-        match self.rx.try_recv() {
-            Ok(r) => {
-                self.done = Some(r);
-                Ok(true)
-            }
-            Err(mpsc::TryRecvError::Empty) => Ok(false),
-            Err(mpsc::TryRecvError::Disconnected) => Err(Error::Comm(format!(
-                "{}: the progress thread stopped",
-                self.what
-            ))),
+        let s = self.slot.0.lock().unwrap_or_else(|e| e.into_inner());
+        if s.result.is_some() {
+            Ok(true)
+        } else if s.abandoned {
+            Err(self.stopped())
+        } else {
+            Ok(false)
         }
     }
+
     /// Block until done; the result and the operation's stats (or its error).
-    pub fn wait(mut self) -> Result<(T, OpStats)> {
+    pub fn wait(self) -> Result<(T, OpStats)> {
         let _watchdog = super::watchdog::arm(self.what);
-        if let Some(r) = self.done.take() {
-            return r;
+        let (m, cv) = &*self.slot;
+        let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = s.result.take() {
+                return r;
+            }
+            if s.abandoned {
+                return Err(self.stopped());
+            }
+            s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        self.rx
-            .recv()
-            .map_err(|_| Error::Comm(format!("{}: the progress thread stopped", self.what)))?
+    }
+}
+
+impl<T> Future for OpRequest<T> {
+    type Output = Result<(T, OpStats)>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut s = self.slot.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = s.result.take() {
+            return Poll::Ready(r);
+        }
+        if s.abandoned {
+            return Poll::Ready(Err(self.stopped()));
+        }
+        // checked and registered under the lock: the progress thread cannot complete in between
+        s.waker = Some(cx.waker().clone());
+        Poll::Pending
     }
 }

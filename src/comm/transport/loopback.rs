@@ -36,7 +36,7 @@ use super::{ReduceOp, SendHandle, Transport};
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,8 @@ enum Channel {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Route {
+    /// Which transport of the group (the original or one of its duplicates) it belongs to.
+    context: u64,
     src: usize,
     dst: usize,
     channel: Channel,
@@ -116,8 +118,9 @@ struct Fabric {
     epoch: Instant,
     queues: Mutex<Queues>,
     arrived: Condvar,
-    /// `alive[r]`: rank `r`'s transport has not been dropped.
-    alive: Vec<AtomicBool>,
+    /// `alive[r]`: how many transports (the original and its duplicates) rank `r` still holds;
+    /// 0 once all are dropped.
+    alive: Vec<AtomicUsize>,
 }
 
 impl Fabric {
@@ -166,7 +169,7 @@ impl Fabric {
                     return Ok(m.bytes);
                 }
                 Some(m) => Some(Duration::from_secs_f64(m.arrives - now)),
-                None if !self.alive[route.src].load(Ordering::Acquire) => {
+                None if self.alive[route.src].load(Ordering::Acquire) == 0 => {
                     return Err(Error::Comm(format!(
                         "loopback: rank {} left the group before sending the message rank {} \
                          waits for",
@@ -206,6 +209,11 @@ pub struct LoopbackTransport {
     /// Number of collectives this rank has started: every rank calls collectives in the same
     /// order, so equal counts name the same call.
     collectives: Cell<u64>,
+    /// This transport's message space (0: the original; duplicates get their own).
+    context: u64,
+    /// Duplicates made of this transport so far (every rank makes them in the same order, so
+    /// equal counts name the same duplicate).
+    duplicates: Cell<u64>,
 }
 
 impl LoopbackTransport {
@@ -225,23 +233,26 @@ impl LoopbackTransport {
                 link_free: vec![0.0; n * n],
             }),
             arrived: Condvar::new(),
-            alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
+            alive: (0..n).map(|_| AtomicUsize::new(1)).collect(),
         });
         (0..n)
             .map(|rank| LoopbackTransport {
                 rank,
                 fabric: fabric.clone(),
                 collectives: Cell::new(0),
+                context: 0,
+                duplicates: Cell::new(0),
             })
             .collect()
     }
 
     /// Whether rank `r`'s transport is still alive (not dropped).
+    #[cfg(feature = "cuda")]
     pub(crate) fn peer_alive(&self, r: usize) -> bool {
         self.fabric
             .alive
             .get(r)
-            .is_some_and(|a| a.load(Ordering::Acquire))
+            .is_some_and(|a| a.load(Ordering::Acquire) > 0)
     }
 
     /// The emulated link.
@@ -266,6 +277,7 @@ impl LoopbackTransport {
             return Err(Error::invalid(format!("negative message tag {tag}")));
         }
         Ok(Route {
+            context: self.context,
             src,
             dst,
             channel: Channel::P2p(tag),
@@ -280,6 +292,7 @@ impl LoopbackTransport {
         let size = self.fabric.size;
         for dst in (0..size).filter(|&d| d != self.rank) {
             let route = Route {
+                context: self.context,
                 src: self.rank,
                 dst,
                 channel,
@@ -292,6 +305,7 @@ impl LoopbackTransport {
                     Ok(mine.to_vec())
                 } else {
                     self.fabric.take(Route {
+                        context: self.context,
                         src,
                         dst: self.rank,
                         channel,
@@ -328,7 +342,7 @@ impl LoopbackTransport {
 
 impl Drop for LoopbackTransport {
     fn drop(&mut self) {
-        self.fabric.alive[self.rank].store(false, Ordering::Release);
+        self.fabric.alive[self.rank].fetch_sub(1, Ordering::AcqRel);
         self.fabric.arrived.notify_all();
     }
 }
@@ -469,6 +483,27 @@ impl Transport for LoopbackTransport {
 
     fn wtime(&self) -> f64 {
         self.fabric.now()
+    }
+
+    fn duplicate(&self) -> Result<Option<Box<dyn Transport + Send>>> {
+        let k = self.duplicates.get() + 1;
+        self.duplicates.set(k);
+        self.fabric.alive[self.rank].fetch_add(1, Ordering::AcqRel);
+        // a context derived from the parent's and the duplicate's number: the same on every
+        // rank, distinct from every other transport's
+        let context = self
+            .context
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(k)
+            .rotate_left(17)
+            | 1;
+        Ok(Some(Box::new(LoopbackTransport {
+            rank: self.rank,
+            fabric: self.fabric.clone(),
+            collectives: Cell::new(0),
+            context,
+            duplicates: Cell::new(0),
+        })))
     }
 }
 

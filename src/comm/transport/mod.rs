@@ -298,6 +298,13 @@ pub trait Transport {
     fn barrier(&self) -> Result<()>;
     /// Wall-clock time in seconds (monotonic within a process).
     fn wtime(&self) -> f64;
+    /// A second transport over the same ranks whose messages never match this one's, that can
+    /// be moved to another thread (the progress thread of the non-blocking operations), or
+    /// `None` when the transport cannot offer one. Collective: every rank calls it at the same
+    /// point. Default: `None`.
+    fn duplicate(&self) -> Result<Option<Box<dyn Transport + Send>>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "mpi")]
