@@ -41,9 +41,12 @@ pub fn classify(dt: MPI_Datatype) -> Option<Elem> {
         use mpi::ffi::*;
         use std::ptr::addr_of_mut;
         let is = |p: *mut ompi_predefined_datatype_t| dt.0 == p.cast();
-        if dt == RSMPI_FLOAT || is(addr_of_mut!(ompi_mpi_real)) || is(addr_of_mut!(ompi_mpi_real4)) {
+        if dt == RSMPI_FLOAT || is(addr_of_mut!(ompi_mpi_real)) || is(addr_of_mut!(ompi_mpi_real4))
+        {
             Some(Elem::F32)
-        } else if dt == RSMPI_DOUBLE || is(addr_of_mut!(ompi_mpi_dblprec)) || is(addr_of_mut!(ompi_mpi_real8))
+        } else if dt == RSMPI_DOUBLE
+            || is(addr_of_mut!(ompi_mpi_dblprec))
+            || is(addr_of_mut!(ompi_mpi_real8))
         {
             Some(Elem::F64)
         } else if dt == RSMPI_FLOAT_COMPLEX

@@ -24,8 +24,7 @@ use crate::state::{self, fatal, guarded, inside, Inside, State};
 
 /// zcomm's tag offset of a point-to-point verdict (the receiver's answer), used to test whether
 /// a compressed send can complete without blocking. Mirrors `TAG_VERDICT` in `zcomm::comm`
-/// (a private constant: see the crate README for the library change that would expose
-/// `SendRequest::test` instead).
+/// (a private constant there: a public `SendRequest::test` in zcomm would replace this probe).
 const TAG_VERDICT: i32 = 12288;
 
 /// Run `$body` with `$T` the Rust element type of `$elem`.
@@ -100,10 +99,7 @@ fn eligible(
     if (count as usize).saturating_mul(elem.size()) < st.settings.min_bytes {
         return Err("below ZCOMM_MIN_BYTES");
     }
-    if bufs
-        .iter()
-        .any(|&b| b != IN_PLACE && device::is_device(b))
-    {
+    if bufs.iter().any(|&b| b != IN_PLACE && device::is_device(b)) {
         return Err("device buffer");
     }
     Ok(elem)
@@ -119,7 +115,7 @@ fn note_device(st: &mut State, reason: &str) {
 
 /// The zcomm communicator of `comm` for a collective (created now if needed), or the reason to
 /// pass through.
-fn collective_zc<'a>(st: &'a mut State, comm: MPI_Comm) -> Result<&'a mut Communicator, &'static str> {
+fn collective_zc(st: &mut State, comm: MPI_Comm) -> Result<&mut Communicator, &'static str> {
     let e = st.entry(comm);
     if e.disabled {
         return Err("communicator opted out");
@@ -371,7 +367,9 @@ pub unsafe extern "C" fn MPI_Allgather(
 ) -> c_int {
     macro_rules! pass {
         () => {
-            PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm)
+            PMPI_Allgather(
+                sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm,
+            )
         };
     }
     if inside() {
@@ -594,7 +592,8 @@ unsafe fn finish_send(
     let _inside = Inside::enter();
     loop {
         let arrived = {
-            let zc = p2p_zc(st, MPI_Comm::from_addr(comm)).expect("entry lives while a send is pending");
+            let zc =
+                p2p_zc(st, MPI_Comm::from_addr(comm)).expect("entry lives while a send is pending");
             zc.transport().iprobe(dest, TAG_VERDICT + tag)
         };
         match arrived {
@@ -764,7 +763,9 @@ pub unsafe extern "C" fn MPI_Recv(
         } else if rc == 0 {
             let mut g = state::lock();
             if let Some(st) = g.as_mut() {
-                st.report.op("MPI_Recv").pass("not compressed by the sender");
+                st.report
+                    .op("MPI_Recv")
+                    .pass("not compressed by the sender");
             }
         }
         if status != ffi::status_ignore() && !status.is_null() {
@@ -841,7 +842,16 @@ pub unsafe extern "C" fn MPI_Sendrecv(
         if let Some(elem) = recv {
             if s.MPI_SOURCE != ffi::proc_null() && is_marker(&s) {
                 progress_recvs(st);
-                fetch(st, "MPI_Sendrecv", comm, elem, recvtype, recvbuf, recvcount, &mut s);
+                fetch(
+                    st,
+                    "MPI_Sendrecv",
+                    comm,
+                    elem,
+                    recvtype,
+                    recvbuf,
+                    recvcount,
+                    &mut s,
+                );
             }
         }
         match zsend {
@@ -991,9 +1001,7 @@ pub unsafe extern "C" fn MPI_Wait(request: *mut MPI_Request, status: *mut MPI_St
     }
     guarded("MPI_Wait", || {
         let mut g = state::lock();
-        let tracked = g
-            .as_ref()
-            .is_some_and(|st| st.pending.tracked(*request));
+        let tracked = g.as_ref().is_some_and(|st| st.pending.tracked(*request));
         if !tracked {
             drop(g);
             return PMPI_Wait(request, status);
@@ -1081,9 +1089,7 @@ pub unsafe extern "C" fn MPI_Test(
     }
     guarded("MPI_Test", || {
         let mut g = state::lock();
-        let tracked = g
-            .as_ref()
-            .is_some_and(|st| st.pending.tracked(*request));
+        let tracked = g.as_ref().is_some_and(|st| st.pending.tracked(*request));
         if !tracked {
             drop(g);
             return PMPI_Test(request, flag, status);
@@ -1095,7 +1101,11 @@ pub unsafe extern "C" fn MPI_Test(
             let (dest, tag, comm) = (p.dest, p.tag, p.comm);
             let _inside = Inside::enter();
             p2p_zc(st, MPI_Comm::from_addr(comm))
-                .map(|zc| zc.transport().iprobe(dest, TAG_VERDICT + tag).unwrap_or(true))
+                .map(|zc| {
+                    zc.transport()
+                        .iprobe(dest, TAG_VERDICT + tag)
+                        .unwrap_or(true)
+                })
                 .unwrap_or(true)
         } else {
             let mut f: c_int = 0;
@@ -1244,7 +1254,9 @@ pub unsafe extern "C" fn MPI_Testall(
         // settled requests are MPI_REQUEST_NULL now: PMPI reports them complete with an empty
         // status, so save and restore their statuses
         let saved: Vec<MPI_Status> = if statuses != RSMPI_STATUSES_IGNORE && !statuses.is_null() {
-            (0..count.max(0) as usize).map(|i| *statuses.add(i)).collect()
+            (0..count.max(0) as usize)
+                .map(|i| *statuses.add(i))
+                .collect()
         } else {
             Vec::new()
         };
