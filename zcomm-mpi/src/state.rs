@@ -292,9 +292,22 @@ pub fn setup() {
 
 /// Every rank has printed its line: meet, then end the job.
 fn end_job_together() -> ! {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
     // SAFETY: every rank reaches this point together (the decision came from an allreduce).
     unsafe {
         mpi::ffi::PMPI_Barrier(ffi::world());
+    }
+    // one rank aborts, after giving the launcher's I/O forwarding time to deliver every rank's
+    // line (the others wait to be ended by that abort)
+    if world_rank() != 0 {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    // SAFETY: MPI_Abort ends every process of the job; it does not return.
+    unsafe {
         mpi::ffi::PMPI_Abort(ffi::world(), 1);
     }
     std::process::exit(1)
