@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The PMPI interposition library (libzcomm_mpi.so) under unmodified MPI programs:
+#  * pmpi_test.c (compiled with mpicc, knows nothing of zcomm) and pmpi_test.py (mpi4py) under
+#    mpirun -n 2, 3, 4, without and with LD_PRELOAD (ZCOMM_POLICY=always, abs:1e-3): every
+#    result within the bound, integer / MPI_MAX / small reductions exact and bit for bit the same
+#    as without the library (checksum), and the report shows compressed calls with ratio > 1;
+#  * ZCOMM_POLICY=auto (calibration at start-up) and noa bounds;
+#  * wrong settings: one message per rank and a non-zero exit; settings that differ between ranks;
+#  * a rank killed in the middle of a collective ends the job.
+# Exits non-zero on any failure. Usage: mpi-tests/pmpi/run.sh [--no-python]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=1
+[ "${1:-}" = "--no-python" ] && PY=0
+cargo build --release -p zcomm-mpi
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+LIB="$TARGET_DIR/release/libzcomm_mpi.so"
+[ -f "$LIB" ] || { echo "missing $LIB"; exit 1; }
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mpicc -O2 -Wall -o "$TMP/pmpi_test" mpi-tests/pmpi/pmpi_test.c -lm
+MPIRUN=(mpirun --oversubscribe)
+if [ "$(id -u)" = 0 ]; then MPIRUN+=(--allow-run-as-root); fi
+export OMPI_MCA_mpi_yield_when_idle=1
+export ZCOMM_PROFILE="$TMP/profile.json"
+E=1e-3
+fail=0
+FAILED=()
+failed() {
+    echo "FAILED: $*"
+    FAILED+=("$*")
+    fail=1
+}
+
+# check_report FILE OP...: every OP was compressed at least once and its total ratio is > 1
+check_report() {
+    local f=$1
+    shift
+    python3 - "$f" "$@" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = []
+for op in sys.argv[2:]:
+    t = r["total"].get(op)
+    if not t or t["compressed"] < 1 or not t["ratio"] > 1:
+        bad.append(f"{op}: {t}")
+    else:
+        print(f"  report {op:<26} calls {t['calls']:>3} compressed {t['compressed']:>3} "
+              f"passthrough {t['passthrough']:>3} ratio {t['ratio']:.2f}")
+if bad:
+    print("report check failed:", *bad, sep="\n  ")
+    sys.exit(1)
+EOF
+}
+
+PRELOAD=(-x LD_PRELOAD="$LIB" -x ZCOMM_ERROR_BOUND=abs:$E -x ZCOMM_POLICY=always)
+C_OPS=(MPI_Allreduce MPI_Reduce_scatter_block MPI_Allgather MPI_Bcast MPI_Sendrecv MPI_Send MPI_Recv MPI_Isend MPI_Irecv)
+
+for n in 2 3 4; do
+    echo "== C program, mpirun -n $n, without the library"
+    if ! timeout 300 "${MPIRUN[@]}" -n "$n" "$TMP/pmpi_test" "$E" >"$TMP/plain-$n.txt" 2>&1; then
+        cat "$TMP/plain-$n.txt"
+        failed "C -n $n without LD_PRELOAD"
+    fi
+    echo "== C program, mpirun -n $n, LD_PRELOAD=libzcomm_mpi.so ZCOMM_POLICY=always abs:$E"
+    if ! timeout 300 "${MPIRUN[@]}" -n "$n" "${PRELOAD[@]}" -x ZCOMM_REPORT="$TMP/report-$n.json" \
+        "$TMP/pmpi_test" "$E" >"$TMP/zcomm-$n.txt" 2>&1; then
+        cat "$TMP/zcomm-$n.txt"
+        failed "C -n $n with LD_PRELOAD"
+        continue
+    fi
+    cat "$TMP/zcomm-$n.txt"
+    a=$(grep CHECKSUM "$TMP/plain-$n.txt" || true)
+    b=$(grep CHECKSUM "$TMP/zcomm-$n.txt" || true)
+    if [ -z "$a" ] || [ "$a" != "$b" ]; then
+        failed "C -n $n: pass-through results differ from plain MPI ($a vs $b)"
+    else
+        echo "  pass-through results bit for bit identical ($a)"
+    fi
+    check_report "$TMP/report-$n.json" "${C_OPS[@]}" || failed "C -n $n report"
+done
+
+echo "== C program, mpirun -n 3, ZCOMM_POLICY=auto (calibrates at start-up), noa:1e-5 (values in [-1.25, 1.25]; checked at 2e-4 abs)"
+if ! timeout 300 "${MPIRUN[@]}" -n 3 -x LD_PRELOAD="$LIB" -x ZCOMM_ERROR_BOUND=noa:1e-5 -x ZCOMM_POLICY=auto \
+    -x ZCOMM_REPORT="$TMP/report-auto.json" "$TMP/pmpi_test" 2e-4 >"$TMP/auto.txt" 2>&1; then
+    cat "$TMP/auto.txt"
+    failed "C -n 3 ZCOMM_POLICY=auto"
+else
+    grep -E "PASSED|CHECKSUM" "$TMP/auto.txt"
+    python3 -c "
+import json; r = json.load(open('$TMP/report-auto.json'))
+for k, v in r['total'].items():
+    print(f'  auto: {k:<26} compressed {v[\"compressed\"]:>3} raw {v[\"raw\"]:>3} passthrough {v[\"passthrough\"]:>3} ratio {v[\"ratio\"]:.2f}')"
+fi
+
+echo "== wrong settings: every rank prints one line, the job fails"
+if timeout 120 "${MPIRUN[@]}" -n 3 -x LD_PRELOAD="$LIB" -x ZCOMM_ERROR_BOUND=abs:oops \
+    "$TMP/pmpi_test" "$E" >"$TMP/bad.txt" 2>&1; then
+    failed "ZCOMM_ERROR_BOUND=abs:oops was accepted"
+else
+    lines=$(grep -c "zcomm-mpi: rank .*: invalid setting ZCOMM_ERROR_BOUND=" "$TMP/bad.txt" || true)
+    grep -m1 "invalid setting" "$TMP/bad.txt" || true
+    [ "$lines" = 3 ] || failed "wrong setting: expected a message on each of 3 ranks, got $lines"
+fi
+echo "== settings that differ between ranks: the job fails"
+if timeout 120 "${MPIRUN[@]}" -n 1 -x LD_PRELOAD="$LIB" -x ZCOMM_MIN_BYTES=1k "$TMP/pmpi_test" "$E" : \
+    -n 1 -x LD_PRELOAD="$LIB" -x ZCOMM_MIN_BYTES=2k "$TMP/pmpi_test" "$E" >"$TMP/differ.txt" 2>&1; then
+    failed "differing settings were accepted"
+else
+    grep -m1 "differ between ranks" "$TMP/differ.txt" || failed "differing settings: no message"
+fi
+
+echo "== a rank killed in the middle of a collective ends the job"
+t0=$(date +%s)
+if timeout 120 "${MPIRUN[@]}" -n 3 "${PRELOAD[@]}" "$TMP/pmpi_test" "$E" --die-rank 1 >"$TMP/die.txt" 2>&1; then
+    failed "the job survived a killed rank"
+else
+    rc=$?
+    if [ "$rc" = 124 ]; then failed "the job hung after a rank was killed"; else echo "  job ended (exit $rc) after $(($(date +%s) - t0)) s"; fi
+fi
+
+if [ "$PY" = 1 ]; then
+    if ! python3 -c "import mpi4py, numpy" 2>/dev/null; then
+        # mpi4py builds against the system MPI (mpicc) when no matching wheel exists
+        python3 -m pip install --quiet mpi4py numpy || true
+    fi
+    if python3 -c "import mpi4py, numpy" 2>/dev/null; then
+        for n in 2 4; do
+            echo "== mpi4py, mpirun -n $n, without and with the library"
+            timeout 300 "${MPIRUN[@]}" -n "$n" python3 mpi-tests/pmpi/pmpi_test.py "$E" >"$TMP/py-plain.txt" 2>&1 ||
+                { cat "$TMP/py-plain.txt"; failed "mpi4py -n $n without LD_PRELOAD"; }
+            if timeout 300 "${MPIRUN[@]}" -n "$n" "${PRELOAD[@]}" -x ZCOMM_REPORT="$TMP/py-$n.json" \
+                python3 mpi-tests/pmpi/pmpi_test.py "$E" >"$TMP/py.txt" 2>&1; then
+                cat "$TMP/py.txt"
+                check_report "$TMP/py-$n.json" MPI_Allreduce MPI_Allgather MPI_Bcast \
+                    MPI_Reduce_scatter_block MPI_Sendrecv MPI_Isend MPI_Irecv || failed "mpi4py -n $n report"
+            else
+                cat "$TMP/py.txt"
+                failed "mpi4py -n $n with LD_PRELOAD"
+            fi
+        done
+    else
+        failed "mpi4py is not installed and could not be installed"
+    fi
+fi
+
+if [ "$fail" != 0 ]; then
+    echo "PMPI tests FAILED: ${FAILED[*]}"
+    exit 1
+fi
+echo "PMPI tests passed"
