@@ -25,6 +25,7 @@
 //!     --dump-state psi.bin --json report.json
 //! ```
 
+mod builtin;
 #[path = "../common/mod.rs"]
 mod common;
 mod fidelity;
@@ -51,8 +52,12 @@ use sim::{Amp, Plan, Step};
 )]
 struct Args {
     /// OpenQASM 2.0 circuit (measurement-free).
-    #[arg(long)]
-    qasm: PathBuf,
+    #[arg(long, required_unless_present = "circuit")]
+    qasm: Option<PathBuf>,
+    /// A built-in circuit instead of --qasm: qft:N (on a product state), ghz:N or random:N
+    /// (8 layers of u and cx), N qubits (benchmarks without a QASM file).
+    #[arg(long, conflicts_with = "qasm")]
+    circuit: Option<String>,
     /// Amplitude type: c64 (complex of f32) or c128 (complex of f64).
     #[arg(long, default_value = "c128")]
     dtype: String,
@@ -94,19 +99,27 @@ fn main() -> ExitCode {
     let a = Args::parse();
     // Everything that can be wrong with the input is found here, by every rank on its own,
     // before MPI starts: a bad circuit costs no communication and every rank says why.
-    let circ = match std::fs::read_to_string(&a.qasm)
-        .map_err(|e| format!("cannot read: {e}"))
-        .and_then(|s| qasm::parse(&s).map_err(|e| e.to_string()))
-    {
+    let (name, text) = match (&a.qasm, &a.circuit) {
+        (Some(p), _) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).map_err(|e| format!("cannot read: {e}")),
+        ),
+        (None, Some(c)) => (format!("--circuit {c}"), builtin::qasm(c)),
+        (None, None) => (
+            "statevector".into(),
+            Err("--qasm or --circuit is needed".into()),
+        ),
+    };
+    let circ = match text.and_then(|s| qasm::parse(&s).map_err(|e| e.to_string())) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("statevector: {}: {e}", a.qasm.display());
+            eprintln!("statevector: {name}: {e}");
             return ExitCode::from(2);
         }
     };
     let r = match a.dtype.as_str() {
-        "c64" => main_typed::<[f32; 2]>(&a, &circ),
-        "c128" => main_typed::<[f64; 2]>(&a, &circ),
+        "c64" => main_typed::<[f32; 2]>(&a, &name, &circ),
+        "c128" => main_typed::<[f64; 2]>(&a, &name, &circ),
         d => Err(format!("--dtype {d}: expected c64 or c128")),
     };
     let code = match r {
@@ -126,8 +139,13 @@ enum BoundSource {
     User,
 }
 
-fn main_typed<E: Amp>(a: &Args, circ: &qasm::Circuit) -> std::result::Result<ExitCode, String> {
+fn main_typed<E: Amp>(
+    a: &Args,
+    name: &str,
+    circ: &qasm::Circuit,
+) -> std::result::Result<ExitCode, String> {
     let fid_target = match (a.fidelity, a.error_bound) {
+        _ if a.policy == Policy::Never => None,
         (Some(f), _) => Some(f),
         (None, None) => Some(0.9999),
         (None, Some(_)) => None,
@@ -167,7 +185,7 @@ fn main_typed<E: Amp>(a: &Args, circ: &qasm::Circuit) -> std::result::Result<Exi
         }
         None => BoundSource::User,
     };
-    let r = simulate::<E>(&mut c, a, circ, &plan, src);
+    let r = simulate::<E>(&mut c, a, name, circ, &plan, src);
     match r {
         Ok(ok) => Ok(if ok {
             ExitCode::SUCCESS
@@ -391,6 +409,7 @@ fn fidelity_all<E: Amp>(c: &Communicator, a: &[E], b: &[E]) -> Result<f64> {
 fn simulate<E: Amp>(
     c: &mut Communicator,
     a: &Args,
+    name: &str,
     circ: &qasm::Circuit,
     plan: &Plan,
     src: BoundSource,
@@ -420,7 +439,7 @@ fn simulate<E: Amp>(
         outln!(
             "statevector: {}: {} qubits, {} gates ({} passes), {p} ranks x 2^{l} {} amplitudes \
              ({:.1} MiB per rank), {} exchanges of {:.1} MiB per rank",
-            a.qasm.display(),
+            name,
             plan.qubits,
             circ.gates.len(),
             plan.gate_passes(),
@@ -430,6 +449,7 @@ fn simulate<E: Amp>(
             (es << (l - 1)) as f64 / 1048576.0,
         );
         match src {
+            _ if plan.swaps() == 0 => outln!("bound: none needed (no exchanges)"),
             BoundSource::Fidelity { f, eps_c } => outln!(
                 "bound: {} per exchanged value, from --fidelity {f} (budget ||dpsi|| <= {eps_c:.3e} \
                  over {} exchanges of 2^{} scalars)",
@@ -437,6 +457,9 @@ fn simulate<E: Amp>(
                 plan.swaps(),
                 plan.qubits
             ),
+            BoundSource::User if policy == Policy::Never => {
+                outln!("bound: none (--policy never: every exchange is sent raw)")
+            }
             BoundSource::User => outln!("bound: {} (--error-bound)", c.config().bound),
         }
         outln!(
@@ -534,6 +557,7 @@ fn simulate<E: Amp>(
                 sp(&zc_out),
                 r.wall / zc_out.wall
             ),
+            None if policy == Policy::Never => outln!("total: {} (uncompressed)", sp(&zc_out)),
             None => outln!("total: zcomm run {} (no reference run)", sp(&zc_out)),
         }
         match measured {
@@ -572,19 +596,23 @@ fn simulate<E: Amp>(
         }
     }
     if ok && rank == 0 {
-        outln!("verdict: fidelity guarantee held");
+        if policy == Policy::Never {
+            outln!("verdict: ok (uncompressed run)");
+        } else {
+            outln!("verdict: fidelity guarantee held");
+        }
     }
     if let Some(path) = &a.json {
         if rank == 0 {
             let j = serde_json::json!({
-                "qasm": a.qasm.display().to_string(),
+                "circuit": name,
                 "qubits": plan.qubits,
                 "gates": circ.gates.len(),
                 "gate_passes": plan.gate_passes(),
                 "ranks": p,
                 "dtype": E::NAME,
                 "policy": policy.to_string(),
-                "bound": c.config().bound.to_string(),
+                "bound": (policy != Policy::Never).then(|| c.config().bound.to_string()),
                 "requested_fidelity": requested,
                 "swaps": rows,
                 "raw_total_s": raw_out.as_ref().map(|r| r.wall),
