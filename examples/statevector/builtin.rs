@@ -7,7 +7,7 @@ use std::fmt::Write;
 pub fn qasm(spec: &str) -> Result<String, String> {
     let (name, n) = spec
         .split_once(':')
-        .ok_or_else(|| format!("expected NAME:QUBITS (qft:20, ghz:20, random:20)"))?;
+        .ok_or_else(|| "expected NAME:QUBITS (qft:20, ghz:20, random:20)".to_string())?;
     let n: usize = n
         .parse()
         .ok()

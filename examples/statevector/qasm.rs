@@ -354,14 +354,13 @@ impl Parser {
             );
         };
         let mut params = Vec::new();
-        if self.eat('(') {
-            if !self.eat(')') {
+        // `name(…)`; `name()` is no parameters
+        if self.eat('(') && !self.eat(')') {
+            params.push(self.expr()?);
+            while self.eat(',') {
                 params.push(self.expr()?);
-                while self.eat(',') {
-                    params.push(self.expr()?);
-                }
-                self.sym(')')?;
             }
+            self.sym(')')?;
         }
         if params.len() != np {
             return err(

@@ -400,9 +400,9 @@ pub mod tests {
                             continue;
                         }
                         let bit = (i >> target) & 1;
-                        for out in 0..2 {
+                        for (out, row) in m.iter().enumerate() {
                             let j = (i & !(1 << target)) | (out << target);
-                            w[j] = w[j] + m[out][bit] * v[i];
+                            w[j] = w[j] + row[bit] * v[i];
                         }
                     }
                 }
@@ -438,11 +438,11 @@ pub mod tests {
                         pack(v, *local, s, &mut o);
                         outs.push(o);
                     }
-                    for r in 0..p {
+                    for (r, v) in vs.iter_mut().enumerate() {
                         let (partner, s) = swap_partner(r, *global, l);
                         let mut got = outs[partner].clone();
                         exchange(nswap, &mut got);
-                        unpack(&mut vs[r], *local, s, &got);
+                        unpack(v, *local, s, &got);
                     }
                     nswap += 1;
                 }
