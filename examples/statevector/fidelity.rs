@@ -102,9 +102,10 @@ pub fn abs_bound(
     if swaps == 0 {
         return Ok(None);
     }
-    Ok(Some(
-        eps_c / (swaps as f64 * (2f64).powi(qubits as i32).sqrt()),
-    ))
+    // 1e-9 below the exact share, so that the fidelity certified afterwards from the bounds
+    // the messages report (the same sum, rounded differently) cannot land an ulp below F
+    let per = eps_c / (swaps as f64 * (2f64).powi(qubits as i32).sqrt());
+    Ok(Some(per * (1.0 - 1e-9)))
 }
 
 /// `‖e_k‖` certified by one exchange: `sq` is `Σ_ranks (scalars sent) · bound²` for abs/noa,
@@ -262,5 +263,12 @@ mod tests {
         let e = budget(0.999, 50, u32r).unwrap();
         let back = certified_fidelity(e, 50, u32r);
         assert!((back - 0.999).abs() < 1e-12, "{back}");
+        // and what S exchanges at the derived bound certify is at least the requested one
+        for (f, n, s) in [(0.999, 20, 7), (0.9999, 30, 113), (0.5, 16, 1)] {
+            let d = abs_bound(f, n, s, 50, u32r).unwrap().unwrap();
+            let per_swap = 2f64.powi(n as i32) * d * d;
+            let cert = certified_fidelity(certified_eps(&vec![per_swap; s]), 50, u32r);
+            assert!(cert >= f, "{f} {n} {s}: {cert}");
+        }
     }
 }
