@@ -30,8 +30,11 @@ run "${MPIRUN[@]}" -n 8 "$BIN/mpi_ops" --only-reduce
 run "${MPIRUN[@]}" -n 2 "$BIN/allreduce" --n 200000 --iters 2
 run "${MPIRUN[@]}" -n 3 "$BIN/allreduce" --n 100001 --iters 2 --dtype f64 --error-bound abs:1e-4
 run "${MPIRUN[@]}" -n 4 "$BIN/allreduce" --n 50000 --iters 2 --dtype c64
-run "${MPIRUN[@]}" -n 2 "$BIN/statevector" --n 100000 --steps 3
-run "${MPIRUN[@]}" -n 4 "$BIN/statevector" --n 50001 --steps 2 --dtype c128 --error-bound rel:1e-3
+# the state-vector simulator (built-in circuits; scripts/qsim/run.sh compares with Qiskit)
+run "${MPIRUN[@]}" -n 2 "$BIN/statevector" --circuit qft:16 --fidelity 0.999
+run "${MPIRUN[@]}" -n 4 "$BIN/statevector" --circuit random:14 --dtype c64 --error-bound noa:1e-4 --verify
+run "${MPIRUN[@]}" -n 4 "$BIN/statevector" --circuit qft:12 --error-bound rel:1e-3 --policy always
+run "${MPIRUN[@]}" -n 1 "$BIN/statevector" --circuit ghz:12
 run "${MPIRUN[@]}" -n 2 "$BIN/staging" --n 300000
 # MPI's int-count limits scaled down (ZCOMM_MPI_PIECE bytes): the piece splitting and the ring
 # fallback of messages above 2^31 bytes run on small data

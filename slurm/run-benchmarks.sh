@@ -5,7 +5,8 @@
 #             "mpirun -n 2 --bind-to none -x LD_LIBRARY_PATH -x ZCOMM_PROFILE"
 #   BIN_DIR:  folder holding examples/{staging,allreduce,statevector}
 # Environment: ZCOMM_BENCH_VALUES (f32 values per rank, default 268435456 = 1 GiB),
-#              ZCOMM_BENCH_BOUND (default noa:1e-3), ZCOMM_BENCH_ITERS (default 3).
+#              ZCOMM_BENCH_BOUND (default noa:1e-3), ZCOMM_BENCH_ITERS (default 3),
+#              ZCOMM_BENCH_QUBITS (statevector: qubits of the QFT circuit, default 26).
 set -uo pipefail
 launch=$1; bin=$2; out=$3
 mkdir -p "$out"
@@ -25,5 +26,7 @@ step staging "$bin/examples/staging" --n "$n" --error-bound "$bound" --iters "$i
 # gradient averaging (host buffers, GPU codec when present)
 gpu=""; command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu="--gpu"
 step allreduce "$bin/examples/allreduce" --n $((n / 4)) --error-bound "$bound" --iters 2 $gpu
-step statevector "$bin/examples/statevector" --n $((n / 8)) --dtype c64 --error-bound noa:1e-4 --steps 2
+# distributed state-vector simulation (needs a power-of-two rank count; CPU gates, compressed swaps)
+step statevector "$bin/examples/statevector" --circuit "qft:${ZCOMM_BENCH_QUBITS:-26}" --dtype c64 \
+    --fidelity 0.999 --json "$out/statevector.json"
 exit $fail

@@ -617,7 +617,7 @@ fn full_or_closed_stdout_is_not_a_panic() {
     // the examples too (built by `cargo test` with the mpi feature; skipped otherwise)
     if let Some(sv) = example("statevector") {
         let mut child = Command::new(sv)
-            .args(["--n", "1000", "--steps", "1"])
+            .args(["--circuit", "qft:10", "--fidelity", "0.999"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -632,7 +632,7 @@ fn full_or_closed_stdout_is_not_a_panic() {
             .open("/dev/full")
             .unwrap();
         let o = Command::new(example("statevector").unwrap())
-            .args(["--n", "1000", "--steps", "1"])
+            .args(["--circuit", "qft:10", "--fidelity", "0.999"])
             .stdout(full)
             .output()
             .unwrap();
