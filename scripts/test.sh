@@ -44,9 +44,10 @@ check() {
 }
 
 check "cargo fmt --check" cargo fmt --all --check
-check "cargo clippy --all-targets --all-features -- -D warnings" \
-    cargo clippy --all-targets --all-features -- -D warnings
-check "cargo test --release --all-features" cargo test --release --all-features --no-fail-fast
+check "cargo clippy --workspace --all-targets --all-features -- -D warnings" \
+    cargo clippy --workspace --all-targets --all-features -- -D warnings
+check "cargo test --release --workspace --all-features" \
+    cargo test --release --workspace --all-features --no-fail-fast
 # in a target directory of its own: in the shared one this build would replace
 # target/release/zcomm with a binary without CUDA (`--device gpu` would then fail after a test run)
 check "cargo test --release --no-default-features" \
@@ -59,6 +60,10 @@ if [ -f mpi-tests/run.sh ]; then
 else
     step "mpi-tests/run.sh not present: skipped"
 fi
+check "mpi-tests/pmpi/run.sh (PMPI: unmodified C + mpi4py, mpirun -n 2, 3, 4)" \
+    bash mpi-tests/pmpi/run.sh
+check "scripts/qsim/run.sh (state vectors against Qiskit, mpirun -n 2 and 4)" \
+    env QSIM_CARGO_FLAGS=--all-features bash scripts/qsim/run.sh
 check "python package (pytest)" bash scripts/test-python.sh
 
 # one closing line over every cargo test run (+ every failed check)
