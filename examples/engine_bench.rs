@@ -51,6 +51,10 @@ struct Args {
     /// Append one JSON record to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Also time each step of the ring alone on one rank's data (one stream, nothing else on
+    /// the GPU): where a call's time goes.
+    #[arg(long)]
+    breakdown: bool,
 }
 
 /// A smooth, non-sparse field with structure at every scale: plane waves with amplitudes
@@ -103,6 +107,83 @@ fn field(rank: usize, n: usize) -> Vec<f32> {
         }
     });
     v
+}
+
+/// Median seconds of `f` over `reps` calls (after one warm-up), synchronized.
+fn time_it(
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    f()?;
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        s.synchronize().map_err(gpu_err)?;
+        let t0 = Instant::now();
+        f()?;
+        s.synchronize().map_err(gpu_err)?;
+        v.push(t0.elapsed().as_secs_f64());
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
+/// Each step of a 2-rank ring call timed alone on `x` (one rank's input), in ms, with the
+/// number of times a rank runs it per call.
+fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f64)>> {
+    let mut gpu = GpuCodec::new(0)?;
+    let s = gpu.stream().clone();
+    let xd = s.clone_htod(x).map_err(gpu_err)?;
+    let half = x.len() / 2;
+    let mut acc = s.clone_dtod(&xd).map_err(gpu_err)?;
+    let mut scratch = s
+        .alloc_zeros::<u8>(zcomm::compress_bound(half, zcomm::Dtype::F32))
+        .map_err(gpu_err)?;
+    let range = gpu.value_range_device(&xd.as_view())?.unwrap_or((0.0, 0.0));
+    let eb = ErrorBound::Abs(1e-3 * (range.1 - range.0) / 2.0);
+    let mut len = 0;
+    let mut rows = Vec::new();
+    rows.push((
+        "value range, whole input",
+        1,
+        time_it(&s, 5, || gpu.value_range_device(&xd.as_view()).map(drop))?,
+    ));
+    rows.push((
+        "copy input to accumulator",
+        1,
+        time_it(&s, 5, || s.memcpy_dtod(&xd, &mut acc).map_err(gpu_err))?,
+    ));
+    rows.push((
+        "compress half",
+        2,
+        time_it(&s, 5, || {
+            len = gpu.compress_device(&xd.slice(..half), eb, codec, &mut scratch.as_view_mut())?;
+            Ok(())
+        })?,
+    ));
+    let stream = s.clone_dtod(&scratch.slice(..len)).map_err(gpu_err)?;
+    rows.push((
+        "device copy of the stream",
+        2,
+        time_it(&s, 5, || {
+            s.clone_dtod(&stream.as_view()).map(drop).map_err(gpu_err)
+        })?,
+    ));
+    rows.push((
+        "decompress-add half",
+        1,
+        time_it(&s, 5, || {
+            gpu.decompress_add_device(&stream.as_view(), &mut acc.slice_mut(..half))
+        })?,
+    ));
+    rows.push((
+        "decompress half",
+        2,
+        time_it(&s, 5, || {
+            gpu.decompress_device(&stream.as_view(), &mut acc.slice_mut(..half))
+        })?,
+    ));
+    Ok(rows.into_iter().map(|(n, k, t)| (n, k, t * 1e3)).collect())
 }
 
 fn gpu_err(e: cudarc::driver::DriverError) -> Error {
@@ -291,6 +372,33 @@ fn run(a: Args) -> Result<bool> {
             times[times.len() - 1] * 1e3
         ),
     )?;
+    if a.breakdown {
+        let rows = breakdown(&inputs[0], codec)?;
+        w(&mut out, String::new())?;
+        w(
+            &mut out,
+            "| step (one rank's data, alone on the GPU) | per call | ms each | ms per call |"
+                .into(),
+        )?;
+        w(&mut out, "|---|---:|---:|---:|".into())?;
+        let mut total = 0.0;
+        for (name, k, ms) in &rows {
+            total += *k as f64 * ms;
+            w(
+                &mut out,
+                format!("| {name} | {k} | {ms:.3} | {:.3} |", *k as f64 * ms),
+            )?;
+        }
+        w(
+            &mut out,
+            format!(
+                "| sum for one rank | | | {total:.3} |\n\n{} ranks run these on one GPU: {:.3} ms if nothing overlapped, measured {:.3} ms",
+                a.ranks,
+                total * a.ranks as f64,
+                median * 1e3
+            ),
+        )?;
+    }
     if let Some(path) = &a.json {
         let rec = serde_json::json!({
             "op": "allreduce",
