@@ -38,7 +38,7 @@ use cudarc::driver::{CudaSlice, CudaView};
 
 use super::element::Real;
 use super::ring::{self, RingPlace, RingPlan};
-use super::transport::DeviceTransport;
+use super::transport::{DeviceBytes, DeviceTransport};
 use super::{
     partition, reduction_result_bound, reduction_step_bound, Decision, OpStats, OP_ALLREDUCE,
     OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER,
@@ -218,7 +218,7 @@ fn reduce<T: GpuElement + Real>(
 /// A compressed segment: this rank's own (in the scratch buffer) or one received.
 enum DeviceMsg {
     Scratch(usize),
-    Received(CudaSlice<u8>),
+    Received(DeviceBytes),
 }
 
 /// The ring's buffers on the device.
@@ -252,7 +252,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
         match m {
             DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
-            DeviceMsg::Received(s) => s.as_view(),
+            DeviceMsg::Received(s) => s.view(),
         }
     }
 }
@@ -291,7 +291,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             }
         };
         self.gpu
-            .decompress_add_device(&stream.as_view(), &mut self.acc.slice_mut(range))
+            .decompress_add_device(&stream.view(), &mut self.acc.slice_mut(range))
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
@@ -307,6 +307,12 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         Ok(all.into_iter().map(DeviceMsg::Received).collect())
     }
 
+    fn release(&mut self, m: DeviceMsg) {
+        if let DeviceMsg::Received(b) = m {
+            self.t.recycle(b);
+        }
+    }
+
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
         let stream = match m {
@@ -316,6 +322,6 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             }
         };
         self.gpu
-            .decompress_device(&stream.as_view(), &mut self.acc.slice_mut(range))
+            .decompress_device(&stream.view(), &mut self.acc.slice_mut(range))
     }
 }

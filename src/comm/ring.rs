@@ -37,6 +37,10 @@ pub(crate) trait RingPlace {
     fn allgather(&mut self, m: Self::Msg) -> Result<Vec<Self::Msg>>;
     /// Output segment `seg` = `m` decoded.
     fn decode_into_output(&mut self, seg: usize, m: &Self::Msg) -> Result<()>;
+    /// A received message is no longer needed (its buffer may be reused). Default: drop it.
+    fn release(&mut self, m: Self::Msg) {
+        drop(m);
+    }
 }
 
 /// What [`reduce`] needs to know.
@@ -88,11 +92,12 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
             let got = place.exchange(msg, right, left)?;
             let seg = (r + 2 * p - s - 2) % p;
             place.accumulate(seg, &got)?;
-            msg = if s + 2 < p {
-                place.encode(seg, step, plan.codec)?
+            place.release(got);
+            if s + 2 < p {
+                msg = place.encode(seg, step, plan.codec)?;
             } else {
-                got // unused: the loop ends
-            };
+                break;
+            }
         }
     }
     if plan.divisor != 1.0 {
@@ -101,8 +106,9 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
     if plan.full {
         let fin = place.encode(r, ErrorBound::Abs(plan.final_bound), plan.codec)?;
         bytes.final_stream = place.wire_len(&fin);
-        for (k, m) in place.allgather(fin)?.iter().enumerate() {
-            place.decode_into_output(k, m)?;
+        for (k, m) in place.allgather(fin)?.into_iter().enumerate() {
+            place.decode_into_output(k, &m)?;
+            place.release(m);
         }
     }
     Ok(bytes)

@@ -14,14 +14,19 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 
-use super::{DeviceTransport, LinkEmulation, LoopbackTransport, ReduceOp, SendHandle, Transport};
+use super::{
+    DeviceBytes, DeviceTransport, LinkEmulation, LoopbackTransport, ReduceOp, SendHandle, Transport,
+};
 use crate::error::{Error, Result};
 
-type Mailbox = HashMap<(usize, usize), VecDeque<CudaSlice<u8>>>;
+type Mailbox = HashMap<(usize, usize), VecDeque<DeviceBytes>>;
 
 /// State shared by the ranks of one device group.
 struct DeviceFabric {
     mail: Mutex<Mailbox>,
+    /// Per receiving rank: buffers its received messages were copied into, given back for
+    /// reuse (allocating device memory per message costs more than copying it).
+    pool: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
     arrived: Condvar,
     link: LinkEmulation,
     epoch: Instant,
@@ -50,6 +55,7 @@ impl DeviceLoopback {
     pub fn group(n: usize, link: LinkEmulation) -> Vec<Self> {
         let fabric = Arc::new(DeviceFabric {
             mail: Mutex::new(HashMap::new()),
+            pool: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
             link,
             epoch: Instant::now(),
@@ -73,12 +79,32 @@ impl DeviceLoopback {
         Ok(())
     }
 
-    /// Copy `bytes` into a new buffer on `stream` and post it to `dest`.
+    /// A buffer of at least `len` bytes for a message to `owner`: a recycled one if one fits.
+    fn buffer_for(
+        &self,
+        owner: usize,
+        len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<CudaSlice<u8>> {
+        {
+            let mut pool = self.fabric.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let bufs = pool.entry(owner).or_default();
+            if let Some(i) = bufs.iter().position(|b| b.len() >= len) {
+                return Ok(bufs.swap_remove(i));
+            }
+        }
+        // round up so that slightly longer messages later still fit
+        let cap = len.max(1).next_multiple_of(1 << 20);
+        // SAFETY: only the first `len` bytes of a message buffer are ever read, after the copy
+        // below has written them.
+        unsafe { stream.alloc::<u8>(cap) }.map_err(gpu_err("loopback buffer"))
+    }
+
+    /// Copy `bytes` into a buffer of `dest`'s on `stream` and post it to `dest`.
     fn post(&self, dest: usize, bytes: &CudaView<'_, u8>, stream: &Arc<CudaStream>) -> Result<()> {
         self.check_peer(dest)?;
         let t0 = self.fabric.epoch.elapsed().as_secs_f64();
-        let copy = stream.clone_dtod(bytes).map_err(gpu_err("loopback copy"))?;
-        stream.synchronize().map_err(gpu_err("loopback copy"))?;
+        let copy = self.copy_for(dest, bytes, stream)?;
         if let Some(bw) = self.fabric.link.bandwidth {
             // the link is slower than the copy: hold the message until it would have arrived
             let due = t0 + self.fabric.link.latency + bytes.len() as f64 / bw;
@@ -94,8 +120,26 @@ impl DeviceLoopback {
         Ok(())
     }
 
+    /// `bytes` copied (and synchronized) into a buffer owned by `owner`.
+    fn copy_for(
+        &self,
+        owner: usize,
+        bytes: &CudaView<'_, u8>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<DeviceBytes> {
+        let len = bytes.len();
+        let mut buf = self.buffer_for(owner, len, stream)?;
+        if len > 0 {
+            stream
+                .memcpy_dtod(bytes, &mut buf.slice_mut(..len))
+                .map_err(gpu_err("loopback copy"))?;
+        }
+        stream.synchronize().map_err(gpu_err("loopback copy"))?;
+        DeviceBytes::new(buf, len)
+    }
+
     /// The next device message from `src`.
-    fn take(&self, src: usize) -> Result<CudaSlice<u8>> {
+    fn take(&self, src: usize) -> Result<DeviceBytes> {
         self.check_peer(src)?;
         let key = (src, self.rank());
         let mut mail = self.fabric.mail.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,7 +220,7 @@ impl DeviceTransport for DeviceLoopback {
         bytes: &CudaView<'_, u8>,
         src: usize,
         stream: &Arc<CudaStream>,
-    ) -> Result<CudaSlice<u8>> {
+    ) -> Result<DeviceBytes> {
         self.post(dest, bytes, stream)?;
         self.take(src)
     }
@@ -185,7 +229,7 @@ impl DeviceTransport for DeviceLoopback {
         &self,
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
-    ) -> Result<Vec<CudaSlice<u8>>> {
+    ) -> Result<Vec<DeviceBytes>> {
         let (r, p) = (self.rank(), self.size());
         for dest in (0..p).filter(|&d| d != r) {
             self.post(dest, mine, stream)?;
@@ -193,12 +237,18 @@ impl DeviceTransport for DeviceLoopback {
         (0..p)
             .map(|src| {
                 if src == r {
-                    let own = stream.clone_dtod(mine).map_err(gpu_err("loopback copy"))?;
-                    Ok(own)
+                    self.copy_for(r, mine, stream)
                 } else {
                     self.take(src)
                 }
             })
             .collect()
+    }
+
+    fn recycle(&self, bytes: DeviceBytes) {
+        let mut pool = self.fabric.pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.entry(self.rank())
+            .or_default()
+            .push(bytes.into_buffer());
     }
 }

@@ -320,6 +320,45 @@ mod device_loopback;
 #[cfg(feature = "cuda")]
 pub use self::device_loopback::DeviceLoopback;
 
+/// A message in device memory: the first `len` bytes of a buffer that may be longer (received
+/// messages land in reused buffers; give them back with [`DeviceTransport::recycle`]).
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub struct DeviceBytes {
+    buf: cudarc::driver::CudaSlice<u8>,
+    len: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceBytes {
+    /// The first `len` bytes of `buf` (`len <= buf.len()`, else an error).
+    pub fn new(buf: cudarc::driver::CudaSlice<u8>, len: usize) -> Result<Self> {
+        if len > buf.len() {
+            return Err(Error::invalid(format!(
+                "a {len}-byte message cannot live in a {}-byte buffer",
+                buf.len()
+            )));
+        }
+        Ok(DeviceBytes { buf, len })
+    }
+    /// The message's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The message's bytes.
+    pub fn view(&self) -> cudarc::driver::CudaView<'_, u8> {
+        self.buf.slice(..self.len)
+    }
+    /// The whole buffer back.
+    pub fn into_buffer(self) -> cudarc::driver::CudaSlice<u8> {
+        self.buf
+    }
+}
+
 /// A [`Transport`] that also moves bytes that live in device memory, without staging them
 /// through the host (NVLink, PCIe peer copies, or the in-process [`DeviceLoopback`]).
 ///
@@ -328,14 +367,14 @@ pub use self::device_loopback::DeviceLoopback;
 #[cfg(feature = "cuda")]
 pub trait DeviceTransport: Transport {
     /// Send `bytes` (device memory, ready on `stream`) to `dest` and receive one message from
-    /// `src` into a new device buffer, ready on `stream` when this returns.
+    /// `src`, ready on `stream` when this returns.
     fn sendrecv_device(
         &self,
         dest: usize,
         bytes: &cudarc::driver::CudaView<'_, u8>,
         src: usize,
         stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ) -> Result<cudarc::driver::CudaSlice<u8>>;
+    ) -> Result<DeviceBytes>;
 
     /// Gather one device record of any length from every rank, in rank order (this rank's own
     /// record is copied too).
@@ -343,5 +382,11 @@ pub trait DeviceTransport: Transport {
         &self,
         mine: &cudarc::driver::CudaView<'_, u8>,
         stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ) -> Result<Vec<cudarc::driver::CudaSlice<u8>>>;
+    ) -> Result<Vec<DeviceBytes>>;
+
+    /// Give a received message's buffer back once nothing reads it any more (the work reading it
+    /// has completed), so later messages reuse it instead of allocating. Default: drop it.
+    fn recycle(&self, bytes: DeviceBytes) {
+        drop(bytes);
+    }
 }
