@@ -3104,13 +3104,17 @@ impl Communicator {
         // 2. the per-quantization bound (exactly the host path's)
         let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
         let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
-        let m = glo.abs().max(ghi.abs());
-        let m = if m.is_finite() { m } else { 0.0 };
         let pf = p as f64;
-        let d = if kind == Reduction::Mean { pf } else { 1.0 };
-        let nq = if full { p } else { p - 1 };
-        let e = super::reduction_result_bound(self.config.bound, glo, ghi);
-        let Some(eb) = super::reduction_step_bound(e, m, p, T::UNIT_ROUNDOFF, d, nq) else {
+        let split = super::ring::BoundSplit::new(
+            self.config.bound,
+            (glo, ghi),
+            p,
+            T::UNIT_ROUNDOFF,
+            kind == Reduction::Mean,
+            full,
+        );
+        let (e, d) = (split.result, split.divisor);
+        let Some(eb) = split.step else {
             return Ok(None);
         };
         // 3. decision (identical on every rank: agreed profile and summed estimates)

@@ -37,12 +37,9 @@ use std::ops::Range;
 use cudarc::driver::{CudaSlice, CudaView};
 
 use super::element::Real;
-use super::ring::{self, RingPlace, RingPlan};
+use super::ring::{self, BoundSplit, RingPlace, RingPlan};
 use super::transport::{DeviceBytes, DeviceTransport};
-use super::{
-    partition, reduction_result_bound, reduction_step_bound, Decision, OpStats, OP_ALLREDUCE,
-    OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER,
-};
+use super::{partition, Decision, OpStats, OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuCodec, GpuElement};
@@ -146,18 +143,19 @@ fn reduce<T: GpuElement + Real>(
     }
     // 2. the per-quantisation bound (as the host ring: p quantisations for the allreduces,
     //    p - 1 for reduce-scatter; partial sums at eb * divisor, the final segment at eb)
-    let m = glo.abs().max(ghi.abs());
-    let m = if m.is_finite() { m } else { 0.0 };
-    let d = if op == OP_ALLREDUCE_MEAN {
-        p as f64
-    } else {
-        1.0
-    };
-    let nq = if full { p } else { (p - 1).max(1) };
-    let e = reduction_result_bound(bound, glo, ghi);
-    let eb = reduction_step_bound(e, m, p, T::UNIT_ROUNDOFF, d, nq).ok_or_else(|| {
+    let split = BoundSplit::new(
+        bound,
+        (glo, ghi),
+        p,
+        T::UNIT_ROUNDOFF,
+        op == OP_ALLREDUCE_MEAN,
+        full,
+    );
+    let (e, d) = (split.result, split.divisor);
+    let eb = split.step.ok_or_else(|| {
         Error::invalid(format!(
-            "the bound {e:e} leaves no room for quantisation at this value magnitude ({m:e})"
+            "the bound {e:e} leaves no room for quantisation at these values' magnitude \
+             ({glo:e} .. {ghi:e})"
         ))
     })?;
     // 3. the ring, accumulating in `acc` (the allreduces: `out` itself). One rank: the exact
@@ -257,6 +255,16 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     }
 }
 
+/// The bytes of a message this rank received (its own scratch is never decoded by the ring).
+fn received(m: &DeviceMsg) -> Result<&DeviceBytes> {
+    match m {
+        DeviceMsg::Received(b) => Ok(b),
+        DeviceMsg::Scratch(_) => Err(Error::Comm(
+            "ring: decoding a segment that was never exchanged".into(),
+        )),
+    }
+}
+
 impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     type Msg = DeviceMsg;
 
@@ -284,12 +292,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
-        let stream = match m {
-            DeviceMsg::Received(s) => s,
-            DeviceMsg::Scratch(_) => {
-                return Err(Error::Comm("ring: accumulating an unsent segment".into()))
-            }
-        };
+        let stream = received(m)?;
         self.gpu
             .decompress_add_device(&stream.view(), &mut self.acc.slice_mut(range))
     }
@@ -315,12 +318,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
-        let stream = match m {
-            DeviceMsg::Received(s) => s,
-            DeviceMsg::Scratch(_) => {
-                return Err(Error::Comm("ring: decoding an unsent segment".into()))
-            }
-        };
+        let stream = received(m)?;
         self.gpu
             .decompress_device(&stream.view(), &mut self.acc.slice_mut(range))
     }

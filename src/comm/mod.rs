@@ -2203,20 +2203,19 @@ impl Communicator {
         }
         let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
         let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
-        let m = glo.abs().max(ghi.abs());
-        let m = if m.is_finite() { m } else { 0.0 };
         // 2. the per-quantization bound
-        let d = if op == OP_ALLREDUCE_MEAN {
-            p as f64
-        } else {
-            1.0
-        };
+        let split = ring::BoundSplit::new(
+            self.config.bound,
+            (glo, ghi),
+            p,
+            S::UNIT_ROUNDOFF,
+            op == OP_ALLREDUCE_MEAN,
+            full,
+        );
+        let (e, d) = (split.result, split.divisor);
         let pf = p as f64;
-        let nq = if full { pf } else { (pf - 1.0).max(1.0) };
-        let e = reduction_result_bound(self.config.bound, glo, ghi);
-        let step = reduction_step_bound(e, m, p, S::UNIT_ROUNDOFF, d, nq as usize);
-        let usable = step.is_some();
-        let eb = step.unwrap_or(f64::NAN);
+        let usable = split.step.is_some();
+        let eb = split.step.unwrap_or(f64::NAN);
         // 3. ratio estimate at the per-step bound, per candidate codec (mean over ranks of
         //    1/ratio: every rank then sees the same numbers and makes the same choice)
         let mut ratio_of = 1.0;

@@ -43,6 +43,50 @@ pub(crate) trait RingPlace {
     }
 }
 
+/// The end-to-end bound of a ring reduction split over the requantisations it performs: the one
+/// bound split of every reduction (host ring, device ring, staged device ring).
+///
+/// The result bound `E` (abs, or noa of the inputs' global range `[lo, hi]`) covers `p`
+/// quantisations for an allreduce (`p - 1` partial sums and the final segment) and `p - 1` for a
+/// reduce-scatter, plus the float rounding of the `p - 1` additions at the largest magnitude the
+/// partial sums can reach ([`super::reduction_step_bound`]). Partial sums are quantised at
+/// `step · divisor` (they are divided by the divisor afterwards), the final segment at `step`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BoundSplit {
+    /// The guaranteed bound on every value of the result.
+    pub result: f64,
+    /// The bound of each quantisation; `None` when rounding leaves no room for one.
+    pub step: Option<f64>,
+    /// `p` for a mean, else 1.
+    pub divisor: f64,
+}
+
+impl BoundSplit {
+    /// The split for `p` ranks whose inputs' global finite range is `[lo, hi]` (`lo > hi`:
+    /// none), for values of unit roundoff `unit_roundoff`.
+    pub fn new(
+        bound: ErrorBound,
+        (lo, hi): (f64, f64),
+        p: usize,
+        unit_roundoff: f64,
+        mean: bool,
+        full: bool,
+    ) -> Self {
+        let m = lo.abs().max(hi.abs());
+        let max_abs = if m.is_finite() { m } else { 0.0 };
+        let divisor = if mean { p as f64 } else { 1.0 };
+        let quantisations = if full { p } else { p.saturating_sub(1).max(1) };
+        let result = super::reduction_result_bound(bound, lo, hi);
+        let step =
+            super::reduction_step_bound(result, max_abs, p, unit_roundoff, divisor, quantisations);
+        BoundSplit {
+            result,
+            step,
+            divisor,
+        }
+    }
+}
+
 /// What [`reduce`] needs to know.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RingPlan {
