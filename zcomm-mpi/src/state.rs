@@ -1,6 +1,16 @@
 //! The process's state: settings, one zcomm communicator per MPI communicator, the report, the
 //! re-entrancy flag and the fatal-error path.
 
+/// Print one line to stderr in a single `write`: lines of several ranks then never interleave
+/// mid-line in the launcher's merged output (`eprintln!` may write a line in several pieces).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }};
+}
+
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -104,7 +114,7 @@ fn world_rank() -> c_int {
 
 /// Print `msg` (one line, naming the rank) and end the whole job with `MPI_Abort`.
 pub fn fatal(msg: &str) -> ! {
-    eprintln!("zcomm-mpi: rank {}: {msg}; aborting the job", world_rank());
+    say!("zcomm-mpi: rank {}: {msg}; aborting the job", world_rank());
     // SAFETY: MPI_Abort on MPI_COMM_WORLD ends every process of the job; it does not return.
     unsafe {
         mpi::ffi::PMPI_Abort(ffi::world(), 1);
@@ -250,17 +260,17 @@ pub fn setup() {
     };
     let settings = match parsed {
         Err(e) => {
-            eprintln!("zcomm-mpi: rank {rank}: invalid setting {e}; aborting the job");
+            say!("zcomm-mpi: rank {rank}: invalid setting {e}; aborting the job");
             end_job_together()
         }
         Ok(_) if ok_min == 0 => {
-            eprintln!(
+            say!(
                 "zcomm-mpi: rank {rank}: another rank has an invalid ZCOMM_* setting (see its message); aborting the job"
             );
             end_job_together()
         }
         Ok(_) if h_min != h_max => {
-            eprintln!(
+            say!(
                 "zcomm-mpi: rank {rank}: the ZCOMM_* settings differ between ranks (every rank must use the same); aborting the job"
             );
             end_job_together()
@@ -298,12 +308,11 @@ fn end_job_together() -> ! {
     unsafe {
         mpi::ffi::PMPI_Barrier(ffi::world());
     }
-    // one rank aborts, after giving the launcher's I/O forwarding time to deliver every rank's
-    // line (the others wait to be ended by that abort)
+    // The other ranks leave first: a process that exits closes its output, so the launcher
+    // forwards every line it wrote (a process killed by the abort may lose lines still in the
+    // launcher's pipe). Rank 0 then aborts, which ends the job with a failure status.
     if world_rank() != 0 {
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
+        std::process::exit(1);
     }
     std::thread::sleep(std::time::Duration::from_millis(1000));
     // SAFETY: MPI_Abort ends every process of the job; it does not return.
@@ -375,6 +384,6 @@ pub fn teardown() {
     let job = crate::report::JobReport::new(&st.settings, ranks);
     let text = serde_json::to_string_pretty(&job).unwrap_or_default();
     if let Err(e) = std::fs::write(&path, text + "\n") {
-        eprintln!("zcomm-mpi: rank 0: cannot write ZCOMM_REPORT={path}: {e}");
+        say!("zcomm-mpi: rank 0: cannot write ZCOMM_REPORT={path}: {e}");
     }
 }
