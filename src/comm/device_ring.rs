@@ -1,5 +1,5 @@
 //! The compressed ring reduction on device-resident buffers over a [`DeviceTransport`]: the
-//! schedule of [`ring`](super::ring), with the GPU codec compressing segments in device memory,
+//! schedule of the `ring` module, with the GPU codec compressing segments in device memory,
 //! the transport moving the compressed bytes device to device, and the fused
 //! decompress-and-add kernel accumulating them. Nothing is staged through the host; the host
 //! sees only the descriptor agreement (count and value range, one small allgather).

@@ -6,15 +6,21 @@
 //! measured time, guaranteed bound) and logs it with `tracing` (target `zcomm::comm`).
 //!
 //! ```no_run
+//! # #[cfg(feature = "mpi")] {
 //! use zcomm::comm::{Communicator, Config};
 //! use zcomm::{model::Policy, CodecKind, ErrorBound};
 //! let cfg = Config::new(ErrorBound::Noa(1e-3)).with_policy(Policy::Auto(CodecKind::Aatrox));
-//! let mut comm = Communicator::init(cfg).unwrap(); // collective: every rank calls it
+//! let mut comm = Communicator::init(cfg).unwrap(); // collective: every rank calls it (MPI)
 //! let grad: Vec<f32> = vec![0.5; 1 << 20];
 //! let mut avg = vec![0.0f32; grad.len()];
 //! let stats = comm.allreduce_mean(&grad, &mut avg).unwrap();
 //! println!("{stats}");
+//! # }
 //! ```
+//!
+//! Without MPI (feature `mpi` off, or in tests), the same operations run over the in-process
+//! [`LoopbackTransport`](transport::LoopbackTransport): one thread per rank, each building its
+//! communicator with [`Communicator::with_transport`].
 //!
 //! Operations: [`send`](Communicator::send) / [`recv`](Communicator::recv) /
 //! [`recv_vec`](Communicator::recv_vec), [`sendrecv`](Communicator::sendrecv), the non-blocking

@@ -115,7 +115,7 @@ fn sub_down(b: f64, a: f64) -> f64 {
 /// `hi - lo` overflows when the range spans more than `f64::MAX` (f64 data from below
 /// `-8.9e307` to above `8.9e307`); the width is then taken of the halved ends (exact: both ends
 /// are far from the subnormals) and the bound doubled back, saturating at `f64::MAX`, which is
-/// still below the exact product. Rounding: the width is rounded down ([`sub_down`]) and the
+/// still below the exact product. Rounding: the width is rounded down (`sub_down`) and the
 /// product one ulp down ([`pred`] of a round-to-nearest result never exceeds the exact value).
 pub fn noa_abs_bound(e: f64, (lo, hi): (f64, f64)) -> f64 {
     if !(e >= 0.0 && lo <= hi && lo.is_finite() && hi.is_finite()) {
@@ -339,7 +339,7 @@ impl QuantParams {
     /// [`QuantParams::derive`] for data with a fill value `fill` (see [`fill_in_dtype`]): the
     /// range and the degenerate step ignore the values bitwise equal to it, and the quantizer
     /// refuses them, so the codecs keep them exactly. `range` replaces the measured range as in
-    /// [`QuantParams::derive_with_range`] (noa only).
+    /// `QuantParams::derive_with_range` (noa only).
     pub fn derive_with_fill<T: Element>(
         data: &[T],
         bound: ErrorBound,

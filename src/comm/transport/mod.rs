@@ -312,11 +312,11 @@ mod mpi;
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiTransport;
 
-mod loopback;
+pub mod loopback;
 pub use self::loopback::{LinkEmulation, LoopbackTransport};
 
 #[cfg(feature = "cuda")]
-mod device_loopback;
+pub mod device_loopback;
 #[cfg(feature = "cuda")]
 pub use self::device_loopback::DeviceLoopback;
 
