@@ -29,6 +29,7 @@ fn main() {
         gpu_trial("device_ring_matches_host_ring_f32", matches_host::<f32>),
         gpu_trial("device_ring_matches_host_ring_f64", matches_host::<f64>),
         gpu_trial("device_ring_count_mismatch_fails_everywhere", mismatch),
+        gpu_trial("device_ring_one_rank_copies_whatever_the_bound", one_rank),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -187,6 +188,31 @@ fn mismatch() -> Result<(), String> {
                     "rank {r}: expected a mismatch error, got {other:?}"
                 ))
             }
+        }
+    }
+    Ok(())
+}
+
+/// One rank sends nothing, so (as the host path) it returns its input even when the bound is too
+/// small to quantise anything.
+fn one_rank() -> Result<(), String> {
+    let inputs: Vec<Vec<f32>> = vec![input(0, 1000)];
+    for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
+        let got = device(
+            &inputs,
+            op,
+            ErrorBound::Abs(1e-30),
+            CodecKind::Aatrox,
+            &[1000],
+        );
+        let want = host(&inputs, op, ErrorBound::Abs(1e-30), CodecKind::Aatrox);
+        let g = got
+            .into_iter()
+            .next()
+            .unwrap()
+            .map_err(|e| format!("{op:?}: {e}"))?;
+        if g != inputs[0] || g != want[0] {
+            return Err(format!("{op:?}: one rank did not return its input"));
         }
     }
     Ok(())

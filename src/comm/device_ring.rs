@@ -141,6 +141,20 @@ fn reduce<T: GpuElement + Real>(
         glo = glo.min(f(c, 8));
         ghi = ghi.max(f(c, 16));
     }
+    // One rank: the exact result is the input (divided by 1), as on the host path, which
+    // sends nothing either; no quantisation, so no bound to split.
+    let stream = gpu.stream().clone();
+    if p == 1 {
+        let seg = segs[0].clone();
+        stream
+            .memcpy_dtod(&x.slice(seg), out)
+            .map_err(gpu_err("copy input"))?;
+        stream.synchronize().map_err(gpu_err("sync"))?;
+        let mut st = OpStats::raw(op);
+        st.bytes = (x.len() * T::SIZE) as u64;
+        st.measured_s = t.wtime() - t0;
+        return Ok(st);
+    }
     // 2. the per-quantisation bound (as the host ring: p quantisations for the allreduces,
     //    p - 1 for reduce-scatter; partial sums at eb * divisor, the final segment at eb)
     let split = BoundSplit::new(
@@ -158,20 +172,7 @@ fn reduce<T: GpuElement + Real>(
              ({glo:e} .. {ghi:e})"
         ))
     })?;
-    // 3. the ring, accumulating in `acc` (the allreduces: `out` itself). One rank: the exact
-    //    result is the input (divided by 1), as on the host path, which sends nothing either.
-    let stream = gpu.stream().clone();
-    if p == 1 {
-        let seg = segs[0].clone();
-        stream
-            .memcpy_dtod(&x.slice(seg), out)
-            .map_err(gpu_err("copy input"))?;
-        stream.synchronize().map_err(gpu_err("sync"))?;
-        let mut st = OpStats::raw(op);
-        st.bytes = (x.len() * T::SIZE) as u64;
-        st.measured_s = t.wtime() - t0;
-        return Ok(st);
-    }
+    // 3. the ring, accumulating in `acc` (the allreduces: `out` itself)
     let longest = segs.iter().map(Range::len).max().unwrap_or(0);
     let scratch_len = crate::format::compress_bound(longest, T::DTYPE);
     // SAFETY: the codec writes a stream into the scratch before anything reads it.
