@@ -256,7 +256,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     }
 }
 
-/// The bytes of a message this rank received (its own scratch is never decoded by the ring).
+/// The bytes of a message this rank received (only received partial sums are accumulated).
 fn received(m: &DeviceMsg) -> Result<&DeviceBytes> {
     match m {
         DeviceMsg::Received(b) => Ok(b),
@@ -308,7 +308,15 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     fn allgather(&mut self, m: DeviceMsg) -> Result<Vec<DeviceMsg>> {
         let stream = self.gpu.stream().clone();
         let all = self.t.allgather_device(&self.view(&m), &stream)?;
-        Ok(all.into_iter().map(DeviceMsg::Received).collect())
+        // this rank's own segment is decoded from the scratch it was compressed into
+        let mut own = Some(m);
+        Ok(all
+            .into_iter()
+            .map(|b| match b {
+                Some(b) => DeviceMsg::Received(b),
+                None => own.take().unwrap_or(DeviceMsg::Scratch(0)),
+            })
+            .collect())
     }
 
     fn release(&mut self, m: DeviceMsg) {
@@ -319,8 +327,11 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
-        let stream = received(m)?;
+        let stream = match m {
+            DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
+            DeviceMsg::Received(b) => b.view(),
+        };
         self.gpu
-            .decompress_device(&stream.view(), &mut self.acc.slice_mut(range))
+            .decompress_device(&stream, &mut self.acc.slice_mut(range))
     }
 }

@@ -229,19 +229,13 @@ impl DeviceTransport for DeviceLoopback {
         &self,
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
-    ) -> Result<Vec<DeviceBytes>> {
+    ) -> Result<Vec<Option<DeviceBytes>>> {
         let (r, p) = (self.rank(), self.size());
         for dest in (0..p).filter(|&d| d != r) {
             self.post(dest, mine, stream)?;
         }
         (0..p)
-            .map(|src| {
-                if src == r {
-                    self.copy_for(r, mine, stream)
-                } else {
-                    self.take(src)
-                }
-            })
+            .map(|src| (src != r).then(|| self.take(src)).transpose())
             .collect()
     }
 

@@ -33,6 +33,7 @@
 //! ```
 
 use super::{ReduceOp, SendHandle, Transport};
+use crate::element::Element;
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -315,28 +316,42 @@ impl LoopbackTransport {
             .collect()
     }
 
-    /// Element-wise sum, in rank order, of every rank's `input` (the same length everywhere).
-    fn sum_all<const W: usize>(
+    /// Element-wise reduction with `op`, in rank order, of every rank's `input` into `out` (the
+    /// same length everywhere): every rank folds the same values in the same order, so all get
+    /// bit-identical results.
+    fn reduce_all<T: Element>(
         &self,
-        input: &[u8],
-        out_len: usize,
-        add: impl Fn(&mut [u8; W], [u8; W]),
-    ) -> Result<Vec<u8>> {
-        let all = self.exchange_all(input)?;
-        if let Some((r, bad)) = all.iter().enumerate().find(|(_, a)| a.len() != out_len) {
+        input: &[T],
+        out: &mut [T],
+        op: impl Fn(T, T) -> T,
+    ) -> Result<()> {
+        if input.len() != out.len() {
+            return Err(Error::invalid(
+                "loopback reduction: input and output lengths differ",
+            ));
+        }
+        let bytes: Vec<u8> = input
+            .iter()
+            .flat_map(|v| v.to_bits_u64().to_le_bytes()[..T::SIZE].to_vec())
+            .collect();
+        let all = self.exchange_all(&bytes)?;
+        if let Some((r, bad)) = all.iter().enumerate().find(|(_, a)| a.len() != bytes.len()) {
             return Err(Error::Comm(format!(
-                "loopback sum: rank {r} contributed {} bytes, {out_len} expected",
-                bad.len()
+                "loopback reduction: rank {r} contributed {} bytes, {} expected",
+                bad.len(),
+                bytes.len()
             )));
         }
-        let mut acc = all[0].clone();
-        for other in &all[1..] {
-            for (a, b) in acc.chunks_exact_mut(W).zip(other.chunks_exact(W)) {
-                let a: &mut [u8; W] = a.try_into().expect("chunks of W bytes");
-                add(a, b.try_into().expect("chunks of W bytes"));
-            }
+        let value = |c: &[u8]| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            T::from_bits_u64(u64::from_le_bytes(w))
+        };
+        for (i, o) in out.iter_mut().enumerate() {
+            let at = |k: usize| value(&all[k][i * T::SIZE..(i + 1) * T::SIZE]);
+            *o = (1..all.len()).fold(at(0), |acc, k| op(acc, at(k)));
         }
-        Ok(acc)
+        Ok(())
     }
 }
 
@@ -426,55 +441,20 @@ impl Transport for LoopbackTransport {
     }
 
     fn allreduce_f64(&self, vals: &mut [f64], op: ReduceOp) -> Result<()> {
-        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let f = |a: &mut [u8; 8], b: [u8; 8]| {
-            let (x, y) = (f64::from_le_bytes(*a), f64::from_le_bytes(b));
-            let r = match op {
-                ReduceOp::Sum => x + y,
-                ReduceOp::Min => x.min(y),
-                ReduceOp::Max => x.max(y),
-            };
-            *a = r.to_le_bytes();
-        };
-        let acc = self.sum_all::<8>(&bytes, bytes.len(), f)?;
-        for (v, c) in vals.iter_mut().zip(acc.chunks_exact(8)) {
-            *v = f64::from_le_bytes(c.try_into().expect("8-byte chunks"));
-        }
-        Ok(())
+        let input = vals.to_vec();
+        self.reduce_all(&input, vals, |x: f64, y| match op {
+            ReduceOp::Sum => x + y,
+            ReduceOp::Min => x.min(y),
+            ReduceOp::Max => x.max(y),
+        })
     }
 
     fn allreduce_sum_f32(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        if input.len() != out.len() {
-            return Err(Error::invalid(
-                "allreduce_sum_f32: input and output lengths differ",
-            ));
-        }
-        let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let add = |a: &mut [u8; 4], b: [u8; 4]| {
-            *a = (f32::from_le_bytes(*a) + f32::from_le_bytes(b)).to_le_bytes();
-        };
-        let acc = self.sum_all::<4>(&bytes, bytes.len(), add)?;
-        for (v, c) in out.iter_mut().zip(acc.chunks_exact(4)) {
-            *v = f32::from_le_bytes(c.try_into().expect("4-byte chunks"));
-        }
-        Ok(())
+        self.reduce_all(input, out, |x, y| x + y)
     }
 
     fn allreduce_sum_f64(&self, input: &[f64], out: &mut [f64]) -> Result<()> {
-        if input.len() != out.len() {
-            return Err(Error::invalid(
-                "allreduce_sum_f64: input and output lengths differ",
-            ));
-        }
-        let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let add = |a: &mut [u8; 8], b: [u8; 8]| {
-            *a = (f64::from_le_bytes(*a) + f64::from_le_bytes(b)).to_le_bytes();
-        };
-        let acc = self.sum_all::<8>(&bytes, bytes.len(), add)?;
-        for (v, c) in out.iter_mut().zip(acc.chunks_exact(8)) {
-            *v = f64::from_le_bytes(c.try_into().expect("8-byte chunks"));
-        }
-        Ok(())
+        self.reduce_all(input, out, |x, y| x + y)
     }
 
     fn barrier(&self) -> Result<()> {

@@ -376,13 +376,13 @@ pub trait DeviceTransport: Transport {
         stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     ) -> Result<DeviceBytes>;
 
-    /// Gather one device record of any length from every rank, in rank order (this rank's own
-    /// record is copied too).
+    /// Gather one device record of any length from every rank, in rank order; this rank's own
+    /// entry is `None` (its record is the caller's `mine`: no copy of it is made).
     fn allgather_device(
         &self,
         mine: &cudarc::driver::CudaView<'_, u8>,
         stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ) -> Result<Vec<DeviceBytes>>;
+    ) -> Result<Vec<Option<DeviceBytes>>>;
 
     /// Give a received message's buffer back once nothing reads it any more (the work reading it
     /// has completed), so later messages reuse it instead of allocating. Default: drop it.
