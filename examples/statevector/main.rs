@@ -113,7 +113,7 @@ fn main() -> ExitCode {
     let circ = match text.and_then(|s| qasm::parse(&s).map_err(|e| e.to_string())) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("statevector: {name}: {e}");
+            report_error(&format!("{name}: {e}"));
             return ExitCode::from(2);
         }
     };
@@ -125,11 +125,19 @@ fn main() -> ExitCode {
     let code = match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("statevector: {e}");
+            report_error(&e);
             ExitCode::from(2)
         }
     };
     exit_code(code)
+}
+
+/// Prints one error line with a single write: `eprintln!` writes the pieces of its format
+/// separately, and under `mpirun` the lines of several ranks then interleave mid-line.
+fn report_error(msg: &str) {
+    use std::io::Write;
+    let line = format!("statevector: {msg}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// What the bound of the exchanges is and where it came from.

@@ -87,7 +87,7 @@ bad() {
         cat "$WORK/bad.out"
         echo "FAILED: accepted a bad circuit ($what)"
         fail=1
-    elif [ "$(grep -c "bad.qasm: line $line: .*$what" "$WORK/bad.out")" != 2 ]; then
+    elif [ "$(grep -o "bad.qasm: line $line: [^:]*$what" "$WORK/bad.out" | wc -l)" != 2 ]; then
         cat "$WORK/bad.out"
         echo "FAILED: expected 2 ranks to report line $line ($what)"
         fail=1
