@@ -1,0 +1,495 @@
+//! [`DeviceStager::calibrate`]: measures the [`DeviceProfile`] (codec, staging and link rates,
+//! shared and solo) on every rank at once.
+
+use super::*;
+
+impl DeviceStager {
+    /// Measure GPU codec throughput and pinned copy times, every rank at once (ranks sharing a
+    /// GPU see their share, as in the real collective operations); all ranks adopt the slowest
+    /// rank's numbers. Collective over `comm`.
+    ///
+    /// * Codec: a smooth f32 field of `values` values (at least [`CALIBRATION_MIN_VALUES`],
+    ///   64 MiB; pass the size of the operations to predict, large enough that one call is not
+    ///   lost in another process's time slice), `noa:1e-3`; a barrier before every repetition,
+    ///   [`CALIBRATION_WARMUP`] warm-up calls, then the median of [`CALIBRATION_REPS`].
+    /// * Staging: pinned D2H and H2D copies at 1, 4, 16, 64, 256 MiB and the field's size (the
+    ///   sizes up to it), same schedule, stored as the profile's [`StagingCurve`]; the
+    ///   compressed streams (ratio times smaller) are predicted at their own size. Add exact
+    ///   sizes with [`calibrate_staging`](Self::calibrate_staging).
+    /// * Codec calls (compression, decompression, the fused decompress-and-add of the device
+    ///   ring) on the field and on a tiny prefix of [`CALIBRATION_TINY_VALUES`]: the line
+    ///   through both ([`model::call_line`]) gives each call's throughput and fixed cost.
+    /// * Device-memory passes of the device reductions, same schedule: a device-to-device copy
+    ///   of the field, the value-range pass over it and the in-place division kernel (the last
+    ///   two need the NVRTC-compiled utility kernels; without them on every rank they stay 0,
+    ///   i.e. not charged).
+    /// * Solo rates (the profile's `*_solo` fields): the compression and decompression lines
+    ///   (field + tiny prefix) and the pinned D2H/H2D copies at the same sizes, run by rank 0
+    ///   alone while the other ranks wait in a barrier (warm-up + median, no barrier between
+    ///   the calls). One rank suffices when every rank drives the same kind of GPU; all ranks
+    ///   adopt rank 0's numbers (the maximum of the gathered times, 0 elsewhere).
+    /// * One-way link (`link_one_way`): rank 0 sends from its pinned send buffer to rank 1's
+    ///   pinned receive buffer while the other ranks idle, then 1 → 0, at
+    ///   [`CALIBRATION_LINK_MIB`] (up to the field's size), [`CALIBRATION_LINK_WARMUP`] +
+    ///   median of [`CALIBRATION_LINK_REPS`], a barrier before each; the slower direction and
+    ///   the slower of the two ranks' clocks (the receiver's) per size.
+    /// * Placement (`ranks_per_gpu`): the largest number of ranks on one host with the same
+    ///   GPU PCI address (gathered from every rank; the device ordinal where the driver reports
+    ///   no PCI address).
+    ///
+    /// Cost: the solo and one-way parts repeat every copy size per rank and direction, so they
+    /// take about as long as the shared part again; calibrate once and keep the profile.
+    pub fn calibrate(
+        &mut self,
+        comm: &Communicator,
+        values: usize,
+        codec: CodecKind,
+    ) -> Result<DeviceProfile> {
+        // every rank measures the same sizes
+        let mut v = [values.max(CALIBRATION_MIN_VALUES) as f64];
+        comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
+        let values = v[0] as usize;
+        let ranks_per_gpu = self.ranks_per_gpu(comm)?;
+        let s = self.stream();
+        let (codec_times, tiny) = {
+            use rayon::prelude::*;
+            let host: Vec<f32> = (0..values)
+                .into_par_iter()
+                .map(|i| {
+                    let x = i as f64 * 1e-4;
+                    ((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0) as f32
+                })
+                .collect();
+            let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
+            drop(host);
+            let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
+            let bound = ErrorBound::Noa(1e-3);
+            // one codec call on the calibration stream (the first `len` bytes of the compression
+            // scratch) into the first `m` values of `out`: plain or fused decompress-and-add
+            let mut decode = |me: &mut Self, len: usize, m: usize, add: bool| -> Result<()> {
+                let src = me.scratch_out.take().expect("grown");
+                let r = {
+                    let v = src.slice(0..len);
+                    let mut o = out.slice_mut(..m);
+                    if add {
+                        me.gpu.decompress_add_device(&v, &mut o)
+                    } else {
+                        me.gpu.decompress_device(&v, &mut o)
+                    }
+                };
+                me.scratch_out = Some(src);
+                r
+            };
+            let mut len = 0;
+            let tc = Self::repeat(comm, || {
+                len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
+                Ok(())
+            })?;
+            let td = Self::repeat(comm, || decode(self, len, values, false))?;
+            let tda = Self::repeat(comm, || decode(self, len, values, true))?;
+            // fixed per-call cost: the same calls on a tiny buffer (the intercept of each call's
+            // line, see `model::call_line`)
+            let tiny = CALIBRATION_TINY_VALUES.min(values);
+            let mut tlen = 0;
+            let tc_tiny = Self::repeat(comm, || {
+                tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
+                Ok(())
+            })?;
+            let td_tiny = Self::repeat(comm, || decode(self, tlen, tiny, false))?;
+            let tda_tiny = Self::repeat(comm, || decode(self, tlen, tiny, true))?;
+            // the same lines with rank 0 calling alone (the others wait in a barrier): what a
+            // call costs when no other rank uses the GPU (the broadcast's root, a rank whose
+            // upload finished after the others'; see the module docs' model section)
+            let solo = comm.rank() == 0;
+            let tc_solo = Self::repeat_solo(comm, solo, || {
+                len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
+                Ok(())
+            })?;
+            let td_solo = Self::repeat_solo(comm, solo, || decode(self, len, values, false))?;
+            let tc_solo_tiny = Self::repeat_solo(comm, solo, || {
+                tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
+                Ok(())
+            })?;
+            let td_solo_tiny = Self::repeat_solo(comm, solo, || decode(self, tlen, tiny, false))?;
+            // device-memory passes of the device reductions: the input copy into the
+            // accumulator, the value-range pass, the mean's division (by 1 here)
+            let t_copy = Self::repeat(comm, || {
+                s.memcpy_dtod(&dev, &mut out).map_err(gpu_err("dtod"))?;
+                s.synchronize().map_err(gpu_err("sync"))
+            })?;
+            // the utility kernels need NVRTC: without it the device ring is not used either,
+            // and their terms stay uncalibrated (0)
+            // (every rank runs the timed calls or none: the repetitions hold barriers)
+            let loaded = self.utils().map(|_| ());
+            let mut all_ok = [f64::from(u8::from(loaded.is_ok()))];
+            comm.transport().allreduce_f64(&mut all_ok, ReduceOp::Min)?;
+            let loaded = match loaded {
+                Ok(()) if all_ok[0] < 0.5 => Err(Error::Unavailable(
+                    "another rank has no utility kernels".into(),
+                )),
+                r => r,
+            };
+            let (t_range, t_scale) = match loaded {
+                Ok(()) => {
+                    let u = self.utils.take().expect("loaded");
+                    let r = (|| -> Result<(f64, f64)> {
+                        let tr = Self::repeat(comm, || u.range(&s, &dev.slice(..)).map(|_| ()))?;
+                        let ts = Self::repeat(comm, || {
+                            u.scale(&s, &mut out.slice_mut(..), 1.0f32)?;
+                            s.synchronize().map_err(gpu_err("sync"))
+                        })?;
+                        Ok((tr, ts))
+                    })();
+                    self.utils = Some(u);
+                    r?
+                }
+                Err(e) => {
+                    tracing::warn!(target: "zcomm::comm", "device profile: no utility kernels ({e}): range and scale passes not calibrated");
+                    (0.0, 0.0)
+                }
+            };
+            (
+                vec![
+                    tc,
+                    td,
+                    tda,
+                    tc_tiny,
+                    td_tiny,
+                    tda_tiny,
+                    t_copy,
+                    t_range,
+                    t_scale,
+                    tc_solo,
+                    td_solo,
+                    tc_solo_tiny,
+                    td_solo_tiny,
+                ],
+                tiny,
+            )
+        };
+        let total = values * 4;
+        let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
+            .iter()
+            .map(|m| m << 20)
+            .filter(|&b| b < total)
+            .collect();
+        sizes.push(total);
+        let nc = codec_times.len();
+        let mut times = codec_times;
+        let mut buf = s.alloc_zeros::<u8>(total).map_err(gpu_err("alloc"))?;
+        for &b in &sizes {
+            let (d, h) = self.time_staging(comm, &mut buf, b, false)?;
+            times.extend([d, h]);
+        }
+        // the same copies by rank 0 alone (0 on the others: the maximum below keeps rank 0's)
+        for &b in &sizes {
+            let (d, h) = self.time_staging(comm, &mut buf, b, true)?;
+            times.extend([d, h]);
+        }
+        drop(buf);
+        // one-way transfers between ranks 0 and 1 from and into pinned memory, both directions
+        let link_sizes: Vec<usize> = if comm.size() > 1 {
+            let mut v: Vec<usize> = CALIBRATION_LINK_MIB
+                .iter()
+                .map(|m| m << 20)
+                .filter(|&b| b <= total)
+                .collect();
+            if v.is_empty() {
+                v.push(total);
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        for &b in &link_sizes {
+            let f = self.time_one_way(comm, 0, 1, b)?;
+            let r = self.time_one_way(comm, 1, 0, b)?;
+            times.extend([f, r]);
+        }
+        // every rank must have run the same calls (a rank without the utility kernels sent 0:
+        // the maximum keeps the others' measurement)
+        comm.transport().allreduce_f64(&mut times, ReduceOp::Max)?;
+        let bytes = total as f64;
+        let mut curve = StagingCurve::default();
+        for (i, &b) in sizes.iter().enumerate() {
+            curve.insert(StagingPoint {
+                bytes: b as f64,
+                d2h: times[nc + 2 * i],
+                h2d: times[nc + 1 + 2 * i],
+            });
+        }
+        let last = curve.points.last().copied().expect("one size at least");
+        let ns = sizes.len();
+        let mut curve_solo = StagingCurve::default();
+        for (i, &b) in sizes.iter().enumerate() {
+            curve_solo.insert(StagingPoint {
+                bytes: b as f64,
+                d2h: times[nc + 2 * ns + 2 * i],
+                h2d: times[nc + 2 * ns + 1 + 2 * i],
+            });
+        }
+        let mut link_one_way = LinkCurve::default();
+        for (i, &b) in link_sizes.iter().enumerate() {
+            let k = nc + 4 * ns + 2 * i;
+            link_one_way.insert(LinkPoint {
+                bytes: b as f64,
+                seconds: times[k].max(times[k + 1]),
+            });
+        }
+        let tb = (tiny * 4) as f64;
+        let (compress, compress_overhead) = model::call_line(tb, times[3], bytes, times[0]);
+        let (decompress, decompress_overhead) = model::call_line(tb, times[4], bytes, times[1]);
+        let (decompress_add, decompress_add_overhead) =
+            model::call_line(tb, times[5], bytes, times[2]);
+        let (compress_solo, compress_solo_overhead) =
+            model::call_line(tb, times[11], bytes, times[9]);
+        let (decompress_solo, decompress_solo_overhead) =
+            model::call_line(tb, times[12], bytes, times[10]);
+        let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
+        let p = DeviceProfile {
+            staging: Link {
+                bandwidth: last.bytes / last.d2h.max(last.h2d).max(1e-12),
+                latency: 10e-6,
+            },
+            compress,
+            decompress,
+            staging_curve: curve,
+            call_overhead: compress_overhead + decompress_overhead,
+            compress_overhead,
+            decompress_overhead,
+            decompress_add,
+            decompress_add_overhead,
+            // a copy moves `bytes` once (read + write)
+            device_copy: rate(times[6]),
+            range_pass: rate(times[7]),
+            scale_pass: rate(times[8]),
+            ranks_per_gpu,
+            compress_solo,
+            compress_solo_overhead,
+            decompress_solo,
+            decompress_solo_overhead,
+            staging_curve_solo: curve_solo,
+            link_one_way,
+        };
+        tracing::info!(target: "zcomm::comm", "device profile: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us, staging {} ({} sizes), device copy {}, range {}, scale {}",
+            model::fmt_rate(p.compress), p.compress_overhead * 1e6,
+            model::fmt_rate(p.decompress), p.decompress_overhead * 1e6,
+            model::fmt_rate(p.decompress_add), p.decompress_add_overhead * 1e6,
+            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(),
+            model::fmt_rate(p.device_copy), model::fmt_rate(p.range_pass), model::fmt_rate(p.scale_pass));
+        tracing::info!(target: "zcomm::comm", "device profile, one rank alone: compress {} + {:.1} us, decompress {} + {:.1} us, staging {} sizes; one-way link {} ({} sizes); {} rank(s) per GPU",
+            model::fmt_rate(p.compress_solo), p.compress_solo_overhead * 1e6,
+            model::fmt_rate(p.decompress_solo), p.decompress_solo_overhead * 1e6,
+            p.staging_curve_solo.points.len(),
+            p.link_one_way.points.last().map_or_else(|| "-".into(), |q| model::fmt_rate(q.bytes / q.seconds)),
+            p.link_one_way.points.len(), p.ranks_per_gpu);
+        self.profile = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Measure pinned D2H/H2D copies of exactly `bytes` (every rank at once, warm-up + median,
+    /// slowest rank) and add the point to the profile's staging curve (calibrating the profile
+    /// first with the default size if there is none). Collective over `comm`.
+    pub fn calibrate_staging(&mut self, comm: &Communicator, bytes: usize) -> Result<StagingPoint> {
+        if self.profile.is_none() {
+            self.calibrate(comm, CALIBRATION_MIN_VALUES, CodecKind::default())?;
+        }
+        let mut v = [bytes.max(1) as f64];
+        comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
+        let bytes = v[0] as usize;
+        let s = self.stream();
+        let mut buf = s.alloc_zeros::<u8>(bytes).map_err(gpu_err("alloc"))?;
+        let (d, h) = self.time_staging(comm, &mut buf, bytes, false)?;
+        drop(buf);
+        let mut t = [d, h];
+        comm.transport().allreduce_f64(&mut t, ReduceOp::Max)?;
+        let pt = StagingPoint {
+            bytes: bytes as f64,
+            d2h: t[0],
+            h2d: t[1],
+        };
+        if let Some(p) = self.profile.as_mut() {
+            p.staging_curve.insert(pt);
+        }
+        Ok(pt)
+    }
+
+    /// Warm-up calls, then the median of timed calls, a barrier before each.
+    pub(super) fn repeat(comm: &Communicator, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let mut times = Vec::with_capacity(CALIBRATION_REPS);
+        for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
+            comm.barrier()?;
+            let t = now();
+            f()?;
+            if k >= CALIBRATION_WARMUP {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(model::median(&times))
+    }
+
+    /// Like [`repeat`](Self::repeat), but only where `me` (one rank) runs the calls, without
+    /// barriers between them, while the other ranks wait (a barrier before, one reduction of the
+    /// error status after; they return 0). The solo rates of the profile.
+    pub(super) fn repeat_solo(
+        comm: &Communicator,
+        me: bool,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        comm.barrier()?;
+        let r = if me {
+            let mut times = Vec::with_capacity(CALIBRATION_REPS);
+            let mut res = Ok(());
+            for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
+                let t = now();
+                if let Err(e) = f() {
+                    res = Err(e);
+                    break;
+                }
+                if k >= CALIBRATION_WARMUP {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            res.map(|()| model::median(&times))
+        } else {
+            Ok(0.0)
+        };
+        // every rank leaves together, and fails together when the calling rank failed
+        let mut failed = [f64::from(u8::from(r.is_err()))];
+        comm.transport().allreduce_f64(&mut failed, ReduceOp::Max)?;
+        match r {
+            Ok(_) if failed[0] > 0.5 => Err(Error::Comm(
+                "device calibration: the solo calls failed on another rank".into(),
+            )),
+            r => r,
+        }
+    }
+
+    /// Median seconds of a one-way transfer of `bytes` from rank `from`'s pinned send buffer
+    /// into rank `to`'s pinned receive buffer (a barrier before each, the other ranks idle in
+    /// it; [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`] transfers): each of the two
+    /// returns its own median (the receiver's is the complete transfer), the others 0.
+    pub(super) fn time_one_way(
+        &mut self,
+        comm: &Communicator,
+        from: usize,
+        to: usize,
+        bytes: usize,
+    ) -> Result<f64> {
+        let s = self.stream();
+        let r = comm.rank();
+        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
+        Self::grow_pinned(&mut self.pinned_recv, &s, bytes)?;
+        let snd = self.pinned_send.as_ref().expect("grown");
+        let snd = &snd.as_slice().map_err(gpu_err("pinned"))?[..bytes];
+        let rcv = self.pinned_recv.as_mut().expect("grown");
+        let rcv = &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes];
+        let t = comm.transport();
+        let mut times = Vec::with_capacity(CALIBRATION_LINK_REPS);
+        for k in 0..CALIBRATION_LINK_WARMUP + CALIBRATION_LINK_REPS {
+            comm.barrier()?;
+            let t0 = now();
+            if r == from {
+                t.send(to, crate::comm::TAG_PING, snd)?;
+            } else if r == to {
+                if let Some(v) = t.recv_into(from, crate::comm::TAG_PING, rcv)? {
+                    return Err(Error::Comm(format!(
+                        "link calibration: expected {bytes} bytes from rank {from}, got {}",
+                        v.len()
+                    )));
+                }
+            }
+            if k >= CALIBRATION_LINK_WARMUP {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(if r == from || r == to {
+            model::median(&times)
+        } else {
+            0.0
+        })
+    }
+
+    /// The most ranks sharing one GPU: every rank's (host name, PCI domain / bus / device id of
+    /// its GPU) gathered, the largest group of equal records (the device ordinal stands in for
+    /// the PCI address where the driver does not report it). Collective.
+    pub(super) fn ranks_per_gpu(&self, comm: &Communicator) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let ctx = self.gpu.context();
+        let attr = |a: A| ctx.attribute(a).ok();
+        let pci = match (
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID),
+            attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID),
+        ) {
+            (Some(d), Some(b), Some(v)) => [d, b, v],
+            _ => [-1, -1, ctx.ordinal() as i32],
+        };
+        // FNV-1a of the host name
+        let host = crate::comm::hostname()
+            .bytes()
+            .fold(0xcbf29ce484222325u64, |h, c| {
+                (h ^ u64::from(c)).wrapping_mul(0x100000001b3)
+            });
+        let mut mine = host.to_le_bytes().to_vec();
+        for x in pci {
+            mine.extend(x.to_le_bytes());
+        }
+        let all = comm.transport().allgather_fixed(&mine)?;
+        Ok(all
+            .chunks(mine.len())
+            .map(|a| all.chunks(mine.len()).filter(|b| a == *b).count())
+            .max()
+            .unwrap_or(1)
+            .max(1))
+    }
+
+    /// Median D2H and H2D seconds of `bytes` between `buf` and the pinned send buffer, copied
+    /// by every rank at once, or with `solo` by rank 0 alone (0 on the other ranks).
+    pub(super) fn time_staging(
+        &mut self,
+        comm: &Communicator,
+        buf: &mut CudaSlice<u8>,
+        bytes: usize,
+        solo: bool,
+    ) -> Result<(f64, f64)> {
+        let s = self.stream();
+        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
+        let pinned = self.pinned_send.as_mut().expect("grown");
+        let pinned = pinned.as_mut_slice().map_err(gpu_err("pinned"))?;
+        let me = comm.rank() == 0;
+        let timed = |f: &mut dyn FnMut() -> Result<()>| {
+            if solo {
+                Self::repeat_solo(comm, me, f)
+            } else {
+                Self::repeat(comm, f)
+            }
+        };
+        let td = timed(&mut || {
+            let (p, _g) = buf.device_ptr(&s);
+            Self::d2h(&s, p, &mut pinned[..bytes])
+        })?;
+        let th = timed(&mut || {
+            let (p, _g) = buf.device_ptr_mut(&s);
+            Self::h2d(&s, &pinned[..bytes], p)
+        })?;
+        Ok((td, th))
+    }
+}
+
+/// Smallest calibration field of [`DeviceStager::calibrate`] (16 Mi f32 = 64 MiB).
+pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
+/// Values of the tiny buffer whose codec calls measure [`DeviceProfile::call_overhead`]
+/// (64 Ki f32 = 256 KiB).
+pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
+/// Warm-up calls before each calibrated quantity.
+pub const CALIBRATION_WARMUP: usize = 2;
+/// Timed repetitions (median) of each calibrated quantity.
+pub const CALIBRATION_REPS: usize = 9;
+/// Sizes (MiB) of the one-way link calibration (those up to the calibration field's size; the
+/// field's size alone when it is smaller than all of them).
+pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
+/// Warm-up transfers of each one-way link size and direction.
+pub const CALIBRATION_LINK_WARMUP: usize = 1;
+/// Timed one-way transfers (median) of each size and direction.
+pub const CALIBRATION_LINK_REPS: usize = 5;

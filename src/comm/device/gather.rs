@@ -1,0 +1,562 @@
+//! Allgather and broadcast of device buffers, blocking and non-blocking, through the stager's
+//! pinned buffers.
+
+use super::*;
+
+/// A device allgather after its local staging and agreement (this rank's record is the first
+/// `mine_len` bytes of the stager's pinned send buffer).
+pub(super) struct GatherPrep {
+    pub(super) compressed: bool,
+    pub(super) n: usize,
+    pub(super) mine_len: usize,
+    pub(super) lens: Vec<usize>,
+    pub(super) st: OpStats,
+    pub(super) t0: f64,
+}
+
+/// Tag of the pairwise exchanges of [`gather_pinned`].
+pub(super) const TAG_GATHER: i32 = 32002;
+
+/// The blocking allgather of the records between the stager's pinned buffers (`ps`: this
+/// rank's record, `pr`: every record, `total` bytes; this rank's range of `pr` is not written:
+/// callers read their own record from `ps`). `p-1` pairwise exchanges of known sizes (step `s`:
+/// send to `r+s`, receive from `r-s`) straight into the pinned buffer, not `MPI_Allgatherv`,
+/// which also copies this rank's record into its place in the receive buffer (a host memcpy of
+/// the whole stream per call, outside the link's time).
+pub(super) fn gather_pinned(
+    t: &dyn crate::comm::transport::Transport,
+    ps: &Option<PinnedHostSlice<u8>>,
+    pr: &mut Option<PinnedHostSlice<u8>>,
+    mine_len: usize,
+    lens: &[usize],
+    total: usize,
+) -> Result<()> {
+    let mine: &[u8] = match ps {
+        Some(b) => &b.as_slice().map_err(gpu_err("pinned"))?[..mine_len],
+        None => &[],
+    };
+    let out: &mut [u8] = match pr {
+        Some(b) => &mut b.as_mut_slice().map_err(gpu_err("pinned"))?[..total],
+        None => &mut [],
+    };
+    let (p, r) = (t.size(), t.rank());
+    if lens.len() != p || lens[r] != mine.len() || lens.iter().sum::<usize>() != out.len() {
+        return Err(Error::invalid(
+            "device allgather: lengths disagree with the records or the output",
+        ));
+    }
+    let mut offs = Vec::with_capacity(p);
+    let mut off = 0;
+    for &l in lens {
+        offs.push(off);
+        off += l;
+    }
+    for s in 1..p {
+        let (dest, src) = ((r + s) % p, (r + p - s) % p);
+        let dst = &mut out[offs[src]..offs[src] + lens[src]];
+        t.sendrecv_sized(dest, mine, src, dst, TAG_GATHER)?;
+    }
+    Ok(())
+}
+
+/// A pending [`Communicator::iallgather_device`]: the compressed (or raw) streams are in flight
+/// (`MPI_Iallgatherv` from the stager's pinned send buffer into its pinned receive buffer, both
+/// lent to the request); [`Communicator::wait_allgather_device`] uploads and decompresses them
+/// and hands the buffers back to the stager.
+pub struct DeviceAllgatherRequest {
+    pub(super) pending: Box<dyn PendingBuf>,
+    pub(super) compressed: bool,
+    pub(super) n: usize,
+    pub(super) mine_len: usize,
+    pub(super) lens: Vec<usize>,
+    pub(super) st: OpStats,
+    pub(super) t0: f64,
+}
+
+impl DeviceAllgatherRequest {
+    /// Whether the transfer has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test()
+    }
+}
+
+impl std::fmt::Debug for DeviceAllgatherRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceAllgatherRequest({} values per rank)", self.n)
+    }
+}
+
+/// A device broadcast after the root's staging and the agreement (the root's stream is the
+/// first `len` bytes of its stager's pinned send buffer).
+pub(super) struct BcastPrep {
+    pub(super) compressed: bool,
+    pub(super) n: usize,
+    pub(super) len: usize,
+    pub(super) st: OpStats,
+    pub(super) t0: f64,
+}
+
+/// A pending [`Communicator::ibcast_device`]: the root's stream is in flight (`MPI_Ibcast`
+/// straight from the root's pinned send buffer into the other ranks' pinned receive buffers,
+/// lent to the request); [`Communicator::wait_bcast_device`] uploads and decompresses it on
+/// every rank and hands the buffer back to the stager.
+pub struct DeviceBcastRequest {
+    pub(super) pending: Box<dyn PendingBuf>,
+    pub(super) compressed: bool,
+    pub(super) n: usize,
+    pub(super) len: usize,
+    /// The lent buffer is the stager's send buffer (the root) or its receive buffer.
+    pub(super) from_send: bool,
+    pub(super) st: OpStats,
+    pub(super) t0: f64,
+}
+
+impl DeviceBcastRequest {
+    /// Whether the transfer has completed (never blocks).
+    pub fn test(&mut self) -> Result<bool> {
+        self.pending.test()
+    }
+}
+
+impl std::fmt::Debug for DeviceBcastRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBcastRequest({} values)", self.n)
+    }
+}
+
+impl Communicator {
+    /// Allgather of device buffers (see the [module docs](super)): `out.len() == size *
+    /// send.len()`, rank order; every rank ends with identical values. Collective.
+    pub fn allgather_device<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let (p, n) = (self.size(), send.len());
+        let local = if out.len() != n * p {
+            Err(Error::invalid(format!(
+                "allgather_device: output has {} values, expected {p} x {n}",
+                out.len()
+            )))
+        } else {
+            Ok(())
+        };
+        let prep = self.allgather_device_prepare(dev, send, local)?;
+        let GatherPrep {
+            compressed,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        } = prep;
+        // the records land in the stager's pinned receive buffer (grown once, then reused; this
+        // rank's own record stays in the pinned send buffer)
+        let total: usize = lens.iter().sum();
+        let t = now();
+        let s = dev.stream();
+        DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, total)?;
+        let (ps, mut pr) = (dev.pinned_send.take(), dev.pinned_recv.take());
+        let r = gather_pinned(self.transport(), &ps, &mut pr, mine_len, &lens, total);
+        dev.pinned_send = ps;
+        dev.pinned_recv = pr;
+        r?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        dev.last.h2d = 0.0;
+        dev.last.decompress = 0.0;
+        let (me, mut off) = (self.rank(), 0);
+        for (k, &l) in lens.iter().enumerate() {
+            let mut view = out.slice_mut(k * n..(k + 1) * n);
+            if k == me {
+                dev.upload_pinned(true, 0..mine_len, &mut view, compressed)?;
+            } else {
+                dev.upload_pinned(false, off..off + l, &mut view, compressed)?;
+            }
+            off += l;
+        }
+        Ok(self.finish(st, t0))
+    }
+
+    /// Non-blocking [`allgather_device`](Self::allgather_device): GPU compression and the D2H
+    /// of the stream happen now, the agreement too; the transfer (`MPI_Iallgatherv`) is started
+    /// and the call returns. Finish with [`wait_allgather_device`](Self::wait_allgather_device).
+    /// Collective.
+    pub fn iallgather_device<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+    ) -> Result<DeviceAllgatherRequest> {
+        let GatherPrep {
+            compressed,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        } = self.allgather_device_prepare(dev, send, Ok(()))?;
+        // the transfer borrows the stager's pinned buffers (this rank's record in the send
+        // buffer, the receive buffer grown once, then reused) until the wait hands them back:
+        // no per-call allocation, no copy of the streams
+        let total: usize = lens.iter().sum();
+        let mine = dev.lend_pinned(true, mine_len);
+        let out = dev.lend_pinned(false, total);
+        let pending = self.transport().iallgatherv_into(mine, &lens, out)?;
+        Ok(DeviceAllgatherRequest {
+            pending,
+            compressed,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        })
+    }
+
+    /// The part of the device allgather before the transfer: GPU compression (or not) and the
+    /// D2H of this rank's record into the stager's pinned send buffer, the agreement, the
+    /// record lengths and the model's predictions.
+    pub(super) fn allgather_device_prepare<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        local: Result<()>,
+    ) -> Result<GatherPrep> {
+        let t0 = self.wtime();
+        let (p, n) = (self.size(), send.len());
+        let bound = self.config.bound;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        // Auto compresses like Always: every rank must take the same path and the ratio is only
+        // known after compressing (the descriptor table checks the shared policy)
+        let compress = !matches!(self.config.policy, Policy::Never) && n > 0;
+        let mut st = OpStats::raw(crate::comm::OP_ALLGATHER);
+        st.bytes = (n * T::SIZE) as u64;
+        dev.last = StageTimes::default();
+        // stage before the agreement, so a device failure on one rank fails every rank
+        // (into the stager's pinned send buffer: no per-call host allocation, no copy)
+        let staged: Result<usize> = local.and_then(|()| {
+            if compress {
+                let len = dev.compress_timed(send, bound, codec)?;
+                dev.scratch_to_pinned_send(len)?;
+                st.decision = Decision::Compressed;
+                st.codec = Some(codec);
+                st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;
+                Ok(len)
+            } else {
+                dev.values_to_pinned_send(send)
+            }
+        });
+        let d = Desc {
+            dtype: elem_tag::<T>(),
+            decision: u8::from(compress),
+            ..self.local_desc::<f32>(crate::comm::OP_ALLGATHER, n)
+        };
+        let (mine_len, local) = match staged {
+            Ok(l) => (l, Ok(())),
+            Err(e) => (0, Err(e)),
+        };
+        self.agree(d, local)?;
+        st.wire_bytes = mine_len as u64;
+        st.ratio = st.bytes as f64 / mine_len.max(1) as f64;
+        let lens = if compress {
+            self.transport().allgather_lens(mine_len)?
+        } else {
+            vec![n * T::SIZE; p]
+        };
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let ratio = if compress { st.ratio } else { 1.0 };
+        let terms = dp.allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
+        dev.last_predicted = record_prediction(&mut st, terms, compress);
+        Ok(GatherPrep {
+            compressed: compress,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        })
+    }
+
+    /// Complete a non-blocking device allgather into `out` (`size * count` values): H2D of
+    /// every rank's stream and GPU decompression into its slice.
+    pub fn wait_allgather_device<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        req: DeviceAllgatherRequest,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let DeviceAllgatherRequest {
+            pending,
+            compressed,
+            n,
+            mine_len,
+            lens,
+            st,
+            t0,
+        } = req;
+        let t = now();
+        let mut bufs = pending.wait()?.into_iter();
+        dev.last.network = t.elapsed().as_secs_f64();
+        let (Some(mut mine), Some(mut recv)) = (bufs.next(), bufs.next()) else {
+            return Err(Error::Comm(
+                "allgather_device: the transfer lost its buffers".into(),
+            ));
+        };
+        let me = self.rank();
+        let mut upload = || -> Result<()> {
+            if out.len() != n * self.size() {
+                return Err(Error::invalid(format!(
+                    "allgather_device: output has {} values, expected {} x {n}",
+                    out.len(),
+                    self.size()
+                )));
+            }
+            let total: usize = lens.iter().sum();
+            let mine: &[u8] = &mine.bytes()?[..mine_len];
+            let recv: &[u8] = &recv.bytes()?[..total];
+            let (mut h2d, mut dec, mut off) = (0.0, 0.0, 0);
+            for (k, &l) in lens.iter().enumerate() {
+                let mut view = out.slice_mut(k * n..(k + 1) * n);
+                // this rank's record from its send buffer (MPI may not have written its range)
+                let part = if k == me { mine } else { &recv[off..off + l] };
+                dev.upload_bytes(part, &mut view, compressed)?;
+                h2d += dev.last.h2d;
+                dec += dev.last.decompress;
+                off += l;
+            }
+            dev.last.h2d = h2d;
+            dev.last.decompress = dec;
+            Ok(())
+        };
+        let r = upload();
+        dev.reclaim_pinned(true, mine);
+        dev.reclaim_pinned(false, recv);
+        r?;
+        Ok(self.finish(st, t0))
+    }
+
+    /// Broadcast a device buffer from `root`: the root compresses on the GPU (or, by the
+    /// policy, stages the raw values), the stream is broadcast through pinned host memory, and
+    /// every rank (the root included, so all end with identical values) uploads and decompresses
+    /// it into `buf`. `Policy::Auto` is decided on the root by the model with the ratio of the
+    /// previous broadcast of this size and bound (the first one compresses to learn it).
+    /// Collective.
+    pub fn bcast_device<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        buf: &mut CudaViewMut<'_, T>,
+        root: usize,
+    ) -> Result<OpStats> {
+        let BcastPrep {
+            compressed,
+            n,
+            len,
+            mut st,
+            t0,
+        } = self.bcast_device_prepare(dev, &buf.as_view(), root)?;
+        // the root broadcasts from its pinned send buffer, the others receive into their pinned
+        // receive buffer (grown once, then reused), then everyone uploads from there
+        let t = now();
+        let from_send = self.rank() == root;
+        if !from_send {
+            let s = dev.stream();
+            DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, len)?;
+        }
+        let mut slot = if from_send {
+            dev.pinned_send.take()
+        } else {
+            dev.pinned_recv.take()
+        };
+        let r = match &mut slot {
+            Some(b) => b
+                .as_mut_slice()
+                .map_err(gpu_err("pinned"))
+                .and_then(|b| self.transport().bcast_into(root, &mut b[..len])),
+            None if len == 0 => Ok(()),
+            None => Err(Error::Comm("device staging: no pinned buffer".into())),
+        };
+        if from_send {
+            dev.pinned_send = slot;
+        } else {
+            dev.pinned_recv = slot;
+        }
+        r?;
+        dev.last.network = t.elapsed().as_secs_f64();
+        if buf.len() != n {
+            return Err(Error::invalid("bcast_device: buffer length changed"));
+        }
+        dev.last.h2d = 0.0;
+        dev.last.decompress = 0.0;
+        dev.upload_pinned(from_send, 0..len, buf, compressed)?;
+        if compressed && st.bound == 0.0 {
+            st.bound = stream_bound(self.config.bound, dev.pinned_bytes(from_send, len)?)?;
+        }
+        Ok(self.finish(st, t0))
+    }
+
+    /// Non-blocking [`bcast_device`](Self::bcast_device): the root compresses and stages now,
+    /// every rank agrees and the transfer (`MPI_Ibcast`) starts. `buf` holds the data on the
+    /// root; elsewhere only its length matters. Finish with
+    /// [`wait_bcast_device`](Self::wait_bcast_device). Collective.
+    pub fn ibcast_device<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        buf: &CudaView<'_, T>,
+        root: usize,
+    ) -> Result<DeviceBcastRequest> {
+        let BcastPrep {
+            compressed,
+            n,
+            len,
+            st,
+            t0,
+        } = self.bcast_device_prepare(dev, buf, root)?;
+        // the transfer borrows the root's pinned send buffer (the staged stream) or the others'
+        // pinned receive buffer (grown once, then reused) until the wait hands it back: no
+        // per-call allocation, no copy of the stream
+        let from_send = self.rank() == root;
+        let b = dev.lend_pinned(from_send, len);
+        let pending = self.transport().ibcast_into(root, b, len)?;
+        Ok(DeviceBcastRequest {
+            pending,
+            compressed,
+            n,
+            len,
+            from_send,
+            st,
+            t0,
+        })
+    }
+
+    /// The part of the device broadcast before the transfer: the root's decision, GPU
+    /// compression (or not) and D2H into its pinned send buffer, the agreement, the
+    /// predictions.
+    pub(super) fn bcast_device_prepare<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        buf: &CudaView<'_, T>,
+        root: usize,
+    ) -> Result<BcastPrep> {
+        let t0 = self.wtime();
+        let (p, r, n) = (self.size(), self.rank(), buf.len());
+        let bytes = (n * T::SIZE) as f64;
+        let mut local = Ok(());
+        if root >= p {
+            local = Err(Error::invalid(format!("bcast root {root} out of range")));
+        }
+        let bound = self.config.bound;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let key = crate::comm::coll_key(n, bound);
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let link = self.profile.link;
+        let est = self.ratios.get(crate::comm::OP_BCAST | 0x80, key);
+        let mut st = OpStats::raw(crate::comm::OP_BCAST);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = est.unwrap_or(1.0);
+        dev.last = StageTimes::default();
+        let mut d = Desc {
+            dtype: elem_tag::<T>(),
+            root: root as u32,
+            ..self.local_desc::<f32>(crate::comm::OP_BCAST, n)
+        };
+        if r == root && local.is_ok() {
+            let compress = match self.config.policy {
+                Policy::Never => false,
+                Policy::Always(_) => true,
+                Policy::Auto(_) => {
+                    let (raw_best, cmp_best) = dp.predict_bcast(link, p, bytes, f64::INFINITY);
+                    let (raw_t, cmp_t) = dp.predict_bcast(link, p, bytes, est.unwrap_or(1.0));
+                    cmp_best < crate::model::choice::HYSTERESIS * raw_best
+                        && (est.is_none() || cmp_t < crate::model::choice::HYSTERESIS * raw_t)
+                }
+            } && n > 0;
+            // into the stager's pinned send buffer: no per-call host allocation, no copy
+            let staged: Result<usize> = if compress {
+                dev.compress_timed(buf, bound, codec).and_then(|len| {
+                    dev.scratch_to_pinned_send(len)?;
+                    st.decision = Decision::Compressed;
+                    st.codec = Some(codec);
+                    st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;
+                    Ok(len)
+                })
+            } else {
+                dev.values_to_pinned_send(buf)
+            };
+            match staged {
+                Ok(len) => {
+                    d.decision = u8::from(compress);
+                    d.payload = len as u64;
+                }
+                Err(e) => local = Err(e),
+            }
+        }
+        let all = self.agree(d, local)?;
+        let rd = all[root];
+        let len = usize::try_from(rd.payload)
+            .map_err(|_| Error::Comm(format!("root announced a {}-byte payload", rd.payload)))?;
+        let compressed = rd.decision == 1;
+        if compressed {
+            st.decision = Decision::Compressed;
+            st.codec = Some(codec);
+            st.ratio = bytes / len.max(1) as f64;
+            if r == root {
+                self.ratios.put(crate::comm::OP_BCAST | 0x80, key, st.ratio);
+            }
+        }
+        st.wire_bytes = len as u64;
+        let terms = dp.bcast_terms(link, p, bytes, if compressed { st.ratio } else { 1.0 });
+        dev.last_predicted = record_prediction(&mut st, terms, compressed);
+        Ok(BcastPrep {
+            compressed,
+            n,
+            len,
+            st,
+            t0,
+        })
+    }
+
+    /// Complete a non-blocking device broadcast into `buf` (same length as given to
+    /// [`ibcast_device`](Self::ibcast_device); written on the root too).
+    pub fn wait_bcast_device<T: GpuElement + Real>(
+        &mut self,
+        dev: &mut DeviceStager,
+        req: DeviceBcastRequest,
+        buf: &mut CudaViewMut<'_, T>,
+    ) -> Result<OpStats> {
+        let DeviceBcastRequest {
+            pending,
+            compressed,
+            n,
+            len,
+            from_send,
+            mut st,
+            t0,
+        } = req;
+        let t = now();
+        let Some(mut b) = pending.wait()?.pop() else {
+            return Err(Error::Comm(
+                "bcast_device: the transfer lost its buffer".into(),
+            ));
+        };
+        dev.last.network = t.elapsed().as_secs_f64();
+        let bound = self.config.bound;
+        let mut upload = || -> Result<()> {
+            if buf.len() != n {
+                return Err(Error::invalid(format!(
+                    "bcast_device: buffer has {} values, ibcast_device was given {n}",
+                    buf.len()
+                )));
+            }
+            let payload: &[u8] = &b.bytes()?[..len];
+            dev.upload_bytes(payload, buf, compressed)?;
+            if compressed && st.bound == 0.0 {
+                st.bound = stream_bound(bound, payload)?;
+            }
+            Ok(())
+        };
+        let r = upload();
+        dev.reclaim_pinned(from_send, b);
+        r?;
+        Ok(self.finish(st, t0))
+    }
+}

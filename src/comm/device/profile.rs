@@ -1,0 +1,494 @@
+//! The model of the staged device operations: the calibrated [`DeviceProfile`] and the
+//! per-stage [`Terms`] of every operation's raw and compressed predictions.
+
+use super::*;
+
+/// Measured device-side speeds (all ranks agree on them, see [`DeviceStager::calibrate`]).
+///
+/// Serialized with serde; fields added later default to 0 / empty, so older profiles still load
+/// (they then predict staging with the single `staging` link, codec calls without a separate
+/// fixed cost, and no device passes).
+///
+/// Codec calls follow the line `t(b) = overhead + b / rate` through a tiny and the full
+/// calibration call ([`model::call_line`]): `compress` / `decompress` / `decompress_add` are the
+/// slopes and the `*_overhead` fields the intercepts, so a call is charged its fixed cost once.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceProfile {
+    /// Device→host / host→device pinned copies (slower direction) at the largest calibrated size;
+    /// the fallback when `staging_curve` is empty.
+    pub staging: Link,
+    /// GPU compression throughput (input bytes/s), beyond `compress_overhead`.
+    pub compress: f64,
+    /// GPU decompression throughput (output bytes/s), beyond `decompress_overhead`.
+    pub decompress: f64,
+    /// Pinned copy times at several sizes (every rank copying at once), used for the size
+    /// dependence of staging (see [`StagingCurve`]).
+    #[serde(default)]
+    pub staging_curve: StagingCurve,
+    /// Fixed seconds of one GPU compress + decompress call pair beyond the throughput terms
+    /// (`compress_overhead + decompress_overhead`; kernel launches, synchronizations, the NOA
+    /// range pass and header read-backs; every rank at once). Charged once per pipeline chunk by
+    /// the model ([`Scenario::chunk_overhead`]). Profiles written before it load as 0.
+    #[serde(default)]
+    pub call_overhead: f64,
+    /// Fixed seconds of one GPU compression call (intercept of its calibration line).
+    #[serde(default)]
+    pub compress_overhead: f64,
+    /// Fixed seconds of one GPU decompression call (intercept of its calibration line).
+    #[serde(default)]
+    pub decompress_overhead: f64,
+    /// Fused decompress-and-add throughput ([`GpuCodec::decompress_add_device`], output bytes/s)
+    /// beyond `decompress_add_overhead`, used by the device ring's steps; 0 = not calibrated
+    /// (the plain decompression's line is used).
+    #[serde(default)]
+    pub decompress_add: f64,
+    /// Fixed seconds of one fused decompress-and-add call.
+    #[serde(default)]
+    pub decompress_add_overhead: f64,
+    /// Device-to-device copy (bytes copied per second, every rank at once): the device ring's
+    /// copy of the input into the accumulator; 0 = not calibrated (not charged).
+    #[serde(default)]
+    pub device_copy: f64,
+    /// The device reductions' value-range pass (input bytes per second, including its read-back);
+    /// 0 = not calibrated (not charged).
+    #[serde(default)]
+    pub range_pass: f64,
+    /// The mean's in-place division kernel (bytes of values per second); 0 = not calibrated.
+    #[serde(default)]
+    pub scale_pass: f64,
+    /// Ranks sharing one GPU (the most of any GPU; ranks on the same host with the same PCI
+    /// address, see [`DeviceStager::calibrate`]); 0 = unknown (profiles written before it:
+    /// treated as 1).
+    #[serde(default)]
+    pub ranks_per_gpu: usize,
+    /// GPU compression throughput of one rank calling alone (the others idle), beyond
+    /// `compress_solo_overhead`; 0 = not calibrated (the shared `compress` line is used).
+    #[serde(default)]
+    pub compress_solo: f64,
+    /// Fixed seconds of one GPU compression call of one rank alone.
+    #[serde(default)]
+    pub compress_solo_overhead: f64,
+    /// GPU decompression throughput of one rank alone, beyond `decompress_solo_overhead`; 0 =
+    /// not calibrated (the shared `decompress` line is used).
+    #[serde(default)]
+    pub decompress_solo: f64,
+    /// Fixed seconds of one GPU decompression call of one rank alone.
+    #[serde(default)]
+    pub decompress_solo_overhead: f64,
+    /// Pinned copy times of one rank copying alone (the others idle); empty = not calibrated
+    /// (the shared `staging_curve` is used).
+    #[serde(default)]
+    pub staging_curve_solo: StagingCurve,
+    /// One-way transfer times between ranks 0 and 1 (one sends, the other receives, the rest
+    /// idle; pinned buffers; the slower direction), for the broadcast's tree steps; empty = not
+    /// calibrated (the two-way ping-pong link is used).
+    #[serde(default)]
+    pub link_one_way: LinkCurve,
+}
+
+/// The model's time of one device operation split by stage (seconds; the same stages as the
+/// measured [`StageTimes`], `link` ↔ `network`), so a measurement shows which term misses.
+/// `device` holds device-memory passes that [`StageTimes`] does not time (the reductions' input
+/// copy, range pass and the mean's division). Codec terms include the per-call fixed costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Terms {
+    /// GPU compression.
+    pub compress: f64,
+    /// Device→host copies.
+    pub d2h: f64,
+    /// MPI transfers (latency + bytes / link bandwidth).
+    pub link: f64,
+    /// Host→device copies.
+    pub h2d: f64,
+    /// GPU decompression (the ring's fused decompress-and-add included).
+    pub decompress: f64,
+    /// Device-memory passes (copies, range, scaling).
+    pub device: f64,
+}
+
+impl Terms {
+    /// The predicted time: the sum of the stages (the operations run them one after another).
+    pub fn total(&self) -> f64 {
+        self.compress + self.d2h + self.link + self.h2d + self.decompress + self.device
+    }
+    /// Every stage times `k` (e.g. `k` equal chunks).
+    pub fn times(&self, k: f64) -> Terms {
+        Terms {
+            compress: self.compress * k,
+            d2h: self.d2h * k,
+            link: self.link * k,
+            h2d: self.h2d * k,
+            decompress: self.decompress * k,
+            device: self.device * k,
+        }
+    }
+}
+
+/// `bytes / rate`, or 0 when the rate was not calibrated.
+pub(super) fn pass_s(rate: f64, bytes: f64) -> f64 {
+    if rate > 0.0 && bytes > 0.0 {
+        bytes / rate
+    } else {
+        0.0
+    }
+}
+
+/// Record a `(raw, compressed)` model prediction in `st` (both totals, and the one of the path
+/// taken as `predicted_s`); returns the terms of the path taken.
+pub(super) fn record_prediction(
+    st: &mut OpStats,
+    (raw, cmp): (Terms, Terms),
+    compressed: bool,
+) -> Terms {
+    st.predicted_raw_s = raw.total();
+    st.predicted_compressed_s = cmp.total();
+    let taken = if compressed { cmp } else { raw };
+    st.predicted_s = taken.total();
+    taken
+}
+
+/// Seconds of a calibrated call line (fixed cost + `bytes / rate`), or `fallback` when the
+/// rate was not calibrated (0 in profiles written before it existed).
+pub(super) fn line_or(overhead: f64, rate: f64, bytes: f64, fallback: impl FnOnce() -> f64) -> f64 {
+    if rate > 0.0 {
+        overhead + bytes / rate
+    } else {
+        fallback()
+    }
+}
+
+impl DeviceProfile {
+    /// The guess used before any calibration (H100-class PCIe, one rank per GPU).
+    pub fn guess() -> Self {
+        DeviceProfile {
+            staging: Link {
+                bandwidth: 20e9,
+                latency: 10e-6,
+            },
+            compress: 200e9,
+            decompress: 300e9,
+            staging_curve: StagingCurve::default(),
+            call_overhead: 300e-6,
+            compress_overhead: 150e-6,
+            decompress_overhead: 150e-6,
+            decompress_add: 0.0,
+            decompress_add_overhead: 0.0,
+            device_copy: 0.0,
+            range_pass: 0.0,
+            scale_pass: 0.0,
+            ranks_per_gpu: 0,
+            compress_solo: 0.0,
+            compress_solo_overhead: 0.0,
+            decompress_solo: 0.0,
+            decompress_solo_overhead: 0.0,
+            staging_curve_solo: StagingCurve::default(),
+            link_one_way: LinkCurve::default(),
+        }
+    }
+    /// Seconds of a pinned device→host copy of `bytes`.
+    pub fn d2h_s(&self, bytes: f64) -> f64 {
+        self.staging_curve
+            .d2h(bytes)
+            .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
+    }
+    /// Seconds of a pinned host→device copy of `bytes`.
+    pub fn h2d_s(&self, bytes: f64) -> f64 {
+        self.staging_curve
+            .h2d(bytes)
+            .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
+    }
+    /// Seconds of one GPU compression call on `bytes` (fixed cost + throughput term).
+    pub fn compress_s(&self, bytes: f64) -> f64 {
+        self.compress_overhead + bytes / self.compress
+    }
+    /// Seconds of one GPU decompression call producing `bytes`.
+    pub fn decompress_s(&self, bytes: f64) -> f64 {
+        self.decompress_overhead + bytes / self.decompress
+    }
+    /// Seconds of one fused decompress-and-add call on `bytes` of values (the plain
+    /// decompression's when not calibrated).
+    pub fn decompress_add_s(&self, bytes: f64) -> f64 {
+        line_or(
+            self.decompress_add_overhead,
+            self.decompress_add,
+            bytes,
+            || self.decompress_s(bytes),
+        )
+    }
+    /// Seconds of a pinned device→host copy of `bytes` by one rank alone (the solo curve; the
+    /// shared one when not calibrated).
+    pub fn d2h_solo_s(&self, bytes: f64) -> f64 {
+        self.staging_curve_solo
+            .d2h(bytes)
+            .unwrap_or_else(|| self.d2h_s(bytes))
+    }
+    /// Seconds of a pinned host→device copy of `bytes` by one rank alone.
+    pub fn h2d_solo_s(&self, bytes: f64) -> f64 {
+        self.staging_curve_solo
+            .h2d(bytes)
+            .unwrap_or_else(|| self.h2d_s(bytes))
+    }
+    /// Seconds of one GPU compression call on `bytes` by one rank alone (the shared line when
+    /// not calibrated).
+    pub fn compress_solo_s(&self, bytes: f64) -> f64 {
+        line_or(
+            self.compress_solo_overhead,
+            self.compress_solo,
+            bytes,
+            || self.compress_s(bytes),
+        )
+    }
+    /// Seconds of one GPU decompression call producing `bytes` by one rank alone.
+    pub fn decompress_solo_s(&self, bytes: f64) -> f64 {
+        line_or(
+            self.decompress_solo_overhead,
+            self.decompress_solo,
+            bytes,
+            || self.decompress_s(bytes),
+        )
+    }
+    /// Ranks per GPU (at least 1).
+    pub fn sharing(&self) -> usize {
+        self.ranks_per_gpu.max(1)
+    }
+    /// Seconds of one one-way transfer of `bytes` (one rank sends, one receives): the one-way
+    /// curve, else `link` (the two-way ping-pong).
+    pub fn one_way_s(&self, link: Link, bytes: f64) -> f64 {
+        self.link_one_way
+            .seconds(bytes)
+            .unwrap_or(link.latency + bytes / link.bandwidth)
+    }
+    /// Seconds of the decompression producing `bytes` that follows an upload taking `h2d`
+    /// seconds with every rank uploading at once (the shared curve), for the slowest rank. The
+    /// `s` ranks of one GPU ([`sharing`](Self::sharing)) get their uploads one after another
+    /// (the first done after `h2d / s`), so the last rank's call cannot end before
+    /// `h2d + decompress_solo` (its own upload, then its call alone), nor before the GPU has
+    /// done all `s` calls at the shared rate, started when the first upload is done
+    /// (`h2d / s + decompress_shared`): the later of the two, minus the upload (*staggered*).
+    /// But the driver does not always serialize the uploads of ranks sharing a GPU: when they
+    /// end together, the `s` calls run at once at the shared rate (*concurrent*). Both happened
+    /// in back-to-back runs of the same binary (see the module docs), so with `s > 1` the model
+    /// takes the mean of the two cases (the prediction that is off least in either). One rank
+    /// per GPU: `max(solo, shared)` (the same physical call).
+    pub fn decompress_after_upload_s(&self, bytes: f64, h2d: f64) -> f64 {
+        let s = self.sharing() as f64;
+        let solo = self.decompress_solo_s(bytes);
+        let shared = self.decompress_s(bytes);
+        let staggered = solo.max(h2d / s + shared - h2d);
+        if self.sharing() <= 1 {
+            return staggered;
+        }
+        let concurrent = staggered.max(shared);
+        0.5 * (staggered + concurrent)
+    }
+    /// The staging link of one hop of `bytes` (the curve at that size, else `staging`).
+    pub fn staging_link(&self, bytes: f64) -> Link {
+        self.staging_curve.link(bytes).unwrap_or(self.staging)
+    }
+    /// The model scenario of a staged point-to-point transfer of `bytes` at `ratio` over `link`
+    /// in `chunks` pieces: the raw hops use the staging link at the chunk size, the compressed
+    /// hops at the compressed chunk size; every chunk pays one compress + decompress call's
+    /// fixed cost ([`call_overhead`](Self::call_overhead)) on top of the throughput slopes.
+    pub fn scenario(&self, link: Link, bytes: f64, ratio: f64, chunks: usize) -> Scenario {
+        let k = chunks.max(1);
+        let c = bytes / k as f64;
+        Scenario::new(bytes, ratio, link, self.compress, self.decompress)
+            .with_staging(Some(self.staging_link(c)))
+            .with_compressed_staging(Some(self.staging_link(c / ratio.max(1e-9))))
+            .with_chunks(k)
+            .with_chunk_overhead(self.call_overhead)
+    }
+
+    /// Whether a compressed device exchange of `bytes` at `ratio` is predicted faster in
+    /// `chunks` pipelined chunks than as one message (by at least 10 %, per-chunk overhead
+    /// included).
+    pub fn pipeline_pays(&self, link: Link, bytes: f64, ratio: f64, chunks: usize) -> bool {
+        if chunks <= 1 {
+            return false;
+        }
+        let whole = model::predict(&self.scenario(link, bytes, ratio, 1)).compressed_serial;
+        let piped = model::predict(&self.scenario(link, bytes, ratio, chunks)).compressed_pipelined;
+        piped < 0.9 * whole
+    }
+    /// Model stages (raw, compressed) of [`DeviceStager::stage_to_host`] of `bytes`: a D2H of
+    /// the values vs a GPU compression + D2H of the stream.
+    pub fn stage_terms(&self, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(bytes / ratio.max(1e-9)),
+            ..Terms::default()
+        };
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of [`DeviceStager::stage_to_host`] of `bytes`.
+    pub fn predict_stage_to_host(&self, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.stage_terms(bytes, ratio);
+        (r.total(), c.total())
+    }
+    /// Model stages (raw, compressed) of [`DeviceStager::restore_to_device`] of `bytes`: an H2D
+    /// of the values vs an H2D of the stream + GPU decompression.
+    pub fn restore_terms(&self, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let raw = Terms {
+            h2d: self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let h2d = self.h2d_s(bytes / ratio.max(1e-9));
+        let cmp = Terms {
+            h2d,
+            decompress: self.decompress_after_upload_s(bytes, h2d),
+            ..Terms::default()
+        };
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of [`DeviceStager::restore_to_device`] of `bytes`.
+    pub fn predict_restore_to_device(&self, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.restore_terms(bytes, ratio);
+        (r.total(), c.total())
+    }
+    /// Model stages (raw, compressed) of one whole-message [`Communicator::sendrecv_device`] of
+    /// `bytes` at `ratio` (the serial form of [`scenario`](Self::scenario) with one chunk, which
+    /// has the same total).
+    pub fn sendrecv_terms(&self, link: Link, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let z = bytes / ratio.max(1e-9);
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            link: link.latency + bytes / link.bandwidth,
+            h2d: self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(z),
+            link: link.latency + z / link.bandwidth,
+            h2d: self.h2d_s(z),
+            decompress: self.decompress_s(bytes),
+            device: 0.0,
+        };
+        (raw, cmp)
+    }
+    /// Model stages (raw, compressed) of [`Communicator::allgather_device`] of `bytes` per rank
+    /// over `p` ranks: staging out, `p-1` pairwise link transfers, and `p` uploads (+
+    /// decompression calls).
+    pub fn allgather_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let (pf, z) = (p.max(1) as f64, bytes / ratio.max(1e-9));
+        let raw = Terms {
+            d2h: self.d2h_s(bytes),
+            link: (pf - 1.0) * (link.latency + bytes / link.bandwidth),
+            h2d: pf * self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let cmp = Terms {
+            compress: self.compress_s(bytes),
+            d2h: self.d2h_s(z),
+            link: (pf - 1.0) * (link.latency + z / link.bandwidth),
+            h2d: pf * self.h2d_s(z),
+            decompress: pf * self.decompress_s(bytes),
+            device: 0.0,
+        };
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of [`Communicator::allgather_device`].
+    pub fn predict_allgather(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.allgather_terms(link, p, bytes, ratio);
+        (r.total(), c.total())
+    }
+    /// Model stages (raw, compressed) of the blocking [`Communicator::bcast_device`] of `bytes`
+    /// over `p` ranks: the root alone compresses and stages out (solo codec call and copy),
+    /// `ceil(log2 p)` one-way link transfers (binomial tree; [`one_way_s`](Self::one_way_s) per
+    /// step), then every rank uploads at once (shared curve) and decompresses after its upload
+    /// ([`decompress_after_upload_s`](Self::decompress_after_upload_s)).
+    pub fn bcast_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
+        let hops = (p.max(1) as f64).log2().ceil();
+        let z = bytes / ratio.max(1e-9);
+        let raw = Terms {
+            d2h: self.d2h_solo_s(bytes),
+            link: hops * self.one_way_s(link, bytes),
+            h2d: self.h2d_s(bytes),
+            ..Terms::default()
+        };
+        let h2d = self.h2d_s(z);
+        let cmp = Terms {
+            compress: self.compress_solo_s(bytes),
+            d2h: self.d2h_solo_s(z),
+            link: hops * self.one_way_s(link, z),
+            h2d,
+            decompress: self.decompress_after_upload_s(bytes, h2d),
+            device: 0.0,
+        };
+        (raw, cmp)
+    }
+    /// Model (raw, compressed) seconds of the blocking [`Communicator::bcast_device`].
+    pub fn predict_bcast(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
+        let (r, c) = self.bcast_terms(link, p, bytes, ratio);
+        (r.total(), c.total())
+    }
+}
+
+impl DeviceProfile {
+    /// Model stages of the compressed device ring of [`Communicator::allreduce_device`] /
+    /// `allreduce_mean_device` (`fin = Some(final_ratio)`) or
+    /// [`Communicator::reduce_scatter_device`] (`fin = None`) of `bytes` per rank over `p` ranks:
+    ///
+    /// * the value-range pass over the input (every kind), and for the allreduces the device
+    ///   copy of the input into the accumulator (reduce-scatter copies one input segment per
+    ///   step instead);
+    /// * `p-1` steps on a segment of `bytes/p` at the ring's `ratio`, each a GPU compression, a
+    ///   D2H of the stream, the link transfer (plus the length header's latency), an H2D of the
+    ///   received stream and the fused GPU decompress-and-add;
+    /// * (allreduces) the mean's division of this rank's segment (`mean`), its compression once
+    ///   more at the final bound, whose stream has its own ratio `final_ratio` (the reduced
+    ///   segment is a sum of `p` fields at a bound of its own, so it compresses differently from
+    ///   the ring's partial sums), and the allgather of these streams
+    ///   ([`allgather_terms`](Self::allgather_terms) of one segment).
+    pub fn reduce_terms(
+        &self,
+        link: Link,
+        p: usize,
+        bytes: f64,
+        ratio: f64,
+        fin: Option<f64>,
+        mean: bool,
+    ) -> Terms {
+        if p < 2 {
+            return Terms::default();
+        }
+        let pf = p as f64;
+        let seg = bytes / pf;
+        let z = seg / ratio.max(1e-9);
+        let steps = pf - 1.0;
+        let mut t = Terms {
+            compress: steps * self.compress_s(seg),
+            d2h: steps * self.d2h_s(z),
+            link: steps * (2.0 * link.latency + z / link.bandwidth),
+            h2d: steps * self.h2d_s(z),
+            decompress: steps * self.decompress_add_s(seg),
+            device: pass_s(self.range_pass, bytes),
+        };
+        match fin {
+            Some(rf) => {
+                t.device += pass_s(self.device_copy, bytes);
+                if mean {
+                    t.device += pass_s(self.scale_pass, seg);
+                }
+                let g = self.allgather_terms(link, p, seg, rf).1;
+                t.compress += g.compress;
+                t.d2h += g.d2h;
+                t.link += g.link;
+                t.h2d += g.h2d;
+                t.decompress += g.decompress;
+            }
+            None => t.device += steps * pass_s(self.device_copy, seg),
+        }
+        t
+    }
+    /// Model seconds of the compressed device ring (see [`reduce_terms`](Self::reduce_terms)),
+    /// with the final streams (`full`) at the ring's ratio and no division.
+    pub fn predict_reduce(&self, link: Link, p: usize, bytes: f64, ratio: f64, full: bool) -> f64 {
+        self.reduce_terms(link, p, bytes, ratio, full.then_some(ratio), false)
+            .total()
+    }
+}

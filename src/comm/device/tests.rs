@@ -1,0 +1,379 @@
+//! Unit tests of the staged device layer (profile arithmetic and CPU-side pieces).
+
+use super::*;
+
+/// A calibrated-looking profile: H100-like numbers, every term set, staging by the curve.
+fn profile() -> DeviceProfile {
+    let mut curve = StagingCurve::default();
+    for (b, d, h) in [
+        (16e6, 0.8e-3, 0.6e-3),
+        (64e6, 2.4e-3, 1.3e-3),
+        (1e9, 39e-3, 39e-3),
+    ] {
+        curve.insert(StagingPoint {
+            bytes: b,
+            d2h: d,
+            h2d: h,
+        });
+    }
+    DeviceProfile {
+        staging: Link {
+            bandwidth: 27e9,
+            latency: 10e-6,
+        },
+        compress: 260e9,
+        decompress: 480e9,
+        staging_curve: curve,
+        call_overhead: 0.5e-3,
+        compress_overhead: 0.3e-3,
+        decompress_overhead: 0.2e-3,
+        decompress_add: 400e9,
+        decompress_add_overhead: 0.25e-3,
+        device_copy: 1.2e12,
+        range_pass: 2.0e12,
+        scale_pass: 1.0e12,
+        // no solo rates, one-way curve or ranks-per-GPU count: as before any calibration
+        ..DeviceProfile::guess()
+    }
+}
+
+/// [`profile`] with solo rates, a one-way link and `s` ranks per GPU: solo compression
+/// 0.1 ms + 600 GB/s, solo decompression 0.05 ms + 1500 GB/s, solo copies 2 ms (D2H) /
+/// 2.5 ms (H2D) per 100 MB, one-way link 16 ms per 100 MB (6.25 GB/s).
+fn solo_profile(s: usize) -> DeviceProfile {
+    let mut dp = profile();
+    dp.ranks_per_gpu = s;
+    dp.compress_solo = 600e9;
+    dp.compress_solo_overhead = 0.1e-3;
+    dp.decompress_solo = 1500e9;
+    dp.decompress_solo_overhead = 0.05e-3;
+    dp.staging_curve_solo.insert(StagingPoint {
+        bytes: 1e8,
+        d2h: 2e-3,
+        h2d: 2.5e-3,
+    });
+    dp.link_one_way.insert(LinkPoint {
+        bytes: 1e8,
+        seconds: 16e-3,
+    });
+    dp
+}
+
+/// The device profile of bench/results/2026-11-22-h100-mpi-staging-v5.jsonl (two ranks
+/// sharing one H100, written before the solo fields).
+const V5_PROFILE_JSON: &str = r#"{"call_overhead":0.0012299709262515262,"compress":318533820564.29175,"compress_overhead":0.0008994880293040292,"decompress":946016283949.4966,"decompress_add":539903675538.65643,"decompress_add_overhead":0.00034473846153846134,"decompress_overhead":0.00033048289694749696,"device_copy":624423519094.5659,"range_pass":814696766606.0935,"scale_pass":526916148661.41425,"staging":{"bandwidth":27505553384.69587,"latency":0.00001},"staging_curve":{"points":[{"bytes":1048576.0,"d2h":0.000048747,"h2d":0.000050172},{"bytes":4194304.0,"d2h":0.000162442,"h2d":0.000163906},{"bytes":16777216.0,"d2h":0.000618763,"h2d":0.000620922},{"bytes":67108864.0,"d2h":0.002451287,"h2d":0.002454058},{"bytes":268435456.0,"d2h":0.009757648,"h2d":0.009767423},{"bytes":1073741824.0,"d2h":0.039001573,"h2d":0.039037274}]}}"#;
+
+fn close_terms(a: Terms, b: Terms) -> bool {
+    close(a.compress, b.compress)
+        && close(a.d2h, b.d2h)
+        && close(a.link, b.link)
+        && close(a.h2d, b.h2d)
+        && close(a.decompress, b.decompress)
+        && close(a.device, b.device)
+}
+
+const LINK: Link = Link {
+    bandwidth: 3.8e9,
+    latency: 2e-6,
+};
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs()).max(1e-9)
+}
+
+#[test]
+fn predict_bcast_is_the_hand_formula() {
+    let dp = profile();
+    let (b, r) = (1073741824.0, 19.0);
+    let z = b / r;
+    for (p, hops) in [(2usize, 1.0), (4, 2.0), (5, 3.0)] {
+        let (raw, cmp) = dp.predict_bcast(LINK, p, b, r);
+        let want_raw = dp.d2h_s(b) + hops * (2e-6 + b / 3.8e9) + dp.h2d_s(b);
+        let want_cmp = (0.3e-3 + b / 260e9)
+            + dp.d2h_s(z)
+            + hops * (2e-6 + z / 3.8e9)
+            + dp.h2d_s(z)
+            + (0.2e-3 + b / 480e9);
+        assert!(close(raw, want_raw), "p={p}: {raw} vs {want_raw}");
+        assert!(close(cmp, want_cmp), "p={p}: {cmp} vs {want_cmp}");
+        let (tr, tc) = dp.bcast_terms(LINK, p, b, r);
+        assert!(close(tr.total(), raw) && close(tc.total(), cmp));
+        assert!(close(tc.link, hops * (2e-6 + z / 3.8e9)) && tc.device == 0.0);
+    }
+    // one rank: no link hop
+    assert_eq!(dp.bcast_terms(LINK, 1, b, r).1.link, 0.0);
+}
+
+#[test]
+fn codec_calls_pay_their_fixed_cost_once() {
+    let dp = profile();
+    let b = 1073741824.0;
+    // the whole-message exchange: its scenario (one chunk) equals the stage sum, with one
+    // compress + decompress call's fixed cost
+    let (tr, tc) = dp.sendrecv_terms(LINK, b, 19.0);
+    let pr = model::predict(&dp.scenario(LINK, b, 19.0, 1));
+    assert!(close(pr.compressed_serial, tc.total()));
+    assert!(close(pr.raw_serial, tr.total()));
+    assert!(close(tc.compress, 0.3e-3 + b / 260e9));
+    assert!(close(tc.decompress, 0.2e-3 + b / 480e9));
+    // stage / restore
+    let (_, s) = dp.stage_terms(b, 19.0);
+    assert!(close(s.total(), 0.3e-3 + b / 260e9 + dp.d2h_s(b / 19.0)));
+    let (_, r) = dp.restore_terms(b, 19.0);
+    assert!(close(r.total(), dp.h2d_s(b / 19.0) + 0.2e-3 + b / 480e9));
+    // allgather: one compression, p decompression calls
+    let (_, g) = dp.allgather_terms(LINK, 4, b, 19.0);
+    assert!(close(g.compress, dp.compress_s(b)));
+    assert!(close(g.decompress, 4.0 * dp.decompress_s(b)));
+    assert!(close(g.link, 3.0 * (2e-6 + b / 19.0 / 3.8e9)));
+    assert!(close(g.h2d, 4.0 * dp.h2d_s(b / 19.0)));
+    // the fused kernel falls back to the plain decompression when not calibrated
+    let mut q = dp.clone();
+    q.decompress_add = 0.0;
+    assert_eq!(q.decompress_add_s(b), q.decompress_s(b));
+    assert!(close(dp.decompress_add_s(b), 0.25e-3 + b / 400e9));
+}
+
+#[test]
+fn bcast_uses_solo_root_one_way_link_and_late_decompression() {
+    // 1.024 GB at ratio 16: the stream is 64 MB, a point of the shared curve (D2H 2.4 ms,
+    // H2D 1.3 ms); the raw 1.024 GB extends the 1 GB point (39 ms per GB)
+    let (b, r) = (1.024e9, 16.0);
+    let compress = 0.1e-3 + 1.024e9 / 600e9; // solo line: 1.806667 ms
+    let d2h_z = 2e-3 * 0.64; // solo curve at 64 MB: 1.28 ms
+    let one_way_z = 16e-3 * 0.64; // 10.24 ms
+    let dec_solo: f64 = 0.05e-3 + 1.024e9 / 1500e9; // 0.732667 ms
+    let dec_shared = 0.2e-3 + 1.024e9 / 480e9; // 2.333333 ms
+                                               // ranks sharing a GPU: the mean of the staggered and the concurrent case
+    let mean = |st: f64| 0.5 * (st + st.max(dec_shared));
+    for (p, hops) in [(2usize, 1.0), (4, 2.0)] {
+        // two ranks per GPU, staggered: the first upload ends after 1.3 / 2 ms; the last
+        // rank's call ends at max(1.3 + 0.732667, 0.65 + 2.333333) = 2.983333 ms;
+        // concurrent: 2.333333 ms after the upload
+        let (raw, cmp) = solo_profile(2).bcast_terms(LINK, p, b, r);
+        let want = Terms {
+            compress,
+            d2h: d2h_z,
+            link: hops * one_way_z,
+            h2d: 1.3e-3,
+            decompress: mean(0.65e-3 + dec_shared - 1.3e-3),
+            device: 0.0,
+        };
+        assert!(close_terms(cmp, want), "p={p}: {cmp:?} vs {want:?}");
+        assert!(close(
+            cmp.decompress,
+            0.5 * (1.683333333333333e-3 + dec_shared)
+        ));
+        let want_raw = Terms {
+            d2h: 2e-3 * 10.24,
+            link: hops * 16e-3 * 10.24,
+            h2d: 39e-3 * 1.024,
+            ..Terms::default()
+        };
+        assert!(close_terms(raw, want_raw), "p={p}: {raw:?} vs {want_raw:?}");
+        // one rank per GPU: the root's stages and the link as above, every rank's
+        // decompression at the shared rate (max(solo, shared) after its own upload)
+        let (_, own) = solo_profile(1).bcast_terms(LINK, p, b, r);
+        let want_own = Terms {
+            decompress: dec_shared,
+            ..want
+        };
+        assert!(close_terms(own, want_own), "p={p}: {own:?} vs {want_own:?}");
+        // four ranks per GPU: the first upload after 1.3 / 4 ms
+        let (_, four) = solo_profile(4).bcast_terms(LINK, p, b, r);
+        assert!(close(
+            four.decompress,
+            mean(dec_solo.max(0.325e-3 + dec_shared - 1.3e-3))
+        ));
+    }
+    // a slow upload: the last rank's call runs alone after it (H2D 13 ms at the stream's
+    // size with the shared curve scaled up ten times)
+    let mut slow = solo_profile(2);
+    for q in &mut slow.staging_curve.points {
+        q.h2d *= 10.0;
+    }
+    let (_, c) = slow.bcast_terms(LINK, 2, b, r);
+    assert!(close(c.h2d, 13e-3) && close(c.decompress, mean(dec_solo)));
+    // one rank: no link step
+    assert_eq!(solo_profile(2).bcast_terms(LINK, 1, b, r).1.link, 0.0);
+}
+
+#[test]
+fn restore_decompresses_after_the_shared_upload() {
+    let (b, r) = (1.024e9, 16.0);
+    let dec_solo: f64 = 0.05e-3 + 1.024e9 / 1500e9;
+    let dec_shared = 0.2e-3 + 1.024e9 / 480e9;
+    // s > 1: the mean of the staggered and the concurrent case (module docs)
+    let mean = |st: f64| 0.5 * (st + st.max(dec_shared));
+    for (s, dec) in [
+        (2usize, mean(dec_solo.max(0.65e-3 + dec_shared - 1.3e-3))),
+        (1, dec_shared),
+        (4, mean(dec_solo.max(0.325e-3 + dec_shared - 1.3e-3))),
+    ] {
+        let dp = solo_profile(s);
+        let (raw, cmp) = dp.restore_terms(b, r);
+        assert!(close(raw.h2d, 39e-3 * 1.024) && raw.decompress == 0.0);
+        assert!(close(cmp.h2d, 1.3e-3), "s={s}");
+        assert!(
+            close(cmp.decompress, dec),
+            "s={s}: {} vs {dec}",
+            cmp.decompress
+        );
+        assert!(cmp.decompress >= dec_solo);
+        // stage_to_host: every rank compresses at once, then the copies (shared)
+        let (_, st) = dp.stage_terms(b, r);
+        assert!(close(st.compress, dp.compress_s(b)) && close(st.d2h, 2.4e-3));
+    }
+}
+
+#[test]
+fn collective_stages_keep_the_shared_rates() {
+    // every rank works in every stage of sendrecv / allgather / the ring: the solo rates,
+    // the one-way link and the placement do not change them
+    let (b, r) = (1e9, 19.0);
+    let (a, z) = (profile(), solo_profile(2));
+    assert_eq!(a.sendrecv_terms(LINK, b, r), z.sendrecv_terms(LINK, b, r));
+    assert_eq!(
+        a.allgather_terms(LINK, 4, b, r),
+        z.allgather_terms(LINK, 4, b, r)
+    );
+    assert_eq!(
+        a.reduce_terms(LINK, 4, b, r, Some(r), true),
+        z.reduce_terms(LINK, 4, b, r, Some(r), true)
+    );
+    assert_eq!(a.stage_terms(b, r), z.stage_terms(b, r));
+}
+
+#[test]
+fn old_profiles_load_and_fall_back_to_the_shared_rates() {
+    // the device profile of bench/results/2026-11-22-h100-mpi-staging-v5.jsonl (before the
+    // solo fields)
+    let json = V5_PROFILE_JSON;
+    let dp: DeviceProfile = serde_json::from_str(json).unwrap();
+    assert_eq!(dp.ranks_per_gpu, 0);
+    assert_eq!(dp.sharing(), 1);
+    assert!(dp.staging_curve_solo.is_empty() && dp.link_one_way.is_empty());
+    let (b, r) = (1073741824.0, 19.1);
+    let z = b / r;
+    assert_eq!(dp.compress_solo_s(b), dp.compress_s(b));
+    assert_eq!(dp.decompress_solo_s(b), dp.decompress_s(b));
+    assert_eq!(dp.d2h_solo_s(z), dp.d2h_s(z));
+    assert_eq!(dp.h2d_solo_s(z), dp.h2d_s(z));
+    let v5 = Link {
+        bandwidth: 3477443380.212728,
+        latency: 1.37079e-6,
+    };
+    assert_eq!(dp.one_way_s(v5, z), v5.latency + z / v5.bandwidth);
+    // the v5 predictions: bcast 26.0 ms, restore 3.53 ms
+    let (_, bc) = dp.bcast_terms(v5, 2, b, r);
+    assert!((bc.total() - 26.0e-3).abs() < 0.1e-3, "{}", bc.total());
+    assert!(close(bc.decompress, dp.decompress_s(b)));
+    let (_, rs) = dp.restore_terms(b, 19.09);
+    assert!((rs.total() - 3.53e-3).abs() < 0.01e-3, "{}", rs.total());
+    // and the new fields round-trip
+    let mut q = dp.clone();
+    q.ranks_per_gpu = 2;
+    q.compress_solo = 5.6e11;
+    q.link_one_way.insert(LinkPoint {
+        bytes: 1e8,
+        seconds: 0.017,
+    });
+    let back: DeviceProfile = serde_json::from_str(&serde_json::to_string(&q).unwrap()).unwrap();
+    assert_eq!(back, q);
+}
+
+#[test]
+fn v5_with_solo_rates_predicts_the_measured_ops() {
+    // the v5 profile plus solo values as its measured stages suggest (two ranks sharing one
+    // H100): a 1 GiB compression alone ≈ 1.9 ms, decompression alone ≈ 0.75 ms, copies
+    // alone at twice the shared rate, one-way link ≈ 5.9 GB/s
+    let json = V5_PROFILE_JSON;
+    let mut dp: DeviceProfile = serde_json::from_str(json).unwrap();
+    let b = 1073741824.0;
+    dp.ranks_per_gpu = 2;
+    dp.compress_solo = b / 1.6e-3;
+    dp.compress_solo_overhead = 0.3e-3;
+    dp.decompress_solo = b / 0.6e-3;
+    dp.decompress_solo_overhead = 0.15e-3;
+    for q in dp.staging_curve.points.clone() {
+        dp.staging_curve_solo.insert(StagingPoint {
+            d2h: q.d2h / 2.0,
+            h2d: q.h2d / 2.0,
+            ..q
+        });
+    }
+    for mib in [1.0, 16.0, 64.0, 256.0] {
+        let x = mib * 1048576.0;
+        dp.link_one_way.insert(LinkPoint {
+            bytes: x,
+            seconds: x / 5.9e9,
+        });
+    }
+    let v5 = Link {
+        bandwidth: 3477443380.212728,
+        latency: 1.37079e-6,
+    };
+    let within = |pred: f64, meas: f64| ((meas - pred) / pred).abs() < 0.2;
+    // measured: bcast_device 15.38 ms (raw 222.9 ms), restore_to_device 2.81 ms
+    let (raw, bc) = dp.bcast_terms(v5, 2, b, 19.109);
+    assert!(
+        within(bc.total(), 15.38e-3),
+        "bcast {:?} {}",
+        bc,
+        bc.total()
+    );
+    assert!(within(raw.total(), 222.9e-3), "raw bcast {}", raw.total());
+    let (_, rs) = dp.restore_terms(b, 19.092);
+    assert!(within(rs.total(), 2.81e-3), "restore {:?}", rs);
+    // unchanged: stage_to_host 6.15 ms, sendrecv 25.8 ms
+    assert!(within(dp.stage_terms(b, 19.092).1.total(), 6.15e-3));
+    assert!(within(dp.sendrecv_terms(v5, b, 19.092).1.total(), 25.8e-3));
+}
+
+#[test]
+fn predict_reduce_structure() {
+    let dp = profile();
+    let b = 1e9;
+    // one rank: nothing to do
+    assert_eq!(dp.predict_reduce(LINK, 1, b, 10.0, false), 0.0);
+    // p-1 steps of compress + D2H + link + H2D + fused decompress-add on a segment, the
+    // range pass, one input segment copied per step
+    let (p, r) = (4usize, 8.0);
+    let (seg, z) = (b / 4.0, b / 4.0 / r);
+    let step = dp.compress_s(seg)
+        + dp.d2h_s(z)
+        + 2.0 * LINK.latency
+        + z / LINK.bandwidth
+        + dp.h2d_s(z)
+        + dp.decompress_add_s(seg)
+        + seg / dp.device_copy;
+    let range = b / dp.range_pass;
+    let rs = dp.reduce_terms(LINK, p, b, r, None, false);
+    assert!(close(rs.total(), 3.0 * step + range));
+    assert!(close(rs.device, range + 3.0 * seg / dp.device_copy));
+    assert!(close(dp.predict_reduce(LINK, p, b, r, false), rs.total()));
+    // the allreduce: the input copied once (not per step), then the compressed allgather
+    // of one segment at the final streams' own ratio
+    let rf = 5.0;
+    let ar = dp.reduce_terms(LINK, p, b, r, Some(rf), false);
+    let ag = dp.allgather_terms(LINK, p, seg, rf).1.total();
+    let ring = 3.0 * (step - seg / dp.device_copy) + range + b / dp.device_copy;
+    assert!(
+        close(ar.total(), ring + ag),
+        "{} vs {}",
+        ar.total(),
+        ring + ag
+    );
+    // the mean adds the division of this rank's segment
+    let am = dp.reduce_terms(LINK, p, b, r, Some(rf), true);
+    assert!(close(am.total() - ar.total(), seg / dp.scale_pass));
+    // predict_reduce: the final streams at the ring's ratio
+    let same = dp.reduce_terms(LINK, p, b, r, Some(r), false).total();
+    assert!(close(dp.predict_reduce(LINK, p, b, r, true), same));
+    // a worse final ratio is slower; a better ratio is never slower
+    assert!(ar.total() > same);
+    assert!(dp.predict_reduce(LINK, p, b, 20.0, true) <= same);
+    // uncalibrated device passes are not charged
+    let g = DeviceProfile::guess();
+    assert_eq!(g.reduce_terms(LINK, p, b, r, Some(r), true).device, 0.0);
+}
