@@ -1,0 +1,244 @@
+//! [`NcclComm::calibrate`]: times the raw links and the codecs on every rank and fills the
+//! [`NcclProfile`].
+
+use super::*;
+
+impl NcclComm {
+    /// Time `f` on every rank (barrier, run, drain streams), `reps` times after one warm-up;
+    /// returns the median over repetitions of the slowest rank (identical on all ranks).
+    pub(super) fn time_collective(
+        &mut self,
+        reps: usize,
+        mut f: impl FnMut(&mut Self) -> Result<()>,
+    ) -> Result<f64> {
+        let mut ts = Vec::with_capacity(reps);
+        for i in 0..=reps.max(1) {
+            self.barrier()?;
+            let t0 = self.wtime();
+            f(self)?;
+            self.synchronize()?;
+            let mut t = [self.wtime() - t0];
+            self.sh.boot.allreduce_f64(&mut t, ReduceOp::Max)?;
+            if i > 0 {
+                ts.push(t[0]);
+            }
+        }
+        Ok(median(&mut ts))
+    }
+
+    /// Measure raw NCCL allreduce, allgather and pairwise exchange at [`CALIBRATION_SIZES`]
+    /// (median of 5 to 9 runs after a warm-up each; the curves of [`NcclLink`]), the device
+    /// codec on a Gaussian random field (`noa:1e-3`, 64 MiB f32) and the per-piece host overhead;
+    /// every rank adopts rank 0's numbers. Collective.
+    ///
+    /// Each of the three operations runs about 630 MiB (per rank) of buffers in total, the
+    /// 16 and 64 MiB runs most of it: roughly 0.6 s over NCCL's socket transport at 3.5 GB/s
+    /// (twice the former two-size calibration), a few ms over NVLink.
+    pub fn calibrate(&mut self) -> Result<&NcclProfile> {
+        let (p, r) = (self.size(), self.rank());
+        let big = CALIBRATION_SIZES[CALIBRATION_SIZES.len() - 1] / 4; // f32 values: 64 MiB
+        let mut prof = NcclProfile::guess(&self.profile.transport);
+        if p > 1 {
+            let w = self.sh.work.clone();
+            let xs = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
+            let mut ys = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
+            let mut gs = w.alloc_zeros::<f32>(big * p).map_err(gpu_err)?;
+            w.synchronize().map_err(gpu_err)?;
+            let (mut ar, mut ag, mut pp, mut one) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            // Warm the transport up with the largest size first (untimed): on the socket
+            // transport the first large transfers of a fresh communicator can run ~1.5x slower
+            // than later ones (seen once in eight process starts of the 2xH200 v5 runs, where
+            // the whole calibration came out slow and every prediction of that process 20-37 %
+            // high), and one warm-up per size is not enough to get past that.
+            {
+                let xv = xs.slice(0..big);
+                let mut yv = ys.slice_mut(0..big);
+                for _ in 0..3 {
+                    self.sh.allreduce_sum(&xv, &mut yv)?;
+                }
+                let mut gv = gs.slice_mut(0..big * p);
+                self.sh.allgather(&xv, &mut gv)?;
+                self.synchronize()?;
+                self.barrier()?;
+            }
+            for &sz in CALIBRATION_SIZES {
+                let n = sz / 4;
+                // large messages are slow on sockets and steady: fewer repetitions
+                let reps = if sz >= 16 << 20 { 5 } else { 9 };
+                let xv = xs.slice(0..n);
+                let mut yv = ys.slice_mut(0..n);
+                let t = self.time_collective(reps, |c| c.sh.allreduce_sum(&xv, &mut yv))?;
+                ar.push((sz as f64, t));
+                let mut gv = gs.slice_mut(0..n * p);
+                let t = self.time_collective(reps, |c| c.sh.allgather(&xv, &mut gv))?;
+                ag.push(((sz * p) as f64, t));
+                // a send to `to` and/or a receive from `from` of n f32, in one group
+                let mut exchange = |c: &mut Self, to: Option<usize>, from: Option<usize>| {
+                    let sh = c.sh.clone();
+                    let (sp, _g1) = xs.device_ptr(&sh.net);
+                    let (rp, _g2) = ys.device_ptr_mut(&sh.net);
+                    sh.group(|| {
+                        // SAFETY: both buffers hold at least n f32; guards outlive the enqueue.
+                        unsafe {
+                            if let Some(to) = to {
+                                sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, to)?;
+                            }
+                            if let Some(from) = from {
+                                sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, from)?;
+                            }
+                            Ok(())
+                        }
+                    })
+                };
+                let (to, from) = ((r + 1) % p, (r + p - 1) % p);
+                let t = self.time_collective(reps, |c| exchange(c, Some(to), Some(from)))?;
+                pp.push((sz as f64, t));
+                // one way: even ranks send to the next rank, which only receives
+                let to = (r % 2 == 0 && r + 1 < p).then_some(r + 1);
+                let from = (r % 2 == 1).then(|| r - 1);
+                let t = self.time_collective(reps, |c| exchange(c, to, from))?;
+                one.push((sz as f64, t));
+            }
+            prof.allreduce = NcclLink::from_points(ar, &prof.allreduce);
+            prof.allgather = NcclLink::from_points(ag, &prof.allgather);
+            prof.p2p = NcclLink::from_points(pp, &prof.p2p);
+            // a message alone is never slower than with traffic coming back
+            let one: Vec<(f64, f64)> = one
+                .into_iter()
+                .map(|(b, t)| (b, t.min(prof.p2p.time(b))))
+                .collect();
+            prof.p2p_one = Some(NcclLink::from_points(one, &prof.p2p));
+            // per-piece host overhead: a size message round on the bootstrap transport plus a
+            // codec launch-and-readback
+            let t1 = self.wtime();
+            let reps = 20;
+            for _ in 0..reps {
+                self.sh
+                    .boot
+                    .sendrecv(to_of(r, p), &[0u8; 8], from_of(r, p), TAG_SIZES)?;
+            }
+            prof.piece_overhead = (self.wtime() - t1) / reps as f64;
+        }
+        if self.codec_on_all_ranks() {
+            let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
+            let bound = self.piece_bound(&field.as_view())?;
+            let codec = self.config.policy.codec().unwrap_or_default();
+            let codec = if codec == CodecKind::Pfpl {
+                CodecKind::Aatrox
+            } else {
+                codec
+            };
+            let mut out = unsafe {
+                self.sh
+                    .work
+                    .alloc::<u8>(crate::format::HEADER_LEN + big * 4 + 256)
+            }
+            .map_err(gpu_err)?;
+            let mut acc = self.sh.work.alloc_zeros::<f32>(big).map_err(gpu_err)?;
+            self.sh.work.synchronize().map_err(gpu_err)?;
+            let gpu = self.gpu()?;
+            // t = fixed + bytes / throughput, fitted from one codec chunk and 64 MiB
+            let mut fit = [[f64::INFINITY; 2]; 2]; // [small|big][compress|decompress]
+            let mut len = 1usize;
+            for (i, n) in [1usize << 15, big].into_iter().enumerate() {
+                let fv = field.slice(0..n);
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    let mut ov = out.slice_mut(..);
+                    let l = gpu.compress_device(&fv, bound, codec, &mut ov)?;
+                    fit[i][0] = fit[i][0].min(t.elapsed().as_secs_f64());
+                    let sv = out.slice(0..l);
+                    let mut av = acc.slice_mut(0..n);
+                    let t = std::time::Instant::now();
+                    gpu.decompress_add_device(&sv, &mut av)?;
+                    fit[i][1] = fit[i][1].min(t.elapsed().as_secs_f64());
+                    if i == 1 {
+                        len = l;
+                    }
+                }
+            }
+            // the preparation of a compressing call: value-range pass (with its readback) and
+            // device copy of the whole buffer, best of 5
+            let (mut t_range, mut t_copy) = (f64::INFINITY, f64::INFINITY);
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                self.utils.range(&self.sh.work, &field.as_view())?;
+                t_range = t_range.min(t.elapsed().as_secs_f64());
+                let t = std::time::Instant::now();
+                self.sh
+                    .work
+                    .memcpy_dtod(&field, &mut acc)
+                    .map_err(gpu_err)?;
+                self.sh.work.synchronize().map_err(gpu_err)?;
+                t_copy = t_copy.min(t.elapsed().as_secs_f64());
+            }
+            let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
+            let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
+            let (tcr, tdr) = (tp(0), tp(1));
+            let fixed = |k: usize, t: f64| (fit[0][k] - b1 / t).max(0.0);
+            let mut v = [
+                -tcr,
+                -tdr,
+                fixed(0, tcr),
+                fixed(1, tdr),
+                -b2 / t_range.max(1e-9),
+                -b2 / t_copy.max(1e-9),
+            ];
+            self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
+            prof.compress_fixed = v[2];
+            prof.decompress_fixed = v[3];
+            prof.range_rate = -v[4];
+            prof.copy_rate = -v[5];
+            let b = b2;
+            let v = [v[0], v[1]];
+            prof.codecs = vec![CodecSpeed {
+                codec,
+                dtype: 1,
+                compress: -v[0],
+                decompress: -v[1],
+                ratio: b / len as f64,
+            }];
+        }
+        let mut bytes = if r == 0 {
+            serde_json::to_vec(&prof).map_err(|e| Error::invalid(format!("profile: {e}")))?
+        } else {
+            Vec::new()
+        };
+        self.sh.boot.bcast(0, &mut bytes)?;
+        self.profile = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}, one way {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us; range pass {}, copy {}",
+            self.profile.transport,
+            crate::model::fmt_rate(self.profile.allreduce.bandwidth),
+            crate::model::fmt_rate(self.profile.allgather.bandwidth),
+            crate::model::fmt_rate(self.profile.p2p.bandwidth),
+            crate::model::fmt_rate(self.profile.p2p.rate((4u64 << 20) as f64)),
+            crate::model::fmt_rate(self.profile.one_way().rate((4u64 << 20) as f64)),
+            self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
+            self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6,
+            crate::model::fmt_rate(self.profile.range_rate), crate::model::fmt_rate(self.profile.copy_rate));
+        Ok(&self.profile)
+    }
+}
+
+/// Message sizes (bytes per rank) at which [`NcclComm::calibrate`] times the raw NCCL links.
+pub const CALIBRATION_SIZES: &[usize] = &[
+    256 << 10,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+    8 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+/// Median of `ts` (sorted in place; the mean of the middle two for an even count, NaN if empty).
+pub(super) fn median(ts: &mut [f64]) -> f64 {
+    ts.sort_by(f64::total_cmp);
+    match ts.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => ts[n / 2],
+        n => 0.5 * (ts[n / 2 - 1] + ts[n / 2]),
+    }
+}

@@ -1,0 +1,325 @@
+//! Allgather, allreduce, allreduce_mean and reduce_scatter of device buffers over NCCL.
+
+use super::*;
+
+impl NcclComm {
+    /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order),
+    /// compressed per the policy (every rank ends with identical values, its own segment
+    /// included). Bound: `abs:E`, `noa:E` of each rank's own range, or `rel:E`, per value.
+    ///
+    /// `Auto` decides from the agreed ratio cache or a sample (see the [module docs](super));
+    /// only a compressing call reads the whole buffer for its value range. If any rank lacks the
+    /// device codec, `Auto` runs raw NCCL and `Always` returns [`Error::Unavailable`], on every
+    /// rank alike.
+    pub fn allgather<T: NcclReal>(
+        &mut self,
+        send: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let p = self.size();
+        let n = send.len();
+        if out.len() != n * p {
+            return Err(Error::invalid(format!(
+                "allgather: output has {} elements, expected {p} x {n}",
+                out.len()
+            )));
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let bytes = n * T::SIZE;
+        let k = pieces(n, self.piece_elems::<T>()).len();
+        let dt = T::DTYPE.tag();
+        let (raw_t, best_t) = self
+            .profile
+            .predict_allgather(bytes as f64, p, 1e12, k, codec, dt);
+        let want = match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
+        } && n > 0
+            && p > 1;
+        let plan = self.plan::<T>(OP_ALLGATHER, n, want, |c| {
+            c.sample_ratio(&send.as_view(), codec, None)
+        })?;
+        let mut st = Self::base_stats(OP_ALLGATHER, bytes);
+        st.predicted_raw_s = raw_t;
+        st.predicted_s = raw_t;
+        let compress = self.decide(plan, &mut st, best_t, |ratio| {
+            self.profile
+                .predict_allgather(bytes as f64, p, ratio, k, codec, dt)
+                .1
+        });
+        if !compress {
+            self.sh.allgather(send, out)?;
+            return self.finish(st, t0);
+        }
+        // compressing: now the real (whole-buffer) bound
+        let bound = self.piece_bound(&send.as_view())?;
+        let segs: Vec<Range<usize>> = (0..p).map(|j| j * n..(j + 1) * n).collect();
+        let wire = self.gather_round(out, &segs, Some(send), bound, codec)?;
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = match bound {
+            ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
+            ErrorBound::Noa(e) => e,
+        };
+        st.wire_bytes = wire.sent as u64;
+        let moved = (bytes * (p - 1)) as f64;
+        st.ratio = moved / wire.sent.max(1) as f64;
+        // the time follows the larger and the smaller piece of every round: predict (and
+        // remember for `Auto`) the ratios of both directions
+        let wr = wire.ratios(moved);
+        self.last_ratios = Some(wr);
+        let (_, cmp_t) = self
+            .profile
+            .predict_allgather(bytes as f64, p, wr, k, codec, dt);
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = cmp_t;
+        self.agree_measured::<T>(OP_ALLGATHER, n, wr)?;
+        self.finish(st, t0)
+    }
+
+    /// Sum over all ranks into `out` (same length) with the end-to-end bound of the
+    /// [module docs](super); identical results on every rank.
+    ///
+    /// `Auto` decides from the agreed ratio cache or a sample (see the [module docs](super)); the
+    /// global value range (a pass over the buffer and a small MPI allreduce) is only computed
+    /// when the call compresses. If any rank lacks the device codec, `Auto` runs raw NCCL and
+    /// `Always` returns [`Error::Unavailable`], on every rank alike (the same holds for
+    /// [`allreduce_mean`](Self::allreduce_mean) and [`reduce_scatter`](Self::reduce_scatter)).
+    pub fn allreduce<T: NcclReal>(
+        &mut self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        self.reduce_impl(OP_ALLREDUCE, input, out)
+    }
+
+    /// Mean over all ranks (gradient averaging); the bound applies to the mean.
+    pub fn allreduce_mean<T: NcclReal>(
+        &mut self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        self.reduce_impl(OP_ALLREDUCE_MEAN, input, out)
+    }
+
+    /// Reduce-scatter (sum): rank `r` receives segment `r` of
+    /// [`partition`]`(input.len(), size)` in `out`.
+    pub fn reduce_scatter<T: NcclReal>(
+        &mut self,
+        input: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        self.reduce_impl(OP_REDUCE_SCATTER, input, out)
+    }
+
+    pub(super) fn reduce_impl<T: NcclReal>(
+        &mut self,
+        op: u8,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, r) = (self.size(), self.rank());
+        let n = x.len();
+        let full = op != OP_REDUCE_SCATTER;
+        let segs = partition(n, p);
+        let want_len = if full { n } else { segs[r].len() };
+        if out.len() != want_len {
+            return Err(Error::invalid(format!(
+                "{}: output has {} elements, expected {want_len}",
+                op_name(op),
+                out.len()
+            )));
+        }
+        if matches!(self.config.bound, ErrorBound::Rel(_)) {
+            return Err(Error::invalid(format!(
+                "{}: rel bounds are not supported for reductions (use abs or noa)",
+                op_name(op)
+            )));
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let bytes = n * T::SIZE;
+        let k = pieces(segs[0].len(), self.piece_elems::<T>()).len();
+        let dt = T::DTYPE.tag();
+        let (raw_t, best_t) =
+            self.profile
+                .predict_allreduce(bytes as f64, p, 1e12, k, codec, dt, !full);
+        let want = match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
+        } && n > 0
+            && p > 1;
+        let d = if op == OP_ALLREDUCE_MEAN {
+            p as f64
+        } else {
+            1.0
+        };
+        let nq = if full { p } else { (p - 1).max(1) };
+        let plan = self.plan::<T>(op, n, want, |c| {
+            c.sample_ratio(&x.as_view(), codec, Some((p, d, nq)))
+        })?;
+        let mut st = Self::base_stats(op, bytes);
+        st.predicted_raw_s = raw_t;
+        st.predicted_s = raw_t;
+        let mut compress = self.decide(plan, &mut st, best_t, |ratio| {
+            self.profile
+                .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
+                .1
+        });
+        let mut eb = 0.0;
+        let mut e_total = 0.0;
+        if compress {
+            // compressing (same decision on all ranks): the global range and magnitude, then
+            // the per-quantization bound (identical on all ranks)
+            let (lo, hi) = self
+                .utils
+                .range(&self.sh.work, &x.as_view())?
+                .unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+            let mut mm = [-lo, hi];
+            self.sh.boot.allreduce_f64(&mut mm, ReduceOp::Max)?;
+            let (glo, ghi) = (-mm[0], mm[1]);
+            let m = glo.abs().max(ghi.abs());
+            let m = if m.is_finite() { m } else { 0.0 };
+            e_total = crate::comm::reduction_result_bound(self.config.bound, glo, ghi);
+            match reduction_step_bound(e_total, m, p, T::UNIT_ROUNDOFF, d, nq) {
+                Some(v) => eb = v,
+                None => compress = false,
+            }
+        }
+        if !compress {
+            self.raw_reduce(op, x, out, &segs)?;
+            return self.finish(st, t0);
+        }
+        // compressed: ring reduce-scatter over pieces, fused decompress-and-add
+        let gstream = self.gpu()?.stream().clone();
+        let wire = if full {
+            gstream.memcpy_dtod(x, out).map_err(gpu_err)?;
+            gstream.synchronize().map_err(gpu_err)?;
+            self.ring_reduce(out, &segs, eb, d, codec, true)?
+        } else {
+            // SAFETY: fully written by the copy below.
+            let mut tmp = unsafe { gstream.alloc::<T>(n) }
+                .map_err(|e| Error::OutOfMemory(format!("{e:?}")))?;
+            gstream.memcpy_dtod(x, &mut tmp).map_err(gpu_err)?;
+            gstream.synchronize().map_err(gpu_err)?;
+            let w = self.ring_reduce(&mut tmp, &segs, eb, d, codec, false)?;
+            let v = tmp.slice(segs[r].clone());
+            gstream.memcpy_dtod(&v, out).map_err(gpu_err)?;
+            gstream.synchronize().map_err(gpu_err)?;
+            w
+        };
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = e_total;
+        st.wire_bytes = wire.sent as u64;
+        let moved = if full {
+            2 * (p - 1) * bytes / p
+        } else {
+            (p - 1) * bytes / p
+        };
+        st.ratio = moved as f64 / wire.sent.max(1) as f64;
+        // every ring step ends when the larger of the pieces sent and received has arrived (a
+        // rank whose segment compresses worse holds up its neighbours), the smaller one sharing
+        // the link meanwhile: predict, and remember for `Auto`, the ratios of both directions
+        let wr = wire.ratios(moved as f64);
+        self.last_ratios = Some(wr);
+        let (_, cmp_t) = self
+            .profile
+            .predict_allreduce(bytes as f64, p, wr, k, codec, dt, !full);
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = cmp_t;
+        self.agree_measured::<T>(op, n, wr)?;
+        self.finish(st, t0)
+    }
+
+    /// Ring reduce-scatter of `acc` (holding this rank's input) over compressed pieces, then
+    /// (`full`) the compressed allgather of the reduced segments. Returns the bytes sent (and
+    /// the critical bytes, [`Wire`]).
+    pub(super) fn ring_reduce<T: NcclReal>(
+        &mut self,
+        acc: &mut CudaSlice<T>,
+        segs: &[Range<usize>],
+        eb: f64,
+        d: f64,
+        codec: CodecKind,
+        full: bool,
+    ) -> Result<Wire> {
+        let (p, r) = (self.size(), self.rank());
+        let step = ErrorBound::Abs(eb * d);
+        let mut wire = Wire::default();
+        let (to, from) = (to_of(r, p), from_of(r, p));
+        for s in 0..p - 1 {
+            let send_seg = (r + 2 * p - s - 1) % p;
+            let recv_seg = (r + 2 * p - s - 2) % p;
+            wire += self.ring_round(
+                acc,
+                segs[send_seg].clone(),
+                segs[recv_seg].clone(),
+                to,
+                from,
+                step,
+                codec,
+                true,
+            )?;
+        }
+        if d != 1.0 {
+            let mut v = acc.slice_mut(segs[r].clone());
+            self.utils.scale(&self.sh.work, &mut v, T::from_f64(d))?;
+            self.sh.work.synchronize().map_err(gpu_err)?;
+        }
+        if full {
+            wire += self.gather_round(acc, segs, None, ErrorBound::Abs(eb), codec)?;
+        }
+        Ok(wire)
+    }
+
+    pub(super) fn raw_reduce<T: NcclReal>(
+        &mut self,
+        op: u8,
+        x: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        segs: &[Range<usize>],
+    ) -> Result<()> {
+        let (p, r) = (self.size(), self.rank());
+        if op == OP_REDUCE_SCATTER {
+            let n = x.len();
+            if n % p == 0 {
+                let (src, _g1) = x.device_ptr(&self.sh.net);
+                let (dst, _g2) = out.device_ptr_mut(&self.sh.net);
+                // SAFETY: x holds p * out.len() elements; guards outlive the enqueue.
+                unsafe {
+                    nres::reduce_scatter(
+                        src as *const _,
+                        dst as *mut _,
+                        n / p,
+                        T::as_nccl_type(),
+                        nsys::ncclRedOp_t::ncclSum,
+                        self.sh.comm,
+                        self.sh.net_stream(),
+                    )
+                }
+                .map_err(|e| nccl_err("ncclReduceScatter", e))?;
+            } else {
+                // SAFETY: fully written by the allreduce.
+                let mut tmp = unsafe { self.sh.net.alloc::<T>(n) }
+                    .map_err(|e| Error::OutOfMemory(format!("{e:?}")))?;
+                self.sh.allreduce_sum(x, &mut tmp)?;
+                let v = tmp.slice(segs[r].clone());
+                self.sh.net.memcpy_dtod(&v, out).map_err(gpu_err)?;
+            }
+            return self.sh.net.synchronize().map_err(gpu_err);
+        }
+        self.sh.allreduce_sum(x, out)?;
+        self.sh.net.synchronize().map_err(gpu_err)?;
+        if op == OP_ALLREDUCE_MEAN {
+            let mut v = out.slice_mut(..);
+            self.utils
+                .scale(&self.sh.work, &mut v, T::from_f64(p as f64))?;
+            self.sh.work.synchronize().map_err(gpu_err)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,153 @@
+//! Compressed collectives on device buffers over NCCL (feature `nccl`).
+//!
+//! An [`NcclComm`] owns one NCCL communicator per process (rank `r` drives GPU
+//! `local_rank % device_count`), bootstrapped over MPI: rank 0 creates the 128-byte NCCL unique id
+//! and broadcasts it over the bootstrap [`Transport`], every rank calls `ncclCommInitRank`. The
+//! same bootstrap transport carries the small host-side control messages (descriptors, compressed
+//! sizes), so NCCL only moves payload bytes.
+//!
+//! Operations take device buffers ([`CudaSlice`] of `f32`/`f64`), follow the [`Communicator`]
+//! conventions (same [`Policy`], [`ErrorBound`], [`OpStats`], same end-to-end bound split for
+//! reductions) and are blocking: they return when the result is in place.
+//!
+//! * [`send`](NcclComm::send) / [`recv`](NcclComm::recv): compressed point to point
+//!   (ncclSend/ncclRecv; the receiver learns each piece's size over the bootstrap transport);
+//! * [`allgather`](NcclComm::allgather): every rank's compressed pieces go to every other rank
+//!   with grouped ncclSend/ncclRecv of exactly their sizes (sizes allgathered first);
+//! * [`allreduce`](NcclComm::allreduce), [`allreduce_mean`](NcclComm::allreduce_mean),
+//!   [`reduce_scatter`](NcclComm::reduce_scatter): ring reduce-scatter over compressed pieces
+//!   followed (allreduce) by the compressed allgather of the reduced segments. The receiving side
+//!   decompresses **and adds in one fused kernel** straight into the accumulator
+//!   (`kernels/blocked.cu`, `ACCUMULATE` instantiation), never materialising a decompressed copy.
+//!
+//! # Pipelining
+//!
+//! Each message is cut into pieces (default 64 MiB uncompressed, aligned to codec chunks), each
+//! compressed as its own stream. Codec kernels run on a work stream, NCCL on its own stream:
+//! piece `k+1` is compressed (and piece `k-1` decompressed) while piece `k` is on the wire.
+//! Cross-stream order comes from the CUDA events cudarc records on every buffer (each piece has
+//! its own buffer, so waits are exact).
+//!
+//! # Policy
+//!
+//! [`Policy::Auto`] predicts both paths with the calibrated [`NcclProfile`] (raw NCCL times by
+//! message size, [`NcclLink`], evaluated for each compressed piece at its own size; device codec
+//! throughput; per-piece host overhead). If compression cannot win even
+//! at an infinite ratio (NVLink: the codec kernels alone take longer than raw NCCL) raw NCCL runs
+//! at once, with no sampling. Otherwise the decision (compress iff predicted `< 0.95 ×` raw) uses
+//! a ratio all ranks agree on, so all ranks take the same path:
+//!
+//! * a cache of *agreed* ratios per (operation, dtype, element count) answers most calls with no
+//!   sampling and no extra message (every rank holds the identical value, so no exchange is
+//!   needed); every 16th `Auto` call of a shape misses on all ranks alike and re-estimates, so a
+//!   raw decision does not stick when the data change;
+//! * on a miss every rank compresses a small device sample (up to 8 codec chunks spread over the
+//!   buffer) under a bound taken from the *sample* (`noa`: the sample's own range, never wider
+//!   than the buffer's, so the estimate is conservative; reductions: the per-step bound of
+//!   [`reduction_step_bound`] from the sample's range and magnitude, a heuristic), and the
+//!   estimates travel in the descriptor round ([`NcclConfig::check`]; else one 8-byte allgather).
+//!   All ranks cache their harmonic mean;
+//! * only a call that then compresses computes the real bound (the full-buffer value range, for
+//!   reductions allreduced over the ranks), and afterwards all ranks agree on the measured ratio
+//!   (one 16-byte allgather) for the next calls. Collectives measure it per direction
+//!   ([`WireRatio`]): per exchange round the larger (*major*) and the smaller (*minor*) of the
+//!   messages sent and received, because a rank whose data compress worse sets everyone's time
+//!   while the smaller message only shares the link for part of the round
+//!   ([`NcclProfile::exchange`]); the reported [`OpStats::ratio`] stays this rank's own.
+//!
+//! A raw `Auto` call therefore costs raw NCCL plus the descriptor round (none with checks off)
+//! on cache hits. The caches are cleared when the bound or the policy changes.
+//!
+//! # Ranks without a device codec
+//!
+//! Whether each rank loaded its device codec is exchanged once at construction. If any rank
+//! lacks it, `Auto` runs raw NCCL on every rank and `Always` fails with [`Error::Unavailable`] on
+//! every rank (collectives: after the descriptor round; point to point: the sender announces the
+//! failure in the descriptor, so both ends fail) — never a hang.
+//!
+//! # Error bound of reductions
+//!
+//! Exactly the rule of the MPI path ([`crate::comm`] module docs): with `p` ranks each element
+//! passes `p` quantizations in allreduce (`p-1` in reduce-scatter); given the result bound `E`
+//! (`abs:E`, or `noa:E` times the global value range of all inputs), `M` the largest finite
+//! `|x|`, `u` the unit roundoff and `d` the divisor (1 sum, `p` mean), the rounding of the
+//! additions is bounded by `R = p·u·(p·M + E·d)/d` and every quantization gets
+//! `eb = (E - R)/n_q` ([`reduction_step_bound`]). Final values are identical on all ranks.
+//!
+//! [`Communicator`]: super::Communicator
+
+mod auto;
+mod host;
+mod kernels;
+mod link;
+
+use std::ops::Range;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use cudarc::nccl::{result as nres, sys as nsys, NcclType};
+
+pub use host::NcclTransport;
+pub use link::NcclLink;
+
+use super::element::Real;
+pub use super::reduction_step_bound;
+use super::transport::{ReduceOp, Transport};
+use super::{partition, Decision, OpStats};
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::model::{CodecSpeed, Policy};
+use crate::quant::ErrorBound;
+use auto::{f64s, Agreed, AgreedRatios, RatioKey};
+
+mod agreement;
+mod calibrate;
+mod collectives;
+mod comm;
+mod config;
+mod p2p;
+mod plan;
+mod profile;
+mod rounds;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+use agreement::*;
+pub use calibrate::CALIBRATION_SIZES;
+pub use comm::NcclComm;
+pub use config::NcclConfig;
+use p2p::*;
+pub use profile::{NcclProfile, WireRatio};
+use rounds::*;
+pub use shared::pieces;
+use shared::*;
+
+/// A scalar NCCL and the device codecs move: `f32` or `f64`.
+pub trait NcclReal: Real + NcclType + crate::gpu::GpuElement + Unpin {}
+impl NcclReal for f32 {}
+impl NcclReal for f64 {}
+
+pub(crate) fn gpu_err(e: impl std::fmt::Debug) -> Error {
+    Error::Gpu(format!("{e:?}"))
+}
+
+fn nccl_err(what: &str, e: nres::NcclError) -> Error {
+    Error::Comm(format!("NCCL {what} failed: {:?}", e.0))
+}
+
+/// Whether the CUDA driver and the NCCL library can be loaded (cudarc would panic otherwise).
+pub fn nccl_available() -> bool {
+    // SAFETY: these only try to dlopen the libraries.
+    unsafe { cudarc::driver::sys::is_culib_present() && nsys::is_culib_present() }
+}
+
+/// The NCCL library version as `(major, minor, patch)`.
+pub fn nccl_version() -> Result<(i32, i32, i32)> {
+    if !nccl_available() {
+        return Err(Error::Unavailable("libnccl not found".into()));
+    }
+    let v = nres::get_nccl_version().map_err(|e| nccl_err("ncclGetVersion", e))?;
+    Ok((v / 10000, (v / 100) % 100, v % 100))
+}

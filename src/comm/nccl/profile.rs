@@ -1,0 +1,238 @@
+//! The NCCL cost model: [`NcclProfile`] (link and codec speeds) and the sampled [`WireRatio`]s.
+
+use super::*;
+
+/// Compression ratios (moved bytes / wire bytes) of the two directions of the exchanges of a
+/// compressed operation: `major` for the larger message of each exchange (per step the
+/// direction that finishes last), `minor` for the smaller one (`minor >= major`). A plain ratio
+/// converts to the symmetric pair (both directions alike).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct WireRatio {
+    /// Ratio of the larger message of every exchange.
+    pub major: f64,
+    /// Ratio of the smaller message of every exchange (`f64::MAX`: nothing comes back).
+    pub minor: f64,
+}
+
+impl From<f64> for WireRatio {
+    fn from(r: f64) -> Self {
+        WireRatio { major: r, minor: r }
+    }
+}
+
+impl WireRatio {
+    /// `(major, minor)` made usable: positive, `minor >= major`.
+    pub(super) fn sane(self) -> (f64, f64) {
+        let major = if self.major > 0.0 { self.major } else { 1e-9 };
+        let minor = if self.minor.is_nan() {
+            major
+        } else {
+            self.minor.max(major)
+        };
+        (major, minor)
+    }
+}
+
+/// Calibrated speeds of the NCCL links and the device codec (identical on all ranks).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NcclProfile {
+    /// Link label (`nvlink`, `socket`).
+    pub transport: String,
+    /// Raw NCCL allreduce: time by buffer size (calibrated at several sizes and interpolated,
+    /// [`NcclLink`]; `latency + bytes/bandwidth` in profiles without points).
+    pub allreduce: NcclLink,
+    /// Raw NCCL allgather: time by gathered output size.
+    pub allgather: NcclLink,
+    /// Pairwise exchange (grouped ncclSend + ncclRecv of `bytes` each way): time by message
+    /// size, evaluated at each compressed piece's size by the predictions.
+    pub p2p: NcclLink,
+    /// One-way message (ncclSend on one rank, ncclRecv on its peer, nothing coming back): time
+    /// by message size. `None` in profiles written before it was calibrated: then [`p2p`]
+    /// (both directions loaded) stands in.
+    ///
+    /// [`p2p`]: Self::p2p
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_one: Option<NcclLink>,
+    /// Device codec speeds (f32 then f64 when calibrated).
+    pub codecs: Vec<CodecSpeed>,
+    /// Host cost per pipeline piece (the size message round on the bootstrap transport), seconds.
+    pub piece_overhead: f64,
+    /// Fixed cost of one device compression call (launches, size readback, header), seconds.
+    #[serde(default)]
+    pub compress_fixed: f64,
+    /// Fixed cost of one device decompression call (header readback, launch, error flag).
+    #[serde(default)]
+    pub decompress_fixed: f64,
+    /// Input bytes per second of the value-range pass a compressing call makes over its input
+    /// (launch and readback included, calibrated at 64 MiB); `0`: not calibrated, no cost.
+    #[serde(default)]
+    pub range_rate: f64,
+    /// Bytes per second of a device-to-device copy (a compressing reduction copies its input
+    /// into the accumulator first); `0`: not calibrated, no cost.
+    #[serde(default)]
+    pub copy_rate: f64,
+}
+
+/// Seconds of `bytes` at `rate` bytes/s (`0` or less: not calibrated, no cost).
+pub(super) fn at_rate(bytes: f64, rate: f64) -> f64 {
+    if rate > 0.0 {
+        bytes / rate
+    } else {
+        0.0
+    }
+}
+
+impl NcclProfile {
+    /// Guessed speeds for a link label (before calibration): NVLink ≈ 300 GB/s algbw, socket
+    /// ≈ 3.5 GB/s; codec ≈ 300 GB/s.
+    pub fn guess(transport: &str) -> Self {
+        let bw = if transport == "socket" { 3.5e9 } else { 300e9 };
+        let l = NcclLink::linear(bw, 20e-6);
+        NcclProfile {
+            transport: transport.to_string(),
+            allreduce: l.clone(),
+            allgather: l.clone(),
+            p2p: l,
+            p2p_one: None,
+            codecs: Vec::new(),
+            piece_overhead: 5e-6,
+            compress_fixed: 50e-6,
+            decompress_fixed: 50e-6,
+            range_rate: 0.0,
+            copy_rate: 0.0,
+        }
+    }
+
+    /// Device codec throughput `(compress, decompress)` in bytes/s for `codec` on `dtype_tag`
+    /// (1 f32, 2 f64); a conservative default when not calibrated.
+    pub fn codec_speed(&self, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
+        self.codecs
+            .iter()
+            .find(|c| c.codec == codec && c.dtype == dtype_tag)
+            .or_else(|| self.codecs.iter().find(|c| c.dtype == dtype_tag))
+            .map(|c| (c.compress, c.decompress))
+            .unwrap_or((200e9, 300e9))
+    }
+
+    /// The one-way link ([`p2p_one`](Self::p2p_one), else the pairwise curve).
+    pub fn one_way(&self) -> &NcclLink {
+        self.p2p_one.as_ref().unwrap_or(&self.p2p)
+    }
+
+    /// Seconds of one exchange round in which this rank's `peers` exchanges carry `major` bytes
+    /// in one direction and `minor <= major` bytes in the other, all at once: while both
+    /// directions move, the pairwise curve at `minor` ([`p2p`](Self::p2p)); the rest of the
+    /// larger message alone, on the one-way curve (`one(major) - one(minor)`). Symmetric
+    /// messages: the pairwise curve; nothing coming back: the one-way curve.
+    pub fn exchange(&self, major: f64, minor: f64, peers: f64) -> f64 {
+        let minor = minor.clamp(0.0, major.max(0.0));
+        let one = self.one_way();
+        let solo = (one.time_many(major, peers) - one.time_many(minor, peers)).max(0.0);
+        self.p2p.time_many(minor, peers) + solo
+    }
+
+    /// Seconds of a pipelined round of `k` pieces, each passing the codec stage `gpu` (the
+    /// codec stream and the host, which blocks on every codec call: compress, size message,
+    /// decompress) and the network stage `net`: the first piece passes both, then every further
+    /// piece costs the slower stage (piece `j` is on the wire while `j+1` is compressed and
+    /// `j-1` decompressed).
+    pub(super) fn pipeline(gpu: f64, net: f64, k: f64) -> f64 {
+        gpu + net + (k - 1.0).max(0.0) * gpu.max(net)
+    }
+
+    /// Predicted `(raw, compressed)` seconds of an allreduce of `bytes` per rank over `p` ranks
+    /// at compression ratios `ratio` ([`WireRatio`]; a plain `f64` for both directions alike),
+    /// with `pieces` pipeline pieces per segment (`reduce_scatter_only`: stop after the
+    /// reduce-scatter).
+    ///
+    /// Compressed: the preparation (value-range pass, input copy), then `p-1` ring steps and
+    /// (allreduce) one allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per round): per
+    /// piece the codec stage (compress + fixed + size message, decompress-and-add + fixed; the
+    /// allgather round decompresses `p` pieces) and the network stage
+    /// ([`exchange`](Self::exchange) of the pieces' compressed sizes, `bytes / p / pieces /
+    /// ratio`). Raw: the allreduce curve at `bytes`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn predict_allreduce(
+        &self,
+        bytes: f64,
+        p: usize,
+        ratio: impl Into<WireRatio>,
+        pieces: usize,
+        codec: CodecKind,
+        dtype_tag: u8,
+        reduce_scatter_only: bool,
+    ) -> (f64, f64) {
+        let pf = p.max(1) as f64;
+        let (tc, td) = self.codec_speed(codec, dtype_tag);
+        let (major, minor) = ratio.into().sane();
+        let k = pieces.max(1) as f64;
+        let piece = bytes / pf / k;
+        let comp = piece / tc + self.compress_fixed + self.piece_overhead;
+        let dec = piece / td + self.decompress_fixed;
+        let net = self.exchange(piece / major, piece / minor, 1.0);
+        let prep =
+            at_rate(bytes, self.range_rate) + self.piece_overhead + at_rate(bytes, self.copy_rate);
+        let rs = (pf - 1.0) * Self::pipeline(comp + dec, net, k);
+        if reduce_scatter_only {
+            // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half
+            let raw = self.allreduce.time_many(bytes, 0.5);
+            return (raw, prep + rs);
+        }
+        // each piece goes to the p-1 other ranks in one grouped round
+        let net = self.exchange(piece / major, piece / minor, pf - 1.0);
+        let ag = Self::pipeline(comp + pf * dec, net, k);
+        (self.allreduce.time(bytes), prep + rs + ag)
+    }
+
+    /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank (compressed:
+    /// the value-range pass, then one pipelined round of `pieces` pieces of
+    /// `bytes / pieces / ratio` to every other rank, `p` decompressions per piece; raw: the
+    /// allgather curve at `p × bytes`).
+    pub fn predict_allgather(
+        &self,
+        bytes: f64,
+        p: usize,
+        ratio: impl Into<WireRatio>,
+        pieces: usize,
+        codec: CodecKind,
+        dtype_tag: u8,
+    ) -> (f64, f64) {
+        let pf = p.max(1) as f64;
+        let (tc, td) = self.codec_speed(codec, dtype_tag);
+        let (major, minor) = ratio.into().sane();
+        let k = pieces.max(1) as f64;
+        let piece = bytes / k;
+        let gpu = piece / tc
+            + self.compress_fixed
+            + self.piece_overhead
+            + pf * (piece / td + self.decompress_fixed);
+        let net = self.exchange(piece / major, piece / minor, pf - 1.0);
+        let cmp = at_rate(bytes, self.range_rate) + Self::pipeline(gpu, net, k);
+        (self.allgather.time(pf * bytes), cmp)
+    }
+
+    /// Predicted `(raw, compressed)` seconds of one point-to-point message of `bytes`, one way
+    /// ([`one_way`](Self::one_way) curve; compressed: the value-range pass, then `pieces`
+    /// pipelined messages of `bytes / pieces / ratio`).
+    pub fn predict_p2p(
+        &self,
+        bytes: f64,
+        ratio: f64,
+        pieces: usize,
+        codec: CodecKind,
+        dtype_tag: u8,
+    ) -> (f64, f64) {
+        let (tc, td) = self.codec_speed(codec, dtype_tag);
+        let cr = ratio.max(1e-9);
+        let k = pieces.max(1) as f64;
+        let piece = bytes / k;
+        let lk = self.one_way();
+        let gpu = piece / tc
+            + self.compress_fixed
+            + self.piece_overhead
+            + piece / td
+            + self.decompress_fixed;
+        let cmp = at_rate(bytes, self.range_rate) + Self::pipeline(gpu, lk.time(piece / cr), k);
+        (lk.time(bytes), cmp)
+    }
+}
