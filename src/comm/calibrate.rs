@@ -1,0 +1,245 @@
+//! [`Communicator::calibrate`]: measures the link and the codecs and fills the shared
+//! [`Profile`].
+
+use super::*;
+
+impl Communicator {
+    pub(super) fn setup_profile(&mut self) -> Result<()> {
+        let key = format!("{}-p{}-{}", hostname(), self.size(), self.compressor.name());
+        let path = self
+            .config
+            .profile_path
+            .clone()
+            .unwrap_or_else(|| Profile::default_path(&key));
+        match self.config.calibration.clone() {
+            Calibration::Fixed(p) => {
+                self.profile = p;
+                return Ok(());
+            }
+            Calibration::LoadOrMeasure => {
+                // rank 0 reads the file; everybody gets its bytes (empty: none).
+                let mut bytes = if self.rank() == 0 {
+                    std::fs::read(&path).unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                self.transport.bcast(0, &mut bytes)?;
+                if !bytes.is_empty() {
+                    if let Some(p) = Profile::from_cache(&bytes, &path) {
+                        if p.ranks == self.size() && p.compressor == self.compressor.name() {
+                            tracing::debug!(target: "zcomm::comm", path = %path.display(), "loaded profile");
+                            self.profile = p;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            Calibration::Measure => {}
+        }
+        let p = self.calibrate()?;
+        if self.rank() == 0 {
+            if let Err(e) = p.save(&path) {
+                tracing::warn!(target: "zcomm::comm", "cannot save profile {}: {e}", path.display());
+            }
+        }
+        self.profile = p;
+        Ok(())
+    }
+
+    /// Measure the link (ping-pong between ranks 0 and 1) and the codec throughput (all ranks at
+    /// once, slowest rank counts), and agree on the result. Collective.
+    pub fn calibrate(&mut self) -> Result<Profile> {
+        let t = &*self.transport;
+        let (r, p) = (t.rank(), t.size());
+        let mut link = Link {
+            bandwidth: 10e9,
+            latency: 2e-6,
+        };
+        if p > 1 {
+            t.barrier()?;
+            let mut vals = [0.0f64; 2];
+            if r < 2 {
+                let peer = 1 - r;
+                let small = [0u8; 8];
+                let big = vec![1u8; self.config.pingpong_bytes];
+                let mut back = vec![0u8; big.len()];
+                let lat_rt = pingpong(t, r, peer, &small, 50)?;
+                let lat = lat_rt / 2.0;
+                // bandwidth: simultaneous exchanges (what sendrecv and ring steps do) into
+                // preallocated buffers, one warm-up
+                let reps = ((256usize << 20) / big.len()).clamp(2, 8);
+                t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
+                let t0 = t.wtime();
+                for _ in 0..reps {
+                    t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
+                }
+                let each = ((t.wtime() - t0) / reps as f64 - lat).max(1e-9);
+                vals = [lat, big.len() as f64 / each];
+            }
+            t.allreduce_f64(&mut vals, ReduceOp::Max)?;
+            link = Link {
+                latency: vals[0],
+                bandwidth: vals[1],
+            };
+        }
+        let codec = self.config.policy.codec().unwrap_or_default();
+        // every codec, so that `Auto` can choose among them per message
+        let mut codecs = Vec::new();
+        for (&c, dt) in CodecKind::ALL
+            .iter()
+            .flat_map(|c| [(c, Dtype::F32), (c, Dtype::F64)])
+        {
+            t.barrier()?;
+            let s = measure_compressor(&*self.compressor, c, dt, 1 << 21)?;
+            let mut v = [-s.compress, -s.decompress];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?; // min of throughputs
+            codecs.push(model::CodecSpeed {
+                compress: -v[0],
+                decompress: -v[1],
+                ..s
+            });
+        }
+        // the native allreduce (the raw path of allreduce): small and large buffer
+        let mut allreduce = None;
+        if p > 1 {
+            let big = vec![1.0f32; (self.config.pingpong_bytes / 4).max(1)];
+            let mut o = vec![0.0f32; big.len()];
+            let small = [1.0f32; 2];
+            let mut os = [0.0f32; 2];
+            let time = |input: &[f32], out: &mut [f32], reps: usize| -> Result<f64> {
+                t.allreduce_sum_f32(input, out)?; // warm-up
+                t.barrier()?;
+                let t0 = t.wtime();
+                for _ in 0..reps {
+                    t.allreduce_sum_f32(input, out)?;
+                }
+                Ok((t.wtime() - t0) / reps as f64)
+            };
+            let ts = time(&small, &mut os, 20)?;
+            let tb = time(&big, &mut o, 4)?;
+            let mut v = [ts, tb];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?;
+            allreduce = Some(Link {
+                latency: v[0],
+                bandwidth: (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
+            });
+        }
+        let mut prof = Profile::new(link);
+        prof.allreduce = allreduce;
+        prof.host = hostname();
+        prof.ranks = p;
+        prof.compressor = self.compressor.name();
+        prof.codecs = codecs;
+        // everybody uses rank 0's exact numbers
+        let mut bytes = if r == 0 {
+            prof.to_json().into_bytes()
+        } else {
+            Vec::new()
+        };
+        t.bcast(0, &mut bytes)?;
+        let prof = Profile::from_json(&String::from_utf8_lossy(&bytes))?;
+        if let Some(cs) = prof.codec_speed(codec, Dtype::F32) {
+            tracing::info!(target: "zcomm::comm", "calibrated: link {} latency {:.1} us; {codec} f32 compress {} decompress {}",
+                model::fmt_rate(prof.link.bandwidth), prof.link.latency * 1e6,
+                model::fmt_rate(cs.compress), model::fmt_rate(cs.decompress));
+        }
+        Ok(prof)
+    }
+
+    pub(super) fn speeds<S: Real>(&self, codec: CodecKind) -> (f64, f64) {
+        self.profile
+            .codec_speed(codec, S::DTYPE)
+            .map(|c| (c.compress, c.decompress))
+            .unwrap_or((1e9, 2e9))
+    }
+
+    /// The codecs `Auto(preferred)` chooses among for messages of `S`: `preferred` first (it
+    /// wins ties), then every other codec the profile has speeds for.
+    pub(super) fn candidates<S: Real>(&self, preferred: CodecKind) -> Vec<CodecKind> {
+        let mut v = vec![preferred];
+        v.extend(
+            self.profile
+                .codecs
+                .iter()
+                .filter(|c| c.dtype == S::DTYPE.tag() && c.codec != preferred)
+                .map(|c| c.codec),
+        );
+        v.dedup();
+        v
+    }
+}
+
+fn pingpong(
+    t: &dyn Transport,
+    r: usize,
+    peer: usize,
+    msg: &[u8],
+    reps: usize,
+) -> Result<f64> {
+    // one warm-up, then the mean round trip
+    let mut t0 = 0.0;
+    for i in 0..=reps {
+        if i == 1 {
+            t0 = t.wtime();
+        }
+        if r == 0 {
+            t.send(peer, TAG_PING, msg)?;
+            t.recv(peer, TAG_PING)?;
+        } else {
+            t.recv(peer, TAG_PING)?;
+            t.send(peer, TAG_PING, msg)?;
+        }
+    }
+    Ok((t.wtime() - t0) / reps as f64)
+}
+
+fn measure_compressor(
+    c: &dyn Compressor,
+    codec: CodecKind,
+    dt: Dtype,
+    n: usize,
+) -> Result<model::CodecSpeed> {
+    pub(super) fn run<S: Real>(
+        c: &dyn Compressor,
+        codec: CodecKind,
+        n: usize,
+    ) -> Result<model::CodecSpeed> {
+        let data: Vec<S> = (0..n)
+            .map(|i| {
+                let x = i as f64 * 1e-4;
+                S::from_f64((x.sin() * 3.0 + (x * 7.3).cos()) * 100.0 + (i % 17) as f64 * 1e-3)
+            })
+            .collect();
+        let b = ErrorBound::Noa(1e-3);
+        let mut out = vec![S::default(); n];
+        let (mut bc, mut bd, mut len) = (f64::INFINITY, f64::INFINITY, 1);
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            let s = S::compress_with(c, &data, b, codec)?;
+            bc = bc.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            S::decompress_with(c, &s, &mut out)?;
+            bd = bd.min(t.elapsed().as_secs_f64());
+            len = s.len();
+        }
+        let bytes = (n * S::SIZE) as f64;
+        Ok(model::CodecSpeed {
+            codec,
+            dtype: S::DTYPE.tag(),
+            compress: bytes / bc.max(1e-9),
+            decompress: bytes / bd.max(1e-9),
+            ratio: bytes / len as f64,
+        })
+    }
+    match dt {
+        Dtype::F32 => run::<f32>(c, codec, n),
+        Dtype::F64 => run::<f64>(c, codec, n),
+    }
+}
+
+pub(super) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "host".into())
+}

@@ -1,0 +1,456 @@
+//! Point-to-point operations on host buffers: send / recv (blocking and not), sendrecv, and the
+//! chunk pipeline of large messages.
+
+use super::*;
+
+impl Communicator {
+    /// Send `data` to `dest` (matched by [`recv`](Self::recv) / [`recv_vec`](Self::recv_vec)).
+    /// Returns after the receiver has checked the message; a mismatch is an error on both ranks.
+    pub fn send<E: CommElement>(&mut self, data: &[E], dest: usize, tag: i32) -> Result<OpStats> {
+        let req = self.isend(data, dest, tag)?;
+        self.wait_send(req)
+    }
+
+    /// Non-blocking send: compresses now, posts the descriptor and the payload, and returns;
+    /// [`wait_send`](Self::wait_send) completes it and collects the receiver's verdict.
+    pub fn isend<E: CommElement>(
+        &mut self,
+        data: &[E],
+        dest: usize,
+        tag: i32,
+    ) -> Result<SendRequest> {
+        Self::check_tag(tag)?;
+        if dest >= self.size() {
+            return Err(Error::invalid(format!("rank {dest} out of range")));
+        }
+        let t0 = self.wtime();
+        let sc = E::scalars(data);
+        let (payload, mut st) = self.encode_p2p(sc, OP_SEND, tag, Some(E::LANES))?;
+        let mut d = self.local_desc::<E>(OP_SEND, data.len());
+        d.decision = u8::from(st.decision == Decision::Compressed);
+        d.ratio = st.ratio_estimate;
+        let mut error = None;
+        let handles = match payload {
+            Payload::Bytes(payload) => {
+                d.payload = payload.len() as u64;
+                let h1 = self
+                    .transport
+                    .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?;
+                let h2 = self.transport.isend(dest, tag, payload.into_owned())?;
+                vec![h1, h2]
+            }
+            Payload::Chunked { chunk, codec } => {
+                // descriptor first, then chunk k is compressed while chunks < k are in flight
+                d.chunk = chunk as u64;
+                let mut hs =
+                    vec![self
+                        .transport
+                        .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?];
+                let mut hc = pipeline::HostChunks {
+                    compressor: &*self.compressor,
+                    out: pipeline::Outgoing::Chunks {
+                        data: sc,
+                        chunk,
+                        bound: self.config.bound,
+                        codec,
+                    },
+                    inc: pipeline::Incoming::Discard,
+                    verify: self.config.verify.then_some(0.0),
+                };
+                let mut wire = 0usize;
+                for k in 0..pipeline::chunk_count(sc.len(), chunk) {
+                    // after an error the remaining chunks go out empty (the receiver drains them
+                    // and fails too); the error is reported by wait_send after the verdict
+                    let b = if error.is_none() {
+                        hc.encode(k).unwrap_or_else(|e| {
+                            error = Some(e);
+                            Vec::new()
+                        })
+                    } else {
+                        Vec::new()
+                    };
+                    wire += b.len();
+                    hs.push(self.transport.isend(dest, tag, b)?);
+                }
+                st.wire_bytes = wire as u64;
+                st.ratio = st.bytes as f64 / wire.max(1) as f64;
+                st.max_error = hc.verify;
+                self.chunks += pipeline::chunk_count(sc.len(), chunk) as u64;
+                if error.is_none() {
+                    self.ratios.put(OP_SEND, tag as i64, st.ratio);
+                }
+                hs
+            }
+        };
+        Ok(SendRequest {
+            handles,
+            desc: d,
+            dest,
+            tag,
+            stats: st,
+            t0,
+            error,
+        })
+    }
+
+    /// Complete a non-blocking send.
+    pub fn wait_send(&mut self, req: SendRequest) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("send");
+        for h in req.handles {
+            h.wait()?;
+        }
+        let v = Desc::parse(&self.transport.recv(req.dest, TAG_VERDICT + req.tag)?)?;
+        check_pair(&req.desc, &v)?;
+        if let Some(e) = req.error {
+            return Err(e);
+        }
+        Ok(self.finish(req.stats, req.t0))
+    }
+
+    /// Receive exactly `out.len()` elements from `src`.
+    pub fn recv<E: CommElement>(&mut self, out: &mut [E], src: usize, tag: i32) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("recv");
+        let n = out.len() as u64;
+        self.recv_impl::<E>(src, tag, n, move |_| Ok(E::scalars_mut(out)))
+    }
+
+    /// Receive a message of any length from `src`.
+    pub fn recv_vec<E: CommElement>(&mut self, src: usize, tag: i32) -> Result<(Vec<E>, OpStats)> {
+        let _watchdog = watchdog::arm("recv_vec");
+        let mut out = Vec::new();
+        let slot = &mut out;
+        let st = self.recv_impl::<E>(src, tag, ANY_COUNT, move |sd| {
+            let n = usize::try_from(sd.count)
+                .ok()
+                .filter(|&n| {
+                    n.checked_mul(E::LANES * <E::Scalar as crate::Element>::SIZE)
+                        .is_some()
+                })
+                .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
+            *slot = vec![E::default(); n];
+            Ok(E::scalars_mut(slot))
+        })?;
+        Ok((out, st))
+    }
+
+    /// Start a receive (see [`RecvRequest`]).
+    pub fn irecv(&self, src: usize, tag: i32) -> Result<RecvRequest> {
+        Self::check_tag(tag)?;
+        if src >= self.size() {
+            return Err(Error::invalid(format!("rank {src} out of range")));
+        }
+        Ok(RecvRequest { src, tag })
+    }
+
+    /// The receiving side: descriptor, payload (one message or pipelined chunks, always
+    /// drained), verdict. `target` gives the output scalars once the sender's descriptor is
+    /// known and matches (it must have `count * lanes` scalars).
+    pub(super) fn recv_impl<'a, E: CommElement>(
+        &mut self,
+        src: usize,
+        tag: i32,
+        count: u64,
+        target: impl FnOnce(&Desc) -> Result<&'a mut [E::Scalar]>,
+    ) -> Result<OpStats> {
+        Self::check_tag(tag)?;
+        if src >= self.size() {
+            return Err(Error::invalid(format!("rank {src} out of range")));
+        }
+        let t0 = self.wtime();
+        let sd_raw = self.transport.recv(src, TAG_DESC + tag)?;
+        let mine = self.local_desc::<E>(OP_RECV, 0);
+        let mine = Desc { count, ..mine };
+        let parsed = Desc::parse(&sd_raw);
+        let chunked = parsed.as_ref().map_or(0, |d| d.chunk);
+        let wire;
+        let sd;
+        if chunked == 0 {
+            let payload = self.transport.recv(src, tag)?;
+            self.transport
+                .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
+            sd = parsed?;
+            check_pair(&sd, &mine)?;
+            let out = target(&sd)?;
+            self.decode_payload(sd.decision == 1, &payload, out)?;
+            wire = payload.len();
+        } else {
+            sd = parsed?;
+            self.transport
+                .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
+            let lanes = E::LANES as u64;
+            let total = sd
+                .count
+                .checked_mul(lanes)
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
+            let chunk =
+                usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
+            let nchunks = pipeline::chunk_count(total, chunk);
+            let checked = check_pair(&sd, &mine).and_then(|()| target(&sd));
+            let (inc, bad) = match checked {
+                Ok(out) if out.len() == total => (pipeline::Incoming::Chunks(out, chunk), None),
+                Ok(_) => (
+                    pipeline::Incoming::Discard,
+                    Some(Error::invalid("receive buffer length")),
+                ),
+                Err(e) => (pipeline::Incoming::Discard, Some(e)),
+            };
+            let mut hc = pipeline::HostChunks::<E::Scalar> {
+                compressor: &*self.compressor,
+                out: pipeline::Outgoing::None,
+                inc,
+                verify: None,
+            };
+            let mut got = 0usize;
+            let mut counting = CountingCodec {
+                inner: &mut hc,
+                bytes: &mut got,
+            };
+            let (_, r) = pipeline::exchange_chunks(
+                &*self.transport,
+                &mut counting,
+                src,
+                0,
+                src,
+                nchunks,
+                tag,
+            )?;
+            self.chunks += nchunks as u64;
+            if let Some(e) = bad {
+                return Err(e);
+            }
+            r?;
+            wire = got;
+        }
+        let mut st = OpStats::raw(OP_RECV);
+        st.bytes = sd
+            .count
+            .saturating_mul((E::LANES * <E::Scalar as crate::Element>::SIZE) as u64);
+        st.wire_bytes = wire as u64;
+        st.ratio = if wire == 0 {
+            1.0
+        } else {
+            st.bytes as f64 / wire as f64
+        };
+        st.ratio_estimate = sd.ratio;
+        if sd.decision == 1 {
+            st.decision = Decision::Compressed;
+            st.codec = self.config.policy.codec();
+        }
+        let (tr, tc) = self.p2p_times::<E::Scalar>(
+            sd.count as usize * E::LANES,
+            sd.ratio,
+            self.config.policy.codec().unwrap_or_default(),
+        );
+        st.predicted_raw_s = tr;
+        st.predicted_compressed_s = tc;
+        st.predicted_s = if sd.decision == 1 { tc } else { tr };
+        Ok(self.finish(st, t0))
+    }
+
+    /// Send `send` to `dest` and receive `recv.len()` elements from `src` (the pairwise swap of
+    /// state-vector halves when `dest == src`). A mismatch is an error on both ends of each pair.
+    pub fn sendrecv<E: CommElement>(
+        &mut self,
+        send: &[E],
+        dest: usize,
+        recv: &mut [E],
+        src: usize,
+        tag: i32,
+    ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("sendrecv");
+        Self::check_tag(tag)?;
+        for r in [dest, src] {
+            if r >= self.size() {
+                return Err(Error::invalid(format!("rank {r} out of range")));
+            }
+        }
+        let t0 = self.wtime();
+        let sc = E::scalars(send);
+        let (payload, mut st) = self.encode_p2p(sc, OP_SENDRECV, tag, Some(E::LANES))?;
+        let compressed = st.decision == Decision::Compressed;
+        let mut d = Desc {
+            decision: u8::from(compressed),
+            ratio: st.ratio_estimate,
+            ..self.local_desc::<E>(OP_SENDRECV, send.len())
+        };
+        let expect = Desc {
+            count: recv.len() as u64,
+            ..self.local_desc::<E>(OP_SENDRECV, 0)
+        };
+        let out = E::scalars_mut(recv);
+        let (outgoing, nsend) = match payload {
+            Payload::Bytes(b) => {
+                d.payload = b.len() as u64;
+                // the peer may pipeline; when its descriptor says so, use the chunk schedule
+                // (our payload then travels as its single "chunk")
+                let theirs = self
+                    .transport
+                    .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+                let sd = Desc::parse(&theirs)?;
+                if sd.chunk == 0 {
+                    let got = self.exchange_after_desc(
+                        &d,
+                        &sd,
+                        &b,
+                        dest,
+                        &expect,
+                        src,
+                        tag,
+                        element::scalar_bytes_mut(out),
+                    )?;
+                    if let Some((sd, bytes)) = got {
+                        self.decode_payload(sd.decision == 1, &bytes, out)?;
+                    }
+                    return Ok(self.finish(st, t0));
+                }
+                return self.sendrecv_chunked(
+                    d,
+                    sd,
+                    pipeline::Outgoing::Whole(b.into_owned()),
+                    1,
+                    out,
+                    dest,
+                    &expect,
+                    src,
+                    tag,
+                    E::LANES,
+                    (st, t0),
+                );
+            }
+            Payload::Chunked { chunk, codec } => {
+                d.chunk = chunk as u64;
+                let out_c = pipeline::Outgoing::Chunks {
+                    data: sc,
+                    chunk,
+                    bound: self.config.bound,
+                    codec,
+                };
+                (out_c, pipeline::chunk_count(sc.len(), chunk))
+            }
+        };
+        let theirs = self
+            .transport
+            .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+        let sd = Desc::parse(&theirs)?;
+        st.decision = Decision::Compressed;
+        self.sendrecv_chunked(
+            d,
+            sd,
+            outgoing,
+            nsend,
+            out,
+            dest,
+            &expect,
+            src,
+            tag,
+            E::LANES,
+            (st, t0),
+        )
+    }
+
+    /// The pipelined sendrecv after the descriptor exchange (one side or both chunked): chunks
+    /// both ways (see [`pipeline`]), then the verdicts.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn sendrecv_chunked<S: Real>(
+        &mut self,
+        d: Desc,
+        sd: Desc,
+        outgoing: pipeline::Outgoing<'_, S>,
+        nsend: usize,
+        out: &mut [S],
+        dest: usize,
+        expect: &Desc,
+        src: usize,
+        tag: i32,
+        lanes: usize,
+        (mut st, t0): (OpStats, f64),
+    ) -> Result<OpStats> {
+        let pair = check_pair(&sd, expect);
+        let (inc, nrecv) = if sd.chunk > 0 {
+            let chunk =
+                usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
+            let n = sd
+                .count
+                .checked_mul(lanes as u64)
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| Error::Comm(format!("peer announced {} elements", sd.count)))?;
+            let k = pipeline::chunk_count(n, chunk);
+            if pair.is_ok() {
+                (pipeline::Incoming::Chunks(out, chunk), k)
+            } else {
+                (pipeline::Incoming::Discard, k)
+            }
+        } else if pair.is_ok() {
+            (pipeline::Incoming::Whole(out, sd.decision == 1), 1)
+        } else {
+            (pipeline::Incoming::Discard, 1)
+        };
+        let mut hc = pipeline::HostChunks {
+            compressor: &*self.compressor,
+            out: outgoing,
+            inc,
+            verify: (self.config.verify && d.chunk > 0).then_some(0.0),
+        };
+        let (sent, r) =
+            pipeline::exchange_chunks(&*self.transport, &mut hc, dest, nsend, src, nrecv, tag)?;
+        let verify = hc.verify;
+        if d.chunk > 0 {
+            self.chunks += nsend as u64;
+        }
+        if sd.chunk > 0 {
+            self.chunks += nrecv as u64;
+        }
+        let verdict = self
+            .transport
+            .sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
+        pair?;
+        check_pair(&d, &Desc::parse(&verdict)?)?;
+        r?;
+        if d.chunk > 0 {
+            st.wire_bytes = sent as u64;
+            st.ratio = st.bytes as f64 / sent.max(1) as f64;
+            st.max_error = verify;
+            self.ratios.put(OP_SENDRECV, tag as i64, st.ratio);
+        }
+        Ok(self.finish(st, t0))
+    }
+
+    /// The sendrecv protocol on bytes once the descriptors are swapped (`sd` is the peer's):
+    /// payloads (sized from the descriptors) and verdicts. A raw incoming payload of exactly
+    /// `direct.len()` bytes lands in `direct` (returns `None`); anything else is returned with
+    /// the sender's descriptor.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn exchange_after_desc(
+        &self,
+        d: &Desc,
+        sd: &Desc,
+        payload: &[u8],
+        dest: usize,
+        expect: &Desc,
+        src: usize,
+        tag: i32,
+        direct: Option<&mut [u8]>,
+    ) -> Result<Option<(Desc, Vec<u8>)>> {
+        let sd = *sd;
+        let t = &*self.transport;
+        let n = usize::try_from(sd.payload)
+            .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
+        let fits = sd.decision == 0 && check_pair(&sd, expect).is_ok();
+        let result = match direct {
+            Some(buf) if fits && buf.len() == n => {
+                t.sendrecv_sized(dest, payload, src, buf, tag)?;
+                None
+            }
+            _ => {
+                let mut v = vec![0u8; n];
+                t.sendrecv_sized(dest, payload, src, &mut v, tag)?;
+                Some((sd, v))
+            }
+        };
+        let verdict = t.sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
+        check_pair(&sd, expect)?;
+        check_pair(d, &Desc::parse(&verdict)?)?;
+        Ok(result)
+    }
+}

@@ -1,0 +1,376 @@
+//! The reductions of host buffers: the compressed ring (reduce-scatter + allgather of
+//! compressed segments) with the end-to-end bound, and the raw fallback.
+
+use super::*;
+
+impl Communicator {
+    /// Model times (raw, compressed) of an allgather of `n` scalars per rank.
+    pub(super) fn allgather_times<S: Real>(&self, n: usize, ratio: f64) -> (f64, f64) {
+        let bytes = (n * S::SIZE) as f64;
+        let codec = self.config.policy.codec().unwrap_or_default();
+        let (tc, td) = self.speeds::<S>(codec);
+        let l = self.profile.link;
+        let pf = self.size() as f64;
+        let raw_t = (pf - 1.0) * (l.latency + bytes / l.bandwidth);
+        let cmp_t =
+            bytes / tc + pf * bytes / td + (pf - 1.0) * (l.latency + bytes / (ratio * l.bandwidth));
+        (raw_t, cmp_t)
+    }
+
+    /// Model times (raw, compressed) of an allreduce (`full`) or reduce-scatter of `n` scalars.
+    pub(super) fn reduce_times<S: Real>(
+        &self,
+        n: usize,
+        full: bool,
+        ratio: f64,
+        codec: CodecKind,
+    ) -> (f64, f64) {
+        let pf = self.size() as f64;
+        let seg_b = (n * S::SIZE) as f64 / pf;
+        let (tc, td) = self.speeds::<S>(codec);
+        let l = self.profile.link;
+        let steps = pf - 1.0;
+        let rs = steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth));
+        if full {
+            let raw = match self.profile.allreduce {
+                Some(a) => a.latency + (n * S::SIZE) as f64 / a.bandwidth,
+                None => 2.0 * steps * (l.latency + seg_b / l.bandwidth),
+            };
+            (
+                raw,
+                rs + seg_b / tc
+                    + pf * seg_b / td
+                    + steps * (l.latency + seg_b / (ratio * l.bandwidth)),
+            )
+        } else {
+            (steps * (l.latency + seg_b / l.bandwidth), rs)
+        }
+    }
+
+    pub(super) fn decide(&self, raw_t: f64, cmp_t: f64) -> bool {
+        match self.config.policy {
+            Policy::Never => false,
+            Policy::Always(_) => true,
+            Policy::Auto(_) => cmp_t < choice::HYSTERESIS * raw_t,
+        }
+    }
+
+    /// Sum over all ranks into `out` with the end-to-end bound of the [module docs](super).
+    pub fn allreduce<E: CommElement>(&mut self, input: &[E], out: &mut [E]) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allreduce");
+        self.reduce_impl(
+            OP_ALLREDUCE,
+            E::scalars(input),
+            E::scalars_mut(out),
+            E::TAG,
+            input.len(),
+            E::LANES,
+        )
+    }
+
+    /// Mean over all ranks (gradient averaging); the bound applies to the mean.
+    pub fn allreduce_mean<E: CommElement>(
+        &mut self,
+        input: &[E],
+        out: &mut [E],
+    ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allreduce_mean");
+        self.reduce_impl(
+            OP_ALLREDUCE_MEAN,
+            E::scalars(input),
+            E::scalars_mut(out),
+            E::TAG,
+            input.len(),
+            E::LANES,
+        )
+    }
+
+    /// In-place sum (copies the input once).
+    pub fn allreduce_in_place<E: CommElement>(&mut self, buf: &mut [E]) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("allreduce_in_place");
+        let input = buf.to_vec();
+        self.allreduce(&input, buf)
+    }
+
+    /// Reduce-scatter (sum): rank `r` receives segment `r` of [`partition`]`(input.len(), size)`
+    /// in `out`. Every element passes `p-1` quantizations; the bound holds on the result.
+    pub fn reduce_scatter<E: CommElement>(
+        &mut self,
+        input: &[E],
+        out: &mut [E],
+    ) -> Result<OpStats> {
+        let _watchdog = watchdog::arm("reduce_scatter");
+        let seg = partition(input.len(), self.size())[self.rank()].clone();
+        if out.len() != seg.len() {
+            return Err(Error::invalid(format!(
+                "reduce_scatter: output has {} elements, this rank's segment has {}",
+                out.len(),
+                seg.len()
+            )));
+        }
+        self.reduce_impl(
+            OP_REDUCE_SCATTER,
+            E::scalars(input),
+            E::scalars_mut(out),
+            E::TAG,
+            input.len(),
+            E::LANES,
+        )
+    }
+}
+
+impl Communicator {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reduce_impl<S: Real>(
+        &mut self,
+        op: u8,
+        x: &[S],
+        out: &mut [S],
+        dtype: u8,
+        count: usize,
+        lanes: usize,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, r) = (self.size(), self.rank());
+        let full = op != OP_REDUCE_SCATTER;
+        let mut local = Ok(());
+        if full && out.len() != x.len() {
+            local = Err(Error::invalid(format!(
+                "{}: output has {} scalars, input {}",
+                op_name(op),
+                out.len(),
+                x.len()
+            )));
+        }
+        // 1. agreement, global range and magnitude (from the descriptor table)
+        let (lo, hi) = crate::quant::finite_range(x).unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+        let desc = Desc {
+            count: count as u64,
+            dtype,
+            lo,
+            hi,
+            ..self.local_desc::<f32>(op, count)
+        };
+        let all = self.agree(desc, local)?;
+        if matches!(self.config.bound, ErrorBound::Rel(_)) {
+            return Err(Error::invalid(format!(
+                "{}: rel bounds are not supported for reductions (use abs or noa)",
+                op_name(op)
+            )));
+        }
+        let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
+        let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
+        // 2. the per-quantization bound
+        let split = ring::BoundSplit::new(
+            self.config.bound,
+            (glo, ghi),
+            p,
+            S::UNIT_ROUNDOFF,
+            op == OP_ALLREDUCE_MEAN,
+            full,
+        );
+        let (e, d) = (split.result, split.divisor);
+        let pf = p as f64;
+        let usable = split.step.is_some();
+        let eb = split.step.unwrap_or(f64::NAN);
+        // 3. ratio estimate at the per-step bound, per candidate codec (mean over ranks of
+        //    1/ratio: every rank then sees the same numbers and makes the same choice)
+        let mut ratio_of = 1.0;
+        let preferred = self.config.policy.codec().unwrap_or_default();
+        let mut cands = vec![preferred];
+        if let (Policy::Auto(c), true, true) = (self.config.policy, usable, p > 1) {
+            cands = self
+                .candidates::<S>(c)
+                .into_iter()
+                .filter(|&k| {
+                    let (raw_t, best) = self.reduce_times::<S>(x.len(), full, f64::INFINITY, k);
+                    choice::choose(raw_t, [cand(k, f64::INFINITY, best)])
+                        .codec
+                        .is_some()
+                })
+                .collect();
+            let seg0 = &x[..x.len().div_ceil(p).min(x.len())];
+            let mut inv = Vec::with_capacity(cands.len());
+            for &k in &cands {
+                let key = codec_key(coll_key(x.len(), self.config.bound), k);
+                inv.push(
+                    match self.estimate(seg0, ErrorBound::Abs(eb * d), k, op, key) {
+                        Ok((er, _)) => 1.0 / er.max(1e-9),
+                        Err(_) => 1.0, // (cannot happen for a valid abs bound) assume no gain
+                    },
+                );
+            }
+            // every rank filtered the same candidates (same profile, same sizes)
+            self.transport.allreduce_f64(&mut inv, ReduceOp::Sum)?;
+            let ratios: Vec<f64> = inv.iter().map(|v| pf / v).collect();
+            let (raw_t, _) = self.reduce_times::<S>(x.len(), full, 1.0, preferred);
+            let ch = choice::choose(
+                raw_t,
+                cands
+                    .iter()
+                    .zip(&ratios)
+                    .map(|(&k, &r)| cand(k, r, self.reduce_times::<S>(x.len(), full, r, k).1)),
+            );
+            cands = match (ch.codec, ch.best) {
+                (Some(k), _) => vec![k],
+                (None, Some(b)) => vec![b.codec],
+                (None, None) => vec![preferred],
+            };
+            ratio_of = ch.best.map_or(1.0, |b| b.ratio);
+        }
+        let codec = cands[0];
+        let ratio = ratio_of;
+        // 4. model
+        let bytes = (x.len() * S::SIZE) as f64;
+        let seg_b = bytes / pf;
+        let steps = pf - 1.0;
+        let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, ratio, codec);
+        let compress = usable && p > 1 && !x.is_empty() && self.decide(raw_t, cmp_t);
+        let mut st = OpStats::raw(op);
+        st.bytes = bytes as u64;
+        st.ratio_estimate = ratio;
+        st.predicted_raw_s = raw_t;
+        st.predicted_compressed_s = cmp_t;
+        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let segs = partition(count, p)
+            .into_iter()
+            .map(|s| s.start * lanes..s.end * lanes)
+            .collect::<Vec<_>>();
+        if !compress {
+            st.wire_bytes = st.bytes;
+            if full {
+                S::native_sum(&*self.transport, x, out)?;
+                if d != 1.0 {
+                    let dd = S::from_f64(d);
+                    out.iter_mut().for_each(|v| *v = *v / dd);
+                }
+            } else {
+                let mut tmp = vec![S::default(); x.len()];
+                S::native_sum(&*self.transport, x, &mut tmp)?;
+                out.copy_from_slice(&tmp[segs[r].clone()]);
+            }
+            return Ok(self.finish(st, t0));
+        }
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        st.bound = e;
+        // 5. the ring (reduce-scatter, then for the allreduces the allgather)
+        let plan = ring::RingPlan {
+            rank: r,
+            size: p,
+            step_bound: eb * d,
+            final_bound: eb,
+            divisor: d,
+            full,
+            codec,
+        };
+        let left = (r + p - 1) % p;
+        let mut place = HostRing {
+            transport: &*self.transport,
+            compressor: &*self.compressor,
+            acc: x[segs[left].clone()].to_vec(),
+            acc_seg: left,
+            x,
+            out: &mut *out,
+            segs: &segs,
+        };
+        let sent = ring::reduce(&mut place, plan)?;
+        if !full {
+            let acc = std::mem::take(&mut place.acc);
+            out.copy_from_slice(&acc);
+        }
+        st.wire_bytes = sent.total(p) as u64;
+        let moved = if full { 2.0 } else { 1.0 } * bytes * steps / pf;
+        st.ratio = moved / st.wire_bytes.max(1) as f64;
+        if self.config.verify {
+            let range = if full { 0..x.len() } else { segs[r].clone() };
+            st.max_error = Some(self.reduce_error(x, out, range, d)?);
+        }
+        if full {
+            self.ratios.put(
+                op,
+                codec_key(coll_key(x.len(), self.config.bound), codec),
+                (seg_b / sent.final_stream.max(1) as f64).max(1.0),
+            );
+        }
+        Ok(self.finish(st, t0))
+    }
+}
+
+/// The ring's buffers on the host: the CPU (or any [`Compressor`]) codec over a [`Transport`].
+pub(super) struct HostRing<'a, S: Real> {
+    pub(super) transport: &'a dyn Transport,
+    pub(super) compressor: &'a dyn Compressor,
+    /// This rank's input.
+    pub(super) x: &'a [S],
+    /// The allreduce's output.
+    pub(super) out: &'a mut [S],
+    /// Scalar range of each rank's segment.
+    pub(super) segs: &'a [Range<usize>],
+    /// The partial sum of segment `acc_seg` (before the first step: the input there).
+    pub(super) acc: Vec<S>,
+    pub(super) acc_seg: usize,
+}
+
+impl<S: Real> ring::RingPlace for HostRing<'_, S> {
+    type Msg = Vec<u8>;
+    fn wire_len(&self, m: &Vec<u8>) -> usize {
+        m.len()
+    }
+    fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
+        debug_assert_eq!(
+            seg, self.acc_seg,
+            "the ring compresses the segment it holds"
+        );
+        S::compress_with(self.compressor, &self.acc, bound, codec)
+    }
+    fn exchange(&mut self, m: Vec<u8>, to: usize, from: usize) -> Result<Vec<u8>> {
+        self.transport.sendrecv(to, &m, from, TAG_RING)
+    }
+    fn accumulate(&mut self, seg: usize, m: &Vec<u8>) -> Result<()> {
+        let range = self.segs[seg].clone();
+        let mut part = vec![S::default(); range.len()];
+        S::decompress_with(self.compressor, m, &mut part)?;
+        for (a, &v) in part.iter_mut().zip(&self.x[range]) {
+            *a = *a + v;
+        }
+        self.acc = part;
+        self.acc_seg = seg;
+        Ok(())
+    }
+    fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
+        debug_assert_eq!(seg, self.acc_seg);
+        let d = S::from_f64(d);
+        self.acc.iter_mut().for_each(|v| *v = *v / d);
+        Ok(())
+    }
+    fn allgather(&mut self, m: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        self.transport.allgatherv(&m)
+    }
+    fn decode_into_output(&mut self, seg: usize, m: &Vec<u8>) -> Result<()> {
+        S::decompress_with(self.compressor, m, &mut self.out[self.segs[seg].clone()])
+    }
+}
+
+impl Communicator {
+    /// Verification of a reduction: max |result - exact| where exact is the f64 sum of every
+    /// rank's input (native allreduce in f64, collective), divided by `d`; `got` holds the
+    /// scalars `range` of the result.
+    pub(super) fn reduce_error<S: Real>(
+        &self,
+        x: &[S],
+        got: &[S],
+        range: Range<usize>,
+        d: f64,
+    ) -> Result<f64> {
+        let x64: Vec<f64> = x.iter().map(|v| v.to_f64()).collect();
+        let mut exact = vec![0.0f64; x64.len()];
+        self.transport.allreduce_sum_f64(&x64, &mut exact)?;
+        Ok(got
+            .iter()
+            .zip(&exact[range])
+            .map(|(g, e)| (g.to_f64() - e / d).abs())
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max))
+    }
+}

@@ -1,0 +1,69 @@
+//! Unit tests of the host communicator over the loopback transport.
+
+use super::*;
+
+#[test]
+fn partition_covers_everything() {
+    for (n, p) in [(0, 3), (1, 4), (10, 3), (7, 7), (100, 8)] {
+        let s = partition(n, p);
+        assert_eq!(s.len(), p);
+        assert_eq!(s[0].start, 0);
+        assert_eq!(s[p - 1].end, n);
+        for w in s.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+            assert!(w[0].len() >= w[1].len() && w[0].len() - w[1].len() <= 1);
+        }
+    }
+}
+
+#[test]
+fn descriptors_round_trip_and_disagree() {
+    let d = Desc {
+        op: OP_ALLREDUCE,
+        dtype: 1,
+        policy: Policy::default().tag(),
+        mode: 2,
+        decision: 1,
+        root: 3,
+        bound: 1e-3,
+        count: 12345,
+        payload: 99,
+        ratio: 7.5,
+        seq: 42,
+        lo: -1.5,
+        hi: 2.5,
+        bad: 0,
+        flags: 0,
+        chunk: 77,
+    };
+    assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
+    assert!(Desc::parse(&[0u8; 64]).is_err());
+    assert!(check_table(&[d, d, d]).is_ok());
+    let e = check_table(&[d, Desc { bad: 1, ..d }]).unwrap_err();
+    assert!(e.to_string().contains("rank 1 rejected"), "{e}");
+    let e = check_table(&[d, Desc { count: 1, ..d }]).unwrap_err();
+    assert!(e.to_string().contains("element count"), "{e}");
+    let e = check_table(&[
+        d,
+        Desc {
+            op: OP_ALLGATHER,
+            ..d
+        },
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("collective"), "{e}");
+    let s = Desc { op: OP_SEND, ..d };
+    let r = Desc { op: OP_RECV, ..d };
+    assert!(check_pair(&s, &r).is_ok());
+    assert!(check_pair(
+        &s,
+        &Desc {
+            count: ANY_COUNT,
+            ..r
+        }
+    )
+    .is_ok());
+    assert!(check_pair(&s, &Desc { dtype: 2, ..r }).is_err());
+    assert!(check_pair(&s, &Desc { bound: 1e-4, ..r }).is_err());
+    assert!(check_pair(&s, &s).is_err());
+}
