@@ -169,13 +169,7 @@ impl Communicator {
     }
 }
 
-fn pingpong(
-    t: &dyn Transport,
-    r: usize,
-    peer: usize,
-    msg: &[u8],
-    reps: usize,
-) -> Result<f64> {
+fn pingpong(t: &dyn Transport, r: usize, peer: usize, msg: &[u8], reps: usize) -> Result<f64> {
     // one warm-up, then the mean round trip
     let mut t0 = 0.0;
     for i in 0..=reps {

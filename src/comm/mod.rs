@@ -18,6 +18,11 @@
 //! # }
 //! ```
 //!
+//! The collectives every communicator shares (allreduce, allreduce_mean, reduce_scatter,
+//! allgather) also have one call shape for host slices and device buffers, over MPI, loopback
+//! or NCCL: the [`Collectives`] trait (with [`Communicator::staged`] for device buffers staged
+//! through pinned memory).
+//!
 //! Without MPI (feature `mpi` off, or in tests), the same operations run over the in-process
 //! [`LoopbackTransport`](transport::LoopbackTransport): one thread per rank, each building its
 //! communicator with [`Communicator::with_transport`].
@@ -118,6 +123,7 @@
 mod agreement;
 mod bounds;
 mod calibrate;
+mod collectives;
 mod compressor;
 mod config;
 #[cfg(feature = "cuda")]
@@ -146,6 +152,9 @@ use std::fmt;
 use std::ops::Range;
 use std::path::PathBuf;
 
+pub use collectives::Collectives;
+#[cfg(feature = "cuda")]
+pub use collectives::StagedDevice;
 pub use compressor::{Compressor, CpuCompressor};
 #[cfg(feature = "cuda")]
 pub use device::{
