@@ -1,50 +1,51 @@
-//! One call shape for every communicator and every place a buffer lives.
-//!
-//! [`Collectives<B>`] is the set of collectives that all zcomm communicators offer on buffers of
-//! type `B`, with one signature:
-//!
-//! | communicator | buffer `B` | carried by |
-//! |---|---|---|
-//! | [`Communicator`] | host slices `[E]` (`f32`, `f64`, `[f32; 2]`, `[f64; 2]`) | its transport (MPI or loopback) |
-//! | [`StagedDevice`] (`comm.staged(&mut stager)`, feature `cuda`) | `CudaSlice<T>` (`f32`, `f64`) | the same transport, staged through pinned memory |
-//! | [`NcclComm`](super::nccl::NcclComm) (feature `nccl`) | `CudaSlice<T>` (`f32`, `f64`) | NCCL |
-//!
-//! Code written against the trait runs unchanged on all of them:
-//!
-//! ```
-//! use zcomm::comm::{Collectives, OpStats};
-//! use zcomm::Result;
-//!
-//! /// Averages a gradient in place over all ranks, whatever the communicator and buffer.
-//! fn average<C, B>(comm: &mut C, grad: &B, scratch: &mut B) -> Result<OpStats>
-//! where
-//!     C: Collectives<B>,
-//!     B: ?Sized,
-//! {
-//!     comm.allreduce_mean(grad, scratch)
-//! }
-//! # use zcomm::comm::{transport::LoopbackTransport, Communicator, Config, CpuCompressor};
-//! # use zcomm::ErrorBound;
-//! # let t = LoopbackTransport::group(1).pop().unwrap();
-//! # let mut c = Communicator::with_transport(
-//! #     Box::new(t), Box::new(CpuCompressor), Config::new(ErrorBound::Noa(1e-3))).unwrap();
-//! # let g = vec![1.0f32; 8];
-//! # let mut out = vec![0.0f32; 8];
-//! # average(&mut c, &g[..], &mut out[..]).unwrap();
-//! # assert_eq!(out, g);
-//! ```
-//!
-//! Every implementation keeps the semantics of the communicator's own methods: the same
-//! agreement before data (a mismatch is an error on every rank), the same end-to-end bound of
-//! the reductions, identical results on every rank, and an [`OpStats`] per call. Operations that
-//! only some communicators have (broadcast, point-to-point, the non-blocking forms) stay
-//! inherent methods.
+//! [`Collectives`]: one call shape for every communicator and every place a buffer lives.
 
 use super::{CommElement, Communicator, OpStats};
 use crate::error::Result;
 
-/// The collectives every zcomm communicator offers on buffers of type `B` (see the
-/// [module docs](self)). Collective: every rank calls the same operation in the same order.
+/// One call shape for every communicator and every place a buffer lives.
+///
+/// `Collectives<B>` is the set of collectives that all zcomm communicators offer on buffers of
+/// type `B`, with one signature:
+///
+/// | communicator | buffer `B` | carried by |
+/// |---|---|---|
+/// | [`Communicator`] | host slices `[E]` (`f32`, `f64`, `[f32; 2]`, `[f64; 2]`) | its transport (MPI or loopback) |
+/// | [`StagedDevice`] (`comm.staged(&mut stager)`, feature `cuda`) | `CudaSlice<T>` (`f32`, `f64`) | the same transport, staged through pinned memory |
+/// | [`NcclComm`](super::nccl::NcclComm) (feature `nccl`) | `CudaSlice<T>` (`f32`, `f64`) | NCCL |
+///
+/// Code written against the trait runs unchanged on all of them:
+///
+/// ```
+/// use zcomm::comm::{Collectives, OpStats};
+/// use zcomm::Result;
+///
+/// /// Averages a gradient in place over all ranks, whatever the communicator and buffer.
+/// fn average<C, B>(comm: &mut C, grad: &B, scratch: &mut B) -> Result<OpStats>
+/// where
+///     C: Collectives<B>,
+///     B: ?Sized,
+/// {
+///     comm.allreduce_mean(grad, scratch)
+/// }
+/// # use zcomm::comm::{transport::LoopbackTransport, Communicator, Config, CpuCompressor};
+/// # use zcomm::ErrorBound;
+/// # let t = LoopbackTransport::group(1).pop().unwrap();
+/// # let mut c = Communicator::with_transport(
+/// #     Box::new(t), Box::new(CpuCompressor), Config::new(ErrorBound::Noa(1e-3))).unwrap();
+/// # let g = vec![1.0f32; 8];
+/// # let mut out = vec![0.0f32; 8];
+/// # average(&mut c, &g[..], &mut out[..]).unwrap();
+/// # assert_eq!(out, g);
+/// ```
+///
+/// Every implementation keeps the semantics of the communicator's own methods: the same
+/// agreement before data (a mismatch is an error on every rank), the same end-to-end bound of
+/// the reductions, identical results on every rank, and an [`OpStats`] per call. Operations that
+/// only some communicators have (broadcast, point-to-point, the non-blocking forms) stay
+/// inherent methods.
+///
+/// Collective: every rank calls the same operation in the same order.
 pub trait Collectives<B: ?Sized> {
     /// Element-wise sum over all ranks into `out` (same length as `input`), within the
     /// communicator's end-to-end bound.
