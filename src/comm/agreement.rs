@@ -1,5 +1,6 @@
-//! The agreement before data: the 80-byte descriptor every operation exchanges first, and the
-//! deterministic checks that turn a mismatch into the same error on every rank.
+//! The agreement before data: the 80-byte descriptor every operation of every transport (MPI,
+//! loopback, NCCL's bootstrap) exchanges first, and the deterministic checks that turn a
+//! mismatch into the same error on every rank.
 
 use super::*;
 
@@ -33,6 +34,27 @@ pub(super) struct Desc {
 }
 
 impl Desc {
+    /// A descriptor with every field empty (no range, no payload, nothing rejected): the base
+    /// that operations needing only some fields fill in.
+    pub(super) const EMPTY: Desc = Desc {
+        op: 0,
+        dtype: 0,
+        policy: 0,
+        mode: 0,
+        decision: 0,
+        root: 0,
+        bound: 0.0,
+        count: 0,
+        payload: 0,
+        ratio: 1.0,
+        seq: 0,
+        lo: f64::INFINITY,
+        hi: f64::NEG_INFINITY,
+        bad: 0,
+        flags: 0,
+        chunk: 0,
+    };
+
     pub(super) fn to_bytes(self) -> [u8; DESC_LEN] {
         let mut b = [0u8; DESC_LEN];
         b[0..4].copy_from_slice(&DESC_MAGIC.to_le_bytes());

@@ -88,7 +88,7 @@ impl NcclComm {
         d.ratio = st.ratio_estimate;
         self.sh.boot.send(dest, TAG_P2P + tag, &d.to_bytes())?;
         let verdict = Desc::parse(&self.sh.boot.recv(dest, TAG_P2P + tag)?)?;
-        check_pair(&d, &verdict, self.rank(), dest)?;
+        check_pair(&d, &verdict)?;
         if d.decision == DEC_UNAVAILABLE {
             return Err(Error::Unavailable(format!(
                 "send to rank {dest} under {}: {}",
@@ -179,7 +179,7 @@ impl NcclComm {
         let mut mine = self.desc::<T>(OP_RECV, n);
         mine.decision = u8::from(self.gpu.is_some());
         self.sh.boot.send(src, TAG_P2P + tag, &mine.to_bytes())?;
-        check_pair(&sd, &mine, self.rank(), src)?;
+        check_pair(&sd, &mine)?;
         let mut st = Self::base_stats(OP_RECV, bytes);
         st.ratio_estimate = sd.ratio;
         let always = matches!(self.config.policy, Policy::Always(_));

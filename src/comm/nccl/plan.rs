@@ -32,9 +32,7 @@ impl NcclComm {
                 self.size()
             )));
         }
-        for (r, x) in all.iter().enumerate().skip(1) {
-            all[0].check(x, 0, r)?;
-        }
+        check_table(&all)?;
         Ok(all)
     }
 
@@ -149,11 +147,9 @@ impl NcclComm {
             dtype: T::DTYPE.tag(),
             policy: self.config.policy.tag(),
             mode: self.config.bound.mode().tag(),
-            decision: 0,
             bound: self.config.bound.value(),
             count: count as u64,
-            seq: 0,
-            ratio: 1.0,
+            ..Desc::EMPTY
         }
     }
 
