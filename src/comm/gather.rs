@@ -42,7 +42,7 @@ impl Communicator {
         let mut stream = None;
         let pays = {
             let (raw_t, best) = self.allgather_times::<E::Scalar>(sc.len(), f64::INFINITY);
-            best < choice::HYSTERESIS * raw_t
+            crate::model::choice::compressed_wins(best, raw_t)
         };
         if let (Policy::Auto(c), true, true) = (self.config.policy, local.is_ok(), pays) {
             match self.estimate(sc, bound, c, OP_ALLGATHER, coll_key(sc.len(), bound)) {

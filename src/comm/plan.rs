@@ -10,18 +10,11 @@ impl Communicator {
             dtype: E::TAG,
             policy: self.config.policy.tag(),
             mode: self.config.bound.mode().tag(),
-            decision: 0,
-            root: 0,
             bound: self.config.bound.value(),
             count: count as u64,
-            payload: 0,
-            ratio: 1.0,
             seq: self.seq,
-            lo: f64::INFINITY,
-            hi: f64::NEG_INFINITY,
-            bad: 0,
             flags: u8::from(self.config.verify),
-            chunk: 0,
+            ..Desc::EMPTY
         }
     }
 

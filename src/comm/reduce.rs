@@ -48,11 +48,7 @@ impl Communicator {
     }
 
     pub(super) fn decide(&self, raw_t: f64, cmp_t: f64) -> bool {
-        match self.config.policy {
-            Policy::Never => false,
-            Policy::Always(_) => true,
-            Policy::Auto(_) => cmp_t < choice::HYSTERESIS * raw_t,
-        }
+        crate::model::choice::policy_compresses(self.config.policy, raw_t, cmp_t)
     }
 
     /// Sum over all ranks into `out` with the end-to-end bound of the [module docs](super).

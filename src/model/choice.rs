@@ -30,6 +30,22 @@ use crate::codec::CodecKind;
 /// exact raw path.
 pub const HYSTERESIS: f64 = 0.95;
 
+/// The one rule between two predictions: a compressed path predicted at `cmp_s` is taken over
+/// the raw path predicted at `raw_s` when it is faster by the [`HYSTERESIS`] margin.
+pub fn compressed_wins(cmp_s: f64, raw_s: f64) -> bool {
+    cmp_s < HYSTERESIS * raw_s
+}
+
+/// Whether `policy` compresses a message whose paths are predicted at `raw_s` and `cmp_s`:
+/// never / always as the policy says, `Auto` by [`compressed_wins`].
+pub fn policy_compresses(policy: super::Policy, raw_s: f64, cmp_s: f64) -> bool {
+    match policy {
+        super::Policy::Never => false,
+        super::Policy::Always(_) => true,
+        super::Policy::Auto(_) => compressed_wins(cmp_s, raw_s),
+    }
+}
+
 /// One codec's predicted compressed path for a message.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {

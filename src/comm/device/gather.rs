@@ -466,8 +466,8 @@ impl Communicator {
                 Policy::Auto(_) => {
                     let (raw_best, cmp_best) = dp.predict_bcast(link, p, bytes, f64::INFINITY);
                     let (raw_t, cmp_t) = dp.predict_bcast(link, p, bytes, est.unwrap_or(1.0));
-                    cmp_best < crate::model::choice::HYSTERESIS * raw_best
-                        && (est.is_none() || cmp_t < crate::model::choice::HYSTERESIS * raw_t)
+                    crate::model::choice::compressed_wins(cmp_best, raw_best)
+                        && (est.is_none() || crate::model::choice::compressed_wins(cmp_t, raw_t))
                 }
             } && n > 0;
             // into the stager's pinned send buffer: no per-call host allocation, no copy

@@ -37,9 +37,12 @@ impl Communicator {
             // once to learn the ratio
             Policy::Auto(_) => {
                 let best = model::predict(&sc(f64::INFINITY, 1));
-                best.compressed_serial < crate::model::choice::HYSTERESIS * best.raw_serial
+                crate::model::choice::compressed_wins(best.compressed_serial, best.raw_serial)
                     && (est.is_none()
-                        || pr.compressed_serial < crate::model::choice::HYSTERESIS * pr.raw_serial)
+                        || crate::model::choice::compressed_wins(
+                            pr.compressed_serial,
+                            pr.raw_serial,
+                        ))
             }
         } && n > 0;
         let mut st = OpStats::raw(OP_SENDRECV);

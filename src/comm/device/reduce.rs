@@ -301,7 +301,7 @@ impl Communicator {
                 let mut v = [
                     1.0 / est.unwrap_or(1.0).max(1e-9),
                     f64::from(u8::from(est.is_some())),
-                    f64::from(u8::from(best < crate::model::choice::HYSTERESIS * raw_t)),
+                    f64::from(u8::from(crate::model::choice::compressed_wins(best, raw_t))),
                     1.0 / est_f.unwrap_or(1.0).max(1e-9),
                 ];
                 self.transport().allreduce_f64(&mut v, ReduceOp::Sum)?;
@@ -311,7 +311,7 @@ impl Communicator {
                     .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
                     .total();
                 let mut w = [f64::from(u8::from(
-                    can && (!known || cmp < crate::model::choice::HYSTERESIS * raw_t),
+                    can && (!known || crate::model::choice::compressed_wins(cmp, raw_t)),
                 ))];
                 self.transport().allreduce_f64(&mut w, ReduceOp::Min)?;
                 (w[0] > 0.5, ratio, ratio_f)

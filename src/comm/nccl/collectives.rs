@@ -32,11 +32,8 @@ impl NcclComm {
         let (raw_t, best_t) = self
             .profile
             .predict_allgather(bytes as f64, p, 1e12, k, codec, dt);
-        let want = match self.config.policy {
-            Policy::Never => false,
-            Policy::Always(_) => true,
-            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
-        } && n > 0
+        let want = crate::model::choice::policy_compresses(self.config.policy, raw_t, best_t)
+            && n > 0
             && p > 1;
         let plan = self.plan::<T>(OP_ALLGATHER, n, want, |c| {
             c.sample_ratio(&send.as_view(), codec, None)
@@ -146,11 +143,8 @@ impl NcclComm {
         let (raw_t, best_t) =
             self.profile
                 .predict_allreduce(bytes as f64, p, 1e12, k, codec, dt, !full);
-        let want = match self.config.policy {
-            Policy::Never => false,
-            Policy::Always(_) => true,
-            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
-        } && n > 0
+        let want = crate::model::choice::policy_compresses(self.config.policy, raw_t, best_t)
+            && n > 0
             && p > 1;
         let d = if op == OP_ALLREDUCE_MEAN {
             p as f64

@@ -27,11 +27,8 @@ impl NcclComm {
         let k = pieces(n, self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
         let (raw_t, best_t) = self.profile.predict_p2p(bytes as f64, 1e12, k, codec, dt);
-        let want = match self.config.policy {
-            Policy::Never => false,
-            Policy::Always(_) => true,
-            Policy::Auto(_) => best_t < crate::model::choice::HYSTERESIS * raw_t,
-        } && n > 0;
+        let want =
+            crate::model::choice::policy_compresses(self.config.policy, raw_t, best_t) && n > 0;
         let avail = self.gpu.is_some() && self.codec_ranks.get(dest).copied().unwrap_or(false);
         let always = matches!(self.config.policy, Policy::Always(_));
         let mut compress = want && avail;
@@ -64,7 +61,7 @@ impl NcclComm {
                         let (_, cmp_t) = self.profile.predict_p2p(bytes as f64, est, k, codec, dt);
                         st.ratio_estimate = est;
                         st.predicted_compressed_s = cmp_t;
-                        compress = cmp_t < crate::model::choice::HYSTERESIS * raw_t;
+                        compress = crate::model::choice::compressed_wins(cmp_t, raw_t);
                     }
                     None => compress = false,
                 }

@@ -254,7 +254,7 @@ impl NcclComm {
         st.ratio_estimate = ratio.major.min(1e6);
         if let Policy::Auto(_) = self.config.policy {
             st.predicted_compressed_s = predict(ratio);
-            st.predicted_compressed_s < crate::model::choice::HYSTERESIS * st.predicted_raw_s
+            crate::model::choice::compressed_wins(st.predicted_compressed_s, st.predicted_raw_s)
         } else {
             st.predicted_compressed_s = best_t;
             true
