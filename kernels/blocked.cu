@@ -912,8 +912,12 @@ __device__ __forceinline__ double zc_add_rn(double a, double b) { return __dadd_
 // Decoded values are stored with the streaming (evict-first) hint: the 4-5x larger output then
 // no longer pushes the stream, which each block reads three times (checksum, level 1, level 2),
 // out of L2.
+// The accumulating kernels add to a base that may live elsewhere (`out = base + x`, so a ring
+// step needs no copy of its input): the byte distance from `out` to `base`, set once per block
+// by the kernel's entry (0 when adding in place).
+__shared__ long long zc_acc_base_off;
 template <typename T, bool ACC> __device__ __forceinline__ void zc_store(T* p, T x) {
-    if (ACC) *p = zc_add_rn(*p, x);
+    if (ACC) *p = zc_add_rn(*(const T*)((const char*)p + zc_acc_base_off), x);
     else __stcs(p, x);
 }
 // Accumulate a stored stream's raw values: dst[i] += src[i].
@@ -1653,7 +1657,9 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
-        u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {                    \
+        const TY* base, u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {    \
+        if (threadIdx.x == 0) zc_acc_base_off = (long long)((const char*)base - (const char*)out);            \
+        __syncthreads();                                                                                       \
         ZQ<TY> q;                                                                                              \
         q.step = step;                                                                                         \
         q.inv = inv;                                                                                           \

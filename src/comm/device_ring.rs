@@ -188,12 +188,12 @@ fn reduce<T: GpuElement + Real>(
         codec,
     };
     let sent = if full {
-        stream.memcpy_dtod(x, out).map_err(gpu_err("copy input"))?;
-        let mut place = DevicePlace::new(t, gpu, out, &segs, scratch);
+        let mut place = DevicePlace::new(t, gpu, x, out, &segs, scratch);
         ring::reduce(&mut place, plan)?
     } else {
-        let mut acc = stream.clone_dtod(x).map_err(gpu_err("copy input"))?;
-        let mut place = DevicePlace::new(t, gpu, &mut acc, &segs, scratch);
+        // SAFETY: a segment of `acc` is read only after the ring has written it (`touched`).
+        let mut acc = unsafe { stream.alloc::<T>(x.len()) }.map_err(gpu_err("alloc partials"))?;
+        let mut place = DevicePlace::new(t, gpu, x, &mut acc, &segs, scratch);
         let sent = ring::reduce(&mut place, plan)?;
         stream
             .memcpy_dtod(&acc.slice(segs[r].clone()), out)
@@ -221,11 +221,20 @@ enum DeviceMsg {
 }
 
 /// The ring's buffers on the device.
+///
+/// The input is never copied: a segment is read from the input until the ring first adds a
+/// received partial sum to it, and that addition (`acc = input + decoded`, one fused kernel)
+/// writes the partial sum into `acc`; from then on the segment is read from `acc`. In a ring
+/// every rank adds to each segment at most once, so every accumulation is such a first one.
 struct DevicePlace<'a, T: GpuElement> {
     t: &'a dyn DeviceTransport,
     gpu: &'a mut GpuCodec,
-    /// The partial sums, starting as a copy of the input (for the allreduces: the output).
+    /// This rank's input (read-only).
+    input: &'a CudaSlice<T>,
+    /// The partial sums of the segments in `touched` (for the allreduces: the output).
     acc: &'a mut CudaSlice<T>,
+    /// Which segments of `acc` hold a partial sum.
+    touched: Vec<bool>,
     segs: &'a [Range<usize>],
     /// Where this rank's outgoing segment is compressed (reused every step).
     scratch: CudaSlice<u8>,
@@ -235,6 +244,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     fn new(
         t: &'a dyn DeviceTransport,
         gpu: &'a mut GpuCodec,
+        input: &'a CudaSlice<T>,
         acc: &'a mut CudaSlice<T>,
         segs: &'a [Range<usize>],
         scratch: CudaSlice<u8>,
@@ -242,7 +252,9 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         DevicePlace {
             t,
             gpu,
+            input,
             acc,
+            touched: vec![false; segs.len()],
             segs,
             scratch,
         }
@@ -278,10 +290,14 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<DeviceMsg> {
         let range = self.segs[seg].clone();
-        let input = self.acc.slice(range);
+        let values = if self.touched[seg] {
+            self.acc.slice(range)
+        } else {
+            self.input.slice(range)
+        };
         let len =
             self.gpu
-                .compress_device(&input, bound, codec, &mut self.scratch.as_view_mut())?;
+                .compress_device(&values, bound, codec, &mut self.scratch.as_view_mut())?;
         Ok(DeviceMsg::Scratch(len))
     }
 
@@ -294,11 +310,24 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
         let stream = received(m)?;
-        self.gpu
-            .decompress_add_device(&stream.view(), &mut self.acc.slice_mut(range))
+        let mut acc = self.acc.slice_mut(range.clone());
+        if self.touched[seg] {
+            self.gpu.decompress_add_device(&stream.view(), &mut acc)
+        } else {
+            let base = self.input.slice(range);
+            self.gpu
+                .decompress_add_to_device(&stream.view(), &base, &mut acc)?;
+            self.touched[seg] = true;
+            Ok(())
+        }
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
+        if !self.touched[seg] {
+            return Err(Error::Comm(
+                "ring: scaling a segment that holds no partial sum".into(),
+            ));
+        }
         let range = self.segs[seg].clone();
         let stream = self.gpu.stream().clone();
         let util = crate::gpu::util::RangeScale::for_stream(&stream)?;

@@ -1,8 +1,11 @@
-//! Fused decompress-and-accumulate (`out += decompress(stream)` in one kernel), used by the NCCL
-//! reductions (`comm::nccl`): the `zc_decompress_add_*` instantiations of `kernels/blocked.cu`
-//! (`ACCUMULATE = true`) add every decoded value to the accumulator with one IEEE rounding
-//! (`__fadd_rn` / `__dadd_rn`) instead of storing it, so no decompressed copy is ever
-//! materialised. Stored (uncompressed) streams are checksummed, then added by `zc_add_raw_*`.
+//! Fused decompress-and-accumulate (`out = base + decompress(stream)` in one kernel), used by
+//! the ring reductions (`comm::device_ring`, `comm::nccl`): the `zc_decompress_add_*`
+//! instantiations of `kernels/blocked.cu` (`ACCUMULATE = true`) add every decoded value to the
+//! base with one IEEE rounding (`__fadd_rn` / `__dadd_rn`) instead of storing it, so no
+//! decompressed copy is ever materialised; the base may be `out` itself or another buffer (a
+//! ring step then adds a received partial sum to its input without first copying the input).
+//! Stored (uncompressed) streams are checksummed, then added by `zc_add_raw_*`; pfpl adds in
+//! place, so for those two a separate base is first copied into `out`.
 
 use super::*;
 
@@ -12,6 +15,35 @@ impl GpuCodec {
     pub fn decompress_add_device<T: GpuElement>(
         &mut self,
         stream: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        self.decompress_add_impl(stream, None, out)
+    }
+
+    /// `out[i] = base[i] + x[i]` where `x` is the device-resident `stream` decoded, with the
+    /// same single rounding as [`GpuCodec::decompress_add_device`] (whose result it equals bit
+    /// for bit after copying `base` into `out`); `base` and `out` have the same length and do
+    /// not overlap. On an error `out` may be partly written.
+    pub fn decompress_add_to_device<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        base: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        if base.len() != out.len() {
+            return Err(Error::Mismatch {
+                what: "value count",
+                expected: out.len().to_string(),
+                found: format!("{} in the base", base.len()),
+            });
+        }
+        self.decompress_add_impl(stream, Some(base), out)
+    }
+
+    fn decompress_add_impl<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        base: Option<&CudaView<'_, T>>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<()> {
         let h = self.inspect_device(stream)?;
@@ -31,12 +63,28 @@ impl GpuCodec {
         }
         let s = self.stream.clone();
         let sp = raw_ptr(stream, &s);
-        let op = raw_ptr_mut(out, &s);
-        if sp % 16 != 0 || op % (T::SIZE as u64) != 0 {
+        if sp % 16 != 0 || raw_ptr_mut(out, &s) % (T::SIZE as u64) != 0 {
             return Err(Error::invalid(
                 "device buffers must be 16-byte (stream) / element aligned",
             ));
         }
+        // the kernels that add in place get the base copied into `out` first
+        let in_place = h.is_stored() || CodecKind::from_tag(h.codec)? == CodecKind::Pfpl;
+        let base_ptr = match base {
+            Some(b) if in_place => {
+                s.memcpy_dtod(b, out).map_err(gpu_err("copy base"))?;
+                raw_ptr_mut(out, &s)
+            }
+            Some(b) => {
+                let bp = raw_ptr(b, &s);
+                if bp % (T::SIZE as u64) != 0 {
+                    return Err(Error::invalid("the base must be element aligned"));
+                }
+                bp
+            }
+            None => raw_ptr_mut(out, &s),
+        };
+        let op = raw_ptr_mut(out, &s);
         self.last_times = KernelTimes::default();
         if h.is_stored() {
             let payload = sp + HEADER_LEN as u64;
@@ -50,7 +98,8 @@ impl GpuCodec {
             self.launch(&f, grid, 256, &mut [arg(&payload), arg(&n), arg(&op)])?;
             return s.synchronize().map_err(gpu_err("sync"));
         }
-        let e = self.decode_with_header::<T>("decompress_add", &h, sp, stream.len(), op)?;
+        let e =
+            self.decode_with_header::<T>("decompress_add", &h, sp, stream.len(), op, base_ptr)?;
         if e != 0 {
             return Err(decode_error(e));
         }

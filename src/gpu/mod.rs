@@ -429,7 +429,7 @@ impl GpuCodec {
         self.clean_status = 0;
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let mut args = [std::ptr::null_mut(); 7];
+        let mut args = [std::ptr::null_mut(); 8];
         if tail.len() + 2 > args.len() {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
@@ -933,7 +933,7 @@ impl GpuCodec {
             return Ok(());
         }
         let codec = CodecKind::from_tag(h.codec)?;
-        let e = self.decode_with_header::<T>("decompress", &h, sp, stream.len(), op)?;
+        let e = self.decode_with_header::<T>("decompress", &h, sp, stream.len(), op, op)?;
         if e != 0 {
             return Err(decode_error(e));
         }
@@ -945,8 +945,9 @@ impl GpuCodec {
 
     /// Decode the compressed (not stored) stream at `sp` (`len` bytes, header `h`, already
     /// checked against the output) with the `op` kernel family ("decompress" or
-    /// "decompress_add") into `out`; returns the kernel's error bits (0: decoded), with a
-    /// pfpl data-checksum mismatch as bit 4.
+    /// "decompress_add": `out = base + decoded`, `base` a device address of `out.len()` values,
+    /// `out` itself to add in place) into `out`; returns the kernel's error bits (0: decoded),
+    /// with a pfpl data-checksum mismatch as bit 4.
     fn decode_with_header<T: GpuElement>(
         &mut self,
         op: &str,
@@ -954,6 +955,7 @@ impl GpuCodec {
         sp: u64,
         len: usize,
         out: u64,
+        base: u64,
     ) -> Result<u64> {
         let codec = CodecKind::from_tag(h.codec)?;
         let f = self.func(&kernel_name::<T>(op, codec, h.mode)?)?;
@@ -977,8 +979,21 @@ impl GpuCodec {
         };
         let tc = h.payload_checksum;
         let (step64, eb) = (h.step, h.abs_bound);
+        // the blocked codecs' accumulating kernels take the base of `out = base + x`; pfpl's add
+        // in place (the caller copies the base into `out` first)
+        let with_base = op == "decompress_add" && codec != CodecKind::Pfpl;
+        if op == "decompress_add" && !with_base && base != out {
+            return Err(Error::invalid(
+                "pfpl adds in place: base and out must be the same",
+            ));
+        }
         let tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
-        let mut e = self.run_decoder(&f, codec, g, &tail)?;
+        let tail_base = [arg(&base), tail[0], tail[1], tail[2], tail[3], tail[4]];
+        let mut e = if with_base {
+            self.run_decoder(&f, codec, g, &tail_base)?
+        } else {
+            self.run_decoder(&f, codec, g, &tail)?
+        };
         if codec == CodecKind::Pfpl && pfpl_data_mismatch(h, &self.host_ctrl) {
             e |= E_CHECKSUM;
         }

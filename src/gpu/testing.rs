@@ -5,7 +5,9 @@ use crate::codec::CodecKind;
 use crate::quant::ErrorBound;
 
 /// Compresses `data` with the CPU twin, decompresses the stream on the GPU onto a fixed
-/// accumulator with [`GpuCodec::decompress_add_device`], and compares every value with `add`
+/// accumulator with [`GpuCodec::decompress_add_device`] (in place) and
+/// [`GpuCodec::decompress_add_to_device`] (a separate base, `out` starting as NaN), checks that
+/// the base is left unchanged, and compares every value of both with `add`
 /// (the dtype's own IEEE addition) of the accumulator and the CPU reconstruction; two non-finite
 /// values count as equal (NaN payloads of a sum are not unique). `Err` names the first mismatch
 /// or the failing step.
@@ -26,14 +28,37 @@ pub fn check_decompress_add<T: GpuElement>(
     let mut d_acc = s.clone_htod(&base).map_err(|e| format!("htod: {e:?}"))?;
     gpu.decompress_add_device(&d_stream.as_view(), &mut d_acc.as_view_mut())
         .map_err(|e| format!("gpu decompress_add: {e}"))?;
-    let got = s.clone_dtoh(&d_acc).map_err(|e| format!("dtoh: {e:?}"))?;
-    for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(&got).enumerate() {
-        let want = add(a, x);
-        if want.to_bits_u64() != g.to_bits_u64() && (want.finite() || g.finite()) {
-            return Err(format!(
-                "{codec} {bound} {} value {i}: {want:?} vs {g:?}",
-                T::DTYPE
-            ));
+    let in_place = s.clone_dtoh(&d_acc).map_err(|e| format!("dtoh: {e:?}"))?;
+    // the three-operand form: the base stays, `out` starts as garbage (NaN everywhere)
+    let d_base = s.clone_htod(&base).map_err(|e| format!("htod: {e:?}"))?;
+    let garbage = vec![T::from_f64(f64::NAN); data.len()];
+    let mut d_out = s.clone_htod(&garbage).map_err(|e| format!("htod: {e:?}"))?;
+    gpu.decompress_add_to_device(
+        &d_stream.as_view(),
+        &d_base.as_view(),
+        &mut d_out.as_view_mut(),
+    )
+    .map_err(|e| format!("gpu decompress_add_to: {e}"))?;
+    let to = s.clone_dtoh(&d_out).map_err(|e| format!("dtoh: {e:?}"))?;
+    let kept = s.clone_dtoh(&d_base).map_err(|e| format!("dtoh: {e:?}"))?;
+    if kept
+        .iter()
+        .zip(&base)
+        .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
+    {
+        return Err(format!(
+            "{codec} {bound}: decompress_add_to changed its base"
+        ));
+    }
+    for (form, got) in [("in place", &in_place), ("to", &to)] {
+        for (i, ((&x, &a), &g)) in back.iter().zip(&base).zip(got).enumerate() {
+            let want = add(a, x);
+            if want.to_bits_u64() != g.to_bits_u64() && (want.finite() || g.finite()) {
+                return Err(format!(
+                    "{codec} {bound} {} value {i} ({form}): {want:?} vs {g:?}",
+                    T::DTYPE
+                ));
+            }
         }
     }
     Ok(())
