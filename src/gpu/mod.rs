@@ -364,7 +364,7 @@ impl GpuCodec {
         tail: &[*mut c_void],
     ) -> Result<()> {
         const HEAD: usize = 7;
-        let mut args = [std::ptr::null_mut(); HEAD + 7];
+        let mut args = [std::ptr::null_mut(); HEAD + 8];
         if tail.len() > args.len() - HEAD {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
