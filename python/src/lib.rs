@@ -6,13 +6,16 @@
 //! touches values (compress, decode, decode-and-accumulate, range) runs here with the GIL released.
 //!
 //! Only public zcomm API is used: `compress`, `compress_with_range`, `decompress_into`,
-//! `inspect`, `quant::finite_range`, `model::predict`.
+//! `inspect`, `quant::finite_range`, `model::predict`, and for CUDA tensors the GPU codec
+//! (`gpu::GpuCodec`, module `cuda`).
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 use zcomm::{CodecKind, ErrorBound};
+
+mod cuda;
 
 create_exception!(
     _native,
@@ -170,6 +173,15 @@ fn compress<'py>(
 fn inspect<'py>(py: Python<'py>, ptr: usize, len: usize) -> PyResult<Bound<'py, PyDict>> {
     let s = unsafe { slice::<u8>(ptr, len)? };
     let h = zcomm::inspect(s).map_err(err)?;
+    header_dict(py, &h, len)
+}
+
+/// The dict `inspect` returns, for a header of a `len`-byte stream.
+fn header_dict<'py>(
+    py: Python<'py>,
+    h: &zcomm::format::Header,
+    len: usize,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     let dtype = match h.dtype {
         zcomm::Dtype::F32 => "f32",
@@ -360,5 +372,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(accumulate_f64, m)?)?;
     m.add_function(wrap_pyfunction!(finite_range, m)?)?;
     m.add_function(wrap_pyfunction!(predict, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_compress, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_decompress_into, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_finite_range, m)?)?;
     Ok(())
 }

@@ -16,9 +16,12 @@ their interleaved real and imaginary parts (the bound holds on each part); ``bfl
 the stream decodes to ``float32``; decoding into a bf16/fp16 ``out`` adds the rounding to that
 dtype, at most half an ulp of each result).
 
-CUDA tensors: the codecs of this build run on the CPU. A CUDA tensor is copied to the host,
-compressed there, and the stream is returned on the tensor's device (likewise in reverse for
-``decompress``). The bit-identical GPU codecs of the Rust crate are not wired to this package yet.
+CUDA tensors are compressed and decoded on their GPU by the Rust crate's CUDA codecs, in place
+(zero copy: the kernels read the tensor's memory and write the stream into a tensor on the same
+device); the streams are the same bytes as the CPU codecs write. PyTorch's current stream on the
+tensor's device is synchronized before each call, and each call returns with its results
+complete. Without a usable CUDA driver (``cuda_available()`` is false) CUDA tensors are staged
+through the host and the CPU codecs are used, with the same results.
 
 DDP / FSDP communication hooks live in :mod:`zcomm.torch`.
 """
@@ -38,6 +41,7 @@ __all__ = [
     "inspect",
     "codecs",
     "parse_bound",
+    "cuda_available",
 ]
 
 __version__ = "0.1.0"
@@ -49,6 +53,21 @@ def _torch() -> Any:
     except ImportError as e:  # pragma: no cover - torch is installed in every tested setup
         raise ImportError("zcomm's tensor API needs PyTorch: pip install torch") from e
     return torch
+
+
+def cuda_available() -> bool:
+    """Whether CUDA tensors are compressed on their GPU (a CUDA driver and device are usable)."""
+    return bool(_native.cuda_available())
+
+
+def _on_gpu(*tensors: Any) -> bool:
+    """Whether every given tensor is a CUDA tensor that the GPU codecs can take."""
+    ok = all(t.device.type == "cuda" for t in tensors)
+    if ok:
+        torch = _torch()
+        for t in tensors:
+            torch.cuda.current_stream(t.device).synchronize()
+    return ok and cuda_available()
 
 
 def codecs() -> list:
@@ -128,6 +147,14 @@ def compress(
     flat, dt = _plan(tensor)
     parse_bound(error_bound)
     _native.codec_name(codec)
+    if _on_gpu(flat):
+        cap = _native.compress_bound(flat.numel(), dt)
+        buf = torch.empty(cap, dtype=torch.uint8, device=flat.device)
+        n = _native.cuda_compress(
+            flat.data_ptr(), flat.numel(), dt, error_bound, codec, value_range,
+            flat.device.index, buf.data_ptr(), cap,
+        )
+        return buf[:n].clone()
     h = _host(flat)
     ba = _native.compress(h.data_ptr(), h.numel(), dt, error_bound, codec, value_range)
     out = torch.frombuffer(ba, dtype=torch.uint8) if len(ba) else torch.empty(0, dtype=torch.uint8)
@@ -148,11 +175,53 @@ def _stream_host(stream: Any) -> Any:
     return _host(stream.reshape(-1))
 
 
+def _stream_device(stream: Any) -> Any:
+    """A CUDA stream tensor as a flat contiguous uint8 tensor (checked like a host stream)."""
+    torch = _torch()
+    if stream.dtype != torch.uint8:
+        raise TypeError(f"a zcomm stream is a torch.uint8 tensor, got dtype {stream.dtype}")
+    if not stream.is_contiguous():
+        raise ValueError("the stream tensor must be contiguous")
+    return stream.reshape(-1)
+
+
+def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:
+    """Decode (``add``: accumulate) a CUDA stream on its GPU; ``out`` None: a new tensor."""
+    torch = _torch()
+    s = _stream_device(stream)
+    h = _native.cuda_inspect(s.data_ptr(), s.numel(), s.device.index)
+    sdt, count = h["dtype"], int(h["count"])
+    if out is None:
+        res = torch.empty(count, dtype=torch.float32 if sdt == "f32" else torch.float64, device=s.device)
+        _native.cuda_decompress_into(s.data_ptr(), s.numel(), res.data_ptr(), count, sdt, s.device.index, False)
+        return res
+    if out.device != s.device:
+        raise ValueError(f"out is on {out.device}, the stream on {s.device}")
+    flat, dt = _plan(out)
+    if flat.numel() != count:
+        raise ValueError(f"out holds {flat.numel()} values, the stream holds {count}")
+    if dt != sdt:
+        raise ValueError(f"the stream holds {sdt} values; out ({out.dtype}) needs {dt}")
+    if out.dtype in (torch.bfloat16, torch.float16):
+        # decode (and add) in float32, then round once into the caller's dtype
+        wide = flat.clone() if add else torch.empty_like(flat)
+        _native.cuda_decompress_into(s.data_ptr(), s.numel(), wide.data_ptr(), count, sdt, s.device.index, add)
+        with torch.no_grad():
+            out.reshape(-1).copy_(wide)
+        return out
+    _native.cuda_decompress_into(s.data_ptr(), s.numel(), flat.data_ptr(), count, sdt, s.device.index, add)
+    return out
+
+
 def inspect(stream: Any) -> Dict[str, Any]:
     """Header of a stream (dtype, count, codec, bound mode and value, abs_bound, range...).
 
     Raises :class:`ZcommError` for a corrupt or truncated header.
     """
+    torch = _torch()
+    if isinstance(stream, torch.Tensor) and _on_gpu(stream):
+        s = _stream_device(stream)
+        return dict(_native.cuda_inspect(s.data_ptr(), s.numel(), s.device.index))
     s = _stream_host(stream)
     return dict(_native.inspect(s.data_ptr(), s.numel()))
 
@@ -181,6 +250,12 @@ def decompress(stream: Any, out: Optional[Any] = None) -> Any:
     returns it. Raises :class:`ZcommError` for a corrupt stream or a count / dtype mismatch.
     """
     torch = _torch()
+    if (
+        isinstance(stream, torch.Tensor)
+        and (out is None or out.device == stream.device)
+        and _on_gpu(stream)
+    ):
+        return _decode_gpu(stream, out, False)
     s = _stream_host(stream)
     h = _native.inspect(s.data_ptr(), s.numel())
     sdt, count = h["dtype"], int(h["count"])
@@ -205,6 +280,8 @@ def decompress_add(stream: Any, out: Any) -> Any:
     done in float32 and rounded once. Returns ``out``.
     """
     torch = _torch()
+    if isinstance(stream, torch.Tensor) and out.device == stream.device and _on_gpu(stream):
+        return _decode_gpu(stream, out, True)
     s = _stream_host(stream)
     h = _native.inspect(s.data_ptr(), s.numel())
     sdt, count = h["dtype"], int(h["count"])

@@ -24,8 +24,11 @@ Guarantee, for every finite averaged value: ``|avg - mean_r(x_r)| <= e + ulp(avg
 With ``error_feedback=True`` the bound holds on the compensated values ``x_r + residual_r``.
 
 A bucket that is not compressed is averaged by the backend's plain ``all_reduce`` (as DDP's
-default hook does). CUDA buckets are copied to the host for the CPU codecs of this build and the
-streams are exchanged as CUDA tensors (NCCL); the GPU codecs are not wired to Python yet.
+default hook does). CUDA buckets stay on their GPU: the GPU codecs compress them (the same bytes
+as the CPU codecs), the streams travel as CUDA tensors (NCCL) and are decoded and summed on the
+GPU, with the same float64 additions in the same order as the CPU path, so the two paths give
+bit-identical averages. Without a usable CUDA driver CUDA buckets are staged through the host.
+The FSDP helpers below still compress on the host.
 """
 
 import math
@@ -35,6 +38,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+import zcomm as _zc
 
 from . import ZcommError, _native, parse_bound
 
@@ -235,9 +240,22 @@ def _flat_compute(buf: torch.Tensor) -> Tuple[torch.Tensor, str]:
     if not buf.is_contiguous():
         raise ValueError("zcomm hook: the gradient buffer must be contiguous")
     x = buf.reshape(-1)
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" and not _gpu_codec(x):
         x = x.cpu()
     return x.to(ct), dt
+
+
+def _gpu_codec(x: torch.Tensor) -> bool:
+    """Whether ``x`` is compressed on its GPU (a CUDA tensor and usable GPU codecs)."""
+    return x.device.type == "cuda" and _zc.cuda_available()
+
+
+def _finite_range(x: torch.Tensor, dt: str) -> Optional[Tuple[float, float]]:
+    """The finite value range of a flat float32/float64 tensor, on its device."""
+    if _gpu_codec(x):
+        torch.cuda.current_stream(x.device).synchronize()
+        return _native.cuda_finite_range(x.data_ptr(), x.numel(), dt, x.device.index)
+    return _native.finite_range(x.data_ptr(), x.numel(), dt)
 
 
 def _predict(state: HookState, key: Any, nbytes: int, p: int) -> Tuple[float, float]:
@@ -267,6 +285,8 @@ def _exchange(state: HookState, stream: torch.Tensor, device: Any, p: int) -> Li
     pad[: stream.numel()] = stream.to(device)
     outs = [torch.empty(m, dtype=torch.uint8, device=device) for _ in range(p)]
     dist.all_gather(outs, pad, group=pg)
+    if device.type == "cuda" and _zc.cuda_available():
+        return [o[:l] for o, l in zip(outs, ls)]  # decoded on the GPU
     return [o[:l].cpu() for o, l in zip(outs, ls)]
 
 
@@ -279,17 +299,14 @@ def _compress_own(
     else:
         x = x.contiguous()
     lo, hi = grange
+    vr: Optional[Tuple[float, float]] = None
     if state.mode == "noa":
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            lo, hi = 0.0, 0.0
-        ba = _native.compress(x.data_ptr(), x.numel(), dt, state.error_bound, state.codec, (lo, hi))
-    else:
-        ba = _native.compress(x.data_ptr(), x.numel(), dt, state.error_bound, state.codec, None)
-    stream = torch.frombuffer(ba, dtype=torch.uint8) if len(ba) else torch.empty(0, dtype=torch.uint8)
-    h = _native.inspect(stream.data_ptr(), stream.numel())
+        vr = (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else (0.0, 0.0)
+    # on the bucket's GPU for CUDA buckets (the same bytes as the CPU codec writes)
+    stream = _zc.compress(x, state.error_bound, state.codec, value_range=vr)
+    h = _zc.inspect(stream)
     e = float(h["abs_bound"]) if state.mode == "noa" else state.value
-    xd = torch.empty_like(x)
-    _native.decompress_into(stream.data_ptr(), stream.numel(), xd.data_ptr(), x.numel(), dt, False)
+    xd = _zc.decompress(stream, out=torch.empty_like(x))
     diff = (x.double() - xd.double()).abs()
     diff = torch.nan_to_num(diff, nan=0.0, posinf=0.0)  # non-finite values are kept exactly
     err = float(diff.max().item()) if diff.numel() else 0.0
@@ -317,7 +334,7 @@ def _average(
     x, dt = _flat_compute(buf)
     b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
     pred = _predict(state, key, nbytes, p) if state.policy == "auto" else (0.0, 0.0)
-    lr = _native.finite_range(x.data_ptr(), x.numel(), dt) if state.mode == "noa" else None
+    lr = _finite_range(x, dt) if state.mode == "noa" else None
     lo, hi = lr if lr is not None else (math.inf, -math.inf)
     tm = time.perf_counter()
     grange, gpred = _meta(state, buf.numel(), (lo, hi), pred, device)
@@ -365,11 +382,14 @@ def _average(
     m = max(s.numel() for s in streams)
     state._bw = _ema(state._bw, (p - 1) * m / max(tx, 1e-9))
     td0 = time.perf_counter()
-    acc = torch.zeros(x.numel(), dtype=torch.float64)
-    # rank order; this rank's own stream was decoded already (same bytes, same values)
+    acc = torch.zeros(x.numel(), dtype=torch.float64, device=x.device)
+    # rank order, one f64 rounding per addition (the same sums on the CPU and the GPU path);
+    # this rank's own stream was decoded already (same bytes, same values)
     for r in range(p):
         if r == rank:
             acc.add_(xd.double())
+        elif acc.device.type != "cpu":
+            acc.add_(_zc.decompress(streams[r]).double())
         else:
             s = streams[r]
             _native.accumulate_f64([(s.data_ptr(), s.numel())], acc.data_ptr(), x.numel())
@@ -460,7 +480,7 @@ def compressed_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, 
     device = input.device
     t0 = time.perf_counter()
     x, dt = _flat_compute(input)
-    lr = _native.finite_range(x.data_ptr(), x.numel(), dt) if state.mode == "noa" else None
+    lr = _finite_range(x, dt) if state.mode == "noa" else None
     lo, hi = lr if lr is not None else (math.inf, -math.inf)
     grange, _ = _meta(state, input.numel(), (lo, hi), (0.0, 0.0), device)
     n = output.numel()
@@ -514,7 +534,7 @@ def compressed_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
             f"all_gather: output has {output.numel()} values, expected {p} x {input.numel()}"
         )
     x, dt = _flat_compute(input)
-    lr = _native.finite_range(x.data_ptr(), x.numel(), dt) if state.mode == "noa" else None
+    lr = _finite_range(x, dt) if state.mode == "noa" else None
     lo, hi = lr if lr is not None else (math.inf, -math.inf)
     grange, _ = _meta(state, input.numel(), (lo, hi), (0.0, 0.0), input.device)
     stream, _xd, _e = _compress_own(state, ("ag", input.numel()), x, dt, grange)

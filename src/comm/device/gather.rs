@@ -228,7 +228,7 @@ impl Communicator {
         let codec = self.config.policy.codec().unwrap_or_default();
         // Auto compresses like Always: every rank must take the same path and the ratio is only
         // known after compressing (the descriptor table checks the shared policy)
-        let compress = !matches!(self.config.policy, Policy::Never) && n > 0;
+        let compress = !matches!(self.config.policy, Policy::Never) && n > 0 && p > 1;
         let mut st = OpStats::raw(crate::comm::OP_ALLGATHER);
         st.bytes = (n * T::SIZE) as u64;
         dev.last = StageTimes::default();
@@ -469,7 +469,8 @@ impl Communicator {
                     crate::model::choice::compressed_wins(cmp_best, raw_best)
                         && (est.is_none() || crate::model::choice::compressed_wins(cmp_t, raw_t))
                 }
-            } && n > 0;
+            } && n > 0
+                && p > 1;
             // into the stager's pinned send buffer: no per-call host allocation, no copy
             let staged: Result<usize> = if compress {
                 dev.compress_timed(buf, bound, codec).and_then(|len| {
