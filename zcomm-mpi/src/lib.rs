@@ -81,6 +81,8 @@
 
 pub mod device;
 mod ffi;
+pub mod hooks;
+mod progress;
 pub mod report;
 pub mod settings;
 mod state;

@@ -20,6 +20,7 @@ use zcomm::comm::{Communicator, OpStats, SendRequest, MAX_USER_TAG};
 
 use crate::device;
 use crate::ffi::{self, Elem, Handle, IN_PLACE};
+use crate::progress;
 use crate::state::{self, fatal, guarded, inside, Inside, State};
 
 /// zcomm's tag offset of a point-to-point verdict (the receiver's answer), used to test whether
@@ -144,15 +145,41 @@ fn record(st: &mut State, op: &str, r: zcomm::Result<OpStats>) {
 
 // ------------------------------------------------------------------------------ init / finalize
 
+/// Whether `ZCOMM_NONBLOCKING` asks for progress threads (anything but an explicit off; a wrong
+/// value is reported by the settings check right after initialization).
+fn wants_thread_multiple() -> bool {
+    !matches!(
+        std::env::var("ZCOMM_NONBLOCKING")
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str(),
+        "0" | "off" | "no" | "false"
+    )
+}
+
+/// With `ZCOMM_NONBLOCKING=on` (the default) MPI is initialized with `MPI_THREAD_MULTIPLE` (the
+/// progress threads of `MPI_Iallreduce` call MPI concurrently with the program).
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
-    let rc = PMPI_Init(argc, argv);
-    if rc == 0 && !inside() {
+    if inside() {
+        return PMPI_Init(argc, argv);
+    }
+    let rc = if wants_thread_multiple() {
+        let mut provided: c_int = 0;
+        PMPI_Init_thread(argc, argv, RSMPI_THREAD_MULTIPLE, &mut provided)
+    } else {
+        PMPI_Init(argc, argv)
+    };
+    if rc == 0 {
         guarded("MPI_Init", state::setup);
     }
     rc
 }
 
+/// As [`MPI_Init`]: asks for `MPI_THREAD_MULTIPLE` and tells the program the level it asked for
+/// (or less, when MPI provides less); everything the program may do at its level is allowed at a
+/// higher one.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init_thread(
     argc: *mut c_int,
@@ -160,8 +187,19 @@ pub unsafe extern "C" fn MPI_Init_thread(
     required: c_int,
     provided: *mut c_int,
 ) -> c_int {
-    let rc = PMPI_Init_thread(argc, argv, required, provided);
-    if rc == 0 && !inside() {
+    if inside() || !wants_thread_multiple() {
+        let rc = PMPI_Init_thread(argc, argv, required, provided);
+        if rc == 0 && !inside() {
+            guarded("MPI_Init_thread", state::setup);
+        }
+        return rc;
+    }
+    let mut actual: c_int = 0;
+    let rc = PMPI_Init_thread(argc, argv, required.max(RSMPI_THREAD_MULTIPLE), &mut actual);
+    if !provided.is_null() {
+        *provided = actual.min(required);
+    }
+    if rc == 0 {
         guarded("MPI_Init_thread", state::setup);
     }
     rc
@@ -291,6 +329,103 @@ pub unsafe extern "C" fn MPI_Allreduce(
             }
         });
         record(st, name, r);
+        0
+    })
+}
+
+/// Compressed `MPI_Iallreduce`: a generalized request completed by the communicator's progress
+/// thread (see the `progress` module).
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Iallreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+    request: *mut MPI_Request,
+) -> c_int {
+    if inside() {
+        return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
+    }
+    guarded("MPI_Iallreduce", || {
+        let mut g = state::lock();
+        let Some(st) = g.as_mut() else {
+            drop(g);
+            return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
+        };
+        let name = "MPI_Iallreduce";
+        st.drain_finished();
+        let why = (|| {
+            if op != ffi::op_sum() {
+                return Err("op is not MPI_SUM");
+            }
+            if matches!(st.settings.bound, zcomm::ErrorBound::Rel(_)) {
+                return Err("rel bound (reductions need abs or noa)");
+            }
+            let elem = eligible(st, dt, count, &[sendbuf, recvbuf])?;
+            if !st.settings.nonblocking {
+                return Err("ZCOMM_NONBLOCKING=off");
+            }
+            if !st.multiple {
+                return Err("MPI_THREAD_MULTIPLE not provided (no progress thread)");
+            }
+            collective_zc(st, comm)?;
+            Ok(elem)
+        })();
+        let elem = match why {
+            Ok(e) => e,
+            Err(r) => {
+                note_device(st, r);
+                st.report.op(name).pass(r);
+                drop(g);
+                return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
+            }
+        };
+        let req = match progress::new_request() {
+            Ok(r) => r,
+            Err(rc) => fatal(&format!("{name}: MPI_Grequest_start failed (error {rc})")),
+        };
+        let (send, recv, key, n) = (
+            sendbuf as usize,
+            recvbuf as usize,
+            ffi::key(req),
+            count as usize,
+        );
+        let job: progress::Job = Box::new(move |zc: &mut Communicator| {
+            let r = dispatch!(elem, T => {
+                // SAFETY: MPI_Iallreduce's contract: until the request completes, recvbuf holds
+                // `count` elements of `dt` (T) that only the operation touches, and sendbuf (unless
+                // MPI_IN_PLACE) `count` elements the program does not modify
+                let out = slice_mut::<T>(recv as *mut c_void, n);
+                if send == IN_PLACE as usize {
+                    zc.allreduce_in_place(out)
+                } else {
+                    zc.allreduce(slice::<T>(send as *const c_void, n), out)
+                }
+            });
+            match r {
+                Ok(s) => progress::finished(name, s),
+                Err(e) => fatal(&format!("{name}: {e}")),
+            }
+            // SAFETY: the request was made by new_request for this operation, completed once
+            let rc = progress::complete(MPI_Request::from_addr(key));
+            if rc != 0 {
+                fatal(&format!(
+                    "{name}: MPI_Grequest_complete failed (error {rc})"
+                ));
+            }
+        });
+        let queued = st
+            .find(comm)
+            .and_then(|e| e.progress.as_ref())
+            .is_some_and(|p| p.submit(job));
+        if !queued {
+            fatal(&format!(
+                "{name}: the communicator's progress thread has stopped"
+            ));
+        }
+        *request = req;
         0
     })
 }
