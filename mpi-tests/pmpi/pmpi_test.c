@@ -2,14 +2,16 @@
  * intercepts on smooth float/double/complex data and checks every result against a reference
  * it computes itself (every rank can generate every rank's data).
  *
- *   pmpi_test TOL [--die-rank R]
+ *   pmpi_test TOL [--die-rank R | --only CASE]
  *
  * TOL: the largest absolute error accepted on compressed float results (the runner passes the
  * E of ZCOMM_ERROR_BOUND=abs:E; without LD_PRELOAD the results are exact up to rounding).
  * Integer and MPI_MAX reductions and messages below the threshold must be exact; their bytes are
  * hashed into the CHECKSUM line, which the runner compares between runs with and without the
  * library (bit-for-bit pass-through). --die-rank R: rank R kills itself in the middle of a
- * series of collectives (fault test: the job must end).
+ * series of collectives (fault test: the job must end). --only CASE: run one checked operation
+ * only (allreduce, iallreduce, bcast, send: rank 0 to rank 1), for the corrupted-message test
+ * (a damaged compressed payload must end the job with an error, never give wrong data).
  *
  * Prints one "ok NAME max_err" line per check on rank 0, "CHECKSUM x" and exits 1 on failure. */
 #include <complex.h>
@@ -59,8 +61,48 @@ int main(int argc, char **argv) {
     }
     tol = atof(argv[1]);
     int die = -1;
+    const char *only = NULL;
     if (argc >= 4 && strcmp(argv[2], "--die-rank") == 0) die = atoi(argv[3]);
+    if (argc >= 4 && strcmp(argv[2], "--only") == 0) only = argv[3];
     const long n = 200003; /* not a multiple of any rank count */
+
+    /* ---- one operation only (corrupted-message test) */
+    if (only) {
+        double *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), e = 0;
+        for (long i = 0; i < n; i++) a[i] = field(rank, i);
+        if (strcmp(only, "allreduce") == 0 || strcmp(only, "iallreduce") == 0) {
+            if (only[0] == 'i') {
+                MPI_Request q;
+                MPI_Iallreduce(a, b, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &q);
+                MPI_Wait(&q, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Allreduce(a, b, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            }
+            for (long i = 0; i < n; i++) {
+                double ref = 0;
+                for (int r = 0; r < size; r++) ref += field(r, i);
+                e = fmax(e, fabs(b[i] - ref));
+            }
+        } else if (strcmp(only, "bcast") == 0) {
+            MPI_Bcast(a, (int)n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            for (long i = 0; i < n; i++) e = fmax(e, fabs(a[i] - field(0, i)));
+        } else if (strcmp(only, "send") == 0) {
+            if (rank == 0) MPI_Send(a, (int)n, MPI_DOUBLE, 1, 3, MPI_COMM_WORLD);
+            if (rank == 1) {
+                MPI_Recv(b, (int)n, MPI_DOUBLE, 0, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                for (long i = 0; i < n; i++) e = fmax(e, fabs(b[i] - field(0, i)));
+            }
+        } else {
+            if (rank == 0) fprintf(stderr, "unknown --only case %s\n", only);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+        char name[64];
+        snprintf(name, sizeof name, "--only %s", only);
+        report(name, e, lim_f64());
+        if (rank == 0) printf("%s\n", failed ? "FAILED" : "PASSED");
+        MPI_Finalize();
+        return failed;
+    }
 
     /* ---- fault test: a rank dies in the middle of a series of allreduces */
     if (die >= 0) {

@@ -386,35 +386,31 @@ pub unsafe extern "C" fn MPI_Iallreduce(
             Ok(r) => r,
             Err(rc) => fatal(&format!("{name}: MPI_Grequest_start failed (error {rc})")),
         };
-        let (send, recv, key, n) = (
-            sendbuf as usize,
-            recvbuf as usize,
-            ffi::key(req),
-            count as usize,
-        );
-        let job: progress::Job = Box::new(move |zc: &mut Communicator| {
-            let r = dispatch!(elem, T => {
-                // SAFETY: MPI_Iallreduce's contract: until the request completes, recvbuf holds
-                // `count` elements of `dt` (T) that only the operation touches, and sendbuf (unless
-                // MPI_IN_PLACE) `count` elements the program does not modify
+        let (recv, key, n) = (recvbuf as usize, ffi::key(req), count as usize);
+        let job: progress::Job = dispatch!(elem, T => {
+            // The input is copied now (as MPI libraries that start with a copy do): programs that
+            // drop the send buffer before completion (mpi4py with a temporary array) stay safe.
+            // SAFETY: MPI_Iallreduce's contract: sendbuf (unless MPI_IN_PLACE) holds `count`
+            // elements of `dt` (T)
+            let input: Option<Vec<T>> = (sendbuf != IN_PLACE).then(|| slice::<T>(sendbuf, n).to_vec());
+            Box::new(move |zc: &mut Communicator| {
+                // SAFETY: until the request completes, recvbuf holds `count` elements of `dt` (T)
+                // that only this operation touches (MPI_Iallreduce's contract)
                 let out = slice_mut::<T>(recv as *mut c_void, n);
-                if send == IN_PLACE as usize {
-                    zc.allreduce_in_place(out)
-                } else {
-                    zc.allreduce(slice::<T>(send as *const c_void, n), out)
+                let r = match &input {
+                    Some(x) => zc.allreduce(x, out),
+                    None => zc.allreduce_in_place(out),
+                };
+                match r {
+                    Ok(s) => progress::finished(name, s),
+                    Err(e) => fatal(&format!("{name}: {e}")),
                 }
-            });
-            match r {
-                Ok(s) => progress::finished(name, s),
-                Err(e) => fatal(&format!("{name}: {e}")),
-            }
-            // SAFETY: the request was made by new_request for this operation, completed once
-            let rc = progress::complete(MPI_Request::from_addr(key));
-            if rc != 0 {
-                fatal(&format!(
-                    "{name}: MPI_Grequest_complete failed (error {rc})"
-                ));
-            }
+                // SAFETY: the request was made by new_request for this operation, completed once
+                let rc = progress::complete(MPI_Request::from_addr(key));
+                if rc != 0 {
+                    fatal(&format!("{name}: MPI_Grequest_complete failed (error {rc})"));
+                }
+            })
         });
         let queued = st
             .find(comm)
