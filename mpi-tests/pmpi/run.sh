@@ -10,6 +10,8 @@
 #  * a rank killed in the middle of a collective ends the job;
 #  * MPI_Iallreduce (progress thread; Wait, Test polling, Waitall with other requests, Testall)
 #    and with ZCOMM_NONBLOCKING=off (passes through);
+#  * pmpi_test.f90 (use mpi, mpif90) under -n 2, 3 with and without the library (skipped, saying
+#    so, when no Fortran compiler can be had);
 #  * a corrupted compressed message (test hook ZCOMM_TEST_CORRUPT, in a second build of the library
 #    with --features test-hooks) ends the job with the checksum error, never with wrong data.
 # Exits non-zero on any failure. Usage: mpi-tests/pmpi/run.sh [--no-python]
@@ -184,6 +186,36 @@ if timeout 120 "${MPIRUN[@]}" -n 2 -x LD_PRELOAD="$LIB" -x ZCOMM_TEST_CORRUPT=0:
     failed "ZCOMM_TEST_CORRUPT was accepted by the production build"
 else
     grep -m1 "invalid setting ZCOMM_TEST_CORRUPT" "$TMP/nohook.txt" || failed "ZCOMM_TEST_CORRUPT (production build): no message"
+fi
+
+echo "== Fortran (use mpi): pmpi_test.f90 under mpirun -n 2, 3, without and with the library"
+if ! command -v gfortran >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # mpif90 wraps gfortran, which the Open MPI development package does not pull in
+    { apt-get install -y -qq --no-install-recommends gfortran || { apt-get update -qq && apt-get install -y -qq --no-install-recommends gfortran; }; } >/dev/null 2>&1 || true
+fi
+if command -v mpif90 >/dev/null && mpif90 -O2 -o "$TMP/pmpi_test_f" mpi-tests/pmpi/pmpi_test.f90 >"$TMP/f90.txt" 2>&1; then
+    for n in 2 3; do
+        if ! timeout 300 "${MPIRUN[@]}" -n "$n" "$TMP/pmpi_test_f" "$E" >"$TMP/f-plain-$n.txt" 2>&1; then
+            cat "$TMP/f-plain-$n.txt"
+            failed "Fortran -n $n without LD_PRELOAD"
+            continue
+        fi
+        if ! timeout 300 "${MPIRUN[@]}" -n "$n" "${PRELOAD[@]}" -x ZCOMM_REPORT="$TMP/f-$n.json" \
+            "$TMP/pmpi_test_f" "$E" >"$TMP/f-$n.txt" 2>&1; then
+            cat "$TMP/f-$n.txt"
+            failed "Fortran -n $n with LD_PRELOAD"
+            continue
+        fi
+        cat "$TMP/f-$n.txt"
+        a=$(grep CHECKSUM "$TMP/f-plain-$n.txt" || true)
+        b=$(grep CHECKSUM "$TMP/f-$n.txt" || true)
+        if [ -z "$a" ] || [ "$a" != "$b" ]; then failed "Fortran -n $n: pass-through results differ ($a vs $b)"; fi
+        check_report "$TMP/f-$n.json" MPI_Allreduce MPI_Iallreduce MPI_Bcast MPI_Allgather \
+            MPI_Reduce_scatter_block || failed "Fortran -n $n report"
+    done
+else
+    cat "$TMP/f90.txt" 2>/dev/null
+    echo "SKIPPED: the Fortran test (no working mpif90/gfortran here)"
 fi
 
 if [ "$PY" = 1 ]; then

@@ -81,6 +81,7 @@
 
 pub mod device;
 mod ffi;
+mod fortran;
 pub mod hooks;
 mod progress;
 pub mod report;
