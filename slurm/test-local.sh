@@ -5,7 +5,8 @@
 #   * mpi-tests/pmpi/pmpi_test.c (an unmodified MPI program) with `srun -n 4`, without and with
 #     `--export=ALL,LD_PRELOAD=libzcomm_mpi.so`: every check passes, pass-through results are bit
 #     for bit those of the run without the library, the JSON report shows compressed calls;
-#   * mpi-tests/pmpi/pmpi_test.py (mpi4py) the same way, when mpi4py and numpy import;
+#   * mpi-tests/pmpi/pmpi_test.py (mpi4py) the same way, when mpi4py and numpy import, and
+#     mpi-tests/pmpi/pmpi_test.f90 (use mpi) when mpif90 works;
 #   * slurm/pmpi.sbatch submitted with sbatch (the script users run), its report checked.
 #
 # Exit status: 0 passed, 1 failed, 77 skipped: Slurm could not be installed or started here
@@ -223,6 +224,22 @@ sys.exit(0 if t['MPI_Allreduce']['compressed'] > 0 and t['MPI_Iallreduce']['comp
     fi
 else
     echo "== mpi4py/numpy not importable: the mpi4py run is left out"
+fi
+
+if command -v mpif90 >/dev/null && mpif90 -O2 -o "$T/pmpi_test_f" mpi-tests/pmpi/pmpi_test.f90 >/dev/null 2>&1; then
+    echo "== srun -n 4 pmpi_test.f90 (use mpi) with the library"
+    if timeout 300 "${SRUN[@]}" --export="$ZENV,ZCOMM_REPORT=$T/f.json" "$T/pmpi_test_f" "$E" >"$T/f.txt" 2>&1; then
+        grep -E "^(ok|FAIL)|PASSED" "$T/f.txt"
+        python3 -c "
+import json, sys; t = json.load(open('$T/f.json'))['total']
+sys.exit(0 if all(t[o]['compressed'] > 0 for o in ('MPI_Allreduce', 'MPI_Iallreduce', 'MPI_Bcast')) else 1)" ||
+            failed "Fortran report"
+    else
+        cat "$T/f.txt"
+        failed "srun Fortran with LD_PRELOAD"
+    fi
+else
+    echo "== no working mpif90/gfortran: the Fortran run is left out"
 fi
 
 echo "== sbatch slurm/pmpi.sbatch (the batch script users submit)"
