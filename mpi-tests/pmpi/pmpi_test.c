@@ -440,6 +440,20 @@ int main(int argc, char **argv) {
         }
         report("MPI_Allreduce double on MPI_Comm_split", e, lim_f64());
         MPI_Comm_free(&sub);
+        /* a communicator whose first collective is an MPI_Iallreduce, freed right after */
+        MPI_Comm dup;
+        MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+        MPI_Request q;
+        MPI_Iallreduce(a, b, (int)n, MPI_DOUBLE, MPI_SUM, dup, &q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+        MPI_Comm_free(&dup);
+        e = 0;
+        for (long i = 0; i < n; i++) {
+            double ref = 0;
+            for (int r = 0; r < size; r++) ref += field(r, i);
+            e = fmax(e, fabs(b[i] - ref));
+        }
+        report("MPI_Iallreduce first on MPI_Comm_dup", e, lim_f64());
         free(a);
         free(b);
     }

@@ -392,7 +392,8 @@ pub unsafe extern "C" fn MPI_Iallreduce(
             // drop the send buffer before completion (mpi4py with a temporary array) stay safe.
             // SAFETY: MPI_Iallreduce's contract: sendbuf (unless MPI_IN_PLACE) holds `count`
             // elements of `dt` (T)
-            let input: Option<Vec<T>> = (sendbuf != IN_PLACE).then(|| slice::<T>(sendbuf, n).to_vec());
+            let input: Option<Vec<T>> =
+                (sendbuf != IN_PLACE).then(|| slice::<T>(sendbuf, n).to_vec());
             Box::new(move |zc: &mut Communicator| {
                 // SAFETY: until the request completes, recvbuf holds `count` elements of `dt` (T)
                 // that only this operation touches (MPI_Iallreduce's contract)
