@@ -40,7 +40,8 @@ if [ -n "$(missing)" ]; then
     if [ "${ZCOMM_SLURM_NO_INSTALL:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "== installing slurm-wlm and munge (apt-get; missing: $(missing))"
         export DEBIAN_FRONTEND=noninteractive
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends slurm-wlm munge; } \
+        { timeout 300 apt-get update -qq &&
+            timeout 300 apt-get install -y -qq --no-install-recommends slurm-wlm munge; } \
             >/tmp/zcomm-slurm-apt.log 2>&1 || skip "apt-get install slurm-wlm munge failed (see /tmp/zcomm-slurm-apt.log)"
     fi
     [ -z "$(missing)" ] || skip "missing $(missing) (install the distribution's slurm-wlm and munge packages)"

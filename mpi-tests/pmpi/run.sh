@@ -14,11 +14,20 @@
 #    so, when no Fortran compiler can be had);
 #  * a corrupted compressed message (test hook ZCOMM_TEST_CORRUPT, in a second build of the library
 #    with --features test-hooks) ends the job with the checksum error, never with wrong data.
-# Exits non-zero on any failure. Usage: mpi-tests/pmpi/run.sh [--no-python]
+#  * slurm/test-local.sh: the same programs under a real single-node Slurm (srun -n 4, sbatch),
+#    installed and started here when possible; when not, it says why and is skipped (not passed).
+# Exits non-zero on any failure. Usage: mpi-tests/pmpi/run.sh [--no-python] [--no-slurm]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=1
-[ "${1:-}" = "--no-python" ] && PY=0
+SLURM=1
+for a in "$@"; do
+    case "$a" in
+    --no-python) PY=0 ;;
+    --no-slurm) SLURM=0 ;;
+    *) echo "usage: $0 [--no-python] [--no-slurm]" && exit 2 ;;
+    esac
+done
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 LIB="$TARGET_DIR/release/libzcomm_mpi.so"
 TMP=$(mktemp -d)
@@ -241,6 +250,17 @@ if [ "$PY" = 1 ]; then
     else
         failed "mpi4py is not installed and could not be installed"
     fi
+fi
+
+if [ "$SLURM" = 1 ]; then
+    echo "== slurm/test-local.sh: a real single-node Slurm (exit 77 = skipped, with the reason)"
+    rc=0
+    timeout 900 bash slurm/test-local.sh || rc=$?
+    case "$rc" in
+    0) ;;
+    77) echo "  the Slurm test was skipped (reason above): not counted as passed" ;;
+    *) failed "slurm/test-local.sh (exit $rc)" ;;
+    esac
 fi
 
 if [ "$fail" != 0 ]; then
