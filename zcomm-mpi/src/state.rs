@@ -348,6 +348,13 @@ pub fn setup() {
         overrides: HashMap::new(),
         pending: Default::default(),
     };
+    if st.settings.nonblocking {
+        st.report.note(if multiple {
+            "ZCOMM_NONBLOCKING=on: MPI was initialized with MPI_THREAD_MULTIPLE; MPI_Iallreduce runs on a progress thread per communicator"
+        } else {
+            "ZCOMM_NONBLOCKING=on but MPI_THREAD_MULTIPLE was not provided on every rank: MPI_Iallreduce passes through"
+        });
+    }
     st.entry(ffi::world());
     *lock() = Some(st);
 }
