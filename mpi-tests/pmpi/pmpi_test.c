@@ -419,6 +419,19 @@ int main(int argc, char **argv) {
         e = 0;
         for (long i = 0; i < n; i++) e = fmax(e, fmax(fabs(b[i] - reff[i]), fabs(d[i] - refd[i])));
         report("MPI_Iallreduce x2 + MPI_Testall", e, lim_f32());
+        /* completed at different points: rank 0 waits before a barrier, the others after it (the
+         * operation must progress while they are in the barrier) */
+        MPI_Iallreduce(a, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q[0]);
+        if (rank == 0) {
+            MPI_Wait(&q[0], MPI_STATUS_IGNORE);
+            MPI_Barrier(MPI_COMM_WORLD);
+        } else {
+            MPI_Barrier(MPI_COMM_WORLD);
+            MPI_Wait(&q[0], MPI_STATUS_IGNORE);
+        }
+        e = 0;
+        for (long i = 0; i < n; i++) e = fmax(e, fabs(b[i] - reff[i]));
+        report("MPI_Iallreduce waited before/after barrier", e, lim_f32());
         free(a), free(b), free(b2), free(mx), free(sm), free(bl), free(s), free(l);
         free(d), free(refd), free(c), free(cc), free(ia), free(ib), free(reff);
     }
