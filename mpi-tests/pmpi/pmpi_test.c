@@ -10,8 +10,9 @@
  * hashed into the CHECKSUM line, which the runner compares between runs with and without the
  * library (bit-for-bit pass-through). --die-rank R: rank R kills itself in the middle of a
  * series of collectives (fault test: the job must end). --only CASE: run one checked operation
- * only (allreduce, iallreduce, bcast, send: rank 0 to rank 1), for the corrupted-message test
- * (a damaged compressed payload must end the job with an error, never give wrong data).
+ * only (allreduce, iallreduce, allgather, bcast, send: rank 0 to rank 1), for the
+ * corrupted-message test (a damaged compressed payload must end the job with an error, never
+ * give wrong data).
  *
  * Prints one "ok NAME max_err" line per check on rank 0, "CHECKSUM x" and exits 1 on failure. */
 #include <complex.h>
@@ -83,6 +84,11 @@ int main(int argc, char **argv) {
                 for (int r = 0; r < size; r++) ref += field(r, i);
                 e = fmax(e, fabs(b[i] - ref));
             }
+        } else if (strcmp(only, "allgather") == 0) {
+            long m = n / size;
+            MPI_Allgather(a, (int)m, MPI_DOUBLE, b, (int)m, MPI_DOUBLE, MPI_COMM_WORLD);
+            for (int r = 0; r < size; r++)
+                for (long i = 0; i < m; i++) e = fmax(e, fabs(b[r * m + i] - field(r, i)));
         } else if (strcmp(only, "bcast") == 0) {
             MPI_Bcast(a, (int)n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
             for (long i = 0; i < n; i++) e = fmax(e, fabs(a[i] - field(0, i)));

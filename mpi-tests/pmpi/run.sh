@@ -160,7 +160,7 @@ fi
 
 echo "== a corrupted compressed message ends the job with an error (test hook ZCOMM_TEST_CORRUPT, --features test-hooks build)"
 HOOKED=(-x LD_PRELOAD="$HOOKLIB" -x ZCOMM_ERROR_BOUND=abs:$E -x ZCOMM_POLICY=always)
-for c in allreduce iallreduce bcast send; do
+for c in allreduce iallreduce allgather bcast send; do
     # the hook build without the hook set: the same case passes
     if ! timeout 120 "${MPIRUN[@]}" -n 2 "${HOOKED[@]}" "$TMP/pmpi_test" "$E" --only "$c" >"$TMP/clean-$c.txt" 2>&1; then
         cat "$TMP/clean-$c.txt"
