@@ -65,7 +65,8 @@
 //! the MPI library's own requests (the status is empty, as for a collective). The thread calls
 //! MPI while the program does, so with `ZCOMM_NONBLOCKING=on` (the default) `MPI_Init` and
 //! `MPI_Init_thread` ask the MPI library for `MPI_THREAD_MULTIPLE` (`MPI_Init_thread` tells the
-//! program the level it asked for, or less when MPI provides less); when a rank does not get it,
+//! program the level it asked for, or less when MPI provides less, and so does
+//! `MPI_Query_thread`); when a rank does not get it,
 //! or with `ZCOMM_NONBLOCKING=off` (which leaves `MPI_Init` alone), `MPI_Iallreduce` passes
 //! through. A failure on the thread ends the job (`MPI_Abort`) at once.
 //!

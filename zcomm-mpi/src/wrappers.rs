@@ -14,6 +14,7 @@
 )]
 
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use mpi::ffi::*;
 use zcomm::comm::{Communicator, OpStats, SendRequest, MAX_USER_TAG};
@@ -158,6 +159,10 @@ fn wants_thread_multiple() -> bool {
     )
 }
 
+/// The thread level the program was told when the library asked MPI for more (`MPI_Init`:
+/// `MPI_THREAD_SINGLE`; `MPI_Init_thread`: what it asked for), for `MPI_Query_thread`; -1: none.
+static TOLD_LEVEL: AtomicI32 = AtomicI32::new(-1);
+
 /// With `ZCOMM_NONBLOCKING=on` (the default) MPI is initialized with `MPI_THREAD_MULTIPLE` (the
 /// progress threads of `MPI_Iallreduce` call MPI concurrently with the program).
 #[no_mangle]
@@ -167,7 +172,9 @@ pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char)
     }
     let rc = if wants_thread_multiple() {
         let mut provided: c_int = 0;
-        PMPI_Init_thread(argc, argv, RSMPI_THREAD_MULTIPLE, &mut provided)
+        let rc = PMPI_Init_thread(argc, argv, RSMPI_THREAD_MULTIPLE, &mut provided);
+        TOLD_LEVEL.store(provided.min(RSMPI_THREAD_SINGLE), Ordering::Relaxed);
+        rc
     } else {
         PMPI_Init(argc, argv)
     };
@@ -196,11 +203,28 @@ pub unsafe extern "C" fn MPI_Init_thread(
     }
     let mut actual: c_int = 0;
     let rc = PMPI_Init_thread(argc, argv, required.max(RSMPI_THREAD_MULTIPLE), &mut actual);
+    let told = actual.min(required);
+    TOLD_LEVEL.store(told, Ordering::Relaxed);
     if !provided.is_null() {
-        *provided = actual.min(required);
+        *provided = told;
     }
     if rc == 0 {
         guarded("MPI_Init_thread", state::setup);
+    }
+    rc
+}
+
+/// The level the program was told at initialization (see [`MPI_Init_thread`]); the library's
+/// own calls see the real level.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Query_thread(provided: *mut c_int) -> c_int {
+    let told = TOLD_LEVEL.load(Ordering::Relaxed);
+    if inside() || told < 0 || provided.is_null() {
+        return PMPI_Query_thread(provided);
+    }
+    let rc = PMPI_Query_thread(provided);
+    if rc == 0 {
+        *provided = (*provided).min(told);
     }
     rc
 }
