@@ -16,6 +16,7 @@
 //! | MPI function | zcomm operation | eligible when |
 //! |---|---|---|
 //! | `MPI_Allreduce` (also `MPI_IN_PLACE`) | `allreduce` (ring, end-to-end bound) | `MPI_SUM`, bound not `rel` |
+//! | `MPI_Iallreduce` (also `MPI_IN_PLACE`) | `allreduce` on a progress thread | as `MPI_Allreduce`, and `MPI_THREAD_MULTIPLE` (see below) |
 //! | `MPI_Reduce_scatter_block` (also in place) | `reduce_scatter` | `MPI_SUM`, bound not `rel` |
 //! | `MPI_Allgather` (also in place) | `allgather` | same type and count on both sides |
 //! | `MPI_Bcast` | `bcast` | |
@@ -52,6 +53,36 @@
 //! PMPI receive at once and fetches a compressed payload when the request completes (in
 //! `MPI_Wait*`/`MPI_Test*`).
 //!
+//! # Non-blocking collectives
+//!
+//! A compressed `MPI_Iallreduce` runs the blocking zcomm allreduce on a progress thread of the
+//! library's own, one per communicator, over a second private duplicate of the communicator;
+//! the thread runs the communicator's operations in the order they were issued (the same on
+//! every rank). The input is copied at the call; the result is written into the receive buffer
+//! by the thread. The program gets an MPI *generalized request* (`MPI_Grequest_start`) that the
+//! thread completes after the result is in place, so `MPI_Wait`, repeated `MPI_Test`,
+//! `MPI_Waitall`/`MPI_Testall`/`MPI_Waitany`/... and any mix with other requests behave as with
+//! the MPI library's own requests (the status is empty, as for a collective). The thread calls
+//! MPI while the program does, so with `ZCOMM_NONBLOCKING=on` (the default) `MPI_Init` and
+//! `MPI_Init_thread` ask the MPI library for `MPI_THREAD_MULTIPLE` (`MPI_Init_thread` tells the
+//! program the level it asked for, or less when MPI provides less, and so does
+//! `MPI_Query_thread`); when a rank does not get it,
+//! or with `ZCOMM_NONBLOCKING=off` (which leaves `MPI_Init` alone), `MPI_Iallreduce` passes
+//! through. A failure on the thread ends the job (`MPI_Abort`) at once.
+//!
+//! # Fortran and mpi4py
+//!
+//! Open MPI's Fortran bindings call the C `PMPI_` functions directly, so the library also
+//! defines the Fortran symbols (`mpi_init_`, `mpi_init_thread_`, `mpi_finalize_`,
+//! `mpi_comm_free_`, `mpi_comm_set_info_`, `mpi_allreduce_`, `mpi_iallreduce_`,
+//! `mpi_reduce_scatter_block_`, `mpi_allgather_`, `mpi_bcast_`; gfortran/Intel mangling) for
+//! `mpif.h` and `use mpi` programs: they convert the handles and the `MPI_IN_PLACE`/`MPI_BOTTOM`
+//! sentinels and call the C wrappers. Fortran point-to-point calls and all of `use mpi_f08`
+//! use the MPI library's own bindings (not compressed). mpi4py's buffer methods (`Allreduce`,
+//! `Iallreduce`, `Allgather`, `Bcast`, `Reduce_scatter_block`, `Send`/`Recv`/`Sendrecv`,
+//! `Isend`/`Irecv` on numpy arrays) call the C symbols and are covered; its lower-case pickle
+//! methods move bytes and pass through.
+//!
 //! # Collectives and communicators
 //!
 //! Each communicator gets its zcomm `Communicator` (over `MpiTransport`, a private duplicate) at
@@ -71,16 +102,24 @@
 //! prints the error and calls `MPI_Abort` on `MPI_COMM_WORLD`: the job ends, it never continues
 //! with wrong data. Panics never cross the C boundary (caught, reported, `MPI_Abort`).
 //!
+//! The test suite damages a compressed message on the wire with a test hook
+//! (`ZCOMM_TEST_CORRUPT`, only in builds with the `test-hooks` feature, see [`hooks`]) and checks
+//! that the receiver's checksum error ends the job.
+//!
 //! # Threads
 //!
 //! zcomm's own MPI calls (made while an intercepted call runs) are recognized with a
-//! thread-local flag and go straight to PMPI. Intercepted calls of several application threads
-//! (`MPI_THREAD_MULTIPLE`) are serialized by one lock.
+//! thread-local flag and go straight to PMPI (the progress threads set it for their lifetime).
+//! Intercepted calls of several application threads (`MPI_THREAD_MULTIPLE`) are serialized by
+//! one lock; the progress threads never take it.
 
 #![warn(missing_docs)]
 
 pub mod device;
 mod ffi;
+mod fortran;
+pub mod hooks;
+mod progress;
 pub mod report;
 pub mod settings;
 mod state;

@@ -7,11 +7,15 @@
 //! | `ZCOMM_CODEC` | `aatrox`, `cuszp-plain`, `cuszp-outlier`, `pfpl` | `aatrox` |
 //! | `ZCOMM_MIN_BYTES` | bytes per rank (suffix `k`, `m`, `g`: binary units) | `65536` |
 //! | `ZCOMM_P2P` | `on`, `off`: compress point-to-point messages | `on` |
+//! | `ZCOMM_NONBLOCKING` | `on`, `off`: compress `MPI_Iallreduce` on a progress thread (asks MPI for `MPI_THREAD_MULTIPLE`) | `on` |
 //! | `ZCOMM_COMMS` | `all`, `world`: communicators that may compress | `all` |
 //! | `ZCOMM_VERIFY` | `0`, `1`: measure the max error of every compressed call | `0` |
 //! | `ZCOMM_CALIBRATION` | `auto`, `fixed`, `load`, `measure` | `auto` |
 //! | `ZCOMM_REPORT` | path of the JSON summary written by rank 0 at `MPI_Finalize` | none |
 //! | `ZCOMM_LOG` | a `tracing` filter (`info`, `debug`, `zcomm=debug`) for stderr | none |
+//!
+//! `ZCOMM_TEST_CORRUPT` is a test hook, honoured only by a library built with the `test-hooks`
+//! feature (see [`crate::hooks`]); elsewhere setting it is an invalid setting.
 //!
 //! `ZCOMM_PROFILE` (the calibration cache) and `ZCOMM_TIMEOUT` (the watchdog) are read by the
 //! zcomm library itself.
@@ -59,6 +63,8 @@ pub struct Settings {
     pub min_bytes: usize,
     /// Point-to-point compression on.
     pub p2p: bool,
+    /// `MPI_Iallreduce` compressed on a progress thread (MPI is asked for `MPI_THREAD_MULTIPLE`).
+    pub nonblocking: bool,
     /// Communicators that may compress.
     pub comms: Comms,
     /// Measure the max error of every compressed call.
@@ -69,6 +75,9 @@ pub struct Settings {
     pub report: Option<String>,
     /// `tracing` filter.
     pub log: Option<String>,
+    /// Test hook: corrupt one outgoing compressed message (`ZCOMM_TEST_CORRUPT`, builds with the
+    /// `test-hooks` feature only).
+    pub test_corrupt: Option<crate::hooks::Corrupt>,
 }
 
 fn display<T: fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -171,6 +180,16 @@ impl Settings {
             None => true,
             Some(v) => parse_switch("ZCOMM_P2P", &v)?,
         };
+        let nonblocking = match get("ZCOMM_NONBLOCKING") {
+            None => true,
+            Some(v) => parse_switch("ZCOMM_NONBLOCKING", &v)?,
+        };
+        let test_corrupt = match get("ZCOMM_TEST_CORRUPT") {
+            None => None,
+            Some(v) => Some(
+                crate::hooks::Corrupt::parse(&v).map_err(|e| bad("ZCOMM_TEST_CORRUPT", &v, e))?,
+            ),
+        };
         let verify = match get("ZCOMM_VERIFY") {
             None => false,
             Some(v) => parse_switch("ZCOMM_VERIFY", &v)?,
@@ -204,11 +223,13 @@ impl Settings {
             policy,
             min_bytes,
             p2p,
+            nonblocking,
             comms,
             verify,
             calibration,
             report,
             log,
+            test_corrupt,
         })
     }
 
@@ -231,11 +252,12 @@ impl Settings {
     pub fn agreement_hash(&self) -> u64 {
         // FNV-1a over a canonical text
         let text = format!(
-            "{}|{}|{}|{}|{:?}|{}|{:?}",
+            "{}|{}|{}|{}|{}|{:?}|{}|{:?}",
             self.bound,
             self.policy,
             self.min_bytes,
             self.p2p,
+            self.nonblocking,
             self.comms,
             self.verify,
             self.effective_calibration()
@@ -268,6 +290,8 @@ mod tests {
         assert_eq!(s.policy, Policy::Auto(CodecKind::Aatrox));
         assert_eq!(s.min_bytes, 65536);
         assert!(s.p2p);
+        assert!(s.nonblocking);
+        assert!(s.test_corrupt.is_none());
         assert_eq!(s.effective_calibration(), CalibrationMode::Load);
     }
 
@@ -298,6 +322,8 @@ mod tests {
             ("ZCOMM_CODEC", "zip"),
             ("ZCOMM_MIN_BYTES", "-5"),
             ("ZCOMM_P2P", "maybe"),
+            ("ZCOMM_NONBLOCKING", "sometimes"),
+            ("ZCOMM_TEST_CORRUPT", "x"),
             ("ZCOMM_COMMS", "some"),
             ("ZCOMM_CALIBRATION", "x"),
         ] {

@@ -10,6 +10,9 @@ macro_rules! say {
         let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }};
 }
+// used by the test hooks (feature `test-hooks`)
+#[allow(unused_imports)]
+pub(crate) use say;
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -19,7 +22,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use mpi::raw::{AsRaw, FromRaw};
 use mpi::topology::SimpleCommunicator;
-use zcomm::comm::{Calibration, Communicator, Config, CpuCompressor, MpiTransport};
+use zcomm::comm::{Calibration, Communicator, Config, CpuCompressor, MpiTransport, Transport};
 use zcomm::model::{Link, Profile};
 
 use crate::ffi::{self, MPI_Comm};
@@ -73,6 +76,9 @@ pub struct Entry {
     pub off_reason: &'static str,
     /// Opted out after creation (`MPI_Comm_set_info` with `zcomm=off`).
     pub disabled: bool,
+    /// The progress thread of the non-blocking collectives (over a second duplicate), when
+    /// `ZCOMM_NONBLOCKING=on` and MPI provides `MPI_THREAD_MULTIPLE` on every rank.
+    pub progress: Option<crate::progress::Progress>,
 }
 
 /// The process's state.
@@ -83,6 +89,8 @@ pub struct State {
     pub wrank: usize,
     /// Size of `MPI_COMM_WORLD`.
     pub wsize: usize,
+    /// Every rank has `MPI_THREAD_MULTIPLE` (progress threads are possible).
+    pub multiple: bool,
     /// Counters.
     pub report: RankReport,
     /// Entries in creation order.
@@ -156,6 +164,13 @@ impl State {
             .with_pingpong_bytes(4 << 20)
     }
 
+    /// Move the stats of the operations the progress threads finished into the report.
+    pub fn drain_finished(&mut self) {
+        for (op, s) in crate::progress::drain() {
+            self.report.op(op).record(&s);
+        }
+    }
+
     /// The entry of `comm`, if it exists.
     pub fn find(&mut self, comm: MPI_Comm) -> Option<&mut Entry> {
         self.entries.iter_mut().find(|e| e.comm == ffi::key(comm))
@@ -178,6 +193,7 @@ impl State {
             zc: None,
             off_reason: reason,
             disabled: false,
+            progress: None,
         };
         let mut inter: c_int = 0;
         let mut size: c_int = 0;
@@ -211,17 +227,49 @@ impl State {
         // application owns the handle; `MpiTransport::new` duplicates it, which is collective and
         // happens on every rank at this same collective call).
         let sc = ManuallyDrop::new(unsafe { SimpleCommunicator::from_raw(comm) });
-        let t = MpiTransport::new(&sc);
-        debug_assert!(!t.raw().as_raw().0.is_null());
-        match Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg) {
-            Ok(c) => Entry {
-                comm: ffi::key(comm),
-                zc: Some(Zc(c)),
-                off_reason: "",
-                disabled: false,
-            },
+        let zc = match Communicator::with_transport(
+            self.transport(&sc),
+            Box::new(CpuCompressor),
+            cfg.clone(),
+        ) {
+            Ok(c) => c,
             Err(e) => fatal(&format!("cannot set up zcomm on a communicator: {e}")),
+        };
+        // the non-blocking collectives' communicator: a second duplicate, the same profile
+        let progress = (self.settings.nonblocking && self.multiple).then(|| {
+            let cfg = cfg.with_calibration(Calibration::Fixed(zc.profile().clone()));
+            let c = match Communicator::with_transport(
+                self.transport(&sc),
+                Box::new(CpuCompressor),
+                cfg,
+            ) {
+                Ok(c) => c,
+                Err(e) => fatal(&format!("cannot set up zcomm's progress communicator: {e}")),
+            };
+            match crate::progress::Progress::start(Zc(c)) {
+                Ok(p) => p,
+                Err(e) => fatal(&format!("cannot start zcomm's progress thread: {e}")),
+            }
+        });
+        Entry {
+            comm: ffi::key(comm),
+            zc: Some(Zc(zc)),
+            off_reason: "",
+            disabled: false,
+            progress,
         }
+    }
+
+    /// A transport over a new duplicate of `sc` (collective), damaged by the test hook when
+    /// `ZCOMM_TEST_CORRUPT` is set (builds with the `test-hooks` feature only).
+    fn transport(&self, sc: &SimpleCommunicator) -> Box<dyn Transport> {
+        let t = MpiTransport::new(sc);
+        debug_assert!(!t.raw().as_raw().0.is_null());
+        #[cfg(feature = "test-hooks")]
+        if let Some(c) = self.settings.test_corrupt {
+            return Box::new(crate::hooks::CorruptTransport::new(t, c, self.wrank));
+        }
+        Box::new(t)
     }
 }
 
@@ -232,18 +280,21 @@ pub fn setup() {
     let parsed = crate::settings::Settings::from_env();
     let (mut rank, mut size): (c_int, c_int) = (0, 0);
     // SAFETY: MPI is initialized (called right after PMPI_Init*); the calls write ints and
-    // reduce two i64 arrays of length 2 on MPI_COMM_WORLD, which every rank does here.
-    let (ok_min, h_min, h_max) = unsafe {
+    // reduce two i64 arrays of length 3 on MPI_COMM_WORLD, which every rank does here.
+    let (ok_min, h_min, h_max, multiple) = unsafe {
         mpi::ffi::PMPI_Comm_rank(ffi::world(), &mut rank);
         mpi::ffi::PMPI_Comm_size(ffi::world(), &mut size);
         let hash = parsed.as_ref().map_or(0, |s| s.agreement_hash() as i64);
-        let mine = [i64::from(parsed.is_ok()), hash];
-        let mut lo = [0i64; 2];
-        let mut hi = [0i64; 2];
+        let mut level: c_int = 0;
+        mpi::ffi::PMPI_Query_thread(&mut level);
+        let multiple = i64::from(level == mpi::ffi::RSMPI_THREAD_MULTIPLE);
+        let mine = [i64::from(parsed.is_ok()), hash, multiple];
+        let mut lo = [0i64; 3];
+        let mut hi = [0i64; 3];
         mpi::ffi::PMPI_Allreduce(
             mine.as_ptr().cast::<c_void>(),
             lo.as_mut_ptr().cast(),
-            2,
+            3,
             mpi::ffi::RSMPI_INT64_T,
             mpi::ffi::RSMPI_MIN,
             ffi::world(),
@@ -251,12 +302,12 @@ pub fn setup() {
         mpi::ffi::PMPI_Allreduce(
             mine.as_ptr().cast::<c_void>(),
             hi.as_mut_ptr().cast(),
-            2,
+            3,
             mpi::ffi::RSMPI_INT64_T,
             mpi::ffi::RSMPI_MAX,
             ffi::world(),
         );
-        (lo[0], lo[1], hi[1])
+        (lo[0], lo[1], hi[1], lo[2] == 1)
     };
     let settings = match parsed {
         Err(e) => {
@@ -288,6 +339,7 @@ pub fn setup() {
         settings,
         wrank: rank as usize,
         wsize: size as usize,
+        multiple,
         report: RankReport {
             rank: rank as usize,
             ..Default::default()
@@ -296,6 +348,13 @@ pub fn setup() {
         overrides: HashMap::new(),
         pending: Default::default(),
     };
+    if st.settings.nonblocking {
+        st.report.note(if multiple {
+            "ZCOMM_NONBLOCKING=on: MPI was initialized with MPI_THREAD_MULTIPLE; MPI_Iallreduce runs on a progress thread per communicator"
+        } else {
+            "ZCOMM_NONBLOCKING=on but MPI_THREAD_MULTIPLE was not provided on every rank: MPI_Iallreduce passes through"
+        });
+    }
     st.entry(ffi::world());
     *lock() = Some(st);
 }
@@ -333,6 +392,7 @@ pub fn teardown() {
     while let Some(e) = st.entries.pop() {
         drop(e);
     }
+    st.drain_finished();
     let Some(path) = st.settings.report.clone() else {
         return;
     };

@@ -14,12 +14,14 @@
 )]
 
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use mpi::ffi::*;
 use zcomm::comm::{Communicator, OpStats, SendRequest, MAX_USER_TAG};
 
 use crate::device;
 use crate::ffi::{self, Elem, Handle, IN_PLACE};
+use crate::progress;
 use crate::state::{self, fatal, guarded, inside, Inside, State};
 
 /// zcomm's tag offset of a point-to-point verdict (the receiver's answer), used to test whether
@@ -144,15 +146,47 @@ fn record(st: &mut State, op: &str, r: zcomm::Result<OpStats>) {
 
 // ------------------------------------------------------------------------------ init / finalize
 
+/// Whether `ZCOMM_NONBLOCKING` asks for progress threads (anything but an explicit off; a wrong
+/// value is reported by the settings check right after initialization).
+fn wants_thread_multiple() -> bool {
+    !matches!(
+        std::env::var("ZCOMM_NONBLOCKING")
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase()
+            .as_str(),
+        "0" | "off" | "no" | "false"
+    )
+}
+
+/// The thread level the program was told when the library asked MPI for more (`MPI_Init`:
+/// `MPI_THREAD_SINGLE`; `MPI_Init_thread`: what it asked for), for `MPI_Query_thread`; -1: none.
+static TOLD_LEVEL: AtomicI32 = AtomicI32::new(-1);
+
+/// With `ZCOMM_NONBLOCKING=on` (the default) MPI is initialized with `MPI_THREAD_MULTIPLE` (the
+/// progress threads of `MPI_Iallreduce` call MPI concurrently with the program).
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char) -> c_int {
-    let rc = PMPI_Init(argc, argv);
-    if rc == 0 && !inside() {
+    if inside() {
+        return PMPI_Init(argc, argv);
+    }
+    let rc = if wants_thread_multiple() {
+        let mut provided: c_int = 0;
+        let rc = PMPI_Init_thread(argc, argv, RSMPI_THREAD_MULTIPLE, &mut provided);
+        TOLD_LEVEL.store(provided.min(RSMPI_THREAD_SINGLE), Ordering::Relaxed);
+        rc
+    } else {
+        PMPI_Init(argc, argv)
+    };
+    if rc == 0 {
         guarded("MPI_Init", state::setup);
     }
     rc
 }
 
+/// As [`MPI_Init`]: asks for `MPI_THREAD_MULTIPLE` and tells the program the level it asked for
+/// (or less, when MPI provides less); everything the program may do at its level is allowed at a
+/// higher one.
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Init_thread(
     argc: *mut c_int,
@@ -160,9 +194,37 @@ pub unsafe extern "C" fn MPI_Init_thread(
     required: c_int,
     provided: *mut c_int,
 ) -> c_int {
-    let rc = PMPI_Init_thread(argc, argv, required, provided);
-    if rc == 0 && !inside() {
+    if inside() || !wants_thread_multiple() {
+        let rc = PMPI_Init_thread(argc, argv, required, provided);
+        if rc == 0 && !inside() {
+            guarded("MPI_Init_thread", state::setup);
+        }
+        return rc;
+    }
+    let mut actual: c_int = 0;
+    let rc = PMPI_Init_thread(argc, argv, required.max(RSMPI_THREAD_MULTIPLE), &mut actual);
+    let told = actual.min(required);
+    TOLD_LEVEL.store(told, Ordering::Relaxed);
+    if !provided.is_null() {
+        *provided = told;
+    }
+    if rc == 0 {
         guarded("MPI_Init_thread", state::setup);
+    }
+    rc
+}
+
+/// The level the program was told at initialization (see [`MPI_Init_thread`]); the library's
+/// own calls see the real level.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Query_thread(provided: *mut c_int) -> c_int {
+    let told = TOLD_LEVEL.load(Ordering::Relaxed);
+    if inside() || told < 0 || provided.is_null() {
+        return PMPI_Query_thread(provided);
+    }
+    let rc = PMPI_Query_thread(provided);
+    if rc == 0 {
+        *provided = (*provided).min(told);
     }
     rc
 }
@@ -291,6 +353,100 @@ pub unsafe extern "C" fn MPI_Allreduce(
             }
         });
         record(st, name, r);
+        0
+    })
+}
+
+/// Compressed `MPI_Iallreduce`: a generalized request completed by the communicator's progress
+/// thread (see the `progress` module).
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Iallreduce(
+    sendbuf: *const c_void,
+    recvbuf: *mut c_void,
+    count: c_int,
+    dt: MPI_Datatype,
+    op: MPI_Op,
+    comm: MPI_Comm,
+    request: *mut MPI_Request,
+) -> c_int {
+    if inside() {
+        return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
+    }
+    guarded("MPI_Iallreduce", || {
+        let mut g = state::lock();
+        let Some(st) = g.as_mut() else {
+            drop(g);
+            return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
+        };
+        let name = "MPI_Iallreduce";
+        st.drain_finished();
+        let why = (|| {
+            if op != ffi::op_sum() {
+                return Err("op is not MPI_SUM");
+            }
+            if matches!(st.settings.bound, zcomm::ErrorBound::Rel(_)) {
+                return Err("rel bound (reductions need abs or noa)");
+            }
+            let elem = eligible(st, dt, count, &[sendbuf, recvbuf])?;
+            if !st.settings.nonblocking {
+                return Err("ZCOMM_NONBLOCKING=off");
+            }
+            if !st.multiple {
+                return Err("MPI_THREAD_MULTIPLE not provided (no progress thread)");
+            }
+            collective_zc(st, comm)?;
+            Ok(elem)
+        })();
+        let elem = match why {
+            Ok(e) => e,
+            Err(r) => {
+                note_device(st, r);
+                st.report.op(name).pass(r);
+                drop(g);
+                return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
+            }
+        };
+        let req = match progress::new_request() {
+            Ok(r) => r,
+            Err(rc) => fatal(&format!("{name}: MPI_Grequest_start failed (error {rc})")),
+        };
+        let (recv, key, n) = (recvbuf as usize, ffi::key(req), count as usize);
+        let job: progress::Job = dispatch!(elem, T => {
+            // The input is copied now (as MPI libraries that start with a copy do): programs that
+            // drop the send buffer before completion (mpi4py with a temporary array) stay safe.
+            // SAFETY: MPI_Iallreduce's contract: sendbuf (unless MPI_IN_PLACE) holds `count`
+            // elements of `dt` (T)
+            let input: Option<Vec<T>> =
+                (sendbuf != IN_PLACE).then(|| slice::<T>(sendbuf, n).to_vec());
+            Box::new(move |zc: &mut Communicator| {
+                // SAFETY: until the request completes, recvbuf holds `count` elements of `dt` (T)
+                // that only this operation touches (MPI_Iallreduce's contract)
+                let out = slice_mut::<T>(recv as *mut c_void, n);
+                let r = match &input {
+                    Some(x) => zc.allreduce(x, out),
+                    None => zc.allreduce_in_place(out),
+                };
+                match r {
+                    Ok(s) => progress::finished(name, s),
+                    Err(e) => fatal(&format!("{name}: {e}")),
+                }
+                // SAFETY: the request was made by new_request for this operation, completed once
+                let rc = progress::complete(MPI_Request::from_addr(key));
+                if rc != 0 {
+                    fatal(&format!("{name}: MPI_Grequest_complete failed (error {rc})"));
+                }
+            })
+        });
+        let queued = st
+            .find(comm)
+            .and_then(|e| e.progress.as_ref())
+            .is_some_and(|p| p.submit(job));
+        if !queued {
+            fatal(&format!(
+                "{name}: the communicator's progress thread has stopped"
+            ));
+        }
+        *request = req;
         0
     })
 }
