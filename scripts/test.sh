@@ -60,7 +60,7 @@ if [ -f mpi-tests/run.sh ]; then
 else
     step "mpi-tests/run.sh not present: skipped"
 fi
-check "mpi-tests/pmpi/run.sh (PMPI: unmodified C + mpi4py, mpirun -n 2, 3, 4)" \
+check "mpi-tests/pmpi/run.sh (PMPI: unmodified C, Fortran and mpi4py under mpirun -n 1-4, corrupted messages, local Slurm)" \
     bash mpi-tests/pmpi/run.sh
 check "scripts/qsim/run.sh (state vectors against Qiskit, mpirun -n 2 and 4)" \
     env QSIM_CARGO_FLAGS=--all-features bash scripts/qsim/run.sh
