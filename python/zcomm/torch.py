@@ -166,13 +166,22 @@ class HookState:
         (largest ``|x - x'|`` of this rank's compressed values), ``bound`` (largest absolute bound
         ``e`` used), ``bound_violations`` (values with ``|x - x'| > e``: always 0),
         ``decisions`` (per policy / model decision), ``predicted_s`` / ``measured_s`` (sums over
-        model-decided calls of the predicted and measured seconds of the chosen path) and
-        ``predicted_vs_measured`` (the last 64 ``(bucket, path, predicted_s, measured_s)``).
+        model-decided calls of the predicted and measured seconds of the chosen path),
+        ``predicted_vs_measured`` (the last 64 ``(bucket, path, predicted_s, measured_s)``) and
+        ``buckets`` (per bucket: ``calls``, the last compressed ``ratio`` or None, ``max_error``).
         """
         with self._lock:
             s = dict(self._s)
             s["decisions"] = dict(s["decisions"])
             s["predicted_vs_measured"] = list(s["predicted_vs_measured"])
+            s["buckets"] = {
+                str(k): {
+                    "calls": b["calls"],
+                    "ratio": b.get("ratio"),
+                    "max_error": b.get("max_error", 0.0),
+                }
+                for k, b in self._bucket.items()
+            }
         s["ratio"] = s["bytes_in"] / s["bytes_on_wire"] if s["bytes_on_wire"] else 1.0
         s["error_bound"] = self.error_bound
         s["policy"] = self.policy
@@ -315,6 +324,8 @@ def _compress_own(
         res = x - xd
         state._residual[key] = torch.nan_to_num(res, nan=0.0, posinf=0.0, neginf=0.0)
     with state._lock:
+        b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
+        b["max_error"] = max(b.get("max_error", 0.0), err)
         state._s["max_error"] = max(state._s["max_error"], err)
         state._s["bound"] = max(state._s["bound"], e)
         state._s["bound_violations"] += viol
