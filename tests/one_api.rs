@@ -15,21 +15,20 @@ use zcomm::{CodecKind, ErrorBound};
 
 fn main() {
     let args = Arguments::from_args();
-    let mut trials = vec![gpu_trial(
-        "staged_device_through_the_trait_matches_host",
-        staged_matches_host,
-    )];
-    #[cfg(feature = "nccl")]
-    trials.push(Trial::ignorable_test(
-        "nccl_through_the_trait_matches_host_one_rank",
-        || {
+    let trials = vec![
+        gpu_trial(
+            "staged_device_through_the_trait_matches_host",
+            staged_matches_host,
+        ),
+        #[cfg(feature = "nccl")]
+        Trial::ignorable_test("nccl_through_the_trait_matches_host_one_rank", || {
             if !zcomm::gpu::device_available() || !zcomm::comm::nccl::nccl_available() {
                 return Ok(Completion::ignored_with("no CUDA device or no NCCL"));
             }
             nccl_one_rank().map_err(Failed::from)?;
             Ok(Completion::Completed)
-        },
-    ));
+        }),
+    ];
     libtest_mimic::run(&args, trials).exit();
 }
 

@@ -30,6 +30,7 @@ mod builtin;
 mod common;
 mod fidelity;
 mod gates;
+mod gpu;
 mod qasm;
 mod sim;
 
@@ -43,6 +44,7 @@ use zcomm::model::Policy;
 use zcomm::{ErrorBound, Result};
 
 use gates::C;
+use gpu::{DeviceAmp, DeviceState};
 use sim::{Amp, Plan, Step};
 
 #[derive(Parser, Debug, Clone)]
@@ -85,6 +87,14 @@ struct Args {
     /// Measure the max error of every compressed exchange (one extra decompression each).
     #[arg(long)]
     verify: bool,
+    /// Where the state lives: cpu (rayon kernels, host exchanges) or gpu (CUDA kernels on GPU
+    /// `local rank % devices`, exchanges staged from device memory with the GPU codec)
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
+    device: String,
+    /// With --device gpu: also run the compressed simulation on the CPU and require the two final
+    /// states to be bit-identical (the GPU kernels and codec write the CPU's values)
+    #[arg(long)]
+    compare_cpu: bool,
 }
 
 fn parse_bound(s: &str) -> std::result::Result<ErrorBound, String> {
@@ -147,7 +157,7 @@ enum BoundSource {
     User,
 }
 
-fn main_typed<E: Amp>(
+fn main_typed<E: DeviceAmp>(
     a: &Args,
     name: &str,
     circ: &qasm::Circuit,
@@ -255,11 +265,21 @@ impl<E: Amp> Bufs<E> {
 }
 
 /// Run `plan` from |0…0⟩ under the communicator's current policy and bound.
-fn run<E: Amp>(c: &mut Communicator, plan: &Plan, b: &mut Bufs<E>, what: &str) -> Result<RunOut> {
+fn run<E: DeviceAmp>(
+    c: &mut Communicator,
+    plan: &Plan,
+    b: &mut Bufs<E>,
+    mut dev: Option<&mut DeviceState<E>>,
+    what: &str,
+) -> Result<RunOut> {
     let (rank, l) = (c.rank(), plan.local);
     b.v.fill(E::default());
     if rank == 0 {
         b.v[0] = E::put(C::ONE);
+    }
+    if let Some(d) = dev.as_deref_mut() {
+        d.reset(rank)?;
+        d.synchronize()?;
     }
     let rel = matches!(c.config().bound, ErrorBound::Rel(_));
     let nswaps = plan.swaps();
@@ -269,26 +289,50 @@ fn run<E: Amp>(c: &mut Communicator, plan: &Plan, b: &mut Bufs<E>, what: &str) -
     let t0 = c.wtime();
     for st in &plan.steps {
         match st {
-            Step::Gate(k) => sim::apply(&mut b.v, k, rank, l),
+            Step::Gate(k) => match dev.as_deref_mut() {
+                Some(d) => d.apply(k, rank, l)?,
+                None => sim::apply(&mut b.v, k, rank, l),
+            },
             Step::Swap { global, local, .. } => {
                 progress(&format!(
                     "statevector: {what} run, exchange {}/{nswaps}...",
                     swaps.len() + 1
                 ));
                 let (partner, s) = sim::swap_partner(rank, *global, l);
-                sim::pack(&b.v, *local, s, &mut b.send);
                 // tags cycle through the user range; one pair's messages arrive in order anyway
                 let tag = (swaps.len() % 4000) as i32 + 1;
-                let t = c.wtime();
-                let stats = c.sendrecv(&b.send, partner, &mut b.recv, partner, tag)?;
-                let time = c.wtime() - t;
+                let (stats, time, sent_norm) = match dev.as_deref_mut() {
+                    Some(d) => {
+                        // the exchange's time includes finishing the gates queued before it
+                        let t = c.wtime();
+                        let stats = d.swap(c, *local, s, partner, tag)?;
+                        let time = c.wtime() - t;
+                        let norm = if rel && stats.decision != Decision::Raw {
+                            d.sent_norm_sqr()?
+                        } else {
+                            0.0
+                        };
+                        (stats, time, norm)
+                    }
+                    None => {
+                        sim::pack(&b.v, *local, s, &mut b.send);
+                        let t = c.wtime();
+                        let stats = c.sendrecv(&b.send, partner, &mut b.recv, partner, tag)?;
+                        let time = c.wtime() - t;
+                        sim::unpack(&mut b.v, *local, s, &b.recv);
+                        let norm = if rel {
+                            b.send.iter().map(|x| x.get().norm_sqr()).sum()
+                        } else {
+                            0.0
+                        };
+                        (stats, time, norm)
+                    }
+                };
                 t_ex += time;
-                sim::unpack(&mut b.v, *local, s, &b.recv);
                 let err_sq = if stats.decision == Decision::Raw {
                     0.0
                 } else if rel {
-                    let norm: f64 = b.send.iter().map(|x| x.get().norm_sqr()).sum();
-                    stats.bound * stats.bound * norm
+                    stats.bound * stats.bound * sent_norm
                 } else {
                     (b.send.len() * 2) as f64 * stats.bound * stats.bound
                 };
@@ -300,7 +344,13 @@ fn run<E: Amp>(c: &mut Communicator, plan: &Plan, b: &mut Bufs<E>, what: &str) -
             }
         }
     }
+    if let Some(d) = dev.as_deref_mut() {
+        d.synchronize()?;
+    }
     let wall = c.wtime() - t0;
+    if let Some(d) = dev {
+        d.download(&mut b.v)?;
+    }
     let mut m = [wall, t_ex];
     c.transport().allreduce_f64(&mut m, ReduceOp::Max)?;
     clear_progress();
@@ -309,6 +359,48 @@ fn run<E: Amp>(c: &mut Communicator, plan: &Plan, b: &mut Bufs<E>, what: &str) -
         wall: m[0],
         exchange: m[1],
     })
+}
+
+/// The state on this rank's GPU (`local rank % devices`), with the stager's device profile
+/// calibrated for exchanges of this size; an error on every rank if any rank has no GPU.
+fn device_state<E: DeviceAmp>(
+    c: &mut Communicator,
+    local: usize,
+    policy: Policy,
+) -> Result<DeviceState<E>> {
+    progress("statevector: compiling the GPU kernels and calibrating the GPU codec...");
+    let ordinal = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(c.rank());
+    let devices = if zcomm::gpu::device_available() {
+        cudarc::driver::CudaContext::device_count()
+            .unwrap_or(1)
+            .max(1) as usize
+    } else {
+        1
+    };
+    let d = if zcomm::gpu::device_available() {
+        DeviceState::<E>::new(ordinal % devices, local)
+    } else {
+        Err(zcomm::Error::Unavailable("no CUDA device".into()))
+    };
+    let ok = all_ranks(c, d.is_ok())?;
+    let mut d = match (d, ok) {
+        (Ok(d), true) => d,
+        (Err(e), _) => return Err(zcomm::Error::Unavailable(format!("--device gpu: {e}"))),
+        (Ok(_), false) => {
+            return Err(zcomm::Error::Unavailable(
+                "--device gpu: another rank has no usable GPU".into(),
+            ))
+        }
+    };
+    let codec = policy.codec().unwrap_or_default();
+    let values = (2usize << local) / 2;
+    let prof = d.stager.calibrate(c, values, codec)?;
+    d.stager.set_profile(prof);
+    clear_progress();
+    Ok(d)
 }
 
 /// One row of the report, over all ranks.
@@ -414,7 +506,7 @@ fn fidelity_all<E: Amp>(c: &Communicator, a: &[E], b: &[E]) -> Result<f64> {
     Ok(sim::fidelity_of(C::new(x[0], x[1]), x[2], x[3]))
 }
 
-fn simulate<E: Amp>(
+fn simulate<E: DeviceAmp>(
     c: &mut Communicator,
     a: &Args,
     name: &str,
@@ -438,6 +530,10 @@ fn simulate<E: Amp>(
     // (cannot fail: every rank just checked it has its buffers)
     let mut zc_b = zc_b.ok_or_else(|| zcomm::Error::invalid("allocation"))?;
     let mut raw_b = raw_b;
+    let mut dev = match a.device.as_str() {
+        "gpu" => Some(device_state::<E>(c, l, policy)?),
+        _ => None,
+    };
     if rank == 0 {
         for s in &circ.ignored {
             outln!("note: ignored {s}");
@@ -480,21 +576,55 @@ fn simulate<E: Amp>(
                 .unwrap_or_default(),
             prof.compressor
         );
-        outln!(
-            "compute: CPU (rayon, {} threads)",
-            rayon::current_num_threads()
-        );
+        match &dev {
+            Some(d) => outln!(
+                "compute: GPU ({}; exchanges staged through pinned memory, GPU codec)",
+                d.name
+            ),
+            None => outln!(
+                "compute: CPU (rayon, {} threads)",
+                rayon::current_num_threads()
+            ),
+        }
     }
     let raw_out = match raw_b.as_mut() {
         Some(rb) => {
             c.set_policy(Policy::Never);
-            let r = run(c, plan, rb, "raw")?;
+            let r = run(c, plan, rb, dev.as_mut(), "raw")?;
             c.set_policy(policy);
             Some(r)
         }
         None => None,
     };
-    let zc_out = run(c, plan, &mut zc_b, "zcomm")?;
+    let zc_out = run(c, plan, &mut zc_b, dev.as_mut(), "zcomm")?;
+    if a.compare_cpu && dev.is_some() {
+        // the same compressed run on the CPU: the GPU kernels and codec must give its values
+        let mut cpu_b = Bufs::<E>::new(l)
+            .ok_or_else(|| zcomm::Error::invalid("cannot allocate the CPU comparison run"))?;
+        run(c, plan, &mut cpu_b, None, "cpu comparison")?;
+        let same = zc_b.v.len() == cpu_b.v.len()
+            && E::scalars(&zc_b.v)
+                .iter()
+                .zip(E::scalars(&cpu_b.v))
+                .all(|(x, y)| zcomm::Element::to_bits_u64(*x) == zcomm::Element::to_bits_u64(*y));
+        let all_same = all_ranks(c, same)?;
+        if rank == 0 {
+            outln!(
+                "compare-cpu: GPU final state {} the CPU's{}",
+                if all_same { "equals" } else { "DIFFERS FROM" },
+                if all_same {
+                    " bit for bit, on every rank"
+                } else {
+                    ""
+                }
+            );
+        }
+        if !all_same {
+            return Err(zcomm::Error::invalid(
+                "--compare-cpu: the GPU and CPU final states differ",
+            ));
+        }
+    }
     let rows = rows(c, plan, raw_out.as_ref(), &zc_out)?;
     let eps_total = fidelity::certified_eps(
         &rows
@@ -743,10 +873,10 @@ mod tests {
                             Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
                                 .unwrap();
                         let mut zc = Bufs::<[f64; 2]>::new(plan.local).unwrap();
-                        let z = run(&mut c, plan, &mut zc, "zcomm").unwrap();
+                        let z = run(&mut c, plan, &mut zc, None, "zcomm").unwrap();
                         c.set_policy(Policy::Never);
                         let mut raw = Bufs::<[f64; 2]>::new(plan.local).unwrap();
-                        run(&mut c, plan, &mut raw, "raw").unwrap();
+                        run(&mut c, plan, &mut raw, None, "raw").unwrap();
                         let fid = fidelity_all(&c, &raw.v, &zc.v).unwrap();
                         let r = rows(&c, plan, None, &z).unwrap();
                         let eps: Vec<f64> = r.iter().map(|r| r.err_norm_bound.powi(2)).collect();
