@@ -56,8 +56,9 @@ struct Args {
     /// OpenQASM 2.0 circuit (measurement-free).
     #[arg(long, required_unless_present = "circuit")]
     qasm: Option<PathBuf>,
-    /// A built-in circuit instead of --qasm: qft:N (on a product state), ghz:N or random:N
-    /// (8 layers of u and cx), N qubits (benchmarks without a QASM file).
+    /// A built-in circuit instead of --qasm: qft:N (on a product state), ghz:N,
+    /// random:N[:LAYERS] (default 8 layers of u and cx) or qaoa:N[:LAYERS] (ring MaxCut, default
+    /// 12 layers), N qubits (benchmarks without a QASM file).
     #[arg(long, conflicts_with = "qasm")]
     circuit: Option<String>,
     /// Amplitude type: c64 (complex of f32) or c128 (complex of f64).
