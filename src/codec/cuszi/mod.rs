@@ -1,0 +1,373 @@
+//! `cuszi`: cuSZ-i's multi-level interpolation predictor with canonical Huffman coding
+//! (FORMAT.md, "cuszi"), the CPU encoder and decoder.
+//!
+//! Pipeline (compression):
+//!
+//! 1. **prequantization**: every value becomes its code under the shared verified quantizer
+//!    ([`Quantizer::encode`], the rules of every other codec); a value it refuses (NaN, ±Inf,
+//!    the fill value, a reconstruction that misses the bound) is stored losslessly. Since the
+//!    decoder reconstructs a value from its code alone (`Quantizer::decode`), the bound holds
+//!    exactly as for the other codecs, whatever the prediction does;
+//! 2. **prediction on codes** ([`interp`]): the codes of the tile anchors (every `S`-th point per
+//!    dimension, `S` = 8 in 3-D, 16 in 2-D, 512 in 1-D) are Lorenzo-predicted over the anchor
+//!    grid; every other code is predicted from coarser ones by linear or cubic splines, level by
+//!    level (strides `S/2 ... 1`), one pass per dimension, inside its tile's box. Each level's
+//!    pass order and per-dimension spline are chosen by sampling (cuSZ-i's auto-tuning) and
+//!    stored in the stream. Residuals are integer differences, so prediction loses nothing;
+//! 3. **entropy coding** ([`entropy`], [`huffman`]): the residuals, tile after tile, are cut
+//!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
+//!    values and large residuals); one canonical Huffman codebook built from the histogram of all
+//!    chunks codes every chunk independently.
+//!
+//! # Block-parallel layout (the CUDA kernel's map)
+//!
+//! The stream is designed so that a CUDA implementation writes the same bytes:
+//!
+//! * prequantization is element-wise (the quantizer already has a CUDA twin);
+//! * a tile's residuals depend only on the codes inside its box (its `S^d` points plus the halo
+//!   at `+S`), because halo points lie on faces whose predictions never cross the face: a
+//!   thread block per tile (or per 4 tiles, cuSZ-i's 32x8x8) computes them with the same integer
+//!   arithmetic; anchors need one small pass over the anchor grid first (decoding: an n-D prefix
+//!   sum of the anchor residuals);
+//! * the configuration sampling visits fixed tiles and sums integers (order-independent);
+//! * the histogram is an atomic-add kernel; the codebook is built on the host from it (as in
+//!   cuSZ-i) with the deterministic rules of [`huffman::code_lengths`];
+//! * each chunk of 32,768 residuals is coded by one block (or warp); chunk sizes go to the table
+//!   and offsets follow from a prefix sum of the sizes, as in the other codecs.
+//!
+//! Decoding runs the same stages backwards: chunks in parallel, the anchor pass, tiles in
+//! parallel (each tile reads its halo residuals from the neighbouring tiles' chunks), and a
+//! gather from tile order to the array's order.
+
+pub(crate) mod entropy;
+pub(crate) mod grid;
+pub(crate) mod huffman;
+pub(crate) mod interp;
+
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::format::{zhash_bytes, Dims, Header, TABLE_ENTRY_LEN};
+use crate::quant::QuantParams;
+
+use entropy::{Tokens, LOSSLESS, NSYM};
+use grid::{Grid, D};
+use interp::Level;
+
+/// log2 of residuals per entropy chunk.
+pub const CHUNK_LOG2: usize = 15;
+/// Residuals per entropy chunk.
+pub const CHUNK: usize = 1 << CHUNK_LOG2;
+
+/// The encoded chunk table, metadata and chunks (everything after the header).
+pub(crate) struct Encoded {
+    /// Chunk table, metadata, chunks.
+    pub payload: Vec<u8>,
+    /// Number of chunks.
+    pub n_chunks: u32,
+    /// `zhash` of the chunk table and the metadata.
+    pub table_checksum: u32,
+    /// Bytes of metadata.
+    pub meta_len: u32,
+}
+
+/// The index of point `x` of volume `b` in the array (row-major).
+#[inline]
+fn raster(g: &Grid, b: usize, x: [usize; D]) -> usize {
+    b * g.volume() + (x[0] * g.n[1] + x[1]) * g.n[2] + x[2]
+}
+
+/// Split `v` into the consecutive per-tile slices of the symbol order.
+fn tile_slices<'a, X>(g: &Grid, mut v: &'a mut [X]) -> Vec<(usize, &'a mut [X])> {
+    let mut out = Vec::with_capacity(g.n_tiles());
+    for t in 0..g.n_tiles() {
+        let (_, c) = g.tile_coords(t);
+        let n: usize = g.owned(c).iter().product();
+        let (a, rest) = std::mem::take(&mut v).split_at_mut(n);
+        out.push((t, a));
+        v = rest;
+    }
+    out
+}
+
+/// The index within its tile's owned points of box point `x` (`None` for halo points).
+#[inline]
+fn owned_index(x: [usize; D], e: [usize; D]) -> Option<usize> {
+    (x[0] < e[0] && x[1] < e[1] && x[2] < e[2]).then(|| (x[0] * e[1] + x[1]) * e[2] + x[2])
+}
+
+/// Encode `data` of shape `dims` (whose count is `data.len()`).
+pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    let g = Grid::new(dims);
+    let q = params.quantizer::<T>();
+    let codes: Vec<i64> = data
+        .par_iter()
+        .with_min_len(4096)
+        .map(|&x| q.encode(x).unwrap_or(LOSSLESS))
+        .collect();
+    // anchors: Lorenzo over the anchor grid, in tile order
+    let n_tiles = g.n_tiles();
+    let mut anchors = vec![0i64; n_tiles];
+    let mut anchor_res = vec![0i64; n_tiles];
+    for t in 0..n_tiles {
+        let (b, c) = g.tile_coords(t);
+        let v = codes[raster(&g, b, c.map(|x| x * g.stride))];
+        let p = interp::anchor_prediction(&g, b, c, &anchors);
+        let r = v.wrapping_sub(p);
+        (anchors[t], anchor_res[t]) = if v == LOSSLESS || r == LOSSLESS {
+            (p, LOSSLESS)
+        } else {
+            (v, r)
+        };
+    }
+    let levels = interp::choose_levels(&g, |b, x| {
+        let v = codes[raster(&g, b, x)];
+        (v != LOSSLESS).then_some(v)
+    });
+    // residuals, tile by tile, and the lossless values by symbol index
+    let mut res = vec![0i64; data.len()];
+    let lossless: Vec<Vec<(usize, T)>> = tile_slices(&g, &mut res)
+        .into_par_iter()
+        .map_init(Vec::new, |buf, (t, out)| {
+            let (b, c) = g.tile_coords(t);
+            let e = g.boxed(c);
+            let own = g.owned(c);
+            let o = c.map(|x| x * g.stride);
+            let base = g.tile_offset(b, c);
+            buf.clear();
+            buf.resize(e.iter().product(), 0);
+            interp::place_anchors(&g, b, c, e, &anchors, buf);
+            let mut raw = Vec::new();
+            out[0] = anchor_res[t];
+            if anchor_res[t] == LOSSLESS {
+                raw.push((base, data[raster(&g, b, o)]));
+            }
+            interp::run_passes(buf, e, g.stride, &levels, |_, x, p| {
+                let gi = raster(&g, b, std::array::from_fn(|d| o[d] + x[d]));
+                let v = codes[gi];
+                let r = v.wrapping_sub(p);
+                let (code, r) = if v == LOSSLESS || r == LOSSLESS {
+                    (p, LOSSLESS)
+                } else {
+                    (v, r)
+                };
+                if let Some(i) = owned_index(x, own) {
+                    out[i] = r;
+                    if r == LOSSLESS {
+                        raw.push((base + i, data[gi]));
+                    }
+                }
+                code
+            });
+            raw.sort_unstable_by_key(|r| r.0);
+            raw
+        })
+        .collect();
+    let lossless: Vec<(usize, T)> = lossless.into_iter().flatten().collect();
+    // entropy coding: tokens and histogram per chunk, one codebook, chunks
+    let toks: Vec<(Tokens, Vec<u64>)> = res
+        .par_chunks(CHUNK)
+        .map(|c| {
+            let mut hist = vec![0u64; NSYM];
+            let t = entropy::tokenize(c, &mut hist);
+            (t, hist)
+        })
+        .collect();
+    drop(res);
+    let mut hist = vec![0u64; NSYM];
+    for (_, h) in &toks {
+        for (a, b) in hist.iter_mut().zip(h) {
+            *a += b;
+        }
+    }
+    let lens = huffman::code_lengths(&hist);
+    let code_table = huffman::canonical_codes(&lens);
+    let chunks: Vec<Vec<u8>> = toks
+        .par_iter()
+        .enumerate()
+        .map(|(i, (t, _))| {
+            let lo = lossless.partition_point(|r| r.0 < i * CHUNK);
+            let hi = lossless.partition_point(|r| r.0 < (i + 1) * CHUNK);
+            let raw: Vec<T> = lossless[lo..hi].iter().map(|r| r.1).collect();
+            entropy::write_chunk(t, &code_table, &raw)
+        })
+        .collect();
+    let meta = write_meta(&levels, &lens);
+    let n = chunks.len();
+    let total = n * TABLE_ENTRY_LEN + meta.len() + chunks.iter().map(Vec::len).sum::<usize>();
+    let mut payload = Vec::with_capacity(total);
+    for c in &chunks {
+        payload.extend_from_slice(&(c.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&zhash_bytes(c).to_le_bytes());
+    }
+    payload.extend_from_slice(&meta);
+    let table_checksum = zhash_bytes(&payload);
+    for c in &chunks {
+        payload.extend_from_slice(c);
+    }
+    Encoded {
+        payload,
+        n_chunks: n as u32,
+        table_checksum,
+        meta_len: meta.len() as u32,
+    }
+}
+
+/// The metadata section: level count (u8), 0 (u8), codebook bytes (u16), two configuration
+/// bytes per level (coarsest first), the serialized code lengths, zero padding to 4 bytes.
+fn write_meta(levels: &[Level], lens: &[u8]) -> Vec<u8> {
+    let mut cb = Vec::new();
+    huffman::write_lengths(lens, &mut cb);
+    let mut m = vec![levels.len() as u8, 0];
+    m.extend_from_slice(&(cb.len() as u16).to_le_bytes());
+    for lv in levels {
+        m.extend_from_slice(&lv.to_bytes());
+    }
+    m.extend_from_slice(&cb);
+    m.resize(m.len().next_multiple_of(4), 0);
+    m
+}
+
+/// Parse and check the metadata section of a stream of grid `g`.
+fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Vec<u8>)> {
+    if m.len() < 4 {
+        return Err(Error::corrupt("cuszi metadata shorter than 4 bytes"));
+    }
+    let n_levels = m[0] as usize;
+    if n_levels != g.levels() || m[1] != 0 {
+        return Err(Error::corrupt(format!(
+            "cuszi metadata names {n_levels} levels, the shape has {}",
+            g.levels()
+        )));
+    }
+    let cb_len = u16::from_le_bytes([m[2], m[3]]) as usize;
+    let end = 4 + 2 * n_levels + cb_len;
+    if end > m.len() || m.len() - end >= 4 || m[end..].iter().any(|&b| b != 0) {
+        return Err(Error::corrupt("cuszi metadata length mismatch"));
+    }
+    let levels = (0..n_levels)
+        .map(|i| Level::from_bytes([m[4 + 2 * i], m[5 + 2 * i]]))
+        .collect::<Result<Vec<_>>>()?;
+    let lens = huffman::read_lengths(&m[4 + 2 * n_levels..end], NSYM)?;
+    Ok((levels, lens))
+}
+
+/// Decode a header-checked compressed `cuszi` stream into `out` (`out.len() == h.count`).
+pub(crate) fn decode<T: Element>(
+    stream: &[u8],
+    h: &Header,
+    params: &QuantParams,
+    out: &mut [T],
+) -> Result<()> {
+    let dims = h
+        .dims
+        .ok_or_else(|| Error::corrupt("cuszi stream without a shape"))?;
+    if dims.count() != out.len() as u64 {
+        return Err(Error::corrupt("shape does not match the value count"));
+    }
+    let g = Grid::new(&dims);
+    let entries = h.chunk_table(stream)?;
+    if entries.len() != out.len().div_ceil(CHUNK) {
+        return Err(Error::corrupt("chunk count does not match the value count"));
+    }
+    let meta_at = h.header_len() + entries.len() * TABLE_ENTRY_LEN;
+    let (levels, lens) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
+    let dec = huffman::Decoder::new(&lens);
+    let mut res = try_alloc::<i64>(out.len())?;
+    let lossless: Vec<Vec<(usize, T)>> = res
+        .par_chunks_mut(CHUNK)
+        .zip(entries.par_iter())
+        .enumerate()
+        .map(|(i, (dst, e))| {
+            let c = &stream[e.offset..e.offset + e.size];
+            if zhash_bytes(c) != e.checksum {
+                return Err(Error::corrupt(format!("chunk {i}: checksum mismatch")));
+            }
+            let mut raw = Vec::new();
+            entropy::read_chunk::<T>(c, &dec, dst, &mut raw)
+                .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
+            let at = dst
+                .iter()
+                .enumerate()
+                .filter(|(_, &r)| r == LOSSLESS)
+                .map(|(k, _)| i * CHUNK + k);
+            Ok(at.zip(raw).collect())
+        })
+        .collect::<Result<_>>()?;
+    let lossless: Vec<(usize, T)> = lossless.into_iter().flatten().collect();
+    let raw_at = |si: usize| -> T {
+        let k = lossless.partition_point(|r| r.0 < si);
+        debug_assert!(lossless.get(k).is_some_and(|r| r.0 == si));
+        lossless.get(k).map(|r| r.1).unwrap_or_default()
+    };
+    // anchors, in tile order
+    let n_tiles = g.n_tiles();
+    let mut anchors = vec![0i64; n_tiles];
+    for t in 0..n_tiles {
+        let (b, c) = g.tile_coords(t);
+        let p = interp::anchor_prediction(&g, b, c, &anchors);
+        let r = res[g.tile_offset(b, c)];
+        anchors[t] = if r == LOSSLESS { p } else { p.wrapping_add(r) };
+    }
+    // tiles, into tile order
+    let q = params.quantizer::<T>();
+    let mut tiled = try_alloc::<T>(out.len())?;
+    tile_slices(&g, &mut tiled)
+        .into_par_iter()
+        .for_each_init(Vec::new, |buf, (t, dst)| {
+            let (b, c) = g.tile_coords(t);
+            let e = g.boxed(c);
+            let own = g.owned(c);
+            let o = c.map(|x| x * g.stride);
+            let base = g.tile_offset(b, c);
+            buf.clear();
+            buf.resize(e.iter().product(), 0);
+            interp::place_anchors(&g, b, c, e, &anchors, buf);
+            dst[0] = if res[base] == LOSSLESS {
+                raw_at(base)
+            } else {
+                q.decode(anchors[t])
+            };
+            interp::run_passes(buf, e, g.stride, &levels, |_, x, p| {
+                let si = g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d]));
+                let r = res[si];
+                let code = if r == LOSSLESS { p } else { p.wrapping_add(r) };
+                if let Some(i) = owned_index(x, own) {
+                    dst[i] = if r == LOSSLESS {
+                        raw_at(si)
+                    } else {
+                        q.decode(code)
+                    };
+                }
+                code
+            });
+        });
+    drop(res);
+    // gather rows from tile order
+    let row = g.n[2];
+    out.par_chunks_mut(row.max(1))
+        .enumerate()
+        .for_each(|(ri, dst)| {
+            let x1 = ri % g.n[1];
+            let x0 = (ri / g.n[1]) % g.n[0];
+            let b = ri / (g.n[1] * g.n[0]);
+            for (x2, v) in dst.iter_mut().enumerate() {
+                *v = tiled[g.symbol_index(b, [x0, x1, x2])];
+            }
+        });
+    Ok(())
+}
+
+/// A vector of `n` default values, or [`Error::OutOfMemory`].
+fn try_alloc<X: Default + Clone>(n: usize) -> Result<Vec<X>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        Error::OutOfMemory(format!("{n} values of {} bytes", std::mem::size_of::<X>()))
+    })?;
+    v.resize(n, X::default());
+    Ok(v)
+}
