@@ -682,9 +682,11 @@ pub fn data_checksum(chunk_hashes: &[u32]) -> u32 {
     zhash_final(sum, chunk_hashes.len() as u32)
 }
 
-/// Bytes of the largest stream `count` values of `dtype` can produce (a stored stream).
+/// Bytes of the largest stream `count` values of `dtype` can produce, whatever the codec (a
+/// stored version 3 stream: [`HEADER_LEN_V3`] bytes of header, then the values). Streams of the
+/// codecs with version 2 headers are at most [`HEADER_LEN`] `+ count * size` bytes.
 pub fn compress_bound(count: usize, dtype: Dtype) -> usize {
-    HEADER_LEN + count * dtype.size()
+    HEADER_LEN_V3 + count * dtype.size()
 }
 
 /// `zhash` mixing step of word `w` at index `i` (see `FORMAT.md`): MurmurHash3's 32-bit finalizer
