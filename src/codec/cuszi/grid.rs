@@ -129,10 +129,11 @@ impl Grid {
 
     /// Index in the symbol sequence of the point at coordinates `x` of volume `b`.
     pub fn symbol_index(&self, b: usize, x: [usize; D]) -> usize {
-        let s = self.stride;
-        let c = x.map(|v| v / s);
+        // (S is a power of two)
+        let k = self.stride.trailing_zeros();
+        let c = x.map(|v| v >> k);
         let e = self.owned(c);
-        let l = x.map(|v| v % s);
+        let l = x.map(|v| v & (self.stride - 1));
         self.tile_offset(b, c) + (l[0] * e[1] + l[1]) * e[2] + l[2]
     }
 }

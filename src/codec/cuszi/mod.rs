@@ -333,10 +333,14 @@ pub(crate) fn decode<T: Element>(
                 q.decode(anchors[t])
             };
             interp::run_passes(buf, e, g.stride, &levels, |_, x, p| {
-                let si = g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d]));
+                let owned = owned_index(x, own);
+                let si = match owned {
+                    Some(i) => base + i,
+                    None => g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d])),
+                };
                 let r = res[si];
                 let code = if r == LOSSLESS { p } else { p.wrapping_add(r) };
-                if let Some(i) = owned_index(x, own) {
+                if let Some(i) = owned {
                     dst[i] = if r == LOSSLESS {
                         raw_at(si)
                     } else {
@@ -355,8 +359,11 @@ pub(crate) fn decode<T: Element>(
             let x1 = ri % g.n[1];
             let x0 = (ri / g.n[1]) % g.n[0];
             let b = ri / (g.n[1] * g.n[0]);
-            for (x2, v) in dst.iter_mut().enumerate() {
-                *v = tiled[g.symbol_index(b, [x0, x1, x2])];
+            // the row crosses tiles along the last dimension; each tile holds its part of the
+            // row contiguously
+            for (c2, part) in dst.chunks_mut(g.stride).enumerate() {
+                let at = g.symbol_index(b, [x0, x1, c2 * g.stride]);
+                part.copy_from_slice(&tiled[at..at + part.len()]);
             }
         });
     Ok(())
