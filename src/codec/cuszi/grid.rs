@@ -98,11 +98,7 @@ impl Grid {
 
     /// The number of the tile at coordinates `c` of volume `b`.
     pub fn tile_index(&self, b: usize, c: [usize; D]) -> usize {
-        let mut t = b;
-        for d in 0..D {
-            t = t * self.tiles[d] + c[d];
-        }
-        t
+        self.tiles.iter().zip(c).fold(b, |t, (&n, x)| t * n + x)
     }
 
     /// Extents of the points tile `c` owns: `min(S, n - c S)` per dimension.

@@ -304,8 +304,8 @@ mod tests {
         assert_eq!(read_lengths(&ser, 40).unwrap(), lens);
         let codes = canonical_codes(&lens);
         let mut w = BitWriter::default();
-        for s in 0..40 {
-            w.put(codes[s].0, codes[s].1);
+        for &(c, l) in &codes {
+            w.put(c, l);
         }
         let (bytes, bits) = w.finish();
         let dec = Decoder::new(&lens);

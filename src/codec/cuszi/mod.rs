@@ -4,17 +4,18 @@
 //! Pipeline (compression):
 //!
 //! 1. **prequantization**: every value becomes its code under the shared verified quantizer
-//!    ([`Quantizer::encode`], the rules of every other codec); a value it refuses (NaN, ±Inf,
-//!    the fill value, a reconstruction that misses the bound) is stored losslessly. Since the
+//!    ([`crate::quant::Quantizer::encode`], the rules of every other codec); a value it refuses
+//!    (NaN, ±Inf, the fill value, a reconstruction that misses the bound) is stored losslessly;
+//!    its code is then its prediction, so it does not disturb its neighbours. Since the
 //!    decoder reconstructs a value from its code alone (`Quantizer::decode`), the bound holds
 //!    exactly as for the other codecs, whatever the prediction does;
-//! 2. **prediction on codes** ([`interp`]): the codes of the tile anchors (every `S`-th point per
+//! 2. **prediction on codes** (module `interp`): the codes of the tile anchors (every `S`-th point per
 //!    dimension, `S` = 8 in 3-D, 16 in 2-D, 512 in 1-D) are Lorenzo-predicted over the anchor
 //!    grid; every other code is predicted from coarser ones by linear or cubic splines, level by
 //!    level (strides `S/2 ... 1`), one pass per dimension, inside its tile's box. Each level's
 //!    pass order and per-dimension spline are chosen by sampling (cuSZ-i's auto-tuning) and
 //!    stored in the stream. Residuals are integer differences, so prediction loses nothing;
-//! 3. **entropy coding** ([`entropy`], [`huffman`]): the residuals, tile after tile, are cut
+//! 3. **entropy coding** (modules `entropy`, `huffman`): the residuals, tile after tile, are cut
 //!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
 //!    values and large residuals); one canonical Huffman codebook built from the histogram of all
 //!    chunks codes every chunk independently.
@@ -31,7 +32,7 @@
 //!   sum of the anchor residuals);
 //! * the configuration sampling visits fixed tiles and sums integers (order-independent);
 //! * the histogram is an atomic-add kernel; the codebook is built on the host from it (as in
-//!   cuSZ-i) with the deterministic rules of [`huffman::code_lengths`];
+//!   cuSZ-i) with the deterministic rules of FORMAT.md ("Metadata");
 //! * each chunk of 32,768 residuals is coded by one block (or warp); chunk sizes go to the table
 //!   and offsets follow from a prefix sum of the sizes, as in the other codecs.
 //!
