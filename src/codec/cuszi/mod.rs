@@ -9,9 +9,9 @@
 //!    its code is then its prediction, so it does not disturb its neighbours. Since the
 //!    decoder reconstructs a value from its code alone (`Quantizer::decode`), the bound holds
 //!    exactly as for the other codecs, whatever the prediction does;
-//! 2. **prediction on codes** (module `interp`): the codes of the tile anchors (every `S`-th point per
-//!    dimension, `S` = 8 in 3-D, 16 in 2-D, 512 in 1-D) are Lorenzo-predicted over the anchor
-//!    grid; every other code is predicted from coarser ones by linear or cubic splines, level by
+//! 2. **prediction on codes** (module `interp`): the codes of the tile anchors (every `S`-th
+//!    point per dimension, `S` = 8 in 3-D, 16 in 2-D, 512 in 1-D) are Lorenzo-predicted over the
+//!    anchor grid; every other code is predicted from coarser ones by linear or cubic splines, level by
 //!    level (strides `S/2 ... 1`), one pass per dimension, inside its tile's box. Each level's
 //!    pass order and per-dimension spline are chosen by sampling (cuSZ-i's auto-tuning) and
 //!    stored in the stream. Residuals are integer differences, so prediction loses nothing;

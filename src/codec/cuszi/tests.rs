@@ -473,7 +473,10 @@ proptest! {
     }
 
     #[test]
-    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400), v3 in any::<bool>()) {
+    fn arbitrary_bytes_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..400),
+        v3 in any::<bool>(),
+    ) {
         let mut s = bytes;
         if v3 && s.len() >= HEADER_LEN_V3 {
             s[..4].copy_from_slice(b"ZCMP");
