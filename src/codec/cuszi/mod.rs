@@ -11,10 +11,10 @@
 //!    exactly as for the other codecs, whatever the prediction does;
 //! 2. **prediction on codes** (module `interp`): the codes of the tile anchors (every `S`-th
 //!    point per dimension, `S` = 8 in 3-D, 16 in 2-D, 512 in 1-D) are Lorenzo-predicted over the
-//!    anchor grid; every other code is predicted from coarser ones by linear or cubic splines, level by
-//!    level (strides `S/2 ... 1`), one pass per dimension, inside its tile's box. Each level's
-//!    pass order and per-dimension spline are chosen by sampling (cuSZ-i's auto-tuning) and
-//!    stored in the stream. Residuals are integer differences, so prediction loses nothing;
+//!    anchor grid; every other code is predicted from coarser ones by linear or cubic splines,
+//!    level by level (strides `S/2 ... 1`), one pass per dimension, inside its tile's box. Each
+//!    level's pass order and per-dimension spline are chosen by sampling (cuSZ-i's auto-tuning)
+//!    and stored in the stream. Residuals are integer differences, so prediction loses nothing;
 //! 3. **entropy coding** (modules `entropy`, `huffman`): the residuals, tile after tile, are cut
 //!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
 //!    values and large residuals); one canonical Huffman codebook built from the histogram of all
