@@ -1,11 +1,13 @@
-//! The interpolation predictor on quantization codes: anchors (Lorenzo over the anchor grid),
+//! The interpolation predictor: anchors (Lorenzo over the anchor grid, on quantization codes),
 //! the level-by-level spline passes inside a tile's box, and the sampling that chooses each
 //! level's dimension order and splines.
 //!
-//! All arithmetic is on `i64` codes, wrapping, with divisions by powers of two as arithmetic
-//! shifts (and the natural spline's 40 as a Euclidean division): encoder and decoder (and a GPU
-//! kernel) compute bit-identical predictions, and `code = prediction + residual` inverts
-//! `residual = code - prediction` exactly, whatever the values.
+//! The passes run on reconstructed values (f64, abs/noa bounds: [`predict_value`]) or on
+//! quantization codes (`i64`, rel bounds: [`predict_code`]). Values: a fixed sequence of IEEE
+//! binary64 operations (no fused multiply-add). Codes: wrapping integer arithmetic with
+//! divisions by powers of two as arithmetic shifts (and the natural spline's 40 as a Euclidean
+//! division), so `code = prediction + residual` inverts `residual = code - prediction` exactly.
+//! Either way encoder, decoder and a GPU kernel compute bit-identical predictions.
 
 use crate::error::{Error, Result};
 
@@ -79,11 +81,62 @@ fn linear(b: i64, c: i64) -> i64 {
     b.wrapping_add(c).wrapping_add(1) >> 1
 }
 
-/// The prediction of the point at `idx` of `buf` (a box), whose coordinate along the pass's
-/// dimension is `c` (an odd multiple of `s`) in a box of extent `len` there; `st` is the index
-/// distance of one step along that dimension.
+/// A prediction function of [`run_passes`]: `(buf, idx, c, len, s, st, spline)`.
+pub(crate) type Predict<V> = fn(&[V], usize, usize, usize, usize, usize, Spline) -> V;
+
+/// The prediction in the value domain (FORMAT.md, "cuszi", interpolation), in f64: the same
+/// cases as [`predict_code`] with `(b + c) * 0.5`, `((b + c) * 9 - (a + d)) * 0.0625`,
+/// `((b + c) * 23 - (a + d) * 3) / 40`, `((b * 6 + c * 3) - a) * 0.125` and
+/// `((b * 3 + c * 6) - d) * 0.125`, evaluated in that order.
 #[inline(always)]
-fn predict(buf: &[i64], idx: usize, c: usize, len: usize, s: usize, st: usize, sp: Spline) -> i64 {
+pub(crate) fn predict_value(
+    buf: &[f64],
+    idx: usize,
+    c: usize,
+    len: usize,
+    s: usize,
+    st: usize,
+    sp: Spline,
+) -> f64 {
+    let b = buf[idx - s * st];
+    if c + s >= len {
+        return b;
+    }
+    let cc = buf[idx + s * st];
+    if sp == Spline::Linear {
+        return (b + cc) * 0.5;
+    }
+    let left = c >= 3 * s;
+    let right = c + 3 * s < len;
+    match (left, right) {
+        (true, true) => {
+            let a = buf[idx - 3 * s * st];
+            let d = buf[idx + 3 * s * st];
+            if sp == Spline::Cubic {
+                ((b + cc) * 9.0 - (a + d)) * 0.0625
+            } else {
+                ((b + cc) * 23.0 - (a + d) * 3.0) / 40.0
+            }
+        }
+        (true, false) => ((b * 6.0 + cc * 3.0) - buf[idx - 3 * s * st]) * 0.125,
+        (false, true) => ((b * 3.0 + cc * 6.0) - buf[idx + 3 * s * st]) * 0.125,
+        (false, false) => (b + cc) * 0.5,
+    }
+}
+
+/// The prediction of the point at `idx` of `buf` (a box of codes), whose coordinate along the
+/// pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there; `st` is the
+/// index distance of one step along that dimension.
+#[inline(always)]
+pub(crate) fn predict_code(
+    buf: &[i64],
+    idx: usize,
+    c: usize,
+    len: usize,
+    s: usize,
+    st: usize,
+    sp: Spline,
+) -> i64 {
     let b = buf[idx - s * st];
     if c + s >= len {
         return b; // no right neighbour: copy the left one
@@ -129,13 +182,16 @@ pub(crate) fn box_strides(e: [usize; D]) -> [usize; D] {
 
 /// Run the interpolation passes over a box of extents `e` whose anchors (corners at multiples
 /// of `stride`) are already in `buf`: for every other point, coarsest level first, call
-/// `code(idx, local coordinates, prediction)` and store the code it returns at `idx`.
-pub(crate) fn run_passes(
-    buf: &mut [i64],
+/// `code(idx, local coordinates, prediction)` and store what it returns (the point's
+/// reconstruction or code) at `idx`.
+#[inline(always)]
+pub(crate) fn run_passes<V: Copy>(
+    buf: &mut [V],
     e: [usize; D],
     stride: usize,
     levels: &[Level],
-    mut code: impl FnMut(usize, [usize; D], i64) -> i64,
+    predict: Predict<V>,
+    mut code: impl FnMut(usize, [usize; D], V) -> V,
 ) {
     let st = box_strides(e);
     let mut s = stride / 2;
@@ -172,13 +228,13 @@ pub(crate) fn run_passes(
 
 /// Copy the anchors of tile `c` of volume `b` into its box `buf` (extents `e`) from the
 /// anchor codes `anchors` (one per tile, indexed by tile number).
-pub(crate) fn place_anchors(
+pub(crate) fn place_anchors<V: Copy>(
     g: &Grid,
     b: usize,
     c: [usize; D],
     e: [usize; D],
-    anchors: &[i64],
-    buf: &mut [i64],
+    anchors: &[V],
+    buf: &mut [V],
 ) {
     let st = box_strides(e);
     let s = g.stride;
@@ -229,14 +285,17 @@ pub(crate) const SAMPLE_TILES: usize = 64;
 /// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / 64)`), at each
 /// level `s` and for each dimension `a`, at the box points whose coordinate along `a` is an odd
 /// multiple of `s` with both outer neighbours `±3s` inside the box and every other coordinate a
-/// multiple of `2s`, sum each spline's `min(|code - prediction|, 2^32)` over the points whose
-/// five codes are valid. Each dimension takes the spline with the smallest sum (the first on
-/// ties), and the passes run from the dimension with the largest smallest-sum to the smallest
-/// (ties by dimension number; cuSZ-i's "least smooth first"). `code(b, x)` is the code of point
-/// `x` of volume `b`, `None` when it is stored losslessly.
+/// multiple of `2s`, sum each spline's integer error `min(|v - p| * scale, 2^32)` (truncated;
+/// `p` by [`predict_value`] from the four neighbours' `v`) over the points whose five values are
+/// known. Integer sums do not depend on the order of the additions. Each dimension takes the
+/// spline with the smallest sum (the first on ties), and the passes run from the dimension with
+/// the largest smallest-sum to the smallest (ties by dimension number; cuSZ-i's "least smooth
+/// first"). `value(b, x)` is the sampled value of point `x` of volume `b` (the data value, or the
+/// code as f64), `None` when it is stored losslessly.
 pub(crate) fn choose_levels(
     g: &Grid,
-    code: impl Fn(usize, [usize; D]) -> Option<i64>,
+    scale: f64,
+    value: impl Fn(usize, [usize; D]) -> Option<f64>,
 ) -> Vec<Level> {
     let n_tiles = g.n_tiles();
     let k = (n_tiles / SAMPLE_TILES).max(1);
@@ -249,7 +308,7 @@ pub(crate) fn choose_levels(
             let e = g.boxed(c);
             let o: [usize; D] = std::array::from_fn(|d| c[d] * g.stride);
             for (a, err_a) in err.iter_mut().enumerate() {
-                sample_dim(b, o, e, a, s, &code, err_a);
+                sample_dim(b, o, e, a, s, scale, &value, err_a);
             }
         }
         let best: [(u64, Spline); D] = std::array::from_fn(|d| {
@@ -281,7 +340,8 @@ fn sample_dim(
     e: [usize; D],
     a: usize,
     s: usize,
-    code: &impl Fn(usize, [usize; D]) -> Option<i64>,
+    scale: f64,
+    value: &impl Fn(usize, [usize; D]) -> Option<f64>,
     err: &mut [u64; 3],
 ) {
     if e[a] <= 6 * s {
@@ -289,10 +349,10 @@ fn sample_dim(
     }
     let mut x = [0usize; D];
     let step = 2 * s;
-    let at = |x: [usize; D], dv: isize| -> Option<i64> {
+    let at = |x: [usize; D], dv: isize| -> Option<f64> {
         let mut p = x;
         p[a] = (x[a] as isize + dv * s as isize) as usize;
-        code(b, std::array::from_fn(|d| o[d] + p[d]))
+        value(b, std::array::from_fn(|d| o[d] + p[d]))
     };
     // points along `a` at 3s, 5s, ... with `x + 3s` inside the box
     let first = |d: usize| if d == a { 3 * s } else { 0 };
@@ -305,10 +365,11 @@ fn sample_dim(
                 let v = [at(x, 0), at(x, -3), at(x, -1), at(x, 1), at(x, 3)];
                 if let [Some(q), Some(pa), Some(pb), Some(pc), Some(pd)] = v {
                     // the five codes on a row of step 1: -3s, -s, x, +s, +3s at 0, 2, 3, 4, 6
-                    let buf = [pa, 0, pb, q, pc, 0, pd];
+                    let buf = [pa, 0.0, pb, q, pc, 0.0, pd];
                     for (i, sp) in Spline::ALL.iter().enumerate() {
-                        let p = predict(&buf, 3, 3, 7, 1, 1, *sp);
-                        let r = q.wrapping_sub(p).unsigned_abs().min(1 << 32);
+                        let p = predict_value(&buf, 3, 3, 7, 1, 1, *sp);
+                        // (NaN, from infinite predictions, becomes 0 in the cast)
+                        let r = ((q - p).abs() * scale).min(4_294_967_296.0) as u64;
                         err[i] = err[i].saturating_add(r);
                     }
                 }
@@ -349,13 +410,33 @@ mod tests {
             .map(|i: i64| 16 * i * i * i - 48 * i * i + 5)
             .collect();
         let lin: Vec<i64> = (0..13).map(|i: i64| 7 * i - 3).collect();
-        assert_eq!(predict(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
-        assert_eq!(predict(&cubic, 6, 6, 13, 1, 1, Spline::Cubic), cubic[6]);
+        assert_eq!(predict_code(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
+        assert_eq!(
+            predict_code(&cubic, 6, 6, 13, 1, 1, Spline::Cubic),
+            cubic[6]
+        );
         // copy at the right edge, quadratic near the left edge
-        assert_eq!(predict(&lin, 12, 12, 13, 1, 1, Spline::Cubic), lin[11]);
+        assert_eq!(predict_code(&lin, 12, 12, 13, 1, 1, Spline::Cubic), lin[11]);
         let quad: Vec<i64> = (0..13).map(|i: i64| 8 * i * i).collect();
-        assert_eq!(predict(&quad, 1, 1, 13, 1, 1, Spline::Cubic), quad[1]);
-        assert_eq!(predict(&quad, 11, 11, 13, 1, 1, Spline::Cubic), quad[11]);
+        assert_eq!(predict_code(&quad, 1, 1, 13, 1, 1, Spline::Cubic), quad[1]);
+        assert_eq!(
+            predict_code(&quad, 11, 11, 13, 1, 1, Spline::Cubic),
+            quad[11]
+        );
+        // the value domain agrees where the integer rounding does not matter
+        let f = |v: &[i64]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        assert_eq!(
+            predict_value(&f(&cubic), 6, 6, 13, 1, 1, Spline::Cubic),
+            cubic[6] as f64
+        );
+        assert_eq!(
+            predict_value(&f(&quad), 1, 1, 13, 1, 1, Spline::Natural),
+            quad[1] as f64
+        );
+        assert_eq!(
+            predict_value(&f(&lin), 12, 12, 13, 1, 1, Spline::Linear),
+            lin[11] as f64
+        );
         // extreme codes wrap instead of overflowing
         let big = [
             i64::MAX,
@@ -373,7 +454,7 @@ mod tests {
             i64::MAX,
         ];
         for sp in Spline::ALL {
-            predict(&big, 6, 6, 13, 1, 1, sp);
+            predict_code(&big, 6, 6, 13, 1, 1, sp);
         }
     }
 }

@@ -44,6 +44,7 @@ pub(crate) mod entropy;
 pub(crate) mod grid;
 pub(crate) mod huffman;
 pub(crate) mod interp;
+pub(crate) mod quant;
 
 #[cfg(test)]
 mod tests;
@@ -52,8 +53,8 @@ use rayon::prelude::*;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, Dims, Header, TABLE_ENTRY_LEN};
-use crate::quant::QuantParams;
+use crate::format::{zhash_bytes, BoundMode, Dims, Header, TABLE_ENTRY_LEN};
+use crate::quant::{QuantParams, Quantizer};
 
 use entropy::{Tokens, LOSSLESS, NSYM};
 use grid::{Grid, D};
@@ -105,18 +106,30 @@ fn owned_index(x: [usize; D], e: [usize; D]) -> Option<usize> {
 pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
     let g = Grid::new(dims);
     let q = params.quantizer::<T>();
-    let codes: Vec<i64> = data
-        .par_iter()
-        .with_min_len(4096)
-        .map(|&x| q.encode(x).unwrap_or(LOSSLESS))
-        .collect();
+    let rel = params.mode == BoundMode::Rel;
+    // prequantization codes: of every value in the code domain (rel), of the anchors otherwise
+    let codes: Vec<i64> = if rel {
+        data.par_iter()
+            .with_min_len(4096)
+            .map(|&x| q.encode(x).unwrap_or(LOSSLESS))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let code_at = |gi: usize| {
+        if rel {
+            codes[gi]
+        } else {
+            q.encode(data[gi]).unwrap_or(LOSSLESS)
+        }
+    };
     // anchors: Lorenzo over the anchor grid, in tile order
     let n_tiles = g.n_tiles();
     let mut anchors = vec![0i64; n_tiles];
     let mut anchor_res = vec![0i64; n_tiles];
     for t in 0..n_tiles {
         let (b, c) = g.tile_coords(t);
-        let v = codes[raster(&g, b, c.map(|x| x * g.stride))];
+        let v = code_at(raster(&g, b, c.map(|x| x * g.stride)));
         let p = interp::anchor_prediction(&g, b, c, &anchors);
         let r = v.wrapping_sub(p);
         (anchors[t], anchor_res[t]) = if v == LOSSLESS || r == LOSSLESS {
@@ -125,50 +138,41 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             (v, r)
         };
     }
-    let levels = interp::choose_levels(&g, |b, x| {
-        let v = codes[raster(&g, b, x)];
-        (v != LOSSLESS).then_some(v)
-    });
-    // residuals, tile by tile, and the lossless values by symbol index
     let mut res = vec![0i64; data.len()];
-    let lossless: Vec<Vec<(usize, T)>> = tile_slices(&g, &mut res)
-        .into_par_iter()
-        .map_init(Vec::new, |buf, (t, out)| {
-            let (b, c) = g.tile_coords(t);
-            let e = g.boxed(c);
-            let own = g.owned(c);
-            let o = c.map(|x| x * g.stride);
-            let base = g.tile_offset(b, c);
-            buf.clear();
-            buf.resize(e.iter().product(), 0);
-            interp::place_anchors(&g, b, c, e, &anchors, buf);
-            let mut raw = Vec::new();
-            out[0] = anchor_res[t];
-            if anchor_res[t] == LOSSLESS {
-                raw.push((base, data[raster(&g, b, o)]));
+    let lossless = if rel {
+        let levels = interp::choose_levels(&g, 1.0, |b, x| {
+            let v = codes[raster(&g, b, x)];
+            (v != LOSSLESS).then_some(v as f64)
+        });
+        let point = |gi: usize, p: i64| {
+            let v = codes[gi];
+            let r = v.wrapping_sub(p);
+            if v == LOSSLESS || r == LOSSLESS {
+                (LOSSLESS, p)
+            } else {
+                (r, v)
             }
-            interp::run_passes(buf, e, g.stride, &levels, |_, x, p| {
-                let gi = raster(&g, b, std::array::from_fn(|d| o[d] + x[d]));
-                let v = codes[gi];
-                let r = v.wrapping_sub(p);
-                let (code, r) = if v == LOSSLESS || r == LOSSLESS {
-                    (p, LOSSLESS)
-                } else {
-                    (v, r)
-                };
-                if let Some(i) = owned_index(x, own) {
-                    out[i] = r;
-                    if r == LOSSLESS {
-                        raw.push((base + i, data[gi]));
-                    }
-                }
-                code
-            });
-            raw.sort_unstable_by_key(|r| r.0);
-            raw
-        })
-        .collect();
-    let lossless: Vec<(usize, T)> = lossless.into_iter().flatten().collect();
+        };
+        let tiles = Tiles::new(&g, &levels, &anchors, &anchor_res);
+        let l = tiles.encode(data, &mut res, interp::predict_code, point);
+        (levels, l)
+    } else {
+        let rq = quant::ResidualQuantizer::<T>::new(params);
+        let fill = params.fill.map(|f| T::from_f64(f).to_bits_u64());
+        let levels = interp::choose_levels(&g, 1.0 / params.step, |b, x| {
+            let v = data[raster(&g, b, x)];
+            (v.finite() && Some(v.to_bits_u64()) != fill).then(|| v.to_f64())
+        });
+        let values = anchor_values(&q, &anchors);
+        let point = |gi: usize, p: f64| match rq.encode(data[gi], p) {
+            Some(c) => c,
+            None => (LOSSLESS, finite_or_zero(p)),
+        };
+        let tiles = Tiles::new(&g, &levels, &values, &anchor_res);
+        let l = tiles.encode(data, &mut res, interp::predict_value, point);
+        (levels, l)
+    };
+    let (levels, lossless) = lossless;
     // entropy coding: tokens and histogram per chunk, one codebook, chunks
     let toks: Vec<(Tokens, Vec<u64>)> = res
         .par_chunks(CHUNK)
@@ -308,49 +312,58 @@ pub(crate) fn decode<T: Element>(
     // anchors, in tile order
     let n_tiles = g.n_tiles();
     let mut anchors = vec![0i64; n_tiles];
+    let mut anchor_res = vec![0i64; n_tiles];
     for t in 0..n_tiles {
         let (b, c) = g.tile_coords(t);
         let p = interp::anchor_prediction(&g, b, c, &anchors);
         let r = res[g.tile_offset(b, c)];
         anchors[t] = if r == LOSSLESS { p } else { p.wrapping_add(r) };
+        anchor_res[t] = r;
     }
     // tiles, into tile order
     let q = params.quantizer::<T>();
     let mut tiled = try_alloc::<T>(out.len())?;
-    tile_slices(&g, &mut tiled)
-        .into_par_iter()
-        .for_each_init(Vec::new, |buf, (t, dst)| {
-            let (b, c) = g.tile_coords(t);
-            let e = g.boxed(c);
-            let own = g.owned(c);
-            let o = c.map(|x| x * g.stride);
-            let base = g.tile_offset(b, c);
-            buf.clear();
-            buf.resize(e.iter().product(), 0);
-            interp::place_anchors(&g, b, c, e, &anchors, buf);
-            dst[0] = if res[base] == LOSSLESS {
-                raw_at(base)
+    if h.mode == BoundMode::Rel {
+        let point = |r: i64, p: i64| {
+            if r == LOSSLESS {
+                (None, p)
             } else {
-                q.decode(anchors[t])
-            };
-            interp::run_passes(buf, e, g.stride, &levels, |_, x, p| {
-                let owned = owned_index(x, own);
-                let si = match owned {
-                    Some(i) => base + i,
-                    None => g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d])),
-                };
-                let r = res[si];
-                let code = if r == LOSSLESS { p } else { p.wrapping_add(r) };
-                if let Some(i) = owned {
-                    dst[i] = if r == LOSSLESS {
-                        raw_at(si)
-                    } else {
-                        q.decode(code)
-                    };
-                }
-                code
-            });
-        });
+                let c = p.wrapping_add(r);
+                (Some(q.decode(c)), c)
+            }
+        };
+        let tiles = Tiles::new(&g, &levels, &anchors, &anchor_res);
+        tiles.decode(
+            &q,
+            &anchors,
+            &res,
+            &raw_at,
+            &mut tiled,
+            interp::predict_code,
+            point,
+        );
+    } else {
+        let rq = quant::ResidualQuantizer::<T>::new(params);
+        let point = |r: i64, p: f64| {
+            if r == LOSSLESS {
+                (None, finite_or_zero(p))
+            } else {
+                let v = rq.decode(r, p);
+                (Some(v), v.to_f64())
+            }
+        };
+        let values = anchor_values(&q, &anchors);
+        let tiles = Tiles::new(&g, &levels, &values, &anchor_res);
+        tiles.decode(
+            &q,
+            &anchors,
+            &res,
+            &raw_at,
+            &mut tiled,
+            interp::predict_value,
+            point,
+        );
+    }
     drop(res);
     // gather rows from tile order
     let row = g.n[2];
@@ -368,6 +381,137 @@ pub(crate) fn decode<T: Element>(
             }
         });
     Ok(())
+}
+
+/// `v`, or 0 when it is not finite: the value a lossless point (or an anchor whose code does
+/// not reconstruct to a finite value) stands for in the predictions of its neighbours.
+#[inline(always)]
+fn finite_or_zero(v: f64) -> f64 {
+    if v.is_finite() {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// The anchors' values in the value domain: the reconstruction of each anchor code (for a
+/// lossless anchor, of its Lorenzo prediction), 0 where it is not finite.
+fn anchor_values<T: Element>(q: &Quantizer<T>, anchors: &[i64]) -> Vec<f64> {
+    anchors
+        .iter()
+        .map(|&c| finite_or_zero(q.decode(c).to_f64()))
+        .collect()
+}
+
+/// The tile passes of one stream: grid, level configuration, the anchors' buffer values (codes
+/// or values) and their residuals.
+struct Tiles<'a, V> {
+    g: &'a Grid,
+    levels: &'a [Level],
+    anchors: &'a [V],
+    anchor_res: &'a [i64],
+}
+
+impl<'a, V: Copy + Default + Send + Sync> Tiles<'a, V> {
+    fn new(g: &'a Grid, levels: &'a [Level], anchors: &'a [V], anchor_res: &'a [i64]) -> Self {
+        Tiles {
+            g,
+            levels,
+            anchors,
+            anchor_res,
+        }
+    }
+
+    /// Residuals of every tile into `res` (tile order); `point(array index, prediction)` gives a
+    /// point's residual ([`LOSSLESS`] or a code) and the buffer value its neighbours see.
+    /// Returns the lossless values by residual index.
+    fn encode<T: Element>(
+        &self,
+        data: &[T],
+        res: &mut [i64],
+        predict: interp::Predict<V>,
+        point: impl Fn(usize, V) -> (i64, V) + Sync,
+    ) -> Vec<(usize, T)> {
+        let g = self.g;
+        let lossless: Vec<Vec<(usize, T)>> = tile_slices(g, res)
+            .into_par_iter()
+            .map_init(Vec::new, |buf, (t, out)| {
+                let (b, c) = g.tile_coords(t);
+                let e = g.boxed(c);
+                let own = g.owned(c);
+                let o = c.map(|x| x * g.stride);
+                let base = g.tile_offset(b, c);
+                buf.clear();
+                buf.resize(e.iter().product(), V::default());
+                interp::place_anchors(g, b, c, e, self.anchors, buf);
+                let mut raw = Vec::new();
+                out[0] = self.anchor_res[t];
+                if out[0] == LOSSLESS {
+                    raw.push((base, data[raster(g, b, o)]));
+                }
+                interp::run_passes(buf, e, g.stride, self.levels, predict, |_, x, p| {
+                    let gi = raster(g, b, std::array::from_fn(|d| o[d] + x[d]));
+                    let (r, v) = point(gi, p);
+                    if let Some(i) = owned_index(x, own) {
+                        out[i] = r;
+                        if r == LOSSLESS {
+                            raw.push((base + i, data[gi]));
+                        }
+                    }
+                    v
+                });
+                raw.sort_unstable_by_key(|r| r.0);
+                raw
+            })
+            .collect();
+        lossless.into_iter().flatten().collect()
+    }
+
+    /// Values of every tile into `tiled` (tile order) from the residuals `res`; `point(residual,
+    /// prediction)` gives a point's value (`None`: lossless, `raw_at` of its index) and buffer
+    /// value; `codes` are the anchor codes.
+    #[allow(clippy::too_many_arguments)]
+    fn decode<T: Element>(
+        &self,
+        q: &Quantizer<T>,
+        codes: &[i64],
+        res: &[i64],
+        raw_at: &(impl Fn(usize) -> T + Sync),
+        tiled: &mut [T],
+        predict: interp::Predict<V>,
+        point: impl Fn(i64, V) -> (Option<T>, V) + Sync,
+    ) {
+        let g = self.g;
+        tile_slices(g, tiled)
+            .into_par_iter()
+            .for_each_init(Vec::new, |buf, (t, dst)| {
+                let (b, c) = g.tile_coords(t);
+                let e = g.boxed(c);
+                let own = g.owned(c);
+                let o = c.map(|x| x * g.stride);
+                let base = g.tile_offset(b, c);
+                buf.clear();
+                buf.resize(e.iter().product(), V::default());
+                interp::place_anchors(g, b, c, e, self.anchors, buf);
+                dst[0] = if res[base] == LOSSLESS {
+                    raw_at(base)
+                } else {
+                    q.decode(codes[t])
+                };
+                interp::run_passes(buf, e, g.stride, self.levels, predict, |_, x, p| {
+                    let owned = owned_index(x, own);
+                    let si = match owned {
+                        Some(i) => base + i,
+                        None => g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d])),
+                    };
+                    let (val, v) = point(res[si], p);
+                    if let Some(i) = owned {
+                        dst[i] = val.unwrap_or_else(|| raw_at(si));
+                    }
+                    v
+                });
+            });
+    }
 }
 
 /// A vector of `n` default values, or [`Error::OutOfMemory`].
