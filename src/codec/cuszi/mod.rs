@@ -3,33 +3,36 @@
 //!
 //! Pipeline (compression):
 //!
-//! 1. **prequantization**: every value becomes its code under the shared verified quantizer
-//!    ([`crate::quant::Quantizer::encode`], the rules of every other codec); a value it refuses
-//!    (NaN, ±Inf, the fill value, a reconstruction that misses the bound) is stored losslessly;
-//!    its code is then its prediction, so it does not disturb its neighbours. Since the
-//!    decoder reconstructs a value from its code alone (`Quantizer::decode`), the bound holds
-//!    exactly as for the other codecs, whatever the prediction does;
-//! 2. **prediction on codes** (module `interp`): the codes of the tile anchors (every `S`-th
-//!    point per dimension, `S` = 8 in 3-D, 16 in 2-D, 512 in 1-D) are Lorenzo-predicted over the
-//!    anchor grid; every other code is predicted from coarser ones by linear or cubic splines,
-//!    level by level (strides `S/2 ... 1`), one pass per dimension, inside its tile's box. Each
-//!    level's pass order and per-dimension spline are chosen by sampling (cuSZ-i's auto-tuning)
-//!    and stored in the stream. Residuals are integer differences, so prediction loses nothing;
+//! 1. **anchors** (module `interp`): every `S`-th point per dimension (`S` = 8 in 3-D, 16 in 2-D,
+//!    512 in 1-D) is quantized directly by the shared verified quantizer
+//!    ([`crate::quant::Quantizer::encode`]) and its code Lorenzo-predicted over the anchor grid;
+//! 2. **interpolation**: every other point is predicted from coarser ones by linear or cubic
+//!    splines, level by level (strides `S/2 ... 1`), one pass per dimension, inside its tile's
+//!    box. Each level's pass order and per-dimension spline are chosen by sampling (cuSZ-i's
+//!    auto-tuning) and stored in the stream. Under abs/noa bounds the predictions are made from
+//!    reconstructed values and the residual `x - prediction` is quantized (module `quant`: the
+//!    encoder reconstructs each value exactly as the decoder will and checks the bound exactly);
+//!    under rel bounds every value is quantized first and the integer codes are predicted
+//!    exactly. A value that cannot be kept within the bound (NaN, ±Inf, the fill value, a missed
+//!    bound) is stored losslessly and stands for its prediction in its neighbours' predictions;
 //! 3. **entropy coding** (modules `entropy`, `huffman`): the residuals, tile after tile, are cut
 //!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
 //!    values and large residuals); one canonical Huffman codebook built from the histogram of all
 //!    chunks codes every chunk independently.
 //!
+//! Memory: the encoder holds an `i64` residual per value (and, under rel bounds, a code), the
+//! decoder the residuals plus a tile-ordered copy of the output; about 16 bytes per value beyond
+//! the input and output.
+//!
 //! # Block-parallel layout (the CUDA kernel's map)
 //!
 //! The stream is designed so that a CUDA implementation writes the same bytes:
 //!
-//! * prequantization is element-wise (the quantizer already has a CUDA twin);
-//! * a tile's residuals depend only on the codes inside its box (its `S^d` points plus the halo
-//!   at `+S`), because halo points lie on faces whose predictions never cross the face: a
-//!   thread block per tile (or per 4 tiles, cuSZ-i's 32x8x8) computes them with the same integer
-//!   arithmetic; anchors need one small pass over the anchor grid first (decoding: an n-D prefix
-//!   sum of the anchor residuals);
+//! * a tile's residuals depend only on the data inside its box (its `S^d` points plus the halo
+//!   at `+S`) and the anchor codes, because halo points lie on faces whose predictions never cross
+//!   the face: a thread block per tile (or per 4 tiles, cuSZ-i's 32x8x8) computes them with the
+//!   same IEEE f64 operations (no FMA: `--fmad=false`) or integer arithmetic; anchors need one
+//!   small pass over the anchor grid first (decoding: an n-D prefix sum of the anchor residuals);
 //! * the configuration sampling visits fixed tiles and sums integers (order-independent);
 //! * the histogram is an atomic-add kernel; the codebook is built on the host from it (as in
 //!   cuSZ-i) with the deterministic rules of FORMAT.md ("Metadata");
