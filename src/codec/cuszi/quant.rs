@@ -57,7 +57,8 @@ impl<T: Element> ResidualQuantizer<T> {
         }
         let xv = x.to_f64();
         let v = (xv - p) * self.inv;
-        if !(v.abs() < T::QMAX) {
+        let in_range = v.abs() < T::QMAX; // false for NaN
+        if !in_range {
             return None;
         }
         let q = v.round_ties_even() as i64;
