@@ -1200,8 +1200,25 @@ fn dims_and_cuszi() {
     }
     let mut args = compress_args(&raw, &zc, "f32");
     args.extend(["--codec", "cuszi", "--device", "gpu"]);
-    let o = zcomm(&args);
-    assert!(!o.status.success());
+    assert_clean_failure(
+        &zcomm(&args),
+        "cuszi --device gpu",
+        "not supported on the GPU",
+    );
+    let o = zcomm(&[
+        "decompress",
+        "-i",
+        p(&zc),
+        "-o",
+        p(&back),
+        "--device",
+        "gpu",
+    ]);
+    assert_clean_failure(
+        &o,
+        "decompress cuszi --device gpu",
+        "not supported on the GPU",
+    );
     // other codecs: the same stream with and without the shape
     let (a, b2) = (d.join("a.zc"), d.join("b.zc"));
     let mut args = compress_args(&raw, &a, "f32");
