@@ -142,7 +142,7 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
         };
     }
     let mut res = vec![0i64; data.len()];
-    let lossless = if rel {
+    let (levels, lossless) = if rel {
         let levels = interp::choose_levels(&g, 1.0, |b, x| {
             let v = codes[raster(&g, b, x)];
             (v != LOSSLESS).then_some(v as f64)
@@ -175,7 +175,6 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
         let l = tiles.encode(data, &mut res, interp::predict_value, point);
         (levels, l)
     };
-    let (levels, lossless) = lossless;
     // entropy coding: tokens and histogram per chunk, one codebook, chunks
     let toks: Vec<(Tokens, Vec<u64>)> = res
         .par_chunks(CHUNK)
