@@ -61,7 +61,8 @@ impl<T: Element> ResidualQuantizer<T> {
         if !in_range {
             return None;
         }
-        let q = v.round_ties_even() as i64;
+        // round_ties_even, in the form baseline x86-64 vectorizes (no libm call)
+        let q = <f64 as Element>::rint(v) as i64;
         let r = self.decode(q, p);
         let rv = r.to_f64();
         self.within(xv, rv).then_some((q, rv))
