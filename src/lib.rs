@@ -9,12 +9,13 @@ pub mod quant;
 mod simd;
 
 pub use codec::{
-    compress, compress_with_options, compress_with_range, decompress, decompress_chunked,
-    decompress_into, decompress_to_writer, inspect, CodecKind, CompressOptions, DecodeLimits,
+    compress, compress_nd, compress_with_options, compress_with_range, decompress,
+    decompress_chunked, decompress_into, decompress_to_writer, inspect, CodecKind, CompressOptions,
+    DecodeLimits,
 };
 pub use element::Element;
 pub use error::{Error, Result};
-pub use format::{compress_bound, Dtype};
+pub use format::{compress_bound, Dims, Dtype};
 pub use quant::ErrorBound;
 
 #[cfg(feature = "cuda")]

@@ -1009,7 +1009,7 @@ fn fill_value_is_kept_exactly_and_warned_about() {
     );
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let recs = recs.as_array().unwrap();
-    assert_eq!(recs.len(), 4);
+    assert_eq!(recs.len(), zcomm::CodecKind::ALL.len());
     for r in recs {
         assert_eq!(r["bound_ok"], true, "{r}");
         assert_eq!(r["fill_exact"], true, "{r}");
@@ -1149,4 +1149,101 @@ fn decompress_streams_large_outputs_in_batches() {
         "streamed output differs from the in-memory decoder's"
     );
     std::fs::remove_dir_all(&d).ok();
+}
+
+/// `--dims`: cuszi records the shape (`info` shows it) and decodes within the bound; a shape
+/// that does not match the input, or a malformed one, is a clear error; `--device gpu` refuses
+/// cuszi; the other codecs ignore the shape.
+#[test]
+fn dims_and_cuszi() {
+    let d = tmpdir("dims");
+    let (raw, zc, back) = (d.join("x.f32"), d.join("x.zc"), d.join("back.f32"));
+    let v = smooth_f32(24 * 20 * 16);
+    write_f32(&raw, &v);
+    let mut args = compress_args(&raw, &zc, "f32");
+    args.extend(["--codec", "cuszi", "--dims", "24x20x16"]);
+    let o = zcomm(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = zcomm(&["info", "-i", p(&zc), "--json"]);
+    let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(h["dims"], serde_json::json!([24, 20, 16]));
+    assert_eq!(
+        (h["codec"].as_str(), h["version"].as_u64()),
+        (Some("cuszi"), Some(3))
+    );
+    let o = zcomm(&["info", "-i", p(&zc)]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("24x20x16"));
+    let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&back)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let eb = h["abs_bound"].as_f64().unwrap();
+    let b = std::fs::read(&back).unwrap();
+    for (x, c) in v.iter().zip(b.chunks_exact(4)) {
+        let y = f32::from_le_bytes(c.try_into().unwrap());
+        assert!(((x - y).abs() as f64) <= eb);
+    }
+    for (dims, msg) in [
+        ("24x20", "holds 480 values"),
+        ("24x0x16", "zero dimension"),
+        ("2x2x2x2x2", "1 to 4 dimensions"),
+        ("24xx16", "not a whole number"),
+    ] {
+        let mut args = compress_args(&raw, &zc, "f32");
+        args.extend(["--codec", "cuszi", "--dims", dims]);
+        // (a malformed shape is a usage error of the argument parser: status 2)
+        let o = zcomm(&args);
+        let e = stderr(&o);
+        assert!(matches!(o.status.code(), Some(1 | 2)), "--dims {dims}: {e}");
+        assert!(
+            !e.contains("panicked") && e.contains(msg),
+            "--dims {dims}: {e}"
+        );
+    }
+    let mut args = compress_args(&raw, &zc, "f32");
+    args.extend(["--codec", "cuszi", "--device", "gpu"]);
+    assert_clean_failure(
+        &zcomm(&args),
+        "cuszi --device gpu",
+        "not supported on the GPU",
+    );
+    let o = zcomm(&[
+        "decompress",
+        "-i",
+        p(&zc),
+        "-o",
+        p(&back),
+        "--device",
+        "gpu",
+    ]);
+    assert_clean_failure(
+        &o,
+        "decompress cuszi --device gpu",
+        "not supported on the GPU",
+    );
+    // other codecs: the same stream with and without the shape
+    let (a, b2) = (d.join("a.zc"), d.join("b.zc"));
+    let mut args = compress_args(&raw, &a, "f32");
+    args.extend(["--codec", "pfpl", "--dims", "24x20x16"]);
+    assert!(zcomm(&args).status.success());
+    let mut args = compress_args(&raw, &b2, "f32");
+    args.extend(["--codec", "pfpl"]);
+    assert!(zcomm(&args).status.success());
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b2).unwrap());
+    // bench with a shape: every codec within its bound
+    let o = zcomm(&[
+        "bench",
+        "-i",
+        p(&raw),
+        "--dtype",
+        "f32",
+        "--error-bound",
+        "noa:1e-3",
+        "--dims",
+        "24x20x16",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(recs.as_array().unwrap().len(), zcomm::CodecKind::ALL.len());
 }

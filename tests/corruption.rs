@@ -453,7 +453,7 @@ fn invalid_header_fields_are_rejected_for_every_stream_kind() {
         let mode = s[8];
         let mut bad: Vec<(usize, Vec<u8>)> = vec![
             (6, vec![0]), // codec tags
-            (6, vec![5]),
+            (6, vec![6]),
             (6, vec![0xFF]),
             (7, vec![3]), // dtype
             (8, vec![0]), // mode
@@ -590,7 +590,17 @@ fn chunked_decode_matches_decompress() {
         let s = compress(&noise, ErrorBound::Abs(1e-300), c).unwrap();
         let mut w = Vec::new();
         zcomm::decompress_to_writer::<f64, _>(&s, &mut w, DecodeLimits::default()).unwrap();
-        assert_eq!(&w[..], &s[96..], "{c}: stored stream bytes");
+        // (cuszi compresses this noise a little: its raw values are checked by decompress)
+        let h = zcomm::inspect(&s).unwrap();
+        if h.is_stored() {
+            assert_eq!(&w[..], &s[h.header_len()..], "{c}: stored stream bytes");
+        } else {
+            let v: Vec<f64> = decompress(&s).unwrap();
+            assert!(
+                w.chunks_exact(8).zip(&v).all(|(b, x)| b == x.to_le_bytes()),
+                "{c}"
+            );
+        }
         // a sink error stops the decode and comes back unchanged
         let s = compress(&big, ErrorBound::Noa(1e-4), c).unwrap();
         let e = zcomm::decompress_chunked::<f32, _>(&s, DecodeLimits::default(), |_| {

@@ -11,11 +11,12 @@
 //! ```
 
 pub mod blocked;
+pub mod cuszi;
 pub mod pfpl;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, ChunkEntry, Header, FLAG_STORED, HEADER_LEN};
+use crate::format::{zhash_bytes, ChunkEntry, Dims, Header, FLAG_STORED};
 use crate::quant::{first_nonzero, ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
@@ -33,6 +34,9 @@ pub enum CodecKind {
     CuszpOutlier,
     /// PFPL: in-place quantization, negabinary deltas, bit shuffle, zero-byte elimination.
     Pfpl,
+    /// cuSZ-i: multi-level spline interpolation over the array's shape (`compress_nd`), Huffman
+    /// coding. CPU only for now.
+    Cuszi,
 }
 
 impl CodecKind {
@@ -42,7 +46,29 @@ impl CodecKind {
         CodecKind::CuszpPlain,
         CodecKind::CuszpOutlier,
         CodecKind::Pfpl,
+        CodecKind::Cuszi,
     ];
+
+    /// The codecs with GPU kernels (and so the ones the communication layer's `Policy::Auto`
+    /// calibrates and chooses from), in registry order.
+    pub const WITH_GPU: &'static [CodecKind] = &[
+        CodecKind::Aatrox,
+        CodecKind::CuszpPlain,
+        CodecKind::CuszpOutlier,
+        CodecKind::Pfpl,
+    ];
+
+    /// Whether the codec has GPU kernels (`gpu::GpuCodec` refuses the others with
+    /// [`Error::Unavailable`]).
+    pub fn has_gpu(self) -> bool {
+        Self::WITH_GPU.contains(&self)
+    }
+
+    /// Whether the codec uses the array's shape (`compress_nd`, [`CompressOptions::with_dims`]);
+    /// the others compress every array as 1-D and ignore it.
+    pub fn uses_dims(self) -> bool {
+        self == CodecKind::Cuszi
+    }
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -51,6 +77,7 @@ impl CodecKind {
             CodecKind::CuszpPlain => "cuszp-plain",
             CodecKind::CuszpOutlier => "cuszp-outlier",
             CodecKind::Pfpl => "pfpl",
+            CodecKind::Cuszi => "cuszi",
         }
     }
     /// The header tag.
@@ -60,13 +87,15 @@ impl CodecKind {
             CodecKind::CuszpPlain => 2,
             CodecKind::CuszpOutlier => 3,
             CodecKind::Pfpl => 4,
+            CodecKind::Cuszi => crate::format::CODEC_CUSZI,
         }
     }
-    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp; see
+    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp/cuszi; see
     /// [`pfpl::chunk_log2`]).
     pub fn chunk_log2(self, dtype: crate::format::Dtype) -> u16 {
         match self {
             CodecKind::Pfpl => pfpl::chunk_log2(dtype),
+            CodecKind::Cuszi => cuszi::CHUNK_LOG2 as u16,
             _ => blocked::CHUNK_LOG2 as u16,
         }
     }
@@ -108,7 +137,47 @@ impl std::str::FromStr for CodecKind {
 /// make the data smaller. Uses all rayon threads.
 pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
     let params = QuantParams::derive(data, bound)?;
-    compress_with_params(data, &params, codec)
+    compress_with_params(data, &params, codec, None)
+}
+
+/// [`compress`] of an array of shape `dims` (slowest dimension first, numpy's C order: 1 to 4
+/// extents, none zero, whose product is `data.len()`).
+///
+/// Codecs that use the shape ([`CodecKind::uses_dims`]: `cuszi`) record it in the stream
+/// (format version 3) and predict along every dimension; the others ignore it and write the
+/// same bytes as [`compress`]. Errors ([`Error::InvalidArgument`]): an invalid bound or shape,
+/// or a shape whose product is not `data.len()`.
+///
+/// ```
+/// use zcomm::{compress, compress_nd, decompress, inspect, CodecKind, ErrorBound};
+/// let (nx, ny, nz) = (24usize, 20, 16);
+/// let data: Vec<f32> = (0..nx * ny * nz)
+///     .map(|i| {
+///         let (x, y, z) = ((i / (ny * nz)) as f32, (i / nz % ny) as f32, (i % nz) as f32);
+///         (x * 0.2).sin() * (y * 0.15).cos() + z * 0.01
+///     })
+///     .collect();
+/// let b = ErrorBound::Noa(1e-3);
+/// let s = compress_nd(&data, &[nx, ny, nz], b, CodecKind::Cuszi)?;
+/// assert_eq!(inspect(&s)?.dims.unwrap().as_slice(), &[24, 20, 16]);
+/// let back: Vec<f32> = decompress(&s)?;
+/// let eb = inspect(&s)?.abs_bound;
+/// assert!(data.iter().zip(&back).all(|(x, y)| ((x - y).abs() as f64) <= eb));
+/// // codecs that ignore the shape write the 1-D stream
+/// let a = compress_nd(&data, &[nx, ny, nz], b, CodecKind::Aatrox)?;
+/// assert_eq!(a, compress(&data, b, CodecKind::Aatrox)?);
+/// assert!(compress_nd(&data, &[nx, ny], b, CodecKind::Cuszi).is_err());
+/// # Ok::<(), zcomm::Error>(())
+/// ```
+pub fn compress_nd<T: Element>(
+    data: &[T],
+    dims: &[usize],
+    bound: ErrorBound,
+    codec: CodecKind,
+) -> Result<Vec<u8>> {
+    let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+    let opts = CompressOptions::default().with_dims(Dims::new(&d)?);
+    compress_with_options(data, bound, codec, &opts)
 }
 
 /// [`compress`] under a `noa` bound with the value range `range = (min, max)` given by the caller
@@ -146,7 +215,7 @@ pub fn compress_with_range<T: Element>(
     range: (f64, f64),
 ) -> Result<Vec<u8>> {
     let params = QuantParams::derive_with_range::<T>(bound, range, || first_nonzero(data))?;
-    compress_with_params(data, &params, codec)
+    compress_with_params(data, &params, codec, None)
 }
 
 /// Options of [`compress_with_options`] beyond the bound and the codec. Build with
@@ -160,6 +229,8 @@ pub struct CompressOptions {
     pub fill_value: Option<f64>,
     /// A `noa` value range given instead of measured (as [`compress_with_range`]).
     pub range: Option<(f64, f64)>,
+    /// The array's shape (see [`compress_nd`]); `None`: 1-D.
+    pub dims: Option<Dims>,
 }
 
 impl CompressOptions {
@@ -173,6 +244,11 @@ impl CompressOptions {
         self.range = Some(range);
         self
     }
+    /// Set the array's shape (see [`compress_nd`]).
+    pub fn with_dims(mut self, dims: Dims) -> Self {
+        self.dims = Some(dims);
+        self
+    }
 }
 
 /// [`compress`] with [`CompressOptions`]: a fill value, a given `noa` range.
@@ -184,8 +260,8 @@ impl CompressOptions {
 /// stream is byte-identical to [`compress`]'s.
 ///
 /// Errors ([`Error::InvalidArgument`]): an invalid bound, a fill value that is not finite in
-/// the dtype (NaN and infinities are always kept exactly), and the range errors of
-/// [`compress_with_range`].
+/// the dtype (NaN and infinities are always kept exactly), the range errors of
+/// [`compress_with_range`], and a shape whose product is not `data.len()`.
 ///
 /// ```
 /// use zcomm::{compress_with_options, decompress, CodecKind, CompressOptions, ErrorBound};
@@ -208,23 +284,51 @@ pub fn compress_with_options<T: Element>(
     codec: CodecKind,
     options: &CompressOptions,
 ) -> Result<Vec<u8>> {
+    if let Some(d) = options.dims {
+        if d.count() != data.len() as u64 {
+            return Err(Error::invalid(format!(
+                "shape {d} holds {} values, the data has {}",
+                d.count(),
+                data.len()
+            )));
+        }
+    }
     let params = QuantParams::derive_with_fill(data, bound, options.fill_value, options.range)?;
-    compress_with_params(data, &params, codec)
+    compress_with_params(data, &params, codec, options.dims)
 }
 
-/// The body of [`compress`] and [`compress_with_range`]: encode `data` under `params` and wrap it
-/// in a header (or a stored stream when compression does not pay).
+/// The body of [`compress`] and [`compress_with_range`]: encode `data` (of shape `dims`, for
+/// codecs that use it; `None`: 1-D) under `params` and wrap it in a header (or a stored stream
+/// when compression does not pay).
 fn compress_with_params<T: Element>(
     data: &[T],
     params: &QuantParams,
     codec: CodecKind,
+    dims: Option<Dims>,
 ) -> Result<Vec<u8>> {
-    // (pfpl also returns its data checksum; the other codecs have none)
-    let (body, data_checksum) = match codec {
+    // shape-aware codecs write version 3 headers, with the shape (1-D by default)
+    let dims = codec
+        .uses_dims()
+        .then(|| dims.unwrap_or(Dims::linear(data.len() as u64)));
+    // (pfpl also returns its data checksum, cuszi its metadata length; the others have none)
+    let (body, data_checksum, meta_len) = match codec {
         CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
-            (blocked::encode(data, params, codec), 0)
+            (blocked::encode(data, params, codec), 0, 0)
         }
-        CodecKind::Pfpl => pfpl::encode(data, params),
+        CodecKind::Pfpl => {
+            let (b, c) = pfpl::encode(data, params);
+            (b, c, 0)
+        }
+        CodecKind::Cuszi => {
+            let shape = dims.unwrap_or(Dims::linear(data.len() as u64));
+            let e = cuszi::encode(data, &shape, params);
+            let body = blocked::Body {
+                payload: e.payload,
+                n_chunks: e.n_chunks,
+                table_checksum: e.table_checksum,
+            };
+            (body, 0, e.meta_len)
+        }
     };
     let raw_len = data.len() * T::SIZE;
     let header = |flags, payload_len: usize, n_chunks, payload_checksum, data_checksum| Header {
@@ -244,17 +348,21 @@ fn compress_with_params<T: Element>(
         payload_checksum,
         data_checksum,
         fill_value: params.fill,
+        dims,
+        meta_len: 0,
     };
     if body.payload.len() < raw_len {
-        let h = header(
+        let mut h = header(
             0,
             body.payload.len(),
             body.n_chunks,
             body.table_checksum,
             data_checksum,
         );
-        let mut out = Vec::with_capacity(HEADER_LEN + body.payload.len());
-        out.extend_from_slice(&h.to_bytes());
+        h.meta_len = meta_len;
+        let head = h.to_vec();
+        let mut out = Vec::with_capacity(head.len() + body.payload.len());
+        out.extend_from_slice(&head);
         out.extend_from_slice(&body.payload);
         Ok(out)
     } else {
@@ -264,13 +372,14 @@ fn compress_with_params<T: Element>(
 
 /// A stream that keeps `data` verbatim (used when compression does not pay).
 fn stored_stream<T: Element>(data: &[T], mut h: Header) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + data.len() * T::SIZE);
-    out.extend_from_slice(&[0; HEADER_LEN]);
+    let hl = h.header_len();
+    let mut out = Vec::with_capacity(hl + data.len() * T::SIZE);
+    out.resize(hl, 0);
     for &x in data {
         x.write_le(&mut out);
     }
-    h.payload_checksum = zhash_bytes(&out[HEADER_LEN..]);
-    out[..HEADER_LEN].copy_from_slice(&h.to_bytes());
+    h.payload_checksum = zhash_bytes(&out[hl..]);
+    out[..hl].copy_from_slice(&h.to_vec());
     out
 }
 
@@ -420,6 +529,7 @@ const BATCH_VALUES: usize = 1 << 24;
 /// Decode a stream batch by batch, handing each batch of consecutive values to `sink` in order:
 /// at most `min(count, 2^24)` values are held at once, so a large stream is decoded without a
 /// second full-size copy (the caller writes each batch to a file, a socket, a buffer...).
+/// (Compressed `cuszi` streams are decoded whole first: their tiles span the array.)
 ///
 /// Everything [`decompress_with_limits`] checks is checked first (header, `limits`, the chunk
 /// table; pfpl: its data checksum over all chunks); each aatrox/cuszp chunk's checksum is
@@ -438,9 +548,18 @@ where
     limits.check(&h)?;
     let count = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
+    if h.codec == CodecKind::Cuszi.tag() && !h.is_stored() {
+        // tiles do not map to consecutive values: decode all, hand over batch by batch
+        let mut all = try_vec::<T>(count)?;
+        decode_checked(stream, &h, &mut all)?;
+        for c in all.chunks(BATCH_VALUES) {
+            sink(c)?;
+        }
+        return Ok(h.count);
+    }
     let mut buf = try_vec::<T>(count.min(BATCH_VALUES))?;
     if h.is_stored() {
-        for c in stream[HEADER_LEN..].chunks(BATCH_VALUES * T::SIZE) {
+        for c in stream[h.header_len()..].chunks(BATCH_VALUES * T::SIZE) {
             let n = c.len() / T::SIZE;
             let dst = &mut buf[..n];
             for (o, b) in dst.iter_mut().zip(c.chunks_exact(T::SIZE)) {
@@ -526,7 +645,7 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
     if h.is_stored() {
         for (o, b) in out
             .iter_mut()
-            .zip(stream[HEADER_LEN..].chunks_exact(T::SIZE))
+            .zip(stream[h.header_len()..].chunks_exact(T::SIZE))
         {
             *o = T::read_le(b);
         }
@@ -538,6 +657,7 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
             blocked::decode(stream, h, &params, c, out)
         }
         CodecKind::Pfpl => pfpl::decode(stream, h, &params, out),
+        CodecKind::Cuszi => cuszi::decode(stream, h, &params, out),
     }
 }
 
@@ -568,6 +688,8 @@ fn decode_entries<T: Element>(
             blocked::decode_entries(stream, entries, first, params, codec, out)
         }
         CodecKind::Pfpl => pfpl::decode_entries(stream, entries, first, params, out),
+        // (decompress_chunked decodes cuszi streams whole)
+        CodecKind::Cuszi => Err(Error::corrupt("cuszi chunks are not decoded one by one")),
     }
 }
 

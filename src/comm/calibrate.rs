@@ -85,7 +85,7 @@ impl Communicator {
         let codec = self.config.policy.codec().unwrap_or_default();
         // every codec, so that `Auto` can choose among them per message
         let mut codecs = Vec::new();
-        for (&c, dt) in CodecKind::ALL
+        for (&c, dt) in CodecKind::WITH_GPU
             .iter()
             .flat_map(|c| [(c, Dtype::F32), (c, Dtype::F64)])
         {

@@ -1,17 +1,30 @@
 //! The versioned little-endian stream layout (see `FORMAT.md`): header, chunk table, `zhash`.
 //!
 //! This module is the only place that knows byte offsets; codecs and kernels build on it.
+//!
+//! Two header versions are read: version 2 (96 bytes), written by the codecs that ignore the
+//! array's shape, and version 3 (136 bytes: version 2's fields plus the shape), written by the
+//! shape-aware `cuszi` codec.
 
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 
+pub mod dims;
+pub use dims::{Dims, MAX_DIMS};
+
 /// Stream magic.
 pub const MAGIC: [u8; 4] = *b"ZCMP";
-/// Format version written and accepted (any other version is rejected).
+/// Format version of the streams of codecs that ignore the shape (96-byte header).
 pub const VERSION: u16 = 2;
-/// Header size in bytes.
+/// Format version of the streams of shape-aware codecs (`cuszi`): the version 2 fields, then the
+/// shape and the codec metadata length ([`HEADER_LEN_V3`] bytes). Versions other than 2 and 3
+/// are rejected.
+pub const VERSION_SHAPED: u16 = 3;
+/// Header size in bytes of a version 2 stream (the fixed part every version starts with).
 pub const HEADER_LEN: usize = 96;
+/// Header size in bytes of a version 3 stream.
+pub const HEADER_LEN_V3: usize = 136;
 /// Bytes per chunk-table entry of the aatrox / cuszp codecs (`size: u32`, `checksum: u32`).
 pub const TABLE_ENTRY_LEN: usize = 8;
 /// Bytes per chunk-table entry of `pfpl` streams (`size: u16`; chunk payloads are checked through
@@ -19,6 +32,9 @@ pub const TABLE_ENTRY_LEN: usize = 8;
 pub const PFPL_TABLE_ENTRY_LEN: usize = 2;
 /// Codec tag of `pfpl`, the codec whose chunk table is [`PFPL_TABLE_ENTRY_LEN`] bytes per chunk.
 pub const CODEC_PFPL: u8 = 4;
+/// Codec tag of `cuszi`, the shape-aware codec: its streams are version 3, and only its
+/// compressed streams carry codec metadata (Huffman codebook, predictor configuration).
+pub const CODEC_CUSZI: u8 = 5;
 /// Flag bit: the values follow the header verbatim.
 pub const FLAG_STORED: u8 = 1;
 /// Flag bit: the stream has a fill value (header offset 84): values bitwise equal to it were kept
@@ -26,8 +42,9 @@ pub const FLAG_STORED: u8 = 1;
 pub const FLAG_FILL: u8 = 2;
 /// Every flag bit a stream may set.
 pub const KNOWN_FLAGS: u8 = FLAG_STORED | FLAG_FILL;
-/// The codec tags a stream may carry (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl).
-pub const CODEC_TAGS: std::ops::RangeInclusive<u8> = 1..=4;
+/// The codec tags a stream may carry (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl,
+/// 5 cuszi).
+pub const CODEC_TAGS: std::ops::RangeInclusive<u8> = 1..=5;
 
 /// Element type of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -117,10 +134,10 @@ impl BoundMode {
     }
 }
 
-/// The parsed 96-byte stream header.
+/// The parsed stream header (96 bytes in version 2, 136 in version 3).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Header {
-    /// Codec tag (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl).
+    /// Codec tag (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl, 5 cuszi).
     pub codec: u8,
     /// Element type.
     pub dtype: Dtype,
@@ -155,6 +172,12 @@ pub struct Header {
     /// dtype (widened to f64) whose occurrences were kept exactly and left out of the range.
     /// [`Header::to_bytes`] sets or clears [`FLAG_FILL`] from this field.
     pub fill_value: Option<f64>,
+    /// The array's shape (version 3 streams, header offsets 92..128); `None` in version 2
+    /// streams, whose codecs treat every array as 1-D. Its product equals `count`.
+    pub dims: Option<Dims>,
+    /// Version 3: bytes of codec metadata between the chunk table and the first chunk (header
+    /// offset 128; covered by the payload checksum); 0 in version 2 and in stored streams.
+    pub meta_len: u32,
 }
 
 impl Header {
@@ -163,17 +186,64 @@ impl Header {
         self.flags & FLAG_STORED != 0
     }
 
-    /// Bytes of the chunk table (0 for stored streams): `n_chunks` entries of
-    /// [`table_entry_len`] bytes.
+    /// The stream's format version: [`VERSION_SHAPED`] when it carries a shape, else
+    /// [`VERSION`].
+    pub fn version(&self) -> u16 {
+        if self.dims.is_some() {
+            VERSION_SHAPED
+        } else {
+            VERSION
+        }
+    }
+
+    /// Bytes of the header: [`HEADER_LEN`] (version 2) or [`HEADER_LEN_V3`] (version 3).
+    pub fn header_len(&self) -> usize {
+        if self.dims.is_some() {
+            HEADER_LEN_V3
+        } else {
+            HEADER_LEN
+        }
+    }
+
+    /// Bytes between the header and the first chunk, all covered by the payload checksum (0 for
+    /// stored streams): `n_chunks` entries of [`table_entry_len`] bytes, then `meta_len` bytes
+    /// of codec metadata (version 3).
     pub fn table_len(&self) -> usize {
         if self.is_stored() {
             0
         } else {
-            self.n_chunks as usize * table_entry_len(self.codec)
+            self.n_chunks as usize * table_entry_len(self.codec) + self.meta_len as usize
         }
     }
 
-    /// Serialize to exactly [`HEADER_LEN`] bytes (the header checksum is computed here).
+    /// The shape: the header's (version 3), or the 1-D `[count]` (version 2).
+    pub fn shape(&self) -> Dims {
+        self.dims.unwrap_or(Dims::linear(self.count))
+    }
+
+    /// Serialize to exactly [`Header::header_len`] bytes (version 3 when `dims` is set; the
+    /// header checksum is computed here).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let v2 = self.to_bytes();
+        let Some(d) = self.dims else {
+            return v2.to_vec();
+        };
+        let mut b = vec![0u8; HEADER_LEN_V3];
+        b[..92].copy_from_slice(&v2[..92]);
+        b[4..6].copy_from_slice(&VERSION_SHAPED.to_le_bytes());
+        b[92] = d.ndims() as u8;
+        for (i, x) in d.padded().iter().enumerate() {
+            b[96 + 8 * i..104 + 8 * i].copy_from_slice(&x.to_le_bytes());
+        }
+        b[128..132].copy_from_slice(&self.meta_len.to_le_bytes());
+        let h = zhash_bytes(&b[..132]);
+        b[132..136].copy_from_slice(&h.to_le_bytes());
+        b
+    }
+
+    /// Serialize the version 2 header: exactly [`HEADER_LEN`] bytes (the header checksum is
+    /// computed here). `dims` and `meta_len` are not part of it: a header that carries them is
+    /// written with [`Header::to_vec`].
     pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC);
@@ -215,15 +285,30 @@ impl Header {
                 stream.len()
             )));
         }
-        let b: &[u8; HEADER_LEN] = stream[..HEADER_LEN].try_into().expect("header length");
-        let h = Self::parse_fields(b, stream.len())?;
+        let h = if u16_at(stream, 4) == VERSION_SHAPED {
+            let b: &[u8; HEADER_LEN_V3] = stream
+                .get(..HEADER_LEN_V3)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "stream of {} bytes is shorter than the {HEADER_LEN_V3}-byte version 3 \
+                         header",
+                        stream.len()
+                    ))
+                })?;
+            Self::parse_fields_v3(b, stream.len())?
+        } else {
+            let b: &[u8; HEADER_LEN] = stream[..HEADER_LEN].try_into().expect("header length");
+            Self::parse_fields(b, stream.len())?
+        };
+        let hl = h.header_len();
         if h.is_stored() {
-            if zhash_bytes(&stream[HEADER_LEN..]) != h.payload_checksum {
+            if zhash_bytes(&stream[hl..]) != h.payload_checksum {
                 return Err(Error::corrupt("stored payload checksum mismatch"));
             }
         } else {
             let table = h.table_len();
-            if zhash_bytes(&stream[HEADER_LEN..HEADER_LEN + table]) != h.payload_checksum {
+            if zhash_bytes(&stream[hl..hl + table]) != h.payload_checksum {
                 return Err(Error::corrupt("chunk table checksum mismatch"));
             }
         }
@@ -235,19 +320,56 @@ impl Header {
     /// reserved bytes, `chunk_log2` (the codec's own value), the bound fields, the range, the
     /// fill value, `payload_len == stream_len - 96`, count/chunk consistency, and the chunk
     /// table fitting the payload. (A GPU decoder verifies the payload checksums on the device.)
+    ///
+    /// Version 2 only: a version 3 header is longer ([`Header::parse_fields_v3`]), and is
+    /// rejected here with an error that says so.
     pub fn parse_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Self> {
+        Self::parse_common(b, stream_len, None)
+    }
+
+    /// [`Header::parse_fields`] for a version 3 header ([`HEADER_LEN_V3`] bytes): the version 2
+    /// checks, then the shape (1 to 4 extents, none zero except the 1-D shape of an empty
+    /// stream, unused extents and reserved bytes zero, product equal to `count`), the metadata
+    /// length (a multiple of 4; 0 in stored streams), and that the codec writes version 3.
+    pub fn parse_fields_v3(b: &[u8; HEADER_LEN_V3], stream_len: usize) -> Result<Self> {
+        Self::parse_common(&b[..HEADER_LEN], stream_len, Some(b))
+    }
+
+    fn parse_common(b: &[u8], stream_len: usize, v3: Option<&[u8; HEADER_LEN_V3]>) -> Result<Self> {
         if b[0..4] != MAGIC {
             return Err(Error::corrupt("bad magic (not a zcomm stream)"));
         }
         let version = u16_at(b, 4);
-        if version != VERSION {
-            return Err(Error::corrupt(format!(
-                "unsupported format version {version}"
-            )));
+        let want = if v3.is_some() {
+            VERSION_SHAPED
+        } else {
+            VERSION
+        };
+        if version != want {
+            return Err(Error::corrupt(if version == VERSION_SHAPED {
+                format!(
+                    "format version 3 (a shaped stream, codec tag {}) has a \
+                     {HEADER_LEN_V3}-byte header, not {HEADER_LEN}",
+                    b[6]
+                )
+            } else {
+                format!("unsupported format version {version}")
+            }));
         }
-        if zhash_bytes(&b[..92]) != u32_at(b, 92) {
-            return Err(Error::corrupt("header checksum mismatch"));
-        }
+        let (dims, meta_len) = match v3 {
+            None => {
+                if zhash_bytes(&b[..92]) != u32_at(b, 92) {
+                    return Err(Error::corrupt("header checksum mismatch"));
+                }
+                (None, 0)
+            }
+            Some(b3) => {
+                if zhash_bytes(&b3[..132]) != u32_at(b3, 132) {
+                    return Err(Error::corrupt("header checksum mismatch"));
+                }
+                (Some(parse_dims(b3)?), u32_at(b3, 128))
+            }
+        };
         let flags = b[9];
         let fill_value = (flags & FLAG_FILL != 0).then(|| f64_at(b, 84));
         let h = Header {
@@ -267,9 +389,31 @@ impl Header {
             payload_checksum: u32_at(b, 76),
             data_checksum: u32_at(b, 80),
             fill_value,
+            dims,
+            meta_len,
         };
         if !CODEC_TAGS.contains(&h.codec) {
             return Err(Error::corrupt(format!("unknown codec tag {}", h.codec)));
+        }
+        if (h.codec == CODEC_CUSZI) != dims.is_some() {
+            return Err(Error::corrupt(format!(
+                "codec tag {} is not written in format version {version}",
+                h.codec
+            )));
+        }
+        if let Some(d) = dims {
+            if d.count() != h.count {
+                return Err(Error::corrupt(format!(
+                    "shape {d} holds {} values, header says {}",
+                    d.count(),
+                    h.count
+                )));
+            }
+            if meta_len % 4 != 0 || (h.is_stored() && meta_len != 0) {
+                return Err(Error::corrupt(format!(
+                    "invalid codec metadata length {meta_len}"
+                )));
+            }
         }
         if h.flags & !KNOWN_FLAGS != 0 {
             return Err(Error::corrupt(format!("unknown flag bits {:#x}", h.flags)));
@@ -290,7 +434,7 @@ impl Header {
                 "data checksum set in a stream that has none (reserved bytes not zero)",
             ));
         }
-        let actual = stream_len.saturating_sub(HEADER_LEN) as u64;
+        let actual = stream_len.saturating_sub(h.header_len()) as u64;
         if h.payload_len != actual {
             return Err(Error::corrupt(format!(
                 "header says {} payload bytes, stream has {actual}",
@@ -315,7 +459,8 @@ impl Header {
                     h.count, h.n_chunks
                 )));
             }
-            if h.n_chunks as u64 * table_entry_len(h.codec) as u64 > h.payload_len {
+            let table = h.n_chunks as u64 * table_entry_len(h.codec) as u64 + meta_len as u64;
+            if table > h.payload_len {
                 return Err(Error::corrupt(
                     "chunk table runs past the end of the stream",
                 ));
@@ -392,8 +537,9 @@ impl Header {
             return self.pfpl_chunk_table(stream);
         }
         let n = self.n_chunks as usize;
-        let t = &stream[HEADER_LEN..HEADER_LEN + n * TABLE_ENTRY_LEN];
-        let mut off = (HEADER_LEN + n * TABLE_ENTRY_LEN) as u64;
+        let hl = self.header_len();
+        let t = &stream[hl..hl + n * TABLE_ENTRY_LEN];
+        let mut off = (hl + self.table_len()) as u64;
         let mut out = try_entries(n)?;
         for i in 0..n {
             let size = u32_at(t, i * 8);
@@ -463,6 +609,25 @@ fn try_entries(n: usize) -> Result<Vec<ChunkEntry>> {
     Ok(v)
 }
 
+/// The shape of a version 3 header (offsets 92..128), checked: 1 to 4 extents, reserved bytes
+/// 93..96 and unused extents zero, no zero extent except the 1-D shape of an empty stream.
+fn parse_dims(b: &[u8; HEADER_LEN_V3]) -> Result<Dims> {
+    let n = b[92] as usize;
+    if b[93..96].iter().any(|&x| x != 0) {
+        return Err(Error::corrupt("reserved header bytes are not zero"));
+    }
+    if !(1..=MAX_DIMS).contains(&n) {
+        return Err(Error::corrupt(format!(
+            "header has {n} dimensions (1 to {MAX_DIMS} allowed)"
+        )));
+    }
+    let all: Vec<u64> = (0..MAX_DIMS).map(|i| u64_at(b, 96 + 8 * i)).collect();
+    if all[n..].iter().any(|&x| x != 0) {
+        return Err(Error::corrupt("unused shape extents are not zero"));
+    }
+    Dims::check(&all[..n]).map_err(|e| Error::corrupt(format!("header shape: {e}")))
+}
+
 /// One chunk's place in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkEntry {
@@ -517,9 +682,11 @@ pub fn data_checksum(chunk_hashes: &[u32]) -> u32 {
     zhash_final(sum, chunk_hashes.len() as u32)
 }
 
-/// Bytes of the largest stream `count` values of `dtype` can produce (a stored stream).
+/// Bytes of the largest stream `count` values of `dtype` can produce, whatever the codec (a
+/// stored version 3 stream: [`HEADER_LEN_V3`] bytes of header, then the values). Streams of the
+/// codecs with version 2 headers are at most [`HEADER_LEN`] `+ count * size` bytes.
 pub fn compress_bound(count: usize, dtype: Dtype) -> usize {
-    HEADER_LEN + count * dtype.size()
+    HEADER_LEN_V3 + count * dtype.size()
 }
 
 /// `zhash` mixing step of word `w` at index `i` (see `FORMAT.md`): MurmurHash3's 32-bit finalizer
@@ -595,6 +762,8 @@ mod tests {
             payload_checksum: zhash_bytes(&[0; 8]),
             data_checksum: 0,
             fill_value: None,
+            dims: None,
+            meta_len: 0,
         }
     }
 
@@ -619,13 +788,43 @@ mod tests {
         }
     }
 
+    /// A version 3 header (shape and metadata length) round-trips, and every bit flip of its
+    /// 136 bytes is caught.
+    #[test]
+    fn version_3_header_round_trip_and_every_byte_flip_is_caught() {
+        let mut h = sample();
+        h.codec = CODEC_CUSZI;
+        h.dims = Some(Dims::new(&[2, 5]).unwrap());
+        h.meta_len = 4;
+        h.payload_len = 12;
+        h.payload_checksum = zhash_bytes(&[0; 12]);
+        let mut s = h.to_vec();
+        assert_eq!((s.len(), h.header_len(), h.version()), (136, 136, 3));
+        s.extend_from_slice(&[0; 12]);
+        assert_eq!(Header::parse(&s).unwrap(), h);
+        assert_eq!(h.table_len(), 12);
+        for i in 0..HEADER_LEN_V3 {
+            for bit in 0..8 {
+                let mut c = s.clone();
+                c[i] ^= 1 << bit;
+                assert!(
+                    Header::parse(&c).is_err(),
+                    "flip of byte {i} bit {bit} not caught"
+                );
+            }
+        }
+        // the version 2 parser of a GPU decoder says what it is
+        let e = Header::parse_fields(s[..96].try_into().unwrap(), s.len()).unwrap_err();
+        assert!(e.to_string().contains("version 3"), "{e}");
+    }
+
     /// Version 1 streams (and any other version) are rejected, whatever else they hold.
     #[test]
     fn other_versions_are_rejected() {
         let h = sample();
         let mut s = h.to_bytes().to_vec();
         s.extend_from_slice(&[0; 8]);
-        for v in [0u16, 1, 3, 0xFFFF] {
+        for v in [0u16, 1, 3, 4, 0xFFFF] {
             let mut c = s.clone();
             c[4..6].copy_from_slice(&v.to_le_bytes());
             let hc = zhash_bytes(&c[..92]);

@@ -694,6 +694,9 @@ impl GpuCodec {
         out: &mut CudaViewMut<'_, u8>,
     ) -> Result<usize> {
         bound.validate()?;
+        if !codec.has_gpu() {
+            return Err(no_gpu_kernels(codec));
+        }
         let n = input.len();
         let raw_len = n * T::SIZE;
         let bound_len = HEADER_LEN + raw_len;
@@ -783,6 +786,8 @@ impl GpuCodec {
             payload_checksum,
             data_checksum,
             fill_value: None,
+            dims: None,
+            meta_len: 0,
         };
         if n == 0 {
             let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]), 0);
@@ -1223,12 +1228,7 @@ fn kernel_name<T: GpuElement>(op: &str, codec: CodecKind, mode: BoundMode) -> Re
         CodecKind::CuszpPlain => "plain",
         CodecKind::CuszpOutlier => "outlier",
         CodecKind::Pfpl => "pfpl",
-        #[allow(unreachable_patterns)]
-        _ => {
-            return Err(Error::Unavailable(format!(
-                "{codec} has no GPU kernels yet (use --device cpu)"
-            )))
-        }
+        _ => return Err(no_gpu_kernels(codec)),
     };
     let m = if mode == BoundMode::Rel { "rel" } else { "abs" };
     Ok(format!("zc_{op}_{}_{cname}_{m}", T::KERNEL_TAG))
@@ -1297,9 +1297,25 @@ fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The error for a codec without GPU kernels (`cuszi`, compressed or decompressed on the GPU).
+fn no_gpu_kernels(codec: impl std::fmt::Display) -> Error {
+    Error::Unavailable(format!(
+        "{codec} is not supported on the GPU yet (use the CPU codec, --device cpu)"
+    ))
+}
+
 /// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
 /// table and stored-payload checksums are verified on the device).
 fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header> {
+    // shaped (version 3) streams come only from codecs without GPU kernels
+    if b[0..4] == crate::format::MAGIC
+        && crate::format::u16_at(b, 4) == crate::format::VERSION_SHAPED
+    {
+        return Err(no_gpu_kernels(match CodecKind::from_tag(b[6]) {
+            Ok(c) => c.to_string(),
+            Err(_) => format!("codec tag {}", b[6]),
+        }));
+    }
     let h = Header::parse_fields(b, stream_len)?;
     crate::codec::check_codec_fields(&h)?;
     Ok(h)

@@ -6,7 +6,8 @@
 
 use zcomm::codec::decompress_with_limits;
 use zcomm::format::{
-    data_checksum, table_entry_len, zhash_bytes, CODEC_PFPL, HEADER_LEN, TABLE_ENTRY_LEN,
+    data_checksum, table_entry_len, zhash_bytes, CODEC_PFPL, HEADER_LEN, HEADER_LEN_V3,
+    TABLE_ENTRY_LEN, VERSION_SHAPED,
 };
 use zcomm::{inspect, DecodeLimits, Dtype};
 
@@ -100,6 +101,10 @@ pub fn reseal(s: &mut [u8]) {
     if s.len() < HEADER_LEN {
         return;
     }
+    if u16::from_le_bytes([s[4], s[5]]) == VERSION_SHAPED {
+        reseal_v3(s);
+        return;
+    }
     let stored = s[9] & 1 != 0;
     if stored {
         let c = zhash_bytes(&s[HEADER_LEN..]);
@@ -147,4 +152,40 @@ pub fn reseal(s: &mut [u8]) {
     }
     let h = zhash_bytes(&s[..92]);
     s[92..96].copy_from_slice(&h.to_le_bytes());
+}
+
+/// [`reseal`] of a version 3 stream (136-byte header; the payload checksum covers the chunk table
+/// and the codec metadata that follows it).
+fn reseal_v3(s: &mut [u8]) {
+    if s.len() < HEADER_LEN_V3 {
+        return;
+    }
+    let hl = HEADER_LEN_V3;
+    let at = |s: &[u8], o: usize| u32::from_le_bytes(s[o..o + 4].try_into().unwrap()) as usize;
+    if s[9] & 1 != 0 {
+        let c = zhash_bytes(&s[hl..]);
+        s[76..80].copy_from_slice(&c.to_le_bytes());
+    } else {
+        let (n, meta) = (at(s, 72), at(s, 128));
+        let first = hl
+            .saturating_add(n.saturating_mul(TABLE_ENTRY_LEN))
+            .saturating_add(meta);
+        if first <= s.len() {
+            let mut off = first;
+            for i in 0..n {
+                let e = hl + i * TABLE_ENTRY_LEN;
+                let size = at(s, e);
+                if off.saturating_add(size) > s.len() {
+                    break;
+                }
+                let c = zhash_bytes(&s[off..off + size]);
+                s[e + 4..e + 8].copy_from_slice(&c.to_le_bytes());
+                off += size;
+            }
+            let c = zhash_bytes(&s[hl..first]);
+            s[76..80].copy_from_slice(&c.to_le_bytes());
+        }
+    }
+    let h = zhash_bytes(&s[..132]);
+    s[132..136].copy_from_slice(&h.to_le_bytes());
 }

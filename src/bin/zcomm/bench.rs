@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use zcomm::format::BoundMode;
-use zcomm::{CodecKind, Dtype, Element, Error, ErrorBound, Result};
+use zcomm::{CodecKind, Dims, Dtype, Element, Error, ErrorBound, Result};
 
 use crate::array::{dtype_warning, fill_warning, read_file, values_from_bytes, with_dtype};
 use crate::device::{self, Device};
@@ -22,7 +22,8 @@ Examples:
   zcomm bench -i field.f32 --dtype f32 --error-bound noa:1e-3
   zcomm bench -i field.f64 --dtype f64 --error-bound rel:1e-4 --codec aatrox,pfpl --runs 5
   zcomm bench -i field.f32 --dtype f32 --error-bound abs:1e-2 --threads 1 --json > bench.json
-  zcomm bench -i ocean.f32 --dtype f32 --error-bound noa:1e-4 --fill-value -1e10")]
+  zcomm bench -i ocean.f32 --dtype f32 --error-bound noa:1e-4 --fill-value -1e10
+  zcomm bench -i cube.f32 --dtype f32 --error-bound noa:1e-3 --dims 128x128x128")]
 pub struct Args {
     /// Raw little-endian array.
     #[arg(long, short = 'i')]
@@ -33,7 +34,8 @@ pub struct Args {
     /// Error bound: abs:E, noa:E or rel:E.
     #[arg(long, value_parser = crate::parse::bound)]
     pub error_bound: ErrorBound,
-    /// `all` or one codec name.
+    /// `all` or codec names separated by commas (`all` with `--device gpu`: the codecs with
+    /// GPU kernels).
     #[arg(long, default_value = "all")]
     pub codec: String,
     /// Timed runs per direction (the median is reported).
@@ -53,6 +55,9 @@ pub struct Args {
     /// CPU only.
     #[arg(long, allow_negative_numbers = true, value_name = "V")]
     pub fill_value: Option<f64>,
+    /// The array's shape, slowest dimension first (as `zcomm compress --dims`); used by cuszi.
+    #[arg(long, value_parser = crate::parse::dims, value_name = "NxMx...")]
+    pub dims: Option<Dims>,
 }
 
 /// One benchmark result.
@@ -223,9 +228,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn codecs(spec: &str) -> Result<Vec<CodecKind>> {
+fn codecs(spec: &str, device: Device) -> Result<Vec<CodecKind>> {
     if spec == "all" {
-        Ok(CodecKind::ALL.to_vec())
+        Ok(match device {
+            Device::Cpu => CodecKind::ALL.to_vec(),
+            Device::Gpu => CodecKind::WITH_GPU.to_vec(),
+        })
     } else {
         spec.split(',').map(|s| s.trim().parse()).collect()
     }
@@ -240,7 +248,7 @@ fn bench_one<T: Element>(
     let bytes = std::mem::size_of_val(data);
     // warm-up: also the stream the statistics are computed from
     progress.step(&format!("{codec}: compress (warm-up)"));
-    let options = crate::compress::options(a.fill_value);
+    let options = crate::compress::options(a.fill_value, a.dims);
     let stream = device::compress(a.device, data, a.error_bound, codec, &options)?;
     let mut ct = Vec::with_capacity(a.runs as usize);
     for i in 0..a.runs {
@@ -420,7 +428,7 @@ fn max_threads() -> usize {
 
 /// Run `zcomm bench`.
 pub fn run(a: Args) -> Result<()> {
-    let list = codecs(&a.codec)?;
+    let list = codecs(&a.codec, a.device)?;
     if let Some(n) = a.threads {
         let max = max_threads();
         if n as usize > max {

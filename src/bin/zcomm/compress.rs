@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use zcomm::{CodecKind, CompressOptions, Dtype, Element, ErrorBound, Result};
+use zcomm::{CodecKind, CompressOptions, Dims, Dtype, Element, ErrorBound, Result};
 
 use crate::array::{dtype_warning, fill_warning, read_file, values_from_bytes, with_dtype};
 use crate::device::{self, Device};
@@ -16,7 +16,8 @@ Examples:
   zcomm compress -i field.f32 -o field.zc --dtype f32 --error-bound abs:1e-3
   zcomm compress -i field.f64 -o field.zc --dtype f64 --error-bound noa:1e-4 --codec cuszp-outlier
   zcomm compress -i grad.f32 -o grad.zc --dtype f32 --error-bound rel:1e-2 --device gpu
-  zcomm compress -i ocean.f32 -o ocean.zc --dtype f32 --error-bound noa:1e-4 --fill-value -1e10")]
+  zcomm compress -i ocean.f32 -o ocean.zc --dtype f32 --error-bound noa:1e-4 --fill-value -1e10
+  zcomm compress -i cube.f32 -o cube.zc --dtype f32 --error-bound noa:1e-3 --codec cuszi --dims 512x512x512")]
 pub struct Args {
     /// Raw little-endian array to compress (a regular file).
     #[arg(long, short = 'i')]
@@ -41,6 +42,11 @@ pub struct Args {
     /// the stream's header. CPU only.
     #[arg(long, allow_negative_numbers = true, value_name = "V")]
     pub fill_value: Option<f64>,
+    /// The array's shape, slowest dimension first (numpy's order), e.g. 512x512x512: 1 to 4
+    /// extents whose product is the input's value count. Default: 1-D. Used by cuszi (and
+    /// recorded in its stream); the other codecs compress every array as 1-D.
+    #[arg(long, value_parser = crate::parse::dims, value_name = "NxMx...")]
+    pub dims: Option<Dims>,
 }
 
 /// Run `zcomm compress`.
@@ -91,14 +97,18 @@ fn compress_bytes<T: Element>(bytes: &[u8], a: &Args) -> Result<Vec<u8>> {
         &data,
         a.error_bound,
         a.codec,
-        &options(a.fill_value),
+        &options(a.fill_value, a.dims),
     )
 }
 
-/// The library options of `--fill-value`.
-pub fn options(fill_value: Option<f64>) -> CompressOptions {
-    match fill_value {
-        Some(v) => CompressOptions::default().with_fill_value(v),
-        None => CompressOptions::default(),
+/// The library options of `--fill-value` and `--dims`.
+pub fn options(fill_value: Option<f64>, dims: Option<Dims>) -> CompressOptions {
+    let mut o = CompressOptions::default();
+    if let Some(v) = fill_value {
+        o = o.with_fill_value(v);
     }
+    if let Some(d) = dims {
+        o = o.with_dims(d);
+    }
+    o
 }

@@ -91,6 +91,7 @@ pub fn compress<T: Element>(
     match device {
         Device::Cpu => zcomm::compress_with_options(data, bound, codec, options),
         Device::Gpu => {
+            no_gpu_kernels(codec)?;
             if let Some(f) = options.fill_value {
                 return Err(Error::invalid(format!(
                     "--fill-value {f:e}: fill values are not supported by the GPU codecs \
@@ -106,8 +107,23 @@ pub fn compress<T: Element>(
 pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T]) -> Result<()> {
     match device {
         Device::Cpu => zcomm::decompress_into(stream, out),
-        Device::Gpu => with_gpu(|g| g.decompress_into_any(stream, out)),
+        Device::Gpu => {
+            if let Ok(c) = zcomm::inspect(stream).and_then(|h| CodecKind::from_tag(h.codec)) {
+                no_gpu_kernels(c)?;
+            }
+            with_gpu(|g| g.decompress_into_any(stream, out))
+        }
     }
+}
+
+/// The error for a codec without GPU kernels (`cuszi`), before any device is opened.
+fn no_gpu_kernels(codec: CodecKind) -> Result<()> {
+    if codec.has_gpu() {
+        return Ok(());
+    }
+    Err(Error::Unavailable(format!(
+        "{codec} is not supported on the GPU yet (use --device cpu)"
+    )))
 }
 
 /// GPU benchmark as the issue defines it (device input -> device output, CUDA events, 3 warm-up

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use zcomm::format::{BoundMode, Header, HEADER_LEN};
+use zcomm::format::{BoundMode, Header};
 use zcomm::{CodecKind, Result};
 
 use crate::array::read_file;
@@ -54,6 +54,9 @@ pub fn run(a: Args) -> Result<()> {
             "stored": h.is_stored(),
             "chunk_log2": h.chunk_log2,
             "count": h.count,
+            // the shape, slowest first (format version 3); null in 1-D version 2 streams
+            "dims": h.dims.map(|d| d.as_slice().to_vec()),
+            "version": h.version(),
             "bound_value": h.bound_value,
             "abs_bound": h.abs_bound,
             "step": h.step,
@@ -78,6 +81,9 @@ pub fn run(a: Args) -> Result<()> {
     outln!("codec            {}", codec_name(&h))?;
     outln!("dtype            {}", h.dtype)?;
     outln!("count            {}", h.count)?;
+    if let Some(d) = h.dims {
+        outln!("dims             {d} (format version 3)")?;
+    }
     outln!(
         "bound            {}:{}",
         mode_name(h.mode),
@@ -125,7 +131,8 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     outln!("chunks           {}", h.n_chunks)?;
     outln!(
-        "layout           header {HEADER_LEN} B + table {} B + chunks {} B",
+        "layout           header {} B + table {} B + chunks {} B",
+        h.header_len(),
         h.table_len(),
         h.payload_len - h.table_len() as u64
     )?;

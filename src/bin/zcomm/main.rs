@@ -75,7 +75,7 @@ fn main() -> ExitCode {
 
 /// Parsers shared by the subcommands' clap definitions.
 pub(crate) mod parse {
-    use zcomm::{CodecKind, Dtype, ErrorBound};
+    use zcomm::{CodecKind, Dims, Dtype, ErrorBound};
 
     /// `f32` | `f64`.
     pub fn dtype(s: &str) -> Result<Dtype, String> {
@@ -83,6 +83,10 @@ pub(crate) mod parse {
     }
     /// `abs:E` | `noa:E` | `rel:E` with `E` finite and positive.
     pub fn bound(s: &str) -> Result<ErrorBound, String> {
+        s.parse().map_err(|e: zcomm::Error| e.to_string())
+    }
+    /// A shape, slowest dimension first: `512x512x512` (1 to 4 extents, none zero).
+    pub fn dims(s: &str) -> Result<Dims, String> {
         s.parse().map_err(|e: zcomm::Error| e.to_string())
     }
     /// A byte count: `1000`, `500MB`, `8GiB`, `1.5e9` (decimal and binary units).

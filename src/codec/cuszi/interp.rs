@@ -1,0 +1,460 @@
+//! The interpolation predictor: anchors (Lorenzo over the anchor grid, on quantization codes),
+//! the level-by-level spline passes inside a tile's box, and the sampling that chooses each
+//! level's dimension order and splines.
+//!
+//! The passes run on reconstructed values (f64, abs/noa bounds: [`predict_value`]) or on
+//! quantization codes (`i64`, rel bounds: [`predict_code`]). Values: a fixed sequence of IEEE
+//! binary64 operations (no fused multiply-add). Codes: wrapping integer arithmetic with
+//! divisions by powers of two as arithmetic shifts (and the natural spline's 40 as a Euclidean
+//! division), so `code = prediction + residual` inverts `residual = code - prediction` exactly.
+//! Either way encoder, decoder and a GPU kernel compute bit-identical predictions.
+
+use crate::error::{Error, Result};
+
+use super::grid::{Grid, D};
+
+/// A 1-D spline along one dimension (FORMAT.md, "cuszi", predictions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spline {
+    /// `(b + c + 1) >> 1`.
+    Linear = 0,
+    /// Not-a-knot cubic `(-a + 9b + 9c - d + 8) >> 4`.
+    Cubic = 1,
+    /// Natural cubic `(-3a + 23b + 23c - 3d + 20) div 40`.
+    Natural = 2,
+}
+
+impl Spline {
+    const ALL: [Spline; 3] = [Spline::Linear, Spline::Cubic, Spline::Natural];
+
+    fn from_bits(v: u8) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+}
+
+/// One level's configuration: the order of the passes (a permutation of the dimensions) and
+/// each dimension's spline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Level {
+    /// Dimensions in pass order (the first pass interpolates along `order[0]`).
+    pub order: [usize; D],
+    /// Spline per dimension (indexed by dimension, not by pass).
+    pub spline: [Spline; D],
+}
+
+impl Level {
+    /// The two configuration bytes: `order[0] | order[1] << 2 | order[2] << 4`, then
+    /// `spline[0] | spline[1] << 2 | spline[2] << 4`.
+    pub fn to_bytes(self) -> [u8; 2] {
+        let o = self.order;
+        let s = self.spline.map(|x| x as u8);
+        [
+            (o[0] | o[1] << 2 | o[2] << 4) as u8,
+            s[0] | s[1] << 2 | s[2] << 4,
+        ]
+    }
+
+    /// Parse and check two configuration bytes.
+    pub fn from_bytes(b: [u8; 2]) -> Result<Self> {
+        let bad = || Error::corrupt(format!("invalid predictor configuration {b:02x?}"));
+        if b[0] >> 6 != 0 || b[1] >> 6 != 0 {
+            return Err(bad());
+        }
+        let order: [usize; D] = std::array::from_fn(|i| ((b[0] >> (2 * i)) & 3) as usize);
+        let mut seen = [false; D];
+        for &d in &order {
+            if d >= D || seen[d] {
+                return Err(bad());
+            }
+            seen[d] = true;
+        }
+        let mut spline = [Spline::Linear; D];
+        for (i, s) in spline.iter_mut().enumerate() {
+            *s = Spline::from_bits((b[1] >> (2 * i)) & 3).ok_or_else(bad)?;
+        }
+        Ok(Level { order, spline })
+    }
+}
+
+#[inline(always)]
+fn linear(b: i64, c: i64) -> i64 {
+    b.wrapping_add(c).wrapping_add(1) >> 1
+}
+
+/// A prediction function of [`run_passes`]: `(buf, idx, c, len, s, st, spline)`.
+pub(crate) type Predict<V> = fn(&[V], usize, usize, usize, usize, usize, Spline) -> V;
+
+/// The prediction in the value domain (FORMAT.md, "cuszi", interpolation), in f64: the same
+/// cases as [`predict_code`] with `(b + c) * 0.5`, `((b + c) * 9 - (a + d)) * 0.0625`,
+/// `((b + c) * 23 - (a + d) * 3) / 40`, `((b * 6 + c * 3) - a) * 0.125` and
+/// `((b * 3 + c * 6) - d) * 0.125`, evaluated in that order.
+#[inline(always)]
+pub(crate) fn predict_value(
+    buf: &[f64],
+    idx: usize,
+    c: usize,
+    len: usize,
+    s: usize,
+    st: usize,
+    sp: Spline,
+) -> f64 {
+    let b = buf[idx - s * st];
+    if c + s >= len {
+        return b;
+    }
+    let cc = buf[idx + s * st];
+    if sp == Spline::Linear {
+        return (b + cc) * 0.5;
+    }
+    let left = c >= 3 * s;
+    let right = c + 3 * s < len;
+    match (left, right) {
+        (true, true) => {
+            let a = buf[idx - 3 * s * st];
+            let d = buf[idx + 3 * s * st];
+            if sp == Spline::Cubic {
+                ((b + cc) * 9.0 - (a + d)) * 0.0625
+            } else {
+                ((b + cc) * 23.0 - (a + d) * 3.0) / 40.0
+            }
+        }
+        (true, false) => ((b * 6.0 + cc * 3.0) - buf[idx - 3 * s * st]) * 0.125,
+        (false, true) => ((b * 3.0 + cc * 6.0) - buf[idx + 3 * s * st]) * 0.125,
+        (false, false) => (b + cc) * 0.5,
+    }
+}
+
+/// The prediction of the point at `idx` of `buf` (a box of codes), whose coordinate along the
+/// pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there; `st` is the
+/// index distance of one step along that dimension.
+#[inline(always)]
+pub(crate) fn predict_code(
+    buf: &[i64],
+    idx: usize,
+    c: usize,
+    len: usize,
+    s: usize,
+    st: usize,
+    sp: Spline,
+) -> i64 {
+    let b = buf[idx - s * st];
+    if c + s >= len {
+        return b; // no right neighbour: copy the left one
+    }
+    let cc = buf[idx + s * st];
+    if sp == Spline::Linear {
+        return linear(b, cc);
+    }
+    let left = c >= 3 * s;
+    let right = c + 3 * s < len;
+    let w = |x: i64, k: i64| x.wrapping_mul(k);
+    match (left, right) {
+        (true, true) => {
+            let a = buf[idx - 3 * s * st];
+            let d = buf[idx + 3 * s * st];
+            if sp == Spline::Cubic {
+                let v = w(b.wrapping_add(cc), 9).wrapping_sub(a).wrapping_sub(d);
+                v.wrapping_add(8) >> 4
+            } else {
+                let v = w(b.wrapping_add(cc), 23).wrapping_sub(w(a.wrapping_add(d), 3));
+                v.wrapping_add(20).div_euclid(40)
+            }
+        }
+        (true, false) => {
+            let a = buf[idx - 3 * s * st];
+            let v = w(b, 6).wrapping_add(w(cc, 3)).wrapping_sub(a);
+            v.wrapping_add(4) >> 3
+        }
+        (false, true) => {
+            let d = buf[idx + 3 * s * st];
+            let v = w(b, 3).wrapping_add(w(cc, 6)).wrapping_sub(d);
+            v.wrapping_add(4) >> 3
+        }
+        (false, false) => linear(b, cc),
+    }
+}
+
+/// Index strides of a box of extents `e` (row-major).
+#[inline]
+pub(crate) fn box_strides(e: [usize; D]) -> [usize; D] {
+    [e[1] * e[2], e[2], 1]
+}
+
+/// Run the interpolation passes over a box of extents `e` whose anchors (corners at multiples
+/// of `stride`) are already in `buf`: for every other point, coarsest level first, call
+/// `code(idx, local coordinates, prediction)` and store what it returns (the point's
+/// reconstruction or code) at `idx`.
+#[inline(always)]
+pub(crate) fn run_passes<V: Copy>(
+    buf: &mut [V],
+    e: [usize; D],
+    stride: usize,
+    levels: &[Level],
+    predict: Predict<V>,
+    mut code: impl FnMut(usize, [usize; D], V) -> V,
+) {
+    let st = box_strides(e);
+    let mut s = stride / 2;
+    for lv in levels {
+        for (j, &a) in lv.order.iter().enumerate() {
+            // along `a`: odd multiples of s; dimensions of earlier passes: multiples of s;
+            // later passes: multiples of 2s
+            let mut start = [0usize; D];
+            let mut step = [2 * s; D];
+            for &d in &lv.order[..j] {
+                step[d] = s;
+            }
+            start[a] = s;
+            let mut x = [0usize; D];
+            x[0] = start[0];
+            while x[0] < e[0] {
+                x[1] = start[1];
+                while x[1] < e[1] {
+                    x[2] = start[2];
+                    while x[2] < e[2] {
+                        let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
+                        let p = predict(buf, idx, x[a], e[a], s, st[a], lv.spline[a]);
+                        buf[idx] = code(idx, x, p);
+                        x[2] += step[2];
+                    }
+                    x[1] += step[1];
+                }
+                x[0] += step[0];
+            }
+        }
+        s /= 2;
+    }
+}
+
+/// Copy the anchors of tile `c` of volume `b` into its box `buf` (extents `e`) from the
+/// anchor codes `anchors` (one per tile, indexed by tile number).
+pub(crate) fn place_anchors<V: Copy>(
+    g: &Grid,
+    b: usize,
+    c: [usize; D],
+    e: [usize; D],
+    anchors: &[V],
+    buf: &mut [V],
+) {
+    let st = box_strides(e);
+    let s = g.stride;
+    for k in 0..(1 << D) {
+        let mut idx = 0;
+        let mut t = c;
+        let mut inside = true;
+        for d in 0..D {
+            if k >> d & 1 == 1 {
+                if e[d] <= s {
+                    inside = false;
+                    break;
+                }
+                idx += s * st[d];
+                t[d] += 1;
+            }
+        }
+        if inside {
+            buf[idx] = anchors[g.tile_index(b, t)];
+        }
+    }
+}
+
+/// Lorenzo prediction of the anchor of tile `c` in volume `b` from the anchors of the tiles
+/// before it (`anchors[i]` for tile numbers below `c`'s): the inclusion-exclusion sum over the
+/// up to 7 neighbours at `c - m`, `m` a non-zero 0/1 vector; tiles outside the volume count 0.
+pub(crate) fn anchor_prediction(g: &Grid, b: usize, c: [usize; D], anchors: &[i64]) -> i64 {
+    let mut p = 0i64;
+    for m in 1usize..(1 << D) {
+        if (0..D).any(|d| m >> d & 1 == 1 && c[d] == 0) {
+            continue;
+        }
+        let t: [usize; D] = std::array::from_fn(|d| c[d] - (m >> d & 1));
+        let v = anchors[g.tile_index(b, t)];
+        p = if m.count_ones() % 2 == 1 {
+            p.wrapping_add(v)
+        } else {
+            p.wrapping_sub(v)
+        };
+    }
+    p
+}
+
+/// Most tiles the configuration sampling visits (evenly spaced over the tile numbers).
+pub(crate) const SAMPLE_TILES: usize = 64;
+
+/// Choose every level's configuration by sampling (cuSZ-i's profiling): over up to
+/// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / 64)`), at each
+/// level `s` and for each dimension `a`, at the box points whose coordinate along `a` is an odd
+/// multiple of `s` with both outer neighbours `±3s` inside the box and every other coordinate a
+/// multiple of `2s`, sum each spline's integer error `min(|v - p| * scale, 2^32)` (truncated;
+/// `p` by [`predict_value`] from the four neighbours' `v`) over the points whose five values are
+/// known. Integer sums do not depend on the order of the additions. Each dimension takes the
+/// spline with the smallest sum (the first on ties), and the passes run from the dimension with
+/// the largest smallest-sum to the smallest (ties by dimension number; cuSZ-i's "least smooth
+/// first"). `value(b, x)` is the sampled value of point `x` of volume `b` (the data value, or the
+/// code as f64), `None` when it is stored losslessly.
+pub(crate) fn choose_levels(
+    g: &Grid,
+    scale: f64,
+    value: impl Fn(usize, [usize; D]) -> Option<f64>,
+) -> Vec<Level> {
+    let n_tiles = g.n_tiles();
+    let k = (n_tiles / SAMPLE_TILES).max(1);
+    let mut out = Vec::with_capacity(g.levels());
+    let mut s = g.stride / 2;
+    while s >= 1 {
+        let mut err = [[0u64; 3]; D];
+        for t in (0..n_tiles).step_by(k) {
+            let (b, c) = g.tile_coords(t);
+            let e = g.boxed(c);
+            let o: [usize; D] = std::array::from_fn(|d| c[d] * g.stride);
+            for (a, err_a) in err.iter_mut().enumerate() {
+                sample_dim(b, o, e, a, s, scale, &value, err_a);
+            }
+        }
+        let best: [(u64, Spline); D] = std::array::from_fn(|d| {
+            let mut bi = 0;
+            for i in 1..3 {
+                if err[d][i] < err[d][bi] {
+                    bi = i;
+                }
+            }
+            (err[d][bi], Spline::ALL[bi])
+        });
+        let mut order = [0usize, 1, 2];
+        order.sort_by(|&x, &y| best[y].0.cmp(&best[x].0).then(x.cmp(&y)));
+        out.push(Level {
+            order,
+            spline: best.map(|b| b.1),
+        });
+        s /= 2;
+    }
+    out
+}
+
+/// The sampling of [`choose_levels`] for one tile box (origin `o`, extents `e`), dimension `a`
+/// and level `s`: adds each spline's error sum to `err`.
+#[allow(clippy::too_many_arguments)]
+fn sample_dim(
+    b: usize,
+    o: [usize; D],
+    e: [usize; D],
+    a: usize,
+    s: usize,
+    scale: f64,
+    value: &impl Fn(usize, [usize; D]) -> Option<f64>,
+    err: &mut [u64; 3],
+) {
+    if e[a] <= 6 * s {
+        return; // no point has both outer neighbours
+    }
+    let mut x = [0usize; D];
+    let step = 2 * s;
+    let at = |x: [usize; D], dv: isize| -> Option<f64> {
+        let mut p = x;
+        p[a] = (x[a] as isize + dv * s as isize) as usize;
+        value(b, std::array::from_fn(|d| o[d] + p[d]))
+    };
+    // points along `a` at 3s, 5s, ... with `x + 3s` inside the box
+    let first = |d: usize| if d == a { 3 * s } else { 0 };
+    x[0] = first(0);
+    while x[0] < e[0] && (a != 0 || x[0] + 3 * s < e[0]) {
+        x[1] = first(1);
+        while x[1] < e[1] && (a != 1 || x[1] + 3 * s < e[1]) {
+            x[2] = first(2);
+            while x[2] < e[2] && (a != 2 || x[2] + 3 * s < e[2]) {
+                let v = [at(x, 0), at(x, -3), at(x, -1), at(x, 1), at(x, 3)];
+                if let [Some(q), Some(pa), Some(pb), Some(pc), Some(pd)] = v {
+                    // the five codes on a row of step 1: -3s, -s, x, +s, +3s at 0, 2, 3, 4, 6
+                    let buf = [pa, 0.0, pb, q, pc, 0.0, pd];
+                    for (i, sp) in Spline::ALL.iter().enumerate() {
+                        let p = predict_value(&buf, 3, 3, 7, 1, 1, *sp);
+                        // (NaN, from infinite predictions, becomes 0 in the cast)
+                        let r = ((q - p).abs() * scale).min(4_294_967_296.0) as u64;
+                        err[i] = err[i].saturating_add(r);
+                    }
+                }
+                x[2] += step;
+            }
+            x[1] += step;
+        }
+        x[0] += step;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn level_bytes_round_trip_and_are_checked() {
+        let lv = Level {
+            order: [2, 0, 1],
+            spline: [Spline::Natural, Spline::Linear, Spline::Cubic],
+        };
+        assert_eq!(Level::from_bytes(lv.to_bytes()).unwrap(), lv);
+        for bad in [
+            [0u8, 0],
+            [0b11_10_01, 0],
+            [0b10_01_00, 3],
+            [0b0110_0100 | 0x80, 0],
+        ] {
+            assert!(Level::from_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Splines reproduce polynomials of their degree exactly (away from rounding).
+    #[test]
+    fn splines_reproduce_polynomials() {
+        // one row of 13 values at step 1 (s = 1, st = 1); the point at 6
+        let cubic: Vec<i64> = (0..13)
+            .map(|i: i64| 16 * i * i * i - 48 * i * i + 5)
+            .collect();
+        let lin: Vec<i64> = (0..13).map(|i: i64| 7 * i - 3).collect();
+        assert_eq!(predict_code(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
+        assert_eq!(
+            predict_code(&cubic, 6, 6, 13, 1, 1, Spline::Cubic),
+            cubic[6]
+        );
+        // copy at the right edge, quadratic near the left edge
+        assert_eq!(predict_code(&lin, 12, 12, 13, 1, 1, Spline::Cubic), lin[11]);
+        let quad: Vec<i64> = (0..13).map(|i: i64| 8 * i * i).collect();
+        assert_eq!(predict_code(&quad, 1, 1, 13, 1, 1, Spline::Cubic), quad[1]);
+        assert_eq!(
+            predict_code(&quad, 11, 11, 13, 1, 1, Spline::Cubic),
+            quad[11]
+        );
+        // the value domain agrees where the integer rounding does not matter
+        let f = |v: &[i64]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        assert_eq!(
+            predict_value(&f(&cubic), 6, 6, 13, 1, 1, Spline::Cubic),
+            cubic[6] as f64
+        );
+        assert_eq!(
+            predict_value(&f(&quad), 1, 1, 13, 1, 1, Spline::Natural),
+            quad[1] as f64
+        );
+        assert_eq!(
+            predict_value(&f(&lin), 12, 12, 13, 1, 1, Spline::Linear),
+            lin[11] as f64
+        );
+        // extreme codes wrap instead of overflowing
+        let big = [
+            i64::MAX,
+            0,
+            0,
+            i64::MAX,
+            0,
+            0,
+            0,
+            0,
+            0,
+            i64::MIN,
+            0,
+            0,
+            i64::MAX,
+        ];
+        for sp in Spline::ALL {
+            predict_code(&big, 6, 6, 13, 1, 1, sp);
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! `cuszi`: cuSZ-i's multi-level interpolation predictor with canonical Huffman coding
+//! (FORMAT.md, "cuszi"), the CPU encoder and decoder.
+//!
+//! Pipeline (compression):
+//!
+//! 1. **anchors** (module `interp`): every `S`-th point per dimension (`S` = 8 in 3-D, 16 in 2-D,
+//!    512 in 1-D) is quantized directly by the shared verified quantizer
+//!    ([`crate::quant::Quantizer::encode`]) and its code Lorenzo-predicted over the anchor grid;
+//! 2. **interpolation**: every other point is predicted from coarser ones by linear or cubic
+//!    splines, level by level (strides `S/2 ... 1`), one pass per dimension, inside its tile's
+//!    box. Each level's pass order and per-dimension spline are chosen by sampling (cuSZ-i's
+//!    auto-tuning) and stored in the stream. Under abs/noa bounds the predictions are made from
+//!    reconstructed values and the residual `x - prediction` is quantized (module `quant`: the
+//!    encoder reconstructs each value exactly as the decoder will and checks the bound exactly);
+//!    under rel bounds every value is quantized first and the integer codes are predicted
+//!    exactly. A value that cannot be kept within the bound (NaN, ±Inf, the fill value, a missed
+//!    bound) is stored losslessly and stands for its prediction in its neighbours' predictions;
+//! 3. **entropy coding** (modules `entropy`, `huffman`): the residuals, tile after tile, are cut
+//!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
+//!    values and large residuals); one canonical Huffman codebook built from the histogram of all
+//!    chunks codes every chunk independently.
+//!
+//! Memory: the encoder holds an `i64` residual per value (and, under rel bounds, a code), the
+//! decoder the residuals plus a tile-ordered copy of the output; about 16 bytes per value beyond
+//! the input and output.
+//!
+//! # Block-parallel layout (the CUDA kernel's map)
+//!
+//! The stream is designed so that a CUDA implementation writes the same bytes:
+//!
+//! * a tile's residuals depend only on the data inside its box (its `S^d` points plus the halo
+//!   at `+S`) and the anchor codes, because halo points lie on faces whose predictions never cross
+//!   the face: a thread block per tile (or per 4 tiles, cuSZ-i's 32x8x8) computes them with the
+//!   same IEEE f64 operations (no FMA: `--fmad=false`) or integer arithmetic; anchors need one
+//!   small pass over the anchor grid first (decoding: an n-D prefix sum of the anchor residuals);
+//! * the configuration sampling visits fixed tiles and sums integers (order-independent);
+//! * the histogram is an atomic-add kernel; the codebook is built on the host from it (as in
+//!   cuSZ-i) with the deterministic rules of FORMAT.md ("Metadata");
+//! * each chunk of 32,768 residuals is coded by one block (or warp); chunk sizes go to the table
+//!   and offsets follow from a prefix sum of the sizes, as in the other codecs.
+//!
+//! Decoding runs the same stages backwards: chunks in parallel, the anchor pass, tiles in
+//! parallel (each tile reads its halo residuals from the neighbouring tiles' chunks), and a
+//! gather from tile order to the array's order.
+
+pub(crate) mod entropy;
+pub(crate) mod grid;
+pub(crate) mod huffman;
+pub(crate) mod interp;
+pub(crate) mod quant;
+
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+use crate::element::Element;
+use crate::error::{Error, Result};
+use crate::format::{zhash_bytes, BoundMode, Dims, Header, TABLE_ENTRY_LEN};
+use crate::quant::{QuantParams, Quantizer};
+
+use entropy::{Tokens, LOSSLESS, NSYM};
+use grid::{Grid, D};
+use interp::Level;
+
+/// log2 of residuals per entropy chunk.
+pub const CHUNK_LOG2: usize = 15;
+/// Residuals per entropy chunk.
+pub const CHUNK: usize = 1 << CHUNK_LOG2;
+
+/// The encoded chunk table, metadata and chunks (everything after the header).
+pub(crate) struct Encoded {
+    /// Chunk table, metadata, chunks.
+    pub payload: Vec<u8>,
+    /// Number of chunks.
+    pub n_chunks: u32,
+    /// `zhash` of the chunk table and the metadata.
+    pub table_checksum: u32,
+    /// Bytes of metadata.
+    pub meta_len: u32,
+}
+
+/// The index of point `x` of volume `b` in the array (row-major).
+#[inline]
+fn raster(g: &Grid, b: usize, x: [usize; D]) -> usize {
+    b * g.volume() + (x[0] * g.n[1] + x[1]) * g.n[2] + x[2]
+}
+
+/// Split `v` into the consecutive per-tile slices of the symbol order.
+fn tile_slices<'a, X>(g: &Grid, mut v: &'a mut [X]) -> Vec<(usize, &'a mut [X])> {
+    let mut out = Vec::with_capacity(g.n_tiles());
+    for t in 0..g.n_tiles() {
+        let (_, c) = g.tile_coords(t);
+        let n: usize = g.owned(c).iter().product();
+        let (a, rest) = std::mem::take(&mut v).split_at_mut(n);
+        out.push((t, a));
+        v = rest;
+    }
+    out
+}
+
+/// The index within its tile's owned points of box point `x` (`None` for halo points).
+#[inline]
+fn owned_index(x: [usize; D], e: [usize; D]) -> Option<usize> {
+    (x[0] < e[0] && x[1] < e[1] && x[2] < e[2]).then(|| (x[0] * e[1] + x[1]) * e[2] + x[2])
+}
+
+/// Encode `data` of shape `dims` (whose count is `data.len()`).
+pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    let g = Grid::new(dims);
+    let q = params.quantizer::<T>();
+    let rel = params.mode == BoundMode::Rel;
+    // prequantization codes: of every value in the code domain (rel), of the anchors otherwise
+    let codes: Vec<i64> = if rel {
+        data.par_iter()
+            .with_min_len(4096)
+            .map(|&x| q.encode(x).unwrap_or(LOSSLESS))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let code_at = |gi: usize| {
+        if rel {
+            codes[gi]
+        } else {
+            q.encode(data[gi]).unwrap_or(LOSSLESS)
+        }
+    };
+    // anchors: Lorenzo over the anchor grid, in tile order
+    let n_tiles = g.n_tiles();
+    let mut anchors = vec![0i64; n_tiles];
+    let mut anchor_res = vec![0i64; n_tiles];
+    for t in 0..n_tiles {
+        let (b, c) = g.tile_coords(t);
+        let v = code_at(raster(&g, b, c.map(|x| x * g.stride)));
+        let p = interp::anchor_prediction(&g, b, c, &anchors);
+        let r = v.wrapping_sub(p);
+        (anchors[t], anchor_res[t]) = if v == LOSSLESS || r == LOSSLESS {
+            (p, LOSSLESS)
+        } else {
+            (v, r)
+        };
+    }
+    let mut res = vec![0i64; data.len()];
+    let (levels, lossless) = if rel {
+        let levels = interp::choose_levels(&g, 1.0, |b, x| {
+            let v = codes[raster(&g, b, x)];
+            (v != LOSSLESS).then_some(v as f64)
+        });
+        let point = |gi: usize, p: i64| {
+            let v = codes[gi];
+            let r = v.wrapping_sub(p);
+            if v == LOSSLESS || r == LOSSLESS {
+                (LOSSLESS, p)
+            } else {
+                (r, v)
+            }
+        };
+        let tiles = Tiles::new(&g, &levels, &anchors, &anchor_res);
+        let l = tiles.encode(data, &mut res, interp::predict_code, point);
+        (levels, l)
+    } else {
+        let rq = quant::ResidualQuantizer::<T>::new(params);
+        let fill = params.fill.map(|f| T::from_f64(f).to_bits_u64());
+        let levels = interp::choose_levels(&g, 1.0 / params.step, |b, x| {
+            let v = data[raster(&g, b, x)];
+            (v.finite() && Some(v.to_bits_u64()) != fill).then(|| v.to_f64())
+        });
+        let values = anchor_values(&q, &anchors);
+        let point = |gi: usize, p: f64| match rq.encode(data[gi], p) {
+            Some(c) => c,
+            None => (LOSSLESS, finite_or_zero(p)),
+        };
+        let tiles = Tiles::new(&g, &levels, &values, &anchor_res);
+        let l = tiles.encode(data, &mut res, interp::predict_value, point);
+        (levels, l)
+    };
+    // entropy coding: tokens and histogram per chunk, one codebook, chunks
+    let toks: Vec<(Tokens, Vec<u64>)> = res
+        .par_chunks(CHUNK)
+        .map(|c| {
+            let mut hist = vec![0u64; NSYM];
+            let t = entropy::tokenize(c, &mut hist);
+            (t, hist)
+        })
+        .collect();
+    drop(res);
+    let mut hist = vec![0u64; NSYM];
+    for (_, h) in &toks {
+        for (a, b) in hist.iter_mut().zip(h) {
+            *a += b;
+        }
+    }
+    let lens = huffman::code_lengths(&hist);
+    let code_table = huffman::canonical_codes(&lens);
+    let chunks: Vec<Vec<u8>> = toks
+        .par_iter()
+        .enumerate()
+        .map(|(i, (t, _))| {
+            let lo = lossless.partition_point(|r| r.0 < i * CHUNK);
+            let hi = lossless.partition_point(|r| r.0 < (i + 1) * CHUNK);
+            let raw: Vec<T> = lossless[lo..hi].iter().map(|r| r.1).collect();
+            entropy::write_chunk(t, &code_table, &raw)
+        })
+        .collect();
+    let meta = write_meta(&levels, &lens);
+    let n = chunks.len();
+    let total = n * TABLE_ENTRY_LEN + meta.len() + chunks.iter().map(Vec::len).sum::<usize>();
+    let mut payload = Vec::with_capacity(total);
+    for c in &chunks {
+        payload.extend_from_slice(&(c.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&zhash_bytes(c).to_le_bytes());
+    }
+    payload.extend_from_slice(&meta);
+    let table_checksum = zhash_bytes(&payload);
+    for c in &chunks {
+        payload.extend_from_slice(c);
+    }
+    Encoded {
+        payload,
+        n_chunks: n as u32,
+        table_checksum,
+        meta_len: meta.len() as u32,
+    }
+}
+
+/// The metadata section: level count (u8), 0 (u8), codebook bytes (u16), two configuration
+/// bytes per level (coarsest first), the serialized code lengths, zero padding to 4 bytes.
+fn write_meta(levels: &[Level], lens: &[u8]) -> Vec<u8> {
+    let mut cb = Vec::new();
+    huffman::write_lengths(lens, &mut cb);
+    let mut m = vec![levels.len() as u8, 0];
+    m.extend_from_slice(&(cb.len() as u16).to_le_bytes());
+    for lv in levels {
+        m.extend_from_slice(&lv.to_bytes());
+    }
+    m.extend_from_slice(&cb);
+    m.resize(m.len().next_multiple_of(4), 0);
+    m
+}
+
+/// Parse and check the metadata section of a stream of grid `g`.
+fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Vec<u8>)> {
+    if m.len() < 4 {
+        return Err(Error::corrupt("cuszi metadata shorter than 4 bytes"));
+    }
+    let n_levels = m[0] as usize;
+    if n_levels != g.levels() || m[1] != 0 {
+        return Err(Error::corrupt(format!(
+            "cuszi metadata names {n_levels} levels, the shape has {}",
+            g.levels()
+        )));
+    }
+    let cb_len = u16::from_le_bytes([m[2], m[3]]) as usize;
+    let end = 4 + 2 * n_levels + cb_len;
+    if end > m.len() || m.len() - end >= 4 || m[end..].iter().any(|&b| b != 0) {
+        return Err(Error::corrupt("cuszi metadata length mismatch"));
+    }
+    let levels = (0..n_levels)
+        .map(|i| Level::from_bytes([m[4 + 2 * i], m[5 + 2 * i]]))
+        .collect::<Result<Vec<_>>>()?;
+    let lens = huffman::read_lengths(&m[4 + 2 * n_levels..end], NSYM)?;
+    Ok((levels, lens))
+}
+
+/// Decode a header-checked compressed `cuszi` stream into `out` (`out.len() == h.count`).
+pub(crate) fn decode<T: Element>(
+    stream: &[u8],
+    h: &Header,
+    params: &QuantParams,
+    out: &mut [T],
+) -> Result<()> {
+    let dims = h
+        .dims
+        .ok_or_else(|| Error::corrupt("cuszi stream without a shape"))?;
+    if dims.count() != out.len() as u64 {
+        return Err(Error::corrupt("shape does not match the value count"));
+    }
+    let g = Grid::new(&dims);
+    let entries = h.chunk_table(stream)?;
+    if entries.len() != out.len().div_ceil(CHUNK) {
+        return Err(Error::corrupt("chunk count does not match the value count"));
+    }
+    let meta_at = h.header_len() + entries.len() * TABLE_ENTRY_LEN;
+    let (levels, lens) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
+    let dec = huffman::Decoder::new(&lens);
+    let mut res = try_alloc::<i64>(out.len())?;
+    let lossless: Vec<Vec<(usize, T)>> = res
+        .par_chunks_mut(CHUNK)
+        .zip(entries.par_iter())
+        .enumerate()
+        .map(|(i, (dst, e))| {
+            let c = &stream[e.offset..e.offset + e.size];
+            if zhash_bytes(c) != e.checksum {
+                return Err(Error::corrupt(format!("chunk {i}: checksum mismatch")));
+            }
+            let mut raw = Vec::new();
+            entropy::read_chunk::<T>(c, &dec, dst, &mut raw)
+                .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
+            let at = dst
+                .iter()
+                .enumerate()
+                .filter(|(_, &r)| r == LOSSLESS)
+                .map(|(k, _)| i * CHUNK + k);
+            Ok(at.zip(raw).collect())
+        })
+        .collect::<Result<_>>()?;
+    let lossless: Vec<(usize, T)> = lossless.into_iter().flatten().collect();
+    let raw_at = |si: usize| -> T {
+        let k = lossless.partition_point(|r| r.0 < si);
+        debug_assert!(lossless.get(k).is_some_and(|r| r.0 == si));
+        lossless.get(k).map(|r| r.1).unwrap_or_default()
+    };
+    // anchors, in tile order
+    let n_tiles = g.n_tiles();
+    let mut anchors = vec![0i64; n_tiles];
+    let mut anchor_res = vec![0i64; n_tiles];
+    for t in 0..n_tiles {
+        let (b, c) = g.tile_coords(t);
+        let p = interp::anchor_prediction(&g, b, c, &anchors);
+        let r = res[g.tile_offset(b, c)];
+        anchors[t] = if r == LOSSLESS { p } else { p.wrapping_add(r) };
+        anchor_res[t] = r;
+    }
+    // tiles, into tile order
+    let q = params.quantizer::<T>();
+    let mut tiled = try_alloc::<T>(out.len())?;
+    if h.mode == BoundMode::Rel {
+        let point = |r: i64, p: i64| {
+            if r == LOSSLESS {
+                (None, p)
+            } else {
+                let c = p.wrapping_add(r);
+                (Some(q.decode(c)), c)
+            }
+        };
+        let tiles = Tiles::new(&g, &levels, &anchors, &anchor_res);
+        tiles.decode(
+            &q,
+            &anchors,
+            &res,
+            &raw_at,
+            &mut tiled,
+            interp::predict_code,
+            point,
+        );
+    } else {
+        let rq = quant::ResidualQuantizer::<T>::new(params);
+        let point = |r: i64, p: f64| {
+            if r == LOSSLESS {
+                (None, finite_or_zero(p))
+            } else {
+                let v = rq.decode(r, p);
+                (Some(v), v.to_f64())
+            }
+        };
+        let values = anchor_values(&q, &anchors);
+        let tiles = Tiles::new(&g, &levels, &values, &anchor_res);
+        tiles.decode(
+            &q,
+            &anchors,
+            &res,
+            &raw_at,
+            &mut tiled,
+            interp::predict_value,
+            point,
+        );
+    }
+    drop(res);
+    // gather rows from tile order
+    let row = g.n[2];
+    out.par_chunks_mut(row.max(1))
+        .enumerate()
+        .for_each(|(ri, dst)| {
+            let x1 = ri % g.n[1];
+            let x0 = (ri / g.n[1]) % g.n[0];
+            let b = ri / (g.n[1] * g.n[0]);
+            // the row crosses tiles along the last dimension; each tile holds its part of the
+            // row contiguously
+            for (c2, part) in dst.chunks_mut(g.stride).enumerate() {
+                let at = g.symbol_index(b, [x0, x1, c2 * g.stride]);
+                part.copy_from_slice(&tiled[at..at + part.len()]);
+            }
+        });
+    Ok(())
+}
+
+/// `v`, or 0 when it is not finite: the value a lossless point (or an anchor whose code does
+/// not reconstruct to a finite value) stands for in the predictions of its neighbours.
+#[inline(always)]
+fn finite_or_zero(v: f64) -> f64 {
+    if v.is_finite() {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// The anchors' values in the value domain: the reconstruction of each anchor code (for a
+/// lossless anchor, of its Lorenzo prediction), 0 where it is not finite.
+fn anchor_values<T: Element>(q: &Quantizer<T>, anchors: &[i64]) -> Vec<f64> {
+    anchors
+        .iter()
+        .map(|&c| finite_or_zero(q.decode(c).to_f64()))
+        .collect()
+}
+
+/// The tile passes of one stream: grid, level configuration, the anchors' buffer values (codes
+/// or values) and their residuals.
+struct Tiles<'a, V> {
+    g: &'a Grid,
+    levels: &'a [Level],
+    anchors: &'a [V],
+    anchor_res: &'a [i64],
+}
+
+impl<'a, V: Copy + Default + Send + Sync> Tiles<'a, V> {
+    fn new(g: &'a Grid, levels: &'a [Level], anchors: &'a [V], anchor_res: &'a [i64]) -> Self {
+        Tiles {
+            g,
+            levels,
+            anchors,
+            anchor_res,
+        }
+    }
+
+    /// Residuals of every tile into `res` (tile order); `point(array index, prediction)` gives a
+    /// point's residual ([`LOSSLESS`] or a code) and the buffer value its neighbours see.
+    /// Returns the lossless values by residual index.
+    fn encode<T: Element>(
+        &self,
+        data: &[T],
+        res: &mut [i64],
+        predict: interp::Predict<V>,
+        point: impl Fn(usize, V) -> (i64, V) + Sync,
+    ) -> Vec<(usize, T)> {
+        let g = self.g;
+        let lossless: Vec<Vec<(usize, T)>> = tile_slices(g, res)
+            .into_par_iter()
+            .map_init(Vec::new, |buf, (t, out)| {
+                let (b, c) = g.tile_coords(t);
+                let e = g.boxed(c);
+                let own = g.owned(c);
+                let o = c.map(|x| x * g.stride);
+                let base = g.tile_offset(b, c);
+                buf.clear();
+                buf.resize(e.iter().product(), V::default());
+                interp::place_anchors(g, b, c, e, self.anchors, buf);
+                let mut raw = Vec::new();
+                out[0] = self.anchor_res[t];
+                if out[0] == LOSSLESS {
+                    raw.push((base, data[raster(g, b, o)]));
+                }
+                interp::run_passes(buf, e, g.stride, self.levels, predict, |_, x, p| {
+                    let gi = raster(g, b, std::array::from_fn(|d| o[d] + x[d]));
+                    let (r, v) = point(gi, p);
+                    if let Some(i) = owned_index(x, own) {
+                        out[i] = r;
+                        if r == LOSSLESS {
+                            raw.push((base + i, data[gi]));
+                        }
+                    }
+                    v
+                });
+                raw.sort_unstable_by_key(|r| r.0);
+                raw
+            })
+            .collect();
+        lossless.into_iter().flatten().collect()
+    }
+
+    /// Values of every tile into `tiled` (tile order) from the residuals `res`; `point(residual,
+    /// prediction)` gives a point's value (`None`: lossless, `raw_at` of its index) and buffer
+    /// value; `codes` are the anchor codes.
+    #[allow(clippy::too_many_arguments)]
+    fn decode<T: Element>(
+        &self,
+        q: &Quantizer<T>,
+        codes: &[i64],
+        res: &[i64],
+        raw_at: &(impl Fn(usize) -> T + Sync),
+        tiled: &mut [T],
+        predict: interp::Predict<V>,
+        point: impl Fn(i64, V) -> (Option<T>, V) + Sync,
+    ) {
+        let g = self.g;
+        tile_slices(g, tiled)
+            .into_par_iter()
+            .for_each_init(Vec::new, |buf, (t, dst)| {
+                let (b, c) = g.tile_coords(t);
+                let e = g.boxed(c);
+                let own = g.owned(c);
+                let o = c.map(|x| x * g.stride);
+                let base = g.tile_offset(b, c);
+                buf.clear();
+                buf.resize(e.iter().product(), V::default());
+                interp::place_anchors(g, b, c, e, self.anchors, buf);
+                dst[0] = if res[base] == LOSSLESS {
+                    raw_at(base)
+                } else {
+                    q.decode(codes[t])
+                };
+                interp::run_passes(buf, e, g.stride, self.levels, predict, |_, x, p| {
+                    let owned = owned_index(x, own);
+                    let si = match owned {
+                        Some(i) => base + i,
+                        None => g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d])),
+                    };
+                    let (val, v) = point(res[si], p);
+                    if let Some(i) = owned {
+                        dst[i] = val.unwrap_or_else(|| raw_at(si));
+                    }
+                    v
+                });
+            });
+    }
+}
+
+/// A vector of `n` default values, or [`Error::OutOfMemory`].
+fn try_alloc<X: Default + Clone>(n: usize) -> Result<Vec<X>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        Error::OutOfMemory(format!("{n} values of {} bytes", std::mem::size_of::<X>()))
+    })?;
+    v.resize(n, X::default());
+    Ok(v)
+}

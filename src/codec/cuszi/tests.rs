@@ -1,0 +1,488 @@
+//! Round trips with exact bound checks, adversarial inputs, shapes, corrupted streams.
+
+use proptest::prelude::*;
+
+use crate::codec::{compress_nd, compress_with_options, decompress, inspect, CodecKind};
+use crate::element::Element;
+use crate::format::{zhash_bytes, Dims, Dtype, HEADER_LEN_V3};
+use crate::quant::{pred, ErrorBound};
+use crate::CompressOptions;
+
+/// Compress `data` of shape `dims` with cuszi under `bound`, decode it, and check every value
+/// with the rule of the other codecs' tests: finite values within the header's absolute bound
+/// (abs/noa) or `pred(E |x|)` (rel), computed in f64; anything else bit-exact. Returns the
+/// stream.
+fn check<T: Element>(data: &[T], dims: &[usize], bound: ErrorBound) -> Vec<u8> {
+    let s = compress_nd(data, dims, bound, CodecKind::Cuszi).unwrap();
+    let h = inspect(&s).unwrap();
+    assert_eq!(h.count, data.len() as u64);
+    let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    assert_eq!(h.dims.unwrap().as_slice(), &want[..]);
+    let back: Vec<T> = decompress(&s).unwrap();
+    assert_eq!(back.len(), data.len());
+    for (i, (x, y)) in data.iter().zip(&back).enumerate() {
+        let (xv, yv) = (x.to_f64(), y.to_f64());
+        if x.finite() {
+            let lim = match bound {
+                ErrorBound::Rel(e) => pred(e * xv.abs()),
+                _ => h.abs_bound,
+            };
+            let d = (xv - yv).abs();
+            assert!(
+                d <= lim,
+                "{bound} {dims:?} value {i}: |{xv:e} - {yv:e}| = {d:e} > {lim:e}"
+            );
+        } else {
+            assert_eq!(x.to_bits_u64(), y.to_bits_u64(), "{dims:?} value {i}");
+        }
+    }
+    s
+}
+
+/// A smooth 3-D field of shape `n`.
+fn field<T: Element>(n: [usize; 3]) -> Vec<T> {
+    let mut v = Vec::with_capacity(n.iter().product());
+    for i in 0..n[0] {
+        for j in 0..n[1] {
+            for k in 0..n[2] {
+                let (x, y, z) = (i as f64 * 0.07, j as f64 * 0.05, k as f64 * 0.09);
+                v.push(T::from_f64(
+                    x.sin() * y.cos() * 100.0 + (z + x).cos() * 30.0 + 7.0,
+                ));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn smooth_fields_round_trip_every_mode() {
+    for dims in [[33usize, 17, 20], [8, 8, 8], [1, 9, 40], [2, 1, 1]] {
+        let d32 = field::<f32>(dims);
+        let d64 = field::<f64>(dims);
+        for b in [
+            ErrorBound::Abs(1e-2),
+            ErrorBound::Noa(1e-3),
+            ErrorBound::Noa(1e-6),
+            ErrorBound::Rel(1e-3),
+        ] {
+            check(&d32, &dims, b);
+            check(&d64, &dims, b);
+            // the same values as 1-D and 2-D
+            let n = d32.len();
+            check(&d32, &[n], b);
+            check(&d64, &[dims[0] * dims[1], dims[2]], b);
+        }
+    }
+}
+
+/// Adversarial values: NaN payloads, infinities, subnormals, signed zeros, values near the
+/// dtype's limits, mixed into a smooth field.
+fn adversarial<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let mut r = seed | 1;
+    let mut next = move || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r
+    };
+    let big = if T::SIZE == 4 {
+        f32::MAX as f64
+    } else {
+        f64::MAX
+    };
+    let tiny = if T::SIZE == 4 {
+        f32::from_bits(1) as f64
+    } else {
+        f64::from_bits(1)
+    };
+    (0..n)
+        .map(|i| {
+            let v = match next() % 23 {
+                0 => return T::from_bits_u64(next() | 0x7FF0_0000_0000_0001 | 0x7F80_0001),
+                1 => f64::INFINITY,
+                2 => f64::NEG_INFINITY,
+                3 => tiny * (next() % 100) as f64,
+                4 => -0.0,
+                5 => big * 0.999,
+                6 => -big,
+                _ => (i as f64 * 0.01).sin() * 50.0,
+            };
+            T::from_f64(v)
+        })
+        .collect()
+}
+
+#[test]
+fn adversarial_values_keep_the_bound() {
+    for dims in [
+        &[1usize][..],
+        &[1, 1, 1],
+        &[1, 77],
+        &[77, 1],
+        &[5, 3, 7],
+        &[2, 3, 4, 5],
+        &[3, 1, 9, 10],
+        &[9, 17, 8],
+        &[1030],
+    ] {
+        let n: usize = dims.iter().product();
+        for seed in 1..4 {
+            let d32 = adversarial::<f32>(n, seed);
+            let d64 = adversarial::<f64>(n, seed);
+            for b in [
+                ErrorBound::Abs(1e-3),
+                ErrorBound::Noa(1e-4),
+                ErrorBound::Rel(1e-2),
+                ErrorBound::Abs(1e-300),
+            ] {
+                check(&d32, dims, b);
+                check(&d64, dims, b);
+            }
+        }
+    }
+}
+
+#[test]
+fn degenerate_arrays() {
+    let b = ErrorBound::Noa(1e-3);
+    check::<f32>(&[], &[0], b);
+    check(&[3.5f32], &[1, 1, 1, 1], b);
+    check(&vec![-2.5f64; 4096], &[16, 16, 16], b);
+    check(&vec![0.0f32; 5000], &[50, 100], b);
+    check(&vec![f32::NAN; 300], &[3, 10, 10], b);
+    // only subnormals, and a range spanning the whole f64 line
+    let sub: Vec<f64> = (0..999).map(|i| f64::from_bits(i * 7919)).collect();
+    check(&sub, &[9, 111], ErrorBound::Abs(1e-310));
+    let wide: Vec<f64> = (0..1000)
+        .map(|i| if i % 2 == 0 { f64::MAX } else { -f64::MAX } * ((i % 7) as f64 / 7.0))
+        .collect();
+    check(&wide, &[10, 10, 10], ErrorBound::Noa(1e-5));
+    let wide32: Vec<f32> = wide.iter().map(|&x| (x / 1e280) as f32 * 3e27).collect();
+    check(&wide32, &[10, 100], ErrorBound::Noa(1e-7));
+}
+
+#[test]
+fn fill_values_are_kept_exactly() {
+    let mut d = field::<f32>([20, 30, 10]);
+    for x in d.iter_mut().step_by(11) {
+        *x = -1e10;
+    }
+    let opts = CompressOptions::default()
+        .with_fill_value(-1e10)
+        .with_dims(Dims::new(&[20, 30, 10]).unwrap());
+    let s = compress_with_options(&d, ErrorBound::Noa(1e-3), CodecKind::Cuszi, &opts).unwrap();
+    let h = inspect(&s).unwrap();
+    assert_eq!(h.fill_value, Some(-1e10));
+    let back: Vec<f32> = decompress(&s).unwrap();
+    for (x, y) in d.iter().zip(&back) {
+        if *x == -1e10 {
+            assert_eq!(x.to_bits(), y.to_bits());
+        } else {
+            assert!(((x - y).abs() as f64) <= h.abs_bound);
+        }
+    }
+}
+
+/// The shape is used: a smooth 3-D field compresses better with its shape than as 1-D (a
+/// correctness sanity check of the predictor, not a benchmark).
+#[test]
+fn the_shape_helps_on_a_smooth_field() {
+    let d = field::<f32>([64, 64, 64]);
+    let b = ErrorBound::Noa(1e-4);
+    let nd = check(&d, &[64, 64, 64], b);
+    let flat = check(&d, &[64 * 64 * 64], b);
+    assert!(
+        nd.len() * 3 < flat.len() * 2,
+        "{} vs {}",
+        nd.len(),
+        flat.len()
+    );
+    assert!(nd.len() * 8 < d.len() * 4);
+}
+
+#[test]
+fn shape_errors_are_clear() {
+    let d = vec![1.0f32; 24];
+    let b = ErrorBound::Abs(1e-3);
+    for (dims, what) in [
+        (&[5usize, 5][..], "holds 25 values"),
+        (&[2, 0, 12], "zero dimension"),
+        (&[1, 2, 3, 2, 2], "1 to 4 dimensions"),
+        (&[], "1 to 4 dimensions"),
+    ] {
+        let e = compress_nd(&d, dims, b, CodecKind::Cuszi).unwrap_err();
+        assert!(e.to_string().contains(what), "{dims:?}: {e}");
+        // the same checks whatever the codec
+        assert!(compress_nd(&d, dims, b, CodecKind::Pfpl).is_err());
+    }
+}
+
+/// Codecs that ignore the shape write version 2 streams, byte-identical to the 1-D ones, and a
+/// version 2 stream written before version 3 existed still decodes.
+#[test]
+fn version_2_streams_are_unchanged() {
+    let d = field::<f64>([10, 20, 30]);
+    for &c in CodecKind::ALL.iter().filter(|c| !c.uses_dims()) {
+        let b = ErrorBound::Noa(1e-3);
+        let s = compress_nd(&d, &[10, 20, 30], b, c).unwrap();
+        assert_eq!(s, crate::codec::compress(&d, b, c).unwrap());
+        let h = inspect(&s).unwrap();
+        assert_eq!((h.version(), h.header_len(), h.dims), (2, 96, None));
+    }
+    // an aatrox stream of 200 f32 values written by the version 2 encoder (tests/roundtrip.rs)
+    let hex = "5a434d500200010101000f0000000000c8000000000000007b14ae47e17a843f7b14ae47e17a843f00000040e17a943f00000000000000000000000000000000d80000000000000001000000111092c0000000000000000000000000a8cda86ed00000008b02193d0000000001000000050505050505050000000000000000000000000000000000000000000000000000000000aefc2af080c69969803e78187e01f807feff0700feffffff90a392ea263ae302383cfc02c03f00fd00c0ffffffffff7f5768744240e7ec26401f1c1ebf00fc01ffff0300000000007a47cdecb389f1003c0efe00c00f00ff00f0ffff000000c0e7f67ee9e031321be00f0e071f00fe00ffff0100ffffffffafff747dc9cc78000e0f7f00f00f80ff00f0ffffff00000073000000f0000000f00000000f000000ff000000";
+    let s = unhex(hex);
+    let h = inspect(&s).unwrap();
+    assert_eq!(
+        (h.version(), h.count, h.shape().as_slice()),
+        (2, 200, &[200u64][..])
+    );
+    assert_eq!(decompress::<f32>(&s).unwrap().len(), 200);
+}
+
+fn unhex(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Recompute every checksum of a (mutated) version 3 stream: chunk checksums, the payload
+/// checksum over table and metadata, the header checksum.
+pub(crate) fn reseal_v3(s: &mut [u8]) {
+    if s.len() < HEADER_LEN_V3 {
+        return;
+    }
+    let u32_at = |s: &[u8], o: usize| u32::from_le_bytes(s[o..o + 4].try_into().unwrap());
+    let stored = s[9] & 1 != 0;
+    let hl = HEADER_LEN_V3;
+    if stored {
+        let c = zhash_bytes(&s[hl..]);
+        s[76..80].copy_from_slice(&c.to_le_bytes());
+    } else {
+        let n = u32_at(s, 72) as usize;
+        let meta = u32_at(s, 128) as usize;
+        let table_end = hl.saturating_add(n.saturating_mul(8));
+        let first = table_end.saturating_add(meta);
+        if first <= s.len() {
+            let mut off = first;
+            for i in 0..n {
+                let e = hl + 8 * i;
+                let size = u32_at(s, e) as usize;
+                if off.saturating_add(size) > s.len() {
+                    break;
+                }
+                let c = zhash_bytes(&s[off..off + size]);
+                s[e + 4..e + 8].copy_from_slice(&c.to_le_bytes());
+                off += size;
+            }
+            let c = zhash_bytes(&s[hl..first]);
+            s[76..80].copy_from_slice(&c.to_le_bytes());
+        }
+    }
+    let h = zhash_bytes(&s[..132]);
+    s[132..136].copy_from_slice(&h.to_le_bytes());
+}
+
+/// Decode `s` as its own dtype (f32 when the header is unreadable).
+fn decodes(s: &[u8]) -> bool {
+    match inspect(s).map(|h| h.dtype) {
+        Ok(Dtype::F64) => decompress::<f64>(s).is_ok(),
+        _ => decompress::<f32>(s).is_ok(),
+    }
+}
+
+fn sample_streams() -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    let d = field::<f32>([12, 20, 37]);
+    v.push(compress_nd(&d, &[12, 20, 37], ErrorBound::Noa(1e-3), CodecKind::Cuszi).unwrap());
+    let a = adversarial::<f64>(2000, 5);
+    v.push(compress_nd(&a, &[40, 50], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap());
+    let big = field::<f32>([40, 40, 40]);
+    v.push(compress_nd(&big, &[40, 40, 40], ErrorBound::Rel(1e-3), CodecKind::Cuszi).unwrap());
+    // values whose codes overflow: all lossless, a stored stream
+    let noise: Vec<f32> = (0..999u32)
+        .map(|i| f32::from_bits(0x6000_0000 + i * 7919))
+        .collect();
+    v.push(compress_nd(&noise, &[999], ErrorBound::Abs(1e-9), CodecKind::Cuszi).unwrap());
+    v
+}
+
+#[test]
+fn corrupt_streams_are_errors() {
+    let streams = sample_streams();
+    assert!(inspect(&streams[3]).unwrap().is_stored());
+    assert!(!inspect(&streams[0]).unwrap().is_stored());
+    assert!(inspect(&streams[2]).unwrap().n_chunks > 1);
+    for s in &streams {
+        assert!(decodes(s));
+        for n in 0..s.len() {
+            assert!(
+                !decodes(&s[..n]),
+                "truncation to {n} of {} accepted",
+                s.len()
+            );
+        }
+        let mut longer = s.clone();
+        longer.extend([0; 4]);
+        assert!(!decodes(&longer));
+    }
+    // every single bit flip of a small stream
+    let s = &streams[0];
+    for i in 0..s.len() * 8 {
+        let mut m = s.clone();
+        m[i / 8] ^= 1 << (i % 8);
+        assert!(
+            !decodes(&m),
+            "flip of bit {} of byte {} accepted",
+            i % 8,
+            i / 8
+        );
+    }
+}
+
+/// Header fields of version 3, changed and resealed: each is rejected with an error.
+#[test]
+fn invalid_shape_fields_are_rejected() {
+    let s = &sample_streams()[0];
+    let put = |off: usize, bytes: &[u8]| {
+        let mut m = s.clone();
+        m[off..off + bytes.len()].copy_from_slice(bytes);
+        reseal_v3(&mut m);
+        m
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("ndims 0", put(92, &[0])),
+        ("ndims 5", put(92, &[5])),
+        ("ndims 2 with a third extent", put(92, &[2])),
+        ("reserved", put(93, &[1])),
+        ("product", put(96, &13u64.to_le_bytes())),
+        ("zero extent", put(104, &0u64.to_le_bytes())),
+        ("unused extent", put(120, &1u64.to_le_bytes())),
+        ("meta not a multiple of 4", put(128, &[1])),
+        ("meta too long", put(128, &[0, 0, 1])),
+        ("another codec in version 3", put(6, &[1])),
+        ("version 2 cuszi", put(4, &[2])),
+        (
+            "levels",
+            put(136 + 8 * inspect(s).unwrap().n_chunks as usize, &[2]),
+        ),
+    ];
+    for (what, m) in cases {
+        let e = decompress::<f32>(&m);
+        assert!(e.is_err(), "{what}: accepted");
+    }
+    // a shape with extents of 1 around the same values is the same array
+    let h = inspect(s).unwrap();
+    assert_eq!(h.dims.unwrap().as_slice(), &[12, 20, 37]);
+}
+
+/// Random mutations, resealed so that the structure checks (not the checksums) see them:
+/// errors or values, never a panic.
+#[test]
+fn resealed_mutations_never_panic() {
+    let mut r = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r
+    };
+    for s in sample_streams() {
+        for _ in 0..300 {
+            let mut m = s.clone();
+            for _ in 0..1 + next() % 4 {
+                let i = (next() % m.len() as u64) as usize;
+                m[i] ^= 1 << (next() % 8);
+            }
+            if next() % 5 == 0 {
+                let n = (next() % m.len() as u64) as usize;
+                m.truncate(n);
+            }
+            reseal_v3(&mut m);
+            let _ = decodes(&m);
+        }
+    }
+}
+
+/// A cuszi stream of the first version 3 encoder (256 f32 values of shape 16x16, abs:1e-2, with
+/// a NaN) decodes to values within the bound, and this encoder still writes it byte for byte.
+#[test]
+fn golden_stream_decodes() {
+    let mut d: Vec<f32> = (0..256)
+        .map(|i| ((i / 16) as f32 * 0.3).sin() * 10.0 + (i % 16) as f32 * 0.25)
+        .collect();
+    d[77] = f32::NAN;
+    let s = compress_nd(&d, &[16, 16], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
+    let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, GOLDEN_16X16);
+    let g = unhex(GOLDEN_16X16);
+    assert!(!inspect(&g).unwrap().is_stored());
+    let back: Vec<f32> = decompress(&g).unwrap();
+    for (x, y) in d.iter().zip(&back) {
+        assert!((x - y).abs() <= 1e-2 || x.to_bits() == y.to_bits());
+    }
+}
+
+const GOLDEN_16X16: &str = concat!(
+    "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
+    "e17a943f00000000000000000000000000000000a80000000000000001000000bc6690290000000000000000",
+    "0000000002000000100000000000000010000000000000000000000000000000000000000000000038000000",
+    "e2366ac0680000009397031b040029002400240021082104ffffa706ffa00589058f05910484020305840582",
+    "05048a059705b006ffc306a707ffac07060305068b000000d3020000fbb66cd4c104104104113665996658d4",
+    "a1084210853e719e337ff5372e5cb972e5cbe70cc330cc1a9421084210a7f719db366b284210842166acab2a",
+    "ca9a9fb8ccfbc67acd9acc104104104113d33a674ce8d4d0a142850a1429200000c07fdd08dd0800",
+);
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn round_trips_keep_the_bound(
+        dims in proptest::collection::vec(1usize..14, 1..=4),
+        seed in any::<u64>(),
+        smooth in any::<bool>(),
+        mode in 0u8..3,
+        e_exp in -6i32..0,
+        f64s in any::<bool>(),
+    ) {
+        let n: usize = dims.iter().product();
+        let e = 10f64.powi(e_exp);
+        let b = match mode {
+            0 => ErrorBound::Abs(e),
+            1 => ErrorBound::Noa(e),
+            _ => ErrorBound::Rel(e),
+        };
+        if f64s {
+            let d: Vec<f64> = if smooth {
+                (0..n).map(|i| (i as f64 * 0.03).cos() * 4.0).collect()
+            } else {
+                adversarial(n, seed)
+            };
+            check(&d, &dims, b);
+        } else {
+            let d: Vec<f32> = if smooth {
+                (0..n).map(|i| (i as f32 * 0.03).cos() * 4.0).collect()
+            } else {
+                adversarial(n, seed)
+            };
+            check(&d, &dims, b);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..400),
+        v3 in any::<bool>(),
+    ) {
+        let mut s = bytes;
+        if v3 && s.len() >= HEADER_LEN_V3 {
+            s[..4].copy_from_slice(b"ZCMP");
+            s[4..6].copy_from_slice(&3u16.to_le_bytes());
+            s[6] = crate::format::CODEC_CUSZI;
+            reseal_v3(&mut s);
+        }
+        let _ = decodes(&s);
+    }
+}
