@@ -11,6 +11,7 @@
 //! ```
 
 pub mod blocked;
+pub mod gpz;
 pub mod pfpl;
 
 use crate::element::Element;
