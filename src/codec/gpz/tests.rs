@@ -418,3 +418,77 @@ proptest! {
         check_round_trip(&xf, d, b, order);
     }
 }
+
+/// A synthetic N-body-like set: `n` particles, 70% in halos (power-law sizes, centrally
+/// concentrated) and 30% uniform background, in a box of side 1000, f32 xyz. `shuffled`: stored
+/// in random order; otherwise halo by halo (as group finders write them), background last.
+fn halos(n: usize, shuffled: bool) -> Vec<f32> {
+    let mut r = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut parts: Vec<[f32; 3]> = Vec::with_capacity(n);
+    let in_halos = n * 7 / 10;
+    while parts.len() < in_halos {
+        // sizes ~ 1 / size^2 between 10 and 50,000 particles
+        let size = ((10.0 / (1.0 - r.unit() * 0.9998)) as usize).min(in_halos - parts.len());
+        let centre: Vec<f64> = (0..3).map(|_| r.unit() * 1000.0).collect();
+        let radius = 0.2 * (size as f64).cbrt();
+        for _ in 0..size {
+            let rad = radius * r.unit() * r.unit();
+            let (a, b) = (r.unit() * std::f64::consts::TAU, r.unit() * 2.0 - 1.0);
+            let s = (1.0 - b * b).sqrt();
+            let p = [
+                centre[0] + rad * s * a.cos(),
+                centre[1] + rad * s * a.sin(),
+                centre[2] + rad * b,
+            ];
+            parts.push(p.map(|v| v.rem_euclid(1000.0) as f32));
+        }
+    }
+    while parts.len() < n {
+        parts.push([0; 3].map(|_| (r.unit() * 1000.0) as f32));
+    }
+    if shuffled {
+        for i in (1..n).rev() {
+            parts.swap(i, (r.next() % (i as u64 + 1)) as usize);
+        }
+    }
+    parts.concat()
+}
+
+/// Ratio of gpz (both orders) against the flat-array codecs on 1M synthetic particles. Prints a
+/// table; asserts only the round trips. Run with
+/// `cargo test --release --lib gpz_ratio_report -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gpz_ratio_report() {
+    use crate::codec::{compress, CodecKind};
+    let n = 1 << 20;
+    for shuffled in [true, false] {
+        let xs = halos(n, shuffled);
+        let raw = (xs.len() * 4) as f64;
+        println!(
+            "\n{} particles, f32 xyz, {} order",
+            n,
+            if shuffled { "random" } else { "halo-by-halo" }
+        );
+        println!("| bound | gpz preserve | gpz reorder | aatrox | cuszp-outlier | pfpl |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for e in [1e-2, 1e-3, 1e-4] {
+            let b = ErrorBound::Noa(e);
+            let t = std::time::Instant::now();
+            let p = check_round_trip(&xs, 3, b, Order::Preserve);
+            let tp = t.elapsed();
+            let r = check_round_trip(&xs, 3, b, Order::Reorder);
+            let flat: Vec<String> = [CodecKind::Aatrox, CodecKind::CuszpOutlier, CodecKind::Pfpl]
+                .iter()
+                .map(|&c| format!("{:.2}", raw / compress(&xs, b, c).unwrap().len() as f64))
+                .collect();
+            println!(
+                "| noa:{e:e} | {:.2} | {:.2} | {} |   (preserve round trip + checks {:.0} ms)",
+                raw / p as f64,
+                raw / r as f64,
+                flat.join(" | "),
+                tp.as_secs_f64() * 1e3
+            );
+        }
+    }
+}
