@@ -3,9 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::layout::{header_len, GpzHeader};
 use super::*;
-use crate::format::zhash_bytes;
 use crate::quant::noa_abs_bound;
 
 /// Deterministic xorshift generator for test data.
@@ -256,54 +254,9 @@ fn stored_fallback_round_trips() {
     }
 }
 
-/// Recompute the checksums of a (mutated) stream so the decoder's structural checks, not the
-/// checksums, must catch the damage.
-fn reseal(s: &mut [u8]) {
-    if s.len() < 48 {
-        return;
-    }
-    let d = s[7] as usize;
-    if !(1..=4).contains(&d) || s.len() < header_len(d) {
-        return;
-    }
-    let hl = header_len(d);
-    let n = u64::from_le_bytes(s[16..24].try_into().unwrap());
-    let stored = s[10] & 1 != 0;
-    let payload_len = (s.len() - hl) as u64;
-    s[32..40].copy_from_slice(&payload_len.to_le_bytes());
-    if stored {
-        let h = zhash_bytes(&s[hl..]);
-        s[44..48].copy_from_slice(&h.to_le_bytes());
-    } else {
-        let t = (n.div_ceil(32) as usize)
-            .saturating_mul(2)
-            .min(s.len() - hl);
-        let th = zhash_bytes(&s[hl..hl + t]);
-        let dh = zhash_bytes(&s[hl + t..]);
-        s[40..44].copy_from_slice(&th.to_le_bytes());
-        s[44..48].copy_from_slice(&dh.to_le_bytes());
-    }
-    let o = hl - 8;
-    let hh = zhash_bytes(&s[..o]);
-    s[o..o + 4].copy_from_slice(&hh.to_le_bytes());
-}
-
-/// Decode `s` every way; must return, never panic.
-fn decode_any(s: &[u8]) {
-    let limits = DecodeLimits::default().with_max_count(1 << 22);
-    let a = decompress_particles_with_limits::<f32>(s, limits);
-    let b = decompress_particles_with_limits::<f64>(s, limits);
-    assert!(!(a.is_ok() && b.is_ok()));
-    if let Ok((v, d)) = a {
-        let h = GpzHeader::parse(s).unwrap();
-        assert_eq!(v.len() as u64, h.n * d as u64);
-    }
-}
-
 #[test]
 fn corrupt_and_truncated_streams_are_errors() {
     let xs: Vec<f32> = clustered(300, 3, 1).iter().map(|&x| x as f32).collect();
-    let mut r = Rng(12345);
     for order in [Order::Preserve, Order::Reorder] {
         let (s, _) = compress_particles(&xs, 3, ErrorBound::Noa(1e-3), order).unwrap();
         assert!(!inspect_particles(&s).unwrap().stored);
@@ -324,33 +277,6 @@ fn corrupt_and_truncated_streams_are_errors() {
                 assert!(decompress_particles::<f32>(&c).is_err(), "flip {i}.{bit}");
             }
         }
-        // resealed random damage: structural checks only
-        for _ in 0..20_000 {
-            let mut c = s.clone();
-            for _ in 0..1 + r.next() % 4 {
-                let i = (r.next() % c.len() as u64) as usize;
-                c[i] = r.next() as u8;
-            }
-            if r.next() % 4 == 0 {
-                let cut = (r.next() % c.len() as u64) as usize;
-                c.truncate(cut);
-            }
-            reseal(&mut c);
-            decode_any(&c);
-        }
-    }
-    // arbitrary bytes behind a valid-looking magic
-    for _ in 0..5_000 {
-        let len = (r.next() % 400) as usize;
-        let mut c: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
-        if c.len() >= 8 {
-            c[..4].copy_from_slice(b"ZGPZ");
-            c[4] = 1;
-            c[5] = 0;
-            c[7] = 1 + (r.next() % 4) as u8;
-        }
-        reseal(&mut c);
-        decode_any(&c);
     }
 }
 
