@@ -129,7 +129,8 @@ pub(crate) fn encode_block<T: Element>(
     }
     let best = best.expect("level 0 is always tried");
     let coded = best.bits.div_ceil(8) as usize + n_exc * d * T::SIZE;
-    if coded >= 1 + xs.len() * T::SIZE {
+    // a raw block costs one flag byte plus the values: keep the coded form only if smaller
+    if coded > xs.len() * T::SIZE {
         put_raw(xs, out);
         return;
     }

@@ -52,7 +52,7 @@ pub(crate) fn get_lehmer(r: &mut BitReader, perm: &mut [u8]) -> Result<()> {
     let m = perm.len();
     // bit k set: index k not yet placed
     let mut free: u64 = (1u64 << m) - 1;
-    for i in 0..m {
+    for (i, p) in perm.iter_mut().enumerate() {
         let digit = r.get(ceil_log2((m - i) as u32))? as u32;
         if digit >= (m - i) as u32 {
             return Err(Error::corrupt(format!(
@@ -65,7 +65,7 @@ pub(crate) fn get_lehmer(r: &mut BitReader, perm: &mut [u8]) -> Result<()> {
             f &= f - 1;
         }
         let k = f.trailing_zeros();
-        perm[i] = k as u8;
+        *p = k as u8;
         free &= !(1u64 << k);
     }
     Ok(())

@@ -230,8 +230,8 @@ fn soa_matches_aos() {
     assert_eq!(s1, s2);
     let back = decompress_particles_soa::<f32>(&s1).unwrap();
     let (aos, _) = decompress_particles::<f32>(&s1).unwrap();
-    for c in 0..3 {
-        assert!(back[c]
+    for (c, axis) in back.iter().enumerate() {
+        assert!(axis
             .iter()
             .zip(aos.iter().skip(c).step_by(3))
             .all(|(a, b)| a == b));
