@@ -5,15 +5,15 @@
 //! codecs: neighbours in storage order are not neighbours in space. GPZ works on blocks of 32
 //! consecutive particles, in four stages:
 //!
-//! 1. **Spatial quantisation** ([`quantize`]): each coordinate becomes an integer code under a
+//! 1. **Spatial quantisation** (`quantize.rs`): each coordinate becomes an integer code under a
 //!    per-axis bound (same rules as the other codecs); within the block the codes are split
 //!    into a *segment id* (the cell of a `2^L`-per-axis grid over the block's bounding box) and
 //!    an in-segment offset.
-//! 2. **Sort** ([`sort`]): the block's particles are sorted stably by segment id, so particles
+//! 2. **Sort** (`sort.rs`): the block's particles are sorted stably by segment id, so particles
 //!    of one cell become adjacent.
-//! 3. **Encoding** ([`runs`], [`bitplane`]): run-length coding of the sorted ids, delta coding
+//! 3. **Encoding** (`runs.rs`, `bitplane.rs`): run-length coding of the sorted ids, delta coding
 //!    of the distinct ids, fixed-width (bit-plane) coding of the offsets; the encoder picks the
-//!    level `L` that gives the smallest block ([`block`]).
+//!    level `L` that gives the smallest block (`block.rs`).
 //! 4. **Compaction** ([`layout`]): blocks of varying size are concatenated behind a table of
 //!    their sizes.
 //!
@@ -338,7 +338,7 @@ pub fn decompress_particles_with_limits<T: Element>(
     let d = h.d;
     let payload = &stream[header_len(d)..];
     if h.stored {
-        if payload.len() != values * T::SIZE {
+        if values.checked_mul(T::SIZE) != Some(payload.len()) {
             return Err(Error::corrupt(format!(
                 "gpz stored stream holds {} bytes for {values} values",
                 payload.len()

@@ -418,3 +418,18 @@ fn gpz_ratio_report() {
         }
     }
 }
+
+#[test]
+fn unlimited_decoding_of_a_hostile_count_is_an_error() {
+    let xs = [1.5f32, -7e3, 2e-9, 1e30, 0.1, 3.3];
+    let (mut s, _) = compress_particles(&xs, 3, ErrorBound::Abs(1e-30), Order::Preserve).unwrap();
+    assert!(inspect_particles(&s).unwrap().stored);
+    // N * d * 4 wraps to the real payload length: 2^62 + 2 particles of 3 f32
+    let n: u64 = (1 << 62) + 2;
+    s[16..24].copy_from_slice(&n.to_le_bytes());
+    let o = super::layout::header_len(3) - 8;
+    let h = crate::format::zhash_bytes(&s[..o]);
+    s[o..o + 4].copy_from_slice(&h.to_le_bytes());
+    assert!(inspect_particles(&s).is_ok());
+    assert!(decompress_particles_with_limits::<f32>(&s, DecodeLimits::unlimited()).is_err());
+}
