@@ -75,12 +75,17 @@ pub(crate) fn encode_block<T: Element>(
     let codes = &b.codes[..m];
     let mut lo = [0i64; 4];
     let mut w = [0u32; 4];
+    // axes whose block span needs as many bits as the stream's use the stream's frame (base
+    // `G_c`, width `gw_c`): same width, and the base costs nothing (blocks of particles stored
+    // in random order span the whole domain)
+    let mut global = [false; 4];
     for c in 0..d {
         let l = codes.iter().map(|q| q[c]).min().unwrap_or(0);
         let h = codes.iter().map(|q| q[c]).max().unwrap_or(0);
-        lo[c] = l;
         // codes are below 2^61 in magnitude, so the span fits 62 bits
         w[c] = bit_width(h.wrapping_sub(l) as u64);
+        global[c] = w[c] == ctx.gw[c];
+        lo[c] = if global[c] { ctx.gmin[c] } else { l };
     }
     let mut u = [[0u64; 4]; 32];
     for (uj, q) in u.iter_mut().zip(codes) {
@@ -92,7 +97,15 @@ pub(crate) fn encode_block<T: Element>(
     let n_exc = n - m;
     let fixed: u64 = 2
         + if n_exc > 0 { n as u64 } else { 0 }
-        + (0..d).map(|c| (ctx.gw[c] + WIDTH_BITS) as u64).sum::<u64>()
+        + (0..d)
+            .map(|c| {
+                1 + if global[c] {
+                    0
+                } else {
+                    (ctx.gw[c] + WIDTH_BITS) as u64
+                }
+            })
+            .sum::<u64>()
         + LEVEL_BITS as u64
         + ctx.preserve as u64;
     let max_w = w[..d].iter().copied().max().unwrap_or(0);
@@ -141,8 +154,11 @@ pub(crate) fn encode_block<T: Element>(
         wr.put(b.exc as u64, n as u32);
     }
     for c in 0..d {
-        wr.put(lo[c].wrapping_sub(ctx.gmin[c]) as u64, ctx.gw[c]);
-        wr.put(w[c] as u64, WIDTH_BITS);
+        wr.put(global[c] as u64, 1);
+        if !global[c] {
+            wr.put(lo[c].wrapping_sub(ctx.gmin[c]) as u64, ctx.gw[c]);
+            wr.put(w[c] as u64, WIDTH_BITS);
+        }
     }
     wr.put(best.level as u64, LEVEL_BITS);
     let (k, s, kk) = split(&w[..d], best.level);
@@ -225,6 +241,12 @@ pub(crate) fn decode_block<T: Element>(ctx: &Ctx<T>, bytes: &[u8], out: &mut [T]
     let mut lo = [0i64; 4];
     let mut w = [0u32; 4];
     for c in 0..d {
+        if r.get(1)? == 1 {
+            // the stream's frame (gw_c was checked against MAX_RATE with the header)
+            lo[c] = ctx.gmin[c];
+            w[c] = ctx.gw[c];
+            continue;
+        }
         lo[c] = ctx.gmin[c].wrapping_add(r.get(ctx.gw[c])? as i64);
         w[c] = r.get(WIDTH_BITS)? as u32;
         if w[c] > T::MAX_RATE {
