@@ -433,3 +433,51 @@ fn unlimited_decoding_of_a_hostile_count_is_an_error() {
     assert!(inspect_particles(&s).is_ok());
     assert!(decompress_particles_with_limits::<f32>(&s, DecodeLimits::unlimited()).is_err());
 }
+
+/// [`gpz_ratio_report`] on real particle files: `GPZ_RATIO_FILES=path:atoms,...`, each a raw
+/// little-endian f32 array of frames of `atoms` particles (x y z), compressed frame by frame as a
+/// halo exchange would send them. Run with
+/// `GPZ_RATIO_FILES=... cargo test --release --lib gpz_ratio_files -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gpz_ratio_files() {
+    use crate::codec::{compress, CodecKind};
+    let Ok(list) = std::env::var("GPZ_RATIO_FILES") else {
+        eprintln!("GPZ_RATIO_FILES not set");
+        return;
+    };
+    println!("| file | frames × atoms | bound | gpz preserve | gpz reorder | aatrox | cuszp-outlier | pfpl |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|");
+    for item in list.split(',') {
+        let (path, atoms) = item.rsplit_once(':').expect("path:atoms");
+        let atoms: usize = atoms.parse().expect("atom count");
+        let bytes = std::fs::read(path).expect("readable file");
+        let xs: Vec<f32> = bytes.chunks_exact(4).map(f32::read_le).collect();
+        let frames: Vec<&[f32]> = xs.chunks_exact(atoms * 3).collect();
+        let raw = (frames.len() * atoms * 12) as f64;
+        for e in [1e-2, 1e-3, 1e-4] {
+            let b = ErrorBound::Noa(e);
+            let mut sizes = [0usize; 5];
+            for f in &frames {
+                sizes[0] += check_round_trip(f, 3, b, Order::Preserve);
+                sizes[1] += check_round_trip(f, 3, b, Order::Reorder);
+                for (k, c) in [CodecKind::Aatrox, CodecKind::CuszpOutlier, CodecKind::Pfpl]
+                    .into_iter()
+                    .enumerate()
+                {
+                    sizes[2 + k] += compress(f, b, c).unwrap().len();
+                }
+            }
+            let r: Vec<String> = sizes
+                .iter()
+                .map(|&s| format!("{:.2}", raw / s as f64))
+                .collect();
+            let name = path.rsplit('/').next().unwrap_or(path);
+            println!(
+                "| {name} | {} × {atoms} | noa:{e:e} | {} |",
+                frames.len(),
+                r.join(" | ")
+            );
+        }
+    }
+}
