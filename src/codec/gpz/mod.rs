@@ -300,6 +300,12 @@ pub fn compress_particles_soa<T: Element>(
     compress_particles(&aos, d, bound, order)
 }
 
+/// The largest stream [`compress_particles`] writes for `n` particles of `d` coordinates of
+/// `dtype` (a stored stream: the header and the raw values), e.g. to size a receive buffer.
+pub fn compress_bound(n: usize, d: usize, dtype: crate::format::Dtype) -> usize {
+    header_len(d) + n * d * dtype.size()
+}
+
 /// Parse and validate a GPZ stream's header (cheap; does not decode).
 pub fn inspect_particles(stream: &[u8]) -> Result<GpzHeader> {
     GpzHeader::parse(stream)

@@ -41,6 +41,7 @@ fn axis_range<T: Element>(xs: &[T], d: usize, c: usize) -> Option<(f64, f64)> {
 /// bit for bit. Returns the stream length.
 fn check_round_trip<T: Element>(xs: &[T], d: usize, bound: ErrorBound, order: Order) -> usize {
     let (stream, perm) = compress_particles(xs, d, bound, order).unwrap();
+    assert!(stream.len() <= compress_bound(xs.len() / d, d, T::DTYPE));
     let h = inspect_particles(&stream).unwrap();
     assert_eq!((h.d, h.order, h.n), (d, order, (xs.len() / d) as u64));
     let (back, dd) = decompress_particles::<T>(&stream).unwrap();
