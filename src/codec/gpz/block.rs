@@ -10,7 +10,10 @@
 use super::bitplane::{bit_width, get_planes, put_planes, BitReader, BitWriter};
 use super::quantize::{quantize_block, segment_ids, split};
 use super::runs::{get_runs, put_runs, runs_bits, runs_of, Runs};
-use super::sort::{get_lehmer, lehmer_bits, put_lehmer, sort_block};
+use super::sort::{
+    get_lehmer, get_run_indices, lehmer_bits, put_lehmer, put_run_indices, run_index_bits,
+    sort_block,
+};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::quant::Quantizer;
@@ -121,7 +124,7 @@ pub(crate) fn encode_block<T: Element>(
         let bits = fixed
             + runs_bits(&runs, kk)
             + if ctx.preserve && !identity {
-                lehmer_bits(m)
+                1 + lehmer_bits(m).min(run_index_bits(m, runs.r))
             } else {
                 0
             }
@@ -168,7 +171,14 @@ pub(crate) fn encode_block<T: Element>(
     if ctx.preserve {
         wr.put(!best.identity as u64, 1);
         if !best.identity {
-            put_lehmer(&mut wr, perm);
+            // the cheaper form; the Lehmer code on a tie
+            let by_runs = run_index_bits(m, best.runs.r) < lehmer_bits(m);
+            wr.put(by_runs as u64, 1);
+            if by_runs {
+                put_run_indices(&mut wr, perm, &best.runs);
+            } else {
+                put_lehmer(&mut wr, perm);
+            }
         }
     }
     let mut offs = [0u64; 32];
@@ -272,7 +282,11 @@ pub(crate) fn decode_block<T: Element>(ctx: &Ctx<T>, bytes: &[u8], out: &mut [T]
         *p = i as u8;
     }
     if ctx.preserve && r.get(1)? == 1 {
-        get_lehmer(&mut r, &mut perm[..m])?;
+        if r.get(1)? == 1 {
+            get_run_indices(&mut r, &runs_of(&sorted[..m]), &mut perm[..m])?;
+        } else {
+            get_lehmer(&mut r, &mut perm[..m])?;
+        }
     }
     let mut offs = [[0u64; 32]; 4];
     for c in 0..d {

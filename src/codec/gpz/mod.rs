@@ -23,7 +23,8 @@
 //! # Order
 //!
 //! Sorting reorders particles within each block. [`Order::Preserve`] (the default) stores each
-//! block's permutation (a Lehmer code, at most 129 bits per block) and decompression returns the
+//! block's permutation (a Lehmer code of at most 129 bits per block, or, when few segments are
+//! occupied, each particle's segment-run index) and decompression returns the
 //! particles in their original order; the encoder stores no permutation for a block whose sort is
 //! the identity, and picks a coarser segmentation where the permutation would cost more than the
 //! sort saves. [`Order::Reorder`] stores no permutation: decompression returns the particles in
@@ -51,7 +52,7 @@
 //! stage 1 is a per-lane quantisation and a warp min/max reduction (`__shfl_down_sync`); stage 2
 //! a warp sort of `(segment id, lane)` pairs, evaluated for each candidate level; stage 3 a warp
 //! scan of "id differs from the previous lane" flags for the runs, a ballot per offset bit plane
-//! and per-lane Lehmer digits at lane-determined bit positions; every field's bit position
+//! and per-lane Lehmer digits or run indices at lane-determined bit positions; every field's bit position
 //! follows from widths known to the whole warp, so lanes write their fields independently. Each
 //! block is written to a scratch slot and its size to the table; a device-wide prefix sum of the
 //! sizes places the blocks and one compaction pass copies them (the paper's three-step

@@ -2,13 +2,20 @@
 //!
 //! The sort is stable (ties keep the original order), so it is a function of the keys alone;
 //! a warp radix sort (CUB `WarpMergeSort`/`BlockRadixSort` over `(key, lane)`) gives the same
-//! order. `preserve` streams store the permutation as its Lehmer code: output position `i` of
-//! `m` holds particle `perm[i]`, and digit `i` is the number of later positions holding a
-//! smaller index, in `ceil(log2(m - i))` bits (129 bits for a full block, against 160 for five
-//! bits per particle). On a GPU, lane `i` counts its digit with 32 shuffles and writes it at a
-//! position that depends on `i` only.
+//! order. `preserve` streams store the permutation in the cheaper of two forms:
+//!
+//! * its **Lehmer code**: output position `i` of `m` holds particle `perm[i]`, and digit `i` is
+//!   the number of later positions holding a smaller index, in `ceil(log2(m - i))` bits (129
+//!   bits for a full block, against 160 for five bits per particle);
+//! * its **run indices**: since the sort is stable, the permutation follows from the run (of
+//!   `R` distinct segment ids) each particle belongs to, in `ceil(log2 R)` bits per particle in
+//!   block order; cheaper than the Lehmer code when few segments are occupied.
+//!
+//! On a GPU, lane `i` counts its Lehmer digit with 32 shuffles, or looks up its run index, and
+//! writes it at a position that depends on `i` only.
 
 use super::bitplane::{ceil_log2, BitReader, BitWriter};
+use super::runs::Runs;
 use crate::error::{Error, Result};
 
 /// Sort the `keys.len() <= 32` keys (each `< 2^32`) stably: writes the sorted keys to `sorted`
@@ -71,6 +78,55 @@ pub(crate) fn get_lehmer(r: &mut BitReader, perm: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// Bits of the run-index form of a permutation of `m` particles in `r` runs.
+pub(crate) fn run_index_bits(m: usize, r: usize) -> u64 {
+    m as u64 * ceil_log2(r as u32) as u64
+}
+
+/// Write the run index of each particle, in block order (`perm` from [`sort_block`], `runs` of
+/// the sorted ids).
+pub(crate) fn put_run_indices(w: &mut BitWriter, perm: &[u8], runs: &Runs) {
+    let mut run_of = [0u8; 32];
+    let mut at = 0;
+    for (ri, &c) in runs.counts[..runs.r].iter().enumerate() {
+        for &p in &perm[at..at + c as usize] {
+            run_of[p as usize] = ri as u8;
+        }
+        at += c as usize;
+    }
+    let width = ceil_log2(runs.r as u32);
+    for &ri in &run_of[..perm.len()] {
+        w.put(ri as u64, width);
+    }
+}
+
+/// Read the run-index form of the permutation of `perm.len()` particles whose sorted ids form
+/// `runs`, into `perm` (sorted position -> block index). Every run must receive exactly its
+/// count of particles.
+pub(crate) fn get_run_indices(rd: &mut BitReader, runs: &Runs, perm: &mut [u8]) -> Result<()> {
+    let r = runs.r;
+    let mut next = [0usize; 32];
+    let mut end = [0usize; 32];
+    let mut at = 0;
+    for i in 0..r {
+        next[i] = at;
+        at += runs.counts[i] as usize;
+        end[i] = at;
+    }
+    let width = ceil_log2(r as u32);
+    for j in 0..perm.len() {
+        let ri = rd.get(width)? as usize;
+        if ri >= r || next[ri] >= end[ri] {
+            return Err(Error::corrupt(format!(
+                "gpz run index {ri} of particle {j} is out of range or overfills its run"
+            )));
+        }
+        perm[next[ri]] = j as u8;
+        next[ri] += 1;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +154,15 @@ mod tests {
             get_lehmer(&mut BitReader::new(&out), &mut back).unwrap();
             assert_eq!(back, p);
         }
+        // run-index form
+        let runs = crate::codec::gpz::runs::runs_of(&sorted);
+        let mut out = Vec::new();
+        let mut w = BitWriter::new(&mut out);
+        put_run_indices(&mut w, &perm, &runs);
+        assert_eq!(w.finish() as u64, run_index_bits(32, runs.r).div_ceil(8));
+        let mut back = [0u8; 32];
+        get_run_indices(&mut BitReader::new(&out), &runs, &mut back).unwrap();
+        assert_eq!(back, perm);
         let ident: Vec<u64> = (0..32).collect();
         assert!(sort_block(&ident, &mut sorted, &mut perm));
     }
