@@ -482,3 +482,23 @@ fn gpz_ratio_files() {
         }
     }
 }
+
+#[test]
+fn stream_does_not_depend_on_thread_count() {
+    // more than one parallel group of blocks
+    let xs: Vec<f32> = clustered(3 * GROUP_BLOCKS * BLOCK + 77, 3, 8)
+        .iter()
+        .map(|&x| x as f32)
+        .collect();
+    for order in [Order::Preserve, Order::Reorder] {
+        let b = ErrorBound::Noa(1e-3);
+        let many = compress_particles(&xs, 3, b, order).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let one = pool.install(|| compress_particles(&xs, 3, b, order).unwrap());
+        assert_eq!(many, one);
+        check_round_trip(&xs, 3, b, order);
+    }
+}
