@@ -3,6 +3,8 @@
 //! The body is shared with `tests/corruption.rs`, which runs it on stable Rust in CI.
 #![no_main]
 
+// shared with decode_resealed, which also uses its resealing helpers
+#[allow(dead_code)]
 #[path = "../../tests/common/fuzz_body.rs"]
 mod fuzz_body;
 

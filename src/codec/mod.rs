@@ -12,6 +12,7 @@
 
 pub mod blocked;
 pub mod cuszi;
+pub mod gpz;
 pub mod pfpl;
 
 use crate::element::Element;
