@@ -568,7 +568,7 @@ fn simulate<E: DeviceAmp>(
             BoundSource::User => outln!("bound: {} (--error-bound)", c.config().bound),
         }
         outln!(
-            "policy: {policy}; profile: link {} latency {:.1} us; codec compress {} decompress {} ({})",
+            "policy: {policy}; host profile: link {} latency {:.1} us; codec compress {} decompress {} ({})",
             zcomm::model::fmt_rate(prof.link.bandwidth),
             prof.link.latency * 1e6,
             sp.map(|s| zcomm::model::fmt_rate(s.compress))
@@ -579,8 +579,17 @@ fn simulate<E: DeviceAmp>(
         );
         match &dev {
             Some(d) => outln!(
-                "compute: GPU ({}; exchanges staged through pinned memory, GPU codec)",
-                d.name
+                "compute: GPU ({}; exchanges staged through pinned memory, GPU codec: compress {} \
+                 decompress {} with both ranks at once, as calibrated)",
+                d.name,
+                d.stager
+                    .profile()
+                    .map(|p| zcomm::model::fmt_rate(p.compress))
+                    .unwrap_or_default(),
+                d.stager
+                    .profile()
+                    .map(|p| zcomm::model::fmt_rate(p.decompress))
+                    .unwrap_or_default(),
             ),
             None => outln!(
                 "compute: CPU (rayon, {} threads)",
