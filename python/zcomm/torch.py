@@ -441,7 +441,15 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     settings differ, and ``TypeError`` for an unsupported gradient dtype.
     """
     buf = bucket.buffer()
-    return _done(_average(state, ("ddp", bucket.index()), buf))
+    try:
+        return _done(_average(state, ("ddp", bucket.index()), buf))
+    except Exception as e:
+        # handed to DDP through the future: it raises it from backward() once its reducer is
+        # in a consistent state (raising inside the hook can leave a reducer that aborts the
+        # process when it is destroyed)
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_exception(e)
+        return fut
 
 
 def register(model: Any, state: HookState) -> Any:
