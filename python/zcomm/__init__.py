@@ -203,11 +203,11 @@ def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:
     if dt != sdt:
         raise ValueError(f"the stream holds {sdt} values; out ({out.dtype}) needs {dt}")
     if out.dtype in (torch.bfloat16, torch.float16):
-        # decode (and add) in float32, then round once into the caller's dtype
-        wide = flat.clone() if add else torch.empty_like(flat)
-        _native.cuda_decompress_into(s.data_ptr(), s.numel(), wide.data_ptr(), count, sdt, s.device.index, add)
+        # `flat` is already a float32 copy of `out`: decode (and add) into it, then round once
+        # into the caller's dtype
+        _native.cuda_decompress_into(s.data_ptr(), s.numel(), flat.data_ptr(), count, sdt, s.device.index, add)
         with torch.no_grad():
-            out.reshape(-1).copy_(wide)
+            out.reshape(-1).copy_(flat)
         return out
     _native.cuda_decompress_into(s.data_ptr(), s.numel(), flat.data_ptr(), count, sdt, s.device.index, add)
     return out
