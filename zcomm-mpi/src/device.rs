@@ -3,9 +3,8 @@
 //! The library never loads the CUDA driver itself: a program that has device buffers has loaded
 //! `libcuda.so.1` already, so [`is_device`] looks it up with `dlopen(RTLD_NOLOAD)` (until found)
 //! and asks `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)`. Device and managed
-//! (unified) buffers are reported as device buffers; the wrappers pass them to PMPI unchanged
-//! (CUDA-aware MPI moves them) and note it in the report. GPU compression of device buffers in
-//! the interposition library is future work.
+//! (unified) buffers are reported as device buffers, with their device ordinal; the collectives
+//! compress them on that GPU (see [`crate::gpu`]).
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +16,7 @@ static FN: AtomicUsize = AtomicUsize::new(0);
 
 const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
+const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
 
@@ -77,4 +77,23 @@ pub fn is_device(p: *const c_void) -> bool {
         );
         r == 0 && managed != 0
     }
+}
+
+/// The device ordinal of a device (or managed) buffer: `None` for host memory or without a
+/// loaded CUDA driver.
+pub fn ordinal(p: *const c_void) -> Option<usize> {
+    if !is_device(p) {
+        return None;
+    }
+    let f = lookup()?;
+    let mut ord: c_int = -1;
+    // SAFETY: as in `is_device`; the attribute writes one 32-bit int.
+    let r = unsafe {
+        f(
+            (&mut ord as *mut c_int).cast(),
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            p as u64,
+        )
+    };
+    (r == 0 && ord >= 0).then_some(ord as usize)
 }

@@ -118,6 +118,7 @@
 pub mod device;
 mod ffi;
 mod fortran;
+pub mod gpu;
 pub mod hooks;
 mod progress;
 pub mod report;

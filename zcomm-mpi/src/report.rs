@@ -15,6 +15,10 @@ pub struct OpReport {
     pub raw: u64,
     /// Calls passed to PMPI unchanged.
     pub passthrough: u64,
+    /// Calls that went through zcomm with CUDA device buffers (compressed or raw, staged
+    /// through the host by the GPU codec).
+    #[serde(default)]
+    pub device: u64,
     /// Why calls were passed through (reason → calls).
     pub passthrough_reasons: BTreeMap<String, u64>,
     /// Uncompressed bytes of the calls that went through zcomm (this rank's sends).
@@ -84,6 +88,7 @@ impl OpReport {
         self.compressed += o.compressed;
         self.raw += o.raw;
         self.passthrough += o.passthrough;
+        self.device += o.device;
         for (k, v) in &o.passthrough_reasons {
             *self.passthrough_reasons.entry(k.clone()).or_default() += v;
         }
@@ -108,7 +113,7 @@ pub struct RankReport {
     pub rank: usize,
     /// MPI function name → counters.
     pub ops: BTreeMap<String, OpReport>,
-    /// Notes (e.g. device buffers passed through).
+    /// Notes (e.g. how device buffers were handled).
     pub notes: Vec<String>,
 }
 

@@ -9,6 +9,7 @@
 //! | `ZCOMM_P2P` | `on`, `off`: compress point-to-point messages | `on` |
 //! | `ZCOMM_NONBLOCKING` | `on`, `off`: compress `MPI_Iallreduce` on a progress thread (asks MPI for `MPI_THREAD_MULTIPLE`) | `on` |
 //! | `ZCOMM_COMMS` | `all`, `world`: communicators that may compress | `all` |
+//! | `ZCOMM_DEVICE` | `stage`: collectives on CUDA device buffers compress on the GPU and stage the stream through host memory (any MPI); `pass`: device buffers go to PMPI unchanged (needs a CUDA-aware MPI) | `stage` |
 //! | `ZCOMM_VERIFY` | `0`, `1`: measure the max error of every compressed call | `0` |
 //! | `ZCOMM_CALIBRATION` | `auto`, `fixed`, `load`, `measure` | `auto` |
 //! | `ZCOMM_REPORT` | path of the JSON summary written by rank 0 at `MPI_Finalize` | none |
@@ -50,6 +51,16 @@ pub enum Comms {
     World,
 }
 
+/// What the collectives do with CUDA device buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceMode {
+    /// Compress on the GPU and stage the stream through pinned host memory (works with any MPI).
+    Stage,
+    /// Pass device buffers to PMPI unchanged (the MPI library must be CUDA-aware).
+    Pass,
+}
+
 /// The library's settings.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Settings {
@@ -67,6 +78,8 @@ pub struct Settings {
     pub nonblocking: bool,
     /// Communicators that may compress.
     pub comms: Comms,
+    /// Device buffers of the collectives: staged through zcomm's GPU codec or passed through.
+    pub device: DeviceMode,
     /// Measure the max error of every compressed call.
     pub verify: bool,
     /// Calibration source.
@@ -199,6 +212,11 @@ impl Settings {
             Some("world") => Comms::World,
             Some(v) => return Err(bad("ZCOMM_COMMS", v, "expected all or world")),
         };
+        let device = match get("ZCOMM_DEVICE").as_deref().map(str::trim) {
+            None | Some("stage") => DeviceMode::Stage,
+            Some("pass") => DeviceMode::Pass,
+            Some(v) => return Err(bad("ZCOMM_DEVICE", v, "expected stage or pass")),
+        };
         let calibration = match get("ZCOMM_CALIBRATION").as_deref().map(str::trim) {
             None | Some("auto") => CalibrationMode::Auto,
             Some("fixed") => CalibrationMode::Fixed,
@@ -225,6 +243,7 @@ impl Settings {
             p2p,
             nonblocking,
             comms,
+            device,
             verify,
             calibration,
             report,
@@ -252,13 +271,14 @@ impl Settings {
     pub fn agreement_hash(&self) -> u64 {
         // FNV-1a over a canonical text
         let text = format!(
-            "{}|{}|{}|{}|{}|{:?}|{}|{:?}",
+            "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}",
             self.bound,
             self.policy,
             self.min_bytes,
             self.p2p,
             self.nonblocking,
             self.comms,
+            self.device,
             self.verify,
             self.effective_calibration()
         );
@@ -292,6 +312,7 @@ mod tests {
         assert!(s.p2p);
         assert!(s.nonblocking);
         assert!(s.test_corrupt.is_none());
+        assert_eq!(s.device, DeviceMode::Stage);
         assert_eq!(s.effective_calibration(), CalibrationMode::Load);
     }
 
@@ -303,8 +324,10 @@ mod tests {
             ("ZCOMM_CODEC", "pfpl"),
             ("ZCOMM_MIN_BYTES", "4k"),
             ("ZCOMM_P2P", "off"),
+            ("ZCOMM_DEVICE", "pass"),
         ])
         .unwrap();
+        assert_eq!(s.device, DeviceMode::Pass);
         assert_eq!(s.bound, ErrorBound::Abs(1e-3));
         assert_eq!(s.policy, Policy::Always(CodecKind::Pfpl));
         assert_eq!(s.min_bytes, 4096);
@@ -326,6 +349,7 @@ mod tests {
             ("ZCOMM_TEST_CORRUPT", "x"),
             ("ZCOMM_COMMS", "some"),
             ("ZCOMM_CALIBRATION", "x"),
+            ("ZCOMM_DEVICE", "gpu"),
         ] {
             let e = parse(&[(k, v)]).unwrap_err();
             assert!(e.0.starts_with(k), "{e}");

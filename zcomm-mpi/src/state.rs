@@ -99,6 +99,8 @@ pub struct State {
     pub overrides: HashMap<usize, bool>,
     /// Pending point-to-point requests (see `wrappers`).
     pub pending: crate::wrappers::Pending,
+    /// The GPU codecs of the device ordinals whose buffers the collectives have seen.
+    pub gpus: crate::gpu::Gpus,
 }
 
 /// The state, `None` before `MPI_Init` and after `MPI_Finalize`.
@@ -347,6 +349,7 @@ pub fn setup() {
         entries: Vec::new(),
         overrides: HashMap::new(),
         pending: Default::default(),
+        gpus: Default::default(),
     };
     if st.settings.nonblocking {
         st.report.note(if multiple {

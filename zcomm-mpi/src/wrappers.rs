@@ -86,14 +86,9 @@ fn comm_rank_size(comm: MPI_Comm) -> (c_int, c_int) {
     (r, s)
 }
 
-/// Common eligibility of a buffer of `count` elements of `dt`: the element kind, or the reason
-/// to pass through.
-fn eligible(
-    st: &State,
-    dt: MPI_Datatype,
-    count: c_int,
-    bufs: &[*const c_void],
-) -> Result<Elem, &'static str> {
+/// Common eligibility of a message of `count` elements of `dt` (the datatype, its size): the
+/// element kind, or the reason to pass through.
+fn eligible_data(st: &State, dt: MPI_Datatype, count: c_int) -> Result<Elem, &'static str> {
     let elem = ffi::classify(dt).ok_or("datatype")?;
     if count <= 0 {
         return Err("empty");
@@ -101,6 +96,18 @@ fn eligible(
     if (count as usize).saturating_mul(elem.size()) < st.settings.min_bytes {
         return Err("below ZCOMM_MIN_BYTES");
     }
+    Ok(elem)
+}
+
+/// [`eligible_data`] for point-to-point, whose device buffers pass through (one rank's
+/// buffers decide alone there: no agreement is possible).
+fn eligible(
+    st: &State,
+    dt: MPI_Datatype,
+    count: c_int,
+    bufs: &[*const c_void],
+) -> Result<Elem, &'static str> {
+    let elem = eligible_data(st, dt, count)?;
     if bufs.iter().any(|&b| b != IN_PLACE && device::is_device(b)) {
         return Err("device buffer");
     }
@@ -110,9 +117,140 @@ fn eligible(
 fn note_device(st: &mut State, reason: &str) {
     if reason == "device buffer" {
         st.report.note(
-            "CUDA device buffers were passed to PMPI unchanged (not compressed): GPU compression of device buffers is not implemented in libzcomm_mpi yet",
+            "CUDA device buffers of point-to-point calls were passed to PMPI unchanged (not compressed; the MPI library must be CUDA-aware)",
         );
     }
+}
+
+/// Where a collective's buffers live, the same on every rank of the communicator.
+#[derive(Clone, Copy)]
+enum Place {
+    Host,
+    /// CUDA device memory; this rank's device ordinal.
+    Device(usize),
+}
+
+/// This rank's buffers: host, device memory on one usable GPU, or a reason they cannot go
+/// through zcomm.
+fn local_place(st: &mut State, bufs: &[*const c_void]) -> Result<Place, &'static str> {
+    let bufs: Vec<*const c_void> = bufs.iter().copied().filter(|&b| b != IN_PLACE).collect();
+    let devs: Vec<Option<usize>> = bufs.iter().map(|&b| device::ordinal(b)).collect();
+    if devs.iter().all(Option::is_none) {
+        // (a managed buffer whose ordinal the driver cannot tell counts as device memory)
+        if bufs.iter().any(|&b| device::is_device(b)) {
+            return Err("device buffer on no single device");
+        }
+        return Ok(Place::Host);
+    }
+    let ord = match devs[0] {
+        Some(o) if devs.iter().all(|d| *d == Some(o)) => o,
+        _ => return Err("host and device buffers (or two devices) in one call"),
+    };
+    if st.settings.device == crate::settings::DeviceMode::Pass {
+        return Err("device buffer (ZCOMM_DEVICE=pass)");
+    }
+    if let Some(c) = st.settings.policy.codec() {
+        if !c.has_gpu() {
+            return Err("device buffer: the codec has no GPU kernels");
+        }
+    }
+    if !st.gpus.usable(ord) {
+        let why = st.gpus.failure(ord).unwrap_or("unknown").to_string();
+        st.report.note(&format!(
+            "CUDA device {ord}: no GPU codec ({why}); device buffers passed to PMPI unchanged"
+        ));
+        return Err("device buffer: GPU codec unavailable");
+    }
+    Ok(Place::Device(ord))
+}
+
+/// [`local_place`] agreed by every rank of `comm` (one small allreduce on zcomm's duplicate):
+/// zcomm runs only where every rank has host buffers or every rank has usable device buffers,
+/// since the host and device paths exchange different messages. Otherwise every rank passes
+/// the call to PMPI (which then needs to be CUDA-aware).
+fn agree_place(
+    st: &mut State,
+    comm: MPI_Comm,
+    bufs: &[*const c_void],
+) -> Result<Place, &'static str> {
+    let local = local_place(st, bufs);
+    let flags = match local {
+        Ok(Place::Host) => [1.0, 0.0],
+        Ok(Place::Device(_)) => [0.0, 1.0],
+        Err(_) => [0.0, 0.0],
+    };
+    let mut all = flags;
+    let zc = collective_zc(st, comm)?;
+    let agreed = {
+        let _inside = Inside::enter();
+        zc.transport()
+            .allreduce_f64(&mut all, zcomm::comm::ReduceOp::Min)
+    };
+    if let Err(e) = agreed {
+        fatal(&format!("buffer placement agreement: {e}"));
+    }
+    match (local, all) {
+        (Ok(p), [h, d]) if h == 1.0 || d == 1.0 => Ok(p),
+        (Err(r), _) => Err(r),
+        _ => Err("host buffers on some ranks, device buffers on others"),
+    }
+}
+
+/// zcomm's communicator of `comm` (an existing entry) and the stager of device `ord`.
+fn zc_and_stager(
+    st: &mut State,
+    comm: MPI_Comm,
+    ord: usize,
+) -> zcomm::Result<(&mut Communicator, &mut zcomm::comm::DeviceStager)> {
+    let State { entries, gpus, .. } = st;
+    let zc = entries
+        .iter_mut()
+        .find(|e| e.comm == ffi::key(comm))
+        .and_then(|e| e.zc.as_mut())
+        .map(|z| &mut z.0)
+        .ok_or_else(|| zcomm::Error::Comm("communicator entry vanished".into()))?;
+    Ok((zc, gpus.stager(ord)?))
+}
+
+/// Run `$body` with `$S` the scalar type of `$elem` and `$lanes` its scalars per element
+/// (complex values go to the GPU codec as interleaved scalars).
+macro_rules! dispatch_scalar {
+    ($elem:expr, $S:ident, $lanes:ident => $body:expr) => {
+        match $elem {
+            Elem::F32 | Elem::C32 => {
+                type $S = f32;
+                let $lanes: usize = if $elem == Elem::C32 { 2 } else { 1 };
+                $body
+            }
+            Elem::F64 | Elem::C64 => {
+                type $S = f64;
+                let $lanes: usize = if $elem == Elem::C64 { 2 } else { 1 };
+                $body
+            }
+        }
+    };
+}
+
+/// Run a device collective and count it.
+fn record_device(
+    st: &mut State,
+    op: &str,
+    comm: MPI_Comm,
+    ord: usize,
+    run: impl FnOnce(
+        &mut Communicator,
+        &mut zcomm::comm::DeviceStager,
+    ) -> zcomm::Result<OpStats>,
+) {
+    let r = {
+        let _inside = Inside::enter();
+        zc_and_stager(st, comm, ord).and_then(|(zc, dev)| run(zc, dev))
+    };
+    st.report.note(
+        "CUDA device buffers of the collectives are compressed on the GPU and staged through host memory (ZCOMM_DEVICE=stage)",
+    );
+    st.report.op(op).device += 1;
+    record(st, op, r);
 }
 
 /// The zcomm communicator of `comm` for a collective (created now if needed), or the reason to
@@ -326,20 +464,30 @@ pub unsafe extern "C" fn MPI_Allreduce(
             if matches!(st.settings.bound, zcomm::ErrorBound::Rel(_)) {
                 return Err("rel bound (reductions need abs or noa)");
             }
-            let elem = eligible(st, dt, count, &[sendbuf, recvbuf])?;
+            let elem = eligible_data(st, dt, count)?;
             collective_zc(st, comm)?;
-            Ok(elem)
+            Ok((elem, agree_place(st, comm, &[sendbuf, recvbuf])?))
         })();
-        let elem = match why {
+        let (elem, place) = match why {
             Ok(e) => e,
             Err(r) => {
-                note_device(st, r);
                 st.report.op(name).pass(r);
                 drop(g);
                 return PMPI_Allreduce(sendbuf, recvbuf, count, dt, op, comm);
             }
         };
         let n = count as usize;
+        if let Place::Device(ord) = place {
+            let send = (sendbuf != IN_PLACE).then_some(sendbuf);
+            record_device(st, name, comm, ord, |zc, dev| {
+                dispatch_scalar!(elem, S, lanes => {
+                    // SAFETY: MPI_Allreduce's contract (device memory of `count` elements of
+                    // `dt` = `count * lanes` scalars of S on this device, checked above)
+                    crate::gpu::allreduce::<S>(zc, dev, send, recvbuf, n * lanes)
+                })
+            });
+            return 0;
+        }
         let zc = collective_zc(st, comm).expect("checked above");
         let _inside = Inside::enter();
         let r = dispatch!(elem, T => {
@@ -387,7 +535,7 @@ pub unsafe extern "C" fn MPI_Iallreduce(
             if matches!(st.settings.bound, zcomm::ErrorBound::Rel(_)) {
                 return Err("rel bound (reductions need abs or noa)");
             }
-            let elem = eligible(st, dt, count, &[sendbuf, recvbuf])?;
+            let elem = eligible_data(st, dt, count)?;
             if !st.settings.nonblocking {
                 return Err("ZCOMM_NONBLOCKING=off");
             }
@@ -395,12 +543,15 @@ pub unsafe extern "C" fn MPI_Iallreduce(
                 return Err("MPI_THREAD_MULTIPLE not provided (no progress thread)");
             }
             collective_zc(st, comm)?;
-            Ok(elem)
+            // (agreed, so that no rank runs zcomm's allreduce while another passes through)
+            match agree_place(st, comm, &[sendbuf, recvbuf])? {
+                Place::Host => Ok(elem),
+                Place::Device(_) => Err("device buffer (MPI_Iallreduce: not compressed)"),
+            }
         })();
         let elem = match why {
             Ok(e) => e,
             Err(r) => {
-                note_device(st, r);
                 st.report.op(name).pass(r);
                 drop(g);
                 return PMPI_Iallreduce(sendbuf, recvbuf, count, dt, op, comm, request);
@@ -478,20 +629,30 @@ pub unsafe extern "C" fn MPI_Reduce_scatter_block(
             if matches!(st.settings.bound, zcomm::ErrorBound::Rel(_)) {
                 return Err("rel bound (reductions need abs or noa)");
             }
-            let elem = eligible(st, dt, recvcount, &[sendbuf, recvbuf])?;
+            let elem = eligible_data(st, dt, recvcount)?;
             collective_zc(st, comm)?;
-            Ok(elem)
+            Ok((elem, agree_place(st, comm, &[sendbuf, recvbuf])?))
         })();
-        let elem = match why {
+        let (elem, place) = match why {
             Ok(e) => e,
             Err(r) => {
-                note_device(st, r);
                 st.report.op(name).pass(r);
                 drop(g);
                 return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, dt, op, comm);
             }
         };
         let n = recvcount as usize;
+        if let Place::Device(ord) = place {
+            let send = (sendbuf != IN_PLACE).then_some(sendbuf);
+            record_device(st, name, comm, ord, |zc, dev| {
+                dispatch_scalar!(elem, S, lanes => {
+                    // SAFETY: MPI_Reduce_scatter_block's contract: `recvcount * size` elements
+                    // in (sendbuf or, in place, recvbuf), `recvcount` out; device memory here
+                    crate::gpu::reduce_scatter::<S>(zc, dev, send, recvbuf, n * lanes)
+                })
+            });
+            return 0;
+        }
         let total = n * size as usize;
         let zc = collective_zc(st, comm).expect("checked above");
         let _inside = Inside::enter();
@@ -543,20 +704,30 @@ pub unsafe extern "C" fn MPI_Allgather(
             if sendbuf != IN_PLACE && (sendtype != recvtype || sendcount != recvcount) {
                 return Err("send and receive types or counts differ");
             }
-            let elem = eligible(st, recvtype, recvcount, &[sendbuf, recvbuf])?;
+            let elem = eligible_data(st, recvtype, recvcount)?;
             collective_zc(st, comm)?;
-            Ok(elem)
+            Ok((elem, agree_place(st, comm, &[sendbuf, recvbuf])?))
         })();
-        let elem = match why {
+        let (elem, place) = match why {
             Ok(e) => e,
             Err(r) => {
-                note_device(st, r);
                 st.report.op(name).pass(r);
                 drop(g);
                 return pass!();
             }
         };
         let n = recvcount as usize;
+        if let Place::Device(ord) = place {
+            let send = (sendbuf != IN_PLACE).then_some(sendbuf);
+            record_device(st, name, comm, ord, |zc, dev| {
+                dispatch_scalar!(elem, S, lanes => {
+                    // SAFETY: MPI_Allgather's contract: `recvcount * size` elements in recvbuf,
+                    // `recvcount` in sendbuf unless in place; device memory here
+                    crate::gpu::allgather::<S>(zc, dev, send, recvbuf, n * lanes)
+                })
+            });
+            return 0;
+        }
         let zc = collective_zc(st, comm).expect("checked above");
         let _inside = Inside::enter();
         let r = dispatch!(elem, T => {
@@ -599,19 +770,28 @@ pub unsafe extern "C" fn MPI_Bcast(
             if root < 0 || root >= size {
                 return Err("root out of range (MPI reports it)");
             }
-            let elem = eligible(st, dt, count, &[buf])?;
+            let elem = eligible_data(st, dt, count)?;
             collective_zc(st, comm)?;
-            Ok(elem)
+            Ok((elem, agree_place(st, comm, &[buf])?))
         })();
-        let elem = match why {
+        let (elem, place) = match why {
             Ok(e) => e,
             Err(r) => {
-                note_device(st, r);
                 st.report.op(name).pass(r);
                 drop(g);
                 return PMPI_Bcast(buf, count, dt, root, comm);
             }
         };
+        if let Place::Device(ord) = place {
+            record_device(st, name, comm, ord, |zc, dev| {
+                dispatch_scalar!(elem, S, lanes => {
+                    // SAFETY: MPI_Bcast's contract: `count` elements on every rank; device
+                    // memory here
+                    crate::gpu::bcast::<S>(zc, dev, buf, count as usize * lanes, root as usize)
+                })
+            });
+            return 0;
+        }
         let zc = collective_zc(st, comm).expect("checked above");
         let _inside = Inside::enter();
         let r = dispatch!(elem, T => {

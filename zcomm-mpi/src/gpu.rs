@@ -1,0 +1,219 @@
+//! CUDA device buffers of the collectives: compressed on the GPU, staged through pinned host
+//! memory.
+//!
+//! A collective whose buffers are device memory on every rank runs zcomm's staged device
+//! operations (`allreduce_device`, `reduce_scatter_device`, `allgather_device`,
+//! `bcast_device`): the GPU codec compresses in device memory, only the compressed stream is
+//! copied to the host and sent with host MPI, and the receiver decompresses on its GPU. MPI
+//! itself never sees a device pointer, so this works with MPI libraries that are not
+//! CUDA-aware. The staged raw path (the policy's choice for a message that would not gain) is a
+//! plain device → host copy, host MPI, host → device copy.
+//!
+//! The caller's memory is borrowed, never owned: its device address becomes a `cudarc` slice
+//! for the duration of the call and is released without freeing it. The codec works on the
+//! context's default stream, which (legacy default-stream semantics) orders it after the work
+//! the program queued on that device's default stream; as with any CUDA-aware MPI, work on
+//! other streams must be complete (synchronized) before the MPI call. Every call returns with
+//! the results in place (the stream synchronized).
+//!
+//! One [`DeviceStager`] (kernels, scratch, pinned buffers) per device ordinal is created on the
+//! first device collective that uses that device and kept until `MPI_Finalize`. The device
+//! profile of `Policy::Auto` is the library's H100-class guess (no collective calibration: a
+//! stager is per process, while the ranks of a communicator may have created theirs in
+//! different calls).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use zcomm::comm::{Communicator, DeviceStager, OpStats};
+use zcomm::gpu::{GpuCodec, GpuElement};
+use zcomm::{Error, Result};
+
+/// The process's device stagers, one per device ordinal (or why that device is unusable).
+#[derive(Default)]
+pub struct Gpus {
+    stagers: HashMap<usize, std::result::Result<Stager, String>>,
+}
+
+/// A stager moved between threads only under the state lock.
+struct Stager(DeviceStager);
+
+// SAFETY: the stager holds CUDA handles (context, stream, device and pinned allocations) that
+// are process-wide driver objects usable from any thread; it is only touched under the
+// library's state mutex, so never by two threads at once.
+unsafe impl Send for Stager {}
+
+impl Gpus {
+    /// Whether device `ordinal` has a working stager (created now if needed: compiles or loads
+    /// the GPU kernels). Local, never collective.
+    pub fn usable(&mut self, ordinal: usize) -> bool {
+        self.stagers
+            .entry(ordinal)
+            .or_insert_with(|| match GpuCodec::new(ordinal) {
+                Ok(g) => Ok(Stager(DeviceStager::new(g))),
+                Err(e) => Err(e.to_string()),
+            })
+            .is_ok()
+    }
+
+    /// Why device `ordinal` is unusable (after [`usable`](Self::usable) said so).
+    pub fn failure(&self, ordinal: usize) -> Option<&str> {
+        match self.stagers.get(&ordinal) {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The stager of a usable device.
+    pub fn stager(&mut self, ordinal: usize) -> Result<&mut DeviceStager> {
+        match self.stagers.get_mut(&ordinal) {
+            Some(Ok(s)) => Ok(&mut s.0),
+            Some(Err(e)) => Err(Error::Unavailable(e.clone())),
+            None => Err(Error::Unavailable(format!(
+                "device {ordinal} was not prepared"
+            ))),
+        }
+    }
+}
+
+/// Borrow `count` values at device address `ptr` for the duration of `f`, without taking
+/// ownership.
+///
+/// # Safety
+/// `ptr` is a live device allocation of at least `count` values of `T`, in the primary context
+/// of the stream's device, not freed during the call.
+unsafe fn borrowed<T: DeviceRepr, R>(
+    stream: &Arc<CudaStream>,
+    ptr: *const c_void,
+    count: usize,
+    f: impl FnOnce(&mut CudaSlice<T>) -> Result<R>,
+) -> Result<R> {
+    if ptr.is_null() || (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(Error::invalid(
+            "device buffer address is null or not aligned to its datatype",
+        ));
+    }
+    let mut s = stream.upgrade_device_ptr::<T>(ptr as u64, count);
+    let r = f(&mut s);
+    // the program owns the memory: release the slice without freeing it
+    let _ = s.leak();
+    r
+}
+
+fn finish(dev: &mut DeviceStager, r: Result<OpStats>) -> Result<OpStats> {
+    let s = dev.gpu().stream().clone();
+    let sync = s
+        .synchronize()
+        .map_err(|e| Error::Gpu(format!("stream synchronize: {e:?}")));
+    let st = r?;
+    sync?;
+    Ok(st)
+}
+
+fn copy_of<T: DeviceRepr>(s: &Arc<CudaStream>, x: &CudaSlice<T>) -> Result<CudaSlice<T>> {
+    s.clone_dtod(x)
+        .map_err(|e| Error::Gpu(format!("device copy of an in-place buffer: {e:?}")))
+}
+
+/// `MPI_Allreduce` (sum) of `n` scalars of `T` on device buffers (`send == None`: in place).
+///
+/// # Safety
+/// `recv` (and `send` unless in place) are device allocations of `n` values of `T` on the
+/// stager's device, valid and not otherwise accessed for the duration of the call.
+pub unsafe fn allreduce<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+    zc: &mut Communicator,
+    dev: &mut DeviceStager,
+    send: Option<*const c_void>,
+    recv: *mut c_void,
+    n: usize,
+) -> Result<OpStats> {
+    let s = dev.gpu().stream().clone();
+    let r = borrowed::<T, _>(&s, recv, n, |out| match send {
+        None => {
+            let input = copy_of(&s, out)?;
+            zc.allreduce_device(dev, &input.as_view(), &mut out.as_view_mut())
+        }
+        Some(p) => borrowed::<T, _>(&s, p, n, |x| {
+            zc.allreduce_device(dev, &x.as_view(), &mut out.as_view_mut())
+        }),
+    });
+    finish(dev, r)
+}
+
+/// `MPI_Reduce_scatter_block` (sum): `n` scalars of `T` per rank (`send == None`: in place, the
+/// input in `recv`, `n * size` scalars).
+///
+/// # Safety
+/// As [`allreduce`], with `send` (or `recv` in place) holding `n * size` values.
+pub unsafe fn reduce_scatter<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+    zc: &mut Communicator,
+    dev: &mut DeviceStager,
+    send: Option<*const c_void>,
+    recv: *mut c_void,
+    n: usize,
+) -> Result<OpStats> {
+    let total = n * zc.size();
+    let s = dev.gpu().stream().clone();
+    let r = match send {
+        None => borrowed::<T, _>(&s, recv, total, |all| {
+            let input = copy_of(&s, all)?;
+            let mut mine = all.slice_mut(..n);
+            zc.reduce_scatter_device(dev, &input.as_view(), &mut mine)
+        }),
+        Some(p) => borrowed::<T, _>(&s, p, total, |x| {
+            borrowed::<T, _>(&s, recv, n, |out| {
+                zc.reduce_scatter_device(dev, &x.as_view(), &mut out.as_view_mut())
+            })
+        }),
+    };
+    finish(dev, r)
+}
+
+/// `MPI_Allgather` of `n` scalars of `T` per rank (`send == None`: in place, this rank's block
+/// already in `recv`).
+///
+/// # Safety
+/// `recv` holds `n * size` values of `T`, `send` (unless in place) `n`; device allocations on
+/// the stager's device, valid for the call.
+pub unsafe fn allgather<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+    zc: &mut Communicator,
+    dev: &mut DeviceStager,
+    send: Option<*const c_void>,
+    recv: *mut c_void,
+    n: usize,
+) -> Result<OpStats> {
+    let (p, me) = (zc.size(), zc.rank());
+    let s = dev.gpu().stream().clone();
+    let r = borrowed::<T, _>(&s, recv, n * p, |out| match send {
+        None => {
+            let mine = s
+                .clone_dtod(&out.slice(me * n..(me + 1) * n))
+                .map_err(|e| Error::Gpu(format!("device copy of an in-place block: {e:?}")))?;
+            zc.allgather_device(dev, &mine.as_view(), &mut out.as_view_mut())
+        }
+        Some(q) => borrowed::<T, _>(&s, q, n, |x| {
+            zc.allgather_device(dev, &x.as_view(), &mut out.as_view_mut())
+        }),
+    });
+    finish(dev, r)
+}
+
+/// `MPI_Bcast` of `n` scalars of `T` from `root`.
+///
+/// # Safety
+/// `buf` holds `n` values of `T` in device memory of the stager's device, valid for the call.
+pub unsafe fn bcast<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+    zc: &mut Communicator,
+    dev: &mut DeviceStager,
+    buf: *mut c_void,
+    n: usize,
+    root: usize,
+) -> Result<OpStats> {
+    let s = dev.gpu().stream().clone();
+    let r = borrowed::<T, _>(&s, buf, n, |b| {
+        zc.bcast_device(dev, &mut b.as_view_mut(), root)
+    });
+    finish(dev, r)
+}
