@@ -14,6 +14,8 @@
 #    so, when no Fortran compiler can be had);
 #  * a corrupted compressed message (test hook ZCOMM_TEST_CORRUPT, in a second build of the library
 #    with --features test-hooks) ends the job with the checksum error, never with wrong data.
+#  * mpi-tests/pmpi/device.sh: pmpi_device.c on CUDA device and managed buffers (on a GPU machine;
+#    skipped, saying so, elsewhere);
 #  * slurm/test-local.sh: the same programs under a real single-node Slurm (srun -n 4, sbatch),
 #    installed and started here when possible; when not, it says why and is skipped (not passed).
 # Exits non-zero on any failure. Usage: mpi-tests/pmpi/run.sh [--no-python] [--no-slurm]
@@ -251,6 +253,15 @@ if [ "$PY" = 1 ]; then
         failed "mpi4py is not installed and could not be installed"
     fi
 fi
+
+echo "== mpi-tests/pmpi/device.sh: CUDA device buffers (exit 77 = skipped: no GPU here)"
+rc=0
+bash mpi-tests/pmpi/device.sh "$LIB" "$TMP/device" 1048576 3 || rc=$?
+case "$rc" in
+0) ;;
+77) echo "  the device-buffer test was skipped (reason above): not counted as passed" ;;
+*) failed "mpi-tests/pmpi/device.sh (exit $rc)" ;;
+esac
 
 if [ "$SLURM" = 1 ]; then
     echo "== slurm/test-local.sh: a real single-node Slurm (exit 77 = skipped, with the reason)"

@@ -26,10 +26,15 @@
 //! for the datatypes `MPI_FLOAT`, `MPI_DOUBLE`, `MPI_C_FLOAT_COMPLEX` (= `MPI_C_COMPLEX`),
 //! `MPI_C_DOUBLE_COMPLEX` and their Fortran twins (`MPI_REAL`, `MPI_DOUBLE_PRECISION`,
 //! `MPI_REAL4`, `MPI_REAL8`, `MPI_COMPLEX`, `MPI_DOUBLE_COMPLEX`, `MPI_COMPLEX8`,
-//! `MPI_COMPLEX16`), on host buffers of at least `ZCOMM_MIN_BYTES` bytes per rank, on
+//! `MPI_COMPLEX16`), on buffers of at least `ZCOMM_MIN_BYTES` bytes per rank, on
 //! intra-communicators that are not opted out. Everything else (other datatypes, derived
-//! datatypes, other operations, small messages, device buffers, inter-communicators) goes to
-//! PMPI unchanged. Every decision is counted in the report.
+//! datatypes, other operations, small messages, inter-communicators) goes to PMPI unchanged.
+//! Every decision is counted in the report.
+//!
+//! CUDA device (and managed) buffers of the blocking collectives are compressed on their GPU
+//! and staged through host memory ([`gpu`]; `ZCOMM_DEVICE=pass` hands them to a CUDA-aware MPI
+//! instead); every rank agrees on the placement first, and a host/device mix across ranks
+//! passes through. Device buffers of point-to-point calls and `MPI_Iallreduce` pass through.
 //!
 //! # Point-to-point: the marker
 //!
