@@ -237,10 +237,7 @@ fn record_device(
     op: &str,
     comm: MPI_Comm,
     ord: usize,
-    run: impl FnOnce(
-        &mut Communicator,
-        &mut zcomm::comm::DeviceStager,
-    ) -> zcomm::Result<OpStats>,
+    run: impl FnOnce(&mut Communicator, &mut zcomm::comm::DeviceStager) -> zcomm::Result<OpStats>,
 ) {
     let r = {
         let _inside = Inside::enter();
