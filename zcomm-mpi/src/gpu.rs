@@ -24,10 +24,11 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use zcomm::comm::{Communicator, DeviceStager, OpStats};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr};
+use zcomm::comm::{CommElement, Communicator, DeviceStager, OpStats, Real};
 use zcomm::gpu::{GpuCodec, GpuElement};
 use zcomm::{Error, Result};
 
@@ -112,9 +113,37 @@ fn finish(dev: &mut DeviceStager, r: Result<OpStats>) -> Result<OpStats> {
     Ok(st)
 }
 
-fn copy_of<T: DeviceRepr>(s: &Arc<CudaStream>, x: &CudaSlice<T>) -> Result<CudaSlice<T>> {
-    s.clone_dtod(x)
-        .map_err(|e| Error::Gpu(format!("device copy of an in-place buffer: {e:?}")))
+/// Borrow a collective's input and output and run `op` on them. Not in place: `n_in` values at
+/// `send`, `n_out` at `recv`. In place (`send == None`): `recv` holds `max(n_in, n_out)` values,
+/// the input is a device copy of `recv[in_place_input]` (the operation overwrites it) and the
+/// output is `recv[..n_out]`.
+///
+/// # Safety
+/// The pointers are device allocations of the stated lengths on the stager's device, valid and
+/// not otherwise accessed for the duration of the call.
+unsafe fn in_out<T: DeviceRepr>(
+    dev: &mut DeviceStager,
+    send: Option<*const c_void>,
+    recv: *mut c_void,
+    (n_in, n_out): (usize, usize),
+    in_place_input: Range<usize>,
+    op: impl FnOnce(&mut DeviceStager, &CudaView<'_, T>, &mut CudaViewMut<'_, T>) -> Result<OpStats>,
+) -> Result<OpStats> {
+    let s = dev.gpu().stream().clone();
+    let r = match send {
+        None => borrowed::<T, _>(&s, recv, n_in.max(n_out), |all| {
+            let input = s
+                .clone_dtod(&all.slice(in_place_input))
+                .map_err(|e| Error::Gpu(format!("device copy of an in-place input: {e:?}")))?;
+            op(dev, &input.as_view(), &mut all.slice_mut(..n_out))
+        }),
+        Some(p) => borrowed::<T, _>(&s, p, n_in, |x| {
+            borrowed::<T, _>(&s, recv, n_out, |out| {
+                op(dev, &x.as_view(), &mut out.as_view_mut())
+            })
+        }),
+    };
+    finish(dev, r)
 }
 
 /// `MPI_Allreduce` (sum) of `n` scalars of `T` on device buffers (`send == None`: in place).
@@ -122,24 +151,16 @@ fn copy_of<T: DeviceRepr>(s: &Arc<CudaStream>, x: &CudaSlice<T>) -> Result<CudaS
 /// # Safety
 /// `recv` (and `send` unless in place) are device allocations of `n` values of `T` on the
 /// stager's device, valid and not otherwise accessed for the duration of the call.
-pub unsafe fn allreduce<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+pub unsafe fn allreduce<T: GpuElement + CommElement + Real>(
     zc: &mut Communicator,
     dev: &mut DeviceStager,
     send: Option<*const c_void>,
     recv: *mut c_void,
     n: usize,
 ) -> Result<OpStats> {
-    let s = dev.gpu().stream().clone();
-    let r = borrowed::<T, _>(&s, recv, n, |out| match send {
-        None => {
-            let input = copy_of(&s, out)?;
-            zc.allreduce_device(dev, &input.as_view(), &mut out.as_view_mut())
-        }
-        Some(p) => borrowed::<T, _>(&s, p, n, |x| {
-            zc.allreduce_device(dev, &x.as_view(), &mut out.as_view_mut())
-        }),
-    });
-    finish(dev, r)
+    in_out::<T>(dev, send, recv, (n, n), 0..n, |d, x, o| {
+        zc.allreduce_device(d, x, o)
+    })
 }
 
 /// `MPI_Reduce_scatter_block` (sum): `n` scalars of `T` per rank (`send == None`: in place, the
@@ -147,7 +168,7 @@ pub unsafe fn allreduce<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::
 ///
 /// # Safety
 /// As [`allreduce`], with `send` (or `recv` in place) holding `n * size` values.
-pub unsafe fn reduce_scatter<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+pub unsafe fn reduce_scatter<T: GpuElement + CommElement + Real>(
     zc: &mut Communicator,
     dev: &mut DeviceStager,
     send: Option<*const c_void>,
@@ -155,20 +176,9 @@ pub unsafe fn reduce_scatter<T: GpuElement + zcomm::comm::CommElement + zcomm::c
     n: usize,
 ) -> Result<OpStats> {
     let total = n * zc.size();
-    let s = dev.gpu().stream().clone();
-    let r = match send {
-        None => borrowed::<T, _>(&s, recv, total, |all| {
-            let input = copy_of(&s, all)?;
-            let mut mine = all.slice_mut(..n);
-            zc.reduce_scatter_device(dev, &input.as_view(), &mut mine)
-        }),
-        Some(p) => borrowed::<T, _>(&s, p, total, |x| {
-            borrowed::<T, _>(&s, recv, n, |out| {
-                zc.reduce_scatter_device(dev, &x.as_view(), &mut out.as_view_mut())
-            })
-        }),
-    };
-    finish(dev, r)
+    in_out::<T>(dev, send, recv, (total, n), 0..total, |d, x, o| {
+        zc.reduce_scatter_device(d, x, o)
+    })
 }
 
 /// `MPI_Allgather` of `n` scalars of `T` per rank (`send == None`: in place, this rank's block
@@ -177,7 +187,7 @@ pub unsafe fn reduce_scatter<T: GpuElement + zcomm::comm::CommElement + zcomm::c
 /// # Safety
 /// `recv` holds `n * size` values of `T`, `send` (unless in place) `n`; device allocations on
 /// the stager's device, valid for the call.
-pub unsafe fn allgather<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+pub unsafe fn allgather<T: GpuElement + CommElement + Real>(
     zc: &mut Communicator,
     dev: &mut DeviceStager,
     send: Option<*const c_void>,
@@ -185,26 +195,21 @@ pub unsafe fn allgather<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::
     n: usize,
 ) -> Result<OpStats> {
     let (p, me) = (zc.size(), zc.rank());
-    let s = dev.gpu().stream().clone();
-    let r = borrowed::<T, _>(&s, recv, n * p, |out| match send {
-        None => {
-            let mine = s
-                .clone_dtod(&out.slice(me * n..(me + 1) * n))
-                .map_err(|e| Error::Gpu(format!("device copy of an in-place block: {e:?}")))?;
-            zc.allgather_device(dev, &mine.as_view(), &mut out.as_view_mut())
-        }
-        Some(q) => borrowed::<T, _>(&s, q, n, |x| {
-            zc.allgather_device(dev, &x.as_view(), &mut out.as_view_mut())
-        }),
-    });
-    finish(dev, r)
+    in_out::<T>(
+        dev,
+        send,
+        recv,
+        (n, n * p),
+        me * n..(me + 1) * n,
+        |d, x, o| zc.allgather_device(d, x, o),
+    )
 }
 
 /// `MPI_Bcast` of `n` scalars of `T` from `root`.
 ///
 /// # Safety
 /// `buf` holds `n` values of `T` in device memory of the stager's device, valid for the call.
-pub unsafe fn bcast<T: GpuElement + zcomm::comm::CommElement + zcomm::comm::Real>(
+pub unsafe fn bcast<T: GpuElement + CommElement + Real>(
     zc: &mut Communicator,
     dev: &mut DeviceStager,
     buf: *mut c_void,
