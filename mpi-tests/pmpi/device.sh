@@ -9,8 +9,8 @@
 #  1. without the library, the program staging through the host itself (--stage-self): exact
 #     results, and the raw baseline times;
 #  2. with the library, ZCOMM_POLICY=always, abs:1e-4, -n 2 and -n 3: every result within the
-#     bound; a managed/host mix on one allreduce passes through exactly; the report shows the
-#     device calls compressed with ratio > 1;
+#     bound (collectives and point to point); a managed/host mix on one allreduce passes through
+#     exactly; the report shows the device calls compressed with ratio > 1;
 #  3. with the library, ZCOMM_POLICY=never (the library's staged raw path) and auto: times.
 # Times: N f32 per rank (default 32 Mi = 128 MiB), best and median of ITERS (default 5), the
 # slowest rank; a markdown table on stdout and OUTDIR/pmpi-device.json. Exits non-zero on any
@@ -78,6 +78,10 @@ for op in ["MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bc
     o = t.get(op, {})
     if not (o.get("device", 0) > 0 and o.get("compressed", 0) > 0 and o.get("ratio", 0) > 1):
         bad.append(f"{op}: {o}")
+for op in ["MPI_Sendrecv", "MPI_Send", "MPI_Isend"]:
+    o = t.get(op, {})
+    if not (o.get("compressed", 0) > 0 and o.get("ratio", 0) > 1):
+        bad.append(f"{op} (device buffers, staged): {o}")
 mix = t.get("MPI_Allreduce", {}).get("passthrough_reasons", {})
 if "host buffers on some ranks, device buffers on others" not in mix:
     bad.append(f"the managed/host mix did not pass through: {mix}")

@@ -8,13 +8,15 @@
  * library, up to float rounding). Checks run on 200003-element buffers:
  *   allreduce f32, allreduce f64 in place, allreduce double complex, reduce_scatter_block f32,
  *   reduce_scatter_block f64 in place, allgather f32, allgather f64 in place, bcast f64,
- *   allreduce f32 on managed memory.
+ *   allreduce f32 on managed memory; point to point on device buffers: MPI_Sendrecv ring f32,
+ *   MPI_Send/MPI_Recv f64 (rank 0 to 1), MPI_Isend/MPI_Irecv/MPI_Waitall ring double complex,
+ *   a small MPI_Send/MPI_Recv (below ZCOMM_MIN_BYTES: exact).
  * --mixed: rank 0 passes managed buffers and the other ranks host buffers to one allreduce (the
  *   library must agree to pass it through; managed memory works with any MPI): exact result.
  * --stage-self: the program copies device buffers to the host itself and calls MPI on host
  *   memory (what a program does with an MPI that is not CUDA-aware): the raw baseline.
  * --time N ITERS: then time allreduce / reduce_scatter_block / allgather / bcast of N f32 per
- *   rank on device buffers (one warm-up, best and median of ITERS, barrier before each, the
+ *   rank on device buffers, and a MPI_Sendrecv ring of N f32 (one warm-up, best and median of ITERS, barrier before each, the
  *   slowest rank), and print one line per operation: "time LABEL OP BYTES BEST_MS MEDIAN_MS".
  *
  * Prints "ok"/"FAIL" lines on rank 0 and exits 1 on failure. Build:
@@ -106,6 +108,61 @@ static void bcast(void *b, int n, MPI_Datatype t, size_t es, int root) {
     MPI_Bcast(h, n, t, root, MPI_COMM_WORLD);
     h2d(b, h, n * es);
     free(h);
+}
+
+/* point to point on device buffers, or with --stage-self through host copies */
+static void sendrecv(const void *s, int dest, void *r, int src, int n, MPI_Datatype t, size_t es) {
+    if (!stage_self) {
+        MPI_Sendrecv(s, n, t, dest, 7, r, n, t, src, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        return;
+    }
+    void *hs = malloc(n * es), *hr = malloc(n * es);
+    d2h(hs, s, n * es);
+    MPI_Sendrecv(hs, n, t, dest, 7, hr, n, t, src, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    h2d(r, hr, n * es);
+    free(hs);
+    free(hr);
+}
+static void send(const void *s, int n, MPI_Datatype t, size_t es, int dest) {
+    if (!stage_self) {
+        MPI_Send(s, n, t, dest, 8, MPI_COMM_WORLD);
+        return;
+    }
+    void *h = malloc(n * es);
+    d2h(h, s, n * es);
+    MPI_Send(h, n, t, dest, 8, MPI_COMM_WORLD);
+    free(h);
+}
+static int recv(void *r, int n, MPI_Datatype t, size_t es, int src) {
+    MPI_Status st;
+    int got = -1;
+    if (!stage_self) {
+        MPI_Recv(r, n, t, src, 8, MPI_COMM_WORLD, &st);
+    } else {
+        void *h = malloc(n * es);
+        MPI_Recv(h, n, t, src, 8, MPI_COMM_WORLD, &st);
+        h2d(r, h, n * es);
+        free(h);
+    }
+    MPI_Get_count(&st, t, &got);
+    return got;
+}
+static void isend_irecv(const void *s, int dest, void *r, int src, int n, MPI_Datatype t, size_t es) {
+    MPI_Request q[2];
+    void *hs = (void *)s, *hr = r;
+    if (stage_self) {
+        hs = malloc(n * es);
+        hr = malloc(n * es);
+        d2h(hs, s, n * es);
+    }
+    MPI_Irecv(hr, n, t, src, 9, MPI_COMM_WORLD, &q[0]);
+    MPI_Isend(hs, n, t, dest, 9, MPI_COMM_WORLD, &q[1]);
+    MPI_Waitall(2, q, MPI_STATUSES_IGNORE);
+    if (stage_self) {
+        h2d(r, hr, n * es);
+        free(hs);
+        free(hr);
+    }
 }
 
 static void checks(void) {
@@ -214,6 +271,59 @@ static void checks(void) {
     for (long i = 0; i < n; i++) e = fmax(e, fabs(od[i] - field(root, i)));
     report("device bcast f64", e, lim_f64());
 
+    /* point to point: Sendrecv ring f32 */
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    for (long i = 0; i < n; i++) hf[i] = (float)field(rank + 5, i);
+    h2d(df, hf, n * sizeof(float));
+    sendrecv(df, next, dfo, prev, n, MPI_FLOAT, sizeof(float));
+    d2h(of, dfo, n * sizeof(float));
+    e = 0;
+    for (long i = 0; i < n; i++) e = fmax(e, fabs(of[i] - (float)field(prev + 5, i)));
+    report("device sendrecv ring f32", e, tol + 1e-7);
+
+    /* Send/Recv f64, rank 0 to rank 1 */
+    e = 0;
+    if (size > 1 && rank < 2) {
+        for (long i = 0; i < n; i++) hd[i] = rank == 0 ? field(9, i) : -7.0;
+        h2d(dd, hd, n * sizeof(double));
+        if (rank == 0) send(dd, n, MPI_DOUBLE, sizeof(double), 1);
+        else {
+            int got = recv(dd, n, MPI_DOUBLE, sizeof(double), 0);
+            d2h(od, dd, n * sizeof(double));
+            for (long i = 0; i < n; i++) e = fmax(e, fabs(od[i] - field(9, i)));
+            if (got != n) e = INFINITY;
+        }
+    }
+    report("device send/recv f64", e, lim_f64());
+
+    /* Isend/Irecv/Waitall ring, double complex */
+    for (long i = 0; i < n; i++) hc[i] = field(rank + 2, i) - I * field(rank + 4, i);
+    h2d(dc, hc, n * sizeof(double complex));
+    isend_irecv(dc, next, dco, prev, n, MPI_C_DOUBLE_COMPLEX, sizeof(double complex));
+    d2h(oc, dco, n * sizeof(double complex));
+    e = 0;
+    for (long i = 0; i < n; i++) {
+        double complex want = field(prev + 2, i) - I * field(prev + 4, i);
+        e = fmax(e, fmax(fabs(creal(oc[i]) - creal(want)), fabs(cimag(oc[i]) - cimag(want))));
+    }
+    report("device isend/irecv ring double complex", e, lim_f64());
+
+    /* a small message (below ZCOMM_MIN_BYTES): exact, into a larger receive buffer */
+    e = 0;
+    if (size > 1 && rank < 2) {
+        for (long i = 0; i < 1000; i++) hf[i] = rank == 0 ? (float)field(11, i) : -3.0f;
+        h2d(df, hf, 1000 * sizeof(float));
+        if (rank == 0) send(df, 100, MPI_FLOAT, sizeof(float), 1);
+        else {
+            int got = recv(df, 1000, MPI_FLOAT, sizeof(float), 0);
+            d2h(of, df, 1000 * sizeof(float));
+            for (long i = 0; i < 100; i++) e = fmax(e, fabs(of[i] - (float)field(11, i)));
+            for (long i = 100; i < 1000; i++) e = fmax(e, fabs(of[i] + 3.0f)); /* untouched */
+            if (got != 100) e = INFINITY;
+        }
+    }
+    report("device small send/recv f32 (exact)", e, 0.0);
+
     /* allreduce f32 on managed memory (host-visible: no staging by the program needed) */
     float *ms, *mr;
     CK(cudaMallocManaged((void **)&ms, n * sizeof(float), cudaMemAttachGlobal));
@@ -280,8 +390,8 @@ static void timing(long n, int iters, const char *label) {
     float *s = dalloc(n * sizeof(float)), *o = dalloc((size_t)n * size * sizeof(float));
     h2d(s, h, n * sizeof(float));
     double *t = malloc(iters * sizeof(double));
-    const char *ops[] = {"allreduce", "reduce_scatter_block", "allgather", "bcast"};
-    for (int k = 0; k < 4; k++) {
+    const char *ops[] = {"allreduce", "reduce_scatter_block", "allgather", "bcast", "sendrecv"};
+    for (int k = 0; k < 5; k++) {
         for (int it = -1; it < iters; it++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
@@ -289,6 +399,7 @@ static void timing(long n, int iters, const char *label) {
             if (k == 1) reduce_scatter(s, o, n / size, MPI_FLOAT, sizeof(float));
             if (k == 2) allgather(s, o, n, MPI_FLOAT, sizeof(float));
             if (k == 3) bcast(s, n, MPI_FLOAT, sizeof(float), 0);
+            if (k == 4) sendrecv(s, (rank + 1) % size, o, (rank + size - 1) % size, n, MPI_FLOAT, sizeof(float));
             CK(cudaDeviceSynchronize());
             double dt = MPI_Wtime() - t0, slow;
             MPI_Allreduce(&dt, &slow, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

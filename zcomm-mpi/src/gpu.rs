@@ -222,3 +222,90 @@ pub unsafe fn bcast<T: GpuElement + CommElement + Real>(
     });
     finish(dev, r)
 }
+
+/// A device buffer of a point-to-point call, staged through host memory: MPI moves the host
+/// copy, so device messages work with an MPI that is not CUDA-aware, and the compressed path
+/// is the host one (the CPU codec on the staged copy: the stream bytes are the GPU codec's).
+pub struct Shadow {
+    /// The host copy, in 8-byte words so that every datatype's values are aligned in it.
+    host: Vec<u64>,
+    /// Its length in bytes.
+    bytes: usize,
+    /// The device address.
+    dev: usize,
+    /// The device ordinal.
+    ord: usize,
+}
+
+impl Shadow {
+    /// A host copy of `bytes` bytes at device address `dev` on device `ord`; `download`: with
+    /// the device contents (a send), else zeroed (a receive).
+    ///
+    /// # Safety
+    /// `dev` is a device allocation of at least `bytes` bytes on device `ord`, valid for the
+    /// call.
+    pub unsafe fn new(
+        gpus: &mut Gpus,
+        ord: usize,
+        dev: *const c_void,
+        bytes: usize,
+        download: bool,
+    ) -> Result<Shadow> {
+        let words = bytes.div_ceil(8);
+        let mut host: Vec<u64> = Vec::new();
+        host.try_reserve_exact(words).map_err(|_| {
+            Error::invalid(format!("cannot allocate {bytes} bytes of host staging"))
+        })?;
+        host.resize(words, 0);
+        let mut sh = Shadow {
+            host,
+            bytes,
+            dev: dev as usize,
+            ord,
+        };
+        if download && bytes > 0 {
+            let s = gpus.stager(ord)?.gpu().stream().clone();
+            let h = sh.bytes_mut();
+            borrowed::<u8, _>(&s, dev, bytes, |d| {
+                s.memcpy_dtoh(&*d, h)
+                    .and_then(|_| s.synchronize())
+                    .map_err(|e| Error::Gpu(format!("device to host copy: {e:?}")))
+            })?;
+        }
+        Ok(sh)
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the words hold at least `bytes` initialized bytes; u8 has no alignment
+        unsafe { std::slice::from_raw_parts_mut(self.host.as_mut_ptr().cast(), self.bytes) }
+    }
+
+    /// The host copy's address (8-byte aligned).
+    pub fn ptr(&mut self) -> *mut c_void {
+        self.host.as_mut_ptr().cast()
+    }
+
+    /// The host copy's address, read-only.
+    pub fn as_ptr(&self) -> *const c_void {
+        self.host.as_ptr().cast()
+    }
+
+    /// Copy the first `bytes` bytes of the host copy (what a receive delivered) to the device.
+    ///
+    /// # Safety
+    /// The device buffer given to [`new`](Self::new) is still valid.
+    pub unsafe fn upload(&self, gpus: &mut Gpus, bytes: usize) -> Result<()> {
+        let bytes = bytes.min(self.bytes);
+        if bytes == 0 {
+            return Ok(());
+        }
+        let s = gpus.stager(self.ord)?.gpu().stream().clone();
+        // SAFETY: as in `bytes_mut`
+        let h = std::slice::from_raw_parts(self.host.as_ptr().cast::<u8>(), bytes);
+        borrowed::<u8, _>(&s, self.dev as *const c_void, bytes, |d| {
+            s.memcpy_htod(h, d)
+                .and_then(|_| s.synchronize())
+                .map_err(|e| Error::Gpu(format!("host to device copy: {e:?}")))
+        })
+    }
+}

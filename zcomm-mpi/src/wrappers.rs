@@ -117,7 +117,7 @@ fn eligible(
 fn note_device(st: &mut State, reason: &str) {
     if reason == "device buffer" {
         st.report.note(
-            "CUDA device buffers of point-to-point calls were passed to PMPI unchanged (not compressed; the MPI library must be CUDA-aware)",
+            "CUDA device buffers of point-to-point calls were passed to PMPI unchanged (ZCOMM_DEVICE=pass or ZCOMM_P2P=off, no usable GPU codec, or an uncompressed MPI_Isend: the MPI library must be CUDA-aware there)",
         );
     }
 }
@@ -823,6 +823,9 @@ struct PRecv {
     comm: usize,
     /// The compressed message was fetched early (while a send waited); its final status.
     done: Option<MPI_Status>,
+    /// A device receive buffer's host copy (`buf` is its address): copied to the device when
+    /// the receive completes.
+    shadow: Option<crate::gpu::Shadow>,
 }
 
 /// A compressed `MPI_Isend`: the application holds the marker's request.
@@ -845,6 +848,68 @@ impl Pending {
     fn tracked(&self, r: MPI_Request) -> bool {
         let r = ffi::key(r);
         self.recvs.iter().any(|p| p.req == r) || self.sends.iter().any(|p| p.req == r)
+    }
+}
+
+/// The device ordinal of a point-to-point buffer that is staged through host memory: device
+/// memory of a predefined datatype zcomm knows, `ZCOMM_P2P=on`, `ZCOMM_DEVICE=stage`, a usable
+/// GPU. `None`: a host buffer, or a device buffer passed through.
+fn p2p_stage(
+    st: &mut State,
+    buf: *const c_void,
+    dt: MPI_Datatype,
+    count: c_int,
+) -> Option<(usize, usize)> {
+    if !st.settings.p2p || st.settings.device != crate::settings::DeviceMode::Stage || count <= 0 {
+        return None;
+    }
+    let elem = ffi::classify(dt)?;
+    let ord = device::ordinal(buf)?;
+    st.gpus
+        .usable(ord)
+        .then_some((ord, count as usize * elem.size()))
+}
+
+/// A host copy of a device send buffer that [`p2p_stage`] stages (`None` otherwise).
+unsafe fn stage_send(
+    st: &mut State,
+    op: &str,
+    buf: *const c_void,
+    dt: MPI_Datatype,
+    count: c_int,
+) -> Option<crate::gpu::Shadow> {
+    let (ord, bytes) = p2p_stage(st, buf, dt, count)?;
+    match crate::gpu::Shadow::new(&mut st.gpus, ord, buf, bytes, true) {
+        Ok(sh) => Some(sh),
+        Err(e) => fatal(&format!("{op}: staging a device send buffer: {e}")),
+    }
+}
+
+/// A zeroed host copy for a device receive buffer that [`p2p_stage`] stages.
+unsafe fn stage_recv(
+    st: &mut State,
+    op: &str,
+    buf: *const c_void,
+    dt: MPI_Datatype,
+    count: c_int,
+) -> Option<crate::gpu::Shadow> {
+    let (ord, bytes) = p2p_stage(st, buf, dt, count)?;
+    match crate::gpu::Shadow::new(&mut st.gpus, ord, buf, bytes, false) {
+        Ok(sh) => Some(sh),
+        Err(e) => fatal(&format!("{op}: staging a device receive buffer: {e}")),
+    }
+}
+
+/// Copy what a staged receive delivered (the status's byte count) to the device.
+unsafe fn unstage_recv(st: &mut State, op: &str, sh: &crate::gpu::Shadow, status: &MPI_Status) {
+    let mut n: c_int = 0;
+    PMPI_Get_count(status, ffi::byte(), &mut n);
+    if n > 0 {
+        if let Err(e) = sh.upload(&mut st.gpus, n as usize) {
+            fatal(&format!(
+                "{op}: copying a staged receive to the device: {e}"
+            ));
+        }
     }
 }
 
@@ -1035,6 +1100,9 @@ pub unsafe extern "C" fn MPI_Send(
             drop(g);
             return PMPI_Send(buf, count, dt, dest, tag, comm);
         };
+        // a staged device buffer is sent from its host copy (compressed or not)
+        let shadow = stage_send(st, "MPI_Send", buf, dt, count);
+        let buf = shadow.as_ref().map_or(buf, |sh| sh.as_ptr());
         match p2p_send_eligible(st, buf, count, dt, dest, tag, comm) {
             Err(r) => {
                 note_device(st, r);
@@ -1052,13 +1120,24 @@ pub unsafe extern "C" fn MPI_Send(
 }
 
 /// Receive-side eligibility: an eligible datatype with point-to-point compression on (the size
-/// does not matter: the sender decides; a marker is recognized by its length).
-fn p2p_recv_eligible(st: &State, dt: MPI_Datatype, buf: *const c_void) -> Option<Elem> {
+/// does not matter: the sender decides; a marker is recognized by its length), in host memory
+/// or in a device buffer staged through host memory (then its host copy is returned too).
+unsafe fn p2p_recv_eligible(
+    st: &mut State,
+    op: &str,
+    dt: MPI_Datatype,
+    buf: *const c_void,
+    count: c_int,
+) -> Option<(Elem, Option<crate::gpu::Shadow>)> {
     if !st.settings.p2p {
         return None;
     }
     let e = ffi::classify(dt)?;
-    (!device::is_device(buf)).then_some(e)
+    if !device::is_device(buf) {
+        return Some((e, None));
+    }
+    let sh = stage_recv(st, op, buf, dt, count)?;
+    Some((e, Some(sh)))
 }
 
 #[no_mangle]
@@ -1075,9 +1154,12 @@ pub unsafe extern "C" fn MPI_Recv(
         return PMPI_Recv(buf, count, dt, src, tag, comm, status);
     }
     guarded("MPI_Recv", || {
-        let elem = {
-            let g = state::lock();
-            match g.as_ref().and_then(|st| p2p_recv_eligible(st, dt, buf)) {
+        let (elem, mut shadow) = {
+            let mut g = state::lock();
+            match g
+                .as_mut()
+                .and_then(|st| p2p_recv_eligible(st, "MPI_Recv", dt, buf, count))
+            {
                 Some(e) => e,
                 None => {
                     drop(g);
@@ -1085,6 +1167,7 @@ pub unsafe extern "C" fn MPI_Recv(
                 }
             }
         };
+        let buf = shadow.as_mut().map_or(buf, |sh| sh.ptr());
         // the receive itself runs without the lock (another thread may be the sender)
         let mut s = ffi::empty_status();
         let rc = PMPI_Recv(buf, count, dt, src, tag, comm, &mut s);
@@ -1100,6 +1183,11 @@ pub unsafe extern "C" fn MPI_Recv(
                     .op("MPI_Recv")
                     .pass("not compressed by the sender");
             }
+        }
+        if let (Some(sh), 0) = (&shadow, rc) {
+            let mut g = state::lock();
+            let st = g.as_mut().expect("initialized");
+            unstage_recv(st, "MPI_Recv", sh, &s);
         }
         if status != ffi::status_ignore() && !status.is_null() {
             *status = s;
@@ -1140,9 +1228,16 @@ pub unsafe extern "C" fn MPI_Sendrecv(
             drop(g);
             return pass!();
         };
+        let sshadow = stage_send(st, "MPI_Sendrecv", sendbuf, sendtype, sendcount);
+        let sendbuf = sshadow.as_ref().map_or(sendbuf, |sh| sh.as_ptr());
         let send = p2p_send_eligible(st, sendbuf, sendcount, sendtype, dest, sendtag, comm);
-        let recv = p2p_recv_eligible(st, recvtype, recvbuf);
-        if send.is_err() && recv.is_none() {
+        let (recv, mut rshadow) =
+            match p2p_recv_eligible(st, "MPI_Sendrecv", recvtype, recvbuf, recvcount) {
+                Some((e, sh)) => (Some(e), sh),
+                None => (None, None),
+            };
+        let recvbuf = rshadow.as_mut().map_or(recvbuf, |sh| sh.ptr());
+        if send.is_err() && recv.is_none() && sshadow.is_none() {
             let r = send.err().unwrap_or("datatype");
             note_device(st, r);
             st.report.op("MPI_Sendrecv").pass(r);
@@ -1187,6 +1282,9 @@ pub unsafe extern "C" fn MPI_Sendrecv(
                 );
             }
         }
+        if let Some(sh) = &rshadow {
+            unstage_recv(st, "MPI_Sendrecv", sh, &s);
+        }
         match zsend {
             Some(z) => finish_send(
                 st,
@@ -1228,14 +1326,22 @@ pub unsafe extern "C" fn MPI_Isend(
             drop(g);
             return PMPI_Isend(buf, count, dt, dest, tag, comm, request);
         };
-        match p2p_send_eligible(st, buf, count, dt, dest, tag, comm) {
+        // a device buffer: eligibility is the host copy's; only a compressed send uses the copy
+        // (compressed eagerly, the copy is not needed afterwards), an uncompressed one passes
+        // the device buffer to PMPI
+        let staged = p2p_stage(st, buf, dt, count).is_some();
+        let probe = if staged { std::ptr::null() } else { buf };
+        match p2p_send_eligible(st, probe, count, dt, dest, tag, comm) {
             Err(r) => {
-                note_device(st, r);
+                // (an uncompressed device send passes the device buffer to PMPI)
+                note_device(st, if staged { "device buffer" } else { r });
                 st.report.op("MPI_Isend").pass(r);
                 drop(g);
                 PMPI_Isend(buf, count, dt, dest, tag, comm, request)
             }
             Ok(elem) => {
+                let shadow = stage_send(st, "MPI_Isend", buf, dt, count);
+                let buf = shadow.as_ref().map_or(buf, |sh| sh.as_ptr());
                 let (m, z) = start_send(st, elem, buf, count, dest, tag, comm);
                 st.pending.sends.push(PSend {
                     req: ffi::key(m),
@@ -1270,19 +1376,25 @@ pub unsafe extern "C" fn MPI_Irecv(
             drop(g);
             return PMPI_Irecv(buf, count, dt, src, tag, comm, request);
         };
+        if src == ffi::proc_null() {
+            return PMPI_Irecv(buf, count, dt, src, tag, comm, request);
+        }
+        let Some((elem, mut shadow)) = p2p_recv_eligible(st, "MPI_Irecv", dt, buf, count) else {
+            return PMPI_Irecv(buf, count, dt, src, tag, comm, request);
+        };
+        let buf = shadow.as_mut().map_or(buf, |sh| sh.ptr());
         let rc = PMPI_Irecv(buf, count, dt, src, tag, comm, request);
-        if rc == 0 && src != ffi::proc_null() {
-            if let Some(elem) = p2p_recv_eligible(st, dt, buf) {
-                st.pending.recvs.push(PRecv {
-                    req: ffi::key(*request),
-                    buf: buf as usize,
-                    count,
-                    elem,
-                    dt: ffi::key(dt),
-                    comm: ffi::key(comm),
-                    done: None,
-                });
-            }
+        if rc == 0 {
+            st.pending.recvs.push(PRecv {
+                req: ffi::key(*request),
+                buf: buf as usize,
+                count,
+                elem,
+                dt: ffi::key(dt),
+                comm: ffi::key(comm),
+                done: None,
+                shadow,
+            });
         }
         rc
     })
@@ -1323,6 +1435,9 @@ unsafe fn complete_tracked(st: &mut State, req: MPI_Request, status: &mut MPI_St
         st.report
             .op("MPI_Irecv")
             .pass("not compressed by the sender");
+    }
+    if let (Some(sh), 0) = (&p.shadow, rc) {
+        unstage_recv(st, "MPI_Irecv", sh, status);
     }
     rc
 }
