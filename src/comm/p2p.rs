@@ -36,7 +36,12 @@ impl Communicator {
                 let h1 = self
                     .transport
                     .isend(dest, TAG_DESC + tag, d.to_bytes().to_vec())?;
-                let h2 = self.transport.isend(dest, tag, payload.into_owned())?;
+                // a raw payload borrows the caller's data: copied into a recycled buffer
+                let owned = match payload {
+                    std::borrow::Cow::Borrowed(b) => transport::pool::copy_of(b),
+                    std::borrow::Cow::Owned(v) => v,
+                };
+                let h2 = self.transport.isend(dest, tag, owned)?;
                 vec![h1, h2]
             }
             Payload::Chunked { chunk, codec } => {
@@ -133,6 +138,43 @@ impl Communicator {
         Ok((out, st))
     }
 
+    /// Receive a message of at most `out.len()` elements from `src` into the front of `out`
+    /// (MPI's receive semantics: the rest of `out` is left as it was; a longer message is an
+    /// error). Returns the number of elements received.
+    ///
+    /// ```no_run
+    /// # fn f(comm: &mut zcomm::comm::Communicator) -> zcomm::Result<()> {
+    /// let mut buf = vec![0f32; 1 << 20];
+    /// let (n, _stats) = comm.recv_upto(&mut buf, 0, 7)?;
+    /// let message = &buf[..n];
+    /// # Ok(()) }
+    /// ```
+    pub fn recv_upto<E: CommElement>(
+        &mut self,
+        out: &mut [E],
+        src: usize,
+        tag: i32,
+    ) -> Result<(usize, OpStats)> {
+        let _watchdog = watchdog::arm("recv_upto");
+        let mut got = 0usize;
+        let slot = &mut got;
+        let cap = out.len();
+        let st = self.recv_impl::<E>(src, tag, ANY_COUNT, move |sd| {
+            let n = usize::try_from(sd.count)
+                .ok()
+                .filter(|&n| n <= cap)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "message truncated: {} elements sent, room for {cap}",
+                        sd.count
+                    ))
+                })?;
+            *slot = n;
+            Ok(E::scalars_mut(&mut out[..n]))
+        })?;
+        Ok((got, st))
+    }
+
     /// Start a receive (see [`RecvRequest`]).
     pub fn irecv(&self, src: usize, tag: i32) -> Result<RecvRequest> {
         Self::check_tag(tag)?;
@@ -165,14 +207,57 @@ impl Communicator {
         let wire;
         let sd;
         if chunked == 0 {
-            let payload = self.transport.recv(src, tag)?;
+            // the output is known before the payload arrives: a raw payload of the expected
+            // length lands in it directly (no intermediate buffer to allocate, fault in and
+            // copy); anything else (compressed, a length mismatch, a failed check) is received
+            // whole first, so the sender's payload is always consumed and the verdict sent
+            let checked = parsed.and_then(|d| check_pair(&d, &mine).map(|()| d));
+            let (checked, out) = match checked {
+                Ok(d) => match target(&d) {
+                    Ok(o) => (Ok(d), Some(o)),
+                    Err(e) => (Err(e), None),
+                },
+                Err(e) => (Err(e), None),
+            };
+            let direct = match (&checked, out) {
+                (Ok(d), Some(o)) if d.decision == 0 && cfg!(target_endian = "little") => {
+                    Ok(element::scalar_bytes_mut(o).expect("little-endian"))
+                }
+                (_, o) => Err(o),
+            };
+            let (payload, out) = match direct {
+                Ok(bytes) => {
+                    let n = bytes.len();
+                    match self.transport.recv_into(src, tag, bytes)? {
+                        None => (Received::Direct(n), None),
+                        Some(v) => (Received::Whole(v), None),
+                    }
+                }
+                Err(o) => (Received::Whole(self.transport.recv(src, tag)?), o),
+            };
             self.transport
                 .send(src, TAG_VERDICT + tag, &mine.to_bytes())?;
-            sd = parsed?;
-            check_pair(&sd, &mine)?;
-            let out = target(&sd)?;
-            self.decode_payload(sd.decision == 1, &payload, out)?;
-            wire = payload.len();
+            sd = checked?;
+            wire = match (payload, out) {
+                (Received::Direct(n), _) => n,
+                (Received::Whole(v), Some(out)) => {
+                    let r = self.decode_payload(sd.decision == 1, &v, out);
+                    let n = v.len();
+                    transport::pool::give(v);
+                    r?;
+                    n
+                }
+                // a raw payload whose length is not the announced count's
+                (Received::Whole(v), None) => {
+                    return Err(Error::Mismatch {
+                        what: "raw payload bytes",
+                        expected: (sd.count as usize)
+                            .saturating_mul(E::LANES * <E::Scalar as crate::Element>::SIZE)
+                            .to_string(),
+                        found: v.len().to_string(),
+                    })
+                }
+            };
         } else {
             sd = parsed?;
             self.transport
@@ -453,4 +538,12 @@ impl Communicator {
         check_pair(d, &Desc::parse(&verdict)?)?;
         Ok(result)
     }
+}
+
+/// How a point-to-point payload arrived.
+enum Received {
+    /// Straight into the output (this many bytes).
+    Direct(usize),
+    /// As a whole message, decoded afterwards.
+    Whole(Vec<u8>),
 }

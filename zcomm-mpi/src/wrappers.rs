@@ -926,6 +926,11 @@ fn p2p_send_eligible(
     if !st.settings.p2p {
         return Err("ZCOMM_P2P=off");
     }
+    // a message that is never compressed gains nothing from zcomm's protocol (descriptor,
+    // verdict, copies): MPI moves it directly
+    if st.settings.policy == zcomm::model::Policy::Never {
+        return Err("ZCOMM_POLICY=never");
+    }
     if dest == ffi::proc_null() {
         return Err("MPI_PROC_NULL");
     }
@@ -1028,17 +1033,11 @@ unsafe fn fetch(
         ));
     };
     let r = dispatch!(elem, T => {
-        match zc.recv_vec::<T>(src, tag) {
-            Ok((v, s)) => {
-                if v.len() > count as usize {
-                    fatal(&format!(
-                        "{op}: message truncated: {} elements sent, room for {count}",
-                        v.len()
-                    ));
-                }
-                // SAFETY: the receive buffer holds `count` >= v.len() elements
-                slice_mut::<T>(buf, v.len()).copy_from_slice(&v);
-                PMPI_Status_set_elements(status, dt, v.len() as c_int);
+        // SAFETY: the receive buffer holds `count` elements of the datatype; the message lands
+        // in its front (a longer one is an error)
+        match zc.recv_upto::<T>(slice_mut::<T>(buf, count.max(0) as usize), src, tag) {
+            Ok((n, s)) => {
+                PMPI_Status_set_elements(status, dt, n as c_int);
                 Ok(s)
             }
             Err(e) => Err(e),

@@ -309,6 +309,7 @@ pub trait Transport {
 
 #[cfg(feature = "mpi")]
 mod mpi;
+pub(crate) mod pool;
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiTransport;
 

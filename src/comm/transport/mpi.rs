@@ -116,11 +116,12 @@ impl MpiTransport {
     }
 
     fn recv_piece(&self, src: usize, tag: i32) -> Vec<u8> {
-        let ms = self
+        let (msg, status) = self
             .comm
             .process_at_rank(src as i32)
             .matched_probe_with_tag(tag);
-        let (v, _): (Vec<u8>, _) = ms.matched_receive_vec();
+        let mut v = super::pool::zeroed(status.count(u8::equivalent_datatype()) as usize);
+        msg.matched_receive_into(&mut v[..]);
         v
     }
 }
@@ -140,7 +141,7 @@ impl MpiSend {
         if !self.buf.is_null() {
             // SAFETY: `buf` came from `Box::into_raw` in `isend` and the request that borrowed
             // it has completed (waited above), so nobody else references the allocation.
-            drop(unsafe { Box::from_raw(self.buf) });
+            super::pool::give(unsafe { Box::from_raw(self.buf) }.into_vec());
             self.buf = std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0);
         }
     }
