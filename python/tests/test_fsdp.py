@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import ddp_common as C  # noqa: E402
 from test_ddp import WORLD, _run  # noqa: E402
 
-STEPS = 60
+STEPS = 30
 BATCH = 64
 BOUND = 1e-3  # noa:1e-3
 STRATEGIES = ["NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD"]
@@ -90,10 +90,10 @@ def _train(
     return {"curve": curve, "grads": grads, "params": full}
 
 
-def _worker(rank: int, world: int, port: int, d: str, strategy: str) -> None:
+def _fsdp1_runs(rank: int, world: int, strategy: str) -> Dict[str, Any]:
+    """Plain FSDP1, then with the hook under ``never``, ``always`` and ``always`` + error feedback."""
     import zcomm.torch as zt
 
-    C.init(rank, world, port)
     out: Dict[str, Any] = {"base": _train(rank, world, strategy)}
 
     hook = zt.fsdp_allreduce_hook if strategy == "NO_SHARD" else zt.fsdp_reduce_scatter_hook
@@ -118,6 +118,14 @@ def _worker(rank: int, world: int, port: int, d: str, strategy: str) -> None:
     out["ef"] = _train(rank, world, strategy, lambda m: zt.register_fsdp(m, ef))
     out["ef_stats"] = ef.stats()
     out["ef_residuals"] = sorted(str(k) for k in ef._residual)
+    return out
+
+
+def _worker(rank: int, world: int, port: int, d: str) -> None:
+    """Every run of this file in one pair of processes (one start-up: the test stays fast)."""
+    C.init(rank, world, port)
+    out = {s: _fsdp1_runs(rank, world, s) for s in STRATEGIES}
+    out["fsdp2"] = _fsdp2_runs(rank, world)
     dist.barrier()
     torch.save(out, os.path.join(d, f"r{rank}.pt"))
     dist.destroy_process_group()
@@ -132,10 +140,16 @@ def _within_bound(out: torch.Tensor, exact: torch.Tensor, e: float, what: str) -
     assert excess <= 0, f"{what}: error exceeds the bound e={e:.3e} by {excess:.3e}"
 
 
-@pytest.fixture(scope="module", params=STRATEGIES)
-def fsdp_run(request: Any) -> Any:
-    """One 2-rank run per strategy, shared by the checks below."""
-    return request.param, _run(_worker, request.param, timeout=150)
+@pytest.fixture(scope="module")
+def results() -> List[Dict[str, Any]]:
+    """Each rank's results of one 2-rank run of everything, shared by the checks below."""
+    return _run(_worker, timeout=240)
+
+
+@pytest.fixture(params=STRATEGIES)
+def fsdp_run(request: Any, results: List[Dict[str, Any]]) -> Any:
+    """(strategy, each rank's FSDP1 results for it)."""
+    return request.param, [r[request.param] for r in results]
 
 
 def test_fsdp_never_is_bit_identical_to_plain_fsdp(fsdp_run: Any) -> None:
@@ -218,3 +232,120 @@ def test_fsdp_register_fsdp_keys_units_apart(fsdp_run: Any) -> None:
         assert sorted(b["calls"] for b in s["buckets"].values()) == [STEPS] * 3, s["buckets"]
         per_unit = 1 if strategy == "NO_SHARD" else WORLD  # one residual per shard when sharded
         assert len(rr["ef_residuals"]) == 3 * per_unit, rr["ef_residuals"]
+
+
+# -- FSDP2 (fully_shard): no comm hook; zcomm.torch.ReduceScatter / AllGather as custom comms --
+
+
+def _train2(rank: int, world: int, setup: Optional[Callable[[Any], None]] = None) -> Dict[str, Any]:
+    """:func:`_train` for FSDP2: each Linear and the root ``fully_shard``-ed on a CPU mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _model()
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if setup is not None:
+        setup(model)
+    x, y = C.digits()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lossf = nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(1234)
+    n = x.shape[0]
+    curve: List[float] = []
+    grads: List[List[torch.Tensor]] = []
+    for step in range(STEPS):
+        idx = torch.randint(0, n, (BATCH * world,), generator=g)[rank * BATCH : (rank + 1) * BATCH]
+        opt.zero_grad()
+        lossf(model(x[idx]), y[idx]).backward()
+        grads.append([p.grad.to_local().detach().clone() for p in model.parameters()])
+        opt.step()
+        if step % 10 == 0 or step == STEPS - 1:
+            with torch.no_grad():
+                curve.append(float(lossf(model(x), y)))
+    full = [p.full_tensor().detach().clone() for p in model.parameters()]
+    return {"curve": curve, "grads": grads, "params": full}
+
+
+def _fsdp2_runs(rank: int, world: int) -> Dict[str, Any]:
+    """Plain FSDP2, then zcomm's reduce-scatter under ``never`` and ``always`` (recorded), then
+    reduce-scatter (error feedback) and parameter all-gather both compressed."""
+    import zcomm.torch as zt
+
+    out: Dict[str, Any] = {"base": _train2(rank, world)}
+    never = zt.HookState(error_bound=f"noa:{BOUND}", policy="never")
+    out["never"] = _train2(rank, world, lambda m: zt.register_fsdp2(m, never))
+    out["never_stats"] = never.stats()
+
+    calls: List[Any] = []
+
+    class Recording(zt.ReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # type: ignore[no-untyped-def]
+            local = input_tensor.detach().clone()
+            r = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            calls.append((local, output_tensor.detach().clone(), str(op)))
+            return r
+
+    always = zt.HookState(error_bound=f"noa:{BOUND}", policy="always")
+
+    def setup(m: Any) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        for i, u in enumerate(x for x in m.modules() if isinstance(x, FSDPModule)):
+            u.set_custom_reduce_scatter(Recording(always, key=("rs", i)))
+
+    out["always"] = _train2(rank, world, setup)
+    out["always_stats"] = always.stats()
+    out["calls"] = calls
+
+    # parameters' all-gather compressed too (a tight bound), gradients with error feedback
+    rs = zt.HookState(error_bound=f"noa:{BOUND}", policy="always", error_feedback=True)
+    ag = zt.HookState(error_bound="abs:1e-5", policy="always")
+    out["ag"] = _train2(rank, world, lambda m: zt.register_fsdp2(m, rs, all_gather_state=ag))
+    out["ag_stats"] = (rs.stats(), ag.stats())
+    return out
+
+
+def test_fsdp2_custom_reduce_scatter_and_all_gather(results: List[Dict[str, Any]]) -> None:
+    res = [r["fsdp2"] for r in results]
+    # policy "never": the bits of plain FSDP2
+    for r, rr in enumerate(res):
+        b, h = rr["base"], rr["never"]
+        assert h["curve"] == b["curve"], f"FSDP2 rank {r}: loss curves differ under never"
+        for step, (gb, gh) in enumerate(zip(b["grads"], h["grads"])):
+            assert all(torch.equal(u, v) for u, v in zip(gb, gh)), f"FSDP2 rank {r} step {step}"
+        assert all(torch.equal(u, v) for u, v in zip(b["params"], h["params"]))
+        assert rr["never_stats"]["raw_calls"] == 3 * STEPS and rr["never_stats"]["compressed_calls"] == 0
+    # policy "always": every reduce-scatter compressed, within the bound of the exact average
+    for rr in res:
+        s = rr["always_stats"]
+        assert s["compressed_calls"] == 3 * STEPS and s["raw_calls"] == 0, s
+        assert s["bound_violations"] == 0 and 0 < s["max_error"] <= s["bound"], s
+        assert len(rr["calls"]) == 3 * STEPS
+    for i in range(3 * STEPS):
+        locals_ = [rr["calls"][i][0].double() for rr in res]
+        assert "AVG" in res[0]["calls"][i][2], res[0]["calls"][i][2]
+        exact = sum(locals_) / WORLD
+        e = BOUND * (max(float(v.max()) for v in locals_) - min(float(v.min()) for v in locals_))
+        for r, rr in enumerate(res):
+            out = rr["calls"][i][1]
+            n = out.numel()
+            _within_bound(out, exact[r * n : (r + 1) * n], e, f"FSDP2 call {i} rank {r}")
+    b = res[0]["base"]["curve"]
+    assert b[-1] < 0.5 * b[0], f"plain FSDP2 did not learn: {b}"
+    for run in ("always", "ag"):
+        assert all(torch.equal(u, v) for u, v in zip(res[0][run]["params"], res[1][run]["params"])), run
+        assert res[0][run]["curve"] == res[1][run]["curve"], run
+        h = res[0][run]["curve"]
+        print(f"\n[FSDP2 {run}] loss {h[0]:.4f} -> {h[-1]:.4f} (plain FSDP2 {b[0]:.4f} -> {b[-1]:.4f})")
+        assert abs(h[-1] - b[-1]) <= 0.02 * b[-1], f"FSDP2 {run}: {h[-1]} vs plain {b[-1]}"
+    for rr in res:
+        rs, ag = rr["ag_stats"]
+        assert rs["compressed_calls"] == 3 * STEPS and rs["bound_violations"] == 0, rs
+        assert sorted(v["calls"] for v in rs["buckets"].values()) == [STEPS] * 3, rs["buckets"]
+        # parameters are gathered for forward and again for backward
+        assert ag["compressed_calls"] >= 3 * STEPS and ag["bound_violations"] == 0, ag
+        assert 0 < ag["max_error"] <= ag["bound"] == 1e-5, ag

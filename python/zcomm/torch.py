@@ -51,6 +51,9 @@ __all__ = [
     "fsdp_reduce_scatter_hook",
     "fsdp_allreduce_hook",
     "register_fsdp",
+    "register_fsdp2",
+    "ReduceScatter",
+    "AllGather",
     "compressed_reduce_scatter_tensor",
     "compressed_all_gather_into_tensor",
     "report",
@@ -589,7 +592,11 @@ def register_fsdp(model: Any, state: HookState) -> Any:
 
 
 def compressed_reduce_scatter_tensor(
-    output: torch.Tensor, input: torch.Tensor, state: HookState, key: Optional[Any] = None
+    output: torch.Tensor,
+    input: torch.Tensor,
+    state: HookState,
+    key: Optional[Any] = None,
+    op: Optional[Any] = None,
 ) -> torch.Tensor:
     """Compressed ``reduce_scatter_tensor`` with the average as reduction.
 
@@ -604,9 +611,18 @@ def compressed_reduce_scatter_tensor(
     the same float64 sums as on the host). When it is not compressed it runs the plain
     ``reduce_scatter_tensor`` with FSDP's pre- and post-division (the bits of FSDP's default
     path). ``key`` names the call's tensor for telemetry and error feedback (default: its size).
+    ``op``: ``None`` (the average, as above), ``ReduceOp.AVG`` or ``ReduceOp.SUM`` (the sum,
+    within ``p * e`` plus the rounding): the raw path is then ``reduce_scatter_tensor`` with that
+    ``op`` and no division (FSDP2's default bits).
 
     Use it where PyTorch has no FSDP1 hook: FSDP2 (see :class:`ReduceScatter`), custom sharding.
     """
+    average = True
+    if op is not None:
+        if op == dist.ReduceOp.SUM:
+            average = False
+        elif op != dist.ReduceOp.AVG:
+            raise ValueError(f"reduce_scatter: op {op} is not supported (AVG or SUM)")
     pg = state.process_group
     p = dist.get_world_size(pg)
     rank = dist.get_rank(pg)
@@ -634,12 +650,15 @@ def compressed_reduce_scatter_tensor(
     n = output.numel()
 
     if not compress:
-        pre, post = _fsdp_factors(p)
+        pre, post = _fsdp_factors(p) if op is None else (1.0, 1.0)
         inp = input.detach().reshape(-1)
         inp = inp / pre if pre > 1 else inp.contiguous()  # FSDP divides its own copy in place
         res = torch.empty(n, dtype=input.dtype, device=device)
         tr = time.perf_counter()
-        dist.reduce_scatter_tensor(res, inp, group=pg)
+        if op is None:
+            dist.reduce_scatter_tensor(res, inp, group=pg)
+        else:
+            dist.reduce_scatter_tensor(res, inp, op=op, group=pg)
         if post > 1:
             res.div_(post)
         state._bw = _ema(state._bw, (p - 1) / p * nbytes / max(time.perf_counter() - tr, 1e-9))
@@ -688,7 +707,8 @@ def compressed_reduce_scatter_tensor(
             seg = recv[off : off + rl[r]]
             _native.accumulate_f64([(seg.data_ptr(), seg.numel())], acc.data_ptr(), n)
         off += rl[r]
-    acc.div_(p)
+    if average:
+        acc.div_(p)
     with torch.no_grad():
         output.copy_(acc.to(output.dtype).reshape(output.shape))
     state._td = _ema(state._td, nbytes / max(time.perf_counter() - td0, 1e-9))
@@ -779,6 +799,116 @@ def compressed_all_gather_into_tensor(
         state._s["bytes_on_wire"] += int(stream.numel()) + 8 + 8 * 16
     _log(state, key, "compressed", gpred[1], time.perf_counter() - t0, why)
     return output
+
+
+# -- FSDP2 (fully_shard): custom collectives ---------------------------------------------------
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _over(state: HookState, group: Any, fn: Any, *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)`` with ``state.process_group`` set to ``group`` (FSDP2's own group)."""
+    saved = state.process_group
+    state.process_group = group
+    try:
+        return fn(*args, **kw)
+    finally:
+        state.process_group = saved
+
+
+class ReduceScatter:
+    """FSDP2 custom reduce-scatter of gradients. ``fully_shard`` modules have no comm hook but take
+    a custom collective: ``module.set_custom_reduce_scatter(ReduceScatter(state))``, or
+    :func:`register_fsdp2` for every ``fully_shard`` module of a model.
+
+    Each call runs :func:`compressed_reduce_scatter_tensor` over FSDP2's group with FSDP2's
+    ``op`` (``AVG`` for float32 / bfloat16; ``SUM`` after FSDP2's own division otherwise).
+    Other ops (``PREMUL_SUM``, from ``set_gradient_divide_factor``) and non-float buffers go
+    through the plain ``reduce_scatter_tensor``. Synchronous: returns ``None``, which FSDP2
+    accepts. ``key`` names the module for telemetry and error feedback (default: the size).
+    """
+
+    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
+        self.state = state
+        self.key = key
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The output buffer FSDP2 asks for: an ordinary tensor."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> Optional[Any]:
+        if input_tensor.dtype not in _FLOATS or not (op == dist.ReduceOp.AVG or op == dist.ReduceOp.SUM):
+            return dist.reduce_scatter_tensor(
+                output_tensor, input_tensor, op=op, group=group, async_op=async_op
+            )
+        key = ("fsdp2-rs", input_tensor.numel()) if self.key is None else self.key
+        _over(self.state, group, compressed_reduce_scatter_tensor, output_tensor, input_tensor,
+              self.state, key=key, op=op)
+        return None
+
+
+class AllGather:
+    """FSDP2 custom all-gather of parameters: ``module.set_custom_all_gather(AllGather(state))``
+    (or ``register_fsdp2(model, state, all_gather_state=...)``). Each call runs
+    :func:`compressed_all_gather_into_tensor` over FSDP2's group: the unsharded parameters used
+    in forward and backward are then within the bound of the sharded ones (which stay exact, and
+    identical on every rank); use a tight bound. A buffer FSDP2 packs as bytes (parameters of
+    mixed dtypes) goes through the plain ``all_gather_into_tensor``. Synchronous: returns
+    ``None``, which FSDP2 accepts.
+    """
+
+    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
+        self.state = state
+        self.key = key
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The output buffer FSDP2 asks for: an ordinary tensor."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        async_op: bool = False,
+    ) -> Optional[Any]:
+        if input_tensor.dtype not in _FLOATS:
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        key = ("fsdp2-ag", input_tensor.numel()) if self.key is None else self.key
+        _over(self.state, group, compressed_all_gather_into_tensor, output_tensor, input_tensor,
+              self.state, key=key)
+        return None
+
+
+def register_fsdp2(
+    model: Any, state: HookState, all_gather_state: Optional[HookState] = None
+) -> Any:
+    """Give every ``fully_shard`` module of ``model`` (``FSDPModule``) a :class:`ReduceScatter`
+    over ``state`` and, with ``all_gather_state``, an :class:`AllGather` (parameters: use a
+    tighter bound there). Each module gets its own key (its position in ``model.modules()``, the
+    same on every rank). Checks that the ranks agree on the states first (collective). Returns
+    ``model``.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    state.check()
+    if all_gather_state is not None:
+        all_gather_state.check()
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        raise TypeError("register_fsdp2: the model has no fully_shard module")
+    for i, m in enumerate(units):
+        m.set_custom_reduce_scatter(ReduceScatter(state, key=("fsdp2-rs", i)))
+        if all_gather_state is not None:
+            m.set_custom_all_gather(AllGather(all_gather_state, key=("fsdp2-ag", i)))
+    return model
 
 
 # -- report --------------------------------------------------------------------------------------
