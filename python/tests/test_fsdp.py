@@ -15,6 +15,11 @@ Checked per strategy:
   hold bit-identical parameters, and the loss falls like plain FSDP's;
 * ``always`` with error feedback through :func:`zcomm.torch.register_fsdp`: units of the same
   size keep separate residuals, training converges, the ranks agree.
+
+FSDP2 (``fully_shard`` on a CPU mesh) has no comm hook; zcomm's ``ReduceScatter`` / ``AllGather``
+are installed as its custom collectives and checked the same way (``never``: FSDP2's bits;
+``always``: the bound per call; compressed parameter all-gather: training and rank agreement).
+All runs share one pair of processes (one start-up), about 25 s on 2 cores.
 """
 
 from __future__ import annotations

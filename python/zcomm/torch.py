@@ -28,7 +28,27 @@ default hook does). CUDA buckets stay on their GPU: the GPU codecs compress them
 as the CPU codecs), the streams travel as CUDA tensors (NCCL) and are decoded and summed on the
 GPU, with the same float64 additions in the same order as the CPU path, so the two paths give
 bit-identical averages. Without a usable CUDA driver CUDA buckets are staged through the host.
-The FSDP helpers below still compress on the host.
+The FSDP helpers below do the same: CUDA gradients and parameters are compressed, exchanged and
+decoded on their GPU, with the host path's bits.
+
+FSDP (tested with PyTorch 2.15, two ranks, CPU and gloo):
+
+* FSDP1 (``FullyShardedDataParallel``) has a gradient hook: :func:`register_fsdp` (or
+  ``fsdp_model.register_comm_hook(state, hook)``) with :func:`fsdp_allreduce_hook` for
+  ``NO_SHARD`` and :func:`fsdp_reduce_scatter_hook` for ``FULL_SHARD`` / ``SHARD_GRAD_OP``.
+  Same bound as above on every unit's flat gradient (on this rank's shard of the average);
+  calls that are not compressed divide and reduce exactly as FSDP's default path (so
+  ``policy="never"`` gives plain FSDP's bits). FSDP1 refuses hooks for the hybrid strategies
+  (``HYBRID_SHARD``, ``_HYBRID_SHARD_ZERO2``), and it has **no hook for the parameter
+  all-gather**: with FSDP1 parameters travel uncompressed. On CPU FSDP1 needs
+  ``device_id=torch.device("cpu")`` (else: "FSDP needs a non-CPU accelerator device").
+* FSDP2 (``fully_shard``) has no comm hook but takes custom collectives: :class:`ReduceScatter`
+  (gradients) and :class:`AllGather` (parameters, lossy: use a tight bound), or
+  :func:`register_fsdp2` for every ``fully_shard`` module. They are synchronous (FSDP2 then
+  overlaps less); FSDP2's ``PREMUL_SUM`` (``set_gradient_divide_factor``) and byte-packed
+  mixed-dtype buffers go through the plain collective.
+* Elsewhere (custom sharding): :func:`compressed_reduce_scatter_tensor`,
+  :func:`compressed_all_gather_into_tensor`.
 """
 
 import math
@@ -566,7 +586,8 @@ def register_fsdp(model: Any, state: HookState) -> Any:
     """Register the zcomm hook on an FSDP1 model (``FullyShardedDataParallel``, the root).
 
     Checks that all ranks agree on ``state`` (collective), picks :func:`fsdp_allreduce_hook`
-    for ``NO_SHARD`` or :func:`fsdp_reduce_scatter_hook` for ``FULL_SHARD`` / ``SHARD_GRAD_OP``,
+    for ``NO_SHARD`` or :func:`fsdp_reduce_scatter_hook` for ``FULL_SHARD`` / ``SHARD_GRAD_OP``
+    (per unit),
     calls ``model.register_comm_hook(state, hook)`` (before the first forward), then keys each
     FSDP unit by its position in ``FullyShardedDataParallel.fsdp_modules(model)`` (the same on
     every rank), so that units whose flat gradients have the same size keep separate
@@ -582,12 +603,17 @@ def register_fsdp(model: Any, state: HookState) -> Any:
             f"register_fsdp: expected a FullyShardedDataParallel model, got {type(model).__name__}"
         )
     state.check()
-    hook = fsdp_allreduce_hook if strategy == ShardingStrategy.NO_SHARD else fsdp_reduce_scatter_hook
+
+    def pick(strategy: Any) -> Any:
+        return fsdp_allreduce_hook if strategy == ShardingStrategy.NO_SHARD else fsdp_reduce_scatter_hook
+
+    hook = pick(strategy)
     model.register_comm_hook(state, hook)
     for i, unit in enumerate(FSDP.fsdp_modules(model)):
-        # FSDP1 stores the hook on each unit's state (the FSDP module itself)
+        # FSDP1 stores the hook on each unit's state (the FSDP module itself); a unit may have
+        # its own strategy
         if getattr(unit, "_comm_hook", None) is hook:
-            unit._comm_hook = _UnitHook(hook, ("fsdp", i))
+            unit._comm_hook = _UnitHook(pick(unit.sharding_strategy), ("fsdp", i))
     return model
 
 
