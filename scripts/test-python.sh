@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Python package tests: builds and installs `pip install ./python` into a venv and runs pytest on
-# python/tests (codec round trips, bad input, 2-process gloo DDP training). Installs what it needs
-# itself; wheels are cached under ${ZCOMM_CI_CACHE:-$HOME/.cache}/zcomm-pip so reruns are offline.
+# python/tests (codec round trips, bad input, 2-process gloo DDP and FSDP training). Installs what
+# it needs itself; wheels are cached under ${ZCOMM_CI_CACHE:-$HOME/.cache}/zcomm-pip so reruns are offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${ZCOMM_CI_CACHE:-$HOME/.cache}/zcomm-pip"

@@ -118,6 +118,63 @@ def test_ddp_hook_gpu_path_matches_cpu_path() -> None:
         os.unlink(f.name)
 
 
+def _fsdp_gpu_worker(rank: int, world: int, init: str, out_dir: str) -> None:
+    """One of two ranks sharing GPU 0 over gloo: the FSDP helpers on CUDA tensors (GPU codecs)
+    and on host tensors, on the same values; saves both results."""
+    import torch.distributed as dist
+
+    from zcomm import torch as zt
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        x = _field(world * 50_000, torch.float32, seed=10 + rank).nan_to_num(0.0, 0.0, 0.0)
+        res = {}
+        for dev in ("cuda", "cpu"):
+            t = x.to(dev)
+            st = zt.HookState(error_bound="noa:1e-3", policy="always")
+            rs = torch.empty(t.numel() // world, device=dev)
+            zt.compressed_reduce_scatter_tensor(rs, t, st)
+            ag = torch.empty(world * rs.numel(), device=dev)
+            zt.compressed_all_gather_into_tensor(ag, rs, st)
+            ar = t.clone()
+            zt.fsdp_allreduce_hook(st, ar)
+            assert st.stats()["bound_violations"] == 0
+            res[dev] = {k: (v.device.type, v.cpu()) for k, v in (("rs", rs), ("ag", ag), ("ar", ar))}
+        torch.save(res, os.path.join(out_dir, f"r{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_gpu
+def test_fsdp_helpers_gpu_path_matches_cpu_path() -> None:
+    """Two ranks on one GPU (gloo carries the CUDA tensors): the compressed reduce-scatter,
+    all-gather and NO_SHARD hook keep CUDA tensors on the GPU and give the host path's bits."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        init = f"file://{os.path.join(d, 'init')}"
+        ctx = mp.start_processes(
+            _fsdp_gpu_worker, args=(2, init, d), nprocs=2, join=False, start_method="spawn"
+        )
+        t0 = time.time()
+        while not ctx.join(timeout=5):
+            if time.time() - t0 > 180:
+                for p in ctx.processes:
+                    p.kill()
+                raise AssertionError("FSDP GPU ranks did not finish within 180 s (hang)")
+        res = [torch.load(os.path.join(d, f"r{r}.pt"), weights_only=False) for r in range(2)]
+    for r, rr in enumerate(res):
+        for k in ("rs", "ag", "ar"):
+            (gdev, g), (cdev, c) = rr["cuda"][k], rr["cpu"][k]
+            assert gdev == "cuda" and cdev == "cpu", (k, gdev, cdev)
+            assert _same_bits(g, c), f"rank {r} {k}: GPU and CPU paths differ"
+    assert _same_bits(res[0]["cuda"]["ag"], res[1]["cuda"]["ag"])
+    assert _same_bits(res[0]["cuda"]["ar"], res[1]["cuda"]["ar"])
+
+
 def _main() -> int:
     """Run every test without pytest (for machines that have torch but no pytest)."""
     import itertools
@@ -137,6 +194,7 @@ def _main() -> int:
         lambda: test_gpu_decode_into_and_add(torch.bfloat16),
         test_gpu_corrupt_stream_is_an_error,
         test_ddp_hook_gpu_path_matches_cpu_path,
+        test_fsdp_helpers_gpu_path_matches_cpu_path,
     ]
     failed = 0
     for i, case in enumerate(cases):

@@ -28,7 +28,27 @@ default hook does). CUDA buckets stay on their GPU: the GPU codecs compress them
 as the CPU codecs), the streams travel as CUDA tensors (NCCL) and are decoded and summed on the
 GPU, with the same float64 additions in the same order as the CPU path, so the two paths give
 bit-identical averages. Without a usable CUDA driver CUDA buckets are staged through the host.
-The FSDP helpers below still compress on the host.
+The FSDP helpers below do the same: CUDA gradients and parameters are compressed, exchanged and
+decoded on their GPU, with the host path's bits.
+
+FSDP (tested with PyTorch 2.15, two ranks, CPU and gloo):
+
+* FSDP1 (``FullyShardedDataParallel``) has a gradient hook: :func:`register_fsdp` (or
+  ``fsdp_model.register_comm_hook(state, hook)``) with :func:`fsdp_allreduce_hook` for
+  ``NO_SHARD`` and :func:`fsdp_reduce_scatter_hook` for ``FULL_SHARD`` / ``SHARD_GRAD_OP``.
+  Same bound as above on every unit's flat gradient (on this rank's shard of the average);
+  calls that are not compressed divide and reduce exactly as FSDP's default path (so
+  ``policy="never"`` gives plain FSDP's bits). FSDP1 refuses hooks for the hybrid strategies
+  (``HYBRID_SHARD``, ``_HYBRID_SHARD_ZERO2``), and it has **no hook for the parameter
+  all-gather**: with FSDP1 parameters travel uncompressed. On CPU FSDP1 needs
+  ``device_id=torch.device("cpu")`` (else: "FSDP needs a non-CPU accelerator device").
+* FSDP2 (``fully_shard``) has no comm hook but takes custom collectives: :class:`ReduceScatter`
+  (gradients) and :class:`AllGather` (parameters, lossy: use a tight bound), or
+  :func:`register_fsdp2` for every ``fully_shard`` module. They are synchronous (FSDP2 then
+  overlaps less); FSDP2's ``PREMUL_SUM`` (``set_gradient_divide_factor``) and byte-packed
+  mixed-dtype buffers go through the plain collective.
+* Elsewhere (custom sharding): :func:`compressed_reduce_scatter_tensor`,
+  :func:`compressed_all_gather_into_tensor`.
 """
 
 import math
@@ -50,6 +70,10 @@ __all__ = [
     "register",
     "fsdp_reduce_scatter_hook",
     "fsdp_allreduce_hook",
+    "register_fsdp",
+    "register_fsdp2",
+    "ReduceScatter",
+    "AllGather",
     "compressed_reduce_scatter_tensor",
     "compressed_all_gather_into_tensor",
     "report",
@@ -267,19 +291,61 @@ def _finite_range(x: torch.Tensor, dt: str) -> Optional[Tuple[float, float]]:
     return _native.finite_range(x.data_ptr(), x.numel(), dt)
 
 
-def _predict(state: HookState, key: Any, nbytes: int, p: int) -> Tuple[float, float]:
-    """(raw, compressed) seconds from zcomm's model, or (0, 0) while speeds are unknown."""
+def _predict(
+    state: HookState,
+    key: Any,
+    enc_bytes: float,
+    dec_bytes: float,
+    v_raw: float,
+    v_cmp_raw: float,
+) -> Tuple[float, float]:
+    """(raw, compressed) seconds from zcomm's model, or (0, 0) while speeds are unknown.
+
+    ``enc_bytes`` / ``dec_bytes``: bytes this rank compresses / decodes; ``v_raw``: bytes it
+    sends on the raw path; ``v_cmp_raw``: bytes it would send compressed, before the ratio.
+    """
     b = state._bucket.get(key)
     if not b or b.get("ratio") is None or not state._tc or not state._td or not state._bw:
         return 0.0, 0.0
-    v_raw = 2.0 * (p - 1) / p * nbytes  # ring all_reduce volume per rank
-    v_cmp = (p - 1) * nbytes / b["ratio"]  # all_gather of the streams
+    if v_raw <= 0 or enc_bytes <= 0 or dec_bytes <= 0:
+        return 0.0, 0.0
+    v_cmp = v_cmp_raw / b["ratio"]
     lat = state._lat or 0.0
+    # the model takes codec speeds relative to v_raw: time = enc_bytes / tc, dec_bytes / td
     raw, cmp = _native.predict(
-        v_raw, v_raw / max(v_cmp, 1e-30), state._bw, lat, state._tc * v_raw / nbytes,
-        state._td * v_raw / (p * nbytes),
+        v_raw, v_raw / max(v_cmp, 1e-30), state._bw, lat, state._tc * v_raw / enc_bytes,
+        state._td * v_raw / dec_bytes,
     )
     return raw, cmp + 2 * lat  # + the lengths exchange and the metadata all_reduce
+
+
+def _predict_allreduce(state: HookState, key: Any, nbytes: int, p: int) -> Tuple[float, float]:
+    """:func:`_predict` for the all-reduce of an ``nbytes`` bucket (ring vs. all-gathered streams)."""
+    return _predict(state, key, nbytes, p * nbytes, 2.0 * (p - 1) / p * nbytes, (p - 1) * nbytes)
+
+
+def _decide(
+    state: HookState, b: Dict[str, Any], gpred: Tuple[float, float], nbytes: int
+) -> Tuple[bool, str]:
+    """Compress this call or not (``policy``; under ``auto`` the bucket's first call compresses,
+    its second goes raw, later ones follow the model's prediction ``gpred``); records the call."""
+    if state.policy == "always":
+        compress, why = True, "always"
+    elif state.policy == "never":
+        compress, why = False, "never"
+    elif b["calls"] == 0:
+        compress, why = True, "auto:explore"
+    elif b["calls"] == 1 or gpred == (0.0, 0.0):
+        compress, why = False, "auto:explore"
+    else:
+        compress = gpred[1] < gpred[0]
+        why = "auto:compress" if compress else "auto:raw"
+    b["calls"] += 1
+    with state._lock:
+        state._s["decisions"][why] += 1
+        state._s["calls"] += 1
+        state._s["bytes_in"] += nbytes
+    return compress, why
 
 
 def _exchange(state: HookState, stream: torch.Tensor, device: Any, p: int) -> List[torch.Tensor]:
@@ -300,11 +366,20 @@ def _exchange(state: HookState, stream: torch.Tensor, device: Any, p: int) -> Li
 
 
 def _compress_own(
-    state: HookState, key: Any, x: torch.Tensor, dt: str, grange: Tuple[float, float]
+    state: HookState,
+    key: Any,
+    x: torch.Tensor,
+    dt: str,
+    grange: Tuple[float, float],
+    res_key: Optional[Any] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, float]:
-    """Compress this rank's values; returns (stream, decoded own values, abs bound e)."""
-    if state.error_feedback and key in state._residual and state._residual[key].numel() == x.numel():
-        x = x + state._residual[key]
+    """Compress this rank's values; returns (stream, decoded own values, abs bound e).
+
+    ``key`` names the bucket in the telemetry, ``res_key`` (default ``key``) its
+    error-feedback residual (one per shard for a reduce-scatter)."""
+    rk = key if res_key is None else res_key
+    if state.error_feedback and rk in state._residual and state._residual[rk].numel() == x.numel():
+        x = x + state._residual[rk]
     else:
         x = x.contiguous()
     lo, hi = grange
@@ -322,7 +397,7 @@ def _compress_own(
     viol = int((diff > e).sum().item()) if diff.numel() else 0
     if state.error_feedback:
         res = x - xd
-        state._residual[key] = torch.nan_to_num(res, nan=0.0, posinf=0.0, neginf=0.0)
+        state._residual[rk] = torch.nan_to_num(res, nan=0.0, posinf=0.0, neginf=0.0)
     with state._lock:
         b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
         b["max_error"] = max(b.get("max_error", 0.0), err)
@@ -333,9 +408,14 @@ def _compress_own(
 
 
 def _average(
-    state: HookState, key: Any, buf: torch.Tensor
+    state: HookState, key: Any, buf: torch.Tensor, fsdp_divide: bool = False
 ) -> torch.Tensor:
-    """The compressed (or raw) average of ``buf`` over the group; returns a new tensor."""
+    """The compressed (or raw) average of ``buf`` over the group; returns a new tensor.
+
+    The raw path divides by ``p`` before the ``all_reduce`` (DDP's default hook), or with
+    ``fsdp_divide`` by FSDP's pre- and post-division factors (FSDP's default path), so that
+    ``policy="never"`` gives the same bits as the hook it replaces.
+    """
     pg = state.process_group
     p = dist.get_world_size(pg)
     rank = dist.get_rank(pg)
@@ -344,35 +424,24 @@ def _average(
     t0 = time.perf_counter()
     x, dt = _flat_compute(buf)
     b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
-    pred = _predict(state, key, nbytes, p) if state.policy == "auto" else (0.0, 0.0)
+    pred = _predict_allreduce(state, key, nbytes, p) if state.policy == "auto" else (0.0, 0.0)
     lr = _finite_range(x, dt) if state.mode == "noa" else None
     lo, hi = lr if lr is not None else (math.inf, -math.inf)
     tm = time.perf_counter()
     grange, gpred = _meta(state, buf.numel(), (lo, hi), pred, device)
     state._lat = _ema(state._lat, time.perf_counter() - tm)
 
-    if state.policy == "always":
-        compress, why = True, "always"
-    elif state.policy == "never":
-        compress, why = False, "never"
-    elif b["calls"] == 0:
-        compress, why = True, "auto:explore"
-    elif b["calls"] == 1 or gpred == (0.0, 0.0):
-        compress, why = False, "auto:explore"
-    else:
-        compress = gpred[1] < gpred[0]
-        why = "auto:compress" if compress else "auto:raw"
-    b["calls"] += 1
-    with state._lock:
-        state._s["decisions"][why] += 1
-        state._s["calls"] += 1
-        state._s["bytes_in"] += nbytes
+    compress, why = _decide(state, b, gpred, nbytes)
 
     if not compress:
         out = buf.detach().clone()
-        out.div_(p)
+        pre, post = _fsdp_factors(p) if fsdp_divide else (float(p), 1.0)
+        if pre > 1:
+            out.div_(pre)
         tr = time.perf_counter()
         dist.all_reduce(out, group=pg)
+        if post > 1:
+            out.div_(post)
         dt_raw = time.perf_counter() - tr
         state._bw = _ema(state._bw, 2.0 * (p - 1) / p * nbytes / max(dt_raw, 1e-9))
         with state._lock:
@@ -463,32 +532,123 @@ def register(model: Any, state: HookState) -> Any:
 # -- FSDP ---------------------------------------------------------------------------------------
 
 
-def fsdp_allreduce_hook(state: HookState, grad: torch.Tensor) -> None:
-    """FSDP (``NO_SHARD``) hook: replaces ``grad`` in place by its compressed average."""
-    avg = _average(state, ("fsdp-ar", grad.numel()), grad)
+def _fsdp_factors(p: int) -> Tuple[float, float]:
+    """FSDP's default gradient pre- and post-division factors for ``p`` ranks (PyTorch's
+    ``DefaultState._get_gradient_predivide_factor``): ``pre * post == p``."""
+    f = 1
+    while p % f == 0 and p / f > f:
+        f *= 2
+    return float(f), p / f
+
+
+def fsdp_allreduce_hook(state: HookState, grad: torch.Tensor, key: Optional[Any] = None) -> None:
+    """FSDP1 hook for ``ShardingStrategy.NO_SHARD``: replaces ``grad`` (a unit's flat gradient)
+    in place by its compressed average over the group.
+
+    Register with :func:`register_fsdp` (or ``fsdp_model.register_comm_hook(state, hook)``).
+    Same bound and determinism as :func:`allreduce_hook`; a call that is not compressed
+    (``policy="never"``, or ``"auto"`` choosing the raw path) divides and all-reduces exactly as
+    FSDP's default path does (the same bits). ``key`` names the unit (telemetry, ``auto``
+    decisions, error-feedback residual); by default the gradient's size.
+    """
+    k = ("fsdp-ar", grad.numel()) if key is None else key
+    avg = _average(state, k, grad, fsdp_divide=True)
     with torch.no_grad():
         grad.copy_(avg.reshape(grad.shape))
 
 
-def fsdp_reduce_scatter_hook(state: HookState, grad: torch.Tensor, output: torch.Tensor) -> None:
-    """FSDP (sharded strategies) hook: ``output`` = this rank's shard of the compressed average.
+def fsdp_reduce_scatter_hook(
+    state: HookState, grad: torch.Tensor, output: torch.Tensor, key: Optional[Any] = None
+) -> None:
+    """FSDP1 hook for the sharded strategies (``FULL_SHARD``, ``SHARD_GRAD_OP``): ``output`` =
+    this rank's shard of the compressed average of ``grad``.
 
-    Register with ``fsdp_model.register_comm_hook(state, zcomm.torch.fsdp_reduce_scatter_hook)``
-    (FSDP1). ``grad`` is the flat unsharded gradient (``p`` equal shards), ``output`` this rank's
-    shard. Same bound and determinism as :func:`allreduce_hook`.
+    Register with :func:`register_fsdp` (or ``fsdp_model.register_comm_hook(state, hook)``).
+    ``grad`` is a unit's flat unsharded (padded) gradient, ``p`` equal shards; ``output`` this
+    rank's shard. See :func:`compressed_reduce_scatter_tensor` for the bound, the determinism and
+    the raw path (FSDP's default bits).
     """
-    compressed_reduce_scatter_tensor(output, grad, state)
+    compressed_reduce_scatter_tensor(output, grad, state, key=key)
 
 
-def compressed_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, state: HookState) -> torch.Tensor:
-    """Compressed ``reduce_scatter_tensor`` with the average (``ReduceOp.AVG``) as reduction.
+class _UnitHook:
+    """An FSDP1 hook bound to one FSDP unit's key (``hook(state, *tensors, key=key)``)."""
+
+    def __init__(self, hook: Any, key: Any) -> None:
+        self.hook = hook
+        self.key = key
+
+    def __call__(self, state: HookState, *tensors: torch.Tensor) -> None:
+        self.hook(state, *tensors, key=self.key)
+
+
+def register_fsdp(model: Any, state: HookState) -> Any:
+    """Register the zcomm hook on an FSDP1 model (``FullyShardedDataParallel``, the root).
+
+    Checks that all ranks agree on ``state`` (collective), picks :func:`fsdp_allreduce_hook`
+    for ``NO_SHARD`` or :func:`fsdp_reduce_scatter_hook` for ``FULL_SHARD`` / ``SHARD_GRAD_OP``
+    (per unit),
+    calls ``model.register_comm_hook(state, hook)`` (before the first forward), then keys each
+    FSDP unit by its position in ``FullyShardedDataParallel.fsdp_modules(model)`` (the same on
+    every rank), so that units whose flat gradients have the same size keep separate
+    error-feedback residuals and ``auto`` statistics (with the plain ``register_comm_hook``
+    they are keyed by size). Hybrid strategies are refused by FSDP itself. Returns ``model``.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    strategy = getattr(model, "sharding_strategy", None)
+    if strategy is None:
+        raise TypeError(
+            f"register_fsdp: expected a FullyShardedDataParallel model, got {type(model).__name__}"
+        )
+    state.check()
+
+    def pick(strategy: Any) -> Any:
+        return fsdp_allreduce_hook if strategy == ShardingStrategy.NO_SHARD else fsdp_reduce_scatter_hook
+
+    hook = pick(strategy)
+    model.register_comm_hook(state, hook)
+    for i, unit in enumerate(FSDP.fsdp_modules(model)):
+        # FSDP1 stores the hook on each unit's state (the FSDP module itself); a unit may have
+        # its own strategy
+        if getattr(unit, "_comm_hook", None) is hook:
+            unit._comm_hook = _UnitHook(pick(unit.sharding_strategy), ("fsdp", i))
+    return model
+
+
+def compressed_reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    state: HookState,
+    key: Optional[Any] = None,
+    op: Optional[Any] = None,
+) -> torch.Tensor:
+    """Compressed ``reduce_scatter_tensor`` with the average as reduction.
 
     ``input`` holds ``p`` equal shards; ``output`` receives shard ``rank`` of the average over
-    ranks. Each rank compresses each shard (global ``noa`` range over all ranks and shards),
-    the streams go through ``all_to_all_single`` (lengths first), and each rank sums the ``p``
-    streams of its shard in rank order in float64: bit-deterministic, bound as for the DDP hook.
-    Usable as a recipe with FSDP2 / custom sharding where no hook exists.
+    ranks. When the call is compressed (``state.policy``: ``always``, or ``auto`` by zcomm's
+    transfer model with the same exploration as :func:`allreduce_hook`), each rank compresses
+    each shard (global ``noa`` range over all ranks and shards), the streams go through
+    ``all_to_all_single`` (lengths first), and each rank sums the ``p`` streams of its shard in
+    rank order in float64 and rounds once: bit-identical on every run, and for every finite
+    value ``|output - mean_r(shard_r)| <= e + ulp(output)/2 + d`` as for :func:`allreduce_hook`.
+    CUDA tensors stay on their GPU (GPU codecs, exchange over the group's backend, GPU decode;
+    the same float64 sums as on the host). When it is not compressed it runs the plain
+    ``reduce_scatter_tensor`` with FSDP's pre- and post-division (the bits of FSDP's default
+    path). ``key`` names the call's tensor for telemetry and error feedback (default: its size).
+    ``op``: ``None`` (the average, as above), ``ReduceOp.AVG`` or ``ReduceOp.SUM`` (the sum,
+    within ``p * e`` plus the rounding): the raw path is then ``reduce_scatter_tensor`` with that
+    ``op`` and no division (FSDP2's default bits).
+
+    Use it where PyTorch has no FSDP1 hook: FSDP2 (see :class:`ReduceScatter`), custom sharding.
     """
+    average = True
+    if op is not None:
+        if op == dist.ReduceOp.SUM:
+            average = False
+        elif op != dist.ReduceOp.AVG:
+            raise ValueError(f"reduce_scatter: op {op} is not supported (AVG or SUM)")
     pg = state.process_group
     p = dist.get_world_size(pg)
     rank = dist.get_rank(pg)
@@ -496,55 +656,107 @@ def compressed_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, 
         raise ValueError(
             f"reduce_scatter: input has {input.numel()} values, expected {p} x {output.numel()}"
         )
+    key = ("rs", input.numel()) if key is None else key
     device = input.device
+    nbytes = input.numel() * input.element_size()
     t0 = time.perf_counter()
     x, dt = _flat_compute(input)
+    b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
+    pred = (
+        _predict(state, key, nbytes, nbytes, (p - 1) / p * nbytes, (p - 1) / p * nbytes)
+        if state.policy == "auto"
+        else (0.0, 0.0)
+    )
     lr = _finite_range(x, dt) if state.mode == "noa" else None
     lo, hi = lr if lr is not None else (math.inf, -math.inf)
-    grange, _ = _meta(state, input.numel(), (lo, hi), (0.0, 0.0), device)
+    tm = time.perf_counter()
+    grange, gpred = _meta(state, input.numel(), (lo, hi), pred, device)
+    state._lat = _ema(state._lat, time.perf_counter() - tm)
+    compress, why = _decide(state, b, gpred, nbytes)
     n = output.numel()
+
+    if not compress:
+        pre, post = _fsdp_factors(p) if op is None else (1.0, 1.0)
+        inp = input.detach().reshape(-1)
+        inp = inp / pre if pre > 1 else inp.contiguous()  # FSDP divides its own copy in place
+        res = torch.empty(n, dtype=input.dtype, device=device)
+        tr = time.perf_counter()
+        if op is None:
+            dist.reduce_scatter_tensor(res, inp, group=pg)
+        else:
+            dist.reduce_scatter_tensor(res, inp, op=op, group=pg)
+        if post > 1:
+            res.div_(post)
+        state._bw = _ema(state._bw, (p - 1) / p * nbytes / max(time.perf_counter() - tr, 1e-9))
+        with torch.no_grad():
+            output.copy_(res.reshape(output.shape))
+        with state._lock:
+            state._s["raw_calls"] += 1
+            state._s["bytes_on_wire"] += nbytes + 8 * 16
+        _log(state, key, "raw", gpred[0], time.perf_counter() - t0, why)
+        return output
+
+    gpu = _gpu_codec(x)
+    tc0 = time.perf_counter()
     streams, own = [], None
     for j in range(p):
-        s, xd, _e = _compress_own(state, ("rs", input.numel(), j), x[j * n : (j + 1) * n].contiguous(), dt, grange)
+        s, xd, _e = _compress_own(
+            state, key, x[j * n : (j + 1) * n].contiguous(), dt, grange, res_key=(key, j)
+        )
         streams.append(s)
         if j == rank:
             own = xd
+    sent = sum(s.numel() for s in streams)
+    state._tc = _ema(state._tc, nbytes / max(time.perf_counter() - tc0, 1e-9))
+    b["ratio"] = nbytes / max(sent, 1)
+    tx0 = time.perf_counter()
     send_lens = torch.tensor([s.numel() for s in streams], dtype=torch.int64, device=device)
     recv_lens = torch.empty_like(send_lens)
     dist.all_to_all_single(recv_lens, send_lens, group=pg)
     rl = [int(v) for v in recv_lens.tolist()]
-    send = torch.cat(streams).to(device)
+    send = torch.cat([s.to(device) for s in streams])
     recv = torch.empty(sum(rl), dtype=torch.uint8, device=device)
     dist.all_to_all_single(recv, send, rl, [s.numel() for s in streams], group=pg)
-    recv = recv.cpu()
-    acc = torch.zeros(n, dtype=torch.float64)
+    state._bw = _ema(state._bw, (p - 1) / p * sent / max(time.perf_counter() - tx0, 1e-9))
+    td0 = time.perf_counter()
+    recv = recv if gpu else recv.cpu()
+    assert own is not None
+    acc = torch.zeros(n, dtype=torch.float64, device=own.device)
     off = 0
+    # rank order, one f64 rounding per addition (the same sums on the host and on the GPU)
     for r in range(p):
         if r == rank:
             acc.add_(own.double())
+        elif gpu:
+            acc.add_(_zc.decompress(recv[off : off + rl[r]]).double())
         else:
             seg = recv[off : off + rl[r]]
             _native.accumulate_f64([(seg.data_ptr(), seg.numel())], acc.data_ptr(), n)
         off += rl[r]
-    acc.div_(p)
+    if average:
+        acc.div_(p)
     with torch.no_grad():
         output.copy_(acc.to(output.dtype).reshape(output.shape))
-    nb = input.numel() * input.element_size()
+    state._td = _ema(state._td, nbytes / max(time.perf_counter() - td0, 1e-9))
     with state._lock:
-        state._s["calls"] += 1
         state._s["compressed_calls"] += 1
-        state._s["decisions"]["always"] += 1
-        state._s["bytes_in"] += nb
         state._s["bytes_on_wire"] += int(send.numel()) + 8 * p + 8 * 16
-    _log(state, ("rs", input.numel()), "compressed", 0.0, time.perf_counter() - t0, "always")
+    _log(state, key, "compressed", gpred[1], time.perf_counter() - t0, why)
     return output
 
 
-def compressed_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, state: HookState) -> torch.Tensor:
-    """Compressed ``all_gather_into_tensor``: ``output`` = the ``p`` ranks' ``input`` concatenated,
-    each value within the bound ``e`` of the original (every rank decodes the same streams, so
-    ``output`` is bit-identical on every rank). A recipe for compressing FSDP's parameter
-    all-gather, e.g. in a custom sharding loop; parameters are then lossy, use a tight bound.
+def compressed_all_gather_into_tensor(
+    output: torch.Tensor, input: torch.Tensor, state: HookState, key: Optional[Any] = None
+) -> torch.Tensor:
+    """Compressed ``all_gather_into_tensor``: ``output`` = the ``p`` ranks' ``input``
+    concatenated, each finite value within the bound ``e`` of the original (every rank decodes
+    the same streams, so ``output`` is bit-identical on every rank; this rank's own part is its
+    decoded stream too). CUDA tensors stay on their GPU. Follows ``state.policy`` like the
+    hooks (not compressed: the plain ``all_gather_into_tensor``, exact).
+
+    A recipe for compressing a parameter all-gather: FSDP1 has no hook for it; FSDP2 takes a
+    custom all-gather (:class:`AllGather`). Parameters are then lossy: use a tight bound.
+    ``error_feedback`` is not applied to all-gathers (a parameter is not a running sum).
     """
     pg = state.process_group
     p = dist.get_world_size(pg)
@@ -552,26 +764,177 @@ def compressed_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
         raise ValueError(
             f"all_gather: output has {output.numel()} values, expected {p} x {input.numel()}"
         )
+    key = ("ag", input.numel()) if key is None else key
+    device = input.device
+    n = input.numel()
+    nbytes = n * input.element_size()
+    t0 = time.perf_counter()
     x, dt = _flat_compute(input)
+    b = state._bucket.setdefault(key, {"calls": 0, "ratio": None})
+    pred = (
+        _predict(state, key, nbytes, p * nbytes, (p - 1) * nbytes, (p - 1) * nbytes)
+        if state.policy == "auto"
+        else (0.0, 0.0)
+    )
     lr = _finite_range(x, dt) if state.mode == "noa" else None
     lo, hi = lr if lr is not None else (math.inf, -math.inf)
-    grange, _ = _meta(state, input.numel(), (lo, hi), (0.0, 0.0), input.device)
-    stream, _xd, _e = _compress_own(state, ("ag", input.numel()), x, dt, grange)
-    streams = _exchange(state, stream, input.device, p)
-    n = input.numel()
-    res = torch.empty(p * n, dtype=x.dtype)
+    tm = time.perf_counter()
+    grange, gpred = _meta(state, n, (lo, hi), pred, device)
+    state._lat = _ema(state._lat, time.perf_counter() - tm)
+    compress, why = _decide(state, b, gpred, nbytes)
+
+    if not compress:
+        res = torch.empty(p * n, dtype=input.dtype, device=device)
+        tr = time.perf_counter()
+        dist.all_gather_into_tensor(res, input.detach().reshape(-1).contiguous(), group=pg)
+        state._bw = _ema(state._bw, (p - 1) * nbytes / max(time.perf_counter() - tr, 1e-9))
+        with torch.no_grad():
+            output.copy_(res.reshape(output.shape))
+        with state._lock:
+            state._s["raw_calls"] += 1
+            state._s["bytes_on_wire"] += nbytes + 8 * 16
+        _log(state, key, "raw", gpred[0], time.perf_counter() - t0, why)
+        return output
+
+    ef, state.error_feedback = state.error_feedback, False
+    try:
+        tc0 = time.perf_counter()
+        stream, xd, _e = _compress_own(state, key, x, dt, grange)
+    finally:
+        state.error_feedback = ef
+    state._tc = _ema(state._tc, nbytes / max(time.perf_counter() - tc0, 1e-9))
+    b["ratio"] = nbytes / max(stream.numel(), 1)
+    tx0 = time.perf_counter()
+    streams = _exchange(state, stream, device, p)
+    m = max(s.numel() for s in streams)
+    state._bw = _ema(state._bw, (p - 1) * m / max(time.perf_counter() - tx0, 1e-9))
+    td0 = time.perf_counter()
+    rank = dist.get_rank(pg)
+    res = torch.empty(p * n, dtype=x.dtype, device=xd.device)
     for r, s in enumerate(streams):
         part = res[r * n : (r + 1) * n]
-        _native.decompress_into(s.data_ptr(), s.numel(), part.data_ptr(), n, dt, False)
+        if r == rank:
+            part.copy_(xd)  # this rank's stream, decoded already (the same bytes, the same values)
+        else:
+            _zc.decompress(s, out=part)  # on the GPU for CUDA streams
     with torch.no_grad():
         output.copy_(res.to(output.dtype).reshape(output.shape))
+    state._td = _ema(state._td, p * nbytes / max(time.perf_counter() - td0, 1e-9))
     with state._lock:
-        state._s["calls"] += 1
         state._s["compressed_calls"] += 1
-        state._s["decisions"]["always"] += 1
-        state._s["bytes_in"] += n * input.element_size()
         state._s["bytes_on_wire"] += int(stream.numel()) + 8 + 8 * 16
+    _log(state, key, "compressed", gpred[1], time.perf_counter() - t0, why)
     return output
+
+
+# -- FSDP2 (fully_shard): custom collectives ---------------------------------------------------
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _over(state: HookState, group: Any, fn: Any, *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)`` with ``state.process_group`` set to ``group`` (FSDP2's own group)."""
+    saved = state.process_group
+    state.process_group = group
+    try:
+        return fn(*args, **kw)
+    finally:
+        state.process_group = saved
+
+
+class ReduceScatter:
+    """FSDP2 custom reduce-scatter of gradients. ``fully_shard`` modules have no comm hook but take
+    a custom collective: ``module.set_custom_reduce_scatter(ReduceScatter(state))``, or
+    :func:`register_fsdp2` for every ``fully_shard`` module of a model.
+
+    Each call runs :func:`compressed_reduce_scatter_tensor` over FSDP2's group with FSDP2's
+    ``op`` (``AVG`` for float32 / bfloat16; ``SUM`` after FSDP2's own division otherwise).
+    Other ops (``PREMUL_SUM``, from ``set_gradient_divide_factor``) and non-float buffers go
+    through the plain ``reduce_scatter_tensor``. Synchronous: returns ``None``, which FSDP2
+    accepts. ``key`` names the module for telemetry and error feedback (default: the size).
+    """
+
+    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
+        self.state = state
+        self.key = key
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The output buffer FSDP2 asks for: an ordinary tensor."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> Optional[Any]:
+        if input_tensor.dtype not in _FLOATS or not (op == dist.ReduceOp.AVG or op == dist.ReduceOp.SUM):
+            return dist.reduce_scatter_tensor(
+                output_tensor, input_tensor, op=op, group=group, async_op=async_op
+            )
+        key = ("fsdp2-rs", input_tensor.numel()) if self.key is None else self.key
+        _over(self.state, group, compressed_reduce_scatter_tensor, output_tensor, input_tensor,
+              self.state, key=key, op=op)
+        return None
+
+
+class AllGather:
+    """FSDP2 custom all-gather of parameters: ``module.set_custom_all_gather(AllGather(state))``
+    (or ``register_fsdp2(model, state, all_gather_state=...)``). Each call runs
+    :func:`compressed_all_gather_into_tensor` over FSDP2's group: the unsharded parameters used
+    in forward and backward are then within the bound of the sharded ones (which stay exact, and
+    identical on every rank); use a tight bound. A buffer FSDP2 packs as bytes (parameters of
+    mixed dtypes) goes through the plain ``all_gather_into_tensor``. Synchronous: returns
+    ``None``, which FSDP2 accepts.
+    """
+
+    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
+        self.state = state
+        self.key = key
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The output buffer FSDP2 asks for: an ordinary tensor."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        async_op: bool = False,
+    ) -> Optional[Any]:
+        if input_tensor.dtype not in _FLOATS:
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+        key = ("fsdp2-ag", input_tensor.numel()) if self.key is None else self.key
+        _over(self.state, group, compressed_all_gather_into_tensor, output_tensor, input_tensor,
+              self.state, key=key)
+        return None
+
+
+def register_fsdp2(
+    model: Any, state: HookState, all_gather_state: Optional[HookState] = None
+) -> Any:
+    """Give every ``fully_shard`` module of ``model`` (``FSDPModule``) a :class:`ReduceScatter`
+    over ``state`` and, with ``all_gather_state``, an :class:`AllGather` (parameters: use a
+    tighter bound there). Each module gets its own key (its position in ``model.modules()``, the
+    same on every rank). Checks that the ranks agree on the states first (collective). Returns
+    ``model``.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    state.check()
+    if all_gather_state is not None:
+        all_gather_state.check()
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        raise TypeError("register_fsdp2: the model has no fully_shard module")
+    for i, m in enumerate(units):
+        m.set_custom_reduce_scatter(ReduceScatter(state, key=("fsdp2-rs", i)))
+        if all_gather_state is not None:
+            m.set_custom_all_gather(AllGather(all_gather_state, key=("fsdp2-ag", i)))
+    return model
 
 
 # -- report --------------------------------------------------------------------------------------
