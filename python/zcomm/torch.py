@@ -348,6 +348,14 @@ def _decide(
     return compress, why
 
 
+def _backend(pg: Any) -> str:
+    """The backend name of a process group (``None``: the default group), lower case."""
+    try:
+        return str(dist.get_backend(pg)).lower()
+    except (RuntimeError, ValueError):
+        return ""
+
+
 def _exchange(state: HookState, stream: torch.Tensor, device: Any, p: int) -> List[torch.Tensor]:
     """All-gather variable-length byte streams (lengths first, then padded streams)."""
     pg = state.process_group
@@ -710,16 +718,19 @@ def compressed_reduce_scatter_tensor(
     state._tc = _ema(state._tc, nbytes / max(time.perf_counter() - tc0, 1e-9))
     b["ratio"] = nbytes / max(sent, 1)
     tx0 = time.perf_counter()
-    send_lens = torch.tensor([s.numel() for s in streams], dtype=torch.int64, device=device)
+    # gloo has no all-to-all on CUDA tensors: its (compressed, small) streams go through host
+    # memory; NCCL exchanges them on the device
+    xdev = torch.device("cpu") if device.type == "cuda" and _backend(pg) == "gloo" else device
+    send_lens = torch.tensor([s.numel() for s in streams], dtype=torch.int64, device=xdev)
     recv_lens = torch.empty_like(send_lens)
     dist.all_to_all_single(recv_lens, send_lens, group=pg)
     rl = [int(v) for v in recv_lens.tolist()]
-    send = torch.cat([s.to(device) for s in streams])
-    recv = torch.empty(sum(rl), dtype=torch.uint8, device=device)
+    send = torch.cat([s.to(xdev) for s in streams])
+    recv = torch.empty(sum(rl), dtype=torch.uint8, device=xdev)
     dist.all_to_all_single(recv, send, rl, [s.numel() for s in streams], group=pg)
     state._bw = _ema(state._bw, (p - 1) / p * sent / max(time.perf_counter() - tx0, 1e-9))
     td0 = time.perf_counter()
-    recv = recv if gpu else recv.cpu()
+    recv = recv.to(device) if gpu else recv.cpu()
     assert own is not None
     acc = torch.zeros(n, dtype=torch.float64, device=own.device)
     off = 0

@@ -35,8 +35,8 @@
 //! and staged through host memory ([`gpu`]; `ZCOMM_DEVICE=pass` hands them to a CUDA-aware MPI
 //! instead); every rank agrees on the placement first, and a host/device mix across ranks
 //! passes through. Point-to-point device buffers are staged through a host copy (the host
-//! path then compresses it; see [`gpu::Shadow`]); an uncompressed `MPI_Isend` and
-//! `MPI_Iallreduce` pass device buffers through.
+//! path then compresses it; see [`gpu::Shadow`]); `MPI_Iallreduce` passes device buffers
+//! through.
 //!
 //! # Point-to-point: the marker
 //!

@@ -117,7 +117,7 @@ fn eligible(
 fn note_device(st: &mut State, reason: &str) {
     if reason == "device buffer" {
         st.report.note(
-            "CUDA device buffers of point-to-point calls were passed to PMPI unchanged (ZCOMM_DEVICE=pass or ZCOMM_P2P=off, no usable GPU codec, or an uncompressed MPI_Isend: the MPI library must be CUDA-aware there)",
+            "CUDA device buffers of point-to-point calls were passed to PMPI unchanged (ZCOMM_DEVICE=pass or ZCOMM_P2P=off, or no usable GPU: the MPI library must be CUDA-aware there)",
         );
     }
 }
@@ -811,6 +811,14 @@ static MARKER: u8 = 0x5a;
 pub struct Pending {
     recvs: Vec<PRecv>,
     sends: Vec<PSend>,
+    staged: Vec<PStaged>,
+}
+
+/// An uncompressed `MPI_Isend` of a device buffer, posted with PMPI from a host copy that must
+/// live until the request completes.
+struct PStaged {
+    req: usize,
+    _copy: crate::gpu::Shadow,
 }
 
 /// A receive of an eligible datatype posted with `MPI_Irecv` (it may match a marker).
@@ -843,11 +851,13 @@ unsafe impl Send for Pending {}
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        self.recvs.is_empty() && self.sends.is_empty()
+        self.recvs.is_empty() && self.sends.is_empty() && self.staged.is_empty()
     }
     fn tracked(&self, r: MPI_Request) -> bool {
         let r = ffi::key(r);
-        self.recvs.iter().any(|p| p.req == r) || self.sends.iter().any(|p| p.req == r)
+        self.recvs.iter().any(|p| p.req == r)
+            || self.sends.iter().any(|p| p.req == r)
+            || self.staged.iter().any(|p| p.req == r)
     }
 }
 
@@ -1332,11 +1342,25 @@ pub unsafe extern "C" fn MPI_Isend(
         let probe = if staged { std::ptr::null() } else { buf };
         match p2p_send_eligible(st, probe, count, dt, dest, tag, comm) {
             Err(r) => {
-                // (an uncompressed device send passes the device buffer to PMPI)
-                note_device(st, if staged { "device buffer" } else { r });
                 st.report.op("MPI_Isend").pass(r);
-                drop(g);
-                PMPI_Isend(buf, count, dt, dest, tag, comm, request)
+                note_device(st, r);
+                // an uncompressed device send goes out from a host copy kept until completion
+                match stage_send(st, "MPI_Isend", buf, dt, count) {
+                    Some(copy) => {
+                        let rc = PMPI_Isend(copy.as_ptr(), count, dt, dest, tag, comm, request);
+                        if rc == 0 {
+                            st.pending.staged.push(PStaged {
+                                req: ffi::key(*request),
+                                _copy: copy,
+                            });
+                        }
+                        rc
+                    }
+                    None => {
+                        drop(g);
+                        PMPI_Isend(buf, count, dt, dest, tag, comm, request)
+                    }
+                }
             }
             Ok(elem) => {
                 let shadow = stage_send(st, "MPI_Isend", buf, dt, count);
@@ -1403,6 +1427,13 @@ pub unsafe extern "C" fn MPI_Irecv(
 /// about to complete (compressed send). `status` receives the final status.
 unsafe fn complete_tracked(st: &mut State, req: MPI_Request, status: &mut MPI_Status) -> c_int {
     let key = ffi::key(req);
+    if let Some(i) = st.pending.staged.iter().position(|p| p.req == key) {
+        let mut r = req;
+        let rc = PMPI_Wait(&mut r, status);
+        // the host copy is freed only now that MPI is done with it
+        st.pending.staged.remove(i);
+        return rc;
+    }
     if let Some(i) = st.pending.sends.iter().position(|p| p.req == key) {
         let p = st.pending.sends.remove(i);
         finish_send(st, "MPI_Isend", p.comm, p.zreq, p.dest, p.tag, req);
