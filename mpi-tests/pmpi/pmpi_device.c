@@ -141,7 +141,8 @@ static int recv(void *r, int n, MPI_Datatype t, size_t es, int src) {
     } else {
         void *h = malloc(n * es);
         MPI_Recv(h, n, t, src, 8, MPI_COMM_WORLD, &st);
-        h2d(r, h, n * es);
+        MPI_Get_count(&st, t, &got);
+        h2d(r, h, got * es); /* what arrived: the rest of the receive buffer stays as it was */
         free(h);
     }
     MPI_Get_count(&st, t, &got);

@@ -92,6 +92,18 @@ def test_gpu_corrupt_stream_is_an_error() -> None:
 
 
 @needs_gpu
+def test_gpu_decode_of_an_unaligned_slice() -> None:
+    """A stream that starts at an odd offset of a larger device buffer (one stream of a
+    concatenated exchange) decodes like the stream itself."""
+    x = _field(10_001, torch.float32, seed=5).nan_to_num(0.0, 0.0, 0.0)
+    s = zcomm.compress(x, "noa:1e-3")
+    buf = torch.zeros(s.numel() + 3, dtype=torch.uint8, device="cuda")
+    buf[3:] = s.cuda()
+    assert _same_bits(zcomm.decompress(buf[3:]), zcomm.decompress(s))
+    assert zcomm.inspect(buf[3:]) == zcomm.inspect(s)
+
+
+@needs_gpu
 def test_ddp_hook_gpu_path_matches_cpu_path() -> None:
     """One-rank groups (NCCL for the CUDA bucket, gloo for the host copy): the hook compresses,
     exchanges, decodes and averages on each device; the averages are bit-identical."""
@@ -193,6 +205,7 @@ def _main() -> int:
         lambda: test_gpu_decode_into_and_add(torch.float32),
         lambda: test_gpu_decode_into_and_add(torch.bfloat16),
         test_gpu_corrupt_stream_is_an_error,
+        test_gpu_decode_of_an_unaligned_slice,
         test_ddp_hook_gpu_path_matches_cpu_path,
         test_fsdp_helpers_gpu_path_matches_cpu_path,
     ]

@@ -182,7 +182,10 @@ def _stream_device(stream: Any) -> Any:
         raise TypeError(f"a zcomm stream is a torch.uint8 tensor, got dtype {stream.dtype}")
     if not stream.is_contiguous():
         raise ValueError("the stream tensor must be contiguous")
-    return stream.reshape(-1)
+    s = stream.reshape(-1)
+    # the GPU decoder reads streams in 4-byte words: a slice at an unaligned offset (e.g. one
+    # stream of a concatenated exchange buffer) is copied to its own allocation
+    return s if s.data_ptr() % 16 == 0 else s.clone()
 
 
 def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:

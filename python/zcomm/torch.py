@@ -739,6 +739,7 @@ def compressed_reduce_scatter_tensor(
         if r == rank:
             acc.add_(own.double())
         elif gpu:
+            # (zcomm.decompress copies a stream at an unaligned offset of `recv` first)
             acc.add_(_zc.decompress(recv[off : off + rl[r]]).double())
         else:
             seg = recv[off : off + rl[r]]
