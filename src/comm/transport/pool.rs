@@ -17,32 +17,71 @@ pub const MAX_KEPT: usize = 4;
 /// Bytes kept at most (a larger buffer is freed).
 pub const MAX_KEPT_BYTES: usize = 1 << 31;
 
-static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// A free list of buffers (one per process: [`take`], [`give`] use it).
+struct Pool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
 
-fn free_list() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
-    // a panic while holding the lock leaves a valid list of buffers
-    FREE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+static POOL: Pool = Pool::new();
+
+impl Pool {
+    const fn new() -> Self {
+        Pool {
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn free_list(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        // a panic while holding the lock leaves a valid list of buffers
+        self.free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn take(&self, len: usize) -> Vec<u8> {
+        if len >= MIN_POOLED {
+            let mut free = self.free_list();
+            // the smallest kept buffer that fits
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.capacity() >= len)
+                .min_by_key(|(_, v)| v.capacity())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                let mut v = free.swap_remove(i);
+                v.clear();
+                return v;
+            }
+        }
+        Vec::with_capacity(len)
+    }
+
+    fn give(&self, v: Vec<u8>) {
+        let cap = v.capacity();
+        if !(MIN_POOLED..=MAX_KEPT_BYTES).contains(&cap) {
+            return;
+        }
+        let mut free = self.free_list();
+        free.push(v);
+        // keep the largest buffers within both limits
+        free.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
+        let mut total = 0usize;
+        let mut keep = 0usize;
+        for b in free.iter() {
+            if keep == MAX_KEPT || total + b.capacity() > MAX_KEPT_BYTES {
+                break;
+            }
+            total += b.capacity();
+            keep += 1;
+        }
+        free.truncate(keep);
+    }
 }
 
 /// An empty vector with room for `len` bytes (a recycled one when the pool has one).
 pub fn take(len: usize) -> Vec<u8> {
-    if len >= MIN_POOLED {
-        let mut free = free_list();
-        // the smallest kept buffer that fits
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= len)
-            .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            let mut v = free.swap_remove(i);
-            v.clear();
-            return v;
-        }
-    }
-    Vec::with_capacity(len)
+    POOL.take(len)
 }
 
 /// An owned copy of `bytes` in a (possibly recycled) buffer.
@@ -61,24 +100,7 @@ pub fn zeroed(len: usize) -> Vec<u8> {
 
 /// Return a buffer that is no longer needed.
 pub fn give(v: Vec<u8>) {
-    let cap = v.capacity();
-    if !(MIN_POOLED..=MAX_KEPT_BYTES).contains(&cap) {
-        return;
-    }
-    let mut free = free_list();
-    free.push(v);
-    // keep the largest buffers within both limits
-    free.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
-    let mut total = 0usize;
-    let mut keep = 0usize;
-    for b in free.iter() {
-        if keep == MAX_KEPT || total + b.capacity() > MAX_KEPT_BYTES {
-            break;
-        }
-        total += b.capacity();
-        keep += 1;
-    }
-    free.truncate(keep);
+    POOL.give(v)
 }
 
 #[cfg(test)]
@@ -87,21 +109,32 @@ mod tests {
 
     #[test]
     fn recycles_large_buffers_only() {
-        let v = copy_of(&vec![7u8; MIN_POOLED + 5]);
-        assert_eq!(v.len(), MIN_POOLED + 5);
+        // a pool of its own (the process's pool is shared with tests running in parallel)
+        let pool = Pool::new();
+        let v = vec![7u8; MIN_POOLED + 5];
         let p = v.as_ptr();
-        give(v);
-        // the same allocation comes back for a message that fits, empty
-        let w = take(MIN_POOLED);
+        pool.give(v);
+        // the same allocation comes back, empty, for a message that fits
+        let w = pool.take(MIN_POOLED);
         assert!(w.is_empty() && w.capacity() >= MIN_POOLED + 5);
         assert_eq!(w.as_ptr(), p);
-        give(w);
-        let z = zeroed(MIN_POOLED);
-        assert!(z.iter().all(|&b| b == 0));
-        give(z);
-        // small buffers are left to malloc
-        give(vec![1u8; 16]);
-        assert!(free_list().iter().all(|b| b.capacity() >= MIN_POOLED));
-        assert!(free_list().len() <= MAX_KEPT);
+        // nothing fits: a new buffer
+        pool.give(w);
+        assert!(pool.take(4 * MIN_POOLED).capacity() >= 4 * MIN_POOLED);
+        // small buffers are left to malloc; at most MAX_KEPT are kept, the largest
+        pool.give(vec![1u8; 16]);
+        for k in 1..=MAX_KEPT + 2 {
+            pool.give(Vec::with_capacity(k * MIN_POOLED));
+        }
+        let caps: Vec<usize> = pool.free_list().iter().map(|b| b.capacity()).collect();
+        assert_eq!(caps.len(), MAX_KEPT);
+        assert!(caps.iter().all(|&c| c >= 3 * MIN_POOLED), "{caps:?}");
+    }
+
+    #[test]
+    fn copies_and_zeroes() {
+        let src: Vec<u8> = (0..MIN_POOLED + 3).map(|i| i as u8).collect();
+        assert_eq!(copy_of(&src), src);
+        assert!(zeroed(MIN_POOLED + 1).iter().all(|&b| b == 0));
     }
 }
