@@ -17,7 +17,7 @@ pub mod pfpl;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, ChunkEntry, Dims, Header, FLAG_STORED};
+use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Dims, Header, FLAG_STORED};
 use crate::quant::{first_nonzero, ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
@@ -38,6 +38,11 @@ pub enum CodecKind {
     /// cuSZ-i: multi-level spline interpolation over the array's shape (`compress_nd`), Huffman
     /// coding. CPU only for now.
     Cuszi,
+    /// GPZ: particle coordinates (`N` particles × `d = 1..=4` coordinates, AoS, the shape
+    /// `[N, d]` of `compress_nd`; 1-D data is `N × 1`): per-block spatial sort and run/bit-plane
+    /// coding ([`gpz`]). The stream wraps a GPZ stream (FORMAT.md, "gpz streams"). No `rel`
+    /// bounds, fill values or given ranges. CPU only for now.
+    Gpz,
 }
 
 impl CodecKind {
@@ -48,6 +53,7 @@ impl CodecKind {
         CodecKind::CuszpOutlier,
         CodecKind::Pfpl,
         CodecKind::Cuszi,
+        CodecKind::Gpz,
     ];
 
     /// The codecs with GPU kernels (and so the ones the communication layer's `Policy::Auto`
@@ -68,7 +74,14 @@ impl CodecKind {
     /// Whether the codec uses the array's shape (`compress_nd`, [`CompressOptions::with_dims`]);
     /// the others compress every array as 1-D and ignore it.
     pub fn uses_dims(self) -> bool {
-        self == CodecKind::Cuszi
+        matches!(self, CodecKind::Cuszi | CodecKind::Gpz)
+    }
+
+    /// Whether the codec accepts bounds of `bound`'s mode: every codec but `gpz` (which refuses
+    /// `rel` bounds) accepts all three. The communication layer sends a message raw rather than
+    /// ask a codec for a bound it refuses.
+    pub fn supports_bound(self, bound: ErrorBound) -> bool {
+        !(self == CodecKind::Gpz && matches!(bound, ErrorBound::Rel(_)))
     }
 
     /// The name used on the command line and in reports.
@@ -79,6 +92,7 @@ impl CodecKind {
             CodecKind::CuszpOutlier => "cuszp-outlier",
             CodecKind::Pfpl => "pfpl",
             CodecKind::Cuszi => "cuszi",
+            CodecKind::Gpz => "gpz",
         }
     }
     /// The header tag.
@@ -89,14 +103,16 @@ impl CodecKind {
             CodecKind::CuszpOutlier => 3,
             CodecKind::Pfpl => 4,
             CodecKind::Cuszi => crate::format::CODEC_CUSZI,
+            CodecKind::Gpz => crate::format::CODEC_GPZ,
         }
     }
-    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp/cuszi; see
-    /// [`pfpl::chunk_log2`]).
+    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp/cuszi, 5 for
+    /// gpz: particles per block; see [`pfpl::chunk_log2`]).
     pub fn chunk_log2(self, dtype: crate::format::Dtype) -> u16 {
         match self {
             CodecKind::Pfpl => pfpl::chunk_log2(dtype),
             CodecKind::Cuszi => cuszi::CHUNK_LOG2 as u16,
+            CodecKind::Gpz => crate::format::GPZ_CHUNK_LOG2,
             _ => blocked::CHUNK_LOG2 as u16,
         }
     }
@@ -215,6 +231,9 @@ pub fn compress_with_range<T: Element>(
     codec: CodecKind,
     range: (f64, f64),
 ) -> Result<Vec<u8>> {
+    if codec == CodecKind::Gpz {
+        return Err(gpz_no_range());
+    }
     let params = QuantParams::derive_with_range::<T>(bound, range, || first_nonzero(data))?;
     compress_with_params(data, &params, codec, None)
 }
@@ -232,6 +251,10 @@ pub struct CompressOptions {
     pub range: Option<(f64, f64)>,
     /// The array's shape (see [`compress_nd`]); `None`: 1-D.
     pub dims: Option<Dims>,
+    /// The particle order of `gpz` streams (default [`gpz::Order::Preserve`]: decoding restores
+    /// the input order); ignored by the other codecs. With [`gpz::Order::Reorder`] the stream
+    /// decodes in stored order, and only [`compress_particles_nd`] returns the permutation.
+    pub particle_order: gpz::Order,
 }
 
 impl CompressOptions {
@@ -248,6 +271,11 @@ impl CompressOptions {
     /// Set the array's shape (see [`compress_nd`]).
     pub fn with_dims(mut self, dims: Dims) -> Self {
         self.dims = Some(dims);
+        self
+    }
+    /// Set the particle order of `gpz` streams (see [`CompressOptions::particle_order`]).
+    pub fn with_particle_order(mut self, order: gpz::Order) -> Self {
+        self.particle_order = order;
         self
     }
 }
@@ -294,8 +322,142 @@ pub fn compress_with_options<T: Element>(
             )));
         }
     }
+    if codec == CodecKind::Gpz {
+        return Ok(compress_particles_with_options(data, bound, options)?.0);
+    }
     let params = QuantParams::derive_with_fill(data, bound, options.fill_value, options.range)?;
     compress_with_params(data, &params, codec, options.dims)
+}
+
+/// The error for a `noa` range given to `gpz` (it measures each axis's range itself).
+fn gpz_no_range() -> Error {
+    Error::invalid(
+        "gpz does not take a given value range (it measures the range of each coordinate axis)",
+    )
+}
+
+/// Compress particle coordinates with `gpz` into a zcomm stream (the generic API's form, which
+/// [`decompress`] and [`inspect`] read), returning the permutation of a
+/// [`gpz::Order::Reorder`] stream as [`gpz::compress_particles`] does.
+///
+/// `dims` is `[N, d]` (`N` particles of `d = 1..=4` coordinates each, stored particle by
+/// particle) or `[N]` (one coordinate); other shapes whose last extent is 1 to 4 are read as
+/// `count / d` particles. `perm[i]` is the original index of decoded particle `i`; when the
+/// stream falls back to stored values (compression did not pay) the particles keep the input
+/// order and `perm` is the identity.
+///
+/// Errors ([`Error::InvalidArgument`]): an invalid or `rel` bound, a shape whose product is not
+/// `data.len()` or whose last extent is outside 1..=4.
+///
+/// ```
+/// use zcomm::codec::{compress_particles_nd, gpz::Order};
+/// use zcomm::{decompress, inspect, ErrorBound};
+/// let pos: Vec<f32> = (0..3000).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
+/// let b = ErrorBound::Abs(1e-3);
+/// let (s, perm) = compress_particles_nd(&pos, &[1000, 3], b, Order::Reorder)?;
+/// let perm = perm.unwrap();
+/// let back: Vec<f32> = decompress(&s)?;
+/// assert_eq!(inspect(&s)?.dims.unwrap().as_slice(), &[1000, 3]);
+/// for (i, &p) in perm.iter().enumerate() {
+///     for c in 0..3 {
+///         assert!((pos[3 * p as usize + c] - back[3 * i + c]).abs() <= 1e-3);
+///     }
+/// }
+/// # Ok::<(), zcomm::Error>(())
+/// ```
+pub fn compress_particles_nd<T: Element>(
+    data: &[T],
+    dims: &[usize],
+    bound: ErrorBound,
+    order: gpz::Order,
+) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
+    let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+    let opts = CompressOptions::default()
+        .with_dims(Dims::new(&d)?)
+        .with_particle_order(order);
+    compress_particles_with_options(data, bound, &opts)
+}
+
+/// [`compress_particles_nd`] with [`CompressOptions`] (the shape `options.dims`, default `[N]`,
+/// and `options.particle_order`): the `gpz` body of [`compress_with_options`]. Writes a
+/// version 3 header around a complete GPZ stream, or a stored stream when that is not smaller
+/// than the values (then `perm` is the identity).
+///
+/// Errors ([`Error::InvalidArgument`]): a fill value or a given range (gpz measures each axis's
+/// range itself), and the errors of [`compress_particles_nd`].
+pub fn compress_particles_with_options<T: Element>(
+    data: &[T],
+    bound: ErrorBound,
+    options: &CompressOptions,
+) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
+    if options.fill_value.is_some() {
+        return Err(Error::invalid(
+            "gpz does not take a fill value (non-finite coordinates are kept exactly)",
+        ));
+    }
+    if options.range.is_some() {
+        return Err(gpz_no_range());
+    }
+    if matches!(bound, ErrorBound::Rel(_)) {
+        return Err(Error::invalid(
+            "gpz does not support rel bounds (use abs or noa)",
+        ));
+    }
+    let dims = options.dims.unwrap_or(Dims::linear(data.len() as u64));
+    if dims.count() != data.len() as u64 {
+        return Err(Error::invalid(format!(
+            "shape {dims} holds {} values, the data has {}",
+            dims.count(),
+            data.len()
+        )));
+    }
+    let d = crate::format::gpz_coords(&dims)?;
+    // the outer header records the bound over all coordinates (for noa: of the range of all
+    // axes together), which each axis's own bound in the GPZ header does not exceed
+    let params = QuantParams::derive(data, bound)?;
+    let (inner, perm) = gpz::compress_particles(data, d, bound, options.particle_order)?;
+    let raw_len = data.len() * T::SIZE;
+    let stored_inner = gpz::inspect_particles(&inner)?.stored;
+    let header = Header {
+        codec: CodecKind::Gpz.tag(),
+        dtype: T::DTYPE,
+        mode: params.mode,
+        flags: 0,
+        chunk_log2: crate::format::GPZ_CHUNK_LOG2,
+        count: data.len() as u64,
+        bound_value: params.bound_value,
+        abs_bound: params.abs_bound,
+        step: params.step,
+        range_min: params.range.0,
+        range_max: params.range.1,
+        payload_len: 0,
+        n_chunks: 0,
+        payload_checksum: 0,
+        data_checksum: 0,
+        fill_value: None,
+        dims: Some(dims),
+        meta_len: 0,
+    };
+    if stored_inner || inner.len() >= raw_len {
+        // stored values keep the input order: the permutation is the identity
+        let perm = perm.map(|p| (0..p.len() as u64).collect());
+        let h = Header {
+            flags: FLAG_STORED,
+            payload_len: raw_len as u64,
+            ..header
+        };
+        return Ok((stored_stream(data, h), perm));
+    }
+    let meta = gpz::layout::header_len(d);
+    let h = Header {
+        payload_len: inner.len() as u64,
+        payload_checksum: zhash_bytes(&inner[..meta]),
+        meta_len: meta as u32,
+        ..header
+    };
+    let mut out = h.to_vec();
+    out.extend_from_slice(&inner);
+    Ok((out, perm))
 }
 
 /// The body of [`compress`] and [`compress_with_range`]: encode `data` (of shape `dims`, for
@@ -313,6 +475,23 @@ fn compress_with_params<T: Element>(
         .then(|| dims.unwrap_or(Dims::linear(data.len() as u64)));
     // (pfpl also returns its data checksum, cuszi its metadata length; the others have none)
     let (body, data_checksum, meta_len) = match codec {
+        CodecKind::Gpz => {
+            // (gpz measures its own ranges: a stream from params alone is one without a fill
+            // value or given range, i.e. compress's)
+            if params.fill.is_some() {
+                return Err(Error::invalid("gpz does not take a fill value"));
+            }
+            let bound = match params.mode {
+                BoundMode::Abs => ErrorBound::Abs(params.bound_value),
+                BoundMode::Noa => ErrorBound::Noa(params.bound_value),
+                BoundMode::Rel => ErrorBound::Rel(params.bound_value),
+            };
+            let opts = CompressOptions {
+                dims,
+                ..CompressOptions::default()
+            };
+            return Ok(compress_particles_with_options(data, bound, &opts)?.0);
+        }
         CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
             (blocked::encode(data, params, codec), 0, 0)
         }
@@ -473,7 +652,54 @@ fn physical_memory() -> Option<u64> {
 pub fn inspect(stream: &[u8]) -> Result<Header> {
     let h = Header::parse(stream)?;
     check_codec_fields(&h)?;
+    if h.codec == CodecKind::Gpz.tag() && !h.is_stored() {
+        gpz_payload_header(stream, &h)?;
+    }
     Ok(h)
+}
+
+/// The GPZ header of a compressed `gpz` stream whose zcomm header `h` was parsed (FORMAT.md,
+/// "gpz streams"), checked against `h`: a valid, compressed (not stored) GPZ stream that fills
+/// the payload, of the same dtype, bound mode and bound value, `N * d == count` with `d` the
+/// shape's, and no axis with a bound above `h`'s or (noa) a range outside `h`'s.
+pub fn gpz_payload_header(stream: &[u8], h: &Header) -> Result<gpz::GpzHeader> {
+    let payload = &stream[h.header_len()..];
+    let g = gpz::inspect_particles(payload)?;
+    let d = crate::format::gpz_coords(&h.shape()).map_err(|e| Error::corrupt(e.to_string()))?;
+    let bad = |what: &str| Err(Error::corrupt(format!("gpz payload {what} its header")));
+    if g.stored {
+        return bad("is a stored GPZ stream inside");
+    }
+    if g.dtype != h.dtype || g.mode != h.mode || g.bound_value.to_bits() != h.bound_value.to_bits()
+    {
+        return bad("has another dtype, bound mode or bound value than");
+    }
+    if g.d != d || g.n.checked_mul(d as u64) != Some(h.count) {
+        return bad("holds another particle count or coordinate count than the shape of");
+    }
+    for a in &g.axes {
+        let range_ok =
+            h.mode != BoundMode::Noa || (a.range.0 >= h.range_min && a.range.1 <= h.range_max);
+        if !(a.abs_bound <= h.abs_bound) || !range_ok {
+            return bad("has an axis bound or range outside that of");
+        }
+    }
+    Ok(g)
+}
+
+/// Decode a checked compressed `gpz` stream into `out` (its `count` values).
+fn gpz_decode<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Result<()> {
+    gpz_payload_header(stream, h)?;
+    // (the count was checked against the caller's limits and equals N * d)
+    let (vals, _) = gpz::decompress_particles_with_limits::<T>(
+        &stream[h.header_len()..],
+        DecodeLimits::unlimited(),
+    )?;
+    if vals.len() != out.len() {
+        return Err(Error::corrupt("gpz payload decodes to another value count"));
+    }
+    out.copy_from_slice(&vals);
+    Ok(())
 }
 
 /// The codec-specific header checks of [`inspect`] (shared with the GPU decoder, which parses the
@@ -530,7 +756,8 @@ const BATCH_VALUES: usize = 1 << 24;
 /// Decode a stream batch by batch, handing each batch of consecutive values to `sink` in order:
 /// at most `min(count, 2^24)` values are held at once, so a large stream is decoded without a
 /// second full-size copy (the caller writes each batch to a file, a socket, a buffer...).
-/// (Compressed `cuszi` streams are decoded whole first: their tiles span the array.)
+/// (Compressed `cuszi` and `gpz` streams are decoded whole first: cuszi tiles span the array,
+/// and gpz streams have no chunk table.)
 ///
 /// Everything [`decompress_with_limits`] checks is checked first (header, `limits`, the chunk
 /// table; pfpl: its data checksum over all chunks); each aatrox/cuszp chunk's checksum is
@@ -549,8 +776,13 @@ where
     limits.check(&h)?;
     let count = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
-    if h.codec == CodecKind::Cuszi.tag() && !h.is_stored() {
-        // tiles do not map to consecutive values: decode all, hand over batch by batch
+    if matches!(
+        CodecKind::from_tag(h.codec)?,
+        CodecKind::Cuszi | CodecKind::Gpz
+    ) && !h.is_stored()
+    {
+        // cuszi tiles do not map to consecutive values, and a gpz preserve block's particles
+        // come back through its permutation: decode all, hand over batch by batch
         let mut all = try_vec::<T>(count)?;
         decode_checked(stream, &h, &mut all)?;
         for c in all.chunks(BATCH_VALUES) {
@@ -659,6 +891,7 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
         }
         CodecKind::Pfpl => pfpl::decode(stream, h, &params, out),
         CodecKind::Cuszi => cuszi::decode(stream, h, &params, out),
+        CodecKind::Gpz => gpz_decode(stream, h, out),
     }
 }
 
@@ -691,6 +924,7 @@ fn decode_entries<T: Element>(
         CodecKind::Pfpl => pfpl::decode_entries(stream, entries, first, params, out),
         // (decompress_chunked decodes cuszi streams whole)
         CodecKind::Cuszi => Err(Error::corrupt("cuszi chunks are not decoded one by one")),
+        CodecKind::Gpz => Err(Error::corrupt("gpz streams have no chunk table")),
     }
 }
 
