@@ -933,6 +933,11 @@ mod tests {
     use super::*;
     use crate::quant::{finite_range, pred};
 
+    /// The codecs that take a given `noa` range (gpz measures each axis's own and refuses one).
+    fn given_range_codecs() -> impl Iterator<Item = &'static CodecKind> {
+        CodecKind::ALL.iter().filter(|&&c| c != CodecKind::Gpz)
+    }
+
     /// Test inputs of `n` values: smooth, with non-finite values, non-negative with `-0.0`,
     /// constant, all zeros, without finite values.
     fn inputs<T: Element>(n: usize) -> Vec<(&'static str, Vec<T>)> {
@@ -963,7 +968,7 @@ mod tests {
             for (name, data) in inputs::<T>(n) {
                 let own = finite_range(&data).unwrap_or((0.0, 0.0));
                 for b in [ErrorBound::Noa(1e-2), ErrorBound::Noa(1e-5)] {
-                    for &c in CodecKind::ALL {
+                    for &c in given_range_codecs() {
                         let want = compress(&data, b, c).unwrap();
                         let got = compress_with_range(&data, b, c, own).unwrap();
                         assert!(got == want, "{name} {} n={n} {c} {b}", T::DTYPE);
@@ -1020,7 +1025,7 @@ mod tests {
             })
             .collect();
         let own = finite_range(&data).unwrap();
-        for &c in CodecKind::ALL {
+        for &c in given_range_codecs() {
             // wider: a looser absolute bound than the data's own range gives
             check_given(&data, 1e-3, c, (-5.0, 7.0));
             let wide = compress_with_range(&data, ErrorBound::Noa(1e-3), c, (-5.0, 7.0)).unwrap();
@@ -1065,5 +1070,215 @@ mod tests {
         }
         let e = compress_with_range(&data, ErrorBound::Abs(1e-3), c, (0.0, 99.0)).unwrap_err();
         assert!(e.to_string().contains("noa"), "{e}");
+    }
+
+    /// Particles of `d` coordinates: clustered positions, some NaN and infinite coordinates.
+    fn particles(n: usize, d: usize) -> Vec<f32> {
+        (0..n * d)
+            .map(|i| match i % 997 {
+                5 => f32::NAN,
+                9 => f32::INFINITY,
+                _ => ((i / d * 7919) % 1000) as f32 * 0.01 + (i % d) as f32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gpz_is_a_dims_aware_cpu_codec() {
+        let g = CodecKind::Gpz;
+        assert_eq!((g.name(), g.tag()), ("gpz", crate::format::CODEC_GPZ));
+        assert_eq!("gpz".parse::<CodecKind>().unwrap(), g);
+        assert_eq!(CodecKind::from_tag(6).unwrap(), g);
+        assert!(g.uses_dims() && !g.has_gpu() && !CodecKind::WITH_GPU.contains(&g));
+        assert!(!g.supports_bound(ErrorBound::Rel(1e-3)));
+        assert!(g.supports_bound(ErrorBound::Noa(1e-3)) && g.supports_bound(ErrorBound::Abs(1.0)));
+    }
+
+    #[test]
+    fn gpz_stream_round_trips_through_the_generic_api() {
+        for d in 1..=4usize {
+            let n = 3001;
+            let data = particles(n, d);
+            for b in [ErrorBound::Abs(1e-3), ErrorBound::Noa(1e-4)] {
+                let s = compress_nd(&data, &[n, d], b, CodecKind::Gpz).unwrap();
+                let h = inspect(&s).unwrap();
+                assert!(!h.is_stored(), "d={d} {b}");
+                assert_eq!((h.codec, h.count, h.n_chunks), (6, (n * d) as u64, 0));
+                assert_eq!(h.dims.unwrap().as_slice(), &[n as u64, d as u64]);
+                assert_eq!(h.meta_len as usize, gpz::layout::header_len(d));
+                let g = gpz_payload_header(&s, &h).unwrap();
+                assert_eq!((g.n, g.d, g.order), (n as u64, d, gpz::Order::Preserve));
+                let back: Vec<f32> = decompress(&s).unwrap();
+                for (x, y) in data.iter().zip(&back) {
+                    if x.is_finite() {
+                        assert!(((x - y).abs() as f64) <= h.abs_bound, "d={d} {b}");
+                    } else {
+                        assert_eq!(x.to_bits(), y.to_bits());
+                    }
+                }
+                // the same values as the particle API's, through every decoder
+                let (want, _) = gpz::decompress_particles::<f32>(&s[h.header_len()..]).unwrap();
+                // (bitwise: NaN coordinates)
+                let same = |a: &[f32]| {
+                    a.iter()
+                        .map(|x| x.to_bits())
+                        .eq(want.iter().map(|x| x.to_bits()))
+                };
+                assert!(same(&back));
+                let mut into = vec![0f32; n * d];
+                decompress_into(&s, &mut into).unwrap();
+                assert!(same(&into));
+                let mut chunked = Vec::new();
+                decompress_chunked::<f32, _>(&s, DecodeLimits::default(), |v| {
+                    chunked.extend_from_slice(v);
+                    Ok(())
+                })
+                .unwrap();
+                assert!(same(&chunked));
+            }
+        }
+        // 1-D data: N particles of one coordinate, shape [N]
+        let data = particles(5000, 1);
+        let s = compress(&data, ErrorBound::Abs(1e-2), CodecKind::Gpz).unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!(h.dims.unwrap().as_slice(), &[5000]);
+        assert_eq!(gpz_payload_header(&s, &h).unwrap().d, 1);
+    }
+
+    #[test]
+    fn gpz_reorder_returns_the_permutation_and_stored_streams_the_identity() {
+        let (n, d) = (2000usize, 3);
+        let data = particles(n, d);
+        let b = ErrorBound::Abs(1e-3);
+        let (s, perm) = compress_particles_nd(&data, &[n, d], b, gpz::Order::Reorder).unwrap();
+        let perm = perm.unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!(
+            gpz_payload_header(&s, &h).unwrap().order,
+            gpz::Order::Reorder
+        );
+        let back: Vec<f32> = decompress(&s).unwrap();
+        assert!(perm.iter().enumerate().any(|(i, &p)| p != i as u64));
+        for (i, &p) in perm.iter().enumerate() {
+            for c in 0..d {
+                let (x, y) = (data[3 * p as usize + c], back[3 * i + c]);
+                assert!(x.to_bits() == y.to_bits() || ((x - y).abs() as f64) <= 1e-3);
+            }
+        }
+        // noise does not compress: a stored stream in input order
+        let noise: Vec<f32> = (0..3000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761) >> 2))
+            .collect();
+        let (s, perm) = compress_particles_nd(
+            &noise,
+            &[1000, 3],
+            ErrorBound::Abs(1e-30),
+            gpz::Order::Reorder,
+        )
+        .unwrap();
+        assert!(inspect(&s).unwrap().is_stored());
+        assert_eq!(perm.unwrap(), (0..1000).collect::<Vec<u64>>());
+        assert_eq!(decompress::<f32>(&s).unwrap(), noise);
+        // the generic API writes preserve streams, the same bytes as compress_nd
+        let (s, perm) = compress_particles_nd(&data, &[n, d], b, gpz::Order::Preserve).unwrap();
+        assert!(perm.is_none());
+        assert_eq!(s, compress_nd(&data, &[n, d], b, CodecKind::Gpz).unwrap());
+    }
+
+    #[test]
+    fn gpz_refuses_what_it_cannot_do() {
+        let data = particles(100, 3);
+        let bad = |r: Result<Vec<u8>>, what: &str| {
+            let e = r.unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{what}: {e}");
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        };
+        let g = CodecKind::Gpz;
+        bad(compress(&data, ErrorBound::Rel(1e-3), g), "rel");
+        bad(
+            compress_nd(&data, &[30, 10], ErrorBound::Abs(1.0), g),
+            "1 to 4 coordinates",
+        );
+        bad(
+            compress_nd(&data, &[3, 10, 10], ErrorBound::Abs(1.0), g),
+            "last",
+        );
+        bad(
+            compress_nd(&data, &[100, 2], ErrorBound::Abs(1.0), g),
+            "holds",
+        );
+        bad(
+            compress_with_range(&data, ErrorBound::Noa(1e-3), g, (0.0, 1.0)),
+            "range",
+        );
+        let o = CompressOptions::default().with_fill_value(-1.0);
+        bad(
+            compress_with_options(&data, ErrorBound::Abs(1.0), g, &o),
+            "fill value",
+        );
+        // other shapes whose last extent is 1..=4: count / d particles
+        let s = compress_nd(&data, &[10, 10, 3], ErrorBound::Abs(1e-2), g).unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!(gpz_payload_header(&s, &h).unwrap().n, 100);
+    }
+
+    /// Every inconsistency between the zcomm header and the GPZ payload is an error (with all
+    /// checksums recomputed, so that the cross-checks are what rejects it).
+    #[test]
+    fn gpz_header_and_payload_must_agree() {
+        let (n, d) = (500usize, 2);
+        let data: Vec<f64> = particles(n, d).iter().map(|&x| x as f64).collect();
+        let s = compress_nd(&data, &[n, d], ErrorBound::Noa(1e-3), CodecKind::Gpz).unwrap();
+        let h = inspect(&s).unwrap();
+        let hl = h.header_len();
+        // rewrite the outer header (fields set by `f`) and re-checksum it
+        let outer = |f: &dyn Fn(&mut Header)| {
+            let mut h2 = h;
+            f(&mut h2);
+            let mut m = h2.to_vec();
+            m.extend_from_slice(&s[hl..]);
+            m
+        };
+        // rewrite the GPZ header (fields set by `f`) and re-checksum both
+        let inner = |f: &dyn Fn(&mut gpz::GpzHeader)| {
+            let mut g = gpz::inspect_particles(&s[hl..]).unwrap();
+            f(&mut g);
+            let gb = g.to_bytes();
+            let mut p = s[hl..].to_vec();
+            p[..gb.len()].copy_from_slice(&gb);
+            let mut h2 = h;
+            h2.payload_checksum = zhash_bytes(&p[..h.meta_len as usize]);
+            let mut m = h2.to_vec();
+            m.extend_from_slice(&p);
+            m
+        };
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("bound value", outer(&|h| h.bound_value = 2e-3)),
+            ("range", outer(&|h| h.range_max = h.range_min + 1e-3)),
+            ("abs bound", outer(&|h| h.abs_bound = 1e-9)),
+            (
+                "shape",
+                outer(&|h| h.dims = Some(Dims::new(&[250, 4]).unwrap())),
+            ),
+            ("1-D shape", outer(&|h| h.dims = Some(Dims::linear(1000)))),
+            (
+                "bad d",
+                outer(&|h| h.dims = Some(Dims::new(&[100, 10]).unwrap())),
+            ),
+            ("meta_len", outer(&|h| h.meta_len += 8)),
+            ("n_chunks", outer(&|h| h.n_chunks = 16)),
+            ("inner n", inner(&|g| g.n -= 1)),
+            ("inner bound", inner(&|g| g.bound_value = 2e-3)),
+        ];
+        for (what, m) in cases {
+            assert!(
+                inspect(&m).is_err() || decompress::<f64>(&m).is_err(),
+                "{what}"
+            );
+        }
+        for cut in [0, 10, 96, hl, hl + 50, s.len() - 1] {
+            assert!(decompress::<f64>(&s[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(decompress::<f32>(&s).is_err());
     }
 }
