@@ -448,7 +448,7 @@ fn max_threads() -> usize {
 
 /// Run `zcomm bench`.
 pub fn run(a: Args) -> Result<()> {
-    let list = codecs(&a.codec, a)?;
+    let list = codecs(&a.codec, &a)?;
     if let Some(n) = a.threads {
         let max = max_threads();
         if n as usize > max {
