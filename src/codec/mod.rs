@@ -680,7 +680,8 @@ pub fn gpz_payload_header(stream: &[u8], h: &Header) -> Result<gpz::GpzHeader> {
     for a in &g.axes {
         let range_ok =
             h.mode != BoundMode::Noa || (a.range.0 >= h.range_min && a.range.1 <= h.range_max);
-        if !(a.abs_bound <= h.abs_bound) || !range_ok {
+        // (a NaN bound fails too: the GPZ header check refuses one, this keeps it so)
+        if a.abs_bound.is_nan() || a.abs_bound > h.abs_bound || !range_ok {
             return bad("has an axis bound or range outside that of");
         }
     }
