@@ -160,10 +160,13 @@ pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> 
 /// [`compress`] of an array of shape `dims` (slowest dimension first, numpy's C order: 1 to 4
 /// extents, none zero, whose product is `data.len()`).
 ///
-/// Codecs that use the shape ([`CodecKind::uses_dims`]: `cuszi`) record it in the stream
-/// (format version 3) and predict along every dimension; the others ignore it and write the
-/// same bytes as [`compress`]. Errors ([`Error::InvalidArgument`]): an invalid bound or shape,
-/// or a shape whose product is not `data.len()`.
+/// Codecs that use the shape ([`CodecKind::uses_dims`]: `cuszi`, `gpz`) record it in the stream
+/// (format version 3): `cuszi` predicts along every dimension, `gpz` reads `[N, d]` as `N`
+/// particles of `d = 1..=4` coordinates (see [`compress_particles_nd`]). The others ignore it
+/// and write the same bytes as [`compress`].
+///
+/// Errors ([`Error::InvalidArgument`]): an invalid bound or shape, or a shape whose product is
+/// not `data.len()`; for `gpz`, a `rel` bound or a last extent outside 1..=4.
 ///
 /// ```
 /// use zcomm::{compress, compress_nd, decompress, inspect, CodecKind, ErrorBound};

@@ -14,7 +14,8 @@ use crate::out::outln;
 Examples:
   zcomm info -i field.zc
   zcomm info -i field.zc --json
-  zcomm info -i field.zc --json | jq .count")]
+  zcomm info -i field.zc --json | jq .count
+  zcomm info -i pos.zc --json | jq .gpz   (gpz: particles, d, order)")]
 pub struct Args {
     /// Compressed stream.
     #[arg(long, short = 'i')]
