@@ -40,7 +40,7 @@ pub enum CodecKind {
     Cuszi,
     /// GPZ: particle coordinates (`N` particles × `d = 1..=4` coordinates, AoS, the shape
     /// `[N, d]` of `compress_nd`; 1-D data is `N × 1`): per-block spatial sort and run/bit-plane
-    /// coding ([`gpz`]). The stream wraps a GPZ stream (FORMAT.md, "gpz streams"). No `rel`
+    /// coding ([`gpz`]). The stream wraps a GPZ stream (FORMAT.md, "gpz"). No `rel`
     /// bounds, fill values or given ranges. CPU only for now.
     Gpz,
 }
@@ -153,6 +153,11 @@ impl std::str::FromStr for CodecKind {
 /// (non-finite values are kept exactly). Falls back to a stored stream when compression would not
 /// make the data smaller. Uses all rayon threads.
 pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
+    if codec == CodecKind::Gpz {
+        // (1-D: N particles of one coordinate, in input order)
+        let opts = CompressOptions::default();
+        return Ok(compress_particles_with_options(data, bound, &opts)?.0);
+    }
     let params = QuantParams::derive(data, bound)?;
     compress_with_params(data, &params, codec, None)
 }
@@ -662,11 +667,22 @@ pub fn inspect(stream: &[u8]) -> Result<Header> {
 }
 
 /// The GPZ header of a compressed `gpz` stream whose zcomm header `h` was parsed (FORMAT.md,
-/// "gpz streams"), checked against `h`: a valid, compressed (not stored) GPZ stream that fills
-/// the payload, of the same dtype, bound mode and bound value, `N * d == count` with `d` the
-/// shape's, and no axis with a bound above `h`'s or (noa) a range outside `h`'s.
+/// "gpz"), checked against `h`: a valid, compressed (not stored) GPZ stream that fills the
+/// payload, of the same dtype, bound mode and bound value, `N * d == count` with `d` the
+/// shape's, and no axis with a bound above `h`'s or (noa) a range outside `h`'s. (What
+/// [`inspect`] checks for such a stream; `info` uses it to show the particles and the order.)
+///
+/// Errors: [`Error::InvalidArgument`] when `h` is not the header of a compressed `gpz` stream
+/// (a stored one has no GPZ header), [`Error::Corrupt`] for every failed check.
 pub fn gpz_payload_header(stream: &[u8], h: &Header) -> Result<gpz::GpzHeader> {
-    let payload = &stream[h.header_len()..];
+    if h.codec != CodecKind::Gpz.tag() || h.is_stored() {
+        return Err(Error::invalid(
+            "not a compressed gpz stream: it has no GPZ header",
+        ));
+    }
+    let payload = stream
+        .get(h.header_len()..)
+        .ok_or_else(|| Error::corrupt("gpz stream shorter than its header"))?;
     let g = gpz::inspect_particles(payload)?;
     let d = crate::format::gpz_coords(&h.shape()).map_err(|e| Error::corrupt(e.to_string()))?;
     let bad = |what: &str| Err(Error::corrupt(format!("gpz payload {what} its header")));
