@@ -1009,7 +1009,9 @@ fn fill_value_is_kept_exactly_and_warned_about() {
     );
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let recs = recs.as_array().unwrap();
-    assert_eq!(recs.len(), zcomm::CodecKind::ALL.len());
+    // (all but gpz, which takes no fill value and says so)
+    assert_eq!(recs.len(), zcomm::CodecKind::ALL.len() - 1);
+    assert!(stderr(&o).contains("gpz left out"), "{}", stderr(&o));
     for r in recs {
         assert_eq!(r["bound_ok"], true, "{r}");
         assert_eq!(r["fill_exact"], true, "{r}");
@@ -1245,5 +1247,215 @@ fn dims_and_cuszi() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let recs: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(recs.as_array().unwrap().len(), zcomm::CodecKind::ALL.len());
+    // (all but gpz: 24x20x16 is not particles of 1 to 4 coordinates)
+    assert_eq!(
+        recs.as_array().unwrap().len(),
+        zcomm::CodecKind::ALL.len() - 1
+    );
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Clustered particle positions, `n` particles of 3 coordinates (AoS).
+fn particles_f32(n: usize) -> Vec<f32> {
+    (0..n * 3)
+        .map(|i| ((i / 3 * 7919) % 1000) as f32 * 0.01 + (i % 3) as f32 * 3.0)
+        .collect()
+}
+
+/// gpz: `--dims Nx3` round trips within the bound in both orders, `info` shows the particles and
+/// the order, and `--permutation` writes the API's permutation (u32 LE) for a reorder stream.
+#[test]
+fn gpz_particles_and_permutation() {
+    let d = tmpdir("gpz");
+    let n = 5000;
+    let (raw, zc, back, perm) = (
+        d.join("pos.f32"),
+        d.join("pos.zc"),
+        d.join("back.f32"),
+        d.join("pos.perm"),
+    );
+    let v = particles_f32(n);
+    write_f32(&raw, &v);
+    let dims = format!("{n}x3");
+    for order in ["preserve", "reorder"] {
+        let mut args = compress_args(&raw, &zc, "f32");
+        args.extend(["--codec", "gpz", "--dims", &dims, "--particle-order", order]);
+        if order == "reorder" {
+            args.extend(["--permutation", p(&perm)]);
+        }
+        let o = zcomm(&args);
+        assert!(o.status.success(), "{order}: {}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("5000 particles x 3") && out.contains(order),
+            "{out}"
+        );
+        let o = zcomm(&["info", "-i", p(&zc), "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(h["codec"], "gpz");
+        assert_eq!(h["dims"], serde_json::json!([n, 3]));
+        assert_eq!(h["gpz"]["particles"], n);
+        assert_eq!(h["gpz"]["d"], 3);
+        assert_eq!(h["gpz"]["order"], order);
+        let o = zcomm(&["info", "-i", p(&zc)]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("particles        5000 x 3"), "{text}");
+        assert!(
+            text.contains(&format!("order            {order}")),
+            "{text}"
+        );
+        let o = zcomm(&["decompress", "-i", p(&zc), "-o", p(&back)]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let eb = h["abs_bound"].as_f64().unwrap();
+        let b = read_f32(&back);
+        assert_eq!(b.len(), v.len());
+        if order == "preserve" {
+            for (x, y) in v.iter().zip(&b) {
+                assert!(((x - y).abs() as f64) <= eb);
+            }
+            assert!(!perm.exists());
+        } else {
+            // the permutation file: u32 LE, the same as the library's
+            let bytes = std::fs::read(&perm).unwrap();
+            let got: Vec<u64> = bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as u64)
+                .collect();
+            let (s, want) = zcomm::codec::compress_particles_nd(
+                &v,
+                &[n, 3],
+                zcomm::ErrorBound::Noa(1e-3),
+                zcomm::codec::gpz::Order::Reorder,
+            )
+            .unwrap();
+            assert_eq!(std::fs::read(&zc).unwrap(), s);
+            assert_eq!(got, want.unwrap());
+            assert!(got.iter().enumerate().any(|(i, &k)| k != i as u64));
+            for (i, &k) in got.iter().enumerate() {
+                for c in 0..3 {
+                    let (x, y) = (v[3 * k as usize + c], b[3 * i + c]);
+                    assert!(((x - y).abs() as f64) <= eb, "particle {i} <- {k}");
+                }
+            }
+        }
+    }
+    // 1-D input: N x 1
+    let mut args = compress_args(&raw, &zc, "f32");
+    args.extend(["--codec", "gpz"]);
+    assert!(zcomm(&args).status.success());
+    let o = zcomm(&["info", "-i", p(&zc), "--json"]);
+    let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (h["gpz"]["particles"].as_u64(), h["gpz"]["d"].as_u64()),
+        (Some(15_000), Some(1))
+    );
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// gpz option errors: clear messages, exit status 1 or 2, nothing written.
+#[test]
+fn gpz_option_errors() {
+    let d = tmpdir("gpz-err");
+    let (raw, zc, perm) = (d.join("pos.f32"), d.join("pos.zc"), d.join("pos.perm"));
+    write_f32(&raw, &particles_f32(1000));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--codec", "gpz", "--dims", "600x5"],
+            "last extent of shape 600x5 is 5",
+        ),
+        (
+            vec!["--codec", "gpz", "--dims", "300x10"],
+            "1 to 4 coordinates",
+        ),
+        (
+            vec!["--codec", "aatrox", "--particle-order", "reorder"],
+            "--codec gpz only",
+        ),
+        (
+            vec!["--codec", "gpz", "--particle-order", "sideways"],
+            "unknown particle order",
+        ),
+        (
+            vec!["--codec", "pfpl", "--permutation", p(&perm)],
+            "--permutation applies",
+        ),
+        (
+            vec![
+                "--codec",
+                "gpz",
+                "--dims",
+                "1000x3",
+                "--permutation",
+                p(&perm),
+            ],
+            "needs --particle-order reorder",
+        ),
+        (
+            vec![
+                "--codec",
+                "gpz",
+                "--particle-order",
+                "preserve",
+                "--permutation",
+                p(&perm),
+            ],
+            "needs --particle-order reorder",
+        ),
+        (
+            vec!["--codec", "gpz", "--fill-value", "-1e10"],
+            "fill value",
+        ),
+        (
+            vec!["--codec", "gpz", "--device", "gpu"],
+            "not supported on the GPU",
+        ),
+        (
+            vec![
+                "--codec",
+                "gpz",
+                "--dims",
+                "1000x3",
+                "--particle-order",
+                "reorder",
+                "--permutation",
+                p(&raw),
+            ],
+            "",
+        ),
+    ];
+    for (extra, msg) in cases {
+        let mut args = compress_args(&raw, &zc, "f32");
+        args.extend(extra.iter().copied());
+        let o = zcomm(&args);
+        let e = stderr(&o);
+        assert!(matches!(o.status.code(), Some(1 | 2)), "{extra:?}: {e}");
+        assert!(!e.contains("panicked") && e.contains(msg), "{extra:?}: {e}");
+        assert!(!zc.exists() && !perm.exists(), "{extra:?}: output written");
+    }
+    // the input given as --permutation survives
+    assert_eq!(read_f32(&raw), particles_f32(1000));
+    // rel bounds
+    let o = zcomm(&[
+        "compress",
+        "-i",
+        p(&raw),
+        "-o",
+        p(&zc),
+        "--dtype",
+        "f32",
+        "--error-bound",
+        "rel:1e-3",
+        "--codec",
+        "gpz",
+    ]);
+    assert_clean_failure(&o, "gpz rel", "rel");
+    std::fs::remove_dir_all(&d).ok();
 }

@@ -26,6 +26,9 @@ fn sample_streams() -> Vec<(String, Vec<u8>)> {
             ErrorBound::Noa(1e-3),
             ErrorBound::Rel(1e-3),
         ] {
+            if !c.supports_bound(b) {
+                continue; // (gpz: no rel)
+            }
             out.push((
                 format!("{c} {b} f32 smooth"),
                 compress(&f32s, b, c).unwrap(),
@@ -204,7 +207,13 @@ fn wrong_dtype_and_count_are_mismatch_errors() {
                 Err(Error::Mismatch { .. })
             ));
         }
-        let s64 = compress(&data64, ErrorBound::Rel(1e-3), c).unwrap();
+        // (a rel stream where the codec takes rel bounds: gpz does not)
+        let b64 = if c.supports_bound(ErrorBound::Rel(1e-3)) {
+            ErrorBound::Rel(1e-3)
+        } else {
+            ErrorBound::Abs(1e-3)
+        };
+        let s64 = compress(&data64, b64, c).unwrap();
         assert!(matches!(
             decompress::<f32>(&s64),
             Err(Error::Mismatch { what: "dtype", .. })
@@ -436,11 +445,17 @@ fn invalid_header_fields_are_rejected_for_every_stream_kind() {
             ErrorBound::Noa(1e-3),
             ErrorBound::Rel(1e-3),
         ] {
+            if !c.supports_bound(b) {
+                continue; // (gpz: no rel)
+            }
             let st = compress(&noise, ErrorBound::Abs(1e-30), c).unwrap();
             assert_eq!(st[9] & 1, 1, "{c}: noise is stored");
             streams.push((format!("{c} {b} stored"), st));
             streams.push((format!("{c} {b} f32"), compress(&smooth, b, c).unwrap()));
             streams.push((format!("{c} {b} f64"), compress(&smooth64, b, c).unwrap()));
+        }
+        if c == CodecKind::Gpz {
+            continue; // (no fill values)
         }
         let o = zcomm::CompressOptions::default().with_fill_value(-1e10);
         let s = zcomm::compress_with_options(&smooth, ErrorBound::Noa(1e-3), c, &o).unwrap();
@@ -453,7 +468,7 @@ fn invalid_header_fields_are_rejected_for_every_stream_kind() {
         let mode = s[8];
         let mut bad: Vec<(usize, Vec<u8>)> = vec![
             (6, vec![0]), // codec tags
-            (6, vec![6]),
+            (6, vec![7]),
             (6, vec![0xFF]),
             (7, vec![3]), // dtype
             (8, vec![0]), // mode
@@ -534,7 +549,9 @@ fn decode_byte_limit_refuses_bombs() {
     let zeros = vec![0f32; 1 << 22];
     for &c in CodecKind::ALL {
         let s = compress(&zeros, ErrorBound::Abs(1e-3), c).unwrap();
-        assert!(s.len() < 20_000, "{c}: {}", s.len());
+        // (gpz spends at least 3 bytes per block of 32 values: its bombs are small ones)
+        let small = if c == CodecKind::Gpz { 1 << 20 } else { 20_000 };
+        assert!(s.len() < small, "{c}: {}", s.len());
         let lim = DecodeLimits::default().with_max_bytes((1 << 24) - 1);
         let e = decompress_with_limits::<f32>(&s, lim).unwrap_err();
         assert!(matches!(e, Error::OutOfMemory(_)), "{c}: {e}");

@@ -365,3 +365,73 @@ fn nonblocking_reductions_are_futures_and_match_the_blocking_calls() {
         assert_eq!(tested, blocking);
     }
 }
+
+/// `Policy::Always(gpz)` on host communicators: messages are 1-D (`N x 1` particles) and hold
+/// the bound in sendrecv, allgather, bcast and allreduce; under a rel bound (which gpz refuses)
+/// point-to-point messages go raw, on every rank alike, instead of failing on the sender.
+#[test]
+fn gpz_policy_on_host_communicators() {
+    let gpz = Policy::Always(CodecKind::Gpz);
+    for p in [1, 3] {
+        let got = on_ranks(
+            p,
+            LinkEmulation::default(),
+            cfg(gpz, ErrorBound::Abs(1e-2)),
+            |c| {
+                let (r, p) = (c.rank(), c.size());
+                let n = 20_000;
+                let mut recv = vec![0.0f32; n];
+                let st = c
+                    .sendrecv(&field(r, n), (r + 1) % p, &mut recv, (r + p - 1) % p, 5)
+                    .unwrap();
+                let e_p2p = max_err(&recv, &field((r + p - 1) % p, n));
+                let mut all = vec![0.0f32; n * p];
+                c.allgather(&field(r, n), &mut all).unwrap();
+                let e_gather = (0..p)
+                    .map(|k| max_err(&all[k * n..(k + 1) * n], &field(k, n)))
+                    .fold(0.0, f64::max);
+                let mut b = if r == 0 { field(42, n) } else { vec![0.0; n] };
+                c.bcast(&mut b, 0).unwrap();
+                let mut sum = vec![0.0f32; n];
+                let s = c.allreduce(&field(r, n), &mut sum).unwrap();
+                let fields: Vec<Vec<f32>> = (0..p).map(|k| field(k, n)).collect();
+                let exact: Vec<f32> = (0..n)
+                    .map(|i| fields.iter().map(|f| f[i] as f64).sum::<f64>() as f32)
+                    .collect();
+                let e_sum = max_err(&sum, &exact);
+                (
+                    st,
+                    e_p2p,
+                    e_gather,
+                    max_err(&b, &field(42, n)),
+                    e_sum,
+                    s.bound,
+                )
+            },
+        );
+        for (st, e_p2p, e_gather, e_b, e_sum, sum_bound) in got {
+            assert!(e_p2p <= 1e-2 && e_gather <= 1e-2 && e_b <= 1e-2, "p={p}");
+            // (the f32 rounding of the exact sum adds at most half an ulp of values near 400)
+            assert!(e_sum <= sum_bound + 1e-4, "p={p}: {e_sum} > {sum_bound}");
+            assert_eq!(st.decision, Decision::Compressed);
+            assert_eq!(st.codec, Some(CodecKind::Gpz));
+        }
+    }
+    let got = on_ranks(
+        2,
+        LinkEmulation::default(),
+        cfg(gpz, ErrorBound::Rel(1e-3)),
+        |c| {
+            let r = c.rank();
+            let mut recv = vec![0.0f32; 5000];
+            let st = c
+                .sendrecv(&field(r, 5000), 1 - r, &mut recv, 1 - r, 6)
+                .unwrap();
+            (st.decision, recv == field(1 - r, 5000))
+        },
+    );
+    for (d, exact) in got {
+        assert_eq!(d, Decision::Raw);
+        assert!(exact);
+    }
+}

@@ -17,7 +17,7 @@ pub mod pfpl;
 
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, ChunkEntry, Dims, Header, FLAG_STORED};
+use crate::format::{zhash_bytes, BoundMode, ChunkEntry, Dims, Header, FLAG_STORED};
 use crate::quant::{first_nonzero, ErrorBound, QuantParams};
 
 /// The compressors zcomm implements.
@@ -38,6 +38,11 @@ pub enum CodecKind {
     /// cuSZ-i: multi-level spline interpolation over the array's shape (`compress_nd`), Huffman
     /// coding. CPU only for now.
     Cuszi,
+    /// GPZ: particle coordinates (`N` particles × `d = 1..=4` coordinates, AoS, the shape
+    /// `[N, d]` of `compress_nd`; 1-D data is `N × 1`): per-block spatial sort and run/bit-plane
+    /// coding ([`gpz`]). The stream wraps a GPZ stream (FORMAT.md, "gpz"). No `rel`
+    /// bounds, fill values or given ranges. CPU only for now.
+    Gpz,
 }
 
 impl CodecKind {
@@ -48,6 +53,7 @@ impl CodecKind {
         CodecKind::CuszpOutlier,
         CodecKind::Pfpl,
         CodecKind::Cuszi,
+        CodecKind::Gpz,
     ];
 
     /// The codecs with GPU kernels (and so the ones the communication layer's `Policy::Auto`
@@ -68,7 +74,14 @@ impl CodecKind {
     /// Whether the codec uses the array's shape (`compress_nd`, [`CompressOptions::with_dims`]);
     /// the others compress every array as 1-D and ignore it.
     pub fn uses_dims(self) -> bool {
-        self == CodecKind::Cuszi
+        matches!(self, CodecKind::Cuszi | CodecKind::Gpz)
+    }
+
+    /// Whether the codec accepts bounds of `bound`'s mode: every codec but `gpz` (which refuses
+    /// `rel` bounds) accepts all three. The communication layer sends a message raw rather than
+    /// ask a codec for a bound it refuses.
+    pub fn supports_bound(self, bound: ErrorBound) -> bool {
+        !(self == CodecKind::Gpz && matches!(bound, ErrorBound::Rel(_)))
     }
 
     /// The name used on the command line and in reports.
@@ -79,6 +92,7 @@ impl CodecKind {
             CodecKind::CuszpOutlier => "cuszp-outlier",
             CodecKind::Pfpl => "pfpl",
             CodecKind::Cuszi => "cuszi",
+            CodecKind::Gpz => "gpz",
         }
     }
     /// The header tag.
@@ -89,14 +103,16 @@ impl CodecKind {
             CodecKind::CuszpOutlier => 3,
             CodecKind::Pfpl => 4,
             CodecKind::Cuszi => crate::format::CODEC_CUSZI,
+            CodecKind::Gpz => crate::format::CODEC_GPZ,
         }
     }
-    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp/cuszi; see
-    /// [`pfpl::chunk_log2`]).
+    /// The header's `chunk_log2` for this codec and dtype (15 for aatrox/cuszp/cuszi, 5 for
+    /// gpz: particles per block; see [`pfpl::chunk_log2`]).
     pub fn chunk_log2(self, dtype: crate::format::Dtype) -> u16 {
         match self {
             CodecKind::Pfpl => pfpl::chunk_log2(dtype),
             CodecKind::Cuszi => cuszi::CHUNK_LOG2 as u16,
+            CodecKind::Gpz => crate::format::GPZ_CHUNK_LOG2,
             _ => blocked::CHUNK_LOG2 as u16,
         }
     }
@@ -137,6 +153,11 @@ impl std::str::FromStr for CodecKind {
 /// (non-finite values are kept exactly). Falls back to a stored stream when compression would not
 /// make the data smaller. Uses all rayon threads.
 pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> Result<Vec<u8>> {
+    if codec == CodecKind::Gpz {
+        // (1-D: N particles of one coordinate, in input order)
+        let opts = CompressOptions::default();
+        return Ok(compress_particles_with_options(data, bound, &opts)?.0);
+    }
     let params = QuantParams::derive(data, bound)?;
     compress_with_params(data, &params, codec, None)
 }
@@ -144,10 +165,13 @@ pub fn compress<T: Element>(data: &[T], bound: ErrorBound, codec: CodecKind) -> 
 /// [`compress`] of an array of shape `dims` (slowest dimension first, numpy's C order: 1 to 4
 /// extents, none zero, whose product is `data.len()`).
 ///
-/// Codecs that use the shape ([`CodecKind::uses_dims`]: `cuszi`) record it in the stream
-/// (format version 3) and predict along every dimension; the others ignore it and write the
-/// same bytes as [`compress`]. Errors ([`Error::InvalidArgument`]): an invalid bound or shape,
-/// or a shape whose product is not `data.len()`.
+/// Codecs that use the shape ([`CodecKind::uses_dims`]: `cuszi`, `gpz`) record it in the stream
+/// (format version 3): `cuszi` predicts along every dimension, `gpz` reads `[N, d]` as `N`
+/// particles of `d = 1..=4` coordinates (see [`compress_particles_nd`]). The others ignore it
+/// and write the same bytes as [`compress`].
+///
+/// Errors ([`Error::InvalidArgument`]): an invalid bound or shape, or a shape whose product is
+/// not `data.len()`; for `gpz`, a `rel` bound or a last extent outside 1..=4.
 ///
 /// ```
 /// use zcomm::{compress, compress_nd, decompress, inspect, CodecKind, ErrorBound};
@@ -215,6 +239,9 @@ pub fn compress_with_range<T: Element>(
     codec: CodecKind,
     range: (f64, f64),
 ) -> Result<Vec<u8>> {
+    if codec == CodecKind::Gpz {
+        return Err(gpz_no_range());
+    }
     let params = QuantParams::derive_with_range::<T>(bound, range, || first_nonzero(data))?;
     compress_with_params(data, &params, codec, None)
 }
@@ -232,6 +259,10 @@ pub struct CompressOptions {
     pub range: Option<(f64, f64)>,
     /// The array's shape (see [`compress_nd`]); `None`: 1-D.
     pub dims: Option<Dims>,
+    /// The particle order of `gpz` streams (default [`gpz::Order::Preserve`]: decoding restores
+    /// the input order); ignored by the other codecs. With [`gpz::Order::Reorder`] the stream
+    /// decodes in stored order, and only [`compress_particles_nd`] returns the permutation.
+    pub particle_order: gpz::Order,
 }
 
 impl CompressOptions {
@@ -248,6 +279,11 @@ impl CompressOptions {
     /// Set the array's shape (see [`compress_nd`]).
     pub fn with_dims(mut self, dims: Dims) -> Self {
         self.dims = Some(dims);
+        self
+    }
+    /// Set the particle order of `gpz` streams (see [`CompressOptions::particle_order`]).
+    pub fn with_particle_order(mut self, order: gpz::Order) -> Self {
+        self.particle_order = order;
         self
     }
 }
@@ -294,8 +330,142 @@ pub fn compress_with_options<T: Element>(
             )));
         }
     }
+    if codec == CodecKind::Gpz {
+        return Ok(compress_particles_with_options(data, bound, options)?.0);
+    }
     let params = QuantParams::derive_with_fill(data, bound, options.fill_value, options.range)?;
     compress_with_params(data, &params, codec, options.dims)
+}
+
+/// The error for a `noa` range given to `gpz` (it measures each axis's range itself).
+fn gpz_no_range() -> Error {
+    Error::invalid(
+        "gpz does not take a given value range (it measures the range of each coordinate axis)",
+    )
+}
+
+/// Compress particle coordinates with `gpz` into a zcomm stream (the generic API's form, which
+/// [`decompress`] and [`inspect`] read), returning the permutation of a
+/// [`gpz::Order::Reorder`] stream as [`gpz::compress_particles`] does.
+///
+/// `dims` is `[N, d]` (`N` particles of `d = 1..=4` coordinates each, stored particle by
+/// particle) or `[N]` (one coordinate); other shapes whose last extent is 1 to 4 are read as
+/// `count / d` particles. `perm[i]` is the original index of decoded particle `i`; when the
+/// stream falls back to stored values (compression did not pay) the particles keep the input
+/// order and `perm` is the identity.
+///
+/// Errors ([`Error::InvalidArgument`]): an invalid or `rel` bound, a shape whose product is not
+/// `data.len()` or whose last extent is outside 1..=4.
+///
+/// ```
+/// use zcomm::codec::{compress_particles_nd, gpz::Order};
+/// use zcomm::{decompress, inspect, ErrorBound};
+/// let pos: Vec<f32> = (0..3000).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
+/// let b = ErrorBound::Abs(1e-3);
+/// let (s, perm) = compress_particles_nd(&pos, &[1000, 3], b, Order::Reorder)?;
+/// let perm = perm.unwrap();
+/// let back: Vec<f32> = decompress(&s)?;
+/// assert_eq!(inspect(&s)?.dims.unwrap().as_slice(), &[1000, 3]);
+/// for (i, &p) in perm.iter().enumerate() {
+///     for c in 0..3 {
+///         assert!((pos[3 * p as usize + c] - back[3 * i + c]).abs() <= 1e-3);
+///     }
+/// }
+/// # Ok::<(), zcomm::Error>(())
+/// ```
+pub fn compress_particles_nd<T: Element>(
+    data: &[T],
+    dims: &[usize],
+    bound: ErrorBound,
+    order: gpz::Order,
+) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
+    let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+    let opts = CompressOptions::default()
+        .with_dims(Dims::new(&d)?)
+        .with_particle_order(order);
+    compress_particles_with_options(data, bound, &opts)
+}
+
+/// [`compress_particles_nd`] with [`CompressOptions`] (the shape `options.dims`, default `[N]`,
+/// and `options.particle_order`): the `gpz` body of [`compress_with_options`]. Writes a
+/// version 3 header around a complete GPZ stream, or a stored stream when that is not smaller
+/// than the values (then `perm` is the identity).
+///
+/// Errors ([`Error::InvalidArgument`]): a fill value or a given range (gpz measures each axis's
+/// range itself), and the errors of [`compress_particles_nd`].
+pub fn compress_particles_with_options<T: Element>(
+    data: &[T],
+    bound: ErrorBound,
+    options: &CompressOptions,
+) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
+    if options.fill_value.is_some() {
+        return Err(Error::invalid(
+            "gpz does not take a fill value (non-finite coordinates are kept exactly)",
+        ));
+    }
+    if options.range.is_some() {
+        return Err(gpz_no_range());
+    }
+    if matches!(bound, ErrorBound::Rel(_)) {
+        return Err(Error::invalid(
+            "gpz does not support rel bounds (use abs or noa)",
+        ));
+    }
+    let dims = options.dims.unwrap_or(Dims::linear(data.len() as u64));
+    if dims.count() != data.len() as u64 {
+        return Err(Error::invalid(format!(
+            "shape {dims} holds {} values, the data has {}",
+            dims.count(),
+            data.len()
+        )));
+    }
+    let d = crate::format::gpz_coords(&dims)?;
+    // the outer header records the bound over all coordinates (for noa: of the range of all
+    // axes together), which each axis's own bound in the GPZ header does not exceed
+    let params = QuantParams::derive(data, bound)?;
+    let (inner, perm) = gpz::compress_particles(data, d, bound, options.particle_order)?;
+    let raw_len = data.len() * T::SIZE;
+    let stored_inner = gpz::inspect_particles(&inner)?.stored;
+    let header = Header {
+        codec: CodecKind::Gpz.tag(),
+        dtype: T::DTYPE,
+        mode: params.mode,
+        flags: 0,
+        chunk_log2: crate::format::GPZ_CHUNK_LOG2,
+        count: data.len() as u64,
+        bound_value: params.bound_value,
+        abs_bound: params.abs_bound,
+        step: params.step,
+        range_min: params.range.0,
+        range_max: params.range.1,
+        payload_len: 0,
+        n_chunks: 0,
+        payload_checksum: 0,
+        data_checksum: 0,
+        fill_value: None,
+        dims: Some(dims),
+        meta_len: 0,
+    };
+    if stored_inner || inner.len() >= raw_len {
+        // stored values keep the input order: the permutation is the identity
+        let perm = perm.map(|p| (0..p.len() as u64).collect());
+        let h = Header {
+            flags: FLAG_STORED,
+            payload_len: raw_len as u64,
+            ..header
+        };
+        return Ok((stored_stream(data, h), perm));
+    }
+    let meta = gpz::layout::header_len(d);
+    let h = Header {
+        payload_len: inner.len() as u64,
+        payload_checksum: zhash_bytes(&inner[..meta]),
+        meta_len: meta as u32,
+        ..header
+    };
+    let mut out = h.to_vec();
+    out.extend_from_slice(&inner);
+    Ok((out, perm))
 }
 
 /// The body of [`compress`] and [`compress_with_range`]: encode `data` (of shape `dims`, for
@@ -313,6 +483,23 @@ fn compress_with_params<T: Element>(
         .then(|| dims.unwrap_or(Dims::linear(data.len() as u64)));
     // (pfpl also returns its data checksum, cuszi its metadata length; the others have none)
     let (body, data_checksum, meta_len) = match codec {
+        CodecKind::Gpz => {
+            // (gpz measures its own ranges: a stream from params alone is one without a fill
+            // value or given range, i.e. compress's)
+            if params.fill.is_some() {
+                return Err(Error::invalid("gpz does not take a fill value"));
+            }
+            let bound = match params.mode {
+                BoundMode::Abs => ErrorBound::Abs(params.bound_value),
+                BoundMode::Noa => ErrorBound::Noa(params.bound_value),
+                BoundMode::Rel => ErrorBound::Rel(params.bound_value),
+            };
+            let opts = CompressOptions {
+                dims,
+                ..CompressOptions::default()
+            };
+            return Ok(compress_particles_with_options(data, bound, &opts)?.0);
+        }
         CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier => {
             (blocked::encode(data, params, codec), 0, 0)
         }
@@ -473,7 +660,68 @@ fn physical_memory() -> Option<u64> {
 pub fn inspect(stream: &[u8]) -> Result<Header> {
     let h = Header::parse(stream)?;
     check_codec_fields(&h)?;
+    if h.codec == CodecKind::Gpz.tag() && !h.is_stored() {
+        gpz_payload_header(stream, &h)?;
+    }
     Ok(h)
+}
+
+/// The GPZ header of a compressed `gpz` stream whose zcomm header `h` was parsed (FORMAT.md,
+/// "gpz"), checked against `h`: a valid, compressed (not stored) GPZ stream that fills the
+/// payload, of the same dtype, bound mode and bound value, `N * d == count` with `d` the
+/// shape's, and no axis with a bound above `h`'s or (noa) a range outside `h`'s. (What
+/// [`inspect`] checks for such a stream; `info` uses it to show the particles and the order.)
+///
+/// Errors: [`Error::InvalidArgument`] when `h` is not the header of a compressed `gpz` stream
+/// (a stored one has no GPZ header), [`Error::Corrupt`] for every failed check.
+pub fn gpz_payload_header(stream: &[u8], h: &Header) -> Result<gpz::GpzHeader> {
+    if h.codec != CodecKind::Gpz.tag() || h.is_stored() {
+        return Err(Error::invalid(
+            "not a compressed gpz stream: it has no GPZ header",
+        ));
+    }
+    let payload = stream
+        .get(h.header_len()..)
+        .ok_or_else(|| Error::corrupt("gpz stream shorter than its header"))?;
+    let g = gpz::inspect_particles(payload)?;
+    let d = crate::format::gpz_coords(&h.shape()).map_err(|e| Error::corrupt(e.to_string()))?;
+    let bad = |what: &str| Err(Error::corrupt(format!("gpz payload {what} its header")));
+    if g.stored {
+        return bad("is a stored GPZ stream inside");
+    }
+    if g.dtype != h.dtype || g.mode != h.mode || g.bound_value.to_bits() != h.bound_value.to_bits()
+    {
+        return bad("has another dtype, bound mode or bound value than");
+    }
+    if g.d != d || g.n.checked_mul(d as u64) != Some(h.count) {
+        return bad("holds another particle count or coordinate count than the shape of");
+    }
+    for a in &g.axes {
+        // (an axis without finite values would record (0, 0) outside the others' range, but
+        // then every particle is an exception and the stream is stored: never wrapped)
+        let range_ok =
+            h.mode != BoundMode::Noa || (a.range.0 >= h.range_min && a.range.1 <= h.range_max);
+        // (a NaN bound fails too: the GPZ header check refuses one, this keeps it so)
+        if a.abs_bound.is_nan() || a.abs_bound > h.abs_bound || !range_ok {
+            return bad("has an axis bound or range outside that of");
+        }
+    }
+    Ok(g)
+}
+
+/// Decode a checked compressed `gpz` stream into `out` (its `count` values).
+fn gpz_decode<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Result<()> {
+    gpz_payload_header(stream, h)?;
+    // (the count was checked against the caller's limits and equals N * d)
+    let (vals, _) = gpz::decompress_particles_with_limits::<T>(
+        &stream[h.header_len()..],
+        DecodeLimits::unlimited(),
+    )?;
+    if vals.len() != out.len() {
+        return Err(Error::corrupt("gpz payload decodes to another value count"));
+    }
+    out.copy_from_slice(&vals);
+    Ok(())
 }
 
 /// The codec-specific header checks of [`inspect`] (shared with the GPU decoder, which parses the
@@ -530,7 +778,8 @@ const BATCH_VALUES: usize = 1 << 24;
 /// Decode a stream batch by batch, handing each batch of consecutive values to `sink` in order:
 /// at most `min(count, 2^24)` values are held at once, so a large stream is decoded without a
 /// second full-size copy (the caller writes each batch to a file, a socket, a buffer...).
-/// (Compressed `cuszi` streams are decoded whole first: their tiles span the array.)
+/// (Compressed `cuszi` and `gpz` streams are decoded whole first: cuszi tiles span the array,
+/// and gpz streams have no chunk table.)
 ///
 /// Everything [`decompress_with_limits`] checks is checked first (header, `limits`, the chunk
 /// table; pfpl: its data checksum over all chunks); each aatrox/cuszp chunk's checksum is
@@ -549,8 +798,13 @@ where
     limits.check(&h)?;
     let count = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
-    if h.codec == CodecKind::Cuszi.tag() && !h.is_stored() {
-        // tiles do not map to consecutive values: decode all, hand over batch by batch
+    if matches!(
+        CodecKind::from_tag(h.codec)?,
+        CodecKind::Cuszi | CodecKind::Gpz
+    ) && !h.is_stored()
+    {
+        // cuszi tiles do not map to consecutive values, and a gpz preserve block's particles
+        // come back through its permutation: decode all, hand over batch by batch
         let mut all = try_vec::<T>(count)?;
         decode_checked(stream, &h, &mut all)?;
         for c in all.chunks(BATCH_VALUES) {
@@ -659,6 +913,7 @@ fn decode_checked<T: Element>(stream: &[u8], h: &Header, out: &mut [T]) -> Resul
         }
         CodecKind::Pfpl => pfpl::decode(stream, h, &params, out),
         CodecKind::Cuszi => cuszi::decode(stream, h, &params, out),
+        CodecKind::Gpz => gpz_decode(stream, h, out),
     }
 }
 
@@ -691,6 +946,7 @@ fn decode_entries<T: Element>(
         CodecKind::Pfpl => pfpl::decode_entries(stream, entries, first, params, out),
         // (decompress_chunked decodes cuszi streams whole)
         CodecKind::Cuszi => Err(Error::corrupt("cuszi chunks are not decoded one by one")),
+        CodecKind::Gpz => Err(Error::corrupt("gpz streams have no chunk table")),
     }
 }
 
@@ -698,6 +954,11 @@ fn decode_entries<T: Element>(
 mod tests {
     use super::*;
     use crate::quant::{finite_range, pred};
+
+    /// The codecs that take a given `noa` range (gpz measures each axis's own and refuses one).
+    fn given_range_codecs() -> impl Iterator<Item = &'static CodecKind> {
+        CodecKind::ALL.iter().filter(|&&c| c != CodecKind::Gpz)
+    }
 
     /// Test inputs of `n` values: smooth, with non-finite values, non-negative with `-0.0`,
     /// constant, all zeros, without finite values.
@@ -729,7 +990,7 @@ mod tests {
             for (name, data) in inputs::<T>(n) {
                 let own = finite_range(&data).unwrap_or((0.0, 0.0));
                 for b in [ErrorBound::Noa(1e-2), ErrorBound::Noa(1e-5)] {
-                    for &c in CodecKind::ALL {
+                    for &c in given_range_codecs() {
                         let want = compress(&data, b, c).unwrap();
                         let got = compress_with_range(&data, b, c, own).unwrap();
                         assert!(got == want, "{name} {} n={n} {c} {b}", T::DTYPE);
@@ -786,7 +1047,7 @@ mod tests {
             })
             .collect();
         let own = finite_range(&data).unwrap();
-        for &c in CodecKind::ALL {
+        for &c in given_range_codecs() {
             // wider: a looser absolute bound than the data's own range gives
             check_given(&data, 1e-3, c, (-5.0, 7.0));
             let wide = compress_with_range(&data, ErrorBound::Noa(1e-3), c, (-5.0, 7.0)).unwrap();
@@ -831,5 +1092,240 @@ mod tests {
         }
         let e = compress_with_range(&data, ErrorBound::Abs(1e-3), c, (0.0, 99.0)).unwrap_err();
         assert!(e.to_string().contains("noa"), "{e}");
+    }
+
+    /// Particles of `d` coordinates: clustered positions, some NaN and infinite coordinates.
+    fn particles(n: usize, d: usize) -> Vec<f32> {
+        (0..n * d)
+            .map(|i| match i % 997 {
+                5 => f32::NAN,
+                9 => f32::INFINITY,
+                _ => ((i / d * 7919) % 1000) as f32 * 0.01 + (i % d) as f32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gpz_is_a_dims_aware_cpu_codec() {
+        let g = CodecKind::Gpz;
+        assert_eq!((g.name(), g.tag()), ("gpz", crate::format::CODEC_GPZ));
+        assert_eq!("gpz".parse::<CodecKind>().unwrap(), g);
+        assert_eq!(CodecKind::from_tag(6).unwrap(), g);
+        assert!(g.uses_dims() && !g.has_gpu() && !CodecKind::WITH_GPU.contains(&g));
+        assert!(!g.supports_bound(ErrorBound::Rel(1e-3)));
+        assert!(g.supports_bound(ErrorBound::Noa(1e-3)) && g.supports_bound(ErrorBound::Abs(1.0)));
+    }
+
+    #[test]
+    fn gpz_stream_round_trips_through_the_generic_api() {
+        for d in 1..=4usize {
+            let n = 3001;
+            let data = particles(n, d);
+            for b in [ErrorBound::Abs(1e-3), ErrorBound::Noa(1e-4)] {
+                let s = compress_nd(&data, &[n, d], b, CodecKind::Gpz).unwrap();
+                let h = inspect(&s).unwrap();
+                assert!(!h.is_stored(), "d={d} {b}");
+                assert_eq!((h.codec, h.count, h.n_chunks), (6, (n * d) as u64, 0));
+                assert_eq!(h.dims.unwrap().as_slice(), &[n as u64, d as u64]);
+                assert_eq!(h.meta_len as usize, gpz::layout::header_len(d));
+                let g = gpz_payload_header(&s, &h).unwrap();
+                assert_eq!((g.n, g.d, g.order), (n as u64, d, gpz::Order::Preserve));
+                let back: Vec<f32> = decompress(&s).unwrap();
+                for (x, y) in data.iter().zip(&back) {
+                    if x.is_finite() {
+                        assert!(((x - y).abs() as f64) <= h.abs_bound, "d={d} {b}");
+                    } else {
+                        assert_eq!(x.to_bits(), y.to_bits());
+                    }
+                }
+                // the same values as the particle API's, through every decoder
+                let (want, _) = gpz::decompress_particles::<f32>(&s[h.header_len()..]).unwrap();
+                // (bitwise: NaN coordinates)
+                let same = |a: &[f32]| {
+                    a.iter()
+                        .map(|x| x.to_bits())
+                        .eq(want.iter().map(|x| x.to_bits()))
+                };
+                assert!(same(&back));
+                let mut into = vec![0f32; n * d];
+                decompress_into(&s, &mut into).unwrap();
+                assert!(same(&into));
+                let mut chunked = Vec::new();
+                decompress_chunked::<f32, _>(&s, DecodeLimits::default(), |v| {
+                    chunked.extend_from_slice(v);
+                    Ok(())
+                })
+                .unwrap();
+                assert!(same(&chunked));
+            }
+        }
+        // 1-D data: N particles of one coordinate, shape [N]
+        let data = particles(5000, 1);
+        let s = compress(&data, ErrorBound::Abs(1e-2), CodecKind::Gpz).unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!(h.dims.unwrap().as_slice(), &[5000]);
+        assert_eq!(gpz_payload_header(&s, &h).unwrap().d, 1);
+    }
+
+    #[test]
+    fn gpz_reorder_returns_the_permutation_and_stored_streams_the_identity() {
+        let (n, d) = (2000usize, 3);
+        let data = particles(n, d);
+        let b = ErrorBound::Abs(1e-3);
+        let (s, perm) = compress_particles_nd(&data, &[n, d], b, gpz::Order::Reorder).unwrap();
+        let perm = perm.unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!(
+            gpz_payload_header(&s, &h).unwrap().order,
+            gpz::Order::Reorder
+        );
+        let back: Vec<f32> = decompress(&s).unwrap();
+        assert!(perm.iter().enumerate().any(|(i, &p)| p != i as u64));
+        for (i, &p) in perm.iter().enumerate() {
+            for c in 0..d {
+                let (x, y) = (data[3 * p as usize + c], back[3 * i + c]);
+                assert!(x.to_bits() == y.to_bits() || ((x - y).abs() as f64) <= 1e-3);
+            }
+        }
+        // noise does not compress: a stored stream in input order
+        let noise: Vec<f32> = (0..3000u32)
+            .map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761) >> 2))
+            .collect();
+        let (s, perm) = compress_particles_nd(
+            &noise,
+            &[1000, 3],
+            ErrorBound::Abs(1e-30),
+            gpz::Order::Reorder,
+        )
+        .unwrap();
+        assert!(inspect(&s).unwrap().is_stored());
+        assert_eq!(perm.unwrap(), (0..1000).collect::<Vec<u64>>());
+        assert_eq!(decompress::<f32>(&s).unwrap(), noise);
+        // the generic API writes preserve streams, the same bytes as compress_nd
+        let (s, perm) = compress_particles_nd(&data, &[n, d], b, gpz::Order::Preserve).unwrap();
+        assert!(perm.is_none());
+        assert_eq!(s, compress_nd(&data, &[n, d], b, CodecKind::Gpz).unwrap());
+    }
+
+    /// An axis without finite values beside an axis far from 0: every particle is an exception,
+    /// so the stream is stored (the wrapper never holds a GPZ axis range of (0, 0) outside the
+    /// header's range), and decodes exactly.
+    #[test]
+    fn gpz_axis_without_finite_values() {
+        let data: Vec<f64> = (0..600)
+            .map(|i| {
+                if i % 2 == 1 {
+                    f64::NAN
+                } else {
+                    5.0 + (i % 77) as f64 * 0.07
+                }
+            })
+            .collect();
+        for b in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-3)] {
+            let s = compress_nd(&data, &[300, 2], b, CodecKind::Gpz).unwrap();
+            assert!(inspect(&s).unwrap().is_stored(), "{b}");
+            let back: Vec<f64> = decompress(&s).unwrap();
+            assert!(data
+                .iter()
+                .zip(&back)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
+    }
+
+    #[test]
+    fn gpz_refuses_what_it_cannot_do() {
+        let data = particles(100, 3);
+        let bad = |r: Result<Vec<u8>>, what: &str| {
+            let e = r.unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{what}: {e}");
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        };
+        let g = CodecKind::Gpz;
+        bad(compress(&data, ErrorBound::Rel(1e-3), g), "rel");
+        bad(
+            compress_nd(&data, &[30, 10], ErrorBound::Abs(1.0), g),
+            "1 to 4 coordinates",
+        );
+        bad(
+            compress_nd(&data, &[3, 10, 10], ErrorBound::Abs(1.0), g),
+            "last",
+        );
+        bad(
+            compress_nd(&data, &[100, 2], ErrorBound::Abs(1.0), g),
+            "holds",
+        );
+        bad(
+            compress_with_range(&data, ErrorBound::Noa(1e-3), g, (0.0, 1.0)),
+            "range",
+        );
+        let o = CompressOptions::default().with_fill_value(-1.0);
+        bad(
+            compress_with_options(&data, ErrorBound::Abs(1.0), g, &o),
+            "fill value",
+        );
+        // other shapes whose last extent is 1..=4: count / d particles
+        let s = compress_nd(&data, &[10, 10, 3], ErrorBound::Abs(1e-2), g).unwrap();
+        let h = inspect(&s).unwrap();
+        assert_eq!(gpz_payload_header(&s, &h).unwrap().n, 100);
+    }
+
+    /// Every inconsistency between the zcomm header and the GPZ payload is an error (with all
+    /// checksums recomputed, so that the cross-checks are what rejects it).
+    #[test]
+    fn gpz_header_and_payload_must_agree() {
+        let (n, d) = (500usize, 2);
+        let data: Vec<f64> = particles(n, d).iter().map(|&x| x as f64).collect();
+        let s = compress_nd(&data, &[n, d], ErrorBound::Noa(1e-3), CodecKind::Gpz).unwrap();
+        let h = inspect(&s).unwrap();
+        let hl = h.header_len();
+        // rewrite the outer header (fields set by `f`) and re-checksum it
+        let outer = |f: &dyn Fn(&mut Header)| {
+            let mut h2 = h;
+            f(&mut h2);
+            let mut m = h2.to_vec();
+            m.extend_from_slice(&s[hl..]);
+            m
+        };
+        // rewrite the GPZ header (fields set by `f`) and re-checksum both
+        let inner = |f: &dyn Fn(&mut gpz::GpzHeader)| {
+            let mut g = gpz::inspect_particles(&s[hl..]).unwrap();
+            f(&mut g);
+            let gb = g.to_bytes();
+            let mut p = s[hl..].to_vec();
+            p[..gb.len()].copy_from_slice(&gb);
+            let mut h2 = h;
+            h2.payload_checksum = zhash_bytes(&p[..h.meta_len as usize]);
+            let mut m = h2.to_vec();
+            m.extend_from_slice(&p);
+            m
+        };
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("bound value", outer(&|h| h.bound_value = 2e-3)),
+            ("range", outer(&|h| h.range_max = h.range_min + 1e-3)),
+            ("abs bound", outer(&|h| h.abs_bound = 1e-9)),
+            (
+                "shape",
+                outer(&|h| h.dims = Some(Dims::new(&[250, 4]).unwrap())),
+            ),
+            ("1-D shape", outer(&|h| h.dims = Some(Dims::linear(1000)))),
+            (
+                "bad d",
+                outer(&|h| h.dims = Some(Dims::new(&[100, 10]).unwrap())),
+            ),
+            ("meta_len", outer(&|h| h.meta_len += 8)),
+            ("n_chunks", outer(&|h| h.n_chunks = 16)),
+            ("inner n", inner(&|g| g.n -= 1)),
+            ("inner bound", inner(&|g| g.bound_value = 2e-3)),
+        ];
+        for (what, m) in cases {
+            assert!(
+                inspect(&m).is_err() || decompress::<f64>(&m).is_err(),
+                "{what}"
+            );
+        }
+        for cut in [0, 10, 96, hl, hl + 50, s.len() - 1] {
+            assert!(decompress::<f64>(&s[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(decompress::<f32>(&s).is_err());
     }
 }

@@ -154,7 +154,9 @@ impl Communicator {
     }
 
     /// The codecs `Auto(preferred)` chooses among for messages of `S`: `preferred` first (it
-    /// wins ties), then every other codec the profile has speeds for.
+    /// wins ties), then every other codec the profile has speeds for (the calibrated ones:
+    /// [`CodecKind::WITH_GPU`], so a CPU-only codec such as cuszi or gpz is a candidate only as
+    /// `preferred`), leaving out codecs that refuse the configured bound (gpz under rel).
     pub(super) fn candidates<S: Real>(&self, preferred: CodecKind) -> Vec<CodecKind> {
         let mut v = vec![preferred];
         v.extend(
@@ -165,6 +167,7 @@ impl Communicator {
                 .map(|c| c.codec),
         );
         v.dedup();
+        v.retain(|c| c.supports_bound(self.config.bound));
         v
     }
 }

@@ -44,7 +44,10 @@ impl Communicator {
             let (raw_t, best) = self.allgather_times::<E::Scalar>(sc.len(), f64::INFINITY);
             crate::model::choice::compressed_wins(best, raw_t)
         };
-        if let (Policy::Auto(c), true, true) = (self.config.policy, local.is_ok(), pays) {
+        let usable = self.policy_codec_usable();
+        if let (Policy::Auto(c), true, true, true) =
+            (self.config.policy, local.is_ok(), pays, usable)
+        {
             match self.estimate(sc, bound, c, OP_ALLGATHER, coll_key(sc.len(), bound)) {
                 Ok((r, s)) => {
                     d.ratio = r;

@@ -88,7 +88,9 @@ impl Communicator {
         let bound = self.config.bound;
         let (compress, codec, est, stream) = match self.config.policy {
             Policy::Never => (false, None, 1.0, None),
-            Policy::Always(c) => (true, Some(c), 1.0, None),
+            // a codec that refuses the bound (gpz under rel) sends raw, like a message that
+            // does not pay: every rank decides alike, and no peer waits on a failed sender
+            Policy::Always(c) => (c.supports_bound(bound), Some(c), 1.0, None),
             Policy::Auto(preferred) => {
                 let mut cands = Vec::new();
                 let mut streams = Vec::new();

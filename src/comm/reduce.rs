@@ -48,7 +48,17 @@ impl Communicator {
     }
 
     pub(super) fn decide(&self, raw_t: f64, cmp_t: f64) -> bool {
-        crate::model::choice::policy_compresses(self.config.policy, raw_t, cmp_t)
+        self.policy_codec_usable()
+            && crate::model::choice::policy_compresses(self.config.policy, raw_t, cmp_t)
+    }
+
+    /// Whether the policy's codec accepts the configured bound ([`CodecKind::supports_bound`]:
+    /// gpz refuses rel). When it does not, messages go raw, as when compression does not pay.
+    pub(super) fn policy_codec_usable(&self) -> bool {
+        self.config
+            .policy
+            .codec()
+            .map_or(true, |c| c.supports_bound(self.config.bound))
     }
 
     /// Sum over all ranks into `out` with the end-to-end bound of the [module docs](super).

@@ -4,7 +4,8 @@
 //!
 //! Two header versions are read: version 2 (96 bytes), written by the codecs that ignore the
 //! array's shape, and version 3 (136 bytes: version 2's fields plus the shape), written by the
-//! shape-aware `cuszi` codec.
+//! shape-aware `cuszi` and `gpz` codecs (a `gpz` stream wraps a complete GPZ particle stream,
+//! GPZ-FORMAT.md, as its payload).
 
 use rayon::prelude::*;
 
@@ -17,7 +18,7 @@ pub use dims::{Dims, MAX_DIMS};
 pub const MAGIC: [u8; 4] = *b"ZCMP";
 /// Format version of the streams of codecs that ignore the shape (96-byte header).
 pub const VERSION: u16 = 2;
-/// Format version of the streams of shape-aware codecs (`cuszi`): the version 2 fields, then the
+/// Format version of the streams of shape-aware codecs (`cuszi`, `gpz`): the version 2 fields, then the
 /// shape and the codec metadata length ([`HEADER_LEN_V3`] bytes). Versions other than 2 and 3
 /// are rejected.
 pub const VERSION_SHAPED: u16 = 3;
@@ -35,6 +36,13 @@ pub const CODEC_PFPL: u8 = 4;
 /// Codec tag of `cuszi`, the shape-aware codec: its streams are version 3, and only its
 /// compressed streams carry codec metadata (Huffman codebook, predictor configuration).
 pub const CODEC_CUSZI: u8 = 5;
+/// Codec tag of `gpz`, the particle codec: its streams are version 3 (the shape is `[N, d]`, or
+/// `[N]` for one coordinate), and a compressed stream's payload is a complete GPZ stream
+/// (GPZ-FORMAT.md) whose header is the codec metadata (`meta_len = 56 + 48 d`, covered by the
+/// payload checksum) and which carries its own block table (`n_chunks = 0`).
+pub const CODEC_GPZ: u8 = 6;
+/// `chunk_log2` of `gpz` streams: log2 of the particles per GPZ block (32).
+pub const GPZ_CHUNK_LOG2: u16 = 5;
 /// Flag bit: the values follow the header verbatim.
 pub const FLAG_STORED: u8 = 1;
 /// Flag bit: the stream has a fill value (header offset 84): values bitwise equal to it were kept
@@ -43,8 +51,8 @@ pub const FLAG_FILL: u8 = 2;
 /// Every flag bit a stream may set.
 pub const KNOWN_FLAGS: u8 = FLAG_STORED | FLAG_FILL;
 /// The codec tags a stream may carry (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl,
-/// 5 cuszi).
-pub const CODEC_TAGS: std::ops::RangeInclusive<u8> = 1..=5;
+/// 5 cuszi, 6 gpz).
+pub const CODEC_TAGS: std::ops::RangeInclusive<u8> = 1..=6;
 
 /// Element type of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -137,7 +145,7 @@ impl BoundMode {
 /// The parsed stream header (96 bytes in version 2, 136 in version 3).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Header {
-    /// Codec tag (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl, 5 cuszi).
+    /// Codec tag (1 aatrox, 2 cuszp-plain, 3 cuszp-outlier, 4 pfpl, 5 cuszi, 6 gpz).
     pub codec: u8,
     /// Element type.
     pub dtype: Dtype,
@@ -395,7 +403,7 @@ impl Header {
         if !CODEC_TAGS.contains(&h.codec) {
             return Err(Error::corrupt(format!("unknown codec tag {}", h.codec)));
         }
-        if (h.codec == CODEC_CUSZI) != dims.is_some() {
+        if matches!(h.codec, CODEC_CUSZI | CODEC_GPZ) != dims.is_some() {
             return Err(Error::corrupt(format!(
                 "codec tag {} is not written in format version {version}",
                 h.codec
@@ -413,6 +421,16 @@ impl Header {
                 return Err(Error::corrupt(format!(
                     "invalid codec metadata length {meta_len}"
                 )));
+            }
+            if h.codec == CODEC_GPZ {
+                // the shape names the particles' coordinate count, and a compressed stream's
+                // metadata is exactly the GPZ header of that many axes
+                let d = gpz_coords(&d).map_err(|e| Error::corrupt(e.to_string()))?;
+                if !h.is_stored() && meta_len as usize != crate::codec::gpz::layout::header_len(d) {
+                    return Err(Error::corrupt(format!(
+                        "gpz metadata length {meta_len} is not the header length of {d} axes"
+                    )));
+                }
             }
         }
         if h.flags & !KNOWN_FLAGS != 0 {
@@ -452,7 +470,12 @@ impl Header {
             if !(1..=30).contains(&h.chunk_log2) {
                 return Err(Error::corrupt(format!("bad chunk_log2 {}", h.chunk_log2)));
             }
-            let expect = h.count.div_ceil(1u64 << h.chunk_log2);
+            // (a gpz payload carries its own block table: no chunk table here)
+            let expect = if h.codec == CODEC_GPZ {
+                0
+            } else {
+                h.count.div_ceil(1u64 << h.chunk_log2)
+            };
             if expect != h.n_chunks as u64 {
                 return Err(Error::corrupt(format!(
                     "{} values need {expect} chunks, header says {}",
@@ -645,8 +668,27 @@ pub fn codec_chunk_log2(codec: u8, dtype: Dtype) -> u16 {
     match (codec, dtype) {
         (CODEC_PFPL, Dtype::F32) => 12,
         (CODEC_PFPL, Dtype::F64) => 11,
+        (CODEC_GPZ, _) => GPZ_CHUNK_LOG2,
         _ => 15,
     }
+}
+
+/// The coordinates per particle of a `gpz` array of shape `dims`: 1 for a 1-D shape (`N`
+/// particles of one coordinate), else the last extent (`[N, d]`, AoS), which must be 1 to 4.
+/// Errors ([`Error::InvalidArgument`]) for a last extent outside `1..=4`.
+pub fn gpz_coords(dims: &Dims) -> Result<usize> {
+    let s = dims.as_slice();
+    if s.len() < 2 {
+        return Ok(1);
+    }
+    let d = s[s.len() - 1];
+    if !(1..=4).contains(&d) {
+        return Err(Error::invalid(format!(
+            "gpz compresses particles of 1 to 4 coordinates (shape [N, d], AoS): the last \
+             extent of shape {dims} is {d}"
+        )));
+    }
+    Ok(d as usize)
 }
 
 /// Bytes per chunk-table entry of streams of codec tag `codec`: [`PFPL_TABLE_ENTRY_LEN`] for

@@ -1297,7 +1297,8 @@ fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The error for a codec without GPU kernels (`cuszi`, compressed or decompressed on the GPU).
+/// The error for a codec without GPU kernels (`cuszi`, `gpz`; compressed or decompressed on the
+/// GPU).
 fn no_gpu_kernels(codec: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!(
         "{codec} is not supported on the GPU yet (use the CPU codec, --device cpu)"
@@ -1307,7 +1308,7 @@ fn no_gpu_kernels(codec: impl std::fmt::Display) -> Error {
 /// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
 /// table and stored-payload checksums are verified on the device).
 fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header> {
-    // shaped (version 3) streams come only from codecs without GPU kernels
+    // shaped (version 3) streams come only from codecs without GPU kernels (cuszi, gpz)
     if b[0..4] == crate::format::MAGIC
         && crate::format::u16_at(b, 4) == crate::format::VERSION_SHAPED
     {

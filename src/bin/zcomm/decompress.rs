@@ -22,7 +22,8 @@ use crate::output::OutputFile;
 Examples:
   zcomm decompress -i field.zc -o field.out.f32
   zcomm decompress -i big.zc -o big.f64 --max-output-bytes 200GiB
-  zcomm decompress -i field.zc -o /dev/null --device gpu")]
+  zcomm decompress -i field.zc -o /dev/null --device gpu
+  zcomm decompress -i pos.zc -o pos.out.f32   (gpz: particles x coordinates, AoS)")]
 pub struct Args {
     /// Compressed stream (written by `zcomm compress` or the library).
     #[arg(long, short = 'i')]
@@ -72,11 +73,28 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     out.commit()?;
     outln!(
-        "{}: {} values of {} ({size} bytes)",
+        "{}: {} values of {} ({size} bytes){}",
         a.output.display(),
         h.count,
         h.dtype,
+        particle_note(&stream, &h)
     )
+}
+
+/// For a compressed gpz stream: its particles, and for a reorder stream that they come in
+/// stored order (the stream does not record the permutation: `zcomm compress --permutation`
+/// writes it when compressing).
+fn particle_note(stream: &[u8], h: &zcomm::format::Header) -> String {
+    if h.codec != zcomm::CodecKind::Gpz.tag() || h.is_stored() {
+        return String::new();
+    }
+    match zcomm::codec::gpz_payload_header(stream, h) {
+        Ok(g) if g.order == zcomm::codec::gpz::Order::Reorder => {
+            format!(", {} particles x {}, reorder: in stored order", g.n, g.d)
+        }
+        Ok(g) => format!(", {} particles x {}, preserve: in input order", g.n, g.d),
+        Err(_) => String::new(),
+    }
 }
 
 /// Decode `stream` (of `count` values of `T`) under `limits` and write the values to `out`.

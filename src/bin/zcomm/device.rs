@@ -116,7 +116,7 @@ pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T])
     }
 }
 
-/// The error for a codec without GPU kernels (`cuszi`), before any device is opened.
+/// The error for a codec without GPU kernels (`cuszi`, `gpz`), before any device is opened.
 fn no_gpu_kernels(codec: CodecKind) -> Result<()> {
     if codec.has_gpu() {
         return Ok(());

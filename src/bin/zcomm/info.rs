@@ -14,7 +14,8 @@ use crate::out::outln;
 Examples:
   zcomm info -i field.zc
   zcomm info -i field.zc --json
-  zcomm info -i field.zc --json | jq .count")]
+  zcomm info -i field.zc --json | jq .count
+  zcomm info -i pos.zc --json | jq .gpz   (gpz: particles, d, order)")]
 pub struct Args {
     /// Compressed stream.
     #[arg(long, short = 'i')]
@@ -44,6 +45,19 @@ pub fn run(a: Args) -> Result<()> {
     let h = zcomm::inspect(&stream)?;
     let raw = h.count as f64 * h.dtype.size() as f64;
     let ratio = raw / stream.len() as f64;
+    // gpz: particles and coordinates from the shape (also for stored streams), the order and
+    // the per-axis bounds from the GPZ header of a compressed stream
+    let gpz = (h.codec == CodecKind::Gpz.tag())
+        .then(|| -> Result<_> {
+            let d = zcomm::format::gpz_coords(&h.shape())?;
+            let g = if h.is_stored() {
+                None
+            } else {
+                Some(zcomm::codec::gpz_payload_header(&stream, &h)?)
+            };
+            Ok((d, g))
+        })
+        .transpose()?;
     if a.json {
         let v = serde_json::json!({
             "input": a.input.display().to_string(),
@@ -68,6 +82,13 @@ pub fn run(a: Args) -> Result<()> {
             "n_chunks": h.n_chunks,
             "payload_checksum": format!("{:#010x}", h.payload_checksum),
             "ratio": ratio,
+            // gpz streams: null for the other codecs; order and axes null when stored
+            "gpz": gpz.as_ref().map(|(d, g)| serde_json::json!({
+                "particles": h.count / *d as u64,
+                "d": d,
+                "order": g.as_ref().map(|g| g.order.name()),
+                "axis_abs_bounds": g.as_ref().map(|g| g.axes.iter().map(|x| x.abs_bound).collect::<Vec<_>>()),
+            })),
         });
         let json = serde_json::to_string_pretty(&v)
             .map_err(|e| zcomm::Error::invalid(format!("cannot print JSON: {e}")))?;
@@ -83,6 +104,25 @@ pub fn run(a: Args) -> Result<()> {
     outln!("count            {}", h.count)?;
     if let Some(d) = h.dims {
         outln!("dims             {d} (format version 3)")?;
+    }
+    if let Some((d, g)) = &gpz {
+        outln!("particles        {} x {d} coordinates", h.count / *d as u64)?;
+        match g {
+            Some(g) => {
+                outln!(
+                    "order            {}",
+                    match g.order {
+                        zcomm::codec::gpz::Order::Preserve =>
+                            "preserve (decodes in the original order)",
+                        zcomm::codec::gpz::Order::Reorder =>
+                            "reorder (decodes in stored order; the stream has no permutation)",
+                    }
+                )?;
+                let b: Vec<String> = g.axes.iter().map(|x| num(x.abs_bound)).collect();
+                outln!("axis abs bounds  {}", b.join(", "))?;
+            }
+            None => outln!("order            input order (stored)")?,
+        }
     }
     outln!(
         "bound            {}:{}",

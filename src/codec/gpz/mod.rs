@@ -18,7 +18,11 @@
 //!    their sizes.
 //!
 //! The stream format is documented in `GPZ-FORMAT.md`; it is not a `ZCMP` stream (the other
-//! codecs' format) and has its own magic and version.
+//! codecs' format) and has its own magic and version. As [`CodecKind::Gpz`](crate::CodecKind)
+//! (`compress_nd(data, &[n, d], bound, CodecKind::Gpz)`, the CLI, the communication layer) a GPZ
+//! stream travels wrapped in a version 3 `ZCMP` header (FORMAT.md, "gpz"), which
+//! `zcomm::decompress` and `zcomm::inspect` read; [`crate::codec::compress_particles_nd`]
+//! writes that form and returns the permutation of a [`Order::Reorder`] stream.
 //!
 //! # Order
 //!
