@@ -854,7 +854,20 @@ def _over(state: HookState, group: Any, fn: Any, *args: Any, **kw: Any) -> Any:
         state.process_group = saved
 
 
-class ReduceScatter:
+class _Fsdp2Collective:
+    """What FSDP2's custom collectives share: the hook state, a telemetry key and the output
+    buffer FSDP2 asks for (an ordinary tensor)."""
+
+    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
+        self.state = state
+        self.key = key
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The output buffer FSDP2 asks for: an ordinary tensor."""
+        return torch.empty(size, dtype=dtype, device=device)
+
+
+class ReduceScatter(_Fsdp2Collective):
     """FSDP2 custom reduce-scatter of gradients. ``fully_shard`` modules have no comm hook but take
     a custom collective: ``module.set_custom_reduce_scatter(ReduceScatter(state))``, or
     :func:`register_fsdp2` for every ``fully_shard`` module of a model.
@@ -865,14 +878,6 @@ class ReduceScatter:
     through the plain ``reduce_scatter_tensor``. Synchronous: returns ``None``, which FSDP2
     accepts. ``key`` names the module for telemetry and error feedback (default: the size).
     """
-
-    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
-        self.state = state
-        self.key = key
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """The output buffer FSDP2 asks for: an ordinary tensor."""
-        return torch.empty(size, dtype=dtype, device=device)
 
     def __call__(
         self,
@@ -892,7 +897,7 @@ class ReduceScatter:
         return None
 
 
-class AllGather:
+class AllGather(_Fsdp2Collective):
     """FSDP2 custom all-gather of parameters: ``module.set_custom_all_gather(AllGather(state))``
     (or ``register_fsdp2(model, state, all_gather_state=...)``). Each call runs
     :func:`compressed_all_gather_into_tensor` over FSDP2's group: the unsharded parameters used
@@ -901,14 +906,6 @@ class AllGather:
     mixed dtypes) goes through the plain ``all_gather_into_tensor``. Synchronous: returns
     ``None``, which FSDP2 accepts.
     """
-
-    def __init__(self, state: HookState, key: Optional[Any] = None) -> None:
-        self.state = state
-        self.key = key
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """The output buffer FSDP2 asks for: an ordinary tensor."""
-        return torch.empty(size, dtype=dtype, device=device)
 
     def __call__(
         self,
