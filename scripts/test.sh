@@ -65,6 +65,8 @@ check "mpi-tests/pmpi/run.sh (PMPI: unmodified C, Fortran and mpi4py under mpiru
 check "scripts/qsim/run.sh (state vectors against Qiskit, mpirun -n 2 and 4)" \
     env QSIM_CARGO_FLAGS=--all-features bash scripts/qsim/run.sh
 check "python package (pytest)" bash scripts/test-python.sh
+check "scripts/cuszi/run.sh (cuSZ-i ratio against the Lorenzo entropy estimate and the 1-D codecs)" \
+    bash scripts/cuszi/run.sh
 
 # one closing line over every cargo test run (+ every failed check)
 read -r passed nfailed ignored < <(awk '/^test result:/ {
