@@ -4,14 +4,11 @@
 //! property round trip through `compress_nd` with the exact bound check, and the generic
 //! decoder's fuzz body (`fuzz_targets/decode.rs`) over mutated wrapped streams.
 
-#[path = "common/gpz_fuzz_body.rs"]
-mod gpz_fuzz_body;
-
 mod common;
 
+use common::fuzz_body::gpz_fuzz_body::{decode_any, reseal};
 use common::{abs_diff_le, check_bound, fuzz_body};
 
-use gpz_fuzz_body::{decode_any, reseal};
 use proptest::prelude::*;
 use zcomm::codec::gpz::{compress_particles, decompress_particles_with_limits, Order};
 use zcomm::{compress_nd, decompress, inspect, CodecKind, DecodeLimits, ErrorBound};
