@@ -1,5 +1,5 @@
-//! CUDA device buffers of the collectives: compressed on the GPU, staged through pinned host
-//! memory.
+//! CUDA device buffers: the collectives compress them on the GPU and stage the streams through
+//! pinned host memory; point-to-point calls move a host copy ([`Shadow`]).
 //!
 //! A collective whose buffers are device memory on every rank runs zcomm's staged device
 //! operations (`allreduce_device`, `reduce_scatter_device`, `allgather_device`,
