@@ -625,6 +625,27 @@ def register_fsdp(model: Any, state: HookState) -> Any:
     return model
 
 
+def _finish_raw(
+    state: HookState,
+    key: Any,
+    output: torch.Tensor,
+    res: torch.Tensor,
+    nbytes: int,
+    predicted: float,
+    t0: float,
+    why: str,
+) -> torch.Tensor:
+    """The end of an uncompressed FSDP collective: ``res`` into ``output``, the counters, the
+    telemetry line."""
+    with torch.no_grad():
+        output.copy_(res.reshape(output.shape))
+    with state._lock:
+        state._s["raw_calls"] += 1
+        state._s["bytes_on_wire"] += nbytes + 8 * 16
+    _log(state, key, "raw", predicted, time.perf_counter() - t0, why)
+    return output
+
+
 def compressed_reduce_scatter_tensor(
     output: torch.Tensor,
     input: torch.Tensor,
@@ -696,13 +717,7 @@ def compressed_reduce_scatter_tensor(
         if post > 1:
             res.div_(post)
         state._bw = _ema(state._bw, (p - 1) / p * nbytes / max(time.perf_counter() - tr, 1e-9))
-        with torch.no_grad():
-            output.copy_(res.reshape(output.shape))
-        with state._lock:
-            state._s["raw_calls"] += 1
-            state._s["bytes_on_wire"] += nbytes + 8 * 16
-        _log(state, key, "raw", gpred[0], time.perf_counter() - t0, why)
-        return output
+        return _finish_raw(state, key, output, res, nbytes, gpred[0], t0, why)
 
     gpu = _gpu_codec(x)
     tc0 = time.perf_counter()
@@ -800,13 +815,7 @@ def compressed_all_gather_into_tensor(
         tr = time.perf_counter()
         dist.all_gather_into_tensor(res, input.detach().reshape(-1).contiguous(), group=pg)
         state._bw = _ema(state._bw, (p - 1) * nbytes / max(time.perf_counter() - tr, 1e-9))
-        with torch.no_grad():
-            output.copy_(res.reshape(output.shape))
-        with state._lock:
-            state._s["raw_calls"] += 1
-            state._s["bytes_on_wire"] += nbytes + 8 * 16
-        _log(state, key, "raw", gpred[0], time.perf_counter() - t0, why)
-        return output
+        return _finish_raw(state, key, output, res, nbytes, gpred[0], t0, why)
 
     ef, state.error_feedback = state.error_feedback, False
     try:

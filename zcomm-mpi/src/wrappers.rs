@@ -880,33 +880,20 @@ fn p2p_stage(
         .then_some((ord, count as usize * elem.size()))
 }
 
-/// A host copy of a device send buffer that [`p2p_stage`] stages (`None` otherwise).
-unsafe fn stage_send(
+/// A host copy of a device buffer that [`p2p_stage`] stages (`None` otherwise): with the
+/// device contents for a send (`download`), zeroed for a receive.
+unsafe fn stage(
     st: &mut State,
     op: &str,
     buf: *const c_void,
     dt: MPI_Datatype,
     count: c_int,
+    download: bool,
 ) -> Option<crate::gpu::Shadow> {
     let (ord, bytes) = p2p_stage(st, buf, dt, count)?;
-    match crate::gpu::Shadow::new(&mut st.gpus, ord, buf, bytes, true) {
+    match crate::gpu::Shadow::new(&mut st.gpus, ord, buf, bytes, download) {
         Ok(sh) => Some(sh),
-        Err(e) => fatal(&format!("{op}: staging a device send buffer: {e}")),
-    }
-}
-
-/// A zeroed host copy for a device receive buffer that [`p2p_stage`] stages.
-unsafe fn stage_recv(
-    st: &mut State,
-    op: &str,
-    buf: *const c_void,
-    dt: MPI_Datatype,
-    count: c_int,
-) -> Option<crate::gpu::Shadow> {
-    let (ord, bytes) = p2p_stage(st, buf, dt, count)?;
-    match crate::gpu::Shadow::new(&mut st.gpus, ord, buf, bytes, false) {
-        Ok(sh) => Some(sh),
-        Err(e) => fatal(&format!("{op}: staging a device receive buffer: {e}")),
+        Err(e) => fatal(&format!("{op}: staging a device buffer: {e}")),
     }
 }
 
@@ -1110,7 +1097,7 @@ pub unsafe extern "C" fn MPI_Send(
             return PMPI_Send(buf, count, dt, dest, tag, comm);
         };
         // a staged device buffer is sent from its host copy (compressed or not)
-        let shadow = stage_send(st, "MPI_Send", buf, dt, count);
+        let shadow = stage(st, "MPI_Send", buf, dt, count, true);
         let buf = shadow.as_ref().map_or(buf, |sh| sh.as_ptr());
         match p2p_send_eligible(st, buf, count, dt, dest, tag, comm) {
             Err(r) => {
@@ -1145,7 +1132,7 @@ unsafe fn p2p_recv_eligible(
     if !device::is_device(buf) {
         return Some((e, None));
     }
-    let sh = stage_recv(st, op, buf, dt, count)?;
+    let sh = stage(st, op, buf, dt, count, false)?;
     Some((e, Some(sh)))
 }
 
@@ -1237,7 +1224,7 @@ pub unsafe extern "C" fn MPI_Sendrecv(
             drop(g);
             return pass!();
         };
-        let sshadow = stage_send(st, "MPI_Sendrecv", sendbuf, sendtype, sendcount);
+        let sshadow = stage(st, "MPI_Sendrecv", sendbuf, sendtype, sendcount, true);
         let sendbuf = sshadow.as_ref().map_or(sendbuf, |sh| sh.as_ptr());
         let send = p2p_send_eligible(st, sendbuf, sendcount, sendtype, dest, sendtag, comm);
         let (recv, mut rshadow) =
@@ -1335,36 +1322,24 @@ pub unsafe extern "C" fn MPI_Isend(
             drop(g);
             return PMPI_Isend(buf, count, dt, dest, tag, comm, request);
         };
-        // a device buffer: eligibility is the host copy's; only a compressed send uses the copy
-        // (compressed eagerly, the copy is not needed afterwards), an uncompressed one passes
-        // the device buffer to PMPI
-        let staged = p2p_stage(st, buf, dt, count).is_some();
-        let probe = if staged { std::ptr::null() } else { buf };
-        match p2p_send_eligible(st, probe, count, dt, dest, tag, comm) {
+        // a staged device buffer is sent from its host copy: a compressed send compresses it
+        // now (the copy is not needed afterwards), an uncompressed one keeps it until completion
+        let shadow = stage(st, "MPI_Isend", buf, dt, count, true);
+        let buf = shadow.as_ref().map_or(buf, |sh| sh.as_ptr());
+        match p2p_send_eligible(st, buf, count, dt, dest, tag, comm) {
             Err(r) => {
                 st.report.op("MPI_Isend").pass(r);
                 note_device(st, r);
-                // an uncompressed device send goes out from a host copy kept until completion
-                match stage_send(st, "MPI_Isend", buf, dt, count) {
-                    Some(copy) => {
-                        let rc = PMPI_Isend(copy.as_ptr(), count, dt, dest, tag, comm, request);
-                        if rc == 0 {
-                            st.pending.staged.push(PStaged {
-                                req: ffi::key(*request),
-                                _copy: copy,
-                            });
-                        }
-                        rc
-                    }
-                    None => {
-                        drop(g);
-                        PMPI_Isend(buf, count, dt, dest, tag, comm, request)
-                    }
+                let rc = PMPI_Isend(buf, count, dt, dest, tag, comm, request);
+                if let (Some(copy), 0) = (shadow, rc) {
+                    st.pending.staged.push(PStaged {
+                        req: ffi::key(*request),
+                        _copy: copy,
+                    });
                 }
+                rc
             }
             Ok(elem) => {
-                let shadow = stage_send(st, "MPI_Isend", buf, dt, count);
-                let buf = shadow.as_ref().map_or(buf, |sh| sh.as_ptr());
                 let (m, z) = start_send(st, elem, buf, count, dest, tag, comm);
                 st.pending.sends.push(PSend {
                     req: ffi::key(m),
