@@ -59,7 +59,7 @@ impl<E: DeviceAmp> DeviceState<E> {
                 .map_err(gpu_err("kernel"))
         };
         let n = 2usize << local;
-        let state = DeviceState {
+        let mut state = DeviceState {
             apply: f("apply")?,
             scale: f("scale")?,
             pack: f("pack")?,
@@ -77,6 +77,8 @@ impl<E: DeviceAmp> DeviceState<E> {
             stager: DeviceStager::new(gpu),
             name,
         };
+        // the exchange buffers (pinned host memory: slow to allocate) before the first swap
+        state.stager.reserve::<E::Scalar>(n / 2)?;
         Ok(state)
     }
 

@@ -39,7 +39,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use common::{clear_progress, exit_code, init_tracing, outln, progress};
-use zcomm::comm::{Communicator, Config, Decision, OpStats, ReduceOp};
+use zcomm::comm::device::Terms;
+use zcomm::comm::{Communicator, Config, Decision, OpStats, ReduceOp, StageTimes};
 use zcomm::model::Policy;
 use zcomm::{ErrorBound, Result};
 
@@ -238,6 +239,8 @@ struct SwapRec {
     time: f64,
     /// This rank's contribution to `‖e_k‖²` (see [`fidelity::certified_eps`]).
     err_sq: f64,
+    /// GPU runs: the staged exchange's measured stages and the model's terms for them (s).
+    stages: Option<(StageTimes, Terms)>,
 }
 
 /// One run of the plan on this rank's sub-vector `v`.
@@ -302,18 +305,21 @@ fn run<E: DeviceAmp>(
                 let (partner, s) = sim::swap_partner(rank, *global, l);
                 // tags cycle through the user range; one pair's messages arrive in order anyway
                 let tag = (swaps.len() % 4000) as i32 + 1;
-                let (stats, time, sent_norm) = match dev.as_deref_mut() {
+                let (stats, time, sent_norm, stages) = match dev.as_deref_mut() {
                     Some(d) => {
-                        // the exchange's time includes finishing the gates queued before it
+                        // the gates queued before the exchange finish first: the exchange's
+                        // time (and the model's prediction of it) is the exchange's alone
+                        d.synchronize()?;
                         let t = c.wtime();
                         let stats = d.swap(c, *local, s, partner, tag)?;
                         let time = c.wtime() - t;
+                        let stages = Some((d.stager.last, d.stager.last_predicted));
                         let norm = if rel && stats.decision != Decision::Raw {
                             d.sent_norm_sqr()?
                         } else {
                             0.0
                         };
-                        (stats, time, norm)
+                        (stats, time, norm, stages)
                     }
                     None => {
                         sim::pack(&b.v, *local, s, &mut b.send);
@@ -326,7 +332,7 @@ fn run<E: DeviceAmp>(
                         } else {
                             0.0
                         };
-                        (stats, time, norm)
+                        (stats, time, norm, None)
                     }
                 };
                 t_ex += time;
@@ -341,6 +347,7 @@ fn run<E: DeviceAmp>(
                     stats,
                     time,
                     err_sq,
+                    stages,
                 });
             }
         }
@@ -404,6 +411,34 @@ fn device_state<E: DeviceAmp>(
     Ok(d)
 }
 
+/// The compressed run's exchanges stage by stage, measured against the model's terms (GPU runs):
+/// where a prediction misses, this shows which stage it misses.
+fn stage_table(rows: &[Row]) {
+    if rows.iter().all(|r| r.stages_s.is_none()) {
+        return;
+    }
+    const NAMES: [&str; 5] = ["compress", "d2h", "network", "h2d", "decompress"];
+    let mut head = format!("{:>5}", "swap");
+    for n in NAMES {
+        head.push_str(&format!(" {:>21}", format!("{n} ms (pred)")));
+    }
+    outln!("stages of the zcomm run's exchanges (slowest rank per stage; model in parentheses):");
+    outln!("{head}");
+    for r in rows {
+        let (Some(m), Some(p)) = (r.stages_s, r.predicted_stages_s) else {
+            continue;
+        };
+        let mut line = format!("{:>5}", r.swap);
+        for k in 0..5 {
+            line.push_str(&format!(
+                " {:>21}",
+                format!("{:.3} ({:.3})", m[k] * 1e3, p[k] * 1e3)
+            ));
+        }
+        outln!("{line}");
+    }
+}
+
 /// One row of the report, over all ranks.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
@@ -430,11 +465,34 @@ struct Row {
     err_norm_bound: f64,
     /// Measured max error of what was sent (with --verify).
     max_error: Option<f64>,
+    /// GPU runs: the compressed run's stages of the exchange (slowest rank per stage, s):
+    /// compress, d2h, network, h2d, decompress.
+    stages_s: Option<[f64; 5]>,
+    /// The model's terms for the same stages (largest over the ranks, s).
+    predicted_stages_s: Option<[f64; 5]>,
+}
+
+/// A stage record as the five stages of the report (the model's `device` term, zero for an
+/// exchange, is not a stage of it).
+fn stage_array(m: &StageTimes, p: &Terms) -> [f64; 10] {
+    [
+        m.compress,
+        m.d2h,
+        m.network,
+        m.h2d,
+        m.decompress,
+        p.compress,
+        p.d2h,
+        p.link,
+        p.h2d,
+        p.decompress,
+    ]
 }
 
 fn rows(c: &Communicator, plan: &Plan, raw: Option<&RunOut>, zc: &RunOut) -> Result<Vec<Row>> {
     let s = zc.swaps.len();
-    let mut mx = Vec::with_capacity(6 * s);
+    const W: usize = 16;
+    let mut mx = Vec::with_capacity(W * s);
     let mut sum = Vec::with_capacity(4 * s);
     for (i, z) in zc.swaps.iter().enumerate() {
         mx.extend([
@@ -445,6 +503,7 @@ fn rows(c: &Communicator, plan: &Plan, raw: Option<&RunOut>, zc: &RunOut) -> Res
             z.stats.bound,
             z.stats.max_error.unwrap_or(-1.0),
         ]);
+        mx.extend(z.stages.map_or([-1.0; 10], |(m, p)| stage_array(&m, &p)));
         sum.extend([
             z.stats.bytes as f64,
             z.stats.wire_bytes as f64,
@@ -468,7 +527,10 @@ fn rows(c: &Communicator, plan: &Plan, raw: Option<&RunOut>, zc: &RunOut) -> Res
     Ok(swaps
         .enumerate()
         .map(|(i, (g, l, q, line, gate))| {
-            let (m, su) = (&mx[6 * i..6 * i + 6], &sum[4 * i..4 * i + 4]);
+            let (m, su) = (&mx[W * i..W * i + W], &sum[4 * i..4 * i + 4]);
+            let five = |k: usize| -> Option<[f64; 5]> {
+                (m[k] >= 0.0).then(|| m[k..k + 5].try_into().expect("five stages"))
+            };
             let nc = su[2].round() as usize;
             Row {
                 swap: i,
@@ -494,6 +556,8 @@ fn rows(c: &Communicator, plan: &Plan, raw: Option<&RunOut>, zc: &RunOut) -> Res
                 bound: m[4],
                 err_norm_bound: su[3].sqrt(),
                 max_error: (m[5] >= 0.0).then_some(m[5]),
+                stages_s: five(6),
+                predicted_stages_s: five(11),
             }
         })
         .collect())
@@ -690,6 +754,7 @@ fn simulate<E: DeviceAmp>(
              the uncompressed run; pred = the model's times; ||e|| <= = the bound's limit on the \
              exchange's error norm (0 when sent raw)"
         );
+        stage_table(&rows);
     }
     let requested = match src {
         BoundSource::Fidelity { f, .. } => Some(f),

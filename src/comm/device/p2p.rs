@@ -274,13 +274,20 @@ impl Communicator {
         let pr = model::predict(&sc(ratio_for_model, 1));
         st.predicted_raw_s = pr.raw_serial;
         st.predicted_compressed_s = pr.compressed_serial;
-        st.predicted_s = if compress {
-            pr.compressed_serial
-        } else {
-            pr.raw_serial
-        };
-        let (tr, tc) = dp.sendrecv_terms(link, bytes as f64, ratio_for_model);
-        dev.last_predicted = if compress { tc } else { tr };
+        // What happened, modelled with both messages' sizes: the peer's may differ from this
+        // rank's (another ratio, or not compressed), and the exchange takes both.
+        let terms = dp.exchange_terms(
+            link,
+            bytes as f64,
+            len as f64,
+            n as f64,
+            (compress, sd.decision == 1),
+        );
+        if compress {
+            st.predicted_compressed_s = terms.total();
+        }
+        st.predicted_s = terms.total();
+        dev.last_predicted = terms;
         tracing::debug!(target: "zcomm::comm", stages = ?dev.last, predicted = ?dev.last_predicted, "sendrecv_device");
         Ok(self.finish(st, t0))
     }

@@ -349,26 +349,55 @@ impl DeviceProfile {
         let (r, c) = self.restore_terms(bytes, ratio);
         (r.total(), c.total())
     }
+    /// Seconds of the link part of a pairwise exchange that sends `out` bytes and receives `inn`
+    /// at the same time. Both directions share the link (on one node: the memory system), as in
+    /// the two-way ping-pong that calibrated `link`, so equal messages take `latency + bytes /
+    /// bandwidth`; when one direction carries less, the other gets more of the shared capacity,
+    /// but its message never arrives sooner than it would alone
+    /// ([`one_way_s`](Self::one_way_s)).
+    pub fn exchange_s(&self, link: Link, out: f64, inn: f64) -> f64 {
+        let shared = link.latency + 0.5 * (out + inn) / link.bandwidth;
+        shared.max(self.one_way_s(link, out.max(inn)))
+    }
+    /// Model stages of one whole-message [`Communicator::sendrecv_device`] of `bytes` that sent
+    /// `out` bytes and received `inn` bytes (on the wire): the copy out of the sent message,
+    /// the exchange ([`exchange_s`](Self::exchange_s)), the copy in of the received one, the
+    /// compression when the sent message was compressed (`zipped.0`) and the decompression when
+    /// the received one was (`zipped.1`), both of `bytes` uncompressed.
+    pub fn exchange_terms(
+        &self,
+        link: Link,
+        bytes: f64,
+        out: f64,
+        inn: f64,
+        zipped: (bool, bool),
+    ) -> Terms {
+        Terms {
+            compress: if zipped.0 {
+                self.compress_s(bytes)
+            } else {
+                0.0
+            },
+            d2h: self.d2h_s(out),
+            link: self.exchange_s(link, out, inn),
+            h2d: self.h2d_s(inn),
+            decompress: if zipped.1 {
+                self.decompress_s(bytes)
+            } else {
+                0.0
+            },
+            device: 0.0,
+        }
+    }
     /// Model stages (raw, compressed) of one whole-message [`Communicator::sendrecv_device`] of
-    /// `bytes` at `ratio` (the serial form of [`scenario`](Self::scenario) with one chunk, which
-    /// has the same total).
+    /// `bytes` at `ratio` in both directions (the serial form of [`scenario`](Self::scenario)
+    /// with one chunk, which has the same total).
     pub fn sendrecv_terms(&self, link: Link, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let z = bytes / ratio.max(1e-9);
-        let raw = Terms {
-            d2h: self.d2h_s(bytes),
-            link: link.latency + bytes / link.bandwidth,
-            h2d: self.h2d_s(bytes),
-            ..Terms::default()
-        };
-        let cmp = Terms {
-            compress: self.compress_s(bytes),
-            d2h: self.d2h_s(z),
-            link: link.latency + z / link.bandwidth,
-            h2d: self.h2d_s(z),
-            decompress: self.decompress_s(bytes),
-            device: 0.0,
-        };
-        (raw, cmp)
+        (
+            self.exchange_terms(link, bytes, bytes, bytes, (false, false)),
+            self.exchange_terms(link, bytes, z, z, (true, true)),
+        )
     }
     /// Model stages (raw, compressed) of [`Communicator::allgather_device`] of `bytes` per rank
     /// over `p` ranks: staging out, `p-1` pairwise link transfers, and `p` uploads (+

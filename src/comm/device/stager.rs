@@ -96,6 +96,20 @@ impl DeviceStager {
         self.profile = Some(p);
     }
 
+    /// Allocate now the device scratch and pinned host buffers that staged messages of up to
+    /// `values` elements of `T` need (compressed or raw), so that the first operation of that
+    /// size does not pay for them: pinning gigabytes of host memory takes a large part of a
+    /// second, which would otherwise land in the first exchange's time (and in its comparison
+    /// with the model). Buffers only grow; later, larger messages grow them again.
+    pub fn reserve<T: GpuElement>(&mut self, values: usize) -> Result<()> {
+        let s = self.stream();
+        let cap = crate::compress_bound(values, T::DTYPE);
+        Self::grow_dev(&mut self.scratch_out, &s, cap)?;
+        Self::grow_dev(&mut self.scratch_in, &s, cap)?;
+        Self::grow_pinned(&mut self.pinned_send, &s, cap)?;
+        Self::grow_pinned(&mut self.pinned_recv, &s, cap)
+    }
+
     pub(super) fn stream(&self) -> std::sync::Arc<CudaStream> {
         self.gpu.stream().clone()
     }

@@ -377,3 +377,26 @@ fn predict_reduce_structure() {
     let g = DeviceProfile::guess();
     assert_eq!(g.reduce_terms(LINK, p, b, r, Some(r), true).device, 0.0);
 }
+
+#[test]
+fn an_uneven_exchange_shares_the_link_but_is_never_faster_than_one_way() {
+    let dp = solo_profile(2);
+    let (big, small) = (4e8, 2e8);
+    // equal messages: the two-way calibration itself
+    let even = dp.exchange_s(LINK, big, big);
+    assert!(close(even, LINK.latency + big / LINK.bandwidth));
+    // one direction light: the heavy one gets most of the shared capacity...
+    let uneven = dp.exchange_s(LINK, big, small);
+    assert!(close(
+        uneven,
+        LINK.latency + 0.5 * (big + small) / LINK.bandwidth
+    ));
+    assert_eq!(uneven, dp.exchange_s(LINK, small, big));
+    // ...but never arrives sooner than it would alone (6.25 GB/s one way)
+    let alone = dp.exchange_s(LINK, big, 0.0);
+    assert!(close(alone, dp.one_way_s(LINK, big)) && alone > 0.5 * big / LINK.bandwidth);
+    // the stages follow the sizes: the copy out of the sent, the copy in of the received
+    let t = dp.exchange_terms(LINK, 1e9, big, small, (true, false));
+    assert!(close(t.d2h, dp.d2h_s(big)) && close(t.h2d, dp.h2d_s(small)));
+    assert!(t.compress > 0.0 && t.decompress == 0.0);
+}
