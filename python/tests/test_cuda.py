@@ -183,8 +183,9 @@ def test_fsdp_helpers_gpu_path_matches_cpu_path() -> None:
             (gdev, g), (cdev, c) = rr["cuda"][k], rr["cpu"][k]
             assert gdev == "cuda" and cdev == "cpu", (k, gdev, cdev)
             assert _same_bits(g, c), f"rank {r} {k}: GPU and CPU paths differ"
-    assert _same_bits(res[0]["cuda"]["ag"], res[1]["cuda"]["ag"])
-    assert _same_bits(res[0]["cuda"]["ar"], res[1]["cuda"]["ar"])
+    # entries are (device, tensor): the ranks' all-gathered and all-reduced tensors agree
+    assert _same_bits(res[0]["cuda"]["ag"][1], res[1]["cuda"]["ag"][1])
+    assert _same_bits(res[0]["cuda"]["ar"][1], res[1]["cuda"]["ar"][1])
 
 
 def _main() -> int:
