@@ -147,7 +147,8 @@ fn run<T: GpuElement + Send + Sync>(args: &Args, bound: ErrorBound, order: Order
             let mut ok = true;
             for c in 0..d {
                 let e = (a[c].to_f64() - b[c].to_f64()).abs();
-                ok &= e <= header.axes[c].abs_bound || (!a[c].finite() && a[c].to_bits_u64() == b[c].to_bits_u64());
+                ok &= e <= header.axes[c].abs_bound
+                    || (!a[c].finite() && a[c].to_bits_u64() == b[c].to_bits_u64());
                 m = m.max(e);
             }
             (m, ok)
@@ -197,7 +198,18 @@ fn run<T: GpuElement + Send + Sync>(args: &Args, bound: ErrorBound, order: Order
     });
     println!(
         "{:<11} {:<5} {:>2} {:<9} {:<10} {:>12} {:>8} {:>10} {:>9} {:>11} {:>9} {:>9}",
-        "op", "dtype", "d", "order", "bound", "bytes", "ratio", "time_ms", "GB/s", "max_error", "bound_ok", "cpu_same"
+        "op",
+        "dtype",
+        "d",
+        "order",
+        "bound",
+        "bytes",
+        "ratio",
+        "time_ms",
+        "GB/s",
+        "max_error",
+        "bound_ok",
+        "cpu_same"
     );
     for r in &recs {
         println!(

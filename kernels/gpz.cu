@@ -656,7 +656,8 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap)
     __syncthreads();
     if (b < nb) {
         const u64 tab = hdr + 2ull * b;
-        if (lane == 0 && tab + 2ull <= cap) *((unsigned short*)(out + tab)) = (unsigned short)size;
+        // byte stores: the stream may start at any byte of its buffer
+        if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
         gz_store(out, hdr + 2ull * nb + s_excl + before, cap, s_buf[warp], size, lane);
     }
 }
@@ -933,7 +934,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     if (chunk >= nchunks) return;
     const u64 b = (u64)chunk * GZ_WARPS + warp;
     u32 size = 0;
-    if (b < nb) size = *((const unsigned short*)(in + hdr + 2ull * b));
+    if (b < nb) size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
     if (lane == 0) s_size[warp] = size;
     __syncthreads();
     u32 before = 0, agg = 0;

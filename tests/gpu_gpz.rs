@@ -44,7 +44,10 @@ fn main() {
         gpu_trial("gpz_gpu_matches_cpu_f32", |g| matches_cpu::<f32>(g, false)),
         gpu_trial("gpz_gpu_matches_cpu_f64", |g| matches_cpu::<f64>(g, false)),
         gpu_trial("gpz_gpu_matches_cpu_large", gpz_gpu_matches_cpu_large),
-        gpu_trial("gpz_gpu_rejects_what_cpu_rejects", gpz_gpu_rejects_what_cpu_rejects),
+        gpu_trial(
+            "gpz_gpu_rejects_what_cpu_rejects",
+            gpz_gpu_rejects_what_cpu_rejects,
+        ),
         gpu_trial("gpz_device_api", gpz_device_api),
         // every data set at every size (slow): `--ignored gpz_gpu_matches_cpu_full`
         gpu_trial("gpz_gpu_matches_cpu_full", |g| {
@@ -102,7 +105,10 @@ fn particle_sets(n: usize, d: usize, seed: u64) -> Vec<(&'static str, Vec<f64>)>
         }
     }
     sets.push(("clustered", v));
-    sets.push(("uniform", (0..n * d).map(|_| r.unit() * 1000.0 - 500.0).collect()));
+    sets.push((
+        "uniform",
+        (0..n * d).map(|_| r.unit() * 1000.0 - 500.0).collect(),
+    ));
     sets.push((
         "one_cell",
         (0..n * d).map(|i| 42.0 + (i % 3) as f64 * 1e-9).collect(),
@@ -187,8 +193,13 @@ fn check_one<T: GpuElement>(
     order: Order,
     label: &str,
 ) {
-    let what = format!("{label} {} d={d} n={} {bound} {order}", T::DTYPE, data.len() / d);
-    let (cpu, _) = compress_particles(data, d, bound, order).unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
+    let what = format!(
+        "{label} {} d={d} n={} {bound} {order}",
+        T::DTYPE,
+        data.len() / d
+    );
+    let (cpu, _) =
+        compress_particles(data, d, bound, order).unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
     let g = gpu
         .compress(data, d, bound, order)
         .unwrap_or_else(|e| panic!("{what}: gpu compress: {e}"));
@@ -200,7 +211,8 @@ fn check_one<T: GpuElement>(
             cpu.len()
         );
     }
-    let (want, dw) = decompress_particles::<T>(&cpu).unwrap_or_else(|e| panic!("{what}: cpu decode: {e}"));
+    let (want, dw) =
+        decompress_particles::<T>(&cpu).unwrap_or_else(|e| panic!("{what}: cpu decode: {e}"));
     let (got, dg) = gpu
         .decompress::<T>(&cpu)
         .unwrap_or_else(|e| panic!("{what}: gpu decode: {e}"));
@@ -241,7 +253,14 @@ fn gpz_gpu_matches_cpu_large(gpu: &mut GpzGpu) {
         }
     }
     let set = particle_sets(n / 2, 2, 9).swap_remove(0).1;
-    check_one(gpu, &set, 2, ErrorBound::Noa(1e-4), Order::Preserve, "large clustered");
+    check_one(
+        gpu,
+        &set,
+        2,
+        ErrorBound::Noa(1e-4),
+        Order::Preserve,
+        "large clustered",
+    );
 }
 
 /// Corrupted streams: the GPU decoder errs exactly when the CPU decoder does, and decodes to the
@@ -268,7 +287,11 @@ fn gpz_gpu_rejects_what_cpu_rejects(gpu: &mut GpzGpu) {
                 let g = gpu.decompress::<f32>(&c);
                 match (cpu, g) {
                     (Ok((a, _)), Ok((b, _))) => {
-                        assert_eq!(same_bits(&a, &b), None, "accepted corruption decodes differently")
+                        assert_eq!(
+                            same_bits(&a, &b),
+                            None,
+                            "accepted corruption decodes differently"
+                        )
                     }
                     (Err(_), Err(_)) => {}
                     (a, b) => panic!(

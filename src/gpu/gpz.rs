@@ -123,7 +123,9 @@ pub struct GpzGpu {
 
 impl std::fmt::Debug for GpzGpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpzGpu").field("device", &self.name).finish()
+        f.debug_struct("GpzGpu")
+            .field("device", &self.name)
+            .finish()
     }
 }
 
@@ -246,7 +248,12 @@ impl GpzGpu {
         let items = (nb as usize).max(data_len.min(raw) as usize / 4);
         let grid = self.grid_for(items);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&out).arg(&hdr).arg(&nb).arg(&data_len).arg(&raw).arg(&ws);
+        b.arg(&out)
+            .arg(&hdr)
+            .arg(&nb)
+            .arg(&data_len)
+            .arg(&raw)
+            .arg(&ws);
         let cfg = LaunchConfig {
             grid_dim: (grid, 2, 1),
             block_dim: (256, 1, 1),
@@ -479,8 +486,10 @@ impl GpzGpu {
             self.hash(inp, hl, 0, raw, raw)?;
             if raw > 0 {
                 // SAFETY: both buffers hold `raw` bytes there.
-                unsafe { cu::memcpy_dtod_async(outp, inp + hl, raw as usize, self.stream.cu_stream()) }
-                    .map_err(gpu_err("stored copy"))?;
+                unsafe {
+                    cu::memcpy_dtod_async(outp, inp + hl, raw as usize, self.stream.cu_stream())
+                }
+                .map_err(gpu_err("stored copy"))?;
             }
             let c = self.read_ctrl()?;
             if zhash_of(c[W_HASH + 1], raw) != h.data_checksum {
@@ -491,7 +500,9 @@ impl GpzGpu {
         let nb = h.n_blocks() as usize;
         let table = 2 * nb as u64;
         if table > payload {
-            return Err(Error::corrupt("gpz stream truncated inside its block table"));
+            return Err(Error::corrupt(
+                "gpz stream truncated inside its block table",
+            ));
         }
         let data_len = payload - table;
         let nchunks = nb.div_ceil(WARPS);
