@@ -66,6 +66,9 @@ pub(crate) const CTRL: usize = 48;
 /// Warps (blocks of 32 particles) per thread block and look-back chunk (kernels/gpz.cu
 /// `GZ_WARPS`).
 pub(crate) const WARPS: usize = 8;
+// the control words do not overlap
+const _: () = assert!(W_TICKET < CTRL && W_AXIS + 16 <= W_HASH && W_HASH + 2 <= W_TOTAL);
+
 /// Header bytes of the largest header (d = 4).
 const MAX_HEADER: usize = 56 + 48 * 4;
 
@@ -679,7 +682,6 @@ mod tests {
         for (name, v) in pairs {
             assert_eq!(define(name), v as u64, "{name}");
         }
-        assert!(W_TICKET < CTRL && W_AXIS + 16 <= W_HASH);
         assert_eq!(MAX_HEADER, header_len(4));
     }
 
