@@ -22,6 +22,7 @@ const FILES: &[(&str, &str)] = &[
     ("pfpl.cu", include_str!("../../kernels/pfpl.cu")),
     ("util.cu", include_str!("../../kernels/util.cu")),
     ("nccl_util.cu", include_str!("../../kernels/nccl_util.cu")),
+    ("gpz.cu", include_str!("../../kernels/gpz.cu")),
 ];
 
 /// The text of `kernels/<name>` (for tests that check it against the Rust side).
@@ -39,11 +40,13 @@ pub enum Module {
     Util,
     /// `util.cu` plus the NCCL transport's own kernels (`nccl_util.cu`).
     NcclUtil,
+    /// The GPZ particle codec (`gpz.cu`, [`GpzGpu`](super::gpz::GpzGpu)).
+    Gpz,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 3] = [Module::Codecs, Module::Util, Module::NcclUtil];
+    pub const ALL: [Module; 4] = [Module::Codecs, Module::Util, Module::NcclUtil, Module::Gpz];
 
     /// Short name (cache files, errors).
     pub fn name(self) -> &'static str {
@@ -51,6 +54,7 @@ impl Module {
             Module::Codecs => "codecs",
             Module::Util => "util",
             Module::NcclUtil => "nccl_util",
+            Module::Gpz => "gpz",
         }
     }
 
@@ -59,6 +63,7 @@ impl Module {
             Module::Codecs => &["blocked.cu", "pfpl.cu"],
             Module::Util => &["util.cu"],
             Module::NcclUtil => &["nccl_util.cu"],
+            Module::Gpz => &["gpz.cu"],
         }
     }
 
@@ -77,7 +82,7 @@ impl Module {
     pub fn defines(self) -> Vec<String> {
         match self {
             Module::Codecs => vec![format!("-DZC_WARPS={}", blocked_warps())],
-            Module::Util | Module::NcclUtil => Vec::new(),
+            Module::Util | Module::NcclUtil | Module::Gpz => Vec::new(),
         }
     }
 
@@ -99,6 +104,7 @@ impl Module {
             Module::Codecs => kernel_names(),
             Module::Util => UTIL.iter().map(|s| s.to_string()).collect(),
             Module::NcclUtil => UTIL.iter().chain(&NCCL).map(|s| s.to_string()).collect(),
+            Module::Gpz => super::gpz::kernel_names(),
         }
     }
 }
@@ -419,7 +425,9 @@ mod tests {
         for m in Module::ALL {
             let src = m.source();
             assert!(!src.contains("#include"), "{m:?} keeps an #include");
-            if m != Module::Codecs {
+            // the codecs' and gpz's entry points are made by macros (their CUBIN tests check
+            // the names)
+            if m != Module::Codecs && m != Module::Gpz {
                 for k in m.kernel_names() {
                     assert!(src.contains(&k), "{m:?}: {k} not in the source");
                 }

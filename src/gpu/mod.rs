@@ -31,6 +31,7 @@
 mod accumulate;
 pub mod bench;
 pub mod compile;
+pub mod gpz;
 #[doc(hidden)]
 pub mod testing;
 pub(crate) mod util;

@@ -19,9 +19,9 @@ use crate::error::{Error, Result};
 use crate::quant::Quantizer;
 
 /// Bits of a block's width field `w_c`.
-const WIDTH_BITS: u32 = 6;
+pub(crate) const WIDTH_BITS: u32 = 6;
 /// Bits of a block's level field.
-const LEVEL_BITS: u32 = 4;
+pub(crate) const LEVEL_BITS: u32 = 4;
 
 /// What every block of a stream shares.
 pub(crate) struct Ctx<'a, T: Element> {

@@ -117,10 +117,17 @@ impl GpzHeader {
     /// Parse and validate a header at the start of `stream` (checksum, tags, reserved bytes,
     /// the bound and every axis record, the payload length). Does not read the payload.
     pub fn parse(stream: &[u8]) -> Result<GpzHeader> {
-        if stream.len() < FIXED_LEN {
+        Self::parse_with_len(stream, stream.len())
+    }
+
+    /// [`GpzHeader::parse`] of a stream of `stream_len` bytes whose first bytes are `stream`
+    /// (at least its header, or all of it when it is shorter): a device decoder reads only the
+    /// header to the host.
+    pub(crate) fn parse_with_len(stream: &[u8], stream_len: usize) -> Result<GpzHeader> {
+        let avail = stream_len.min(stream.len());
+        if avail < FIXED_LEN {
             return Err(Error::corrupt(format!(
-                "gpz stream of {} bytes is shorter than its header",
-                stream.len()
+                "gpz stream of {stream_len} bytes is shorter than its header"
             )));
         }
         if stream[0..4] != MAGIC {
@@ -139,7 +146,7 @@ impl GpzHeader {
             )));
         }
         let hl = header_len(d);
-        if stream.len() < hl {
+        if avail < hl {
             return Err(Error::corrupt("gpz stream truncated inside its header"));
         }
         let o = FIXED_LEN + AXIS_LEN * d;
@@ -200,11 +207,11 @@ impl GpzHeader {
             Dtype::F32 => h.check_axes::<f32>()?,
             Dtype::F64 => h.check_axes::<f64>()?,
         }
-        if h.payload_len != (stream.len() - hl) as u64 {
+        if h.payload_len != (stream_len - hl) as u64 {
             return Err(Error::corrupt(format!(
                 "gpz payload_len {} but {} bytes follow the header",
                 h.payload_len,
-                stream.len() - hl
+                stream_len - hl
             )));
         }
         if h.stored && h.table_checksum != 0 {

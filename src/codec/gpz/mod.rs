@@ -95,6 +95,21 @@ use block::{decode_block, encode_block, Ctx};
 use layout::{block_offsets, header_len, BLOCK, TABLE_ENTRY_LEN};
 pub use layout::{AxisRecord, GpzHeader};
 
+/// The format constants that the CUDA twin (`kernels/gpz.cu`, `#define NAME VALUE`) repeats, by
+/// the kernel's name: checked against the kernel source by a test of `gpu::gpz`.
+#[cfg(feature = "cuda")]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn kernel_constants() -> Vec<(&'static str, u64)> {
+    vec![
+        ("GZ_WIDTH_BITS", block::WIDTH_BITS as u64),
+        ("GZ_LEVEL_BITS", block::LEVEL_BITS as u64),
+        ("GZ_BLOCK", BLOCK as u64),
+        // max_level(d) = min(32 / d, GZ_LMAX_CAP)
+        ("GZ_LMAX_CAP", quantize::max_level(1) as u64),
+        ("GZ_TABLE_ENTRY", TABLE_ENTRY_LEN as u64),
+    ]
+}
+
 /// Blocks encoded or decoded per parallel task.
 const GROUP_BLOCKS: usize = 1024;
 

@@ -1,0 +1,1039 @@
+// GPZ particle codec (GPZ-FORMAT.md), the CUDA twin of src/codec/gpz: writes the CPU encoder's
+// bytes and decodes exactly what the CPU decoder accepts. One warp per 32-particle block (lane j
+// holds particle j); blocks of GZ_WARPS consecutive blocks form a chunk whose place in the stream
+// comes from a decoupled look-back over the chunk sizes (common.cuh), so every block is written
+// once, straight into the final stream.
+//
+// Compression (src/gpu/gpz.rs launches, in order, without a host round trip):
+//   gz_init        ctrl words and look-back status cleared
+//   gz_range_*     (noa, or abs with a degenerate step) per-axis finite range, first non-zero
+//   gz_params_*    one thread: QuantParams::derive_from_stats of every axis
+//   gz_codes_*     per-axis smallest / largest code over the non-exception particles
+//   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
+//   gz_hash        zhash sums of the table and of the blocks
+// then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
+// Decompression: gz_init, gz_decode_* (look-back over the table sizes, one warp per block),
+// gz_hash, one read of the ctrl words.
+#include "common.cuh"
+
+// Warps (= blocks of 32 particles) per thread block / look-back chunk.
+#define GZ_WARPS 8
+// Ctrl words of the workspace (src/gpu/gpz.rs W_*; checked by a test).
+#define GZ_W_RMIN 0
+#define GZ_W_RMAX 4
+#define GZ_W_FNZ 8
+#define GZ_W_CMIN 12
+#define GZ_W_CMAX 16
+#define GZ_W_AXIS 20
+#define GZ_W_HASH 36
+#define GZ_W_TOTAL 38
+#define GZ_W_ERR 39
+#define GZ_W_TICKET 40
+#define GZ_CTRL 48
+// Format constants (src/codec/gpz kernel_constants(); checked by a test).
+#define GZ_WIDTH_BITS 6
+#define GZ_LEVEL_BITS 4
+#define GZ_BLOCK 32
+#define GZ_LMAX_CAP 10
+#define GZ_TABLE_ENTRY 2
+// Decoder error bits.
+#define GZ_E_SIZE 1ull
+#define GZ_E_BLOCK 2ull
+#define GZ_E_TOTAL 4ull
+
+__device__ __forceinline__ u32 gz_bw64(u64 v) { return 64u - (u32)__clzll((long long)v); }
+__device__ __forceinline__ u32 gz_bw32(u32 v) { return 32u - (u32)__clz((int)v); }
+__device__ __forceinline__ u32 gz_clog2(u32 k) { return k <= 1u ? 0u : 32u - (u32)__clz((int)(k - 1u)); }
+// sum_{k=1..x} ceil(log2 k) (sort.rs lehmer_bits)
+__device__ __forceinline__ u32 gz_lehmer_bits(u32 x) {
+    const u32 c = gz_clog2(x);
+    return x * c - (1u << c) + 1u;
+}
+__device__ __forceinline__ u32 gz_lanemask_lt(int lane) { return (1u << lane) - 1u; }
+// bits 0..=i set (i < 32)
+__device__ __forceinline__ u32 gz_upto(int i) { return i >= 31 ? 0xffffffffu : ((2u << i) - 1u); }
+__device__ __forceinline__ u32 gz_low(u32 w) { return w >= 32u ? 0xffffffffu : ((1u << w) - 1u); }
+__device__ __forceinline__ u64 gz_low64(u32 w) { return w >= 64u ? ~0ull : ((1ull << w) - 1ull); }
+
+__device__ __forceinline__ u32 gz_wmax(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(ZC_FULL, v);
+#else
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        u32 o = __shfl_xor_sync(ZC_FULL, v, s);
+        v = o > v ? o : v;
+    }
+    return v;
+#endif
+}
+__device__ __forceinline__ u32 gz_wor(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_or_sync(ZC_FULL, v);
+#else
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) v |= __shfl_xor_sync(ZC_FULL, v, s);
+    return v;
+#endif
+}
+__device__ __forceinline__ i64 gz_wmin_i64(i64 v) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        i64 o = __shfl_xor_sync(ZC_FULL, v, s);
+        v = o < v ? o : v;
+    }
+    return v;
+}
+__device__ __forceinline__ i64 gz_wmax_i64(i64 v) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        i64 o = __shfl_xor_sync(ZC_FULL, v, s);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+__device__ __forceinline__ u64 gz_wmin_u64(u64 v) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        u64 o = __shfl_xor_sync(ZC_FULL, v, s);
+        v = o < v ? o : v;
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantizer of an axis from the params words (QuantParams::quantizer).
+template <typename T> __device__ __forceinline__ ZQ<T> gz_quantizer(const u64* ws, int c) {
+    const double ab = zc_bits_f64(ws[GZ_W_AXIS + 4 * c]);
+    const double st = zc_bits_f64(ws[GZ_W_AXIS + 4 * c + 1]);
+    ZQ<T> q;
+    q.step = ZT<T>::from_f64(st);
+    q.inv = ZT<T>::from_f64(__ddiv_rn(1.0, (double)q.step));
+    q.step64 = st;
+    q.eb = ab <= 1.7976931348623157e308 ? ab : 0.0;
+    return q;
+}
+// Reconstruction (quant::Quantizer::decode; f32 codes go through i32 as the CPU's `q as i32`).
+__device__ __forceinline__ float gz_dec(const ZQ<float>& q, i64 c) { return __fmul_rn(__int2float_rn((i32)c), q.step); }
+__device__ __forceinline__ double gz_dec(const ZQ<double>& q, i64 c) { return __dmul_rn(__ll2double_rn(c), q.step); }
+
+// ---------------------------------------------------------------------------------------------
+__device__ void gz_init(u64* ws, u64 nstatus) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    if (i < GZ_CTRL) {
+        u64 v = 0;
+        if (i >= GZ_W_RMIN && i < GZ_W_RMIN + 4) v = ~0ull;
+        if (i >= GZ_W_FNZ && i < GZ_W_FNZ + 4) v = ~0ull;
+        if (i >= GZ_W_CMIN && i < GZ_W_CMIN + 4) v = 0x7fffffffffffffffull;
+        if (i >= GZ_W_CMAX && i < GZ_W_CMAX + 4) v = 0x8000000000000000ull;
+        ws[i] = v;
+    }
+    for (u64 k = i; k < nstatus; k += stride) ws[GZ_CTRL + k] = 0;
+}
+
+// Per-axis finite range (order keys) and the first particle with a finite non-zero value.
+template <typename T, int D> __device__ void gz_range(const T* x, u64 n, u64* ws) {
+    u64 lo[D], hi[D], fnz[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        lo[c] = ~0ull;
+        hi[c] = 0;
+        fnz[c] = ~0ull;
+    }
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            const T v = x[i * D + c];
+            if (zc_isfinite(v)) {
+                const u64 k = zc_key(v);
+                lo[c] = k < lo[c] ? k : lo[c];
+                hi[c] = k > hi[c] ? k : hi[c];
+                if ((double)v != 0.0 && fnz[c] == ~0ull) fnz[c] = i;
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        const u64 l = gz_wmin_u64(lo[c]);
+        const u64 h = warp_max_u64(hi[c]);
+        const u64 f = gz_wmin_u64(fnz[c]);
+        if ((threadIdx.x & 31) == 0) {
+            if (l != ~0ull) atomicMin((unsigned long long*)&ws[GZ_W_RMIN + c], l);
+            if (h != 0) atomicMax((unsigned long long*)&ws[GZ_W_RMAX + c], h);
+            if (f != ~0ull) atomicMin((unsigned long long*)&ws[GZ_W_FNZ + c], f);
+        }
+    }
+}
+
+// The value of an order key of T as f64.
+__device__ __forceinline__ double gz_unkey(u64 k, float) {
+    const u32 b = (u32)k;
+    return (double)__uint_as_float((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
+}
+__device__ __forceinline__ double gz_unkey(u64 k, double) {
+    return zc_bits_f64((k & 0x8000000000000000ull) ? (k & 0x7fffffffffffffffull) : ~k);
+}
+
+// quant::sub_down: b - a rounded down.
+__device__ double gz_sub_down(double b, double a) {
+    const double s = __dsub_rn(b, a);
+    const double bb = __dsub_rn(s, b);
+    const double err = __dadd_rn(__dsub_rn(b, __dsub_rn(s, bb)), __dsub_rn(-a, bb));
+    if (err < 0.0) return zc_bits_f64((u64)__double_as_longlong(s) - 1ull);
+    return s;
+}
+// quant::noa_abs_bound
+__device__ double gz_noa_abs_bound(double e, double lo, double hi) {
+    if (!(e >= 0.0 && lo <= hi && zc_isfinite(lo) && zc_isfinite(hi))) return 0.0;
+    double eb;
+    if (zc_isfinite(__dsub_rn(hi, lo))) {
+        eb = zc_pred(__dmul_rn(e, gz_sub_down(hi, lo)));
+    } else {
+        eb = __dmul_rn(2.0, zc_pred(__dmul_rn(e, gz_sub_down(__dmul_rn(hi, 0.5), __dmul_rn(lo, 0.5)))));
+    }
+    if (eb <= 1.7976931348623157e308) return eb < 0.0 ? 0.0 : eb;
+    return 1.7976931348623157e308;
+}
+// Element::round_down_from_f64, widened back to f64.
+__device__ __forceinline__ double gz_round_down(double v, float) {
+    float r = __double2float_rn(v);
+    if ((double)r > v) r = __uint_as_float(__float_as_uint(r) - 1u);
+    return (zc_isfinite(r) && r > 0.0f) ? (double)r : 0.0;
+}
+__device__ __forceinline__ double gz_round_down(double v, double) {
+    return (zc_isfinite(v) && v > 0.0) ? v : 0.0;
+}
+__device__ __forceinline__ bool gz_is_normal(double v) {
+    const u64 e = ((u64)__double_as_longlong(v) >> 52) & 0x7ffull;
+    return e != 0 && e != 0x7ffull;
+}
+__device__ __forceinline__ bool gz_inv_finite(double step, float) { return zc_isfinite(__double2float_rn(__ddiv_rn(1.0, step))); }
+__device__ __forceinline__ bool gz_inv_finite(double step, double) { return zc_isfinite(__ddiv_rn(1.0, step)); }
+
+// QuantParams::derive_from_stats (abs / noa) of every axis, by one thread. noa != 0: the range
+// words hold the axis ranges (no finite value: the range (0, 0)).
+template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, double e, u64* ws) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    for (int c = 0; c < (int)d; c++) {
+        double lo = 0.0, hi = 0.0, ab = e;
+        if (noa) {
+            const u64 kl = ws[GZ_W_RMIN + c], kh = ws[GZ_W_RMAX + c];
+            if (kl != ~0ull) {
+                // `+ 0.0`: -0.0 is recorded as +0.0
+                lo = __dadd_rn(gz_unkey(kl, (T)0), 0.0);
+                hi = __dadd_rn(gz_unkey(kh, (T)0), 0.0);
+            }
+            ab = gz_noa_abs_bound(e, lo, hi);
+        }
+        double two = __dmul_rn(2.0, ab);
+        if (!(two <= 1.7976931348623157e308)) two = 1.7976931348623157e308;
+        double step = gz_round_down(two, (T)0);
+        if (!(gz_is_normal(step) && gz_inv_finite(step, (T)0))) {
+            const u64 f = ws[GZ_W_FNZ + c];
+            step = f != ~0ull ? fabs((double)x[f * d + c]) : 1.0;
+            if (!gz_inv_finite(step, (T)0)) step = 1.0;
+        }
+        ws[GZ_W_AXIS + 4 * c] = (u64)__double_as_longlong(ab);
+        ws[GZ_W_AXIS + 4 * c + 1] = (u64)__double_as_longlong(step);
+        ws[GZ_W_AXIS + 4 * c + 2] = (u64)__double_as_longlong(lo);
+        ws[GZ_W_AXIS + 4 * c + 3] = (u64)__double_as_longlong(hi);
+    }
+}
+
+// Per-axis smallest and largest code over the particles that are not exceptions.
+template <typename T, int D> __device__ void gz_codes(const T* x, u64 n, u64* ws) {
+    typedef typename ZT<T>::code_t C;
+    ZQ<T> qz[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    i64 lo[D], hi[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        lo[c] = 0x7fffffffffffffffll;
+        hi[c] = (i64)0x8000000000000000ull;
+    }
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        C q[D];
+        bool ok = true;
+#pragma unroll
+        for (int c = 0; c < D; c++) ok &= zq_encode<T, false>(qz[c], x[i * D + c], q[c]);
+        if (ok) {
+#pragma unroll
+            for (int c = 0; c < D; c++) {
+                lo[c] = (i64)q[c] < lo[c] ? (i64)q[c] : lo[c];
+                hi[c] = (i64)q[c] > hi[c] ? (i64)q[c] : hi[c];
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        const i64 l = gz_wmin_i64(lo[c]);
+        const i64 h = gz_wmax_i64(hi[c]);
+        if ((threadIdx.x & 31) == 0 && l <= h) {
+            atomicMin((long long*)&ws[GZ_W_CMIN + c], (long long)l);
+            atomicMax((long long*)&ws[GZ_W_CMAX + c], (long long)h);
+        }
+    }
+}
+
+// The stream's frame of every axis: base G_c and width gw_c (0, 0 when every particle is an
+// exception).
+template <int D> __device__ __forceinline__ void gz_frame(const u64* ws, i64 (&gmin)[D], u32 (&gw)[D]) {
+    const bool any = (i64)ws[GZ_W_CMIN] <= (i64)ws[GZ_W_CMAX];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        const i64 l = (i64)ws[GZ_W_CMIN + c], h = (i64)ws[GZ_W_CMAX + c];
+        gmin[c] = any ? l : 0;
+        gw[c] = any ? gz_bw64((u64)h - (u64)l) : 0u;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bit writer into a warp's shared words (fields of different lanes may share a word).
+__device__ __forceinline__ void gz_put(u32* buf, u32 pos, u32 v, u32 w) {
+    if (w == 0u) return;
+    v &= gz_low(w);
+    const u32 i = pos >> 5, sh = pos & 31u;
+    atomicOr(&buf[i], v << sh);
+    if (sh + w > 32u) atomicOr(&buf[i + 1], v >> (32u - sh));
+}
+__device__ __forceinline__ void gz_put64(u32* buf, u32 pos, u64 v, u32 w) {
+    if (w > 32u) {
+        gz_put(buf, pos, (u32)v, 32u);
+        gz_put(buf, pos + 32u, (u32)(v >> 32), w - 32u);
+    } else {
+        gz_put(buf, pos, (u32)v, w);
+    }
+}
+template <typename T> __device__ __forceinline__ void gz_put_value(u32* buf, u32 pos, T v);
+template <> __device__ __forceinline__ void gz_put_value<float>(u32* buf, u32 pos, float v) {
+    gz_put(buf, pos, __float_as_uint(v), 32u);
+}
+template <> __device__ __forceinline__ void gz_put_value<double>(u32* buf, u32 pos, double v) {
+    gz_put64(buf, pos, (u64)__double_as_longlong(v), 64u);
+}
+
+// Ascending bitonic sort of one key per lane.
+template <typename K> __device__ __forceinline__ K gz_sort(K key, int lane) {
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            const K o = __shfl_xor_sync(ZC_FULL, key, j);
+            const bool up = (lane & k) == 0;
+            const bool low = (lane & j) == 0;
+            key = (low == up) ? (o < key ? o : key) : (o > key ? o : key);
+        }
+    }
+    return key;
+}
+
+// Slot bytes of an encoded block (a raw block is the largest: 1 + 32 d size).
+template <typename T, int D> struct GzSlot {
+    static const int BYTES = 1 + 32 * D * ZT<T>::SIZE;
+    static const int WORDS = (BYTES + 3) / 4 + 2;
+};
+
+// Encode one block of n particles (x: its first value) into buf (zeroed here); returns its size
+// in bytes (block.rs encode_block).
+template <typename T, int D, bool PRESERVE>
+__device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D], const u32 (&gw)[D],
+                               u32 lmax, u32* buf, int lane) {
+    typedef typename ZT<T>::code_t C;
+    for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
+    const bool valid = lane < n;
+    T xv[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) xv[c] = valid ? x[lane * D + c] : (T)0;
+    bool ok = valid;
+    C q[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        q[c] = 0;
+        if (valid) ok &= zq_encode<T, false>(qz[c], xv[c], q[c]);
+    }
+    const u32 vmask = __ballot_sync(ZC_FULL, valid);
+    const u32 cmask = __ballot_sync(ZC_FULL, ok);
+    const u32 exc = vmask & ~cmask;
+    const u32 m = __popc(cmask);
+    const u32 nexc = (u32)n - m;
+    __syncwarp();
+    const u32 raw_bytes = (u32)n * D * ZT<T>::SIZE;
+    bool raw = m == 0u;
+    // per-axis frame
+    u64 u[D];
+    u32 w[D];
+    bool glob[D];
+    i64 base[D];
+    if (!raw) {
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            const i64 l = gz_wmin_i64(ok ? (i64)q[c] : 0x7fffffffffffffffll);
+            const i64 h = gz_wmax_i64(ok ? (i64)q[c] : (i64)0x8000000000000000ull);
+            w[c] = gz_bw64((u64)h - (u64)l);
+            glob[c] = w[c] == gw[c];
+            base[c] = glob[c] ? gmin[c] : l;
+            u[c] = ok ? (u64)((i64)q[c] - base[c]) : 0ull;
+        }
+    }
+    u32 fixed = 2u + (nexc > 0u ? (u32)n : 0u) + GZ_LEVEL_BITS + (PRESERVE ? 1u : 0u);
+    u32 maxw = 0;
+    if (!raw) {
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            fixed += 1u + (glob[c] ? 0u : gw[c] + GZ_WIDTH_BITS);
+            maxw = w[c] > maxw ? w[c] : maxw;
+        }
+    }
+    // level search, highest first (ties keep the lower level: replace on <=); a level whose
+    // lower bound (no runs beyond their first key) exceeds the best so far cannot win
+    u32 best_bits = 0xffffffffu, best_l = 0;
+    u32 b_sid = 0, b_src = 0;  // this lane's sorted position: segment id, source lane
+    u32 b_starts = 0, b_r = 1, b_wd = 0, b_wc = 0, b_k = 0;
+    bool b_ident = true;
+    const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
+    if (!raw) {
+        for (int L = (int)ltop; L >= 0; L--) {
+            u32 k[D], s[D], K = 0, S = 0;
+#pragma unroll
+            for (int c = 0; c < D; c++) {
+                k[c] = w[c] < (u32)L ? w[c] : (u32)L;
+                s[c] = w[c] - k[c];
+                K += k[c];
+                S += s[c];
+            }
+            const u32 lb = fixed + (K > 0u ? 5u + K : 0u) + m * S;
+            if (lb > best_bits) continue;
+            u32 id = 0;
+#pragma unroll
+            for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
+            u32 sid, src;
+            if (K <= 26u) {
+                const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
+                const u32 sk = gz_sort<u32>(key, lane);
+                sid = sk >> 5;
+                src = sk & 31u;
+            } else {
+                const u64 key = ok ? ((u64)id << 5 | (u64)lane) : ~0ull;
+                const u64 sk = gz_sort<u64>(key, lane);
+                sid = (u32)(sk >> 5);
+                src = (u32)(sk & 31ull);
+            }
+            const bool inr = (u32)lane < m;
+            const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
+            const bool start = inr && (lane == 0 || sid != prev);
+            const u32 starts = __ballot_sync(ZC_FULL, start);
+            const u32 R = __popc(starts);
+            // the stable sort is the identity when sorted position i holds coded particle i
+            const u32 ci = __popc(cmask & gz_lanemask_lt((int)src));
+            const bool ident = __ballot_sync(ZC_FULL, inr && ci != (u32)lane) == 0u;
+            u32 bits = fixed + m * S;
+            u32 wd = 0, wc = 0;
+            if (K > 0u) {
+                bits += 5u + K;
+                if (R > 1u) {
+                    const u32 gap = (start && lane > 0) ? gz_bw32(sid - prev - 1u) : 0u;
+                    const u32 next = starts & ~gz_upto(lane);
+                    const u32 cw = (start && next) ? gz_bw32((u32)(__ffs(next) - 1) - (u32)lane - 1u) : 0u;
+                    wd = gz_wmax(gap);
+                    wc = gz_wmax(cw);
+                    bits += 9u + (R - 1u) * (wd + wc);
+                }
+            }
+            if (PRESERVE && !ident) {
+                const u32 lb2 = gz_lehmer_bits(m), rb = m * gz_clog2(R);
+                bits += 1u + (lb2 < rb ? lb2 : rb);
+            }
+            if (bits <= best_bits) {
+                best_bits = bits;
+                best_l = (u32)L;
+                b_sid = sid;
+                b_src = src;
+                b_starts = starts;
+                b_r = R;
+                b_wd = wd;
+                b_wc = wc;
+                b_k = K;
+                b_ident = ident;
+            }
+        }
+        const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
+        raw = coded > raw_bytes;
+    }
+    if (raw) {
+        if (lane == 0) gz_put(buf, 0, 1u, 8u);
+        __syncwarp();
+        if (valid) {
+#pragma unroll
+            for (int c = 0; c < D; c++) gz_put_value<T>(buf, 8u + (u32)((lane * D + c) * ZT<T>::SIZE * 8), xv[c]);
+        }
+        __syncwarp();
+        return 1u + raw_bytes;
+    }
+    // ---- write the chosen coding
+    u32 p = 1;
+    if (lane == 0) gz_put(buf, p, nexc > 0u ? 1u : 0u, 1u);
+    p += 1;
+    if (nexc > 0u) {
+        if (lane == 0) gz_put(buf, p, exc, (u32)n);
+        p += (u32)n;
+    }
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        if (lane == 0) gz_put(buf, p, glob[c] ? 1u : 0u, 1u);
+        p += 1;
+        if (!glob[c]) {
+            if (lane == 0) {
+                gz_put64(buf, p, (u64)base[c] - (u64)gmin[c], gw[c]);
+                gz_put(buf, p + gw[c], w[c], GZ_WIDTH_BITS);
+            }
+            p += gw[c] + GZ_WIDTH_BITS;
+        }
+    }
+    if (lane == 0) gz_put(buf, p, best_l, GZ_LEVEL_BITS);
+    p += GZ_LEVEL_BITS;
+    const bool inr = (u32)lane < m;
+    const bool start = (b_starts >> lane) & 1u;
+    const u32 run_of = __popc(b_starts & gz_upto(lane)) - 1u;  // this sorted position's run
+    const u32 R = b_r;
+    if (b_k > 0u) {
+        if (lane == 0) {
+            gz_put(buf, p, R - 1u, 5u);
+            gz_put(buf, p + 5u, b_sid, b_k);
+        }
+        p += 5u + b_k;
+        if (R > 1u) {
+            const u32 prev = __shfl_up_sync(ZC_FULL, b_sid, 1);
+            if (lane == 0) gz_put(buf, p, b_wd, 6u);
+            p += 6u;
+            if (start && lane > 0) gz_put(buf, p + (run_of - 1u) * b_wd, b_sid - prev - 1u, b_wd);
+            p += (R - 1u) * b_wd;
+            if (lane == 0) gz_put(buf, p, b_wc, 3u);
+            p += 3u;
+            const u32 next = b_starts & ~gz_upto(lane);
+            if (start && next) gz_put(buf, p + run_of * b_wc, (u32)(__ffs(next) - 1) - (u32)lane - 1u, b_wc);
+            p += (R - 1u) * b_wc;
+        }
+    }
+    const u32 ci = __popc(cmask & gz_lanemask_lt((int)b_src));  // coded index at this position
+    if (PRESERVE) {
+        if (lane == 0) gz_put(buf, p, b_ident ? 0u : 1u, 1u);
+        p += 1;
+        if (!b_ident) {
+            const u32 lb2 = gz_lehmer_bits(m), width = gz_clog2(R);
+            const bool by_runs = m * width < lb2;
+            if (lane == 0) gz_put(buf, p, by_runs ? 1u : 0u, 1u);
+            p += 1;
+            if (by_runs) {
+                if (inr) gz_put(buf, p + ci * width, run_of, width);
+                p += m * width;
+            } else {
+                // digit i: later positions holding a smaller index (a suffix OR of one-hot masks)
+                u32 v = inr ? (1u << ci) : 0u;
+#pragma unroll
+                for (int s = 1; s < 32; s <<= 1) {
+                    const u32 o = __shfl_down_sync(ZC_FULL, v, s);
+                    if (lane + s < 32) v |= o;
+                }
+                u32 later = __shfl_down_sync(ZC_FULL, v, 1);
+                if (lane == 31) later = 0u;
+                const u32 digit = __popc(later & gz_lanemask_lt((int)ci));
+                if (inr) {
+                    const u32 at = lb2 - gz_lehmer_bits(m - (u32)lane);
+                    gz_put(buf, p + at, digit, gz_clog2(m - (u32)lane));
+                }
+                p += lb2;
+            }
+        }
+    }
+    // offset planes of the sorted particles
+    u32 kk[D], ss[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        kk[c] = w[c] < best_l ? w[c] : best_l;
+        ss[c] = w[c] - kk[c];
+    }
+    u32 plane = 0;
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        const u64 off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & gz_low64(ss[c]);
+        for (int b = (int)ss[c] - 1; b >= 0; b--) {
+            const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & 1ull));
+            if ((u32)lane == (plane & 31u)) gz_put(buf, p, word, m);
+            p += m;
+            plane++;
+        }
+    }
+    const u32 bytes = (p + 7u) / 8u;
+    // exceptions verbatim, in block order
+    if ((exc >> lane) & 1u) {
+        const u32 e = __popc(exc & gz_lanemask_lt(lane));
+#pragma unroll
+        for (int c = 0; c < D; c++) gz_put_value<T>(buf, 8u * (bytes + (e * D + c) * ZT<T>::SIZE), xv[c]);
+    }
+    __syncwarp();
+    return bytes + nexc * D * ZT<T>::SIZE;
+}
+
+// Copy `size` bytes of buf to dst (any alignment), writing only below `cap`.
+__device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* buf, u32 size, int lane) {
+    const u64 a0 = (u64)out + at, a1 = a0 + size;
+    const u64 capa = (u64)out + cap;
+    u64 w0 = (a0 + 3ull) & ~3ull;
+    const u64 w1 = a1 & ~3ull;
+    if (w0 > a1) w0 = a1;
+    // head bytes
+    const u32 head = (u32)(w0 - a0);
+    if ((u32)lane < head && a0 + lane < capa) *((u8*)(a0 + lane)) = (u8)(buf[lane >> 2] >> ((lane & 3) * 8));
+    // interior words
+    if (w1 > w0) {
+        const u32 nw = (u32)((w1 - w0) >> 2);
+        for (u32 k = lane; k < nw; k += 32) {
+            const u32 o = head + 4u * k;
+            const u32 sh = (o & 3u) * 8u;
+            const u32 lo = buf[o >> 2], hi = buf[(o >> 2) + 1];
+            const u32 v = __funnelshift_r(lo, hi, sh);
+            const u64 a = w0 + 4ull * k;
+            if (a + 4ull <= capa) *((u32*)a) = v;
+        }
+    }
+    // tail bytes
+    if (w1 >= w0) {
+        const u32 tail = (u32)(a1 - w1);
+        if ((u32)lane < tail) {
+            const u32 o = (u32)(w1 - a0) + (u32)lane;
+            if (w1 + lane < capa) *((u8*)(w1 + lane)) = (u8)(buf[o >> 2] >> ((o & 3) * 8));
+        }
+    }
+}
+
+// One chunk of GZ_WARPS blocks: encode, look-back, write. hdr: header bytes; cap: capacity of out.
+template <typename T, int D, bool PRESERVE>
+__device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {
+    __shared__ u32 s_buf[GZ_WARPS][GzSlot<T, D>::WORDS];
+    __shared__ u32 s_size[GZ_WARPS];
+    __shared__ u32 s_chunk;
+    __shared__ u64 s_excl;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 nb = (n + 31ull) >> 5;
+    const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
+    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    __syncthreads();
+    const u32 chunk = s_chunk;
+    if (chunk >= nchunks) return;
+    ZQ<T> qz[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    i64 gmin[D];
+    u32 gw[D];
+    gz_frame<D>(ws, gmin, gw);
+    const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
+    const u64 b = (u64)chunk * GZ_WARPS + warp;
+    u32 size = 0;
+    if (b < nb) {
+        const u64 first = b << 5;
+        const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+        size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane);
+    }
+    if (lane == 0) s_size[warp] = size;
+    __syncthreads();
+    u32 before = 0, agg = 0;
+#pragma unroll
+    for (int i = 0; i < GZ_WARPS; i++) {
+        before += i < warp ? s_size[i] : 0u;
+        agg += s_size[i];
+    }
+    if (warp == 0) {
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        if (lane == 0) {
+            s_excl = ex;
+            if ((u64)chunk == nchunks - 1) ws[GZ_W_TOTAL] = ex + agg;
+        }
+    }
+    __syncthreads();
+    if (b < nb) {
+        const u64 tab = hdr + 2ull * b;
+        // byte stores: the stream may start at any byte of its buffer
+        if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
+        gz_store(out, hdr + 2ull * nb + s_excl + before, cap, s_buf[warp], size, lane);
+    }
+}
+
+// zhash sums (before the final step) of the table (blockIdx.y 0) and of the block data
+// (blockIdx.y 1) of a stream at `out`; the data length is ws[GZ_W_TOTAL] unless `data_len` is
+// given (not ~0). Nothing is hashed when table + data would not be smaller than `raw`.
+__device__ void gz_hash(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
+    const u64 dl = data_len != ~0ull ? data_len : ws[GZ_W_TOTAL];
+    if (data_len == ~0ull && 2ull * nb + dl >= raw) return;
+    const u8* p = out + hdr + (blockIdx.y ? 2ull * nb : 0ull);
+    const u64 len = blockIdx.y ? dl : 2ull * nb;
+    const u64 nw = (len + 3ull) >> 2;
+    u32 sum = 0;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const bool a4 = (((u64)p) & 3ull) == 0ull, a2 = (((u64)p) & 1ull) == 0ull;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nw; i += stride) {
+        u32 v;
+        if (4ull * i + 4ull <= len) {
+            if (a4) {
+                v = *((const u32*)(p + 4ull * i));
+            } else if (a2) {
+                const unsigned short* h = (const unsigned short*)(p + 4ull * i);
+                v = (u32)h[0] | ((u32)h[1] << 16);
+            } else {
+                v = (u32)p[4 * i] | ((u32)p[4 * i + 1] << 8) | ((u32)p[4 * i + 2] << 16) | ((u32)p[4 * i + 3] << 24);
+            }
+        } else {
+            v = 0;
+            for (u64 k = 4ull * i; k < len; k++) v |= (u32)p[k] << (8 * (k - 4ull * i));
+        }
+        sum += zhash_mix(v, (u32)i);
+    }
+    sum = warp_sum_u32(sum);
+    if ((threadIdx.x & 31) == 0 && sum) atomicAdd((unsigned int*)&ws[GZ_W_HASH + blockIdx.y], sum);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoder. Bound on the bytes of a block any decoder can consume (every field at its largest).
+template <typename T, int D> struct GzDec {
+    static const int MR = ZT<T>::MAX_RATE;
+    static const int BITS = 2 + 32 + D * (1 + MR + GZ_WIDTH_BITS) + GZ_LEVEL_BITS + (5 + 32 + 6 + 31 * 32 + 3 + 31 * 5) +
+                            2 + 160 + D * MR * 32;
+    static const int BYTES = (BITS + 7) / 8 + 32 * D * ZT<T>::SIZE;
+    static const int WORDS = (BYTES + 3) / 4 + 2;
+};
+
+// Field reader over a block's shared words; `over` records a read past `nbits`.
+struct GzReader {
+    const u32* buf;
+    u32 nbits;
+    u32 nwords;
+    bool over;
+    __device__ __forceinline__ u32 get(u32 pos, u32 w) {
+        if (w == 0u) return 0u;
+        if (pos + w > nbits) {
+            over = true;
+            return 0u;
+        }
+        const u32 i = pos >> 5, sh = pos & 31u;
+        const u32 lo = buf[i];
+        const u32 hi = i + 1 < nwords ? buf[i + 1] : 0u;
+        return __funnelshift_r(lo, hi, sh) & gz_low(w);
+    }
+    __device__ __forceinline__ u64 get64(u32 pos, u32 w) {
+        if (w > 32u) {
+            const u64 lo = get(pos, 32u);
+            return lo | ((u64)get(pos + 32u, w - 32u) << 32);
+        }
+        return get(pos, w);
+    }
+};
+template <typename T> __device__ __forceinline__ T gz_get_value(GzReader& r, u32 pos);
+template <> __device__ __forceinline__ float gz_get_value<float>(GzReader& r, u32 pos) {
+    return __uint_as_float(r.get(pos, 32u));
+}
+template <> __device__ __forceinline__ double gz_get_value<double>(GzReader& r, u32 pos) {
+    return __longlong_as_double((long long)r.get64(pos, 64u));
+}
+
+// Decode one block of n particles from buf (size bytes) into y (its first value); false on any
+// error (block.rs decode_block).
+template <typename T, int D, bool PRESERVE>
+__device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D],
+                                const u32 (&gw)[D], u32 lmax, T* y, u32* s_map, int lane) {
+    bool bad = false;
+    if (r.get(0, 1u)) {
+        // raw: zero padding, then the values
+        bad |= r.get(1, 7u) != 0u;
+        bad |= size != 1u + (u32)n * D * ZT<T>::SIZE;
+        if (!bad && lane < n) {
+#pragma unroll
+            for (int c = 0; c < D; c++) y[lane * D + c] = gz_get_value<T>(r, 8u + (u32)((lane * D + c) * ZT<T>::SIZE * 8));
+        }
+        return !bad && !r.over;
+    }
+    u32 p = 1;
+    const bool has_exc = r.get(p, 1u);
+    p += 1;
+    u32 exc = 0;
+    if (has_exc) {
+        exc = r.get(p, (u32)n);
+        p += (u32)n;
+        bad |= exc == 0u;
+    }
+    const u32 m = (u32)n - __popc(exc);
+    if (m == 0u) return false;
+    i64 lo[D];
+    u32 w[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        if (r.get(p, 1u)) {
+            p += 1;
+            lo[c] = gmin[c];
+            w[c] = gw[c];
+        } else {
+            p += 1;
+            lo[c] = (i64)((u64)gmin[c] + r.get64(p, gw[c]));
+            p += gw[c];
+            w[c] = r.get(p, GZ_WIDTH_BITS);
+            p += GZ_WIDTH_BITS;
+            bad |= w[c] > (u32)ZT<T>::MAX_RATE;
+            if (w[c] > (u32)ZT<T>::MAX_RATE) w[c] = 0;
+        }
+    }
+    const u32 level = r.get(p, GZ_LEVEL_BITS);
+    p += GZ_LEVEL_BITS;
+    if (level > lmax || bad) return false;
+    u32 k[D], s[D], K = 0;
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        k[c] = w[c] < level ? w[c] : level;
+        s[c] = w[c] - k[c];
+        K += k[c];
+    }
+    // runs: lane r holds run r's key and count
+    u32 R = 1;
+    u64 key = 0;
+    u32 cnt = lane == 0 ? m : 0u;
+    if (K > 0u) {
+        R = r.get(p, 5u) + 1u;
+        p += 5u;
+        if (R > m) return false;
+        const u64 key0 = r.get64(p, K);
+        p += K;
+        if (R > 1u) {
+            const u32 wd = r.get(p, 6u);
+            p += 6u;
+            if (wd > K) return false;
+            u64 step = 0;
+            if (lane >= 1 && (u32)lane < R) step = (u64)r.get(p + ((u32)lane - 1u) * wd, wd) + 1ull;
+            p += (R - 1u) * wd;
+            key = key0 + warp_incl_u64(step, lane);
+            const u64 last = __shfl_sync(ZC_FULL, key, (int)R - 1);
+            if (K < 64u && (last >> K) != 0ull) return false;
+            const u32 wc = r.get(p, 3u);
+            p += 3u;
+            if (wc > 5u) return false;
+            cnt = (u32)lane < R - 1u ? r.get(p + (u32)lane * wc, wc) + 1u : 0u;
+            p += (R - 1u) * wc;
+            const u32 used = warp_sum_u32(cnt);
+            if (used >= m) return false;
+            if ((u32)lane == R - 1u) cnt = m - used;
+        } else {
+            key = key0;
+        }
+    }
+    // run starts, the run of every sorted position and its id
+    const u32 incl = warp_incl_u32(cnt, lane);
+    const u32 rstart = incl - cnt;
+    const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
+    const bool inr = (u32)lane < m;
+    const u32 run_of = __popc(startmask & gz_upto(lane)) - 1u;
+    const u64 id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
+    // permutation: sorted position -> coded index
+    u32 perm = (u32)lane;
+    if (PRESERVE) {
+        const bool pf = r.get(p, 1u);
+        p += 1;
+        if (pf) {
+            const bool form = r.get(p, 1u);
+            p += 1;
+            if (form) {
+                const u32 width = gz_clog2(R);
+                const u32 ri = inr ? r.get(p + (u32)lane * width, width) : 0xffffffffu;
+                p += m * width;
+                const u32 grp = __match_any_sync(ZC_FULL, ri);
+                const u32 rc = __shfl_sync(ZC_FULL, cnt, (int)(ri & 31u));
+                const u32 rs = __shfl_sync(ZC_FULL, rstart, (int)(ri & 31u));
+                const bool err = inr && (ri >= R || (u32)__popc(grp) != rc);
+                if (__any_sync(ZC_FULL, err)) return false;
+                __syncwarp();
+                if (inr) s_map[32 + rs + __popc(grp & gz_lanemask_lt(lane))] = (u32)lane;
+                __syncwarp();
+                perm = inr ? s_map[32 + lane] : (u32)lane;
+                __syncwarp();
+            } else {
+                const u32 lb2 = gz_lehmer_bits(m);
+                u32 digit = 0;
+                if (inr) {
+                    const u32 at = lb2 - gz_lehmer_bits(m - (u32)lane);
+                    digit = r.get(p + at, gz_clog2(m - (u32)lane));
+                }
+                p += lb2;
+                if (__any_sync(ZC_FULL, inr && digit >= m - (u32)lane)) return false;
+                u32 freem = gz_low(m);
+                for (u32 i = 0; i < m; i++) {
+                    const u32 dg = __shfl_sync(ZC_FULL, digit, (int)i);
+                    // the dg-th free index, counting from the smallest
+                    const bool hit = ((freem >> lane) & 1u) && (u32)__popc(freem & gz_lanemask_lt(lane)) == dg;
+                    const u32 kx = (u32)(__ffs(__ballot_sync(ZC_FULL, hit)) - 1);
+                    if ((u32)lane == i) perm = kx;
+                    freem &= ~(1u << kx);
+                }
+            }
+        }
+    }
+    // offsets
+    u64 off[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        off[c] = 0;
+        for (int b = (int)s[c] - 1; b >= 0; b--) {
+            const u32 word = r.get(p, m);
+            p += m;
+            off[c] |= (u64)((word >> lane) & 1u) << b;
+        }
+    }
+    const u32 p8 = (p + 7u) & ~7u;
+    if (r.get(p, p8 - p) != 0u) return false;
+    const u32 bytes = p8 / 8u;
+    const u32 nexc = (u32)n - m;
+    if (__any_sync(ZC_FULL, r.over) || bytes + nexc * D * ZT<T>::SIZE != size) return false;
+    // block positions of the coded particles (preserve) / output slots (reorder)
+    const bool isexc = (exc >> lane) & 1u;
+    if (lane < n && !isexc) s_map[__popc(~exc & gz_lanemask_lt(lane))] = (u32)lane;
+    __syncwarp();
+    if (inr) {
+        const u32 at = PRESERVE ? s_map[perm] : (u32)lane;
+        u32 shift = K;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            shift -= k[c];
+            const u64 seg = (id >> shift) & gz_low64(k[c]);
+            const u64 uu = (s[c] ? (seg << s[c]) : seg) | off[c];
+            y[at * D + c] = gz_dec(qz[c], (i64)((u64)lo[c] + uu));
+        }
+    }
+    if (lane < n && isexc) {
+        const u32 e = __popc(exc & gz_lanemask_lt(lane));
+        const u32 at = PRESERVE ? (u32)lane : m + e;
+#pragma unroll
+        for (int c = 0; c < D; c++) y[at * D + c] = gz_get_value<T>(r, 8u * (bytes + (e * D + c) * ZT<T>::SIZE));
+    }
+    __syncwarp();
+    return true;
+}
+
+// One chunk of GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of
+// blocks after the table): sizes from the table, look-back for the offsets, decode.
+template <typename T, int D, bool PRESERVE>
+__device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
+    __shared__ u32 s_buf[GZ_WARPS][GzDec<T, D>::WORDS];
+    __shared__ u32 s_map[GZ_WARPS][64];
+    __shared__ u32 s_size[GZ_WARPS];
+    __shared__ u32 s_chunk;
+    __shared__ u64 s_excl;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 nb = (n + 31ull) >> 5;
+    const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
+    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    __syncthreads();
+    const u32 chunk = s_chunk;
+    if (chunk >= nchunks) return;
+    const u64 b = (u64)chunk * GZ_WARPS + warp;
+    u32 size = 0;
+    if (b < nb) size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
+    if (lane == 0) s_size[warp] = size;
+    __syncthreads();
+    u32 before = 0, agg = 0;
+#pragma unroll
+    for (int i = 0; i < GZ_WARPS; i++) {
+        before += i < warp ? s_size[i] : 0u;
+        agg += s_size[i];
+    }
+    if (warp == 0) {
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        if (lane == 0) {
+            s_excl = ex;
+            if ((u64)chunk == nchunks - 1 && ex + agg != data_len) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
+        }
+    }
+    __syncthreads();
+    if (b >= nb) return;
+    const u64 at = s_excl + before;
+    if (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len) {
+        if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
+        return;
+    }
+    // the block's bytes into shared words (aligned loads, funnel shifts)
+    u32* buf = s_buf[warp];
+    const u64 a0 = (u64)(in + hdr + 2ull * nb + at);
+    const u64 base = a0 & ~3ull;
+    const u32 sh = (u32)(a0 - base) * 8u;
+    const u32 nw = (size + 3u) / 4u;
+    const u64 endw = (a0 + size + 3ull) & ~3ull;  // aligned words that hold a byte of the block
+    for (u32 i = lane; i < nw; i += 32) {
+        const u64 wa = base + 4ull * i;
+        const u32 lo = *((const u32*)wa);
+        const u32 hi = wa + 4ull < endw ? *((const u32*)(wa + 4ull)) : 0u;
+        u32 v = __funnelshift_r(lo, hi, sh);
+        if (i == nw - 1u && (size & 3u)) v &= (1u << ((size & 3u) * 8u)) - 1u;
+        buf[i] = v;
+    }
+    __syncwarp();
+    ZQ<T> qz[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    i64 gmin[D];
+    u32 gw[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) {
+        gmin[c] = (i64)ws[GZ_W_CMIN + c];
+        gw[c] = (u32)ws[GZ_W_CMAX + c];
+    }
+    const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
+    GzReader r;
+    r.buf = buf;
+    r.nbits = size * 8u;
+    r.nwords = nw;
+    r.over = false;
+    const u64 first = b << 5;
+    const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+    const bool ok = gz_decode_block<T, D, PRESERVE>(r, size, cnt, qz, gmin, gw, lmax, y + first * D, s_map[warp], lane);
+    if (__any_sync(ZC_FULL, !ok || r.over) && lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points. Decoding takes the stream's parameters in the ctrl words (the host writes the
+// axis words, CMIN = G_c and CMAX = gw_c from the header).
+#define GZ_RANGE(TN, T, D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) gz_range_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
+        gz_range<T, D>(x, n, ws);                                                                            \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) gz_codes_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
+        gz_codes<T, D>(x, n, ws);                                                                            \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+        gz_encode_##TN##_d##D##_p(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
+        gz_encode<T, D, true>(x, n, ws, out, hdr, cap);                                                      \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+        gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
+        gz_encode<T, D, false>(x, n, ws, out, hdr, cap);                                                     \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+        gz_decode_##TN##_d##D##_p(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
+        gz_decode<T, D, true>(in, hdr, data_len, n, ws, y);                                                  \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+        gz_decode_##TN##_d##D##_r(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
+        gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
+    }
+
+GZ_RANGE(f32, float, 1)
+GZ_RANGE(f32, float, 2)
+GZ_RANGE(f32, float, 3)
+GZ_RANGE(f32, float, 4)
+GZ_RANGE(f64, double, 1)
+GZ_RANGE(f64, double, 2)
+GZ_RANGE(f64, double, 3)
+GZ_RANGE(f64, double, 4)
+
+extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
+extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
+extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
+extern "C" __global__ void gz_hash_k(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
+    gz_hash(out, hdr, nb, data_len, raw, ws);
+}

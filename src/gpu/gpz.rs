@@ -1,0 +1,702 @@
+//! The GPZ particle codec on a CUDA device (`kernels/gpz.cu`): writes, byte for byte, the
+//! stream of the CPU encoder [`crate::codec::gpz::compress_particles`] and decodes exactly what
+//! [`crate::codec::gpz::decompress_particles`] accepts, to the same bits.
+//!
+//! Compression of a device buffer of `N × d` AoS particles is a fixed sequence of kernels on one
+//! stream with a single read back to the host at the end (the sizes, checksums and per-axis
+//! parameters, from which the host writes the header):
+//!
+//! 1. `gz_init`: the control words and the look-back status words are cleared;
+//! 2. `gz_range_*` (`noa`, or an `abs` bound whose step degenerates): per-axis finite range and
+//!    first finite non-zero particle, by atomics on order keys;
+//! 3. `gz_params_*` (one thread): the per-axis bound and step of
+//!    [`QuantParams::derive_from_stats`](crate::quant::QuantParams::derive_from_stats);
+//! 4. `gz_codes_*`: the per-axis smallest and largest code of the non-exception particles (the
+//!    stream's frame `G_c`, `gw_c`);
+//! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
+//!    bitonic sort per level, highest level first, skipping levels whose lower bound cannot
+//!    win), writes the block into shared memory; a decoupled look-back over the chunk sizes
+//!    places it, and it is written once, straight into the final stream, with its table entry;
+//! 6. `gz_hash`: the `zhash` sums of the table and the blocks.
+//!
+//! A stream that does not compress (table and blocks not smaller than the raw values) is stored:
+//! the input is copied after the header and hashed (a second, rare read back).
+//!
+//! Decompression reads the header to the host (validated by the CPU's own parser), then
+//! `gz_init`, `gz_decode_*` (the table sizes scanned by the same look-back, one warp per block)
+//! and `gz_hash`, and one read back of the error bits and checksums.
+//!
+//! `reorder` streams: the GPU encoder writes the same stream; the permutation that
+//! [`compress_particles`](crate::codec::gpz::compress_particles) returns is not computed here
+//! (decode the stream on the CPU, or keep per-particle arrays with the positions).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
+    CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+
+use super::compile::{self, Module};
+use super::GpuElement;
+use crate::codec::gpz::{compress_particles, AxisRecord, GpzHeader, Order};
+use crate::codec::DecodeLimits;
+use crate::error::{Error, Result};
+use crate::format::{zhash_final, BoundMode};
+use crate::quant::{ErrorBound, QuantParams};
+
+/// Control words of the workspace (kernels/gpz.cu `GZ_W_*`; checked by a test).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const W_RMIN: usize = 0;
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const W_RMAX: usize = 4;
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const W_FNZ: usize = 8;
+pub(crate) const W_CMIN: usize = 12;
+pub(crate) const W_CMAX: usize = 16;
+pub(crate) const W_AXIS: usize = 20;
+pub(crate) const W_HASH: usize = 36;
+pub(crate) const W_TOTAL: usize = 38;
+pub(crate) const W_ERR: usize = 39;
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const W_TICKET: usize = 40;
+/// Control words before the look-back status words.
+pub(crate) const CTRL: usize = 48;
+/// Warps (blocks of 32 particles) per thread block and look-back chunk (kernels/gpz.cu
+/// `GZ_WARPS`).
+pub(crate) const WARPS: usize = 8;
+// the control words do not overlap
+const _: () = assert!(W_TICKET < CTRL && W_AXIS + 16 <= W_HASH && W_HASH + 2 <= W_TOTAL);
+
+/// Header bytes of the largest header (d = 4).
+const MAX_HEADER: usize = 56 + 48 * 4;
+
+/// Names of every kernel of [`Module::Gpz`].
+pub fn kernel_names() -> Vec<String> {
+    let mut v = vec!["gz_init_k".to_string(), "gz_hash_k".to_string()];
+    for t in ["f32", "f64"] {
+        v.push(format!("gz_params_{t}"));
+        for d in 1..=4 {
+            v.push(format!("gz_range_{t}_d{d}"));
+            v.push(format!("gz_codes_{t}_d{d}"));
+            for o in ["p", "r"] {
+                v.push(format!("gz_encode_{t}_d{d}_{o}"));
+                v.push(format!("gz_decode_{t}_d{d}_{o}"));
+            }
+        }
+    }
+    v
+}
+
+fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Gpu(format!("gpz {what}: {e:?}"))
+}
+
+fn ptr_of<T, P: DevicePtr<T>>(p: &P, s: &CudaStream) -> u64 {
+    let (ptr, _g) = p.device_ptr(s);
+    ptr
+}
+fn ptr_of_mut<T, P: DevicePtrMut<T>>(p: &mut P, s: &CudaStream) -> u64 {
+    let (ptr, _g) = p.device_ptr_mut(s);
+    ptr
+}
+
+fn header_len(d: usize) -> usize {
+    crate::codec::gpz::layout::header_len(d)
+}
+
+/// `zhash` of `len` bytes from the sum of its word mixes.
+fn zhash_of(sum: u64, len: u64) -> u32 {
+    zhash_final(sum as u32, len.div_ceil(4) as u32)
+}
+
+/// The GPZ kernels loaded on one CUDA stream, with a reusable device workspace.
+pub struct GpzGpu {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    ws: CudaSlice<u64>,
+    /// Look-back status words `ws` holds after the control words.
+    status_cap: usize,
+    /// Blocks of the grid-stride kernels (8 per SM).
+    grid: u32,
+    name: String,
+}
+
+impl std::fmt::Debug for GpzGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpzGpu")
+            .field("device", &self.name)
+            .finish()
+    }
+}
+
+impl GpzGpu {
+    /// Open device `ordinal` (its default stream) and compile or load the kernels.
+    /// [`Error::Unavailable`] without a CUDA driver, device or NVRTC.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !super::device_available() {
+            return Err(Error::Unavailable("no CUDA device".into()));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(gpu_err("context"))?;
+        Self::with_stream(ctx.default_stream())
+    }
+
+    /// The kernels on `stream` (every operation is ordered on it).
+    pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        let (module, grid) = super::util::compile_and_load(&stream, Module::Gpz)?;
+        let name = stream.context().name().map_err(gpu_err("device name"))?;
+        let ws = stream
+            .alloc_zeros::<u64>(CTRL + 1024)
+            .map_err(gpu_err("alloc"))?;
+        Ok(GpzGpu {
+            stream,
+            module,
+            funcs: HashMap::new(),
+            ws,
+            status_cap: 1024,
+            grid,
+            name,
+        })
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The stream every operation is ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Registers, local (spilled) bytes and static shared bytes of kernel `name`.
+    pub fn kernel_resources(&mut self, name: &str) -> Result<(i32, i32, i32)> {
+        let f = self.func(name)?;
+        Ok((
+            f.num_regs().map_err(gpu_err("attr"))?,
+            f.local_size_bytes().map_err(gpu_err("attr"))?,
+            f.shared_size_bytes().map_err(gpu_err("attr"))?,
+        ))
+    }
+
+    fn func(&mut self, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(name)
+            .map_err(|e| Error::Gpu(format!("gpz kernel {name}: {e:?}")))?;
+        self.funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn grid_for(&self, items: usize) -> u32 {
+        (items.div_ceil(256) as u64).clamp(1, self.grid as u64) as u32
+    }
+
+    fn cfg(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Grow the workspace to `nstatus` status words and launch `gz_init`.
+    fn init(&mut self, nstatus: usize) -> Result<u64> {
+        if nstatus > self.status_cap {
+            let cap = nstatus.next_power_of_two();
+            self.ws = self
+                .stream
+                .alloc_zeros::<u64>(CTRL + cap)
+                .map_err(gpu_err("alloc"))?;
+            self.status_cap = cap;
+        }
+        let ws = ptr_of_mut(&mut self.ws, &self.stream);
+        let f = self.func("gz_init_k")?;
+        let ns = nstatus as u64;
+        let grid = self.grid_for(nstatus.max(CTRL));
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&ws).arg(&ns);
+        // SAFETY: writes CTRL + nstatus words of the workspace, which holds that many.
+        unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("init"))?;
+        Ok(ws)
+    }
+
+    fn read_ctrl(&mut self) -> Result<[u64; CTRL]> {
+        let mut h = [0u64; CTRL];
+        let ws = ptr_of(&self.ws, &self.stream);
+        // SAFETY: the workspace holds at least CTRL words; the stream is synchronized before
+        // `h` is read.
+        unsafe { cu::memcpy_dtoh_async(&mut h[..], ws, self.stream.cu_stream()) }
+            .map_err(gpu_err("read ctrl"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        Ok(h)
+    }
+
+    fn write_bytes(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+        // SAFETY: the callers pass a destination of at least `bytes.len()` bytes; the copy from
+        // pageable memory is staged before the call returns.
+        unsafe { cu::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) }
+            .map_err(gpu_err("write"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
+    fn hash(&mut self, out: u64, hdr: u64, nb: u64, data_len: u64, raw: u64) -> Result<()> {
+        let ws = ptr_of_mut(&mut self.ws, &self.stream);
+        let f = self.func("gz_hash_k")?;
+        let items = (nb as usize).max(data_len.min(raw) as usize / 4);
+        let grid = self.grid_for(items);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&out)
+            .arg(&hdr)
+            .arg(&nb)
+            .arg(&data_len)
+            .arg(&raw)
+            .arg(&ws);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 2, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads the table (2 nb bytes) and the data bytes after `hdr` of `out`, which
+        // the callers allocated.
+        unsafe { b.launch(cfg) }.map_err(gpu_err("hash"))?;
+        Ok(())
+    }
+
+    /// The largest stream of `n` particles of `d` coordinates of `T` ([`compress_device`]'s
+    /// output must hold this many bytes).
+    ///
+    /// [`compress_device`]: GpzGpu::compress_device
+    pub fn compress_bound<T: GpuElement>(n: usize, d: usize) -> usize {
+        crate::codec::gpz::compress_bound(n, d, T::DTYPE)
+    }
+
+    /// Compress the `N × d` particles of `input` (AoS) into `out` (at least
+    /// [`GpzGpu::compress_bound`] bytes); returns the stream's length. The bytes are those of
+    /// [`compress_particles`] on the same values.
+    ///
+    /// Errors: those of [`compress_particles`] ([`Error::InvalidArgument`]), an output too small,
+    /// [`Error::Gpu`].
+    pub fn compress_device<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        d: usize,
+        bound: ErrorBound,
+        order: Order,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        if !(1..=4).contains(&d) {
+            return Err(Error::invalid(format!(
+                "gpz takes 1 to 4 coordinates per particle, got {d}"
+            )));
+        }
+        if input.len() % d != 0 {
+            return Err(Error::invalid(format!(
+                "{} values are not whole particles of {d} coordinates",
+                input.len()
+            )));
+        }
+        bound.validate()?;
+        if matches!(bound, ErrorBound::Rel(_)) {
+            return Err(Error::invalid(format!(
+                "gpz supports abs and noa bounds, not {bound}"
+            )));
+        }
+        let n = input.len() / d;
+        let hl = header_len(d);
+        let raw = (input.len() * T::SIZE) as u64;
+        let cap = Self::compress_bound::<T>(n, d);
+        if out.len() < cap {
+            return Err(Error::invalid(format!(
+                "gpz output of {} bytes is smaller than the bound {cap}",
+                out.len()
+            )));
+        }
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(gpu_err("bind"))?;
+        let outp = ptr_of_mut(out, &self.stream);
+        if n == 0 {
+            // nothing to run: the CPU writes the header-only stored stream
+            let (s, _) = compress_particles::<T>(&[], d, bound, order)?;
+            self.write_bytes(outp, &s)?;
+            return Ok(s.len());
+        }
+        let x = ptr_of(input, &self.stream);
+        let nb = n.div_ceil(32);
+        let nchunks = nb.div_ceil(WARPS);
+        let ws = self.init(nchunks)?;
+        let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
+        let noa = matches!(bound, ErrorBound::Noa(_));
+        // an abs step that degenerates needs the first non-zero value of each axis
+        let mut degenerate = false;
+        QuantParams::derive_from_stats::<T>(
+            bound,
+            || None,
+            || {
+                degenerate = true;
+                None
+            },
+        )?;
+        if noa || degenerate {
+            let f = self.func(&format!("gz_range_{t}_d{d}"))?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x).arg(&n64).arg(&ws);
+            // SAFETY: reads n * d values of the input, writes control words.
+            unsafe { b.launch(Self::cfg(self.grid_for(n), 256)) }.map_err(gpu_err("range"))?;
+        }
+        {
+            let f = self.func(&format!("gz_params_{t}"))?;
+            let (noa_i, e) = (noa as i32, bound.value());
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x).arg(&d64).arg(&noa_i).arg(&e).arg(&ws);
+            // SAFETY: one thread reads control words and at most d values of the input.
+            unsafe { b.launch(Self::cfg(1, 32)) }.map_err(gpu_err("params"))?;
+        }
+        {
+            let f = self.func(&format!("gz_codes_{t}_d{d}"))?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x).arg(&n64).arg(&ws);
+            // SAFETY: reads n * d values of the input, writes control words.
+            unsafe { b.launch(Self::cfg(self.grid_for(n), 256)) }.map_err(gpu_err("codes"))?;
+        }
+        {
+            let o = if order == Order::Preserve { "p" } else { "r" };
+            let f = self.func(&format!("gz_encode_{t}_d{d}_{o}"))?;
+            let (hl64, cap64) = (hl as u64, cap as u64);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x)
+                .arg(&n64)
+                .arg(&ws)
+                .arg(&outp)
+                .arg(&hl64)
+                .arg(&cap64);
+            // SAFETY: reads n * d values, writes below `cap` bytes of `out` and the workspace
+            // (CTRL + nchunks words, grown by `init`).
+            unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
+                .map_err(gpu_err("encode"))?;
+        }
+        self.hash(outp, hl as u64, nb as u64, u64::MAX, raw)?;
+        let c = self.read_ctrl()?;
+        let f64_at = |i: usize| f64::from_bits(c[i]);
+        let any = (c[W_CMIN] as i64) <= (c[W_CMAX] as i64);
+        let axes: Vec<AxisRecord> = (0..d)
+            .map(|a| {
+                let (lo, hi) = (c[W_CMIN + a] as i64, c[W_CMAX + a] as i64);
+                AxisRecord {
+                    abs_bound: f64_at(W_AXIS + 4 * a),
+                    step: f64_at(W_AXIS + 4 * a + 1),
+                    range: (f64_at(W_AXIS + 4 * a + 2), f64_at(W_AXIS + 4 * a + 3)),
+                    base: if any { lo } else { 0 },
+                    base_width: if any {
+                        64 - (hi.wrapping_sub(lo) as u64).leading_zeros()
+                    } else {
+                        0
+                    },
+                }
+            })
+            .collect();
+        let table = 2 * nb as u64;
+        let total = c[W_TOTAL];
+        let mut header = GpzHeader {
+            dtype: T::DTYPE,
+            d,
+            mode: bound.mode(),
+            bound_value: bound.value(),
+            order,
+            stored: false,
+            n: n as u64,
+            payload_len: 0,
+            table_checksum: 0,
+            data_checksum: 0,
+            axes,
+        };
+        if table + total < raw {
+            header.payload_len = table + total;
+            header.table_checksum = zhash_of(c[W_HASH], table);
+            header.data_checksum = zhash_of(c[W_HASH + 1], total);
+        } else {
+            // stored: the values verbatim after the header
+            header.stored = true;
+            header.payload_len = raw;
+            // SAFETY: `out` holds hl + raw bytes (checked above), the input raw bytes.
+            unsafe {
+                cu::memcpy_dtod_async(outp + hl as u64, x, raw as usize, self.stream.cu_stream())
+            }
+            .map_err(gpu_err("stored copy"))?;
+            self.hash(outp, hl as u64, 0, raw, raw)?;
+            let c2 = self.read_ctrl()?;
+            header.data_checksum = zhash_of(c2[W_HASH + 1], raw);
+        }
+        self.write_bytes(outp, &header.to_bytes())?;
+        Ok(hl + header.payload_len as usize)
+    }
+
+    /// Decompress the GPZ stream `input` (all of it) into `out`, which must hold exactly its
+    /// `N × d` values of `T`; returns the stream's header. Corrupt streams give
+    /// [`Error::Corrupt`] (exactly those the CPU decoder rejects; `out` is then unspecified).
+    pub fn decompress_device<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<GpzHeader> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(gpu_err("bind"))?;
+        let len = input.len();
+        let inp = ptr_of(input, &self.stream);
+        let mut head = vec![0u8; len.min(MAX_HEADER)];
+        if !head.is_empty() {
+            // SAFETY: `head` is at most the stream's length; synchronized below.
+            unsafe { cu::memcpy_dtoh_async(&mut head[..], inp, self.stream.cu_stream()) }
+                .map_err(gpu_err("read header"))?;
+            self.stream.synchronize().map_err(gpu_err("sync"))?;
+        }
+        let h = GpzHeader::parse_with_len(&head, len)?;
+        if h.dtype != T::DTYPE {
+            return Err(Error::Mismatch {
+                what: "dtype",
+                expected: T::DTYPE.to_string(),
+                found: h.dtype.to_string(),
+            });
+        }
+        let values = h.check_limits(&DecodeLimits::default())?;
+        if out.len() != values {
+            return Err(Error::invalid(format!(
+                "gpz stream holds {values} values, the output {}",
+                out.len()
+            )));
+        }
+        let d = h.d;
+        let hl = header_len(d) as u64;
+        let payload = len as u64 - hl;
+        let outp = ptr_of_mut(out, &self.stream);
+        if h.stored {
+            let raw = (values * T::SIZE) as u64;
+            if payload != raw {
+                return Err(Error::corrupt(format!(
+                    "gpz stored stream holds {payload} bytes for {values} values"
+                )));
+            }
+            self.init(0)?;
+            self.hash(inp, hl, 0, raw, raw)?;
+            if raw > 0 {
+                // SAFETY: both buffers hold `raw` bytes there.
+                unsafe {
+                    cu::memcpy_dtod_async(outp, inp + hl, raw as usize, self.stream.cu_stream())
+                }
+                .map_err(gpu_err("stored copy"))?;
+            }
+            let c = self.read_ctrl()?;
+            if zhash_of(c[W_HASH + 1], raw) != h.data_checksum {
+                return Err(Error::corrupt("gpz stored data checksum mismatch"));
+            }
+            return Ok(h);
+        }
+        let nb = h.n_blocks() as usize;
+        let table = 2 * nb as u64;
+        if table > payload {
+            return Err(Error::corrupt(
+                "gpz stream truncated inside its block table",
+            ));
+        }
+        let data_len = payload - table;
+        let nchunks = nb.div_ceil(WARPS);
+        let ws = self.init(nchunks)?;
+        // the stream's parameters into the control words the decoder reads
+        let mut words = [0u64; W_AXIS + 16 - W_CMIN];
+        for (c, a) in h.axes.iter().enumerate() {
+            words[c] = a.base as u64;
+            words[W_CMAX - W_CMIN + c] = a.base_width as u64;
+            let w = W_AXIS - W_CMIN + 4 * c;
+            words[w] = a.abs_bound.to_bits();
+            words[w + 1] = a.step.to_bits();
+            words[w + 2] = a.range.0.to_bits();
+            words[w + 3] = a.range.1.to_bits();
+        }
+        // SAFETY: the workspace holds CTRL words; the pageable copy is staged before return.
+        unsafe {
+            cu::memcpy_htod_async(
+                ws + (W_CMIN * 8) as u64,
+                &words[..],
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(gpu_err("write params"))?;
+        if nchunks > 0 {
+            let o = if h.order == Order::Preserve { "p" } else { "r" };
+            let f = self.func(&format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG))?;
+            let n64 = h.n;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&inp)
+                .arg(&hl)
+                .arg(&data_len)
+                .arg(&n64)
+                .arg(&ws)
+                .arg(&outp);
+            // SAFETY: reads the stream's `len` bytes (block reads are checked against
+            // data_len), writes the n * d values of `out`.
+            unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
+                .map_err(gpu_err("decode"))?;
+        }
+        self.hash(inp, hl, nb as u64, data_len, u64::MAX)?;
+        let c = self.read_ctrl()?;
+        if zhash_of(c[W_HASH], table) != h.table_checksum {
+            return Err(Error::corrupt("gpz block table checksum mismatch"));
+        }
+        if nb == 0 && data_len != 0 {
+            return Err(Error::corrupt(format!(
+                "gpz blocks sum to 0 bytes but {data_len} follow the table"
+            )));
+        }
+        let err = c[W_ERR];
+        if err & 1 != 0 {
+            return Err(Error::corrupt("gpz block of size 0 or past the data"));
+        }
+        if err & 4 != 0 {
+            return Err(Error::corrupt(
+                "gpz block sizes do not sum to the data length",
+            ));
+        }
+        if zhash_of(c[W_HASH + 1], data_len) != h.data_checksum {
+            return Err(Error::corrupt("gpz block data checksum mismatch"));
+        }
+        if err != 0 {
+            return Err(Error::corrupt("gpz block does not decode"));
+        }
+        Ok(h)
+    }
+
+    /// [`GpzGpu::compress_device`] of host particles (copied to the device and back).
+    pub fn compress<T: GpuElement>(
+        &mut self,
+        coords: &[T],
+        d: usize,
+        bound: ErrorBound,
+        order: Order,
+    ) -> Result<Vec<u8>> {
+        if !(1..=4).contains(&d) || coords.len() % d != 0 {
+            // the CPU's argument errors
+            return compress_particles(coords, d, bound, order).map(|r| r.0);
+        }
+        let s = self.stream.clone();
+        let x = if coords.is_empty() {
+            s.alloc_zeros::<T>(1).map_err(gpu_err("alloc"))?
+        } else {
+            s.clone_htod(coords).map_err(gpu_err("htod"))?
+        };
+        let cap = Self::compress_bound::<T>(coords.len() / d, d);
+        let mut out = s.alloc_zeros::<u8>(cap).map_err(gpu_err("alloc"))?;
+        let len = self.compress_device(
+            &x.slice(0..coords.len()),
+            d,
+            bound,
+            order,
+            &mut out.slice_mut(..),
+        )?;
+        let mut v = vec![0u8; len];
+        s.memcpy_dtoh(&out.slice(0..len), &mut v[..])
+            .map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        Ok(v)
+    }
+
+    /// [`GpzGpu::decompress_device`] of a host stream: the `N * d` values (AoS) and `d`.
+    pub fn decompress<T: GpuElement>(&mut self, stream: &[u8]) -> Result<(Vec<T>, usize)> {
+        let h = GpzHeader::parse(stream)?;
+        if h.dtype != T::DTYPE {
+            return Err(Error::Mismatch {
+                what: "dtype",
+                expected: T::DTYPE.to_string(),
+                found: h.dtype.to_string(),
+            });
+        }
+        let values = h.check_limits(&DecodeLimits::default())?;
+        let s = self.stream.clone();
+        let inp = s.clone_htod(stream).map_err(gpu_err("htod"))?;
+        let mut out = s
+            .alloc_zeros::<T>(values.max(1))
+            .map_err(gpu_err("alloc"))?;
+        self.decompress_device(&inp.slice(..), &mut out.slice_mut(0..values))?;
+        let mut v = vec![T::default(); values];
+        if values > 0 {
+            s.memcpy_dtoh(&out.slice(0..values), &mut v[..])
+                .map_err(gpu_err("dtoh"))?;
+        }
+        s.synchronize().map_err(gpu_err("sync"))?;
+        Ok((v, h.d))
+    }
+}
+
+/// Whether `mode` is one GPZ accepts (for callers that pick a codec).
+pub fn supports(mode: BoundMode) -> bool {
+    matches!(mode, BoundMode::Abs | BoundMode::Noa)
+}
+
+/// NVRTC compile of [`Module::Gpz`] for `arch` (uncached), for tests on machines without a GPU.
+pub fn compile_check(arch: &str) -> Result<Vec<u8>> {
+    compile::compile_cubin_with(&Module::Gpz.source(), arch, &Module::Gpz.defines())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn define(name: &str) -> u64 {
+        let text = compile::kernel_file("gpz.cu").expect("gpz.cu");
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if it.next() == Some("#define") && it.next() == Some(name) {
+                return it.next().and_then(|v| v.parse().ok()).expect(name);
+            }
+        }
+        panic!("gpz.cu does not define {name}")
+    }
+
+    #[test]
+    fn gpz_constants_shared_with_the_kernels_agree() {
+        for (name, v) in crate::codec::gpz::kernel_constants() {
+            assert_eq!(define(name), v, "{name}");
+        }
+        let pairs = [
+            ("GZ_W_RMIN", W_RMIN),
+            ("GZ_W_RMAX", W_RMAX),
+            ("GZ_W_FNZ", W_FNZ),
+            ("GZ_W_CMIN", W_CMIN),
+            ("GZ_W_CMAX", W_CMAX),
+            ("GZ_W_AXIS", W_AXIS),
+            ("GZ_W_HASH", W_HASH),
+            ("GZ_W_TOTAL", W_TOTAL),
+            ("GZ_W_ERR", W_ERR),
+            ("GZ_W_TICKET", W_TICKET),
+            ("GZ_CTRL", CTRL),
+            ("GZ_WARPS", WARPS),
+        ];
+        for (name, v) in pairs {
+            assert_eq!(define(name), v as u64, "{name}");
+        }
+        assert_eq!(MAX_HEADER, header_len(4));
+    }
+
+    #[test]
+    fn gpz_kernels_compile_with_nvrtc() {
+        if !compile::nvrtc_available() {
+            eprintln!("skipped: libnvrtc not found");
+            return;
+        }
+        let cubin = compile_check("sm_90").expect("NVRTC compile of gpz.cu");
+        for k in kernel_names() {
+            assert!(
+                cubin.windows(k.len()).any(|w| w == k.as_bytes()),
+                "{k} missing from the CUBIN"
+            );
+        }
+    }
+}
