@@ -137,9 +137,22 @@ fn run<T: GpuElement + Send + Sync>(args: &Args, bound: ErrorBound, order: Order
         }
     }
     let header = header.expect("decoded at least once");
-    // the bound on every decoded value
+    // the bound on every decoded value, against the particle it came from: a `reorder` stream
+    // returns particles in stored order, whose permutation the CPU twin gives
     let back = s.clone_dtoh(&y).map_err(gerr)?;
-    let (max_error, bound_ok) = host
+    let reference: Vec<T> = match order {
+        Order::Preserve => host.clone(),
+        Order::Reorder => {
+            let (_, perm) = compress_particles(&host, d, bound, order)?;
+            let perm = perm.ok_or_else(|| {
+                zcomm::Error::Corrupt("a reorder stream without its permutation".into())
+            })?;
+            perm.iter()
+                .flat_map(|&i| host[i as usize * d..(i as usize + 1) * d].iter().copied())
+                .collect()
+        }
+    };
+    let (max_error, bound_ok) = reference
         .par_chunks(d)
         .zip(back.par_chunks(d))
         .map(|(a, b)| {
