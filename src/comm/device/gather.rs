@@ -237,7 +237,7 @@ impl Communicator {
         let staged: Result<usize> = local.and_then(|()| {
             if compress {
                 let len = dev.compress_timed(send, bound, codec)?;
-                dev.scratch_to_pinned_send(len)?;
+                dev.last.d2h = dev.scratch_to_pinned_send(len)?;
                 st.decision = Decision::Compressed;
                 st.codec = Some(codec);
                 st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;
@@ -474,7 +474,7 @@ impl Communicator {
             // into the stager's pinned send buffer: no per-call host allocation, no copy
             let staged: Result<usize> = if compress {
                 dev.compress_timed(buf, bound, codec).and_then(|len| {
-                    dev.scratch_to_pinned_send(len)?;
+                    dev.last.d2h = dev.scratch_to_pinned_send(len)?;
                     st.decision = Decision::Compressed;
                     st.codec = Some(codec);
                     st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;

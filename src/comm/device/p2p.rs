@@ -105,20 +105,7 @@ impl Communicator {
             let t = now();
             len = dev.compress_to_scratch(send, bound, codec)?;
             dev.last.compress = t.elapsed().as_secs_f64();
-            DeviceStager::grow_pinned(&mut dev.pinned_send, &s, len)?;
-            let t = now();
-            {
-                let src_buf = dev.scratch_out.as_ref().expect("grown");
-                let (p, _g) = src_buf.device_ptr(&s);
-                let pin = dev
-                    .pinned_send
-                    .as_mut()
-                    .expect("grown")
-                    .as_mut_slice()
-                    .map_err(gpu_err("pinned"))?;
-                DeviceStager::d2h(&s, p, &mut pin[..len])?;
-            }
-            dev.last.d2h = t.elapsed().as_secs_f64();
+            dev.last.d2h = dev.scratch_to_pinned_send(len)?;
             st.decision = Decision::Compressed;
             st.codec = Some(codec);
             st.wire_bytes = len as u64;
@@ -443,34 +430,17 @@ pub(super) struct DeviceChunks<'a, 'b, 'c, T> {
 impl<T: GpuElement + Real> crate::comm::pipeline::ChunkCodec for DeviceChunks<'_, '_, '_, T> {
     fn encode(&mut self, k: usize) -> Result<Vec<u8>> {
         let dev = &mut *self.dev;
-        let s = dev.stream();
         if self.out.chunk == 0 {
             // the whole payload, staged before the exchange
-            let pin = dev
-                .pinned_send
-                .as_ref()
-                .ok_or_else(|| Error::Comm("nothing staged".into()))?
-                .as_slice()
-                .map_err(gpu_err("pinned"))?;
-            return Ok(pin[..self.out.len].to_vec());
+            return Ok(dev.pinned_bytes(true, self.out.len)?.to_vec());
         }
         let r = crate::comm::pipeline::chunk_range(self.out.send.len(), self.out.chunk, k);
         let view = self.out.send.slice(r);
         let t = now();
         let len = dev.compress_to_scratch(&view, self.out.bound, self.out.codec)?;
         dev.last.compress += t.elapsed().as_secs_f64();
-        DeviceStager::grow_pinned(&mut dev.pinned_send, &s, len)?;
-        let t = now();
-        let src_buf = dev.scratch_out.as_ref().expect("grown");
-        let (p, _g) = src_buf.device_ptr(&s);
-        let pin = dev
-            .pinned_send
-            .as_mut()
-            .expect("grown")
-            .as_mut_slice()
-            .map_err(gpu_err("pinned"))?;
-        DeviceStager::d2h(&s, p, &mut pin[..len])?;
-        dev.last.d2h += t.elapsed().as_secs_f64();
+        dev.last.d2h += dev.scratch_to_pinned_send(len)?;
+        let pin = dev.pinned_bytes(true, len)?;
         if let ErrorBound::Noa(e) = self.out.bound {
             let h = crate::inspect(&pin[..len])?;
             self.noa_bound = self.noa_bound.max(e * (h.range_max - h.range_min));

@@ -254,41 +254,41 @@ impl DeviceStager {
         Ok(len)
     }
 
-    /// D2H of the first `len` bytes of the compression scratch.
+    /// D2H of the first `len` bytes of the compression scratch into `dst`; returns the seconds
+    /// it took.
+    fn scratch_to(&mut self, len: usize, dst: &mut PinnedHostSlice<u8>) -> Result<f64> {
+        let t = now();
+        let s = self.stream();
+        let src = self.scratch_out.as_ref().expect("grown");
+        let (p, _g) = src.device_ptr(&s);
+        Self::d2h(
+            &s,
+            p,
+            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..len],
+        )?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// D2H of the first `len` bytes of the compression scratch into `dst` (the stage's time in
+    /// `last.d2h`).
     pub(super) fn stream_to_pinned(
         &mut self,
         len: usize,
         dst: &mut PinnedHostSlice<u8>,
     ) -> Result<()> {
-        let t = now();
-        let s = self.stream();
-        let src = self.scratch_out.as_ref().expect("grown");
-        let (p, _g) = src.device_ptr(&s);
-        Self::d2h(
-            &s,
-            p,
-            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..len],
-        )?;
-        self.last.d2h = t.elapsed().as_secs_f64();
+        self.last.d2h = self.scratch_to(len, dst)?;
         Ok(())
     }
 
     /// D2H of the first `len` bytes of the compression scratch into the stager's pinned send
-    /// buffer (grown once, then reused).
-    pub(super) fn scratch_to_pinned_send(&mut self, len: usize) -> Result<()> {
-        let t = now();
+    /// buffer (grown once, then reused); returns the seconds the copy took.
+    pub(super) fn scratch_to_pinned_send(&mut self, len: usize) -> Result<f64> {
         let s = self.stream();
         Self::grow_pinned(&mut self.pinned_send, &s, len)?;
-        let src = self.scratch_out.as_ref().expect("grown");
-        let (p, _g) = src.device_ptr(&s);
-        let dst = self.pinned_send.as_mut().expect("grown");
-        Self::d2h(
-            &s,
-            p,
-            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..len],
-        )?;
-        self.last.d2h = t.elapsed().as_secs_f64();
-        Ok(())
+        let mut dst = self.pinned_send.take().expect("grown");
+        let r = self.scratch_to(len, &mut dst);
+        self.pinned_send = Some(dst);
+        r
     }
 
     /// Raw D2H of `data` into the stager's pinned send buffer (grown once, then reused);
@@ -559,8 +559,7 @@ impl DeviceStager {
         let len = self.compress_to_scratch(data, bound, codec);
         self.last.compress = c0 + t.elapsed().as_secs_f64();
         let len = len?;
-        self.scratch_to_pinned_send(len)?;
-        self.last.d2h += d0;
+        self.last.d2h = d0 + self.scratch_to_pinned_send(len)?;
         Ok(len)
     }
 }
