@@ -435,3 +435,67 @@ fn gpz_policy_on_host_communicators() {
         assert!(exact);
     }
 }
+
+/// The CPU codec, except that compression fails on the rank built with `fail`.
+struct FailingCompressor {
+    fail: bool,
+}
+
+impl zcomm::comm::Compressor for FailingCompressor {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn compress_f32(&self, d: &[f32], b: ErrorBound, c: CodecKind) -> zcomm::Result<Vec<u8>> {
+        if self.fail {
+            return Err(zcomm::Error::Gpu("injected compression failure".into()));
+        }
+        zcomm::compress(d, b, c)
+    }
+    fn compress_f64(&self, d: &[f64], b: ErrorBound, c: CodecKind) -> zcomm::Result<Vec<u8>> {
+        zcomm::compress(d, b, c)
+    }
+    fn decompress_f32(&self, s: &[u8], out: &mut [f32]) -> zcomm::Result<()> {
+        zcomm::decompress_into(s, out)
+    }
+    fn decompress_f64(&self, s: &[u8], out: &mut [f64]) -> zcomm::Result<()> {
+        zcomm::decompress_into(s, out)
+    }
+}
+
+#[test]
+fn a_rank_whose_compression_fails_fails_every_rank_of_the_ring_without_a_hang() {
+    let n = 30_000;
+    for (p, bad) in [(2, 0), (3, 1), (4, 3)] {
+        for reduce_scatter in [false, true] {
+            let c = cfg(Policy::Always(CodecKind::Aatrox), ErrorBound::Noa(1e-3));
+            let res: Vec<zcomm::Result<()>> = std::thread::scope(|s| {
+                let hs: Vec<_> = LoopbackTransport::group(p)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(r, t)| {
+                        let c = c.clone();
+                        s.spawn(move || {
+                            let comp = Box::new(FailingCompressor { fail: r == bad });
+                            let mut comm = Communicator::with_transport(Box::new(t), comp, c)?;
+                            let x = field(r, n);
+                            if reduce_scatter {
+                                let mut out = vec![0f32; partition(n, p)[r].len()];
+                                comm.reduce_scatter(&x, &mut out).map(|_| ())
+                            } else {
+                                let mut out = vec![0f32; n];
+                                comm.allreduce(&x, &mut out).map(|_| ())
+                            }
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("rank")).collect()
+            });
+            for (r, x) in res.iter().enumerate() {
+                let e = x.as_ref().expect_err("every rank fails");
+                if r == bad {
+                    assert!(e.to_string().contains("injected"), "rank {r}: {e}");
+                }
+            }
+        }
+    }
+}

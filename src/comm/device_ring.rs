@@ -354,6 +354,14 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         }
     }
 
+    fn failed_msg(&mut self) -> DeviceMsg {
+        DeviceMsg::Scratch(0)
+    }
+
+    fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
+        super::reduce::all_ranks(self.t, ok)
+    }
+
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
         let stream = match m {

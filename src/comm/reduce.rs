@@ -356,6 +356,19 @@ impl<S: Real> ring::RingPlace for HostRing<'_, S> {
     fn decode_into_output(&mut self, seg: usize, m: &Vec<u8>) -> Result<()> {
         S::decompress_with(self.compressor, m, &mut self.out[self.segs[seg].clone()])
     }
+    fn failed_msg(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
+        all_ranks(self.transport, ok)
+    }
+}
+
+/// Whether `ok` holds on every rank of `t` (one small allreduce).
+pub(super) fn all_ranks(t: &dyn Transport, ok: bool) -> Result<bool> {
+    let mut v = [f64::from(u8::from(ok))];
+    t.allreduce_f64(&mut v, ReduceOp::Min)?;
+    Ok(v[0] > 0.5)
 }
 
 impl Communicator {

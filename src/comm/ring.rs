@@ -14,9 +14,16 @@
 //!
 //! The order of operations is fixed by the schedule, so every place gives the same values for
 //! the same codec (a GPU run reproduces a CPU run bit for bit).
+//!
+//! **Failures never leave a rank waiting.** A rank whose compression or accumulation fails
+//! keeps to the schedule and sends empty messages (a compressed segment is never empty); its
+//! neighbours see them and do the same. An allreduce's allgather then shows every rank whether
+//! any message was empty; a reduce-scatter ends with one agreement
+//! ([`RingPlace::all_succeeded`]). Every rank returns an error together, or none does (an
+//! error decoding the gathered segments is this rank's own: every rank has returned by then).
 
 use crate::codec::CodecKind;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::quant::ErrorBound;
 
 /// Where the ring's buffers live and how segments are compressed, exchanged and accumulated.
@@ -41,6 +48,10 @@ pub(crate) trait RingPlace {
     fn release(&mut self, m: Self::Msg) {
         drop(m);
     }
+    /// The message a rank sends in place of a segment after a failure: empty.
+    fn failed_msg(&mut self) -> Self::Msg;
+    /// Whether `ok` holds on every rank (collective; the end of a reduce-scatter).
+    fn all_succeeded(&mut self, ok: bool) -> Result<bool>;
 }
 
 /// The end-to-end bound of a ring reduction split over the requantisations it performs: the one
@@ -123,37 +134,72 @@ impl RingBytes {
 }
 
 /// Run the ring on `place`. The result is in the place's output (allreduce) or its partial sum
-/// of segment `rank` (reduce-scatter).
+/// of segment `rank` (reduce-scatter). Errors of the transport itself end the ring at once;
+/// errors of the place's own work travel as empty messages (see the [module docs](self)).
 pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<RingBytes> {
     let (p, r) = (plan.size, plan.rank);
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     let step = ErrorBound::Abs(plan.step_bound);
     let mut bytes = RingBytes::default();
+    let mut failed: Option<Error> = None;
+    // this rank's message of `seg`, or the empty one after a failure
+    let encode = |place: &mut P, failed: &mut Option<Error>, seg: usize, bound: ErrorBound| {
+        if failed.is_none() {
+            match place.encode(seg, bound, plan.codec) {
+                Ok(m) => return m,
+                Err(e) => *failed = Some(e),
+            }
+        }
+        place.failed_msg()
+    };
     if p > 1 {
-        let mut msg = place.encode(left, step, plan.codec)?;
+        let mut msg = encode(place, &mut failed, left, step);
         for s in 0..p - 1 {
             bytes.reduce_scatter += place.wire_len(&msg);
             let got = place.exchange(msg, right, left)?;
             let seg = (r + 2 * p - s - 2) % p;
-            place.accumulate(seg, &got)?;
+            if failed.is_none() {
+                if place.wire_len(&got) == 0 {
+                    failed = Some(Error::Comm(format!(
+                        "ring: rank {left} (or a rank before it) failed"
+                    )));
+                } else if let Err(e) = place.accumulate(seg, &got) {
+                    failed = Some(e);
+                }
+            }
             place.release(got);
             if s + 2 < p {
-                msg = place.encode(seg, step, plan.codec)?;
+                msg = encode(place, &mut failed, seg, step);
             } else {
                 break;
             }
         }
     }
-    if plan.divisor != 1.0 {
-        place.scale(r, plan.divisor)?;
-    }
-    if plan.full {
-        let fin = place.encode(r, ErrorBound::Abs(plan.final_bound), plan.codec)?;
-        bytes.final_stream = place.wire_len(&fin);
-        for (k, m) in place.allgather(fin)?.into_iter().enumerate() {
-            place.decode_into_output(k, &m)?;
-            place.release(m);
+    if plan.divisor != 1.0 && failed.is_none() {
+        if let Err(e) = place.scale(r, plan.divisor) {
+            failed = Some(e);
         }
+    }
+    if !plan.full {
+        let ok = place.all_succeeded(failed.is_none())?;
+        return match failed {
+            Some(e) => Err(e),
+            None if !ok => Err(Error::Comm("ring: another rank failed".into())),
+            None => Ok(bytes),
+        };
+    }
+    let fin = encode(place, &mut failed, r, ErrorBound::Abs(plan.final_bound));
+    bytes.final_stream = place.wire_len(&fin);
+    let all = place.allgather(fin)?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if let Some(k) = all.iter().position(|m| place.wire_len(m) == 0) {
+        return Err(Error::Comm(format!("ring: rank {k} failed")));
+    }
+    for (k, m) in all.into_iter().enumerate() {
+        place.decode_into_output(k, &m)?;
+        place.release(m);
     }
     Ok(bytes)
 }
