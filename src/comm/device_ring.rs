@@ -34,7 +34,7 @@
 
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::element::Real;
 use super::ring::{self, BoundSplit, RingPlace, RingPlan};
@@ -94,8 +94,8 @@ fn reduce<T: GpuElement + Real>(
     codec: CodecKind,
     op: u8,
 ) -> Result<OpStats> {
-    let t0 = t.wtime();
-    let (p, r) = (t.size(), t.rank());
+    let t0 = t.host().wtime();
+    let (p, r) = (t.host().size(), t.host().rank());
     let full = op != OP_REDUCE_SCATTER;
     let segs = partition(x.len(), p);
     let want = if full { x.len() } else { segs[r].len() };
@@ -122,7 +122,7 @@ fn reduce<T: GpuElement + Real>(
     rec.extend_from_slice(&lo.to_le_bytes());
     rec.extend_from_slice(&hi.to_le_bytes());
     rec.push(u8::from(local.is_err()));
-    let all = t.allgather_fixed(&rec)?;
+    let all = t.host().allgather_fixed(&rec)?;
     local?;
     let f = |c: &[u8], i: usize| f64::from_le_bytes(c[i..i + 8].try_into().expect("8 bytes"));
     let (mut glo, mut ghi) = (f64::INFINITY, f64::NEG_INFINITY);
@@ -152,7 +152,7 @@ fn reduce<T: GpuElement + Real>(
         stream.synchronize().map_err(gpu_err("sync"))?;
         let mut st = OpStats::raw(op);
         st.bytes = (x.len() * T::SIZE) as u64;
-        st.measured_s = t.wtime() - t0;
+        st.measured_s = t.host().wtime() - t0;
         return Ok(st);
     }
     // 2. the per-quantisation bound (as the host ring: p quantisations for the allreduces,
@@ -172,12 +172,7 @@ fn reduce<T: GpuElement + Real>(
              ({glo:e} .. {ghi:e})"
         ))
     })?;
-    // 3. the ring, accumulating in `acc` (the allreduces: `out` itself)
-    let longest = segs.iter().map(Range::len).max().unwrap_or(0);
-    let scratch_len = crate::format::compress_bound(longest, T::DTYPE);
-    // SAFETY: the codec writes a stream into the scratch before anything reads it.
-    let scratch =
-        unsafe { stream.alloc::<u8>(scratch_len.max(16)) }.map_err(gpu_err("alloc scratch"))?;
+    // 3. the ring
     let plan = RingPlan {
         rank: r,
         size: p,
@@ -187,19 +182,7 @@ fn reduce<T: GpuElement + Real>(
         full,
         codec,
     };
-    let sent = if full {
-        let mut place = DevicePlace::new(t, gpu, x, out, &segs, scratch);
-        ring::reduce(&mut place, plan)?
-    } else {
-        // SAFETY: a segment of `acc` is read only after the ring has written it (`touched`).
-        let mut acc = unsafe { stream.alloc::<T>(x.len()) }.map_err(gpu_err("alloc partials"))?;
-        let mut place = DevicePlace::new(t, gpu, x, &mut acc, &segs, scratch);
-        let sent = ring::reduce(&mut place, plan)?;
-        stream
-            .memcpy_dtod(&acc.slice(segs[r].clone()), out)
-            .map_err(gpu_err("copy result"))?;
-        sent
-    };
+    let sent = ring(t, gpu, &x.as_view(), &mut out.as_view_mut(), plan)?.bytes;
     stream.synchronize().map_err(gpu_err("sync"))?;
     let bytes = (x.len() * T::SIZE) as f64;
     let mut st = OpStats::raw(op);
@@ -210,8 +193,55 @@ fn reduce<T: GpuElement + Real>(
     st.wire_bytes = sent.total(p) as u64;
     let moved = if full { 2.0 } else { 1.0 } * bytes * (p as f64 - 1.0) / p as f64;
     st.ratio = moved / st.wire_bytes.max(1) as f64;
-    st.measured_s = t.wtime() - t0;
+    st.measured_s = t.host().wtime() - t0;
     Ok(st)
+}
+
+/// What one run of [`ring`] did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RingRun {
+    /// Bytes this rank sent.
+    pub bytes: ring::RingBytes,
+    /// Seconds in GPU compression calls.
+    pub compress_s: f64,
+    /// Seconds in GPU decompression calls (the fused decompress-and-add included).
+    pub decompress_s: f64,
+}
+
+/// The compressed ring of `plan` on device buffers over `t`, after the caller's agreement:
+/// every rank calls it with the same plan and length. `out` holds `x.len()` values (the
+/// allreduces) or this rank's segment of [`partition`]`(x.len(), size)` (reduce-scatter).
+/// Failures of the GPU work travel as empty messages, so every rank fails together (see
+/// [`ring::reduce`]). Returns when the result is in `out` (the stream synchronized).
+pub(crate) fn ring<T: GpuElement + Real>(
+    t: &dyn DeviceTransport,
+    gpu: &mut GpuCodec,
+    x: &CudaView<'_, T>,
+    out: &mut CudaViewMut<'_, T>,
+    plan: RingPlan,
+) -> Result<RingRun> {
+    let stream = gpu.stream().clone();
+    let segs = partition(x.len(), plan.size);
+    let longest = segs.iter().map(Range::len).max().unwrap_or(0);
+    let scratch_len = crate::format::compress_bound(longest, T::DTYPE);
+    // SAFETY: the codec writes a stream into the scratch before anything reads it.
+    let scratch =
+        unsafe { stream.alloc::<u8>(scratch_len.max(16)) }.map_err(gpu_err("alloc scratch"))?;
+    let run = if plan.full {
+        let mut place = DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), &segs, scratch);
+        place.run(plan)?
+    } else {
+        // SAFETY: a segment of `acc` is read only after the ring has written it (`touched`).
+        let mut acc = unsafe { stream.alloc::<T>(x.len()) }.map_err(gpu_err("alloc partials"))?;
+        let mut place = DevicePlace::new(t, gpu, x.slice(..), acc.as_view_mut(), &segs, scratch);
+        let run = place.run(plan)?;
+        stream
+            .memcpy_dtod(&acc.slice(segs[plan.rank].clone()), out)
+            .map_err(gpu_err("copy result"))?;
+        run
+    };
+    stream.synchronize().map_err(gpu_err("sync"))?;
+    Ok(run)
 }
 
 /// A compressed segment: this rank's own (in the scratch buffer) or one received.
@@ -230,22 +260,25 @@ struct DevicePlace<'a, T: GpuElement> {
     t: &'a dyn DeviceTransport,
     gpu: &'a mut GpuCodec,
     /// This rank's input (read-only).
-    input: &'a CudaSlice<T>,
+    input: CudaView<'a, T>,
     /// The partial sums of the segments in `touched` (for the allreduces: the output).
-    acc: &'a mut CudaSlice<T>,
+    acc: CudaViewMut<'a, T>,
     /// Which segments of `acc` hold a partial sum.
     touched: Vec<bool>,
     segs: &'a [Range<usize>],
     /// Where this rank's outgoing segment is compressed (reused every step).
     scratch: CudaSlice<u8>,
+    /// Seconds spent in the codec calls so far.
+    compress_s: f64,
+    decompress_s: f64,
 }
 
 impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     fn new(
         t: &'a dyn DeviceTransport,
         gpu: &'a mut GpuCodec,
-        input: &'a CudaSlice<T>,
-        acc: &'a mut CudaSlice<T>,
+        input: CudaView<'a, T>,
+        acc: CudaViewMut<'a, T>,
         segs: &'a [Range<usize>],
         scratch: CudaSlice<u8>,
     ) -> Self {
@@ -257,7 +290,18 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             touched: vec![false; segs.len()],
             segs,
             scratch,
+            compress_s: 0.0,
+            decompress_s: 0.0,
         }
+    }
+
+    fn run(&mut self, plan: RingPlan) -> Result<RingRun> {
+        let bytes = ring::reduce(self, plan)?;
+        Ok(RingRun {
+            bytes,
+            compress_s: self.compress_s,
+            decompress_s: self.decompress_s,
+        })
     }
 
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
@@ -295,10 +339,12 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         } else {
             self.input.slice(range)
         };
-        let len =
-            self.gpu
-                .compress_device(&values, bound, codec, &mut self.scratch.as_view_mut())?;
-        Ok(DeviceMsg::Scratch(len))
+        let t = std::time::Instant::now();
+        let len = self
+            .gpu
+            .compress_device(&values, bound, codec, &mut self.scratch.as_view_mut());
+        self.compress_s += t.elapsed().as_secs_f64();
+        Ok(DeviceMsg::Scratch(len?))
     }
 
     fn exchange(&mut self, m: DeviceMsg, to: usize, from: usize) -> Result<DeviceMsg> {
@@ -311,15 +357,19 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         let range = self.segs[seg].clone();
         let stream = received(m)?;
         let mut acc = self.acc.slice_mut(range.clone());
-        if self.touched[seg] {
+        let t = std::time::Instant::now();
+        let r = if self.touched[seg] {
             self.gpu.decompress_add_device(&stream.view(), &mut acc)
         } else {
             let base = self.input.slice(range);
-            self.gpu
-                .decompress_add_to_device(&stream.view(), &base, &mut acc)?;
-            self.touched[seg] = true;
-            Ok(())
-        }
+            let r = self
+                .gpu
+                .decompress_add_to_device(&stream.view(), &base, &mut acc);
+            self.touched[seg] = r.is_ok();
+            r
+        };
+        self.decompress_s += t.elapsed().as_secs_f64();
+        r
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
@@ -359,7 +409,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
-        super::reduce::all_ranks(self.t, ok)
+        super::reduce::all_ranks(self.t.host(), ok)
     }
 
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
@@ -368,7 +418,11 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
             DeviceMsg::Received(b) => b.view(),
         };
-        self.gpu
-            .decompress_device(&stream, &mut self.acc.slice_mut(range))
+        let t = std::time::Instant::now();
+        let r = self
+            .gpu
+            .decompress_device(&stream, &mut self.acc.slice_mut(range));
+        self.decompress_s += t.elapsed().as_secs_f64();
+        r
     }
 }

@@ -35,25 +35,22 @@
 //!   moves the raw bytes.
 //! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
 //!   [`Communicator::reduce_scatter_device`], compressed (`Always`, or `Auto` when the model
-//!   predicts it faster): a device-resident ring. The global value range comes from a GPU range
-//!   pass and the descriptor agreement; the per-quantization bound is the host path's
-//!   [`reduction_step_bound`](super::reduction_step_bound) (`p` quantizations for the
+//!   predicts it faster): the device-resident ring of [`crate::comm::device_ring`] (one
+//!   algorithm for every device transport) over a staged link (`StagedLink`): each ring message is copied
+//!   D2H into the stager's reused pinned send buffer, its length and bytes cross the transport
+//!   (`sendrecv_sized` into the pinned receive buffer, `allgatherv_into` for the final
+//!   streams), and it is copied H2D into a pooled device buffer. The global value range comes
+//!   from a GPU range pass and the descriptor agreement; the per-quantization bound is the host
+//!   path's [`reduction_step_bound`](super::reduction_step_bound) (`p` quantizations for the
 //!   allreduces, `p-1` for reduce-scatter; partial sums at `eb·divisor`, the final value at
-//!   `eb`). Ring reduce-scatter over the device segments of [`partition`](super::partition)
-//!   `(n, p)`: each of the `p-1` steps compresses the outgoing partial sum on the GPU into the
-//!   stager's device scratch, copies the stream D2H into the reused pinned send buffer,
-//!   exchanges a length header and the sized stream with the ring neighbours (the transport's
-//!   `sendrecv_sized`, into the pinned receive buffer), copies the received stream H2D and adds
-//!   it into the device accumulator with the fused [`GpuCodec::decompress_add_device`] (the
-//!   allreduces accumulate in `out`, a device copy of the input; reduce-scatter in a segment
-//!   scratch and, at the last step, in `out`). The allreduces then divide this rank's segment
-//!   by `p` (mean, IEEE division on the device, as the host path's `v / p`), compress it once,
-//!   and allgather the compressed segments through the pinned buffers (as `allgather_device`);
-//!   every rank decompresses every segment on the device (its own too: identical results on
-//!   all ranks). The order of operations is the host ring's, so the results equal the host
-//!   path's with the same codec. A failure on one rank travels through the ring as a flagged
-//!   step header (every rank still runs every step) and a second agreement fails every rank
-//!   together. `Never`, `Auto` deciding raw, `rel` bounds, one rank, fewer values than ranks
+//!   `eb`). The input is read in place: the first addition to a segment writes
+//!   `input + decoded` into the accumulator (`out` for the allreduces) with one fused kernel.
+//!   The allreduces then divide this rank's segment by `p` (mean, IEEE division on the
+//!   device), compress it once and gather the compressed segments; every rank decompresses
+//!   every segment (its own too: identical results on all ranks). The order of operations is
+//!   the host ring's, so the results equal the host path's with the same codec. A failure on
+//!   one rank travels through the ring as empty messages and fails every rank
+//!   together (the ring module `comm::ring`). `Never`, `Auto` deciding raw, `rel` bounds, one rank, fewer values than ranks
 //!   or no usable step bound take the staged host path: D2H of the values into the stager's
 //!   pinned send buffer, the host [`Communicator::allreduce`] / `allreduce_mean` /
 //!   `reduce_scatter` (compressed on the wire by the communicator's [`Compressor`], e.g. a
@@ -153,6 +150,7 @@ mod nonblocking;
 mod p2p;
 mod profile;
 mod reduce;
+mod staged_link;
 mod stager;
 #[cfg(test)]
 mod tests;
@@ -161,12 +159,12 @@ pub use calibrate::{
     CALIBRATION_LINK_MIB, CALIBRATION_LINK_REPS, CALIBRATION_LINK_WARMUP, CALIBRATION_MIN_VALUES,
     CALIBRATION_REPS, CALIBRATION_TINY_VALUES, CALIBRATION_WARMUP,
 };
-use gather::*;
 pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
 use profile::*;
 pub use profile::{DeviceProfile, Terms};
 use reduce::*;
+use staged_link::StagedLink;
 use stager::*;
 pub use stager::{DeviceStager, StageTimes};
 

@@ -45,8 +45,8 @@ pub struct DeviceProfile {
     /// Fixed seconds of one fused decompress-and-add call.
     #[serde(default)]
     pub decompress_add_overhead: f64,
-    /// Device-to-device copy (bytes copied per second, every rank at once): the device ring's
-    /// copy of the input into the accumulator; 0 = not calibrated (not charged).
+    /// Device-to-device copy (bytes copied per second, every rank at once): reduce-scatter's
+    /// copy of the reduced segment into the output; 0 = not calibrated (not charged).
     #[serde(default)]
     pub device_copy: f64,
     /// The device reductions' value-range pass (input bytes per second, including its read-back);
@@ -462,9 +462,9 @@ impl DeviceProfile {
     /// `allreduce_mean_device` (`fin = Some(final_ratio)`) or
     /// [`Communicator::reduce_scatter_device`] (`fin = None`) of `bytes` per rank over `p` ranks:
     ///
-    /// * the value-range pass over the input (every kind), and for the allreduces the device
-    ///   copy of the input into the accumulator (reduce-scatter copies one input segment per
-    ///   step instead);
+    /// * the value-range pass over the input (every kind; the input is read in place, never
+    ///   copied: the first addition to a segment writes input + decoded into the accumulator),
+    ///   and for reduce-scatter the copy of this rank's reduced segment into the output;
     /// * `p-1` steps on a segment of `bytes/p` at the ring's `ratio`, each a GPU compression, a
     ///   D2H of the stream, the link transfer (plus the length header's latency), an H2D of the
     ///   received stream and the fused GPU decompress-and-add;
@@ -499,7 +499,6 @@ impl DeviceProfile {
         };
         match fin {
             Some(rf) => {
-                t.device += pass_s(self.device_copy, bytes);
                 if mean {
                     t.device += pass_s(self.scale_pass, seg);
                 }
@@ -510,7 +509,7 @@ impl DeviceProfile {
                 t.h2d += g.h2d;
                 t.decompress += g.decompress;
             }
-            None => t.device += steps * pass_s(self.device_copy, seg),
+            None => t.device += pass_s(self.device_copy, seg),
         }
         t
     }

@@ -331,178 +331,51 @@ impl Communicator {
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = e;
-        // 4. the ring reduce-scatter on device segments
-        let segs = crate::comm::partition(n, p);
-        let cap = crate::compress_bound(segs[0].len(), T::DTYPE);
-        let s = dev.stream();
-        let step_bound = ErrorBound::Abs(eb * d);
-        let (to, from) = ((r + 1) % p, (r + p - 1) % p);
-        let mut failed: Option<Error> = None;
-        // buffers: pinned send (one stream), pinned receive (every final stream of the
-        // allgather, else one stream), the device accumulator: `out` itself for the
-        // allreduces (a device copy of the input), a segment scratch for reduce-scatter with
-        // more than two ranks (the last step adds straight into `out`)
-        let setup = (|| -> Result<Option<CudaSlice<T>>> {
-            DeviceStager::grow_pinned(&mut dev.pinned_send, &s, cap)?;
-            DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, if full { p * cap } else { cap })?;
-            DeviceStager::grow_dev(&mut dev.scratch_in, &s, cap)?;
-            if full {
-                s.memcpy_dtod(input, out).map_err(gpu_err("dtod"))?;
-                Ok(None)
-            } else if p > 2 {
-                // SAFETY: each use is written (a device copy of the input segment) before read.
-                let b = unsafe { s.alloc::<T>(segs[0].len()) }.map_err(|e| {
-                    Error::OutOfMemory(format!("{} device values: {e:?}", segs[0].len()))
-                })?;
-                Ok(Some(b))
-            } else {
-                Ok(None)
-            }
-        })();
-        let mut tmp = match setup {
-            Ok(t) => t,
-            Err(e) => {
-                failed = Some(e);
-                None
-            }
+        // 4. the device-resident ring (`comm::device_ring`, the loopback benchmark's algorithm)
+        //    over this transport, each message staged through the pinned buffers: GPU
+        //    compression, D2H, the transport, H2D into a pooled device buffer, the fused
+        //    decompress-and-add; the input is read in place. Every rank fails together.
+        let plan = crate::comm::ring::RingPlan {
+            rank: r,
+            size: p,
+            step_bound: eb * d,
+            final_bound: eb,
+            divisor: d,
+            full,
+            codec,
         };
-        let mut wire = 0usize;
-        for step in 0..p - 1 {
-            let send_seg = segs[(r + 2 * p - step - 1) % p].clone();
-            let recv_seg = segs[(r + 2 * p - step - 2) % p].clone();
-            // compress the outgoing partial sum, D2H of its stream
-            let mine = if failed.is_some() {
-                None
-            } else {
-                let l = if full {
-                    let v = out.slice(send_seg.clone());
-                    dev.compress_to_pinned_send(&v, step_bound, codec)
-                } else if step == 0 {
-                    let v = input.slice(send_seg.clone());
-                    dev.compress_to_pinned_send(&v, step_bound, codec)
-                } else {
-                    match &tmp {
-                        Some(b) => {
-                            let v = b.slice(0..send_seg.len());
-                            dev.compress_to_pinned_send(&v, step_bound, codec)
-                        }
-                        None => Err(Error::Comm("device ring: no accumulator".into())),
-                    }
-                };
-                match l {
-                    Ok(l) => Some(l),
-                    Err(e) => {
-                        failed = Some(e);
-                        None
-                    }
-                }
-            };
-            wire += mine.unwrap_or(0);
-            let t = now();
-            let got = self.ring_exchange(dev, mine, to, from)?;
-            dev.last.network += t.elapsed().as_secs_f64();
-            // H2D of the received stream, decompress-and-add into the accumulator
-            match got {
-                Ok(m) if failed.is_none() => {
-                    let res = if full {
-                        let mut v = out.slice_mut(recv_seg.clone());
-                        dev.upload_add(m, &mut v)
-                    } else if step == p - 2 {
-                        // recv_seg is this rank's segment: accumulate in `out`
-                        let x = input.slice(recv_seg.clone());
-                        s.memcpy_dtod(&x, out)
-                            .map_err(gpu_err("dtod"))
-                            .and_then(|()| dev.upload_add(m, out))
-                    } else {
-                        match tmp.as_mut() {
-                            Some(b) => {
-                                let x = input.slice(recv_seg.clone());
-                                let mut v = b.slice_mut(0..recv_seg.len());
-                                s.memcpy_dtod(&x, &mut v)
-                                    .map_err(gpu_err("dtod"))
-                                    .and_then(|()| dev.upload_add(m, &mut v))
-                            }
-                            None => Err(Error::Comm("device ring: no accumulator".into())),
-                        }
-                    };
-                    if let Err(e) = res {
-                        failed = Some(e);
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        drop(tmp.take());
-        // 5. (allreduce) the mean's division, then the final segment compressed once with eb
-        let mut mine_len = 0;
-        if full && failed.is_none() {
-            let res = (|| -> Result<usize> {
-                if d != 1.0 {
-                    let mut v = out.slice_mut(segs[r].clone());
-                    let u = dev.utils()?;
-                    u.scale(&s, &mut v, T::from_f64(d))?;
-                    s.synchronize().map_err(gpu_err("sync"))?;
-                }
-                let v = out.slice(segs[r].clone());
-                dev.compress_to_pinned_send(&v, ErrorBound::Abs(eb), codec)
-            })();
-            match res {
-                Ok(l) => mine_len = l,
-                Err(e) => failed = Some(e),
-            }
-        }
-        // every rank fails together (a failure only reached the ring neighbours so far)
-        let desc = Desc {
-            count: n as u64,
-            dtype: elem_tag::<T>(),
-            ..self.local_desc::<f32>(op, n)
+        let run = {
+            let DeviceStager {
+                gpu,
+                pinned_send,
+                pinned_recv,
+                recv_pool,
+                ..
+            } = &mut *dev;
+            let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
+            let run = crate::comm::device_ring::ring(&link, gpu, input, out, plan);
+            let (d2h, network, h2d) = link.times();
+            run.map(|run| (run, d2h, network, h2d))
         };
-        self.agree(desc, failed.map_or(Ok(()), Err))?;
-        let ring_wire = wire;
-        let mut final_total = 0usize;
-        if full {
-            // 6. allgather of the final streams (pinned, as allgather_device), then H2D +
-            // GPU decompression of every stream (this rank's own too: identical results)
-            let lens = self.transport().allgather_lens(mine_len)?;
-            let total: usize = lens.iter().sum();
-            final_total = total;
-            if total > p * cap {
-                return Err(Error::Comm(format!(
-                    "device allreduce: {total} bytes of final streams exceed {}",
-                    p * cap
-                )));
-            }
-            let t = now();
-            let (ps, mut pr) = (dev.pinned_send.take(), dev.pinned_recv.take());
-            let g = gather_pinned(self.transport(), &ps, &mut pr, mine_len, &lens, total);
-            dev.pinned_send = ps;
-            dev.pinned_recv = pr;
-            g?;
-            dev.last.network += t.elapsed().as_secs_f64();
-            let mut off = 0;
-            for (k, &l) in lens.iter().enumerate() {
-                let mut view = out.slice_mut(segs[k].clone());
-                if k == r {
-                    dev.upload_pinned(true, 0..mine_len, &mut view, true)?;
-                } else {
-                    dev.upload_pinned(false, off..off + l, &mut view, true)?;
-                }
-                off += l;
-            }
-            wire += mine_len * (p - 1);
-            st.ratio = (2.0 * bytes as f64 * (pf - 1.0) / pf) / wire.max(1) as f64;
-        } else {
-            st.ratio = (bytes as f64 * (pf - 1.0) / pf) / wire.max(1) as f64;
-        }
+        let (run, d2h, network, h2d) = run?;
+        dev.last = StageTimes {
+            compress: run.compress_s,
+            d2h,
+            network,
+            h2d,
+            decompress: run.decompress_s,
+        };
+        let ring_wire = run.bytes.reduce_scatter;
+        let wire = run.bytes.total(p);
+        let moved = if full { 2.0 } else { 1.0 } * bytes as f64 * (pf - 1.0) / pf;
+        st.ratio = moved / wire.max(1) as f64;
         st.wire_bytes = wire as u64;
         // the ring's per-step ratio: the prediction at the ratio met, and the estimate of the
         // next Auto decision of this size and bound
         let rr = ((bytes as f64 / pf) * (pf - 1.0) / ring_wire.max(1) as f64).max(1.0);
-        // the final streams: every segment once (`bytes` in all)
-        let rf = (bytes as f64 / final_total.max(1) as f64).max(1.0);
+        // this rank's final stream: its segment once
+        let seg_bytes = (crate::comm::partition(n, p)[r].len() * T::SIZE) as f64;
+        let rf = (seg_bytes / run.bytes.final_stream.max(1) as f64).max(1.0);
         let terms = dp.reduce_terms(link, p, bytes as f64, rr, fin(rf), mean);
         st.predicted_compressed_s = terms.total();
         st.predicted_s = st.predicted_compressed_s;
@@ -513,62 +386,5 @@ impl Communicator {
         }
         tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "{} device ring", crate::comm::op_name(op));
         Ok(Some(self.finish(st, t0)))
-    }
-
-    /// One ring step's exchange: this rank's stream (`mine`: the first bytes of the pinned
-    /// send buffer; `None` after a failure, sent as a flagged empty message) to `to`, the
-    /// neighbour's into the pinned receive buffer from `from` (a length header first, then the
-    /// sized payload). Returns the received length, or (inner error) the neighbour's failure or
-    /// an oversized stream (received and dropped, so both sides stay matched). MPI errors are
-    /// returned as the outer error.
-    pub(super) fn ring_exchange(
-        &self,
-        dev: &mut DeviceStager,
-        mine: Option<usize>,
-        to: usize,
-        from: usize,
-    ) -> Result<Result<usize>> {
-        let t = self.transport();
-        let mut hdr = [0u8; 16];
-        hdr[..8].copy_from_slice(&(mine.unwrap_or(0) as u64).to_le_bytes());
-        hdr[8] = u8::from(mine.is_none());
-        let theirs = t.sendrecv(to, &hdr, from, crate::comm::TAG_RING)?;
-        if theirs.len() != 16 {
-            return Err(Error::Comm(format!(
-                "device ring: {}-byte step header",
-                theirs.len()
-            )));
-        }
-        let bad = theirs[8] != 0;
-        let m = u64::from_le_bytes(theirs[..8].try_into().expect("8 bytes"));
-        let m = usize::try_from(m)
-            .map_err(|_| Error::Comm(format!("device ring: {m}-byte stream announced")))?;
-        let payload: &[u8] = match (mine, &dev.pinned_send) {
-            (Some(l), Some(b)) => &b.as_slice().map_err(gpu_err("pinned"))?[..l],
-            _ => &[],
-        };
-        let buf: &mut [u8] = match &mut dev.pinned_recv {
-            Some(b) => b.as_mut_slice().map_err(gpu_err("pinned"))?,
-            None => &mut [],
-        };
-        if m > buf.len() {
-            // drain the oversized message (fallibly: `m` came over the wire)
-            let mut v = Vec::new();
-            v.try_reserve_exact(m).map_err(|_| {
-                Error::OutOfMemory(format!("device ring: {m}-byte stream announced"))
-            })?;
-            v.resize(m, 0u8);
-            t.sendrecv_sized(to, payload, from, &mut v, crate::comm::TAG_RING)?;
-            return Ok(Err(Error::Comm(format!(
-                "device ring: {m}-byte stream exceeds the receive buffer"
-            ))));
-        }
-        t.sendrecv_sized(to, payload, from, &mut buf[..m], crate::comm::TAG_RING)?;
-        if bad {
-            return Ok(Err(Error::Comm(
-                "device ring: a neighbouring rank failed".into(),
-            )));
-        }
-        Ok(Ok(m))
     }
 }

@@ -48,6 +48,8 @@ pub struct DeviceStager {
     pub(super) scratch_in: Option<CudaSlice<u8>>,
     pub(super) pinned_send: Option<PinnedHostSlice<u8>>,
     pub(super) pinned_recv: Option<PinnedHostSlice<u8>>,
+    /// Device buffers that received staged messages of the device ring, for reuse.
+    pub(super) recv_pool: Vec<CudaSlice<u8>>,
     pub(super) profile: Option<DeviceProfile>,
     /// Value range / scaling kernels of the device reductions (compiled on first use).
     pub(super) utils: Option<DevUtils>,
@@ -77,6 +79,7 @@ impl DeviceStager {
             scratch_in: None,
             pinned_send: None,
             pinned_recv: None,
+            recv_pool: Vec::new(),
             profile: None,
             utils: None,
             last: StageTimes::default(),
@@ -512,54 +515,5 @@ impl DeviceStager {
             self.utils = Some(load_dev_utils(&self.stream())?);
         }
         Ok(self.utils.as_ref().expect("loaded"))
-    }
-
-    /// H2D of the first `m` bytes of the pinned receive buffer into the device scratch, then
-    /// `out += decompress(stream)` on the GPU (one fused kernel). Adds to `last.h2d` and
-    /// `last.decompress`.
-    pub(super) fn upload_add<T: GpuElement>(
-        &mut self,
-        m: usize,
-        out: &mut CudaViewMut<'_, T>,
-    ) -> Result<()> {
-        let s = self.stream();
-        Self::grow_dev(&mut self.scratch_in, &s, m)?;
-        let t = now();
-        {
-            let pin = match &self.pinned_recv {
-                Some(b) => b.as_slice().map_err(gpu_err("pinned"))?,
-                None => return Err(Error::Comm("device staging: no pinned buffer".into())),
-            };
-            let dst = self.scratch_in.as_mut().expect("grown");
-            let (p, _g) = dst.device_ptr_mut(&s);
-            Self::h2d(&s, &pin[..m], p)?;
-        }
-        self.last.h2d += t.elapsed().as_secs_f64();
-        let t = now();
-        let src = self.scratch_in.take().expect("grown");
-        let r = {
-            let v = src.slice(0..m);
-            self.gpu.decompress_add_device(&v, out)
-        };
-        self.scratch_in = Some(src);
-        self.last.decompress += t.elapsed().as_secs_f64();
-        r
-    }
-
-    /// GPU compression of `data` into the device scratch and D2H of the stream into the pinned
-    /// send buffer; returns the stream length. Adds to `last.compress` and `last.d2h`.
-    pub(super) fn compress_to_pinned_send<T: GpuElement>(
-        &mut self,
-        data: &CudaView<'_, T>,
-        bound: ErrorBound,
-        codec: CodecKind,
-    ) -> Result<usize> {
-        let (c0, d0) = (self.last.compress, self.last.d2h);
-        let t = now();
-        let len = self.compress_to_scratch(data, bound, codec);
-        self.last.compress = c0 + t.elapsed().as_secs_f64();
-        let len = len?;
-        self.last.d2h = d0 + self.scratch_to_pinned_send(len)?;
-        Ok(len)
     }
 }

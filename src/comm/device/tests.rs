@@ -337,7 +337,7 @@ fn predict_reduce_structure() {
     // one rank: nothing to do
     assert_eq!(dp.predict_reduce(LINK, 1, b, 10.0, false), 0.0);
     // p-1 steps of compress + D2H + link + H2D + fused decompress-add on a segment, the
-    // range pass, one input segment copied per step
+    // range pass, the reduced segment copied into the output once (the input is never copied)
     let (p, r) = (4usize, 8.0);
     let (seg, z) = (b / 4.0, b / 4.0 / r);
     let step = dp.compress_s(seg)
@@ -345,19 +345,18 @@ fn predict_reduce_structure() {
         + 2.0 * LINK.latency
         + z / LINK.bandwidth
         + dp.h2d_s(z)
-        + dp.decompress_add_s(seg)
-        + seg / dp.device_copy;
+        + dp.decompress_add_s(seg);
     let range = b / dp.range_pass;
     let rs = dp.reduce_terms(LINK, p, b, r, None, false);
-    assert!(close(rs.total(), 3.0 * step + range));
-    assert!(close(rs.device, range + 3.0 * seg / dp.device_copy));
+    assert!(close(rs.total(), 3.0 * step + range + seg / dp.device_copy));
+    assert!(close(rs.device, range + seg / dp.device_copy));
     assert!(close(dp.predict_reduce(LINK, p, b, r, false), rs.total()));
-    // the allreduce: the input copied once (not per step), then the compressed allgather
-    // of one segment at the final streams' own ratio
+    // the allreduce: no copy at all, then the compressed allgather of one segment at the
+    // final streams' own ratio
     let rf = 5.0;
     let ar = dp.reduce_terms(LINK, p, b, r, Some(rf), false);
     let ag = dp.allgather_terms(LINK, p, seg, rf).1.total();
-    let ring = 3.0 * (step - seg / dp.device_copy) + range + b / dp.device_copy;
+    let ring = 3.0 * step + range;
     assert!(
         close(ar.total(), ring + ag),
         "{} vs {}",

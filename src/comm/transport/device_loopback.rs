@@ -214,6 +214,10 @@ impl Transport for DeviceLoopback {
 }
 
 impl DeviceTransport for DeviceLoopback {
+    fn host(&self) -> &dyn Transport {
+        self
+    }
+
     fn sendrecv_device(
         &self,
         dest: usize,

@@ -364,9 +364,12 @@ impl DeviceBytes {
 /// through the host (NVLink, PCIe peer copies, or the in-process [`DeviceLoopback`]).
 ///
 /// The device-resident algorithms (`comm::device_ring`) are written against it; the host
-/// [`Transport`] methods carry their small agreements (descriptors, value ranges).
+/// transport ([`host`](Self::host)) carries their small agreements (descriptors, value ranges).
 #[cfg(feature = "cuda")]
-pub trait DeviceTransport: Transport {
+pub trait DeviceTransport {
+    /// The host transport of the same ranks, for the small agreements.
+    fn host(&self) -> &dyn Transport;
+
     /// Send `bytes` (device memory, ready on `stream`) to `dest` and receive one message from
     /// `src`, ready on `stream` when this returns.
     fn sendrecv_device(

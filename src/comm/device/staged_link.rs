@@ -1,0 +1,210 @@
+//! Device messages over a host transport, staged through a stager's pinned buffers: the
+//! [`DeviceTransport`] that lets the device-resident ring (`comm::device_ring`) run on an MPI
+//! that cannot read device memory. A message goes D2H into the pinned send buffer, its length
+//! and then its bytes over the transport into the pinned receive buffer, and H2D into a device
+//! buffer of the stager's receive pool (reused across messages and operations).
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+
+use super::*;
+use crate::comm::transport::{DeviceBytes, DeviceTransport, Transport};
+
+/// One staged device link (see the [module docs](self)); built per operation from the
+/// stager's buffers and the communicator's transport.
+pub(super) struct StagedLink<'a> {
+    host: &'a dyn Transport,
+    send: RefCell<&'a mut Option<PinnedHostSlice<u8>>>,
+    recv: RefCell<&'a mut Option<PinnedHostSlice<u8>>>,
+    pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
+    /// D2H, transport and H2D seconds so far.
+    times: Cell<(f64, f64, f64)>,
+}
+
+impl<'a> StagedLink<'a> {
+    pub(super) fn new(
+        host: &'a dyn Transport,
+        send: &'a mut Option<PinnedHostSlice<u8>>,
+        recv: &'a mut Option<PinnedHostSlice<u8>>,
+        pool: &'a mut Vec<CudaSlice<u8>>,
+    ) -> Self {
+        StagedLink {
+            host,
+            send: RefCell::new(send),
+            recv: RefCell::new(recv),
+            pool: RefCell::new(pool),
+            times: Cell::new((0.0, 0.0, 0.0)),
+        }
+    }
+
+    /// The D2H, transport and H2D seconds of the messages so far.
+    pub(super) fn times(&self) -> (f64, f64, f64) {
+        self.times.get()
+    }
+
+    fn add_time(&self, stage: usize, since: std::time::Instant) {
+        let mut t = self.times.get();
+        let dt = since.elapsed().as_secs_f64();
+        match stage {
+            0 => t.0 += dt,
+            1 => t.1 += dt,
+            _ => t.2 += dt,
+        }
+        self.times.set(t);
+    }
+
+    /// D2H of `bytes` into the front of the pinned send buffer.
+    fn stage_out(&self, bytes: &CudaView<'_, u8>, stream: &Arc<CudaStream>) -> Result<()> {
+        let t = now();
+        let mut send = self.send.borrow_mut();
+        DeviceStager::grow_pinned(&mut send, stream, bytes.len())?;
+        let dst = send.as_mut().expect("grown");
+        let (p, _g) = bytes.device_ptr(stream);
+        DeviceStager::d2h(
+            stream,
+            p,
+            &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes.len()],
+        )?;
+        self.add_time(0, t);
+        Ok(())
+    }
+
+    /// H2D of `len` bytes at `at` of the pinned receive buffer into a pooled device buffer.
+    fn stage_in(&self, at: usize, len: usize, stream: &Arc<CudaStream>) -> Result<DeviceBytes> {
+        let t = now();
+        let found = {
+            let mut pool = self.pool.borrow_mut();
+            let i = pool.iter().position(|b| b.len() >= len);
+            i.map(|i| pool.swap_remove(i))
+        };
+        let mut buf = match found {
+            Some(b) => b,
+            None => {
+                // rounded up so that slightly longer messages later still fit
+                let cap = len.max(1).next_multiple_of(1 << 20);
+                // SAFETY: only the first `len` bytes are ever read, after the copy below.
+                unsafe { stream.alloc::<u8>(cap) }
+                    .map_err(|e| Error::OutOfMemory(format!("{cap} device bytes: {e:?}")))?
+            }
+        };
+        {
+            let recv = self.recv.borrow();
+            let src = match recv.as_ref() {
+                Some(b) => &b.as_slice().map_err(gpu_err("pinned"))?[at..at + len],
+                None => &[][..],
+            };
+            let (p, _g) = buf.device_ptr_mut(stream);
+            DeviceStager::h2d(stream, src, p)?;
+        }
+        self.add_time(2, t);
+        DeviceBytes::new(buf, len)
+    }
+
+    /// The pinned receive buffer grown to `len` bytes; `false` when it cannot be (the caller
+    /// then drains the message into host memory, so both sides stay matched).
+    fn recv_room(&self, len: usize, stream: &Arc<CudaStream>) -> bool {
+        DeviceStager::grow_pinned(&mut self.recv.borrow_mut(), stream, len).is_ok()
+    }
+
+    /// `f` of the first `len` bytes of the pinned send buffer.
+    fn with_payload<R>(&self, len: usize, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        let send = self.send.borrow();
+        let payload = match send.as_ref() {
+            Some(b) => &b.as_slice().map_err(gpu_err("pinned"))?[..len],
+            None if len == 0 => &[][..],
+            None => return Err(Error::Comm("staged link: nothing staged".into())),
+        };
+        f(payload)
+    }
+
+    /// `f` of the first `len` bytes of the pinned receive buffer (grown by `recv_room`).
+    fn with_landing<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> Result<R>) -> Result<R> {
+        let mut recv = self.recv.borrow_mut();
+        let buf = match recv.as_mut() {
+            Some(b) => &mut b.as_mut_slice().map_err(gpu_err("pinned"))?[..len],
+            None => &mut [][..],
+        };
+        f(buf)
+    }
+}
+
+impl DeviceTransport for StagedLink<'_> {
+    fn host(&self) -> &dyn Transport {
+        self.host
+    }
+
+    fn sendrecv_device(
+        &self,
+        dest: usize,
+        bytes: &CudaView<'_, u8>,
+        src: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<DeviceBytes> {
+        self.stage_out(bytes, stream)?;
+        let t = now();
+        let tag = crate::comm::TAG_RING;
+        let theirs = self
+            .host
+            .sendrecv(dest, &(bytes.len() as u64).to_le_bytes(), src, tag)?;
+        let m = <[u8; 8]>::try_from(theirs.as_slice())
+            .map(u64::from_le_bytes)
+            .map_err(|_| Error::Comm(format!("staged link: {}-byte length", theirs.len())))?;
+        let m = usize::try_from(m)
+            .map_err(|_| Error::Comm(format!("staged link: {m}-byte message announced")))?;
+        let n = bytes.len();
+        if !self.recv_room(m, stream) {
+            let mut v = Vec::new();
+            v.try_reserve_exact(m)
+                .map_err(|_| Error::OutOfMemory(format!("staged link: {m}-byte message")))?;
+            v.resize(m, 0u8);
+            self.with_payload(n, |b| self.host.sendrecv_sized(dest, b, src, &mut v, tag))?;
+            return Err(Error::OutOfMemory(format!(
+                "staged link: no pinned memory for a {m}-byte message"
+            )));
+        }
+        self.with_payload(n, |b| {
+            self.with_landing(m, |buf| self.host.sendrecv_sized(dest, b, src, buf, tag))
+        })?;
+        self.add_time(1, t);
+        self.stage_in(0, m, stream)
+    }
+
+    fn allgather_device(
+        &self,
+        mine: &CudaView<'_, u8>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<Option<DeviceBytes>>> {
+        self.stage_out(mine, stream)?;
+        let t = now();
+        let lens = self.host.allgather_lens(mine.len())?;
+        let total: usize = lens.iter().sum();
+        let n = mine.len();
+        if !self.recv_room(total, stream) {
+            // every rank takes part in the gather before the error
+            self.with_payload(n, |b| self.host.allgatherv(b))?;
+            return Err(Error::OutOfMemory(format!(
+                "staged link: no pinned memory for {total} gathered bytes"
+            )));
+        }
+        self.with_payload(n, |b| {
+            self.with_landing(total, |buf| self.host.allgatherv_into(b, &lens, buf))
+        })?;
+        self.add_time(1, t);
+        let me = self.host.rank();
+        let mut at = 0;
+        let mut out = Vec::with_capacity(lens.len());
+        for (k, &l) in lens.iter().enumerate() {
+            out.push(if k == me {
+                None
+            } else {
+                Some(self.stage_in(at, l, stream)?)
+            });
+            at += l;
+        }
+        Ok(out)
+    }
+
+    fn recycle(&self, bytes: DeviceBytes) {
+        self.pool.borrow_mut().push(bytes.into_buffer());
+    }
+}
