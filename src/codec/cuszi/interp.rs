@@ -278,20 +278,53 @@ pub(crate) fn anchor_prediction(g: &Grid, b: usize, c: [usize; D], anchors: &[i6
     p
 }
 
+/// Number of point classes of a grid with `n_levels` levels: the anchor, then one class per
+/// level and pass.
+pub(crate) fn n_classes(n_levels: usize) -> usize {
+    1 + D * n_levels
+}
+
+/// The class of the point at local coordinates `l` of a tile (stride `2^log2s`): 0 for the
+/// anchor, else `1 + D k + j` for the point predicted at level `k` (stride `s = S / 2^(k+1)`) in
+/// pass `j`: `s` is the largest power of two dividing every coordinate, and `j` the last pass
+/// whose dimension `order[j]` has an odd multiple of `s` there.
+#[inline]
+pub(crate) fn point_class(l: [usize; D], log2s: u32, levels: &[Level]) -> u8 {
+    let tz = l
+        .iter()
+        .map(|&v| if v == 0 { log2s } else { v.trailing_zeros() })
+        .min()
+        .unwrap_or(log2s);
+    if tz >= log2s {
+        return 0;
+    }
+    let k = (log2s - 1 - tz) as usize;
+    let order = levels[k].order;
+    let j = (0..D)
+        .rev()
+        .find(|&j| (l[order[j]] >> tz) & 1 == 1)
+        .unwrap_or(0);
+    (1 + D * k + j) as u8
+}
+
 /// Most tiles the configuration sampling visits (evenly spaced over the tile numbers).
-pub(crate) const SAMPLE_TILES: usize = 64;
+pub(crate) const SAMPLE_TILES: usize = 256;
+
+/// Sampled errors are counted in units of `1 / ERR_RES` of the quantization step, so that
+/// splines whose errors are all below one step are still told apart.
+const ERR_RES: f64 = 16.0;
 
 /// Choose every level's configuration by sampling (cuSZ-i's profiling): over up to
-/// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / 64)`), at each
-/// level `s` and for each dimension `a`, at the box points whose coordinate along `a` is an odd
-/// multiple of `s` with both outer neighbours `±3s` inside the box and every other coordinate a
-/// multiple of `2s`, sum each spline's integer error `min(|v - p| * scale, 2^32)` (truncated;
-/// `p` by [`predict_value`] from the four neighbours' `v`) over the points whose five values are
-/// known. Integer sums do not depend on the order of the additions. Each dimension takes the
-/// spline with the smallest sum (the first on ties), and the passes run from the dimension with
-/// the largest smallest-sum to the smallest (ties by dimension number; cuSZ-i's "least smooth
-/// first"). `value(b, x)` is the sampled value of point `x` of volume `b` (the data value, or the
-/// code as f64), `None` when it is stored losslessly.
+/// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / SAMPLE_TILES)`),
+/// at each level `s` and for each dimension `a`, at the box points whose coordinate along `a` is
+/// an odd multiple of `s` and every other coordinate a multiple of `s`, sum each spline's integer
+/// error `min(|v - p| * scale * 16, 2^40)` (truncated; `p` by [`predict_value`] on the box of
+/// sampled values, so with the edge cases the passes use) over the points whose value and
+/// predictions are known. Integer sums do not depend on the order of the additions. Each
+/// dimension takes the spline with the smallest sum (the first on ties), and the passes run
+/// from the dimension with the largest smallest-sum to the smallest (ties by dimension number;
+/// cuSZ-i's "least smooth first"). `value(b, x)` is the sampled value of point `x` of volume `b`
+/// (the data value, or the code as f64), `None` when it is stored losslessly.
 pub(crate) fn choose_levels(
     g: &Grid,
     scale: f64,
@@ -299,86 +332,75 @@ pub(crate) fn choose_levels(
 ) -> Vec<Level> {
     let n_tiles = g.n_tiles();
     let k = (n_tiles / SAMPLE_TILES).max(1);
-    let mut out = Vec::with_capacity(g.levels());
-    let mut s = g.stride / 2;
-    while s >= 1 {
-        let mut err = [[0u64; 3]; D];
-        for t in (0..n_tiles).step_by(k) {
-            let (b, c) = g.tile_coords(t);
-            let e = g.boxed(c);
-            let o: [usize; D] = std::array::from_fn(|d| c[d] * g.stride);
-            for (a, err_a) in err.iter_mut().enumerate() {
-                sample_dim(b, o, e, a, s, scale, &value, err_a);
-            }
-        }
-        let best: [(u64, Spline); D] = std::array::from_fn(|d| {
-            let mut bi = 0;
-            for i in 1..3 {
-                if err[d][i] < err[d][bi] {
-                    bi = i;
+    let nl = g.levels();
+    // err[level][dim][spline]
+    let mut err = vec![[[0u64; 3]; D]; nl];
+    let mut buf = Vec::new();
+    for t in (0..n_tiles).step_by(k) {
+        let (b, c) = g.tile_coords(t);
+        let e = g.boxed(c);
+        let o: [usize; D] = std::array::from_fn(|d| c[d] * g.stride);
+        let st = box_strides(e);
+        buf.clear();
+        for x0 in 0..e[0] {
+            for x1 in 0..e[1] {
+                for x2 in 0..e[2] {
+                    let v = value(b, [o[0] + x0, o[1] + x1, o[2] + x2]);
+                    buf.push(v.unwrap_or(f64::NAN));
                 }
             }
-            (err[d][bi], Spline::ALL[bi])
-        });
-        let mut order = [0usize, 1, 2];
-        order.sort_by(|&x, &y| best[y].0.cmp(&best[x].0).then(x.cmp(&y)));
-        out.push(Level {
-            order,
-            spline: best.map(|b| b.1),
-        });
-        s /= 2;
+        }
+        let mut s = g.stride / 2;
+        for err_l in err.iter_mut() {
+            for (a, err_a) in err_l.iter_mut().enumerate() {
+                let mut x = [0usize; D];
+                let first = |d: usize| if d == a { s } else { 0 };
+                let step = |d: usize| if d == a { 2 * s } else { s };
+                x[0] = first(0);
+                while x[0] < e[0] {
+                    x[1] = first(1);
+                    while x[1] < e[1] {
+                        x[2] = first(2);
+                        while x[2] < e[2] {
+                            let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
+                            let v = buf[idx];
+                            let p = Spline::ALL
+                                .map(|sp| predict_value(&buf, idx, x[a], e[a], s, st[a], sp));
+                            if v.is_finite() && p.iter().all(|p| p.is_finite()) {
+                                for (ei, p) in err_a.iter_mut().zip(p) {
+                                    let r = ((v - p).abs() * scale * ERR_RES).min(1099511627776.0);
+                                    *ei = ei.saturating_add(r as u64);
+                                }
+                            }
+                            x[2] += step(2);
+                        }
+                        x[1] += step(1);
+                    }
+                    x[0] += step(0);
+                }
+            }
+            s /= 2;
+        }
     }
-    out
-}
-
-/// The sampling of [`choose_levels`] for one tile box (origin `o`, extents `e`), dimension `a`
-/// and level `s`: adds each spline's error sum to `err`.
-#[allow(clippy::too_many_arguments)]
-fn sample_dim(
-    b: usize,
-    o: [usize; D],
-    e: [usize; D],
-    a: usize,
-    s: usize,
-    scale: f64,
-    value: &impl Fn(usize, [usize; D]) -> Option<f64>,
-    err: &mut [u64; 3],
-) {
-    if e[a] <= 6 * s {
-        return; // no point has both outer neighbours
-    }
-    let mut x = [0usize; D];
-    let step = 2 * s;
-    let at = |x: [usize; D], dv: isize| -> Option<f64> {
-        let mut p = x;
-        p[a] = (x[a] as isize + dv * s as isize) as usize;
-        value(b, std::array::from_fn(|d| o[d] + p[d]))
-    };
-    // points along `a` at 3s, 5s, ... with `x + 3s` inside the box
-    let first = |d: usize| if d == a { 3 * s } else { 0 };
-    x[0] = first(0);
-    while x[0] < e[0] && (a != 0 || x[0] + 3 * s < e[0]) {
-        x[1] = first(1);
-        while x[1] < e[1] && (a != 1 || x[1] + 3 * s < e[1]) {
-            x[2] = first(2);
-            while x[2] < e[2] && (a != 2 || x[2] + 3 * s < e[2]) {
-                let v = [at(x, 0), at(x, -3), at(x, -1), at(x, 1), at(x, 3)];
-                if let [Some(q), Some(pa), Some(pb), Some(pc), Some(pd)] = v {
-                    // the five codes on a row of step 1: -3s, -s, x, +s, +3s at 0, 2, 3, 4, 6
-                    let buf = [pa, 0.0, pb, q, pc, 0.0, pd];
-                    for (i, sp) in Spline::ALL.iter().enumerate() {
-                        let p = predict_value(&buf, 3, 3, 7, 1, 1, *sp);
-                        // (NaN, from infinite predictions, becomes 0 in the cast)
-                        let r = ((q - p).abs() * scale).min(4_294_967_296.0) as u64;
-                        err[i] = err[i].saturating_add(r);
+    err.iter()
+        .map(|err| {
+            let best: [(u64, Spline); D] = std::array::from_fn(|d| {
+                let mut bi = 0;
+                for i in 1..3 {
+                    if err[d][i] < err[d][bi] {
+                        bi = i;
                     }
                 }
-                x[2] += step;
+                (err[d][bi], Spline::ALL[bi])
+            });
+            let mut order = [0usize, 1, 2];
+            order.sort_by(|&x, &y| best[y].0.cmp(&best[x].0).then(x.cmp(&y)));
+            Level {
+                order,
+                spline: best.map(|b| b.1),
             }
-            x[1] += step;
-        }
-        x[0] += step;
-    }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -105,8 +105,19 @@ fn owned_index(x: [usize; D], e: [usize; D]) -> Option<usize> {
     (x[0] < e[0] && x[1] < e[1] && x[2] < e[2]).then(|| (x[0] * e[1] + x[1]) * e[2] + x[2])
 }
 
-/// Encode `data` of shape `dims` (whose count is `data.len()`).
-pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+/// The prediction stage's output: the level configuration, the residual sequence and the
+/// lossless values by residual index.
+pub(crate) struct Predicted<T> {
+    /// Level configurations, coarsest first.
+    pub levels: Vec<Level>,
+    /// Residuals in symbol order ([`LOSSLESS`] for lossless values).
+    pub res: Vec<i64>,
+    /// Lossless values by residual index, sorted.
+    pub lossless: Vec<(usize, T)>,
+}
+
+/// The residual sequence of `data` of shape `dims` (whose count is `data.len()`).
+pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Predicted<T> {
     let g = Grid::new(dims);
     let q = params.quantizer::<T>();
     let rel = params.mode == BoundMode::Rel;
@@ -175,6 +186,20 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
         let l = tiles.encode(data, &mut res, interp::predict_value, point);
         (levels, l)
     };
+    Predicted {
+        levels,
+        res,
+        lossless,
+    }
+}
+
+/// Encode `data` of shape `dims` (whose count is `data.len()`).
+pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    let Predicted {
+        levels,
+        res,
+        lossless,
+    } = predict(data, dims, params);
     // entropy coding: tokens and histogram per chunk, one codebook, chunks
     let toks: Vec<(Tokens, Vec<u64>)> = res
         .par_chunks(CHUNK)
