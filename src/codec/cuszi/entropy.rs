@@ -4,7 +4,9 @@
 use crate::element::Element;
 use crate::error::{Error, Result};
 
-use super::huffman::{BitReader, BitWriter, Decoder};
+#[cfg(test)]
+use super::huffman::BitWriter;
+use super::huffman::{BitReader, Decoder};
 
 /// Residuals `-RADIUS..=RADIUS` are symbols `r + RADIUS`.
 pub(crate) const RADIUS: i64 = 511;
@@ -22,6 +24,7 @@ pub(crate) const NSYM: usize = SYM_RUN as usize + MAX_RUN_LOG2 as usize;
 /// has it: a residual that would be `i64::MIN` makes the value lossless instead).
 pub(crate) const LOSSLESS: i64 = i64::MIN;
 
+#[cfg(test)]
 /// One chunk's tokens: symbols and the zigzag LEB128 bytes of its large residuals.
 #[derive(Default)]
 pub(crate) struct Tokens {
@@ -31,6 +34,7 @@ pub(crate) struct Tokens {
     pub big: Vec<u8>,
 }
 
+#[cfg(test)]
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
@@ -39,6 +43,7 @@ fn unzigzag(z: u64) -> i64 {
     ((z >> 1) as i64) ^ -((z & 1) as i64)
 }
 
+#[cfg(test)]
 /// Tokenize one chunk of residuals and count its symbols into `hist`: a run of `L` zeros
 /// becomes the run symbols of `L`'s set bits `k >= 1`, highest first, then symbol `RADIUS`
 /// (one zero) if `L` is odd; [`LOSSLESS`] becomes [`SYM_LOSSLESS`]; a residual beyond
@@ -88,6 +93,7 @@ pub(crate) fn tokenize(res: &[i64], hist: &mut [u64]) -> Tokens {
     t
 }
 
+#[cfg(test)]
 /// The chunk payload of `tokens` (FORMAT.md, "cuszi chunks"): the Huffman bit count (u32), the
 /// bits, the lossless values `raw` (little-endian), the big residuals' varints, zero padding to
 /// a multiple of 4 bytes.

@@ -48,6 +48,7 @@ pub(crate) mod grid;
 pub(crate) mod huffman;
 pub(crate) mod interp;
 pub(crate) mod quant;
+pub(crate) mod rans;
 
 #[cfg(test)]
 mod tests;
@@ -59,7 +60,7 @@ use crate::error::{Error, Result};
 use crate::format::{zhash_bytes, BoundMode, Dims, Header, TABLE_ENTRY_LEN};
 use crate::quant::{QuantParams, Quantizer};
 
-use entropy::{Tokens, LOSSLESS, NSYM};
+use entropy::{LOSSLESS, NSYM};
 use grid::{Grid, D};
 use interp::Level;
 
@@ -200,8 +201,59 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
         res,
         lossless,
     } = predict(data, dims, params);
-    // entropy coding: tokens and histogram per chunk, one codebook, chunks
-    let toks: Vec<(Tokens, Vec<u64>)> = res
+    let g = Grid::new(dims);
+    // entropy coding: per-class histograms, tables of grouped classes, one rANS stream per chunk
+    let cls = classes(&g, &levels);
+    let nc = interp::n_classes(g.levels());
+    let hist = res
+        .par_chunks(CHUNK)
+        .zip(cls.par_chunks(CHUNK))
+        .map(|(r, k)| {
+            let mut h = vec![vec![0u64; rans::NSYM]; nc];
+            for (&r, &k) in r.iter().zip(k) {
+                h[k as usize][rans::symbol(r) as usize] += 1;
+            }
+            h
+        })
+        .reduce(
+            || vec![vec![0u64; rans::NSYM]; nc],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    for (u, v) in x.iter_mut().zip(y) {
+                        *u += v;
+                    }
+                }
+                a
+            },
+        );
+    let (map, freqs) = rans::group_classes(&hist);
+    let tables = rans::tables(&freqs);
+    let chunks: Vec<Vec<u8>> = res
+        .par_chunks(CHUNK)
+        .zip(cls.par_chunks(CHUNK))
+        .enumerate()
+        .map(|(i, (r, k))| {
+            let lo = lossless.partition_point(|r| r.0 < i * CHUNK);
+            let hi = lossless.partition_point(|r| r.0 < (i + 1) * CHUNK);
+            let raw: Vec<T> = lossless[lo..hi].iter().map(|r| r.1).collect();
+            rans::write_chunk(r, k, &map, &tables, &raw)
+        })
+        .collect();
+    drop(res);
+    let meta = write_meta(&levels, &map, &freqs);
+    assemble(chunks, meta)
+}
+
+/// Encode with coder 0 (the first version 3 encoder's Huffman coding): streams for the tests
+/// that older streams still decode.
+#[cfg(test)]
+pub(crate) fn encode_huffman<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    let Predicted {
+        levels,
+        res,
+        lossless,
+    } = predict(data, dims, params);
+    let toks: Vec<(entropy::Tokens, Vec<u64>)> = res
         .par_chunks(CHUNK)
         .map(|c| {
             let mut hist = vec![0u64; NSYM];
@@ -209,7 +261,6 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             (t, hist)
         })
         .collect();
-    drop(res);
     let mut hist = vec![0u64; NSYM];
     for (_, h) in &toks {
         for (a, b) in hist.iter_mut().zip(h) {
@@ -228,7 +279,20 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             entropy::write_chunk(t, &code_table, &raw)
         })
         .collect();
-    let meta = write_meta(&levels, &lens);
+    let mut cb = Vec::new();
+    huffman::write_lengths(&lens, &mut cb);
+    let mut meta = vec![levels.len() as u8, CODER_HUFFMAN];
+    meta.extend_from_slice(&(cb.len() as u16).to_le_bytes());
+    for lv in &levels {
+        meta.extend_from_slice(&lv.to_bytes());
+    }
+    meta.extend_from_slice(&cb);
+    meta.resize(meta.len().next_multiple_of(4), 0);
+    assemble(chunks, meta)
+}
+
+/// The chunk table, the metadata and the chunks.
+fn assemble(chunks: Vec<Vec<u8>>, meta: Vec<u8>) -> Encoded {
     let n = chunks.len();
     let total = n * TABLE_ENTRY_LEN + meta.len() + chunks.iter().map(Vec::len).sum::<usize>();
     let mut payload = Vec::with_capacity(total);
@@ -249,43 +313,111 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
     }
 }
 
-/// The metadata section: level count (u8), 0 (u8), codebook bytes (u16), two configuration
-/// bytes per level (coarsest first), the serialized code lengths, zero padding to 4 bytes.
-fn write_meta(levels: &[Level], lens: &[u8]) -> Vec<u8> {
-    let mut cb = Vec::new();
-    huffman::write_lengths(lens, &mut cb);
-    let mut m = vec![levels.len() as u8, 0];
-    m.extend_from_slice(&(cb.len() as u16).to_le_bytes());
+/// The class of every residual, in symbol order ([`interp::point_class`]).
+fn classes(g: &Grid, levels: &[Level]) -> Vec<u8> {
+    let mut cls = vec![0u8; g.batch * g.volume()];
+    let log2s = g.stride.trailing_zeros();
+    tile_slices(g, &mut cls)
+        .into_par_iter()
+        .for_each(|(t, out)| {
+            let (_, c) = g.tile_coords(t);
+            let e = g.owned(c);
+            let mut i = 0;
+            for l0 in 0..e[0] {
+                for l1 in 0..e[1] {
+                    for l2 in 0..e[2] {
+                        out[i] = interp::point_class([l0, l1, l2], log2s, levels);
+                        i += 1;
+                    }
+                }
+            }
+        });
+    cls
+}
+
+/// The metadata section's coder byte: 0 Huffman (the first version 3 encoder's), 1 rANS.
+const CODER_HUFFMAN: u8 = 0;
+/// See [`CODER_HUFFMAN`].
+const CODER_RANS: u8 = 1;
+
+/// The metadata section of coder 1: level count (u8), coder 1 (u8), 0 (u16), two configuration
+/// bytes per level (coarsest first), the class count (u8), the table count (u8), the table of
+/// every class (u8 each), the tables ([`rans::write_table`]), zero padding to 4 bytes.
+fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
+    let mut m = vec![levels.len() as u8, CODER_RANS, 0, 0];
     for lv in levels {
         m.extend_from_slice(&lv.to_bytes());
     }
-    m.extend_from_slice(&cb);
+    m.push(map.len() as u8);
+    m.push(freqs.len() as u8);
+    m.extend_from_slice(map);
+    for f in freqs {
+        rans::write_table(f, &mut m);
+    }
     m.resize(m.len().next_multiple_of(4), 0);
     m
 }
 
+/// The entropy coder of a stream, from its metadata.
+enum Coder {
+    /// Coder 0: one canonical Huffman codebook (its code lengths), zero-run symbols.
+    Huffman(Vec<u8>),
+    /// Coder 1: rANS, the class-to-table map and the tables.
+    Rans(Vec<u8>, Vec<rans::Table>),
+}
+
 /// Parse and check the metadata section of a stream of grid `g`.
-fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Vec<u8>)> {
+fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
     if m.len() < 4 {
         return Err(Error::corrupt("cuszi metadata shorter than 4 bytes"));
     }
     let n_levels = m[0] as usize;
-    if n_levels != g.levels() || m[1] != 0 {
+    if n_levels != g.levels() {
         return Err(Error::corrupt(format!(
             "cuszi metadata names {n_levels} levels, the shape has {}",
             g.levels()
         )));
     }
-    let cb_len = u16::from_le_bytes([m[2], m[3]]) as usize;
-    let end = 4 + 2 * n_levels + cb_len;
-    if end > m.len() || m.len() - end >= 4 || m[end..].iter().any(|&b| b != 0) {
-        return Err(Error::corrupt("cuszi metadata length mismatch"));
+    let levels_end = 4 + 2 * n_levels;
+    let levels = |m: &[u8]| {
+        (0..n_levels)
+            .map(|i| Level::from_bytes([m[4 + 2 * i], m[5 + 2 * i]]))
+            .collect::<Result<Vec<_>>>()
+    };
+    let padding_ok = |end: usize| m.len() - end < 4 && m[end..].iter().all(|&b| b == 0);
+    match m[1] {
+        CODER_HUFFMAN => {
+            let cb_len = u16::from_le_bytes([m[2], m[3]]) as usize;
+            let end = levels_end + cb_len;
+            if end > m.len() || !padding_ok(end) {
+                return Err(Error::corrupt("cuszi metadata length mismatch"));
+            }
+            let lens = huffman::read_lengths(&m[levels_end..end], NSYM)?;
+            Ok((levels(m)?, Coder::Huffman(lens)))
+        }
+        CODER_RANS => {
+            let nc = interp::n_classes(n_levels);
+            if m[2] != 0 || m[3] != 0 || m.len() < levels_end + 2 + nc {
+                return Err(Error::corrupt("cuszi metadata length mismatch"));
+            }
+            let (n_cls, n_tab) = (m[levels_end] as usize, m[levels_end + 1] as usize);
+            let map = m[levels_end + 2..levels_end + 2 + nc].to_vec();
+            if n_cls != nc || n_tab == 0 || map.iter().any(|&t| t as usize >= n_tab) {
+                return Err(Error::corrupt("invalid cuszi class table map"));
+            }
+            let mut pos = levels_end + 2 + nc;
+            let tables = (0..n_tab)
+                .map(|_| rans::read_table(m, &mut pos))
+                .collect::<Result<Vec<_>>>()?;
+            if !padding_ok(pos) {
+                return Err(Error::corrupt("cuszi metadata length mismatch"));
+            }
+            Ok((levels(m)?, Coder::Rans(map, tables)))
+        }
+        c => Err(Error::corrupt(format!(
+            "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman) and 1 (rANS)"
+        ))),
     }
-    let levels = (0..n_levels)
-        .map(|i| Level::from_bytes([m[4 + 2 * i], m[5 + 2 * i]]))
-        .collect::<Result<Vec<_>>>()?;
-    let lens = huffman::read_lengths(&m[4 + 2 * n_levels..end], NSYM)?;
-    Ok((levels, lens))
 }
 
 /// Decode a header-checked compressed `cuszi` stream into `out` (`out.len() == h.count`).
@@ -307,9 +439,16 @@ pub(crate) fn decode<T: Element>(
         return Err(Error::corrupt("chunk count does not match the value count"));
     }
     let meta_at = h.header_len() + entries.len() * TABLE_ENTRY_LEN;
-    let (levels, lens) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
-    let dec = huffman::Decoder::new(&lens);
+    let (levels, coder) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
     let mut res = try_alloc::<i64>(out.len())?;
+    let cls = match &coder {
+        Coder::Rans(..) => classes(&g, &levels),
+        Coder::Huffman(_) => Vec::new(),
+    };
+    let huff = match &coder {
+        Coder::Huffman(lens) => Some(huffman::Decoder::new(lens)),
+        Coder::Rans(..) => None,
+    };
     let lossless: Vec<Vec<(usize, T)>> = res
         .par_chunks_mut(CHUNK)
         .zip(entries.par_iter())
@@ -320,8 +459,15 @@ pub(crate) fn decode<T: Element>(
                 return Err(Error::corrupt(format!("chunk {i}: checksum mismatch")));
             }
             let mut raw = Vec::new();
-            entropy::read_chunk::<T>(c, &dec, dst, &mut raw)
-                .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
+            match (&coder, &huff) {
+                (Coder::Rans(map, tables), _) => {
+                    let k = &cls[i * CHUNK..i * CHUNK + dst.len()];
+                    rans::read_chunk::<T>(c, k, map, tables, dst, &mut raw)
+                }
+                (_, Some(dec)) => entropy::read_chunk::<T>(c, dec, dst, &mut raw),
+                _ => unreachable!("a Huffman stream has its decoder"),
+            }
+            .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
             let at = dst
                 .iter()
                 .enumerate()
@@ -330,6 +476,7 @@ pub(crate) fn decode<T: Element>(
             Ok(at.zip(raw).collect())
         })
         .collect::<Result<_>>()?;
+    drop(cls);
     let lossless: Vec<(usize, T)> = lossless.into_iter().flatten().collect();
     let raw_at = |si: usize| -> T {
         let k = lossless.partition_point(|r| r.0 < si);

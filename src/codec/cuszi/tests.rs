@@ -422,6 +422,80 @@ fn golden_stream_decodes() {
     }
 }
 
+/// `s` (a compressed cuszi stream of `data`, shape `dims`) with its payload replaced by coder 0
+/// (Huffman, the first version 3 encoder's), header fields and checksums updated.
+fn as_coder_0<T: Element>(s: &[u8], data: &[T], dims: &[usize], bound: ErrorBound) -> Vec<u8> {
+    let params = crate::quant::QuantParams::derive(data, bound).unwrap();
+    let shape = Dims::new(&dims.iter().map(|&d| d as u64).collect::<Vec<_>>()).unwrap();
+    let e = super::encode_huffman(data, &shape, &params);
+    let mut o = s[..HEADER_LEN_V3].to_vec();
+    o[64..72].copy_from_slice(&(e.payload.len() as u64).to_le_bytes());
+    o[72..76].copy_from_slice(&e.n_chunks.to_le_bytes());
+    o[76..80].copy_from_slice(&e.table_checksum.to_le_bytes());
+    o[128..132].copy_from_slice(&e.meta_len.to_le_bytes());
+    o.extend_from_slice(&e.payload);
+    reseal_v3(&mut o);
+    o
+}
+
+/// Streams of coder 0 (Huffman) still decode, within the bound, to what coder 1 decodes (the
+/// predictor is the same: only the residuals' coding differs), and corrupted ones are errors.
+#[test]
+fn coder_0_streams_still_decode() {
+    let dims = [12usize, 20, 37];
+    let d = field::<f32>(dims);
+    let mut a = adversarial::<f64>(2000, 7);
+    a[5] = f64::NAN;
+    for (bound, rel) in [
+        (ErrorBound::Noa(1e-3), false),
+        (ErrorBound::Rel(1e-3), true),
+    ] {
+        let s = check(&d, &dims, bound);
+        let old = as_coder_0(&s, &d, &dims, bound);
+        assert_eq!(inspect(&old).unwrap().count, d.len() as u64);
+        let meta_at = HEADER_LEN_V3 + 8 * inspect(&old).unwrap().n_chunks as usize;
+        assert_eq!(old[meta_at + 1], 0, "coder byte");
+        let back_old: Vec<f32> = decompress(&old).unwrap();
+        let back_new: Vec<f32> = decompress(&s).unwrap();
+        assert_eq!(
+            back_old.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            back_new.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "rel {rel}"
+        );
+        let s2 = check(&a, &[40, 50], bound);
+        let old2 = as_coder_0(&s2, &a, &[40, 50], bound);
+        let b2: Vec<f64> = decompress(&old2).unwrap();
+        let n2: Vec<f64> = decompress(&s2).unwrap();
+        assert!(b2.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // a truncated or altered coder-0 chunk is an error
+        let mut m = old.clone();
+        let n = m.len();
+        m[n - 9] ^= 0x44;
+        reseal_v3(&mut m);
+        let _ = decodes(&m);
+        assert!(!decodes(&old[..old.len() - 4]));
+    }
+    // an unknown coder is refused with a clear error
+    let s = check(&d, &dims, ErrorBound::Noa(1e-3));
+    let mut m = s.clone();
+    let meta_at = HEADER_LEN_V3 + 8 * inspect(&s).unwrap().n_chunks as usize;
+    m[meta_at + 1] = 2;
+    reseal_v3(&mut m);
+    let err = decompress::<f32>(&m).unwrap_err().to_string();
+    assert!(err.contains("entropy coder 2"), "{err}");
+}
+
+/// The per-class rANS coder reaches far below one bit per value where a Huffman code cannot
+/// (a smooth field at a loose bound).
+#[test]
+fn rans_beats_huffman_on_smooth_fields() {
+    let dims = [40usize, 40, 40];
+    let d = field::<f32>(dims);
+    let s = check(&d, &dims, ErrorBound::Noa(1e-2));
+    let old = as_coder_0(&s, &d, &dims, ErrorBound::Noa(1e-2));
+    assert!(s.len() * 4 < old.len() * 3, "{} vs {}", s.len(), old.len());
+}
+
 const GOLDEN_16X16: &str = concat!(
     "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
     "e17a943f00000000000000000000000000000000a80000000000000001000000bc6690290000000000000000",
