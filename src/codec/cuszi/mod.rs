@@ -586,7 +586,7 @@ struct Tiles<'a, V> {
     anchor_res: &'a [i64],
 }
 
-impl<'a, V: Copy + Default + Send + Sync> Tiles<'a, V> {
+impl<'a, V: interp::Mean + Default + Send + Sync> Tiles<'a, V> {
     fn new(g: &'a Grid, levels: &'a [Level], anchors: &'a [V], anchor_res: &'a [i64]) -> Self {
         Tiles {
             g,
