@@ -159,6 +159,8 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
             let v = codes[raster(&g, b, x)];
             (v != LOSSLESS).then_some(v as f64)
         });
+        #[cfg(test)]
+        let levels = tests::forced_levels(levels);
         let point = |gi: usize, p: i64| {
             let v = codes[gi];
             let r = v.wrapping_sub(p);
@@ -178,6 +180,8 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
             let v = data[raster(&g, b, x)];
             (v.finite() && Some(v.to_bits_u64()) != fill).then(|| v.to_f64())
         });
+        #[cfg(test)]
+        let levels = tests::forced_levels(levels);
         let values = anchor_values(&q, &anchors);
         let point = |gi: usize, p: f64| match rq.encode(data[gi], p) {
             Some(c) => c,

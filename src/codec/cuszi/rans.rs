@@ -216,7 +216,7 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
                     .collect();
                 let bits = group_bits(&h);
                 let save = groups[i].2 + groups[j].2 - bits;
-                if save > 0.0 && best.as_ref().is_none_or(|b| save > b.0) {
+                if save > 0.0 && best.as_ref().map_or(true, |b| save > b.0) {
                     best = Some((save, i, j, h, bits));
                 }
             }

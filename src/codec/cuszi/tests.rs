@@ -184,6 +184,52 @@ fn fill_values_are_kept_exactly() {
     }
 }
 
+thread_local! {
+    /// Test override of the sampled configuration: every level multi-dimensional (`Some(true)`)
+    /// or every level by passes (`Some(false)`).
+    static FORCE_MULTI: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// The sampled `levels`, with [`FORCE_MULTI`]'s override applied.
+pub(crate) fn forced_levels(mut levels: Vec<super::interp::Level>) -> Vec<super::interp::Level> {
+    if let Some(m) = FORCE_MULTI.with(|f| f.get()) {
+        for lv in &mut levels {
+            lv.multi = m;
+        }
+    }
+    levels
+}
+
+/// Both level modes (passes and multi-dimensional means) keep the bound in both domains, on
+/// shapes with partial tiles, 2-D, 1-D and batched 4-D, and with adversarial values.
+#[test]
+fn both_level_modes_keep_the_bound() {
+    for multi in [true, false] {
+        FORCE_MULTI.with(|f| f.set(Some(multi)));
+        for dims in [[33usize, 17, 20], [9, 9, 9], [1, 5, 40], [2, 3, 3]] {
+            let d32 = field::<f32>(dims);
+            let d64 = field::<f64>(dims);
+            for b in [
+                ErrorBound::Abs(1e-2),
+                ErrorBound::Noa(1e-4),
+                ErrorBound::Rel(1e-3),
+            ] {
+                check(&d32, &dims, b);
+                check(&d64, &dims, b);
+                check(&d32, &[d32.len()], b);
+            }
+        }
+        let d = field::<f32>([6, 10, 12]);
+        check(&d, &[2, 3, 10, 12], ErrorBound::Noa(1e-3));
+        let a = adversarial::<f64>(3000, 11);
+        for b in [ErrorBound::Noa(1e-3), ErrorBound::Rel(1e-2)] {
+            check(&a, &[10, 15, 20], b);
+            check(&a, &[50, 60], b);
+        }
+    }
+    FORCE_MULTI.with(|f| f.set(None));
+}
+
 /// The shape is used: a smooth 3-D field compresses better with its shape than as 1-D (a
 /// correctness sanity check of the predictor, not a benchmark).
 #[test]
@@ -495,6 +541,33 @@ fn rans_beats_huffman_on_smooth_fields() {
     let old = as_coder_0(&s, &d, &dims, ErrorBound::Noa(1e-2));
     assert!(s.len() * 4 < old.len() * 3, "{} vs {}", s.len(), old.len());
 }
+
+/// This encoder's stream (coder 1) of the golden data writes byte for byte what the reference
+/// below holds (a CUDA twin must write the same bytes) and decodes within the bound.
+#[test]
+fn golden_stream_coder_1() {
+    let mut d: Vec<f32> = (0..256)
+        .map(|i| ((i / 16) as f32 * 0.3).sin() * 10.0 + (i % 16) as f32 * 0.25)
+        .collect();
+    d[77] = f32::NAN;
+    let s = compress_nd(&d, &[16, 16], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
+    let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, GOLDEN_16X16_CODER_1.concat());
+    let back: Vec<f32> = decompress(&s).unwrap();
+    for (x, y) in d.iter().zip(&back) {
+        assert!((x - y).abs() <= 1e-2 || x.to_bits() == y.to_bits());
+    }
+}
+
+const GOLDEN_16X16_CODER_1: &[&str] = &[
+    "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
+    "e17a943f00000000000000000000000000000000a400000000000000010000008b1a7b840000000000000000",
+    "0000000002000000100000000000000010000000000000000000000000000000000000000000000060000000",
+    "6e45aaed3c000000f31cd6b60401000009000900090809040d040001020001000002000003000006ff03836a",
+    "0be40300a9080b8706188303cd036003a806983328cc19ae01993305a802b81cac01b81c10b81c20b81c5b9b",
+    "0e05ca03ff0f2eff1f05ff0f00ff2f00ff0f00003000000018881a77d9f824762f548170db57cd4fbccbcaaa",
+    "240630792bb6f8c9335521ca32ce9f27f4cb41db4243f80b4d982e5f0000c07fdd08dd08",
+];
 
 const GOLDEN_16X16: &str = concat!(
     "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
