@@ -11,11 +11,11 @@ pub(crate) const MAX_LEN: u32 = 20;
 /// Bits of the decoder's direct lookup table (longer codes take the canonical walk).
 const FAST_BITS: u32 = 11;
 
-#[cfg(test)]
 /// Code lengths (0 = unused) for a histogram, each at most [`MAX_LEN`]: Huffman's algorithm with
 /// ties broken by node number (leaves `0..n` by symbol, inner nodes numbered on creation, the
 /// smaller of equal weights first), repeated on halved counts (`(f + 1) / 2`, so no used symbol
 /// drops out) until the longest code fits. A single used symbol gets length 1.
+#[cfg(test)]
 pub(crate) fn code_lengths(freq: &[u64]) -> Vec<u8> {
     let n = freq.len();
     let mut f: Vec<u64> = freq.to_vec();
@@ -81,9 +81,9 @@ pub(crate) fn canonical_codes(lens: &[u8]) -> Vec<(u32, u8)> {
     out
 }
 
-#[cfg(test)]
 /// Serialize code lengths: one byte per symbol, `1..=20` a length, `0x80 | (k - 1)` a run of
 /// `k` (1 to 128) unused symbols (runs as long as possible).
+#[cfg(test)]
 pub(crate) fn write_lengths(lens: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < lens.len() {
@@ -136,8 +136,8 @@ pub(crate) fn read_lengths(b: &[u8], n: usize) -> Result<Vec<u8>> {
     Ok(lens)
 }
 
-#[cfg(test)]
 /// MSB-first bit writer.
+#[cfg(test)]
 #[derive(Default)]
 pub(crate) struct BitWriter {
     /// The bytes written so far (whole bytes only).

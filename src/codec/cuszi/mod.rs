@@ -1,4 +1,4 @@
-//! `cuszi`: cuSZ-i's multi-level interpolation predictor with canonical Huffman coding
+//! `cuszi`: cuSZ-i's multi-level interpolation predictor with rANS coding of the residuals
 //! (FORMAT.md, "cuszi"), the CPU encoder and decoder.
 //!
 //! Pipeline (compression):
@@ -7,22 +7,25 @@
 //!    512 in 1-D) is quantized directly by the shared verified quantizer
 //!    ([`crate::quant::Quantizer::encode`]) and its code Lorenzo-predicted over the anchor grid;
 //! 2. **interpolation**: every other point is predicted from coarser ones by linear or cubic
-//!    splines, level by level (strides `S/2 ... 1`), one pass per dimension, inside its tile's
-//!    box. Each level's pass order and per-dimension spline are chosen by sampling (cuSZ-i's
-//!    auto-tuning) and stored in the stream. Under abs/noa bounds the predictions are made from
-//!    reconstructed values and the residual `x - prediction` is quantized (module `quant`: the
-//!    encoder reconstructs each value exactly as the decoder will and checks the bound exactly);
-//!    under rel bounds every value is quantized first and the integer codes are predicted
-//!    exactly. A value that cannot be kept within the bound (NaN, ±Inf, the fill value, a missed
-//!    bound) is stored losslessly and stands for its prediction in its neighbours' predictions;
-//! 3. **entropy coding** (modules `entropy`, `huffman`): the residuals, tile after tile, are cut
-//!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
-//!    values and large residuals); one canonical Huffman codebook built from the histogram of all
-//!    chunks codes every chunk independently.
+//!    splines, level by level (strides `S/2 ... 1`), inside its tile's box: either one pass per
+//!    dimension, or (multi-dimensional levels) in stages by the point's number of odd
+//!    coordinates, as the mean of the splines along them. Each level's mode, pass order and
+//!    per-dimension splines are chosen by sampling (cuSZ-i's auto-tuning) and stored in the
+//!    stream. Under abs/noa bounds the predictions are made from reconstructed values and the
+//!    residual `x - prediction` is quantized (module `quant`: the encoder reconstructs each value
+//!    exactly as the decoder will and checks the bound exactly); under rel bounds every value is
+//!    quantized first and the integer codes are predicted exactly. A value that cannot be kept
+//!    within the bound (NaN, ±Inf, the fill value, a missed bound) is stored losslessly and
+//!    stands for its prediction in its neighbours' predictions;
+//! 3. **entropy coding** (module `rans`): every residual has a class (its level and pass, known
+//!    from its position); the classes' symbol histograms are grouped into a few static frequency
+//!    tables, and each chunk of 32,768 residuals (tile after tile) is one rANS stream coded with
+//!    them. Module `entropy` and `huffman` decode the Huffman-coded streams of the first
+//!    encoder (coder 0).
 //!
-//! Memory: the encoder holds an `i64` residual per value (and, under rel bounds, a code), the
-//! decoder the residuals plus a tile-ordered copy of the output; about 16 bytes per value beyond
-//! the input and output.
+//! Memory: the encoder holds an `i64` residual and a class byte per value (and, under rel
+//! bounds, a code), the decoder the residuals, the classes and a tile-ordered copy of the output;
+//! about 17 bytes per value beyond the input and output.
 //!
 //! # Block-parallel layout (the CUDA kernel's map)
 //!
@@ -33,10 +36,12 @@
 //!   the face: a thread block per tile (or per 4 tiles, cuSZ-i's 32x8x8) computes them with the
 //!   same IEEE f64 operations (no FMA: `--fmad=false`) or integer arithmetic; anchors need one
 //!   small pass over the anchor grid first (decoding: an n-D prefix sum of the anchor residuals);
+//!   the points of one pass or stage of a level do not depend on each other;
 //! * the configuration sampling visits fixed tiles and sums integers (order-independent);
-//! * the histogram is an atomic-add kernel; the codebook is built on the host from it (as in
-//!   cuSZ-i) with the deterministic rules of FORMAT.md ("Metadata");
-//! * each chunk of 32,768 residuals is coded by one block (or warp); chunk sizes go to the table
+//! * the per-class histogram is an atomic-add kernel; the tables are built on the host from it
+//!   (as cuSZ-i builds its codebook) with the deterministic rules of FORMAT.md ("Coder 1");
+//! * each chunk of 32,768 residuals is coded by one thread (its rANS stream is sequential; the
+//!   chunks are independent, and a class follows from a position); chunk sizes go to the table
 //!   and offsets follow from a prefix sum of the sizes, as in the other codecs.
 //!
 //! Decoding runs the same stages backwards: chunks in parallel, the anchor pass, tiles in

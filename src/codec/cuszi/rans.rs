@@ -243,8 +243,7 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
     (map, freqs)
 }
 
-/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "cuszi chunks, coder
-/// 1"): the rANS byte count (u32), the rANS bytes, the lossless values `raw` (little-endian),
+/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "Coder 1: rANS"): the rANS byte count (u32), the rANS bytes, the lossless values `raw` (little-endian),
 /// the big residuals' varints (zigzag LEB128), zero padding to a multiple of 4 bytes.
 pub(crate) fn write_chunk<T: Element>(
     res: &[i64],
