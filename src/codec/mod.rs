@@ -35,7 +35,7 @@ pub enum CodecKind {
     CuszpOutlier,
     /// PFPL: in-place quantization, negabinary deltas, bit shuffle, zero-byte elimination.
     Pfpl,
-    /// cuSZ-i: multi-level spline interpolation over the array's shape (`compress_nd`), Huffman
+    /// cuSZ-i: multi-level spline interpolation over the array's shape (`compress_nd`), rANS
     /// coding. CPU only for now.
     Cuszi,
     /// GPZ: particle coordinates (`N` particles × `d = 1..=4` coordinates, AoS, the shape

@@ -34,7 +34,7 @@ pub const PFPL_TABLE_ENTRY_LEN: usize = 2;
 /// Codec tag of `pfpl`, the codec whose chunk table is [`PFPL_TABLE_ENTRY_LEN`] bytes per chunk.
 pub const CODEC_PFPL: u8 = 4;
 /// Codec tag of `cuszi`, the shape-aware codec: its streams are version 3, and only its
-/// compressed streams carry codec metadata (Huffman codebook, predictor configuration).
+/// compressed streams carry codec metadata (entropy tables, predictor configuration).
 pub const CODEC_CUSZI: u8 = 5;
 /// Codec tag of `gpz`, the particle codec: its streams are version 3 (the shape is `[N, d]`, or
 /// `[N]` for one coordinate), and a compressed stream's payload is a complete GPZ stream

@@ -1,10 +1,14 @@
-//! Entropy coding of the residual sequence: the symbol alphabet (small residuals, zero runs,
-//! escapes), and each chunk's payload (Huffman bits, lossless values, large residuals).
+//! Coder 0 (the first version 3 encoder's Huffman coding) of the residual sequence: the symbol
+//! alphabet (small residuals, zero runs, escapes), and each chunk's payload (Huffman bits,
+//! lossless values, large residuals). The encoder writes coder 1 (module `rans`); coder 0's
+//! encoding side is kept for the tests that older streams still decode.
 
 use crate::element::Element;
 use crate::error::{Error, Result};
 
-use super::huffman::{BitReader, BitWriter, Decoder};
+#[cfg(test)]
+use super::huffman::BitWriter;
+use super::huffman::{BitReader, Decoder};
 
 /// Residuals `-RADIUS..=RADIUS` are symbols `r + RADIUS`.
 pub(crate) const RADIUS: i64 = 511;
@@ -23,6 +27,7 @@ pub(crate) const NSYM: usize = SYM_RUN as usize + MAX_RUN_LOG2 as usize;
 pub(crate) const LOSSLESS: i64 = i64::MIN;
 
 /// One chunk's tokens: symbols and the zigzag LEB128 bytes of its large residuals.
+#[cfg(test)]
 #[derive(Default)]
 pub(crate) struct Tokens {
     /// Symbols in order.
@@ -31,6 +36,7 @@ pub(crate) struct Tokens {
     pub big: Vec<u8>,
 }
 
+#[cfg(test)]
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
@@ -43,6 +49,7 @@ fn unzigzag(z: u64) -> i64 {
 /// becomes the run symbols of `L`'s set bits `k >= 1`, highest first, then symbol `RADIUS`
 /// (one zero) if `L` is odd; [`LOSSLESS`] becomes [`SYM_LOSSLESS`]; a residual beyond
 /// `±RADIUS` becomes [`SYM_BIG`] plus its varint.
+#[cfg(test)]
 pub(crate) fn tokenize(res: &[i64], hist: &mut [u64]) -> Tokens {
     let mut t = Tokens::default();
     let mut run = 0usize;
@@ -91,6 +98,7 @@ pub(crate) fn tokenize(res: &[i64], hist: &mut [u64]) -> Tokens {
 /// The chunk payload of `tokens` (FORMAT.md, "cuszi chunks"): the Huffman bit count (u32), the
 /// bits, the lossless values `raw` (little-endian), the big residuals' varints, zero padding to
 /// a multiple of 4 bytes.
+#[cfg(test)]
 pub(crate) fn write_chunk<T: Element>(tokens: &Tokens, codes: &[(u32, u8)], raw: &[T]) -> Vec<u8> {
     let mut w = BitWriter::default();
     w.bytes.reserve(tokens.syms.len() / 4 + 8);

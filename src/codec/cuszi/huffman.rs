@@ -15,6 +15,7 @@ const FAST_BITS: u32 = 11;
 /// ties broken by node number (leaves `0..n` by symbol, inner nodes numbered on creation, the
 /// smaller of equal weights first), repeated on halved counts (`(f + 1) / 2`, so no used symbol
 /// drops out) until the longest code fits. A single used symbol gets length 1.
+#[cfg(test)]
 pub(crate) fn code_lengths(freq: &[u64]) -> Vec<u8> {
     let n = freq.len();
     let mut f: Vec<u64> = freq.to_vec();
@@ -82,6 +83,7 @@ pub(crate) fn canonical_codes(lens: &[u8]) -> Vec<(u32, u8)> {
 
 /// Serialize code lengths: one byte per symbol, `1..=20` a length, `0x80 | (k - 1)` a run of
 /// `k` (1 to 128) unused symbols (runs as long as possible).
+#[cfg(test)]
 pub(crate) fn write_lengths(lens: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < lens.len() {
@@ -135,6 +137,7 @@ pub(crate) fn read_lengths(b: &[u8], n: usize) -> Result<Vec<u8>> {
 }
 
 /// MSB-first bit writer.
+#[cfg(test)]
 #[derive(Default)]
 pub(crate) struct BitWriter {
     /// The bytes written so far (whole bytes only).
@@ -145,6 +148,7 @@ pub(crate) struct BitWriter {
     pub bits: u64,
 }
 
+#[cfg(test)]
 impl BitWriter {
     /// Append the low `len` bits of `code`, most significant first (`len <= 32`).
     #[inline(always)]

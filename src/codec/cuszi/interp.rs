@@ -40,16 +40,21 @@ pub(crate) struct Level {
     pub order: [usize; D],
     /// Spline per dimension (indexed by dimension, not by pass).
     pub spline: [Spline; D],
+    /// Multi-dimensional mode: instead of one pass per dimension, the level's points are
+    /// predicted in stages by their number of odd coordinates (multiples of `s`, not of `2s`),
+    /// each as the mean of the splines along its odd dimensions (HPEZ's multi-dimensional
+    /// interpolation: a point between known neighbours in several directions uses them all).
+    pub multi: bool,
 }
 
 impl Level {
-    /// The two configuration bytes: `order[0] | order[1] << 2 | order[2] << 4`, then
-    /// `spline[0] | spline[1] << 2 | spline[2] << 4`.
+    /// The two configuration bytes: `order[0] | order[1] << 2 | order[2] << 4 | multi << 6`,
+    /// then `spline[0] | spline[1] << 2 | spline[2] << 4`.
     pub fn to_bytes(self) -> [u8; 2] {
         let o = self.order;
         let s = self.spline.map(|x| x as u8);
         [
-            (o[0] | o[1] << 2 | o[2] << 4) as u8,
+            (o[0] | o[1] << 2 | o[2] << 4 | (self.multi as usize) << 6) as u8,
             s[0] | s[1] << 2 | s[2] << 4,
         ]
     }
@@ -57,7 +62,7 @@ impl Level {
     /// Parse and check two configuration bytes.
     pub fn from_bytes(b: [u8; 2]) -> Result<Self> {
         let bad = || Error::corrupt(format!("invalid predictor configuration {b:02x?}"));
-        if b[0] >> 6 != 0 || b[1] >> 6 != 0 {
+        if b[0] >> 7 != 0 || b[1] >> 6 != 0 {
             return Err(bad());
         }
         let order: [usize; D] = std::array::from_fn(|i| ((b[0] >> (2 * i)) & 3) as usize);
@@ -72,13 +77,51 @@ impl Level {
         for (i, s) in spline.iter_mut().enumerate() {
             *s = Spline::from_bits((b[1] >> (2 * i)) & 3).ok_or_else(bad)?;
         }
-        Ok(Level { order, spline })
+        Ok(Level {
+            order,
+            spline,
+            multi: b[0] >> 6 & 1 == 1,
+        })
     }
 }
 
 #[inline(always)]
 fn linear(b: i64, c: i64) -> i64 {
     b.wrapping_add(c).wrapping_add(1) >> 1
+}
+
+/// The mean of one to three predictions of a multi-dimensional level (FORMAT.md, "cuszi",
+/// interpolation): values `(p0 + p1) * 0.5`, `(p0 + p1 + p2) / 3`; codes
+/// `(p0 + p1 + 1) >> 1`, `div3(p0 + p1 + p2 + 1)` (floor), wrapping.
+pub(crate) trait Mean: Copy {
+    /// The mean of `p` (1 to 3 predictions, in dimension order).
+    fn mean(p: &[Self]) -> Self;
+}
+
+impl Mean for f64 {
+    #[inline(always)]
+    fn mean(p: &[f64]) -> f64 {
+        match p.len() {
+            1 => p[0],
+            2 => (p[0] + p[1]) * 0.5,
+            _ => (p[0] + p[1] + p[2]) / 3.0,
+        }
+    }
+}
+
+impl Mean for i64 {
+    #[inline(always)]
+    fn mean(p: &[i64]) -> i64 {
+        match p.len() {
+            1 => p[0],
+            2 => linear(p[0], p[1]),
+            _ => p[0]
+                .wrapping_add(p[1])
+                .wrapping_add(p[2])
+                .wrapping_add(1)
+                .div_euclid(3),
+        }
+    }
 }
 
 /// A prediction function of [`run_passes`]: `(buf, idx, c, len, s, st, spline)`.
@@ -185,7 +228,7 @@ pub(crate) fn box_strides(e: [usize; D]) -> [usize; D] {
 /// `code(idx, local coordinates, prediction)` and store what it returns (the point's
 /// reconstruction or code) at `idx`.
 #[inline(always)]
-pub(crate) fn run_passes<V: Copy>(
+pub(crate) fn run_passes<V: Mean>(
     buf: &mut [V],
     e: [usize; D],
     stride: usize,
@@ -196,6 +239,11 @@ pub(crate) fn run_passes<V: Copy>(
     let st = box_strides(e);
     let mut s = stride / 2;
     for lv in levels {
+        if lv.multi {
+            multi_level(buf, e, st, s, lv, predict, &mut code);
+            s /= 2;
+            continue;
+        }
         for (j, &a) in lv.order.iter().enumerate() {
             // along `a`: odd multiples of s; dimensions of earlier passes: multiples of s;
             // later passes: multiples of 2s
@@ -223,6 +271,74 @@ pub(crate) fn run_passes<V: Copy>(
             }
         }
         s /= 2;
+    }
+}
+
+/// The prediction of the point at `idx` (box coordinates `x`, extents `e`, index strides `st`)
+/// of a multi-dimensional level `lv` (stride `s`) whose odd dimensions are the bits of `mask`:
+/// the mean of the splines along the odd dimensions with a right neighbour inside the box, in
+/// dimension order; with none, the spline along the first odd dimension (a copy of the left
+/// neighbour).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn multi_prediction<V: Mean>(
+    buf: &[V],
+    idx: usize,
+    x: [usize; D],
+    e: [usize; D],
+    st: [usize; D],
+    s: usize,
+    mask: usize,
+    spline: [Spline; D],
+    predict: Predict<V>,
+) -> V {
+    let mut ps = [buf[idx]; D];
+    let mut n = 0;
+    for a in 0..D {
+        if mask >> a & 1 == 1 && x[a] + s < e[a] {
+            ps[n] = predict(buf, idx, x[a], e[a], s, st[a], spline[a]);
+            n += 1;
+        }
+    }
+    if n == 0 {
+        let a = mask.trailing_zeros() as usize;
+        return predict(buf, idx, x[a], e[a], s, st[a], spline[a]);
+    }
+    V::mean(&ps[..n])
+}
+
+/// One multi-dimensional level (stride `s`): stages of 1, 2, 3 odd coordinates; within a stage,
+/// the odd-dimension sets in increasing bit order, each in raster order (no point of a stage
+/// depends on another of the same stage).
+fn multi_level<V: Mean>(
+    buf: &mut [V],
+    e: [usize; D],
+    st: [usize; D],
+    s: usize,
+    lv: &Level,
+    predict: Predict<V>,
+    code: &mut impl FnMut(usize, [usize; D], V) -> V,
+) {
+    for stage in 1..=D as u32 {
+        for mask in (1usize..1 << D).filter(|m| m.count_ones() == stage) {
+            let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
+            let mut x = [0usize; D];
+            x[0] = start[0];
+            while x[0] < e[0] {
+                x[1] = start[1];
+                while x[1] < e[1] {
+                    x[2] = start[2];
+                    while x[2] < e[2] {
+                        let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
+                        let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline, predict);
+                        buf[idx] = code(idx, x, p);
+                        x[2] += 2 * s;
+                    }
+                    x[1] += 2 * s;
+                }
+                x[0] += 2 * s;
+            }
+        }
     }
 }
 
@@ -278,20 +394,71 @@ pub(crate) fn anchor_prediction(g: &Grid, b: usize, c: [usize; D], anchors: &[i6
     p
 }
 
-/// Most tiles the configuration sampling visits (evenly spaced over the tile numbers).
-pub(crate) const SAMPLE_TILES: usize = 64;
+/// Number of point classes of a grid with `n_levels` levels: the anchor, then one class per
+/// level and pass.
+pub(crate) fn n_classes(n_levels: usize) -> usize {
+    1 + D * n_levels
+}
 
-/// Choose every level's configuration by sampling (cuSZ-i's profiling): over up to
-/// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / 64)`), at each
-/// level `s` and for each dimension `a`, at the box points whose coordinate along `a` is an odd
-/// multiple of `s` with both outer neighbours `±3s` inside the box and every other coordinate a
-/// multiple of `2s`, sum each spline's integer error `min(|v - p| * scale, 2^32)` (truncated;
-/// `p` by [`predict_value`] from the four neighbours' `v`) over the points whose five values are
-/// known. Integer sums do not depend on the order of the additions. Each dimension takes the
-/// spline with the smallest sum (the first on ties), and the passes run from the dimension with
-/// the largest smallest-sum to the smallest (ties by dimension number; cuSZ-i's "least smooth
-/// first"). `value(b, x)` is the sampled value of point `x` of volume `b` (the data value, or the
-/// code as f64), `None` when it is stored losslessly.
+/// The class of the point at local coordinates `l` of a tile (stride `2^log2s`): 0 for the
+/// anchor, else `1 + D k + j` for the point predicted at level `k` (stride `s = S / 2^(k+1)`) in
+/// pass `j`: `s` is the largest power of two dividing every coordinate, and `j` the last pass
+/// whose dimension `order[j]` has an odd multiple of `s` there (multi-dimensional levels: `j` is
+/// the number of odd coordinates minus one, the stage).
+#[inline]
+pub(crate) fn point_class(l: [usize; D], log2s: u32, levels: &[Level]) -> u8 {
+    let tz = l
+        .iter()
+        .map(|&v| if v == 0 { log2s } else { v.trailing_zeros() })
+        .min()
+        .unwrap_or(log2s);
+    if tz >= log2s {
+        return 0;
+    }
+    let k = (log2s - 1 - tz) as usize;
+    if levels[k].multi {
+        let odd = l.iter().filter(|&&v| (v >> tz) & 1 == 1).count();
+        return (D * k + odd) as u8;
+    }
+    let order = levels[k].order;
+    let j = (0..D)
+        .rev()
+        .find(|&j| (l[order[j]] >> tz) & 1 == 1)
+        .unwrap_or(0);
+    (1 + D * k + j) as u8
+}
+
+/// Most tiles the configuration sampling visits (evenly spaced over the tile numbers).
+pub(crate) const SAMPLE_TILES: usize = 256;
+
+/// Sampled errors are counted in units of `1 / ERR_RES` of the quantization step, so that
+/// splines whose errors are all below one step are still told apart.
+const ERR_RES: f64 = 16.0;
+
+/// A sampled error in integer units: `min(|v - p| * scale * 16, 2^40)`, truncated.
+#[inline(always)]
+fn err_units(v: f64, p: f64, scale: f64) -> u64 {
+    ((v - p).abs() * scale * ERR_RES).min(1_099_511_627_776.0) as u64
+}
+
+/// Choose every level's configuration by sampling (cuSZ-i's profiling), on the boxes of up to
+/// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / SAMPLE_TILES)`)
+/// filled with the sampled values. Errors are integers ([`err_units`] of the value and a
+/// prediction by [`predict_value`] on the box, so with the edge cases the passes use), summed
+/// over the points whose value and predictions are known; integer sums do not depend on the
+/// order of the additions. Per level `s`:
+///
+/// 1. for each dimension `a`, at the points whose coordinate along `a` is an odd multiple of
+///    `s` and every other coordinate a multiple of `s`, each spline's error sum; each dimension
+///    takes the spline with the smallest sum (the first on ties), and the passes run from the
+///    dimension with the largest smallest-sum to the smallest (ties by dimension number;
+///    cuSZ-i's "least smooth first");
+/// 2. at every point of the level, the error of its prediction by those passes (along the last
+///    of its odd dimensions in pass order) and by the multi-dimensional mean
+///    ([`multi_prediction`]); the level is multi-dimensional when that sum is smaller.
+///
+/// `value(b, x)` is the sampled value of point `x` of volume `b` (the data value, or the code as
+/// f64), `None` when it is stored losslessly.
 pub(crate) fn choose_levels(
     g: &Grid,
     scale: f64,
@@ -299,16 +466,63 @@ pub(crate) fn choose_levels(
 ) -> Vec<Level> {
     let n_tiles = g.n_tiles();
     let k = (n_tiles / SAMPLE_TILES).max(1);
-    let mut out = Vec::with_capacity(g.levels());
-    let mut s = g.stride / 2;
-    while s >= 1 {
-        let mut err = [[0u64; 3]; D];
-        for t in (0..n_tiles).step_by(k) {
+    let boxes: Vec<([usize; D], Vec<f64>)> = (0..n_tiles)
+        .step_by(k)
+        .map(|t| {
             let (b, c) = g.tile_coords(t);
             let e = g.boxed(c);
             let o: [usize; D] = std::array::from_fn(|d| c[d] * g.stride);
-            for (a, err_a) in err.iter_mut().enumerate() {
-                sample_dim(b, o, e, a, s, scale, &value, err_a);
+            let mut buf = Vec::with_capacity(e.iter().product());
+            for x0 in 0..e[0] {
+                for x1 in 0..e[1] {
+                    for x2 in 0..e[2] {
+                        let v = value(b, [o[0] + x0, o[1] + x1, o[2] + x2]);
+                        buf.push(v.unwrap_or(f64::NAN));
+                    }
+                }
+            }
+            (e, buf)
+        })
+        .collect();
+    // visit the points of level `s` of a box whose odd dimensions are `mask`'s bits
+    fn visit(e: [usize; D], s: usize, mask: usize, mut f: impl FnMut([usize; D], usize)) {
+        let st = box_strides(e);
+        let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
+        let mut x = [0usize; D];
+        x[0] = start[0];
+        while x[0] < e[0] {
+            x[1] = start[1];
+            while x[1] < e[1] {
+                x[2] = start[2];
+                while x[2] < e[2] {
+                    f(x, x[0] * st[0] + x[1] * st[1] + x[2] * st[2]);
+                    x[2] += 2 * s;
+                }
+                x[1] += 2 * s;
+            }
+            x[0] += 2 * s;
+        }
+    }
+    let mut out = Vec::with_capacity(g.levels());
+    let mut s = g.stride / 2;
+    while s >= 1 {
+        // 1. splines and pass order
+        let mut err = [[0u64; 3]; D];
+        for (e, buf) in &boxes {
+            let st = box_strides(*e);
+            for mask in 1usize..1 << D {
+                visit(*e, s, mask, |x, idx| {
+                    let v = buf[idx];
+                    for a in (0..D).filter(|a| mask >> a & 1 == 1) {
+                        let p =
+                            Spline::ALL.map(|sp| predict_value(buf, idx, x[a], e[a], s, st[a], sp));
+                        if v.is_finite() && p.iter().all(|p| p.is_finite()) {
+                            for (ei, p) in err[a].iter_mut().zip(p) {
+                                *ei = ei.saturating_add(err_units(v, p, scale));
+                            }
+                        }
+                    }
+                });
             }
         }
         let best: [(u64, Spline); D] = std::array::from_fn(|d| {
@@ -322,63 +536,37 @@ pub(crate) fn choose_levels(
         });
         let mut order = [0usize, 1, 2];
         order.sort_by(|&x, &y| best[y].0.cmp(&best[x].0).then(x.cmp(&y)));
+        let spline = best.map(|b| b.1);
+        // 2. passes or multi-dimensional means
+        let (mut by_pass, mut by_mean) = (0u64, 0u64);
+        for (e, buf) in &boxes {
+            let st = box_strides(*e);
+            for mask in 1usize..1 << D {
+                let last = *order
+                    .iter()
+                    .rev()
+                    .find(|&&a| mask >> a & 1 == 1)
+                    .expect("odd");
+                visit(*e, s, mask, |x, idx| {
+                    let v = buf[idx];
+                    let a = last;
+                    let p = predict_value(buf, idx, x[a], e[a], s, st[a], spline[a]);
+                    let m = multi_prediction(buf, idx, x, *e, st, s, mask, spline, predict_value);
+                    if v.is_finite() && p.is_finite() && m.is_finite() {
+                        by_pass = by_pass.saturating_add(err_units(v, p, scale));
+                        by_mean = by_mean.saturating_add(err_units(v, m, scale));
+                    }
+                });
+            }
+        }
         out.push(Level {
             order,
-            spline: best.map(|b| b.1),
+            spline,
+            multi: by_mean < by_pass,
         });
         s /= 2;
     }
     out
-}
-
-/// The sampling of [`choose_levels`] for one tile box (origin `o`, extents `e`), dimension `a`
-/// and level `s`: adds each spline's error sum to `err`.
-#[allow(clippy::too_many_arguments)]
-fn sample_dim(
-    b: usize,
-    o: [usize; D],
-    e: [usize; D],
-    a: usize,
-    s: usize,
-    scale: f64,
-    value: &impl Fn(usize, [usize; D]) -> Option<f64>,
-    err: &mut [u64; 3],
-) {
-    if e[a] <= 6 * s {
-        return; // no point has both outer neighbours
-    }
-    let mut x = [0usize; D];
-    let step = 2 * s;
-    let at = |x: [usize; D], dv: isize| -> Option<f64> {
-        let mut p = x;
-        p[a] = (x[a] as isize + dv * s as isize) as usize;
-        value(b, std::array::from_fn(|d| o[d] + p[d]))
-    };
-    // points along `a` at 3s, 5s, ... with `x + 3s` inside the box
-    let first = |d: usize| if d == a { 3 * s } else { 0 };
-    x[0] = first(0);
-    while x[0] < e[0] && (a != 0 || x[0] + 3 * s < e[0]) {
-        x[1] = first(1);
-        while x[1] < e[1] && (a != 1 || x[1] + 3 * s < e[1]) {
-            x[2] = first(2);
-            while x[2] < e[2] && (a != 2 || x[2] + 3 * s < e[2]) {
-                let v = [at(x, 0), at(x, -3), at(x, -1), at(x, 1), at(x, 3)];
-                if let [Some(q), Some(pa), Some(pb), Some(pc), Some(pd)] = v {
-                    // the five codes on a row of step 1: -3s, -s, x, +s, +3s at 0, 2, 3, 4, 6
-                    let buf = [pa, 0.0, pb, q, pc, 0.0, pd];
-                    for (i, sp) in Spline::ALL.iter().enumerate() {
-                        let p = predict_value(&buf, 3, 3, 7, 1, 1, *sp);
-                        // (NaN, from infinite predictions, becomes 0 in the cast)
-                        let r = ((q - p).abs() * scale).min(4_294_967_296.0) as u64;
-                        err[i] = err[i].saturating_add(r);
-                    }
-                }
-                x[2] += step;
-            }
-            x[1] += step;
-        }
-        x[0] += step;
-    }
 }
 
 #[cfg(test)]
@@ -390,13 +578,19 @@ mod tests {
         let lv = Level {
             order: [2, 0, 1],
             spline: [Spline::Natural, Spline::Linear, Spline::Cubic],
+            multi: false,
         };
+        assert_eq!(
+            Level::from_bytes(Level { multi: true, ..lv }.to_bytes()).unwrap(),
+            Level { multi: true, ..lv }
+        );
         assert_eq!(Level::from_bytes(lv.to_bytes()).unwrap(), lv);
         for bad in [
             [0u8, 0],
             [0b11_10_01, 0],
             [0b10_01_00, 3],
             [0b0110_0100 | 0x80, 0],
+            [0b0110_0100 | 0xC0, 0],
         ] {
             assert!(Level::from_bytes(bad).is_err(), "{bad:?}");
         }

@@ -1,4 +1,4 @@
-//! `cuszi`: cuSZ-i's multi-level interpolation predictor with canonical Huffman coding
+//! `cuszi`: cuSZ-i's multi-level interpolation predictor with rANS coding of the residuals
 //! (FORMAT.md, "cuszi"), the CPU encoder and decoder.
 //!
 //! Pipeline (compression):
@@ -7,22 +7,25 @@
 //!    512 in 1-D) is quantized directly by the shared verified quantizer
 //!    ([`crate::quant::Quantizer::encode`]) and its code Lorenzo-predicted over the anchor grid;
 //! 2. **interpolation**: every other point is predicted from coarser ones by linear or cubic
-//!    splines, level by level (strides `S/2 ... 1`), one pass per dimension, inside its tile's
-//!    box. Each level's pass order and per-dimension spline are chosen by sampling (cuSZ-i's
-//!    auto-tuning) and stored in the stream. Under abs/noa bounds the predictions are made from
-//!    reconstructed values and the residual `x - prediction` is quantized (module `quant`: the
-//!    encoder reconstructs each value exactly as the decoder will and checks the bound exactly);
-//!    under rel bounds every value is quantized first and the integer codes are predicted
-//!    exactly. A value that cannot be kept within the bound (NaN, ±Inf, the fill value, a missed
-//!    bound) is stored losslessly and stands for its prediction in its neighbours' predictions;
-//! 3. **entropy coding** (modules `entropy`, `huffman`): the residuals, tile after tile, are cut
-//!    into chunks of 32,768 and tokenized (small residuals, zero runs, escapes for lossless
-//!    values and large residuals); one canonical Huffman codebook built from the histogram of all
-//!    chunks codes every chunk independently.
+//!    splines, level by level (strides `S/2 ... 1`), inside its tile's box: either one pass per
+//!    dimension, or (multi-dimensional levels) in stages by the point's number of odd
+//!    coordinates, as the mean of the splines along them. Each level's mode, pass order and
+//!    per-dimension splines are chosen by sampling (cuSZ-i's auto-tuning) and stored in the
+//!    stream. Under abs/noa bounds the predictions are made from reconstructed values and the
+//!    residual `x - prediction` is quantized (module `quant`: the encoder reconstructs each value
+//!    exactly as the decoder will and checks the bound exactly); under rel bounds every value is
+//!    quantized first and the integer codes are predicted exactly. A value that cannot be kept
+//!    within the bound (NaN, ±Inf, the fill value, a missed bound) is stored losslessly and
+//!    stands for its prediction in its neighbours' predictions;
+//! 3. **entropy coding** (module `rans`): every residual has a class (its level and pass, known
+//!    from its position); the classes' symbol histograms are grouped into a few static frequency
+//!    tables, and each chunk of 32,768 residuals (tile after tile) is one rANS stream coded with
+//!    them. Module `entropy` and `huffman` decode the Huffman-coded streams of the first
+//!    encoder (coder 0).
 //!
-//! Memory: the encoder holds an `i64` residual per value (and, under rel bounds, a code), the
-//! decoder the residuals plus a tile-ordered copy of the output; about 16 bytes per value beyond
-//! the input and output.
+//! Memory: the encoder holds an `i64` residual and a class byte per value (and, under rel
+//! bounds, a code), the decoder the residuals, the classes and a tile-ordered copy of the output;
+//! about 17 bytes per value beyond the input and output.
 //!
 //! # Block-parallel layout (the CUDA kernel's map)
 //!
@@ -33,10 +36,12 @@
 //!   the face: a thread block per tile (or per 4 tiles, cuSZ-i's 32x8x8) computes them with the
 //!   same IEEE f64 operations (no FMA: `--fmad=false`) or integer arithmetic; anchors need one
 //!   small pass over the anchor grid first (decoding: an n-D prefix sum of the anchor residuals);
+//!   the points of one pass or stage of a level do not depend on each other;
 //! * the configuration sampling visits fixed tiles and sums integers (order-independent);
-//! * the histogram is an atomic-add kernel; the codebook is built on the host from it (as in
-//!   cuSZ-i) with the deterministic rules of FORMAT.md ("Metadata");
-//! * each chunk of 32,768 residuals is coded by one block (or warp); chunk sizes go to the table
+//! * the per-class histogram is an atomic-add kernel; the tables are built on the host from it
+//!   (as cuSZ-i builds its codebook) with the deterministic rules of FORMAT.md ("Coder 1");
+//! * each chunk of 32,768 residuals is coded by one thread (its rANS stream is sequential; the
+//!   chunks are independent, and a class follows from a position); chunk sizes go to the table
 //!   and offsets follow from a prefix sum of the sizes, as in the other codecs.
 //!
 //! Decoding runs the same stages backwards: chunks in parallel, the anchor pass, tiles in
@@ -48,6 +53,7 @@ pub(crate) mod grid;
 pub(crate) mod huffman;
 pub(crate) mod interp;
 pub(crate) mod quant;
+pub(crate) mod rans;
 
 #[cfg(test)]
 mod tests;
@@ -59,7 +65,7 @@ use crate::error::{Error, Result};
 use crate::format::{zhash_bytes, BoundMode, Dims, Header, TABLE_ENTRY_LEN};
 use crate::quant::{QuantParams, Quantizer};
 
-use entropy::{Tokens, LOSSLESS, NSYM};
+use entropy::{LOSSLESS, NSYM};
 use grid::{Grid, D};
 use interp::Level;
 
@@ -105,8 +111,19 @@ fn owned_index(x: [usize; D], e: [usize; D]) -> Option<usize> {
     (x[0] < e[0] && x[1] < e[1] && x[2] < e[2]).then(|| (x[0] * e[1] + x[1]) * e[2] + x[2])
 }
 
-/// Encode `data` of shape `dims` (whose count is `data.len()`).
-pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+/// The prediction stage's output: the level configuration, the residual sequence and the
+/// lossless values by residual index.
+pub(crate) struct Predicted<T> {
+    /// Level configurations, coarsest first.
+    pub levels: Vec<Level>,
+    /// Residuals in symbol order ([`LOSSLESS`] for lossless values).
+    pub res: Vec<i64>,
+    /// Lossless values by residual index, sorted.
+    pub lossless: Vec<(usize, T)>,
+}
+
+/// The residual sequence of `data` of shape `dims` (whose count is `data.len()`).
+pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Predicted<T> {
     let g = Grid::new(dims);
     let q = params.quantizer::<T>();
     let rel = params.mode == BoundMode::Rel;
@@ -147,6 +164,8 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             let v = codes[raster(&g, b, x)];
             (v != LOSSLESS).then_some(v as f64)
         });
+        #[cfg(test)]
+        let levels = tests::forced_levels(levels);
         let point = |gi: usize, p: i64| {
             let v = codes[gi];
             let r = v.wrapping_sub(p);
@@ -166,6 +185,8 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             let v = data[raster(&g, b, x)];
             (v.finite() && Some(v.to_bits_u64()) != fill).then(|| v.to_f64())
         });
+        #[cfg(test)]
+        let levels = tests::forced_levels(levels);
         let values = anchor_values(&q, &anchors);
         let point = |gi: usize, p: f64| match rq.encode(data[gi], p) {
             Some(c) => c,
@@ -175,8 +196,73 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
         let l = tiles.encode(data, &mut res, interp::predict_value, point);
         (levels, l)
     };
-    // entropy coding: tokens and histogram per chunk, one codebook, chunks
-    let toks: Vec<(Tokens, Vec<u64>)> = res
+    Predicted {
+        levels,
+        res,
+        lossless,
+    }
+}
+
+/// Encode `data` of shape `dims` (whose count is `data.len()`).
+pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    let Predicted {
+        levels,
+        res,
+        lossless,
+    } = predict(data, dims, params);
+    let g = Grid::new(dims);
+    // entropy coding: per-class histograms, tables of grouped classes, one rANS stream per chunk
+    let cls = classes(&g, &levels);
+    let nc = interp::n_classes(g.levels());
+    let hist = res
+        .par_chunks(CHUNK)
+        .zip(cls.par_chunks(CHUNK))
+        .map(|(r, k)| {
+            let mut h = vec![vec![0u64; rans::NSYM]; nc];
+            for (&r, &k) in r.iter().zip(k) {
+                h[k as usize][rans::symbol(r) as usize] += 1;
+            }
+            h
+        })
+        .reduce(
+            || vec![vec![0u64; rans::NSYM]; nc],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    for (u, v) in x.iter_mut().zip(y) {
+                        *u += v;
+                    }
+                }
+                a
+            },
+        );
+    let (map, freqs) = rans::group_classes(&hist);
+    let tables = rans::tables(&freqs);
+    let chunks: Vec<Vec<u8>> = res
+        .par_chunks(CHUNK)
+        .zip(cls.par_chunks(CHUNK))
+        .enumerate()
+        .map(|(i, (r, k))| {
+            let lo = lossless.partition_point(|r| r.0 < i * CHUNK);
+            let hi = lossless.partition_point(|r| r.0 < (i + 1) * CHUNK);
+            let raw: Vec<T> = lossless[lo..hi].iter().map(|r| r.1).collect();
+            rans::write_chunk(r, k, &map, &tables, &raw)
+        })
+        .collect();
+    drop(res);
+    let meta = write_meta(&levels, &map, &freqs);
+    assemble(chunks, meta)
+}
+
+/// Encode with coder 0 (the first version 3 encoder's Huffman coding): streams for the tests
+/// that older streams still decode.
+#[cfg(test)]
+pub(crate) fn encode_huffman<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    let Predicted {
+        levels,
+        res,
+        lossless,
+    } = predict(data, dims, params);
+    let toks: Vec<(entropy::Tokens, Vec<u64>)> = res
         .par_chunks(CHUNK)
         .map(|c| {
             let mut hist = vec![0u64; NSYM];
@@ -184,7 +270,6 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             (t, hist)
         })
         .collect();
-    drop(res);
     let mut hist = vec![0u64; NSYM];
     for (_, h) in &toks {
         for (a, b) in hist.iter_mut().zip(h) {
@@ -203,7 +288,20 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             entropy::write_chunk(t, &code_table, &raw)
         })
         .collect();
-    let meta = write_meta(&levels, &lens);
+    let mut cb = Vec::new();
+    huffman::write_lengths(&lens, &mut cb);
+    let mut meta = vec![levels.len() as u8, CODER_HUFFMAN];
+    meta.extend_from_slice(&(cb.len() as u16).to_le_bytes());
+    for lv in &levels {
+        meta.extend_from_slice(&lv.to_bytes());
+    }
+    meta.extend_from_slice(&cb);
+    meta.resize(meta.len().next_multiple_of(4), 0);
+    assemble(chunks, meta)
+}
+
+/// The chunk table, the metadata and the chunks.
+fn assemble(chunks: Vec<Vec<u8>>, meta: Vec<u8>) -> Encoded {
     let n = chunks.len();
     let total = n * TABLE_ENTRY_LEN + meta.len() + chunks.iter().map(Vec::len).sum::<usize>();
     let mut payload = Vec::with_capacity(total);
@@ -224,43 +322,111 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
     }
 }
 
-/// The metadata section: level count (u8), 0 (u8), codebook bytes (u16), two configuration
-/// bytes per level (coarsest first), the serialized code lengths, zero padding to 4 bytes.
-fn write_meta(levels: &[Level], lens: &[u8]) -> Vec<u8> {
-    let mut cb = Vec::new();
-    huffman::write_lengths(lens, &mut cb);
-    let mut m = vec![levels.len() as u8, 0];
-    m.extend_from_slice(&(cb.len() as u16).to_le_bytes());
+/// The class of every residual, in symbol order ([`interp::point_class`]).
+fn classes(g: &Grid, levels: &[Level]) -> Vec<u8> {
+    let mut cls = vec![0u8; g.batch * g.volume()];
+    let log2s = g.stride.trailing_zeros();
+    tile_slices(g, &mut cls)
+        .into_par_iter()
+        .for_each(|(t, out)| {
+            let (_, c) = g.tile_coords(t);
+            let e = g.owned(c);
+            let mut i = 0;
+            for l0 in 0..e[0] {
+                for l1 in 0..e[1] {
+                    for l2 in 0..e[2] {
+                        out[i] = interp::point_class([l0, l1, l2], log2s, levels);
+                        i += 1;
+                    }
+                }
+            }
+        });
+    cls
+}
+
+/// The metadata section's coder byte: 0 Huffman (the first version 3 encoder's), 1 rANS.
+const CODER_HUFFMAN: u8 = 0;
+/// See [`CODER_HUFFMAN`].
+const CODER_RANS: u8 = 1;
+
+/// The metadata section of coder 1: level count (u8), coder 1 (u8), 0 (u16), two configuration
+/// bytes per level (coarsest first), the class count (u8), the table count (u8), the table of
+/// every class (u8 each), the tables ([`rans::write_table`]), zero padding to 4 bytes.
+fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
+    let mut m = vec![levels.len() as u8, CODER_RANS, 0, 0];
     for lv in levels {
         m.extend_from_slice(&lv.to_bytes());
     }
-    m.extend_from_slice(&cb);
+    m.push(map.len() as u8);
+    m.push(freqs.len() as u8);
+    m.extend_from_slice(map);
+    for f in freqs {
+        rans::write_table(f, &mut m);
+    }
     m.resize(m.len().next_multiple_of(4), 0);
     m
 }
 
+/// The entropy coder of a stream, from its metadata.
+enum Coder {
+    /// Coder 0: one canonical Huffman codebook (its code lengths), zero-run symbols.
+    Huffman(Vec<u8>),
+    /// Coder 1: rANS, the class-to-table map and the tables.
+    Rans(Vec<u8>, Vec<rans::Table>),
+}
+
 /// Parse and check the metadata section of a stream of grid `g`.
-fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Vec<u8>)> {
+fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
     if m.len() < 4 {
         return Err(Error::corrupt("cuszi metadata shorter than 4 bytes"));
     }
     let n_levels = m[0] as usize;
-    if n_levels != g.levels() || m[1] != 0 {
+    if n_levels != g.levels() {
         return Err(Error::corrupt(format!(
             "cuszi metadata names {n_levels} levels, the shape has {}",
             g.levels()
         )));
     }
-    let cb_len = u16::from_le_bytes([m[2], m[3]]) as usize;
-    let end = 4 + 2 * n_levels + cb_len;
-    if end > m.len() || m.len() - end >= 4 || m[end..].iter().any(|&b| b != 0) {
-        return Err(Error::corrupt("cuszi metadata length mismatch"));
+    let levels_end = 4 + 2 * n_levels;
+    let levels = |m: &[u8]| {
+        (0..n_levels)
+            .map(|i| Level::from_bytes([m[4 + 2 * i], m[5 + 2 * i]]))
+            .collect::<Result<Vec<_>>>()
+    };
+    let padding_ok = |end: usize| m.len() - end < 4 && m[end..].iter().all(|&b| b == 0);
+    match m[1] {
+        CODER_HUFFMAN => {
+            let cb_len = u16::from_le_bytes([m[2], m[3]]) as usize;
+            let end = levels_end + cb_len;
+            if end > m.len() || !padding_ok(end) {
+                return Err(Error::corrupt("cuszi metadata length mismatch"));
+            }
+            let lens = huffman::read_lengths(&m[levels_end..end], NSYM)?;
+            Ok((levels(m)?, Coder::Huffman(lens)))
+        }
+        CODER_RANS => {
+            let nc = interp::n_classes(n_levels);
+            if m[2] != 0 || m[3] != 0 || m.len() < levels_end + 2 + nc {
+                return Err(Error::corrupt("cuszi metadata length mismatch"));
+            }
+            let (n_cls, n_tab) = (m[levels_end] as usize, m[levels_end + 1] as usize);
+            let map = m[levels_end + 2..levels_end + 2 + nc].to_vec();
+            if n_cls != nc || n_tab == 0 || map.iter().any(|&t| t as usize >= n_tab) {
+                return Err(Error::corrupt("invalid cuszi class table map"));
+            }
+            let mut pos = levels_end + 2 + nc;
+            let tables = (0..n_tab)
+                .map(|_| rans::read_table(m, &mut pos))
+                .collect::<Result<Vec<_>>>()?;
+            if !padding_ok(pos) {
+                return Err(Error::corrupt("cuszi metadata length mismatch"));
+            }
+            Ok((levels(m)?, Coder::Rans(map, tables)))
+        }
+        c => Err(Error::corrupt(format!(
+            "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman) and 1 (rANS)"
+        ))),
     }
-    let levels = (0..n_levels)
-        .map(|i| Level::from_bytes([m[4 + 2 * i], m[5 + 2 * i]]))
-        .collect::<Result<Vec<_>>>()?;
-    let lens = huffman::read_lengths(&m[4 + 2 * n_levels..end], NSYM)?;
-    Ok((levels, lens))
 }
 
 /// Decode a header-checked compressed `cuszi` stream into `out` (`out.len() == h.count`).
@@ -282,9 +448,16 @@ pub(crate) fn decode<T: Element>(
         return Err(Error::corrupt("chunk count does not match the value count"));
     }
     let meta_at = h.header_len() + entries.len() * TABLE_ENTRY_LEN;
-    let (levels, lens) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
-    let dec = huffman::Decoder::new(&lens);
+    let (levels, coder) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
     let mut res = try_alloc::<i64>(out.len())?;
+    let cls = match &coder {
+        Coder::Rans(..) => classes(&g, &levels),
+        Coder::Huffman(_) => Vec::new(),
+    };
+    let huff = match &coder {
+        Coder::Huffman(lens) => Some(huffman::Decoder::new(lens)),
+        Coder::Rans(..) => None,
+    };
     let lossless: Vec<Vec<(usize, T)>> = res
         .par_chunks_mut(CHUNK)
         .zip(entries.par_iter())
@@ -295,8 +468,15 @@ pub(crate) fn decode<T: Element>(
                 return Err(Error::corrupt(format!("chunk {i}: checksum mismatch")));
             }
             let mut raw = Vec::new();
-            entropy::read_chunk::<T>(c, &dec, dst, &mut raw)
-                .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
+            match (&coder, &huff) {
+                (Coder::Rans(map, tables), _) => {
+                    let k = &cls[i * CHUNK..i * CHUNK + dst.len()];
+                    rans::read_chunk::<T>(c, k, map, tables, dst, &mut raw)
+                }
+                (_, Some(dec)) => entropy::read_chunk::<T>(c, dec, dst, &mut raw),
+                _ => unreachable!("a Huffman stream has its decoder"),
+            }
+            .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
             let at = dst
                 .iter()
                 .enumerate()
@@ -305,6 +485,7 @@ pub(crate) fn decode<T: Element>(
             Ok(at.zip(raw).collect())
         })
         .collect::<Result<_>>()?;
+    drop(cls);
     let lossless: Vec<(usize, T)> = lossless.into_iter().flatten().collect();
     let raw_at = |si: usize| -> T {
         let k = lossless.partition_point(|r| r.0 < si);
@@ -414,7 +595,7 @@ struct Tiles<'a, V> {
     anchor_res: &'a [i64],
 }
 
-impl<'a, V: Copy + Default + Send + Sync> Tiles<'a, V> {
+impl<'a, V: interp::Mean + Default + Send + Sync> Tiles<'a, V> {
     fn new(g: &'a Grid, levels: &'a [Level], anchors: &'a [V], anchor_res: &'a [i64]) -> Self {
         Tiles {
             g,

@@ -184,6 +184,52 @@ fn fill_values_are_kept_exactly() {
     }
 }
 
+thread_local! {
+    /// Test override of the sampled configuration: every level multi-dimensional (`Some(true)`)
+    /// or every level by passes (`Some(false)`).
+    static FORCE_MULTI: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// The sampled `levels`, with [`FORCE_MULTI`]'s override applied.
+pub(crate) fn forced_levels(mut levels: Vec<super::interp::Level>) -> Vec<super::interp::Level> {
+    if let Some(m) = FORCE_MULTI.with(|f| f.get()) {
+        for lv in &mut levels {
+            lv.multi = m;
+        }
+    }
+    levels
+}
+
+/// Both level modes (passes and multi-dimensional means) keep the bound in both domains, on
+/// shapes with partial tiles, 2-D, 1-D and batched 4-D, and with adversarial values.
+#[test]
+fn both_level_modes_keep_the_bound() {
+    for multi in [true, false] {
+        FORCE_MULTI.with(|f| f.set(Some(multi)));
+        for dims in [[33usize, 17, 20], [9, 9, 9], [1, 5, 40], [2, 3, 3]] {
+            let d32 = field::<f32>(dims);
+            let d64 = field::<f64>(dims);
+            for b in [
+                ErrorBound::Abs(1e-2),
+                ErrorBound::Noa(1e-4),
+                ErrorBound::Rel(1e-3),
+            ] {
+                check(&d32, &dims, b);
+                check(&d64, &dims, b);
+                check(&d32, &[d32.len()], b);
+            }
+        }
+        let d = field::<f32>([6, 10, 12]);
+        check(&d, &[2, 3, 10, 12], ErrorBound::Noa(1e-3));
+        let a = adversarial::<f64>(3000, 11);
+        for b in [ErrorBound::Noa(1e-3), ErrorBound::Rel(1e-2)] {
+            check(&a, &[10, 15, 20], b);
+            check(&a, &[50, 60], b);
+        }
+    }
+    FORCE_MULTI.with(|f| f.set(None));
+}
+
 /// The shape is used: a smooth 3-D field compresses better with its shape than as 1-D (a
 /// correctness sanity check of the predictor, not a benchmark).
 #[test]
@@ -407,16 +453,13 @@ fn resealed_mutations_never_panic() {
 }
 
 /// A cuszi stream of the first version 3 encoder (256 f32 values of shape 16x16, abs:1e-2, with
-/// a NaN) decodes to values within the bound, and this encoder still writes it byte for byte.
+/// a NaN; Huffman-coded residuals) decodes to values within the bound.
 #[test]
 fn golden_stream_decodes() {
     let mut d: Vec<f32> = (0..256)
         .map(|i| ((i / 16) as f32 * 0.3).sin() * 10.0 + (i % 16) as f32 * 0.25)
         .collect();
     d[77] = f32::NAN;
-    let s = compress_nd(&d, &[16, 16], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
-    let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(hex, GOLDEN_16X16);
     let g = unhex(GOLDEN_16X16);
     assert!(!inspect(&g).unwrap().is_stored());
     let back: Vec<f32> = decompress(&g).unwrap();
@@ -424,6 +467,107 @@ fn golden_stream_decodes() {
         assert!((x - y).abs() <= 1e-2 || x.to_bits() == y.to_bits());
     }
 }
+
+/// `s` (a compressed cuszi stream of `data`, shape `dims`) with its payload replaced by coder 0
+/// (Huffman, the first version 3 encoder's), header fields and checksums updated.
+fn as_coder_0<T: Element>(s: &[u8], data: &[T], dims: &[usize], bound: ErrorBound) -> Vec<u8> {
+    let params = crate::quant::QuantParams::derive(data, bound).unwrap();
+    let shape = Dims::new(&dims.iter().map(|&d| d as u64).collect::<Vec<_>>()).unwrap();
+    let e = super::encode_huffman(data, &shape, &params);
+    let mut o = s[..HEADER_LEN_V3].to_vec();
+    o[64..72].copy_from_slice(&(e.payload.len() as u64).to_le_bytes());
+    o[72..76].copy_from_slice(&e.n_chunks.to_le_bytes());
+    o[76..80].copy_from_slice(&e.table_checksum.to_le_bytes());
+    o[128..132].copy_from_slice(&e.meta_len.to_le_bytes());
+    o.extend_from_slice(&e.payload);
+    reseal_v3(&mut o);
+    o
+}
+
+/// Streams of coder 0 (Huffman) still decode, within the bound, to what coder 1 decodes (the
+/// predictor is the same: only the residuals' coding differs), and corrupted ones are errors.
+#[test]
+fn coder_0_streams_still_decode() {
+    let dims = [12usize, 20, 37];
+    let d = field::<f32>(dims);
+    let mut a = adversarial::<f64>(2000, 7);
+    a[5] = f64::NAN;
+    for (bound, rel) in [
+        (ErrorBound::Noa(1e-3), false),
+        (ErrorBound::Rel(1e-3), true),
+    ] {
+        let s = check(&d, &dims, bound);
+        let old = as_coder_0(&s, &d, &dims, bound);
+        assert_eq!(inspect(&old).unwrap().count, d.len() as u64);
+        let meta_at = HEADER_LEN_V3 + 8 * inspect(&old).unwrap().n_chunks as usize;
+        assert_eq!(old[meta_at + 1], 0, "coder byte");
+        let back_old: Vec<f32> = decompress(&old).unwrap();
+        let back_new: Vec<f32> = decompress(&s).unwrap();
+        assert_eq!(
+            back_old.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            back_new.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "rel {rel}"
+        );
+        let s2 = check(&a, &[40, 50], bound);
+        let old2 = as_coder_0(&s2, &a, &[40, 50], bound);
+        let b2: Vec<f64> = decompress(&old2).unwrap();
+        let n2: Vec<f64> = decompress(&s2).unwrap();
+        assert!(b2.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()));
+        // a truncated or altered coder-0 chunk is an error
+        let mut m = old.clone();
+        let n = m.len();
+        m[n - 9] ^= 0x44;
+        reseal_v3(&mut m);
+        let _ = decodes(&m);
+        assert!(!decodes(&old[..old.len() - 4]));
+    }
+    // an unknown coder is refused with a clear error
+    let s = check(&d, &dims, ErrorBound::Noa(1e-3));
+    let mut m = s.clone();
+    let meta_at = HEADER_LEN_V3 + 8 * inspect(&s).unwrap().n_chunks as usize;
+    m[meta_at + 1] = 2;
+    reseal_v3(&mut m);
+    let err = decompress::<f32>(&m).unwrap_err().to_string();
+    assert!(err.contains("entropy coder 2"), "{err}");
+}
+
+/// The per-class rANS coder reaches far below one bit per value where a Huffman code cannot
+/// (a smooth field at a loose bound).
+#[test]
+fn rans_beats_huffman_on_smooth_fields() {
+    let dims = [40usize, 40, 40];
+    let d = field::<f32>(dims);
+    let s = check(&d, &dims, ErrorBound::Noa(1e-2));
+    let old = as_coder_0(&s, &d, &dims, ErrorBound::Noa(1e-2));
+    assert!(s.len() * 4 < old.len() * 3, "{} vs {}", s.len(), old.len());
+}
+
+/// This encoder's stream (coder 1) of the golden data writes byte for byte what the reference
+/// below holds (a CUDA twin must write the same bytes) and decodes within the bound.
+#[test]
+fn golden_stream_coder_1() {
+    let mut d: Vec<f32> = (0..256)
+        .map(|i| ((i / 16) as f32 * 0.3).sin() * 10.0 + (i % 16) as f32 * 0.25)
+        .collect();
+    d[77] = f32::NAN;
+    let s = compress_nd(&d, &[16, 16], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
+    let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, GOLDEN_16X16_CODER_1.concat());
+    let back: Vec<f32> = decompress(&s).unwrap();
+    for (x, y) in d.iter().zip(&back) {
+        assert!((x - y).abs() <= 1e-2 || x.to_bits() == y.to_bits());
+    }
+}
+
+const GOLDEN_16X16_CODER_1: &[&str] = &[
+    "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
+    "e17a943f00000000000000000000000000000000a400000000000000010000008b1a7b840000000000000000",
+    "0000000002000000100000000000000010000000000000000000000000000000000000000000000060000000",
+    "6e45aaed3c000000f31cd6b60401000009000900090809040d040001020001000002000003000006ff03836a",
+    "0be40300a9080b8706188303cd036003a806983328cc19ae01993305a802b81cac01b81c10b81c20b81c5b9b",
+    "0e05ca03ff0f2eff1f05ff0f00ff2f00ff0f00003000000018881a77d9f824762f548170db57cd4fbccbcaaa",
+    "240630792bb6f8c9335521ca32ce9f27f4cb41db4243f80b4d982e5f0000c07fdd08dd08",
+];
 
 const GOLDEN_16X16: &str = concat!(
     "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
@@ -485,4 +629,143 @@ proptest! {
         }
         let _ = decodes(&s);
     }
+}
+
+/// Residual statistics of one raw f32 file (development aid): `CUSZI_FILE`, `CUSZI_DIMS`
+/// (`ZxYxX`), `CUSZI_BOUND` (`noa:1e-3`).
+#[test]
+#[ignore]
+fn residual_report() {
+    use super::grid::Grid;
+    use crate::quant::QuantParams;
+    let Ok(path) = std::env::var("CUSZI_FILE") else {
+        return;
+    };
+    let dims: Vec<u64> = std::env::var("CUSZI_DIMS")
+        .unwrap()
+        .split('x')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let bound: ErrorBound = std::env::var("CUSZI_BOUND").unwrap().parse().unwrap();
+    let bytes = std::fs::read(path).unwrap();
+    let data: Vec<f32> = bytes.chunks_exact(4).map(f32::read_le).collect();
+    let params = QuantParams::derive(&data, bound).unwrap();
+    let dims = Dims::new(&dims).unwrap();
+    let p = super::predict(&data, &dims, &params);
+    let g = Grid::new(&dims);
+    let nl = g.levels();
+    let mut level = vec![0usize; data.len()];
+    for t in 0..g.n_tiles() {
+        let (b, c) = g.tile_coords(t);
+        let e = g.owned(c);
+        let base = g.tile_offset(b, c);
+        for l0 in 0..e[0] {
+            for l1 in 0..e[1] {
+                for l2 in 0..e[2] {
+                    let tz = [l0, l1, l2]
+                        .iter()
+                        .map(|&v| {
+                            if v == 0 {
+                                nl as u32
+                            } else {
+                                v.trailing_zeros()
+                            }
+                        })
+                        .min()
+                        .unwrap() as usize;
+                    level[base + (l0 * e[1] + l1) * e[2] + l2] = nl - tz;
+                }
+            }
+        }
+    }
+    let ent = |it: &mut dyn Iterator<Item = i64>| {
+        let mut h = std::collections::HashMap::new();
+        let mut n = 0.0;
+        for r in it {
+            *h.entry(r).or_insert(0.0) += 1.0;
+            n += 1.0;
+        }
+        let e: f64 = h.values().map(|&c: &f64| -c / n * (c / n).log2()).sum();
+        (n, e)
+    };
+    let (n, e) = ent(&mut p.res.iter().copied());
+    println!("all: n {n} H0 {e:.4} bits, ratio {:.2}", 32.0 / e);
+    let mut cond = 0.0;
+    for lv in 0..=nl {
+        let (m, e) = ent(&mut p
+            .res
+            .iter()
+            .zip(&level)
+            .filter(|x| *x.1 == lv)
+            .map(|x| *x.0));
+        let z = p
+            .res
+            .iter()
+            .zip(&level)
+            .filter(|x| *x.1 == lv && *x.0 == 0)
+            .count();
+        cond += m * e;
+        println!(
+            "level {lv}: n {m} H0 {e:.4} zero frac {:.3}",
+            z as f64 / m.max(1.0)
+        );
+    }
+    println!(
+        "per-level H: {:.4} bits, ratio {:.2}",
+        cond / n,
+        32.0 * n / cond
+    );
+    let mut cls = vec![0u8; data.len()];
+    for t in 0..g.n_tiles() {
+        let (b, c) = g.tile_coords(t);
+        let e = g.owned(c);
+        let base = g.tile_offset(b, c);
+        for l0 in 0..e[0] {
+            for l1 in 0..e[1] {
+                for l2 in 0..e[2] {
+                    cls[base + (l0 * e[1] + l1) * e[2] + l2] = super::interp::point_class(
+                        [l0, l1, l2],
+                        g.stride.trailing_zeros(),
+                        &p.levels,
+                    );
+                }
+            }
+        }
+    }
+    let mut cond = 0.0;
+    for k in 0..super::interp::n_classes(nl) {
+        let (m, e) = ent(&mut p
+            .res
+            .iter()
+            .zip(&cls)
+            .filter(|x| *x.1 as usize == k)
+            .map(|x| *x.0));
+        cond += m * e;
+        if m > 0.0 {
+            println!("class {k}: n {m} H0 {e:.4}");
+        }
+    }
+    println!(
+        "per-class H: {:.4} bits, ratio {:.2}",
+        cond / n,
+        32.0 * n / cond
+    );
+    println!("levels {:?}", p.levels);
+    println!("lossless {}", p.lossless.len());
+    let s = compress_nd(
+        &data,
+        &dims
+            .as_slice()
+            .iter()
+            .map(|&d| d as usize)
+            .collect::<Vec<_>>(),
+        bound,
+        CodecKind::Cuszi,
+    )
+    .unwrap();
+    println!(
+        "stream {} bytes, ratio {:.2}",
+        s.len(),
+        (data.len() * 4) as f64 / s.len() as f64
+    );
 }

@@ -1,0 +1,475 @@
+//! Coder 1 (FORMAT.md, "cuszi", "Coder 1: rANS"): static-model range asymmetric numeral systems
+//! over the residual sequence, with one frequency table per group of point classes.
+//!
+//! A point's class (its level and pass, [`super::interp::point_class`]) follows from its
+//! position, so encoder and decoder know which table codes each residual without side
+//! information. Residuals of different classes have very different spreads (coarse levels and
+//! passes along a rough dimension are wide, the finest passes of a smooth field almost always
+//! 0); a table per class codes each with its own order-0 statistics, and rANS codes a symbol of
+//! probability close to 1 in a small fraction of a bit, where a Huffman code needs at least one.
+//!
+//! Each chunk is one rANS stream (32-bit state, byte-wise renormalization), independent of the
+//! others: a GPU codes chunks in parallel, with the tables built on the host from a histogram
+//! kernel's counts, as for the Huffman codebook of coder 0.
+
+use crate::element::Element;
+use crate::error::{Error, Result};
+
+use super::entropy::{LOSSLESS, RADIUS};
+
+/// log2 of the frequency total of every table.
+pub(crate) const PROB_BITS: u32 = 14;
+/// The frequency total of every table.
+pub(crate) const PROB_SCALE: u32 = 1 << PROB_BITS;
+/// Lower end of the normalized state interval `[L, 256 L)`.
+const RANS_L: u32 = 1 << 23;
+/// Symbol of a value stored losslessly (its bits follow in the chunk's raw section).
+pub(crate) const SYM_LOSSLESS: u16 = 2 * RADIUS as u16 + 1;
+/// Symbol of a residual outside `±RADIUS` (zigzag LEB128 in the chunk's big section).
+pub(crate) const SYM_BIG: u16 = SYM_LOSSLESS + 1;
+/// Alphabet size: residuals `-RADIUS..=RADIUS`, lossless, big.
+pub(crate) const NSYM: usize = SYM_BIG as usize + 1;
+
+/// The symbol of residual `r`.
+#[inline(always)]
+pub(crate) fn symbol(r: i64) -> u16 {
+    if r == LOSSLESS {
+        SYM_LOSSLESS
+    } else if (-RADIUS..=RADIUS).contains(&r) {
+        (r + RADIUS) as u16
+    } else {
+        SYM_BIG
+    }
+}
+
+/// One static frequency table: per symbol its frequency and cumulative frequency (summing to
+/// [`PROB_SCALE`]), and the decoder's slot-to-symbol map.
+pub(crate) struct Table {
+    freq: Vec<u32>,
+    cum: Vec<u32>,
+    slot: Vec<u16>,
+}
+
+impl Table {
+    /// The table of normalized frequencies `freq` (checked: summing to [`PROB_SCALE`]).
+    fn new(freq: Vec<u32>) -> Self {
+        let mut cum = vec![0u32; NSYM];
+        let mut slot = vec![0u16; PROB_SCALE as usize];
+        let mut c = 0u32;
+        for (s, &f) in freq.iter().enumerate() {
+            cum[s] = c;
+            slot[c as usize..(c + f) as usize].fill(s as u16);
+            c += f;
+        }
+        Table { freq, cum, slot }
+    }
+}
+
+/// Normalize histogram `h` to frequencies summing to [`PROB_SCALE`]: every used symbol gets
+/// `max(1, round(h * 2^14 / total))` (ties up); the surplus or deficit goes to (comes from) the
+/// symbols with the largest frequencies, largest first (lower symbol on ties), none below 1.
+/// An empty histogram gives all of the total to residual 0.
+pub(crate) fn normalize(h: &[u64]) -> Vec<u32> {
+    let total: u128 = h.iter().map(|&x| x as u128).sum();
+    let mut f = vec![0u32; NSYM];
+    if total == 0 {
+        f[RADIUS as usize] = PROB_SCALE;
+        return f;
+    }
+    let mut sum = 0i64;
+    for (fi, &hi) in f.iter_mut().zip(h) {
+        if hi > 0 {
+            let v = (hi as u128 * PROB_SCALE as u128 + total / 2) / total;
+            *fi = (v as u32).max(1);
+            sum += *fi as i64;
+        }
+    }
+    let mut order: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
+    order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
+    let mut diff = PROB_SCALE as i64 - sum;
+    if diff > 0 {
+        f[order[0]] += diff as u32;
+    } else {
+        // (at most one unit per used symbol, and at most 1,025 symbols in 16,384 slots)
+        for &i in &order {
+            if diff == 0 {
+                break;
+            }
+            let take = (f[i] as i64 - 1).min(-diff);
+            f[i] -= take as u32;
+            diff += take;
+        }
+    }
+    f
+}
+
+fn put_varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Read a minimal LEB128 varint of at most 32 bits from `b` at `*pos`.
+fn get_varint(b: &[u8], pos: &mut usize) -> Result<u64> {
+    let mut v = 0u64;
+    let mut shift = 0;
+    loop {
+        let x = *b
+            .get(*pos)
+            .ok_or_else(|| Error::corrupt("rANS table runs past the metadata"))?;
+        *pos += 1;
+        if shift > 0 && x == 0 || shift > 28 {
+            return Err(Error::corrupt("invalid varint in a rANS table"));
+        }
+        v |= ((x & 0x7F) as u64) << shift;
+        if x & 0x80 == 0 {
+            return Ok(v);
+        }
+        shift += 7;
+    }
+}
+
+/// Serialize normalized frequencies: the number of used symbols, then per used symbol (in
+/// order) the gap to the previous one (the first: its symbol) and `freq - 1`, all LEB128.
+pub(crate) fn write_table(f: &[u32], out: &mut Vec<u8>) {
+    let used: Vec<usize> = (0..f.len()).filter(|&i| f[i] > 0).collect();
+    put_varint(used.len() as u64, out);
+    let mut prev = 0usize;
+    for (k, &i) in used.iter().enumerate() {
+        put_varint((if k == 0 { i } else { i - prev - 1 }) as u64, out);
+        put_varint(f[i] as u64 - 1, out);
+        prev = i;
+    }
+}
+
+/// Parse one table written by [`write_table`] from `b` at `*pos`, checking that its symbols
+/// exist and its frequencies sum to [`PROB_SCALE`].
+pub(crate) fn read_table(b: &[u8], pos: &mut usize) -> Result<Table> {
+    let bad = || Error::corrupt("invalid rANS frequency table");
+    let n = get_varint(b, pos)? as usize;
+    if n == 0 || n > NSYM {
+        return Err(bad());
+    }
+    let mut f = vec![0u32; NSYM];
+    let mut next = 0usize;
+    let mut sum = 0u64;
+    for _ in 0..n {
+        let s = next + get_varint(b, pos)? as usize;
+        let v = get_varint(b, pos)? + 1;
+        if s >= NSYM || v > PROB_SCALE as u64 {
+            return Err(bad());
+        }
+        f[s] = v as u32;
+        sum += v;
+        next = s + 1;
+    }
+    if sum != PROB_SCALE as u64 {
+        return Err(bad());
+    }
+    Ok(Table::new(f))
+}
+
+/// The tables of normalized frequencies `freqs` (each as [`normalize`] returns them).
+pub(crate) fn tables(freqs: &[Vec<u32>]) -> Vec<Table> {
+    freqs.iter().map(|f| Table::new(f.clone())).collect()
+}
+
+/// Estimated bits of coding histogram `h` with normalized frequencies `f`.
+fn coded_bits(h: &[u64], f: &[u32]) -> f64 {
+    h.iter()
+        .zip(f)
+        .filter(|(&c, _)| c > 0)
+        .map(|(&c, &fi)| c as f64 * (PROB_BITS as f64 - (fi as f64).log2()))
+        .sum()
+}
+
+/// Estimated bits of a group of classes with histogram `h`: its codes and its table.
+fn group_bits(h: &[u64]) -> f64 {
+    let f = normalize(h);
+    let mut t = Vec::new();
+    write_table(&f, &mut t);
+    coded_bits(h, &f) + 8.0 * t.len() as f64
+}
+
+/// Group the classes by their histograms `hist` (one per class) into tables: every used class
+/// starts as a group of its own, then the pair of groups whose merging saves the most estimated
+/// bits (codes and table) merges, while one saves any. Returns the class-to-table map (unused
+/// classes: table 0) and each table's normalized frequencies (at least one table).
+pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
+    let mut groups: Vec<(Vec<usize>, Vec<u64>, f64)> = hist
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.iter().any(|&c| c > 0))
+        .map(|(k, h)| (vec![k], h.clone(), group_bits(h)))
+        .collect();
+    loop {
+        let mut best: Option<(f64, usize, usize, Vec<u64>, f64)> = None;
+        for i in 0..groups.len() {
+            for j in i + 1..groups.len() {
+                let h: Vec<u64> = groups[i]
+                    .1
+                    .iter()
+                    .zip(&groups[j].1)
+                    .map(|(a, b)| a + b)
+                    .collect();
+                let bits = group_bits(&h);
+                let save = groups[i].2 + groups[j].2 - bits;
+                if save > 0.0 && best.as_ref().map_or(true, |b| save > b.0) {
+                    best = Some((save, i, j, h, bits));
+                }
+            }
+        }
+        let Some((_, i, j, h, bits)) = best else {
+            break;
+        };
+        let (cj, _, _) = groups.remove(j);
+        groups[i].0.extend(cj);
+        groups[i].1 = h;
+        groups[i].2 = bits;
+    }
+    let mut map = vec![0u8; hist.len()];
+    let mut freqs = Vec::with_capacity(groups.len().max(1));
+    for (t, (classes, h, _)) in groups.iter().enumerate() {
+        for &k in classes {
+            map[k] = t as u8;
+        }
+        freqs.push(normalize(h));
+    }
+    if freqs.is_empty() {
+        freqs.push(normalize(&[]));
+    }
+    (map, freqs)
+}
+
+/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "Coder 1: rANS"): the rANS byte count (u32), the rANS bytes, the lossless values `raw` (little-endian),
+/// the big residuals' varints (zigzag LEB128), zero padding to a multiple of 4 bytes.
+pub(crate) fn write_chunk<T: Element>(
+    res: &[i64],
+    cls: &[u8],
+    map: &[u8],
+    tables: &[Table],
+    raw: &[T],
+) -> Vec<u8> {
+    // rANS codes backwards: bytes are produced last symbol first, then reversed
+    let mut rev = Vec::with_capacity(res.len() / 2 + 8);
+    let mut x = RANS_L;
+    for (&r, &k) in res.iter().zip(cls).rev() {
+        let t = &tables[map[k as usize] as usize];
+        let s = symbol(r) as usize;
+        let (f, c) = (t.freq[s], t.cum[s]);
+        debug_assert!(f > 0, "symbol {s} of class {k} without frequency");
+        let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
+        while x >= x_max {
+            rev.push(x as u8);
+            x >>= 8;
+        }
+        x = ((x / f) << PROB_BITS) + x % f + c;
+    }
+    rev.extend_from_slice(&x.to_le_bytes());
+    rev.reverse();
+    let mut big = Vec::new();
+    for &r in res {
+        if symbol(r) == SYM_BIG {
+            put_varint(zigzag(r), &mut big);
+        }
+    }
+    let mut out = Vec::with_capacity(4 + rev.len() + raw.len() * T::SIZE + big.len() + 3);
+    out.extend_from_slice(&(rev.len() as u32).to_le_bytes());
+    out.extend_from_slice(&rev);
+    for &v in raw {
+        v.write_le(&mut out);
+    }
+    out.extend_from_slice(&big);
+    out.resize(out.len().next_multiple_of(4), 0);
+    out
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(z: u64) -> i64 {
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
+}
+
+/// Decode a chunk written by [`write_chunk`] into `res` (classes `cls`; lossless values as
+/// [`LOSSLESS`], appended to `raw`). Every byte is checked: the rANS bytes are consumed exactly
+/// and the final state is the encoder's initial one, a big residual is beyond `±RADIUS` and its
+/// varint minimal, the padding is zero.
+pub(crate) fn read_chunk<T: Element>(
+    c: &[u8],
+    cls: &[u8],
+    map: &[u8],
+    tables: &[Table],
+    res: &mut [i64],
+    raw: &mut Vec<T>,
+) -> Result<()> {
+    let n_bytes = c
+        .get(0..4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+        .ok_or_else(|| Error::corrupt("chunk shorter than its rANS byte count"))?;
+    let bytes = c
+        .get(4..4 + n_bytes)
+        .filter(|b| b.len() >= 4)
+        .ok_or_else(|| Error::corrupt("rANS bytes run past the chunk"))?;
+    let mut x = u32::from_be_bytes(bytes[0..4].try_into().expect("4 bytes"));
+    let mut pos = 4;
+    let mask = PROB_SCALE - 1;
+    let mut n_raw = 0usize;
+    let mut bigs = Vec::new();
+    for (i, (dst, &k)) in res.iter_mut().zip(cls).enumerate() {
+        let t = &tables[map[k as usize] as usize];
+        let sl = x & mask;
+        let s = t.slot[sl as usize];
+        let (f, cu) = (t.freq[s as usize], t.cum[s as usize]);
+        // (sl lies in [cu, cu + f): no overflow, x < 2^32)
+        x = f * (x >> PROB_BITS) + sl - cu;
+        while x < RANS_L {
+            let b = *bytes
+                .get(pos)
+                .ok_or_else(|| Error::corrupt("rANS bytes end before the values"))?;
+            x = (x << 8) | b as u32;
+            pos += 1;
+        }
+        *dst = if s == SYM_LOSSLESS {
+            n_raw += 1;
+            LOSSLESS
+        } else if s == SYM_BIG {
+            bigs.push(i);
+            0
+        } else {
+            s as i64 - RADIUS
+        };
+    }
+    if x != RANS_L || pos != bytes.len() {
+        return Err(Error::corrupt("rANS stream longer than its values"));
+    }
+    let mut pos = 4 + n_bytes;
+    let raw_bytes = c
+        .get(pos..pos + n_raw * T::SIZE)
+        .ok_or_else(|| Error::corrupt("lossless values run past the chunk"))?;
+    raw.extend(raw_bytes.chunks_exact(T::SIZE).map(T::read_le));
+    pos += n_raw * T::SIZE;
+    for &at in &bigs {
+        let mut z = 0u64;
+        let mut shift = 0;
+        loop {
+            let b = *c
+                .get(pos)
+                .ok_or_else(|| Error::corrupt("big residual runs past the chunk"))?;
+            pos += 1;
+            if shift == 63 && b > 1 || (shift > 0 && b == 0) {
+                return Err(Error::corrupt("invalid big residual"));
+            }
+            z |= ((b & 0x7F) as u64) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        let v = unzigzag(z);
+        if (-RADIUS..=RADIUS).contains(&v) || v == LOSSLESS {
+            return Err(Error::corrupt("big residual within the symbol range"));
+        }
+        res[at] = v;
+    }
+    if c.len() - pos >= 4 || c[pos..].iter().any(|&b| b != 0) {
+        return Err(Error::corrupt("chunk longer than its contents"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalized_tables_sum_to_the_scale() {
+        let mut h = vec![0u64; NSYM];
+        assert_eq!(normalize(&h).iter().sum::<u32>(), PROB_SCALE);
+        h[3] = 1;
+        assert_eq!(normalize(&h)[3], PROB_SCALE);
+        // many rare symbols beside a dominant one: every used symbol keeps a slot
+        for (i, x) in h.iter_mut().enumerate() {
+            *x = if i == RADIUS as usize { 1 << 40 } else { 1 };
+        }
+        let f = normalize(&h);
+        assert_eq!(f.iter().sum::<u32>(), PROB_SCALE);
+        assert!(f.iter().all(|&v| v >= 1));
+        let mut b = Vec::new();
+        write_table(&f, &mut b);
+        let mut pos = 0;
+        let t = read_table(&b, &mut pos).unwrap();
+        assert_eq!((t.freq, pos), (f, b.len()));
+    }
+
+    #[test]
+    fn bad_tables_are_errors() {
+        for b in [
+            &[0u8][..],
+            &[1, 0, 0x80],
+            &[1, 0, 0xff, 0x7e],       // 16,383 of 16,384
+            &[2, 0, 0xff, 0x7f, 0, 0], // 16,385
+            &[1, 0x81, 0x08, 0xff, 0x7f],
+            &[1],
+        ] {
+            assert!(read_table(b, &mut 0).is_err(), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn chunks_round_trip_and_reject_changes() {
+        let res: Vec<i64> = (0..40_000i64)
+            .map(|i| match i % 17 {
+                0 => 3,
+                1 => -700,
+                2 => i64::MAX,
+                3 => LOSSLESS,
+                4 => i64::MIN + 1,
+                5..=8 => (i % 5) - 2,
+                _ => 0,
+            })
+            .collect();
+        let cls: Vec<u8> = (0..res.len()).map(|i| (i % 3 == 0) as u8).collect();
+        let mut hist = vec![vec![0u64; NSYM]; 2];
+        for (&r, &k) in res.iter().zip(&cls) {
+            hist[k as usize][symbol(r) as usize] += 1;
+        }
+        let (map, freqs) = group_classes(&hist);
+        let tabs = tables(&freqs);
+        let raw: Vec<f64> = (0..res.iter().filter(|&&r| r == LOSSLESS).count())
+            .map(|i| f64::NAN + i as f64)
+            .collect();
+        let c = write_chunk::<f64>(&res, &cls, &map, &tabs, &raw);
+        let mut back = vec![7i64; res.len()];
+        let mut raw_back = Vec::new();
+        read_chunk::<f64>(&c, &cls, &map, &tabs, &mut back, &mut raw_back).unwrap();
+        assert_eq!(back, res);
+        assert_eq!(raw_back.len(), raw.len());
+        for n in (0..c.len()).step_by(4) {
+            let mut b2 = vec![0; res.len()];
+            assert!(
+                read_chunk::<f64>(&c[..n], &cls, &map, &tabs, &mut b2, &mut Vec::new()).is_err()
+            );
+        }
+        for i in (0..c.len()).step_by(7) {
+            let mut m = c.clone();
+            m[i] ^= 0x10;
+            let mut b2 = vec![0; res.len()];
+            let _ = read_chunk::<f64>(&m, &cls, &map, &tabs, &mut b2, &mut Vec::new());
+        }
+        let mut longer = c.clone();
+        longer.extend([0, 0, 0, 0]);
+        assert!(read_chunk::<f64>(&longer, &cls, &map, &tabs, &mut back, &mut Vec::new()).is_err());
+        // an all-zero chunk of one class costs almost nothing
+        let zeros = vec![0i64; 32_768];
+        let zc = vec![0u8; zeros.len()];
+        let mut h = vec![vec![0u64; NSYM]];
+        h[0][RADIUS as usize] = zeros.len() as u64;
+        let (map, freqs) = group_classes(&h);
+        let c = write_chunk::<f32>(&zeros, &zc, &map, &tables(&freqs), &[]);
+        assert!(c.len() <= 8, "{}", c.len());
+    }
+}
