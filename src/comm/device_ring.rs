@@ -182,7 +182,15 @@ fn reduce<T: GpuElement + Real>(
         full,
         codec,
     };
-    let sent = ring(t, gpu, &x.as_view(), &mut out.as_view_mut(), plan)?.bytes;
+    let sent = ring(
+        t,
+        gpu,
+        &x.as_view(),
+        &mut out.as_view_mut(),
+        &mut None,
+        plan,
+    )?
+    .bytes;
     stream.synchronize().map_err(gpu_err("sync"))?;
     let bytes = (x.len() * T::SIZE) as f64;
     let mut st = OpStats::raw(op);
@@ -211,6 +219,8 @@ pub(crate) struct RingRun {
 /// The compressed ring of `plan` on device buffers over `t`, after the caller's agreement:
 /// every rank calls it with the same plan and length. `out` holds `x.len()` values (the
 /// allreduces) or this rank's segment of [`partition`]`(x.len(), size)` (reduce-scatter).
+/// `scratch` is where this rank's messages are compressed: grown here when it is missing or
+/// too short, and left in place for the next call (callers that run the ring often keep it).
 /// Failures of the GPU work travel as empty messages, so every rank fails together (see
 /// [`ring::reduce`]). Returns when the result is in `out` (the stream synchronized).
 pub(crate) fn ring<T: GpuElement + Real>(
@@ -218,28 +228,37 @@ pub(crate) fn ring<T: GpuElement + Real>(
     gpu: &mut GpuCodec,
     x: &CudaView<'_, T>,
     out: &mut CudaViewMut<'_, T>,
+    scratch: &mut Option<CudaSlice<u8>>,
     plan: RingPlan,
 ) -> Result<RingRun> {
     let stream = gpu.stream().clone();
     let segs = partition(x.len(), plan.size);
     let longest = segs.iter().map(Range::len).max().unwrap_or(0);
-    let scratch_len = crate::format::compress_bound(longest, T::DTYPE);
-    // SAFETY: the codec writes a stream into the scratch before anything reads it.
-    let scratch =
-        unsafe { stream.alloc::<u8>(scratch_len.max(16)) }.map_err(gpu_err("alloc scratch"))?;
-    let run = if plan.full {
-        let mut place = DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), &segs, scratch);
-        place.run(plan)?
-    } else {
-        // SAFETY: a segment of `acc` is read only after the ring has written it (`touched`).
-        let mut acc = unsafe { stream.alloc::<T>(x.len()) }.map_err(gpu_err("alloc partials"))?;
-        let mut place = DevicePlace::new(t, gpu, x.slice(..), acc.as_view_mut(), &segs, scratch);
-        let run = place.run(plan)?;
-        stream
-            .memcpy_dtod(&acc.slice(segs[plan.rank].clone()), out)
-            .map_err(gpu_err("copy result"))?;
-        run
+    let need = crate::format::compress_bound(longest, T::DTYPE).max(16);
+    let mut buf = match scratch.take() {
+        Some(b) if b.len() >= need => b,
+        _ => {
+            // SAFETY: the codec writes a stream into the scratch before anything reads it.
+            unsafe { stream.alloc::<u8>(need) }.map_err(gpu_err("alloc scratch"))?
+        }
     };
+    // reduce-scatter with more than two ranks: the partial sums of other ranks' segments pass
+    // through one segment-sized buffer (each is compressed and sent on right after its
+    // accumulation); this rank's own segment accumulates in `out`
+    let tmp = if !plan.full && plan.size > 2 {
+        // SAFETY: written by an accumulation before it is read (`touched`).
+        Some(unsafe { stream.alloc::<T>(longest) }.map_err(gpu_err("alloc partials"))?)
+    } else {
+        None
+    };
+    let run = {
+        let mut place =
+            DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), tmp, &segs, &mut buf);
+        place.own = (!plan.full).then_some(plan.rank);
+        place.run(plan)
+    };
+    *scratch = Some(buf);
+    let run = run?;
     stream.synchronize().map_err(gpu_err("sync"))?;
     Ok(run)
 }
@@ -261,16 +280,42 @@ struct DevicePlace<'a, T: GpuElement> {
     gpu: &'a mut GpuCodec,
     /// This rank's input (read-only).
     input: CudaView<'a, T>,
-    /// The partial sums of the segments in `touched` (for the allreduces: the output).
-    acc: CudaViewMut<'a, T>,
-    /// Which segments of `acc` hold a partial sum.
+    /// The output: every segment (the allreduces, where the partial sums accumulate in place)
+    /// or this rank's segment (reduce-scatter, `own`).
+    out: CudaViewMut<'a, T>,
+    /// Reduce-scatter: this rank, whose segment accumulates in `out`.
+    own: Option<usize>,
+    /// Reduce-scatter with more than two ranks: the partial sum of another rank's segment.
+    tmp: Option<CudaSlice<T>>,
+    /// Which segments hold a partial sum.
     touched: Vec<bool>,
     segs: &'a [Range<usize>],
     /// Where this rank's outgoing segment is compressed (reused every step).
-    scratch: CudaSlice<u8>,
+    scratch: &'a mut CudaSlice<u8>,
     /// Seconds spent in the codec calls so far.
     compress_s: f64,
     decompress_s: f64,
+}
+
+/// Where a segment's partial sum lives: a range of the output, or the first values of `tmp`.
+enum Slot {
+    Out(Range<usize>),
+    Tmp(usize),
+}
+
+/// The partial sum in `slot` (of a [`DevicePlace`]'s `out` and `tmp`).
+fn partial<'b, T>(
+    out: &'b CudaViewMut<'_, T>,
+    tmp: &'b Option<CudaSlice<T>>,
+    slot: Slot,
+) -> Result<CudaView<'b, T>> {
+    match slot {
+        Slot::Out(r) => Ok(out.slice(r)),
+        Slot::Tmp(n) => match tmp {
+            Some(b) => Ok(b.slice(..n)),
+            None => Err(Error::Comm("ring: no partial-sum buffer".into())),
+        },
+    }
 }
 
 impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
@@ -278,20 +323,31 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         t: &'a dyn DeviceTransport,
         gpu: &'a mut GpuCodec,
         input: CudaView<'a, T>,
-        acc: CudaViewMut<'a, T>,
+        out: CudaViewMut<'a, T>,
+        tmp: Option<CudaSlice<T>>,
         segs: &'a [Range<usize>],
-        scratch: CudaSlice<u8>,
+        scratch: &'a mut CudaSlice<u8>,
     ) -> Self {
         DevicePlace {
             t,
             gpu,
             input,
-            acc,
+            out,
+            own: None,
+            tmp,
             touched: vec![false; segs.len()],
             segs,
             scratch,
             compress_s: 0.0,
             decompress_s: 0.0,
+        }
+    }
+
+    fn slot(&self, seg: usize) -> Slot {
+        match self.own {
+            None => Slot::Out(self.segs[seg].clone()),
+            Some(r) if r == seg => Slot::Out(0..self.segs[seg].len()),
+            Some(_) => Slot::Tmp(self.segs[seg].len()),
         }
     }
 
@@ -333,11 +389,10 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<DeviceMsg> {
-        let range = self.segs[seg].clone();
         let values = if self.touched[seg] {
-            self.acc.slice(range)
+            partial(&self.out, &self.tmp, self.slot(seg))?
         } else {
-            self.input.slice(range)
+            self.input.slice(self.segs[seg].clone())
         };
         let t = std::time::Instant::now();
         let len = self
@@ -356,7 +411,13 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.segs[seg].clone();
         let stream = received(m)?;
-        let mut acc = self.acc.slice_mut(range.clone());
+        let mut acc = match self.slot(seg) {
+            Slot::Out(r) => self.out.slice_mut(r),
+            Slot::Tmp(n) => match self.tmp.as_mut() {
+                Some(b) => b.slice_mut(..n),
+                None => return Err(Error::Comm("ring: no partial-sum buffer".into())),
+            },
+        };
         let t = std::time::Instant::now();
         let r = if self.touched[seg] {
             self.gpu.decompress_add_device(&stream.view(), &mut acc)
@@ -381,7 +442,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         let range = self.segs[seg].clone();
         let stream = self.gpu.stream().clone();
         let util = crate::gpu::util::RangeScale::for_stream(&stream)?;
-        util.scale(&stream, &mut self.acc.slice_mut(range), T::from_f64(d))
+        util.scale(&stream, &mut self.out.slice_mut(range), T::from_f64(d))
     }
 
     fn allgather(&mut self, m: DeviceMsg) -> Result<Vec<DeviceMsg>> {
@@ -421,7 +482,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         let t = std::time::Instant::now();
         let r = self
             .gpu
-            .decompress_device(&stream, &mut self.acc.slice_mut(range));
+            .decompress_device(&stream, &mut self.out.slice_mut(range));
         self.decompress_s += t.elapsed().as_secs_f64();
         r
     }

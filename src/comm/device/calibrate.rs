@@ -111,8 +111,8 @@ impl DeviceStager {
                 Ok(())
             })?;
             let td_solo_tiny = Self::repeat_solo(comm, solo, || decode(self, tlen, tiny, false))?;
-            // device-memory passes of the device reductions: reduce-scatter's copy of the
-            // reduced segment into the output, the value-range pass, the mean's division (by 1)
+            // device-memory passes: a plain device copy (reported), and the device reductions'
+            // value-range pass and the mean's division (by 1 here)
             let t_copy = Self::repeat(comm, || {
                 s.memcpy_dtod(&dev, &mut out).map_err(gpu_err("dtod"))?;
                 s.synchronize().map_err(gpu_err("sync"))

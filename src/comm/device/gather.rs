@@ -23,7 +23,7 @@ pub(super) const TAG_GATHER: i32 = 32002;
 /// send to `r+s`, receive from `r-s`) straight into the pinned buffer, not `MPI_Allgatherv`,
 /// which also copies this rank's record into its place in the receive buffer (a host memcpy of
 /// the whole stream per call, outside the link's time).
-fn gather_pinned(
+pub(super) fn gather_pinned(
     t: &dyn crate::comm::transport::Transport,
     ps: &Option<PinnedHostSlice<u8>>,
     pr: &mut Option<PinnedHostSlice<u8>>,

@@ -38,7 +38,7 @@
 //!   predicts it faster): the device-resident ring of [`crate::comm::device_ring`] (one
 //!   algorithm for every device transport) over a staged link (`StagedLink`): each ring message is copied
 //!   D2H into the stager's reused pinned send buffer, its length and bytes cross the transport
-//!   (`sendrecv_sized` into the pinned receive buffer, `allgatherv_into` for the final
+//!   (`sendrecv_sized` into the pinned receive buffer, pairwise exchanges for the final
 //!   streams), and it is copied H2D into a pooled device buffer. The global value range comes
 //!   from a GPU range pass and the descriptor agreement; the per-quantization bound is the host
 //!   path's [`reduction_step_bound`](super::reduction_step_bound) (`p` quantizations for the

@@ -45,8 +45,9 @@ pub struct DeviceProfile {
     /// Fixed seconds of one fused decompress-and-add call.
     #[serde(default)]
     pub decompress_add_overhead: f64,
-    /// Device-to-device copy (bytes copied per second, every rank at once): reduce-scatter's
-    /// copy of the reduced segment into the output; 0 = not calibrated (not charged).
+    /// Device-to-device copy (bytes copied per second, every rank at once), measured by the
+    /// calibration and reported with it; the device ring itself copies no values (it reads its
+    /// input in place and accumulates in the output). 0 = not calibrated.
     #[serde(default)]
     pub device_copy: f64,
     /// The device reductions' value-range pass (input bytes per second, including its read-back);
@@ -463,8 +464,8 @@ impl DeviceProfile {
     /// [`Communicator::reduce_scatter_device`] (`fin = None`) of `bytes` per rank over `p` ranks:
     ///
     /// * the value-range pass over the input (every kind; the input is read in place, never
-    ///   copied: the first addition to a segment writes input + decoded into the accumulator),
-    ///   and for reduce-scatter the copy of this rank's reduced segment into the output;
+    ///   copied: the first addition to a segment writes input + decoded into the accumulator,
+    ///   which is the output itself);
     /// * `p-1` steps on a segment of `bytes/p` at the ring's `ratio`, each a GPU compression, a
     ///   D2H of the stream, the link transfer (plus the length header's latency), an H2D of the
     ///   received stream and the fused GPU decompress-and-add;
@@ -497,19 +498,17 @@ impl DeviceProfile {
             decompress: steps * self.decompress_add_s(seg),
             device: pass_s(self.range_pass, bytes),
         };
-        match fin {
-            Some(rf) => {
-                if mean {
-                    t.device += pass_s(self.scale_pass, seg);
-                }
-                let g = self.allgather_terms(link, p, seg, rf).1;
-                t.compress += g.compress;
-                t.d2h += g.d2h;
-                t.link += g.link;
-                t.h2d += g.h2d;
-                t.decompress += g.decompress;
+        // (reduce-scatter ends with the ring: its own segment accumulated in the output)
+        if let Some(rf) = fin {
+            if mean {
+                t.device += pass_s(self.scale_pass, seg);
             }
-            None => t.device += pass_s(self.device_copy, seg),
+            let g = self.allgather_terms(link, p, seg, rf).1;
+            t.compress += g.compress;
+            t.d2h += g.d2h;
+            t.link += g.link;
+            t.h2d += g.h2d;
+            t.decompress += g.decompress;
         }
         t
     }

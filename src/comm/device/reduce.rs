@@ -347,13 +347,14 @@ impl Communicator {
         let run = {
             let DeviceStager {
                 gpu,
+                scratch_out,
                 pinned_send,
                 pinned_recv,
                 recv_pool,
                 ..
             } = &mut *dev;
             let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
-            let run = crate::comm::device_ring::ring(&link, gpu, input, out, plan);
+            let run = crate::comm::device_ring::ring(&link, gpu, input, out, scratch_out, plan);
             let (d2h, network, h2d) = link.times();
             run.map(|run| (run, d2h, network, h2d))
         };

@@ -186,9 +186,16 @@ impl DeviceTransport for StagedLink<'_> {
                 "staged link: no pinned memory for {total} gathered bytes"
             )));
         }
-        self.with_payload(n, |b| {
-            self.with_landing(total, |buf| self.host.allgatherv_into(b, &lens, buf))
-        })?;
+        // pairwise exchanges into the pinned buffer (see `gather_pinned`: no copy of this
+        // rank's own record, which `MPI_Allgatherv` would make)
+        super::gather::gather_pinned(
+            self.host,
+            &self.send.borrow(),
+            &mut self.recv.borrow_mut(),
+            n,
+            &lens,
+            total,
+        )?;
         self.add_time(1, t);
         let me = self.host.rank();
         let mut at = 0;
