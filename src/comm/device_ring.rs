@@ -173,15 +173,7 @@ fn reduce<T: GpuElement + Real>(
         ))
     })?;
     // 3. the ring
-    let plan = RingPlan {
-        rank: r,
-        size: p,
-        step_bound: eb * d,
-        final_bound: eb,
-        divisor: d,
-        full,
-        codec,
-    };
+    let plan = RingPlan::new((r, p), eb, d, full, codec);
     let sent = ring(
         t,
         gpu,

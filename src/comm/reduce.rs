@@ -261,15 +261,7 @@ impl Communicator {
         st.codec = Some(codec);
         st.bound = e;
         // 5. the ring (reduce-scatter, then for the allreduces the allgather)
-        let plan = ring::RingPlan {
-            rank: r,
-            size: p,
-            step_bound: eb * d,
-            final_bound: eb,
-            divisor: d,
-            full,
-            codec,
-        };
+        let plan = ring::RingPlan::new((r, p), eb, d, full, codec);
         let left = (r + p - 1) % p;
         let mut place = HostRing {
             transport: &*self.transport,

@@ -117,6 +117,29 @@ pub(crate) struct RingPlan {
     pub codec: CodecKind,
 }
 
+impl RingPlan {
+    /// The plan of rank `rank` of `size` quantising at `step` (the final segment; the partial
+    /// sums at `step * divisor`, as they are divided by `divisor` afterwards: see
+    /// [`BoundSplit`]).
+    pub fn new(
+        (rank, size): (usize, usize),
+        step: f64,
+        divisor: f64,
+        full: bool,
+        codec: CodecKind,
+    ) -> Self {
+        RingPlan {
+            rank,
+            size,
+            step_bound: step * divisor,
+            final_bound: step,
+            divisor,
+            full,
+            codec,
+        }
+    }
+}
+
 /// Bytes a ring put on the wire.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct RingBytes {

@@ -335,15 +335,7 @@ impl Communicator {
         //    over this transport, each message staged through the pinned buffers: GPU
         //    compression, D2H, the transport, H2D into a pooled device buffer, the fused
         //    decompress-and-add; the input is read in place. Every rank fails together.
-        let plan = crate::comm::ring::RingPlan {
-            rank: r,
-            size: p,
-            step_bound: eb * d,
-            final_bound: eb,
-            divisor: d,
-            full,
-            codec,
-        };
+        let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
         let run = {
             let DeviceStager {
                 gpu,
