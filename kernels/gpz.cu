@@ -67,6 +67,18 @@ __device__ __forceinline__ u32 gz_wmax(u32 v) {
     return v;
 #endif
 }
+__device__ __forceinline__ u32 gz_wmin(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(ZC_FULL, v);
+#else
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        u32 o = __shfl_xor_sync(ZC_FULL, v, s);
+        v = o < v ? o : v;
+    }
+    return v;
+#endif
+}
 __device__ __forceinline__ u32 gz_wor(u32 v) {
 #if __CUDA_ARCH__ >= 800
     return __reduce_or_sync(ZC_FULL, v);
@@ -92,6 +104,16 @@ __device__ __forceinline__ i64 gz_wmax_i64(i64 v) {
     }
     return v;
 }
+// Warp min / max of a code (32-bit codes in one reduction).
+__device__ __forceinline__ i64 gz_cmin(i64 v) { return gz_wmin_i64(v); }
+__device__ __forceinline__ i64 gz_cmax(i64 v) { return gz_wmax_i64(v); }
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ i64 gz_cmin(i32 v) { return (i64)__reduce_min_sync(ZC_FULL, v); }
+__device__ __forceinline__ i64 gz_cmax(i32 v) { return (i64)__reduce_max_sync(ZC_FULL, v); }
+#else
+__device__ __forceinline__ i64 gz_cmin(i32 v) { return gz_wmin_i64((i64)v); }
+__device__ __forceinline__ i64 gz_cmax(i32 v) { return gz_wmax_i64((i64)v); }
+#endif
 __device__ __forceinline__ u64 gz_wmin_u64(u64 v) {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) {
@@ -371,8 +393,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     if (!raw) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
-            const i64 l = gz_wmin_i64(ok ? (i64)q[c] : 0x7fffffffffffffffll);
-            const i64 h = gz_wmax_i64(ok ? (i64)q[c] : (i64)0x8000000000000000ull);
+            const i64 l = gz_cmin(ok ? q[c] : (C)(sizeof(C) == 4 ? 0x7fffffffll : 0x7fffffffffffffffll));
+            const i64 h = gz_cmax(ok ? q[c] : (C)(sizeof(C) == 4 ? -0x80000000ll : (long long)0x8000000000000000ull));
             w[c] = gz_bw64((u64)h - (u64)l);
             glob[c] = w[c] == gw[c];
             base[c] = glob[c] ? gmin[c] : l;
@@ -389,12 +411,15 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         }
     }
     // level search, highest first (ties keep the lower level: replace on <=); a level whose
-    // lower bound (no runs beyond their first key) exceeds the best so far cannot win
+    // lower bound (no runs beyond their first key) exceeds the best so far cannot win. A level's
+    // size needs no sort: R, the run-count width and the identity of the stable sort follow from
+    // the ids' multiset (match_any) and their order in the block; the delta width is bracketed by
+    // the id span, and only a level whose bracket is open and could still win sorts its ids.
     u32 best_bits = 0xffffffffu, best_l = 0;
-    u32 b_sid = 0, b_src = 0;  // this lane's sorted position: segment id, source lane
-    u32 b_starts = 0, b_r = 1, b_wd = 0, b_wc = 0, b_k = 0;
-    bool b_ident = true;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
+    const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
+    const bool hasprev = ok && prevc >= 0;
+    const u32 lb2 = gz_lehmer_bits(m);
     if (!raw) {
         for (int L = (int)ltop; L >= 0; L--) {
             u32 k[D], s[D], K = 0, S = 0;
@@ -410,54 +435,37 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             u32 id = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
-            u32 sid, src;
-            if (K <= 26u) {
-                const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
-                const u32 sk = gz_sort<u32>(key, lane);
-                sid = sk >> 5;
-                src = sk & 31u;
-            } else {
-                const u64 key = ok ? ((u64)id << 5 | (u64)lane) : ~0ull;
-                const u64 sk = gz_sort<u64>(key, lane);
-                sid = (u32)(sk >> 5);
-                src = (u32)(sk & 31ull);
-            }
-            const bool inr = (u32)lane < m;
-            const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
-            const bool start = inr && (lane == 0 || sid != prev);
-            const u32 starts = __ballot_sync(ZC_FULL, start);
-            const u32 R = __popc(starts);
-            // the stable sort is the identity when sorted position i holds coded particle i
-            const u32 ci = __popc(cmask & gz_lanemask_lt((int)src));
-            const bool ident = __ballot_sync(ZC_FULL, inr && ci != (u32)lane) == 0u;
-            u32 bits = fixed + m * S;
-            u32 wd = 0, wc = 0;
+            // the stable sort is the identity when the coded ids never decrease in block order
+            const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
+            const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
+            u32 bits = lb;
             if (K > 0u) {
-                bits += 5u + K;
+                const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
+                const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
+                const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
                 if (R > 1u) {
-                    const u32 gap = (start && lane > 0) ? gz_bw32(sid - prev - 1u) : 0u;
-                    const u32 next = starts & ~gz_upto(lane);
-                    const u32 cw = (start && next) ? gz_bw32((u32)(__ffs(next) - 1) - (u32)lane - 1u) : 0u;
-                    wd = gz_wmax(gap);
-                    wc = gz_wmax(cw);
-                    bits += 9u + (R - 1u) * (wd + wc);
+                    const u32 idmax = gz_wmax(ok ? id : 0u);
+                    const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
+                    const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
+                    // the R - 1 gaps sum to `total`: the widest is at least their mean
+                    const u32 total = idmax - idmin - (R - 1u);
+                    const u32 wd_hi = gz_bw32(total);
+                    u32 wd = R == 2u ? wd_hi : gz_bw32(total / (R - 1u) + (total % (R - 1u) != 0u ? 1u : 0u));
+                    const u32 pb = (PRESERVE && !ident) ? 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R)) : 0u;
+                    if (wd != wd_hi) {
+                        if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
+                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
+                        const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
+                        const bool start = lane > 0 && (u32)lane < m && sid != prev;
+                        wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
+                    }
+                    bits += 9u + (R - 1u) * (wd + wc) + pb;
                 }
             }
-            if (PRESERVE && !ident) {
-                const u32 lb2 = gz_lehmer_bits(m), rb = m * gz_clog2(R);
-                bits += 1u + (lb2 < rb ? lb2 : rb);
-            }
+            // (R = 1, and K = 0: every id equal, the sort is the identity)
             if (bits <= best_bits) {
                 best_bits = bits;
                 best_l = (u32)L;
-                b_sid = sid;
-                b_src = src;
-                b_starts = starts;
-                b_r = R;
-                b_wd = wd;
-                b_wc = wc;
-                b_k = K;
-                b_ident = ident;
             }
         }
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
@@ -473,6 +481,51 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         __syncwarp();
         return 1u + raw_bytes;
     }
+    // ---- the chosen level's stable sort
+    u32 b_sid, b_src;
+    const u32 b_k = [&] {
+        u32 K = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) K += w[c] < best_l ? w[c] : best_l;
+        return K;
+    }();
+    {
+        u32 id = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            const u32 kc = w[c] < best_l ? w[c] : best_l;
+            id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
+        }
+        if (b_k <= 26u) {
+            const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
+            const u32 sk = gz_sort<u32>(key, lane);
+            b_sid = sk >> 5;
+            b_src = sk & 31u;
+        } else {
+            const u64 key = ok ? ((u64)id << 5 | (u64)lane) : ~0ull;
+            const u64 sk = gz_sort<u64>(key, lane);
+            b_sid = (u32)(sk >> 5);
+            b_src = (u32)(sk & 31ull);
+        }
+    }
+    u32 b_starts, b_wd = 0, b_wc = 0;
+    bool b_ident;
+    {
+        const bool inr = (u32)lane < m;
+        const u32 prev = __shfl_up_sync(ZC_FULL, b_sid, 1);
+        const bool start = inr && (lane == 0 || b_sid != prev);
+        b_starts = __ballot_sync(ZC_FULL, start);
+        const u32 ci = __popc(cmask & gz_lanemask_lt((int)b_src));
+        b_ident = __ballot_sync(ZC_FULL, inr && ci != (u32)lane) == 0u;
+        if (b_k > 0u && __popc(b_starts) > 1) {
+            const u32 gap = (start && lane > 0) ? gz_bw32(b_sid - prev - 1u) : 0u;
+            const u32 next = b_starts & ~gz_upto(lane);
+            const u32 cw = (start && next) ? gz_bw32((u32)(__ffs(next) - 1) - (u32)lane - 1u) : 0u;
+            b_wd = gz_wmax(gap);
+            b_wc = gz_wmax(cw);
+        }
+    }
+    const u32 b_r = __popc(b_starts);
     // ---- write the chosen coding
     u32 p = 1;
     if (lane == 0) gz_put(buf, p, nexc > 0u ? 1u : 0u, 1u);
@@ -863,15 +916,14 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
                 }
                 p += lb2;
                 if (__any_sync(ZC_FULL, inr && digit >= m - (u32)lane)) return false;
-                u32 freem = gz_low(m);
-                for (u32 i = 0; i < m; i++) {
-                    const u32 dg = __shfl_sync(ZC_FULL, digit, (int)i);
-                    // the dg-th free index, counting from the smallest
-                    const bool hit = ((freem >> lane) & 1u) && (u32)__popc(freem & gz_lanemask_lt(lane)) == dg;
-                    const u32 kx = (u32)(__ffs(__ballot_sync(ZC_FULL, hit)) - 1);
-                    if ((u32)lane == i) perm = kx;
-                    freem &= ~(1u << kx);
+                // digit i is the rank of perm[i] among perm[i..m]; adding the earlier positions j
+                // (from i - 1 down) raises it by one whenever perm[j] ranks below it
+                u32 rk = digit;
+                for (int j = (int)m - 2; j >= 0; j--) {
+                    const u32 dj = __shfl_sync(ZC_FULL, digit, j);
+                    rk += (j < lane && dj <= rk) ? 1u : 0u;
                 }
+                if (inr) perm = rk;
             }
         }
     }

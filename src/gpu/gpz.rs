@@ -122,6 +122,8 @@ pub struct GpzGpu {
     /// Blocks of the grid-stride kernels (8 per SM).
     grid: u32,
     name: String,
+    /// Timing events after each step (`set_profile`), labelled by the step they end.
+    profile: Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
 }
 
 impl std::fmt::Debug for GpzGpu {
@@ -158,7 +160,42 @@ impl GpzGpu {
             status_cap: 1024,
             grid,
             name,
+            profile: None,
         })
+    }
+
+    /// Record a timing event after every step of the next operations (benchmarks); read them
+    /// with [`GpzGpu::take_profile`].
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on.then(Vec::new);
+    }
+
+    /// The milliseconds of each step recorded since the last call (`set_profile`): (step, ms),
+    /// each step timed from the event before it.
+    pub fn take_profile(&mut self) -> Result<Vec<(&'static str, f32)>> {
+        let Some(v) = self.profile.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let ev = std::mem::take(v);
+        let mut out = Vec::new();
+        for w in ev.windows(2) {
+            if w[1].0 == "start" {
+                continue;
+            }
+            out.push((w[1].0, w[0].1.elapsed_ms(&w[1].1).map_err(gpu_err("event"))?));
+        }
+        Ok(out)
+    }
+
+    fn mark(&mut self, step: &'static str) -> Result<()> {
+        if let Some(v) = self.profile.as_mut() {
+            let e = self
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(gpu_err("event"))?;
+            v.push((step, e));
+        }
+        Ok(())
     }
 
     /// The device's name.
@@ -331,7 +368,9 @@ impl GpzGpu {
         let x = ptr_of(input, &self.stream);
         let nb = n.div_ceil(32);
         let nchunks = nb.div_ceil(WARPS);
+        self.mark("start")?;
         let ws = self.init(nchunks)?;
+        self.mark("init")?;
         let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
         let noa = matches!(bound, ErrorBound::Noa(_));
         // an abs step that degenerates needs the first non-zero value of each axis
@@ -350,6 +389,7 @@ impl GpzGpu {
             b.arg(&x).arg(&n64).arg(&ws);
             // SAFETY: reads n * d values of the input, writes control words.
             unsafe { b.launch(Self::cfg(self.grid_for(n), 256)) }.map_err(gpu_err("range"))?;
+            self.mark("range")?;
         }
         {
             let f = self.func(&format!("gz_params_{t}"))?;
@@ -358,6 +398,7 @@ impl GpzGpu {
             b.arg(&x).arg(&d64).arg(&noa_i).arg(&e).arg(&ws);
             // SAFETY: one thread reads control words and at most d values of the input.
             unsafe { b.launch(Self::cfg(1, 32)) }.map_err(gpu_err("params"))?;
+            self.mark("params")?;
         }
         {
             let f = self.func(&format!("gz_codes_{t}_d{d}"))?;
@@ -365,6 +406,7 @@ impl GpzGpu {
             b.arg(&x).arg(&n64).arg(&ws);
             // SAFETY: reads n * d values of the input, writes control words.
             unsafe { b.launch(Self::cfg(self.grid_for(n), 256)) }.map_err(gpu_err("codes"))?;
+            self.mark("codes")?;
         }
         {
             let o = if order == Order::Preserve { "p" } else { "r" };
@@ -381,8 +423,10 @@ impl GpzGpu {
             // (CTRL + nchunks words, grown by `init`).
             unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
                 .map_err(gpu_err("encode"))?;
+            self.mark("encode")?;
         }
         self.hash(outp, hl as u64, nb as u64, u64::MAX, raw)?;
+        self.mark("hash")?;
         let c = self.read_ctrl()?;
         let f64_at = |i: usize| f64::from_bits(c[i]);
         let any = (c[W_CMIN] as i64) <= (c[W_CMAX] as i64);
@@ -509,7 +553,9 @@ impl GpzGpu {
         }
         let data_len = payload - table;
         let nchunks = nb.div_ceil(WARPS);
+        self.mark("start")?;
         let ws = self.init(nchunks)?;
+        self.mark("init")?;
         // the stream's parameters into the control words the decoder reads
         let mut words = [0u64; W_AXIS + 16 - W_CMIN];
         for (c, a) in h.axes.iter().enumerate() {
@@ -530,6 +576,7 @@ impl GpzGpu {
             )
         }
         .map_err(gpu_err("write params"))?;
+        self.mark("params")?;
         if nchunks > 0 {
             let o = if h.order == Order::Preserve { "p" } else { "r" };
             let f = self.func(&format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG))?;
@@ -545,8 +592,10 @@ impl GpzGpu {
             // data_len), writes the n * d values of `out`.
             unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
                 .map_err(gpu_err("decode"))?;
+            self.mark("decode")?;
         }
         self.hash(inp, hl, nb as u64, data_len, u64::MAX)?;
+        self.mark("hash")?;
         let c = self.read_ctrl()?;
         if zhash_of(c[W_HASH], table) != h.table_checksum {
             return Err(Error::corrupt("gpz block table checksum mismatch"));
