@@ -1,8 +1,8 @@
 // GPZ particle codec (GPZ-FORMAT.md), the CUDA twin of src/codec/gpz: writes the CPU encoder's
 // bytes and decodes exactly what the CPU decoder accepts. One warp per 32-particle block (lane j
-// holds particle j); blocks of GZ_WARPS consecutive blocks form a chunk whose place in the stream
-// comes from a decoupled look-back over the chunk sizes (common.cuh), so every block is written
-// once, straight into the final stream.
+// holds particle j); each block's place in the stream comes from a decoupled look-back over the
+// block sizes (common.cuh, one chunk per warp: no CTA barrier), so every block is written once,
+// straight into the final stream.
 //
 // Compression (src/gpu/gpz.rs launches, in order, without a host round trip):
 //   gz_init        ctrl words and look-back status cleared
@@ -12,12 +12,24 @@
 //   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
-// Decompression: gz_init, gz_decode_* (look-back over the table sizes, one warp per block),
-// gz_hash, one read of the ctrl words.
+// Decompression: gz_init, gz_offsets (scan of the table sizes: every block's offset), gz_decode_*
+// (one warp per block), gz_hash, one read of the ctrl words.
 #include "common.cuh"
 
-// Warps (= blocks of 32 particles) per thread block / look-back chunk.
+// Warps (= blocks of 32 particles, each its own look-back chunk) per thread block.
 #define GZ_WARPS 8
+// Thread blocks per SM the encoder / decoder are compiled for (register budget).
+#ifndef GZ_ENC_MINB
+#define GZ_ENC_MINB 5
+#endif
+#ifndef GZ_DEC_MINB
+#define GZ_DEC_MINB 6
+#endif
+// 1: decoding reads each block's offset from gz_offsets (a scan of the table); 0: a look-back
+// per chunk of GZ_WARPS blocks inside the decoder.
+#define GZ_DEC_SCAN 1
+// Table sizes per thread of gz_offsets (256 threads).
+#define GZ_SCAN_ITEMS 8
 // Ctrl words of the workspace (src/gpu/gpz.rs W_*; checked by a test).
 #define GZ_W_RMIN 0
 #define GZ_W_RMAX 4
@@ -154,6 +166,32 @@ __device__ void gz_init(u64* ws, u64 nstatus) {
     for (u64 k = i; k < nstatus; k += stride) ws[GZ_CTRL + k] = 0;
 }
 
+// Every particle i < n of x (AoS, D values) through f(i, values), grid-stride: groups of
+// 16 / sizeof(T) particles in D 16-byte loads when x is 16-byte aligned, the rest one by one.
+template <typename T, int D, typename F> __device__ __forceinline__ void gz_each(const T* x, u64 n, F f) {
+    const int G = 16 / (int)sizeof(T);
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 ng = (((u64)x) & 15ull) ? 0ull : n / G;
+    for (u64 g = tid; g < ng; g += stride) {
+        union {
+            uint4 q[D];
+            T v[G * D];
+        } u;
+        const uint4* src = (const uint4*)x + g * D;
+#pragma unroll
+        for (int k = 0; k < D; k++) u.q[k] = __ldg(src + k);
+#pragma unroll
+        for (int p = 0; p < G; p++) f(g * G + p, &u.v[p * D]);
+    }
+    for (u64 i = ng * G + tid; i < n; i += stride) {
+        T v[D];
+#pragma unroll
+        for (int c = 0; c < D; c++) v[c] = x[i * D + c];
+        f(i, v);
+    }
+}
+
 // Per-axis finite range (order keys) and the first particle with a finite non-zero value.
 template <typename T, int D> __device__ void gz_range(const T* x, u64 n, u64* ws) {
     u64 lo[D], hi[D], fnz[D];
@@ -163,19 +201,18 @@ template <typename T, int D> __device__ void gz_range(const T* x, u64 n, u64* ws
         hi[c] = 0;
         fnz[c] = ~0ull;
     }
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    gz_each<T, D>(x, n, [&](u64 i, const T* p) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
-            const T v = x[i * D + c];
+            const T v = p[c];
             if (zc_isfinite(v)) {
                 const u64 k = zc_key(v);
                 lo[c] = k < lo[c] ? k : lo[c];
                 hi[c] = k > hi[c] ? k : hi[c];
-                if ((double)v != 0.0 && fnz[c] == ~0ull) fnz[c] = i;
+                if ((double)v != 0.0 && i < fnz[c]) fnz[c] = i;
             }
         }
-    }
+    });
 #pragma unroll
     for (int c = 0; c < D; c++) {
         const u64 l = gz_wmin_u64(lo[c]);
@@ -276,12 +313,11 @@ template <typename T, int D> __device__ void gz_codes(const T* x, u64 n, u64* ws
         lo[c] = 0x7fffffffffffffffll;
         hi[c] = (i64)0x8000000000000000ull;
     }
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    gz_each<T, D>(x, n, [&](u64, const T* p) {
         C q[D];
         bool ok = true;
 #pragma unroll
-        for (int c = 0; c < D; c++) ok &= zq_encode<T, false>(qz[c], x[i * D + c], q[c]);
+        for (int c = 0; c < D; c++) ok &= zq_encode<T, false>(qz[c], p[c], q[c]);
         if (ok) {
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -289,7 +325,7 @@ template <typename T, int D> __device__ void gz_codes(const T* x, u64 n, u64* ws
                 hi[c] = (i64)q[c] > hi[c] ? (i64)q[c] : hi[c];
             }
         }
-    }
+    });
 #pragma unroll
     for (int c = 0; c < D; c++) {
         const i64 l = gz_wmin_i64(lo[c]);
@@ -609,17 +645,28 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         kk[c] = w[c] < best_l ? w[c] : best_l;
         ss[c] = w[c] - kk[c];
     }
-    u32 plane = 0;
+    // lane j keeps plane j (mod 32) and writes it once 32 planes have gone by
+    u32 plane = 0, pw = 0, pp = 0;
+    bool have = false;
 #pragma unroll
     for (int c = 0; c < D; c++) {
         const u64 off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & gz_low64(ss[c]);
         for (int b = (int)ss[c] - 1; b >= 0; b--) {
             const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & 1ull));
-            if ((u32)lane == (plane & 31u)) gz_put(buf, p, word, m);
+            if ((u32)lane == (plane & 31u)) {
+                pw = word;
+                pp = p;
+                have = true;
+            }
             p += m;
             plane++;
+            if ((plane & 31u) == 0u) {
+                if (have) gz_put(buf, pp, pw, m);
+                have = false;
+            }
         }
     }
+    if (have) gz_put(buf, pp, pw, m);
     const u32 bytes = (p + 7u) / 8u;
     // exceptions verbatim, in block order
     if ((exc >> lane) & 1u) {
@@ -663,56 +710,37 @@ __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* bu
     }
 }
 
-// One chunk of GZ_WARPS blocks: encode, look-back, write. hdr: header bytes; cap: capacity of out.
+// GZ_WARPS blocks, one per warp: encode, look-back over the block sizes (each warp its own
+// chunk: no CTA barrier after the ticket), write. hdr: header bytes; cap: capacity of out.
 template <typename T, int D, bool PRESERVE>
 __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {
     __shared__ u32 s_buf[GZ_WARPS][GzSlot<T, D>::WORDS];
-    __shared__ u32 s_size[GZ_WARPS];
     __shared__ u32 s_chunk;
-    __shared__ u64 s_excl;
+    __shared__ ZQ<T> s_qz[D];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 nb = (n + 31ull) >> 5;
-    const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
     if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    // the quantizers once per thread block
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
     __syncthreads();
-    const u32 chunk = s_chunk;
-    if (chunk >= nchunks) return;
+    const u64 b = (u64)s_chunk * GZ_WARPS + warp;
+    if (b >= nb) return;
     ZQ<T> qz[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
     i64 gmin[D];
     u32 gw[D];
     gz_frame<D>(ws, gmin, gw);
     const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
-    const u64 b = (u64)chunk * GZ_WARPS + warp;
-    u32 size = 0;
-    if (b < nb) {
-        const u64 first = b << 5;
-        const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
-        size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane);
-    }
-    if (lane == 0) s_size[warp] = size;
-    __syncthreads();
-    u32 before = 0, agg = 0;
-#pragma unroll
-    for (int i = 0; i < GZ_WARPS; i++) {
-        before += i < warp ? s_size[i] : 0u;
-        agg += s_size[i];
-    }
-    if (warp == 0) {
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
-        if (lane == 0) {
-            s_excl = ex;
-            if ((u64)chunk == nchunks - 1) ws[GZ_W_TOTAL] = ex + agg;
-        }
-    }
-    __syncthreads();
-    if (b < nb) {
-        const u64 tab = hdr + 2ull * b;
-        // byte stores: the stream may start at any byte of its buffer
-        if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
-        gz_store(out, hdr + 2ull * nb + s_excl + before, cap, s_buf[warp], size, lane);
-    }
+    const u64 first = b << 5;
+    const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+    const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane);
+    const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
+    if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
+    const u64 tab = hdr + 2ull * b;
+    // byte stores: the stream may start at any byte of its buffer
+    if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
+    gz_store(out, hdr + 2ull * nb + ex, cap, s_buf[warp], size, lane);
 }
 
 // zhash sums (before the final step) of the table (blockIdx.y 0) and of the block data
@@ -928,13 +956,20 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
         }
     }
     // offsets
+    // lane j reads plane j of each run of 32 planes, then every plane is broadcast
     u64 off[D];
+    u32 nplanes = 0;
+#pragma unroll
+    for (int c = 0; c < D; c++) nplanes += s[c];
+    u32 plane = 0, pword = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) {
         off[c] = 0;
         for (int b = (int)s[c] - 1; b >= 0; b--) {
-            const u32 word = r.get(p, m);
+            if ((plane & 31u) == 0u) pword = plane + (u32)lane < nplanes ? r.get(p + (u32)lane * m, m) : 0u;
+            const u32 word = __shfl_sync(ZC_FULL, pword, (int)(plane & 31u));
             p += m;
+            plane++;
             off[c] |= (u64)((word >> lane) & 1u) << b;
         }
     }
@@ -968,6 +1003,78 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
     return true;
 }
 
+#if GZ_DEC_SCAN
+// The offset of every block in the data (exclusive prefix sums of the table's sizes), into
+// ws[GZ_CTRL + nscan + b]: GZ_SCAN_ITEMS sizes per thread, a decoupled look-back over the
+// thread blocks (status words ws[GZ_CTRL ..], nscan of them). Flags a total other than data_len.
+__device__ void gz_offsets(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
+    __shared__ u64 s_warp[8];
+    __shared__ u32 s_chunk;
+    __shared__ u64 s_excl;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    __syncthreads();
+    const u32 chunk = s_chunk;
+    const u64 per = 256ull * GZ_SCAN_ITEMS;
+    const u64 nscan = (nb + per - 1ull) / per;
+    const u64 first = (u64)chunk * per + (u64)threadIdx.x * GZ_SCAN_ITEMS;
+    u32 sz[GZ_SCAN_ITEMS];
+    u64 sum = 0;
+#pragma unroll
+    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
+        const u64 bb = first + (u64)i;
+        sz[i] = bb < nb ? ((u32)in[hdr + 2ull * bb] | ((u32)in[hdr + 2ull * bb + 1ull] << 8)) : 0u;
+        sum += sz[i];
+    }
+    const u64 incl = warp_incl_u64(sum, lane);
+    if (lane == 31) s_warp[warp] = incl;
+    __syncthreads();
+    u64 before = 0, agg = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        before += w < warp ? s_warp[w] : 0ull;
+        agg += s_warp[w];
+    }
+    if (warp == 0) {
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, agg, lane);
+        if (lane == 0) {
+            s_excl = ex;
+            if ((u64)chunk == nscan - 1ull && ex + agg != data_len) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
+        }
+    }
+    __syncthreads();
+    u64 at = s_excl + before + incl - sum;
+    u64* offs = ws + GZ_CTRL + nscan;
+#pragma unroll
+    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
+        const u64 bb = first + (u64)i;
+        if (bb < nb) offs[bb] = at;
+        at += sz[i];
+    }
+}
+
+// GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of blocks after the
+// table), one per warp: its size from the table, its offset from gz_offsets, decode.
+template <typename T, int D, bool PRESERVE>
+__device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
+    __shared__ u32 s_buf[GZ_WARPS][GzDec<T, D>::WORDS];
+    __shared__ u32 s_map[GZ_WARPS][64];
+    __shared__ ZQ<T> s_qz[D];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 nb = (n + 31ull) >> 5;
+    // the quantizers once per thread block
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
+    __syncthreads();
+    const u64 b = (u64)blockIdx.x * GZ_WARPS + warp;
+    if (b >= nb) return;
+    const u32 size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
+    const u64 nscan = (nb + 256ull * GZ_SCAN_ITEMS - 1ull) / (256ull * GZ_SCAN_ITEMS);
+    const u64 at = ws[GZ_CTRL + nscan + b];
+    if (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len) {
+        if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
+        return;
+    }
+#else
 // One chunk of GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of
 // blocks after the table): sizes from the table, look-back for the offsets, decode.
 template <typename T, int D, bool PRESERVE>
@@ -977,10 +1084,12 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     __shared__ u32 s_size[GZ_WARPS];
     __shared__ u32 s_chunk;
     __shared__ u64 s_excl;
+    __shared__ ZQ<T> s_qz[D];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 nb = (n + 31ull) >> 5;
     const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
     if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
     __syncthreads();
     const u32 chunk = s_chunk;
     if (chunk >= nchunks) return;
@@ -1009,6 +1118,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
         return;
     }
+#endif
     // the block's bytes into shared words (aligned loads, funnel shifts)
     u32* buf = s_buf[warp];
     const u64 a0 = (u64)(in + hdr + 2ull * nb + at);
@@ -1027,7 +1137,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     __syncwarp();
     ZQ<T> qz[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
     i64 gmin[D];
     u32 gw[D];
 #pragma unroll
@@ -1057,19 +1167,19 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     extern "C" __global__ void __launch_bounds__(256) gz_codes_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
         gz_codes<T, D>(x, n, ws);                                                                            \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
         gz_encode_##TN##_d##D##_p(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
         gz_encode<T, D, true>(x, n, ws, out, hdr, cap);                                                      \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
         gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
         gz_encode<T, D, false>(x, n, ws, out, hdr, cap);                                                     \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
         gz_decode_##TN##_d##D##_p(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
         gz_decode<T, D, true>(in, hdr, data_len, n, ws, y);                                                  \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
         gz_decode_##TN##_d##D##_r(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
         gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
     }
@@ -1086,6 +1196,11 @@ GZ_RANGE(f64, double, 4)
 extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
+extern "C" __global__ void __launch_bounds__(256) gz_offsets_k(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
+#if GZ_DEC_SCAN
+    gz_offsets(in, hdr, data_len, nb, ws);
+#endif
+}
 extern "C" __global__ void gz_hash_k(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
     gz_hash(out, hdr, nb, data_len, raw, ws);
 }
