@@ -57,6 +57,9 @@ struct Args {
     /// Skip the comparison with the CPU twin.
     #[arg(long)]
     no_check_cpu: bool,
+    /// Print the time of each kernel (CUDA events, median of `--iters` extra runs).
+    #[arg(long)]
+    breakdown: bool,
     /// Append JSON lines (one per operation) to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -137,6 +140,31 @@ fn run<T: GpuElement + Send + Sync>(args: &Args, bound: ErrorBound, order: Order
         }
     }
     let header = header.expect("decoded at least once");
+    if args.breakdown {
+        for op in ["compress", "decompress"] {
+            let mut steps: Vec<(&'static str, Vec<f64>)> = Vec::new();
+            gpu.set_profile(true);
+            for _ in 0..args.iters.max(1) {
+                if op == "compress" {
+                    gpu.compress_device(&x.slice(..), d, bound, order, &mut out.slice_mut(..))?;
+                } else {
+                    gpu.decompress_device(&out.slice(..len), &mut y.slice_mut(..))?;
+                }
+                for (i, (name, ms)) in gpu.take_profile()?.into_iter().enumerate() {
+                    if steps.len() <= i {
+                        steps.push((name, Vec::new()));
+                    }
+                    steps[i].1.push(ms as f64);
+                }
+            }
+            gpu.set_profile(false);
+            let parts: Vec<String> = steps
+                .into_iter()
+                .map(|(name, v)| format!("{name} {:.4}", median(v)))
+                .collect();
+            println!("breakdown {op} (ms): {}", parts.join(", "));
+        }
+    }
     // the bound on every decoded value, against the particle it came from: a `reorder` stream
     // returns particles in stored order, whose permutation the CPU twin gives
     let back = s.clone_dtoh(&y).map_err(gerr)?;

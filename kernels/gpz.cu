@@ -1,8 +1,8 @@
 // GPZ particle codec (GPZ-FORMAT.md), the CUDA twin of src/codec/gpz: writes the CPU encoder's
 // bytes and decodes exactly what the CPU decoder accepts. One warp per 32-particle block (lane j
-// holds particle j); blocks of GZ_WARPS consecutive blocks form a chunk whose place in the stream
-// comes from a decoupled look-back over the chunk sizes (common.cuh), so every block is written
-// once, straight into the final stream.
+// holds particle j); each block's place in the stream comes from a decoupled look-back over the
+// block sizes (common.cuh, one chunk per warp: no CTA barrier), so every block is written once,
+// straight into the final stream.
 //
 // Compression (src/gpu/gpz.rs launches, in order, without a host round trip):
 //   gz_init        ctrl words and look-back status cleared
@@ -12,12 +12,24 @@
 //   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
-// Decompression: gz_init, gz_decode_* (look-back over the table sizes, one warp per block),
-// gz_hash, one read of the ctrl words.
+// Decompression: gz_init, gz_offsets (scan of the table sizes: every block's offset), gz_decode_*
+// (one warp per block), gz_hash, one read of the ctrl words.
 #include "common.cuh"
 
-// Warps (= blocks of 32 particles) per thread block / look-back chunk.
+// Warps (= blocks of 32 particles, each its own look-back chunk) per thread block.
 #define GZ_WARPS 8
+// Thread blocks per SM the encoder / decoder are compiled for (register budget).
+#ifndef GZ_ENC_MINB
+#define GZ_ENC_MINB 5
+#endif
+#ifndef GZ_DEC_MINB
+#define GZ_DEC_MINB 6
+#endif
+// 1: decoding reads each block's offset from gz_offsets (a scan of the table); 0: a look-back
+// per chunk of GZ_WARPS blocks inside the decoder.
+#define GZ_DEC_SCAN 1
+// Table sizes per thread of gz_offsets (256 threads).
+#define GZ_SCAN_ITEMS 8
 // Ctrl words of the workspace (src/gpu/gpz.rs W_*; checked by a test).
 #define GZ_W_RMIN 0
 #define GZ_W_RMAX 4
@@ -67,6 +79,18 @@ __device__ __forceinline__ u32 gz_wmax(u32 v) {
     return v;
 #endif
 }
+__device__ __forceinline__ u32 gz_wmin(u32 v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(ZC_FULL, v);
+#else
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        u32 o = __shfl_xor_sync(ZC_FULL, v, s);
+        v = o < v ? o : v;
+    }
+    return v;
+#endif
+}
 __device__ __forceinline__ u32 gz_wor(u32 v) {
 #if __CUDA_ARCH__ >= 800
     return __reduce_or_sync(ZC_FULL, v);
@@ -92,6 +116,16 @@ __device__ __forceinline__ i64 gz_wmax_i64(i64 v) {
     }
     return v;
 }
+// Warp min / max of a code (32-bit codes in one reduction).
+__device__ __forceinline__ i64 gz_cmin(i64 v) { return gz_wmin_i64(v); }
+__device__ __forceinline__ i64 gz_cmax(i64 v) { return gz_wmax_i64(v); }
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ i64 gz_cmin(i32 v) { return (i64)__reduce_min_sync(ZC_FULL, v); }
+__device__ __forceinline__ i64 gz_cmax(i32 v) { return (i64)__reduce_max_sync(ZC_FULL, v); }
+#else
+__device__ __forceinline__ i64 gz_cmin(i32 v) { return gz_wmin_i64((i64)v); }
+__device__ __forceinline__ i64 gz_cmax(i32 v) { return gz_wmax_i64((i64)v); }
+#endif
 __device__ __forceinline__ u64 gz_wmin_u64(u64 v) {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) {
@@ -132,6 +166,32 @@ __device__ void gz_init(u64* ws, u64 nstatus) {
     for (u64 k = i; k < nstatus; k += stride) ws[GZ_CTRL + k] = 0;
 }
 
+// Every particle i < n of x (AoS, D values) through f(i, values), grid-stride: groups of
+// 16 / sizeof(T) particles in D 16-byte loads when x is 16-byte aligned, the rest one by one.
+template <typename T, int D, typename F> __device__ __forceinline__ void gz_each(const T* x, u64 n, F f) {
+    const int G = 16 / (int)sizeof(T);
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 ng = (((u64)x) & 15ull) ? 0ull : n / G;
+    for (u64 g = tid; g < ng; g += stride) {
+        union {
+            uint4 q[D];
+            T v[G * D];
+        } u;
+        const uint4* src = (const uint4*)x + g * D;
+#pragma unroll
+        for (int k = 0; k < D; k++) u.q[k] = __ldg(src + k);
+#pragma unroll
+        for (int p = 0; p < G; p++) f(g * G + p, &u.v[p * D]);
+    }
+    for (u64 i = ng * G + tid; i < n; i += stride) {
+        T v[D];
+#pragma unroll
+        for (int c = 0; c < D; c++) v[c] = x[i * D + c];
+        f(i, v);
+    }
+}
+
 // Per-axis finite range (order keys) and the first particle with a finite non-zero value.
 template <typename T, int D> __device__ void gz_range(const T* x, u64 n, u64* ws) {
     u64 lo[D], hi[D], fnz[D];
@@ -141,19 +201,18 @@ template <typename T, int D> __device__ void gz_range(const T* x, u64 n, u64* ws
         hi[c] = 0;
         fnz[c] = ~0ull;
     }
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    gz_each<T, D>(x, n, [&](u64 i, const T* p) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
-            const T v = x[i * D + c];
+            const T v = p[c];
             if (zc_isfinite(v)) {
                 const u64 k = zc_key(v);
                 lo[c] = k < lo[c] ? k : lo[c];
                 hi[c] = k > hi[c] ? k : hi[c];
-                if ((double)v != 0.0 && fnz[c] == ~0ull) fnz[c] = i;
+                if ((double)v != 0.0 && i < fnz[c]) fnz[c] = i;
             }
         }
-    }
+    });
 #pragma unroll
     for (int c = 0; c < D; c++) {
         const u64 l = gz_wmin_u64(lo[c]);
@@ -254,12 +313,11 @@ template <typename T, int D> __device__ void gz_codes(const T* x, u64 n, u64* ws
         lo[c] = 0x7fffffffffffffffll;
         hi[c] = (i64)0x8000000000000000ull;
     }
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    gz_each<T, D>(x, n, [&](u64, const T* p) {
         C q[D];
         bool ok = true;
 #pragma unroll
-        for (int c = 0; c < D; c++) ok &= zq_encode<T, false>(qz[c], x[i * D + c], q[c]);
+        for (int c = 0; c < D; c++) ok &= zq_encode<T, false>(qz[c], p[c], q[c]);
         if (ok) {
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -267,7 +325,7 @@ template <typename T, int D> __device__ void gz_codes(const T* x, u64 n, u64* ws
                 hi[c] = (i64)q[c] > hi[c] ? (i64)q[c] : hi[c];
             }
         }
-    }
+    });
 #pragma unroll
     for (int c = 0; c < D; c++) {
         const i64 l = gz_wmin_i64(lo[c]);
@@ -371,8 +429,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     if (!raw) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
-            const i64 l = gz_wmin_i64(ok ? (i64)q[c] : 0x7fffffffffffffffll);
-            const i64 h = gz_wmax_i64(ok ? (i64)q[c] : (i64)0x8000000000000000ull);
+            const i64 l = gz_cmin(ok ? q[c] : (C)(sizeof(C) == 4 ? 0x7fffffffll : 0x7fffffffffffffffll));
+            const i64 h = gz_cmax(ok ? q[c] : (C)(sizeof(C) == 4 ? -0x80000000ll : (long long)0x8000000000000000ull));
             w[c] = gz_bw64((u64)h - (u64)l);
             glob[c] = w[c] == gw[c];
             base[c] = glob[c] ? gmin[c] : l;
@@ -389,12 +447,15 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         }
     }
     // level search, highest first (ties keep the lower level: replace on <=); a level whose
-    // lower bound (no runs beyond their first key) exceeds the best so far cannot win
+    // lower bound (no runs beyond their first key) exceeds the best so far cannot win. A level's
+    // size needs no sort: R, the run-count width and the identity of the stable sort follow from
+    // the ids' multiset (match_any) and their order in the block; the delta width is bracketed by
+    // the id span, and only a level whose bracket is open and could still win sorts its ids.
     u32 best_bits = 0xffffffffu, best_l = 0;
-    u32 b_sid = 0, b_src = 0;  // this lane's sorted position: segment id, source lane
-    u32 b_starts = 0, b_r = 1, b_wd = 0, b_wc = 0, b_k = 0;
-    bool b_ident = true;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
+    const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
+    const bool hasprev = ok && prevc >= 0;
+    const u32 lb2 = gz_lehmer_bits(m);
     if (!raw) {
         for (int L = (int)ltop; L >= 0; L--) {
             u32 k[D], s[D], K = 0, S = 0;
@@ -410,54 +471,37 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             u32 id = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
-            u32 sid, src;
-            if (K <= 26u) {
-                const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
-                const u32 sk = gz_sort<u32>(key, lane);
-                sid = sk >> 5;
-                src = sk & 31u;
-            } else {
-                const u64 key = ok ? ((u64)id << 5 | (u64)lane) : ~0ull;
-                const u64 sk = gz_sort<u64>(key, lane);
-                sid = (u32)(sk >> 5);
-                src = (u32)(sk & 31ull);
-            }
-            const bool inr = (u32)lane < m;
-            const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
-            const bool start = inr && (lane == 0 || sid != prev);
-            const u32 starts = __ballot_sync(ZC_FULL, start);
-            const u32 R = __popc(starts);
-            // the stable sort is the identity when sorted position i holds coded particle i
-            const u32 ci = __popc(cmask & gz_lanemask_lt((int)src));
-            const bool ident = __ballot_sync(ZC_FULL, inr && ci != (u32)lane) == 0u;
-            u32 bits = fixed + m * S;
-            u32 wd = 0, wc = 0;
+            // the stable sort is the identity when the coded ids never decrease in block order
+            const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
+            const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
+            u32 bits = lb;
             if (K > 0u) {
-                bits += 5u + K;
+                const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
+                const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
+                const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
                 if (R > 1u) {
-                    const u32 gap = (start && lane > 0) ? gz_bw32(sid - prev - 1u) : 0u;
-                    const u32 next = starts & ~gz_upto(lane);
-                    const u32 cw = (start && next) ? gz_bw32((u32)(__ffs(next) - 1) - (u32)lane - 1u) : 0u;
-                    wd = gz_wmax(gap);
-                    wc = gz_wmax(cw);
-                    bits += 9u + (R - 1u) * (wd + wc);
+                    const u32 idmax = gz_wmax(ok ? id : 0u);
+                    const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
+                    const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
+                    // the R - 1 gaps sum to `total`: the widest is at least their mean
+                    const u32 total = idmax - idmin - (R - 1u);
+                    const u32 wd_hi = gz_bw32(total);
+                    u32 wd = R == 2u ? wd_hi : gz_bw32(total / (R - 1u) + (total % (R - 1u) != 0u ? 1u : 0u));
+                    const u32 pb = (PRESERVE && !ident) ? 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R)) : 0u;
+                    if (wd != wd_hi) {
+                        if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
+                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
+                        const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
+                        const bool start = lane > 0 && (u32)lane < m && sid != prev;
+                        wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
+                    }
+                    bits += 9u + (R - 1u) * (wd + wc) + pb;
                 }
             }
-            if (PRESERVE && !ident) {
-                const u32 lb2 = gz_lehmer_bits(m), rb = m * gz_clog2(R);
-                bits += 1u + (lb2 < rb ? lb2 : rb);
-            }
+            // (R = 1, and K = 0: every id equal, the sort is the identity)
             if (bits <= best_bits) {
                 best_bits = bits;
                 best_l = (u32)L;
-                b_sid = sid;
-                b_src = src;
-                b_starts = starts;
-                b_r = R;
-                b_wd = wd;
-                b_wc = wc;
-                b_k = K;
-                b_ident = ident;
             }
         }
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
@@ -473,6 +517,51 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         __syncwarp();
         return 1u + raw_bytes;
     }
+    // ---- the chosen level's stable sort
+    u32 b_sid, b_src;
+    const u32 b_k = [&] {
+        u32 K = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) K += w[c] < best_l ? w[c] : best_l;
+        return K;
+    }();
+    {
+        u32 id = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            const u32 kc = w[c] < best_l ? w[c] : best_l;
+            id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
+        }
+        if (b_k <= 26u) {
+            const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
+            const u32 sk = gz_sort<u32>(key, lane);
+            b_sid = sk >> 5;
+            b_src = sk & 31u;
+        } else {
+            const u64 key = ok ? ((u64)id << 5 | (u64)lane) : ~0ull;
+            const u64 sk = gz_sort<u64>(key, lane);
+            b_sid = (u32)(sk >> 5);
+            b_src = (u32)(sk & 31ull);
+        }
+    }
+    u32 b_starts, b_wd = 0, b_wc = 0;
+    bool b_ident;
+    {
+        const bool inr = (u32)lane < m;
+        const u32 prev = __shfl_up_sync(ZC_FULL, b_sid, 1);
+        const bool start = inr && (lane == 0 || b_sid != prev);
+        b_starts = __ballot_sync(ZC_FULL, start);
+        const u32 ci = __popc(cmask & gz_lanemask_lt((int)b_src));
+        b_ident = __ballot_sync(ZC_FULL, inr && ci != (u32)lane) == 0u;
+        if (b_k > 0u && __popc(b_starts) > 1) {
+            const u32 gap = (start && lane > 0) ? gz_bw32(b_sid - prev - 1u) : 0u;
+            const u32 next = b_starts & ~gz_upto(lane);
+            const u32 cw = (start && next) ? gz_bw32((u32)(__ffs(next) - 1) - (u32)lane - 1u) : 0u;
+            b_wd = gz_wmax(gap);
+            b_wc = gz_wmax(cw);
+        }
+    }
+    const u32 b_r = __popc(b_starts);
     // ---- write the chosen coding
     u32 p = 1;
     if (lane == 0) gz_put(buf, p, nexc > 0u ? 1u : 0u, 1u);
@@ -556,17 +645,28 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         kk[c] = w[c] < best_l ? w[c] : best_l;
         ss[c] = w[c] - kk[c];
     }
-    u32 plane = 0;
+    // lane j keeps plane j (mod 32) and writes it once 32 planes have gone by
+    u32 plane = 0, pw = 0, pp = 0;
+    bool have = false;
 #pragma unroll
     for (int c = 0; c < D; c++) {
         const u64 off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & gz_low64(ss[c]);
         for (int b = (int)ss[c] - 1; b >= 0; b--) {
             const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & 1ull));
-            if ((u32)lane == (plane & 31u)) gz_put(buf, p, word, m);
+            if ((u32)lane == (plane & 31u)) {
+                pw = word;
+                pp = p;
+                have = true;
+            }
             p += m;
             plane++;
+            if ((plane & 31u) == 0u) {
+                if (have) gz_put(buf, pp, pw, m);
+                have = false;
+            }
         }
     }
+    if (have) gz_put(buf, pp, pw, m);
     const u32 bytes = (p + 7u) / 8u;
     // exceptions verbatim, in block order
     if ((exc >> lane) & 1u) {
@@ -610,56 +710,37 @@ __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* bu
     }
 }
 
-// One chunk of GZ_WARPS blocks: encode, look-back, write. hdr: header bytes; cap: capacity of out.
+// GZ_WARPS blocks, one per warp: encode, look-back over the block sizes (each warp its own
+// chunk: no CTA barrier after the ticket), write. hdr: header bytes; cap: capacity of out.
 template <typename T, int D, bool PRESERVE>
 __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {
     __shared__ u32 s_buf[GZ_WARPS][GzSlot<T, D>::WORDS];
-    __shared__ u32 s_size[GZ_WARPS];
     __shared__ u32 s_chunk;
-    __shared__ u64 s_excl;
+    __shared__ ZQ<T> s_qz[D];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 nb = (n + 31ull) >> 5;
-    const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
     if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    // the quantizers once per thread block
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
     __syncthreads();
-    const u32 chunk = s_chunk;
-    if (chunk >= nchunks) return;
+    const u64 b = (u64)s_chunk * GZ_WARPS + warp;
+    if (b >= nb) return;
     ZQ<T> qz[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
     i64 gmin[D];
     u32 gw[D];
     gz_frame<D>(ws, gmin, gw);
     const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
-    const u64 b = (u64)chunk * GZ_WARPS + warp;
-    u32 size = 0;
-    if (b < nb) {
-        const u64 first = b << 5;
-        const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
-        size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane);
-    }
-    if (lane == 0) s_size[warp] = size;
-    __syncthreads();
-    u32 before = 0, agg = 0;
-#pragma unroll
-    for (int i = 0; i < GZ_WARPS; i++) {
-        before += i < warp ? s_size[i] : 0u;
-        agg += s_size[i];
-    }
-    if (warp == 0) {
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
-        if (lane == 0) {
-            s_excl = ex;
-            if ((u64)chunk == nchunks - 1) ws[GZ_W_TOTAL] = ex + agg;
-        }
-    }
-    __syncthreads();
-    if (b < nb) {
-        const u64 tab = hdr + 2ull * b;
-        // byte stores: the stream may start at any byte of its buffer
-        if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
-        gz_store(out, hdr + 2ull * nb + s_excl + before, cap, s_buf[warp], size, lane);
-    }
+    const u64 first = b << 5;
+    const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+    const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane);
+    const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
+    if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
+    const u64 tab = hdr + 2ull * b;
+    // byte stores: the stream may start at any byte of its buffer
+    if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
+    gz_store(out, hdr + 2ull * nb + ex, cap, s_buf[warp], size, lane);
 }
 
 // zhash sums (before the final step) of the table (blockIdx.y 0) and of the block data
@@ -863,26 +944,32 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
                 }
                 p += lb2;
                 if (__any_sync(ZC_FULL, inr && digit >= m - (u32)lane)) return false;
-                u32 freem = gz_low(m);
-                for (u32 i = 0; i < m; i++) {
-                    const u32 dg = __shfl_sync(ZC_FULL, digit, (int)i);
-                    // the dg-th free index, counting from the smallest
-                    const bool hit = ((freem >> lane) & 1u) && (u32)__popc(freem & gz_lanemask_lt(lane)) == dg;
-                    const u32 kx = (u32)(__ffs(__ballot_sync(ZC_FULL, hit)) - 1);
-                    if ((u32)lane == i) perm = kx;
-                    freem &= ~(1u << kx);
+                // digit i is the rank of perm[i] among perm[i..m]; adding the earlier positions j
+                // (from i - 1 down) raises it by one whenever perm[j] ranks below it
+                u32 rk = digit;
+                for (int j = (int)m - 2; j >= 0; j--) {
+                    const u32 dj = __shfl_sync(ZC_FULL, digit, j);
+                    rk += (j < lane && dj <= rk) ? 1u : 0u;
                 }
+                if (inr) perm = rk;
             }
         }
     }
     // offsets
+    // lane j reads plane j of each run of 32 planes, then every plane is broadcast
     u64 off[D];
+    u32 nplanes = 0;
+#pragma unroll
+    for (int c = 0; c < D; c++) nplanes += s[c];
+    u32 plane = 0, pword = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) {
         off[c] = 0;
         for (int b = (int)s[c] - 1; b >= 0; b--) {
-            const u32 word = r.get(p, m);
+            if ((plane & 31u) == 0u) pword = plane + (u32)lane < nplanes ? r.get(p + (u32)lane * m, m) : 0u;
+            const u32 word = __shfl_sync(ZC_FULL, pword, (int)(plane & 31u));
             p += m;
+            plane++;
             off[c] |= (u64)((word >> lane) & 1u) << b;
         }
     }
@@ -916,6 +1003,78 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
     return true;
 }
 
+#if GZ_DEC_SCAN
+// The offset of every block in the data (exclusive prefix sums of the table's sizes), into
+// ws[GZ_CTRL + nscan + b]: GZ_SCAN_ITEMS sizes per thread, a decoupled look-back over the
+// thread blocks (status words ws[GZ_CTRL ..], nscan of them). Flags a total other than data_len.
+__device__ void gz_offsets(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
+    __shared__ u64 s_warp[8];
+    __shared__ u32 s_chunk;
+    __shared__ u64 s_excl;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    __syncthreads();
+    const u32 chunk = s_chunk;
+    const u64 per = 256ull * GZ_SCAN_ITEMS;
+    const u64 nscan = (nb + per - 1ull) / per;
+    const u64 first = (u64)chunk * per + (u64)threadIdx.x * GZ_SCAN_ITEMS;
+    u32 sz[GZ_SCAN_ITEMS];
+    u64 sum = 0;
+#pragma unroll
+    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
+        const u64 bb = first + (u64)i;
+        sz[i] = bb < nb ? ((u32)in[hdr + 2ull * bb] | ((u32)in[hdr + 2ull * bb + 1ull] << 8)) : 0u;
+        sum += sz[i];
+    }
+    const u64 incl = warp_incl_u64(sum, lane);
+    if (lane == 31) s_warp[warp] = incl;
+    __syncthreads();
+    u64 before = 0, agg = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        before += w < warp ? s_warp[w] : 0ull;
+        agg += s_warp[w];
+    }
+    if (warp == 0) {
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, agg, lane);
+        if (lane == 0) {
+            s_excl = ex;
+            if ((u64)chunk == nscan - 1ull && ex + agg != data_len) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
+        }
+    }
+    __syncthreads();
+    u64 at = s_excl + before + incl - sum;
+    u64* offs = ws + GZ_CTRL + nscan;
+#pragma unroll
+    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
+        const u64 bb = first + (u64)i;
+        if (bb < nb) offs[bb] = at;
+        at += sz[i];
+    }
+}
+
+// GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of blocks after the
+// table), one per warp: its size from the table, its offset from gz_offsets, decode.
+template <typename T, int D, bool PRESERVE>
+__device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
+    __shared__ u32 s_buf[GZ_WARPS][GzDec<T, D>::WORDS];
+    __shared__ u32 s_map[GZ_WARPS][64];
+    __shared__ ZQ<T> s_qz[D];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 nb = (n + 31ull) >> 5;
+    // the quantizers once per thread block
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
+    __syncthreads();
+    const u64 b = (u64)blockIdx.x * GZ_WARPS + warp;
+    if (b >= nb) return;
+    const u32 size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
+    const u64 nscan = (nb + 256ull * GZ_SCAN_ITEMS - 1ull) / (256ull * GZ_SCAN_ITEMS);
+    const u64 at = ws[GZ_CTRL + nscan + b];
+    if (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len) {
+        if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
+        return;
+    }
+#else
 // One chunk of GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of
 // blocks after the table): sizes from the table, look-back for the offsets, decode.
 template <typename T, int D, bool PRESERVE>
@@ -925,10 +1084,12 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     __shared__ u32 s_size[GZ_WARPS];
     __shared__ u32 s_chunk;
     __shared__ u64 s_excl;
+    __shared__ ZQ<T> s_qz[D];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u64 nb = (n + 31ull) >> 5;
     const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
     if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
     __syncthreads();
     const u32 chunk = s_chunk;
     if (chunk >= nchunks) return;
@@ -957,6 +1118,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
         return;
     }
+#endif
     // the block's bytes into shared words (aligned loads, funnel shifts)
     u32* buf = s_buf[warp];
     const u64 a0 = (u64)(in + hdr + 2ull * nb + at);
@@ -975,7 +1137,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     __syncwarp();
     ZQ<T> qz[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = gz_quantizer<T>(ws, c);
+    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
     i64 gmin[D];
     u32 gw[D];
 #pragma unroll
@@ -1005,19 +1167,19 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     extern "C" __global__ void __launch_bounds__(256) gz_codes_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
         gz_codes<T, D>(x, n, ws);                                                                            \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
         gz_encode_##TN##_d##D##_p(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
         gz_encode<T, D, true>(x, n, ws, out, hdr, cap);                                                      \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
         gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
         gz_encode<T, D, false>(x, n, ws, out, hdr, cap);                                                     \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
         gz_decode_##TN##_d##D##_p(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
         gz_decode<T, D, true>(in, hdr, data_len, n, ws, y);                                                  \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32)                                              \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
         gz_decode_##TN##_d##D##_r(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
         gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
     }
@@ -1034,6 +1196,11 @@ GZ_RANGE(f64, double, 4)
 extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
+extern "C" __global__ void __launch_bounds__(256) gz_offsets_k(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
+#if GZ_DEC_SCAN
+    gz_offsets(in, hdr, data_len, nb, ws);
+#endif
+}
 extern "C" __global__ void gz_hash_k(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
     gz_hash(out, hdr, nb, data_len, raw, ws);
 }

@@ -15,15 +15,17 @@
 //!    stream's frame `G_c`, `gw_c`);
 //! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
 //!    bitonic sort per level, highest level first, skipping levels whose lower bound cannot
-//!    win), writes the block into shared memory; a decoupled look-back over the chunk sizes
-//!    places it, and it is written once, straight into the final stream, with its table entry;
+//!    win), writes the block into shared memory; a decoupled look-back over the block sizes
+//!    (one chunk per warp, no CTA barrier) places it, and it is written once, straight into the
+//!    final stream, with its table entry;
 //! 6. `gz_hash`: the `zhash` sums of the table and the blocks.
 //!
 //! A stream that does not compress (table and blocks not smaller than the raw values) is stored:
 //! the input is copied after the header and hashed (a second, rare read back).
 //!
 //! Decompression reads the header to the host (validated by the CPU's own parser), then
-//! `gz_init`, `gz_decode_*` (the table sizes scanned by the same look-back, one warp per block)
+//! `gz_init`, `gz_offsets_k` (the offset of every block: a scan of the table sizes, decoupled
+//! look-back over 2048 sizes per thread block), `gz_decode_*` (one warp per block, no waiting)
 //! and `gz_hash`, and one read back of the error bits and checksums.
 //!
 //! `reorder` streams: the GPU encoder writes the same stream; the permutation that
@@ -63,9 +65,14 @@ pub(crate) const W_ERR: usize = 39;
 pub(crate) const W_TICKET: usize = 40;
 /// Control words before the look-back status words.
 pub(crate) const CTRL: usize = 48;
-/// Warps (blocks of 32 particles) per thread block and look-back chunk (kernels/gpz.cu
-/// `GZ_WARPS`).
+/// Warps (blocks of 32 particles, each its own look-back chunk) per thread block
+/// (kernels/gpz.cu `GZ_WARPS`).
 pub(crate) const WARPS: usize = 8;
+/// Whether decoding takes each block's offset from `gz_offsets_k` (a scan of the table) rather
+/// than from a look-back inside the decoder (kernels/gpz.cu `GZ_DEC_SCAN`).
+pub(crate) const DEC_SCAN: bool = true;
+/// Table sizes per thread of `gz_offsets_k` (256 threads; kernels/gpz.cu `GZ_SCAN_ITEMS`).
+pub(crate) const SCAN_ITEMS: usize = 8;
 // the control words do not overlap
 const _: () = assert!(W_TICKET < CTRL && W_AXIS + 16 <= W_HASH && W_HASH + 2 <= W_TOTAL);
 
@@ -74,7 +81,11 @@ const MAX_HEADER: usize = 56 + 48 * 4;
 
 /// Names of every kernel of [`Module::Gpz`].
 pub fn kernel_names() -> Vec<String> {
-    let mut v = vec!["gz_init_k".to_string(), "gz_hash_k".to_string()];
+    let mut v = vec![
+        "gz_init_k".to_string(),
+        "gz_hash_k".to_string(),
+        "gz_offsets_k".to_string(),
+    ];
     for t in ["f32", "f64"] {
         v.push(format!("gz_params_{t}"));
         for d in 1..=4 {
@@ -122,6 +133,8 @@ pub struct GpzGpu {
     /// Blocks of the grid-stride kernels (8 per SM).
     grid: u32,
     name: String,
+    /// Timing events after each step (`set_profile`), labelled by the step they end.
+    profile: Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
 }
 
 impl std::fmt::Debug for GpzGpu {
@@ -158,7 +171,45 @@ impl GpzGpu {
             status_cap: 1024,
             grid,
             name,
+            profile: None,
         })
+    }
+
+    /// Record a timing event after every step of the next operations (benchmarks); read them
+    /// with [`GpzGpu::take_profile`].
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on.then(Vec::new);
+    }
+
+    /// The milliseconds of each step recorded since the last call (`set_profile`): (step, ms),
+    /// each step timed from the event before it.
+    pub fn take_profile(&mut self) -> Result<Vec<(&'static str, f32)>> {
+        let Some(v) = self.profile.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let ev = std::mem::take(v);
+        let mut out = Vec::new();
+        for w in ev.windows(2) {
+            if w[1].0 == "start" {
+                continue;
+            }
+            out.push((
+                w[1].0,
+                w[0].1.elapsed_ms(&w[1].1).map_err(gpu_err("event"))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    fn mark(&mut self, step: &'static str) -> Result<()> {
+        if let Some(v) = self.profile.as_mut() {
+            let e = self
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(gpu_err("event"))?;
+            v.push((step, e));
+        }
+        Ok(())
     }
 
     /// The device's name.
@@ -191,6 +242,18 @@ impl GpzGpu {
             .map_err(|e| Error::Gpu(format!("gpz kernel {name}: {e:?}")))?;
         self.funcs.insert(name.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// Grid of a grid-stride pass of kernel `name` over `items` particles: one wave of the
+    /// blocks of 256 threads that fit on the device at once (no partial second wave).
+    fn wave_grid(&mut self, name: &str, items: usize) -> Result<u32> {
+        let f = self.func(name)?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+            .map_err(gpu_err("occupancy"))?
+            .max(1);
+        let sms = (self.grid / 8).max(1);
+        Ok((items.div_ceil(256) as u64).clamp(1, (per_sm * sms) as u64) as u32)
     }
 
     fn grid_for(&self, items: usize) -> u32 {
@@ -331,7 +394,10 @@ impl GpzGpu {
         let x = ptr_of(input, &self.stream);
         let nb = n.div_ceil(32);
         let nchunks = nb.div_ceil(WARPS);
-        let ws = self.init(nchunks)?;
+        self.mark("start")?;
+        // one look-back status word per block
+        let ws = self.init(nb)?;
+        self.mark("init")?;
         let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
         let noa = matches!(bound, ErrorBound::Noa(_));
         // an abs step that degenerates needs the first non-zero value of each axis
@@ -345,11 +411,14 @@ impl GpzGpu {
             },
         )?;
         if noa || degenerate {
-            let f = self.func(&format!("gz_range_{t}_d{d}"))?;
+            let name = format!("gz_range_{t}_d{d}");
+            let grid = self.wave_grid(&name, n)?;
+            let f = self.func(&name)?;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&x).arg(&n64).arg(&ws);
             // SAFETY: reads n * d values of the input, writes control words.
-            unsafe { b.launch(Self::cfg(self.grid_for(n), 256)) }.map_err(gpu_err("range"))?;
+            unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("range"))?;
+            self.mark("range")?;
         }
         {
             let f = self.func(&format!("gz_params_{t}"))?;
@@ -358,13 +427,17 @@ impl GpzGpu {
             b.arg(&x).arg(&d64).arg(&noa_i).arg(&e).arg(&ws);
             // SAFETY: one thread reads control words and at most d values of the input.
             unsafe { b.launch(Self::cfg(1, 32)) }.map_err(gpu_err("params"))?;
+            self.mark("params")?;
         }
         {
-            let f = self.func(&format!("gz_codes_{t}_d{d}"))?;
+            let name = format!("gz_codes_{t}_d{d}");
+            let grid = self.wave_grid(&name, n)?;
+            let f = self.func(&name)?;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&x).arg(&n64).arg(&ws);
             // SAFETY: reads n * d values of the input, writes control words.
-            unsafe { b.launch(Self::cfg(self.grid_for(n), 256)) }.map_err(gpu_err("codes"))?;
+            unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("codes"))?;
+            self.mark("codes")?;
         }
         {
             let o = if order == Order::Preserve { "p" } else { "r" };
@@ -378,11 +451,13 @@ impl GpzGpu {
                 .arg(&hl64)
                 .arg(&cap64);
             // SAFETY: reads n * d values, writes below `cap` bytes of `out` and the workspace
-            // (CTRL + nchunks words, grown by `init`).
+            // (CTRL + nb words, grown by `init`).
             unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
                 .map_err(gpu_err("encode"))?;
+            self.mark("encode")?;
         }
         self.hash(outp, hl as u64, nb as u64, u64::MAX, raw)?;
+        self.mark("hash")?;
         let c = self.read_ctrl()?;
         let f64_at = |i: usize| f64::from_bits(c[i]);
         let any = (c[W_CMIN] as i64) <= (c[W_CMAX] as i64);
@@ -509,7 +584,15 @@ impl GpzGpu {
         }
         let data_len = payload - table;
         let nchunks = nb.div_ceil(WARPS);
-        let ws = self.init(nchunks)?;
+        // DEC_SCAN: a look-back status word per scan block, then the offset of every block
+        let nscan = nb.div_ceil(256 * SCAN_ITEMS);
+        self.mark("start")?;
+        let ws = if DEC_SCAN {
+            self.init(nscan + nb)?
+        } else {
+            self.init(nchunks)?
+        };
+        self.mark("init")?;
         // the stream's parameters into the control words the decoder reads
         let mut words = [0u64; W_AXIS + 16 - W_CMIN];
         for (c, a) in h.axes.iter().enumerate() {
@@ -530,6 +613,17 @@ impl GpzGpu {
             )
         }
         .map_err(gpu_err("write params"))?;
+        self.mark("params")?;
+        if DEC_SCAN && nscan > 0 {
+            let f = self.func("gz_offsets_k")?;
+            let nb64 = nb as u64;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&inp).arg(&hl).arg(&data_len).arg(&nb64).arg(&ws);
+            // SAFETY: reads the table (2 nb bytes after the header, inside the stream: checked
+            // above), writes nscan + nb workspace words (grown by `init`) and control words.
+            unsafe { b.launch(Self::cfg(nscan as u32, 256)) }.map_err(gpu_err("offsets"))?;
+            self.mark("offsets")?;
+        }
         if nchunks > 0 {
             let o = if h.order == Order::Preserve { "p" } else { "r" };
             let f = self.func(&format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG))?;
@@ -545,8 +639,10 @@ impl GpzGpu {
             // data_len), writes the n * d values of `out`.
             unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
                 .map_err(gpu_err("decode"))?;
+            self.mark("decode")?;
         }
         self.hash(inp, hl, nb as u64, data_len, u64::MAX)?;
+        self.mark("hash")?;
         let c = self.read_ctrl()?;
         if zhash_of(c[W_HASH], table) != h.table_checksum {
             return Err(Error::corrupt("gpz block table checksum mismatch"));
@@ -678,6 +774,8 @@ mod tests {
             ("GZ_W_TICKET", W_TICKET),
             ("GZ_CTRL", CTRL),
             ("GZ_WARPS", WARPS),
+            ("GZ_DEC_SCAN", DEC_SCAN as usize),
+            ("GZ_SCAN_ITEMS", SCAN_ITEMS),
         ];
         for (name, v) in pairs {
             assert_eq!(define(name), v as u64, "{name}");
