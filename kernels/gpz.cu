@@ -25,9 +25,6 @@
 #ifndef GZ_DEC_MINB
 #define GZ_DEC_MINB 6
 #endif
-// 1: decoding reads each block's offset from gz_offsets (a scan of the table); 0: a look-back
-// per chunk of GZ_WARPS blocks inside the decoder.
-#define GZ_DEC_SCAN 1
 // Table sizes per thread of gz_offsets (256 threads).
 #define GZ_SCAN_ITEMS 8
 // Ctrl words of the workspace (src/gpu/gpz.rs W_*; checked by a test).
@@ -1003,7 +1000,6 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
     return true;
 }
 
-#if GZ_DEC_SCAN
 // The offset of every block in the data (exclusive prefix sums of the table's sizes), into
 // ws[GZ_CTRL + nscan + b]: GZ_SCAN_ITEMS sizes per thread, a decoupled look-back over the
 // thread blocks (status words ws[GZ_CTRL ..], nscan of them). Flags a total other than data_len.
@@ -1074,51 +1070,6 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
         return;
     }
-#else
-// One chunk of GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of
-// blocks after the table): sizes from the table, look-back for the offsets, decode.
-template <typename T, int D, bool PRESERVE>
-__device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
-    __shared__ u32 s_buf[GZ_WARPS][GzDec<T, D>::WORDS];
-    __shared__ u32 s_map[GZ_WARPS][64];
-    __shared__ u32 s_size[GZ_WARPS];
-    __shared__ u32 s_chunk;
-    __shared__ u64 s_excl;
-    __shared__ ZQ<T> s_qz[D];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u64 nb = (n + 31ull) >> 5;
-    const u64 nchunks = (nb + GZ_WARPS - 1) / GZ_WARPS;
-    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
-    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
-    __syncthreads();
-    const u32 chunk = s_chunk;
-    if (chunk >= nchunks) return;
-    const u64 b = (u64)chunk * GZ_WARPS + warp;
-    u32 size = 0;
-    if (b < nb) size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
-    if (lane == 0) s_size[warp] = size;
-    __syncthreads();
-    u32 before = 0, agg = 0;
-#pragma unroll
-    for (int i = 0; i < GZ_WARPS; i++) {
-        before += i < warp ? s_size[i] : 0u;
-        agg += s_size[i];
-    }
-    if (warp == 0) {
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
-        if (lane == 0) {
-            s_excl = ex;
-            if ((u64)chunk == nchunks - 1 && ex + agg != data_len) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
-        }
-    }
-    __syncthreads();
-    if (b >= nb) return;
-    const u64 at = s_excl + before;
-    if (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len) {
-        if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
-        return;
-    }
-#endif
     // the block's bytes into shared words (aligned loads, funnel shifts)
     u32* buf = s_buf[warp];
     const u64 a0 = (u64)(in + hdr + 2ull * nb + at);
@@ -1197,9 +1148,7 @@ extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double 
 extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
 extern "C" __global__ void __launch_bounds__(256) gz_offsets_k(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
-#if GZ_DEC_SCAN
     gz_offsets(in, hdr, data_len, nb, ws);
-#endif
 }
 extern "C" __global__ void gz_hash_k(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
     gz_hash(out, hdr, nb, data_len, raw, ws);

@@ -29,7 +29,7 @@
 //! and `gz_hash`, and one read back of the error bits and checksums.
 //!
 //! `reorder` streams: the GPU encoder writes the same stream; the permutation that
-//! [`compress_particles`](crate::codec::gpz::compress_particles) returns is not computed here
+//! [`compress_particles`] returns is not computed here
 //! (decode the stream on the CPU, or keep per-particle arrays with the positions).
 
 use std::collections::HashMap;
@@ -68,9 +68,6 @@ pub(crate) const CTRL: usize = 48;
 /// Warps (blocks of 32 particles, each its own look-back chunk) per thread block
 /// (kernels/gpz.cu `GZ_WARPS`).
 pub(crate) const WARPS: usize = 8;
-/// Whether decoding takes each block's offset from `gz_offsets_k` (a scan of the table) rather
-/// than from a look-back inside the decoder (kernels/gpz.cu `GZ_DEC_SCAN`).
-pub(crate) const DEC_SCAN: bool = true;
 /// Table sizes per thread of `gz_offsets_k` (256 threads; kernels/gpz.cu `GZ_SCAN_ITEMS`).
 pub(crate) const SCAN_ITEMS: usize = 8;
 // the control words do not overlap
@@ -584,14 +581,10 @@ impl GpzGpu {
         }
         let data_len = payload - table;
         let nchunks = nb.div_ceil(WARPS);
-        // DEC_SCAN: a look-back status word per scan block, then the offset of every block
+        // a look-back status word per scan block of `gz_offsets_k`, then every block's offset
         let nscan = nb.div_ceil(256 * SCAN_ITEMS);
         self.mark("start")?;
-        let ws = if DEC_SCAN {
-            self.init(nscan + nb)?
-        } else {
-            self.init(nchunks)?
-        };
+        let ws = self.init(nscan + nb)?;
         self.mark("init")?;
         // the stream's parameters into the control words the decoder reads
         let mut words = [0u64; W_AXIS + 16 - W_CMIN];
@@ -614,7 +607,7 @@ impl GpzGpu {
         }
         .map_err(gpu_err("write params"))?;
         self.mark("params")?;
-        if DEC_SCAN && nscan > 0 {
+        if nscan > 0 {
             let f = self.func("gz_offsets_k")?;
             let nb64 = nb as u64;
             let mut b = self.stream.launch_builder(&f);
@@ -774,7 +767,6 @@ mod tests {
             ("GZ_W_TICKET", W_TICKET),
             ("GZ_CTRL", CTRL),
             ("GZ_WARPS", WARPS),
-            ("GZ_DEC_SCAN", DEC_SCAN as usize),
             ("GZ_SCAN_ITEMS", SCAN_ITEMS),
         ];
         for (name, v) in pairs {
