@@ -174,15 +174,17 @@ fn reduce<T: GpuElement + Real>(
     })?;
     // 3. the ring
     let plan = RingPlan::new((r, p), eb, d, full, codec);
-    let sent = ring(
+    let mut scratch = gpu.ring_scratch.take();
+    let run = ring(
         t,
         gpu,
         &x.as_view(),
         &mut out.as_view_mut(),
-        &mut None,
+        &mut scratch,
         plan,
-    )?
-    .bytes;
+    );
+    gpu.ring_scratch = scratch;
+    let sent = run?.bytes;
     stream.synchronize().map_err(gpu_err("sync"))?;
     let bytes = (x.len() * T::SIZE) as f64;
     let mut st = OpStats::raw(op);

@@ -176,6 +176,9 @@ pub struct GpuCodec {
     // host-API staging buffers (grown on demand)
     dev_in: Option<CudaSlice<u8>>,
     dev_out: Option<CudaSlice<u8>>,
+    /// The device ring's compression scratch (`comm::device_ring`), kept between calls so that
+    /// repeated reductions allocate it once.
+    pub(crate) ring_scratch: Option<CudaSlice<u8>>,
     timing: bool,
     ev: Option<[cudarc::driver::CudaEvent; 4]>,
     last_times: KernelTimes,
@@ -259,6 +262,7 @@ impl GpuCodec {
             pinned: None,
             dev_in: None,
             dev_out: None,
+            ring_scratch: None,
             timing: false,
             ev: None,
             last_times: KernelTimes::default(),
