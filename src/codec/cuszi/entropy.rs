@@ -36,8 +36,7 @@ pub(crate) struct Tokens {
     pub big: Vec<u8>,
 }
 
-#[cfg(test)]
-fn zigzag(v: i64) -> u64 {
+pub(super) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
@@ -171,13 +170,27 @@ pub(crate) fn read_chunk<T: Element>(
     if nbits % 8 != 0 && bits[nbytes - 1] << (nbits % 8) != 0 {
         return Err(Error::corrupt("non-zero bits after the last Huffman code"));
     }
-    let mut pos = 4 + nbytes;
+    read_chunk_tail(c, 4 + nbytes, n_raw, &bigs, res, raw)
+}
+
+/// The end of a chunk after its entropy-coded part, which ends at byte `pos` (both coders):
+/// `n_raw` lossless values appended to `raw`, then the big residuals (zigzag LEB128, minimal,
+/// beyond `±RADIUS`) stored at the positions `bigs` of `res`, then zero padding of fewer than 4
+/// bytes.
+pub(super) fn read_chunk_tail<T: Element>(
+    c: &[u8],
+    mut pos: usize,
+    n_raw: usize,
+    bigs: &[usize],
+    res: &mut [i64],
+    raw: &mut Vec<T>,
+) -> Result<()> {
     let raw_bytes = c
         .get(pos..pos + n_raw * T::SIZE)
         .ok_or_else(|| Error::corrupt("lossless values run past the chunk"))?;
     raw.extend(raw_bytes.chunks_exact(T::SIZE).map(T::read_le));
     pos += n_raw * T::SIZE;
-    for &at in &bigs {
+    for &at in bigs {
         let mut z = 0u64;
         let mut shift = 0;
         loop {

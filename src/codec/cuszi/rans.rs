@@ -15,7 +15,7 @@
 use crate::element::Element;
 use crate::error::{Error, Result};
 
-use super::entropy::{LOSSLESS, RADIUS};
+use super::entropy::{zigzag, LOSSLESS, RADIUS};
 
 /// log2 of the frequency total of every table.
 pub(crate) const PROB_BITS: u32 = 14;
@@ -286,14 +286,6 @@ pub(crate) fn write_chunk<T: Element>(
     out
 }
 
-fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
-}
-
-fn unzigzag(z: u64) -> i64 {
-    ((z >> 1) as i64) ^ -((z & 1) as i64)
-}
-
 /// Decode a chunk written by [`write_chunk`] into `res` (classes `cls`; lossless values as
 /// [`LOSSLESS`], appended to `raw`). Every byte is checked: the rANS bytes are consumed exactly
 /// and the final state is the encoder's initial one, a big residual is beyond `±RADIUS` and its
@@ -346,39 +338,7 @@ pub(crate) fn read_chunk<T: Element>(
     if x != RANS_L || pos != bytes.len() {
         return Err(Error::corrupt("rANS stream longer than its values"));
     }
-    let mut pos = 4 + n_bytes;
-    let raw_bytes = c
-        .get(pos..pos + n_raw * T::SIZE)
-        .ok_or_else(|| Error::corrupt("lossless values run past the chunk"))?;
-    raw.extend(raw_bytes.chunks_exact(T::SIZE).map(T::read_le));
-    pos += n_raw * T::SIZE;
-    for &at in &bigs {
-        let mut z = 0u64;
-        let mut shift = 0;
-        loop {
-            let b = *c
-                .get(pos)
-                .ok_or_else(|| Error::corrupt("big residual runs past the chunk"))?;
-            pos += 1;
-            if shift == 63 && b > 1 || (shift > 0 && b == 0) {
-                return Err(Error::corrupt("invalid big residual"));
-            }
-            z |= ((b & 0x7F) as u64) << shift;
-            if b & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-        }
-        let v = unzigzag(z);
-        if (-RADIUS..=RADIUS).contains(&v) || v == LOSSLESS {
-            return Err(Error::corrupt("big residual within the symbol range"));
-        }
-        res[at] = v;
-    }
-    if c.len() - pos >= 4 || c[pos..].iter().any(|&b| b != 0) {
-        return Err(Error::corrupt("chunk longer than its contents"));
-    }
-    Ok(())
+    super::entropy::read_chunk_tail(c, 4 + n_bytes, n_raw, &bigs, res, raw)
 }
 
 #[cfg(test)]
