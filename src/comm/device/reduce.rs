@@ -347,16 +347,13 @@ impl Communicator {
             } = &mut *dev;
             let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
             let run = crate::comm::device_ring::ring(&link, gpu, input, out, scratch_out, plan);
-            let (d2h, network, h2d) = link.times();
-            run.map(|run| (run, d2h, network, h2d))
+            run.map(|run| (run, link.times()))
         };
-        let (run, d2h, network, h2d) = run?;
+        let (run, staged) = run?;
         dev.last = StageTimes {
             compress: run.compress_s,
-            d2h,
-            network,
-            h2d,
             decompress: run.decompress_s,
+            ..staged
         };
         let ring_wire = run.bytes.reduce_scatter;
         let wire = run.bytes.total(p);

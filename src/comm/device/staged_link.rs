@@ -17,8 +17,16 @@ pub(super) struct StagedLink<'a> {
     send: RefCell<&'a mut Option<PinnedHostSlice<u8>>>,
     recv: RefCell<&'a mut Option<PinnedHostSlice<u8>>>,
     pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
-    /// D2H, transport and H2D seconds so far.
-    times: Cell<(f64, f64, f64)>,
+    /// D2H, transport (`network`) and H2D seconds so far.
+    times: Cell<StageTimes>,
+}
+
+/// The stages a staged link times.
+#[derive(Clone, Copy)]
+enum Stage {
+    D2h,
+    Network,
+    H2d,
 }
 
 impl<'a> StagedLink<'a> {
@@ -33,22 +41,23 @@ impl<'a> StagedLink<'a> {
             send: RefCell::new(send),
             recv: RefCell::new(recv),
             pool: RefCell::new(pool),
-            times: Cell::new((0.0, 0.0, 0.0)),
+            times: Cell::new(StageTimes::default()),
         }
     }
 
-    /// The D2H, transport and H2D seconds of the messages so far.
-    pub(super) fn times(&self) -> (f64, f64, f64) {
+    /// The D2H, transport (`network`) and H2D seconds of the messages so far (the codec stages
+    /// are zero: the ring times its own codec calls).
+    pub(super) fn times(&self) -> StageTimes {
         self.times.get()
     }
 
-    fn add_time(&self, stage: usize, since: std::time::Instant) {
+    fn add_time(&self, stage: Stage, since: std::time::Instant) {
         let mut t = self.times.get();
         let dt = since.elapsed().as_secs_f64();
         match stage {
-            0 => t.0 += dt,
-            1 => t.1 += dt,
-            _ => t.2 += dt,
+            Stage::D2h => t.d2h += dt,
+            Stage::Network => t.network += dt,
+            Stage::H2d => t.h2d += dt,
         }
         self.times.set(t);
     }
@@ -65,7 +74,7 @@ impl<'a> StagedLink<'a> {
             p,
             &mut dst.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes.len()],
         )?;
-        self.add_time(0, t);
+        self.add_time(Stage::D2h, t);
         Ok(())
     }
 
@@ -96,7 +105,7 @@ impl<'a> StagedLink<'a> {
             let (p, _g) = buf.device_ptr_mut(stream);
             DeviceStager::h2d(stream, src, p)?;
         }
-        self.add_time(2, t);
+        self.add_time(Stage::H2d, t);
         DeviceBytes::new(buf, len)
     }
 
@@ -165,7 +174,7 @@ impl DeviceTransport for StagedLink<'_> {
         self.with_payload(n, |b| {
             self.with_landing(m, |buf| self.host.sendrecv_sized(dest, b, src, buf, tag))
         })?;
-        self.add_time(1, t);
+        self.add_time(Stage::Network, t);
         self.stage_in(0, m, stream)
     }
 
@@ -196,7 +205,7 @@ impl DeviceTransport for StagedLink<'_> {
             &lens,
             total,
         )?;
-        self.add_time(1, t);
+        self.add_time(Stage::Network, t);
         let me = self.host.rank();
         let mut at = 0;
         let mut out = Vec::with_capacity(lens.len());
