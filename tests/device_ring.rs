@@ -1,13 +1,16 @@
 //! The device-resident ring (`comm::device_ring`) on ranks sharing one GPU through the device
 //! loopback transport: results bit-identical to the host ring's (CPU codec, host loopback) for
 //! every reduction, dtype, codec and bound mode tried, and a count mismatch is an error on every
-//! rank. Without a CUDA device the trials are reported *ignored*.
+//! rank. The staged device reductions of the communicator (`allreduce_device` & co., the same
+//! ring over a staged link through pinned host memory and a host transport) give the same bits,
+//! call after call. Without a CUDA device the trials are reported *ignored*.
 
 use cudarc::driver::CudaSlice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use zcomm::comm::transport::{DeviceLoopback, LinkEmulation, LoopbackTransport};
 use zcomm::comm::{
-    device_ring, partition, Calibration, CommElement, Communicator, Config, CpuCompressor, Real,
+    device_ring, partition, Calibration, CommElement, Communicator, Config, CpuCompressor,
+    DeviceStager, Real,
 };
 use zcomm::gpu::{GpuCodec, GpuElement};
 use zcomm::model::{Link, Policy, Profile};
@@ -29,6 +32,14 @@ fn main() {
         gpu_trial("device_ring_matches_host_ring_f32", matches_host::<f32>),
         gpu_trial("device_ring_matches_host_ring_f64", matches_host::<f64>),
         gpu_trial("device_ring_count_mismatch_fails_everywhere", mismatch),
+        gpu_trial(
+            "staged_device_reductions_match_host_ring_f32",
+            staged_matches_host::<f32>,
+        ),
+        gpu_trial(
+            "staged_device_reductions_match_host_ring_f64",
+            staged_matches_host::<f64>,
+        ),
         gpu_trial("device_ring_one_rank_copies_whatever_the_bound", one_rank),
     ];
     libtest_mimic::run(&args, trials).exit();
@@ -137,6 +148,90 @@ fn device<T: Real + GpuElement>(
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// The communicator's staged device reductions on every rank (host loopback transport, one
+/// stager per rank on GPU 0), each run `calls` times on the same buffers; the last results.
+fn staged<T: Real + GpuElement + CommElement>(
+    inputs: &[Vec<T>],
+    op: Op,
+    bound: ErrorBound,
+    codec: CodecKind,
+    calls: usize,
+) -> Vec<Result<Vec<T>, String>> {
+    let cfg = Config::new(bound)
+        .with_policy(Policy::Always(codec))
+        .with_calibration(Calibration::Fixed(Profile::new(Link {
+            bandwidth: 1e9,
+            latency: 1e-6,
+        })));
+    std::thread::scope(|s| {
+        let hs: Vec<_> = LoopbackTransport::group(inputs.len())
+            .into_iter()
+            .zip(inputs)
+            .map(|(t, x)| {
+                let cfg = cfg.clone();
+                s.spawn(move || -> Result<Vec<T>, String> {
+                    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+                    let s = |e: zcomm::Error| e.to_string();
+                    let mut c =
+                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
+                            .map_err(s)?;
+                    let gpu = GpuCodec::new(0)
+                        .and_then(|g| g.with_own_stream())
+                        .map_err(s)?;
+                    let mut dev = DeviceStager::new(gpu);
+                    let st = dev.gpu().stream().clone();
+                    let xd: CudaSlice<T> = st.clone_htod(x).map_err(e)?;
+                    let len = match op {
+                        Op::ReduceScatter => partition(x.len(), inputs.len())[c.rank()].len(),
+                        _ => x.len(),
+                    };
+                    let mut out = st.alloc_zeros::<T>(len).map_err(e)?;
+                    for _ in 0..calls {
+                        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
+                        match op {
+                            Op::Sum => c.allreduce_device(&mut dev, &xv, &mut ov),
+                            Op::Mean => c.allreduce_mean_device(&mut dev, &xv, &mut ov),
+                            Op::ReduceScatter => c.reduce_scatter_device(&mut dev, &xv, &mut ov),
+                        }
+                        .map_err(s)?;
+                    }
+                    st.clone_dtoh(&out).map_err(e)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn staged_matches_host<T: Real + GpuElement + CommElement>() -> Result<(), String> {
+    for p in [2, 3] {
+        let n = 100_003;
+        let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
+        for codec in [CodecKind::Aatrox, CodecKind::Pfpl] {
+            for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {
+                for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
+                    let want = host(&inputs, op, bound, codec);
+                    let got = staged(&inputs, op, bound, codec, 2);
+                    for (r, (g, w)) in got.into_iter().zip(want).enumerate() {
+                        let g = g.map_err(|e| format!("p={p} {codec} {bound:?} {op:?}: {e}"))?;
+                        if g.len() != w.len()
+                            || g.iter()
+                                .zip(&w)
+                                .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
+                        {
+                            return Err(format!(
+                                "p={p} {codec} {bound:?} {op:?} rank {r}: staged device ring \
+                                 differs from the host ring"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn t_rank(t: &DeviceLoopback) -> usize {
