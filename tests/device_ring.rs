@@ -58,18 +58,24 @@ fn input<T: Real>(rank: usize, n: usize) -> Vec<T> {
         .collect()
 }
 
+/// A communicator configuration compressing every message with `codec` under `bound` (a fixed
+/// profile: no calibration).
+fn always(bound: ErrorBound, codec: CodecKind) -> Config {
+    Config::new(bound)
+        .with_policy(Policy::Always(codec))
+        .with_calibration(Calibration::Fixed(Profile::new(Link {
+            bandwidth: 1e9,
+            latency: 1e-6,
+        })))
+}
+
 fn host<T: Real + CommElement>(
     inputs: &[Vec<T>],
     op: Op,
     bound: ErrorBound,
     codec: CodecKind,
 ) -> Vec<Vec<T>> {
-    let cfg = Config::new(bound)
-        .with_policy(Policy::Always(codec))
-        .with_calibration(Calibration::Fixed(Profile::new(Link {
-            bandwidth: 1e9,
-            latency: 1e-6,
-        })));
+    let cfg = always(bound, codec);
     std::thread::scope(|s| {
         let hs: Vec<_> = LoopbackTransport::group(inputs.len())
             .into_iter()
@@ -159,12 +165,7 @@ fn staged<T: Real + GpuElement + CommElement>(
     codec: CodecKind,
     calls: usize,
 ) -> Vec<Result<Vec<T>, String>> {
-    let cfg = Config::new(bound)
-        .with_policy(Policy::Always(codec))
-        .with_calibration(Calibration::Fixed(Profile::new(Link {
-            bandwidth: 1e9,
-            latency: 1e-6,
-        })));
+    let cfg = always(bound, codec);
     std::thread::scope(|s| {
         let hs: Vec<_> = LoopbackTransport::group(inputs.len())
             .into_iter()
