@@ -229,11 +229,22 @@ pub(crate) fn ring<T: GpuElement + Real>(
     let segs = partition(x.len(), plan.size);
     let longest = segs.iter().map(Range::len).max().unwrap_or(0);
     let need = crate::format::compress_bound(longest, T::DTYPE).max(16);
+    // A buffer that cannot be had fails this rank's share of the ring, not the ring: the
+    // rank still takes part (with empty messages), so the others are not left waiting.
+    let mut broken = None;
     let mut buf = match scratch.take() {
         Some(b) if b.len() >= need => b,
         _ => {
             // SAFETY: the codec writes a stream into the scratch before anything reads it.
-            unsafe { stream.alloc::<u8>(need) }.map_err(gpu_err("alloc scratch"))?
+            match unsafe { stream.alloc::<u8>(need) } {
+                Ok(b) => b,
+                Err(e) => {
+                    broken = Some(Error::OutOfMemory(format!("ring scratch: {e:?}")));
+                    stream
+                        .alloc_zeros::<u8>(16)
+                        .map_err(gpu_err("alloc scratch"))?
+                }
+            }
         }
     };
     // reduce-scatter with more than two ranks: the partial sums of other ranks' segments pass
@@ -241,7 +252,13 @@ pub(crate) fn ring<T: GpuElement + Real>(
     // accumulation); this rank's own segment accumulates in `out`
     let tmp = if !plan.full && plan.size > 2 {
         // SAFETY: written by an accumulation before it is read (`touched`).
-        Some(unsafe { stream.alloc::<T>(longest) }.map_err(gpu_err("alloc partials"))?)
+        match unsafe { stream.alloc::<T>(longest) } {
+            Ok(b) => Some(b),
+            Err(e) => {
+                broken.get_or_insert(Error::OutOfMemory(format!("ring partial sums: {e:?}")));
+                None
+            }
+        }
     } else {
         None
     };
@@ -249,6 +266,7 @@ pub(crate) fn ring<T: GpuElement + Real>(
         let mut place =
             DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), tmp, &segs, &mut buf);
         place.own = (!plan.full).then_some(plan.rank);
+        place.broken = broken;
         place.run(plan)
     };
     *scratch = Some(buf);
@@ -289,6 +307,9 @@ struct DevicePlace<'a, T: GpuElement> {
     /// Seconds spent in the codec calls so far.
     compress_s: f64,
     decompress_s: f64,
+    /// Why this rank cannot do its share (a buffer it could not allocate): its first
+    /// compression fails with it, and the ring carries the failure to every rank.
+    broken: Option<Error>,
 }
 
 /// Where a segment's partial sum lives: a range of the output, or the first values of `tmp`.
@@ -334,6 +355,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             scratch,
             compress_s: 0.0,
             decompress_s: 0.0,
+            broken: None,
         }
     }
 
@@ -383,6 +405,9 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn encode(&mut self, seg: usize, bound: ErrorBound, codec: CodecKind) -> Result<DeviceMsg> {
+        if let Some(e) = self.broken.take() {
+            return Err(e);
+        }
         let values = if self.touched[seg] {
             partial(&self.out, &self.tmp, self.slot(seg))?
         } else {

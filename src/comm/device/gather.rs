@@ -39,6 +39,17 @@ pub(super) fn gather_pinned(
         Some(b) => &mut b.as_mut_slice().map_err(gpu_err("pinned"))?[..total],
         None => &mut [],
     };
+    gather_into(t, mine, lens, out)
+}
+
+/// The pairwise allgather of [`gather_pinned`] from `mine` into `out` (any host memory; this
+/// rank's range of `out` is not written).
+pub(super) fn gather_into(
+    t: &dyn crate::comm::transport::Transport,
+    mine: &[u8],
+    lens: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
     let (p, r) = (t.size(), t.rank());
     if lens.len() != p || lens[r] != mine.len() || lens.iter().sum::<usize>() != out.len() {
         return Err(Error::invalid(

@@ -347,7 +347,12 @@ impl Communicator {
             } = &mut *dev;
             let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
             let run = crate::comm::device_ring::ring(&link, gpu, input, out, scratch_out, plan);
-            run.map(|run| (run, link.times()))
+            // this rank's own failure on the link explains its failed ring best
+            match (run, link.take_failure()) {
+                (Ok(run), None) => Ok((run, link.times())),
+                (Err(_), Some(e)) | (Ok(_), Some(e)) => Err(e),
+                (Err(e), None) => Err(e),
+            }
         };
         let (run, staged) = run?;
         dev.last = StageTimes {

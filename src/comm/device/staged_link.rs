@@ -19,6 +19,10 @@ pub(super) struct StagedLink<'a> {
     pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
     /// D2H, transport (`network`) and H2D seconds so far.
     times: Cell<StageTimes>,
+    /// The first local failure (a copy, a pinned or device allocation). The link then sends
+    /// empty messages and hands the ring empty ones, which the ring carries to every rank as a
+    /// failure, so no rank is left waiting; the caller reports this error.
+    failure: RefCell<Option<Error>>,
 }
 
 /// The stages a staged link times.
@@ -42,6 +46,7 @@ impl<'a> StagedLink<'a> {
             recv: RefCell::new(recv),
             pool: RefCell::new(pool),
             times: Cell::new(StageTimes::default()),
+            failure: RefCell::new(None),
         }
     }
 
@@ -49,6 +54,44 @@ impl<'a> StagedLink<'a> {
     /// are zero: the ring times its own codec calls).
     pub(super) fn times(&self) -> StageTimes {
         self.times.get()
+    }
+
+    /// This rank's own failure on the link, if any (see the field).
+    pub(super) fn take_failure(&self) -> Option<Error> {
+        self.failure.borrow_mut().take()
+    }
+
+    /// Record a local failure; `Ok` of an empty message for the ring.
+    fn fail(&self, e: Error, stream: &Arc<CudaStream>) -> Result<DeviceBytes> {
+        self.failure.borrow_mut().get_or_insert(e);
+        let buf = match self.pool.borrow_mut().pop() {
+            Some(b) => b,
+            None => stream
+                .alloc_zeros::<u8>(16)
+                .map_err(|e| Error::OutOfMemory(format!("16 device bytes: {e:?}")))?,
+        };
+        DeviceBytes::new(buf, 0)
+    }
+
+    /// An empty message for the ring after a failure already recorded.
+    fn empty_after_failure(&self, stream: &Arc<CudaStream>) -> Result<DeviceBytes> {
+        let e = Error::Comm("staged link: an earlier failure".into());
+        self.fail(e, stream)
+    }
+
+    /// D2H of `bytes` into the pinned send buffer; the length staged (0 after a failure,
+    /// recorded: the rank then sends an empty message).
+    fn stage_out_or_fail(&self, bytes: &CudaView<'_, u8>, stream: &Arc<CudaStream>) -> usize {
+        if self.failure.borrow().is_some() {
+            return 0;
+        }
+        match self.stage_out(bytes, stream) {
+            Ok(()) => bytes.len(),
+            Err(e) => {
+                self.failure.borrow_mut().get_or_insert(e);
+                0
+            }
+        }
     }
 
     fn add_time(&self, stage: Stage, since: std::time::Instant) {
@@ -149,33 +192,35 @@ impl DeviceTransport for StagedLink<'_> {
         src: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBytes> {
-        self.stage_out(bytes, stream)?;
+        let n = self.stage_out_or_fail(bytes, stream);
         let t = now();
         let tag = crate::comm::TAG_RING;
         let theirs = self
             .host
-            .sendrecv(dest, &(bytes.len() as u64).to_le_bytes(), src, tag)?;
+            .sendrecv(dest, &(n as u64).to_le_bytes(), src, tag)?;
         let m = <[u8; 8]>::try_from(theirs.as_slice())
             .map(u64::from_le_bytes)
             .map_err(|_| Error::Comm(format!("staged link: {}-byte length", theirs.len())))?;
         let m = usize::try_from(m)
             .map_err(|_| Error::Comm(format!("staged link: {m}-byte message announced")))?;
-        let n = bytes.len();
         if !self.recv_room(m, stream) {
+            // received into host memory, so that both sides stay matched, then dropped
             let mut v = Vec::new();
             v.try_reserve_exact(m)
                 .map_err(|_| Error::OutOfMemory(format!("staged link: {m}-byte message")))?;
             v.resize(m, 0u8);
             self.with_payload(n, |b| self.host.sendrecv_sized(dest, b, src, &mut v, tag))?;
-            return Err(Error::OutOfMemory(format!(
-                "staged link: no pinned memory for a {m}-byte message"
-            )));
+            let e = Error::OutOfMemory(format!("staged link: no pinned memory for {m} bytes"));
+            return self.fail(e, stream);
         }
         self.with_payload(n, |b| {
             self.with_landing(m, |buf| self.host.sendrecv_sized(dest, b, src, buf, tag))
         })?;
         self.add_time(Stage::Network, t);
-        self.stage_in(0, m, stream)
+        match self.stage_in(0, m, stream) {
+            Ok(b) => Ok(b),
+            Err(e) => self.fail(e, stream),
+        }
     }
 
     fn allgather_device(
@@ -183,17 +228,29 @@ impl DeviceTransport for StagedLink<'_> {
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
     ) -> Result<Vec<Option<DeviceBytes>>> {
-        self.stage_out(mine, stream)?;
+        let n = self.stage_out_or_fail(mine, stream);
         let t = now();
-        let lens = self.host.allgather_lens(mine.len())?;
+        let lens = self.host.allgather_lens(n)?;
         let total: usize = lens.iter().sum();
-        let n = mine.len();
+        let me = self.host.rank();
         if !self.recv_room(total, stream) {
-            // every rank takes part in the gather before the error
-            self.with_payload(n, |b| self.host.allgatherv(b))?;
-            return Err(Error::OutOfMemory(format!(
-                "staged link: no pinned memory for {total} gathered bytes"
-            )));
+            // the same pairwise exchanges into host memory (every rank takes part), dropped
+            let mut v = Vec::new();
+            v.try_reserve_exact(total)
+                .map_err(|_| Error::OutOfMemory(format!("staged link: {total} bytes")))?;
+            v.resize(total, 0u8);
+            self.with_payload(n, |b| {
+                super::gather::gather_into(self.host, b, &lens, &mut v)
+            })?;
+            let e = Error::OutOfMemory(format!("staged link: no pinned memory for {total} bytes"));
+            self.failure.borrow_mut().get_or_insert(e);
+            return (0..lens.len())
+                .map(|k| {
+                    (k != me)
+                        .then(|| self.empty_after_failure(stream))
+                        .transpose()
+                })
+                .collect();
         }
         // pairwise exchanges into the pinned buffer (see `gather_pinned`: no copy of this
         // rank's own record, which `MPI_Allgatherv` would make)
@@ -206,14 +263,16 @@ impl DeviceTransport for StagedLink<'_> {
             total,
         )?;
         self.add_time(Stage::Network, t);
-        let me = self.host.rank();
         let mut at = 0;
         let mut out = Vec::with_capacity(lens.len());
         for (k, &l) in lens.iter().enumerate() {
             out.push(if k == me {
                 None
             } else {
-                Some(self.stage_in(at, l, stream)?)
+                Some(match self.stage_in(at, l, stream) {
+                    Ok(b) => b,
+                    Err(e) => self.fail(e, stream)?,
+                })
             });
             at += l;
         }
