@@ -221,12 +221,7 @@ impl GpzGpu {
 
     /// Registers, local (spilled) bytes and static shared bytes of kernel `name`.
     pub fn kernel_resources(&mut self, name: &str) -> Result<(i32, i32, i32)> {
-        let f = self.func(name)?;
-        Ok((
-            f.num_regs().map_err(gpu_err("attr"))?,
-            f.local_size_bytes().map_err(gpu_err("attr"))?,
-            f.shared_size_bytes().map_err(gpu_err("attr"))?,
-        ))
+        super::resources(&self.func(name)?)
     }
 
     fn func(&mut self, name: &str) -> Result<CudaFunction> {
@@ -476,19 +471,7 @@ impl GpzGpu {
             .collect();
         let table = 2 * nb as u64;
         let total = c[W_TOTAL];
-        let mut header = GpzHeader {
-            dtype: T::DTYPE,
-            d,
-            mode: bound.mode(),
-            bound_value: bound.value(),
-            order,
-            stored: false,
-            n: n as u64,
-            payload_len: 0,
-            table_checksum: 0,
-            data_checksum: 0,
-            axes,
-        };
+        let mut header = GpzHeader::compressed(T::DTYPE, (n, d), bound, order, axes);
         if table + total < raw {
             header.payload_len = table + total;
             header.table_checksum = zhash_of(c[W_HASH], table);

@@ -196,6 +196,15 @@ impl std::fmt::Debug for GpuCodec {
     }
 }
 
+/// Registers, local (spilled) bytes and static shared bytes of a loaded kernel.
+pub(crate) fn resources(f: &CudaFunction) -> Result<(i32, i32, i32)> {
+    Ok((
+        f.num_regs().map_err(gpu_err("attr"))?,
+        f.local_size_bytes().map_err(gpu_err("attr"))?,
+        f.shared_size_bytes().map_err(gpu_err("attr"))?,
+    ))
+}
+
 fn raw_ptr<T, P: DevicePtr<T>>(p: &P, s: &CudaStream) -> u64 {
     let (ptr, _g) = p.device_ptr(s);
     ptr
@@ -317,12 +326,7 @@ impl GpuCodec {
 
     /// Registers, spilled bytes and static shared memory of a kernel (for reports).
     pub fn kernel_resources(&mut self, name: &str) -> Result<(i32, i32, i32)> {
-        let f = self.func(name)?;
-        Ok((
-            f.num_regs().map_err(gpu_err("attr"))?,
-            f.local_size_bytes().map_err(gpu_err("attr"))?,
-            f.shared_size_bytes().map_err(gpu_err("attr"))?,
-        ))
+        resources(&self.func(name)?)
     }
 
     fn func(&mut self, name: &str) -> Result<CudaFunction> {

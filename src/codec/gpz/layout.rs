@@ -74,6 +74,30 @@ pub struct GpzHeader {
 }
 
 impl GpzHeader {
+    /// The header of a compressed (not stored) stream of `n` particles of `d` coordinates under
+    /// `bound`, before its payload length and checksums are known (the CPU and GPU encoders).
+    pub fn compressed(
+        dtype: Dtype,
+        (n, d): (usize, usize),
+        bound: ErrorBound,
+        order: Order,
+        axes: Vec<AxisRecord>,
+    ) -> Self {
+        GpzHeader {
+            dtype,
+            d,
+            mode: bound.mode(),
+            bound_value: bound.value(),
+            order,
+            stored: false,
+            n: n as u64,
+            payload_len: 0,
+            table_checksum: 0,
+            data_checksum: 0,
+            axes,
+        }
+    }
+
     /// Number of blocks (`ceil(n / 32)`; 0 for stored streams).
     pub fn n_blocks(&self) -> u64 {
         if self.stored {

@@ -210,29 +210,18 @@ pub fn compress_particles<T: Element>(
             ctx.gw[c] = bitplane::bit_width(hi.wrapping_sub(lo) as u64);
         }
     }
-    let mut header = GpzHeader {
-        dtype: T::DTYPE,
-        d,
-        mode: bound.mode(),
-        bound_value: bound.value(),
-        order,
-        stored: false,
-        n: n as u64,
-        payload_len: 0,
-        table_checksum: 0,
-        data_checksum: 0,
-        axes: params
-            .iter()
-            .enumerate()
-            .map(|(c, p)| AxisRecord {
-                abs_bound: p.abs_bound,
-                step: p.step,
-                range: p.range,
-                base: ctx.gmin[c],
-                base_width: ctx.gw[c],
-            })
-            .collect(),
-    };
+    let axes = params
+        .iter()
+        .enumerate()
+        .map(|(c, p)| AxisRecord {
+            abs_bound: p.abs_bound,
+            step: p.step,
+            range: p.range,
+            base: ctx.gmin[c],
+            base_width: ctx.gw[c],
+        })
+        .collect();
+    let mut header = GpzHeader::compressed(T::DTYPE, (n, d), bound, order, axes);
     let group_values = GROUP_BLOCKS * BLOCK * d;
     let groups: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = coords
         .par_chunks(group_values)
