@@ -141,6 +141,12 @@ def _mismatch_worker(rank, world, port, d, what):
     except Exception as e:  # DDP re-raises the hook's exception from backward()
         msgs.append(("backward", type(e).__name__, str(e)))
     torch.save(msgs, os.path.join(d, f"r{rank}.pt"))
+    # DDP's reducer must go before its process group: a reducer that saw a failed hook and
+    # outlives the group can abort the process (std::terminate) at interpreter exit
+    del model
+    import gc
+
+    gc.collect()
     dist.destroy_process_group()
 
 

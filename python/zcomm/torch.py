@@ -515,7 +515,9 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     Register with ``ddp_model.register_comm_hook(state, zcomm.torch.allreduce_hook)``. Returns
     a completed future holding the averaged bucket (see the module docs for the bound and the
     determinism guarantee). Raises :class:`ZcommMismatchError` on every rank when the ranks'
-    settings differ, and ``TypeError`` for an unsupported gradient dtype.
+    settings differ, and ``TypeError`` for an unsupported gradient dtype. After such an error,
+    delete the DDP model before ``dist.destroy_process_group()``: PyTorch's reducer that saw a
+    failed hook can abort the process if it outlives its group.
     """
     buf = bucket.buffer()
     try:
