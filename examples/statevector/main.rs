@@ -39,9 +39,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use common::{clear_progress, exit_code, init_tracing, outln, progress};
-use zcomm::comm::device::Terms;
 use zcomm::comm::{Communicator, Config, Decision, OpStats, ReduceOp, StageTimes};
 use zcomm::model::Policy;
+use zcomm::model::Terms;
 use zcomm::{ErrorBound, Result};
 
 use gates::C;

@@ -158,8 +158,8 @@ pub use collectives::StagedDevice;
 pub use compressor::{Compressor, CpuCompressor};
 #[cfg(feature = "cuda")]
 pub use device::{
-    DeviceAllgatherRequest, DeviceBcastRequest, DeviceProfile, DeviceRequest, DeviceStager,
-    GpuCompressor, StageTimes, Staged,
+    DeviceAllgatherRequest, DeviceBcastRequest, DeviceRequest, DeviceStager, GpuCompressor,
+    StageTimes, Staged,
 };
 pub use element::{CommElement, Real};
 pub use progress::OpRequest;

@@ -572,3 +572,13 @@ impl Communicator {
         Ok(self.finish(st, t0))
     }
 }
+
+/// Record a `(raw, compressed)` model prediction in `st` (both totals, and the one of the path
+/// taken as `predicted_s`); returns the terms of the path taken.
+fn record_prediction(st: &mut OpStats, (raw, cmp): (Terms, Terms), compressed: bool) -> Terms {
+    st.predicted_raw_s = raw.total();
+    st.predicted_compressed_s = cmp.total();
+    let taken = if compressed { cmp } else { raw };
+    st.predicted_s = taken.total();
+    taken
+}

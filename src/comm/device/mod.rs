@@ -140,7 +140,7 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, Link, LinkCurve, LinkPoint, Policy, Scenario, StagingCurve, StagingPoint,
+    self, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve, StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;
 
@@ -148,7 +148,6 @@ mod calibrate;
 mod gather;
 mod nonblocking;
 mod p2p;
-mod profile;
 mod reduce;
 mod staged_link;
 mod stager;
@@ -161,8 +160,6 @@ pub use calibrate::{
 };
 pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
-use profile::*;
-pub use profile::{DeviceProfile, Terms};
 use reduce::*;
 use staged_link::StagedLink;
 use stager::*;

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::WireRatio;
+use crate::model::WireRatio;
 
 /// What a cached ratio belongs to: the operation, the dtype tag and the element count (all
 /// checked to be identical on every rank by the descriptor agreement).

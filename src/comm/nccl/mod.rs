@@ -79,7 +79,6 @@
 mod auto;
 mod host;
 mod kernels;
-mod link;
 
 use std::ops::Range;
 use std::rc::Rc;
@@ -89,7 +88,6 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, DevicePtr, De
 use cudarc::nccl::{result as nres, sys as nsys, NcclType};
 
 pub use host::NcclTransport;
-pub use link::NcclLink;
 
 use super::element::Real;
 pub use super::reduction_step_bound;
@@ -97,7 +95,7 @@ use super::transport::{ReduceOp, Transport};
 use super::{partition, Decision, OpStats};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::model::{CodecSpeed, Policy};
+use crate::model::{CodecSpeed, NcclLink, NcclProfile, Policy, WireRatio};
 use crate::quant::ErrorBound;
 use auto::{f64s, Agreed, AgreedRatios, RatioKey};
 
@@ -108,7 +106,6 @@ mod comm;
 mod config;
 mod p2p;
 mod plan;
-mod profile;
 mod rounds;
 mod shared;
 #[cfg(test)]
@@ -119,7 +116,6 @@ pub use calibrate::CALIBRATION_SIZES;
 pub use comm::NcclComm;
 pub use config::NcclConfig;
 use p2p::*;
-pub use profile::{NcclProfile, WireRatio};
 use rounds::*;
 pub use shared::pieces;
 use shared::*;

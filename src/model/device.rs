@@ -1,16 +1,18 @@
-//! The model of the staged device operations: the calibrated [`DeviceProfile`] and the
+//! The model of the staged device operations (device buffers staged through pinned host
+//! memory and carried by the host transport): the calibrated [`DeviceProfile`] and the
 //! per-stage [`Terms`] of every operation's raw and compressed predictions.
 
-use super::*;
+use super::{seconds_at, Link, LinkCurve, Scenario, StagingCurve};
 
-/// Measured device-side speeds (all ranks agree on them, see [`DeviceStager::calibrate`]).
+/// Measured device-side speeds (all ranks agree on them, see
+/// [`DeviceStager::calibrate`](crate::comm::device::DeviceStager::calibrate)).
 ///
 /// Serialized with serde; fields added later default to 0 / empty, so older profiles still load
 /// (they then predict staging with the single `staging` link, codec calls without a separate
 /// fixed cost, and no device passes).
 ///
-/// Codec calls follow the line `t(b) = overhead + b / rate` through a tiny and the full
-/// calibration call ([`model::call_line`]): `compress` / `decompress` / `decompress_add` are the
+/// Codec calls follow the line `t(b) = overhead + b / rate` through a tiny and the full calibration
+/// call ([`call_line`](super::call_line)): `compress` / `decompress` / `decompress_add` are the
 /// slopes and the `*_overhead` fields the intercepts, so a call is charged its fixed cost once.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceProfile {
@@ -37,9 +39,10 @@ pub struct DeviceProfile {
     /// Fixed seconds of one GPU decompression call (intercept of its calibration line).
     #[serde(default)]
     pub decompress_overhead: f64,
-    /// Fused decompress-and-add throughput ([`GpuCodec::decompress_add_device`], output bytes/s)
-    /// beyond `decompress_add_overhead`, used by the device ring's steps; 0 = not calibrated
-    /// (the plain decompression's line is used).
+    /// Fused decompress-and-add throughput
+    /// ([`GpuCodec::decompress_add_device`](crate::gpu::GpuCodec::decompress_add_device), output
+    /// bytes/s) beyond `decompress_add_overhead`, used by the device ring's steps; 0 = not
+    /// calibrated (the plain decompression's line is used).
     #[serde(default)]
     pub decompress_add: f64,
     /// Fixed seconds of one fused decompress-and-add call.
@@ -58,8 +61,8 @@ pub struct DeviceProfile {
     #[serde(default)]
     pub scale_pass: f64,
     /// Ranks sharing one GPU (the most of any GPU; ranks on the same host with the same PCI
-    /// address, see [`DeviceStager::calibrate`]); 0 = unknown (profiles written before it:
-    /// treated as 1).
+    /// address, see [`DeviceStager::calibrate`](crate::comm::device::DeviceStager::calibrate)); 0 =
+    /// unknown (profiles written before it: treated as 1).
     #[serde(default)]
     pub ranks_per_gpu: usize,
     /// GPU compression throughput of one rank calling alone (the others idle), beyond
@@ -88,9 +91,10 @@ pub struct DeviceProfile {
 }
 
 /// The model's time of one device operation split by stage (seconds; the same stages as the
-/// measured [`StageTimes`], `link` ↔ `network`), so a measurement shows which term misses.
-/// `device` holds device-memory passes that [`StageTimes`] does not time (the reductions' input
-/// copy, range pass and the mean's division). Codec terms include the per-call fixed costs.
+/// measured [`StageTimes`](crate::comm::device::StageTimes), `link` ↔ `network`), so a measurement
+/// shows which term misses. `device` holds device-memory passes that
+/// [`StageTimes`](crate::comm::device::StageTimes) does not time (the reductions' input copy, range
+/// pass and the mean's division). Codec terms include the per-call fixed costs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Terms {
     /// GPU compression.
@@ -125,32 +129,9 @@ impl Terms {
     }
 }
 
-/// `bytes / rate`, or 0 when the rate was not calibrated.
-pub(super) fn pass_s(rate: f64, bytes: f64) -> f64 {
-    if rate > 0.0 && bytes > 0.0 {
-        bytes / rate
-    } else {
-        0.0
-    }
-}
-
-/// Record a `(raw, compressed)` model prediction in `st` (both totals, and the one of the path
-/// taken as `predicted_s`); returns the terms of the path taken.
-pub(super) fn record_prediction(
-    st: &mut OpStats,
-    (raw, cmp): (Terms, Terms),
-    compressed: bool,
-) -> Terms {
-    st.predicted_raw_s = raw.total();
-    st.predicted_compressed_s = cmp.total();
-    let taken = if compressed { cmp } else { raw };
-    st.predicted_s = taken.total();
-    taken
-}
-
 /// Seconds of a calibrated call line (fixed cost + `bytes / rate`), or `fallback` when the
 /// rate was not calibrated (0 in profiles written before it existed).
-pub(super) fn line_or(overhead: f64, rate: f64, bytes: f64, fallback: impl FnOnce() -> f64) -> f64 {
+fn line_or(overhead: f64, rate: f64, bytes: f64, fallback: impl FnOnce() -> f64) -> f64 {
     if rate > 0.0 {
         overhead + bytes / rate
     } else {
@@ -307,12 +288,13 @@ impl DeviceProfile {
         if chunks <= 1 {
             return false;
         }
-        let whole = model::predict(&self.scenario(link, bytes, ratio, 1)).compressed_serial;
-        let piped = model::predict(&self.scenario(link, bytes, ratio, chunks)).compressed_pipelined;
+        let whole = super::predict(&self.scenario(link, bytes, ratio, 1)).compressed_serial;
+        let piped = super::predict(&self.scenario(link, bytes, ratio, chunks)).compressed_pipelined;
         piped < 0.9 * whole
     }
-    /// Model stages (raw, compressed) of [`DeviceStager::stage_to_host`] of `bytes`: a D2H of
-    /// the values vs a GPU compression + D2H of the stream.
+    /// Model stages (raw, compressed) of
+    /// [`DeviceStager::stage_to_host`](crate::comm::device::DeviceStager::stage_to_host) of
+    /// `bytes`: a D2H of the values vs a GPU compression + D2H of the stream.
     pub fn stage_terms(&self, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let raw = Terms {
             d2h: self.d2h_s(bytes),
@@ -325,13 +307,16 @@ impl DeviceProfile {
         };
         (raw, cmp)
     }
-    /// Model (raw, compressed) seconds of [`DeviceStager::stage_to_host`] of `bytes`.
+    /// Model (raw, compressed) seconds of
+    /// [`DeviceStager::stage_to_host`](crate::comm::device::DeviceStager::stage_to_host) of
+    /// `bytes`.
     pub fn predict_stage_to_host(&self, bytes: f64, ratio: f64) -> (f64, f64) {
         let (r, c) = self.stage_terms(bytes, ratio);
         (r.total(), c.total())
     }
-    /// Model stages (raw, compressed) of [`DeviceStager::restore_to_device`] of `bytes`: an H2D
-    /// of the values vs an H2D of the stream + GPU decompression.
+    /// Model stages (raw, compressed) of
+    /// [`DeviceStager::restore_to_device`](crate::comm::device::DeviceStager::restore_to_device) of
+    /// `bytes`: an H2D of the values vs an H2D of the stream + GPU decompression.
     pub fn restore_terms(&self, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let raw = Terms {
             h2d: self.h2d_s(bytes),
@@ -345,7 +330,9 @@ impl DeviceProfile {
         };
         (raw, cmp)
     }
-    /// Model (raw, compressed) seconds of [`DeviceStager::restore_to_device`] of `bytes`.
+    /// Model (raw, compressed) seconds of
+    /// [`DeviceStager::restore_to_device`](crate::comm::device::DeviceStager::restore_to_device) of
+    /// `bytes`.
     pub fn predict_restore_to_device(&self, bytes: f64, ratio: f64) -> (f64, f64) {
         let (r, c) = self.restore_terms(bytes, ratio);
         (r.total(), c.total())
@@ -360,10 +347,11 @@ impl DeviceProfile {
         let shared = link.latency + 0.5 * (out + inn) / link.bandwidth;
         shared.max(self.one_way_s(link, out.max(inn)))
     }
-    /// Model stages of one whole-message [`Communicator::sendrecv_device`] of `bytes` that sent
-    /// `out` bytes and received `inn` bytes (on the wire): the copy out of the sent message,
-    /// the exchange ([`exchange_s`](Self::exchange_s)), the copy in of the received one, the
-    /// compression when the sent message was compressed (`zipped.0`) and the decompression when
+    /// Model stages of one whole-message
+    /// [`Communicator::sendrecv_device`](crate::comm::Communicator::sendrecv_device) of `bytes`
+    /// that sent `out` bytes and received `inn` bytes (on the wire): the copy out of the sent
+    /// message, the exchange ([`exchange_s`](Self::exchange_s)), the copy in of the received one,
+    /// the compression when the sent message was compressed (`zipped.0`) and the decompression when
     /// the received one was (`zipped.1`), both of `bytes` uncompressed.
     pub fn exchange_terms(
         &self,
@@ -390,9 +378,10 @@ impl DeviceProfile {
             device: 0.0,
         }
     }
-    /// Model stages (raw, compressed) of one whole-message [`Communicator::sendrecv_device`] of
-    /// `bytes` at `ratio` in both directions (the serial form of [`scenario`](Self::scenario)
-    /// with one chunk, which has the same total).
+    /// Model stages (raw, compressed) of one whole-message
+    /// [`Communicator::sendrecv_device`](crate::comm::Communicator::sendrecv_device) of `bytes` at
+    /// `ratio` in both directions (the serial form of [`scenario`](Self::scenario) with one chunk,
+    /// which has the same total).
     pub fn sendrecv_terms(&self, link: Link, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let z = bytes / ratio.max(1e-9);
         (
@@ -400,8 +389,9 @@ impl DeviceProfile {
             self.exchange_terms(link, bytes, z, z, (true, true)),
         )
     }
-    /// Model stages (raw, compressed) of [`Communicator::allgather_device`] of `bytes` per rank
-    /// over `p` ranks: staging out, `p-1` pairwise link transfers, and `p` uploads (+
+    /// Model stages (raw, compressed) of
+    /// [`Communicator::allgather_device`](crate::comm::Communicator::allgather_device) of `bytes`
+    /// per rank over `p` ranks: staging out, `p-1` pairwise link transfers, and `p` uploads (+
     /// decompression calls).
     pub fn allgather_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let (pf, z) = (p.max(1) as f64, bytes / ratio.max(1e-9));
@@ -421,15 +411,17 @@ impl DeviceProfile {
         };
         (raw, cmp)
     }
-    /// Model (raw, compressed) seconds of [`Communicator::allgather_device`].
+    /// Model (raw, compressed) seconds of
+    /// [`Communicator::allgather_device`](crate::comm::Communicator::allgather_device).
     pub fn predict_allgather(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
         let (r, c) = self.allgather_terms(link, p, bytes, ratio);
         (r.total(), c.total())
     }
-    /// Model stages (raw, compressed) of the blocking [`Communicator::bcast_device`] of `bytes`
-    /// over `p` ranks: the root alone compresses and stages out (solo codec call and copy),
-    /// `ceil(log2 p)` one-way link transfers (binomial tree; [`one_way_s`](Self::one_way_s) per
-    /// step), then every rank uploads at once (shared curve) and decompresses after its upload
+    /// Model stages (raw, compressed) of the blocking
+    /// [`Communicator::bcast_device`](crate::comm::Communicator::bcast_device) of `bytes` over `p`
+    /// ranks: the root alone compresses and stages out (solo codec call and copy), `ceil(log2 p)`
+    /// one-way link transfers (binomial tree; [`one_way_s`](Self::one_way_s) per step), then every
+    /// rank uploads at once (shared curve) and decompresses after its upload
     /// ([`decompress_after_upload_s`](Self::decompress_after_upload_s)).
     pub fn bcast_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let hops = (p.max(1) as f64).log2().ceil();
@@ -451,7 +443,8 @@ impl DeviceProfile {
         };
         (raw, cmp)
     }
-    /// Model (raw, compressed) seconds of the blocking [`Communicator::bcast_device`].
+    /// Model (raw, compressed) seconds of the blocking
+    /// [`Communicator::bcast_device`](crate::comm::Communicator::bcast_device).
     pub fn predict_bcast(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (f64, f64) {
         let (r, c) = self.bcast_terms(link, p, bytes, ratio);
         (r.total(), c.total())
@@ -459,9 +452,11 @@ impl DeviceProfile {
 }
 
 impl DeviceProfile {
-    /// Model stages of the compressed device ring of [`Communicator::allreduce_device`] /
+    /// Model stages of the compressed device ring of
+    /// [`Communicator::allreduce_device`](crate::comm::Communicator::allreduce_device) /
     /// `allreduce_mean_device` (`fin = Some(final_ratio)`) or
-    /// [`Communicator::reduce_scatter_device`] (`fin = None`) of `bytes` per rank over `p` ranks:
+    /// [`Communicator::reduce_scatter_device`](crate::comm::Communicator::reduce_scatter_device)
+    /// (`fin = None`) of `bytes` per rank over `p` ranks:
     ///
     /// * the value-range pass over the input (every kind; the input is read in place, never
     ///   copied: the first addition to a segment writes input + decoded into the accumulator,
@@ -496,12 +491,12 @@ impl DeviceProfile {
             link: steps * (2.0 * link.latency + z / link.bandwidth),
             h2d: steps * self.h2d_s(z),
             decompress: steps * self.decompress_add_s(seg),
-            device: pass_s(self.range_pass, bytes),
+            device: seconds_at(bytes, self.range_pass),
         };
         // (reduce-scatter ends with the ring: its own segment accumulated in the output)
         if let Some(rf) = fin {
             if mean {
-                t.device += pass_s(self.scale_pass, seg);
+                t.device += seconds_at(seg, self.scale_pass);
             }
             let g = self.allgather_terms(link, p, seg, rf).1;
             t.compress += g.compress;

@@ -1,6 +1,8 @@
-//! The NCCL cost model: [`NcclProfile`] (link and codec speeds) and the sampled [`WireRatio`]s.
+//! The model of the device-native NCCL operations: [`NcclProfile`] (link curves and codec
+//! speeds) and the sampled [`WireRatio`]s.
 
-use super::*;
+use super::{pipeline, seconds_at, CodecSpeed, NcclLink};
+use crate::codec::CodecKind;
 
 /// Compression ratios (moved bytes / wire bytes) of the two directions of the exchanges of a
 /// compressed operation: `major` for the larger message of each exchange (per step the
@@ -22,7 +24,7 @@ impl From<f64> for WireRatio {
 
 impl WireRatio {
     /// `(major, minor)` made usable: positive, `minor >= major`.
-    pub(super) fn sane(self) -> (f64, f64) {
+    pub(crate) fn sane(self) -> (f64, f64) {
         let major = if self.major > 0.0 { self.major } else { 1e-9 };
         let minor = if self.minor.is_nan() {
             major
@@ -71,15 +73,6 @@ pub struct NcclProfile {
     /// into the accumulator first); `0`: not calibrated, no cost.
     #[serde(default)]
     pub copy_rate: f64,
-}
-
-/// Seconds of `bytes` at `rate` bytes/s (`0` or less: not calibrated, no cost).
-pub(super) fn at_rate(bytes: f64, rate: f64) -> f64 {
-    if rate > 0.0 {
-        bytes / rate
-    } else {
-        0.0
-    }
 }
 
 impl NcclProfile {
@@ -131,24 +124,15 @@ impl NcclProfile {
         self.p2p.time_many(minor, peers) + solo
     }
 
-    /// Seconds of a pipelined round of `k` pieces, each passing the codec stage `gpu` (the
-    /// codec stream and the host, which blocks on every codec call: compress, size message,
-    /// decompress) and the network stage `net`: the first piece passes both, then every further
-    /// piece costs the slower stage (piece `j` is on the wire while `j+1` is compressed and
-    /// `j-1` decompressed).
-    pub(super) fn pipeline(gpu: f64, net: f64, k: f64) -> f64 {
-        gpu + net + (k - 1.0).max(0.0) * gpu.max(net)
-    }
-
     /// Predicted `(raw, compressed)` seconds of an allreduce of `bytes` per rank over `p` ranks
     /// at compression ratios `ratio` ([`WireRatio`]; a plain `f64` for both directions alike),
     /// with `pieces` pipeline pieces per segment (`reduce_scatter_only`: stop after the
     /// reduce-scatter).
     ///
     /// Compressed: the preparation (value-range pass, input copy), then `p-1` ring steps and
-    /// (allreduce) one allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per round): per
-    /// piece the codec stage (compress + fixed + size message, decompress-and-add + fixed; the
-    /// allgather round decompresses `p` pieces) and the network stage
+    /// (allreduce) one allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per
+    /// round): per piece the codec stage (compress + fixed + size message, decompress-and-add +
+    /// fixed; the allgather round decompresses `p` pieces) and the network stage
     /// ([`exchange`](Self::exchange) of the pieces' compressed sizes, `bytes / p / pieces /
     /// ratio`). Raw: the allreduce curve at `bytes`.
     #[allow(clippy::too_many_arguments)]
@@ -170,9 +154,10 @@ impl NcclProfile {
         let comp = piece / tc + self.compress_fixed + self.piece_overhead;
         let dec = piece / td + self.decompress_fixed;
         let net = self.exchange(piece / major, piece / minor, 1.0);
-        let prep =
-            at_rate(bytes, self.range_rate) + self.piece_overhead + at_rate(bytes, self.copy_rate);
-        let rs = (pf - 1.0) * Self::pipeline(comp + dec, net, k);
+        let prep = seconds_at(bytes, self.range_rate)
+            + self.piece_overhead
+            + seconds_at(bytes, self.copy_rate);
+        let rs = (pf - 1.0) * pipeline(&[comp + dec, net], pieces);
         if reduce_scatter_only {
             // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half
             let raw = self.allreduce.time_many(bytes, 0.5);
@@ -180,7 +165,7 @@ impl NcclProfile {
         }
         // each piece goes to the p-1 other ranks in one grouped round
         let net = self.exchange(piece / major, piece / minor, pf - 1.0);
-        let ag = Self::pipeline(comp + pf * dec, net, k);
+        let ag = pipeline(&[comp + pf * dec, net], pieces);
         (self.allreduce.time(bytes), prep + rs + ag)
     }
 
@@ -207,7 +192,7 @@ impl NcclProfile {
             + self.piece_overhead
             + pf * (piece / td + self.decompress_fixed);
         let net = self.exchange(piece / major, piece / minor, pf - 1.0);
-        let cmp = at_rate(bytes, self.range_rate) + Self::pipeline(gpu, net, k);
+        let cmp = seconds_at(bytes, self.range_rate) + pipeline(&[gpu, net], pieces);
         (self.allgather.time(pf * bytes), cmp)
     }
 
@@ -232,7 +217,8 @@ impl NcclProfile {
             + self.piece_overhead
             + piece / td
             + self.decompress_fixed;
-        let cmp = at_rate(bytes, self.range_rate) + Self::pipeline(gpu, lk.time(piece / cr), k);
+        let cmp =
+            seconds_at(bytes, self.range_rate) + pipeline(&[gpu, lk.time(piece / cr)], pieces);
         (lk.time(bytes), cmp)
     }
 }

@@ -1,15 +1,163 @@
-//! Size-dependent link model of one raw NCCL operation (pure host logic, no device needed).
+//! Size-dependent time curves built from measured points: pinned staging copies
+//! ([`StagingCurve`]), one-way transfers between two ranks ([`LinkCurve`]) and raw NCCL
+//! operations ([`NcclLink`]).
 //!
-//! NCCL's time for a message is not `latency + bytes / bandwidth` with one bandwidth: over the
-//! socket transport a few channels and TCP slow start make messages of a few MB travel well
-//! below the large-message rate, so a straight line through 1 MiB and 64 MiB underestimates the
-//! mid-size messages that compressed pieces produce. [`NcclLink`] therefore keeps the measured
-//! `(bytes, seconds)` points and interpolates piecewise linearly between them (time is monotone
-//! in bytes); below the smallest point it runs to the latency intercept at zero bytes, beyond the
-//! largest it continues with the last segment's bandwidth. Without points (old profile files,
-//! [`NcclProfile::guess`](super::NcclProfile::guess)) it is the plain linear [`Link`].
+//! The staging and one-way curves interpolate linearly in log(bytes)–log(seconds), because the
+//! achieved bandwidth of pinned copies and host transports changes smoothly over orders of
+//! magnitude of size. NCCL's time for a message is not `latency + bytes / bandwidth` with one
+//! bandwidth either: over the socket transport a few channels and TCP slow start make messages
+//! of a few MB travel well below the large-message rate, so a straight line through 1 MiB and
+//! 64 MiB underestimates the mid-size messages that compressed pieces produce. [`NcclLink`]
+//! therefore keeps the measured `(bytes, seconds)` points and interpolates piecewise linearly
+//! between them (time is monotone in bytes); below the smallest point it runs to the latency
+//! intercept at zero bytes, beyond the largest it continues with the last segment's bandwidth.
+//! Without points (old profile files, [`NcclProfile::guess`](super::NcclProfile::guess)) it is
+//! the plain linear [`Link`].
 
-use crate::model::Link;
+use super::Link;
+
+/// One measured size of a [`StagingCurve`]: seconds of a pinned device→host and host→device
+/// copy of `bytes` (median over repetitions; every rank copying at once, slowest rank, or one
+/// rank alone for a solo curve).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StagingPoint {
+    /// Bytes copied.
+    pub bytes: f64,
+    /// Device→host seconds.
+    pub d2h: f64,
+    /// Host→device seconds.
+    pub h2d: f64,
+}
+
+/// Size-dependent pinned staging times (device buffers): measured points, interpolated linearly
+/// in log(bytes)–log(seconds) between them and extended with the bandwidth of the nearest
+/// end point outside them. Pinned copies are not one `latency + bytes/bandwidth` line: the
+/// achieved bandwidth depends on the size and on how many ranks copy through the same PCIe link
+/// at once, so the model uses the time measured at the nearest sizes. An empty curve has no
+/// opinion (callers fall back to a [`Link`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StagingCurve {
+    /// Measured points, sorted by size (see [`insert`](Self::insert)).
+    pub points: Vec<StagingPoint>,
+}
+
+impl StagingCurve {
+    /// Whether no size has been measured.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+    /// Add (or replace) the point of `p.bytes`, keeping the points sorted.
+    pub fn insert(&mut self, p: StagingPoint) {
+        if !(p.bytes > 0.0 && p.d2h > 0.0 && p.h2d > 0.0) {
+            return;
+        }
+        self.points.retain(|q| q.bytes != p.bytes);
+        let i = self.points.partition_point(|q| q.bytes < p.bytes);
+        self.points.insert(i, p);
+    }
+    fn interp(&self, bytes: f64, f: impl Fn(&StagingPoint) -> f64) -> Option<f64> {
+        interp_log(&self.points, bytes, |p| p.bytes, f)
+    }
+    /// Predicted device→host seconds for `bytes` (`None` when empty).
+    pub fn d2h(&self, bytes: f64) -> Option<f64> {
+        self.interp(bytes, |p| p.d2h)
+    }
+    /// Predicted host→device seconds for `bytes` (`None` when empty).
+    pub fn h2d(&self, bytes: f64) -> Option<f64> {
+        self.interp(bytes, |p| p.h2d)
+    }
+    /// The effective link of one staging hop of `bytes` (mean of both directions, latency 0: `bytes
+    /// / bandwidth` is the interpolated time), for
+    /// [`Scenario::with_staging`](super::Scenario::with_staging).
+    pub fn link(&self, bytes: f64) -> Option<Link> {
+        let b = bytes.max(1.0);
+        let t = 0.5 * (self.d2h(b)? + self.h2d(b)?);
+        Some(Link {
+            bandwidth: b / t.max(1e-12),
+            latency: 0.0,
+        })
+    }
+}
+
+/// Interpolate the seconds `y` of measured `points` (sorted by their size `x`) at `bytes`:
+/// linear in log(bytes)–log(seconds) between points, the bandwidth of the nearest end point
+/// outside them, 0 for no (or NaN) bytes, `None` without points.
+fn interp_log<P>(
+    pts: &[P],
+    bytes: f64,
+    x: impl Fn(&P) -> f64,
+    y: impl Fn(&P) -> f64,
+) -> Option<f64> {
+    let (first, last) = (pts.first()?, pts.last()?);
+    if bytes.is_nan() || bytes <= 0.0 {
+        return Some(0.0);
+    }
+    if bytes <= x(first) {
+        return Some(y(first) * bytes / x(first));
+    }
+    if bytes >= x(last) {
+        return Some(y(last) * bytes / x(last));
+    }
+    let i = pts.partition_point(|q| x(q) < bytes).max(1);
+    if x(&pts[i]) == bytes {
+        return Some(y(&pts[i]));
+    }
+    let (a, b) = (&pts[i - 1], &pts[i]);
+    let w = (bytes.ln() - x(a).ln()) / (x(b).ln() - x(a).ln());
+    Some((y(a).ln() * (1.0 - w) + y(b).ln() * w).exp())
+}
+
+/// One measured size of a [`LinkCurve`]: seconds of a one-way transfer of `bytes` (median over
+/// repetitions; the slower direction of the measured pair).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkPoint {
+    /// Bytes sent.
+    pub bytes: f64,
+    /// Seconds until the receiver holds them.
+    pub seconds: f64,
+}
+
+/// Size-dependent one-way transfer times between two ranks (one rank sends, the receiver receives,
+/// every other rank idle): measured points interpolated like a [`StagingCurve`]. A one-way stream
+/// does not share the link (or, on one node, the memory system) with the opposite direction, so it
+/// is faster than the per-direction bandwidth of a ping-pong in which both ranks send at once
+/// ([`Profile::link`](super::Profile::link)). An empty curve has no opinion.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkCurve {
+    /// Measured points, sorted by size (see [`insert`](Self::insert)).
+    pub points: Vec<LinkPoint>,
+}
+
+impl LinkCurve {
+    /// Whether no size has been measured.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+    /// Add (or replace) the point of `p.bytes`, keeping the points sorted (invalid points are
+    /// ignored).
+    pub fn insert(&mut self, p: LinkPoint) {
+        if !(p.bytes > 0.0 && p.seconds > 0.0 && p.seconds.is_finite()) {
+            return;
+        }
+        self.points.retain(|q| q.bytes != p.bytes);
+        let i = self.points.partition_point(|q| q.bytes < p.bytes);
+        self.points.insert(i, p);
+    }
+    /// Predicted one-way seconds of `bytes` (`None` when empty).
+    pub fn seconds(&self, bytes: f64) -> Option<f64> {
+        interp_log(&self.points, bytes, |p| p.bytes, |p| p.seconds)
+    }
+    /// The effective link of one transfer of `bytes` (latency 0: `bytes / bandwidth` is the
+    /// interpolated time).
+    pub fn link(&self, bytes: f64) -> Option<Link> {
+        let b = bytes.max(1.0);
+        let t = self.seconds(b)?;
+        Some(Link {
+            bandwidth: b / t.max(1e-12),
+            latency: 0.0,
+        })
+    }
+}
 
 /// One raw NCCL operation's time as a function of message size: measured points, interpolated
 /// piecewise linearly, with the linear `latency + bytes / bandwidth` model outside them (and
