@@ -426,7 +426,7 @@ impl Header {
                 // the shape names the particles' coordinate count, and a compressed stream's
                 // metadata is exactly the GPZ header of that many axes
                 let d = gpz_coords(&d).map_err(|e| Error::corrupt(e.to_string()))?;
-                if !h.is_stored() && meta_len as usize != crate::codec::gpz::layout::header_len(d) {
+                if !h.is_stored() && meta_len as usize != gpz_header_len(d) {
                     return Err(Error::corrupt(format!(
                         "gpz metadata length {meta_len} is not the header length of {d} axes"
                     )));
@@ -689,6 +689,14 @@ pub fn gpz_coords(dims: &Dims) -> Result<usize> {
         )));
     }
     Ok(d as usize)
+}
+
+/// Bytes of a GPZ header with `d` coordinates per particle (GPZ-FORMAT.md: a fixed part of
+/// 48 bytes, one 48-byte record per axis, the header checksum and 4 reserved bytes), which is
+/// the codec metadata of a compressed `gpz` zcomm stream. Lives here, with the other stream
+/// layouts, so that checking a zcomm header needs nothing from the codecs.
+pub fn gpz_header_len(d: usize) -> usize {
+    48 + 48 * d + 8
 }
 
 /// Bytes per chunk-table entry of streams of codec tag `codec`: [`PFPL_TABLE_ENTRY_LEN`] for

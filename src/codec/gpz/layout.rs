@@ -25,9 +25,12 @@ const AXIS_LEN: usize = 48;
 /// Bytes of one block-table entry (`size: u16`).
 pub const TABLE_ENTRY_LEN: usize = 2;
 
-/// Header bytes of a stream with `d` coordinates per particle (`56 + 48 d`).
+/// Header bytes of a stream with `d` coordinates per particle (`56 + 48 d`: the fixed part,
+/// the axis records, the header checksum and 4 reserved bytes). The zcomm header check owns
+/// the number ([`gpz_header_len`](crate::format::gpz_header_len)); a test ties it to this
+/// module's layout constants.
 pub fn header_len(d: usize) -> usize {
-    FIXED_LEN + AXIS_LEN * d + 8
+    crate::format::gpz_header_len(d)
 }
 
 /// The quantization record of one coordinate axis.
@@ -359,4 +362,16 @@ pub(crate) fn block_offsets(h: &GpzHeader, payload: &[u8]) -> Result<Vec<usize>>
         return Err(Error::corrupt("gpz block data checksum mismatch"));
     }
     Ok(offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_len_matches_the_layout() {
+        for d in 1..=4 {
+            assert_eq!(header_len(d), FIXED_LEN + AXIS_LEN * d + 8);
+        }
+    }
 }

@@ -49,6 +49,8 @@ impl NcclComm {
                 .ok_or_else(|| Error::Unavailable(format!("GPU codec: {}", self.gpu_error)))?;
             let mut wire = Wire::default();
             let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
+            // where received piece `j` lands in `buf`
+            let at = |j: usize| recv.start + rp[j].start..recv.start + rp[j].end;
             for k in 0..sp.len().max(rp.len()) {
                 let slen = if k < sp.len() {
                     let v = buf.slice(send.start + sp[k].start..send.start + sp[k].end);
@@ -107,32 +109,14 @@ impl NcclComm {
                 wire.minor += slen.min(rlen);
                 let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, len, ev)) = pending.take() {
-                    Self::consume(
-                        gpu,
-                        &rpool,
-                        j,
-                        len,
-                        &ev,
-                        buf,
-                        recv.start + rp[j].start..recv.start + rp[j].end,
-                        accumulate,
-                    )?;
+                    Self::consume(gpu, &rpool, j, len, &ev, buf, at(j), accumulate)?;
                 }
                 if rlen > 0 {
                     pending = Some((k, rlen, ev));
                 }
             }
             if let Some((j, len, ev)) = pending.take() {
-                Self::consume(
-                    gpu,
-                    &rpool,
-                    j,
-                    len,
-                    &ev,
-                    buf,
-                    recv.start + rp[j].start..recv.start + rp[j].end,
-                    accumulate,
-                )?;
+                Self::consume(gpu, &rpool, j, len, &ev, buf, at(j), accumulate)?;
             }
             Ok(wire)
         })();
