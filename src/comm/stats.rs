@@ -61,6 +61,14 @@ impl OpStats {
             max_error: None,
         }
     }
+    /// The stats of an operation moving `bytes` uncompressed (`wire_bytes == bytes`).
+    pub(super) fn raw_bytes(op: u8, bytes: usize) -> Self {
+        OpStats {
+            bytes: bytes as u64,
+            wire_bytes: bytes as u64,
+            ..Self::raw(op)
+        }
+    }
     /// `(measured - predicted) / predicted`.
     pub fn prediction_error(&self) -> f64 {
         (self.measured_s - self.predicted_s) / self.predicted_s

@@ -107,6 +107,17 @@ impl NcclProfile {
             .unwrap_or((200e9, 300e9))
     }
 
+    /// Seconds of the codec stage of one pipeline piece of `piece` bytes, `(compress,
+    /// decompress)`: each call's throughput term and fixed cost, the compression also the size
+    /// message that follows it.
+    fn piece_codec_s(&self, piece: f64, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
+        let (tc, td) = self.codec_speed(codec, dtype_tag);
+        (
+            piece / tc + self.compress_fixed + self.piece_overhead,
+            piece / td + self.decompress_fixed,
+        )
+    }
+
     /// The one-way link ([`p2p_one`](Self::p2p_one), else the pairwise curve).
     pub fn one_way(&self) -> &NcclLink {
         self.p2p_one.as_ref().unwrap_or(&self.p2p)
@@ -147,12 +158,9 @@ impl NcclProfile {
         reduce_scatter_only: bool,
     ) -> (f64, f64) {
         let pf = p.max(1) as f64;
-        let (tc, td) = self.codec_speed(codec, dtype_tag);
         let (major, minor) = ratio.into().sane();
-        let k = pieces.max(1) as f64;
-        let piece = bytes / pf / k;
-        let comp = piece / tc + self.compress_fixed + self.piece_overhead;
-        let dec = piece / td + self.decompress_fixed;
+        let piece = bytes / pf / pieces.max(1) as f64;
+        let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
         let net = self.exchange(piece / major, piece / minor, 1.0);
         let prep = seconds_at(bytes, self.range_rate)
             + self.piece_overhead
@@ -183,14 +191,10 @@ impl NcclProfile {
         dtype_tag: u8,
     ) -> (f64, f64) {
         let pf = p.max(1) as f64;
-        let (tc, td) = self.codec_speed(codec, dtype_tag);
         let (major, minor) = ratio.into().sane();
-        let k = pieces.max(1) as f64;
-        let piece = bytes / k;
-        let gpu = piece / tc
-            + self.compress_fixed
-            + self.piece_overhead
-            + pf * (piece / td + self.decompress_fixed);
+        let piece = bytes / pieces.max(1) as f64;
+        let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
+        let gpu = comp + pf * dec;
         let net = self.exchange(piece / major, piece / minor, pf - 1.0);
         let cmp = seconds_at(bytes, self.range_rate) + pipeline(&[gpu, net], pieces);
         (self.allgather.time(pf * bytes), cmp)
@@ -207,16 +211,11 @@ impl NcclProfile {
         codec: CodecKind,
         dtype_tag: u8,
     ) -> (f64, f64) {
-        let (tc, td) = self.codec_speed(codec, dtype_tag);
         let cr = ratio.max(1e-9);
-        let k = pieces.max(1) as f64;
-        let piece = bytes / k;
+        let piece = bytes / pieces.max(1) as f64;
         let lk = self.one_way();
-        let gpu = piece / tc
-            + self.compress_fixed
-            + self.piece_overhead
-            + piece / td
-            + self.decompress_fixed;
+        let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
+        let gpu = comp + dec;
         let cmp =
             seconds_at(bytes, self.range_rate) + pipeline(&[gpu, lk.time(piece / cr)], pieces);
         (lk.time(bytes), cmp)

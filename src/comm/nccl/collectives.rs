@@ -38,7 +38,7 @@ impl NcclComm {
         let plan = self.plan::<T>(OP_ALLGATHER, n, want, |c| {
             c.sample_ratio(&send.as_view(), codec, None)
         })?;
-        let mut st = Self::base_stats(OP_ALLGATHER, bytes);
+        let mut st = OpStats::raw_bytes(OP_ALLGATHER, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
         let compress = self.decide(plan, &mut st, best_t, |ratio| {
@@ -155,7 +155,7 @@ impl NcclComm {
         let plan = self.plan::<T>(op, n, want, |c| {
             c.sample_ratio(&x.as_view(), codec, Some((p, d, nq)))
         })?;
-        let mut st = Self::base_stats(op, bytes);
+        let mut st = OpStats::raw_bytes(op, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
         let mut compress = self.decide(plan, &mut st, best_t, |ratio| {

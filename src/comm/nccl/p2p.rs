@@ -32,7 +32,7 @@ impl NcclComm {
         let avail = self.gpu.is_some() && self.codec_ranks.get(dest).copied().unwrap_or(false);
         let always = matches!(self.config.policy, Policy::Always(_));
         let mut compress = want && avail;
-        let mut st = Self::base_stats(OP_SEND, bytes);
+        let mut st = OpStats::raw_bytes(OP_SEND, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
         if compress {
@@ -177,7 +177,7 @@ impl NcclComm {
         mine.decision = u8::from(self.gpu.is_some());
         self.sh.boot.send(src, TAG_P2P + tag, &mine.to_bytes())?;
         check_pair(&sd, &mine)?;
-        let mut st = Self::base_stats(OP_RECV, bytes);
+        let mut st = OpStats::raw_bytes(OP_RECV, bytes);
         st.ratio_estimate = sd.ratio;
         let always = matches!(self.config.policy, Policy::Always(_));
         let outcome = if sd.decision == DEC_UNAVAILABLE {

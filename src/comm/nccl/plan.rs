@@ -272,22 +272,4 @@ impl NcclComm {
         tracing::debug!(target: "zcomm::nccl", rank = self.rank(), "{st}");
         Ok(st)
     }
-
-    pub(super) fn base_stats(op: u8, bytes: usize) -> OpStats {
-        OpStats {
-            op: op_name(op),
-            decision: Decision::Raw,
-            codec: None,
-            ratio_estimate: 1.0,
-            ratio: 1.0,
-            bytes: bytes as u64,
-            wire_bytes: bytes as u64,
-            predicted_raw_s: 0.0,
-            predicted_compressed_s: 0.0,
-            predicted_s: 0.0,
-            measured_s: 0.0,
-            bound: 0.0,
-            max_error: None,
-        }
-    }
 }
