@@ -396,7 +396,7 @@ template <typename T, int D> struct GzSlot {
 // in bytes (block.rs encode_block).
 template <typename T, int D, bool PRESERVE>
 __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D], const u32 (&gw)[D],
-                               u32 lmax, u32* buf, int lane) {
+                               u32 lmax, u32* buf, int lane, u64* perm, u64 first) {
     typedef typename ZT<T>::code_t C;
     for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
     const bool valid = lane < n;
@@ -505,6 +505,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         raw = coded > raw_bytes;
     }
     if (raw) {
+        // a raw block keeps its particles in place
+        if (!PRESERVE && perm && valid) perm[lane] = first + (u64)lane;
         if (lane == 0) gz_put(buf, 0, 1u, 8u);
         __syncwarp();
         if (valid) {
@@ -582,6 +584,12 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     if (lane == 0) gz_put(buf, p, best_l, GZ_LEVEL_BITS);
     p += GZ_LEVEL_BITS;
     const bool inr = (u32)lane < m;
+    if (!PRESERVE && perm) {
+        // reorder: sorted position `lane` holds block particle `b_src`; the exceptions follow
+        // the coded particles in block order (block.rs: the stream's output slots)
+        if (inr) perm[lane] = first + (u64)b_src;
+        if ((exc >> lane) & 1u) perm[m + __popc(exc & gz_lanemask_lt(lane))] = first + (u64)lane;
+    }
     const bool start = (b_starts >> lane) & 1u;
     const u32 run_of = __popc(b_starts & gz_upto(lane)) - 1u;  // this sorted position's run
     const u32 R = b_r;
@@ -710,7 +718,7 @@ __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* bu
 // GZ_WARPS blocks, one per warp: encode, look-back over the block sizes (each warp its own
 // chunk: no CTA barrier after the ticket), write. hdr: header bytes; cap: capacity of out.
 template <typename T, int D, bool PRESERVE>
-__device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {
+__device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {
     __shared__ u32 s_buf[GZ_WARPS][GzSlot<T, D>::WORDS];
     __shared__ u32 s_chunk;
     __shared__ ZQ<T> s_qz[D];
@@ -731,7 +739,8 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap)
     const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
     const u64 first = b << 5;
     const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
-    const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane);
+    const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane,
+                                                     perm ? perm + first : perm, first);
     const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
     if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
     const u64 tab = hdr + 2ull * b;
@@ -1120,11 +1129,11 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
         gz_encode_##TN##_d##D##_p(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
-        gz_encode<T, D, true>(x, n, ws, out, hdr, cap);                                                      \
+        gz_encode<T, D, true>(x, n, ws, out, hdr, cap, nullptr);                                             \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
-        gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
-        gz_encode<T, D, false>(x, n, ws, out, hdr, cap);                                                     \
+        gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {        \
+        gz_encode<T, D, false>(x, n, ws, out, hdr, cap, perm);                                               \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
         gz_decode_##TN##_d##D##_p(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
@@ -1147,6 +1156,10 @@ GZ_RANGE(f64, double, 4)
 extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
+// the identity permutation: a reorder stream that fell back to storing its particles verbatim
+extern "C" __global__ void __launch_bounds__(256) gz_iota_k(u64* perm, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) perm[i] = i;
+}
 extern "C" __global__ void __launch_bounds__(256) gz_offsets_k(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
     gz_offsets(in, hdr, data_len, nb, ws);
 }

@@ -1,5 +1,6 @@
 //! The GPZ particle codec on the GPU (`zcomm::gpu::gpz::GpzGpu`) vs its CPU twin
-//! (`zcomm::codec::gpz`): identical streams byte for byte, identical reconstructions bit for bit,
+//! (`zcomm::codec::gpz`): identical streams byte for byte and identical reorder permutations,
+//! identical reconstructions bit for bit,
 //! GPU decoding of CPU streams, and the same rejection of corrupted streams; the NVRTC test
 //! compiles the kernels whenever libnvrtc can be loaded, with or without a GPU.
 //!
@@ -198,11 +199,20 @@ fn check_one<T: GpuElement>(
         T::DTYPE,
         data.len() / d
     );
-    let (cpu, _) =
+    let (cpu, cpu_perm) =
         compress_particles(data, d, bound, order).unwrap_or_else(|e| panic!("{what}: cpu: {e}"));
-    let g = gpu
-        .compress(data, d, bound, order)
+    let (g, g_perm) = gpu
+        .compress_particles(data, d, bound, order)
         .unwrap_or_else(|e| panic!("{what}: gpu compress: {e}"));
+    // reorder: the GPU's permutation is the CPU's (preserve: none on either side)
+    if g_perm != cpu_perm {
+        let first = g_perm
+            .iter()
+            .flatten()
+            .zip(cpu_perm.iter().flatten())
+            .position(|(a, b)| a != b);
+        panic!("{what}: GPU permutation differs from the CPU's (first difference at {first:?})");
+    }
     if g != cpu {
         let first = g.iter().zip(&cpu).position(|(a, b)| a != b);
         panic!(
@@ -340,4 +350,26 @@ fn gpz_device_api(gpu: &mut GpzGpu) {
     let back = s.clone_dtoh(&y).unwrap();
     let (want, _) = decompress_particles::<f64>(&cpu).unwrap();
     assert_eq!(same_bits(&want, &back), None);
+    // reorder with the permutation on the device: a permutation of the wrong length is an error
+    let mut short = s.alloc_zeros::<u64>(n - 1).unwrap();
+    let e = gpu.compress_device_reorder(
+        &x.slice(..),
+        3,
+        ErrorBound::Noa(1e-3),
+        &mut out.slice_mut(..cap),
+        &mut short.slice_mut(..),
+    );
+    assert!(matches!(e, Err(zcomm::Error::InvalidArgument(_))), "{e:?}");
+    // incompressible particles (noise at a bound far below it): the stream falls back to
+    // storing them verbatim, and the permutation is the identity, as on the CPU
+    let mut r = Rng(99);
+    let noise: Vec<f64> = (0..3 * 777).map(|_| r.unit() * 1e6).collect();
+    let b = ErrorBound::Abs(1e-300);
+    let (cpu, cpu_perm) = compress_particles(&noise, 3, b, Order::Reorder).unwrap();
+    let (g, g_perm) = gpu
+        .compress_particles(&noise, 3, b, Order::Reorder)
+        .unwrap();
+    assert_eq!(g, cpu);
+    assert_eq!(g_perm, cpu_perm);
+    assert_eq!(g_perm.unwrap(), (0..777u64).collect::<Vec<_>>());
 }

@@ -82,6 +82,7 @@ pub fn kernel_names() -> Vec<String> {
         "gz_init_k".to_string(),
         "gz_hash_k".to_string(),
         "gz_offsets_k".to_string(),
+        "gz_iota_k".to_string(),
     ];
     for t in ["f32", "f64"] {
         v.push(format!("gz_params_{t}"));
@@ -345,6 +346,42 @@ impl GpzGpu {
         order: Order,
         out: &mut CudaViewMut<'_, u8>,
     ) -> Result<usize> {
+        self.encode(input, d, bound, order, out, None)
+    }
+
+    /// [`GpzGpu::compress_device`] in [`Order::Reorder`], also writing the permutation:
+    /// `perm[i]` is the original index of the stream's particle `i` (exactly the permutation
+    /// [`compress_particles`] returns), so that other per-particle arrays (velocities, ids) can
+    /// be permuted to match the decompressed particles. `perm` must hold one value per particle.
+    ///
+    /// Errors: those of [`GpzGpu::compress_device`], and a `perm` of another length.
+    pub fn compress_device_reorder<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        d: usize,
+        bound: ErrorBound,
+        out: &mut CudaViewMut<'_, u8>,
+        perm: &mut CudaViewMut<'_, u64>,
+    ) -> Result<usize> {
+        if d == 0 || perm.len() != input.len() / d {
+            return Err(Error::invalid(format!(
+                "gpz permutation of {} values for {} values of {d} coordinates",
+                perm.len(),
+                input.len()
+            )));
+        }
+        self.encode(input, d, bound, Order::Reorder, out, Some(perm))
+    }
+
+    fn encode<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        d: usize,
+        bound: ErrorBound,
+        order: Order,
+        out: &mut CudaViewMut<'_, u8>,
+        perm: Option<&mut CudaViewMut<'_, u64>>,
+    ) -> Result<usize> {
         if !(1..=4).contains(&d) {
             return Err(Error::invalid(format!(
                 "gpz takes 1 to 4 coordinates per particle, got {d}"
@@ -377,6 +414,8 @@ impl GpzGpu {
             .bind_to_thread()
             .map_err(gpu_err("bind"))?;
         let outp = ptr_of_mut(out, &self.stream);
+        // 0: the encoder writes no permutation
+        let permp = perm.map_or(0, |p| ptr_of_mut(p, &self.stream));
         if n == 0 {
             // nothing to run: the CPU writes the header-only stored stream
             let (s, _) = compress_particles::<T>(&[], d, bound, order)?;
@@ -442,8 +481,11 @@ impl GpzGpu {
                 .arg(&outp)
                 .arg(&hl64)
                 .arg(&cap64);
-            // SAFETY: reads n * d values, writes below `cap` bytes of `out` and the workspace
-            // (CTRL + nb words, grown by `init`).
+            if order == Order::Reorder {
+                b.arg(&permp);
+            }
+            // SAFETY: reads n * d values, writes below `cap` bytes of `out`, the workspace
+            // (CTRL + nb words, grown by `init`) and, when given, the n values of `perm`.
             unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
                 .map_err(gpu_err("encode"))?;
             self.mark("encode")?;
@@ -488,6 +530,15 @@ impl GpzGpu {
             self.hash(outp, hl as u64, 0, raw, raw)?;
             let c2 = self.read_ctrl()?;
             header.data_checksum = zhash_of(c2[W_HASH + 1], raw);
+            if permp != 0 {
+                // the stored particles keep their order
+                let f = self.func("gz_iota_k")?;
+                let grid = self.wave_grid("gz_iota_k", n)?;
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&permp).arg(&n64);
+                // SAFETY: writes the n values of `perm` (its length checked by the caller).
+                unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("iota"))?;
+            }
         }
         self.write_bytes(outp, &header.to_bytes())?;
         Ok(hl + header.payload_len as usize)
@@ -678,6 +729,45 @@ impl GpzGpu {
             .map_err(gpu_err("dtoh"))?;
         s.synchronize().map_err(gpu_err("sync"))?;
         Ok(v)
+    }
+
+    /// [`compress_particles`] on the GPU: the stream (the same bytes) and, for
+    /// [`Order::Reorder`], the permutation (`perm[i]` is the original index of the stream's
+    /// particle `i`), from host particles copied to the device and back.
+    pub fn compress_particles<T: GpuElement>(
+        &mut self,
+        coords: &[T],
+        d: usize,
+        bound: ErrorBound,
+        order: Order,
+    ) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
+        if order == Order::Preserve || d == 0 || coords.len() % d != 0 || coords.is_empty() {
+            // no permutation to compute on the device (or the CPU's argument errors)
+            return match order {
+                Order::Preserve => Ok((self.compress(coords, d, bound, order)?, None)),
+                Order::Reorder => compress_particles(coords, d, bound, order),
+            };
+        }
+        let s = self.stream.clone();
+        let x = s.clone_htod(coords).map_err(gpu_err("htod"))?;
+        let n = coords.len() / d;
+        let cap = Self::compress_bound::<T>(n, d);
+        let mut out = s.alloc_zeros::<u8>(cap).map_err(gpu_err("alloc"))?;
+        let mut perm = s.alloc_zeros::<u64>(n).map_err(gpu_err("alloc"))?;
+        let len = self.compress_device_reorder(
+            &x.slice(..),
+            d,
+            bound,
+            &mut out.slice_mut(..),
+            &mut perm.slice_mut(..),
+        )?;
+        let mut v = vec![0u8; len];
+        s.memcpy_dtoh(&out.slice(0..len), &mut v[..])
+            .map_err(gpu_err("dtoh"))?;
+        let mut p = vec![0u64; n];
+        s.memcpy_dtoh(&perm, &mut p[..]).map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        Ok((v, Some(p)))
     }
 
     /// [`GpzGpu::decompress_device`] of a host stream: the `N * d` values (AoS) and `d`.
