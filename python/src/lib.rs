@@ -5,7 +5,7 @@
 //! alive for the duration of the call (a torch tensor's `data_ptr()`: zero copy). Everything that
 //! touches values (compress, decode, decode-and-accumulate, range) runs here with the GIL released.
 //!
-//! Only public zcomm API is used: `compress`, `compress_with_range`, `decompress_into`,
+//! Only public zcomm API is used: `compress_with_options`, `compress_particles_nd`, `decompress_into`,
 //! `inspect`, `quant::finite_range`, `model::predict`, and for CUDA tensors the GPU codec
 //! (`gpu::GpuCodec`, module `cuda`).
 
@@ -119,9 +119,12 @@ fn compress_bound(count: usize, dtype: &str) -> PyResult<usize> {
 }
 
 /// Compress `count` values at `ptr`. With `range=(min, max)` and a `noa` bound, the range is the
-/// given one (e.g. agreed on by all ranks) instead of the data's own.
+/// given one (e.g. agreed on by all ranks) instead of the data's own. With `dims` (the array's
+/// shape, slowest first, 1 to 4 extents whose product is `count`), the shape-aware codecs
+/// (cuszi, gpz) use it and record it in the stream; the others compress the values as 1-D.
 #[pyfunction]
-#[pyo3(signature = (ptr, count, dtype, bound, codec, range=None))]
+#[pyo3(signature = (ptr, count, dtype, bound, codec, range=None, dims=None))]
+#[allow(clippy::too_many_arguments)]
 fn compress<'py>(
     py: Python<'py>,
     ptr: usize,
@@ -130,42 +133,66 @@ fn compress<'py>(
     bound: &str,
     codec: &str,
     range: Option<(f64, f64)>,
+    dims: Option<Vec<u64>>,
 ) -> PyResult<Bound<'py, PyByteArray>> {
     let d = dt(dtype)?;
     let b = parse_bound(bound)?;
     let c = parse_codec(codec)?;
+    let mut opts = zcomm::CompressOptions::default();
+    if let Some(r) = range {
+        opts = opts.with_range(r);
+    }
+    if let Some(s) = dims.filter(|_| c.uses_dims()) {
+        opts = opts.with_dims(zcomm::Dims::new(&s).map_err(err)?);
+    }
     let stream = py.allow_threads(|| -> zcomm::Result<Vec<u8>> {
-        fn run<T: zcomm::Element>(
-            x: &[T],
-            b: ErrorBound,
-            c: CodecKind,
-            r: Option<(f64, f64)>,
-        ) -> zcomm::Result<Vec<u8>> {
-            match r {
-                Some(r) => zcomm::compress_with_range(x, b, c, r),
-                None => zcomm::compress(x, b, c),
-            }
-        }
         // SAFETY: see `slice`; the Python wrapper holds the tensor.
         match d {
-            Dt::F32 => run(
-                unsafe { slice::<f32>(ptr, count) }
-                    .map_err(|e| zcomm::Error::invalid(e.to_string()))?,
-                b,
-                c,
-                range,
-            ),
-            Dt::F64 => run(
-                unsafe { slice::<f64>(ptr, count) }
-                    .map_err(|e| zcomm::Error::invalid(e.to_string()))?,
-                b,
-                c,
-                range,
-            ),
+            Dt::F32 => zcomm::compress_with_options(host_values::<f32>(ptr, count)?, b, c, &opts),
+            Dt::F64 => zcomm::compress_with_options(host_values::<f64>(ptr, count)?, b, c, &opts),
         }
     });
     let stream = stream.map_err(err)?;
     Ok(PyByteArray::new(py, &stream))
+}
+
+/// [`slice`] for the codec calls that run without the GIL (their errors are zcomm errors).
+fn host_values<'a, T>(ptr: usize, count: usize) -> zcomm::Result<&'a [T]> {
+    // SAFETY: the Python caller keeps `count` values alive at `ptr` during the call.
+    unsafe { slice::<T>(ptr, count) }.map_err(|e| zcomm::Error::invalid(e.to_string()))
+}
+
+/// Compress `count` values at `ptr` as GPZ particles of shape `dims` (`[N]` or `[N, d]`, d = 1
+/// to 4 coordinates, AoS) in `order` (`preserve` or `reorder`). Returns the stream and, for
+/// `reorder`, the permutation as little-endian u64 bytes (`perm[i]` is the original index of
+/// the decoded particle `i`), else `None`.
+#[pyfunction]
+fn compress_particles<'py>(
+    py: Python<'py>,
+    ptr: usize,
+    count: usize,
+    dtype: &str,
+    bound: &str,
+    dims: Vec<usize>,
+    order: &str,
+) -> PyResult<(Bound<'py, PyByteArray>, Option<Bound<'py, PyByteArray>>)> {
+    let d = dt(dtype)?;
+    let b = parse_bound(bound)?;
+    let o = order.parse::<zcomm::codec::gpz::Order>().map_err(err)?;
+    let r = py.allow_threads(|| match d {
+        Dt::F32 => {
+            zcomm::codec::compress_particles_nd(host_values::<f32>(ptr, count)?, &dims, b, o)
+        }
+        Dt::F64 => {
+            zcomm::codec::compress_particles_nd(host_values::<f64>(ptr, count)?, &dims, b, o)
+        }
+    });
+    let (stream, perm) = r.map_err(err)?;
+    let perm = perm.map(|p| {
+        let bytes: Vec<u8> = p.iter().flat_map(|i| i.to_le_bytes()).collect();
+        PyByteArray::new(py, &bytes)
+    });
+    Ok((PyByteArray::new(py, &stream), perm))
 }
 
 /// Header fields of a stream as a dict (cheap; validates the header checksum).
@@ -206,6 +233,7 @@ fn header_dict<'py>(
     d.set_item("step", h.step)?;
     d.set_item("range", (h.range_min, h.range_max))?;
     d.set_item("stream_bytes", len)?;
+    d.set_item("dims", h.dims.map(|x| x.as_slice().to_vec()))?;
     Ok(d)
 }
 
@@ -367,6 +395,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codecs, m)?)?;
     m.add_function(wrap_pyfunction!(compress_bound, m)?)?;
     m.add_function(wrap_pyfunction!(compress, m)?)?;
+    m.add_function(wrap_pyfunction!(compress_particles, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(decompress_into, m)?)?;
     m.add_function(wrap_pyfunction!(accumulate_f64, m)?)?;

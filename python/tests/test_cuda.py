@@ -53,6 +53,27 @@ def test_gpu_stream_is_the_cpu_stream(dtype: torch.dtype, codec: str, bound: str
 
 
 @needs_gpu
+def test_gpu_shape_aware_codecs_run_on_the_host() -> None:
+    # cuszi and gpz have no CUDA codec here: CUDA tensors are staged through the host, with the
+    # CPU's stream, decoded shape and values; results stay on the tensor's device
+    x = torch.sin(torch.linspace(0, 20, 32 * 32 * 32)).reshape(32, 32, 32)
+    cpu = zcomm.compress(x, "noa:1e-3", codec="cuszi")
+    gpu = zcomm.compress(x.cuda(), "noa:1e-3", codec="cuszi")
+    assert gpu.device.type == "cuda" and _same_bits(cpu, gpu)
+    back = zcomm.decompress(gpu)
+    assert back.device.type == "cuda" and back.shape == x.shape
+    assert _same_bits(back, zcomm.decompress(cpu))
+    out = torch.ones_like(x).cuda()
+    zcomm.decompress_add(gpu, out)
+    assert torch.equal(out.cpu(), torch.ones_like(x) + zcomm.decompress(cpu))
+    pos = torch.rand(4096, 3) * 100
+    s_cpu, p_cpu = zcomm.compress_particles(pos, "noa:1e-3", order="reorder")
+    s_gpu, p_gpu = zcomm.compress_particles(pos.cuda(), "noa:1e-3", order="reorder")
+    assert s_gpu.device.type == "cuda" and p_gpu.device.type == "cuda"
+    assert _same_bits(s_cpu, s_gpu) and torch.equal(p_cpu, p_gpu.cpu())
+
+
+@needs_gpu
 def test_gpu_given_range_and_bf16() -> None:
     x = _field(100_000, torch.float32, seed=1)
     cpu = zcomm.compress(x, "noa:1e-3", value_range=(-10.0, 10.0))

@@ -6,6 +6,9 @@ Tensor codec API (this module)::
     back = zcomm.decompress(stream)                          # 1-D float32/float64 tensor
     zcomm.decompress_add(stream, out)                        # out += decoded
 
+    s = zcomm.compress(field, "noa:1e-3", codec="cuszi")     # uses field's 1-4-D shape
+    s, perm = zcomm.compress_particles(pos, "noa:1e-3", order="reorder")  # pos: [N, 3]
+
 Every finite value ``x`` comes back as ``x'`` with ``|x - x'| <= E`` (``abs:E``),
 ``<= E * (max - min)`` (``noa:E``) or ``<= E * |x|`` (``rel:E``); NaN and +-Inf are kept exactly.
 The streams are the bytes the Rust crate's ``zcomm::compress`` writes for the same values.
@@ -23,6 +26,11 @@ tensor's device is synchronized before each call, and each call returns with its
 complete. Without a usable CUDA driver (``cuda_available()`` is false) CUDA tensors are staged
 through the host and the CPU codecs are used, with the same results.
 
+Shape-aware codecs: ``cuszi`` (interpolation across every dimension) and ``gpz`` (particles:
+``[N, d]`` coordinates, d = 1..4) use the tensor's shape, which the stream records;
+:func:`decompress` then returns a tensor of that shape. They run on the CPU (a CUDA tensor is
+staged through the host); :func:`compress_particles` also returns GPZ's reorder permutation.
+
 DDP / FSDP communication hooks live in :mod:`zcomm.torch`.
 """
 
@@ -36,6 +44,7 @@ from ._native import ZcommError
 __all__ = [
     "ZcommError",
     "compress",
+    "compress_particles",
     "decompress",
     "decompress_add",
     "inspect",
@@ -117,6 +126,34 @@ def _host(t: Any) -> Any:
     return t if t.device.type == "cpu" else t.cpu()
 
 
+# codecs that use the array's shape (and record it in the stream)
+_SHAPED = ("cuszi", "gpz")
+
+
+def _dims(tensor: Any, codec: str) -> Optional[Tuple[int, ...]]:
+    """The shape a shape-aware ``codec`` compresses ``tensor`` as (``None``: 1-D).
+
+    Complex tensors add a last extent of 2 (real, imaginary). ``gpz`` reads the last extent as
+    the coordinates per particle and every leading extent as particles (``[..., d]`` →
+    ``[N, d]``); ``cuszi`` takes up to 4 extents and merges any leading ones beyond them. An
+    empty tensor or a 0-d scalar is 1-D.
+    """
+    shape = list(tensor.shape) + ([2] if tensor.dtype.is_complex else [])
+    if len(shape) < 2 or 0 in shape:
+        return None
+
+    def prod(v: list) -> int:
+        out = 1
+        for x in v:
+            out *= x
+        return out
+
+    keep = 1 if codec == "gpz" else 3
+    if len(shape) > keep + 1:
+        shape = [prod(shape[:-keep])] + shape[-keep:]
+    return tuple(shape)
+
+
 def compress(
     tensor: Any,
     error_bound: str = "noa:1e-3",
@@ -131,7 +168,10 @@ def compress(
             tensor of any shape (it is compressed flat, in memory order).
         error_bound: ``"abs:E"``, ``"noa:E"`` (E times the finite value range) or ``"rel:E"``.
         codec: ``"auto"`` (the default codec, aatrox), ``"aatrox"``, ``"cuszp-plain"``,
-            ``"cuszp-outlier"`` or ``"pfpl"``.
+            ``"cuszp-outlier"``, ``"pfpl"``, or a shape-aware codec (CPU only): ``"cuszi"``
+            (1- to 4-D fields; the tensor's shape, leading extents beyond 4 merged) or ``"gpz"``
+            (particles ``[N, d]``, d = 1..4, in their original order; see
+            :func:`compress_particles`).
         value_range: for ``noa`` bounds, the ``(min, max)`` to scale the bound with instead of
             the tensor's own finite range (e.g. a range agreed on by several ranks).
 
@@ -146,8 +186,9 @@ def compress(
     torch = _torch()
     flat, dt = _plan(tensor)
     parse_bound(error_bound)
-    _native.codec_name(codec)
-    if _on_gpu(flat):
+    name = _native.codec_name(codec)
+    dims = _dims(tensor, name) if name in _SHAPED else None
+    if _on_gpu(flat) and name not in _SHAPED:
         cap = _native.compress_bound(flat.numel(), dt)
         buf = torch.empty(cap, dtype=torch.uint8, device=flat.device)
         n = _native.cuda_compress(
@@ -156,9 +197,57 @@ def compress(
         )
         return buf[:n].clone()
     h = _host(flat)
-    ba = _native.compress(h.data_ptr(), h.numel(), dt, error_bound, codec, value_range)
+    ba = _native.compress(h.data_ptr(), h.numel(), dt, error_bound, codec, value_range, dims)
+    return _stream_tensor(ba, tensor.device)
+
+
+def _stream_tensor(ba: bytearray, device: Any) -> Any:
+    """A native result's bytes as a ``torch.uint8`` tensor on ``device``."""
+    torch = _torch()
     out = torch.frombuffer(ba, dtype=torch.uint8) if len(ba) else torch.empty(0, dtype=torch.uint8)
-    return out if tensor.device.type == "cpu" else out.to(tensor.device)
+    return out if device.type == "cpu" else out.to(device)
+
+
+def compress_particles(
+    positions: Any, error_bound: str = "noa:1e-3", order: str = "preserve"
+) -> Tuple[Any, Optional[Any]]:
+    """Compress particle coordinates with GPZ (spatial quantization, per-block sort).
+
+    Args:
+        positions: a contiguous float32 / float64 (or bf16 / fp16, widened to float32) tensor of
+            shape ``[N, d]`` (``N`` particles of ``d = 1..4`` coordinates; leading extents
+            ``[..., d]`` are particles too) or ``[N]``.
+        error_bound: ``"abs:E"`` or ``"noa:E"``, per coordinate (``noa``: ``E`` times each
+            axis's own range); ``rel`` is not supported.
+        order: ``"preserve"`` (decoding restores the particles' order) or ``"reorder"``
+            (decoding returns them in the stream's order: higher ratio, and a permutation).
+
+    Returns:
+        ``(stream, perm)``: the stream (``torch.uint8``, on ``positions``' device; decode it with
+        :func:`decompress`, which returns shape ``[N, d]``) and, for ``"reorder"``, a
+        ``torch.int64`` tensor with ``perm[i]`` = the original index of decoded particle ``i``
+        (apply it to other per-particle arrays: ``velocities[perm]``); ``None`` for
+        ``"preserve"``. Runs on the CPU (CUDA tensors are staged through the host).
+
+    Raises:
+        TypeError: not a tensor, or a complex / unsupported dtype.
+        ZcommError: a bad bound or order, or a shape whose last extent is not 1..4.
+    """
+    torch = _torch()
+    if isinstance(positions, torch.Tensor) and positions.dtype.is_complex:
+        raise TypeError("compress_particles takes real coordinates, not complex tensors")
+    flat, dt = _plan(positions)
+    parse_bound(error_bound)
+    n = flat.numel()
+    # [..., d] -> [N, d]; a 1-D or empty set is N particles of one coordinate
+    dims = (n // positions.shape[-1], positions.shape[-1]) if positions.dim() >= 2 and n else (n,)
+    h = _host(flat)
+    ba, pb = _native.compress_particles(h.data_ptr(), h.numel(), dt, error_bound, list(dims), order)
+    stream = _stream_tensor(ba, positions.device)
+    if pb is None:
+        return stream, None
+    perm = torch.frombuffer(pb, dtype=torch.int64) if len(pb) else torch.empty(0, dtype=torch.int64)
+    return stream, perm if positions.device.type == "cpu" else perm.to(positions.device)
 
 
 def _stream_host(stream: Any) -> Any:
@@ -194,6 +283,16 @@ def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:
     s = _stream_device(stream)
     h = _native.cuda_inspect(s.data_ptr(), s.numel(), s.device.index)
     sdt, count = h["dtype"], int(h["count"])
+    if h["codec"] in _SHAPED:
+        # no CUDA decoder for the shape-aware codecs: decode on the host, same results
+        host = s.cpu()
+        if out is None:
+            return decompress(host).to(s.device)
+        tmp = out.detach().cpu().clone()
+        (decompress_add if add else decompress)(host, tmp)
+        with torch.no_grad():
+            out.copy_(tmp)
+        return out
     if out is None:
         res = torch.empty(count, dtype=torch.float32 if sdt == "f32" else torch.float64, device=s.device)
         _native.cuda_decompress_into(s.data_ptr(), s.numel(), res.data_ptr(), count, sdt, s.device.index, False)
@@ -247,8 +346,8 @@ def _decode_target(out: Any, count: int, sdt: str) -> Tuple[Any, Any]:
 def decompress(stream: Any, out: Optional[Any] = None) -> Any:
     """Decode ``stream`` (a ``torch.uint8`` tensor or bytes).
 
-    Without ``out``: returns a new 1-D float32 / float64 tensor (the stream's dtype) on the
-    stream's device. With ``out`` (contiguous, any supported dtype with the same number of
+    Without ``out``: returns a new float32 / float64 tensor (the stream's dtype) on the
+    stream's device, 1-D, or of the shape the stream records (``cuszi`` / ``gpz`` streams). With ``out`` (contiguous, any supported dtype with the same number of
     underlying float values, e.g. the original tensor's shape and dtype): decodes into it and
     returns it. Raises :class:`ZcommError` for a corrupt stream or a count / dtype mismatch.
     """
@@ -265,6 +364,8 @@ def decompress(stream: Any, out: Optional[Any] = None) -> Any:
     if out is None:
         res = torch.empty(count, dtype=torch.float32 if sdt == "f32" else torch.float64)
         _native.decompress_into(s.data_ptr(), s.numel(), res.data_ptr(), count, sdt, False)
+        if h.get("dims"):
+            res = res.reshape(h["dims"])
         dev = stream.device if isinstance(stream, torch.Tensor) else torch.device("cpu")
         return res if dev.type == "cpu" else res.to(dev)
     buf, back = _decode_target(out, count, sdt)

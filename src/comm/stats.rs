@@ -62,6 +62,7 @@ impl OpStats {
         }
     }
     /// The stats of an operation moving `bytes` uncompressed (`wire_bytes == bytes`).
+    #[cfg(feature = "nccl")]
     pub(super) fn raw_bytes(op: u8, bytes: usize) -> Self {
         OpStats {
             bytes: bytes as u64,
