@@ -747,7 +747,7 @@ pub fn decompress<T: Element>(stream: &[u8]) -> Result<Vec<T>> {
 /// [`decompress`] with explicit limits for untrusted input.
 pub fn decompress_with_limits<T: Element>(stream: &[u8], limits: DecodeLimits) -> Result<Vec<T>> {
     let h = inspect(stream)?;
-    check_dtype::<T>(&h)?;
+    check_dtype::<T>(h.dtype)?;
     limits.check(&h)?;
     let n = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
@@ -794,7 +794,7 @@ where
     F: FnMut(&[T]) -> Result<()>,
 {
     let h = inspect(stream)?;
-    check_dtype::<T>(&h)?;
+    check_dtype::<T>(h.dtype)?;
     limits.check(&h)?;
     let count = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
@@ -874,7 +874,7 @@ pub fn decompress_to_writer<T: Element, W: std::io::Write + ?Sized>(
 /// Decompress into `out`, whose length must equal the stream's count.
 pub fn decompress_into<T: Element>(stream: &[u8], out: &mut [T]) -> Result<()> {
     let h = inspect(stream)?;
-    check_dtype::<T>(&h)?;
+    check_dtype::<T>(h.dtype)?;
     if h.count != out.len() as u64 {
         return Err(Error::Mismatch {
             what: "value count",
@@ -885,12 +885,14 @@ pub fn decompress_into<T: Element>(stream: &[u8], out: &mut [T]) -> Result<()> {
     decode_checked(stream, &h, out)
 }
 
-fn check_dtype<T: Element>(h: &Header) -> Result<()> {
-    if h.dtype != T::DTYPE {
+/// The error every decoder (CPU and GPU, every stream format) reports when a stream of element
+/// type `found` is decoded into values of `T`: one function so that they all word it alike.
+pub(crate) fn check_dtype<T: Element>(found: crate::format::Dtype) -> Result<()> {
+    if found != T::DTYPE {
         return Err(Error::Mismatch {
             what: "dtype",
             expected: T::DTYPE.to_string(),
-            found: h.dtype.to_string(),
+            found: found.to_string(),
         });
     }
     Ok(())

@@ -205,10 +205,13 @@ pub(crate) fn resources(f: &CudaFunction) -> Result<(i32, i32, i32)> {
     ))
 }
 
+/// The device address of `p` on stream `s`, for raw driver calls and `u64` kernel arguments
+/// (shared with [`gpz`]).
 fn raw_ptr<T, P: DevicePtr<T>>(p: &P, s: &CudaStream) -> u64 {
     let (ptr, _g) = p.device_ptr(s);
     ptr
 }
+/// [`raw_ptr`] of a buffer the caller writes through.
 fn raw_ptr_mut<T, P: DevicePtrMut<T>>(p: &mut P, s: &CudaStream) -> u64 {
     let (ptr, _g) = p.device_ptr_mut(s);
     ptr
@@ -1076,6 +1079,26 @@ impl GpuCodec {
         Ok(())
     }
 
+    /// Run `op` on the staging buffers grown to `in_bytes` and `out_bytes` (at least): they are
+    /// taken out of `self` for the call, so that `op` can use `self` too, and put back after it,
+    /// whether it failed or not.
+    fn with_staging<R>(
+        &mut self,
+        in_bytes: usize,
+        out_bytes: usize,
+        op: impl FnOnce(&mut Self, &mut CudaSlice<u8>, &mut CudaSlice<u8>) -> Result<R>,
+    ) -> Result<R> {
+        let s = self.stream.clone();
+        Self::staging(&mut self.dev_in, &s, in_bytes)?;
+        Self::staging(&mut self.dev_out, &s, out_bytes)?;
+        let mut din = self.dev_in.take().expect("staged");
+        let mut dout = self.dev_out.take().expect("staged");
+        let r = op(self, &mut din, &mut dout);
+        self.dev_in = Some(din);
+        self.dev_out = Some(dout);
+        r
+    }
+
     /// Compress host values on the GPU (copies in, [`GpuCodec::compress_device`], copies out).
     pub fn compress<T: GpuElement>(
         &mut self,
@@ -1085,29 +1108,22 @@ impl GpuCodec {
     ) -> Result<Vec<u8>> {
         let s = self.stream.clone();
         let in_bytes = std::mem::size_of_val(data);
-        Self::staging(&mut self.dev_in, &s, in_bytes)?;
-        Self::staging(&mut self.dev_out, &s, HEADER_LEN + in_bytes)?;
-        let mut din = self.dev_in.take().expect("staged");
-        let mut dout = self.dev_out.take().expect("staged");
-        let r = (|| {
-            let ip = raw_ptr_mut(&mut din, &s);
+        self.with_staging(in_bytes, HEADER_LEN + in_bytes, |this, din, dout| {
+            let ip = raw_ptr_mut(din, &s);
             // SAFETY: din holds at least in_bytes bytes.
             unsafe { cu::memcpy_htod_async(ip, data, s.cu_stream()) }.map_err(gpu_err("htod"))?;
             // SAFETY: the first data.len() elements were just written.
             let view = unsafe { din.transmute::<T>(data.len()) }.expect("staging size");
             let mut ov = dout.slice_mut(0..HEADER_LEN + in_bytes);
-            let len = self.compress_device(&view, bound, codec, &mut ov)?;
+            let len = this.compress_device(&view, bound, codec, &mut ov)?;
             let mut v = vec![0u8; len];
-            let op = raw_ptr(&dout, &s);
+            let op = raw_ptr(dout, &s);
             // SAFETY: len <= dout.len().
             unsafe { cu::memcpy_dtoh_async(&mut v[..], op, s.cu_stream()) }
                 .map_err(gpu_err("dtoh"))?;
             s.synchronize().map_err(gpu_err("sync"))?;
             Ok(v)
-        })();
-        self.dev_in = Some(din);
-        self.dev_out = Some(dout);
-        r
+        })
     }
 
     /// [`GpuCodec::compress`] with [`crate::CompressOptions`]. The kernels do not implement fill
@@ -1140,27 +1156,20 @@ impl GpuCodec {
     pub fn decompress_into<T: GpuElement>(&mut self, stream: &[u8], out: &mut [T]) -> Result<()> {
         let s = self.stream.clone();
         let out_bytes = std::mem::size_of_val(out);
-        Self::staging(&mut self.dev_in, &s, stream.len())?;
-        Self::staging(&mut self.dev_out, &s, out_bytes)?;
-        let mut din = self.dev_in.take().expect("staged");
-        let mut dout = self.dev_out.take().expect("staged");
-        let r = (|| {
-            let ip = raw_ptr_mut(&mut din, &s);
+        self.with_staging(stream.len(), out_bytes, |this, din, dout| {
+            let ip = raw_ptr_mut(din, &s);
             // SAFETY: din holds at least stream.len() bytes.
             unsafe { cu::memcpy_htod_async(ip, stream, s.cu_stream()) }.map_err(gpu_err("htod"))?;
             let view = din.slice(0..stream.len());
             // SAFETY: T is plain old data; out.len() elements fit.
             let mut ov = unsafe { dout.transmute_mut::<T>(out.len()) }.expect("staging size");
-            self.decompress_device(&view, &mut ov)?;
-            let op = raw_ptr(&dout, &s);
+            this.decompress_device(&view, &mut ov)?;
+            let op = raw_ptr(dout, &s);
             // SAFETY: out_bytes <= dout.len().
             unsafe { cu::memcpy_dtoh_async(out, op, s.cu_stream()) }.map_err(gpu_err("dtoh"))?;
             s.synchronize().map_err(gpu_err("sync"))?;
             Ok(())
-        })();
-        self.dev_in = Some(din);
-        self.dev_out = Some(dout);
-        r
+        })
     }
 
     /// [`GpuCodec::compress`] for any [`Element`] (dispatches on the dtype; for generic callers).
@@ -1208,13 +1217,7 @@ impl GpuCodec {
         } else {
             return Err(Error::corrupt("stream shorter than its header"));
         };
-        if h.dtype != T::DTYPE {
-            return Err(Error::Mismatch {
-                what: "dtype",
-                expected: T::DTYPE.to_string(),
-                found: h.dtype.to_string(),
-            });
-        }
+        crate::codec::check_dtype::<T>(h.dtype)?;
         let limit = crate::codec::DecodeLimits::default().max_count;
         if h.count > limit {
             return Err(Error::corrupt(format!(
@@ -1289,13 +1292,7 @@ fn decode_error(e: u64) -> Error {
 
 /// The checks of a header against the buffer it is decompressed into (dtype and value count).
 fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
-    if h.dtype != T::DTYPE {
-        return Err(Error::Mismatch {
-            what: "dtype",
-            expected: T::DTYPE.to_string(),
-            found: h.dtype.to_string(),
-        });
-    }
+    crate::codec::check_dtype::<T>(h.dtype)?;
     if h.count != n as u64 {
         return Err(Error::Mismatch {
             what: "value count",
