@@ -10,6 +10,24 @@
 //! assert!(data.iter().zip(&back).all(|(a, b)| (a - b).abs() <= 1e-4));
 //! ```
 
+/// Two `#[test]`s, `$f32` and `$f64`, that run the generic check `$check::<T>()` for each element
+/// type: the codecs' tests cover f32 and f64 alike. Defined before the codec modules so that
+/// their tests can use it too.
+#[cfg(test)]
+macro_rules! tests_for_f32_and_f64 {
+    ($check:ident => $f32:ident, $f64:ident) => {
+        #[test]
+        fn $f32() {
+            $check::<f32>();
+        }
+
+        #[test]
+        fn $f64() {
+            $check::<f64>();
+        }
+    };
+}
+
 pub mod blocked;
 pub mod cuszi;
 pub mod gpz;
@@ -1009,15 +1027,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn given_own_range_equals_compress_f32() {
-        own_range_is_compress::<f32>();
-    }
-
-    #[test]
-    fn given_own_range_equals_compress_f64() {
-        own_range_is_compress::<f64>();
-    }
+    tests_for_f32_and_f64!(own_range_is_compress =>
+        given_own_range_equals_compress_f32, given_own_range_equals_compress_f64);
 
     /// Every finite value within `pred(e * (max - min))` of the given range, non-finite values
     /// bit-exact, and the header records the given range.
@@ -1063,15 +1074,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn given_range_bounds_the_error_f32() {
-        given_ranges::<f32>();
-    }
-
-    #[test]
-    fn given_range_bounds_the_error_f64() {
-        given_ranges::<f64>();
-    }
+    tests_for_f32_and_f64!(given_ranges =>
+        given_range_bounds_the_error_f32, given_range_bounds_the_error_f64);
 
     #[test]
     fn given_range_rejects_invalid_arguments() {
