@@ -445,24 +445,9 @@ pub fn compress_particles_with_options<T: Element>(
     let raw_len = data.len() * T::SIZE;
     let stored_inner = gpz::inspect_particles(&inner)?.stored;
     let header = Header {
-        codec: CodecKind::Gpz.tag(),
-        dtype: T::DTYPE,
-        mode: params.mode,
-        flags: 0,
-        chunk_log2: crate::format::GPZ_CHUNK_LOG2,
-        count: data.len() as u64,
-        bound_value: params.bound_value,
-        abs_bound: params.abs_bound,
-        step: params.step,
-        range_min: params.range.0,
-        range_max: params.range.1,
-        payload_len: 0,
-        n_chunks: 0,
-        payload_checksum: 0,
-        data_checksum: 0,
         fill_value: None,
         dims: Some(dims),
-        meta_len: 0,
+        ..params_header::<T>(CodecKind::Gpz, data.len(), &params)
     };
     if stored_inner || inner.len() >= raw_len {
         // stored values keep the input order: the permutation is the identity
@@ -538,24 +523,13 @@ fn compress_with_params<T: Element>(
     };
     let raw_len = data.len() * T::SIZE;
     let header = |flags, payload_len: usize, n_chunks, payload_checksum, data_checksum| Header {
-        codec: codec.tag(),
-        dtype: T::DTYPE,
-        mode: params.mode,
         flags,
-        chunk_log2: codec.chunk_log2(T::DTYPE),
-        count: data.len() as u64,
-        bound_value: params.bound_value,
-        abs_bound: params.abs_bound,
-        step: params.step,
-        range_min: params.range.0,
-        range_max: params.range.1,
         payload_len: payload_len as u64,
         n_chunks,
         payload_checksum,
         data_checksum,
-        fill_value: params.fill,
         dims,
-        meta_len: 0,
+        ..params_header::<T>(codec, data.len(), params)
     };
     if body.payload.len() < raw_len {
         let mut h = header(
@@ -573,6 +547,37 @@ fn compress_with_params<T: Element>(
         Ok(out)
     } else {
         Ok(stored_stream(data, header(FLAG_STORED, raw_len, 0, 0, 0)))
+    }
+}
+
+/// The header of `count` values of `T` compressed by `codec` under `params` (the mode, bound,
+/// step, range and fill value it records) before the payload is known: flags, payload length,
+/// chunk count, checksums, shape and metadata length are left 0 / `None` for the caller to set.
+/// One constructor for the CPU and GPU encoders, so that they record the parameters alike.
+pub(crate) fn params_header<T: Element>(
+    codec: CodecKind,
+    count: usize,
+    params: &QuantParams,
+) -> Header {
+    Header {
+        codec: codec.tag(),
+        dtype: T::DTYPE,
+        mode: params.mode,
+        flags: 0,
+        chunk_log2: codec.chunk_log2(T::DTYPE),
+        count: count as u64,
+        bound_value: params.bound_value,
+        abs_bound: params.abs_bound,
+        step: params.step,
+        range_min: params.range.0,
+        range_max: params.range.1,
+        payload_len: 0,
+        n_chunks: 0,
+        payload_checksum: 0,
+        data_checksum: 0,
+        fill_value: params.fill,
+        dims: None,
+        meta_len: 0,
     }
 }
 

@@ -217,6 +217,22 @@ fn raw_ptr_mut<T, P: DevicePtrMut<T>>(p: &mut P, s: &CudaStream) -> u64 {
     ptr
 }
 
+/// `data` as a slice of `U`, for the `*_any` entry points that dispatch a generic [`Element`] on
+/// its dtype to the f32 or f64 kernels. Panics unless `T` and `U` have the same dtype.
+pub(crate) fn same_elements<T: Element, U: Element>(data: &[T]) -> &[U] {
+    assert_eq!(T::DTYPE, U::DTYPE, "element types differ");
+    // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself, so T and U are
+    // the same type.
+    unsafe { std::slice::from_raw_parts(data.as_ptr() as *const U, data.len()) }
+}
+
+/// [`same_elements`] of a slice the callee writes.
+pub(crate) fn same_elements_mut<T: Element, U: Element>(data: &mut [T]) -> &mut [U] {
+    assert_eq!(T::DTYPE, U::DTYPE, "element types differ");
+    // SAFETY: as in `same_elements`.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut U, data.len()) }
+}
+
 /// Pointer to a kernel argument, as `cuLaunchKernel` wants it.
 fn arg<T>(v: &T) -> *mut c_void {
     v as *const T as *mut c_void
@@ -782,24 +798,13 @@ impl GpuCodec {
             return Err(e);
         }
         let header = |flags, payload_len: u64, n_chunks, payload_checksum, data_checksum| Header {
-            codec: codec.tag(),
-            dtype: T::DTYPE,
-            mode: params.mode,
             flags,
-            chunk_log2: codec.chunk_log2(T::DTYPE),
-            count: n as u64,
-            bound_value: params.bound_value,
-            abs_bound: params.abs_bound,
-            step: params.step,
-            range_min: params.range.0,
-            range_max: params.range.1,
             payload_len,
             n_chunks,
             payload_checksum,
             data_checksum,
             fill_value: None,
-            dims: None,
-            meta_len: 0,
+            ..crate::codec::params_header::<T>(codec, n, &params)
         };
         if n == 0 {
             let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]), 0);
@@ -1180,31 +1185,16 @@ impl GpuCodec {
         codec: CodecKind,
     ) -> Result<Vec<u8>> {
         match T::DTYPE {
-            // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
-            Dtype::F32 => self.compress(
-                unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, data.len()) },
-                bound,
-                codec,
-            ),
-            Dtype::F64 => self.compress(
-                unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f64, data.len()) },
-                bound,
-                codec,
-            ),
+            Dtype::F32 => self.compress(same_elements::<T, f32>(data), bound, codec),
+            Dtype::F64 => self.compress(same_elements::<T, f64>(data), bound, codec),
         }
     }
 
     /// [`GpuCodec::decompress_into`] for any [`Element`] (dispatches on the dtype).
     pub fn decompress_into_any<T: Element>(&mut self, stream: &[u8], out: &mut [T]) -> Result<()> {
-        let n = out.len();
         match T::DTYPE {
-            // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
-            Dtype::F32 => self.decompress_into(stream, unsafe {
-                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, n)
-            }),
-            Dtype::F64 => self.decompress_into(stream, unsafe {
-                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f64, n)
-            }),
+            Dtype::F32 => self.decompress_into(stream, same_elements_mut::<T, f32>(out)),
+            Dtype::F64 => self.decompress_into(stream, same_elements_mut::<T, f64>(out)),
         }
     }
 
