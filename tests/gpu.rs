@@ -749,34 +749,10 @@ mod pfpl {
         ]
     }
 
+    /// The pfpl case of the top-level [`super::check`]: the same stream and reconstruction as
+    /// the CPU's.
     fn check<T: GpuElement>(gpu: &mut GpuCodec, data: &[T], b: ErrorBound, label: &str) {
-        let cpu = compress(data, b, CodecKind::Pfpl).unwrap();
-        let g = gpu
-            .compress(data, b, CodecKind::Pfpl)
-            .unwrap_or_else(|e| panic!("{label} {b} n={}: gpu compress: {e}", data.len()));
-        if g != cpu {
-            let first = g.iter().zip(&cpu).position(|(a, b)| a != b);
-            panic!(
-                "{label} {b} {} n={}: GPU stream differs (len {} vs cpu {}, first diff at {first:?})",
-                T::DTYPE,
-                data.len(),
-                g.len(),
-                cpu.len()
-            );
-        }
-        let back_cpu: Vec<T> = decompress(&cpu).unwrap();
-        let back_gpu: Vec<T> = gpu
-            .decompress(&cpu)
-            .unwrap_or_else(|e| panic!("{label} {b} n={}: gpu decompress: {e}", data.len()));
-        for (i, (a, c)) in back_cpu.iter().zip(&back_gpu).enumerate() {
-            assert_eq!(
-                a.to_bits_u64(),
-                c.to_bits_u64(),
-                "{label} {b} {} n={}: value {i} decodes differently",
-                T::DTYPE,
-                data.len()
-            );
-        }
+        super::check(gpu, data, b, CodecKind::Pfpl, label);
     }
 
     fn identity<T: GpuElement>(gpu: &mut GpuCodec) {
