@@ -7,32 +7,17 @@
 //! ("ignored, no CUDA device"), so that cargo's summary counts it as ignored rather than passed;
 //! with the device present every test runs in full.
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+
+use gpu_harness::{nvrtc_trial, Rng};
+use libtest_mimic::{Arguments, Trial};
 use zcomm::gpu::{compile, testing, GpuCodec, GpuElement};
 use zcomm::{CodecKind, Element, ErrorBound};
 
-/// A test that needs a CUDA device: ignored at run time without one.
+/// A test that needs a CUDA device (ignored without one), run on a [`GpuCodec`].
 fn gpu_trial(name: &str, test: fn(&mut GpuCodec)) -> Trial {
-    Trial::ignorable_test(name, move || {
-        if !zcomm::gpu::device_available() {
-            return Ok(Completion::ignored_with("no CUDA device"));
-        }
-        let mut gpu = GpuCodec::new(0)
-            .map_err(|e| Failed::from(format!("GPU present but the codec failed to load: {e}")))?;
-        test(&mut gpu);
-        Ok(Completion::Completed)
-    })
-}
-
-/// A test that needs libnvrtc only: ignored at run time without it.
-fn nvrtc_trial(name: &str, test: fn()) -> Trial {
-    Trial::ignorable_test(name, move || {
-        if !compile::nvrtc_available() {
-            return Ok(Completion::ignored_with("libnvrtc not found"));
-        }
-        test();
-        Ok(Completion::Completed)
-    })
+    gpu_harness::gpu_trial_of(name, "the codec", GpuCodec::new, test)
 }
 
 fn main() {
@@ -72,19 +57,6 @@ fn main() {
         nvrtc_trial("pfpl_kernel_resources", pfpl::pfpl_kernel_resources).with_ignored_flag(true),
     ];
     libtest_mimic::run(&args, trials).exit();
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 const CODECS: [CodecKind; 3] = [
@@ -285,6 +257,48 @@ fn gpu_matches_cpu_large(gpu: &mut GpuCodec) {
     }
 }
 
+/// Corrupted copies of the stream `s` for the rejection tests: 400 with one bit flipped at a
+/// random byte (drawn from `r`), the truncations around the 96-byte header and further in, and
+/// one with 4 bytes too many.
+fn corrupted_copies(s: &[u8], r: &mut Rng) -> Vec<Vec<u8>> {
+    let mut cases: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..400 {
+        let mut t = s.to_vec();
+        let i = (r.next() % t.len() as u64) as usize;
+        t[i] ^= 1 << (r.next() % 8);
+        cases.push(t);
+    }
+    for cut in [0, 1, 95, 96, 97, 100, s.len() / 2, s.len() - 4, s.len() - 1] {
+        cases.push(s[..cut].to_vec());
+    }
+    let mut longer = s.to_vec();
+    longer.extend_from_slice(&[0; 4]);
+    cases.push(longer);
+    cases
+}
+
+/// Every stream of `cases` (f32 values) is rejected by the GPU decoder exactly when the CPU
+/// decoder rejects it, and decodes to the same bits when both accept; `label` (the codec or
+/// bound under test) starts each failure message.
+fn assert_gpu_judges_like_cpu(gpu: &mut GpuCodec, cases: &[Vec<u8>], label: &str) {
+    for (k, t) in cases.iter().enumerate() {
+        let cpu = zcomm::decompress::<f32>(t);
+        let g = gpu.decompress::<f32>(t);
+        match (&cpu, &g) {
+            (Ok(a), Ok(b)) => assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{label} case {k}: both accept, outputs differ"
+            ),
+            (Err(_), Err(_)) => {}
+            _ => panic!(
+                "{label} case {k}: cpu {:?} vs gpu {:?}",
+                cpu.as_ref().err(),
+                g.as_ref().err()
+            ),
+        }
+    }
+}
+
 fn gpu_rejects_what_cpu_rejects(gpu: &mut GpuCodec) {
     let mut r = Rng(99);
     for c in CODECS {
@@ -292,40 +306,13 @@ fn gpu_rejects_what_cpu_rejects(gpu: &mut GpuCodec) {
             .map(|i| (i as f32 * 1e-3).sin() + if i % 5000 == 0 { f32::NAN } else { 0.0 })
             .collect();
         let s = zcomm::compress(&data, ErrorBound::Noa(1e-3), c).unwrap();
-        let mut cases: Vec<Vec<u8>> = Vec::new();
-        for _ in 0..400 {
-            let mut t = s.clone();
-            let i = (r.next() % t.len() as u64) as usize;
-            t[i] ^= 1 << (r.next() % 8);
-            cases.push(t);
-        }
-        for cut in [0, 1, 95, 96, 97, 100, s.len() / 2, s.len() - 4, s.len() - 1] {
-            cases.push(s[..cut].to_vec());
-        }
-        let mut longer = s.clone();
-        longer.extend_from_slice(&[0; 4]);
-        cases.push(longer);
+        let cases = corrupted_copies(&s, &mut r);
         // a good stream of this codec and mode first: every case below then takes the launch
         // that reads its parameters from the header on the device before the host has checked
         // that header (decompress_device's guess), and must still be judged like the CPU's
         let good: Vec<f32> = gpu.decompress(&s).expect("the intact stream decodes");
         assert_eq!(good.len(), data.len());
-        for (k, t) in cases.iter().enumerate() {
-            let cpu = zcomm::decompress::<f32>(t);
-            let g = gpu.decompress::<f32>(t);
-            match (&cpu, &g) {
-                (Ok(a), Ok(b)) => assert!(
-                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{c} case {k}: both accept, outputs differ"
-                ),
-                (Err(_), Err(_)) => {}
-                _ => panic!(
-                    "{c} case {k}: cpu {:?} vs gpu {:?}",
-                    cpu.as_ref().err(),
-                    g.as_ref().err()
-                ),
-            }
-        }
+        assert_gpu_judges_like_cpu(gpu, &cases, &c.to_string());
     }
 }
 
@@ -762,34 +749,10 @@ mod pfpl {
         ]
     }
 
+    /// The pfpl case of the top-level [`super::check`]: the same stream and reconstruction as
+    /// the CPU's.
     fn check<T: GpuElement>(gpu: &mut GpuCodec, data: &[T], b: ErrorBound, label: &str) {
-        let cpu = compress(data, b, CodecKind::Pfpl).unwrap();
-        let g = gpu
-            .compress(data, b, CodecKind::Pfpl)
-            .unwrap_or_else(|e| panic!("{label} {b} n={}: gpu compress: {e}", data.len()));
-        if g != cpu {
-            let first = g.iter().zip(&cpu).position(|(a, b)| a != b);
-            panic!(
-                "{label} {b} {} n={}: GPU stream differs (len {} vs cpu {}, first diff at {first:?})",
-                T::DTYPE,
-                data.len(),
-                g.len(),
-                cpu.len()
-            );
-        }
-        let back_cpu: Vec<T> = decompress(&cpu).unwrap();
-        let back_gpu: Vec<T> = gpu
-            .decompress(&cpu)
-            .unwrap_or_else(|e| panic!("{label} {b} n={}: gpu decompress: {e}", data.len()));
-        for (i, (a, c)) in back_cpu.iter().zip(&back_gpu).enumerate() {
-            assert_eq!(
-                a.to_bits_u64(),
-                c.to_bits_u64(),
-                "{label} {b} {} n={}: value {i} decodes differently",
-                T::DTYPE,
-                data.len()
-            );
-        }
+        super::check(gpu, data, b, CodecKind::Pfpl, label);
     }
 
     fn identity<T: GpuElement>(gpu: &mut GpuCodec) {
@@ -830,19 +793,7 @@ mod pfpl {
             .collect();
         for b in [ErrorBound::Noa(1e-3), ErrorBound::Rel(1e-2)] {
             let s = compress(&data, b, CodecKind::Pfpl).unwrap();
-            let mut cases: Vec<Vec<u8>> = Vec::new();
-            for _ in 0..400 {
-                let mut t = s.clone();
-                let i = (r.next() % t.len() as u64) as usize;
-                t[i] ^= 1 << (r.next() % 8);
-                cases.push(t);
-            }
-            for cut in [0, 1, 95, 96, 97, 100, s.len() / 2, s.len() - 4, s.len() - 1] {
-                cases.push(s[..cut].to_vec());
-            }
-            let mut longer = s.clone();
-            longer.extend_from_slice(&[0; 4]);
-            cases.push(longer);
+            let mut cases = super::corrupted_copies(&s, &mut r);
             // the data checksum (header offset 80) altered, header checksum recomputed: the GPU
             // decodes, then reports the mismatch
             let h = inspect(&s).unwrap();
@@ -854,22 +805,7 @@ mod pfpl {
                 assert!(decompress::<f32>(&t).is_err());
                 cases.push(t);
             }
-            for (k, t) in cases.iter().enumerate() {
-                let cpu = decompress::<f32>(t);
-                let g = gpu.decompress::<f32>(t);
-                match (&cpu, &g) {
-                    (Ok(a), Ok(c)) => assert!(
-                        a.iter().zip(c).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "case {k}: both accept, outputs differ"
-                    ),
-                    (Err(_), Err(_)) => {}
-                    _ => panic!(
-                        "{b} case {k}: cpu {:?} vs gpu {:?}",
-                        cpu.as_ref().err(),
-                        g.as_ref().err()
-                    ),
-                }
-            }
+            super::assert_gpu_judges_like_cpu(gpu, &cases, &b.to_string());
         }
     }
 

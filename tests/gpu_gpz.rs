@@ -8,34 +8,19 @@
 //! this machine lacks (a CUDA device, libnvrtc) is reported *ignored* with the reason, never
 //! passed.
 
-use libtest_mimic::{Arguments, Completion, Failed, Trial};
+#[path = "common/gpu_harness.rs"]
+mod gpu_harness;
+
+use gpu_harness::{nvrtc_trial, Rng};
+use libtest_mimic::{Arguments, Trial};
 use zcomm::codec::gpz::{compress_particles, decompress_particles, Order};
 use zcomm::gpu::gpz::GpzGpu;
-use zcomm::gpu::{compile, GpuElement};
+use zcomm::gpu::GpuElement;
 use zcomm::{Element, ErrorBound};
 
-/// A test that needs a CUDA device: ignored at run time without one.
+/// A test that needs a CUDA device (ignored without one), run on a [`GpzGpu`].
 fn gpu_trial(name: &str, test: fn(&mut GpzGpu)) -> Trial {
-    Trial::ignorable_test(name, move || {
-        if !zcomm::gpu::device_available() {
-            return Ok(Completion::ignored_with("no CUDA device"));
-        }
-        let mut gpu = GpzGpu::new(0)
-            .map_err(|e| Failed::from(format!("GPU present but gpz failed to load: {e}")))?;
-        test(&mut gpu);
-        Ok(Completion::Completed)
-    })
-}
-
-/// A test that needs libnvrtc only: ignored at run time without it.
-fn nvrtc_trial(name: &str, test: fn()) -> Trial {
-    Trial::ignorable_test(name, move || {
-        if !compile::nvrtc_available() {
-            return Ok(Completion::ignored_with("libnvrtc not found"));
-        }
-        test();
-        Ok(Completion::Completed)
-    })
+    gpu_harness::gpu_trial_of(name, "gpz", GpzGpu::new, test)
 }
 
 fn main() {
@@ -68,23 +53,6 @@ fn gpz_kernels_compile() {
             cubin.windows(k.len()).any(|w| w == k.as_bytes()),
             "{k} missing from the gpz CUBIN"
         );
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        // sum of uniforms: close enough for clustering
-        (0..4).map(|_| self.unit()).sum::<f64>() - 2.0
     }
 }
 

@@ -10,6 +10,24 @@
 //! assert!(data.iter().zip(&back).all(|(a, b)| (a - b).abs() <= 1e-4));
 //! ```
 
+/// Two `#[test]`s, `$f32` and `$f64`, that run the generic check `$check::<T>()` for each element
+/// type: the codecs' tests cover f32 and f64 alike. Defined before the codec modules so that
+/// their tests can use it too.
+#[cfg(test)]
+macro_rules! tests_for_f32_and_f64 {
+    ($check:ident => $f32:ident, $f64:ident) => {
+        #[test]
+        fn $f32() {
+            $check::<f32>();
+        }
+
+        #[test]
+        fn $f64() {
+            $check::<f64>();
+        }
+    };
+}
+
 pub mod blocked;
 pub mod cuszi;
 pub mod gpz;
@@ -427,24 +445,9 @@ pub fn compress_particles_with_options<T: Element>(
     let raw_len = data.len() * T::SIZE;
     let stored_inner = gpz::inspect_particles(&inner)?.stored;
     let header = Header {
-        codec: CodecKind::Gpz.tag(),
-        dtype: T::DTYPE,
-        mode: params.mode,
-        flags: 0,
-        chunk_log2: crate::format::GPZ_CHUNK_LOG2,
-        count: data.len() as u64,
-        bound_value: params.bound_value,
-        abs_bound: params.abs_bound,
-        step: params.step,
-        range_min: params.range.0,
-        range_max: params.range.1,
-        payload_len: 0,
-        n_chunks: 0,
-        payload_checksum: 0,
-        data_checksum: 0,
         fill_value: None,
         dims: Some(dims),
-        meta_len: 0,
+        ..params_header::<T>(CodecKind::Gpz, data.len(), &params)
     };
     if stored_inner || inner.len() >= raw_len {
         // stored values keep the input order: the permutation is the identity
@@ -520,24 +523,13 @@ fn compress_with_params<T: Element>(
     };
     let raw_len = data.len() * T::SIZE;
     let header = |flags, payload_len: usize, n_chunks, payload_checksum, data_checksum| Header {
-        codec: codec.tag(),
-        dtype: T::DTYPE,
-        mode: params.mode,
         flags,
-        chunk_log2: codec.chunk_log2(T::DTYPE),
-        count: data.len() as u64,
-        bound_value: params.bound_value,
-        abs_bound: params.abs_bound,
-        step: params.step,
-        range_min: params.range.0,
-        range_max: params.range.1,
         payload_len: payload_len as u64,
         n_chunks,
         payload_checksum,
         data_checksum,
-        fill_value: params.fill,
         dims,
-        meta_len: 0,
+        ..params_header::<T>(codec, data.len(), params)
     };
     if body.payload.len() < raw_len {
         let mut h = header(
@@ -555,6 +547,37 @@ fn compress_with_params<T: Element>(
         Ok(out)
     } else {
         Ok(stored_stream(data, header(FLAG_STORED, raw_len, 0, 0, 0)))
+    }
+}
+
+/// The header of `count` values of `T` compressed by `codec` under `params` (the mode, bound,
+/// step, range and fill value it records) before the payload is known: flags, payload length,
+/// chunk count, checksums, shape and metadata length are left 0 / `None` for the caller to set.
+/// One constructor for the CPU and GPU encoders, so that they record the parameters alike.
+pub(crate) fn params_header<T: Element>(
+    codec: CodecKind,
+    count: usize,
+    params: &QuantParams,
+) -> Header {
+    Header {
+        codec: codec.tag(),
+        dtype: T::DTYPE,
+        mode: params.mode,
+        flags: 0,
+        chunk_log2: codec.chunk_log2(T::DTYPE),
+        count: count as u64,
+        bound_value: params.bound_value,
+        abs_bound: params.abs_bound,
+        step: params.step,
+        range_min: params.range.0,
+        range_max: params.range.1,
+        payload_len: 0,
+        n_chunks: 0,
+        payload_checksum: 0,
+        data_checksum: 0,
+        fill_value: params.fill,
+        dims: None,
+        meta_len: 0,
     }
 }
 
@@ -747,7 +770,7 @@ pub fn decompress<T: Element>(stream: &[u8]) -> Result<Vec<T>> {
 /// [`decompress`] with explicit limits for untrusted input.
 pub fn decompress_with_limits<T: Element>(stream: &[u8], limits: DecodeLimits) -> Result<Vec<T>> {
     let h = inspect(stream)?;
-    check_dtype::<T>(&h)?;
+    check_dtype::<T>(h.dtype)?;
     limits.check(&h)?;
     let n = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
@@ -794,7 +817,7 @@ where
     F: FnMut(&[T]) -> Result<()>,
 {
     let h = inspect(stream)?;
-    check_dtype::<T>(&h)?;
+    check_dtype::<T>(h.dtype)?;
     limits.check(&h)?;
     let count = usize::try_from(h.count)
         .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
@@ -874,7 +897,7 @@ pub fn decompress_to_writer<T: Element, W: std::io::Write + ?Sized>(
 /// Decompress into `out`, whose length must equal the stream's count.
 pub fn decompress_into<T: Element>(stream: &[u8], out: &mut [T]) -> Result<()> {
     let h = inspect(stream)?;
-    check_dtype::<T>(&h)?;
+    check_dtype::<T>(h.dtype)?;
     if h.count != out.len() as u64 {
         return Err(Error::Mismatch {
             what: "value count",
@@ -885,12 +908,14 @@ pub fn decompress_into<T: Element>(stream: &[u8], out: &mut [T]) -> Result<()> {
     decode_checked(stream, &h, out)
 }
 
-fn check_dtype<T: Element>(h: &Header) -> Result<()> {
-    if h.dtype != T::DTYPE {
+/// The error every decoder (CPU and GPU, every stream format) reports when a stream of element
+/// type `found` is decoded into values of `T`: one function so that they all word it alike.
+pub(crate) fn check_dtype<T: Element>(found: crate::format::Dtype) -> Result<()> {
+    if found != T::DTYPE {
         return Err(Error::Mismatch {
             what: "dtype",
             expected: T::DTYPE.to_string(),
-            found: h.dtype.to_string(),
+            found: found.to_string(),
         });
     }
     Ok(())
@@ -1007,15 +1032,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn given_own_range_equals_compress_f32() {
-        own_range_is_compress::<f32>();
-    }
-
-    #[test]
-    fn given_own_range_equals_compress_f64() {
-        own_range_is_compress::<f64>();
-    }
+    tests_for_f32_and_f64!(own_range_is_compress =>
+        given_own_range_equals_compress_f32, given_own_range_equals_compress_f64);
 
     /// Every finite value within `pred(e * (max - min))` of the given range, non-finite values
     /// bit-exact, and the header records the given range.
@@ -1061,15 +1079,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn given_range_bounds_the_error_f32() {
-        given_ranges::<f32>();
-    }
-
-    #[test]
-    fn given_range_bounds_the_error_f64() {
-        given_ranges::<f64>();
-    }
+    tests_for_f32_and_f64!(given_ranges =>
+        given_range_bounds_the_error_f32, given_range_bounds_the_error_f64);
 
     #[test]
     fn given_range_rejects_invalid_arguments() {

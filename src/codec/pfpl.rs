@@ -753,6 +753,20 @@ mod tests {
         }
     }
 
+    /// The `count` plane words of `D` (G = 2), each `width` bytes little-endian: zero but for the
+    /// `(plane, group, word)` entries, at plane word `plane * 2 + group` (the expected shuffle of
+    /// a hand-made chunk, f32 and f64 alike).
+    fn plane_words_le(count: usize, width: usize, set: &[(usize, usize, u64)]) -> Vec<u8> {
+        let mut words = vec![0u64; count];
+        for &(p, g, v) in set {
+            words[p * 2 + g] = v;
+        }
+        words
+            .iter()
+            .flat_map(|w| w.to_le_bytes()[..width].to_vec())
+            .collect()
+    }
+
     /// FORMAT.md "Bit shuffle": plane `p` of group `g` is plane word `p * G + g` of `D`. A short
     /// chunk of 40 (f32) / 70 (f64) values with `u_k = k` (G = 2; padding 0) has hand-computed
     /// planes: group 0 holds the counting pattern, group 1 the values 32..39 / 64..69.
@@ -762,22 +776,22 @@ mod tests {
         let words: Vec<u64> = (0..64).map(|k| if k < 40 { k } else { 0 }).collect();
         let mut d = Vec::new();
         shuffle::<f32>(&mut words.clone(), &mut d);
-        let mut want = [0u32; 64];
         // (plane, group, word)
-        for (p, g, v) in [
-            (0, 0, 0xAAAA_AAAA),
-            (0, 1, 0xAA), // k' = 1, 3, 5, 7 of 32..39
-            (1, 0, 0xCCCC_CCCC),
-            (1, 1, 0xCC),
-            (2, 0, 0xF0F0_F0F0),
-            (2, 1, 0xF0),
-            (3, 0, 0xFF00_FF00),
-            (4, 0, 0xFFFF_0000),
-            (5, 1, 0xFF), // bit 5 of 32..39
-        ] {
-            want[p * 2 + g] = v;
-        }
-        let want: Vec<u8> = want.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let want = plane_words_le(
+            64,
+            4,
+            &[
+                (0, 0, 0xAAAA_AAAA),
+                (0, 1, 0xAA), // k' = 1, 3, 5, 7 of 32..39
+                (1, 0, 0xCCCC_CCCC),
+                (1, 1, 0xCC),
+                (2, 0, 0xF0F0_F0F0),
+                (2, 1, 0xF0),
+                (3, 0, 0xFF00_FF00),
+                (4, 0, 0xFFFF_0000),
+                (5, 1, 0xFF), // bit 5 of 32..39
+            ],
+        );
         assert_eq!(d, want);
         // the leading bytes spelled out: plane 0 of groups 0 and 1, then plane 1 of group 0
         assert_eq!(
@@ -791,22 +805,22 @@ mod tests {
         // f64: G = 2, D = 128 plane words of 8 bytes
         let words: Vec<u64> = (0..128).map(|k| if k < 70 { k } else { 0 }).collect();
         shuffle::<f64>(&mut words.clone(), &mut d);
-        let mut want = [0u64; 128];
-        for (p, g, v) in [
-            (0, 0, 0xAAAA_AAAA_AAAA_AAAA),
-            (0, 1, 0x2A), // k' = 1, 3, 5 of 64..69
-            (1, 0, 0xCCCC_CCCC_CCCC_CCCC),
-            (1, 1, 0x0C),
-            (2, 0, 0xF0F0_F0F0_F0F0_F0F0),
-            (2, 1, 0x30),
-            (3, 0, 0xFF00_FF00_FF00_FF00),
-            (4, 0, 0xFFFF_0000_FFFF_0000),
-            (5, 0, 0xFFFF_FFFF_0000_0000),
-            (6, 1, 0x3F), // bit 6 of 64..69
-        ] {
-            want[p * 2 + g] = v;
-        }
-        let want: Vec<u8> = want.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let want = plane_words_le(
+            128,
+            8,
+            &[
+                (0, 0, 0xAAAA_AAAA_AAAA_AAAA),
+                (0, 1, 0x2A), // k' = 1, 3, 5 of 64..69
+                (1, 0, 0xCCCC_CCCC_CCCC_CCCC),
+                (1, 1, 0x0C),
+                (2, 0, 0xF0F0_F0F0_F0F0_F0F0),
+                (2, 1, 0x30),
+                (3, 0, 0xFF00_FF00_FF00_FF00),
+                (4, 0, 0xFFFF_0000_FFFF_0000),
+                (5, 0, 0xFFFF_FFFF_0000_0000),
+                (6, 1, 0x3F), // bit 6 of 64..69
+            ],
+        );
         assert_eq!(d, want);
         let mut back = vec![0u64; 128];
         unshuffle::<f64>(&d, &mut back);
@@ -1075,15 +1089,7 @@ mod tests {
         }
     }
 
-    #[test]
-    fn round_trip_and_bound_f32() {
-        all_round_trips::<f32>();
-    }
-
-    #[test]
-    fn round_trip_and_bound_f64() {
-        all_round_trips::<f64>();
-    }
+    tests_for_f32_and_f64!(all_round_trips => round_trip_and_bound_f32, round_trip_and_bound_f64);
 
     #[test]
     fn negative_nan_under_rel_keeps_payload_via_raw_chunk() {

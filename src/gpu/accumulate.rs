@@ -47,20 +47,7 @@ impl GpuCodec {
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<()> {
         let h = self.inspect_device(stream)?;
-        if h.dtype != T::DTYPE {
-            return Err(Error::Mismatch {
-                what: "dtype",
-                expected: T::DTYPE.to_string(),
-                found: h.dtype.to_string(),
-            });
-        }
-        if h.count != out.len() as u64 {
-            return Err(Error::Mismatch {
-                what: "value count",
-                expected: out.len().to_string(),
-                found: h.count.to_string(),
-            });
-        }
+        check_header_for::<T>(&h, out.len())?;
         let s = self.stream.clone();
         let sp = raw_ptr(stream, &s);
         if sp % 16 != 0 || raw_ptr_mut(out, &s) % (T::SIZE as u64) != 0 {

@@ -19,7 +19,7 @@
 
 use cudarc::driver::{sys as cu_sys, CudaEvent, CudaSlice};
 
-use super::{GpuCodec, GpuElement};
+use super::{same_elements, GpuCodec, GpuElement};
 use crate::codec::CodecKind;
 use crate::element::Element;
 use crate::error::{Error, Result};
@@ -305,10 +305,9 @@ pub fn bench_any<T: Element>(
     opts: BenchOptions,
 ) -> Result<GpuBenchRecord> {
     match T::DTYPE {
-        // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
         Dtype::F32 => bench_device(
             gpu,
-            unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, data.len()) },
+            same_elements::<T, f32>(data),
             input,
             bound,
             codec,
@@ -316,7 +315,7 @@ pub fn bench_any<T: Element>(
         ),
         Dtype::F64 => bench_device(
             gpu,
-            unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f64, data.len()) },
+            same_elements::<T, f64>(data),
             input,
             bound,
             codec,

@@ -37,12 +37,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    CudaViewMut, LaunchConfig, PushKernelArg,
 };
 
 use super::compile::{self, Module};
-use super::GpuElement;
-use crate::codec::gpz::{compress_particles, AxisRecord, GpzHeader, Order};
+use super::{raw_ptr, raw_ptr_mut, GpuElement};
+use crate::codec::gpz::{compress_particles, particle_count, AxisRecord, GpzHeader, Order};
 use crate::codec::DecodeLimits;
 use crate::error::{Error, Result};
 use crate::format::{zhash_final, BoundMode};
@@ -100,15 +100,6 @@ pub fn kernel_names() -> Vec<String> {
 
 fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
     move |e| Error::Gpu(format!("gpz {what}: {e:?}"))
-}
-
-fn ptr_of<T, P: DevicePtr<T>>(p: &P, s: &CudaStream) -> u64 {
-    let (ptr, _g) = p.device_ptr(s);
-    ptr
-}
-fn ptr_of_mut<T, P: DevicePtrMut<T>>(p: &mut P, s: &CudaStream) -> u64 {
-    let (ptr, _g) = p.device_ptr_mut(s);
-    ptr
 }
 
 fn header_len(d: usize) -> usize {
@@ -261,6 +252,29 @@ impl GpzGpu {
         }
     }
 
+    /// Launch kernel `name` on `grid` blocks of `block` threads with the `u64` arguments `args`
+    /// (in order), then record the profile event of `step`, which also names a launch error.
+    ///
+    /// # Safety
+    /// What the kernel reads and writes through `args` must lie inside the buffers they point
+    /// to; each caller says why it does.
+    unsafe fn launch_u64(
+        &mut self,
+        name: &str,
+        step: &'static str,
+        (grid, block): (u32, u32),
+        args: &[u64],
+    ) -> Result<()> {
+        let f = self.func(name)?;
+        let mut b = self.stream.launch_builder(&f);
+        for a in args {
+            b.arg(a);
+        }
+        // SAFETY: the caller's contract above.
+        unsafe { b.launch(Self::cfg(grid, block)) }.map_err(gpu_err(step))?;
+        self.mark(step)
+    }
+
     /// Grow the workspace to `nstatus` status words and launch `gz_init`.
     fn init(&mut self, nstatus: usize) -> Result<u64> {
         if nstatus > self.status_cap {
@@ -271,7 +285,7 @@ impl GpzGpu {
                 .map_err(gpu_err("alloc"))?;
             self.status_cap = cap;
         }
-        let ws = ptr_of_mut(&mut self.ws, &self.stream);
+        let ws = raw_ptr_mut(&mut self.ws, &self.stream);
         let f = self.func("gz_init_k")?;
         let ns = nstatus as u64;
         let grid = self.grid_for(nstatus.max(CTRL));
@@ -284,7 +298,7 @@ impl GpzGpu {
 
     fn read_ctrl(&mut self) -> Result<[u64; CTRL]> {
         let mut h = [0u64; CTRL];
-        let ws = ptr_of(&self.ws, &self.stream);
+        let ws = raw_ptr(&self.ws, &self.stream);
         // SAFETY: the workspace holds at least CTRL words; the stream is synchronized before
         // `h` is read.
         unsafe { cu::memcpy_dtoh_async(&mut h[..], ws, self.stream.cu_stream()) }
@@ -302,7 +316,7 @@ impl GpzGpu {
     }
 
     fn hash(&mut self, out: u64, hdr: u64, nb: u64, data_len: u64, raw: u64) -> Result<()> {
-        let ws = ptr_of_mut(&mut self.ws, &self.stream);
+        let ws = raw_ptr_mut(&mut self.ws, &self.stream);
         let f = self.func("gz_hash_k")?;
         let items = (nb as usize).max(data_len.min(raw) as usize / 4);
         let grid = self.grid_for(items);
@@ -382,24 +396,13 @@ impl GpzGpu {
         out: &mut CudaViewMut<'_, u8>,
         perm: Option<&mut CudaViewMut<'_, u64>>,
     ) -> Result<usize> {
-        if !(1..=4).contains(&d) {
-            return Err(Error::invalid(format!(
-                "gpz takes 1 to 4 coordinates per particle, got {d}"
-            )));
-        }
-        if input.len() % d != 0 {
-            return Err(Error::invalid(format!(
-                "{} values are not whole particles of {d} coordinates",
-                input.len()
-            )));
-        }
+        let n = particle_count(input.len(), d)?;
         bound.validate()?;
         if matches!(bound, ErrorBound::Rel(_)) {
             return Err(Error::invalid(format!(
                 "gpz supports abs and noa bounds, not {bound}"
             )));
         }
-        let n = input.len() / d;
         let hl = header_len(d);
         let raw = (input.len() * T::SIZE) as u64;
         let cap = Self::compress_bound::<T>(n, d);
@@ -413,16 +416,16 @@ impl GpzGpu {
             .context()
             .bind_to_thread()
             .map_err(gpu_err("bind"))?;
-        let outp = ptr_of_mut(out, &self.stream);
+        let outp = raw_ptr_mut(out, &self.stream);
         // 0: the encoder writes no permutation
-        let permp = perm.map_or(0, |p| ptr_of_mut(p, &self.stream));
+        let permp = perm.map_or(0, |p| raw_ptr_mut(p, &self.stream));
         if n == 0 {
             // nothing to run: the CPU writes the header-only stored stream
             let (s, _) = compress_particles::<T>(&[], d, bound, order)?;
             self.write_bytes(outp, &s)?;
             return Ok(s.len());
         }
-        let x = ptr_of(input, &self.stream);
+        let x = raw_ptr(input, &self.stream);
         let nb = n.div_ceil(32);
         let nchunks = nb.div_ceil(WARPS);
         self.mark("start")?;
@@ -444,12 +447,8 @@ impl GpzGpu {
         if noa || degenerate {
             let name = format!("gz_range_{t}_d{d}");
             let grid = self.wave_grid(&name, n)?;
-            let f = self.func(&name)?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x).arg(&n64).arg(&ws);
             // SAFETY: reads n * d values of the input, writes control words.
-            unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("range"))?;
-            self.mark("range")?;
+            unsafe { self.launch_u64(&name, "range", (grid, 256), &[x, n64, ws]) }?;
         }
         {
             let f = self.func(&format!("gz_params_{t}"))?;
@@ -463,32 +462,24 @@ impl GpzGpu {
         {
             let name = format!("gz_codes_{t}_d{d}");
             let grid = self.wave_grid(&name, n)?;
-            let f = self.func(&name)?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x).arg(&n64).arg(&ws);
             // SAFETY: reads n * d values of the input, writes control words.
-            unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("codes"))?;
-            self.mark("codes")?;
+            unsafe { self.launch_u64(&name, "codes", (grid, 256), &[x, n64, ws]) }?;
         }
         {
             let o = if order == Order::Preserve { "p" } else { "r" };
-            let f = self.func(&format!("gz_encode_{t}_d{d}_{o}"))?;
+            let name = format!("gz_encode_{t}_d{d}_{o}");
             let (hl64, cap64) = (hl as u64, cap as u64);
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x)
-                .arg(&n64)
-                .arg(&ws)
-                .arg(&outp)
-                .arg(&hl64)
-                .arg(&cap64);
-            if order == Order::Reorder {
-                b.arg(&permp);
-            }
+            let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
+            // the permutation's address goes last, to the reorder kernels only
+            let args = [x, n64, ws, outp, hl64, cap64, permp];
+            let args = if order == Order::Reorder {
+                &args[..]
+            } else {
+                &args[..6]
+            };
             // SAFETY: reads n * d values, writes below `cap` bytes of `out`, the workspace
             // (CTRL + nb words, grown by `init`) and, when given, the n values of `perm`.
-            unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
-                .map_err(gpu_err("encode"))?;
-            self.mark("encode")?;
+            unsafe { self.launch_u64(&name, "encode", warp_chunks, args) }?;
         }
         self.hash(outp, hl as u64, nb as u64, u64::MAX, raw)?;
         self.mark("hash")?;
@@ -557,7 +548,7 @@ impl GpzGpu {
             .bind_to_thread()
             .map_err(gpu_err("bind"))?;
         let len = input.len();
-        let inp = ptr_of(input, &self.stream);
+        let inp = raw_ptr(input, &self.stream);
         let mut head = vec![0u8; len.min(MAX_HEADER)];
         if !head.is_empty() {
             // SAFETY: `head` is at most the stream's length; synchronized below.
@@ -566,13 +557,7 @@ impl GpzGpu {
             self.stream.synchronize().map_err(gpu_err("sync"))?;
         }
         let h = GpzHeader::parse_with_len(&head, len)?;
-        if h.dtype != T::DTYPE {
-            return Err(Error::Mismatch {
-                what: "dtype",
-                expected: T::DTYPE.to_string(),
-                found: h.dtype.to_string(),
-            });
-        }
+        crate::codec::check_dtype::<T>(h.dtype)?;
         let values = h.check_limits(&DecodeLimits::default())?;
         if out.len() != values {
             return Err(Error::invalid(format!(
@@ -583,7 +568,7 @@ impl GpzGpu {
         let d = h.d;
         let hl = header_len(d) as u64;
         let payload = len as u64 - hl;
-        let outp = ptr_of_mut(out, &self.stream);
+        let outp = raw_ptr_mut(out, &self.stream);
         if h.stored {
             let raw = (values * T::SIZE) as u64;
             if payload != raw {
@@ -642,31 +627,20 @@ impl GpzGpu {
         .map_err(gpu_err("write params"))?;
         self.mark("params")?;
         if nscan > 0 {
-            let f = self.func("gz_offsets_k")?;
             let nb64 = nb as u64;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&inp).arg(&hl).arg(&data_len).arg(&nb64).arg(&ws);
+            let args = [inp, hl, data_len, nb64, ws];
             // SAFETY: reads the table (2 nb bytes after the header, inside the stream: checked
             // above), writes nscan + nb workspace words (grown by `init`) and control words.
-            unsafe { b.launch(Self::cfg(nscan as u32, 256)) }.map_err(gpu_err("offsets"))?;
-            self.mark("offsets")?;
+            unsafe { self.launch_u64("gz_offsets_k", "offsets", (nscan as u32, 256), &args) }?;
         }
         if nchunks > 0 {
             let o = if h.order == Order::Preserve { "p" } else { "r" };
-            let f = self.func(&format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG))?;
-            let n64 = h.n;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&inp)
-                .arg(&hl)
-                .arg(&data_len)
-                .arg(&n64)
-                .arg(&ws)
-                .arg(&outp);
+            let name = format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG);
+            let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
+            let args = [inp, hl, data_len, h.n, ws, outp];
             // SAFETY: reads the stream's `len` bytes (block reads are checked against
             // data_len), writes the n * d values of `out`.
-            unsafe { b.launch(Self::cfg(nchunks as u32, (WARPS * 32) as u32)) }
-                .map_err(gpu_err("decode"))?;
-            self.mark("decode")?;
+            unsafe { self.launch_u64(&name, "decode", warp_chunks, &args) }?;
         }
         self.hash(inp, hl, nb as u64, data_len, u64::MAX)?;
         self.mark("hash")?;
@@ -773,13 +747,7 @@ impl GpzGpu {
     /// [`GpzGpu::decompress_device`] of a host stream: the `N * d` values (AoS) and `d`.
     pub fn decompress<T: GpuElement>(&mut self, stream: &[u8]) -> Result<(Vec<T>, usize)> {
         let h = GpzHeader::parse(stream)?;
-        if h.dtype != T::DTYPE {
-            return Err(Error::Mismatch {
-                what: "dtype",
-                expected: T::DTYPE.to_string(),
-                found: h.dtype.to_string(),
-            });
-        }
+        crate::codec::check_dtype::<T>(h.dtype)?;
         let values = h.check_limits(&DecodeLimits::default())?;
         let s = self.stream.clone();
         let inp = s.clone_htod(stream).map_err(gpu_err("htod"))?;

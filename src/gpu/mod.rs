@@ -205,13 +205,32 @@ pub(crate) fn resources(f: &CudaFunction) -> Result<(i32, i32, i32)> {
     ))
 }
 
+/// The device address of `p` on stream `s`, for raw driver calls and `u64` kernel arguments
+/// (shared with [`gpz`]).
 fn raw_ptr<T, P: DevicePtr<T>>(p: &P, s: &CudaStream) -> u64 {
     let (ptr, _g) = p.device_ptr(s);
     ptr
 }
+/// [`raw_ptr`] of a buffer the caller writes through.
 fn raw_ptr_mut<T, P: DevicePtrMut<T>>(p: &mut P, s: &CudaStream) -> u64 {
     let (ptr, _g) = p.device_ptr_mut(s);
     ptr
+}
+
+/// `data` as a slice of `U`, for the `*_any` entry points that dispatch a generic [`Element`] on
+/// its dtype to the f32 or f64 kernels. Panics unless `T` and `U` have the same dtype.
+pub(crate) fn same_elements<T: Element, U: Element>(data: &[T]) -> &[U] {
+    assert_eq!(T::DTYPE, U::DTYPE, "element types differ");
+    // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself, so T and U are
+    // the same type.
+    unsafe { std::slice::from_raw_parts(data.as_ptr() as *const U, data.len()) }
+}
+
+/// [`same_elements`] of a slice the callee writes.
+pub(crate) fn same_elements_mut<T: Element, U: Element>(data: &mut [T]) -> &mut [U] {
+    assert_eq!(T::DTYPE, U::DTYPE, "element types differ");
+    // SAFETY: as in `same_elements`.
+    unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut U, data.len()) }
 }
 
 /// Pointer to a kernel argument, as `cuLaunchKernel` wants it.
@@ -779,24 +798,13 @@ impl GpuCodec {
             return Err(e);
         }
         let header = |flags, payload_len: u64, n_chunks, payload_checksum, data_checksum| Header {
-            codec: codec.tag(),
-            dtype: T::DTYPE,
-            mode: params.mode,
             flags,
-            chunk_log2: codec.chunk_log2(T::DTYPE),
-            count: n as u64,
-            bound_value: params.bound_value,
-            abs_bound: params.abs_bound,
-            step: params.step,
-            range_min: params.range.0,
-            range_max: params.range.1,
             payload_len,
             n_chunks,
             payload_checksum,
             data_checksum,
             fill_value: None,
-            dims: None,
-            meta_len: 0,
+            ..crate::codec::params_header::<T>(codec, n, &params)
         };
         if n == 0 {
             let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]), 0);
@@ -1076,6 +1084,26 @@ impl GpuCodec {
         Ok(())
     }
 
+    /// Run `op` on the staging buffers grown to `in_bytes` and `out_bytes` (at least): they are
+    /// taken out of `self` for the call, so that `op` can use `self` too, and put back after it,
+    /// whether it failed or not.
+    fn with_staging<R>(
+        &mut self,
+        in_bytes: usize,
+        out_bytes: usize,
+        op: impl FnOnce(&mut Self, &mut CudaSlice<u8>, &mut CudaSlice<u8>) -> Result<R>,
+    ) -> Result<R> {
+        let s = self.stream.clone();
+        Self::staging(&mut self.dev_in, &s, in_bytes)?;
+        Self::staging(&mut self.dev_out, &s, out_bytes)?;
+        let mut din = self.dev_in.take().expect("staged");
+        let mut dout = self.dev_out.take().expect("staged");
+        let r = op(self, &mut din, &mut dout);
+        self.dev_in = Some(din);
+        self.dev_out = Some(dout);
+        r
+    }
+
     /// Compress host values on the GPU (copies in, [`GpuCodec::compress_device`], copies out).
     pub fn compress<T: GpuElement>(
         &mut self,
@@ -1085,29 +1113,22 @@ impl GpuCodec {
     ) -> Result<Vec<u8>> {
         let s = self.stream.clone();
         let in_bytes = std::mem::size_of_val(data);
-        Self::staging(&mut self.dev_in, &s, in_bytes)?;
-        Self::staging(&mut self.dev_out, &s, HEADER_LEN + in_bytes)?;
-        let mut din = self.dev_in.take().expect("staged");
-        let mut dout = self.dev_out.take().expect("staged");
-        let r = (|| {
-            let ip = raw_ptr_mut(&mut din, &s);
+        self.with_staging(in_bytes, HEADER_LEN + in_bytes, |this, din, dout| {
+            let ip = raw_ptr_mut(din, &s);
             // SAFETY: din holds at least in_bytes bytes.
             unsafe { cu::memcpy_htod_async(ip, data, s.cu_stream()) }.map_err(gpu_err("htod"))?;
             // SAFETY: the first data.len() elements were just written.
             let view = unsafe { din.transmute::<T>(data.len()) }.expect("staging size");
             let mut ov = dout.slice_mut(0..HEADER_LEN + in_bytes);
-            let len = self.compress_device(&view, bound, codec, &mut ov)?;
+            let len = this.compress_device(&view, bound, codec, &mut ov)?;
             let mut v = vec![0u8; len];
-            let op = raw_ptr(&dout, &s);
+            let op = raw_ptr(dout, &s);
             // SAFETY: len <= dout.len().
             unsafe { cu::memcpy_dtoh_async(&mut v[..], op, s.cu_stream()) }
                 .map_err(gpu_err("dtoh"))?;
             s.synchronize().map_err(gpu_err("sync"))?;
             Ok(v)
-        })();
-        self.dev_in = Some(din);
-        self.dev_out = Some(dout);
-        r
+        })
     }
 
     /// [`GpuCodec::compress`] with [`crate::CompressOptions`]. The kernels do not implement fill
@@ -1140,27 +1161,20 @@ impl GpuCodec {
     pub fn decompress_into<T: GpuElement>(&mut self, stream: &[u8], out: &mut [T]) -> Result<()> {
         let s = self.stream.clone();
         let out_bytes = std::mem::size_of_val(out);
-        Self::staging(&mut self.dev_in, &s, stream.len())?;
-        Self::staging(&mut self.dev_out, &s, out_bytes)?;
-        let mut din = self.dev_in.take().expect("staged");
-        let mut dout = self.dev_out.take().expect("staged");
-        let r = (|| {
-            let ip = raw_ptr_mut(&mut din, &s);
+        self.with_staging(stream.len(), out_bytes, |this, din, dout| {
+            let ip = raw_ptr_mut(din, &s);
             // SAFETY: din holds at least stream.len() bytes.
             unsafe { cu::memcpy_htod_async(ip, stream, s.cu_stream()) }.map_err(gpu_err("htod"))?;
             let view = din.slice(0..stream.len());
             // SAFETY: T is plain old data; out.len() elements fit.
             let mut ov = unsafe { dout.transmute_mut::<T>(out.len()) }.expect("staging size");
-            self.decompress_device(&view, &mut ov)?;
-            let op = raw_ptr(&dout, &s);
+            this.decompress_device(&view, &mut ov)?;
+            let op = raw_ptr(dout, &s);
             // SAFETY: out_bytes <= dout.len().
             unsafe { cu::memcpy_dtoh_async(out, op, s.cu_stream()) }.map_err(gpu_err("dtoh"))?;
             s.synchronize().map_err(gpu_err("sync"))?;
             Ok(())
-        })();
-        self.dev_in = Some(din);
-        self.dev_out = Some(dout);
-        r
+        })
     }
 
     /// [`GpuCodec::compress`] for any [`Element`] (dispatches on the dtype; for generic callers).
@@ -1171,31 +1185,16 @@ impl GpuCodec {
         codec: CodecKind,
     ) -> Result<Vec<u8>> {
         match T::DTYPE {
-            // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
-            Dtype::F32 => self.compress(
-                unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f32, data.len()) },
-                bound,
-                codec,
-            ),
-            Dtype::F64 => self.compress(
-                unsafe { std::slice::from_raw_parts(data.as_ptr() as *const f64, data.len()) },
-                bound,
-                codec,
-            ),
+            Dtype::F32 => self.compress(same_elements::<T, f32>(data), bound, codec),
+            Dtype::F64 => self.compress(same_elements::<T, f64>(data), bound, codec),
         }
     }
 
     /// [`GpuCodec::decompress_into`] for any [`Element`] (dispatches on the dtype).
     pub fn decompress_into_any<T: Element>(&mut self, stream: &[u8], out: &mut [T]) -> Result<()> {
-        let n = out.len();
         match T::DTYPE {
-            // SAFETY: Element is sealed to f32/f64 and DTYPE names the type itself.
-            Dtype::F32 => self.decompress_into(stream, unsafe {
-                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, n)
-            }),
-            Dtype::F64 => self.decompress_into(stream, unsafe {
-                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f64, n)
-            }),
+            Dtype::F32 => self.decompress_into(stream, same_elements_mut::<T, f32>(out)),
+            Dtype::F64 => self.decompress_into(stream, same_elements_mut::<T, f64>(out)),
         }
     }
 
@@ -1208,13 +1207,7 @@ impl GpuCodec {
         } else {
             return Err(Error::corrupt("stream shorter than its header"));
         };
-        if h.dtype != T::DTYPE {
-            return Err(Error::Mismatch {
-                what: "dtype",
-                expected: T::DTYPE.to_string(),
-                found: h.dtype.to_string(),
-            });
-        }
+        crate::codec::check_dtype::<T>(h.dtype)?;
         let limit = crate::codec::DecodeLimits::default().max_count;
         if h.count > limit {
             return Err(Error::corrupt(format!(
@@ -1289,13 +1282,7 @@ fn decode_error(e: u64) -> Error {
 
 /// The checks of a header against the buffer it is decompressed into (dtype and value count).
 fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
-    if h.dtype != T::DTYPE {
-        return Err(Error::Mismatch {
-            what: "dtype",
-            expected: T::DTYPE.to_string(),
-            found: h.dtype.to_string(),
-        });
-    }
+    crate::codec::check_dtype::<T>(h.dtype)?;
     if h.count != n as u64 {
         return Err(Error::Mismatch {
             what: "value count",

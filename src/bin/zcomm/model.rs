@@ -141,18 +141,7 @@ pub fn run(a: Args) -> Result<()> {
         zcomm::model::fmt_rate(bw),
         zcomm::model::fmt_rate(tc)
     )?;
-    let sc = Scenario::new(
-        a.bytes,
-        cr,
-        Link {
-            bandwidth: bw,
-            latency: lat,
-        },
-        tc,
-        td,
-    )
-    .with_staging(staging)
-    .with_chunks(a.chunks);
+    let sc = scenario(a.bytes, cr, bw, lat, tc, td, staging).with_chunks(a.chunks);
     let p = predict(&sc);
     outln!(
         "extended model for {} (T_decompr {}, latency {:.1} us, staging {}):",
@@ -184,6 +173,31 @@ pub fn run(a: Args) -> Result<()> {
 
 /// A message size in the unit family it was most likely given in: binary (`1 GiB`) when it is a
 /// whole number of MiB, decimal (`1.5 GB`) otherwise; exact bytes too.
+/// The modelled transfer of `bytes` at ratio `cr` over a link of bandwidth `bw` and latency
+/// `lat`, with compression and decompression throughputs `tc` and `td` and optional staging:
+/// the one scenario that both the printed prediction and the speedup map evaluate.
+fn scenario(
+    bytes: f64,
+    cr: f64,
+    bw: f64,
+    lat: f64,
+    tc: f64,
+    td: f64,
+    staging: Option<Link>,
+) -> Scenario {
+    Scenario::new(
+        bytes,
+        cr,
+        Link {
+            bandwidth: bw,
+            latency: lat,
+        },
+        tc,
+        td,
+    )
+    .with_staging(staging)
+}
+
 fn fmt_bytes(b: f64) -> String {
     let (gib, mib) = (1073741824.0, 1048576.0);
     let unit = if b >= gib && (b % mib) == 0.0 {
@@ -231,20 +245,7 @@ fn surface_svg(tc: f64, td: f64, lat: f64, staging: Option<Link>, bytes: f64) ->
         if td.is_infinite() && lat == 0.0 && staging.is_none() {
             aatrox_speedup(bw, cr, tc)
         } else {
-            predict(
-                &Scenario::new(
-                    bytes,
-                    cr,
-                    Link {
-                        bandwidth: bw,
-                        latency: lat,
-                    },
-                    tc,
-                    td,
-                )
-                .with_staging(staging),
-            )
-            .speedup_serial()
+            predict(&scenario(bytes, cr, bw, lat, tc, td, staging)).speedup_serial()
         }
     };
     let mut o = String::new();

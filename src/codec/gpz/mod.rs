@@ -167,6 +167,22 @@ impl std::str::FromStr for Order {
     }
 }
 
+/// The number of particles in `len` values of `d` coordinates each, or the argument error that
+/// both encoders (this one and the GPU's) report for a `d` outside `1..=4` or a partial particle.
+pub(crate) fn particle_count(len: usize, d: usize) -> Result<usize> {
+    if !(1..=4).contains(&d) {
+        return Err(Error::invalid(format!(
+            "gpz takes 1 to 4 coordinates per particle, got {d}"
+        )));
+    }
+    if len % d != 0 {
+        return Err(Error::invalid(format!(
+            "{len} values are not whole particles of {d} coordinates"
+        )));
+    }
+    Ok(len / d)
+}
+
 /// Compress `coords`, `N` particles of `d` coordinates each stored particle by particle
 /// (`x0 y0 z0 x1 y1 z1 ...`), so that every coordinate decodes within `bound` on its axis.
 ///
@@ -182,18 +198,7 @@ pub fn compress_particles<T: Element>(
     bound: ErrorBound,
     order: Order,
 ) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
-    if !(1..=4).contains(&d) {
-        return Err(Error::invalid(format!(
-            "gpz takes 1 to 4 coordinates per particle, got {d}"
-        )));
-    }
-    if coords.len() % d != 0 {
-        return Err(Error::invalid(format!(
-            "{} values are not whole particles of {d} coordinates",
-            coords.len()
-        )));
-    }
-    let n = coords.len() / d;
+    let n = particle_count(coords.len(), d)?;
     let params = quantize::axis_params(coords, d, bound)?;
     let qz: Vec<Quantizer<T>> = params.iter().map(|p| p.quantizer::<T>()).collect();
     let mut ctx = Ctx {
@@ -342,13 +347,7 @@ pub fn decompress_particles_with_limits<T: Element>(
     limits: DecodeLimits,
 ) -> Result<(Vec<T>, usize)> {
     let h = GpzHeader::parse(stream)?;
-    if h.dtype != T::DTYPE {
-        return Err(Error::Mismatch {
-            what: "dtype",
-            expected: T::DTYPE.to_string(),
-            found: h.dtype.to_string(),
-        });
-    }
+    crate::codec::check_dtype::<T>(h.dtype)?;
     let values = h.check_limits(&limits)?;
     let d = h.d;
     let payload = &stream[header_len(d)..];
