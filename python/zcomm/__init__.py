@@ -277,14 +277,24 @@ def _stream_device(stream: Any) -> Any:
     return s if s.data_ptr() % 16 == 0 else s.clone()
 
 
+def _cuda_header(s: Any) -> Optional[Dict[str, Any]]:
+    """The header of the CUDA stream ``s`` read on its GPU, or ``None`` when the GPU path cannot
+    take it: the shape-aware codecs' streams (no CUDA codec) and corrupt headers (the host
+    path then raises its error)."""
+    try:
+        return dict(_native.cuda_inspect(s.data_ptr(), s.numel(), s.device.index))
+    except ZcommError:
+        return None
+
+
 def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:
     """Decode (``add``: accumulate) a CUDA stream on its GPU; ``out`` None: a new tensor."""
     torch = _torch()
     s = _stream_device(stream)
-    h = _native.cuda_inspect(s.data_ptr(), s.numel(), s.device.index)
-    sdt, count = h["dtype"], int(h["count"])
-    if h["codec"] in _SHAPED:
-        # no CUDA decoder for the shape-aware codecs: decode on the host, same results
+    h = _cuda_header(s)
+    if h is None:
+        # a stream the CUDA codecs do not decode (cuszi, gpz: shaped streams) or a corrupt one:
+        # the host decodes it (same values) or raises the host's error
         host = s.cpu()
         if out is None:
             return decompress(host).to(s.device)
@@ -293,6 +303,7 @@ def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:
         with torch.no_grad():
             out.copy_(tmp)
         return out
+    sdt, count = h["dtype"], int(h["count"])
     if out is None:
         res = torch.empty(count, dtype=torch.float32 if sdt == "f32" else torch.float64, device=s.device)
         _native.cuda_decompress_into(s.data_ptr(), s.numel(), res.data_ptr(), count, sdt, s.device.index, False)
@@ -322,8 +333,9 @@ def inspect(stream: Any) -> Dict[str, Any]:
     """
     torch = _torch()
     if isinstance(stream, torch.Tensor) and _on_gpu(stream):
-        s = _stream_device(stream)
-        return dict(_native.cuda_inspect(s.data_ptr(), s.numel(), s.device.index))
+        h = _cuda_header(_stream_device(stream))
+        if h is not None:
+            return h
     s = _stream_host(stream)
     return dict(_native.inspect(s.data_ptr(), s.numel()))
 
