@@ -364,47 +364,35 @@ impl Communicator {
             ..self.local_desc::<E>(OP_SENDRECV, 0)
         };
         let out = E::scalars_mut(recv);
+        match &payload {
+            Payload::Bytes(b) => d.payload = b.len() as u64,
+            Payload::Chunked { chunk, .. } => d.chunk = *chunk as u64,
+        }
+        let theirs = self
+            .transport
+            .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
+        let sd = Desc::parse(&theirs)?;
         let (outgoing, nsend) = match payload {
-            Payload::Bytes(b) => {
-                d.payload = b.len() as u64;
-                // the peer may pipeline; when its descriptor says so, use the chunk schedule
-                // (our payload then travels as its single "chunk")
-                let theirs = self
-                    .transport
-                    .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
-                let sd = Desc::parse(&theirs)?;
-                if sd.chunk == 0 {
-                    let got = self.exchange_after_desc(
-                        &d,
-                        &sd,
-                        &b,
-                        dest,
-                        &expect,
-                        src,
-                        tag,
-                        element::scalar_bytes_mut(out),
-                    )?;
-                    if let Some((sd, bytes)) = got {
-                        self.decode_payload(sd.decision == 1, &bytes, out)?;
-                    }
-                    return Ok(self.finish(st, t0));
-                }
-                return self.sendrecv_chunked(
-                    d,
-                    sd,
-                    pipeline::Outgoing::Whole(b.into_owned()),
-                    1,
-                    out,
+            Payload::Bytes(b) if sd.chunk == 0 => {
+                let got = self.exchange_after_desc(
+                    &d,
+                    &sd,
+                    &b,
                     dest,
                     &expect,
                     src,
                     tag,
-                    E::LANES,
-                    (st, t0),
-                );
+                    element::scalar_bytes_mut(out),
+                )?;
+                if let Some((sd, bytes)) = got {
+                    self.decode_payload(sd.decision == 1, &bytes, out)?;
+                }
+                return Ok(self.finish(st, t0));
             }
+            // the peer pipelines: our payload travels as its single "chunk"
+            Payload::Bytes(b) => (pipeline::Outgoing::Whole(b.into_owned()), 1),
             Payload::Chunked { chunk, codec } => {
-                d.chunk = chunk as u64;
+                st.decision = Decision::Compressed;
                 let out_c = pipeline::Outgoing::Chunks {
                     data: sc,
                     chunk,
@@ -414,11 +402,6 @@ impl Communicator {
                 (out_c, pipeline::chunk_count(sc.len(), chunk))
             }
         };
-        let theirs = self
-            .transport
-            .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
-        let sd = Desc::parse(&theirs)?;
-        st.decision = Decision::Compressed;
         self.sendrecv_chunked(
             d,
             sd,
