@@ -64,12 +64,7 @@ impl Communicator {
         let (raw_t, cmp_t) = self.allgather_times::<E::Scalar>(n, ratio);
         // one rank sends nothing: its own values come back exact, as on every transport
         let compress = self.decide(raw_t, cmp_t) && n > 0 && p > 1;
-        let mut st = OpStats::raw(OP_ALLGATHER);
-        st.bytes = bytes as u64;
-        st.ratio_estimate = ratio;
-        st.predicted_raw_s = raw_t;
-        st.predicted_compressed_s = cmp_t;
-        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let mut st = OpStats::decided(OP_ALLGATHER, bytes, ratio, (raw_t, cmp_t), compress);
         let (payload, lens) = if compress {
             let s = match stream {
                 Some(s) => s,

@@ -232,12 +232,7 @@ impl Communicator {
         let steps = pf - 1.0;
         let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, ratio, codec);
         let compress = usable && p > 1 && !x.is_empty() && self.decide(raw_t, cmp_t);
-        let mut st = OpStats::raw(op);
-        st.bytes = bytes as u64;
-        st.ratio_estimate = ratio;
-        st.predicted_raw_s = raw_t;
-        st.predicted_compressed_s = cmp_t;
-        st.predicted_s = if compress { cmp_t } else { raw_t };
+        let mut st = OpStats::decided(op, bytes, ratio, (raw_t, cmp_t), compress);
         let segs = partition(count, p)
             .into_iter()
             .map(|s| s.start * lanes..s.end * lanes)

@@ -61,6 +61,24 @@ impl OpStats {
             max_error: None,
         }
     }
+    /// The stats of an operation of `bytes` decided by the model: the ratio estimate, both
+    /// predictions and the one of the path taken (`compress`).
+    pub(super) fn decided(
+        op: u8,
+        bytes: f64,
+        ratio: f64,
+        (raw_t, cmp_t): (f64, f64),
+        compress: bool,
+    ) -> Self {
+        OpStats {
+            bytes: bytes as u64,
+            ratio_estimate: ratio,
+            predicted_raw_s: raw_t,
+            predicted_compressed_s: cmp_t,
+            predicted_s: if compress { cmp_t } else { raw_t },
+            ..Self::raw(op)
+        }
+    }
     /// The stats of an operation moving `bytes` uncompressed (`wire_bytes == bytes`).
     #[cfg(feature = "nccl")]
     pub(super) fn raw_bytes(op: u8, bytes: usize) -> Self {

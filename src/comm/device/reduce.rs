@@ -320,14 +320,10 @@ impl Communicator {
         if !compress {
             return Ok(None);
         }
-        let mut st = OpStats::raw(op);
-        st.bytes = bytes as u64;
-        st.ratio_estimate = ratio;
-        st.predicted_raw_s = raw_t;
-        st.predicted_compressed_s = dp
+        let cmp_t = dp
             .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
             .total();
-        st.predicted_s = st.predicted_compressed_s;
+        let mut st = OpStats::decided(op, bytes as f64, ratio, (raw_t, cmp_t), true);
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = e;
