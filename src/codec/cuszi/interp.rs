@@ -2,8 +2,8 @@
 //! the level-by-level spline passes inside a tile's box, and the sampling that chooses each
 //! level's dimension order and splines.
 //!
-//! The passes run on reconstructed values (f64, abs/noa bounds: [`predict_value`]) or on
-//! quantization codes (`i64`, rel bounds: [`predict_code`]). Values: a fixed sequence of IEEE
+//! The passes run on reconstructed values (f64, abs/noa bounds) or on quantization codes (`i64`,
+//! rel bounds), the two implementations of [`Domain`]. Values: a fixed sequence of IEEE
 //! binary64 operations (no fused multiply-add). Codes: wrapping integer arithmetic with
 //! divisions by powers of two as arithmetic shifts (and the natural spline's 40 as a Euclidean
 //! division), so `code = prediction + residual` inverts `residual = code - prediction` exactly.
@@ -90,15 +90,54 @@ fn linear(b: i64, c: i64) -> i64 {
     b.wrapping_add(c).wrapping_add(1) >> 1
 }
 
-/// The mean of one to three predictions of a multi-dimensional level (FORMAT.md, "cuszi",
-/// interpolation): values `(p0 + p1) * 0.5`, `(p0 + p1 + p2) / 3`; codes
-/// `(p0 + p1 + 1) >> 1`, `div3(p0 + p1 + p2 + 1)` (floor), wrapping.
-pub(crate) trait Mean: Copy {
-    /// The mean of `p` (1 to 3 predictions, in dimension order).
+/// The domain the passes run in (FORMAT.md, "cuszi", interpolation): reconstructed values
+/// (`f64`, abs/noa bounds) or quantization codes (`i64`, rel bounds). It supplies the
+/// arithmetic of each spline case and of the multi-dimensional mean; [`predict`] picks the case,
+/// so both domains share one neighbour and edge logic. The passes are generic over it (not
+/// handed a function pointer) so that the predictions inline into the per-point loops.
+///
+/// Values: `(b + c) * 0.5`, `((b + c) * 9 - (a + d)) * 0.0625`, `((b + c) * 23 - (a + d) * 3) /
+/// 40`, `((b * 6 + c * 3) - a) * 0.125` and `((b * 3 + c * 6) - d) * 0.125`, evaluated in that
+/// order (no fused multiply-add). Codes: wrapping integer arithmetic, divisions by powers of two
+/// as arithmetic shifts with a rounding offset, the natural spline's 40 as a Euclidean division.
+pub(crate) trait Domain: Copy {
+    /// Linear spline of the neighbours `b`, `c` (also the fallback without outer neighbours).
+    fn linear(b: Self, c: Self) -> Self;
+    /// Not-a-knot cubic spline of `a, b, c, d` (the point lies between `b` and `c`).
+    fn cubic(a: Self, b: Self, c: Self, d: Self) -> Self;
+    /// Natural cubic spline of `a, b, c, d`.
+    fn natural(a: Self, b: Self, c: Self, d: Self) -> Self;
+    /// Quadratic through `a, b, c` (no outer right neighbour `d`).
+    fn quad_left(a: Self, b: Self, c: Self) -> Self;
+    /// Quadratic through `b, c, d` (no outer left neighbour `a`).
+    fn quad_right(b: Self, c: Self, d: Self) -> Self;
+    /// The mean of one to three predictions of a multi-dimensional level, in dimension order:
+    /// values `(p0 + p1) * 0.5`, `(p0 + p1 + p2) / 3`; codes `(p0 + p1 + 1) >> 1`,
+    /// `div3(p0 + p1 + p2 + 1)` (floor), wrapping.
     fn mean(p: &[Self]) -> Self;
 }
 
-impl Mean for f64 {
+impl Domain for f64 {
+    #[inline(always)]
+    fn linear(b: f64, c: f64) -> f64 {
+        (b + c) * 0.5
+    }
+    #[inline(always)]
+    fn cubic(a: f64, b: f64, c: f64, d: f64) -> f64 {
+        ((b + c) * 9.0 - (a + d)) * 0.0625
+    }
+    #[inline(always)]
+    fn natural(a: f64, b: f64, c: f64, d: f64) -> f64 {
+        ((b + c) * 23.0 - (a + d) * 3.0) / 40.0
+    }
+    #[inline(always)]
+    fn quad_left(a: f64, b: f64, c: f64) -> f64 {
+        ((b * 6.0 + c * 3.0) - a) * 0.125
+    }
+    #[inline(always)]
+    fn quad_right(b: f64, c: f64, d: f64) -> f64 {
+        ((b * 3.0 + c * 6.0) - d) * 0.125
+    }
     #[inline(always)]
     fn mean(p: &[f64]) -> f64 {
         match p.len() {
@@ -109,7 +148,37 @@ impl Mean for f64 {
     }
 }
 
-impl Mean for i64 {
+/// `x * k`, wrapping.
+#[inline(always)]
+fn w(x: i64, k: i64) -> i64 {
+    x.wrapping_mul(k)
+}
+
+impl Domain for i64 {
+    #[inline(always)]
+    fn linear(b: i64, c: i64) -> i64 {
+        linear(b, c)
+    }
+    #[inline(always)]
+    fn cubic(a: i64, b: i64, c: i64, d: i64) -> i64 {
+        let v = w(b.wrapping_add(c), 9).wrapping_sub(a).wrapping_sub(d);
+        v.wrapping_add(8) >> 4
+    }
+    #[inline(always)]
+    fn natural(a: i64, b: i64, c: i64, d: i64) -> i64 {
+        let v = w(b.wrapping_add(c), 23).wrapping_sub(w(a.wrapping_add(d), 3));
+        v.wrapping_add(20).div_euclid(40)
+    }
+    #[inline(always)]
+    fn quad_left(a: i64, b: i64, c: i64) -> i64 {
+        let v = w(b, 6).wrapping_add(w(c, 3)).wrapping_sub(a);
+        v.wrapping_add(4) >> 3
+    }
+    #[inline(always)]
+    fn quad_right(b: i64, c: i64, d: i64) -> i64 {
+        let v = w(b, 3).wrapping_add(w(c, 6)).wrapping_sub(d);
+        v.wrapping_add(4) >> 3
+    }
     #[inline(always)]
     fn mean(p: &[i64]) -> i64 {
         match p.len() {
@@ -124,30 +193,28 @@ impl Mean for i64 {
     }
 }
 
-/// A prediction function of [`run_passes`]: `(buf, idx, c, len, s, st, spline)`.
-pub(crate) type Predict<V> = fn(&[V], usize, usize, usize, usize, usize, Spline) -> V;
-
-/// The prediction in the value domain (FORMAT.md, "cuszi", interpolation), in f64: the same
-/// cases as [`predict_code`] with `(b + c) * 0.5`, `((b + c) * 9 - (a + d)) * 0.0625`,
-/// `((b + c) * 23 - (a + d) * 3) / 40`, `((b * 6 + c * 3) - a) * 0.125` and
-/// `((b * 3 + c * 6) - d) * 0.125`, evaluated in that order.
+/// The prediction of the point at `idx` of `buf` (a box of values or codes), whose coordinate
+/// along the pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there;
+/// `st` is the index distance of one step along that dimension. Without a right neighbour the
+/// left one is copied; a cubic spline missing an outer neighbour falls back to the quadratic
+/// through the other three points, or to the linear one when both are missing.
 #[inline(always)]
-pub(crate) fn predict_value(
-    buf: &[f64],
+pub(crate) fn predict<V: Domain>(
+    buf: &[V],
     idx: usize,
     c: usize,
     len: usize,
     s: usize,
     st: usize,
     sp: Spline,
-) -> f64 {
+) -> V {
     let b = buf[idx - s * st];
     if c + s >= len {
         return b;
     }
     let cc = buf[idx + s * st];
     if sp == Spline::Linear {
-        return (b + cc) * 0.5;
+        return V::linear(b, cc);
     }
     let left = c >= 3 * s;
     let right = c + 3 * s < len;
@@ -156,64 +223,51 @@ pub(crate) fn predict_value(
             let a = buf[idx - 3 * s * st];
             let d = buf[idx + 3 * s * st];
             if sp == Spline::Cubic {
-                ((b + cc) * 9.0 - (a + d)) * 0.0625
+                V::cubic(a, b, cc, d)
             } else {
-                ((b + cc) * 23.0 - (a + d) * 3.0) / 40.0
+                V::natural(a, b, cc, d)
             }
         }
-        (true, false) => ((b * 6.0 + cc * 3.0) - buf[idx - 3 * s * st]) * 0.125,
-        (false, true) => ((b * 3.0 + cc * 6.0) - buf[idx + 3 * s * st]) * 0.125,
-        (false, false) => (b + cc) * 0.5,
+        (true, false) => V::quad_left(buf[idx - 3 * s * st], b, cc),
+        (false, true) => V::quad_right(b, cc, buf[idx + 3 * s * st]),
+        (false, false) => V::linear(b, cc),
     }
 }
 
-/// The prediction of the point at `idx` of `buf` (a box of codes), whose coordinate along the
-/// pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there; `st` is the
-/// index distance of one step along that dimension.
+/// The predictions of every spline ([`Spline::ALL`] order) at one point, as [`predict`] gives
+/// them one by one, from one fetch of the neighbours (the sampling compares all three).
 #[inline(always)]
-pub(crate) fn predict_code(
-    buf: &[i64],
+fn predict_all<V: Domain>(
+    buf: &[V],
     idx: usize,
     c: usize,
     len: usize,
     s: usize,
     st: usize,
-    sp: Spline,
-) -> i64 {
+) -> [V; 3] {
     let b = buf[idx - s * st];
     if c + s >= len {
-        return b; // no right neighbour: copy the left one
+        return [b; 3];
     }
     let cc = buf[idx + s * st];
-    if sp == Spline::Linear {
-        return linear(b, cc);
-    }
+    let lin = V::linear(b, cc);
     let left = c >= 3 * s;
     let right = c + 3 * s < len;
-    let w = |x: i64, k: i64| x.wrapping_mul(k);
     match (left, right) {
         (true, true) => {
             let a = buf[idx - 3 * s * st];
             let d = buf[idx + 3 * s * st];
-            if sp == Spline::Cubic {
-                let v = w(b.wrapping_add(cc), 9).wrapping_sub(a).wrapping_sub(d);
-                v.wrapping_add(8) >> 4
-            } else {
-                let v = w(b.wrapping_add(cc), 23).wrapping_sub(w(a.wrapping_add(d), 3));
-                v.wrapping_add(20).div_euclid(40)
-            }
+            [lin, V::cubic(a, b, cc, d), V::natural(a, b, cc, d)]
         }
         (true, false) => {
-            let a = buf[idx - 3 * s * st];
-            let v = w(b, 6).wrapping_add(w(cc, 3)).wrapping_sub(a);
-            v.wrapping_add(4) >> 3
+            let q = V::quad_left(buf[idx - 3 * s * st], b, cc);
+            [lin, q, q]
         }
         (false, true) => {
-            let d = buf[idx + 3 * s * st];
-            let v = w(b, 3).wrapping_add(w(cc, 6)).wrapping_sub(d);
-            v.wrapping_add(4) >> 3
+            let q = V::quad_right(b, cc, buf[idx + 3 * s * st]);
+            [lin, q, q]
         }
-        (false, false) => linear(b, cc),
+        (false, false) => [lin; 3],
     }
 }
 
@@ -228,19 +282,18 @@ pub(crate) fn box_strides(e: [usize; D]) -> [usize; D] {
 /// `code(idx, local coordinates, prediction)` and store what it returns (the point's
 /// reconstruction or code) at `idx`.
 #[inline(always)]
-pub(crate) fn run_passes<V: Mean>(
+pub(crate) fn run_passes<V: Domain>(
     buf: &mut [V],
     e: [usize; D],
     stride: usize,
     levels: &[Level],
-    predict: Predict<V>,
     mut code: impl FnMut(usize, [usize; D], V) -> V,
 ) {
     let st = box_strides(e);
     let mut s = stride / 2;
     for lv in levels {
         if lv.multi {
-            multi_level(buf, e, st, s, lv, predict, &mut code);
+            multi_level(buf, e, st, s, lv, &mut code);
             s /= 2;
             continue;
         }
@@ -281,7 +334,7 @@ pub(crate) fn run_passes<V: Mean>(
 /// neighbour).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn multi_prediction<V: Mean>(
+pub(crate) fn multi_prediction<V: Domain>(
     buf: &[V],
     idx: usize,
     x: [usize; D],
@@ -290,7 +343,6 @@ pub(crate) fn multi_prediction<V: Mean>(
     s: usize,
     mask: usize,
     spline: [Spline; D],
-    predict: Predict<V>,
 ) -> V {
     let mut ps = [buf[idx]; D];
     let mut n = 0;
@@ -310,13 +362,13 @@ pub(crate) fn multi_prediction<V: Mean>(
 /// One multi-dimensional level (stride `s`): stages of 1, 2, 3 odd coordinates; within a stage,
 /// the odd-dimension sets in increasing bit order, each in raster order (no point of a stage
 /// depends on another of the same stage).
-fn multi_level<V: Mean>(
+#[inline(always)]
+fn multi_level<V: Domain>(
     buf: &mut [V],
     e: [usize; D],
     st: [usize; D],
     s: usize,
     lv: &Level,
-    predict: Predict<V>,
     code: &mut impl FnMut(usize, [usize; D], V) -> V,
 ) {
     for stage in 1..=D as u32 {
@@ -330,7 +382,7 @@ fn multi_level<V: Mean>(
                     x[2] = start[2];
                     while x[2] < e[2] {
                         let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
-                        let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline, predict);
+                        let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline);
                         buf[idx] = code(idx, x, p);
                         x[2] += 2 * s;
                     }
@@ -444,7 +496,7 @@ fn err_units(v: f64, p: f64, scale: f64) -> u64 {
 /// Choose every level's configuration by sampling (cuSZ-i's profiling), on the boxes of up to
 /// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / SAMPLE_TILES)`)
 /// filled with the sampled values. Errors are integers ([`err_units`] of the value and a
-/// prediction by [`predict_value`] on the box, so with the edge cases the passes use), summed
+/// prediction by [`predict`] on the box, so with the edge cases the passes use), summed
 /// over the points whose value and predictions are known; integer sums do not depend on the
 /// order of the additions. Per level `s`:
 ///
@@ -514,8 +566,7 @@ pub(crate) fn choose_levels(
                 visit(*e, s, mask, |x, idx| {
                     let v = buf[idx];
                     for a in (0..D).filter(|a| mask >> a & 1 == 1) {
-                        let p =
-                            Spline::ALL.map(|sp| predict_value(buf, idx, x[a], e[a], s, st[a], sp));
+                        let p = predict_all(buf, idx, x[a], e[a], s, st[a]);
                         if v.is_finite() && p.iter().all(|p| p.is_finite()) {
                             for (ei, p) in err[a].iter_mut().zip(p) {
                                 *ei = ei.saturating_add(err_units(v, p, scale));
@@ -550,8 +601,8 @@ pub(crate) fn choose_levels(
                 visit(*e, s, mask, |x, idx| {
                     let v = buf[idx];
                     let a = last;
-                    let p = predict_value(buf, idx, x[a], e[a], s, st[a], spline[a]);
-                    let m = multi_prediction(buf, idx, x, *e, st, s, mask, spline, predict_value);
+                    let p = predict(buf, idx, x[a], e[a], s, st[a], spline[a]);
+                    let m = multi_prediction(buf, idx, x, *e, st, s, mask, spline);
                     if v.is_finite() && p.is_finite() && m.is_finite() {
                         by_pass = by_pass.saturating_add(err_units(v, p, scale));
                         by_mean = by_mean.saturating_add(err_units(v, m, scale));
@@ -604,31 +655,37 @@ mod tests {
             .map(|i: i64| 16 * i * i * i - 48 * i * i + 5)
             .collect();
         let lin: Vec<i64> = (0..13).map(|i: i64| 7 * i - 3).collect();
-        assert_eq!(predict_code(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
+        assert_eq!(predict::<i64>(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
         assert_eq!(
-            predict_code(&cubic, 6, 6, 13, 1, 1, Spline::Cubic),
+            predict::<i64>(&cubic, 6, 6, 13, 1, 1, Spline::Cubic),
             cubic[6]
         );
         // copy at the right edge, quadratic near the left edge
-        assert_eq!(predict_code(&lin, 12, 12, 13, 1, 1, Spline::Cubic), lin[11]);
-        let quad: Vec<i64> = (0..13).map(|i: i64| 8 * i * i).collect();
-        assert_eq!(predict_code(&quad, 1, 1, 13, 1, 1, Spline::Cubic), quad[1]);
         assert_eq!(
-            predict_code(&quad, 11, 11, 13, 1, 1, Spline::Cubic),
+            predict::<i64>(&lin, 12, 12, 13, 1, 1, Spline::Cubic),
+            lin[11]
+        );
+        let quad: Vec<i64> = (0..13).map(|i: i64| 8 * i * i).collect();
+        assert_eq!(
+            predict::<i64>(&quad, 1, 1, 13, 1, 1, Spline::Cubic),
+            quad[1]
+        );
+        assert_eq!(
+            predict::<i64>(&quad, 11, 11, 13, 1, 1, Spline::Cubic),
             quad[11]
         );
         // the value domain agrees where the integer rounding does not matter
         let f = |v: &[i64]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
         assert_eq!(
-            predict_value(&f(&cubic), 6, 6, 13, 1, 1, Spline::Cubic),
+            predict::<f64>(&f(&cubic), 6, 6, 13, 1, 1, Spline::Cubic),
             cubic[6] as f64
         );
         assert_eq!(
-            predict_value(&f(&quad), 1, 1, 13, 1, 1, Spline::Natural),
+            predict::<f64>(&f(&quad), 1, 1, 13, 1, 1, Spline::Natural),
             quad[1] as f64
         );
         assert_eq!(
-            predict_value(&f(&lin), 12, 12, 13, 1, 1, Spline::Linear),
+            predict::<f64>(&f(&lin), 12, 12, 13, 1, 1, Spline::Linear),
             lin[11] as f64
         );
         // extreme codes wrap instead of overflowing
@@ -648,7 +705,22 @@ mod tests {
             i64::MAX,
         ];
         for sp in Spline::ALL {
-            predict_code(&big, 6, 6, 13, 1, 1, sp);
+            predict::<i64>(&big, 6, 6, 13, 1, 1, sp);
+        }
+    }
+
+    /// The sampling's all-splines prediction equals each spline's own, at every edge case.
+    #[test]
+    fn predict_all_matches_predict() {
+        let v: Vec<f64> = (0..17).map(|i| ((i * 7 % 11) as f64).sin() * 3.0).collect();
+        let c: Vec<i64> = (0..17).map(|i: i64| (i * 37 % 23) - 11).collect();
+        for s in [1, 2, 4] {
+            for at in (s..17).step_by(2 * s) {
+                let want = Spline::ALL.map(|sp| predict::<f64>(&v, at, at, 17, s, 1, sp));
+                assert_eq!(predict_all(&v, at, at, 17, s, 1), want, "{s} {at}");
+                let want = Spline::ALL.map(|sp| predict::<i64>(&c, at, at, 17, s, 1, sp));
+                assert_eq!(predict_all(&c, at, at, 17, s, 1), want, "{s} {at}");
+            }
         }
     }
 }

@@ -636,7 +636,7 @@ proptest! {
 #[test]
 #[ignore]
 fn residual_report() {
-    use super::grid::Grid;
+    use super::grid::{Grid, D};
     use crate::quant::QuantParams;
     let Ok(path) = std::env::var("CUSZI_FILE") else {
         return;
@@ -654,30 +654,12 @@ fn residual_report() {
     let p = super::predict(&data, &dims, &params);
     let g = Grid::new(&dims);
     let nl = g.levels();
-    let mut level = vec![0usize; data.len()];
-    for t in 0..g.n_tiles() {
-        let (b, c) = g.tile_coords(t);
-        let e = g.owned(c);
-        let base = g.tile_offset(b, c);
-        for l0 in 0..e[0] {
-            for l1 in 0..e[1] {
-                for l2 in 0..e[2] {
-                    let tz = [l0, l1, l2]
-                        .iter()
-                        .map(|&v| {
-                            if v == 0 {
-                                nl as u32
-                            } else {
-                                v.trailing_zeros()
-                            }
-                        })
-                        .min()
-                        .unwrap() as usize;
-                    level[base + (l0 * e[1] + l1) * e[2] + l2] = nl - tz;
-                }
-            }
-        }
-    }
+    // a point's class gives its level: 0 for the anchor, else 1 + (class - 1) / D
+    let cls = super::classes(&g, &p.levels);
+    let level: Vec<usize> = cls
+        .iter()
+        .map(|&k| if k == 0 { 0 } else { 1 + (k as usize - 1) / D })
+        .collect();
     let ent = |it: &mut dyn Iterator<Item = i64>| {
         let mut h = std::collections::HashMap::new();
         let mut n = 0.0;
@@ -715,23 +697,6 @@ fn residual_report() {
         cond / n,
         32.0 * n / cond
     );
-    let mut cls = vec![0u8; data.len()];
-    for t in 0..g.n_tiles() {
-        let (b, c) = g.tile_coords(t);
-        let e = g.owned(c);
-        let base = g.tile_offset(b, c);
-        for l0 in 0..e[0] {
-            for l1 in 0..e[1] {
-                for l2 in 0..e[2] {
-                    cls[base + (l0 * e[1] + l1) * e[2] + l2] = super::interp::point_class(
-                        [l0, l1, l2],
-                        g.stride.trailing_zeros(),
-                        &p.levels,
-                    );
-                }
-            }
-        }
-    }
     let mut cond = 0.0;
     for k in 0..super::interp::n_classes(nl) {
         let (m, e) = ent(&mut p
