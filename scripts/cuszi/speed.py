@@ -7,10 +7,11 @@ of each build in turn, ROUNDS times (builds interleaved, so that a change in the
 hits them alike). A run's time is the median of its RUNS timed runs (zcomm bench); per build,
 field and bound the record keeps every round's times and reports the fastest round (the least
 disturbed by other processes on a shared machine) and the median round, as MB/s of raw input
-(10^6 bytes per second). It fails (exit 1) when a build misses the bound or two builds' ratios
-differ (the builds must write the same streams).
+(10^6 bytes per second). It fails (exit 1) when a build misses the bound, or when the builds
+named by ``--same`` (builds that must write the same streams) differ in ratio.
 
-Usage: ``speed.py FIELD_DIR LABEL=ZCOMM_BINARY... [--rounds N] [--runs N] [--json-out FILE]``
+Usage: ``speed.py FIELD_DIR LABEL=ZCOMM_BINARY... [--same LABEL,LABEL] [--rounds N] [--runs N]
+[--json-out FILE]``
 """
 from __future__ import annotations
 
@@ -41,8 +42,10 @@ def main(argv: List[str]) -> int:
     ap.add_argument("builds", nargs="+", help="LABEL=ZCOMM_BINARY")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--same", default="", help="labels of builds whose streams must agree")
     ap.add_argument("--json-out")
     a = ap.parse_args(argv)
+    same = [lb for lb in a.same.split(",") if lb]
     builds = [b.split("=", 1) for b in a.builds]
     names = [n for n in DIMS if os.path.exists(os.path.join(a.fields, n + ".f32"))]
     if not names:
@@ -51,9 +54,9 @@ def main(argv: List[str]) -> int:
     rows: List[Dict[str, Any]] = []
     failures: List[str] = []
     labels = [lb for lb, _ in builds]
-    head = " | ".join(f"{lb} comp | {lb} decomp" for lb in labels)
-    print(f"| field | bound | ratio | {head} |")
-    print("|---|---|---:|" + "---:|---:|" * len(labels))
+    head = " | ".join(f"{lb} ratio | {lb} comp | {lb} decomp" for lb in labels)
+    print(f"| field | bound | {head} |")
+    print("|---|---|" + "---:|---:|---:|" * len(labels))
     for name in names:
         path, dims = os.path.join(a.fields, name + ".f32"), DIMS[name]
         nbytes = os.path.getsize(path)
@@ -68,7 +71,7 @@ def main(argv: List[str]) -> int:
                     ratios[lb] = r["ratio"]
                     times[lb]["c"].append(r["compress_s"])
                     times[lb]["d"].append(r["decompress_s"])
-            if len(set(ratios.values())) != 1:
+            if len({ratios[lb] for lb in same}) > 1:
                 failures.append(f"{name} {bound}: ratios differ {ratios}")
             row: Dict[str, Any] = {"field": name, "dims": dims, "bound": bound, "bytes": nbytes,
                                    "ratio": ratios, "builds": {}}
@@ -82,10 +85,9 @@ def main(argv: List[str]) -> int:
                     "compress_mbps_best": mbs["c"], "decompress_mbps_best": mbs["d"],
                     "compress_mbps_median": med["c"], "decompress_mbps_median": med["d"],
                 }
-                cells.append(f"{mbs['c']:.1f} | {mbs['d']:.1f}")
+                cells.append(f"{ratios[lb]:.2f} | {mbs['c']:.1f} | {mbs['d']:.1f}")
             rows.append(row)
-            print(f"| {name} | {bound} | {ratios[labels[0]]:.2f} | " + " | ".join(cells) + " |",
-                  flush=True)
+            print(f"| {name} | {bound} | " + " | ".join(cells) + " |", flush=True)
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({"builds": dict(builds), "rounds": a.rounds, "runs": a.runs,

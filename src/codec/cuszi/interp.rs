@@ -193,11 +193,50 @@ impl Domain for i64 {
     }
 }
 
-/// The prediction of the point at `idx` of `buf` (a box of values or codes), whose coordinate
+/// The neighbours that a point's splines along one dimension use (`b`, `c` the nearest, `a`,
+/// `d` the outer ones), as far as they lie inside the box.
+enum Neighbours<V> {
+    /// No right neighbour: only `b`.
+    Left1(V),
+    /// `b`, `c` (no outer neighbour).
+    Two(V, V),
+    /// `a`, `b`, `c` (no `d`).
+    NoRight(V, V, V),
+    /// `b`, `c`, `d` (no `a`).
+    NoLeft(V, V, V),
+    /// `a`, `b`, `c`, `d`.
+    Four(V, V, V, V),
+}
+
+/// The neighbours of the point at `idx` of `buf` (a box of values or codes), whose coordinate
 /// along the pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there;
-/// `st` is the index distance of one step along that dimension. Without a right neighbour the
-/// left one is copied; a cubic spline missing an outer neighbour falls back to the quadratic
-/// through the other three points, or to the linear one when both are missing.
+/// `st` is the index distance of one step along that dimension.
+#[inline(always)]
+fn neighbours<V: Domain>(
+    buf: &[V],
+    idx: usize,
+    c: usize,
+    len: usize,
+    s: usize,
+    st: usize,
+) -> Neighbours<V> {
+    let b = buf[idx - s * st];
+    if c + s >= len {
+        return Neighbours::Left1(b);
+    }
+    let cc = buf[idx + s * st];
+    match (c >= 3 * s, c + 3 * s < len) {
+        (true, true) => Neighbours::Four(buf[idx - 3 * s * st], b, cc, buf[idx + 3 * s * st]),
+        (true, false) => Neighbours::NoRight(buf[idx - 3 * s * st], b, cc),
+        (false, true) => Neighbours::NoLeft(b, cc, buf[idx + 3 * s * st]),
+        (false, false) => Neighbours::Two(b, cc),
+    }
+}
+
+/// The prediction of the point at `idx` of `buf` by spline `sp` ([`neighbours`] for the
+/// arguments). Without a right neighbour the left one is copied; a cubic spline missing an
+/// outer neighbour falls back to the quadratic through the other three points, or to the
+/// linear one when both are missing.
 #[inline(always)]
 pub(crate) fn predict<V: Domain>(
     buf: &[V],
@@ -208,29 +247,16 @@ pub(crate) fn predict<V: Domain>(
     st: usize,
     sp: Spline,
 ) -> V {
-    let b = buf[idx - s * st];
-    if c + s >= len {
-        return b;
-    }
-    let cc = buf[idx + s * st];
-    if sp == Spline::Linear {
-        return V::linear(b, cc);
-    }
-    let left = c >= 3 * s;
-    let right = c + 3 * s < len;
-    match (left, right) {
-        (true, true) => {
-            let a = buf[idx - 3 * s * st];
-            let d = buf[idx + 3 * s * st];
-            if sp == Spline::Cubic {
-                V::cubic(a, b, cc, d)
-            } else {
-                V::natural(a, b, cc, d)
-            }
-        }
-        (true, false) => V::quad_left(buf[idx - 3 * s * st], b, cc),
-        (false, true) => V::quad_right(b, cc, buf[idx + 3 * s * st]),
-        (false, false) => V::linear(b, cc),
+    match (neighbours(buf, idx, c, len, s, st), sp) {
+        (Neighbours::Left1(b), _) => b,
+        (Neighbours::Two(b, cc), _)
+        | (Neighbours::NoRight(_, b, cc), Spline::Linear)
+        | (Neighbours::NoLeft(b, cc, _), Spline::Linear)
+        | (Neighbours::Four(_, b, cc, _), Spline::Linear) => V::linear(b, cc),
+        (Neighbours::NoRight(a, b, cc), _) => V::quad_left(a, b, cc),
+        (Neighbours::NoLeft(b, cc, d), _) => V::quad_right(b, cc, d),
+        (Neighbours::Four(a, b, cc, d), Spline::Cubic) => V::cubic(a, b, cc, d),
+        (Neighbours::Four(a, b, cc, d), Spline::Natural) => V::natural(a, b, cc, d),
     }
 }
 
@@ -245,29 +271,22 @@ fn predict_all<V: Domain>(
     s: usize,
     st: usize,
 ) -> [V; 3] {
-    let b = buf[idx - s * st];
-    if c + s >= len {
-        return [b; 3];
-    }
-    let cc = buf[idx + s * st];
-    let lin = V::linear(b, cc);
-    let left = c >= 3 * s;
-    let right = c + 3 * s < len;
-    match (left, right) {
-        (true, true) => {
-            let a = buf[idx - 3 * s * st];
-            let d = buf[idx + 3 * s * st];
-            [lin, V::cubic(a, b, cc, d), V::natural(a, b, cc, d)]
+    match neighbours(buf, idx, c, len, s, st) {
+        Neighbours::Left1(b) => [b; 3],
+        Neighbours::Two(b, cc) => [V::linear(b, cc); 3],
+        Neighbours::NoRight(a, b, cc) => {
+            let q = V::quad_left(a, b, cc);
+            [V::linear(b, cc), q, q]
         }
-        (true, false) => {
-            let q = V::quad_left(buf[idx - 3 * s * st], b, cc);
-            [lin, q, q]
+        Neighbours::NoLeft(b, cc, d) => {
+            let q = V::quad_right(b, cc, d);
+            [V::linear(b, cc), q, q]
         }
-        (false, true) => {
-            let q = V::quad_right(b, cc, buf[idx + 3 * s * st]);
-            [lin, q, q]
-        }
-        (false, false) => [lin; 3],
+        Neighbours::Four(a, b, cc, d) => [
+            V::linear(b, cc),
+            V::cubic(a, b, cc, d),
+            V::natural(a, b, cc, d),
+        ],
     }
 }
 
@@ -275,6 +294,32 @@ fn predict_all<V: Domain>(
 #[inline]
 pub(crate) fn box_strides(e: [usize; D]) -> [usize; D] {
     [e[1] * e[2], e[2], 1]
+}
+
+/// Call `f(x, idx)` for the points `x = start + k * step` (per dimension, below `e`) of a box
+/// of extents `e` and index strides `st`, in raster order: the walk of one pass or stage.
+#[inline(always)]
+fn lattice(
+    e: [usize; D],
+    st: [usize; D],
+    start: [usize; D],
+    step: [usize; D],
+    mut f: impl FnMut([usize; D], usize),
+) {
+    let mut x = [0usize; D];
+    x[0] = start[0];
+    while x[0] < e[0] {
+        x[1] = start[1];
+        while x[1] < e[1] {
+            x[2] = start[2];
+            while x[2] < e[2] {
+                f(x, x[0] * st[0] + x[1] * st[1] + x[2] * st[2]);
+                x[2] += step[2];
+            }
+            x[1] += step[1];
+        }
+        x[0] += step[0];
+    }
 }
 
 /// Run the interpolation passes over a box of extents `e` whose anchors (corners at multiples
@@ -306,22 +351,10 @@ pub(crate) fn run_passes<V: Domain>(
                 step[d] = s;
             }
             start[a] = s;
-            let mut x = [0usize; D];
-            x[0] = start[0];
-            while x[0] < e[0] {
-                x[1] = start[1];
-                while x[1] < e[1] {
-                    x[2] = start[2];
-                    while x[2] < e[2] {
-                        let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
-                        let p = predict(buf, idx, x[a], e[a], s, st[a], lv.spline[a]);
-                        buf[idx] = code(idx, x, p);
-                        x[2] += step[2];
-                    }
-                    x[1] += step[1];
-                }
-                x[0] += step[0];
-            }
+            lattice(e, st, start, step, |x, idx| {
+                let p = predict(buf, idx, x[a], e[a], s, st[a], lv.spline[a]);
+                buf[idx] = code(idx, x, p);
+            });
         }
         s /= 2;
     }
@@ -374,22 +407,10 @@ fn multi_level<V: Domain>(
     for stage in 1..=D as u32 {
         for mask in (1usize..1 << D).filter(|m| m.count_ones() == stage) {
             let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
-            let mut x = [0usize; D];
-            x[0] = start[0];
-            while x[0] < e[0] {
-                x[1] = start[1];
-                while x[1] < e[1] {
-                    x[2] = start[2];
-                    while x[2] < e[2] {
-                        let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
-                        let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline);
-                        buf[idx] = code(idx, x, p);
-                        x[2] += 2 * s;
-                    }
-                    x[1] += 2 * s;
-                }
-                x[0] += 2 * s;
-            }
+            lattice(e, st, start, [2 * s; D], |x, idx| {
+                let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline);
+                buf[idx] = code(idx, x, p);
+            });
         }
     }
 }
@@ -537,23 +558,9 @@ pub(crate) fn choose_levels(
         })
         .collect();
     // visit the points of level `s` of a box whose odd dimensions are `mask`'s bits
-    fn visit(e: [usize; D], s: usize, mask: usize, mut f: impl FnMut([usize; D], usize)) {
-        let st = box_strides(e);
+    fn visit(e: [usize; D], s: usize, mask: usize, f: impl FnMut([usize; D], usize)) {
         let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
-        let mut x = [0usize; D];
-        x[0] = start[0];
-        while x[0] < e[0] {
-            x[1] = start[1];
-            while x[1] < e[1] {
-                x[2] = start[2];
-                while x[2] < e[2] {
-                    f(x, x[0] * st[0] + x[1] * st[1] + x[2] * st[2]);
-                    x[2] += 2 * s;
-                }
-                x[1] += 2 * s;
-            }
-            x[0] += 2 * s;
-        }
+        lattice(e, box_strides(e), start, [2 * s; D], f);
     }
     let mut out = Vec::with_capacity(g.levels());
     let mut s = g.stride / 2;
@@ -655,39 +662,21 @@ mod tests {
             .map(|i: i64| 16 * i * i * i - 48 * i * i + 5)
             .collect();
         let lin: Vec<i64> = (0..13).map(|i: i64| 7 * i - 3).collect();
-        assert_eq!(predict::<i64>(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
-        assert_eq!(
-            predict::<i64>(&cubic, 6, 6, 13, 1, 1, Spline::Cubic),
-            cubic[6]
-        );
+        // the prediction at point `i` of a row of 13
+        let at = |v: &[i64], i: usize, sp| predict::<i64>(v, i, i, 13, 1, 1, sp);
+        assert_eq!(at(&lin, 6, Spline::Linear), lin[6]);
+        assert_eq!(at(&cubic, 6, Spline::Cubic), cubic[6]);
         // copy at the right edge, quadratic near the left edge
-        assert_eq!(
-            predict::<i64>(&lin, 12, 12, 13, 1, 1, Spline::Cubic),
-            lin[11]
-        );
+        assert_eq!(at(&lin, 12, Spline::Cubic), lin[11]);
         let quad: Vec<i64> = (0..13).map(|i: i64| 8 * i * i).collect();
-        assert_eq!(
-            predict::<i64>(&quad, 1, 1, 13, 1, 1, Spline::Cubic),
-            quad[1]
-        );
-        assert_eq!(
-            predict::<i64>(&quad, 11, 11, 13, 1, 1, Spline::Cubic),
-            quad[11]
-        );
+        assert_eq!(at(&quad, 1, Spline::Cubic), quad[1]);
+        assert_eq!(at(&quad, 11, Spline::Cubic), quad[11]);
         // the value domain agrees where the integer rounding does not matter
         let f = |v: &[i64]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        assert_eq!(
-            predict::<f64>(&f(&cubic), 6, 6, 13, 1, 1, Spline::Cubic),
-            cubic[6] as f64
-        );
-        assert_eq!(
-            predict::<f64>(&f(&quad), 1, 1, 13, 1, 1, Spline::Natural),
-            quad[1] as f64
-        );
-        assert_eq!(
-            predict::<f64>(&f(&lin), 12, 12, 13, 1, 1, Spline::Linear),
-            lin[11] as f64
-        );
+        let atf = |v: &[i64], i: usize, sp| predict::<f64>(&f(v), i, i, 13, 1, 1, sp);
+        assert_eq!(atf(&cubic, 6, Spline::Cubic), cubic[6] as f64);
+        assert_eq!(atf(&quad, 1, Spline::Natural), quad[1] as f64);
+        assert_eq!(atf(&lin, 12, Spline::Linear), lin[11] as f64);
         // extreme codes wrap instead of overflowing
         let big = [
             i64::MAX,

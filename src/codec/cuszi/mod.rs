@@ -495,6 +495,9 @@ pub(crate) fn decode<T: Element>(
                 _ => unreachable!("a Huffman stream has its decoder"),
             }
             .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
+            if raw.is_empty() {
+                return Ok(Vec::new());
+            }
             let at = dst
                 .iter()
                 .enumerate()

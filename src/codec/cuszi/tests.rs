@@ -902,8 +902,12 @@ fn fuzz_mutated_streams() {
         let t = Instant::now();
         let got = std::panic::catch_unwind(|| {
             let count = inspect(&m).map(|h| h.count).ok();
-            let a = decompress_with_limits::<f32>(&m, limits).map(|v| v.len()).ok();
-            let b = decompress_with_limits::<f64>(&m, limits).map(|v| v.len()).ok();
+            let a = decompress_with_limits::<f32>(&m, limits)
+                .map(|v| v.len())
+                .ok();
+            let b = decompress_with_limits::<f64>(&m, limits)
+                .map(|v| v.len())
+                .ok();
             for n in [a, b].into_iter().flatten() {
                 assert_eq!(
                     Some(n as u64),
