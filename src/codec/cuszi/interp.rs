@@ -322,10 +322,54 @@ fn lattice(
     }
 }
 
+/// How the points of one walk over a box are predicted.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// One pass of a level: the spline along dimension `.0`.
+    Pass(usize, Spline),
+    /// One odd-dimension set (the bits of `.0`) of a multi-dimensional level, with the level's
+    /// splines ([`multi_prediction`]).
+    Multi(usize, [Spline; D]),
+}
+
+/// The walks of the passes in their order, coarsest level first: `(s, start, step, walk)` for
+/// the points `start + k * step` of stride `s`. A level by passes: one walk per dimension in
+/// pass order (along `a`: odd multiples of `s`; dimensions of earlier passes: multiples of `s`;
+/// later passes: multiples of `2s`). A multi-dimensional level: stages of 1, 2, 3 odd
+/// coordinates; within a stage, the odd-dimension sets in increasing bit order (no point of a
+/// stage depends on another of the same stage).
+fn walks(stride: usize, levels: &[Level]) -> Vec<(usize, [usize; D], [usize; D], Walk)> {
+    let mut out = Vec::with_capacity(levels.len() * 7);
+    let mut s = stride / 2;
+    for lv in levels {
+        if lv.multi {
+            for stage in 1..=D as u32 {
+                for mask in (1usize..1 << D).filter(|m| m.count_ones() == stage) {
+                    let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
+                    out.push((s, start, [2 * s; D], Walk::Multi(mask, lv.spline)));
+                }
+            }
+        } else {
+            for (j, &a) in lv.order.iter().enumerate() {
+                let mut start = [0usize; D];
+                let mut step = [2 * s; D];
+                for &d in &lv.order[..j] {
+                    step[d] = s;
+                }
+                start[a] = s;
+                out.push((s, start, step, Walk::Pass(a, lv.spline[a])));
+            }
+        }
+        s /= 2;
+    }
+    out
+}
+
 /// Run the interpolation passes over a box of extents `e` whose anchors (corners at multiples
-/// of `stride`) are already in `buf`: for every other point, coarsest level first, call
+/// of `stride`) are already in `buf`: for every other point, in the order of [`walks`], call
 /// `code(idx, local coordinates, prediction)` and store what it returns (the point's
-/// reconstruction or code) at `idx`.
+/// reconstruction or code) at `idx`. (`code` has one call site, so that it inlines into the
+/// walk.)
 #[inline(always)]
 pub(crate) fn run_passes<V: Domain>(
     buf: &mut [V],
@@ -335,28 +379,14 @@ pub(crate) fn run_passes<V: Domain>(
     mut code: impl FnMut(usize, [usize; D], V) -> V,
 ) {
     let st = box_strides(e);
-    let mut s = stride / 2;
-    for lv in levels {
-        if lv.multi {
-            multi_level(buf, e, st, s, lv, &mut code);
-            s /= 2;
-            continue;
-        }
-        for (j, &a) in lv.order.iter().enumerate() {
-            // along `a`: odd multiples of s; dimensions of earlier passes: multiples of s;
-            // later passes: multiples of 2s
-            let mut start = [0usize; D];
-            let mut step = [2 * s; D];
-            for &d in &lv.order[..j] {
-                step[d] = s;
-            }
-            start[a] = s;
-            lattice(e, st, start, step, |x, idx| {
-                let p = predict(buf, idx, x[a], e[a], s, st[a], lv.spline[a]);
-                buf[idx] = code(idx, x, p);
-            });
-        }
-        s /= 2;
+    for (s, start, step, walk) in walks(stride, levels) {
+        lattice(e, st, start, step, |x, idx| {
+            let p = match walk {
+                Walk::Pass(a, sp) => predict(buf, idx, x[a], e[a], s, st[a], sp),
+                Walk::Multi(mask, spline) => multi_prediction(buf, idx, x, e, st, s, mask, spline),
+            };
+            buf[idx] = code(idx, x, p);
+        });
     }
 }
 
@@ -390,29 +420,6 @@ pub(crate) fn multi_prediction<V: Domain>(
         return predict(buf, idx, x[a], e[a], s, st[a], spline[a]);
     }
     V::mean(&ps[..n])
-}
-
-/// One multi-dimensional level (stride `s`): stages of 1, 2, 3 odd coordinates; within a stage,
-/// the odd-dimension sets in increasing bit order, each in raster order (no point of a stage
-/// depends on another of the same stage).
-#[inline(always)]
-fn multi_level<V: Domain>(
-    buf: &mut [V],
-    e: [usize; D],
-    st: [usize; D],
-    s: usize,
-    lv: &Level,
-    code: &mut impl FnMut(usize, [usize; D], V) -> V,
-) {
-    for stage in 1..=D as u32 {
-        for mask in (1usize..1 << D).filter(|m| m.count_ones() == stage) {
-            let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
-            lattice(e, st, start, [2 * s; D], |x, idx| {
-                let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline);
-                buf[idx] = code(idx, x, p);
-            });
-        }
-    }
 }
 
 /// Copy the anchors of tile `c` of volume `b` into its box `buf` (extents `e`) from the
