@@ -2,8 +2,8 @@
 //! the level-by-level spline passes inside a tile's box, and the sampling that chooses each
 //! level's dimension order and splines.
 //!
-//! The passes run on reconstructed values (f64, abs/noa bounds: [`predict_value`]) or on
-//! quantization codes (`i64`, rel bounds: [`predict_code`]). Values: a fixed sequence of IEEE
+//! The passes run on reconstructed values (f64, abs/noa bounds) or on quantization codes (`i64`,
+//! rel bounds), the two implementations of [`Domain`]. Values: a fixed sequence of IEEE
 //! binary64 operations (no fused multiply-add). Codes: wrapping integer arithmetic with
 //! divisions by powers of two as arithmetic shifts (and the natural spline's 40 as a Euclidean
 //! division), so `code = prediction + residual` inverts `residual = code - prediction` exactly.
@@ -90,15 +90,54 @@ fn linear(b: i64, c: i64) -> i64 {
     b.wrapping_add(c).wrapping_add(1) >> 1
 }
 
-/// The mean of one to three predictions of a multi-dimensional level (FORMAT.md, "cuszi",
-/// interpolation): values `(p0 + p1) * 0.5`, `(p0 + p1 + p2) / 3`; codes
-/// `(p0 + p1 + 1) >> 1`, `div3(p0 + p1 + p2 + 1)` (floor), wrapping.
-pub(crate) trait Mean: Copy {
-    /// The mean of `p` (1 to 3 predictions, in dimension order).
+/// The domain the passes run in (FORMAT.md, "cuszi", interpolation): reconstructed values
+/// (`f64`, abs/noa bounds) or quantization codes (`i64`, rel bounds). It supplies the
+/// arithmetic of each spline case and of the multi-dimensional mean; [`predict`] picks the case,
+/// so both domains share one neighbour and edge logic. The passes are generic over it (not
+/// handed a function pointer) so that the predictions inline into the per-point loops.
+///
+/// Values: `(b + c) * 0.5`, `((b + c) * 9 - (a + d)) * 0.0625`, `((b + c) * 23 - (a + d) * 3) /
+/// 40`, `((b * 6 + c * 3) - a) * 0.125` and `((b * 3 + c * 6) - d) * 0.125`, evaluated in that
+/// order (no fused multiply-add). Codes: wrapping integer arithmetic, divisions by powers of two
+/// as arithmetic shifts with a rounding offset, the natural spline's 40 as a Euclidean division.
+pub(crate) trait Domain: Copy {
+    /// Linear spline of the neighbours `b`, `c` (also the fallback without outer neighbours).
+    fn linear(b: Self, c: Self) -> Self;
+    /// Not-a-knot cubic spline of `a, b, c, d` (the point lies between `b` and `c`).
+    fn cubic(a: Self, b: Self, c: Self, d: Self) -> Self;
+    /// Natural cubic spline of `a, b, c, d`.
+    fn natural(a: Self, b: Self, c: Self, d: Self) -> Self;
+    /// Quadratic through `a, b, c` (no outer right neighbour `d`).
+    fn quad_left(a: Self, b: Self, c: Self) -> Self;
+    /// Quadratic through `b, c, d` (no outer left neighbour `a`).
+    fn quad_right(b: Self, c: Self, d: Self) -> Self;
+    /// The mean of one to three predictions of a multi-dimensional level, in dimension order:
+    /// values `(p0 + p1) * 0.5`, `(p0 + p1 + p2) / 3`; codes `(p0 + p1 + 1) >> 1`,
+    /// `div3(p0 + p1 + p2 + 1)` (floor), wrapping.
     fn mean(p: &[Self]) -> Self;
 }
 
-impl Mean for f64 {
+impl Domain for f64 {
+    #[inline(always)]
+    fn linear(b: f64, c: f64) -> f64 {
+        (b + c) * 0.5
+    }
+    #[inline(always)]
+    fn cubic(a: f64, b: f64, c: f64, d: f64) -> f64 {
+        ((b + c) * 9.0 - (a + d)) * 0.0625
+    }
+    #[inline(always)]
+    fn natural(a: f64, b: f64, c: f64, d: f64) -> f64 {
+        ((b + c) * 23.0 - (a + d) * 3.0) / 40.0
+    }
+    #[inline(always)]
+    fn quad_left(a: f64, b: f64, c: f64) -> f64 {
+        ((b * 6.0 + c * 3.0) - a) * 0.125
+    }
+    #[inline(always)]
+    fn quad_right(b: f64, c: f64, d: f64) -> f64 {
+        ((b * 3.0 + c * 6.0) - d) * 0.125
+    }
     #[inline(always)]
     fn mean(p: &[f64]) -> f64 {
         match p.len() {
@@ -109,7 +148,37 @@ impl Mean for f64 {
     }
 }
 
-impl Mean for i64 {
+/// `x * k`, wrapping.
+#[inline(always)]
+fn w(x: i64, k: i64) -> i64 {
+    x.wrapping_mul(k)
+}
+
+impl Domain for i64 {
+    #[inline(always)]
+    fn linear(b: i64, c: i64) -> i64 {
+        linear(b, c)
+    }
+    #[inline(always)]
+    fn cubic(a: i64, b: i64, c: i64, d: i64) -> i64 {
+        let v = w(b.wrapping_add(c), 9).wrapping_sub(a).wrapping_sub(d);
+        v.wrapping_add(8) >> 4
+    }
+    #[inline(always)]
+    fn natural(a: i64, b: i64, c: i64, d: i64) -> i64 {
+        let v = w(b.wrapping_add(c), 23).wrapping_sub(w(a.wrapping_add(d), 3));
+        v.wrapping_add(20).div_euclid(40)
+    }
+    #[inline(always)]
+    fn quad_left(a: i64, b: i64, c: i64) -> i64 {
+        let v = w(b, 6).wrapping_add(w(c, 3)).wrapping_sub(a);
+        v.wrapping_add(4) >> 3
+    }
+    #[inline(always)]
+    fn quad_right(b: i64, c: i64, d: i64) -> i64 {
+        let v = w(b, 3).wrapping_add(w(c, 6)).wrapping_sub(d);
+        v.wrapping_add(4) >> 3
+    }
     #[inline(always)]
     fn mean(p: &[i64]) -> i64 {
         match p.len() {
@@ -124,96 +193,100 @@ impl Mean for i64 {
     }
 }
 
-/// A prediction function of [`run_passes`]: `(buf, idx, c, len, s, st, spline)`.
-pub(crate) type Predict<V> = fn(&[V], usize, usize, usize, usize, usize, Spline) -> V;
+/// The neighbours that a point's splines along one dimension use (`b`, `c` the nearest, `a`,
+/// `d` the outer ones), as far as they lie inside the box.
+enum Neighbours<V> {
+    /// No right neighbour: only `b`.
+    Left1(V),
+    /// `b`, `c` (no outer neighbour).
+    Two(V, V),
+    /// `a`, `b`, `c` (no `d`).
+    NoRight(V, V, V),
+    /// `b`, `c`, `d` (no `a`).
+    NoLeft(V, V, V),
+    /// `a`, `b`, `c`, `d`.
+    Four(V, V, V, V),
+}
 
-/// The prediction in the value domain (FORMAT.md, "cuszi", interpolation), in f64: the same
-/// cases as [`predict_code`] with `(b + c) * 0.5`, `((b + c) * 9 - (a + d)) * 0.0625`,
-/// `((b + c) * 23 - (a + d) * 3) / 40`, `((b * 6 + c * 3) - a) * 0.125` and
-/// `((b * 3 + c * 6) - d) * 0.125`, evaluated in that order.
+/// The neighbours of the point at `idx` of `buf` (a box of values or codes), whose coordinate
+/// along the pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there;
+/// `st` is the index distance of one step along that dimension.
 #[inline(always)]
-pub(crate) fn predict_value(
-    buf: &[f64],
+fn neighbours<V: Domain>(
+    buf: &[V],
     idx: usize,
     c: usize,
     len: usize,
     s: usize,
     st: usize,
-    sp: Spline,
-) -> f64 {
+) -> Neighbours<V> {
     let b = buf[idx - s * st];
     if c + s >= len {
-        return b;
+        return Neighbours::Left1(b);
     }
     let cc = buf[idx + s * st];
-    if sp == Spline::Linear {
-        return (b + cc) * 0.5;
-    }
-    let left = c >= 3 * s;
-    let right = c + 3 * s < len;
-    match (left, right) {
-        (true, true) => {
-            let a = buf[idx - 3 * s * st];
-            let d = buf[idx + 3 * s * st];
-            if sp == Spline::Cubic {
-                ((b + cc) * 9.0 - (a + d)) * 0.0625
-            } else {
-                ((b + cc) * 23.0 - (a + d) * 3.0) / 40.0
-            }
-        }
-        (true, false) => ((b * 6.0 + cc * 3.0) - buf[idx - 3 * s * st]) * 0.125,
-        (false, true) => ((b * 3.0 + cc * 6.0) - buf[idx + 3 * s * st]) * 0.125,
-        (false, false) => (b + cc) * 0.5,
+    match (c >= 3 * s, c + 3 * s < len) {
+        (true, true) => Neighbours::Four(buf[idx - 3 * s * st], b, cc, buf[idx + 3 * s * st]),
+        (true, false) => Neighbours::NoRight(buf[idx - 3 * s * st], b, cc),
+        (false, true) => Neighbours::NoLeft(b, cc, buf[idx + 3 * s * st]),
+        (false, false) => Neighbours::Two(b, cc),
     }
 }
 
-/// The prediction of the point at `idx` of `buf` (a box of codes), whose coordinate along the
-/// pass's dimension is `c` (an odd multiple of `s`) in a box of extent `len` there; `st` is the
-/// index distance of one step along that dimension.
+/// The prediction of the point at `idx` of `buf` by spline `sp` ([`neighbours`] for the
+/// arguments). Without a right neighbour the left one is copied; a cubic spline missing an
+/// outer neighbour falls back to the quadratic through the other three points, or to the
+/// linear one when both are missing.
 #[inline(always)]
-pub(crate) fn predict_code(
-    buf: &[i64],
+pub(crate) fn predict<V: Domain>(
+    buf: &[V],
     idx: usize,
     c: usize,
     len: usize,
     s: usize,
     st: usize,
     sp: Spline,
-) -> i64 {
-    let b = buf[idx - s * st];
-    if c + s >= len {
-        return b; // no right neighbour: copy the left one
+) -> V {
+    match (neighbours(buf, idx, c, len, s, st), sp) {
+        (Neighbours::Left1(b), _) => b,
+        (Neighbours::Two(b, cc), _)
+        | (Neighbours::NoRight(_, b, cc), Spline::Linear)
+        | (Neighbours::NoLeft(b, cc, _), Spline::Linear)
+        | (Neighbours::Four(_, b, cc, _), Spline::Linear) => V::linear(b, cc),
+        (Neighbours::NoRight(a, b, cc), _) => V::quad_left(a, b, cc),
+        (Neighbours::NoLeft(b, cc, d), _) => V::quad_right(b, cc, d),
+        (Neighbours::Four(a, b, cc, d), Spline::Cubic) => V::cubic(a, b, cc, d),
+        (Neighbours::Four(a, b, cc, d), Spline::Natural) => V::natural(a, b, cc, d),
     }
-    let cc = buf[idx + s * st];
-    if sp == Spline::Linear {
-        return linear(b, cc);
-    }
-    let left = c >= 3 * s;
-    let right = c + 3 * s < len;
-    let w = |x: i64, k: i64| x.wrapping_mul(k);
-    match (left, right) {
-        (true, true) => {
-            let a = buf[idx - 3 * s * st];
-            let d = buf[idx + 3 * s * st];
-            if sp == Spline::Cubic {
-                let v = w(b.wrapping_add(cc), 9).wrapping_sub(a).wrapping_sub(d);
-                v.wrapping_add(8) >> 4
-            } else {
-                let v = w(b.wrapping_add(cc), 23).wrapping_sub(w(a.wrapping_add(d), 3));
-                v.wrapping_add(20).div_euclid(40)
-            }
+}
+
+/// The predictions of every spline ([`Spline::ALL`] order) at one point, as [`predict`] gives
+/// them one by one, from one fetch of the neighbours (the sampling compares all three).
+#[inline(always)]
+fn predict_all<V: Domain>(
+    buf: &[V],
+    idx: usize,
+    c: usize,
+    len: usize,
+    s: usize,
+    st: usize,
+) -> [V; 3] {
+    match neighbours(buf, idx, c, len, s, st) {
+        Neighbours::Left1(b) => [b; 3],
+        Neighbours::Two(b, cc) => [V::linear(b, cc); 3],
+        Neighbours::NoRight(a, b, cc) => {
+            let q = V::quad_left(a, b, cc);
+            [V::linear(b, cc), q, q]
         }
-        (true, false) => {
-            let a = buf[idx - 3 * s * st];
-            let v = w(b, 6).wrapping_add(w(cc, 3)).wrapping_sub(a);
-            v.wrapping_add(4) >> 3
+        Neighbours::NoLeft(b, cc, d) => {
+            let q = V::quad_right(b, cc, d);
+            [V::linear(b, cc), q, q]
         }
-        (false, true) => {
-            let d = buf[idx + 3 * s * st];
-            let v = w(b, 3).wrapping_add(w(cc, 6)).wrapping_sub(d);
-            v.wrapping_add(4) >> 3
-        }
-        (false, false) => linear(b, cc),
+        Neighbours::Four(a, b, cc, d) => [
+            V::linear(b, cc),
+            V::cubic(a, b, cc, d),
+            V::natural(a, b, cc, d),
+        ],
     }
 }
 
@@ -223,54 +296,97 @@ pub(crate) fn box_strides(e: [usize; D]) -> [usize; D] {
     [e[1] * e[2], e[2], 1]
 }
 
-/// Run the interpolation passes over a box of extents `e` whose anchors (corners at multiples
-/// of `stride`) are already in `buf`: for every other point, coarsest level first, call
-/// `code(idx, local coordinates, prediction)` and store what it returns (the point's
-/// reconstruction or code) at `idx`.
+/// Call `f(x, idx)` for the points `x = start + k * step` (per dimension, below `e`) of a box
+/// of extents `e` and index strides `st`, in raster order: the walk of one pass or stage.
 #[inline(always)]
-pub(crate) fn run_passes<V: Mean>(
+fn lattice(
+    e: [usize; D],
+    st: [usize; D],
+    start: [usize; D],
+    step: [usize; D],
+    mut f: impl FnMut([usize; D], usize),
+) {
+    let mut x = [0usize; D];
+    x[0] = start[0];
+    while x[0] < e[0] {
+        x[1] = start[1];
+        while x[1] < e[1] {
+            x[2] = start[2];
+            while x[2] < e[2] {
+                f(x, x[0] * st[0] + x[1] * st[1] + x[2] * st[2]);
+                x[2] += step[2];
+            }
+            x[1] += step[1];
+        }
+        x[0] += step[0];
+    }
+}
+
+/// How the points of one walk over a box are predicted.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// One pass of a level: the spline along dimension `.0`.
+    Pass(usize, Spline),
+    /// One odd-dimension set (the bits of `.0`) of a multi-dimensional level, with the level's
+    /// splines ([`multi_prediction`]).
+    Multi(usize, [Spline; D]),
+}
+
+/// The walks of the passes in their order, coarsest level first: `(s, start, step, walk)` for
+/// the points `start + k * step` of stride `s`. A level by passes: one walk per dimension in
+/// pass order (along `a`: odd multiples of `s`; dimensions of earlier passes: multiples of `s`;
+/// later passes: multiples of `2s`). A multi-dimensional level: stages of 1, 2, 3 odd
+/// coordinates; within a stage, the odd-dimension sets in increasing bit order (no point of a
+/// stage depends on another of the same stage).
+fn walks(stride: usize, levels: &[Level]) -> Vec<(usize, [usize; D], [usize; D], Walk)> {
+    let mut out = Vec::with_capacity(levels.len() * 7);
+    let mut s = stride / 2;
+    for lv in levels {
+        if lv.multi {
+            for stage in 1..=D as u32 {
+                for mask in (1usize..1 << D).filter(|m| m.count_ones() == stage) {
+                    let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
+                    out.push((s, start, [2 * s; D], Walk::Multi(mask, lv.spline)));
+                }
+            }
+        } else {
+            for (j, &a) in lv.order.iter().enumerate() {
+                let mut start = [0usize; D];
+                let mut step = [2 * s; D];
+                for &d in &lv.order[..j] {
+                    step[d] = s;
+                }
+                start[a] = s;
+                out.push((s, start, step, Walk::Pass(a, lv.spline[a])));
+            }
+        }
+        s /= 2;
+    }
+    out
+}
+
+/// Run the interpolation passes over a box of extents `e` whose anchors (corners at multiples
+/// of `stride`) are already in `buf`: for every other point, in the order of [`walks`], call
+/// `code(idx, local coordinates, prediction)` and store what it returns (the point's
+/// reconstruction or code) at `idx`. (`code` has one call site, so that it inlines into the
+/// walk.)
+#[inline(always)]
+pub(crate) fn run_passes<V: Domain>(
     buf: &mut [V],
     e: [usize; D],
     stride: usize,
     levels: &[Level],
-    predict: Predict<V>,
     mut code: impl FnMut(usize, [usize; D], V) -> V,
 ) {
     let st = box_strides(e);
-    let mut s = stride / 2;
-    for lv in levels {
-        if lv.multi {
-            multi_level(buf, e, st, s, lv, predict, &mut code);
-            s /= 2;
-            continue;
-        }
-        for (j, &a) in lv.order.iter().enumerate() {
-            // along `a`: odd multiples of s; dimensions of earlier passes: multiples of s;
-            // later passes: multiples of 2s
-            let mut start = [0usize; D];
-            let mut step = [2 * s; D];
-            for &d in &lv.order[..j] {
-                step[d] = s;
-            }
-            start[a] = s;
-            let mut x = [0usize; D];
-            x[0] = start[0];
-            while x[0] < e[0] {
-                x[1] = start[1];
-                while x[1] < e[1] {
-                    x[2] = start[2];
-                    while x[2] < e[2] {
-                        let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
-                        let p = predict(buf, idx, x[a], e[a], s, st[a], lv.spline[a]);
-                        buf[idx] = code(idx, x, p);
-                        x[2] += step[2];
-                    }
-                    x[1] += step[1];
-                }
-                x[0] += step[0];
-            }
-        }
-        s /= 2;
+    for (s, start, step, walk) in walks(stride, levels) {
+        lattice(e, st, start, step, |x, idx| {
+            let p = match walk {
+                Walk::Pass(a, sp) => predict(buf, idx, x[a], e[a], s, st[a], sp),
+                Walk::Multi(mask, spline) => multi_prediction(buf, idx, x, e, st, s, mask, spline),
+            };
+            buf[idx] = code(idx, x, p);
+        });
     }
 }
 
@@ -281,7 +397,7 @@ pub(crate) fn run_passes<V: Mean>(
 /// neighbour).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn multi_prediction<V: Mean>(
+pub(crate) fn multi_prediction<V: Domain>(
     buf: &[V],
     idx: usize,
     x: [usize; D],
@@ -290,7 +406,6 @@ pub(crate) fn multi_prediction<V: Mean>(
     s: usize,
     mask: usize,
     spline: [Spline; D],
-    predict: Predict<V>,
 ) -> V {
     let mut ps = [buf[idx]; D];
     let mut n = 0;
@@ -305,41 +420,6 @@ pub(crate) fn multi_prediction<V: Mean>(
         return predict(buf, idx, x[a], e[a], s, st[a], spline[a]);
     }
     V::mean(&ps[..n])
-}
-
-/// One multi-dimensional level (stride `s`): stages of 1, 2, 3 odd coordinates; within a stage,
-/// the odd-dimension sets in increasing bit order, each in raster order (no point of a stage
-/// depends on another of the same stage).
-fn multi_level<V: Mean>(
-    buf: &mut [V],
-    e: [usize; D],
-    st: [usize; D],
-    s: usize,
-    lv: &Level,
-    predict: Predict<V>,
-    code: &mut impl FnMut(usize, [usize; D], V) -> V,
-) {
-    for stage in 1..=D as u32 {
-        for mask in (1usize..1 << D).filter(|m| m.count_ones() == stage) {
-            let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
-            let mut x = [0usize; D];
-            x[0] = start[0];
-            while x[0] < e[0] {
-                x[1] = start[1];
-                while x[1] < e[1] {
-                    x[2] = start[2];
-                    while x[2] < e[2] {
-                        let idx = x[0] * st[0] + x[1] * st[1] + x[2] * st[2];
-                        let p = multi_prediction(buf, idx, x, e, st, s, mask, lv.spline, predict);
-                        buf[idx] = code(idx, x, p);
-                        x[2] += 2 * s;
-                    }
-                    x[1] += 2 * s;
-                }
-                x[0] += 2 * s;
-            }
-        }
-    }
 }
 
 /// Copy the anchors of tile `c` of volume `b` into its box `buf` (extents `e`) from the
@@ -444,7 +524,7 @@ fn err_units(v: f64, p: f64, scale: f64) -> u64 {
 /// Choose every level's configuration by sampling (cuSZ-i's profiling), on the boxes of up to
 /// [`SAMPLE_TILES`] tiles (numbers `0, k, 2k, ...` with `k = max(1, n_tiles / SAMPLE_TILES)`)
 /// filled with the sampled values. Errors are integers ([`err_units`] of the value and a
-/// prediction by [`predict_value`] on the box, so with the edge cases the passes use), summed
+/// prediction by [`predict`] on the box, so with the edge cases the passes use), summed
 /// over the points whose value and predictions are known; integer sums do not depend on the
 /// order of the additions. Per level `s`:
 ///
@@ -485,23 +565,9 @@ pub(crate) fn choose_levels(
         })
         .collect();
     // visit the points of level `s` of a box whose odd dimensions are `mask`'s bits
-    fn visit(e: [usize; D], s: usize, mask: usize, mut f: impl FnMut([usize; D], usize)) {
-        let st = box_strides(e);
+    fn visit(e: [usize; D], s: usize, mask: usize, f: impl FnMut([usize; D], usize)) {
         let start: [usize; D] = std::array::from_fn(|d| (mask >> d & 1) * s);
-        let mut x = [0usize; D];
-        x[0] = start[0];
-        while x[0] < e[0] {
-            x[1] = start[1];
-            while x[1] < e[1] {
-                x[2] = start[2];
-                while x[2] < e[2] {
-                    f(x, x[0] * st[0] + x[1] * st[1] + x[2] * st[2]);
-                    x[2] += 2 * s;
-                }
-                x[1] += 2 * s;
-            }
-            x[0] += 2 * s;
-        }
+        lattice(e, box_strides(e), start, [2 * s; D], f);
     }
     let mut out = Vec::with_capacity(g.levels());
     let mut s = g.stride / 2;
@@ -514,8 +580,7 @@ pub(crate) fn choose_levels(
                 visit(*e, s, mask, |x, idx| {
                     let v = buf[idx];
                     for a in (0..D).filter(|a| mask >> a & 1 == 1) {
-                        let p =
-                            Spline::ALL.map(|sp| predict_value(buf, idx, x[a], e[a], s, st[a], sp));
+                        let p = predict_all(buf, idx, x[a], e[a], s, st[a]);
                         if v.is_finite() && p.iter().all(|p| p.is_finite()) {
                             for (ei, p) in err[a].iter_mut().zip(p) {
                                 *ei = ei.saturating_add(err_units(v, p, scale));
@@ -550,8 +615,8 @@ pub(crate) fn choose_levels(
                 visit(*e, s, mask, |x, idx| {
                     let v = buf[idx];
                     let a = last;
-                    let p = predict_value(buf, idx, x[a], e[a], s, st[a], spline[a]);
-                    let m = multi_prediction(buf, idx, x, *e, st, s, mask, spline, predict_value);
+                    let p = predict(buf, idx, x[a], e[a], s, st[a], spline[a]);
+                    let m = multi_prediction(buf, idx, x, *e, st, s, mask, spline);
                     if v.is_finite() && p.is_finite() && m.is_finite() {
                         by_pass = by_pass.saturating_add(err_units(v, p, scale));
                         by_mean = by_mean.saturating_add(err_units(v, m, scale));
@@ -604,33 +669,21 @@ mod tests {
             .map(|i: i64| 16 * i * i * i - 48 * i * i + 5)
             .collect();
         let lin: Vec<i64> = (0..13).map(|i: i64| 7 * i - 3).collect();
-        assert_eq!(predict_code(&lin, 6, 6, 13, 1, 1, Spline::Linear), lin[6]);
-        assert_eq!(
-            predict_code(&cubic, 6, 6, 13, 1, 1, Spline::Cubic),
-            cubic[6]
-        );
+        // the prediction at point `i` of a row of 13
+        let at = |v: &[i64], i: usize, sp| predict::<i64>(v, i, i, 13, 1, 1, sp);
+        assert_eq!(at(&lin, 6, Spline::Linear), lin[6]);
+        assert_eq!(at(&cubic, 6, Spline::Cubic), cubic[6]);
         // copy at the right edge, quadratic near the left edge
-        assert_eq!(predict_code(&lin, 12, 12, 13, 1, 1, Spline::Cubic), lin[11]);
+        assert_eq!(at(&lin, 12, Spline::Cubic), lin[11]);
         let quad: Vec<i64> = (0..13).map(|i: i64| 8 * i * i).collect();
-        assert_eq!(predict_code(&quad, 1, 1, 13, 1, 1, Spline::Cubic), quad[1]);
-        assert_eq!(
-            predict_code(&quad, 11, 11, 13, 1, 1, Spline::Cubic),
-            quad[11]
-        );
+        assert_eq!(at(&quad, 1, Spline::Cubic), quad[1]);
+        assert_eq!(at(&quad, 11, Spline::Cubic), quad[11]);
         // the value domain agrees where the integer rounding does not matter
         let f = |v: &[i64]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-        assert_eq!(
-            predict_value(&f(&cubic), 6, 6, 13, 1, 1, Spline::Cubic),
-            cubic[6] as f64
-        );
-        assert_eq!(
-            predict_value(&f(&quad), 1, 1, 13, 1, 1, Spline::Natural),
-            quad[1] as f64
-        );
-        assert_eq!(
-            predict_value(&f(&lin), 12, 12, 13, 1, 1, Spline::Linear),
-            lin[11] as f64
-        );
+        let atf = |v: &[i64], i: usize, sp| predict::<f64>(&f(v), i, i, 13, 1, 1, sp);
+        assert_eq!(atf(&cubic, 6, Spline::Cubic), cubic[6] as f64);
+        assert_eq!(atf(&quad, 1, Spline::Natural), quad[1] as f64);
+        assert_eq!(atf(&lin, 12, Spline::Linear), lin[11] as f64);
         // extreme codes wrap instead of overflowing
         let big = [
             i64::MAX,
@@ -648,7 +701,22 @@ mod tests {
             i64::MAX,
         ];
         for sp in Spline::ALL {
-            predict_code(&big, 6, 6, 13, 1, 1, sp);
+            predict::<i64>(&big, 6, 6, 13, 1, 1, sp);
+        }
+    }
+
+    /// The sampling's all-splines prediction equals each spline's own, at every edge case.
+    #[test]
+    fn predict_all_matches_predict() {
+        let v: Vec<f64> = (0..17).map(|i| ((i * 7 % 11) as f64).sin() * 3.0).collect();
+        let c: Vec<i64> = (0..17).map(|i: i64| (i * 37 % 23) - 11).collect();
+        for s in [1, 2, 4] {
+            for at in (s..17).step_by(2 * s) {
+                let want = Spline::ALL.map(|sp| predict::<f64>(&v, at, at, 17, s, 1, sp));
+                assert_eq!(predict_all(&v, at, at, 17, s, 1), want, "{s} {at}");
+                let want = Spline::ALL.map(|sp| predict::<i64>(&c, at, at, 17, s, 1, sp));
+                assert_eq!(predict_all(&c, at, at, 17, s, 1), want, "{s} {at}");
+            }
         }
     }
 }

@@ -166,8 +166,7 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
         });
         #[cfg(test)]
         let levels = tests::forced_levels(levels);
-        let point = |gi: usize, p: i64| {
-            let v = codes[gi];
+        let point = |v: i64, p: i64| {
             let r = v.wrapping_sub(p);
             if v == LOSSLESS || r == LOSSLESS {
                 (LOSSLESS, p)
@@ -176,7 +175,7 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
             }
         };
         let tiles = Tiles::new(&g, &levels, &anchors, &anchor_res);
-        let l = tiles.encode(data, &mut res, interp::predict_code, point);
+        let l = tiles.encode(data, &codes, &mut res, point);
         (levels, l)
     } else {
         let rq = quant::ResidualQuantizer::<T>::new(params);
@@ -188,12 +187,12 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
         #[cfg(test)]
         let levels = tests::forced_levels(levels);
         let values = anchor_values(&q, &anchors);
-        let point = |gi: usize, p: f64| match rq.encode(data[gi], p) {
+        let point = |x: T, p: f64| match rq.encode(x, p) {
             Some(c) => c,
             None => (LOSSLESS, finite_or_zero(p)),
         };
         let tiles = Tiles::new(&g, &levels, &values, &anchor_res);
-        let l = tiles.encode(data, &mut res, interp::predict_value, point);
+        let l = tiles.encode(data, data, &mut res, point);
         (levels, l)
     };
     Predicted {
@@ -322,21 +321,40 @@ fn assemble(chunks: Vec<Vec<u8>>, meta: Vec<u8>) -> Encoded {
     }
 }
 
-/// The class of every residual, in symbol order ([`interp::point_class`]).
+/// The class of every residual, in symbol order ([`interp::point_class`]). A class depends only
+/// on the local coordinates in the tile, so one pattern over the first tile's owned extents
+/// (the largest any tile has) serves every tile: whole tiles copy it, edge tiles read their rows
+/// from it.
 fn classes(g: &Grid, levels: &[Level]) -> Vec<u8> {
     let mut cls = vec![0u8; g.batch * g.volume()];
+    if cls.is_empty() {
+        return cls;
+    }
     let log2s = g.stride.trailing_zeros();
+    let full = g.owned([0; D]);
+    let mut pattern = Vec::with_capacity(full.iter().product());
+    for l0 in 0..full[0] {
+        for l1 in 0..full[1] {
+            for l2 in 0..full[2] {
+                pattern.push(interp::point_class([l0, l1, l2], log2s, levels));
+            }
+        }
+    }
     tile_slices(g, &mut cls)
         .into_par_iter()
         .for_each(|(t, out)| {
             let (_, c) = g.tile_coords(t);
             let e = g.owned(c);
-            let mut i = 0;
+            if e == full {
+                out.copy_from_slice(&pattern);
+                return;
+            }
+            let mut rows = out.chunks_exact_mut(e[2]);
             for l0 in 0..e[0] {
                 for l1 in 0..e[1] {
-                    for l2 in 0..e[2] {
-                        out[i] = interp::point_class([l0, l1, l2], log2s, levels);
-                        i += 1;
+                    let at = (l0 * full[1] + l1) * full[2];
+                    if let Some(row) = rows.next() {
+                        row.copy_from_slice(&pattern[at..at + e[2]]);
                     }
                 }
             }
@@ -477,6 +495,9 @@ pub(crate) fn decode<T: Element>(
                 _ => unreachable!("a Huffman stream has its decoder"),
             }
             .map_err(|err| Error::corrupt(format!("chunk {i}: {err}")))?;
+            if raw.is_empty() {
+                return Ok(Vec::new());
+            }
             let at = dst
                 .iter()
                 .enumerate()
@@ -516,15 +537,7 @@ pub(crate) fn decode<T: Element>(
             }
         };
         let tiles = Tiles::new(&g, &levels, &anchors, &anchor_res);
-        tiles.decode(
-            &q,
-            &anchors,
-            &res,
-            &raw_at,
-            &mut tiled,
-            interp::predict_code,
-            point,
-        );
+        tiles.decode(&q, &anchors, &res, &raw_at, &mut tiled, point);
     } else {
         let rq = quant::ResidualQuantizer::<T>::new(params);
         let point = |r: i64, p: f64| {
@@ -537,15 +550,7 @@ pub(crate) fn decode<T: Element>(
         };
         let values = anchor_values(&q, &anchors);
         let tiles = Tiles::new(&g, &levels, &values, &anchor_res);
-        tiles.decode(
-            &q,
-            &anchors,
-            &res,
-            &raw_at,
-            &mut tiled,
-            interp::predict_value,
-            point,
-        );
+        tiles.decode(&q, &anchors, &res, &raw_at, &mut tiled, point);
     }
     drop(res);
     // gather rows from tile order
@@ -595,7 +600,58 @@ struct Tiles<'a, V> {
     anchor_res: &'a [i64],
 }
 
-impl<'a, V: interp::Mean + Default + Send + Sync> Tiles<'a, V> {
+/// One tile's place in the array and the symbol sequence, as the tile passes see it.
+struct TileAt {
+    /// Volume.
+    b: usize,
+    /// Box extents (owned points plus the halo).
+    e: [usize; D],
+    /// Extents of the owned points.
+    own: [usize; D],
+    /// Array coordinates of the box origin (the anchor).
+    o: [usize; D],
+    /// Symbol index of the anchor (the first owned point).
+    base: usize,
+    /// Array index of the anchor.
+    origin: usize,
+}
+
+impl TileAt {
+    /// The symbol index of box point `x` (owned or halo).
+    fn symbol_index(&self, g: &Grid, x: [usize; D]) -> usize {
+        match owned_index(x, self.own) {
+            Some(i) => self.base + i,
+            None => g.symbol_index(self.b, std::array::from_fn(|d| self.o[d] + x[d])),
+        }
+    }
+
+    /// The box rows `(x0, x1)` with their first box index, in box order.
+    fn rows(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let e = self.e;
+        (0..e[0]).flat_map(move |x0| (0..e[1]).map(move |x1| (x0, x1, (x0 * e[1] + x1) * e[2])))
+    }
+}
+
+/// A tile pass's per-thread buffers, reused from tile to tile: the box of buffer values and one
+/// box each of source values and outputs. The passes read and write only these (in L1), and
+/// the arrays are touched row by row when a tile is gathered and scattered.
+struct BoxBufs<V, S, O> {
+    buf: Vec<V>,
+    src: Vec<S>,
+    out: Vec<O>,
+}
+
+impl<V, S, O> Default for BoxBufs<V, S, O> {
+    fn default() -> Self {
+        BoxBufs {
+            buf: Vec::new(),
+            src: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+}
+
+impl<'a, V: interp::Domain + Default + Send + Sync> Tiles<'a, V> {
     fn new(g: &'a Grid, levels: &'a [Level], anchors: &'a [V], anchor_res: &'a [i64]) -> Self {
         Tiles {
             g,
@@ -605,44 +661,79 @@ impl<'a, V: interp::Mean + Default + Send + Sync> Tiles<'a, V> {
         }
     }
 
-    /// Residuals of every tile into `res` (tile order); `point(array index, prediction)` gives a
-    /// point's residual ([`LOSSLESS`] or a code) and the buffer value its neighbours see.
-    /// Returns the lossless values by residual index.
-    fn encode<T: Element>(
+    /// Tile `t`'s geometry, with `bufs` sized to its box and `bufs.buf` holding only the
+    /// anchors.
+    fn open<S: Copy + Default, O: Copy + Default>(
+        &self,
+        t: usize,
+        bufs: &mut BoxBufs<V, S, O>,
+    ) -> TileAt {
+        let g = self.g;
+        let (b, c) = g.tile_coords(t);
+        let e = g.boxed(c);
+        let o = c.map(|x| x * g.stride);
+        let n = e.iter().product();
+        bufs.buf.clear();
+        bufs.buf.resize(n, V::default());
+        bufs.src.resize(n, S::default());
+        bufs.out.resize(n, O::default());
+        interp::place_anchors(g, b, c, e, self.anchors, &mut bufs.buf);
+        TileAt {
+            b,
+            e,
+            own: g.owned(c),
+            o,
+            base: g.tile_offset(b, c),
+            origin: raster(g, b, o),
+        }
+    }
+
+    /// Residuals of every tile into `res` (tile order); `point(source value, prediction)` gives
+    /// a point's residual ([`LOSSLESS`] or a code) and the buffer value its neighbours see. The
+    /// source is `src` (array order): the data, or their codes. Returns the lossless values of
+    /// `data` by residual index.
+    fn encode<T: Element, S: Copy + Default + Send + Sync>(
         &self,
         data: &[T],
+        src: &[S],
         res: &mut [i64],
-        predict: interp::Predict<V>,
-        point: impl Fn(usize, V) -> (i64, V) + Sync,
+        point: impl Fn(S, V) -> (i64, V) + Sync,
     ) -> Vec<(usize, T)> {
         let g = self.g;
+        // array index distance of one step along each dimension
+        let ast = [g.n[1] * g.n[2], g.n[2], 1];
         let lossless: Vec<Vec<(usize, T)>> = tile_slices(g, res)
             .into_par_iter()
-            .map_init(Vec::new, |buf, (t, out)| {
-                let (b, c) = g.tile_coords(t);
-                let e = g.boxed(c);
-                let own = g.owned(c);
-                let o = c.map(|x| x * g.stride);
-                let base = g.tile_offset(b, c);
-                buf.clear();
-                buf.resize(e.iter().product(), V::default());
-                interp::place_anchors(g, b, c, e, self.anchors, buf);
-                let mut raw = Vec::new();
-                out[0] = self.anchor_res[t];
-                if out[0] == LOSSLESS {
-                    raw.push((base, data[raster(g, b, o)]));
+            .map_init(BoxBufs::<V, S, i64>::default, |bufs, (t, out)| {
+                let at = self.open(t, bufs);
+                let e = at.e;
+                // the box's rows are contiguous in the array
+                for (x0, x1, k) in at.rows() {
+                    let from = at.origin + x0 * ast[0] + x1 * ast[1];
+                    copy_row(&mut bufs.src[k..k + e[2]], &src[from..from + e[2]]);
                 }
-                interp::run_passes(buf, e, g.stride, self.levels, predict, |_, x, p| {
-                    let gi = raster(g, b, std::array::from_fn(|d| o[d] + x[d]));
-                    let (r, v) = point(gi, p);
-                    if let Some(i) = owned_index(x, own) {
-                        out[i] = r;
-                        if r == LOSSLESS {
-                            raw.push((base + i, data[gi]));
+                let mut raw = Vec::new();
+                let BoxBufs {
+                    buf,
+                    src,
+                    out: rbox,
+                } = bufs;
+                interp::run_passes(buf, e, g.stride, self.levels, |idx, x, p| {
+                    let (r, v) = point(src[idx], p);
+                    rbox[idx] = r;
+                    if r == LOSSLESS {
+                        if let Some(i) = owned_index(x, at.own) {
+                            let gi = at.origin + x[0] * ast[0] + x[1] * ast[1] + x[2];
+                            raw.push((at.base + i, data[gi]));
                         }
                     }
                     v
                 });
+                rbox[0] = self.anchor_res[t];
+                if rbox[0] == LOSSLESS {
+                    raw.push((at.base, data[at.origin]));
+                }
+                copy_owned(&at, rbox, out);
                 raw.sort_unstable_by_key(|r| r.0);
                 raw
             })
@@ -653,7 +744,6 @@ impl<'a, V: interp::Mean + Default + Send + Sync> Tiles<'a, V> {
     /// Values of every tile into `tiled` (tile order) from the residuals `res`; `point(residual,
     /// prediction)` gives a point's value (`None`: lossless, `raw_at` of its index) and buffer
     /// value; `codes` are the anchor codes.
-    #[allow(clippy::too_many_arguments)]
     fn decode<T: Element>(
         &self,
         q: &Quantizer<T>,
@@ -661,39 +751,72 @@ impl<'a, V: interp::Mean + Default + Send + Sync> Tiles<'a, V> {
         res: &[i64],
         raw_at: &(impl Fn(usize) -> T + Sync),
         tiled: &mut [T],
-        predict: interp::Predict<V>,
         point: impl Fn(i64, V) -> (Option<T>, V) + Sync,
     ) {
         let g = self.g;
-        tile_slices(g, tiled)
-            .into_par_iter()
-            .for_each_init(Vec::new, |buf, (t, dst)| {
-                let (b, c) = g.tile_coords(t);
-                let e = g.boxed(c);
-                let own = g.owned(c);
-                let o = c.map(|x| x * g.stride);
-                let base = g.tile_offset(b, c);
-                buf.clear();
-                buf.resize(e.iter().product(), V::default());
-                interp::place_anchors(g, b, c, e, self.anchors, buf);
-                dst[0] = if res[base] == LOSSLESS {
-                    raw_at(base)
+        tile_slices(g, tiled).into_par_iter().for_each_init(
+            BoxBufs::<V, i64, T>::default,
+            |bufs, (t, dst)| {
+                let at = self.open(t, bufs);
+                let (e, own) = (at.e, at.own);
+                // each box row: its owned part (contiguous in one tile's symbols), then the halo
+                // point past it
+                for (x0, x1, k) in at.rows() {
+                    let from = at.symbol_index(g, [x0, x1, 0]);
+                    copy_row(&mut bufs.src[k..k + own[2]], &res[from..from + own[2]]);
+                    if e[2] > own[2] {
+                        bufs.src[k + own[2]] = res[at.symbol_index(g, [x0, x1, own[2]])];
+                    }
+                }
+                let BoxBufs { buf, src, out } = bufs;
+                interp::run_passes(buf, e, g.stride, self.levels, |idx, x, p| {
+                    let (val, v) = point(src[idx], p);
+                    out[idx] = match val {
+                        Some(val) => val,
+                        // (halo values are the neighbouring tiles' to write)
+                        None if owned_index(x, own).is_some() => raw_at(at.symbol_index(g, x)),
+                        None => T::default(),
+                    };
+                    v
+                });
+                out[0] = if src[0] == LOSSLESS {
+                    raw_at(at.base)
                 } else {
                     q.decode(codes[t])
                 };
-                interp::run_passes(buf, e, g.stride, self.levels, predict, |_, x, p| {
-                    let owned = owned_index(x, own);
-                    let si = match owned {
-                        Some(i) => base + i,
-                        None => g.symbol_index(b, std::array::from_fn(|d| o[d] + x[d])),
-                    };
-                    let (val, v) = point(res[si], p);
-                    if let Some(i) = owned {
-                        dst[i] = val.unwrap_or_else(|| raw_at(si));
-                    }
-                    v
-                });
-            });
+                copy_owned(&at, out, dst);
+            },
+        );
+    }
+}
+
+/// `dst = src` for the rows of a tile (8 to 17 points in 2-D and 3-D): short rows are copied in
+/// fixed-size blocks the compiler inlines, since a library call per row costs more than the
+/// copy itself.
+#[inline(always)]
+fn copy_row<X: Copy>(dst: &mut [X], src: &[X]) {
+    if dst.len() > 32 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let mut d = dst.chunks_exact_mut(4);
+    let mut s = src.chunks_exact(4);
+    for (d, s) in (&mut d).zip(&mut s) {
+        let v: [X; 4] = [s[0], s[1], s[2], s[3]];
+        d.copy_from_slice(&v);
+    }
+    for (d, &s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = s;
+    }
+}
+
+/// Copy the owned points of box `bx` (box order) to `dst` (the tile's symbols, in raster order
+/// over the owned extents).
+fn copy_owned<X: Copy>(at: &TileAt, bx: &[X], dst: &mut [X]) {
+    let (e, own) = (at.e, at.own);
+    for (r, row) in dst.chunks_exact_mut(own[2]).enumerate() {
+        let k = ((r / own[1]) * e[1] + r % own[1]) * e[2];
+        copy_row(row, &bx[k..k + own[2]]);
     }
 }
 

@@ -43,25 +43,87 @@ pub(crate) fn symbol(r: i64) -> u16 {
 }
 
 /// One static frequency table: per symbol its frequency and cumulative frequency (summing to
-/// [`PROB_SCALE`]), and the decoder's slot-to-symbol map.
+/// [`PROB_SCALE`]) and the encoder's division-free form of them, and the decoder's
+/// slot-to-symbol map.
 pub(crate) struct Table {
-    freq: Vec<u32>,
-    cum: Vec<u32>,
+    /// Per symbol: the encoder's step ([`EncSym`]).
+    enc: Vec<EncSym>,
+    /// Per slot `0..PROB_SCALE`: the symbol whose range holds it.
     slot: Vec<u16>,
+    /// Per slot: `freq << 16 | (slot - cum)` of that symbol, so that the decoder's state update
+    /// (its serial dependency chain) waits on one load.
+    step: Vec<u32>,
+}
+
+/// A symbol's encoder step with the division by its frequency `f` replaced by a multiplication
+/// with a rounded-up reciprocal (exact for states below 2^31, which the renormalization
+/// guarantees: a state is below `x_max <= 2^31` when it is coded): `x' = x + bias + q (M - f)`
+/// with `q = floor(x / f)` equals `(x / f) M + x mod f + cum`. `f = 1` uses the reciprocal
+/// `2^32 - 1` (giving `q = x - 1`) and folds the missing `M - 1` into the bias.
+#[derive(Clone, Copy, Default)]
+struct EncSym {
+    /// Renormalize (emit bytes) while the state is at or above this.
+    x_max: u32,
+    /// `ceil(2^(shift + 31) / f)`.
+    rcp: u32,
+    /// `shift - 1`, `shift = ceil(log2 f)`.
+    rcp_shift: u32,
+    /// `cum` (or `cum + M - 1` for `f = 1`).
+    bias: u32,
+    /// `M - f`.
+    cmpl: u32,
+}
+
+impl EncSym {
+    fn new(f: u32, cum: u32) -> Self {
+        let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
+        let cmpl = PROB_SCALE - f;
+        if f < 2 {
+            return EncSym {
+                x_max,
+                rcp: u32::MAX,
+                rcp_shift: 0,
+                bias: cum + PROB_SCALE - 1,
+                cmpl,
+            };
+        }
+        let shift = 32 - (f - 1).leading_zeros();
+        EncSym {
+            x_max,
+            rcp: (1u64 << (shift + 31)).div_ceil(f as u64) as u32,
+            rcp_shift: shift - 1,
+            bias: cum,
+            cmpl,
+        }
+    }
+
+    /// The state after coding this symbol in state `x` (already renormalized: `x < x_max`).
+    #[inline(always)]
+    fn put(&self, x: u32) -> u32 {
+        let q = ((x as u64 * self.rcp as u64) >> 32) as u32 >> self.rcp_shift;
+        x.wrapping_add(self.bias)
+            .wrapping_add(q.wrapping_mul(self.cmpl))
+    }
 }
 
 impl Table {
     /// The table of normalized frequencies `freq` (checked: summing to [`PROB_SCALE`]).
-    fn new(freq: Vec<u32>) -> Self {
-        let mut cum = vec![0u32; NSYM];
+    fn new(freq: &[u32]) -> Self {
+        let mut enc = vec![EncSym::default(); NSYM];
         let mut slot = vec![0u16; PROB_SCALE as usize];
+        let mut step = vec![0u32; PROB_SCALE as usize];
         let mut c = 0u32;
         for (s, &f) in freq.iter().enumerate() {
-            cum[s] = c;
+            if f > 0 {
+                enc[s] = EncSym::new(f, c);
+            }
             slot[c as usize..(c + f) as usize].fill(s as u16);
+            for (k, st) in step[c as usize..(c + f) as usize].iter_mut().enumerate() {
+                *st = f << 16 | k as u32;
+            }
             c += f;
         }
-        Table { freq, cum, slot }
+        Table { enc, slot, step }
     }
 }
 
@@ -168,12 +230,12 @@ pub(crate) fn read_table(b: &[u8], pos: &mut usize) -> Result<Table> {
     if sum != PROB_SCALE as u64 {
         return Err(bad());
     }
-    Ok(Table::new(f))
+    Ok(Table::new(&f))
 }
 
 /// The tables of normalized frequencies `freqs` (each as [`normalize`] returns them).
 pub(crate) fn tables(freqs: &[Vec<u32>]) -> Vec<Table> {
-    freqs.iter().map(|f| Table::new(f.clone())).collect()
+    freqs.iter().map(|f| Table::new(f)).collect()
 }
 
 /// Estimated bits of coding histogram `h` with normalized frequencies `f`.
@@ -253,19 +315,17 @@ pub(crate) fn write_chunk<T: Element>(
     raw: &[T],
 ) -> Vec<u8> {
     // rANS codes backwards: bytes are produced last symbol first, then reversed
+    let by_class: Vec<&Table> = map.iter().map(|&t| &tables[t as usize]).collect();
     let mut rev = Vec::with_capacity(res.len() / 2 + 8);
     let mut x = RANS_L;
     for (&r, &k) in res.iter().zip(cls).rev() {
-        let t = &tables[map[k as usize] as usize];
-        let s = symbol(r) as usize;
-        let (f, c) = (t.freq[s], t.cum[s]);
-        debug_assert!(f > 0, "symbol {s} of class {k} without frequency");
-        let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
-        while x >= x_max {
+        let e = &by_class[k as usize].enc[symbol(r) as usize];
+        debug_assert!(e.x_max > 0, "symbol of class {k} without frequency");
+        while x >= e.x_max {
             rev.push(x as u8);
             x >>= 8;
         }
-        x = ((x / f) << PROB_BITS) + x % f + c;
+        x = e.put(x);
     }
     rev.extend_from_slice(&x.to_le_bytes());
     rev.reverse();
@@ -309,15 +369,16 @@ pub(crate) fn read_chunk<T: Element>(
     let mut x = u32::from_be_bytes(bytes[0..4].try_into().expect("4 bytes"));
     let mut pos = 4;
     let mask = PROB_SCALE - 1;
+    let by_class: Vec<&Table> = map.iter().map(|&t| &tables[t as usize]).collect();
     let mut n_raw = 0usize;
     let mut bigs = Vec::new();
     for (i, (dst, &k)) in res.iter_mut().zip(cls).enumerate() {
-        let t = &tables[map[k as usize] as usize];
+        let t = by_class[k as usize];
         let sl = x & mask;
         let s = t.slot[sl as usize];
-        let (f, cu) = (t.freq[s as usize], t.cum[s as usize]);
-        // (sl lies in [cu, cu + f): no overflow, x < 2^32)
-        x = f * (x >> PROB_BITS) + sl - cu;
+        let st = t.step[sl as usize];
+        // (x = f (x >> 14) + sl - cum < 2^32: no overflow)
+        x = (st >> 16) * (x >> PROB_BITS) + (st & 0xFFFF);
         while x < RANS_L {
             let b = *bytes
                 .get(pos)
@@ -362,7 +423,29 @@ mod tests {
         write_table(&f, &mut b);
         let mut pos = 0;
         let t = read_table(&b, &mut pos).unwrap();
-        assert_eq!((t.freq, pos), (f, b.len()));
+        let back: Vec<u32> = t.enc.iter().map(|e| e.x_max >> 17).collect();
+        assert_eq!((back, pos), (f, b.len()));
+    }
+
+    /// The encoder's multiplication by a reciprocal gives the state of the division form for
+    /// every frequency and for states across the whole range a symbol is coded at.
+    #[test]
+    fn reciprocal_step_equals_division() {
+        for f in 1..=PROB_SCALE {
+            let cum = (f * 7919) % (PROB_SCALE - f + 1);
+            let e = EncSym::new(f, cum);
+            let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
+            assert_eq!(e.x_max, x_max);
+            let lo = (x_max >> 8).max(1);
+            let span = (x_max - lo) as u64;
+            for k in 0..64u64 {
+                let x = lo + (span * k / 64) as u32;
+                for x in [x, x_max - 1 - (k as u32 % (x_max - lo))] {
+                    let want = ((x / f) << PROB_BITS) + x % f + cum;
+                    assert_eq!(e.put(x), want, "f {f} x {x}");
+                }
+            }
+        }
     }
 
     #[test]

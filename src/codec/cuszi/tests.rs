@@ -636,7 +636,7 @@ proptest! {
 #[test]
 #[ignore]
 fn residual_report() {
-    use super::grid::Grid;
+    use super::grid::{Grid, D};
     use crate::quant::QuantParams;
     let Ok(path) = std::env::var("CUSZI_FILE") else {
         return;
@@ -654,30 +654,12 @@ fn residual_report() {
     let p = super::predict(&data, &dims, &params);
     let g = Grid::new(&dims);
     let nl = g.levels();
-    let mut level = vec![0usize; data.len()];
-    for t in 0..g.n_tiles() {
-        let (b, c) = g.tile_coords(t);
-        let e = g.owned(c);
-        let base = g.tile_offset(b, c);
-        for l0 in 0..e[0] {
-            for l1 in 0..e[1] {
-                for l2 in 0..e[2] {
-                    let tz = [l0, l1, l2]
-                        .iter()
-                        .map(|&v| {
-                            if v == 0 {
-                                nl as u32
-                            } else {
-                                v.trailing_zeros()
-                            }
-                        })
-                        .min()
-                        .unwrap() as usize;
-                    level[base + (l0 * e[1] + l1) * e[2] + l2] = nl - tz;
-                }
-            }
-        }
-    }
+    // a point's class gives its level: 0 for the anchor, else 1 + (class - 1) / D
+    let cls = super::classes(&g, &p.levels);
+    let level: Vec<usize> = cls
+        .iter()
+        .map(|&k| if k == 0 { 0 } else { 1 + (k as usize - 1) / D })
+        .collect();
     let ent = |it: &mut dyn Iterator<Item = i64>| {
         let mut h = std::collections::HashMap::new();
         let mut n = 0.0;
@@ -715,23 +697,6 @@ fn residual_report() {
         cond / n,
         32.0 * n / cond
     );
-    let mut cls = vec![0u8; data.len()];
-    for t in 0..g.n_tiles() {
-        let (b, c) = g.tile_coords(t);
-        let e = g.owned(c);
-        let base = g.tile_offset(b, c);
-        for l0 in 0..e[0] {
-            for l1 in 0..e[1] {
-                for l2 in 0..e[2] {
-                    cls[base + (l0 * e[1] + l1) * e[2] + l2] = super::interp::point_class(
-                        [l0, l1, l2],
-                        g.stride.trailing_zeros(),
-                        &p.levels,
-                    );
-                }
-            }
-        }
-    }
     let mut cond = 0.0;
     for k in 0..super::interp::n_classes(nl) {
         let (m, e) = ent(&mut p
@@ -768,4 +733,211 @@ fn residual_report() {
         s.len(),
         (data.len() * 4) as f64 / s.len() as f64
     );
+}
+
+/// Valid streams of many kinds for the mutation fuzzer: 1-D to 4-D shapes, f32 and f64, the
+/// three bound modes, lossless values and big residuals, fill values, several chunks, both
+/// coders, both level modes.
+fn fuzz_corpus() -> Vec<Vec<u8>> {
+    let mut v = sample_streams();
+    let f = field::<f32>([40, 40, 40]);
+    v.push(compress_nd(&f, &[40, 40, 40], ErrorBound::Noa(1e-4), CodecKind::Cuszi).unwrap());
+    let f = field::<f64>([9, 17, 10]);
+    for b in [
+        ErrorBound::Abs(1e-3),
+        ErrorBound::Noa(1e-2),
+        ErrorBound::Rel(1e-2),
+    ] {
+        v.push(compress_nd(&f, &[9, 17, 10], b, CodecKind::Cuszi).unwrap());
+        v.push(compress_nd(&f, &[3, 3, 17, 10], b, CodecKind::Cuszi).unwrap());
+    }
+    let a = adversarial::<f32>(3000, 11);
+    v.push(compress_nd(&a, &[3000], ErrorBound::Noa(1e-3), CodecKind::Cuszi).unwrap());
+    v.push(compress_nd(&a, &[60, 50], ErrorBound::Rel(1e-3), CodecKind::Cuszi).unwrap());
+    let d = field::<f32>([5, 33, 21]);
+    for multi in [true, false] {
+        FORCE_MULTI.with(|m| m.set(Some(multi)));
+        let s = compress_nd(&d, &[5, 33, 21], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
+        FORCE_MULTI.with(|m| m.set(None));
+        v.push(as_coder_0(&s, &d, &[5, 33, 21], ErrorBound::Abs(1e-2)));
+        v.push(s);
+    }
+    let mut filled = field::<f32>([20, 30, 10]);
+    for x in filled.iter_mut().step_by(7) {
+        *x = -1e10;
+    }
+    let opts = CompressOptions::default()
+        .with_fill_value(-1e10)
+        .with_dims(Dims::new(&[20, 30, 10]).unwrap());
+    v.push(compress_with_options(&filled, ErrorBound::Noa(1e-3), CodecKind::Cuszi, &opts).unwrap());
+    v.push(compress_nd(&[1.5f32], &[1], ErrorBound::Abs(0.1), CodecKind::Cuszi).unwrap());
+    v
+}
+
+/// One random mutation of `m`: a bit flip, a random byte, a truncation, an extension, or a
+/// length-like field (header sizes and counts, extents, chunk table entries, a chunk's rANS
+/// byte count, metadata counts) set to an edge value. Returns what it did.
+fn mutate(m: &mut Vec<u8>, next: &mut impl FnMut() -> u64) -> String {
+    if m.is_empty() {
+        m.push(next() as u8);
+        return "push".into();
+    }
+    let at = |m: &Vec<u8>, x: u64| (x % m.len() as u64) as usize;
+    let u32_at = |m: &[u8], o: usize| {
+        m.get(o..o + 4)
+            .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let hl = HEADER_LEN_V3;
+    let n_chunks = u32_at(m, 72) as usize;
+    let meta = u32_at(m, 128) as usize;
+    // offsets of length-like fields: (offset, width)
+    let mut fields: Vec<(usize, usize)> = vec![(64, 8), (72, 4), (92, 1), (128, 4)];
+    fields.extend((0..4).map(|d| (96 + 8 * d, 8)));
+    for i in 0..n_chunks.min(64) {
+        fields.push((hl + 8 * i, 4));
+    }
+    let meta_at = hl.saturating_add(n_chunks.saturating_mul(8));
+    for k in 0..meta.min(64) {
+        fields.push((meta_at + k, 1));
+    }
+    let mut off = meta_at.saturating_add(meta);
+    for i in 0..n_chunks.min(64) {
+        fields.push((off, 4)); // the chunk's rANS byte (or Huffman bit) count
+        off = off.saturating_add(u32_at(m, hl + 8 * i) as usize);
+    }
+    fields.retain(|&(o, w)| o + w <= m.len());
+    match next() % 8 {
+        0 | 1 => {
+            let i = at(m, next());
+            m[i] ^= 1 << (next() % 8);
+            format!("flip byte {i}")
+        }
+        2 => {
+            let i = at(m, next());
+            m[i] = next() as u8;
+            format!("byte {i}")
+        }
+        3 => {
+            let n = at(m, next());
+            m.truncate(n);
+            format!("truncate {n}")
+        }
+        4 => {
+            let k = 1 + next() % 16;
+            m.extend((0..k).map(|_| next() as u8));
+            format!("extend {k}")
+        }
+        _ if !fields.is_empty() => {
+            let (o, w) = fields[(next() % fields.len() as u64) as usize];
+            let mut cur = [0u8; 8];
+            cur[..w].copy_from_slice(&m[o..o + w]);
+            let cur = u64::from_le_bytes(cur);
+            let v = match next() % 8 {
+                0 => 0,
+                1 => 1,
+                2 => cur.wrapping_add(1),
+                3 => cur.wrapping_sub(1),
+                4 => cur.wrapping_add(4),
+                5 => u64::MAX,
+                6 => 1 << (next() % (8 * w as u64)),
+                _ => next(),
+            };
+            m[o..o + w].copy_from_slice(&v.to_le_bytes()[..w]);
+            format!("field {o} ({w} bytes) {cur} -> {v}")
+        }
+        _ => {
+            let i = at(m, next());
+            m[i] ^= 0x80;
+            format!("flip byte {i} bit 7")
+        }
+    }
+}
+
+/// Mutation fuzzing of the decoder (a deterministic stand-in for `cargo fuzz run cuszi` on
+/// stable Rust): valid streams of [`fuzz_corpus`], each case one to four mutations
+/// ([`mutate`]), resealed nine times in ten so that the structure checks see them, decoded as
+/// f32 and f64 with a value limit of 2^22. Every decode must return an error or as many values
+/// as the header names, never panic, and finish within a second. Runs for `CUSZI_FUZZ_SECS`
+/// seconds (default 20) from seed `CUSZI_FUZZ_SEED`; lists the failing cases.
+#[test]
+#[ignore]
+fn fuzz_mutated_streams() {
+    use crate::codec::{decompress_with_limits, DecodeLimits};
+    use std::time::{Duration, Instant};
+    let secs: u64 = std::env::var("CUSZI_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let mut r: u64 = std::env::var("CUSZI_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x2545_F491_4F6C_DD1D)
+        | 1;
+    let mut next = move || {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r
+    };
+    let corpus = fuzz_corpus();
+    for s in &corpus {
+        assert!(decodes(s));
+    }
+    let limits = DecodeLimits::default().with_max_count(1 << 22);
+    let end = Instant::now() + Duration::from_secs(secs);
+    let (mut cases, mut accepted) = (0u64, 0u64);
+    let mut failures: Vec<String> = Vec::new();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    while Instant::now() < end && failures.len() < 20 {
+        let k = (next() % corpus.len() as u64) as usize;
+        let mut m = corpus[k].clone();
+        let what: Vec<String> = (0..1 + next() % 4)
+            .map(|_| mutate(&mut m, &mut next))
+            .collect();
+        if next() % 10 != 0 {
+            reseal_v3(&mut m);
+        }
+        cases += 1;
+        let t = Instant::now();
+        let got = std::panic::catch_unwind(|| {
+            let count = inspect(&m).map(|h| h.count).ok();
+            let a = decompress_with_limits::<f32>(&m, limits)
+                .map(|v| v.len())
+                .ok();
+            let b = decompress_with_limits::<f64>(&m, limits)
+                .map(|v| v.len())
+                .ok();
+            for n in [a, b].into_iter().flatten() {
+                assert_eq!(
+                    Some(n as u64),
+                    count,
+                    "output length differs from the header"
+                );
+            }
+            a.is_some() || b.is_some()
+        });
+        let took = t.elapsed();
+        match got {
+            Ok(ok) => accepted += ok as u64,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                failures.push(format!("stream {k}, {what:?}: panic {msg}"));
+            }
+        }
+        if took > Duration::from_secs(1) {
+            failures.push(format!("stream {k}, {what:?}: took {took:?}"));
+        }
+    }
+    std::panic::set_hook(hook);
+    println!(
+        "cuszi fuzz: {cases} cases from {} streams in {secs} s, {accepted} decoded, {} failures",
+        corpus.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
