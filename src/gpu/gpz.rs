@@ -377,11 +377,11 @@ impl GpzGpu {
         out: &mut CudaViewMut<'_, u8>,
         perm: &mut CudaViewMut<'_, u64>,
     ) -> Result<usize> {
-        if d == 0 || perm.len() != input.len() / d {
+        let n = particle_count(input.len(), d)?;
+        if perm.len() != n {
             return Err(Error::invalid(format!(
-                "gpz permutation of {} values for {} values of {d} coordinates",
-                perm.len(),
-                input.len()
+                "gpz permutation of {} values for {n} particles",
+                perm.len()
             )));
         }
         self.encode(input, d, bound, Order::Reorder, out, Some(perm))
