@@ -679,30 +679,8 @@ impl GpzGpu {
         bound: ErrorBound,
         order: Order,
     ) -> Result<Vec<u8>> {
-        if !(1..=4).contains(&d) || coords.len() % d != 0 {
-            // the CPU's argument errors
-            return compress_particles(coords, d, bound, order).map(|r| r.0);
-        }
-        let s = self.stream.clone();
-        let x = if coords.is_empty() {
-            s.alloc_zeros::<T>(1).map_err(gpu_err("alloc"))?
-        } else {
-            s.clone_htod(coords).map_err(gpu_err("htod"))?
-        };
-        let cap = Self::compress_bound::<T>(coords.len() / d, d);
-        let mut out = s.alloc_zeros::<u8>(cap).map_err(gpu_err("alloc"))?;
-        let len = self.compress_device(
-            &x.slice(0..coords.len()),
-            d,
-            bound,
-            order,
-            &mut out.slice_mut(..),
-        )?;
-        let mut v = vec![0u8; len];
-        s.memcpy_dtoh(&out.slice(0..len), &mut v[..])
-            .map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
-        Ok(v)
+        self.compress_host(coords, d, bound, order, false)
+            .map(|r| r.0)
     }
 
     /// [`compress_particles`] on the GPU: the stream (the same bytes) and, for
@@ -715,33 +693,63 @@ impl GpzGpu {
         bound: ErrorBound,
         order: Order,
     ) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
-        if order == Order::Preserve || d == 0 || coords.len() % d != 0 || coords.is_empty() {
-            // no permutation to compute on the device (or the CPU's argument errors)
-            return match order {
-                Order::Preserve => Ok((self.compress(coords, d, bound, order)?, None)),
-                Order::Reorder => compress_particles(coords, d, bound, order),
-            };
+        self.compress_host(coords, d, bound, order, order == Order::Reorder)
+    }
+
+    /// The host-memory compression of [`compress`](Self::compress) and
+    /// [`compress_particles`](Self::compress_particles): the permutation written by the encoder
+    /// and copied back only `with_perm`.
+    fn compress_host<T: GpuElement>(
+        &mut self,
+        coords: &[T],
+        d: usize,
+        bound: ErrorBound,
+        order: Order,
+        with_perm: bool,
+    ) -> Result<(Vec<u8>, Option<Vec<u64>>)> {
+        if !(1..=4).contains(&d) || coords.len() % d != 0 {
+            // the CPU's argument errors
+            return compress_particles(coords, d, bound, order);
         }
-        let s = self.stream.clone();
-        let x = s.clone_htod(coords).map_err(gpu_err("htod"))?;
         let n = coords.len() / d;
+        let s = self.stream.clone();
+        // (an empty input still needs a device allocation to point at)
+        let x = if coords.is_empty() {
+            s.alloc_zeros::<T>(1).map_err(gpu_err("alloc"))?
+        } else {
+            s.clone_htod(coords).map_err(gpu_err("htod"))?
+        };
         let cap = Self::compress_bound::<T>(n, d);
         let mut out = s.alloc_zeros::<u8>(cap).map_err(gpu_err("alloc"))?;
-        let mut perm = s.alloc_zeros::<u64>(n).map_err(gpu_err("alloc"))?;
-        let len = self.compress_device_reorder(
-            &x.slice(..),
+        let mut perm = match with_perm {
+            true => Some(s.alloc_zeros::<u64>(n.max(1)).map_err(gpu_err("alloc"))?),
+            false => None,
+        };
+        let mut perm_view = perm.as_mut().map(|p| p.slice_mut(0..n));
+        let len = self.encode(
+            &x.slice(0..coords.len()),
             d,
             bound,
+            order,
             &mut out.slice_mut(..),
-            &mut perm.slice_mut(..),
+            perm_view.as_mut(),
         )?;
         let mut v = vec![0u8; len];
         s.memcpy_dtoh(&out.slice(0..len), &mut v[..])
             .map_err(gpu_err("dtoh"))?;
-        let mut p = vec![0u64; n];
-        s.memcpy_dtoh(&perm, &mut p[..]).map_err(gpu_err("dtoh"))?;
+        let p = match &perm {
+            Some(dev) => {
+                let mut host = vec![0u64; n];
+                if n > 0 {
+                    s.memcpy_dtoh(&dev.slice(0..n), &mut host[..])
+                        .map_err(gpu_err("dtoh"))?;
+                }
+                Some(host)
+            }
+            None => None,
+        };
         s.synchronize().map_err(gpu_err("sync"))?;
-        Ok((v, Some(p)))
+        Ok((v, p))
     }
 
     /// [`GpzGpu::decompress_device`] of a host stream: the `N * d` values (AoS) and `d`.
