@@ -36,6 +36,7 @@ DDP / FSDP communication hooks live in :mod:`zcomm.torch`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple
 
 from . import _native
@@ -142,15 +143,9 @@ def _dims(tensor: Any, codec: str) -> Optional[Tuple[int, ...]]:
     if len(shape) < 2 or 0 in shape:
         return None
 
-    def prod(v: list) -> int:
-        out = 1
-        for x in v:
-            out *= x
-        return out
-
     keep = 1 if codec == "gpz" else 3
     if len(shape) > keep + 1:
-        shape = [prod(shape[:-keep])] + shape[-keep:]
+        shape = [math.prod(shape[:-keep])] + shape[-keep:]
     return tuple(shape)
 
 
@@ -238,9 +233,8 @@ def compress_particles(
         raise TypeError("compress_particles takes real coordinates, not complex tensors")
     flat, dt = _plan(positions)
     parse_bound(error_bound)
-    n = flat.numel()
     # [..., d] -> [N, d]; a 1-D or empty set is N particles of one coordinate
-    dims = (n // positions.shape[-1], positions.shape[-1]) if positions.dim() >= 2 and n else (n,)
+    dims = _dims(positions, "gpz") or (flat.numel(),)
     h = _host(flat)
     ba, pb = _native.compress_particles(h.data_ptr(), h.numel(), dt, error_bound, list(dims), order)
     stream = _stream_tensor(ba, positions.device)
