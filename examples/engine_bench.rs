@@ -15,7 +15,9 @@ use std::time::Instant;
 
 use clap::Parser;
 use rayon::prelude::*;
-use zcomm::comm::transport::{DeviceLoopback, LinkEmulation, LoopbackTransport, Transport};
+use zcomm::comm::transport::{
+    run_ranks, DeviceLoopback, LinkEmulation, LoopbackTransport, Transport,
+};
 use zcomm::comm::{device_ring, Calibration, Communicator, Config, CpuCompressor};
 use zcomm::gpu::GpuCodec;
 use zcomm::model::{Link, Policy, Profile};
@@ -235,28 +237,17 @@ fn host_ring(inputs: &[Vec<f32>], bound: ErrorBound, codec: CodecKind) -> Result
     let cfg = Config::new(bound)
         .with_policy(Policy::Always(codec))
         .with_calibration(Calibration::Fixed(prof));
-    std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group(inputs.len())
-            .into_iter()
-            .zip(inputs)
-            .map(|(t, x)| {
-                let cfg = cfg.clone();
-                s.spawn(move || -> Result<Vec<f32>> {
-                    let mut c =
-                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)?;
-                    let mut out = vec![0.0f32; x.len()];
-                    c.allreduce(x, &mut out)?;
-                    Ok(out)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| Error::Comm("host ring thread panicked".into()))?
-            })
-            .collect()
+    run_ranks(LoopbackTransport::group(inputs.len()), |t| {
+        let x = &inputs[t.rank()];
+        let mut c =
+            Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())?;
+        let mut out = vec![0.0f32; x.len()];
+        c.allreduce(x, &mut out)?;
+        Ok(out)
     })
+    .into_iter()
+    .map(|r| r?)
+    .collect()
 }
 
 fn main() -> std::process::ExitCode {
@@ -288,20 +279,13 @@ fn run(a: Args) -> Result<bool> {
         Some(g) => LinkEmulation::new(g * 1e9, 0.0)?,
         None => LinkEmulation::default(),
     };
-    let results: Vec<Result<RankResult>> = std::thread::scope(|s| {
-        let hs: Vec<_> = DeviceLoopback::group(a.ranks, link)
-            .into_iter()
-            .zip(&inputs)
-            .map(|(t, x)| s.spawn(move || run_rank(t, x, bound, codec, a.iters)))
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Comm("rank panicked".into())))
-            })
-            .collect()
-    });
-    let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+    let results = run_ranks(DeviceLoopback::group(a.ranks, link), |t| {
+        let x = &inputs[t.rank()];
+        run_rank(t, x, bound, codec, a.iters)
+    })
+    .into_iter()
+    .map(|r| r?)
+    .collect::<Result<Vec<_>>>()?;
     // exact sum in f64, max error of every rank's result, bit-identity across ranks
     let exact: Vec<f64> = (0..n)
         .into_par_iter()

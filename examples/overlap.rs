@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use zcomm::comm::transport::{LinkEmulation, LoopbackTransport};
+use zcomm::comm::transport::{run_ranks, LinkEmulation, LoopbackTransport};
 use zcomm::comm::{Calibration, Communicator, Config, CpuCompressor};
 use zcomm::model::{Link, Policy, Profile};
 use zcomm::{CodecKind, Error, ErrorBound, Result};
@@ -146,22 +146,11 @@ fn run(a: &Args) -> Result<()> {
     let cfg = Config::new(bound)
         .with_policy(policy)
         .with_calibration(Calibration::Fixed(prof));
-    let results: Vec<Result<Timing>> = std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group_with_link(a.ranks, link)
-            .into_iter()
-            .map(|t| {
-                let cfg = cfg.clone();
-                s.spawn(move || rank_main(t, a, cfg))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Comm("rank panicked".into())))
-            })
-            .collect()
-    });
-    let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+    let group = LoopbackTransport::group_with_link(a.ranks, link);
+    let results = run_ranks(group, |t| rank_main(t, a, cfg.clone()))
+        .into_iter()
+        .map(|r| r?)
+        .collect::<Result<Vec<_>>>()?;
     let max = |f: fn(&Timing) -> f64| results.iter().map(f).fold(0.0, f64::max);
     let (c, ar, both) = (
         max(|t| t.compute_s),

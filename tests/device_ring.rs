@@ -7,7 +7,7 @@
 
 use cudarc::driver::CudaSlice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use zcomm::comm::transport::{DeviceLoopback, LinkEmulation, LoopbackTransport};
+use zcomm::comm::transport::{run_ranks, DeviceLoopback, LinkEmulation, LoopbackTransport};
 use zcomm::comm::{
     device_ring, partition, Calibration, CommElement, Communicator, Config, CpuCompressor,
     DeviceStager, Real,
@@ -75,40 +75,43 @@ fn host<T: Real + CommElement>(
     bound: ErrorBound,
     codec: CodecKind,
 ) -> Vec<Vec<T>> {
-    let cfg = always(bound, codec);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group(inputs.len())
-            .into_iter()
-            .zip(inputs)
-            .map(|(t, x)| {
-                let cfg = cfg.clone();
-                s.spawn(move || {
-                    let p = inputs.len();
-                    let mut c =
-                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
-                            .unwrap();
-                    let r = c.rank();
-                    match op {
-                        Op::Sum | Op::Mean => {
-                            let mut out = vec![T::default(); x.len()];
-                            if op == Op::Sum {
-                                c.allreduce(x, &mut out).unwrap();
-                            } else {
-                                c.allreduce_mean(x, &mut out).unwrap();
-                            }
-                            out
-                        }
-                        Op::ReduceScatter => {
-                            let mut out = vec![T::default(); partition(x.len(), p)[r].len()];
-                            c.reduce_scatter(x, &mut out).unwrap();
-                            out
-                        }
-                    }
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    on_ranks(inputs, always(bound, codec), |c, x| {
+        let (p, r) = (inputs.len(), c.rank());
+        match op {
+            Op::Sum | Op::Mean => {
+                let mut out = vec![T::default(); x.len()];
+                if op == Op::Sum {
+                    c.allreduce(x, &mut out).unwrap();
+                } else {
+                    c.allreduce_mean(x, &mut out).unwrap();
+                }
+                out
+            }
+            Op::ReduceScatter => {
+                let mut out = vec![T::default(); partition(x.len(), p)[r].len()];
+                c.reduce_scatter(x, &mut out).unwrap();
+                out
+            }
+        }
     })
+}
+
+/// Run `f` with a CPU-codec communicator of `cfg` on every rank of a loopback group of
+/// `inputs.len()` ranks, rank `r` with `inputs[r]`; the results in rank order.
+fn on_ranks<T: Sync, R: Send>(
+    inputs: &[Vec<T>],
+    cfg: Config,
+    f: impl Fn(&mut Communicator, &[T]) -> R + Sync,
+) -> Vec<R> {
+    run_ranks(LoopbackTransport::group(inputs.len()), |t| {
+        let r = zcomm::comm::transport::Transport::rank(&t);
+        let mut c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+            .expect("communicator over loopback");
+        f(&mut c, &inputs[r])
+    })
+    .into_iter()
+    .map(|r| r.expect("rank thread"))
+    .collect()
 }
 
 fn device<T: Real + GpuElement>(
@@ -118,42 +121,34 @@ fn device<T: Real + GpuElement>(
     codec: CodecKind,
     counts: &[usize],
 ) -> Vec<Result<Vec<T>, String>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = DeviceLoopback::group(inputs.len(), LinkEmulation::default())
-            .into_iter()
-            .zip(inputs)
-            .zip(counts)
-            .map(|((t, x), &n)| {
-                s.spawn(move || -> Result<Vec<T>, String> {
-                    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
-                    let mut gpu = GpuCodec::new(0)
-                        .and_then(|g| g.with_own_stream())
-                        .map_err(|e| e.to_string())?;
-                    let st = gpu.stream().clone();
-                    let xd: CudaSlice<T> = st.clone_htod(&x[..n]).map_err(e)?;
-                    let len = match op {
-                        Op::ReduceScatter => partition(n, inputs.len())[t_rank(&t)].len(),
-                        _ => n,
-                    };
-                    let mut out = st.alloc_zeros::<T>(len).map_err(e)?;
-                    let r = match op {
-                        Op::Sum => {
-                            device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, false)
-                        }
-                        Op::Mean => {
-                            device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, true)
-                        }
-                        Op::ReduceScatter => {
-                            device_ring::reduce_scatter(&t, &mut gpu, &xd, &mut out, bound, codec)
-                        }
-                    };
-                    r.map_err(|e| e.to_string())?;
-                    st.clone_dtoh(&out).map_err(e)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let group = DeviceLoopback::group(inputs.len(), LinkEmulation::default());
+    run_ranks(group, |t| -> Result<Vec<T>, String> {
+        let r = t_rank(&t);
+        let (x, n) = (&inputs[r], counts[r]);
+        let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+        let mut gpu = GpuCodec::new(0)
+            .and_then(|g| g.with_own_stream())
+            .map_err(|e| e.to_string())?;
+        let st = gpu.stream().clone();
+        let xd: CudaSlice<T> = st.clone_htod(&x[..n]).map_err(e)?;
+        let len = match op {
+            Op::ReduceScatter => partition(n, inputs.len())[r].len(),
+            _ => n,
+        };
+        let mut out = st.alloc_zeros::<T>(len).map_err(e)?;
+        let res = match op {
+            Op::Sum => device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, false),
+            Op::Mean => device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, true),
+            Op::ReduceScatter => {
+                device_ring::reduce_scatter(&t, &mut gpu, &xd, &mut out, bound, codec)
+            }
+        };
+        res.map_err(|e| e.to_string())?;
+        st.clone_dtoh(&out).map_err(e)
     })
+    .into_iter()
+    .map(|r| r.expect("rank thread"))
+    .collect()
 }
 
 /// The communicator's staged device reductions on every rank (host loopback transport, one
@@ -165,45 +160,35 @@ fn staged<T: Real + GpuElement + CommElement>(
     codec: CodecKind,
     calls: usize,
 ) -> Vec<Result<Vec<T>, String>> {
-    let cfg = always(bound, codec);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group(inputs.len())
-            .into_iter()
-            .zip(inputs)
-            .map(|(t, x)| {
-                let cfg = cfg.clone();
-                s.spawn(move || -> Result<Vec<T>, String> {
-                    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
-                    let s = |e: zcomm::Error| e.to_string();
-                    let mut c =
-                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
-                            .map_err(s)?;
-                    let gpu = GpuCodec::new(0)
-                        .and_then(|g| g.with_own_stream())
-                        .map_err(s)?;
-                    let mut dev = DeviceStager::new(gpu);
-                    let st = dev.gpu().stream().clone();
-                    let xd: CudaSlice<T> = st.clone_htod(x).map_err(e)?;
-                    let len = match op {
-                        Op::ReduceScatter => partition(x.len(), inputs.len())[c.rank()].len(),
-                        _ => x.len(),
-                    };
-                    let mut out = st.alloc_zeros::<T>(len).map_err(e)?;
-                    for _ in 0..calls {
-                        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
-                        match op {
-                            Op::Sum => c.allreduce_device(&mut dev, &xv, &mut ov),
-                            Op::Mean => c.allreduce_mean_device(&mut dev, &xv, &mut ov),
-                            Op::ReduceScatter => c.reduce_scatter_device(&mut dev, &xv, &mut ov),
-                        }
-                        .map_err(s)?;
-                    }
-                    st.clone_dtoh(&out).map_err(e)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    on_ranks(
+        inputs,
+        always(bound, codec),
+        |c, x| -> Result<Vec<T>, String> {
+            let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+            let s = |e: zcomm::Error| e.to_string();
+            let gpu = GpuCodec::new(0)
+                .and_then(|g| g.with_own_stream())
+                .map_err(s)?;
+            let mut dev = DeviceStager::new(gpu);
+            let st = dev.gpu().stream().clone();
+            let xd: CudaSlice<T> = st.clone_htod(x).map_err(e)?;
+            let len = match op {
+                Op::ReduceScatter => partition(x.len(), inputs.len())[c.rank()].len(),
+                _ => x.len(),
+            };
+            let mut out = st.alloc_zeros::<T>(len).map_err(e)?;
+            for _ in 0..calls {
+                let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
+                match op {
+                    Op::Sum => c.allreduce_device(&mut dev, &xv, &mut ov),
+                    Op::Mean => c.allreduce_mean_device(&mut dev, &xv, &mut ov),
+                    Op::ReduceScatter => c.reduce_scatter_device(&mut dev, &xv, &mut ov),
+                }
+                .map_err(s)?;
+            }
+            st.clone_dtoh(&out).map_err(e)
+        },
+    )
 }
 
 fn staged_matches_host<T: Real + GpuElement + CommElement>() -> Result<(), String> {

@@ -1,7 +1,7 @@
 //! Every host operation of the communication layer on 1 to 4 ranks of the in-process loopback
 //! transport, with the CPU codec: the same algorithms `mpirun` runs, inside `cargo test`.
 
-use zcomm::comm::transport::{LinkEmulation, LoopbackTransport, Transport};
+use zcomm::comm::transport::{run_ranks, LinkEmulation, LoopbackTransport, Transport};
 use zcomm::comm::{partition, Calibration, Communicator, Config, CpuCompressor, Decision};
 use zcomm::model::{Link, Policy, Profile};
 use zcomm::{CodecKind, ErrorBound};
@@ -23,23 +23,14 @@ fn on_ranks<R: Send>(
     cfg: Config,
     f: impl Fn(&mut Communicator) -> R + Sync,
 ) -> Vec<R> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group_with_link(p, link)
-            .into_iter()
-            .map(|t| {
-                let (f, cfg) = (&f, cfg.clone());
-                s.spawn(move || {
-                    let mut c =
-                        Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
-                            .expect("communicator over loopback");
-                    f(&mut c)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread"))
-            .collect()
+    run_ranks(LoopbackTransport::group_with_link(p, link), |t| {
+        let mut c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+            .expect("communicator over loopback");
+        f(&mut c)
     })
+    .into_iter()
+    .map(|r| r.expect("rank thread"))
+    .collect()
 }
 
 fn cfg(policy: Policy, bound: ErrorBound) -> Config {
@@ -468,28 +459,20 @@ fn a_rank_whose_compression_fails_fails_every_rank_of_the_ring_without_a_hang() 
     for (p, bad) in [(2, 0), (3, 1), (4, 3)] {
         for reduce_scatter in [false, true] {
             let c = cfg(Policy::Always(CodecKind::Aatrox), ErrorBound::Noa(1e-3));
-            let res: Vec<zcomm::Result<()>> = std::thread::scope(|s| {
-                let hs: Vec<_> = LoopbackTransport::group(p)
-                    .into_iter()
-                    .enumerate()
-                    .map(|(r, t)| {
-                        let c = c.clone();
-                        s.spawn(move || {
-                            let comp = Box::new(FailingCompressor { fail: r == bad });
-                            let mut comm = Communicator::with_transport(Box::new(t), comp, c)?;
-                            let x = field(r, n);
-                            if reduce_scatter {
-                                let mut out = vec![0f32; partition(n, p)[r].len()];
-                                comm.reduce_scatter(&x, &mut out).map(|_| ())
-                            } else {
-                                let mut out = vec![0f32; n];
-                                comm.allreduce(&x, &mut out).map(|_| ())
-                            }
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("rank")).collect()
+            let res = run_ranks(LoopbackTransport::group(p), |t| {
+                let r = t.rank();
+                let comp = Box::new(FailingCompressor { fail: r == bad });
+                let mut comm = Communicator::with_transport(Box::new(t), comp, c.clone())?;
+                let x = field(r, n);
+                if reduce_scatter {
+                    let mut out = vec![0f32; partition(n, p)[r].len()];
+                    comm.reduce_scatter(&x, &mut out).map(|_| ())
+                } else {
+                    let mut out = vec![0f32; n];
+                    comm.allreduce(&x, &mut out).map(|_| ())
+                }
             });
+            let res: Vec<zcomm::Result<()>> = res.into_iter().map(|r| r.expect("rank")).collect();
             for (r, x) in res.iter().enumerate() {
                 let e = x.as_ref().expect_err("every rank fails");
                 if r == bad {

@@ -5,7 +5,7 @@
 
 use cudarc::driver::CudaSlice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use zcomm::comm::transport::LoopbackTransport;
+use zcomm::comm::transport::{run_ranks, LoopbackTransport};
 use zcomm::comm::{
     partition, Calibration, Collectives, Communicator, Config, CpuCompressor, DeviceStager,
 };
@@ -89,26 +89,17 @@ where
 
 /// Every rank's four results on host slices (CPU codec, host loopback).
 fn host(p: usize) -> Vec<Four> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group(p)
-            .into_iter()
-            .map(|t| {
-                s.spawn(move || {
-                    let mut c = Communicator::with_transport(
-                        Box::new(t),
-                        Box::new(CpuCompressor),
-                        config(),
-                    )
-                    .unwrap();
-                    let r = c.rank();
-                    let x = input(r);
-                    let alloc = |n: usize| -> Box<[f32]> { vec![0.0f32; n].into_boxed_slice() };
-                    four(&mut c, &x[..], p, r, &alloc, &|b: &[f32]| b.to_vec()).unwrap()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    run_ranks(LoopbackTransport::group(p), |t| {
+        let mut c =
+            Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), config()).unwrap();
+        let r = c.rank();
+        let x = input(r);
+        let alloc = |n: usize| -> Box<[f32]> { vec![0.0f32; n].into_boxed_slice() };
+        four(&mut c, &x[..], p, r, &alloc, &|b: &[f32]| b.to_vec()).unwrap()
     })
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
 }
 
 fn same(a: &[Four], b: &[Four], what: &str) -> Result<(), String> {
@@ -127,33 +118,20 @@ fn same(a: &[Four], b: &[Four], what: &str) -> Result<(), String> {
 fn staged_matches_host() -> Result<(), String> {
     let p = 2;
     let want = host(p);
-    let got: Vec<Result<Four, String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = LoopbackTransport::group(p)
-            .into_iter()
-            .map(|t| {
-                s.spawn(move || -> Result<Four, String> {
-                    let gpu = GpuCodec::new(0).map_err(|e| e.to_string())?;
-                    let stream = gpu.stream().clone();
-                    let mut stager = DeviceStager::new(gpu);
-                    let mut c = Communicator::with_transport(
-                        Box::new(t),
-                        Box::new(CpuCompressor),
-                        config(),
-                    )
-                    .map_err(|e| e.to_string())?;
-                    let r = c.rank();
-                    let x = stream.clone_htod(&input(r)).map_err(|e| format!("{e:?}"))?;
-                    let alloc = |n: usize| -> Box<CudaSlice<f32>> {
-                        Box::new(stream.alloc_zeros(n).unwrap())
-                    };
-                    let down = |b: &CudaSlice<f32>| stream.clone_dtoh(b).unwrap();
-                    let mut dev = c.staged(&mut stager);
-                    four(&mut dev, &x, p, r, &alloc, &down)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let got = run_ranks(LoopbackTransport::group(p), |t| -> Result<Four, String> {
+        let gpu = GpuCodec::new(0).map_err(|e| e.to_string())?;
+        let stream = gpu.stream().clone();
+        let mut stager = DeviceStager::new(gpu);
+        let mut c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), config())
+            .map_err(|e| e.to_string())?;
+        let r = c.rank();
+        let x = stream.clone_htod(&input(r)).map_err(|e| format!("{e:?}"))?;
+        let alloc = |n: usize| -> Box<CudaSlice<f32>> { Box::new(stream.alloc_zeros(n).unwrap()) };
+        let down = |b: &CudaSlice<f32>| stream.clone_dtoh(b).unwrap();
+        let mut dev = c.staged(&mut stager);
+        four(&mut dev, &x, p, r, &alloc, &down)
     });
+    let got: Vec<Result<Four, String>> = got.into_iter().map(|r| r.unwrap()).collect();
     let got: Vec<Four> = got.into_iter().collect::<Result<_, _>>()?;
     same(&got, &want, "staged device")
 }

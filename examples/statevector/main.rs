@@ -909,7 +909,7 @@ fn dump<E: Amp>(c: &mut Communicator, plan: &Plan, v: &[E], path: &std::path::Pa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zcomm::comm::transport::LoopbackTransport;
+    use zcomm::comm::transport::{run_ranks, LoopbackTransport};
     use zcomm::comm::{Calibration, CpuCompressor};
     use zcomm::model::{Link, Profile};
     use zcomm::CodecKind;
@@ -938,36 +938,29 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("zcomm-qsim-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("psi.bin");
-        let out: Vec<(f64, f64, usize)> = std::thread::scope(|s| {
-            let hs: Vec<_> = LoopbackTransport::group(4)
-                .into_iter()
-                .map(|t| {
-                    let (cfg, plan, path) = (cfg.clone(), &plan, &path);
-                    s.spawn(move || {
-                        let mut c =
-                            Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
-                                .unwrap();
-                        let mut zc = Bufs::<[f64; 2]>::new(plan.local).unwrap();
-                        let z = run(&mut c, plan, &mut zc, None, "zcomm").unwrap();
-                        c.set_policy(Policy::Never);
-                        let mut raw = Bufs::<[f64; 2]>::new(plan.local).unwrap();
-                        run(&mut c, plan, &mut raw, None, "raw").unwrap();
-                        let fid = fidelity_all(&c, &raw.v, &zc.v).unwrap();
-                        let r = rows(&c, plan, None, &z).unwrap();
-                        let eps: Vec<f64> = r.iter().map(|r| r.err_norm_bound.powi(2)).collect();
-                        let cert = fidelity::certified_fidelity(
-                            fidelity::certified_eps(&eps),
-                            plan.gate_passes(),
-                            <[f64; 2]>::UNIT_ROUNDOFF,
-                        );
-                        dump(&mut c, plan, &zc.v, path).unwrap();
-                        let compressed = r.iter().filter(|r| r.decision == "Compressed").count();
-                        (fid, cert, compressed)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let out = run_ranks(LoopbackTransport::group(4), |t| {
+            let (plan, path) = (&plan, &path);
+            let mut c =
+                Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+                    .unwrap();
+            let mut zc = Bufs::<[f64; 2]>::new(plan.local).unwrap();
+            let z = run(&mut c, plan, &mut zc, None, "zcomm").unwrap();
+            c.set_policy(Policy::Never);
+            let mut raw = Bufs::<[f64; 2]>::new(plan.local).unwrap();
+            run(&mut c, plan, &mut raw, None, "raw").unwrap();
+            let fid = fidelity_all(&c, &raw.v, &zc.v).unwrap();
+            let r = rows(&c, plan, None, &z).unwrap();
+            let eps: Vec<f64> = r.iter().map(|r| r.err_norm_bound.powi(2)).collect();
+            let cert = fidelity::certified_fidelity(
+                fidelity::certified_eps(&eps),
+                plan.gate_passes(),
+                <[f64; 2]>::UNIT_ROUNDOFF,
+            );
+            dump(&mut c, plan, &zc.v, path).unwrap();
+            let compressed = r.iter().filter(|r| r.decision == "Compressed").count();
+            (fid, cert, compressed)
         });
+        let out: Vec<(f64, f64, usize)> = out.into_iter().map(|r| r.unwrap()).collect();
         let (fid, cert, compressed) = out[0];
         assert!(out.iter().all(|o| o.0 == fid), "ranks disagree: {out:?}");
         assert_eq!(compressed, plan.swaps());

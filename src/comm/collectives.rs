@@ -183,7 +183,7 @@ mod nccl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::transport::LoopbackTransport;
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
     use crate::comm::{partition, Config, CpuCompressor};
     use crate::model::Policy;
     use crate::{CodecKind, ErrorBound};
@@ -209,33 +209,26 @@ mod tests {
         let cfg = Config::new(ErrorBound::Noa(1e-3)).with_policy(Policy::Always(CodecKind::Aatrox));
         /// The four results through the trait, and through the inherent methods.
         type Both = (Vec<Vec<f32>>, Vec<Vec<f32>>);
-        let outs: Vec<Both> = std::thread::scope(|s| {
-            let hs: Vec<_> = LoopbackTransport::group(p)
-                .into_iter()
-                .map(|t| {
-                    let cfg = cfg.clone();
-                    s.spawn(move || {
-                        let mut c =
-                            Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg)
-                                .unwrap();
-                        let r = c.rank();
-                        let x: Vec<f32> =
-                            (0..n).map(|i| ((i + 7 * r) as f32 * 0.01).sin()).collect();
-                        let via_trait = all_four(&mut c, &x, p, r);
-                        let mut sum = vec![0.0; n];
-                        let mut mean = vec![0.0; n];
-                        let mut seg = vec![0.0; partition(n, p)[r].len()];
-                        let mut all = vec![0.0; n * p];
-                        c.allreduce(&x, &mut sum).unwrap();
-                        c.allreduce_mean(&x, &mut mean).unwrap();
-                        c.reduce_scatter(&x, &mut seg).unwrap();
-                        c.allgather(&x, &mut all).unwrap();
-                        (via_trait, vec![sum, mean, seg, all])
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let outs: Vec<Both> = run_ranks(LoopbackTransport::group(p), |t| {
+            let mut c =
+                Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+                    .unwrap();
+            let r = c.rank();
+            let x: Vec<f32> = (0..n).map(|i| ((i + 7 * r) as f32 * 0.01).sin()).collect();
+            let via_trait = all_four(&mut c, &x, p, r);
+            let mut sum = vec![0.0; n];
+            let mut mean = vec![0.0; n];
+            let mut seg = vec![0.0; partition(n, p)[r].len()];
+            let mut all = vec![0.0; n * p];
+            c.allreduce(&x, &mut sum).unwrap();
+            c.allreduce_mean(&x, &mut mean).unwrap();
+            c.reduce_scatter(&x, &mut seg).unwrap();
+            c.allgather(&x, &mut all).unwrap();
+            (via_trait, vec![sum, mean, seg, all])
+        })
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
         for (via_trait, inherent) in &outs {
             for (a, b) in via_trait.iter().zip(inherent) {
                 assert_eq!(a.len(), b.len());

@@ -14,21 +14,13 @@
 //! "gone": a receive that can only be satisfied by it fails instead of waiting forever.
 //!
 //! ```
-//! use zcomm::comm::transport::{LoopbackTransport, Transport};
-//! let group = LoopbackTransport::group(3);
-//! let sums = std::thread::scope(|s| {
-//!     let handles: Vec<_> = group
-//!         .into_iter()
-//!         .map(|t| {
-//!             s.spawn(move || {
-//!                 let mut v = [t.rank() as f64];
-//!                 t.allreduce_f64(&mut v, zcomm::comm::transport::ReduceOp::Sum).unwrap();
-//!                 v[0]
-//!             })
-//!         })
-//!         .collect();
-//!     handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+//! use zcomm::comm::transport::{run_ranks, LoopbackTransport, ReduceOp, Transport};
+//! // one thread per rank, as mpirun would start one process per rank
+//! let sums = run_ranks(LoopbackTransport::group(3), |t| {
+//!     let mut v = [t.rank() as f64];
+//!     t.allreduce_f64(&mut v, ReduceOp::Sum).map(|()| v[0])
 //! });
+//! let sums: Vec<f64> = sums.into_iter().map(|r| r.unwrap().unwrap()).collect();
 //! assert_eq!(sums, vec![3.0; 3]);
 //! ```
 
@@ -487,6 +479,31 @@ impl Transport for LoopbackTransport {
     }
 }
 
+/// Run `f` on every rank of an in-process `group` (a [`LoopbackTransport::group`] or a
+/// `DeviceLoopback::group`), each rank on its own thread, as `mpirun` runs one process per
+/// rank; the results in rank order. A rank whose `f` panics gives an [`Error::Comm`] naming it
+/// (its transport is dropped while unwinding, so the other ranks' receives from it fail
+/// instead of waiting).
+pub fn run_ranks<T: Send, R: Send>(group: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<Result<R>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|t| {
+                let f = &f;
+                s.spawn(move || f(t))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                h.join()
+                    .map_err(|_| Error::Comm(format!("loopback rank {r} panicked")))
+            })
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,16 +512,10 @@ mod tests {
         group: Vec<LoopbackTransport>,
         f: impl Fn(LoopbackTransport) -> R + Sync,
     ) -> Vec<R> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = group
-                .into_iter()
-                .map(|t| {
-                    let f = &f;
-                    s.spawn(move || f(t))
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
+        run_ranks(group, f)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect()
     }
 
     #[test]

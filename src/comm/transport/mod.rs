@@ -314,7 +314,7 @@ pub(crate) mod pool;
 pub use self::mpi::MpiTransport;
 
 pub mod loopback;
-pub use self::loopback::{LinkEmulation, LoopbackTransport};
+pub use self::loopback::{run_ranks, LinkEmulation, LoopbackTransport};
 
 #[cfg(feature = "cuda")]
 pub mod device_loopback;
