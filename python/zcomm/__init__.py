@@ -292,7 +292,8 @@ def _decode_gpu(stream: Any, out: Optional[Any], add: bool) -> Any:
         host = s.cpu()
         if out is None:
             return decompress(host).to(s.device)
-        tmp = out.detach().cpu().clone()
+        # decoding overwrites `tmp`: only an accumulation needs `out`'s values
+        tmp = out.detach().cpu().clone() if add else torch.empty_like(out, device="cpu")
         (decompress_add if add else decompress)(host, tmp)
         with torch.no_grad():
             out.copy_(tmp)
