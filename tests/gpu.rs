@@ -38,6 +38,10 @@ fn main() {
             gpu_decompress_add_matches_cpu,
         ),
         gpu_trial("gpu_group_widths_match_cpu", gpu_group_widths_match_cpu),
+        gpu_trial(
+            "gpu_reduce_step_matches_separate_calls",
+            gpu_reduce_step_matches_separate_calls,
+        ),
         nvrtc_trial("nvrtc_compiles_every_kernel", nvrtc_compiles_every_kernel),
         nvrtc_trial("util_source_compiles", util_source_compiles),
         nvrtc_trial("nccl_util_source_compiles", nccl_util_source_compiles),
@@ -544,6 +548,72 @@ fn gpu_decompress_add_matches_cpu(gpu: &mut GpuCodec) {
 /// of four layers up to 7 bits, three up to 9, two up to 15, the per-layer loop beyond), with
 /// uniform widths per chunk and with widths that vary from layer to layer and iteration to
 /// iteration: integer codes (abs 0.5, step 1) drawn below 2^w. Three full chunks and a partial one.
+/// The fused ring step (decode onto the input, divide, compress, reconstruct) writes the CPU
+/// twin's stream of the sum and leaves the CPU's decode of it (or the sum) behind, for every
+/// blocked codec and dtype, with a partial last chunk, a divisor, an incompressible sum (stored
+/// stream: the accumulator must hold the exact sum) and input with infinities; it declines
+/// (`None`) a codec without the kernel and a stored incoming stream.
+fn reduce_step_cases<T: GpuElement + std::ops::Add<Output = T> + std::ops::Div<Output = T>>(
+    gpu: &mut GpuCodec,
+) {
+    let ops = || (|a: T, b: T| a + b, |a: T, b: T| a / b);
+    let n = 100_003;
+    for (name, vals) in inputs(n, 17) {
+        if name == "specials" {
+            continue; // NaN payloads of a sum are not unique; infinities come from "huge"
+        }
+        let x: Vec<T> = narrow(&vals);
+        let base: Vec<T> = (0..n)
+            .map(|i| T::from_f64(((i % 89) as f64 - 44.0) * 0.125))
+            .collect();
+        for codec in CODECS {
+            let incoming = zcomm::compress(&x, ErrorBound::Abs(1e-3), codec).unwrap();
+            for (abs_bound, divisor, reconstruct) in [
+                (1e-3, 1.0, true),
+                (1e-3, 3.0, true),
+                (0.25, 1.0, false),
+                (1e-12, 2.0, true),
+            ] {
+                let fused = testing::check_reduce_step(
+                    gpu,
+                    &incoming,
+                    &base,
+                    codec,
+                    abs_bound,
+                    divisor,
+                    reconstruct,
+                    ops(),
+                )
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+                let stored_in = zcomm::inspect(&incoming).unwrap().is_stored();
+                assert_eq!(
+                    fused, !stored_in,
+                    "{name} {codec}: fused only from a compressed stream"
+                );
+            }
+        }
+        // no fused kernel: pfpl
+        let incoming = zcomm::compress(&x, ErrorBound::Abs(1e-3), CodecKind::Pfpl).unwrap();
+        let fused = testing::check_reduce_step(
+            gpu,
+            &incoming,
+            &base,
+            CodecKind::Pfpl,
+            1e-3,
+            1.0,
+            true,
+            ops(),
+        )
+        .unwrap();
+        assert!(!fused, "pfpl has no fused step");
+    }
+}
+
+fn gpu_reduce_step_matches_separate_calls(gpu: &mut GpuCodec) {
+    reduce_step_cases::<f32>(gpu);
+    reduce_step_cases::<f64>(gpu);
+}
+
 fn gpu_group_widths_match_cpu(gpu: &mut GpuCodec) {
     let n = 3 * 32768 + 4321;
     let mut r = Rng(77);

@@ -37,12 +37,12 @@ use std::ops::Range;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::element::Real;
-use super::ring::{self, BoundSplit, RingPlace, RingPlan};
+use super::ring::{self, BoundSplit, NextMsg, RingPlace, RingPlan};
 use super::transport::{DeviceBytes, DeviceTransport};
 use super::{partition, Decision, OpStats, OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuCodec, GpuElement};
+use crate::gpu::{GpuCodec, GpuElement, StepEncoding};
 use crate::quant::ErrorBound;
 
 fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -310,6 +310,9 @@ struct DevicePlace<'a, T: GpuElement> {
     /// Why this rank cannot do its share (a buffer it could not allocate): its first
     /// compression fails with it, and the ring carries the failure to every rank.
     broken: Option<Error>,
+    /// The segment whose output already holds what its compressed final message decodes to
+    /// (left there by the fused reduce step), so that its decode is skipped.
+    reconstructed: Option<usize>,
 }
 
 /// Where a segment's partial sum lives: a range of the output, or the first values of `tmp`.
@@ -356,6 +359,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             compress_s: 0.0,
             decompress_s: 0.0,
             broken: None,
+            reconstructed: None,
         }
     }
 
@@ -374,6 +378,58 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             compress_s: self.compress_s,
             decompress_s: self.decompress_s,
         })
+    }
+
+    /// [`RingPlace::reduce_step`] in one kernel ([`GpuCodec::reduce_step_device`]) where it
+    /// applies: the segment's first accumulation (its base is the input), compressed under an
+    /// absolute bound. `None` when it does not apply (the step is then done in parts). Its time
+    /// counts as compression time.
+    fn fused_step(
+        &mut self,
+        seg: usize,
+        m: &DeviceMsg,
+        divisor: f64,
+        next: NextMsg,
+    ) -> Result<Option<DeviceMsg>> {
+        let ErrorBound::Abs(abs_bound) = next.bound else {
+            return Ok(None);
+        };
+        if self.touched[seg] || self.broken.is_some() {
+            return Ok(None);
+        }
+        let stream = received(m)?;
+        let slot = self.slot(seg);
+        let base = self.input.slice(self.segs[seg].clone());
+        let mut acc = match slot {
+            Slot::Out(r) => self.out.slice_mut(r),
+            Slot::Tmp(n) => match self.tmp.as_mut() {
+                Some(b) => b.slice_mut(..n),
+                None => return Ok(None),
+            },
+        };
+        let enc = StepEncoding {
+            codec: next.codec,
+            abs_bound,
+            divisor,
+            reconstruct: next.is_final,
+        };
+        let t = std::time::Instant::now();
+        let r = self.gpu.reduce_step_device(
+            &stream.view(),
+            &base,
+            &mut acc,
+            enc,
+            &mut self.scratch.as_view_mut(),
+        );
+        self.compress_s += t.elapsed().as_secs_f64();
+        let Some(len) = r? else {
+            return Ok(None);
+        };
+        self.touched[seg] = true;
+        if next.is_final {
+            self.reconstructed = Some(seg);
+        }
+        Ok(Some(DeviceMsg::Scratch(len)))
     }
 
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
@@ -452,6 +508,21 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         r
     }
 
+    fn reduce_step(
+        &mut self,
+        seg: usize,
+        m: &DeviceMsg,
+        divisor: f64,
+        next: Option<NextMsg>,
+    ) -> Result<Option<DeviceMsg>> {
+        if let Some(n) = next {
+            if let Some(msg) = self.fused_step(seg, m, divisor, n)? {
+                return Ok(Some(msg));
+            }
+        }
+        ring::step_in_parts(self, seg, m, divisor, next)
+    }
+
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
         if !self.touched[seg] {
             return Err(Error::Comm(
@@ -493,6 +564,9 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        if matches!(m, DeviceMsg::Scratch(_)) && self.reconstructed == Some(seg) {
+            return Ok(()); // the fused step left the decoded values in place
+        }
         let range = self.segs[seg].clone();
         let stream = match m {
             DeviceMsg::Scratch(len) => self.scratch.slice(..*len),

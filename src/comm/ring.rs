@@ -40,6 +40,19 @@ pub(crate) trait RingPlace {
     fn accumulate(&mut self, seg: usize, m: &Self::Msg) -> Result<()>;
     /// Divide the partial sum of segment `seg` by `d`.
     fn scale(&mut self, seg: usize, d: f64) -> Result<()>;
+    /// One reduce step: [`accumulate`](RingPlace::accumulate) `m` into segment `seg`,
+    /// [`scale`](RingPlace::scale) it by `divisor` unless that is 1, and, with `next`, compress
+    /// the result for the next message. A place with a fused kernel does it in one pass; the
+    /// default makes the three calls ([`step_in_parts`]).
+    fn reduce_step(
+        &mut self,
+        seg: usize,
+        m: &Self::Msg,
+        divisor: f64,
+        next: Option<NextMsg>,
+    ) -> Result<Option<Self::Msg>> {
+        step_in_parts(self, seg, m, divisor, next)
+    }
     /// Gather every rank's final message, in rank order (this rank's `m` at its own index).
     fn allgather(&mut self, m: Self::Msg) -> Result<Vec<Self::Msg>>;
     /// Output segment `seg` = `m` decoded.
@@ -52,6 +65,34 @@ pub(crate) trait RingPlace {
     fn failed_msg(&mut self) -> Self::Msg;
     /// Whether `ok` holds on every rank (collective; the end of a reduce-scatter).
     fn all_succeeded(&mut self, ok: bool) -> Result<bool>;
+}
+
+/// What a reduce step compresses its partial sum for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NextMsg {
+    /// The compression's bound.
+    pub bound: ErrorBound,
+    /// The codec.
+    pub codec: CodecKind,
+    /// The message is this rank's final segment (an allreduce's last step): its decoded values
+    /// are this rank's result.
+    pub is_final: bool,
+}
+
+/// [`RingPlace::reduce_step`] as three calls: accumulate, scale, encode.
+pub(crate) fn step_in_parts<P: RingPlace + ?Sized>(
+    place: &mut P,
+    seg: usize,
+    m: &P::Msg,
+    divisor: f64,
+    next: Option<NextMsg>,
+) -> Result<Option<P::Msg>> {
+    place.accumulate(seg, m)?;
+    if divisor != 1.0 {
+        place.scale(seg, divisor)?;
+    }
+    next.map(|n| place.encode(seg, n.bound, n.codec))
+        .transpose()
 }
 
 /// The end-to-end bound of a ring reduction split over the requantisations it performs: the one
@@ -175,30 +216,50 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
         }
         place.failed_msg()
     };
+    let final_bound = ErrorBound::Abs(plan.final_bound);
+    // the final segment's message, when the last reduce step compressed it
+    let mut fin = None;
     if p > 1 {
         let mut msg = encode(place, &mut failed, left, step);
         for s in 0..p - 1 {
             bytes.reduce_scatter += place.wire_len(&msg);
             let got = place.exchange(msg, right, left)?;
             let seg = (r + 2 * p - s - 2) % p;
+            // the last step reduces this rank's own segment: the mean divides it, and an
+            // allreduce compresses it as its final segment
+            let last = s + 2 == p;
+            let next = match (last, plan.full) {
+                (false, _) => Some((step, false)),
+                (true, true) => Some((final_bound, true)),
+                (true, false) => None,
+            }
+            .map(|(bound, is_final)| NextMsg {
+                bound,
+                codec: plan.codec,
+                is_final,
+            });
+            let divisor = if last { plan.divisor } else { 1.0 };
+            let mut sent = None;
             if failed.is_none() {
                 if place.wire_len(&got) == 0 {
                     failed = Some(Error::Comm(format!(
                         "ring: rank {left} (or a rank before it) failed"
                     )));
-                } else if let Err(e) = place.accumulate(seg, &got) {
-                    failed = Some(e);
+                } else {
+                    match place.reduce_step(seg, &got, divisor, next) {
+                        Ok(m) => sent = m,
+                        Err(e) => failed = Some(e),
+                    }
                 }
             }
             place.release(got);
-            if s + 2 < p {
-                msg = encode(place, &mut failed, seg, step);
-            } else {
+            if last {
+                fin = sent;
                 break;
             }
+            msg = sent.unwrap_or_else(|| place.failed_msg());
         }
-    }
-    if plan.divisor != 1.0 && failed.is_none() {
+    } else if plan.divisor != 1.0 {
         if let Err(e) = place.scale(r, plan.divisor) {
             failed = Some(e);
         }
@@ -211,7 +272,10 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
             None => Ok(bytes),
         };
     }
-    let fin = encode(place, &mut failed, r, ErrorBound::Abs(plan.final_bound));
+    let fin = match fin {
+        Some(m) => m,
+        None => encode(place, &mut failed, r, final_bound),
+    };
     bytes.final_stream = place.wire_len(&fin);
     let all = place.allgather(fin)?;
     if let Some(e) = failed {

@@ -29,6 +29,7 @@
 //! ```
 
 mod accumulate;
+pub use accumulate::StepEncoding;
 pub mod bench;
 pub mod compile;
 pub mod gpz;
@@ -364,6 +365,18 @@ impl GpuCodec {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        self.launch_with_pool(f, grid, block, 0, args)
+    }
+
+    /// [`GpuCodec::launch`] with `pool` bytes of dynamic shared memory per block.
+    fn launch_with_pool(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        pool: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(gpu_err("bind"))?;
         // SAFETY: `args` point at values whose types match the kernel's parameters (checked by
         // the callers below against kernels/blocked.cu) and outlive the call; the buffers they
@@ -373,7 +386,7 @@ impl GpuCodec {
                 f.cu_function(),
                 (grid, 1, 1),
                 (block, 1, 1),
-                0,
+                pool,
                 self.stream.cu_stream(),
                 args,
             )
@@ -798,13 +811,16 @@ impl GpuCodec {
             return Err(e);
         }
         let header = |flags, payload_len: u64, n_chunks, payload_checksum, data_checksum| Header {
-            flags,
-            payload_len,
-            n_chunks,
-            payload_checksum,
             data_checksum,
-            fill_value: None,
-            ..crate::codec::params_header::<T>(codec, n, &params)
+            ..stream_header::<T>(
+                codec,
+                n,
+                &params,
+                flags,
+                payload_len,
+                n_chunks,
+                payload_checksum,
+            )
         };
         if n == 0 {
             let h = header(FLAG_STORED, 0, 0, zhash_bytes(&[]), 0);
@@ -827,13 +843,7 @@ impl GpuCodec {
         let (step64, eb) = (params.step, params.abs_bound);
         // the blocked kernels' last block writes the header: this one with its payload length
         // and checksums filled in (kernels/blocked.cu zc_write_header)
-        let mut hdr_words = [0u32; HEADER_LEN / 4];
-        for (w, b) in hdr_words
-            .iter_mut()
-            .zip(header(0, 0, nc, 0, 0).to_bytes().chunks_exact(4))
-        {
-            *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
-        }
+        let hdr_words = header_words(&header(0, 0, nc, 0, 0));
         let mut args = [
             arg(&in_ptr),
             arg(&count),
@@ -1224,6 +1234,38 @@ impl GpuCodec {
 /// The name of a codec's kernel `op` (`compress`, `decompress`, `decompress_add`,
 /// `decompress_hdr`) for dtype `T` and bound mode `mode`: `zc_{op}_{dtype}_{codec}_{abs|rel}`
 /// (kernels/blocked.cu; kernels/pfpl.cu for pfpl).
+/// The header of a stream the GPU writes (FORMAT.md "Header") of `n` values compressed with
+/// `codec` and `params`: every field from the arguments, no fill value, data checksum 0.
+fn stream_header<T: GpuElement>(
+    codec: CodecKind,
+    n: usize,
+    params: &QuantParams,
+    flags: u8,
+    payload_len: u64,
+    n_chunks: u32,
+    payload_checksum: u32,
+) -> Header {
+    Header {
+        flags,
+        payload_len,
+        n_chunks,
+        payload_checksum,
+        data_checksum: 0,
+        fill_value: None,
+        ..crate::codec::params_header::<T>(codec, n, params)
+    }
+}
+
+/// A header as the little-endian u32 words a compression kernel takes (kernels/blocked.cu
+/// `ZHeader`): its last block fills in the payload length and checksums and writes it.
+fn header_words(h: &Header) -> [u32; HEADER_LEN / 4] {
+    let mut words = [0u32; HEADER_LEN / 4];
+    for (w, b) in words.iter_mut().zip(h.to_bytes().chunks_exact(4)) {
+        *w = u32::from_le_bytes(b.try_into().expect("4 bytes"));
+    }
+    words
+}
+
 fn kernel_name<T: GpuElement>(op: &str, codec: CodecKind, mode: BoundMode) -> Result<String> {
     let cname = match codec {
         CodecKind::Aatrox => "aatrox",

@@ -63,3 +63,89 @@ pub fn check_decompress_add<T: GpuElement>(
     }
     Ok(())
 }
+
+/// One fused ring step ([`GpuCodec::reduce_step_device`]) on `incoming` (a CPU stream of `n`
+/// values) and `base`, against the separate CPU steps: `sum = base + decoded` (one rounding per
+/// value, `add`), divided by `divisor` (`div`) unless it is 1, compressed by the CPU twin under
+/// `abs_bound`; the GPU's stream must equal that stream byte for byte, and its accumulator the
+/// CPU's decode of it (`reconstruct`) or the sum. `Ok(false)`: the GPU declined to fuse.
+#[allow(clippy::too_many_arguments)]
+pub fn check_reduce_step<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    incoming: &[u8],
+    base: &[T],
+    codec: CodecKind,
+    abs_bound: f64,
+    divisor: f64,
+    reconstruct: bool,
+    (add, div): (impl Fn(T, T) -> T, impl Fn(T, T) -> T),
+) -> Result<bool, String> {
+    let x: Vec<T> = crate::decompress(incoming).map_err(|e| format!("cpu decompress: {e}"))?;
+    let d = T::from_f64(divisor);
+    let sum: Vec<T> = base
+        .iter()
+        .zip(&x)
+        .map(|(&a, &v)| {
+            let s = add(a, v);
+            if divisor == 1.0 {
+                s
+            } else {
+                div(s, d)
+            }
+        })
+        .collect();
+    let want = crate::compress(&sum, ErrorBound::Abs(abs_bound), codec)
+        .map_err(|e| format!("cpu compress: {e}"))?;
+    let kept: Vec<T> = if reconstruct {
+        crate::decompress(&want).map_err(|e| format!("cpu decompress: {e}"))?
+    } else {
+        sum
+    };
+    let s = gpu.stream().clone();
+    let d_in = s.clone_htod(incoming).map_err(|e| format!("htod: {e:?}"))?;
+    let d_base = s.clone_htod(base).map_err(|e| format!("htod: {e:?}"))?;
+    let garbage = vec![T::from_f64(f64::NAN); base.len()];
+    let mut d_acc = s.clone_htod(&garbage).map_err(|e| format!("htod: {e:?}"))?;
+    let mut d_out = s
+        .alloc_zeros::<u8>(crate::format::HEADER_LEN + base.len() * T::SIZE)
+        .map_err(|e| format!("alloc: {e:?}"))?;
+    let enc = super::StepEncoding {
+        codec,
+        abs_bound,
+        divisor,
+        reconstruct,
+    };
+    let got = gpu
+        .reduce_step_device(
+            &d_in.as_view(),
+            &d_base.as_view(),
+            &mut d_acc.as_view_mut(),
+            enc,
+            &mut d_out.as_view_mut(),
+        )
+        .map_err(|e| format!("gpu reduce_step: {e}"))?;
+    let Some(len) = got else {
+        return Ok(false);
+    };
+    let label = format!("{codec} {} abs:{abs_bound:e} /{divisor}", T::DTYPE);
+    let stream = s
+        .clone_dtoh(&d_out.slice(..len))
+        .map_err(|e| format!("dtoh: {e:?}"))?;
+    if stream != want {
+        let at = stream.iter().zip(&want).position(|(a, b)| a != b);
+        return Err(format!(
+            "{label}: stream differs from the CPU's ({} vs {} bytes, first difference at {at:?})",
+            stream.len(),
+            want.len()
+        ));
+    }
+    let acc = s.clone_dtoh(&d_acc).map_err(|e| format!("dtoh: {e:?}"))?;
+    for (i, (g, w)) in acc.iter().zip(&kept).enumerate() {
+        if g.to_bits_u64() != w.to_bits_u64() && (g.finite() || w.finite()) {
+            return Err(format!(
+                "{label} (reconstruct {reconstruct}) value {i}: {g:?} vs {w:?}"
+            ));
+        }
+    }
+    Ok(true)
+}
