@@ -1,8 +1,11 @@
 //! The compressed ring reduction on device-resident buffers over a [`DeviceTransport`]: the
 //! schedule of the `ring` module, with the GPU codec compressing segments in device memory,
-//! the transport moving the compressed bytes device to device, and the fused
-//! decompress-and-add kernel accumulating them. Nothing is staged through the host; the host
-//! sees only the descriptor agreement (count and value range, one small allgather).
+//! the transport moving the compressed bytes device to device, and one fused kernel per reduce
+//! step ([`GpuCodec::reduce_step_device`]: decode the received partial sum onto the input,
+//! divide for the mean, compress the sum for the next message, and for the final segment leave
+//! what its stream decodes to, so that no rank decodes its own segment). Nothing is staged
+//! through the host; the host sees only the descriptor agreement (count and value range, one
+//! small allgather).
 //!
 //! Because the GPU codec writes the CPU twin's bytes and the fused accumulation rounds once per
 //! value as the host's `a + b`, the results equal the host ring's with the same codec, bit for

@@ -12,6 +12,11 @@
 //!    bound and every rank decodes every segment, its own too, so all ranks hold bit-identical
 //!    results.
 //!
+//! Each received segment goes through one [`RingPlace::reduce_step`]: accumulate, divide (the
+//! mean's last step), compress for the next message (the last step of an allreduce: the final
+//! segment). A place may fuse the three into one pass; the device ring does, in one kernel that
+//! also leaves the final segment's reconstruction in place of its decode.
+//!
 //! The order of operations is fixed by the schedule, so every place gives the same values for
 //! the same codec (a GPU run reproduces a CPU run bit for bit).
 //!
