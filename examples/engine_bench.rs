@@ -19,7 +19,7 @@ use zcomm::comm::transport::{
     run_ranks, DeviceLoopback, LinkEmulation, LoopbackTransport, Transport,
 };
 use zcomm::comm::{device_ring, Calibration, Communicator, Config, CpuCompressor};
-use zcomm::gpu::GpuCodec;
+use zcomm::gpu::{GpuCodec, StepEncoding};
 use zcomm::model::{Link, Policy, Profile};
 use zcomm::{CodecKind, Error, ErrorBound, Result};
 
@@ -131,7 +131,7 @@ fn time_it(
 }
 
 /// Each step of a 2-rank ring call timed alone on `x` (one rank's input), in ms, with the
-/// number of times a rank runs it per call.
+/// number of times a rank runs it per call (0: shown for comparison, not part of a call).
 fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f64)>> {
     let mut gpu = GpuCodec::new(0)?;
     let s = gpu.stream().clone();
@@ -142,7 +142,8 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
         .alloc_zeros::<u8>(zcomm::compress_bound(half, zcomm::Dtype::F32))
         .map_err(gpu_err)?;
     let range = gpu.value_range_device(&xd.as_view())?.unwrap_or((0.0, 0.0));
-    let eb = ErrorBound::Abs(1e-3 * (range.1 - range.0) / 2.0);
+    let abs = 1e-3 * (range.1 - range.0) / 2.0;
+    let eb = ErrorBound::Abs(abs);
     let mut len = 0;
     let mut rows = Vec::new();
     rows.push((
@@ -152,7 +153,7 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
     ));
     rows.push((
         "compress half",
-        2,
+        1,
         time_it(&s, 5, || {
             len = gpu.compress_device(&xd.slice(..half), eb, codec, &mut scratch.as_view_mut())?;
             Ok(())
@@ -168,21 +169,63 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
                 .map_err(gpu_err)
         })?,
     ));
+    let enc = StepEncoding {
+        codec,
+        abs_bound: abs,
+        divisor: 1.0,
+        reconstruct: true,
+    };
+    let base = xd.slice(half..2 * half);
+    let mut fused = true;
     rows.push((
-        "decompress-add half onto the input",
+        "last reduce step: decompress-add half, compress it leaving its reconstruction",
         1,
         time_it(&s, 5, || {
-            let base = xd.slice(half..2 * half);
+            let r = gpu.reduce_step_device(
+                &stream.as_view(),
+                &base,
+                &mut acc.slice_mut(..half),
+                enc,
+                &mut scratch.as_view_mut(),
+            )?;
+            fused = r.is_some();
+            Ok(())
+        })?,
+    ));
+    if !fused {
+        rows.pop(); // no reconstructing kernel for this codec: the ring runs the parts below
+    }
+    let parts = usize::from(!fused);
+    rows.push((
+        "decompress-add half onto the input",
+        parts,
+        time_it(&s, 5, || {
             gpu.decompress_add_to_device(&stream.as_view(), &base, &mut acc.slice_mut(..half))
         })?,
     ));
     rows.push((
+        "compress the sum",
+        parts,
+        time_it(&s, 5, || {
+            gpu.compress_device(&acc.slice(..half), eb, codec, &mut scratch.as_view_mut())
+                .map(drop)
+        })?,
+    ));
+    rows.push((
         "decompress half",
-        2,
+        1 + parts,
         time_it(&s, 5, || {
             gpu.decompress_device(&stream.as_view(), &mut acc.slice_mut(..half))
         })?,
     ));
+    for k in [
+        "zc_compress_recon_f32_aatrox_abs",
+        "zc_compress_f32_aatrox_abs",
+        "zc_decompress_add_f32_aatrox_abs",
+    ] {
+        let (regs, local, shared) = gpu.kernel_resources(k)?;
+        eprintln!("{k}: {regs} registers, {local} B local (spills), {shared} B static shared");
+    }
     Ok(rows.into_iter().map(|(n, k, t)| (n, k, t * 1e3)).collect())
 }
 

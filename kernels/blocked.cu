@@ -313,7 +313,7 @@ __device__ __forceinline__ void zc_layer_body(i32 code, bool raw, int lane, u32 
 template <typename T, int CODEC, bool REL, bool PENDING>
 __device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, const T (&xs)[8], int h, u32 t0, int it,
                                                  int lane, bool& have, i32& prev31, u32 (&bq)[4], u32 (&mq)[4],
-                                                 u32 (&sq)[4], i32 (&dq)[4], i32* first, u32* pend) {
+                                                 u32 (&sq)[4], i32 (&dq)[4], T (&rq)[4], i32* first, u32* pend) {
 #pragma unroll
     for (int g = 0; g < 4; g++) {
         i32 code = 0;
@@ -326,6 +326,7 @@ __device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, con
             const bool inr = fabsf(p) < 536870912.0f;
             code = __float2int_rn(p);  // = (i32)rintf(p) wherever inr holds
             const float r = __fmul_rn(__int2float_rn(code), qf.step);
+            rq[g] = (T)r;  // the decoder's value of a non-raw layer (zq_decode)
             const float d32 = fabsf(__fsub_rn(x, r));
             bool ok = inr && d32 < eb32;
             if (__all_sync(ZC_FULL, ok)) {
@@ -339,6 +340,7 @@ __device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, con
                                                 sq[g], dq[g], first, pend);
         } else {
             const bool raw = !zc_encode_layer<T, REL>(q, eb32, xs[h + g], code);
+            rq[g] = zq_decode<T, REL>(q, (i64)code);
             zc_layer_body<CODEC, PENDING, true>(code, raw, lane, t0 + (u32)(h + g), it, have, prev31, bq[g], mq[g],
                                                 sq[g], dq[g], first, pend);
         }
@@ -349,11 +351,13 @@ __device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, con
 // layer of the warp's iterations; writes rate[l] (0xFF raw; the pending layer: its brest), d0s[l]
 // (lane 0's delta; 0 for the pending and raw layers), sinfo[l]; per iteration with a non-raw
 // layer (aatrox) first[it] = its pending layer's first code, pend[it] = that layer's index t,
-// last[it] = the last code of its last non-raw layer, and bit it of *has.
-template <typename T, int CODEC, bool REL>
+// last[it] = the last code of its last non-raw layer, and bit it of *has. RECON: rc (the chunk's
+// values, in place) receives the reconstruction of every staged non-raw layer, whose values are
+// never read again (pass 2 re-reads only raw and unstaged layers, and writes theirs).
+template <typename T, int CODEC, bool REL, bool RECON>
 __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const ZQ<T>& q, float eb32, int w, int lane,
                                                u32* st, u8* rate, i32* d0s, unsigned short* sinfo, i32* first,
-                                               i32* last, u32* pend, u32* has) {
+                                               i32* last, u32* pend, u32* has, T* rc) {
     const int W = ZC_WARPS;
     const int J = 32 / ZC_WARPS;
     u32 cur = 0;
@@ -372,12 +376,13 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
             for (int h = 0; h < 8; h += 4) {
                 u32 bq[4], mq[4], sq[4];
                 i32 dq[4];  // lane 0: the layers' first deltas
+                T rq[4];    // the layers' reconstructions (non-raw layers)
                 if (CODEC == ZC_AATROX && !have) {  // warp-uniform; mostly the first quad only
                     zc_quantize_quad<T, CODEC, REL, true>(q, eb32, xs, h, (u32)t0, it, lane, have, prev31, bq, mq, sq,
-                                                          dq, first, pend);
+                                                          dq, rq, first, pend);
                 } else {
                     zc_quantize_quad<T, CODEC, REL, false>(q, eb32, xs, h, (u32)t0, it, lane, have, prev31, bq, mq,
-                                                           sq, dq, first, pend);
+                                                           sq, dq, rq, first, pend);
                 }
                 const u32 lq = (u32)it * 32u + (u32)(t0 + h);  // a multiple of 4
                 if (lane == 0) {
@@ -385,6 +390,13 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
                     *(int4*)(d0s + lq) = make_int4(dq[0], dq[1], dq[2], dq[3]);
                 }
                 zc_stage4(st, cur, bq, mq, sq, lane, sinfo + lq);
+                if constexpr (RECON) {
+                    __syncwarp();  // lane 0 wrote the stage infos
+#pragma unroll
+                    for (int g = 0; g < 4; g++) {
+                        if (bq[g] != 0xFFu && sinfo[lq + g] != ZC_NOSTAGE) rc[((lq + (u32)g) << 5) + (u32)lane] = rq[g];
+                    }
+                }
             }
         }
         if (CODEC == ZC_AATROX && have) {
@@ -393,26 +405,6 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
         }
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// Chunk tickets and the fused kernels' shared-memory pool.
-//
-// A block takes its chunk from a ticket counter, not from blockIdx: the decoupled look-back over
-// chunk sizes waits only on chunks that started earlier, so it cannot wait on a block that is
-// not resident yet.
-__device__ __forceinline__ u32 zc_ticket(u64* ctrl) {
-    __shared__ u32 s_ticket;
-    if (threadIdx.x == 0) s_ticket = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
-    __syncthreads();
-    return __reduce_max_sync(ZC_FULL, s_ticket);
-}
-// The fused ring step (zc_reduce_step) runs a decoder and then an encoder in one block: their
-// large shared arrays (POOL = true) overlap in this dynamic pool, so that the two fit the 48 KiB
-// a block may hold without opting in. ZC_POOL_BYTES is the encoder's need (f32, one-pass: 4 KiB
-// offsets + 1 KiB rates + 4 KiB d0 + 36 KiB arena + 2 KiB stage info); the decoder's is smaller.
-// The host launches with src/gpu/accumulate.rs FUSED_POOL_BYTES, which a test ties to this value.
-#define ZC_POOL_BYTES 48128u
-extern __shared__ __align__(16) u8 zc_pool[];
 
 // ---------------------------------------------------------------------------------------------
 // Compression. Warp w owns iteration layers w, w + W, w + 2W, ... (J = 32 / W of them).
@@ -449,13 +441,14 @@ __device__ __forceinline__ void zc_write_header(u8* out, const ZHeader& hdr, u64
     for (int i = 0; i < 6; i++) o[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
 }
 
-// Block-level compression of chunk c (from zc_ticket). POOL: the large shared arrays are in
-// zc_pool (the fused kernels), and with `recon` non-null the chunk's values in `recon` (the
-// input itself) are overwritten at the end with what the stream decodes them to.
-template <typename T, int CODEC, bool REL, bool POOL = false>
+// RECON: `recon` is the input itself, and every value of a non-raw layer is overwritten with what
+// the stream decodes it to, right after its last read (a raw layer's values are decoded as they
+// are): the caller keeps what every receiver of the stream holds without decoding the stream.
+// A chunk that does not fit `out_cap` (the stream is then stored) may be left partly rewritten.
+template <typename T, int CODEC, bool REL, bool RECON = false>
 __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out,
                                             u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q,
-                                            const ZHeader& hdr, u32 c, T* recon = nullptr) {
+                                            const ZHeader& hdr, T* recon = nullptr) {
     typedef typename ZT<T>::code_t C;
     typedef typename ZU<T>::U U;
     const int SIZE = ZT<T>::SIZE;
@@ -464,27 +457,17 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     // one-pass variant (see the top of the file): f32, word-aligned codecs
     constexpr bool ONE = ZT<T>::SIZE == 4 && CODEC != ZC_OUTLIER;
 
-    constexpr u32 NPREV = (CODEC == ZC_AATROX || ONE) ? 1024u : 1u;  // one-pass: d0; two-pass: prev
-    constexpr u32 NSTAGE = ONE ? ZC_STAGE_WORDS : 1u;
-    constexpr u32 NSINFO = ONE ? 1024u : 1u;
-    constexpr u32 P_PREV = 5120u, P_STAGE = P_PREV + NPREV * (u32)sizeof(C), P_SINFO = P_STAGE + 4u * NSTAGE;
-    static_assert(!POOL || P_SINFO + 2u * NSINFO <= ZC_POOL_BYTES, "the pool holds the encoder's arrays");
-    __shared__ u32 l_off[POOL ? 1 : 1024];
-    __shared__ __align__(16) u32 l_rate[POOL ? 1 : 256];
-    __shared__ __align__(16) C l_prev[POOL ? 1 : NPREV];
-    __shared__ u32 l_stage[POOL ? 1 : NSTAGE];
-    __shared__ unsigned short l_sinfo[POOL ? 1 : NSINFO];
-    u32* const s_off = POOL ? (u32*)zc_pool : l_off;
-    u32* const s_rate = POOL ? (u32*)(zc_pool + 4096) : l_rate;
-    C* const s_prev = POOL ? (C*)(zc_pool + P_PREV) : l_prev;
-    u32* const s_stage = POOL ? (u32*)(zc_pool + P_STAGE) : l_stage;
-    unsigned short* const s_sinfo = POOL ? (unsigned short*)(zc_pool + P_SINFO) : l_sinfo;
+    __shared__ u32 s_off[1024];
+    __shared__ __align__(16) u32 s_rate[256];
+    __shared__ __align__(16) C s_prev[(CODEC == ZC_AATROX || ONE) ? 1024 : 1];  // one-pass: d0; two-pass: prev
+    __shared__ u32 s_stage[ONE ? ZC_STAGE_WORDS : 1];
+    __shared__ unsigned short s_sinfo[ONE ? 1024 : 1];
     __shared__ C s_first[32];
     __shared__ C s_last[32];
     __shared__ u32 s_pend[32];  // one-pass: index t of each iteration's pending layer
     __shared__ u32 s_wtot[32];
     __shared__ u32 s_tmp[32];
-    __shared__ u32 s_has, s_mask, s_size, s_usize;
+    __shared__ u32 s_has, s_mask, s_chunk, s_size, s_usize;
     __shared__ u64 s_base;
 
     // warp-uniform values go through REDUX (a uniform register) so that the compiler knows the
@@ -492,14 +475,17 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     const int tid = threadIdx.x, lane = tid & 31;
     const int w = (int)__reduce_max_sync(ZC_FULL, (u32)tid >> 5);
     if (tid == 0) {
+        s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
         s_has = 0;
         s_mask = 0;
     }
     __syncthreads();
+    const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
     const u64 cbase = (u64)c << 15;
     const u32 n = (u32)((count - cbase) < (u64)ZC_CHUNK ? (count - cbase) : (u64)ZC_CHUNK);
     const u32 n_layers = (n + 31) >> 5;
     const T* cin = in + cbase;
+    T* const rc = RECON ? recon + cbase : nullptr;
     const float eb32 = __double2float_rn(q.eb);
 
     C init = 0;
@@ -508,8 +494,8 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     u32* const st_w = s_stage + (ONE ? w * ZC_SW : 0);  // ONE: this warp's arena slice
     if (staged) {
         if constexpr (ONE) {
-            zc_stage_chunk<T, CODEC, REL>(cin, q, eb32, w, lane, st_w, (u8*)s_rate, s_prev, s_sinfo, s_first, s_last,
-                                          s_pend, &s_has);
+            zc_stage_chunk<T, CODEC, REL, RECON>(cin, q, eb32, w, lane, st_w, (u8*)s_rate, s_prev, s_sinfo, s_first,
+                                                 s_last, s_pend, &s_has, rc);
         }
         __syncthreads();
         if (CODEC == ZC_AATROX) {
@@ -776,6 +762,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                             hsum += zhash_mix(bits, wi);
                         } else {
                             const C code = zq_code<T, REL>(q, x);
+                            if (RECON) rc[l * 32u + (u32)lane] = zq_decode<T, REL>(q, (i64)code);
                             const C qp = zc_shfl_up(code, 1);
                             C d = (C)((U)code - (U)qp);
                             if (lane == 0) d = s_prev[l];  // d0
@@ -816,6 +803,10 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                                 const u32 ntB = min(32u, n - (l + 1) * 32u);
                                 C cA = zq_code<T, REL>(q, xs[u]);
                                 C cB = (u32)lane < ntB ? zq_code<T, REL>(q, xs[u + 1]) : (C)0;
+                                if (RECON) {
+                                    rc[l * 32u + (u32)lane] = zq_decode<T, REL>(q, (i64)cA);
+                                    if ((u32)lane < ntB) rc[(l + 1) * 32u + (u32)lane] = zq_decode<T, REL>(q, (i64)cB);
+                                }
                                 if (ntB < 32u) {
                                     C ql = zc_shfl(cB, ntB - 1);
                                     if ((u32)lane >= ntB) cB = ql;
@@ -837,9 +828,10 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
                                 continue;
                             }
                         }
-                        if (r == 0) continue;
                         const u32 nt = min(32u, n - l * 32u);
                         const bool present = (u32)lane < nt;
+                        if (RECON && r != 0xFF && present) rc[l * 32u + (u32)lane] = zq_decode<T, REL>(q, (i64)zq_code<T, REL>(q, xs[u]));
+                        if (r == 0) continue;
                         const u32 off = s_off[l];
                         if (r == 0xFF) {
                             if (present) {
@@ -916,16 +908,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             for (u32 i = tid; i < csize / 4; i += ZC_WARPS * 32) hsum += zhash_mix(__ldcg(cw + i), i);
         }
     }
-    u32 tot = zc_block_sum(hsum, s_tmp, w, lane);  // its barriers: every read of cin is done
-    if constexpr (POOL) {
-        if (recon != nullptr) {
-            // what the decoder gives: the code's value, or (raw layer) the input value itself
-            T* rc = recon + cbase;
-            for (u32 e = (u32)tid; e < n; e += ZC_THREADS) {
-                if (((const u8*)s_rate)[e >> 5] != 0xFFu) rc[e] = zq_decode<T, REL>(q, (i64)zq_code<T, REL>(q, rc[e]));
-            }
-        }
-    }
+    u32 tot = zc_block_sum(hsum, s_tmp, w, lane);
     if (tid == 0) {
         u32 hash = zhash_final(tot, csize / 4);
         u32* tbl = (u32*)(out + 96);
@@ -1151,35 +1134,30 @@ __device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64
     for (u32 i = tid; i + 1u < n_chunks; i += blockDim.x) status[i] = 0;
 }
 
-// Block-level decompression of chunk c (from zc_ticket); POOL: the large shared arrays are in
-// zc_pool (the fused kernels).
-template <typename T, int CODEC, bool REL, bool ACC = false, bool POOL = false>
+template <typename T, int CODEC, bool REL, bool ACC = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
-                                              u32 table_checksum, ZQ<T> q, u64 seq, u64* res, u32 c) {
+                                              u32 table_checksum, ZQ<T> q, u64 seq, u64* res) {
     const int SIZE = ZT<T>::SIZE;
-    __shared__ u32 l_off[POOL ? 1 : 1024];
-    __shared__ u32 l_rate[POOL ? 1 : 256];
-    __shared__ i64 l_start[POOL ? 1 : 1024];
-    __shared__ u32 l_wtot[POOL ? 1 : 32];
-    __shared__ i64 l_wsum[POOL ? 1 : 32];
-    __shared__ u32 l_tmp[POOL ? 1 : 32];
-    static_assert(!POOL || 13824u <= ZC_POOL_BYTES, "the pool holds the decoder's arrays");
-    i64* const s_start = POOL ? (i64*)zc_pool : l_start;
-    u32* const s_off = POOL ? (u32*)(zc_pool + 8192) : l_off;
-    u32* const s_rate = POOL ? (u32*)(zc_pool + 12288) : l_rate;
-    i64* const s_wsum = POOL ? (i64*)(zc_pool + 13312) : l_wsum;
-    u32* const s_wtot = POOL ? (u32*)(zc_pool + 13568) : l_wtot;
-    u32* const s_tmp = POOL ? (u32*)(zc_pool + 13696) : l_tmp;
-    __shared__ u32 s_size, s_cs, s_mask;
+    __shared__ u32 s_off[1024];
+    __shared__ u32 s_rate[256];
+    __shared__ i64 s_start[1024];
+    __shared__ u32 s_wtot[32];
+    __shared__ i64 s_wsum[32];
+    __shared__ u32 s_tmp[32];
+    __shared__ u32 s_chunk, s_size, s_cs, s_mask;
     __shared__ u64 s_err, s_base;
     __shared__ i64 s_init;
     __shared__ bool s_last;
 
     const int tid = threadIdx.x, lane = tid & 31;
     const int w = (int)__reduce_max_sync(ZC_FULL, (u32)tid >> 5);
-    if (tid == 0) s_err = 0;
+    if (tid == 0) {
+        s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
+        s_err = 0;
+    }
     __syncthreads();
+    const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
     const u64 cbase = (u64)c << 15;
     const u32 n = (u32)((count - cbase) < (u64)ZC_CHUNK ? (count - cbase) : (u64)ZC_CHUNK);
     const u32 n_layers = (n + 31) >> 5;
@@ -1588,46 +1566,7 @@ __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream,
     q.step64 = __hiloint2double((int)h[11], (int)h[10]);  // bytes 40..47: step
     q.step = (T)q.step64;                                  // T::from_f64
     q.inv = (T)__ddiv_rn(1.0, (double)q.step);             // T::from_f64(1.0 / step)
-    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq, res,
-                                 zc_ticket(ctrl));
-}
-
-// ---------------------------------------------------------------------------------------------
-// The ring reduction's step in one kernel (comm::device_ring): block c decodes chunk c of the
-// incoming stream onto the base (acc = base + x, one IEEE rounding per value, as
-// zc_decompress_add), divides it by `divisor` unless that is 1 (the mean's last step; IEEE
-// division as util.cu's zu_scale), and compresses the same chunk of acc while it is still in L2
-// (the chunk sizes of the blocked codecs do not depend on the bound, so chunk c of the sum is
-// chunk c of the stream it becomes). With `recon`, acc is then overwritten with what that stream
-// decodes to: the rank keeps exactly the values every other rank decodes, without decoding its
-// own stream. Both halves are the plain kernels' code, so the stream and every error are theirs;
-// the decoder's ctrl/status words are `ctrl`/`status` (its last block writes `res` as
-// zc_decompress does), the encoder's `cctrl`/`cstatus` (its last block writes the header).
-__device__ __forceinline__ float zc_div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double zc_div_rn(double a, double b) { return __ddiv_rn(a, b); }
-template <typename T, int CODEC>
-__device__ __forceinline__ void zc_reduce_step(const u8* stream, u64 stream_len, T* acc, u64 count, u64* status,
-                                               u64* ctrl, u32 n_chunks, const T* base, u32 table_checksum,
-                                               ZQ<T> qd, u64 seq, u64* res, T divisor, u8* out, u64 out_cap,
-                                               u64* cstatus, u64* cctrl, ZQ<T> qc, const ZHeader& hdr, int recon) {
-    u32 dyn;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < ZC_POOL_BYTES) return;  // launched without the pool: no result is recorded (the host reports it)
-    if (threadIdx.x == 0) zc_acc_base_off = (long long)((const char*)base - (const char*)acc);
-    const u32 c = zc_ticket(ctrl);  // its barrier publishes zc_acc_base_off too
-    zc_decompress<T, CODEC, false, true, true>(stream, stream_len, acc, count, status, ctrl, n_chunks, table_checksum,
-                                               qd, seq, res, c);
-    const u64 cbase = (u64)c << 15;
-    const u32 n = (u32)((count - cbase) < (u64)ZC_CHUNK ? (count - cbase) : (u64)ZC_CHUNK);
-    if (divisor != (T)1) {
-        __syncthreads();
-        for (u32 e = threadIdx.x; e < n; e += ZC_THREADS) acc[cbase + e] = zc_div_rn(acc[cbase + e], divisor);
-    }
-    // the encoder reads the sums through its read-only input path: make them visible first
-    __threadfence_block();
-    __syncthreads();
-    zc_compress<T, CODEC, false, true>(acc, count, out, out_cap, cstatus, cctrl, n_chunks, qc, hdr, c,
-                                       recon ? acc : nullptr);
+    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq, res);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1727,7 +1666,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q, hdr, zc_ticket(ctrl));                  \
+        zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q, hdr);                    \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
@@ -1737,8 +1676,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res, \
-                                    zc_ticket(ctrl));                                                  \
+        zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
@@ -1750,8 +1688,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         q.inv = inv;                                                                                           \
         q.step64 = step64;                                                                                     \
         q.eb = eb;                                                                                             \
-        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res, \
-                                          zc_ticket(ctrl));                                            \
+        zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect, \
@@ -1763,33 +1700,27 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     ZC_INST(TY, TN, CID, CN, false, abs) \
     ZC_INST(TY, TN, CID, CN, true, rel)
 
-// The fused ring step (abs bounds: the ring quantises under absolute bounds only).
-#define ZC_INST_STEP(TY, TN, CID, CN)                                                                          \
-    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), false)) zc_reduce_step_##TN##_##CN##_abs( \
-        const u8* stream, u64 stream_len, TY* acc, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
-        const TY* base, u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res,      \
-        TY divisor, u8* out, u64 out_cap, u64* cstatus, u64* cctrl, TY cstep, TY cinv, double cstep64,         \
-        double ceb, ZHeader hdr, int recon) {                                                                  \
-        ZQ<TY> qd, qc;                                                                                         \
-        qd.step = step;                                                                                        \
-        qd.inv = inv;                                                                                          \
-        qd.step64 = step64;                                                                                    \
-        qd.eb = eb;                                                                                            \
-        qc.step = cstep;                                                                                       \
-        qc.inv = cinv;                                                                                         \
-        qc.step64 = cstep64;                                                                                   \
-        qc.eb = ceb;                                                                                           \
-        zc_reduce_step<TY, CID>(stream, stream_len, acc, count, status, ctrl, n_chunks, base, table_checksum, \
-                                qd, seq, res, divisor, out, out_cap, cstatus, cctrl, qc, hdr, recon);          \
+// Compression that leaves the data's reconstruction in place of the data (abs/noa: the ring's
+// final segments are quantised under absolute bounds).
+#define ZC_INST_RECON(TY, TN, CID, CN)                                                                         \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), false)) zc_compress_recon_##TN##_##CN##_abs( \
+        TY* data, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv,     \
+        double step64, double eb, ZHeader hdr) {                                                               \
+        ZQ<TY> q;                                                                                              \
+        q.step = step;                                                                                         \
+        q.inv = inv;                                                                                           \
+        q.step64 = step64;                                                                                     \
+        q.eb = eb;                                                                                             \
+        zc_compress<TY, CID, false, true>(data, count, out, out_cap, status, ctrl, n_chunks, q, hdr, data);     \
     }
 
 #define ZC_INST_CODECS(TY, TN)                \
     ZC_INST_MODES(TY, TN, ZC_AATROX, aatrox)  \
     ZC_INST_MODES(TY, TN, ZC_PLAIN, plain)    \
     ZC_INST_MODES(TY, TN, ZC_OUTLIER, outlier) \
-    ZC_INST_STEP(TY, TN, ZC_AATROX, aatrox)   \
-    ZC_INST_STEP(TY, TN, ZC_PLAIN, plain)     \
-    ZC_INST_STEP(TY, TN, ZC_OUTLIER, outlier) \
+    ZC_INST_RECON(TY, TN, ZC_AATROX, aatrox)  \
+    ZC_INST_RECON(TY, TN, ZC_PLAIN, plain)    \
+    ZC_INST_RECON(TY, TN, ZC_OUTLIER, outlier) \
     extern "C" __global__ void zc_stats_##TN(const TY* in, u64 n, u64* ctrl) { zc_stats<TY>(in, n, ctrl); } \
     extern "C" __global__ void zc_add_raw_##TN(const TY* src, u64 n, TY* dst) { zc_add_raw<TY>(src, n, dst); }
 

@@ -1,11 +1,10 @@
 //! The compressed ring reduction on device-resident buffers over a [`DeviceTransport`]: the
 //! schedule of the `ring` module, with the GPU codec compressing segments in device memory,
-//! the transport moving the compressed bytes device to device, and one fused kernel per reduce
-//! step ([`GpuCodec::reduce_step_device`]: decode the received partial sum onto the input,
-//! divide for the mean, compress the sum for the next message, and for the final segment leave
-//! what its stream decodes to, so that no rank decodes its own segment). Nothing is staged
-//! through the host; the host sees only the descriptor agreement (count and value range, one
-//! small allgather).
+//! the transport moving the compressed bytes device to device, and the fused decompress-and-add
+//! kernel accumulating them. The last reduce step ([`GpuCodec::reduce_step_device`]) compresses
+//! this rank's final segment with a kernel that leaves what the stream decodes to in place of
+//! the sum, so no rank decodes its own segment. Nothing is staged through the host; the host sees
+//! only the descriptor agreement (count and value range, one small allgather).
 //!
 //! Because the GPU codec writes the CPU twin's bytes and the fused accumulation rounds once per
 //! value as the host's `a + b`, the results equal the host ring's with the same codec, bit for
@@ -314,7 +313,7 @@ struct DevicePlace<'a, T: GpuElement> {
     /// compression fails with it, and the ring carries the failure to every rank.
     broken: Option<Error>,
     /// The segment whose output already holds what its compressed final message decodes to
-    /// (left there by the fused reduce step), so that its decode is skipped.
+    /// (left there by [`GpuCodec::reduce_step_device`]), so that its decode is skipped.
     reconstructed: Option<usize>,
 }
 
@@ -383,11 +382,11 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         })
     }
 
-    /// [`RingPlace::reduce_step`] in one kernel ([`GpuCodec::reduce_step_device`]) where it
-    /// applies: the segment's first accumulation (its base is the input), compressed under an
-    /// absolute bound. `None` when it does not apply (the step is then done in parts). Its time
-    /// counts as compression time.
-    fn fused_step(
+    /// The last reduce step of an allreduce by [`GpuCodec::reduce_step_device`], which leaves the
+    /// final segment's reconstruction in the output: where it applies (the segment's first
+    /// accumulation, an absolute bound, a codec with the reconstructing kernel). `None` when it
+    /// does not (the step is then done in parts). Its time counts as compression time.
+    fn final_step(
         &mut self,
         seg: usize,
         m: &DeviceMsg,
@@ -397,7 +396,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         let ErrorBound::Abs(abs_bound) = next.bound else {
             return Ok(None);
         };
-        if self.touched[seg] || self.broken.is_some() {
+        if !next.is_final || self.touched[seg] || self.broken.is_some() {
             return Ok(None);
         }
         let stream = received(m)?;
@@ -519,7 +518,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         next: Option<NextMsg>,
     ) -> Result<Option<DeviceMsg>> {
         if let Some(n) = next {
-            if let Some(msg) = self.fused_step(seg, m, divisor, n)? {
+            if let Some(msg) = self.final_step(seg, m, divisor, n)? {
                 return Ok(Some(msg));
             }
         }
@@ -568,7 +567,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         if matches!(m, DeviceMsg::Scratch(_)) && self.reconstructed == Some(seg) {
-            return Ok(()); // the fused step left the decoded values in place
+            return Ok(()); // the final step left the decoded values in place
         }
         let range = self.segs[seg].clone();
         let stream = match m {

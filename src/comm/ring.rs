@@ -14,8 +14,8 @@
 //!
 //! Each received segment goes through one [`RingPlace::reduce_step`]: accumulate, divide (the
 //! mean's last step), compress for the next message (the last step of an allreduce: the final
-//! segment). A place may fuse the three into one pass; the device ring does, in one kernel that
-//! also leaves the final segment's reconstruction in place of its decode.
+//! segment). A place may do them its own way; the device ring compresses the final segment with
+//! a kernel that leaves its reconstruction in place of a decode of its own message.
 //!
 //! The order of operations is fixed by the schedule, so every place gives the same values for
 //! the same codec (a GPU run reproduces a CPU run bit for bit).
@@ -47,8 +47,8 @@ pub(crate) trait RingPlace {
     fn scale(&mut self, seg: usize, d: f64) -> Result<()>;
     /// One reduce step: [`accumulate`](RingPlace::accumulate) `m` into segment `seg`,
     /// [`scale`](RingPlace::scale) it by `divisor` unless that is 1, and, with `next`, compress
-    /// the result for the next message. A place with a fused kernel does it in one pass; the
-    /// default makes the three calls ([`step_in_parts`]).
+    /// the result for the next message. The default makes the three calls
+    /// ([`step_in_parts`]); a place may fuse them.
     fn reduce_step(
         &mut self,
         seg: usize,

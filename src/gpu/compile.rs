@@ -165,7 +165,7 @@ pub fn kernel_names() -> Vec<String> {
                 if c != "pfpl" {
                     v.push(format!("zc_decompress_hdr_{t}_{c}_{m}"));
                     if m == "abs" {
-                        v.push(format!("zc_reduce_step_{t}_{c}_{m}"));
+                        v.push(format!("zc_compress_recon_{t}_{c}_{m}"));
                     }
                 }
             }
@@ -364,11 +364,6 @@ mod tests {
         let pairs: &[(&str, &str, u64)] = &[
             (b, "ZC_WARPS", super::DEFAULT_WARPS as u64),
             (b, "ZC_CHUNK", crate::codec::blocked::CHUNK as u64),
-            (
-                b,
-                "ZC_POOL_BYTES",
-                u64::from(g::accumulate::FUSED_POOL_BYTES),
-            ),
             (c, "ZC_HEADER_LEN", crate::format::HEADER_LEN as u64),
             (b, "ZC_HASH", g::C_HASH as u64),
             (b, "ZC_PAYLOAD", g::C_PAYLOAD as u64),

@@ -365,18 +365,6 @@ impl GpuCodec {
         block: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        self.launch_with_pool(f, grid, block, 0, args)
-    }
-
-    /// [`GpuCodec::launch`] with `pool` bytes of dynamic shared memory per block.
-    fn launch_with_pool(
-        &self,
-        f: &CudaFunction,
-        grid: u32,
-        block: u32,
-        pool: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
         self.ctx.bind_to_thread().map_err(gpu_err("bind"))?;
         // SAFETY: `args` point at values whose types match the kernel's parameters (checked by
         // the callers below against kernels/blocked.cu) and outlive the call; the buffers they
@@ -386,7 +374,7 @@ impl GpuCodec {
                 f.cu_function(),
                 (grid, 1, 1),
                 (block, 1, 1),
-                pool,
+                0,
                 self.stream.cu_stream(),
                 args,
             )
@@ -810,12 +798,69 @@ impl GpuCodec {
         if let Some(e) = first_err {
             return Err(e);
         }
+        self.compress_with_params::<T>(in_ptr, n, codec, &params, false, out_ptr)
+    }
+
+    /// Compress `data` (device memory) with a blocked codec under `params`, into `out` (at least
+    /// [`crate::compress_bound`] bytes, 16-byte aligned); with `reconstruct` (abs/noa modes) the
+    /// kernel overwrites `data` with what the stream decodes it to, except when the stream is
+    /// stored (returned length = `compress_bound`), after which `data` is unspecified.
+    pub(crate) fn compress_blocked<T: GpuElement>(
+        &mut self,
+        data: &mut CudaViewMut<'_, T>,
+        codec: CodecKind,
+        params: &QuantParams,
+        reconstruct: bool,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        let n = data.len();
+        if out.len() < HEADER_LEN + n * T::SIZE {
+            return Err(Error::invalid(format!(
+                "output buffer of {} bytes is smaller than compress_bound = {}",
+                out.len(),
+                HEADER_LEN + n * T::SIZE
+            )));
+        }
+        let s = self.stream.clone();
+        let (in_ptr, out_ptr) = (raw_ptr_mut(data, &s), raw_ptr_mut(out, &s));
+        if out_ptr % 16 != 0 || in_ptr % (T::SIZE as u64) != 0 {
+            return Err(Error::invalid(
+                "device buffers must be 16-byte (output) / element aligned",
+            ));
+        }
+        if n > 0 {
+            self.zero_ctrl(n.div_ceil(1 << codec.chunk_log2(T::DTYPE)))?;
+        }
+        self.last_times = KernelTimes::default();
+        self.compress_with_params::<T>(in_ptr, n, codec, params, reconstruct, out_ptr)
+    }
+
+    /// Launch the compression kernel of `codec` for the `n` values at device address `in_ptr`
+    /// quantised with `params` into `out_ptr` (`compress_bound` bytes; ctrl and status words
+    /// clear), and finish the stream: returns its length, storing the values instead when the
+    /// compressed stream would not be smaller. `reconstruct`: the `compress_recon` kernel, which
+    /// overwrites the input with its reconstruction (blocked codecs, abs/noa).
+    fn compress_with_params<T: GpuElement>(
+        &mut self,
+        in_ptr: u64,
+        n: usize,
+        codec: CodecKind,
+        params: &QuantParams,
+        reconstruct: bool,
+        out_ptr: u64,
+    ) -> Result<usize> {
+        let raw_len = n * T::SIZE;
+        let bound_len = HEADER_LEN + raw_len;
+        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
+        if n_chunks > u32::MAX as usize {
+            return Err(Error::invalid("too many values for one stream"));
+        }
         let header = |flags, payload_len: u64, n_chunks, payload_checksum, data_checksum| Header {
             data_checksum,
             ..stream_header::<T>(
                 codec,
                 n,
-                &params,
+                params,
                 flags,
                 payload_len,
                 n_chunks,
@@ -834,7 +879,12 @@ impl GpuCodec {
         } else {
             self.threads
         };
-        let f = self.func(&kernel_name::<T>("compress", codec, params.mode)?)?;
+        let op = if reconstruct {
+            "compress_recon"
+        } else {
+            "compress"
+        };
+        let f = self.func(&kernel_name::<T>(op, codec, params.mode)?)?;
         let count = n as u64;
         let cap = bound_len as u64;
         let status = self.status_ptr();
