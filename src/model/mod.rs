@@ -32,7 +32,7 @@ pub mod device;
 pub mod nccl;
 
 pub use curve::{LinkCurve, LinkPoint, NcclLink, StagingCurve, StagingPoint};
-pub use device::{DeviceProfile, Terms};
+pub use device::{DeviceCodecSpeed, DeviceProfile, Terms};
 pub use nccl::{NcclProfile, WireRatio};
 
 use std::path::{Path, PathBuf};

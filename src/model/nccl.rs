@@ -221,3 +221,61 @@ impl NcclProfile {
         (lk.time(bytes), cmp)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::choice::{choose, Candidate};
+    use super::*;
+
+    /// Every NCCL operation's `Auto` choice for a 512 MiB f32 buffer at the ratios aatrox (70)
+    /// and pfpl (149) reach on a log-normal field at `noa:1e-2`, with GPU-like codec speeds
+    /// (aatrox the faster): over a slow link (1 GB/s) pfpl, over a fast one (25 GB/s, where
+    /// compression still beats raw NCCL) aatrox.
+    #[test]
+    fn auto_picks_the_denser_codec_on_a_slow_link_and_the_faster_on_a_fast_one() {
+        let ratios = [(CodecKind::Aatrox, 70.0), (CodecKind::Pfpl, 149.0)];
+        for (bw, want) in [(1e9, CodecKind::Pfpl), (25e9, CodecKind::Aatrox)] {
+            let mut prof = NcclProfile::guess("nvlink");
+            let l = NcclLink::linear(bw, 20e-6);
+            (prof.allreduce, prof.allgather, prof.p2p) = (l.clone(), l.clone(), l);
+            prof.codecs = [
+                (CodecKind::Aatrox, 1300e9, 1900e9),
+                (CodecKind::Pfpl, 500e9, 600e9),
+            ]
+            .map(|(codec, compress, decompress)| CodecSpeed {
+                codec,
+                dtype: 1,
+                compress,
+                decompress,
+                ratio: 10.0,
+            })
+            .to_vec();
+            // 512 MiB per rank, 4 ranks, 8 pipeline pieces
+            type Op = fn(&NcclProfile, f64, CodecKind) -> (f64, f64);
+            let ops: [(&str, Op); 4] = [
+                ("allreduce", |p, r, c| {
+                    p.predict_allreduce(536870912.0, 4, r, 8, c, 1, false)
+                }),
+                ("reduce_scatter", |p, r, c| {
+                    p.predict_allreduce(536870912.0, 4, r, 8, c, 1, true)
+                }),
+                ("allgather", |p, r, c| {
+                    p.predict_allgather(536870912.0, 4, r, 8, c, 1)
+                }),
+                ("send", |p, r, c| p.predict_p2p(536870912.0, r, 8, c, 1)),
+            ];
+            for (name, op) in ops {
+                let raw = op(&prof, 1.0, want).0;
+                let c = choose(
+                    raw,
+                    ratios.map(|(codec, ratio)| Candidate {
+                        codec,
+                        ratio,
+                        predicted_s: op(&prof, ratio, codec).1,
+                    }),
+                );
+                assert_eq!(c.codec, Some(want), "{name} at {bw:e} B/s: {c:?}");
+            }
+        }
+    }
+}

@@ -140,7 +140,8 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve, StagingPoint, Terms,
+    self, DeviceCodecSpeed, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve,
+    StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;
 
