@@ -254,20 +254,20 @@ impl DeviceProfile {
         p
     }
     /// `Policy::Auto`'s choice for one device operation ([`choice::choose`]): each candidate
-    /// `(codec, ratio)` predicted by `cmp` on the profile [`with_codec`](Self::with_codec) of
-    /// its codec at its ratio, against the raw path's `raw_s`.
+    /// `(codec, ratio)` predicted by `cmp(profile, codec, ratio)` on the profile
+    /// [`with_codec`](Self::with_codec) of its codec, against the raw path's `raw_s`.
     pub fn choose(
         &self,
         raw_s: f64,
         candidates: &[(CodecKind, f64)],
-        cmp: impl Fn(&DeviceProfile, f64) -> f64,
+        cmp: impl Fn(&DeviceProfile, CodecKind, f64) -> f64,
     ) -> Choice {
         choice::choose(
             raw_s,
             candidates.iter().map(|&(codec, ratio)| Candidate {
                 codec,
                 ratio,
-                predicted_s: cmp(&self.with_codec(codec), ratio),
+                predicted_s: cmp(&self.with_codec(codec), codec, ratio),
             }),
         )
     }
@@ -680,7 +680,7 @@ mod tests {
         for (name, op) in ops {
             for (bw, want) in [(1e9, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
                 let raw = op(&dp, link(bw), 1.0).0.total();
-                let c = dp.choose(raw, &RATIOS, |d, r| op(d, link(bw), r).1.total());
+                let c = dp.choose(raw, &RATIOS, |d, _, r| op(d, link(bw), r).1.total());
                 assert_eq!(c.codec, Some(want), "{name} at {bw:e} B/s: {c:?}");
             }
         }
@@ -694,7 +694,7 @@ mod tests {
         let old = DeviceProfile::guess();
         assert_eq!(old.with_codec(CodecKind::Pfpl), old);
         let raw = old.sendrecv_terms(link(400e9), BYTES, 1.0).0.total();
-        let c = old.choose(raw, &RATIOS, |d, r| {
+        let c = old.choose(raw, &RATIOS, |d, _, r| {
             d.sendrecv_terms(link(400e9), BYTES, r).1.total()
         });
         assert_eq!(c.codec, Some(CodecKind::Pfpl));

@@ -145,6 +145,7 @@ use crate::model::{
 };
 use crate::quant::ErrorBound;
 
+mod auto;
 mod calibrate;
 mod gather;
 mod nonblocking;
