@@ -273,12 +273,8 @@ fn auto_chooses_the_codec_per_message_by_link_speed() {
         p.codecs = speeds
             .iter()
             .flat_map(|&(codec, compress, decompress)| {
-                [1, 2].map(|dtype| zcomm::model::CodecSpeed {
-                    codec,
-                    dtype,
-                    compress,
-                    decompress,
-                    ratio: 10.0,
+                [1, 2].map(|dtype| {
+                    zcomm::model::CodecSpeed::new(codec, dtype, compress, decompress, 10.0)
                 })
             })
             .collect();

@@ -3,7 +3,7 @@
 //! per-stage [`Terms`] of every operation's raw and compressed predictions.
 
 use super::choice::{self, Candidate, Choice};
-use super::{seconds_at, Link, LinkCurve, Scenario, StagingCurve};
+use super::{seconds_at, CodecSpeed, Link, LinkCurve, Scenario, StagingCurve};
 use crate::codec::CodecKind;
 
 /// Measured device-side speeds (all ranks agree on them, see
@@ -95,60 +95,7 @@ pub struct DeviceProfile {
     /// calibration was asked for. Empty in profiles written before: the fields above then
     /// stand for every codec.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub codecs: Vec<DeviceCodecSpeed>,
-}
-
-/// The calibrated GPU call lines of one codec (the codec fields of a [`DeviceProfile`]: slope
-/// rates in bytes/s, fixed costs in seconds; a rate of 0 falls back as there).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DeviceCodecSpeed {
-    /// The codec.
-    pub codec: CodecKind,
-    /// Compression throughput, every rank at once ([`DeviceProfile::compress`]).
-    pub compress: f64,
-    /// Fixed seconds of one compression call.
-    pub compress_overhead: f64,
-    /// Decompression throughput, every rank at once ([`DeviceProfile::decompress`]).
-    pub decompress: f64,
-    /// Fixed seconds of one decompression call.
-    pub decompress_overhead: f64,
-    /// Fused decompress-and-add throughput ([`DeviceProfile::decompress_add`]).
-    #[serde(default)]
-    pub decompress_add: f64,
-    /// Fixed seconds of one fused decompress-and-add call.
-    #[serde(default)]
-    pub decompress_add_overhead: f64,
-    /// Compression throughput of one rank alone ([`DeviceProfile::compress_solo`]).
-    #[serde(default)]
-    pub compress_solo: f64,
-    /// Fixed seconds of one compression call of one rank alone.
-    #[serde(default)]
-    pub compress_solo_overhead: f64,
-    /// Decompression throughput of one rank alone ([`DeviceProfile::decompress_solo`]).
-    #[serde(default)]
-    pub decompress_solo: f64,
-    /// Fixed seconds of one decompression call of one rank alone.
-    #[serde(default)]
-    pub decompress_solo_overhead: f64,
-}
-
-impl DeviceCodecSpeed {
-    /// The codec fields of `p`, as the speeds of `codec`.
-    pub fn of(p: &DeviceProfile, codec: CodecKind) -> Self {
-        DeviceCodecSpeed {
-            codec,
-            compress: p.compress,
-            compress_overhead: p.compress_overhead,
-            decompress: p.decompress,
-            decompress_overhead: p.decompress_overhead,
-            decompress_add: p.decompress_add,
-            decompress_add_overhead: p.decompress_add_overhead,
-            compress_solo: p.compress_solo,
-            compress_solo_overhead: p.compress_solo_overhead,
-            decompress_solo: p.decompress_solo,
-            decompress_solo_overhead: p.decompress_solo_overhead,
-        }
-    }
+    pub codecs: Vec<CodecSpeed>,
 }
 
 /// The model's time of one device operation split by stage (seconds; the same stages as the
@@ -229,8 +176,23 @@ impl DeviceProfile {
             codecs: Vec::new(),
         }
     }
+    /// The codec fields of this profile as the speeds of `codec` on f32 (ratio 1: not
+    /// measured).
+    pub fn codec_fields(&self, codec: CodecKind) -> CodecSpeed {
+        CodecSpeed {
+            compress_overhead: self.compress_overhead,
+            decompress_overhead: self.decompress_overhead,
+            decompress_add: self.decompress_add,
+            decompress_add_overhead: self.decompress_add_overhead,
+            compress_solo: self.compress_solo,
+            compress_solo_overhead: self.compress_solo_overhead,
+            decompress_solo: self.decompress_solo,
+            decompress_solo_overhead: self.decompress_solo_overhead,
+            ..CodecSpeed::new(codec, 1, self.compress, self.decompress, 1.0)
+        }
+    }
     /// The speeds of `codec`, if this profile calibrated it.
-    pub fn codec_speed(&self, codec: CodecKind) -> Option<DeviceCodecSpeed> {
+    pub fn codec_speed(&self, codec: CodecKind) -> Option<CodecSpeed> {
         self.codecs.iter().copied().find(|c| c.codec == codec)
     }
     /// This profile as `codec` sees it: its codec fields replaced by `codec`'s calibrated
@@ -639,15 +601,14 @@ mod tests {
             (CodecKind::Aatrox, 1300e9, 1900e9),
             (CodecKind::Pfpl, 500e9, 600e9),
         ] {
-            p.codecs.push(DeviceCodecSpeed {
-                codec,
+            p.codecs.push(CodecSpeed {
                 compress: c,
                 compress_overhead: 100e-6,
                 decompress: d,
                 decompress_overhead: 100e-6,
                 decompress_add: d,
                 decompress_add_overhead: 100e-6,
-                ..DeviceCodecSpeed::of(&p, codec)
+                ..p.codec_fields(codec)
             });
         }
         p

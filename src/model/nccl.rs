@@ -242,12 +242,8 @@ mod tests {
                 (CodecKind::Aatrox, 1300e9, 1900e9),
                 (CodecKind::Pfpl, 500e9, 600e9),
             ]
-            .map(|(codec, compress, decompress)| CodecSpeed {
-                codec,
-                dtype: 1,
-                compress,
-                decompress,
-                ratio: 10.0,
+            .map(|(codec, compress, decompress)| {
+                CodecSpeed::new(codec, 1, compress, decompress, 10.0)
             })
             .to_vec();
             // 512 MiB per rank, 4 ranks, 8 pipeline pieces

@@ -54,7 +54,7 @@ impl DeviceStager {
         let values = v[0] as usize;
         let ranks_per_gpu = self.ranks_per_gpu(comm)?;
         let s = self.stream();
-        let (codec_times, tiny, kinds) = {
+        let (codec_times, tiny, kinds, lens) = {
             use rayon::prelude::*;
             let host: Vec<f32> = (0..values)
                 .into_par_iter()
@@ -76,8 +76,12 @@ impl DeviceStager {
                 }
             }
             let mut times = Vec::with_capacity(CODEC_TIMES * kinds.len() + 3);
+            // each codec's stream length on the field (for its ratio)
+            let mut lens = Vec::with_capacity(kinds.len());
             for &c in &kinds {
-                times.extend(self.time_codec(comm, &dev, &mut out, tiny, c)?);
+                let (t, len) = self.time_codec(comm, &dev, &mut out, tiny, c)?;
+                times.extend(t);
+                lens.push(len);
             }
             // device-memory passes: a plain device copy (reported), and the device reductions'
             // value-range pass and the mean's division (by 1 here)
@@ -117,7 +121,7 @@ impl DeviceStager {
                 }
             };
             times.extend([t_copy, t_range, t_scale]);
-            (times, tiny, kinds)
+            (times, tiny, kinds, lens)
         };
         let total = values * 4;
         let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
@@ -189,10 +193,11 @@ impl DeviceStager {
             });
         }
         let tb = (tiny * 4) as f64;
-        let speeds: Vec<DeviceCodecSpeed> = kinds
+        let speeds: Vec<CodecSpeed> = kinds
             .iter()
             .zip(times.chunks_exact(CODEC_TIMES))
-            .map(|(&c, t)| codec_lines(c, t, tb, bytes))
+            .zip(&lens)
+            .map(|((&c, t), &len)| codec_lines(c, t, tb, bytes, bytes / len.max(1) as f64))
             .collect();
         let passes = &times[CODEC_TIMES * kinds.len()..];
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
@@ -285,7 +290,8 @@ impl DeviceStager {
         Ok(all[0] > 0.5)
     }
 
-    /// The [`CODEC_TIMES`] median call times of `codec` (see [`codec_lines`] for their order):
+    /// The [`CODEC_TIMES`] median call times of `codec` (see [`codec_lines`] for their order)
+    /// and the length of its stream of the whole field:
     /// on `field` and on its first `tiny` values, every rank at once, then rank 0 alone (the
     /// others wait in a barrier; 0 on them): what a call costs when no other rank uses the
     /// GPU (the broadcast's root, a rank whose upload finished after the others'; see the
@@ -297,7 +303,7 @@ impl DeviceStager {
         out: &mut CudaSlice<f32>,
         tiny: usize,
         codec: CodecKind,
-    ) -> Result<[f64; CODEC_TIMES]> {
+    ) -> Result<([f64; CODEC_TIMES], usize)> {
         let bound = ErrorBound::Noa(CALIBRATION_NOA);
         let values = field.len();
         let mut len = 0;
@@ -329,18 +335,21 @@ impl DeviceStager {
         })?;
         let td_solo_tiny =
             Self::repeat_solo(comm, solo, || self.decode_scratch(out, tlen, tiny, false))?;
-        Ok([
-            tc,
-            td,
-            tda,
-            tc_tiny,
-            td_tiny,
-            tda_tiny,
-            tc_solo,
-            td_solo,
-            tc_solo_tiny,
-            td_solo_tiny,
-        ])
+        Ok((
+            [
+                tc,
+                td,
+                tda,
+                tc_tiny,
+                td_tiny,
+                tda_tiny,
+                tc_solo,
+                td_solo,
+                tc_solo_tiny,
+                td_solo_tiny,
+            ],
+            len,
+        ))
     }
 
     /// Measure pinned D2H/H2D copies of exactly `bytes` (every rank at once, warm-up + median,
@@ -542,16 +551,19 @@ const CALIBRATION_NOA: f64 = 1e-3;
 /// A codec's call lines ([`model::call_line`] through the tiny (`tb` bytes) and the full
 /// (`bytes`) call) from its [`CODEC_TIMES`] times: compression, decompression and fused
 /// decompress-and-add on the field, the same three on the tiny prefix, then compression and
-/// decompression alone on the field and on the tiny prefix.
-fn codec_lines(codec: CodecKind, t: &[f64], tb: f64, bytes: f64) -> DeviceCodecSpeed {
+/// decompression alone on the field and on the tiny prefix; `ratio` on the field.
+fn codec_lines(codec: CodecKind, t: &[f64], tb: f64, bytes: f64, ratio: f64) -> CodecSpeed {
     let line = |tiny: f64, big: f64| model::call_line(tb, tiny, bytes, big);
     let (compress, compress_overhead) = line(t[3], t[0]);
     let (decompress, decompress_overhead) = line(t[4], t[1]);
     let (decompress_add, decompress_add_overhead) = line(t[5], t[2]);
     let (compress_solo, compress_solo_overhead) = line(t[8], t[6]);
     let (decompress_solo, decompress_solo_overhead) = line(t[9], t[7]);
-    DeviceCodecSpeed {
+    CodecSpeed {
         codec,
+        // the calibration field is f32
+        dtype: 1,
+        ratio,
         compress,
         compress_overhead,
         decompress,

@@ -140,7 +140,7 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, DeviceCodecSpeed, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve,
+    self, CodecSpeed, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve,
     StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;

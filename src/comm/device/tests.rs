@@ -408,15 +408,14 @@ fn two_codec_profile() -> DeviceProfile {
         (CodecKind::Aatrox, 1300e9, 1900e9),
         (CodecKind::Pfpl, 500e9, 600e9),
     ] {
-        dp.codecs.push(DeviceCodecSpeed {
-            codec,
+        dp.codecs.push(CodecSpeed {
             compress: c,
             compress_overhead: 0.1e-3,
             decompress: d,
             decompress_overhead: 0.1e-3,
             decompress_add: d,
             decompress_add_overhead: 0.1e-3,
-            ..DeviceCodecSpeed::of(&dp, codec)
+            ..dp.codec_fields(codec)
         });
     }
     dp

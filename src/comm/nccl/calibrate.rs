@@ -198,12 +198,8 @@ impl NcclComm {
             prof.codecs = fits
                 .iter()
                 .enumerate()
-                .map(|(i, &(codec, _, len))| CodecSpeed {
-                    codec,
-                    dtype: 1,
-                    compress: -v[2 * i],
-                    decompress: -v[2 * i + 1],
-                    ratio: b2 / len as f64,
+                .map(|(i, &(codec, _, len))| {
+                    CodecSpeed::new(codec, 1, -v[2 * i], -v[2 * i + 1], b2 / len as f64)
                 })
                 .collect();
         }
