@@ -174,32 +174,29 @@ impl NcclComm {
                 t_copy = t_copy.min(t.elapsed().as_secs_f64());
             }
             let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
-            // per codec: -throughputs (the maximum over ranks of these is the slowest rank's),
-            // then the first codec's fixed costs and the passes
-            let mut v = Vec::with_capacity(2 * fits.len() + 4);
+            // per codec: -throughputs (the maximum over ranks of these is the slowest rank's)
+            // and fixed costs, then the passes
+            let mut v = Vec::with_capacity(4 * fits.len() + 2);
             for (_, fit, _) in &fits {
                 let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
-                v.extend([-tp(0), -tp(1)]);
+                let fixed = |k: usize| (fit[0][k] - b1 / tp(k)).max(0.0);
+                v.extend([-tp(0), -tp(1), fixed(0), fixed(1)]);
             }
-            let fit0 = fits[0].1;
-            let fixed = |k: usize| (fit0[0][k] - b1 / -v[k]).max(0.0);
-            v.extend([
-                fixed(0),
-                fixed(1),
-                -b2 / t_range.max(1e-9),
-                -b2 / t_copy.max(1e-9),
-            ]);
+            v.extend([-b2 / t_range.max(1e-9), -b2 / t_copy.max(1e-9)]);
             self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
-            let m = 2 * fits.len();
-            prof.compress_fixed = v[m];
-            prof.decompress_fixed = v[m + 1];
-            prof.range_rate = -v[m + 2];
-            prof.copy_rate = -v[m + 3];
+            let m = 4 * fits.len();
+            // the policy's codec's fixed costs stand for codecs without their own
+            prof.compress_fixed = v[2];
+            prof.decompress_fixed = v[3];
+            prof.range_rate = -v[m];
+            prof.copy_rate = -v[m + 1];
             prof.codecs = fits
                 .iter()
-                .enumerate()
-                .map(|(i, &(codec, _, len))| {
-                    CodecSpeed::new(codec, 1, -v[2 * i], -v[2 * i + 1], b2 / len as f64)
+                .zip(v.chunks_exact(4))
+                .map(|(&(codec, _, len), w)| CodecSpeed {
+                    compress_overhead: w[2],
+                    decompress_overhead: w[3],
+                    ..CodecSpeed::new(codec, 1, -w[0], -w[1], b2 / len as f64)
                 })
                 .collect();
         }
