@@ -33,14 +33,9 @@ impl NcclComm {
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
-        let cands = if n > 0 && p > 1 {
-            self.candidates(|c| {
-                let best = predict(&self.profile, c, WireRatio::from(1e12)).1;
-                crate::model::choice::policy_compresses(self.config.policy, raw_t, best)
-            })
-        } else {
-            Vec::new()
-        };
+        let cands = self.candidates(n > 0 && p > 1, raw_t, |c| {
+            predict(&self.profile, c, WireRatio::from(1e12)).1
+        });
         let plan = self.plan::<T>(OP_ALLGATHER, n, &cands, |c, codec| {
             c.sample_ratio(&send.as_view(), codec, None)
         })?;
@@ -143,14 +138,9 @@ impl NcclComm {
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
-        let cands = if n > 0 && p > 1 {
-            self.candidates(|c| {
-                let best = predict(&self.profile, c, WireRatio::from(1e12)).1;
-                crate::model::choice::policy_compresses(self.config.policy, raw_t, best)
-            })
-        } else {
-            Vec::new()
-        };
+        let cands = self.candidates(n > 0 && p > 1, raw_t, |c| {
+            predict(&self.profile, c, WireRatio::from(1e12)).1
+        });
         let d = if op == OP_ALLREDUCE_MEAN {
             p as f64
         } else {

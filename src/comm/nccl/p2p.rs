@@ -30,14 +30,7 @@ impl NcclComm {
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, 1.0).0;
-        let cands = if n > 0 {
-            self.candidates(|c| {
-                let best = predict(&self.profile, c, 1e12).1;
-                crate::model::choice::policy_compresses(self.config.policy, raw_t, best)
-            })
-        } else {
-            Vec::new()
-        };
+        let cands = self.candidates(n > 0, raw_t, |c| predict(&self.profile, c, 1e12).1);
         let want = !cands.is_empty();
         let avail = self.gpu.is_some() && self.codec_ranks.get(dest).copied().unwrap_or(false);
         let always = matches!(self.config.policy, Policy::Always(_));

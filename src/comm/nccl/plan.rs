@@ -72,13 +72,20 @@ impl NcclComm {
         }
     }
 
-    /// The codecs a collective may compress with, from agreed inputs only (the same list on
-    /// every rank): none under `Never`; the policy's under `Always`; under `Auto(preferred)`
-    /// `preferred` first (it wins ties), then every other codec the profile calibrated, each
-    /// kept only where `could_win` (its compressed path at an infinite ratio beats raw) and it
-    /// accepts the configured bound.
-    pub(super) fn candidates(&self, could_win: impl Fn(CodecKind) -> bool) -> Vec<CodecKind> {
+    /// The codecs an operation may compress with, from agreed inputs only (the same list on
+    /// every rank): none when compression is not `possible` (no values, one rank) or under
+    /// `Never`; the policy's under `Always`; under `Auto(preferred)` `preferred` first (it wins
+    /// ties), then every other codec the profile calibrated, each kept only where it accepts
+    /// the configured bound and its compressed path at an infinite ratio (`best_s(codec)`)
+    /// could beat the raw path's `raw_s`.
+    pub(super) fn candidates(
+        &self,
+        possible: bool,
+        raw_s: f64,
+        best_s: impl Fn(CodecKind) -> f64,
+    ) -> Vec<CodecKind> {
         match self.config.policy {
+            _ if !possible => Vec::new(),
             Policy::Never => Vec::new(),
             Policy::Always(c) => vec![c],
             Policy::Auto(preferred) => {
@@ -88,7 +95,11 @@ impl NcclComm {
                         v.push(c.codec);
                     }
                 }
-                v.retain(|&c| c.has_gpu() && c.supports_bound(self.config.bound) && could_win(c));
+                v.retain(|&c| {
+                    c.has_gpu()
+                        && c.supports_bound(self.config.bound)
+                        && crate::model::choice::compressed_wins(best_s(c), raw_s)
+                });
                 v
             }
         }
