@@ -282,6 +282,7 @@ impl DeviceStager {
             .profile
             .clone()
             .unwrap_or_else(DeviceProfile::guess)
+            .with_codec(codec)
             .stage_terms(bytes, bytes / len.max(1) as f64)
             .1;
         Ok(len)
@@ -475,12 +476,13 @@ impl DeviceStager {
         }
         self.last = StageTimes::default();
         let bytes = (staged.count * staged.dtype.size()) as f64;
-        self.last_predicted = self
-            .profile
-            .clone()
-            .unwrap_or_else(DeviceProfile::guess)
-            .restore_terms(bytes, staged.ratio())
-            .1;
+        let dp = self.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        // predicted with the speeds of the codec that made the stream
+        let dp = match crate::inspect(staged.stream()?).map(|h| CodecKind::from_tag(h.codec)) {
+            Ok(Ok(c)) => dp.with_codec(c),
+            _ => dp,
+        };
+        self.last_predicted = dp.restore_terms(bytes, staged.ratio()).1;
         self.upload_and_decompress(staged.stream()?, out)
     }
 
