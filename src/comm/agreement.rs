@@ -31,6 +31,9 @@ pub(super) struct Desc {
     pub(super) flags: u8,
     /// Point-to-point: scalars per pipelined chunk (0: the payload is one message).
     pub(super) chunk: u64,
+    /// The header tag of the codec a compressed payload was made with (0: none given), so that
+    /// receivers report the sender's `Auto` choice (the broadcast's root's).
+    pub(super) codec: u8,
 }
 
 impl Desc {
@@ -53,6 +56,7 @@ impl Desc {
         bad: 0,
         flags: 0,
         chunk: 0,
+        codec: 0,
     };
 
     pub(super) fn to_bytes(self) -> [u8; DESC_LEN] {
@@ -74,6 +78,7 @@ impl Desc {
         b[72..80].copy_from_slice(&self.chunk.to_le_bytes());
         b[9] = self.bad;
         b[10] = self.flags;
+        b[11] = self.codec;
         b
     }
     pub(super) fn parse(b: &[u8]) -> Result<Self> {
@@ -101,6 +106,7 @@ impl Desc {
             bad: b[9],
             flags: b[10],
             chunk: u64at(72),
+            codec: b[11],
         })
     }
 }

@@ -220,13 +220,13 @@ fn measure_compressor(
             len = s.len();
         }
         let bytes = (n * S::SIZE) as f64;
-        Ok(model::CodecSpeed {
+        Ok(model::CodecSpeed::new(
             codec,
-            dtype: S::DTYPE.tag(),
-            compress: bytes / bc.max(1e-9),
-            decompress: bytes / bd.max(1e-9),
-            ratio: bytes / len as f64,
-        })
+            S::DTYPE.tag(),
+            bytes / bc.max(1e-9),
+            bytes / bd.max(1e-9),
+            bytes / len as f64,
+        ))
     }
     match dt {
         Dtype::F32 => run::<f32>(c, codec, n),

@@ -35,6 +35,7 @@ fn descriptors_round_trip_and_disagree() {
         bad: 0,
         flags: 0,
         chunk: 77,
+        codec: 4,
     };
     assert_eq!(Desc::parse(&d.to_bytes()).unwrap(), d);
     assert!(Desc::parse(&[0u8; 64]).is_err());

@@ -99,6 +99,24 @@ pub fn choose(raw_s: f64, candidates: impl IntoIterator<Item = Candidate>) -> Ch
     }
 }
 
+/// A smooth, heavy-tailed (log-normal) field of `n` values: `exp(2g)` of a sum of four sines
+/// `g` of unit variance: most values sit near 1 and a few reach e^6, and the heavy tail stretches
+/// the `noa` range. The case where the codecs' ratios differ most (at `noa:1e-2` pfpl reaches
+/// about twice aatrox's), used by the tests and examples of `Auto`'s per-message codec choice.
+pub fn log_normal_field(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let t = i as f64 / n as f64;
+            let g = [(3.0, 0.3), (17.0, 1.1), (61.0, 2.0), (211.0, 4.2)]
+                .iter()
+                .map(|(f, ph)| (std::f64::consts::TAU * f * t + ph).sin())
+                .sum::<f64>()
+                / 2f64.sqrt();
+            (2.0 * g).exp() as f32
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,9 @@
 //! memory and carried by the host transport): the calibrated [`DeviceProfile`] and the
 //! per-stage [`Terms`] of every operation's raw and compressed predictions.
 
-use super::{seconds_at, Link, LinkCurve, Scenario, StagingCurve};
+use super::choice::{self, Candidate, Choice};
+use super::{seconds_at, CodecSpeed, Link, LinkCurve, Scenario, StagingCurve};
+use crate::codec::CodecKind;
 
 /// Measured device-side speeds (all ranks agree on them, see
 /// [`DeviceStager::calibrate`](crate::comm::device::DeviceStager::calibrate)).
@@ -88,6 +90,12 @@ pub struct DeviceProfile {
     /// calibrated (the two-way ping-pong link is used).
     #[serde(default)]
     pub link_one_way: LinkCurve,
+    /// The GPU call lines of every calibrated codec, for `Policy::Auto`'s per-message choice
+    /// ([`with_codec`](Self::with_codec)); the codec fields above hold those of the codec the
+    /// calibration was asked for. Empty in profiles written before: the fields above then
+    /// stand for every codec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub codecs: Vec<CodecSpeed>,
 }
 
 /// The model's time of one device operation split by stage (seconds; the same stages as the
@@ -165,7 +173,65 @@ impl DeviceProfile {
             decompress_solo_overhead: 0.0,
             staging_curve_solo: StagingCurve::default(),
             link_one_way: LinkCurve::default(),
+            codecs: Vec::new(),
         }
+    }
+    /// The codec fields of this profile as the speeds of `codec` on f32 (ratio 1: not
+    /// measured).
+    pub fn codec_fields(&self, codec: CodecKind) -> CodecSpeed {
+        CodecSpeed {
+            compress_overhead: self.compress_overhead,
+            decompress_overhead: self.decompress_overhead,
+            decompress_add: self.decompress_add,
+            decompress_add_overhead: self.decompress_add_overhead,
+            compress_solo: self.compress_solo,
+            compress_solo_overhead: self.compress_solo_overhead,
+            decompress_solo: self.decompress_solo,
+            decompress_solo_overhead: self.decompress_solo_overhead,
+            ..CodecSpeed::new(codec, 1, self.compress, self.decompress, 1.0)
+        }
+    }
+    /// The speeds of `codec`, if this profile calibrated it.
+    pub fn codec_speed(&self, codec: CodecKind) -> Option<CodecSpeed> {
+        self.codecs.iter().copied().find(|c| c.codec == codec)
+    }
+    /// This profile as `codec` sees it: its codec fields replaced by `codec`'s calibrated
+    /// speeds (unchanged when `codec` was not calibrated), so that every prediction below
+    /// ([`Terms`] of each operation) applies to that codec.
+    pub fn with_codec(&self, codec: CodecKind) -> DeviceProfile {
+        let mut p = self.clone();
+        if let Some(c) = self.codec_speed(codec) {
+            p.compress = c.compress;
+            p.compress_overhead = c.compress_overhead;
+            p.decompress = c.decompress;
+            p.decompress_overhead = c.decompress_overhead;
+            p.call_overhead = c.compress_overhead + c.decompress_overhead;
+            p.decompress_add = c.decompress_add;
+            p.decompress_add_overhead = c.decompress_add_overhead;
+            p.compress_solo = c.compress_solo;
+            p.compress_solo_overhead = c.compress_solo_overhead;
+            p.decompress_solo = c.decompress_solo;
+            p.decompress_solo_overhead = c.decompress_solo_overhead;
+        }
+        p
+    }
+    /// `Policy::Auto`'s choice for one device operation ([`choice::choose`]): each candidate
+    /// `(codec, ratio)` predicted by `cmp(profile, codec, ratio)` on the profile
+    /// [`with_codec`](Self::with_codec) of its codec, against the raw path's `raw_s`.
+    pub fn choose(
+        &self,
+        raw_s: f64,
+        candidates: &[(CodecKind, f64)],
+        cmp: impl Fn(&DeviceProfile, CodecKind, f64) -> f64,
+    ) -> Choice {
+        choice::choose(
+            raw_s,
+            candidates.iter().map(|&(codec, ratio)| Candidate {
+                codec,
+                ratio,
+                predicted_s: cmp(&self.with_codec(codec), codec, ratio),
+            }),
+        )
     }
     /// Seconds of a pinned device→host copy of `bytes`.
     pub fn d2h_s(&self, bytes: f64) -> f64 {
@@ -512,5 +578,99 @@ impl DeviceProfile {
     pub fn predict_reduce(&self, link: Link, p: usize, bytes: f64, ratio: f64, full: bool) -> f64 {
         self.reduce_terms(link, p, bytes, ratio, full.then_some(ratio), false)
             .total()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 512³ f32 field (512 MiB) at the ratios aatrox and pfpl reach on a log-normal field at
+    /// `noa:1e-2`.
+    const BYTES: f64 = 536870912.0;
+    const RATIOS: [(CodecKind, f64); 2] = [(CodecKind::Aatrox, 70.0), (CodecKind::Pfpl, 149.0)];
+
+    /// H100-like staging and GPU-like codec lines: aatrox the faster, pfpl the denser.
+    fn two_codecs() -> DeviceProfile {
+        let mut p = DeviceProfile::guess();
+        p.staging = Link {
+            bandwidth: 25e9,
+            latency: 10e-6,
+        };
+        for (codec, c, d) in [
+            (CodecKind::Aatrox, 1300e9, 1900e9),
+            (CodecKind::Pfpl, 500e9, 600e9),
+        ] {
+            p.codecs.push(CodecSpeed {
+                compress: c,
+                compress_overhead: 100e-6,
+                decompress: d,
+                decompress_overhead: 100e-6,
+                decompress_add: d,
+                decompress_add_overhead: 100e-6,
+                ..p.codec_fields(codec)
+            });
+        }
+        p
+    }
+
+    fn link(bandwidth: f64) -> Link {
+        Link {
+            bandwidth,
+            latency: 2e-6,
+        }
+    }
+
+    /// Every staged device operation's `Auto` choice: over a slow link (1 GB/s) the ratio
+    /// dominates and pfpl (149) wins, over a fast one (400 GB/s) the codec's speed does and
+    /// aatrox (70) wins; both beat raw (which stages 512 MiB both ways).
+    #[test]
+    fn auto_picks_the_denser_codec_on_a_slow_link_and_the_faster_on_a_fast_one() {
+        let dp = two_codecs();
+        type Op = fn(&DeviceProfile, Link, f64) -> (Terms, Terms);
+        let ops: [(&str, Op); 4] = [
+            ("sendrecv", |d, l, r| d.sendrecv_terms(l, BYTES, r)),
+            ("allgather", |d, l, r| d.allgather_terms(l, 4, BYTES, r)),
+            ("bcast", |d, l, r| d.bcast_terms(l, 4, BYTES, r)),
+            // (the raw reduction is the staged host one; the raw allgather stands in for it)
+            ("allreduce", |d, l, r| {
+                let raw = d.allgather_terms(l, 4, BYTES, 1.0).0;
+                (raw, d.reduce_terms(l, 4, BYTES, r, Some(r), false))
+            }),
+        ];
+        for (name, op) in ops {
+            for (bw, want) in [(1e9, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
+                let raw = op(&dp, link(bw), 1.0).0.total();
+                let c = dp.choose(raw, &RATIOS, |d, _, r| op(d, link(bw), r).1.total());
+                assert_eq!(c.codec, Some(want), "{name} at {bw:e} B/s: {c:?}");
+            }
+        }
+    }
+
+    /// Without per-codec speeds (profiles written before) every codec is predicted with the
+    /// profile's own codec fields, so the higher ratio always wins; `with_codec` of a codec
+    /// that was calibrated changes only the codec fields.
+    #[test]
+    fn with_codec_swaps_only_the_codec_lines() {
+        let old = DeviceProfile::guess();
+        assert_eq!(old.with_codec(CodecKind::Pfpl), old);
+        let raw = old.sendrecv_terms(link(400e9), BYTES, 1.0).0.total();
+        let c = old.choose(raw, &RATIOS, |d, _, r| {
+            d.sendrecv_terms(link(400e9), BYTES, r).1.total()
+        });
+        assert_eq!(c.codec, Some(CodecKind::Pfpl));
+        let dp = two_codecs();
+        let pf = dp.with_codec(CodecKind::Pfpl);
+        assert_eq!((pf.compress, pf.decompress), (500e9, 600e9));
+        assert_eq!(pf.call_overhead, 200e-6);
+        assert_eq!(pf.staging_curve, dp.staging_curve);
+        assert_eq!(pf.codecs, dp.codecs);
+        // an old profile file (no `codecs`) loads, and a new one round-trips
+        let mut j: serde_json::Value = serde_json::to_value(&old).unwrap();
+        j.as_object_mut().unwrap().remove("codecs");
+        assert_eq!(serde_json::from_value::<DeviceProfile>(j).unwrap(), old);
+        let back: DeviceProfile =
+            serde_json::from_str(&serde_json::to_string(&dp).unwrap()).unwrap();
+        assert_eq!(back, dp);
     }
 }

@@ -117,20 +117,78 @@ pub struct Link {
     pub latency: f64,
 }
 
-/// Measured compression and decompression throughput of one codec on one dtype (uncompressed
-/// bytes per second).
+/// Measured speeds of one codec on one dtype, the one record of codec speeds of every profile
+/// part (host codecs in [`Profile::codecs`], GPU codecs in [`DeviceProfile::codecs`] and
+/// [`NcclProfile::codecs`]): compression and decompression throughput (uncompressed bytes per
+/// second) and, where calibrated, each call's fixed cost (the line `t(b) = overhead + b / rate`
+/// through a tiny and a large call, [`call_line`]), the fused decompress-and-add's line, and the
+/// lines of one rank calling alone (*solo*, the other ranks idle) next to the *shared* ones
+/// (every rank at once). The fields after `ratio` are measured by the device calibration only:
+/// elsewhere (and in profiles written before them) they are 0: no fixed cost, and a solo or
+/// fused rate of 0 means "not calibrated" (the shared lines stand in).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CodecSpeed {
     /// The codec.
     pub codec: CodecKind,
     /// 1 = f32, 2 = f64 (the stream's dtype tag).
     pub dtype: u8,
-    /// Compression throughput (input bytes/s).
+    /// Compression throughput (input bytes/s), every rank at once, beyond `compress_overhead`.
     pub compress: f64,
-    /// Decompression throughput (output bytes/s).
+    /// Decompression throughput (output bytes/s), every rank at once, beyond
+    /// `decompress_overhead`.
     pub decompress: f64,
     /// Ratio measured on the calibration field.
     pub ratio: f64,
+    /// Fixed seconds of one compression call.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compress_overhead: f64,
+    /// Fixed seconds of one decompression call.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub decompress_overhead: f64,
+    /// Fused decompress-and-add throughput (output bytes/s) beyond `decompress_add_overhead`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub decompress_add: f64,
+    /// Fixed seconds of one fused decompress-and-add call.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub decompress_add_overhead: f64,
+    /// Compression throughput of one rank alone beyond `compress_solo_overhead`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compress_solo: f64,
+    /// Fixed seconds of one compression call of one rank alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compress_solo_overhead: f64,
+    /// Decompression throughput of one rank alone beyond `decompress_solo_overhead`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub decompress_solo: f64,
+    /// Fixed seconds of one decompression call of one rank alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub decompress_solo_overhead: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+impl CodecSpeed {
+    /// Throughputs and ratio only (no fixed costs, no fused or solo lines: the host
+    /// calibration's record).
+    pub fn new(codec: CodecKind, dtype: u8, compress: f64, decompress: f64, ratio: f64) -> Self {
+        CodecSpeed {
+            codec,
+            dtype,
+            compress,
+            decompress,
+            ratio,
+            compress_overhead: 0.0,
+            decompress_overhead: 0.0,
+            decompress_add: 0.0,
+            decompress_add_overhead: 0.0,
+            compress_solo: 0.0,
+            compress_solo_overhead: 0.0,
+            decompress_solo: 0.0,
+            decompress_solo_overhead: 0.0,
+        }
+    }
 }
 
 /// Calibration results, cached as JSON.
@@ -677,13 +735,13 @@ pub fn measure_codec<T: crate::Element>(
         len = s.len();
     }
     let bytes = (n * T::SIZE) as f64;
-    Ok(CodecSpeed {
+    Ok(CodecSpeed::new(
         codec,
-        dtype: T::DTYPE.tag(),
-        compress: bytes / best_c.max(1e-9),
-        decompress: bytes / best_d.max(1e-9),
-        ratio: bytes / len as f64,
-    })
+        T::DTYPE.tag(),
+        bytes / best_c.max(1e-9),
+        bytes / best_d.max(1e-9),
+        bytes / len as f64,
+    ))
 }
 
 #[cfg(test)]
@@ -944,13 +1002,8 @@ mod tests {
             bandwidth: 5e9,
             latency: 3e-6,
         });
-        p.codecs.push(CodecSpeed {
-            codec: CodecKind::Aatrox,
-            dtype: 1,
-            compress: 3e9,
-            decompress: 6e9,
-            ratio: 8.0,
-        });
+        p.codecs
+            .push(CodecSpeed::new(CodecKind::Aatrox, 1, 3e9, 6e9, 8.0));
         p
     }
 

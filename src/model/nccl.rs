@@ -55,14 +55,19 @@ pub struct NcclProfile {
     /// [`p2p`]: Self::p2p
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_one: Option<NcclLink>,
-    /// Device codec speeds (f32 then f64 when calibrated).
+    /// Device codec speeds, one record per calibrated codec (f32 then f64 when calibrated):
+    /// `decompress` is the fused decompress-and-add the operations decode with, and the
+    /// records' fixed costs (`compress_overhead`, `decompress_overhead`; 0 in profiles written
+    /// before) are each codec's own ([`codec_fixed`](Self::codec_fixed)).
     pub codecs: Vec<CodecSpeed>,
     /// Host cost per pipeline piece (the size message round on the bootstrap transport), seconds.
     pub piece_overhead: f64,
-    /// Fixed cost of one device compression call (launches, size readback, header), seconds.
+    /// Fixed cost of one device compression call (launches, size readback, header), seconds, of
+    /// the policy's codec at calibration; stands for codecs without their own.
     #[serde(default)]
     pub compress_fixed: f64,
-    /// Fixed cost of one device decompression call (header readback, launch, error flag).
+    /// Fixed cost of one device decompression call (header readback, launch, error flag), as
+    /// `compress_fixed`.
     #[serde(default)]
     pub decompress_fixed: f64,
     /// Input bytes per second of the value-range pass a compressing call makes over its input
@@ -96,15 +101,35 @@ impl NcclProfile {
         }
     }
 
-    /// Device codec throughput `(compress, decompress)` in bytes/s for `codec` on `dtype_tag`
-    /// (1 f32, 2 f64); a conservative default when not calibrated.
-    pub fn codec_speed(&self, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
+    /// The calibrated record of `codec` on `dtype_tag` (1 f32, 2 f64), else of any codec on it.
+    fn codec_record(&self, codec: CodecKind, dtype_tag: u8) -> Option<&CodecSpeed> {
         self.codecs
             .iter()
             .find(|c| c.codec == codec && c.dtype == dtype_tag)
             .or_else(|| self.codecs.iter().find(|c| c.dtype == dtype_tag))
+    }
+
+    /// Device codec throughput `(compress, decompress)` in bytes/s for `codec` on `dtype_tag`
+    /// (1 f32, 2 f64); a conservative default when not calibrated.
+    pub fn codec_speed(&self, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
+        self.codec_record(codec, dtype_tag)
             .map(|c| (c.compress, c.decompress))
             .unwrap_or((200e9, 300e9))
+    }
+
+    /// Fixed seconds `(compress, decompress)` of one device codec call of `codec` on
+    /// `dtype_tag`: its record's own (calibrated per codec), else the profile's
+    /// [`compress_fixed`](Self::compress_fixed) / [`decompress_fixed`](Self::decompress_fixed)
+    /// (profiles written before per-codec fixed costs).
+    pub fn codec_fixed(&self, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
+        let own = |v: f64, fallback: f64| if v > 0.0 { v } else { fallback };
+        match self.codec_record(codec, dtype_tag) {
+            Some(c) => (
+                own(c.compress_overhead, self.compress_fixed),
+                own(c.decompress_overhead, self.decompress_fixed),
+            ),
+            None => (self.compress_fixed, self.decompress_fixed),
+        }
     }
 
     /// Seconds of the codec stage of one pipeline piece of `piece` bytes, `(compress,
@@ -112,10 +137,8 @@ impl NcclProfile {
     /// message that follows it.
     fn piece_codec_s(&self, piece: f64, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
         let (tc, td) = self.codec_speed(codec, dtype_tag);
-        (
-            piece / tc + self.compress_fixed + self.piece_overhead,
-            piece / td + self.decompress_fixed,
-        )
+        let (fc, fd) = self.codec_fixed(codec, dtype_tag);
+        (piece / tc + fc + self.piece_overhead, piece / td + fd)
     }
 
     /// The one-way link ([`p2p_one`](Self::p2p_one), else the pairwise curve).
@@ -219,5 +242,81 @@ impl NcclProfile {
         let cmp =
             seconds_at(bytes, self.range_rate) + pipeline(&[gpu, lk.time(piece / cr)], pieces);
         (lk.time(bytes), cmp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::choice::{choose, Candidate};
+    use super::*;
+
+    /// Every NCCL operation's `Auto` choice for a 512 MiB f32 buffer at the ratios aatrox (70)
+    /// and pfpl (149) reach on a log-normal field at `noa:1e-2`, with GPU-like codec speeds
+    /// (aatrox the faster): over a slow link (1 GB/s) pfpl, over a fast one (25 GB/s, where
+    /// compression still beats raw NCCL) aatrox.
+    #[test]
+    fn auto_picks_the_denser_codec_on_a_slow_link_and_the_faster_on_a_fast_one() {
+        let ratios = [(CodecKind::Aatrox, 70.0), (CodecKind::Pfpl, 149.0)];
+        for (bw, want) in [(1e9, CodecKind::Pfpl), (25e9, CodecKind::Aatrox)] {
+            let mut prof = NcclProfile::guess("nvlink");
+            let l = NcclLink::linear(bw, 20e-6);
+            (prof.allreduce, prof.allgather, prof.p2p) = (l.clone(), l.clone(), l);
+            prof.codecs = [
+                (CodecKind::Aatrox, 1300e9, 1900e9),
+                (CodecKind::Pfpl, 500e9, 600e9),
+            ]
+            .map(|(codec, compress, decompress)| {
+                CodecSpeed::new(codec, 1, compress, decompress, 10.0)
+            })
+            .to_vec();
+            // 512 MiB per rank, 4 ranks, 8 pipeline pieces
+            type Op = fn(&NcclProfile, f64, CodecKind) -> (f64, f64);
+            let ops: [(&str, Op); 4] = [
+                ("allreduce", |p, r, c| {
+                    p.predict_allreduce(536870912.0, 4, r, 8, c, 1, false)
+                }),
+                ("reduce_scatter", |p, r, c| {
+                    p.predict_allreduce(536870912.0, 4, r, 8, c, 1, true)
+                }),
+                ("allgather", |p, r, c| {
+                    p.predict_allgather(536870912.0, 4, r, 8, c, 1)
+                }),
+                ("send", |p, r, c| p.predict_p2p(536870912.0, r, 8, c, 1)),
+            ];
+            for (name, op) in ops {
+                let raw = op(&prof, 1.0, want).0;
+                let c = choose(
+                    raw,
+                    ratios.map(|(codec, ratio)| Candidate {
+                        codec,
+                        ratio,
+                        predicted_s: op(&prof, ratio, codec).1,
+                    }),
+                );
+                assert_eq!(c.codec, Some(want), "{name} at {bw:e} B/s: {c:?}");
+            }
+        }
+    }
+
+    /// A codec's own fixed costs replace the profile's; records without them (profiles written
+    /// before) and uncalibrated codecs keep the profile's.
+    #[test]
+    fn per_codec_fixed_costs_fall_back_to_the_profiles() {
+        let mut prof = NcclProfile::guess("socket");
+        prof.codecs = vec![
+            CodecSpeed::new(CodecKind::Aatrox, 1, 3e11, 4e11, 10.0),
+            CodecSpeed {
+                compress_overhead: 80e-6,
+                decompress_overhead: 70e-6,
+                ..CodecSpeed::new(CodecKind::Pfpl, 1, 1e11, 2e11, 20.0)
+            },
+        ];
+        assert_eq!(prof.codec_fixed(CodecKind::Aatrox, 1), (50e-6, 50e-6));
+        assert_eq!(prof.codec_fixed(CodecKind::Pfpl, 1), (80e-6, 70e-6));
+        assert_eq!(prof.codec_fixed(CodecKind::Pfpl, 2), (50e-6, 50e-6));
+        let (_, a) = prof.predict_p2p(1e8, 10.0, 1, CodecKind::Pfpl, 1);
+        prof.codecs[1].compress_overhead = 0.0;
+        let (_, b) = prof.predict_p2p(1e8, 10.0, 1, CodecKind::Pfpl, 1);
+        assert!((a - b - 30e-6).abs() < 1e-12, "{a} vs {b}");
     }
 }

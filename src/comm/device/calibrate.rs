@@ -11,7 +11,10 @@ impl DeviceStager {
     /// * Codec: a smooth f32 field of `values` values (at least [`CALIBRATION_MIN_VALUES`],
     ///   64 MiB; pass the size of the operations to predict, large enough that one call is not
     ///   lost in another process's time slice), `noa:1e-3`; a barrier before every repetition,
-    ///   [`CALIBRATION_WARMUP`] warm-up calls, then the median of [`CALIBRATION_REPS`].
+    ///   [`CALIBRATION_WARMUP`] warm-up calls, then the median of [`CALIBRATION_REPS`]. Every
+    ///   codec call below is measured for `codec` (the profile's codec fields) and for every
+    ///   other GPU codec ([`CodecKind::WITH_GPU`]) that works on every rank (the profile's
+    ///   [`codecs`](DeviceProfile::codecs), among which `Policy::Auto` chooses per message).
     /// * Staging: pinned D2H and H2D copies at 1, 4, 16, 64, 256 MiB and the field's size (the
     ///   sizes up to it), same schedule, stored as the profile's [`StagingCurve`]; the
     ///   compressed streams (ratio times smaller) are predicted at their own size. Add exact
@@ -51,7 +54,7 @@ impl DeviceStager {
         let values = v[0] as usize;
         let ranks_per_gpu = self.ranks_per_gpu(comm)?;
         let s = self.stream();
-        let (codec_times, tiny) = {
+        let (codec_times, tiny, kinds, lens) = {
             use rayon::prelude::*;
             let host: Vec<f32> = (0..values)
                 .into_par_iter()
@@ -63,54 +66,23 @@ impl DeviceStager {
             let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
             drop(host);
             let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
-            let bound = ErrorBound::Noa(1e-3);
-            // one codec call on the calibration stream (the first `len` bytes of the compression
-            // scratch) into the first `m` values of `out`: plain or fused decompress-and-add
-            let mut decode = |me: &mut Self, len: usize, m: usize, add: bool| -> Result<()> {
-                let src = me.scratch_out.take().expect("grown");
-                let r = {
-                    let v = src.slice(0..len);
-                    let mut o = out.slice_mut(..m);
-                    if add {
-                        me.gpu.decompress_add_device(&v, &mut o)
-                    } else {
-                        me.gpu.decompress_device(&v, &mut o)
-                    }
-                };
-                me.scratch_out = Some(src);
-                r
-            };
-            let mut len = 0;
-            let tc = Self::repeat(comm, || {
-                len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
-                Ok(())
-            })?;
-            let td = Self::repeat(comm, || decode(self, len, values, false))?;
-            let tda = Self::repeat(comm, || decode(self, len, values, true))?;
-            // fixed per-call cost: the same calls on a tiny buffer (the intercept of each call's
-            // line, see `model::call_line`)
             let tiny = CALIBRATION_TINY_VALUES.min(values);
-            let mut tlen = 0;
-            let tc_tiny = Self::repeat(comm, || {
-                tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
-                Ok(())
-            })?;
-            let td_tiny = Self::repeat(comm, || decode(self, tlen, tiny, false))?;
-            let tda_tiny = Self::repeat(comm, || decode(self, tlen, tiny, true))?;
-            // the same lines with rank 0 calling alone (the others wait in a barrier): what a
-            // call costs when no other rank uses the GPU (the broadcast's root, a rank whose
-            // upload finished after the others'; see the module docs' model section)
-            let solo = comm.rank() == 0;
-            let tc_solo = Self::repeat_solo(comm, solo, || {
-                len = self.compress_to_scratch(&dev.slice(..), bound, codec)?;
-                Ok(())
-            })?;
-            let td_solo = Self::repeat_solo(comm, solo, || decode(self, len, values, false))?;
-            let tc_solo_tiny = Self::repeat_solo(comm, solo, || {
-                tlen = self.compress_to_scratch(&dev.slice(..tiny), bound, codec)?;
-                Ok(())
-            })?;
-            let td_solo_tiny = Self::repeat_solo(comm, solo, || decode(self, tlen, tiny, false))?;
+            // the requested codec first (its lines become the profile's codec fields), then
+            // every other GPU codec that works on every rank (`Policy::Auto` chooses among them)
+            let mut kinds = vec![codec];
+            for &c in CodecKind::WITH_GPU {
+                if c != codec && self.codec_works_everywhere(comm, &dev, &mut out, tiny, c)? {
+                    kinds.push(c);
+                }
+            }
+            let mut times = Vec::with_capacity(CODEC_TIMES * kinds.len() + 3);
+            // each codec's stream length on the field (for its ratio)
+            let mut lens = Vec::with_capacity(kinds.len());
+            for &c in &kinds {
+                let (t, len) = self.time_codec(comm, &dev, &mut out, tiny, c)?;
+                times.extend(t);
+                lens.push(len);
+            }
             // device-memory passes: a plain device copy (reported), and the device reductions'
             // value-range pass and the mean's division (by 1 here)
             let t_copy = Self::repeat(comm, || {
@@ -148,24 +120,8 @@ impl DeviceStager {
                     (0.0, 0.0)
                 }
             };
-            (
-                vec![
-                    tc,
-                    td,
-                    tda,
-                    tc_tiny,
-                    td_tiny,
-                    tda_tiny,
-                    t_copy,
-                    t_range,
-                    t_scale,
-                    tc_solo,
-                    td_solo,
-                    tc_solo_tiny,
-                    td_solo_tiny,
-                ],
-                tiny,
-            )
+            times.extend([t_copy, t_range, t_scale]);
+            (times, tiny, kinds, lens)
         };
         let total = values * 4;
         let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
@@ -237,40 +193,31 @@ impl DeviceStager {
             });
         }
         let tb = (tiny * 4) as f64;
-        let (compress, compress_overhead) = model::call_line(tb, times[3], bytes, times[0]);
-        let (decompress, decompress_overhead) = model::call_line(tb, times[4], bytes, times[1]);
-        let (decompress_add, decompress_add_overhead) =
-            model::call_line(tb, times[5], bytes, times[2]);
-        let (compress_solo, compress_solo_overhead) =
-            model::call_line(tb, times[11], bytes, times[9]);
-        let (decompress_solo, decompress_solo_overhead) =
-            model::call_line(tb, times[12], bytes, times[10]);
+        let speeds: Vec<CodecSpeed> = kinds
+            .iter()
+            .zip(times.chunks_exact(CODEC_TIMES))
+            .zip(&lens)
+            .map(|((&c, t), &len)| codec_lines(c, t, tb, bytes, bytes / len.max(1) as f64))
+            .collect();
+        let passes = &times[CODEC_TIMES * kinds.len()..];
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
         let p = DeviceProfile {
             staging: Link {
                 bandwidth: last.bytes / last.d2h.max(last.h2d).max(1e-12),
                 latency: 10e-6,
             },
-            compress,
-            decompress,
             staging_curve: curve,
-            call_overhead: compress_overhead + decompress_overhead,
-            compress_overhead,
-            decompress_overhead,
-            decompress_add,
-            decompress_add_overhead,
             // a copy moves `bytes` once (read + write)
-            device_copy: rate(times[6]),
-            range_pass: rate(times[7]),
-            scale_pass: rate(times[8]),
+            device_copy: rate(passes[0]),
+            range_pass: rate(passes[1]),
+            scale_pass: rate(passes[2]),
             ranks_per_gpu,
-            compress_solo,
-            compress_solo_overhead,
-            decompress_solo,
-            decompress_solo_overhead,
             staging_curve_solo: curve_solo,
             link_one_way,
-        };
+            codecs: speeds,
+            ..DeviceProfile::guess()
+        }
+        .with_codec(codec);
         tracing::info!(target: "zcomm::comm", "device profile: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us, staging {} ({} sizes), device copy {}, range {}, scale {}",
             model::fmt_rate(p.compress), p.compress_overhead * 1e6,
             model::fmt_rate(p.decompress), p.decompress_overhead * 1e6,
@@ -283,8 +230,126 @@ impl DeviceStager {
             p.staging_curve_solo.points.len(),
             p.link_one_way.points.last().map_or_else(|| "-".into(), |q| model::fmt_rate(q.bytes / q.seconds)),
             p.link_one_way.points.len(), p.ranks_per_gpu);
+        for c in &p.codecs {
+            tracing::info!(target: "zcomm::comm", "device profile, {}: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us",
+                c.codec, model::fmt_rate(c.compress), c.compress_overhead * 1e6,
+                model::fmt_rate(c.decompress), c.decompress_overhead * 1e6,
+                model::fmt_rate(c.decompress_add), c.decompress_add_overhead * 1e6);
+        }
         self.profile = Some(p.clone());
         Ok(p)
+    }
+
+    /// One codec call on the calibration stream into the first `m` values of `out`: the first
+    /// `len` bytes of the compression scratch decompressed, plain or fused with an addition.
+    fn decode_scratch(
+        &mut self,
+        out: &mut CudaSlice<f32>,
+        len: usize,
+        m: usize,
+        add: bool,
+    ) -> Result<()> {
+        let src = self.scratch_out.take().expect("grown");
+        let r = {
+            let v = src.slice(0..len);
+            let mut o = out.slice_mut(..m);
+            if add {
+                self.gpu.decompress_add_device(&v, &mut o)
+            } else {
+                self.gpu.decompress_device(&v, &mut o)
+            }
+        };
+        self.scratch_out = Some(src);
+        r
+    }
+
+    /// Whether `codec` compresses, decompresses and decompresses-and-adds the tiny prefix of
+    /// `field` on every rank (untimed; collective): a codec that fails anywhere is left out of
+    /// the calibration on every rank, so that no rank leaves the timed, barrier-synchronized
+    /// repetitions early.
+    fn codec_works_everywhere(
+        &mut self,
+        comm: &Communicator,
+        field: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        tiny: usize,
+        codec: CodecKind,
+    ) -> Result<bool> {
+        let bound = ErrorBound::Noa(CALIBRATION_NOA);
+        let ok = self
+            .compress_to_scratch(&field.slice(..tiny), bound, codec)
+            .and_then(|len| {
+                self.decode_scratch(out, len, tiny, false)?;
+                self.decode_scratch(out, len, tiny, true)
+            });
+        if let Err(e) = &ok {
+            tracing::warn!(target: "zcomm::comm", "device profile: {codec} not calibrated ({e})");
+        }
+        let mut all = [f64::from(u8::from(ok.is_ok()))];
+        comm.transport().allreduce_f64(&mut all, ReduceOp::Min)?;
+        Ok(all[0] > 0.5)
+    }
+
+    /// The [`CODEC_TIMES`] median call times of `codec` (see [`codec_lines`] for their order)
+    /// and the length of its stream of the whole field:
+    /// on `field` and on its first `tiny` values, every rank at once, then rank 0 alone (the
+    /// others wait in a barrier; 0 on them): what a call costs when no other rank uses the
+    /// GPU (the broadcast's root, a rank whose upload finished after the others'; see the
+    /// module docs' model section).
+    fn time_codec(
+        &mut self,
+        comm: &Communicator,
+        field: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+        tiny: usize,
+        codec: CodecKind,
+    ) -> Result<([f64; CODEC_TIMES], usize)> {
+        let bound = ErrorBound::Noa(CALIBRATION_NOA);
+        let values = field.len();
+        let mut len = 0;
+        let tc = Self::repeat(comm, || {
+            len = self.compress_to_scratch(&field.slice(..), bound, codec)?;
+            Ok(())
+        })?;
+        let td = Self::repeat(comm, || self.decode_scratch(out, len, values, false))?;
+        let tda = Self::repeat(comm, || self.decode_scratch(out, len, values, true))?;
+        // fixed per-call cost: the same calls on a tiny buffer (the intercept of each call's
+        // line, see `model::call_line`)
+        let mut tlen = 0;
+        let tc_tiny = Self::repeat(comm, || {
+            tlen = self.compress_to_scratch(&field.slice(..tiny), bound, codec)?;
+            Ok(())
+        })?;
+        let td_tiny = Self::repeat(comm, || self.decode_scratch(out, tlen, tiny, false))?;
+        let tda_tiny = Self::repeat(comm, || self.decode_scratch(out, tlen, tiny, true))?;
+        let solo = comm.rank() == 0;
+        let tc_solo = Self::repeat_solo(comm, solo, || {
+            len = self.compress_to_scratch(&field.slice(..), bound, codec)?;
+            Ok(())
+        })?;
+        let td_solo =
+            Self::repeat_solo(comm, solo, || self.decode_scratch(out, len, values, false))?;
+        let tc_solo_tiny = Self::repeat_solo(comm, solo, || {
+            tlen = self.compress_to_scratch(&field.slice(..tiny), bound, codec)?;
+            Ok(())
+        })?;
+        let td_solo_tiny =
+            Self::repeat_solo(comm, solo, || self.decode_scratch(out, tlen, tiny, false))?;
+        Ok((
+            [
+                tc,
+                td,
+                tda,
+                tc_tiny,
+                td_tiny,
+                tda_tiny,
+                tc_solo,
+                td_solo,
+                tc_solo_tiny,
+                td_solo_tiny,
+            ],
+            len,
+        ))
     }
 
     /// Measure pinned D2H/H2D copies of exactly `bytes` (every rank at once, warm-up + median,
@@ -474,6 +539,41 @@ impl DeviceStager {
             Self::h2d(&s, &pinned[..bytes], p)
         })?;
         Ok((td, th))
+    }
+}
+
+/// Call times per codec measured by [`DeviceStager::calibrate`].
+const CODEC_TIMES: usize = 10;
+
+/// The `noa` bound of the calibration's codec calls.
+const CALIBRATION_NOA: f64 = 1e-3;
+
+/// A codec's call lines ([`model::call_line`] through the tiny (`tb` bytes) and the full
+/// (`bytes`) call) from its [`CODEC_TIMES`] times: compression, decompression and fused
+/// decompress-and-add on the field, the same three on the tiny prefix, then compression and
+/// decompression alone on the field and on the tiny prefix; `ratio` on the field.
+fn codec_lines(codec: CodecKind, t: &[f64], tb: f64, bytes: f64, ratio: f64) -> CodecSpeed {
+    let line = |tiny: f64, big: f64| model::call_line(tb, tiny, bytes, big);
+    let (compress, compress_overhead) = line(t[3], t[0]);
+    let (decompress, decompress_overhead) = line(t[4], t[1]);
+    let (decompress_add, decompress_add_overhead) = line(t[5], t[2]);
+    let (compress_solo, compress_solo_overhead) = line(t[8], t[6]);
+    let (decompress_solo, decompress_solo_overhead) = line(t[9], t[7]);
+    CodecSpeed {
+        codec,
+        // the calibration field is f32
+        dtype: 1,
+        ratio,
+        compress,
+        compress_overhead,
+        decompress,
+        decompress_overhead,
+        decompress_add,
+        decompress_add_overhead,
+        compress_solo,
+        compress_solo_overhead,
+        decompress_solo,
+        decompress_solo_overhead,
     }
 }
 

@@ -236,10 +236,11 @@ impl Communicator {
         let t0 = self.wtime();
         let (p, n) = (self.size(), send.len());
         let bound = self.config.bound;
-        let codec = self.config.policy.codec().unwrap_or_default();
-        // Auto compresses like Always: every rank must take the same path and the ratio is only
-        // known after compressing (the descriptor table checks the shared policy)
+        // Auto compresses like Always (every rank must take the same path; the descriptor table
+        // checks the shared policy), with the codec predicted fastest at the ranks' agreed ratios
         let compress = !matches!(self.config.policy, Policy::Never) && n > 0 && p > 1;
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let codec = self.allgather_codec(dev, send, &dp)?;
         let mut st = OpStats::raw(crate::comm::OP_ALLGATHER);
         st.bytes = (n * T::SIZE) as u64;
         dev.last = StageTimes::default();
@@ -274,9 +275,17 @@ impl Communicator {
         } else {
             vec![n * T::SIZE; p]
         };
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
-        let ratio = if compress { st.ratio } else { 1.0 };
-        let terms = dp.allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
+        let ratio = if compress {
+            let key = crate::comm::codec_key(crate::comm::coll_key(n, bound), codec);
+            self.ratios
+                .put(crate::comm::OP_ALLGATHER | 0x80, key, st.ratio);
+            st.ratio
+        } else {
+            1.0
+        };
+        let terms =
+            dp.with_codec(codec)
+                .allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
         dev.last_predicted = record_prediction(&mut st, terms, compress);
         Ok(GatherPrep {
             compressed: compress,
@@ -456,14 +465,15 @@ impl Communicator {
             local = Err(Error::invalid(format!("bcast root {root} out of range")));
         }
         let bound = self.config.bound;
-        let codec = self.config.policy.codec().unwrap_or_default();
-        let key = crate::comm::coll_key(n, bound);
+        let preferred = self.config.policy.codec().unwrap_or_default();
+        let (op_r, key) = (
+            crate::comm::OP_BCAST | 0x80,
+            crate::comm::coll_key(n, bound),
+        );
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let link = self.profile.link;
-        let est = self.ratios.get(crate::comm::OP_BCAST | 0x80, key);
         let mut st = OpStats::raw(crate::comm::OP_BCAST);
         st.bytes = bytes as u64;
-        st.ratio_estimate = est.unwrap_or(1.0);
         dev.last = StageTimes::default();
         let mut d = Desc {
             dtype: elem_tag::<T>(),
@@ -471,23 +481,27 @@ impl Communicator {
             ..self.local_desc::<f32>(crate::comm::OP_BCAST, n)
         };
         if r == root && local.is_ok() {
-            let compress = match self.config.policy {
-                Policy::Never => false,
-                Policy::Always(_) => true,
+            // the root decides alone (`Auto`: the codec too, from its own data) and tells the
+            // others in its descriptor
+            let terms = |d: &DeviceProfile, r: f64| d.bcast_terms(link, p, bytes, r);
+            let (compress, codec) = match self.config.policy {
+                Policy::Never => (false, preferred),
+                Policy::Always(c) => (true, c),
                 Policy::Auto(_) => {
-                    let (raw_best, cmp_best) = dp.predict_bcast(link, p, bytes, f64::INFINITY);
-                    let (raw_t, cmp_t) = dp.predict_bcast(link, p, bytes, est.unwrap_or(1.0));
-                    crate::model::choice::compressed_wins(cmp_best, raw_best)
-                        && (est.is_none() || crate::model::choice::compressed_wins(cmp_t, raw_t))
+                    let raw_s = terms(&dp, 1.0).0.total();
+                    let ch =
+                        self.device_choice(dev, buf, &dp, preferred, (op_r, key), raw_s, |d, r| {
+                            terms(d, r).1.total()
+                        });
+                    st.ratio_estimate = ch.best.map_or(1.0, |b| b.ratio);
+                    (ch.codec.is_some(), ch.codec.unwrap_or(preferred))
                 }
-            } && n > 0
-                && p > 1;
+            };
+            let compress = compress && n > 0 && p > 1;
             // into the stager's pinned send buffer: no per-call host allocation, no copy
             let staged: Result<usize> = if compress {
                 dev.compress_timed(buf, bound, codec).and_then(|len| {
                     dev.last.d2h = dev.scratch_to_pinned_send(len)?;
-                    st.decision = Decision::Compressed;
-                    st.codec = Some(codec);
                     st.bound = stream_bound(bound, dev.pinned_bytes(true, len)?)?;
                     Ok(len)
                 })
@@ -497,6 +511,7 @@ impl Communicator {
             match staged {
                 Ok(len) => {
                     d.decision = u8::from(compress);
+                    d.codec = if compress { codec.tag() } else { 0 };
                     d.payload = len as u64;
                 }
                 Err(e) => local = Err(e),
@@ -507,16 +522,19 @@ impl Communicator {
         let len = usize::try_from(rd.payload)
             .map_err(|_| Error::Comm(format!("root announced a {}-byte payload", rd.payload)))?;
         let compressed = rd.decision == 1;
+        let codec = CodecKind::from_tag(rd.codec).unwrap_or(preferred);
         if compressed {
             st.decision = Decision::Compressed;
             st.codec = Some(codec);
             st.ratio = bytes / len.max(1) as f64;
             if r == root {
-                self.ratios.put(crate::comm::OP_BCAST | 0x80, key, st.ratio);
+                self.ratios
+                    .put(op_r, crate::comm::codec_key(key, codec), st.ratio);
             }
         }
         st.wire_bytes = len as u64;
-        let terms = dp.bcast_terms(link, p, bytes, if compressed { st.ratio } else { 1.0 });
+        let ratio = if compressed { st.ratio } else { 1.0 };
+        let terms = dp.with_codec(codec).bcast_terms(link, p, bytes, ratio);
         dev.last_predicted = record_prediction(&mut st, terms, compressed);
         Ok(BcastPrep {
             compressed,

@@ -31,7 +31,8 @@
 //!   non-blocking allgather's `MPI_Iallgatherv` also copies this rank's record into the
 //!   receive buffer; another stager operation between the start and the wait grows fresh
 //!   pinned buffers). Allgather: `Auto` compresses like `Always` (every rank must take the
-//!   same path); bcast: the root decides `Auto` with the model and the previous ratio. `Never`
+//!   same path), with the codec chosen as below; bcast: the root decides `Auto` (codec
+//!   included) with the model and its own data, and tells the others in its descriptor. `Never`
 //!   moves the raw bytes.
 //! * [`Communicator::allreduce_device`] / [`Communicator::allreduce_mean_device`] /
 //!   [`Communicator::reduce_scatter_device`], compressed (`Always`, or `Auto` when the model
@@ -75,6 +76,19 @@
 //! The non-blocking reductions keep the staged host path (D2H of the raw values, the host ring
 //! with the communicator's [`Compressor`], H2D of the result), not the device ring; with a
 //! [`GpuCompressor`] their results equal the blocking device ring's.
+//!
+//! # `Auto`: the codec per message
+//!
+//! Under `Policy::Auto(preferred)` every staged device operation chooses the codec per message
+//! among the codecs the device profile calibrated (`preferred` first; [`DeviceProfile::codecs`]),
+//! by the one rule [`DeviceProfile::choose`] ([`model::choice::choose`]): each candidate that
+//! could beat raw at an infinite ratio is predicted with its own GPU call lines
+//! ([`DeviceProfile::with_codec`]) at its ratio estimate, the ratio remembered for the message
+//! stream and codec (refreshed after a few uses), else a GPU sample of a few codec chunks
+//! (`DeviceStager::sample_ratio`). `sendrecv_device` decides per outgoing message and the
+//! broadcast's root for everyone; the allgather and the device ring agree on the harmonic mean
+//! of the ranks' estimates (one small reduction), and the ring on the choice itself. The chosen
+//! codec is reported in [`OpStats::codec`].
 //!
 //! # Model and calibration
 //!
@@ -140,10 +154,12 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve, StagingPoint, Terms,
+    self, CodecSpeed, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve,
+    StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;
 
+mod auto;
 mod calibrate;
 mod gather;
 mod nonblocking;
@@ -162,6 +178,7 @@ pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
 use reduce::*;
 use staged_link::StagedLink;
+pub(crate) use stager::device_sample;
 use stager::*;
 pub use stager::{DeviceStager, StageTimes};
 

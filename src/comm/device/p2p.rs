@@ -23,28 +23,37 @@ impl Communicator {
         let n = send.len();
         let bytes = n * T::SIZE;
         let bound = self.config.bound;
-        let codec = self.config.policy.codec().unwrap_or_default();
+        let preferred = self.config.policy.codec().unwrap_or_default();
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
-        let est = self.ratios.get(OP_SENDRECV | 0x80, tag as i64);
         let link = self.profile.link;
-        let sc = |ratio: f64, k: usize| dp.scenario(link, bytes as f64, ratio, k);
-        let sc1 = sc(est.unwrap_or(1.0), 1);
-        let pr = model::predict(&sc1);
-        let compress = match self.config.policy {
-            Policy::Never => false,
-            Policy::Always(_) => true,
-            // never when even an infinite ratio cannot pay; without an estimate yet, compress
-            // once to learn the ratio
+        // the ratios of this message stream, per codec (`crate::comm::codec_key`)
+        let (op_r, key) = (OP_SENDRECV | 0x80, tag as i64);
+        let serial =
+            |d: &DeviceProfile, r: f64| model::predict(&d.scenario(link, bytes as f64, r, 1));
+        // this side decides for its own outgoing message (the descriptor tells the peer, the
+        // stream's header the codec); `Auto` chooses the codec too
+        let (compress, codec, est) = match self.config.policy {
+            Policy::Never => (false, preferred, None),
+            Policy::Always(c) => (
+                true,
+                c,
+                self.ratios.get(op_r, crate::comm::codec_key(key, c)),
+            ),
             Policy::Auto(_) => {
-                let best = model::predict(&sc(f64::INFINITY, 1));
-                crate::model::choice::compressed_wins(best.compressed_serial, best.raw_serial)
-                    && (est.is_none()
-                        || crate::model::choice::compressed_wins(
-                            pr.compressed_serial,
-                            pr.raw_serial,
-                        ))
+                let raw_s = serial(&dp, 1.0).raw_serial;
+                let ch =
+                    self.device_choice(dev, send, &dp, preferred, (op_r, key), raw_s, |d, r| {
+                        serial(d, r).compressed_serial
+                    });
+                let best = ch.best.map_or(preferred, |b| b.codec);
+                (ch.codec.is_some(), best, ch.best.map(|b| b.ratio))
             }
-        } && n > 0;
+        };
+        let compress = compress && n > 0;
+        // the chosen codec's speeds from here on
+        let dp = dp.with_codec(codec);
+        let sc = |ratio: f64, k: usize| dp.scenario(link, bytes as f64, ratio, k);
+        let pr = model::predict(&sc(est.unwrap_or(1.0), 1));
         let mut st = OpStats::raw(OP_SENDRECV);
         st.bytes = bytes as u64;
         st.ratio_estimate = est.unwrap_or(1.0);
@@ -123,7 +132,8 @@ impl Communicator {
                     e * (h.range_max - h.range_min)
                 }
             };
-            self.ratios.put(OP_SENDRECV | 0x80, tag as i64, st.ratio);
+            self.ratios
+                .put(op_r, crate::comm::codec_key(key, codec), st.ratio);
             d.decision = 1;
         } else {
             DeviceStager::grow_pinned(&mut dev.pinned_send, &s, bytes)?;
@@ -190,7 +200,8 @@ impl Communicator {
             if chunk_dev > 0 {
                 st.wire_bytes = sent as u64;
                 st.ratio = bytes as f64 / sent.max(1) as f64;
-                self.ratios.put(OP_SENDRECV | 0x80, tag as i64, st.ratio);
+                self.ratios
+                    .put(op_r, crate::comm::codec_key(key, codec), st.ratio);
             }
             self.chunks += chunks;
             st.predicted_s = if chunk_dev > 0 {

@@ -271,55 +271,48 @@ impl Communicator {
             return Ok(None);
         };
         // 3. decision (identical on every rank: agreed profile and summed estimates)
-        let codec = self.config.policy.codec().unwrap_or_default();
+        let preferred = self.config.policy.codec().unwrap_or_default();
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let link = self.profile.link;
         let (bytes, out_bytes) = (n * T::SIZE, want * T::SIZE);
-        let (host_raw, _) =
-            self.reduce_times::<T>(n, full, 1.0, self.config.policy.codec().unwrap_or_default());
+        let (host_raw, _) = self.reduce_times::<T>(n, full, 1.0, preferred);
         let raw_t = host_raw + dp.d2h_s(bytes as f64) + dp.h2d_s(out_bytes as f64);
         let key = crate::comm::coll_key(n, self.config.bound);
         // the ring's per-step ratio and (allreduces) the final streams' ratio, remembered
-        // separately: the final segment is a sum of `p` fields compressed at a bound of its own
+        // separately per codec: the final segment is a sum of `p` fields compressed at a bound
+        // of its own
         let (opk, opf) = (op | 0x80, op | 0xC0);
-        let est = self.ratios.get(opk, key);
-        let est_f = self.ratios.get(opf, key).or(est);
         let mean = kind == Reduction::Mean;
         let fin = |r: f64| full.then_some(r);
-        let (compress, ratio, ratio_f) = match self.config.policy {
-            Policy::Never => (false, 1.0, 1.0),
-            Policy::Always(_) => (true, est.unwrap_or(1.0), est_f.unwrap_or(1.0)),
+        let (codec, ratio, ratio_f) = match self.config.policy {
+            Policy::Never => return Ok(None),
+            Policy::Always(c) => {
+                let k = crate::comm::codec_key(key, c);
+                let est = self.ratios.get(opk, k);
+                let est_f = self.ratios.get(opf, k).or(est);
+                (c, est.unwrap_or(1.0), est_f.unwrap_or(1.0))
+            }
             Policy::Auto(_) => {
-                // never when even an infinite ratio cannot pay; without an estimate on every
-                // rank yet, compress once to learn the ratio. The inputs are summed and the
-                // verdict is the minimum over the ranks, so every rank takes the same path
-                // even with differing profiles.
-                let inf = f64::INFINITY;
-                let best = dp
-                    .reduce_terms(link, p, bytes as f64, inf, fin(inf), mean)
-                    .total();
-                let mut v = [
-                    1.0 / est.unwrap_or(1.0).max(1e-9),
-                    f64::from(u8::from(est.is_some())),
-                    f64::from(u8::from(crate::model::choice::compressed_wins(best, raw_t))),
-                    1.0 / est_f.unwrap_or(1.0).max(1e-9),
-                ];
-                self.transport().allreduce_f64(&mut v, ReduceOp::Sum)?;
-                let (ratio, ratio_f) = (pf / v[0], pf / v[3]);
-                let (known, can) = (v[1] >= pf - 0.5, v[2] >= pf - 0.5);
-                let cmp = dp
-                    .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
-                    .total();
-                let mut w = [f64::from(u8::from(
-                    can && (!known || crate::model::choice::compressed_wins(cmp, raw_t)),
-                ))];
-                self.transport().allreduce_f64(&mut w, ReduceOp::Min)?;
-                (w[0] > 0.5, ratio, ratio_f)
+                let seg0 = input.slice(..n.div_ceil(p));
+                match self.ring_choice(
+                    dev,
+                    &seg0,
+                    &dp,
+                    preferred,
+                    ErrorBound::Abs(eb * d),
+                    (opk, opf, key),
+                    |d, r, rf| {
+                        d.reduce_terms(link, p, bytes as f64, r, fin(rf), mean)
+                            .total()
+                    },
+                    raw_t,
+                )? {
+                    Some(x) => x,
+                    None => return Ok(None),
+                }
             }
         };
-        if !compress {
-            return Ok(None);
-        }
+        let dp = dp.with_codec(codec);
         let cmp_t = dp
             .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
             .total();
@@ -371,9 +364,10 @@ impl Communicator {
         st.predicted_compressed_s = terms.total();
         st.predicted_s = st.predicted_compressed_s;
         dev.last_predicted = terms;
-        self.ratios.put(opk, key, rr);
+        let k = crate::comm::codec_key(key, codec);
+        self.ratios.put(opk, k, rr);
         if full {
-            self.ratios.put(opf, key, rf);
+            self.ratios.put(opf, k, rf);
         }
         tracing::debug!(target: "zcomm::comm", stages = ?dev.last, "{} device ring", crate::comm::op_name(op));
         Ok(Some(self.finish(st, t0)))

@@ -172,6 +172,36 @@ impl DeviceStager {
         r
     }
 
+    /// Estimated compression ratio of `x` under `bound` with `codec`: up to `chunks` codec
+    /// chunks spread evenly over it ([`device_sample`]) compressed on the GPU, as
+    /// [`model::estimate_ratio`] does on the host. A `noa` bound is first made the absolute
+    /// bound of the whole buffer (one value-range pass), so that the sample sees the step the
+    /// message will get.
+    pub(super) fn sample_ratio<T: GpuElement>(
+        &mut self,
+        x: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+        chunks: usize,
+    ) -> Result<f64> {
+        if x.is_empty() {
+            return Ok(1.0);
+        }
+        let bound = match bound {
+            ErrorBound::Noa(e) => match self.gpu.value_range_device(x)? {
+                Some((lo, hi)) if e * (hi - lo) > 0.0 && (e * (hi - lo)).is_finite() => {
+                    ErrorBound::Abs(e * (hi - lo))
+                }
+                _ => bound,
+            },
+            b => b,
+        };
+        let s = self.stream();
+        let sample = device_sample(&s, x, chunks)?;
+        let len = self.compress_to_scratch(&sample.as_view(), bound, codec)?;
+        Ok((sample.len() * T::SIZE) as f64 / len.max(1) as f64)
+    }
+
     /// Copy `n` bytes of device memory at `src` into `dst` (host) and wait.
     pub(super) fn d2h(s: &CudaStream, src: u64, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {
@@ -252,6 +282,7 @@ impl DeviceStager {
             .profile
             .clone()
             .unwrap_or_else(DeviceProfile::guess)
+            .with_codec(codec)
             .stage_terms(bytes, bytes / len.max(1) as f64)
             .1;
         Ok(len)
@@ -445,12 +476,13 @@ impl DeviceStager {
         }
         self.last = StageTimes::default();
         let bytes = (staged.count * staged.dtype.size()) as f64;
-        self.last_predicted = self
-            .profile
-            .clone()
-            .unwrap_or_else(DeviceProfile::guess)
-            .restore_terms(bytes, staged.ratio())
-            .1;
+        let dp = self.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        // predicted with the speeds of the codec that made the stream
+        let dp = match crate::inspect(staged.stream()?).map(|h| CodecKind::from_tag(h.codec)) {
+            Ok(Ok(c)) => dp.with_codec(c),
+            _ => dp,
+        };
+        self.last_predicted = dp.restore_terms(bytes, staged.ratio()).1;
         self.upload_and_decompress(staged.stream()?, out)
     }
 
@@ -516,4 +548,37 @@ impl DeviceStager {
         }
         Ok(self.utils.as_ref().expect("loaded"))
     }
+}
+
+/// Up to `chunks` codec chunks (32,768 values) spread evenly over `x`, copied on `s` into one
+/// new device buffer: the sample whose compression estimates the ratio of `x` (the device form
+/// of the host's [`model::estimate_ratio`], used by the staged and the NCCL operations).
+pub(crate) fn device_sample<T: GpuElement>(
+    s: &std::sync::Arc<CudaStream>,
+    x: &CudaView<'_, T>,
+    chunks: usize,
+) -> Result<CudaSlice<T>> {
+    const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
+    let n = x.len();
+    let nch = n.div_ceil(CHUNK);
+    let k = nch.min(chunks.max(1));
+    let m: usize = (0..k)
+        .map(|i| {
+            let lo = (i * nch / k) * CHUNK;
+            (lo + CHUNK).min(n) - lo
+        })
+        .sum();
+    // SAFETY: every element is written by the copies below before it is read.
+    let mut sample = unsafe { s.alloc::<T>(m.max(1)) }
+        .map_err(|e| Error::OutOfMemory(format!("{m} sample values: {e:?}")))?;
+    let mut at = 0;
+    for i in 0..k {
+        let lo = (i * nch / k) * CHUNK;
+        let hi = (lo + CHUNK).min(n);
+        let mut dst = sample.slice_mut(at..at + hi - lo);
+        s.memcpy_dtod(&x.slice(lo..hi), &mut dst)
+            .map_err(gpu_err("sample copy"))?;
+        at += hi - lo;
+    }
+    Ok(sample)
 }

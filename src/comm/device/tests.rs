@@ -399,3 +399,135 @@ fn an_uneven_exchange_shares_the_link_but_is_never_faster_than_one_way() {
     assert!(close(t.d2h, dp.d2h_s(big)) && close(t.h2d, dp.h2d_s(small)));
     assert!(t.compress > 0.0 && t.decompress == 0.0);
 }
+
+/// GPU-like speeds of two codecs on top of [`profile`]: aatrox the faster, pfpl the denser
+/// codec (as in the model's tests of the choice), 0.1 ms per call.
+fn two_codec_profile() -> DeviceProfile {
+    let mut dp = profile();
+    for (codec, c, d) in [
+        (CodecKind::Aatrox, 1300e9, 1900e9),
+        (CodecKind::Pfpl, 500e9, 600e9),
+    ] {
+        dp.codecs.push(CodecSpeed {
+            compress: c,
+            compress_overhead: 0.1e-3,
+            decompress: d,
+            decompress_overhead: 0.1e-3,
+            decompress_add: d,
+            decompress_add_overhead: 0.1e-3,
+            ..dp.codec_fields(codec)
+        });
+    }
+    dp
+}
+
+/// What each staged device operation reported (`OpStats::codec`) on every rank of a
+/// two-rank loopback group whose host link runs at `bandwidth`, under `Auto(aatrox)` at
+/// `noa:1e-2` on the log-normal field (pfpl's ratio about twice aatrox's).
+fn device_choices(bandwidth: f64) -> Vec<Vec<(&'static str, Option<CodecKind>, f64)>> {
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+    use crate::comm::{Calibration, Config, CpuCompressor};
+    let data = crate::model::choice::log_normal_field(1 << 22);
+    let cfg = Config::new(ErrorBound::Noa(1e-2))
+        .with_policy(Policy::Auto(CodecKind::Aatrox))
+        .with_calibration(Calibration::Fixed(crate::model::Profile::new(Link {
+            bandwidth,
+            latency: 2e-6,
+        })));
+    run_ranks(LoopbackTransport::group(2), |t| {
+        let mut c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+            .expect("communicator");
+        let gpu = GpuCodec::new(0)
+            .and_then(|g| g.with_own_stream())
+            .expect("GPU codec");
+        let mut dev = DeviceStager::new(gpu);
+        dev.set_profile(two_codec_profile());
+        let s = dev.gpu().stream().clone();
+        let x = s.clone_htod(&data).expect("upload");
+        let mut y = s.alloc_zeros::<f32>(data.len()).expect("alloc");
+        let mut g = s.alloc_zeros::<f32>(2 * data.len()).expect("alloc");
+        let peer = 1 - c.rank();
+        let (xv, mut yv) = (x.as_view(), y.as_view_mut());
+        let sr = c
+            .sendrecv_device(&mut dev, &xv, peer, &mut yv, peer, 0)
+            .expect("sendrecv_device");
+        let ar = c
+            .allreduce_device(&mut dev, &xv, &mut y.as_view_mut())
+            .expect("allreduce_device");
+        let ag = c
+            .allgather_device(&mut dev, &xv, &mut g.as_view_mut())
+            .expect("allgather_device");
+        let mut b = s.clone_htod(&data).expect("upload");
+        let bc = c
+            .bcast_device(&mut dev, &mut b.as_view_mut(), 0)
+            .expect("bcast_device");
+        vec![
+            ("sendrecv", sr.codec, sr.ratio),
+            ("allreduce", ar.codec, ar.ratio),
+            ("allgather", ag.codec, ag.ratio),
+            ("bcast", bc.codec, bc.ratio),
+        ]
+    })
+    .into_iter()
+    .map(|r| r.expect("rank"))
+    .collect()
+}
+
+/// `Policy::Auto` on the staged device operations chooses the codec per message: over a slow
+/// link (100 MB/s) the denser pfpl, over a fast one (400 GB/s) the faster aatrox, the same on
+/// both ranks, and reports it in `OpStats::codec`. (This 16 MiB field is smoother than a 512³
+/// one: the samples give aatrox about 390 and pfpl about 810, so the link that makes the ratio
+/// count is slower than for ratios 70 and 149.) Needs a CUDA device (reported ignored
+/// otherwise; run with `--include-ignored` on a GPU).
+#[test]
+#[ignore = "needs a CUDA device (run with --include-ignored)"]
+fn auto_chooses_the_device_codec_by_link_speed() {
+    assert!(crate::gpu::device_available(), "no CUDA device");
+    for (bandwidth, want) in [(1e8, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
+        for (rank, ops) in device_choices(bandwidth).into_iter().enumerate() {
+            for (op, got, ratio) in ops {
+                assert_eq!(
+                    got,
+                    Some(want),
+                    "{op} on rank {rank}, link {bandwidth:e} B/s (ratio {ratio:.1})"
+                );
+            }
+        }
+    }
+}
+
+/// The device calibration measures every GPU codec that works (at least aatrox and pfpl, with
+/// usable rates), keeps the requested codec's lines in the codec fields, and gives every rank
+/// the same profile. Needs a CUDA device (reported ignored otherwise).
+#[test]
+#[ignore = "needs a CUDA device (run with --include-ignored)"]
+fn calibration_measures_every_gpu_codec() {
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+    use crate::comm::{Config, CpuCompressor};
+    assert!(crate::gpu::device_available(), "no CUDA device");
+    let profiles = run_ranks(LoopbackTransport::group(2), |t| {
+        let c = Communicator::with_transport(
+            Box::new(t),
+            Box::new(CpuCompressor),
+            Config::new(ErrorBound::Noa(1e-3)),
+        )
+        .expect("communicator");
+        let gpu = GpuCodec::new(0)
+            .and_then(|g| g.with_own_stream())
+            .expect("GPU codec");
+        let mut dev = DeviceStager::new(gpu);
+        dev.calibrate(&c, CALIBRATION_MIN_VALUES, CodecKind::Pfpl)
+            .expect("calibration")
+    });
+    let p: Vec<DeviceProfile> = profiles.into_iter().map(|r| r.expect("rank")).collect();
+    assert_eq!(p[0], p[1]);
+    let dp = &p[0];
+    assert_eq!(dp.codecs[0].codec, CodecKind::Pfpl);
+    assert_eq!(dp.with_codec(CodecKind::Pfpl), *dp);
+    for codec in [CodecKind::Aatrox, CodecKind::Pfpl] {
+        let s = dp.codec_speed(codec).expect("calibrated");
+        for rate in [s.compress, s.decompress, s.decompress_add, s.compress_solo] {
+            assert!(rate > 1e9 && rate < 1e15, "{codec}: {s:?}");
+        }
+    }
+}

@@ -15,12 +15,14 @@ use std::collections::HashMap;
 use crate::model::WireRatio;
 
 /// What a cached ratio belongs to: the operation, the dtype tag and the element count (all
-/// checked to be identical on every rank by the descriptor agreement).
+/// checked to be identical on every rank by the descriptor agreement), and the codec's tag
+/// (`Auto` keeps one ratio per candidate codec).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct RatioKey {
     pub(crate) op: u8,
     pub(crate) dtype: u8,
     pub(crate) count: u64,
+    pub(crate) codec: u8,
 }
 
 /// Ratios every rank holds bit for bit, derived from the full list of every rank's values.
@@ -126,6 +128,7 @@ mod tests {
         op: 5,
         dtype: 1,
         count: 1 << 20,
+        codec: 1,
     };
 
     #[test]

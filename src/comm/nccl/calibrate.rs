@@ -28,8 +28,10 @@ impl NcclComm {
 
     /// Measure raw NCCL allreduce, allgather and pairwise exchange at [`CALIBRATION_SIZES`]
     /// (median of 5 to 9 runs after a warm-up each; the curves of [`NcclLink`]), the device
-    /// codec on a Gaussian random field (`noa:1e-3`, 64 MiB f32) and the per-piece host overhead;
-    /// every rank adopts rank 0's numbers. Collective.
+    /// codecs on a Gaussian random field (`noa:1e-3`, 64 MiB f32: the policy's codec, whose
+    /// fixed per-call costs the profile keeps, and every other GPU codec that works on every
+    /// rank, [`NcclProfile::codecs`], among which `Policy::Auto` chooses per message) and the
+    /// per-piece host overhead; every rank adopts rank 0's numbers. Collective.
     ///
     /// Each of the three operations runs about 630 MiB (per rank) of buffers in total, the
     /// 16 and 64 MiB runs most of it: roughly 0.6 s over NCCL's socket transport at 3.5 GB/s
@@ -123,12 +125,7 @@ impl NcclComm {
         if self.codec_on_all_ranks() {
             let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
             let bound = self.piece_bound(&field.as_view())?;
-            let codec = self.config.policy.codec().unwrap_or_default();
-            let codec = if codec == CodecKind::Pfpl {
-                CodecKind::Aatrox
-            } else {
-                codec
-            };
+            let preferred = self.config.policy.codec().unwrap_or_default();
             let mut out = unsafe {
                 self.sh
                     .work
@@ -137,26 +134,29 @@ impl NcclComm {
             .map_err(gpu_err)?;
             let mut acc = self.sh.work.alloc_zeros::<f32>(big).map_err(gpu_err)?;
             self.sh.work.synchronize().map_err(gpu_err)?;
-            let gpu = self.gpu()?;
-            // t = fixed + bytes / throughput, fitted from one codec chunk and 64 MiB
-            let mut fit = [[f64::INFINITY; 2]; 2]; // [small|big][compress|decompress]
-            let mut len = 1usize;
-            for (i, n) in [1usize << 15, big].into_iter().enumerate() {
-                let fv = field.slice(0..n);
-                for _ in 0..5 {
-                    let t = std::time::Instant::now();
-                    let mut ov = out.slice_mut(..);
-                    let l = gpu.compress_device(&fv, bound, codec, &mut ov)?;
-                    fit[i][0] = fit[i][0].min(t.elapsed().as_secs_f64());
-                    let sv = out.slice(0..l);
-                    let mut av = acc.slice_mut(0..n);
-                    let t = std::time::Instant::now();
-                    gpu.decompress_add_device(&sv, &mut av)?;
-                    fit[i][1] = fit[i][1].min(t.elapsed().as_secs_f64());
-                    if i == 1 {
-                        len = l;
+            // the policy's codec first (its fixed costs are the profile's), then every other GPU
+            // codec that works on every rank (`Policy::Auto` chooses among them per message)
+            let mut fits = Vec::new();
+            for c in std::iter::once(preferred).chain(CodecKind::WITH_GPU.iter().copied()) {
+                if fits.iter().any(|(k, _, _)| *k == c) {
+                    continue;
+                }
+                let fit = self.time_codec_fit(&field, &mut out, &mut acc, bound, c);
+                let mut ok = [f64::from(u8::from(fit.is_ok()))];
+                self.sh.boot.allreduce_f64(&mut ok, ReduceOp::Min)?;
+                match fit {
+                    Ok((f, len)) if ok[0] > 0.5 => fits.push((c, f, len)),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(target: "zcomm::nccl", "{c} not calibrated: {e}")
                     }
                 }
+            }
+            // (the same verdict on every rank)
+            if fits.is_empty() {
+                return Err(Error::Unavailable(
+                    "NCCL calibration: no codec works on every rank".into(),
+                ));
             }
             // the preparation of a compressing call: value-range pass (with its readback) and
             // device copy of the whole buffer, best of 5
@@ -174,31 +174,31 @@ impl NcclComm {
                 t_copy = t_copy.min(t.elapsed().as_secs_f64());
             }
             let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
-            let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
-            let (tcr, tdr) = (tp(0), tp(1));
-            let fixed = |k: usize, t: f64| (fit[0][k] - b1 / t).max(0.0);
-            let mut v = [
-                -tcr,
-                -tdr,
-                fixed(0, tcr),
-                fixed(1, tdr),
-                -b2 / t_range.max(1e-9),
-                -b2 / t_copy.max(1e-9),
-            ];
+            // per codec: -throughputs (the maximum over ranks of these is the slowest rank's)
+            // and fixed costs, then the passes
+            let mut v = Vec::with_capacity(4 * fits.len() + 2);
+            for (_, fit, _) in &fits {
+                let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
+                let fixed = |k: usize| (fit[0][k] - b1 / tp(k)).max(0.0);
+                v.extend([-tp(0), -tp(1), fixed(0), fixed(1)]);
+            }
+            v.extend([-b2 / t_range.max(1e-9), -b2 / t_copy.max(1e-9)]);
             self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
+            let m = 4 * fits.len();
+            // the policy's codec's fixed costs stand for codecs without their own
             prof.compress_fixed = v[2];
             prof.decompress_fixed = v[3];
-            prof.range_rate = -v[4];
-            prof.copy_rate = -v[5];
-            let b = b2;
-            let v = [v[0], v[1]];
-            prof.codecs = vec![CodecSpeed {
-                codec,
-                dtype: 1,
-                compress: -v[0],
-                decompress: -v[1],
-                ratio: b / len as f64,
-            }];
+            prof.range_rate = -v[m];
+            prof.copy_rate = -v[m + 1];
+            prof.codecs = fits
+                .iter()
+                .zip(v.chunks_exact(4))
+                .map(|(&(codec, _, len), w)| CodecSpeed {
+                    compress_overhead: w[2],
+                    decompress_overhead: w[3],
+                    ..CodecSpeed::new(codec, 1, -w[0], -w[1], b2 / len as f64)
+                })
+                .collect();
         }
         let mut bytes = if r == 0 {
             serde_json::to_vec(&prof).map_err(|e| Error::invalid(format!("profile: {e}")))?
@@ -219,6 +219,43 @@ impl NcclComm {
             self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6,
             crate::model::fmt_rate(self.profile.range_rate), crate::model::fmt_rate(self.profile.copy_rate));
         Ok(&self.profile)
+    }
+}
+
+impl NcclComm {
+    /// The fastest of 5 compressions and fused decompress-and-adds of `codec` on one codec chunk
+    /// and on the whole `field` (`[small|big][compress|decompress]` seconds; the line `t = fixed
+    /// + bytes / throughput` through them), and the field's stream length.
+    fn time_codec_fit(
+        &mut self,
+        field: &CudaSlice<f32>,
+        out: &mut CudaSlice<u8>,
+        acc: &mut CudaSlice<f32>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<([[f64; 2]; 2], usize)> {
+        let big = field.len();
+        let gpu = self.gpu()?;
+        let mut fit = [[f64::INFINITY; 2]; 2];
+        let mut len = 1usize;
+        for (i, n) in [1usize << 15, big].into_iter().enumerate() {
+            let fv = field.slice(0..n);
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                let mut ov = out.slice_mut(..);
+                let l = gpu.compress_device(&fv, bound, codec, &mut ov)?;
+                fit[i][0] = fit[i][0].min(t.elapsed().as_secs_f64());
+                let sv = out.slice(0..l);
+                let mut av = acc.slice_mut(0..n);
+                let t = std::time::Instant::now();
+                gpu.decompress_add_device(&sv, &mut av)?;
+                fit[i][1] = fit[i][1].min(t.elapsed().as_secs_f64());
+                if i == 1 {
+                    len = l;
+                }
+            }
+        }
+        Ok((fit, len))
     }
 }
 

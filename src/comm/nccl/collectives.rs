@@ -25,32 +25,28 @@ impl NcclComm {
                 out.len()
             )));
         }
-        let codec = self.config.policy.codec().unwrap_or_default();
         let bytes = n * T::SIZE;
         let k = pieces(n, self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
-        let (raw_t, best_t) = self
-            .profile
-            .predict_allgather(bytes as f64, p, 1e12, k, codec, dt);
-        let want = crate::model::choice::policy_compresses(self.config.policy, raw_t, best_t)
-            && n > 0
-            && p > 1;
-        let plan = self.plan::<T>(OP_ALLGATHER, n, want, |c| {
+        let predict = |prof: &NcclProfile, codec, ratio: WireRatio| {
+            prof.predict_allgather(bytes as f64, p, ratio, k, codec, dt)
+        };
+        let preferred = self.config.policy.codec().unwrap_or_default();
+        let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
+        let cands = self.candidates(n > 0 && p > 1, raw_t, |c| {
+            predict(&self.profile, c, WireRatio::from(1e12)).1
+        });
+        let plan = self.plan::<T>(OP_ALLGATHER, n, &cands, |c, codec| {
             c.sample_ratio(&send.as_view(), codec, None)
         })?;
         let mut st = OpStats::raw_bytes(OP_ALLGATHER, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
-        let compress = self.decide(plan, &mut st, best_t, |ratio| {
-            self.profile
-                .predict_allgather(bytes as f64, p, ratio, k, codec, dt)
-                .1
-        });
-        if !compress {
+        let chosen = self.decide(&plan, &mut st, |c, r| predict(&self.profile, c, r).1);
+        let Some((codec, _)) = chosen else {
             self.sh.allgather(send, out)?;
             return self.finish(st, t0);
-        }
-        // compressing: now the real (whole-buffer) bound
+        };
         let bound = self.piece_bound(&send.as_view())?;
         let segs: Vec<Range<usize>> = (0..p).map(|j| j * n..(j + 1) * n).collect();
         let wire = self.gather_round(out, &segs, Some(send), bound, codec)?;
@@ -67,12 +63,10 @@ impl NcclComm {
         // remember for `Auto`) the ratios of both directions
         let wr = wire.ratios(moved);
         self.last_ratios = Some(wr);
-        let (_, cmp_t) = self
-            .profile
-            .predict_allgather(bytes as f64, p, wr, k, codec, dt);
+        let cmp_t = predict(&self.profile, codec, wr).1;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.agree_measured::<T>(OP_ALLGATHER, n, wr)?;
+        self.agree_measured::<T>(OP_ALLGATHER, n, codec, wr)?;
         self.finish(st, t0)
     }
 
@@ -136,33 +130,32 @@ impl NcclComm {
                 op_name(op)
             )));
         }
-        let codec = self.config.policy.codec().unwrap_or_default();
         let bytes = n * T::SIZE;
         let k = pieces(segs[0].len(), self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
-        let (raw_t, best_t) =
-            self.profile
-                .predict_allreduce(bytes as f64, p, 1e12, k, codec, dt, !full);
-        let want = crate::model::choice::policy_compresses(self.config.policy, raw_t, best_t)
-            && n > 0
-            && p > 1;
+        let predict = |prof: &NcclProfile, codec, ratio: WireRatio| {
+            prof.predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
+        };
+        let preferred = self.config.policy.codec().unwrap_or_default();
+        let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
+        let cands = self.candidates(n > 0 && p > 1, raw_t, |c| {
+            predict(&self.profile, c, WireRatio::from(1e12)).1
+        });
         let d = if op == OP_ALLREDUCE_MEAN {
             p as f64
         } else {
             1.0
         };
         let nq = if full { p } else { (p - 1).max(1) };
-        let plan = self.plan::<T>(op, n, want, |c| {
+        let plan = self.plan::<T>(op, n, &cands, |c, codec| {
             c.sample_ratio(&x.as_view(), codec, Some((p, d, nq)))
         })?;
         let mut st = OpStats::raw_bytes(op, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
-        let mut compress = self.decide(plan, &mut st, best_t, |ratio| {
-            self.profile
-                .predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
-                .1
-        });
+        let chosen = self.decide(&plan, &mut st, |c, r| predict(&self.profile, c, r).1);
+        let mut compress = chosen.is_some();
+        let codec = chosen.map_or(preferred, |x| x.0);
         let mut eb = 0.0;
         let mut e_total = 0.0;
         if compress {
@@ -220,12 +213,10 @@ impl NcclComm {
         // the link meanwhile: predict, and remember for `Auto`, the ratios of both directions
         let wr = wire.ratios(moved as f64);
         self.last_ratios = Some(wr);
-        let (_, cmp_t) = self
-            .profile
-            .predict_allreduce(bytes as f64, p, wr, k, codec, dt, !full);
+        let cmp_t = predict(&self.profile, codec, wr).1;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
-        self.agree_measured::<T>(op, n, wr)?;
+        self.agree_measured::<T>(op, n, codec, wr)?;
         self.finish(st, t0)
     }
 

@@ -34,10 +34,15 @@
 //! message size, [`NcclLink`], evaluated for each compressed piece at its own size; device codec
 //! throughput; per-piece host overhead). If compression cannot win even
 //! at an infinite ratio (NVLink: the codec kernels alone take longer than raw NCCL) raw NCCL runs
-//! at once, with no sampling. Otherwise the decision (compress iff predicted `< 0.95 ×` raw) uses
-//! a ratio all ranks agree on, so all ranks take the same path:
+//! at once, with no sampling. Otherwise the decision uses ratios all ranks agree on, so all
+//! ranks take the same path. `Auto` also chooses the codec per message: every codec the profile
+//! calibrated (the policy's first) that could win at an infinite ratio is a candidate, each
+//! predicted at its own agreed ratio with its own speeds, and the one rule
+//! ([`choice::choose`](crate::model::choice::choose): the fastest candidate if it is predicted
+//! `< 0.95 ×` raw) picks the path; [`OpStats::codec`] reports it (a receiver learns a send's
+//! codec from its descriptor). Per candidate:
 //!
-//! * a cache of *agreed* ratios per (operation, dtype, element count) answers most calls with no
+//! * a cache of *agreed* ratios per (operation, dtype, element count, codec) answers most calls with no
 //!   sampling and no extra message (every rank holds the identical value, so no exchange is
 //!   needed); every 16th `Auto` call of a shape misses on all ranks alike and re-estimates, so a
 //!   raw decision does not stick when the data change;
@@ -45,8 +50,8 @@
 //!   buffer) under a bound taken from the *sample* (`noa`: the sample's own range, never wider
 //!   than the buffer's, so the estimate is conservative; reductions: the per-step bound of
 //!   [`reduction_step_bound`] from the sample's range and magnitude, a heuristic), and the
-//!   estimates travel in the descriptor round ([`NcclConfig::check`]; else one 8-byte allgather).
-//!   All ranks cache their harmonic mean;
+//!   estimates travel in the descriptor round ([`NcclConfig::check`] with one candidate; else
+//!   one allgather of 8 bytes per candidate). All ranks cache their harmonic mean;
 //! * only a call that then compresses computes the real bound (the full-buffer value range, for
 //!   reductions allreduced over the ranks), and afterwards all ranks agree on the measured ratio
 //!   (one 16-byte allgather) for the next calls. Collectives measure it per direction

@@ -23,51 +23,35 @@ impl NcclComm {
         check_tag(tag)?;
         let n = data.len();
         let bytes = n * T::SIZE;
-        let codec = self.config.policy.codec().unwrap_or_default();
         let k = pieces(n, self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
-        let (raw_t, best_t) = self.profile.predict_p2p(bytes as f64, 1e12, k, codec, dt);
-        let want =
-            crate::model::choice::policy_compresses(self.config.policy, raw_t, best_t) && n > 0;
+        let predict = |prof: &NcclProfile, codec, ratio: f64| {
+            prof.predict_p2p(bytes as f64, ratio, k, codec, dt)
+        };
+        let preferred = self.config.policy.codec().unwrap_or_default();
+        let raw_t = predict(&self.profile, preferred, 1.0).0;
+        let cands = self.candidates(n > 0, raw_t, |c| predict(&self.profile, c, 1e12).1);
+        let want = !cands.is_empty();
         let avail = self.gpu.is_some() && self.codec_ranks.get(dest).copied().unwrap_or(false);
         let always = matches!(self.config.policy, Policy::Always(_));
         let mut compress = want && avail;
+        let mut codec = preferred;
         let mut st = OpStats::raw_bytes(OP_SEND, bytes);
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
         if compress {
-            if let Policy::Auto(_) = self.config.policy {
-                // the sender alone decides: its own cache, no agreement needed
-                let key = RatioKey {
-                    op: OP_SEND,
-                    dtype: dt,
-                    count: n as u64,
+            // the sender alone decides: its own cache per codec, no agreement needed
+            let mut plan = Vec::with_capacity(cands.len());
+            for &c in &cands {
+                let r = match self.config.policy {
+                    Policy::Auto(_) => self.p2p_estimate(data, c),
+                    _ => Some(1e12),
                 };
-                let est = match self.p2p_ratios.lookup(key).map(|r| r.major) {
-                    Some(r) => Some(r),
-                    None => match self.sample_ratio(&data.as_view(), codec, None) {
-                        Ok(r) => Agreed::from_all(&[r]).map(|a| {
-                            self.p2p_ratios.put(key, a);
-                            a.value().major
-                        }),
-                        Err(e) => {
-                            tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "send ratio estimate failed, sending raw: {e}");
-                            None
-                        }
-                    },
-                };
-                match est {
-                    Some(est) => {
-                        let (_, cmp_t) = self.profile.predict_p2p(bytes as f64, est, k, codec, dt);
-                        st.ratio_estimate = est;
-                        st.predicted_compressed_s = cmp_t;
-                        compress = crate::model::choice::compressed_wins(cmp_t, raw_t);
-                    }
-                    None => compress = false,
-                }
-            } else {
-                st.ratio_estimate = 1e6;
-                st.predicted_compressed_s = best_t;
+                plan.extend(r.map(|r| (c, WireRatio::from(r))));
+            }
+            match self.decide(&plan, &mut st, |c, r| predict(&self.profile, c, r.major).1) {
+                Some((c, _)) => codec = c,
+                None => compress = false,
             }
         }
         // compressing: now the real (whole-buffer) bound
@@ -83,6 +67,8 @@ impl NcclComm {
             u8::from(compress)
         };
         d.ratio = st.ratio_estimate;
+        // the codec, for the receiver's statistics (the stream's header tells its decoder)
+        d.codec = if compress { codec.tag() } else { 0 };
         self.sh.boot.send(dest, TAG_P2P + tag, &d.to_bytes())?;
         let verdict = Desc::parse(&self.sh.boot.recv(dest, TAG_P2P + tag)?)?;
         check_pair(&d, &verdict)?;
@@ -140,18 +126,11 @@ impl NcclComm {
         st.wire_bytes = wire as u64;
         st.ratio = bytes as f64 / wire.max(1) as f64;
         st.bound = bound.value();
-        let (_, cmp_t) = self
-            .profile
-            .predict_p2p(bytes as f64, st.ratio, k, codec, dt);
+        let cmp_t = predict(&self.profile, codec, st.ratio).1;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
         if let (Policy::Auto(_), Some(a)) = (self.config.policy, Agreed::from_all(&[st.ratio])) {
-            let key = RatioKey {
-                op: OP_SEND,
-                dtype: dt,
-                count: n as u64,
-            };
-            self.p2p_ratios.put(key, a);
+            self.p2p_ratios.put(send_key::<T>(n, codec), a);
         }
         self.finish(st, t0)
     }
@@ -199,7 +178,8 @@ impl NcclComm {
             }
             P2p::Compressed => {}
         }
-        let codec = self.config.policy.codec().unwrap_or_default();
+        let codec = CodecKind::from_tag(sd.codec)
+            .unwrap_or_else(|_| self.config.policy.codec().unwrap_or_default());
         let sh = self.sh.clone();
         let pcs = pieces(n, self.piece_elems::<T>());
         let cap = crate::format::HEADER_LEN + self.piece_elems::<T>() * T::SIZE;
@@ -288,4 +268,35 @@ pub(super) fn size_msg(b: &[u8]) -> Result<usize> {
         .try_into()
         .map_err(|_| Error::Comm(format!("malformed size message ({} bytes)", b.len())))?;
     usize::try_from(u64::from_le_bytes(a)).map_err(|_| Error::Comm("size out of range".into()))
+}
+
+/// The sender's ratio-cache key of a send of `n` values of `T` with `codec`.
+fn send_key<T: NcclReal>(n: usize, codec: CodecKind) -> RatioKey {
+    RatioKey {
+        op: OP_SEND,
+        dtype: T::DTYPE.tag(),
+        count: n as u64,
+        codec: codec.tag(),
+    }
+}
+
+impl NcclComm {
+    /// The sender's ratio estimate of `data` with `codec`: cached for this shape, else sampled
+    /// and cached; `None` (send raw) when the sample fails.
+    fn p2p_estimate<T: NcclReal>(&mut self, data: &CudaSlice<T>, codec: CodecKind) -> Option<f64> {
+        let key = send_key::<T>(data.len(), codec);
+        if let Some(r) = self.p2p_ratios.lookup(key) {
+            return Some(r.major);
+        }
+        match self.sample_ratio(&data.as_view(), codec, None) {
+            Ok(r) => Agreed::from_all(&[r]).map(|a| {
+                self.p2p_ratios.put(key, a);
+                a.value().major
+            }),
+            Err(e) => {
+                tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "send {codec} ratio estimate failed, sending raw: {e}");
+                None
+            }
+        }
+    }
 }

@@ -37,88 +37,157 @@ impl NcclComm {
     }
 
     /// The one control round of a collective, done exactly once per call: the descriptor check
-    /// (when [`NcclConfig::check`]) carrying this rank's `Auto` estimate `est` (when given), or,
-    /// with checks off, an 8-byte allgather of `est` (nothing at all without an estimate).
-    /// Returns every rank's estimate (rank order) when `est` was given. `est` must be `Some` on
-    /// all ranks or on none (it is: it depends only on agreed state).
-    pub(super) fn exchange(&mut self, mut d: Desc, est: Option<f64>) -> Result<Option<Vec<f64>>> {
+    /// (when [`NcclConfig::check`]) carrying this rank's `Auto` estimate when it has one
+    /// (`est`, one per candidate codec), or, with checks off or several estimates, an allgather
+    /// of `est` (nothing at all without estimates). Returns every rank's estimates (rank order)
+    /// when `est` was given. `est` must be `Some` with the same length on all ranks or `None`
+    /// on all (it is: it depends only on agreed state).
+    pub(super) fn exchange(
+        &mut self,
+        mut d: Desc,
+        est: Option<&[f64]>,
+    ) -> Result<Option<Vec<Vec<f64>>>> {
         if let Some(e) = est {
-            d.ratio = e;
+            d.ratio = e.first().copied().unwrap_or(1.0);
         }
         if self.config.check {
             let all = self.agree(d)?;
-            return Ok(est.map(|_| all.iter().map(|x| x.ratio).collect()));
+            match est {
+                None => return Ok(None),
+                Some(e) if e.len() == 1 => {
+                    return Ok(Some(all.iter().map(|x| vec![x.ratio]).collect()))
+                }
+                Some(_) => {}
+            }
         }
         match est {
             None => Ok(None),
-            Some(e) => Ok(Some(f64s(&self.sh.boot.allgather_fixed(&e.to_le_bytes())?))),
+            Some(e) => {
+                let mine: Vec<u8> = e.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let all = f64s(&self.sh.boot.allgather_fixed(&mine)?);
+                Ok(Some(
+                    all.chunks(e.len().max(1)).map(<[f64]>::to_vec).collect(),
+                ))
+            }
+        }
+    }
+
+    /// The codecs an operation may compress with, from agreed inputs only (the same list on
+    /// every rank): none when compression is not `possible` (no values, one rank) or under
+    /// `Never`; the policy's under `Always`; under `Auto(preferred)` `preferred` first (it wins
+    /// ties), then every other codec the profile calibrated, each kept only where it accepts
+    /// the configured bound and its compressed path at an infinite ratio (`best_s(codec)`)
+    /// could beat the raw path's `raw_s`.
+    pub(super) fn candidates(
+        &self,
+        possible: bool,
+        raw_s: f64,
+        best_s: impl Fn(CodecKind) -> f64,
+    ) -> Vec<CodecKind> {
+        match self.config.policy {
+            _ if !possible => Vec::new(),
+            Policy::Never => Vec::new(),
+            Policy::Always(c) => vec![c],
+            Policy::Auto(preferred) => {
+                let mut v = vec![preferred];
+                for c in &self.profile.codecs {
+                    if !v.contains(&c.codec) {
+                        v.push(c.codec);
+                    }
+                }
+                v.retain(|&c| {
+                    c.has_gpu()
+                        && c.supports_bound(self.config.bound)
+                        && crate::model::choice::compressed_wins(best_s(c), raw_s)
+                });
+                v
+            }
         }
     }
 
     /// Plan a collective (identical outcome on every rank): runs the control round
-    /// ([`exchange`](Self::exchange)) and returns `None` for raw NCCL, or `Some(ratio)` when
-    /// compression is wanted and possible: under `Auto` the agreed ratio estimate (cached, or
-    /// `estimate`d locally now and agreed), under `Always` `1e12`. `want`: the policy allows
-    /// compression at all (`Auto`: it could win at an infinite ratio), from agreed inputs only.
-    /// `Always` with a rank lacking the codec is [`Error::Unavailable`] on every rank.
+    /// ([`exchange`](Self::exchange)) and returns the candidate codecs (`cands`, from
+    /// [`candidates`](Self::candidates)) with their agreed ratios, empty for raw NCCL: under
+    /// `Auto` each candidate's ratio cached for this shape, or, when any is missing, every
+    /// candidate `estimate`d locally now and agreed; under `Always` `1e12`. `Always` with a rank
+    /// lacking the codec is [`Error::Unavailable`] on every rank.
     pub(super) fn plan<T: NcclReal>(
         &mut self,
         op: u8,
         n: usize,
-        want: bool,
-        estimate: impl FnOnce(&mut Self) -> Result<f64>,
-    ) -> Result<Option<WireRatio>> {
+        cands: &[CodecKind],
+        mut estimate: impl FnMut(&mut Self, CodecKind) -> Result<f64>,
+    ) -> Result<Vec<(CodecKind, WireRatio)>> {
         let auto = matches!(self.config.policy, Policy::Auto(_));
         let avail = self.codec_on_all_ranks();
-        let key = RatioKey {
+        let want = !cands.is_empty();
+        let key = |c: CodecKind| RatioKey {
             op,
             dtype: T::DTYPE.tag(),
             count: n as u64,
+            codec: c.tag(),
         };
-        let mut cached = None;
+        let mut cached = Vec::new();
         let mut local = None;
         if want && avail && auto {
-            cached = self.ratios.lookup(key);
-            if cached.is_none() {
-                local = Some(estimate(self).unwrap_or_else(|e| {
-                    tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "{} ratio estimate failed, running raw: {e}", op_name(op));
-                    -1.0 // tells every rank to run raw
-                }));
+            cached = cands.iter().map(|&c| self.ratios.lookup(key(c))).collect();
+            if cached.iter().any(Option::is_none) {
+                let mut v = Vec::with_capacity(cands.len());
+                for &c in cands {
+                    v.push(estimate(self, c).unwrap_or_else(|e| {
+                        tracing::warn!(target: "zcomm::nccl", rank = self.rank(), "{} {c} ratio estimate failed, running raw: {e}", op_name(op));
+                        -1.0 // tells every rank to run raw
+                    }));
+                }
+                local = Some(v);
             }
         }
-        let all = self.exchange(self.desc::<T>(op, n), local)?;
+        let all = self.exchange(self.desc::<T>(op, n), local.as_deref())?;
         if !want {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         if !avail {
             if auto {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             let ranks: Vec<usize> = (0..self.size()).collect();
             return Err(Error::Unavailable(self.codec_missing_msg(&ranks)));
         }
         if !auto {
-            return Ok(Some(WireRatio::from(1e12)));
+            return Ok(cands.iter().map(|&c| (c, WireRatio::from(1e12))).collect());
         }
-        if cached.is_some() {
-            return Ok(cached);
-        }
-        match all.as_deref().and_then(Agreed::from_all) {
-            Some(a) => {
-                self.ratios.put(key, a);
-                Ok(Some(a.value()))
-            }
-            None => Ok(None), // some rank could not estimate: raw everywhere, nothing cached
-        }
+        let Some(all) = all else {
+            return Ok(cands
+                .iter()
+                .copied()
+                .zip(cached.into_iter().flatten())
+                .collect());
+        };
+        let agreed: Option<Vec<Agreed>> = (0..cands.len())
+            .map(|i| Agreed::from_all(&all.iter().map(|v| v[i]).collect::<Vec<_>>()))
+            .collect();
+        // some rank could not estimate: raw everywhere, nothing cached
+        let Some(agreed) = agreed else {
+            return Ok(Vec::new());
+        };
+        Ok(cands
+            .iter()
+            .zip(agreed)
+            .map(|(&c, a)| {
+                self.ratios.put(key(c), a);
+                (c, a.value())
+            })
+            .collect())
     }
 
-    /// After a compressed `Auto` collective: all ranks agree on the measured ratios (16-byte
-    /// allgather; the slowest rank's, [`Agreed::from_measured`]) and cache them for the next
-    /// calls of this shape.
+    /// After a compressed `Auto` collective with `codec`: all ranks agree on the measured
+    /// ratios (16-byte allgather; the slowest rank's, [`Agreed::from_measured`]) and cache them
+    /// for the next calls of this shape.
     pub(super) fn agree_measured<T: NcclReal>(
         &mut self,
         op: u8,
         n: usize,
+        codec: CodecKind,
         wr: WireRatio,
     ) -> Result<()> {
         if !matches!(self.config.policy, Policy::Auto(_)) {
@@ -135,6 +204,7 @@ impl NcclComm {
                 op,
                 dtype: T::DTYPE.tag(),
                 count: n as u64,
+                codec: codec.tag(),
             };
             self.ratios.put(key, a);
         }
@@ -185,30 +255,15 @@ impl NcclComm {
         codec: CodecKind,
         reduction: Option<(usize, f64, usize)>,
     ) -> Result<f64> {
-        const CHUNK: usize = 1 << crate::codec::blocked::CHUNK_LOG2;
-        let n = x.len();
-        if n == 0 {
+        if x.is_empty() {
             return Ok(1.0);
         }
-        let nch = n.div_ceil(CHUNK);
-        let k = nch.min(8);
         let work = self.sh.work.clone();
-        // SAFETY: the first m elements are written by the copies below, only they are read.
-        let mut sample = unsafe { work.alloc::<T>(k * CHUNK) }.map_err(gpu_err)?;
+        let sample = crate::comm::device::device_sample(&work, x, 8)?;
+        let m = sample.len();
         // SAFETY: u8 scratch; only the stream's bytes are read.
         let mut out =
-            unsafe { work.alloc::<u8>(crate::format::HEADER_LEN + k * CHUNK * T::SIZE + 256) }
-                .map_err(gpu_err)?;
-        let mut m = 0usize;
-        for i in 0..k {
-            let c = i * nch / k;
-            let lo = c * CHUNK;
-            let hi = (lo + CHUNK).min(n);
-            let src = x.slice(lo..hi);
-            let mut dst = sample.slice_mut(m..m + (hi - lo));
-            work.memcpy_dtod(&src, &mut dst).map_err(gpu_err)?;
-            m += hi - lo;
-        }
+            unsafe { work.alloc::<u8>(crate::compress_bound(m, T::DTYPE)) }.map_err(gpu_err)?;
         let sv = sample.slice(0..m);
         let bound = match reduction {
             None => {
@@ -238,27 +293,37 @@ impl NcclComm {
         Ok((m * T::SIZE) as f64 / len.max(1) as f64)
     }
 
-    /// The compress decision of a collective from its agreed `plan` (`None`: raw): `Auto`
-    /// compresses when `predict(ratio)` beats the raw prediction in `st` by 5 %, `Always` does;
-    /// records the estimate and the compressed prediction (`best_t` for `Always`) in `st`.
+    /// The compress decision of a collective from its agreed `plan` (empty: raw): the codec
+    /// and ratios to compress with, or `None` for raw. `Auto` takes the candidate the one rule
+    /// ([`choice::choose`](crate::model::choice::choose)) picks with `predict(codec, ratios)`
+    /// against the raw prediction in `st`; `Always` its codec. Records the estimate and the
+    /// compressed prediction (under `Always` at the plan's ratio) in `st`.
     pub(super) fn decide(
         &self,
-        plan: Option<WireRatio>,
+        plan: &[(CodecKind, WireRatio)],
         st: &mut OpStats,
-        best_t: f64,
-        predict: impl Fn(WireRatio) -> f64,
-    ) -> bool {
-        let Some(ratio) = plan else {
-            return false;
+        predict: impl Fn(CodecKind, WireRatio) -> f64,
+    ) -> Option<(CodecKind, WireRatio)> {
+        let &first = plan.first()?;
+        let Policy::Auto(_) = self.config.policy else {
+            st.ratio_estimate = first.1.major.min(1e6);
+            st.predicted_compressed_s = predict(first.0, first.1);
+            return Some(first);
         };
-        st.ratio_estimate = ratio.major.min(1e6);
-        if let Policy::Auto(_) = self.config.policy {
-            st.predicted_compressed_s = predict(ratio);
-            crate::model::choice::compressed_wins(st.predicted_compressed_s, st.predicted_raw_s)
-        } else {
-            st.predicted_compressed_s = best_t;
-            true
-        }
+        let ch = crate::model::choice::choose(
+            st.predicted_raw_s,
+            plan.iter()
+                .map(|&(codec, r)| crate::model::choice::Candidate {
+                    codec,
+                    ratio: r.major,
+                    predicted_s: predict(codec, r),
+                }),
+        );
+        let best = ch.best?;
+        st.ratio_estimate = best.ratio.min(1e6);
+        st.predicted_compressed_s = best.predicted_s;
+        ch.codec
+            .and_then(|c| plan.iter().copied().find(|x| x.0 == c))
     }
 
     pub(super) fn finish(&self, mut st: OpStats, t0: f64) -> Result<OpStats> {

@@ -115,13 +115,7 @@ fn p2p_outcome_is_the_same_on_both_ends() {
 fn auto_prefers_raw_on_nvlink_and_compression_on_sockets() {
     let mut nv = NcclProfile::guess("nvlink");
     nv.allreduce = NcclLink::linear(316e9, 20e-6);
-    nv.codecs = vec![CodecSpeed {
-        codec: CodecKind::Aatrox,
-        dtype: 1,
-        compress: 300e9,
-        decompress: 400e9,
-        ratio: 10.0,
-    }];
+    nv.codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 300e9, 400e9, 10.0)];
     let b = (1u64 << 30) as f64;
     let (raw, best) = nv.predict_allreduce(b, 2, 1e12, 8, CodecKind::Aatrox, 1, false);
     assert!(
@@ -164,13 +158,7 @@ fn socket_ramp() -> NcclProfile {
     so.p2p = ramp(1.0);
     so.allreduce = ramp(1.0);
     so.allgather = ramp(2.0);
-    so.codecs = vec![CodecSpeed {
-        codec: CodecKind::Aatrox,
-        dtype: 1,
-        compress: 300e9,
-        decompress: 400e9,
-        ratio: 10.0,
-    }];
+    so.codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 300e9, 400e9, 10.0)];
     so
 }
 
@@ -275,13 +263,7 @@ fn round_profile() -> NcclProfile {
     let mut so = NcclProfile::guess("socket");
     so.p2p = NcclLink::linear(1e9, 1e-4);
     so.p2p_one = Some(NcclLink::linear(2e9, 1e-4));
-    so.codecs = vec![CodecSpeed {
-        codec: CodecKind::Aatrox,
-        dtype: 1,
-        compress: 1e11,
-        decompress: 1e11,
-        ratio: 10.0,
-    }];
+    so.codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 1e11, 1e11, 10.0)];
     so.compress_fixed = 10e-6;
     so.decompress_fixed = 10e-6;
     so.piece_overhead = 1e-6;
