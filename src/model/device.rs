@@ -534,7 +534,10 @@ impl DeviceProfile {
     ///   more at the final bound, whose stream has its own ratio `final_ratio` (the reduced
     ///   segment is a sum of `p` fields at a bound of its own, so it compresses differently from
     ///   the ring's partial sums), and the allgather of these streams
-    ///   ([`allgather_terms`](Self::allgather_terms) of one segment).
+    ///   ([`allgather_terms`](Self::allgather_terms) of one segment) less the decode of this
+    ///   rank's own stream: its compression leaves the reconstruction in place
+    ///   ([`GpuCodec::reduce_step_device`](crate::gpu::GpuCodec::reduce_step_device); pfpl, which
+    ///   has no such kernel, still decodes it, one of `p` decodes the model leaves out).
     pub fn reduce_terms(
         &self,
         link: Link,
@@ -569,7 +572,7 @@ impl DeviceProfile {
             t.d2h += g.d2h;
             t.link += g.link;
             t.h2d += g.h2d;
-            t.decompress += g.decompress;
+            t.decompress += g.decompress - self.decompress_s(seg);
         }
         t
     }
