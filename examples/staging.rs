@@ -375,7 +375,8 @@ struct Rec {
     raw_med: f64,
     cmp_med: f64,
     auto_s: f64,
-    auto: Option<Decision>,
+    /// `Policy::Auto`'s decision and codec (its per-message choice).
+    auto: Option<(Decision, Option<zcomm::CodecKind>)>,
     pred_raw: f64,
     pred_cmp: f64,
     ratio: f64,
@@ -438,7 +439,7 @@ impl Table {
             cmp_med: t.cmp.0.median,
             extra,
             auto_s: t.auto.0.best,
-            auto: Some(t.auto.1.decision),
+            auto: Some((t.auto.1.decision, t.auto.1.codec)),
             pred_raw: g(t.raw.1.predicted_raw_s),
             pred_cmp: g(t.cmp.1.predicted_compressed_s),
             ratio: -g(-t.cmp.1.ratio),
@@ -496,7 +497,8 @@ impl Table {
                     "-".into()
                 },
                 match r.auto {
-                    Some(d) => format!("{} ({d:?})", fmt_ms(r.auto_s)),
+                    Some((d, Some(c))) => format!("{} ({d:?} {c})", fmt_ms(r.auto_s)),
+                    Some((d, None)) => format!("{} ({d:?})", fmt_ms(r.auto_s)),
                     None => "-".into(),
                 },
                 fmt_ms(r.pred_raw),
@@ -535,7 +537,8 @@ impl Table {
                     "raw_s": num(r.raw_s),
                     "zcomm_s": num(r.cmp_s),
                     "auto_s": num(r.auto_s),
-                    "auto_decision": r.auto.map(|d| format!("{d:?}")),
+                    "auto_decision": r.auto.map(|(d, _)| format!("{d:?}")),
+                    "auto_codec": r.auto.and_then(|(_, c)| c).map(|c| c.to_string()),
                     "pred_raw_s": num(r.pred_raw),
                     "pred_zcomm_s": num(r.pred_cmp),
                     "pred_err_raw": num(rel_err(r.raw_s, r.pred_raw)),
