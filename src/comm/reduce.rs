@@ -246,9 +246,7 @@ impl Communicator {
                     out.iter_mut().for_each(|v| *v = *v / dd);
                 }
             } else {
-                let mut tmp = vec![S::default(); x.len()];
-                S::native_sum(&*self.transport, x, &mut tmp)?;
-                out.copy_from_slice(&tmp[segs[r].clone()]);
+                raw_reduce_scatter(&*self.transport, x, out, &segs)?;
             }
             return Ok(self.finish(st, t0));
         }
@@ -349,6 +347,35 @@ impl<S: Real> ring::RingPlace for HostRing<'_, S> {
     fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
         all_ranks(self.transport, ok)
     }
+}
+
+/// The uncompressed reduce-scatter: the ring's `p - 1` steps with raw segments (what the raw
+/// prediction of [`Communicator::reduce_times`] describes); this rank's segment of the sum ends in
+/// `out`. It needs no buffer beyond one segment: a native allreduce into a full-size temporary
+/// faults in as much fresh memory as the input on every call, which on large buffers cost more
+/// than the allreduce.
+fn raw_reduce_scatter<S: Real>(
+    t: &dyn Transport,
+    x: &[S],
+    out: &mut [S],
+    segs: &[Range<usize>],
+) -> Result<()> {
+    let (p, r) = (t.size(), t.rank());
+    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    let mut acc: Vec<S> = x[segs[left].clone()].to_vec();
+    let mut got: Vec<S> = Vec::new();
+    for s in 0..p.saturating_sub(1) {
+        // as the compressed ring: received partial sum + this rank's input
+        let seg = (r + 2 * p - s - 2) % p;
+        let bytes = t.sendrecv(right, &scalar_bytes(&acc), left, TAG_RING)?;
+        let range = segs[seg].clone();
+        got.resize(range.len(), S::default());
+        scalars_from_bytes(&bytes, &mut got)?;
+        acc.clear();
+        acc.extend(got.iter().zip(&x[range]).map(|(&a, &v)| a + v));
+    }
+    out.copy_from_slice(&acc);
+    Ok(())
 }
 
 /// Whether `ok` holds on every rank of `t` (one small allreduce).
