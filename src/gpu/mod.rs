@@ -31,6 +31,7 @@
 mod accumulate;
 pub mod bench;
 pub mod compile;
+pub mod cuszi;
 pub mod gpz;
 #[doc(hidden)]
 pub mod testing;

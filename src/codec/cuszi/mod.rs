@@ -386,7 +386,7 @@ fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
 }
 
 /// The entropy coder of a stream, from its metadata.
-enum Coder {
+pub(crate) enum Coder {
     /// Coder 0: one canonical Huffman codebook (its code lengths), zero-run symbols.
     Huffman(Vec<u8>),
     /// Coder 1: rANS, the class-to-table map and the tables.
@@ -394,7 +394,7 @@ enum Coder {
 }
 
 /// Parse and check the metadata section of a stream of grid `g`.
-fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
+pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
     if m.len() < 4 {
         return Err(Error::corrupt("cuszi metadata shorter than 4 bytes"));
     }

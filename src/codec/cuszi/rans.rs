@@ -107,6 +107,11 @@ impl EncSym {
 }
 
 impl Table {
+    /// The decoder's arrays: per slot its symbol and its `freq << 16 | (slot - cum)` step.
+    pub(crate) fn decoder_arrays(&self) -> (&[u16], &[u32]) {
+        (&self.slot, &self.step)
+    }
+
     /// The table of normalized frequencies `freq` (checked: summing to [`PROB_SCALE`]).
     fn new(freq: &[u32]) -> Self {
         let mut enc = vec![EncSym::default(); NSYM];
