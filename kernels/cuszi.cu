@@ -108,10 +108,36 @@ __device__ __forceinline__ i64 cz_symbol_index(const CzGeo& g, i64 b, const i64 
 // checked by the host: multiples of 4 inside the stream). Writes every residual of the chunk
 // to `res` (symbol order; LOSSLESS for lossless values), a lossless value's bits to `raw` at
 // its index, and uses `bigs` (at the chunk's own indices) for the positions of big residuals.
+//
+// The tables: per table `sym` (the symbol of each of the 2^14 slots) and `fc` (per symbol
+// `freq << 16 | cum`). Each thread's state update waits on two dependent loads, so they are
+// staged in shared memory when all of them fit (`smem` = their bytes, else 0: read from global
+// memory), with the class pattern.
+extern __shared__ __align__(16) u8 cz_dyn[];
+
 template <typename T>
-__device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* pattern,
-                        const u8* map, const unsigned short* slot, const u32* step, i64* res, u8* raw, u32* bigs,
-                        u64* err) {
+__device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* g_pattern,
+                        const u8* map, const unsigned short* g_sym, const u32* g_fc, u32 ntab, u32 smem, i64* res,
+                        u8* raw, u32* bigs, u64* err) {
+    const unsigned short* slot = g_sym;
+    const u32* fcs = g_fc;
+    const u8* pattern = g_pattern;
+    if (smem) {
+        // layout: fc (ntab * 1025 u32), sym (ntab * 2^14 u16), pattern
+        u32* s_fc = (u32*)cz_dyn;
+        unsigned short* s_sym = (unsigned short*)(s_fc + ntab * 1025);
+        u8* s_pat = (u8*)(s_sym + ntab * CZ_PROB_SCALE);
+        u32 npat = (u32)(geo[CZ_G_FULL] * geo[CZ_G_FULL + 1] * geo[CZ_G_FULL + 2]);
+        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_fc[i] = g_fc[i];
+        const u32* gs = (const u32*)g_sym;
+        u32* ss = (u32*)s_sym;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 2; i += blockDim.x) ss[i] = gs[i];
+        for (u32 i = threadIdx.x; i < npat; i += blockDim.x) s_pat[i] = g_pattern[i];
+        __syncthreads();
+        slot = s_sym;
+        fcs = s_fc;
+        pattern = s_pat;
+    }
     u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ci >= nchunks) return;
     const CzGeo g = cz_geo(geo);
@@ -173,11 +199,12 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     const u32 mask = CZ_PROB_SCALE - 1;
     for (i64 j = 0; j < cnt; j++) {
         u32 k = pattern[(l[0] * f1 + l[1]) * f2 + l[2]];
-        u32 tb = (u32)map[k] << CZ_PROB_BITS;
+        u32 tb = map[k];
         u32 sl = x & mask;
-        u32 s = slot[tb + sl];
-        u32 st = step[tb + sl];
-        x = (st >> 16) * (x >> CZ_PROB_BITS) + (st & 0xFFFF);
+        u32 s = slot[(tb << CZ_PROB_BITS) + sl];
+        u32 fc = fcs[tb * 1025 + s];
+        // (x = f (x >> 14) + sl - cum < 2^32: no overflow)
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
         while (x < CZ_RANS_L) {
             if (pos >= nb) {
                 fail = CZ_E_RANS;
@@ -463,9 +490,10 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
 
 #define CZ_INST(T, N)                                                                                               \
     extern "C" __global__ void cz_rans_##N(const u8* stream, const i64* geo, const u64* ent, u64 nchunks,            \
-                                           const u8* pattern, const u8* map, const unsigned short* slot,           \
-                                           const u32* step, i64* res, u8* raw, u32* bigs, u64* err) {             \
-        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, slot, step, res, raw, bigs, err);                     \
+                                           const u8* pattern, const u8* map, const unsigned short* sym,            \
+                                           const u32* fc, u32 ntab, u32 smem, i64* res, u8* raw, u32* bigs,       \
+                                           u64* err) {                                                             \
+        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, ntab, smem, res, raw, bigs, err);            \
     }                                                                                                               \
     extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
                                               int first, int last, double step) {                                  \

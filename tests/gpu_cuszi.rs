@@ -28,7 +28,10 @@ fn main() {
         nvrtc_trial("cuszi_kernels_compile", cuszi_kernels_compile),
         gpu_trial("cuszi_gpu_decodes_like_cpu_f32", decodes_like_cpu::<f32>),
         gpu_trial("cuszi_gpu_decodes_like_cpu_f64", decodes_like_cpu::<f64>),
-        gpu_trial("cuszi_gpu_rejects_what_cpu_rejects", rejects_what_cpu_rejects),
+        gpu_trial(
+            "cuszi_gpu_rejects_what_cpu_rejects",
+            rejects_what_cpu_rejects,
+        ),
         gpu_trial("cuszi_gpu_throughput", throughput).with_ignored_flag(true),
     ];
     libtest_mimic::run(&args, trials).exit();
@@ -147,7 +150,10 @@ fn decodes_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
             ] {
                 let s = compress_nd(&data, dims, b, CodecKind::Cuszi).unwrap();
                 let what = format!("{} {name} {dims:?} {b}", T::DTYPE);
-                assert!(same::<T>(g, &s, &what), "{what}: the CPU rejects its own stream");
+                assert!(
+                    same::<T>(g, &s, &what),
+                    "{what}: the CPU rejects its own stream"
+                );
             }
         }
     }
@@ -250,8 +256,17 @@ fn throughput(g: &mut CusziGpu) {
                 times.push(t0.elapsed().as_secs_f64());
             }
         }
+        g.set_profile(true);
+        g.decompress_device(&d_in.slice(..), &mut d_out.slice_mut(..))
+            .unwrap();
+        let prof = g.take_profile().unwrap();
+        g.set_profile(false);
+        println!("cuszi 512^3 f32 {b}: decompress steps (ms): {prof:?}");
         let got = st.clone_dtoh(&d_out).unwrap();
-        assert!(bits(&got) == bits(&want), "{b}: GPU decode differs from CPU");
+        assert!(
+            bits(&got) == bits(&want),
+            "{b}: GPU decode differs from CPU"
+        );
         let t = median(&mut times);
         println!(
             "cuszi 512^3 f32 {b}: ratio {:.2} | gpu decompress median {:.3} ms = {:.1} GB/s \

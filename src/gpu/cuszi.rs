@@ -59,6 +59,10 @@ const WALK_WORDS: usize = 12;
 const TILE_WARPS: usize = 4;
 /// Slots per rANS table (rans.rs `PROB_SCALE`).
 const SLOTS: usize = 1 << 14;
+/// Symbols per rANS table (rans.rs `NSYM`).
+const SYMBOLS: usize = 1025;
+/// Threads per block of `cz_rans_*` (each decodes one chunk; a block stages the tables).
+const RANS_THREADS: usize = 32;
 
 /// The error bits of `cz_rans_*` (kernels/cuszi.cu `CZ_E_*`) and what they mean.
 const ERRORS: [(u64, &str); 5] = [
@@ -108,6 +112,10 @@ pub struct CusziGpu {
     funcs: HashMap<String, CudaFunction>,
     name: String,
     ws: Option<Workspace>,
+    /// Bytes of dynamic shared memory a block may opt in to.
+    smem_optin: usize,
+    /// Timing events after each step (`set_profile`), labelled by the step they end.
+    profile: Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
 }
 
 impl std::fmt::Debug for CusziGpu {
@@ -127,9 +135,10 @@ struct Plan {
     pattern: Vec<u8>,
     /// Class-to-table map.
     map: Vec<u8>,
-    /// Per table: slot symbols and steps.
-    slot: Vec<u16>,
-    step: Vec<u32>,
+    /// Per table: the symbol of every slot.
+    sym: Vec<u16>,
+    /// Per table and symbol: `freq << 16 | cum`.
+    fc: Vec<u32>,
     /// Per chunk: offset, then size | checksum << 32.
     ent: Vec<u64>,
     /// The quantization step.
@@ -151,13 +160,60 @@ impl CusziGpu {
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
         let (module, _) = super::util::compile_and_load(&stream, Module::Cuszi)?;
         let name = stream.context().name().map_err(gpu_err("device name"))?;
+        let smem_optin = stream
+            .context()
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(gpu_err("attribute"))?
+            .max(0) as usize;
         Ok(CusziGpu {
             stream,
             module,
             funcs: HashMap::new(),
             name,
             ws: None,
+            smem_optin,
+            profile: None,
         })
+    }
+
+    /// Record a timing event after every step of the next operations (benchmarks); read them
+    /// with [`CusziGpu::take_profile`].
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on.then(Vec::new);
+    }
+
+    /// The milliseconds of each step recorded since the last call (`set_profile`): (step, ms),
+    /// each step timed from the event before it (`setup`: from the call's start: the host's
+    /// reading and checking of the header, table and metadata, and the uploads).
+    pub fn take_profile(&mut self) -> Result<Vec<(&'static str, f32)>> {
+        let Some(v) = self.profile.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let ev = std::mem::take(v);
+        let mut out = Vec::new();
+        for w in ev.windows(2) {
+            if w[1].0 == "start" {
+                continue;
+            }
+            out.push((
+                w[1].0,
+                w[0].1.elapsed_ms(&w[1].1).map_err(gpu_err("event"))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    fn mark(&mut self, step: &'static str) -> Result<()> {
+        if let Some(v) = self.profile.as_mut() {
+            let e = self
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(gpu_err("event"))?;
+            v.push((step, e));
+        }
+        Ok(())
     }
 
     /// The device's name.
@@ -192,7 +248,10 @@ impl CusziGpu {
         self.stream.synchronize().map_err(gpu_err("sync"))
     }
 
-    fn upload<X: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, v: &[X]) -> Result<CudaSlice<X>> {
+    fn upload<X: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        v: &[X],
+    ) -> Result<CudaSlice<X>> {
         if v.is_empty() {
             return self.stream.alloc_zeros::<X>(1).map_err(gpu_err("alloc"));
         }
@@ -212,6 +271,7 @@ impl CusziGpu {
             .context()
             .bind_to_thread()
             .map_err(gpu_err("bind"))?;
+        self.mark("start")?;
         let len = stream.len();
         let sp = raw_ptr(stream, &self.stream);
         let mut head = vec![0u8; len.min(HEADER_LEN_V3)];
@@ -315,8 +375,8 @@ impl CusziGpu {
         let geo = self.upload(&p.geo)?;
         let pattern = self.upload(&p.pattern)?;
         let map = self.upload(&p.map)?;
-        let slot = self.upload(&p.slot)?;
-        let step = self.upload(&p.step)?;
+        let slot = self.upload(&p.sym)?;
+        let step = self.upload(&p.fc)?;
         let ent = self.upload(&p.ent)?;
         let n_tiles = p.g.n_tiles();
         let mut acc = self
@@ -333,11 +393,7 @@ impl CusziGpu {
             .map_err(gpu_err("alloc"))?;
         let s = self.stream.clone();
         let ws = self.ws.as_mut().expect("workspace");
-        let (geop, patp, mapp) = (
-            raw_ptr(&geo, &s),
-            raw_ptr(&pattern, &s),
-            raw_ptr(&map, &s),
-        );
+        let (geop, patp, mapp) = (raw_ptr(&geo, &s), raw_ptr(&pattern, &s), raw_ptr(&map, &s));
         let (slotp, stepp, entp) = (raw_ptr(&slot, &s), raw_ptr(&step, &s), raw_ptr(&ent, &s));
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
@@ -352,8 +408,21 @@ impl CusziGpu {
             block_dim: (block as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        self.mark("setup")?;
         {
             let f = self.func(&format!("cz_rans_{t}"))?;
+            let ntab = (p.fc.len() / SYMBOLS) as u32;
+            let want = (p.fc.len() * 4 + p.sym.len() * 2 + p.pattern.len()).next_multiple_of(16);
+            let smem = if want <= self.smem_optin {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    want as i32,
+                )
+                .map_err(gpu_err("smem attribute"))?;
+                want as u32
+            } else {
+                0
+            };
             let mut b = s.launch_builder(&f);
             b.arg(&sp)
                 .arg(&geop)
@@ -363,6 +432,8 @@ impl CusziGpu {
                 .arg(&mapp)
                 .arg(&slotp)
                 .arg(&stepp)
+                .arg(&ntab)
+                .arg(&smem)
                 .arg(&resp)
                 .arg(&rawp)
                 .arg(&bigp)
@@ -370,8 +441,13 @@ impl CusziGpu {
             // SAFETY: the chunk entries lie inside the stream (checked by `plan`); each thread
             // writes its chunk's residuals, lossless bytes and big positions, below `n` values
             // of the workspace; the tables hold `SLOTS` entries per table the map names.
-            unsafe { b.launch(cfg(nchunks as usize, 32)) }.map_err(gpu_err("rans"))?;
+            let c = LaunchConfig {
+                shared_mem_bytes: smem,
+                ..cfg(nchunks as usize, RANS_THREADS)
+            };
+            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
         }
+        self.mark("rans")?;
         for (dim, first, last) in [(2i32, 1i32, 0i32), (1, 0, 0), (0, 0, 1)] {
             let lines = n_tiles / p.g.tiles[dim as usize].max(1);
             let f = self.func(&format!("cz_anchors_{t}"))?;
@@ -388,6 +464,7 @@ impl CusziGpu {
             // writes the n_tiles words of `acc` and `vals`.
             unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
         }
+        self.mark("anchors")?;
         {
             let f = self.func(&format!("cz_tiles_{t}"))?;
             let mut b = s.launch_builder(&f);
@@ -400,9 +477,9 @@ impl CusziGpu {
                 .arg(&outp);
             // SAFETY: one warp per tile reads residuals and lossless bytes at symbol indices of
             // its box (below n) and writes its owned points of `out` (n values).
-            unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }
-                .map_err(gpu_err("tiles"))?;
+            unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
         }
+        self.mark("tiles")?;
         let mut e = [0u64; 2];
         s.memcpy_dtoh(&err, &mut e[..]).map_err(gpu_err("dtoh"))?;
         s.synchronize().map_err(gpu_err("sync"))?;
@@ -479,12 +556,15 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
         Coder::Rans(map, tables) => (map, tables),
         Coder::Huffman(_) => return Ok(None),
     };
-    let mut slot = Vec::with_capacity(tables.len() * SLOTS);
-    let mut step = Vec::with_capacity(tables.len() * SLOTS);
-    for t in &tables {
-        let (a, b) = t.decoder_arrays();
-        slot.extend_from_slice(a);
-        step.extend_from_slice(b);
+    // per table: the symbol of every slot, and per symbol `freq << 16 | cum`
+    let mut sym = Vec::with_capacity(tables.len() * SLOTS);
+    let mut fc = vec![0u32; tables.len() * SYMBOLS];
+    for (i, t) in tables.iter().enumerate() {
+        let (slots, steps) = t.decoder_arrays();
+        sym.extend_from_slice(slots);
+        for (sl, (&s, &st)) in slots.iter().zip(steps).enumerate() {
+            fc[i * SYMBOLS + s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
+        }
     }
     let walks = interp::walks(g.stride, &levels);
     let mut geo = vec![0i64; G_WALKS + WALK_WORDS * walks.len()];
@@ -539,8 +619,8 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
         geo,
         pattern,
         map,
-        slot,
-        step,
+        sym,
+        fc,
         ent,
         qstep: h.step,
     }))
