@@ -488,6 +488,561 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
     }
 }
 
+// =============================================================================================
+// Encoder (mod.rs encode): range, anchors, sampling sums, tile residuals with the per-class
+// histogram, chunk coding, placement and hashes.
+
+// Per element type: QMAX (element.rs), and the order key of a finite value (min/max by atomics).
+template <typename T> struct CzT;
+template <> struct CzT<float> {
+    static constexpr double QMAX = 536870912.0;  // 2^29
+    typedef u32 Bits;
+};
+template <> struct CzT<double> {
+    static constexpr double QMAX = 2305843009213693952.0;  // 2^61
+    typedef u64 Bits;
+};
+__device__ __forceinline__ u64 cz_key(double v) {
+    u64 b = (u64)__double_as_longlong(v);
+    return (b >> 63) ? ~b : (b | (1ull << 63));
+}
+template <typename T> __device__ __forceinline__ u64 cz_bits(T v);
+template <> __device__ __forceinline__ u64 cz_bits<float>(float v) { return __float_as_uint(v); }
+template <> __device__ __forceinline__ u64 cz_bits<double>(double v) { return (u64)__double_as_longlong(v); }
+template <typename T> __device__ __forceinline__ T cz_rint(T v);
+template <> __device__ __forceinline__ float cz_rint<float>(float v) { return rintf(v); }
+template <> __device__ __forceinline__ double cz_rint<double>(double v) { return rint(v); }
+// element.rs from_code: f32 codes go through i32
+template <typename T> __device__ __forceinline__ T cz_from_code(i64 q);
+template <> __device__ __forceinline__ float cz_from_code<float>(i64 q) { return (float)(i32)q; }
+template <> __device__ __forceinline__ double cz_from_code<double>(i64 q) { return (double)q; }
+
+// Finite range of the input (quant.rs finite_range): ws[0] min key, ws[1] max key.
+template <typename T> __device__ void cz_range(const T* x, u64 n, u64* ws) {
+    u64 lo = ~0ull, hi = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        double v = (double)x[i];
+        if (zc_isfinite(v)) {
+            u64 k = cz_key(v);
+            lo = k < lo ? k : lo;
+            hi = k > hi ? k : hi;
+        }
+    }
+    for (int s = 16; s >= 1; s >>= 1) {
+        u64 a = __shfl_xor_sync(ZC_FULL, lo, s), b = __shfl_xor_sync(ZC_FULL, hi, s);
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMin(&ws[0], lo);
+        atomicMax(&ws[1], hi);
+    }
+}
+
+// quant.rs Quantizer::encode (abs / noa, no fill value): the code of x, or LOSSLESS.
+template <typename T> __device__ __forceinline__ i64 cz_qencode(T x, double step64, double eb) {
+    if (!zc_isfinite(x)) return CZ_LOSSLESS;
+    T step = (T)step64;
+    T inv = (T)(1.0 / (double)step);
+    T p = x * inv;
+    if (!((double)fabs((double)p) < CzT<T>::QMAX)) return CZ_LOSSLESS;
+    i64 q = (i64)cz_rint<T>(p);
+    T r = cz_from_code<T>(q) * step;
+    double xv = (double)x, rv = (double)r;
+    double d = fabs(xv - rv);
+    if (sizeof(T) == 4) return d <= eb ? q : CZ_LOSSLESS;
+    double a = fabs(xv), b = fabs(rv);
+    bool exact = rv == 0.0 || ((xv < 0.0) == (rv < 0.0) && b * 0.5 <= a && a <= b * 2.0);
+    return (exact && d <= eb) ? q : CZ_LOSSLESS;
+}
+
+// Anchor codes and their Lorenzo residuals (mod.rs predict, "anchors"): when every anchor has a
+// code, the residual is the n-D difference of the codes, computed per tile; a lossless anchor
+// (or a residual equal to LOSSLESS) sets flag[0] and cz_anchor_serial redoes the sequence.
+template <typename T>
+__device__ void cz_anchor_codes(const T* x, const i64* geo, double step, double eb, i64* acc, u64* flag) {
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= g.ntiles) return;
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    i64 gi = b * g.vol + (c[0] * g.S * g.n[1] + c[1] * g.S) * g.n[2] + c[2] * g.S;
+    i64 v = cz_qencode<T>(x[gi], step, eb);
+    acc[t] = v;
+    if (v == CZ_LOSSLESS) atomicOr(flag, 1ull);
+}
+__device__ __forceinline__ i64 cz_lorenzo(const CzGeo& g, i64 b, const i64 c[3], const i64* a, bool with_self) {
+    // interp.rs anchor_prediction (with_self: plus the point itself, minus the prediction)
+    i64 p = 0;
+    for (int m = 1; m < 8; m++) {
+        bool out = false;
+        i64 t[3];
+        for (int d = 0; d < 3; d++) {
+            if ((m >> d & 1) && c[d] == 0) out = true;
+            t[d] = c[d] - (m >> d & 1);
+        }
+        if (out) continue;
+        u64 v = (u64)a[cz_tile_index(g, b, t)];
+        p = (__popc(m) & 1) ? (i64)((u64)p + v) : (i64)((u64)p - v);
+    }
+    if (with_self) return (i64)((u64)a[cz_tile_index(g, b, c)] - (u64)p);
+    return p;
+}
+extern "C" __global__ void cz_anchor_res(const i64* geo, const i64* acc, i64* ares, u64* flag) {
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= g.ntiles || flag[0]) return;
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    i64 r = cz_lorenzo(g, b, c, acc, true);
+    ares[t] = r;
+    if (r == CZ_LOSSLESS) atomicOr(flag, 1ull);
+}
+// One thread, in tile order, as the CPU (only when flag[0] is set).
+extern "C" __global__ void cz_anchor_serial(const i64* geo, i64* acc, i64* ares, const u64* flag) {
+    if (!flag[0] || threadIdx.x || blockIdx.x) return;
+    const CzGeo g = cz_geo(geo);
+    for (i64 t = 0; t < g.ntiles; t++) {
+        i64 c[3];
+        i64 b = cz_tile_coords(g, t, c);
+        i64 v = acc[t];
+        i64 p = cz_lorenzo(g, b, c, acc, false);
+        i64 r = (i64)((u64)v - (u64)p);
+        if (v == CZ_LOSSLESS || r == CZ_LOSSLESS) {
+            acc[t] = p;
+            ares[t] = CZ_LOSSLESS;
+        } else {
+            ares[t] = r;
+        }
+    }
+}
+// mod.rs anchor_values
+template <typename T> __device__ void cz_anchor_vals(const i64* geo, const i64* acc, double step, double* vals) {
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= g.ntiles) return;
+    double a = (double)(cz_from_code<T>(acc[t]) * (T)step);
+    vals[t] = zc_isfinite(a) ? a : 0.0;
+}
+
+// interp.rs err_units
+__device__ __forceinline__ u64 cz_err_units(double v, double p, double scale) {
+    double e = fmin(fabs(v - p) * scale * 16.0, 1099511627776.0);
+    return (u64)e;
+}
+
+// Sampling (interp.rs choose_levels): block j fills the box of tile j * k with the values (NaN
+// where not finite) and adds, per level, the error sums. Phase 1 (`cfg` null): err[lv][a][sp]
+// of every spline along every dimension; phase 2: with cfg[lv] = order[0..3], spline[0..3],
+// err[lv][0] by passes and err[lv][1] by means.
+template <typename T>
+__device__ void cz_sample(const T* x, const i64* geo, i64 k, double scale, const i64* cfg, u64* err) {
+    __shared__ double buf[CZ_MAXBOX];
+    __shared__ unsigned long long sums[16][9];
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * k;
+    if (t >= g.ntiles) return;
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    int e[3];
+    i64 o[3];
+    for (int d = 0; d < 3; d++) {
+        e[d] = (int)cz_boxed(g, d, c[d]);
+        o[d] = c[d] * g.S;
+    }
+    const int st[3] = {e[1] * e[2], e[2], 1};
+    int nbox = e[0] * e[1] * e[2];
+    for (int i = threadIdx.x; i < nbox; i += blockDim.x) {
+        int x0 = i / st[0], x1 = (i / st[1]) % e[1], x2 = i % e[2];
+        double v = (double)x[b * g.vol + ((o[0] + x0) * g.n[1] + o[1] + x1) * g.n[2] + o[2] + x2];
+        buf[i] = zc_isfinite(v) ? v : __longlong_as_double(0x7ff8000000000000ll);
+    }
+    for (int i = threadIdx.x; i < 16 * 9; i += blockDim.x) sums[i / 9][i % 9] = 0;
+    __syncthreads();
+    int lv = 0;
+    for (int s = (int)g.S / 2; s >= 1; s /= 2, lv++) {
+        for (int mask = 1; mask < 8; mask++) {
+            int cnt[3], start[3];
+            for (int d = 0; d < 3; d++) {
+                start[d] = (mask >> d & 1) * s;
+                cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / (2 * s) + 1 : 0;
+            }
+            int total = cnt[0] * cnt[1] * cnt[2];
+            int last = 0, sp[3] = {0, 0, 0};
+            if (cfg) {
+                for (int j = 2; j >= 0; j--) {
+                    int a = (int)cfg[lv * 6 + j];
+                    if (mask >> a & 1) {
+                        last = a;
+                        break;
+                    }
+                }
+                for (int d = 0; d < 3; d++) sp[d] = (int)cfg[lv * 6 + 3 + d];
+            }
+            for (int kk = threadIdx.x; kk < total; kk += blockDim.x) {
+                int xx[3];
+                xx[2] = start[2] + (kk % cnt[2]) * 2 * s;
+                xx[1] = start[1] + ((kk / cnt[2]) % cnt[1]) * 2 * s;
+                xx[0] = start[0] + (kk / (cnt[2] * cnt[1])) * 2 * s;
+                int idx = xx[0] * st[0] + xx[1] * st[1] + xx[2];
+                double v = buf[idx];
+                if (!cfg) {
+                    for (int a = 0; a < 3; a++) {
+                        if (!(mask >> a & 1)) continue;
+                        double p0 = cz_predict(buf, idx, xx[a], e[a], s, st[a], 0);
+                        double p1 = cz_predict(buf, idx, xx[a], e[a], s, st[a], 1);
+                        double p2 = cz_predict(buf, idx, xx[a], e[a], s, st[a], 2);
+                        if (zc_isfinite(v) && zc_isfinite(p0) && zc_isfinite(p1) && zc_isfinite(p2)) {
+                            atomicAdd(&sums[lv][a * 3 + 0], cz_err_units(v, p0, scale));
+                            atomicAdd(&sums[lv][a * 3 + 1], cz_err_units(v, p1, scale));
+                            atomicAdd(&sums[lv][a * 3 + 2], cz_err_units(v, p2, scale));
+                        }
+                    }
+                } else {
+                    double p = cz_predict(buf, idx, xx[last], e[last], s, st[last], sp[last]);
+                    double m = cz_multi(buf, idx, xx, e, st, s, mask, sp);
+                    if (zc_isfinite(v) && zc_isfinite(p) && zc_isfinite(m)) {
+                        atomicAdd(&sums[lv][0], cz_err_units(v, p, scale));
+                        atomicAdd(&sums[lv][1], cz_err_units(v, m, scale));
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < lv * 9; i += blockDim.x) {
+        u64 v = sums[i / 9][i % 9];
+        if (v) atomicAdd(&err[i], v);
+    }
+}
+
+// rans.rs symbol
+__device__ __forceinline__ u32 cz_symbol(i64 r) {
+    if (r == CZ_LOSSLESS) return CZ_SYM_LOSSLESS;
+    if (r >= -CZ_RADIUS && r <= CZ_RADIUS) return (u32)(r + CZ_RADIUS);
+    return CZ_SYM_BIG;
+}
+
+// Tile residuals (mod.rs Tiles::encode, abs / noa): as cz_tiles, but each point's residual is
+// quantized (quant.rs ResidualQuantizer::encode) and written in symbol order with, for a
+// lossless value, its bits; the owned points' symbols are counted per class in shared memory
+// (dynamic: CZ_TILE_WARPS boxes, then nclass * 1025 counters) and added to `hist` at the end.
+// Blocks loop over the tiles, warp by warp.
+template <typename T>
+__device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
+                             double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {
+    double* sbox = (double*)cz_dyn;
+    u32* shist = (u32*)(sbox + CZ_TILE_WARPS * CZ_MAXBOX);
+    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x) shist[i] = 0;
+    __syncthreads();
+    const CzGeo g = cz_geo(geo);
+    const double inv = 1.0 / step;
+    const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    double* buf = sbox + warp * CZ_MAXBOX;
+    int nw = (int)geo[CZ_G_NWALKS];
+    for (i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp; t < g.ntiles; t += (i64)gridDim.x * CZ_TILE_WARPS) {
+        i64 c[3];
+        i64 b = cz_tile_coords(g, t, c);
+        int e[3], own[3];
+        i64 o[3];
+        for (int d = 0; d < 3; d++) {
+            e[d] = (int)cz_boxed(g, d, c[d]);
+            own[d] = (int)cz_owned(g, d, c[d]);
+            o[d] = c[d] * g.S;
+        }
+        const int st[3] = {e[1] * e[2], e[2], 1};
+        const int S = (int)g.S;
+        const i64 base = cz_tile_offset(g, b, c);
+        const i64 origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
+        int nbox = e[0] * e[1] * e[2];
+        __syncwarp();
+        for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
+        __syncwarp();
+        if (lane < 8) {
+            int kk = lane, idx = 0;
+            i64 tt[3] = {c[0], c[1], c[2]};
+            bool inside = true;
+            for (int d = 0; d < 3; d++) {
+                if (kk >> d & 1) {
+                    if (e[d] <= S) inside = false;
+                    idx += S * st[d];
+                    tt[d] += 1;
+                }
+            }
+            if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
+        }
+        __syncwarp();
+        for (int w = 0; w < nw; w++) {
+            const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
+            int s = (int)wk[0];
+            int start[3] = {(int)wk[1], (int)wk[2], (int)wk[3]};
+            int stp[3] = {(int)wk[4], (int)wk[5], (int)wk[6]};
+            int multi = (int)wk[7], am = (int)wk[8];
+            int sp[3] = {(int)wk[9], (int)wk[10], (int)wk[11]};
+            int cnt[3];
+            for (int d = 0; d < 3; d++) cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / stp[d] + 1 : 0;
+            int total = cnt[0] * cnt[1] * cnt[2];
+            for (int kk = lane; kk < total; kk += 32) {
+                int xx[3];
+                xx[2] = start[2] + (kk % cnt[2]) * stp[2];
+                xx[1] = start[1] + ((kk / cnt[2]) % cnt[1]) * stp[1];
+                xx[0] = start[0] + (kk / (cnt[2] * cnt[1])) * stp[0];
+                int idx = xx[0] * st[0] + xx[1] * st[1] + xx[2];
+                double p = multi ? cz_multi(buf, idx, xx, e, st, s, am, sp)
+                                 : cz_predict(buf, idx, xx[am], e[am], s, st[am], sp[am]);
+                i64 gi = origin + (xx[0] * g.n[1] + xx[1]) * g.n[2] + xx[2];
+                T xv = x[gi];
+                // quant.rs ResidualQuantizer::encode
+                i64 r = CZ_LOSSLESS;
+                double v = zc_isfinite(p) ? p : 0.0;
+                if (zc_isfinite(xv) && zc_isfinite(p)) {
+                    double xd = (double)xv;
+                    double q = (xd - p) * inv;
+                    if (fabs(q) < CzT<T>::QMAX) {
+                        i64 qi = (i64)rint(q);
+                        T rr = (T)(p + (double)qi * step);
+                        double rv = (double)rr;
+                        double d = fabs(xd - rv);
+                        bool ok;
+                        if (sizeof(T) == 4) {
+                            ok = d <= eb;
+                        } else {
+                            double a = fabs(xd), bb = fabs(rv);
+                            bool exact = rv == 0.0 || ((xd < 0.0) == (rv < 0.0) && bb * 0.5 <= a && a <= bb * 2.0);
+                            ok = d < eb || (d == eb && exact);
+                        }
+                        if (ok) {
+                            r = qi;
+                            v = rv;
+                        }
+                    }
+                }
+                buf[idx] = v;
+                bool owned = xx[0] < own[0] && xx[1] < own[1] && xx[2] < own[2];
+                u32 key = 0xFFFFFFFFu;
+                if (owned) {
+                    i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
+                    res[si] = r;
+                    if (r == CZ_LOSSLESS) {
+                        u64 bits = cz_bits<T>(xv);
+                        for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
+                    }
+                    key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + cz_symbol(r);
+                }
+                u32 am2 = __activemask();
+                u32 peers = __match_any_sync(am2, key);
+                if (owned && (__ffs(peers) - 1) == lane) atomicAdd(&shist[key], (u32)__popc(peers));
+            }
+            __syncwarp();
+        }
+        if (lane == 0) {
+            i64 r = ares[t];
+            res[base] = r;
+            if (r == CZ_LOSSLESS) {
+                u64 bits = cz_bits<T>(x[origin]);
+                for (int q = 0; q < (int)sizeof(T); q++) raw[base * sizeof(T) + q] = (u8)(bits >> (8 * q));
+            }
+            atomicAdd(&shist[pattern[0] * 1025u + cz_symbol(r)], 1u);
+        }
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x)
+        if (shist[i]) atomicAdd(&hist[i], (u64)shist[i]);
+}
+
+// Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of
+// CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 4 bytes backwards]
+// [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes, CHUNK].
+// enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
+// lossless bytes, varint bytes; sizes[ci] = the chunk's size.
+#define CZ_RANS_CAP (2 * CZ_CHUNK + 4)
+template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 1); }
+template <typename T>
+__device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, const u8* pattern, const u8* map,
+                              const u32* enc, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
+    u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ci >= nchunks) return;
+    const CzGeo g = cz_geo(geo);
+    i64 i0 = (i64)ci * CZ_CHUNK;
+    i64 cnt = g.batch * g.vol - i0;
+    if (cnt > CZ_CHUNK) cnt = CZ_CHUNK;
+    u8* sc = scratch + (i64)ci * cz_scratch<T>();
+    u8* rawo = sc + CZ_RANS_CAP;
+    u8* bigo = rawo + CZ_CHUNK * sizeof(T);
+    u8* cls = bigo + CZ_CHUNK * 10;
+    // forward: classes, lossless values, big varints (as cz_rans walks the positions)
+    i64 tc[3], b, l[3], own[3];
+    {
+        b = i0 / g.vol;
+        i64 r = i0 - b * g.vol;
+        i64 slab = g.S * g.n[1] * g.n[2];
+        tc[0] = r / slab;
+        r -= tc[0] * slab;
+        own[0] = cz_owned(g, 0, tc[0]);
+        i64 row = own[0] * g.S * g.n[2];
+        tc[1] = r / row;
+        r -= tc[1] * row;
+        own[1] = cz_owned(g, 1, tc[1]);
+        i64 tl = own[0] * own[1] * g.S;
+        tc[2] = r / tl;
+        r -= tc[2] * tl;
+        own[2] = cz_owned(g, 2, tc[2]);
+        l[0] = r / (own[1] * own[2]);
+        l[1] = (r / own[2]) % own[1];
+        l[2] = r % own[2];
+    }
+    const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
+    u32 nraw = 0, nbig = 0;
+    for (i64 j = 0; j < cnt; j++) {
+        cls[j] = pattern[(l[0] * f1 + l[1]) * f2 + l[2]];
+        i64 r = res[i0 + j];
+        u32 s = cz_symbol(r);
+        if (s == CZ_SYM_LOSSLESS) {
+            for (int q = 0; q < (int)sizeof(T); q++) rawo[nraw++] = raw[(i0 + j) * sizeof(T) + q];
+        } else if (s == CZ_SYM_BIG) {
+            u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
+            while (z >= 0x80) {
+                bigo[nbig++] = (u8)(z | 0x80);
+                z >>= 7;
+            }
+            bigo[nbig++] = (u8)z;
+        }
+        if (++l[2] == own[2]) {
+            l[2] = 0;
+            if (++l[1] == own[1]) {
+                l[1] = 0;
+                if (++l[0] == own[0]) {
+                    l[0] = 0;
+                    if (++tc[2] == g.tiles[2]) {
+                        tc[2] = 0;
+                        if (++tc[1] == g.tiles[1]) {
+                            tc[1] = 0;
+                            if (++tc[0] == g.tiles[0]) {
+                                tc[0] = 0;
+                                b++;
+                            }
+                        }
+                    }
+                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
+                }
+            }
+        }
+    }
+    // backward: the rANS state, bytes emitted from the end of the region
+    u32 x = CZ_RANS_L;
+    u32 nrev = 0;
+    u8* end = sc + CZ_RANS_CAP;
+    for (i64 j = cnt - 1; j >= 0; j--) {
+        const u32* e = enc + ((u32)map[cls[j]] * 1025u + cz_symbol(res[i0 + j])) * 5;
+        u32 x_max = e[0];
+        while (x >= x_max) {
+            end[-1 - (i64)nrev] = (u8)x;
+            nrev++;
+            x >>= 8;
+        }
+        u32 q = (u32)(((u64)x * e[1]) >> 32) >> e[2];
+        x = x + e[3] + q * e[4];
+    }
+    // the final state, big-endian, before the emitted bytes
+    for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
+    u32 nb = nrev + 4;
+    info[3 * ci] = nb;
+    info[3 * ci + 1] = nraw;
+    info[3 * ci + 2] = nbig;
+    u64 size = 4 + (u64)nb + nraw + nbig;
+    sizes[ci] = (size + 3) & ~3ull;
+}
+
+// Exclusive prefix sum of the chunk sizes in place (one block), total in sizes[n].
+extern "C" __global__ void cz_scan(u64* sizes, u64 n) {
+    __shared__ u64 carry;
+    __shared__ u64 part[32];
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (u64 base = 0; base < n; base += blockDim.x) {
+        u64 i = base + threadIdx.x;
+        u64 v = i < n ? sizes[i] : 0;
+        u64 inc = warp_incl_u64(v, lane);
+        if (lane == 31) part[warp] = inc;
+        __syncthreads();
+        u64 before = carry;
+        for (int w = 0; w < warp; w++) before += part[w];
+        u64 tot = 0;
+        for (int w = 0; w < nwarps; w++) tot += part[w];
+        if (i < n) sizes[i] = before + inc - v;
+        __syncthreads();
+        if (threadIdx.x == 0) carry += tot;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) sizes[n] = carry;
+}
+
+// Place chunk `blockIdx.x` in the stream (`out` + `data_at` + its offset) and write its table
+// entry (size, zhash) at `out` + `table_at`.
+template <typename T>
+__device__ void cz_enc_write(const u8* scratch, const u32* info, const u64* offs, u8* out, u64 table_at,
+                             u64 data_at) {
+    __shared__ u32 wsum[32];
+    u64 ci = blockIdx.x;
+    const u8* sc = scratch + (i64)ci * cz_scratch<T>();
+    u32 nb = info[3 * ci], nraw = info[3 * ci + 1], nbig = info[3 * ci + 2];
+    u64 size = offs[ci + 1] - offs[ci];
+    u8* dst = out + data_at + offs[ci];
+    const u8* rans = sc + CZ_RANS_CAP - nb;
+    const u8* rawo = sc + CZ_RANS_CAP;
+    const u8* bigo = rawo + CZ_CHUNK * sizeof(T);
+    u32 sum = 0;
+    for (u64 w = threadIdx.x; w < size / 4; w += blockDim.x) {
+        u32 word = 0;
+        for (int q = 0; q < 4; q++) {
+            u64 i = 4 * w + q;
+            u32 v;
+            if (i < 4) {
+                v = (nb >> (8 * i)) & 0xFF;
+            } else if (i < 4 + (u64)nb) {
+                v = rans[i - 4];
+            } else if (i < 4 + (u64)nb + nraw) {
+                v = rawo[i - 4 - nb];
+            } else if (i < 4 + (u64)nb + nraw + nbig) {
+                v = bigo[i - 4 - nb - nraw];
+            } else {
+                v = 0;
+            }
+            word |= v << (8 * q);
+        }
+        ((u32*)dst)[w] = word;
+        sum += zhash_mix(word, (u32)w);
+    }
+    sum = warp_sum_u32(sum);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
+        u32 h = zhash_final(s, (u32)(size / 4));
+        u32* te = (u32*)(out + table_at + 8 * ci);
+        te[0] = (u32)size;
+        te[1] = h;
+    }
+}
+
+// zhash of `nwords` words at `p` (one block): ws[0].
+extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
+    __shared__ u32 wsum[32];
+    u32 sum = 0;
+    for (u64 w = threadIdx.x; w < nwords; w += blockDim.x) sum += zhash_mix(((const u32*)p)[w], (u32)w);
+    sum = warp_sum_u32(sum);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
+        ws[0] = zhash_final(s, (u32)nwords);
+    }
+}
+
 #define CZ_INST(T, N)                                                                                               \
     extern "C" __global__ void cz_rans_##N(const u8* stream, const i64* geo, const u64* ent, u64 nchunks,            \
                                            const u8* pattern, const u8* map, const unsigned short* sym,            \
@@ -507,3 +1062,34 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
 
 CZ_INST(float, f32)
 CZ_INST(double, f64)
+
+#define CZ_ENC_INST(T, N)                                                                                           \
+    extern "C" __global__ void cz_range_##N(const T* x, u64 n, u64* ws) { cz_range<T>(x, n, ws); }                 \
+    extern "C" __global__ void cz_anchor_codes_##N(const T* x, const i64* geo, double step, double eb, i64* acc,    \
+                                                   u64* flag) {                                                    \
+        cz_anchor_codes<T>(x, geo, step, eb, acc, flag);                                                           \
+    }                                                                                                               \
+    extern "C" __global__ void cz_anchor_vals_##N(const i64* geo, const i64* acc, double step, double* vals) {     \
+        cz_anchor_vals<T>(geo, acc, step, vals);                                                                   \
+    }                                                                                                               \
+    extern "C" __global__ void cz_sample_##N(const T* x, const i64* geo, i64 k, double scale, const i64* cfg,      \
+                                             u64* err) {                                                           \
+        cz_sample<T>(x, geo, k, scale, cfg, err);                                                                  \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
+        cz_enc_tiles_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,         \
+                         double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {   \
+        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, raw, hist);                      \
+    }                                                                                                               \
+    extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const u8* raw, const u8* pattern, \
+                                                 const u8* map, const u32* enc, u64 nchunks, u8* scratch,         \
+                                                 u32* info, u64* sizes) {                                          \
+        cz_enc_chunks<T>(geo, res, raw, pattern, map, enc, nchunks, scratch, info, sizes);                        \
+    }                                                                                                               \
+    extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
+                                                u64 table_at, u64 data_at) {                                       \
+        cz_enc_write<T>(scratch, info, offs, out, table_at, data_at);                                              \
+    }
+
+CZ_ENC_INST(float, f32)
+CZ_ENC_INST(double, f64)

@@ -32,6 +32,14 @@ fn main() {
             "cuszi_gpu_rejects_what_cpu_rejects",
             rejects_what_cpu_rejects,
         ),
+        gpu_trial(
+            "cuszi_gpu_compresses_like_cpu_f32",
+            compresses_like_cpu::<f32>,
+        ),
+        gpu_trial(
+            "cuszi_gpu_compresses_like_cpu_f64",
+            compresses_like_cpu::<f64>,
+        ),
         gpu_trial("cuszi_gpu_throughput", throughput).with_ignored_flag(true),
     ];
     libtest_mimic::run(&args, trials).exit();
@@ -159,6 +167,45 @@ fn decodes_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
     }
 }
 
+/// The GPU encoder writes the CPU twin's bytes (and the GPU decoder decodes them as the CPU).
+fn compresses_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
+    for dims in SHAPES {
+        for (name, data) in [
+            ("smooth", smooth::<T>(dims)),
+            ("adversarial", adversarial::<T>(dims, dims.len() as u64 + 5)),
+        ] {
+            for b in [
+                ErrorBound::Abs(1e-2),
+                ErrorBound::Noa(1e-3),
+                ErrorBound::Noa(1e-6),
+                ErrorBound::Abs(1e-300),
+                ErrorBound::Rel(1e-3),
+            ] {
+                let what = format!("{} {name} {dims:?} {b}", T::DTYPE);
+                let want = compress_nd(&data, dims, b, CodecKind::Cuszi).unwrap();
+                let got = g
+                    .compress(&data, dims, b)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                if got != want {
+                    let i = (0..got.len().min(want.len()))
+                        .find(|&i| got[i] != want[i])
+                        .unwrap_or(got.len().min(want.len()));
+                    panic!(
+                        "{what}: GPU stream of {} bytes differs from the CPU's {} at byte {i}",
+                        got.len(),
+                        want.len()
+                    );
+                }
+                assert!(same::<T>(g, &got, &what));
+            }
+        }
+    }
+    // argument errors as the CPU's
+    let d = smooth::<T>(&[10, 10]);
+    assert!(g.compress(&d, &[10, 11], ErrorBound::Abs(1e-3)).is_err());
+    assert!(g.compress(&d, &[10, 10], ErrorBound::Abs(-1.0)).is_err());
+}
+
 /// Rewrite the chunk table entry of the chunk holding byte `at` of `s` (its checksum) and the
 /// header's table checksum, so that a change inside a chunk reaches the chunk decoder.
 fn reseal(s: &mut [u8], at: usize) {
@@ -239,10 +286,43 @@ fn throughput(g: &mut CusziGpu) {
         let t0 = std::time::Instant::now();
         let s = compress_nd(&data, &dims, b, CodecKind::Cuszi).unwrap();
         let cpu_c = t0.elapsed().as_secs_f64();
+        let st = g.stream().clone();
+        let d_data = st.clone_htod(&data).unwrap();
+        let mut d_cs = st
+            .alloc_zeros::<u8>(CusziGpu::compress_bound::<f32>(data.len()))
+            .unwrap();
+        let mut ctimes = Vec::new();
+        let mut len = 0;
+        for k in 0..9 {
+            st.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            len = g
+                .compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
+                .unwrap();
+            st.synchronize().unwrap();
+            if k >= 2 {
+                ctimes.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        g.set_profile(true);
+        g.compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
+            .unwrap();
+        let prof = g.take_profile().unwrap();
+        g.set_profile(false);
+        let got = st.clone_dtoh(&d_cs.slice(0..len)).unwrap();
+        assert!(got == s, "{b}: GPU stream differs from the CPU's");
+        let tc = median(&mut ctimes);
+        println!(
+            "cuszi 512^3 f32 {b}: gpu compress median {:.3} ms = {:.1} GB/s (min {:.3} ms, max \
+             {:.3} ms, 7 runs) | byte-identical to CPU compress_nd | steps (ms): {prof:?}",
+            tc * 1e3,
+            raw / tc / 1e9,
+            ctimes.iter().cloned().fold(f64::MAX, f64::min) * 1e3,
+            ctimes.iter().cloned().fold(0.0, f64::max) * 1e3,
+        );
         let t0 = std::time::Instant::now();
         let want: Vec<f32> = decompress(&s).unwrap();
         let cpu_d = t0.elapsed().as_secs_f64();
-        let st = g.stream().clone();
         let d_in = st.clone_htod(&s).unwrap();
         let mut d_out = st.alloc_zeros::<f32>(data.len()).unwrap();
         let mut times = Vec::new();

@@ -33,14 +33,16 @@ use cudarc::driver::{
 use super::compile::{self, Module};
 use super::{raw_ptr, raw_ptr_mut, GpuElement};
 use crate::codec::cuszi::grid::Grid;
-use crate::codec::cuszi::interp::{self, Walk};
-use crate::codec::cuszi::{read_meta, Coder, CHUNK};
+use crate::codec::cuszi::interp::{self, Level, Walk};
+use crate::codec::cuszi::rans;
+use crate::codec::cuszi::{read_meta, write_meta, Coder, CHUNK};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::format::{
-    u16_at, u32_at, zhash_bytes, BoundMode, Header, HEADER_LEN, HEADER_LEN_V3, TABLE_ENTRY_LEN,
-    VERSION_SHAPED,
+    u16_at, u32_at, zhash_bytes, BoundMode, Dims, Header, HEADER_LEN, HEADER_LEN_V3,
+    TABLE_ENTRY_LEN, VERSION_SHAPED,
 };
+use crate::quant::{ErrorBound, QuantParams};
 
 /// Geometry words (kernels/cuszi.cu `CZ_G_*`).
 const G_BATCH: usize = 0;
@@ -61,6 +63,8 @@ const TILE_WARPS: usize = 4;
 const SLOTS: usize = 1 << 14;
 /// Symbols per rANS table (rans.rs `NSYM`).
 const SYMBOLS: usize = 1025;
+/// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
+const MAX_BOX: usize = 729;
 /// Threads per block of `cz_rans_*` (each decodes one chunk; a block stages the tables).
 const RANS_THREADS: usize = 32;
 
@@ -76,8 +80,22 @@ const ERRORS: [(u64, &str); 5] = [
 /// Names of every kernel of [`Module::Cuszi`].
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
+    for k in ["cz_anchor_res", "cz_anchor_serial", "cz_scan", "cz_hash"] {
+        v.push(k.to_string());
+    }
     for t in ["f32", "f64"] {
-        for k in ["cz_rans", "cz_anchors", "cz_tiles"] {
+        for k in [
+            "cz_rans",
+            "cz_anchors",
+            "cz_tiles",
+            "cz_range",
+            "cz_anchor_codes",
+            "cz_anchor_vals",
+            "cz_sample",
+            "cz_enc_tiles",
+            "cz_enc_chunks",
+            "cz_enc_write",
+        ] {
             v.push(format!("{k}_{t}"));
         }
     }
@@ -116,6 +134,10 @@ pub struct CusziGpu {
     smem_optin: usize,
     /// Timing events after each step (`set_profile`), labelled by the step they end.
     profile: Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
+    /// The encoder's per-chunk scratch regions, kept and grown.
+    scratch: Option<CudaSlice<u8>>,
+    /// Blocks of the grid-stride kernels (8 per SM).
+    grid: u32,
 }
 
 impl std::fmt::Debug for CusziGpu {
@@ -158,7 +180,7 @@ impl CusziGpu {
 
     /// The kernels on `stream` (every operation is ordered on it).
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
-        let (module, _) = super::util::compile_and_load(&stream, Module::Cuszi)?;
+        let (module, grid) = super::util::compile_and_load(&stream, Module::Cuszi)?;
         let name = stream.context().name().map_err(gpu_err("device name"))?;
         let smem_optin = stream
             .context()
@@ -175,6 +197,8 @@ impl CusziGpu {
             ws: None,
             smem_optin,
             profile: None,
+            scratch: None,
+            grid,
         })
     }
 
@@ -493,6 +517,411 @@ impl CusziGpu {
         Ok(())
     }
 
+    /// Bytes of the largest stream of `n` values of `T`: what the output of
+    /// [`CusziGpu::compress_device`] must hold.
+    pub fn compress_bound<T: GpuElement>(n: usize) -> usize {
+        crate::format::compress_bound(n, T::DTYPE)
+    }
+
+    fn launch_cfg(grid: usize, block: usize, smem: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (grid.max(1) as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        }
+    }
+
+    fn read_words(&self, src: &CudaSlice<u64>) -> Result<Vec<u64>> {
+        let mut v = vec![0u64; src.len()];
+        self.stream
+            .memcpy_dtoh(src, &mut v[..])
+            .map_err(gpu_err("dtoh"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        Ok(v)
+    }
+
+    /// Compress `input` (values of shape `dims`, row-major) under `bound` into `out` (at least
+    /// [`CusziGpu::compress_bound`] bytes); returns the stream's length. The bytes are those of
+    /// [`crate::compress_nd`] with [`CodecKind::Cuszi`] on the same values.
+    ///
+    /// The device computes the range, the anchors, the sampling sums, the residuals with their
+    /// per-class histogram, the chunks, their placement and the hashes. The host reads back the
+    /// small results it decides on between those kernels, as the CPU twin decides them: the
+    /// range (noa: the quantization step), the sampling sums (the level configuration, two
+    /// reads), the histogram (the rANS tables and the metadata, with the CPU's own table
+    /// builder) and the total size (a stream that does not compress is stored); then it writes
+    /// the metadata and the header. Rel bounds, degenerate steps and stored streams are
+    /// compressed by the CPU twin on a host copy.
+    ///
+    /// Errors: those of [`crate::compress_nd`] ([`Error::InvalidArgument`]), an output smaller
+    /// than the bound, [`Error::Gpu`], [`Error::OutOfMemory`].
+    pub fn compress_device<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        dims: &[usize],
+        bound: ErrorBound,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        bound.validate()?;
+        let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+        let shape = Dims::new(&d)?;
+        let n = input.len();
+        if shape.count() != n as u64 {
+            return Err(Error::invalid(format!(
+                "shape {shape} holds {} values, the data has {n}",
+                shape.count()
+            )));
+        }
+        let cap = Self::compress_bound::<T>(n);
+        if out.len() < cap {
+            return Err(Error::invalid(format!(
+                "cuszi output of {} bytes is smaller than the bound {cap}",
+                out.len()
+            )));
+        }
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(gpu_err("bind"))?;
+        if n == 0 || matches!(bound, ErrorBound::Rel(_)) {
+            return self.compress_on_host(input, dims, bound, out);
+        }
+        self.mark("start")?;
+        let s = self.stream.clone();
+        let t = T::KERNEL_TAG;
+        let x = raw_ptr(input, &s);
+        let n64 = n as u64;
+        // 1. range (noa) and the quantization parameters
+        let mut range = None;
+        if matches!(bound, ErrorBound::Noa(_)) {
+            let mut ws = s.clone_htod(&[u64::MAX, 0]).map_err(gpu_err("alloc"))?;
+            let wsp = raw_ptr_mut(&mut ws, &s);
+            let f = self.func(&format!("cz_range_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x).arg(&n64).arg(&wsp);
+            // SAFETY: reads the n values of the input, writes the two words of `ws`.
+            unsafe { b.launch(Self::launch_cfg(self.grid as usize, 256, 0)) }
+                .map_err(gpu_err("range"))?;
+            let w = self.read_words(&ws)?;
+            let key = |k: u64| f64::from_bits(if k >> 63 == 1 { k & !(1u64 << 63) } else { !k });
+            if w[0] <= w[1] {
+                range = Some((key(w[0]) + 0.0, key(w[1]) + 0.0));
+            }
+        }
+        self.mark("range")?;
+        let mut degenerate = false;
+        let params = QuantParams::derive_from_stats::<T>(
+            bound,
+            || range,
+            || {
+                degenerate = true;
+                None
+            },
+        )?;
+        if degenerate {
+            return self.compress_on_host(input, dims, bound, out);
+        }
+        let g = Grid::new(&shape);
+        let n_tiles = g.n_tiles();
+        let eb = if params.abs_bound <= f64::MAX {
+            params.abs_bound
+        } else {
+            0.0
+        };
+        let step = params.step;
+        // 2. anchors
+        let (geo0, _) = geometry(&g, &[]);
+        let geo0 = self.upload(&geo0)?;
+        let geo0p = raw_ptr(&geo0, &s);
+        let nt = n_tiles.max(1);
+        let mut acc = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
+        let mut ares = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
+        let mut vals = s.alloc_zeros::<f64>(nt).map_err(gpu_err("alloc"))?;
+        let mut flag = s.alloc_zeros::<u64>(1).map_err(gpu_err("alloc"))?;
+        let (accp, aresp) = (raw_ptr_mut(&mut acc, &s), raw_ptr_mut(&mut ares, &s));
+        let (valp, flagp) = (raw_ptr_mut(&mut vals, &s), raw_ptr_mut(&mut flag, &s));
+        let per_tile = Self::launch_cfg(n_tiles.div_ceil(128), 128, 0);
+        {
+            let f = self.func(&format!("cz_anchor_codes_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x)
+                .arg(&geo0p)
+                .arg(&step)
+                .arg(&eb)
+                .arg(&accp)
+                .arg(&flagp);
+            // SAFETY: one thread per tile reads its anchor's value and writes its code.
+            unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor codes"))?;
+            let f = self.func("cz_anchor_res")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&accp).arg(&aresp).arg(&flagp);
+            // SAFETY: one thread per tile reads codes of tiles and writes its residual.
+            unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor residuals"))?;
+            let f = self.func("cz_anchor_serial")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&accp).arg(&aresp).arg(&flagp);
+            // SAFETY: one thread rewrites the n_tiles codes and residuals (when flagged).
+            unsafe { b.launch(Self::launch_cfg(1, 32, 0)) }.map_err(gpu_err("anchors"))?;
+            let f = self.func(&format!("cz_anchor_vals_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&accp).arg(&step).arg(&valp);
+            // SAFETY: one thread per tile.
+            unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor values"))?;
+        }
+        self.mark("anchors")?;
+        // 3. level configuration by sampling (interp.rs choose_levels)
+        let nl = g.levels();
+        let k = (n_tiles / interp::SAMPLE_TILES).max(1) as i64;
+        let nsample = n_tiles.div_ceil(k as usize);
+        let scale = 1.0 / step;
+        let sample = |me: &mut Self, cfg: u64| -> Result<Vec<u64>> {
+            let mut err = s
+                .alloc_zeros::<u64>(nl.max(1) * 9)
+                .map_err(gpu_err("alloc"))?;
+            let errp = raw_ptr_mut(&mut err, &s);
+            let f = me.func(&format!("cz_sample_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x)
+                .arg(&geo0p)
+                .arg(&k)
+                .arg(&scale)
+                .arg(&cfg)
+                .arg(&errp);
+            // SAFETY: one block per sampled tile reads its box of the input; adds to `err`.
+            unsafe { b.launch(Self::launch_cfg(nsample, 128, 0)) }.map_err(gpu_err("sample"))?;
+            me.read_words(&err)
+        };
+        let e1 = sample(self, 0)?;
+        let mut levels = Vec::with_capacity(nl);
+        let mut cfg = Vec::with_capacity(nl * 6);
+        for lv in 0..nl {
+            let err = |d: usize, i: usize| e1[lv * 9 + d * 3 + i];
+            let best: [(u64, usize); 3] = std::array::from_fn(|d| {
+                let mut bi = 0;
+                for i in 1..3 {
+                    if err(d, i) < err(d, bi) {
+                        bi = i;
+                    }
+                }
+                (err(d, bi), bi)
+            });
+            let mut order = [0usize, 1, 2];
+            order.sort_by(|&a, &b| best[b].0.cmp(&best[a].0).then(a.cmp(&b)));
+            let spline = best.map(|b| interp::Spline::ALL[b.1]);
+            levels.push(Level {
+                order,
+                spline,
+                multi: false,
+            });
+            cfg.extend(order.iter().map(|&o| o as i64));
+            cfg.extend(best.iter().map(|b| b.1 as i64));
+        }
+        let cfg_d = self.upload(&cfg)?;
+        let e2 = sample(self, raw_ptr(&cfg_d, &s))?;
+        for (lv, level) in levels.iter_mut().enumerate() {
+            level.multi = e2[lv * 9 + 1] < e2[lv * 9];
+        }
+        self.mark("sample")?;
+        // 4. residuals and the per-class histogram
+        let (geo, pattern) = geometry(&g, &levels);
+        let geo = self.upload(&geo)?;
+        let pat = self.upload(&pattern)?;
+        let (geop, patp) = (raw_ptr(&geo, &s), raw_ptr(&pat, &s));
+        let nclass = interp::n_classes(nl);
+        let mut hist = s
+            .alloc_zeros::<u64>(nclass * SYMBOLS)
+            .map_err(gpu_err("alloc"))?;
+        let histp = raw_ptr_mut(&mut hist, &s);
+        self.workspace(n)?;
+        let ws = self.ws.as_mut().expect("workspace");
+        let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
+        {
+            let f = self.func(&format!("cz_enc_tiles_{t}"))?;
+            let smem = TILE_WARPS * MAX_BOX * 8 + nclass * SYMBOLS * 4;
+            set_smem(&f, smem)?;
+            let nclass32 = nclass as u32;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x)
+                .arg(&geop)
+                .arg(&accp)
+                .arg(&aresp)
+                .arg(&valp)
+                .arg(&step)
+                .arg(&eb)
+                .arg(&patp)
+                .arg(&nclass32)
+                .arg(&resp)
+                .arg(&rawp)
+                .arg(&histp);
+            let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
+            // SAFETY: warps read the boxes of their tiles (inside the input) and write their
+            // owned residuals and lossless bytes (below n values of the workspace).
+            unsafe { b.launch(Self::launch_cfg(grid, TILE_WARPS * 32, smem)) }
+                .map_err(gpu_err("tiles"))?;
+        }
+        let h = self.read_words(&hist)?;
+        self.mark("residuals")?;
+        // 5. tables (the CPU's builder) and the metadata
+        let hist: Vec<Vec<u64>> = h.chunks(SYMBOLS).map(|c| c.to_vec()).collect();
+        let (map, freqs) = rans::group_classes(&hist);
+        let tables = rans::tables(&freqs);
+        let meta = write_meta(&levels, &map, &freqs);
+        let enc: Vec<u32> = tables
+            .iter()
+            .flat_map(|t| t.encoder_words().into_iter().flatten())
+            .collect();
+        let map_d = self.upload(&map)?;
+        let enc_d = self.upload(&enc)?;
+        // 6. chunks
+        let nc = n.div_ceil(CHUNK);
+        let per = scratch_len::<T>();
+        if self.scratch.as_ref().is_none_or(|b| b.len() < nc * per) {
+            self.scratch = None;
+            // SAFETY: every chunk writes the parts of its region that are read back.
+            let b = unsafe { s.alloc::<u8>(nc * per) }.map_err(|e| {
+                Error::OutOfMemory(format!("cuszi chunk scratch of {} bytes: {e:?}", nc * per))
+            })?;
+            self.scratch = Some(b);
+        }
+        let scp = raw_ptr_mut(self.scratch.as_mut().expect("scratch"), &s);
+        let mut info = s.alloc_zeros::<u32>(3 * nc).map_err(gpu_err("alloc"))?;
+        let mut sizes = s.alloc_zeros::<u64>(nc + 1).map_err(gpu_err("alloc"))?;
+        let (infop, sizep) = (raw_ptr_mut(&mut info, &s), raw_ptr_mut(&mut sizes, &s));
+        let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
+        let nc64 = nc as u64;
+        {
+            let f = self.func(&format!("cz_enc_chunks_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geop)
+                .arg(&resp)
+                .arg(&rawp)
+                .arg(&patp)
+                .arg(&mapp)
+                .arg(&encp)
+                .arg(&nc64)
+                .arg(&scp)
+                .arg(&infop)
+                .arg(&sizep);
+            // SAFETY: one thread per chunk reads its residuals and writes its scratch region
+            // (nc regions allocated) and its info and size words.
+            unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
+                .map_err(gpu_err("chunks"))?;
+            let f = self.func("cz_scan")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&sizep).arg(&nc64);
+            // SAFETY: one block rewrites the nc + 1 size words.
+            unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("scan"))?;
+        }
+        let mut total = [0u64];
+        s.memcpy_dtoh(&sizes.slice(nc..nc + 1), &mut total[..])
+            .map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        self.mark("chunks")?;
+        let hl = HEADER_LEN_V3;
+        let payload = nc * TABLE_ENTRY_LEN + meta.len() + total[0] as usize;
+        if payload >= n * T::SIZE {
+            return self.compress_on_host(input, dims, bound, out);
+        }
+        // 7. placement, hashes, metadata and header
+        let outp = raw_ptr_mut(out, &s);
+        let table_at = hl as u64;
+        let data_at = (hl + nc * TABLE_ENTRY_LEN + meta.len()) as u64;
+        {
+            let f = self.func(&format!("cz_enc_write_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&scp)
+                .arg(&infop)
+                .arg(&sizep)
+                .arg(&outp)
+                .arg(&table_at)
+                .arg(&data_at);
+            // SAFETY: block i writes chunk i below data_at + total <= hl + payload < cap bytes
+            // of `out`, and its table entry.
+            unsafe { b.launch(Self::launch_cfg(nc, 256, 0)) }.map_err(gpu_err("write"))?;
+        }
+        self.write_bytes(outp + (hl + nc * TABLE_ENTRY_LEN) as u64, &meta)?;
+        let mut hw = s.alloc_zeros::<u64>(1).map_err(gpu_err("alloc"))?;
+        let hwp = raw_ptr_mut(&mut hw, &s);
+        let nwords = ((nc * TABLE_ENTRY_LEN + meta.len()) / 4) as u64;
+        {
+            let f = self.func("cz_hash")?;
+            let mut b = s.launch_builder(&f);
+            let tp = outp + table_at;
+            b.arg(&tp).arg(&nwords).arg(&hwp);
+            // SAFETY: reads the table and metadata words of `out`.
+            unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("hash"))?;
+        }
+        let table_checksum = self.read_words(&hw)?[0] as u32;
+        let header = Header {
+            payload_len: payload as u64,
+            n_chunks: nc as u32,
+            payload_checksum: table_checksum,
+            data_checksum: 0,
+            dims: Some(shape),
+            meta_len: meta.len() as u32,
+            ..crate::codec::params_header::<T>(CodecKind::Cuszi, n, &params)
+        };
+        self.write_bytes(outp, &header.to_vec())?;
+        self.mark("write")?;
+        Ok(hl + payload)
+    }
+
+    fn write_bytes(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+        // SAFETY: the callers write inside `out`; the copy from pageable memory is staged before
+        // the call returns, and the stream is synchronized.
+        unsafe { cu::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) }
+            .map_err(gpu_err("write"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
+    /// The CPU twin's compression of a host copy of `input`, written to `out`.
+    fn compress_on_host<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        dims: &[usize],
+        bound: ErrorBound,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        let mut host = vec![T::default(); input.len()];
+        if !host.is_empty() {
+            self.stream
+                .memcpy_dtoh(input, &mut host[..])
+                .map_err(gpu_err("dtoh"))?;
+            self.stream.synchronize().map_err(gpu_err("sync"))?;
+        }
+        let v = crate::compress_nd(&host, dims, bound, CodecKind::Cuszi)?;
+        if v.len() > out.len() {
+            return Err(Error::invalid("cuszi output smaller than the stream"));
+        }
+        let outp = raw_ptr_mut(out, &self.stream);
+        self.write_bytes(outp, &v)?;
+        Ok(v.len())
+    }
+
+    /// [`CusziGpu::compress_device`] of host values.
+    pub fn compress<T: GpuElement>(
+        &mut self,
+        data: &[T],
+        dims: &[usize],
+        bound: ErrorBound,
+    ) -> Result<Vec<u8>> {
+        let s = self.stream.clone();
+        let d_in = self.upload(data)?;
+        let cap = Self::compress_bound::<T>(data.len());
+        let mut d_out = s.alloc_zeros::<u8>(cap).map_err(gpu_err("alloc"))?;
+        let len = self.compress_device(
+            &d_in.slice(0..data.len()),
+            dims,
+            bound,
+            &mut d_out.slice_mut(..),
+        )?;
+        let mut v = vec![0u8; len];
+        s.memcpy_dtoh(&d_out.slice(0..len), &mut v[..])
+            .map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        Ok(v)
+    }
+
     /// [`CusziGpu::decompress_device`] of a host stream.
     pub fn decompress<T: GpuElement>(&mut self, stream: &[u8]) -> Result<Vec<T>> {
         let h = crate::codec::inspect(stream)?;
@@ -566,7 +995,23 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
             fc[i * SYMBOLS + s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
         }
     }
-    let walks = interp::walks(g.stride, &levels);
+    let (geo, pattern) = geometry(&g, &levels);
+    Ok(Some(Plan {
+        g,
+        geo,
+        pattern,
+        map,
+        sym,
+        fc,
+        ent,
+        qstep: h.step,
+    }))
+}
+
+/// The geometry words (kernels/cuszi.cu `CZ_G_*`: the grid, the walks of `levels`) and the
+/// class of every local position of a whole tile.
+fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
+    let walks = interp::walks(g.stride, levels);
     let mut geo = vec![0i64; G_WALKS + WALK_WORDS * walks.len()];
     geo[G_BATCH] = g.batch as i64;
     for d in 0..3 {
@@ -576,7 +1021,7 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
     geo[G_S] = g.stride as i64;
     geo[G_NTILES] = g.n_tiles() as i64;
     geo[G_VOL] = g.volume() as i64;
-    geo[G_COUNT] = count as i64;
+    geo[G_COUNT] = (g.batch * g.volume()) as i64;
     geo[G_NWALKS] = walks.len() as i64;
     let full = g.owned([0; 3]);
     for d in 0..3 {
@@ -609,19 +1054,24 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
     for l0 in 0..full[0] {
         for l1 in 0..full[1] {
             for l2 in 0..full[2] {
-                pattern.push(interp::point_class([l0, l1, l2], log2s, &levels));
+                pattern.push(interp::point_class([l0, l1, l2], log2s, levels));
             }
         }
     }
-    let _ = T::SIZE;
-    Ok(Some(Plan {
-        g,
-        geo,
-        pattern,
-        map,
-        sym,
-        fc,
-        ent,
-        qstep: h.step,
-    }))
+    (geo, pattern)
+}
+
+/// Bytes of one chunk's scratch region of the encoder (kernels/cuszi.cu `cz_scratch`): the rANS
+/// bytes (at most 2 per value, and the state), the lossless values, the varints, the classes.
+fn scratch_len<T: GpuElement>() -> usize {
+    2 * CHUNK + 4 + CHUNK * (T::SIZE + 10 + 1)
+}
+
+/// Let kernel `f` use `bytes` of dynamic shared memory.
+fn set_smem(f: &CudaFunction, bytes: usize) -> Result<()> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(gpu_err("shared memory attribute"))
 }

@@ -25,7 +25,7 @@ pub(crate) enum Spline {
 }
 
 impl Spline {
-    const ALL: [Spline; 3] = [Spline::Linear, Spline::Cubic, Spline::Natural];
+    pub(crate) const ALL: [Spline; 3] = [Spline::Linear, Spline::Cubic, Spline::Natural];
 
     fn from_bits(v: u8) -> Option<Self> {
         Self::ALL.get(v as usize).copied()

@@ -370,7 +370,7 @@ const CODER_RANS: u8 = 1;
 /// The metadata section of coder 1: level count (u8), coder 1 (u8), 0 (u16), two configuration
 /// bytes per level (coarsest first), the class count (u8), the table count (u8), the table of
 /// every class (u8 each), the tables ([`rans::write_table`]), zero padding to 4 bytes.
-fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
+pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
     let mut m = vec![levels.len() as u8, CODER_RANS, 0, 0];
     for lv in levels {
         m.extend_from_slice(&lv.to_bytes());

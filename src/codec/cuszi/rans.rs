@@ -112,6 +112,15 @@ impl Table {
         (&self.slot, &self.step)
     }
 
+    /// The encoder's words per symbol ([`super::rans`] `EncSym`): `x_max`, the reciprocal, its
+    /// shift, the bias and `M - f` (all 0 for an unused symbol).
+    pub(crate) fn encoder_words(&self) -> Vec<[u32; 5]> {
+        self.enc
+            .iter()
+            .map(|e| [e.x_max, e.rcp, e.rcp_shift, e.bias, e.cmpl])
+            .collect()
+    }
+
     /// The table of normalized frequencies `freq` (checked: summing to [`PROB_SCALE`]).
     fn new(freq: &[u32]) -> Self {
         let mut enc = vec![EncSym::default(); NSYM];
