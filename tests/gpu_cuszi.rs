@@ -282,47 +282,15 @@ fn throughput(g: &mut CusziGpu) {
     let dims = [n, n, n];
     let data = smooth::<f32>(&dims);
     let raw = (data.len() * 4) as f64;
+    let mut identical = true;
     for b in [ErrorBound::Noa(1e-3), ErrorBound::Noa(1e-4)] {
         let t0 = std::time::Instant::now();
         let s = compress_nd(&data, &dims, b, CodecKind::Cuszi).unwrap();
         let cpu_c = t0.elapsed().as_secs_f64();
-        let st = g.stream().clone();
-        let d_data = st.clone_htod(&data).unwrap();
-        let mut d_cs = st
-            .alloc_zeros::<u8>(CusziGpu::compress_bound::<f32>(data.len()))
-            .unwrap();
-        let mut ctimes = Vec::new();
-        let mut len = 0;
-        for k in 0..9 {
-            st.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
-            len = g
-                .compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
-                .unwrap();
-            st.synchronize().unwrap();
-            if k >= 2 {
-                ctimes.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        g.set_profile(true);
-        g.compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
-            .unwrap();
-        let prof = g.take_profile().unwrap();
-        g.set_profile(false);
-        let got = st.clone_dtoh(&d_cs.slice(0..len)).unwrap();
-        assert!(got == s, "{b}: GPU stream differs from the CPU's");
-        let tc = median(&mut ctimes);
-        println!(
-            "cuszi 512^3 f32 {b}: gpu compress median {:.3} ms = {:.1} GB/s (min {:.3} ms, max \
-             {:.3} ms, 7 runs) | byte-identical to CPU compress_nd | steps (ms): {prof:?}",
-            tc * 1e3,
-            raw / tc / 1e9,
-            ctimes.iter().cloned().fold(f64::MAX, f64::min) * 1e3,
-            ctimes.iter().cloned().fold(0.0, f64::max) * 1e3,
-        );
         let t0 = std::time::Instant::now();
         let want: Vec<f32> = decompress(&s).unwrap();
         let cpu_d = t0.elapsed().as_secs_f64();
+        let st = g.stream().clone();
         let d_in = st.clone_htod(&s).unwrap();
         let mut d_out = st.alloc_zeros::<f32>(data.len()).unwrap();
         let mut times = Vec::new();
@@ -360,5 +328,40 @@ fn throughput(g: &mut CusziGpu) {
             cpu_c,
             cpu_d,
         );
+        let d_data = st.clone_htod(&data).unwrap();
+        let mut d_cs = st
+            .alloc_zeros::<u8>(CusziGpu::compress_bound::<f32>(data.len()))
+            .unwrap();
+        let mut ctimes = Vec::new();
+        let mut len = 0;
+        for k in 0..9 {
+            st.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            len = g
+                .compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
+                .unwrap();
+            st.synchronize().unwrap();
+            if k >= 2 {
+                ctimes.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        g.set_profile(true);
+        g.compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
+            .unwrap();
+        let prof = g.take_profile().unwrap();
+        g.set_profile(false);
+        let got = st.clone_dtoh(&d_cs.slice(0..len)).unwrap();
+        identical &= got == s;
+        let tc = median(&mut ctimes);
+        println!(
+            "cuszi 512^3 f32 {b}: gpu compress median {:.3} ms = {:.1} GB/s (min {:.3} ms, max \
+             {:.3} ms, 7 runs) | byte-identical to CPU compress_nd: {} | steps (ms): {prof:?}",
+            tc * 1e3,
+            raw / tc / 1e9,
+            ctimes.iter().cloned().fold(f64::MAX, f64::min) * 1e3,
+            ctimes.iter().cloned().fold(0.0, f64::max) * 1e3,
+            got == s,
+        );
     }
+    assert!(identical, "a GPU stream differs from the CPU's");
 }
