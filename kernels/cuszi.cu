@@ -109,34 +109,45 @@ __device__ __forceinline__ i64 cz_symbol_index(const CzGeo& g, i64 b, const i64 
 // to `res` (symbol order; LOSSLESS for lossless values), a lossless value's bits to `raw` at
 // its index, and uses `bigs` (at the chunk's own indices) for the positions of big residuals.
 //
-// The tables: per table `sym` (the symbol of each of the 2^14 slots) and `fc` (per symbol
-// `freq << 16 | cum`). Each thread's state update waits on two dependent loads, so they are
-// staged in shared memory when all of them fit (`smem` = their bytes, else 0: read from global
-// memory), with the class pattern.
+// The tables, per table: `rank` (per slot: the rank of its symbol among the table's 255 most
+// frequent ones, 255 for the others), `rfc` and `rsym` (per rank: `freq << 16 | cum` and the
+// symbol), and for the other symbols `sym` (per slot) and `fc` (per symbol). Each thread's state
+// update waits on these loads, so rank, rfc, rsym, the class map and the class pattern are
+// staged in shared memory when they fit (`smem` = their bytes, else 0: all read from global
+// memory).
 extern __shared__ __align__(16) u8 cz_dyn[];
 
 template <typename T>
 __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* g_pattern,
-                        const u8* map, const unsigned short* g_sym, const u32* g_fc, u32 ntab, u32 smem, i64* res,
+                        const u8* g_map, const unsigned short* g_sym, const u32* g_fc, const u8* g_rank,
+                        const u32* g_rfc, const unsigned short* g_rsym, u32 ntab, u32 nclass, u32 smem, i64* res,
                         u8* raw, u32* bigs, u64* err) {
-    const unsigned short* slot = g_sym;
-    const u32* fcs = g_fc;
+    const u8* rank = g_rank;
+    const u32* rfc = g_rfc;
+    const unsigned short* rsym = g_rsym;
     const u8* pattern = g_pattern;
+    const u8* map = g_map;
     if (smem) {
-        // layout: fc (ntab * 1025 u32), sym (ntab * 2^14 u16), pattern
-        u32* s_fc = (u32*)cz_dyn;
-        unsigned short* s_sym = (unsigned short*)(s_fc + ntab * 1025);
-        u8* s_pat = (u8*)(s_sym + ntab * CZ_PROB_SCALE);
+        u8* s_rank = cz_dyn;
+        u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
+        unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
+        u8* s_map = (u8*)(s_rsym + ntab * 256);
+        u8* s_pat = s_map + 64;
         u32 npat = (u32)(geo[CZ_G_FULL] * geo[CZ_G_FULL + 1] * geo[CZ_G_FULL + 2]);
-        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_fc[i] = g_fc[i];
-        const u32* gs = (const u32*)g_sym;
-        u32* ss = (u32*)s_sym;
-        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 2; i += blockDim.x) ss[i] = gs[i];
+        const u32* gr = (const u32*)g_rank;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
+        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
+            s_rfc[i] = g_rfc[i];
+            s_rsym[i] = g_rsym[i];
+        }
+        for (u32 i = threadIdx.x; i < nclass; i += blockDim.x) s_map[i] = g_map[i];
         for (u32 i = threadIdx.x; i < npat; i += blockDim.x) s_pat[i] = g_pattern[i];
         __syncthreads();
-        slot = s_sym;
-        fcs = s_fc;
+        rank = s_rank;
+        rfc = s_rfc;
+        rsym = s_rsym;
         pattern = s_pat;
+        map = s_map;
     }
     u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ci >= nchunks) return;
@@ -197,13 +208,21 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     u32 nraw = 0, nbig = 0;
     const u32 raw_at = 4 + nb;
     const u32 mask = CZ_PROB_SCALE - 1;
+    // the table of the next residual, looked up ahead of the state's dependency chain
+    u32 tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     for (i64 j = 0; j < cnt; j++) {
-        u32 k = pattern[(l[0] * f1 + l[1]) * f2 + l[2]];
-        u32 tb = map[k];
         u32 sl = x & mask;
-        u32 s = slot[(tb << CZ_PROB_BITS) + sl];
-        u32 fc = fcs[tb * 1025 + s];
-        // (x = f (x >> 14) + sl - cum < 2^32: no overflow)
+        u32 at = (tb << CZ_PROB_BITS) + sl;
+        u32 rk = rank[at];
+        u32 s, fc;
+        if (rk != 255) {
+            s = rsym[tb * 256 + rk];
+            fc = rfc[tb * 256 + rk];
+        } else {
+            s = g_sym[at];
+            fc = g_fc[tb * 1025 + s];
+        }
+        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
         x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
         while (x < CZ_RANS_L) {
             if (pos >= nb) {
@@ -253,6 +272,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
                 }
             }
         }
+        if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     }
     if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
     u32 p = raw_at + nraw * (u32)sizeof(T);
@@ -456,8 +476,16 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
             if (owned) {
                 si = base + (x[0] * own[1] + x[1]) * own[2] + x[2];
             } else {
-                i64 gx[3] = {o[0] + x[0], o[1] + x[1], o[2] + x[2]};
-                si = cz_symbol_index(g, b, gx);
+                // a halo point: local coordinate 0 of the next tile along its halo dimensions
+                i64 cn[3];
+                int l[3], on[3];
+                for (int d = 0; d < 3; d++) {
+                    bool h = x[d] >= own[d];
+                    cn[d] = c[d] + h;
+                    l[d] = h ? 0 : x[d];
+                    on[d] = h ? (int)cz_owned(g, d, cn[d]) : own[d];
+                }
+                si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
             }
             i64 r = res[si];
             double v;
@@ -1046,9 +1074,11 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
 #define CZ_INST(T, N)                                                                                               \
     extern "C" __global__ void cz_rans_##N(const u8* stream, const i64* geo, const u64* ent, u64 nchunks,            \
                                            const u8* pattern, const u8* map, const unsigned short* sym,            \
-                                           const u32* fc, u32 ntab, u32 smem, i64* res, u8* raw, u32* bigs,       \
-                                           u64* err) {                                                             \
-        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, ntab, smem, res, raw, bigs, err);            \
+                                           const u32* fc, const u8* rank, const u32* rfc,                          \
+                                           const unsigned short* rsym, u32 ntab, u32 nclass, u32 smem, i64* res,  \
+                                           u8* raw, u32* bigs, u64* err) {                                         \
+        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, rank, rfc, rsym, ntab, nclass, smem, res,    \
+                   raw, bigs, err);                                                                                \
     }                                                                                                               \
     extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
                                               int first, int last, double step) {                                  \

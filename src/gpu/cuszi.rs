@@ -63,6 +63,12 @@ const TILE_WARPS: usize = 4;
 const SLOTS: usize = 1 << 14;
 /// Symbols per rANS table (rans.rs `NSYM`).
 const SYMBOLS: usize = 1025;
+/// Ranks per table of the decoder's compact tables (kernels/cuszi.cu cz_rans).
+const RANKS: usize = 256;
+/// The rank of a symbol outside the compact table.
+const RANK_OTHER: u8 = 255;
+/// Bytes of the class map in the decoder's shared memory (at most 28 classes).
+const MAP_BYTES: usize = 64;
 /// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
 const MAX_BOX: usize = 729;
 /// Threads per block of `cz_rans_*` (each decodes one chunk; a block stages the tables).
@@ -161,6 +167,13 @@ struct Plan {
     sym: Vec<u16>,
     /// Per table and symbol: `freq << 16 | cum`.
     fc: Vec<u32>,
+    /// Per table and slot: the rank of its symbol ([`RANK_OTHER`]: not among the 255 most
+    /// frequent).
+    rank: Vec<u8>,
+    /// Per table and rank: `freq << 16 | cum` of the symbol.
+    rfc: Vec<u32>,
+    /// Per table and rank: the symbol.
+    rsym: Vec<u16>,
     /// Per chunk: offset, then size | checksum << 32.
     ent: Vec<u64>,
     /// The quantization step.
@@ -401,6 +414,9 @@ impl CusziGpu {
         let map = self.upload(&p.map)?;
         let slot = self.upload(&p.sym)?;
         let step = self.upload(&p.fc)?;
+        let rank = self.upload(&p.rank)?;
+        let rfc = self.upload(&p.rfc)?;
+        let rsym = self.upload(&p.rsym)?;
         let ent = self.upload(&p.ent)?;
         let n_tiles = p.g.n_tiles();
         let mut acc = self
@@ -419,6 +435,7 @@ impl CusziGpu {
         let ws = self.ws.as_mut().expect("workspace");
         let (geop, patp, mapp) = (raw_ptr(&geo, &s), raw_ptr(&pattern, &s), raw_ptr(&map, &s));
         let (slotp, stepp, entp) = (raw_ptr(&slot, &s), raw_ptr(&step, &s), raw_ptr(&ent, &s));
+        let (rankp, rfcp, rsymp) = (raw_ptr(&rank, &s), raw_ptr(&rfc, &s), raw_ptr(&rsym, &s));
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
         let bigp = raw_ptr_mut(&mut ws.bigs, &s);
@@ -436,13 +453,12 @@ impl CusziGpu {
         {
             let f = self.func(&format!("cz_rans_{t}"))?;
             let ntab = (p.fc.len() / SYMBOLS) as u32;
-            let want = (p.fc.len() * 4 + p.sym.len() * 2 + p.pattern.len()).next_multiple_of(16);
+            let nclass = p.map.len() as u32;
+            let want =
+                (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + MAP_BYTES) + p.pattern.len();
+            let want = want.next_multiple_of(16);
             let smem = if want <= self.smem_optin {
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    want as i32,
-                )
-                .map_err(gpu_err("smem attribute"))?;
+                set_smem(&f, want)?;
                 want as u32
             } else {
                 0
@@ -456,7 +472,11 @@ impl CusziGpu {
                 .arg(&mapp)
                 .arg(&slotp)
                 .arg(&stepp)
+                .arg(&rankp)
+                .arg(&rfcp)
+                .arg(&rsymp)
                 .arg(&ntab)
+                .arg(&nclass)
                 .arg(&smem)
                 .arg(&resp)
                 .arg(&rawp)
@@ -985,14 +1005,31 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
         Coder::Rans(map, tables) => (map, tables),
         Coder::Huffman(_) => return Ok(None),
     };
-    // per table: the symbol of every slot, and per symbol `freq << 16 | cum`
-    let mut sym = Vec::with_capacity(tables.len() * SLOTS);
-    let mut fc = vec![0u32; tables.len() * SYMBOLS];
+    // per table: the symbol of every slot, per symbol `freq << 16 | cum`, and the compact form
+    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans)
+    let nt = tables.len();
+    let mut sym = Vec::with_capacity(nt * SLOTS);
+    let mut fc = vec![0u32; nt * SYMBOLS];
+    let mut rank = vec![RANK_OTHER; nt * SLOTS];
+    let mut rfc = vec![0u32; nt * RANKS];
+    let mut rsym = vec![0u16; nt * RANKS];
     for (i, t) in tables.iter().enumerate() {
         let (slots, steps) = t.decoder_arrays();
         sym.extend_from_slice(slots);
+        let f = &mut fc[i * SYMBOLS..(i + 1) * SYMBOLS];
         for (sl, (&s, &st)) in slots.iter().zip(steps).enumerate() {
-            fc[i * SYMBOLS + s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
+            f[s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
+        }
+        let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| f[s] >> 16 != 0).collect();
+        used.sort_by(|&a, &b| (f[b] >> 16).cmp(&(f[a] >> 16)).then(a.cmp(&b)));
+        let mut rank_of = vec![RANK_OTHER; SYMBOLS];
+        for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
+            rank_of[s] = r as u8;
+            rfc[i * RANKS + r] = f[s];
+            rsym[i * RANKS + r] = s as u16;
+        }
+        for (sl, &s) in slots.iter().enumerate() {
+            rank[i * SLOTS + sl] = rank_of[s as usize];
         }
     }
     let (geo, pattern) = geometry(&g, &levels);
@@ -1003,13 +1040,17 @@ fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Pl
         map,
         sym,
         fc,
+        rank,
+        rfc,
+        rsym,
         ent,
         qstep: h.step,
     }))
 }
 
 /// The geometry words (kernels/cuszi.cu `CZ_G_*`: the grid, the walks of `levels`) and the
-/// class of every local position of a whole tile.
+/// class of every local position of a whole tile (none unless `levels` configures every level
+/// of the grid).
 fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
     let walks = interp::walks(g.stride, levels);
     let mut geo = vec![0i64; G_WALKS + WALK_WORDS * walks.len()];
@@ -1051,6 +1092,10 @@ fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
     }
     let log2s = g.stride.trailing_zeros();
     let mut pattern = Vec::with_capacity(full.iter().product());
+    if levels.len() != g.levels() {
+        // (the anchor and sampling kernels, before the configuration is known, read no classes)
+        return (geo, pattern);
+    }
     for l0 in 0..full[0] {
         for l1 in 0..full[1] {
             for l2 in 0..full[2] {
