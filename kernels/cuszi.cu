@@ -41,6 +41,8 @@
 #define CZ_E_BIG 8ull
 #define CZ_E_PAD 16ull
 
+// Chunks per block of cz_rans (one per thread of its first warp).
+#define CZ_RANS_CHUNKS 32
 // Largest box: 9^3 (3-D), 17^2 (2-D), 513 (1-D).
 #define CZ_MAXBOX 729
 // Warps (tiles) per block of the tile kernel.
@@ -149,7 +151,9 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
         pattern = s_pat;
         map = s_map;
     }
-    u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // (the whole block stages the tables; its first CZ_RANS_CHUNKS threads decode a chunk each)
+    if (threadIdx.x >= CZ_RANS_CHUNKS) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + threadIdx.x;
     if (ci >= nchunks) return;
     const CzGeo g = cz_geo(geo);
     const u8* c = stream + ent[2 * ci];
@@ -584,11 +588,15 @@ template <typename T> __device__ __forceinline__ i64 cz_qencode(T x, double step
     return (exact && d <= eb) ? q : CZ_LOSSLESS;
 }
 
-// Anchor codes and their Lorenzo residuals (mod.rs predict, "anchors"): when every anchor has a
-// code, the residual is the n-D difference of the codes, computed per tile; a lossless anchor
-// (or a residual equal to LOSSLESS) sets flag[0] and cz_anchor_serial redoes the sequence.
+// Anchor codes and their Lorenzo residuals (mod.rs predict, "anchors"). A lossless anchor
+// stands for its prediction in the anchor buffer `acc`; every other anchor for its code `cod`.
+// cz_anchor_codes writes both (flag bit 1: some anchor is lossless); cz_anchor_lossless gives
+// the lossless ones their predictions in tile order (each depends on earlier tiles only);
+// cz_anchor_res computes every residual in parallel from `acc`. A residual equal to LOSSLESS
+// (which makes that anchor lossless too: flag bit 2) sends the whole sequence to
+// cz_anchor_serial, the CPU's loop on one thread.
 template <typename T>
-__device__ void cz_anchor_codes(const T* x, const i64* geo, double step, double eb, i64* acc, u64* flag) {
+__device__ void cz_anchor_codes(const T* x, const i64* geo, double step, double eb, i64* cod, i64* acc, u64* flag) {
     const CzGeo g = cz_geo(geo);
     i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= g.ntiles) return;
@@ -596,11 +604,12 @@ __device__ void cz_anchor_codes(const T* x, const i64* geo, double step, double 
     i64 b = cz_tile_coords(g, t, c);
     i64 gi = b * g.vol + (c[0] * g.S * g.n[1] + c[1] * g.S) * g.n[2] + c[2] * g.S;
     i64 v = cz_qencode<T>(x[gi], step, eb);
+    cod[t] = v;
     acc[t] = v;
     if (v == CZ_LOSSLESS) atomicOr(flag, 1ull);
 }
-__device__ __forceinline__ i64 cz_lorenzo(const CzGeo& g, i64 b, const i64 c[3], const i64* a, bool with_self) {
-    // interp.rs anchor_prediction (with_self: plus the point itself, minus the prediction)
+__device__ __forceinline__ i64 cz_lorenzo(const CzGeo& g, i64 b, const i64 c[3], const i64* a) {
+    // interp.rs anchor_prediction
     i64 p = 0;
     for (int m = 1; m < 8; m++) {
         bool out = false;
@@ -613,33 +622,69 @@ __device__ __forceinline__ i64 cz_lorenzo(const CzGeo& g, i64 b, const i64 c[3],
         u64 v = (u64)a[cz_tile_index(g, b, t)];
         p = (__popc(m) & 1) ? (i64)((u64)p + v) : (i64)((u64)p - v);
     }
-    if (with_self) return (i64)((u64)a[cz_tile_index(g, b, c)] - (u64)p);
     return p;
 }
-extern "C" __global__ void cz_anchor_res(const i64* geo, const i64* acc, i64* ares, u64* flag) {
+// One block: the tiles in order, 1024 at a time; thread 0 visits the lossless ones of each.
+extern "C" __global__ void cz_anchor_lossless(const i64* geo, const i64* cod, i64* acc, const u64* flag) {
+    __shared__ u32 list[1024];
+    __shared__ u32 wcount[32];
+    if (!(flag[0] & 1)) return;
+    const CzGeo g = cz_geo(geo);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 base = 0; base < g.ntiles; base += 1024) {
+        i64 t = base + threadIdx.x;
+        bool lo = t < g.ntiles && cod[t] == CZ_LOSSLESS;
+        u32 bal = __ballot_sync(ZC_FULL, lo);
+        if (lane == 0) wcount[warp] = __popc(bal);
+        __syncthreads();
+        u32 before = 0, total = 0;
+        for (int w = 0; w < 32; w++) {
+            if (w < warp) before += wcount[w];
+            total += wcount[w];
+        }
+        if (lo) list[before + __popc(bal & ((1u << lane) - 1))] = (u32)threadIdx.x;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (u32 k = 0; k < total; k++) {
+                i64 tt = base + list[k];
+                i64 c[3];
+                i64 b = cz_tile_coords(g, tt, c);
+                acc[tt] = cz_lorenzo(g, b, c, acc);
+            }
+        }
+        __syncthreads();
+    }
+}
+extern "C" __global__ void cz_anchor_res(const i64* geo, const i64* cod, const i64* acc, i64* ares, u64* flag) {
     const CzGeo g = cz_geo(geo);
     i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= g.ntiles || flag[0]) return;
+    if (t >= g.ntiles) return;
+    i64 v = cod[t];
+    if (v == CZ_LOSSLESS) {
+        ares[t] = CZ_LOSSLESS;
+        return;
+    }
     i64 c[3];
     i64 b = cz_tile_coords(g, t, c);
-    i64 r = cz_lorenzo(g, b, c, acc, true);
+    i64 r = (i64)((u64)v - (u64)cz_lorenzo(g, b, c, acc));
     ares[t] = r;
-    if (r == CZ_LOSSLESS) atomicOr(flag, 1ull);
+    if (r == CZ_LOSSLESS) atomicOr(flag, 2ull);
 }
-// One thread, in tile order, as the CPU (only when flag[0] is set).
-extern "C" __global__ void cz_anchor_serial(const i64* geo, i64* acc, i64* ares, const u64* flag) {
-    if (!flag[0] || threadIdx.x || blockIdx.x) return;
+// One thread, in tile order, as the CPU (only under flag bit 2).
+extern "C" __global__ void cz_anchor_serial(const i64* geo, const i64* cod, i64* acc, i64* ares, const u64* flag) {
+    if (!(flag[0] & 2) || threadIdx.x || blockIdx.x) return;
     const CzGeo g = cz_geo(geo);
     for (i64 t = 0; t < g.ntiles; t++) {
         i64 c[3];
         i64 b = cz_tile_coords(g, t, c);
-        i64 v = acc[t];
-        i64 p = cz_lorenzo(g, b, c, acc, false);
+        i64 v = cod[t];
+        i64 p = cz_lorenzo(g, b, c, acc);
         i64 r = (i64)((u64)v - (u64)p);
         if (v == CZ_LOSSLESS || r == CZ_LOSSLESS) {
             acc[t] = p;
             ares[t] = CZ_LOSSLESS;
         } else {
+            acc[t] = v;
             ares[t] = r;
         }
     }
@@ -1095,9 +1140,9 @@ CZ_INST(double, f64)
 
 #define CZ_ENC_INST(T, N)                                                                                           \
     extern "C" __global__ void cz_range_##N(const T* x, u64 n, u64* ws) { cz_range<T>(x, n, ws); }                 \
-    extern "C" __global__ void cz_anchor_codes_##N(const T* x, const i64* geo, double step, double eb, i64* acc,    \
-                                                   u64* flag) {                                                    \
-        cz_anchor_codes<T>(x, geo, step, eb, acc, flag);                                                           \
+    extern "C" __global__ void cz_anchor_codes_##N(const T* x, const i64* geo, double step, double eb, i64* cod,    \
+                                                   i64* acc, u64* flag) {                                          \
+        cz_anchor_codes<T>(x, geo, step, eb, cod, acc, flag);                                                      \
     }                                                                                                               \
     extern "C" __global__ void cz_anchor_vals_##N(const i64* geo, const i64* acc, double step, double* vals) {     \
         cz_anchor_vals<T>(geo, acc, step, vals);                                                                   \

@@ -222,7 +222,7 @@ fn reseal(s: &mut [u8], at: usize) {
         }
         off += size;
     }
-    let mut h2 = h.clone();
+    let mut h2 = h;
     h2.payload_checksum = zhash_bytes(&s[hl..hl + h.table_len()]);
     let head = h2.to_vec();
     s[..hl].copy_from_slice(&head);

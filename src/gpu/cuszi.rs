@@ -71,8 +71,13 @@ const RANK_OTHER: u8 = 255;
 const MAP_BYTES: usize = 64;
 /// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
 const MAX_BOX: usize = 729;
-/// Threads per block of `cz_rans_*` (each decodes one chunk; a block stages the tables).
+/// Threads per block of `cz_enc_chunks_*` (each codes one chunk).
 const RANS_THREADS: usize = 32;
+/// Chunks per block of `cz_rans_*` (kernels/cuszi.cu `CZ_RANS_CHUNKS`); its blocks of
+/// [`RANS_STAGE_THREADS`] stage the tables together, then the first warp decodes.
+const RANS_CHUNKS: usize = 32;
+/// Threads per block of `cz_rans_*`.
+const RANS_STAGE_THREADS: usize = 256;
 
 /// The error bits of `cz_rans_*` (kernels/cuszi.cu `CZ_E_*`) and what they mean.
 const ERRORS: [(u64, &str); 5] = [
@@ -86,7 +91,13 @@ const ERRORS: [(u64, &str); 5] = [
 /// Names of every kernel of [`Module::Cuszi`].
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
-    for k in ["cz_anchor_res", "cz_anchor_serial", "cz_scan", "cz_hash"] {
+    for k in [
+        "cz_anchor_lossless",
+        "cz_anchor_res",
+        "cz_anchor_serial",
+        "cz_scan",
+        "cz_hash",
+    ] {
         v.push(k.to_string());
     }
     for t in ["f32", "f64"] {
@@ -345,7 +356,7 @@ impl CusziGpu {
         if zhash_bytes(&table) != h.payload_checksum {
             return Err(Error::corrupt("chunk table checksum mismatch"));
         }
-        let Some(plan) = plan::<T>(&h, &table, len)? else {
+        let Some(plan) = plan(&h, &table, len)? else {
             return self.on_host(stream, out);
         };
         self.launch::<T>(&plan, sp, out)
@@ -487,7 +498,11 @@ impl CusziGpu {
             // of the workspace; the tables hold `SLOTS` entries per table the map names.
             let c = LaunchConfig {
                 shared_mem_bytes: smem,
-                ..cfg(nchunks as usize, RANS_THREADS)
+                ..Self::launch_cfg(
+                    (nchunks as usize).div_ceil(RANS_CHUNKS),
+                    RANS_STAGE_THREADS,
+                    0,
+                )
             };
             unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
         }
@@ -654,6 +669,8 @@ impl CusziGpu {
         let geo0 = self.upload(&geo0)?;
         let geo0p = raw_ptr(&geo0, &s);
         let nt = n_tiles.max(1);
+        let mut cod = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
+        let codp = raw_ptr_mut(&mut cod, &s);
         let mut acc = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
         let mut ares = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
         let mut vals = s.alloc_zeros::<f64>(nt).map_err(gpu_err("alloc"))?;
@@ -668,18 +685,25 @@ impl CusziGpu {
                 .arg(&geo0p)
                 .arg(&step)
                 .arg(&eb)
+                .arg(&codp)
                 .arg(&accp)
                 .arg(&flagp);
             // SAFETY: one thread per tile reads its anchor's value and writes its code.
             unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor codes"))?;
+            let f = self.func("cz_anchor_lossless")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&flagp);
+            // SAFETY: one block reads the n_tiles codes and rewrites anchors of `acc`.
+            unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }
+                .map_err(gpu_err("lossless anchors"))?;
             let f = self.func("cz_anchor_res")?;
             let mut b = s.launch_builder(&f);
-            b.arg(&geo0p).arg(&accp).arg(&aresp).arg(&flagp);
-            // SAFETY: one thread per tile reads codes of tiles and writes its residual.
+            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&aresp).arg(&flagp);
+            // SAFETY: one thread per tile reads anchors of tiles and writes its residual.
             unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor residuals"))?;
             let f = self.func("cz_anchor_serial")?;
             let mut b = s.launch_builder(&f);
-            b.arg(&geo0p).arg(&accp).arg(&aresp).arg(&flagp);
+            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&aresp).arg(&flagp);
             // SAFETY: one thread rewrites the n_tiles codes and residuals (when flagged).
             unsafe { b.launch(Self::launch_cfg(1, 32, 0)) }.map_err(gpu_err("anchors"))?;
             let f = self.func(&format!("cz_anchor_vals_{t}"))?;
@@ -795,7 +819,7 @@ impl CusziGpu {
         // 6. chunks
         let nc = n.div_ceil(CHUNK);
         let per = scratch_len::<T>();
-        if self.scratch.as_ref().is_none_or(|b| b.len() < nc * per) {
+        if !self.scratch.as_ref().is_some_and(|b| b.len() >= nc * per) {
             self.scratch = None;
             // SAFETY: every chunk writes the parts of its region that are read back.
             let b = unsafe { s.alloc::<u8>(nc * per) }.map_err(|e| {
@@ -968,7 +992,7 @@ impl CusziGpu {
 /// The launch plan of a compressed abs/noa `cuszi` stream of `len` bytes with header `h` and
 /// chunk table plus metadata `table` (checksum verified): every check of the CPU decoder that
 /// needs no chunk bytes. `None` for a stream of coder 0 (no kernels).
-fn plan<T: GpuElement>(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>> {
+fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>> {
     let dims = h
         .dims
         .ok_or_else(|| Error::corrupt("cuszi stream without a shape"))?;
