@@ -387,20 +387,34 @@ __device__ __forceinline__ double cz_predict(const double* buf, int idx, int c, 
     return ((b + cc) * 23.0 - (a + d) * 3.0) / 40.0;
 }
 
+// v[i] of a three-element array, by selection: a runtime index into a local array would put
+// the array in local memory.
+__device__ __forceinline__ int cz_pick(const int v[3], int i) { return i == 0 ? v[0] : i == 1 ? v[1] : v[2]; }
+
+// The prediction along dimension `a` (a runtime value) of the point at `idx`.
+__device__ __forceinline__ double cz_predict_along(const double* buf, int idx, const int x[3], const int e[3],
+                                                   const int st[3], int s, int a, const int sp[3]) {
+    return cz_predict(buf, idx, cz_pick(x, a), cz_pick(e, a), s, cz_pick(st, a), cz_pick(sp, a));
+}
+
 __device__ __forceinline__ double cz_multi(const double* buf, int idx, const int x[3], const int e[3], const int st[3],
                                            int s, int mask, const int sp[3]) {
-    double ps[3];
+    double p0 = 0.0, p1 = 0.0, p2 = 0.0;
     int n = 0;
+#pragma unroll
     for (int a = 0; a < 3; a++) {
-        if ((mask >> a & 1) && x[a] + s < e[a]) ps[n++] = cz_predict(buf, idx, x[a], e[a], s, st[a], sp[a]);
+        if ((mask >> a & 1) && x[a] + s < e[a]) {
+            double p = cz_predict(buf, idx, x[a], e[a], s, st[a], sp[a]);
+            if (n == 0) p0 = p;
+            else if (n == 1) p1 = p;
+            else p2 = p;
+            n++;
+        }
     }
-    if (n == 0) {
-        int a = __ffs(mask) - 1;
-        return cz_predict(buf, idx, x[a], e[a], s, st[a], sp[a]);
-    }
-    if (n == 1) return ps[0];
-    if (n == 2) return (ps[0] + ps[1]) * 0.5;
-    return (ps[0] + ps[1] + ps[2]) / 3.0;
+    if (n == 0) return cz_predict_along(buf, idx, x, e, st, s, __ffs(mask) - 1, sp);
+    if (n == 1) return p0;
+    if (n == 2) return (p0 + p1) * 0.5;
+    return (p0 + p1 + p2) / 3.0;
 }
 
 template <typename T> __device__ __forceinline__ T cz_from_bits(const u8* p);
@@ -474,7 +488,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
             x[0] = start[0] + (k / (cnt[2] * cnt[1])) * stp[0];
             int idx = x[0] * st[0] + x[1] * st[1] + x[2];
             double p = multi ? cz_multi(buf, idx, x, e, st, s, am, sp)
-                             : cz_predict(buf, idx, x[am], e[am], s, st[am], sp[am]);
+                             : cz_predict_along(buf, idx, x, e, st, s, am, sp);
             bool owned = x[0] < own[0] && x[1] < own[1] && x[2] < own[2];
             i64 si;
             if (owned) {
@@ -772,7 +786,7 @@ __device__ void cz_sample(const T* x, const i64* geo, i64 k, double scale, const
                         }
                     }
                 } else {
-                    double p = cz_predict(buf, idx, xx[last], e[last], s, st[last], sp[last]);
+                    double p = cz_predict_along(buf, idx, xx, e, st, s, last, sp);
                     double m = cz_multi(buf, idx, xx, e, st, s, mask, sp);
                     if (zc_isfinite(v) && zc_isfinite(p) && zc_isfinite(m)) {
                         atomicAdd(&sums[lv][0], cz_err_units(v, p, scale));
@@ -863,7 +877,7 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
                 xx[0] = start[0] + (kk / (cnt[2] * cnt[1])) * stp[0];
                 int idx = xx[0] * st[0] + xx[1] * st[1] + xx[2];
                 double p = multi ? cz_multi(buf, idx, xx, e, st, s, am, sp)
-                                 : cz_predict(buf, idx, xx[am], e[am], s, st[am], sp[am]);
+                                 : cz_predict_along(buf, idx, xx, e, st, s, am, sp);
                 i64 gi = origin + (xx[0] * g.n[1] + xx[1]) * g.n[2] + xx[2];
                 T xv = x[gi];
                 // quant.rs ResidualQuantizer::encode
