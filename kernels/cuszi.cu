@@ -1,4 +1,4 @@
-// cuszi decoder kernels (src/gpu/cuszi.rs): the stages of src/codec/cuszi decode, bit for bit.
+// cuszi kernels (src/gpu/cuszi.rs): the stages of src/codec/cuszi encode and decode, bit for bit.
 //
 // Compiled by NVRTC with --fmad=false --prec-div=true, so every f64 expression below is the
 // same sequence of IEEE roundings as the Rust one it mirrors (named beside each function).

@@ -1,9 +1,28 @@
-//! The `cuszi` decoder on a CUDA device (`kernels/cuszi.cu`): decodes the streams of the CPU
-//! encoder ([`crate::compress_nd`] with [`CodecKind::Cuszi`](crate::CodecKind::Cuszi)) to the
-//! bits of [`crate::decompress`], and rejects the corrupt streams it rejects.
+//! The `cuszi` codec on a CUDA device (`kernels/cuszi.cu`): [`CusziGpu::compress_device`]
+//! writes the bytes of the CPU encoder ([`crate::compress_nd`] with [`CodecKind::Cuszi`]), and
+//! [`CusziGpu::decompress_device`] decodes them to the bits of [`crate::decompress`] and rejects
+//! the corrupt streams it rejects.
 //!
-//! Decompression of a device-resident stream follows the block-parallel map of
-//! `src/codec/cuszi/mod.rs`:
+//! Compression of a device buffer follows the block-parallel map of `src/codec/cuszi/mod.rs`:
+//!
+//! 1. `cz_range_*` (noa): the finite range, read back for the quantization step;
+//! 2. `cz_anchor_*`: the anchor codes; lossless anchors take their Lorenzo prediction in tile
+//!    order (one block), every other residual is computed in parallel;
+//! 3. `cz_sample_*` (twice): the sampling's integer error sums, read back; the host chooses each
+//!    level's passes and splines with the rules of `interp::choose_levels`;
+//! 4. `cz_enc_tiles_*`: one warp per tile predicts its box level by level (IEEE f64, no FMA),
+//!    quantizes the residuals and counts the symbols of each class; the histogram is read back
+//!    and the host builds the rANS tables and the metadata with the CPU's own code;
+//! 5. `cz_enc_chunks_*` (one thread per chunk of 32,768 residuals) codes each chunk, `cz_scan`
+//!    sums their sizes (read back: a stream that does not compress is stored by the CPU twin),
+//!    `cz_enc_write_*` places them with their table entries, `cz_hash` hashes table and
+//!    metadata, and the host writes the header.
+//!
+//! So a compression reads back small results four times between kernels (range, two sampling
+//! sums, histogram) besides the final size and hash; the tables are built on the host as in
+//! cuSZ-i.
+//!
+//! Decompression of a device-resident stream:
 //!
 //! 1. the host reads the header, the chunk table and the metadata (a few kilobytes), checks them
 //!    with the CPU decoder's own parsers (header fields, table checksum, chunk sizes, predictor
@@ -18,9 +37,9 @@
 //!    (IEEE f64, no FMA) and writes its owned points straight to the array;
 //! 5. one read back of the error words.
 //!
-//! Streams this decoder has no kernels for are decoded by the CPU twin on a host copy (and the
-//! values copied back): stored streams, rel-bound streams, and streams of the first version 3
-//! encoder (coder 0, Huffman). The encoder is the CPU's ([`crate::compress_nd`]).
+//! What has no kernels here runs the CPU twin on a host copy (with the result copied back):
+//! rel bounds, degenerate quantization steps and stored streams (both directions), and streams
+//! of the first version 3 encoder (coder 0, Huffman).
 
 use std::collections::HashMap;
 use std::sync::Arc;
