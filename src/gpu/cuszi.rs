@@ -74,6 +74,8 @@ const G_COUNT: usize = 10;
 const G_NWALKS: usize = 11;
 const G_FULL: usize = 12;
 const G_WALKS: usize = 16;
+// the geometry words before the walks do not overlap
+const _: () = assert!(G_N + 3 <= G_S && G_TILES + 3 <= G_NTILES && G_FULL + 3 <= G_WALKS);
 /// Words per walk (kernels/cuszi.cu `CZ_WALK_WORDS`).
 const WALK_WORDS: usize = 12;
 /// Tiles (warps) per block of `cz_tiles_*` (kernels/cuszi.cu `CZ_TILE_WARPS`).
@@ -1162,4 +1164,53 @@ fn set_smem(f: &CudaFunction, bytes: usize) -> Result<()> {
         bytes as i32,
     )
     .map_err(gpu_err("shared memory attribute"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define name` in kernels/cuszi.cu (a decimal integer, or `1ull << k`).
+    fn define(name: &str) -> u64 {
+        let text = compile::kernel_file("cuszi.cu").expect("cuszi.cu");
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if it.next() == Some("#define") && it.next() == Some(name) {
+                let v: String = it.collect::<Vec<_>>().join(" ");
+                let v = v.trim_end_matches("ull").trim_end_matches("ll");
+                return v.parse().unwrap_or_else(|_| panic!("{name} = {v}"));
+            }
+        }
+        panic!("{name} not defined in cuszi.cu");
+    }
+
+    #[test]
+    fn constants_shared_with_the_kernels_agree() {
+        for (name, v) in [
+            ("CZ_G_BATCH", G_BATCH),
+            ("CZ_G_N", G_N),
+            ("CZ_G_S", G_S),
+            ("CZ_G_TILES", G_TILES),
+            ("CZ_G_NTILES", G_NTILES),
+            ("CZ_G_VOL", G_VOL),
+            ("CZ_G_COUNT", G_COUNT),
+            ("CZ_G_NWALKS", G_NWALKS),
+            ("CZ_G_FULL", G_FULL),
+            ("CZ_G_WALKS", G_WALKS),
+            ("CZ_WALK_WORDS", WALK_WORDS),
+            ("CZ_TILE_WARPS", TILE_WARPS),
+            ("CZ_MAXBOX", MAX_BOX),
+            ("CZ_RANS_CHUNKS", RANS_CHUNKS),
+            ("CZ_CHUNK", CHUNK),
+            ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
+            ("CZ_E_RANS", ERRORS[1].0 as usize),
+            ("CZ_E_RAW", ERRORS[2].0 as usize),
+            ("CZ_E_BIG", ERRORS[3].0 as usize),
+            ("CZ_E_PAD", ERRORS[4].0 as usize),
+        ] {
+            assert_eq!(define(name), v as u64, "{name}");
+        }
+        assert_eq!(1 << define("CZ_PROB_BITS"), SLOTS);
+        assert_eq!(SYMBOLS, rans::NSYM);
+    }
 }
