@@ -23,6 +23,7 @@ const FILES: &[(&str, &str)] = &[
     ("util.cu", include_str!("../../kernels/util.cu")),
     ("nccl_util.cu", include_str!("../../kernels/nccl_util.cu")),
     ("gpz.cu", include_str!("../../kernels/gpz.cu")),
+    ("cuszi.cu", include_str!("../../kernels/cuszi.cu")),
 ];
 
 /// The text of `kernels/<name>` (for tests that check it against the Rust side).
@@ -42,11 +43,19 @@ pub enum Module {
     NcclUtil,
     /// The GPZ particle codec (`gpz.cu`, [`GpzGpu`](super::gpz::GpzGpu)).
     Gpz,
+    /// The cuszi decoder (`cuszi.cu`, [`CusziGpu`](super::cuszi::CusziGpu)).
+    Cuszi,
 }
 
 impl Module {
     /// Every module.
-    pub const ALL: [Module; 4] = [Module::Codecs, Module::Util, Module::NcclUtil, Module::Gpz];
+    pub const ALL: [Module; 5] = [
+        Module::Codecs,
+        Module::Util,
+        Module::NcclUtil,
+        Module::Gpz,
+        Module::Cuszi,
+    ];
 
     /// Short name (cache files, errors).
     pub fn name(self) -> &'static str {
@@ -55,6 +64,7 @@ impl Module {
             Module::Util => "util",
             Module::NcclUtil => "nccl_util",
             Module::Gpz => "gpz",
+            Module::Cuszi => "cuszi",
         }
     }
 
@@ -64,6 +74,7 @@ impl Module {
             Module::Util => &["util.cu"],
             Module::NcclUtil => &["nccl_util.cu"],
             Module::Gpz => &["gpz.cu"],
+            Module::Cuszi => &["cuszi.cu"],
         }
     }
 
@@ -82,7 +93,7 @@ impl Module {
     pub fn defines(self) -> Vec<String> {
         match self {
             Module::Codecs => vec![format!("-DZC_WARPS={}", blocked_warps())],
-            Module::Util | Module::NcclUtil | Module::Gpz => Vec::new(),
+            Module::Util | Module::NcclUtil | Module::Gpz | Module::Cuszi => Vec::new(),
         }
     }
 
@@ -105,6 +116,7 @@ impl Module {
             Module::Util => UTIL.iter().map(|s| s.to_string()).collect(),
             Module::NcclUtil => UTIL.iter().chain(&NCCL).map(|s| s.to_string()).collect(),
             Module::Gpz => super::gpz::kernel_names(),
+            Module::Cuszi => super::cuszi::kernel_names(),
         }
     }
 }
@@ -428,9 +440,9 @@ mod tests {
         for m in Module::ALL {
             let src = m.source();
             assert!(!src.contains("#include"), "{m:?} keeps an #include");
-            // the codecs' and gpz's entry points are made by macros (their CUBIN tests check
-            // the names)
-            if m != Module::Codecs && m != Module::Gpz {
+            // the codecs', gpz's and cuszi's entry points are made by macros (their CUBIN tests
+            // check the names)
+            if !matches!(m, Module::Codecs | Module::Gpz | Module::Cuszi) {
                 for k in m.kernel_names() {
                     assert!(src.contains(&k), "{m:?}: {k} not in the source");
                 }

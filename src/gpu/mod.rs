@@ -32,6 +32,7 @@ mod accumulate;
 pub use accumulate::StepEncoding;
 pub mod bench;
 pub mod compile;
+pub mod cuszi;
 pub mod gpz;
 #[doc(hidden)]
 pub mod testing;

@@ -25,7 +25,7 @@ pub(crate) enum Spline {
 }
 
 impl Spline {
-    const ALL: [Spline; 3] = [Spline::Linear, Spline::Cubic, Spline::Natural];
+    pub(crate) const ALL: [Spline; 3] = [Spline::Linear, Spline::Cubic, Spline::Natural];
 
     fn from_bits(v: u8) -> Option<Self> {
         Self::ALL.get(v as usize).copied()
@@ -324,7 +324,7 @@ fn lattice(
 
 /// How the points of one walk over a box are predicted.
 #[derive(Clone, Copy)]
-enum Walk {
+pub(crate) enum Walk {
     /// One pass of a level: the spline along dimension `.0`.
     Pass(usize, Spline),
     /// One odd-dimension set (the bits of `.0`) of a multi-dimensional level, with the level's
@@ -338,7 +338,7 @@ enum Walk {
 /// later passes: multiples of `2s`). A multi-dimensional level: stages of 1, 2, 3 odd
 /// coordinates; within a stage, the odd-dimension sets in increasing bit order (no point of a
 /// stage depends on another of the same stage).
-fn walks(stride: usize, levels: &[Level]) -> Vec<(usize, [usize; D], [usize; D], Walk)> {
+pub(crate) fn walks(stride: usize, levels: &[Level]) -> Vec<(usize, [usize; D], [usize; D], Walk)> {
     let mut out = Vec::with_capacity(levels.len() * 7);
     let mut s = stride / 2;
     for lv in levels {

@@ -370,7 +370,7 @@ const CODER_RANS: u8 = 1;
 /// The metadata section of coder 1: level count (u8), coder 1 (u8), 0 (u16), two configuration
 /// bytes per level (coarsest first), the class count (u8), the table count (u8), the table of
 /// every class (u8 each), the tables ([`rans::write_table`]), zero padding to 4 bytes.
-fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
+pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
     let mut m = vec![levels.len() as u8, CODER_RANS, 0, 0];
     for lv in levels {
         m.extend_from_slice(&lv.to_bytes());
@@ -386,7 +386,7 @@ fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
 }
 
 /// The entropy coder of a stream, from its metadata.
-enum Coder {
+pub(crate) enum Coder {
     /// Coder 0: one canonical Huffman codebook (its code lengths), zero-run symbols.
     Huffman(Vec<u8>),
     /// Coder 1: rANS, the class-to-table map and the tables.
@@ -394,7 +394,7 @@ enum Coder {
 }
 
 /// Parse and check the metadata section of a stream of grid `g`.
-fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
+pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
     if m.len() < 4 {
         return Err(Error::corrupt("cuszi metadata shorter than 4 bytes"));
     }

@@ -107,6 +107,20 @@ impl EncSym {
 }
 
 impl Table {
+    /// The decoder's arrays: per slot its symbol and its `freq << 16 | (slot - cum)` step.
+    pub(crate) fn decoder_arrays(&self) -> (&[u16], &[u32]) {
+        (&self.slot, &self.step)
+    }
+
+    /// The encoder's words per symbol ([`super::rans`] `EncSym`): `x_max`, the reciprocal, its
+    /// shift, the bias and `M - f` (all 0 for an unused symbol).
+    pub(crate) fn encoder_words(&self) -> Vec<[u32; 5]> {
+        self.enc
+            .iter()
+            .map(|e| [e.x_max, e.rcp, e.rcp_shift, e.bias, e.cmpl])
+            .collect()
+    }
+
     /// The table of normalized frequencies `freq` (checked: summing to [`PROB_SCALE`]).
     fn new(freq: &[u32]) -> Self {
         let mut enc = vec![EncSym::default(); NSYM];

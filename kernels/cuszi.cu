@@ -1,0 +1,1184 @@
+// cuszi kernels (src/gpu/cuszi.rs): the stages of src/codec/cuszi encode and decode, bit for bit.
+//
+// Compiled by NVRTC with --fmad=false --prec-div=true, so every f64 expression below is the
+// same sequence of IEEE roundings as the Rust one it mirrors (named beside each function).
+//
+// Geometry words `geo` (written by src/gpu/cuszi.rs `geometry`, CZ_G_*): the grid of
+// src/codec/cuszi/grid.rs, the walks of interp.rs `walks` (CZ_WALK_WORDS each) and the class
+// pattern's extents.
+#include "common.cuh"
+
+// src/codec/cuszi/mod.rs CHUNK
+#define CZ_CHUNK 32768ll
+// src/codec/cuszi/rans.rs PROB_BITS, RANS_L, SYM_LOSSLESS, SYM_BIG; entropy.rs RADIUS
+#define CZ_PROB_BITS 14
+#define CZ_PROB_SCALE (1u << CZ_PROB_BITS)
+#define CZ_RANS_L (1u << 23)
+#define CZ_RADIUS 511ll
+#define CZ_SYM_LOSSLESS 1023u
+#define CZ_SYM_BIG 1024u
+// entropy.rs LOSSLESS
+#define CZ_LOSSLESS ((i64)0x8000000000000000ull)
+
+// geometry word indices
+#define CZ_G_BATCH 0
+#define CZ_G_N 1
+#define CZ_G_S 4
+#define CZ_G_TILES 5
+#define CZ_G_NTILES 8
+#define CZ_G_VOL 9
+#define CZ_G_COUNT 10
+#define CZ_G_NWALKS 11
+#define CZ_G_FULL 12
+#define CZ_G_WALKS 16
+// per walk: s, start[3], step[3], multi, dim-or-mask, spline[3]
+#define CZ_WALK_WORDS 12
+
+// error bits (src/gpu/cuszi.rs ERR_*)
+#define CZ_E_CHECKSUM 1ull
+#define CZ_E_RANS 2ull
+#define CZ_E_RAW 4ull
+#define CZ_E_BIG 8ull
+#define CZ_E_PAD 16ull
+
+// Chunks per block of cz_rans (one per thread of its first warp).
+#define CZ_RANS_CHUNKS 32
+// Largest box: 9^3 (3-D), 17^2 (2-D), 513 (1-D).
+#define CZ_MAXBOX 729
+// Warps (tiles) per block of the tile kernel.
+#define CZ_TILE_WARPS 4
+
+struct CzGeo {
+    i64 batch, n[3], S, tiles[3], ntiles, vol;
+};
+
+__device__ __forceinline__ CzGeo cz_geo(const i64* g) {
+    CzGeo r;
+    r.batch = g[CZ_G_BATCH];
+    for (int d = 0; d < 3; d++) {
+        r.n[d] = g[CZ_G_N + d];
+        r.tiles[d] = g[CZ_G_TILES + d];
+    }
+    r.S = g[CZ_G_S];
+    r.ntiles = g[CZ_G_NTILES];
+    r.vol = g[CZ_G_VOL];
+    return r;
+}
+
+// grid.rs Grid::owned / boxed (one dimension)
+__device__ __forceinline__ i64 cz_owned(const CzGeo& g, int d, i64 c) {
+    i64 r = g.n[d] - c * g.S;
+    return r < g.S ? r : g.S;
+}
+__device__ __forceinline__ i64 cz_boxed(const CzGeo& g, int d, i64 c) {
+    i64 r = g.n[d] - 1 - c * g.S;
+    return (r < g.S ? r : g.S) + 1;
+}
+// grid.rs Grid::tile_offset
+__device__ __forceinline__ i64 cz_tile_offset(const CzGeo& g, i64 b, const i64 c[3]) {
+    i64 e0 = cz_owned(g, 0, c[0]), e1 = cz_owned(g, 1, c[1]);
+    return b * g.vol + c[0] * g.S * g.n[1] * g.n[2] + e0 * c[1] * g.S * g.n[2] + e0 * e1 * c[2] * g.S;
+}
+// grid.rs Grid::tile_coords
+__device__ __forceinline__ i64 cz_tile_coords(const CzGeo& g, i64 t, i64 c[3]) {
+    i64 per = g.tiles[0] * g.tiles[1] * g.tiles[2];
+    i64 b = t / per, r = t % per;
+    for (int d = 2; d >= 0; d--) {
+        c[d] = r % g.tiles[d];
+        r /= g.tiles[d];
+    }
+    return b;
+}
+__device__ __forceinline__ i64 cz_tile_index(const CzGeo& g, i64 b, const i64 c[3]) {
+    return ((b * g.tiles[0] + c[0]) * g.tiles[1] + c[1]) * g.tiles[2] + c[2];
+}
+// grid.rs Grid::symbol_index (x in volume coordinates)
+__device__ __forceinline__ i64 cz_symbol_index(const CzGeo& g, i64 b, const i64 x[3]) {
+    i64 c[3], l[3], e[3];
+    for (int d = 0; d < 3; d++) {
+        c[d] = x[d] / g.S;
+        l[d] = x[d] - c[d] * g.S;
+        e[d] = cz_owned(g, d, c[d]);
+    }
+    return cz_tile_offset(g, b, c) + (l[0] * e[1] + l[1]) * e[2] + l[2];
+}
+
+// ---------------------------------------------------------------------------------------------
+// rANS chunks (rans.rs read_chunk + entropy.rs read_chunk_tail), one thread per chunk.
+//
+// `ent[2i]` = chunk i's offset in the stream, `ent[2i+1]` = size | checksum << 32 (sizes
+// checked by the host: multiples of 4 inside the stream). Writes every residual of the chunk
+// to `res` (symbol order; LOSSLESS for lossless values), a lossless value's bits to `raw` at
+// its index, and uses `bigs` (at the chunk's own indices) for the positions of big residuals.
+//
+// The tables, per table: `rank` (per slot: the rank of its symbol among the table's 255 most
+// frequent ones, 255 for the others), `rfc` and `rsym` (per rank: `freq << 16 | cum` and the
+// symbol), and for the other symbols `sym` (per slot) and `fc` (per symbol). Each thread's state
+// update waits on these loads, so rank, rfc, rsym, the class map and the class pattern are
+// staged in shared memory when they fit (`smem` = their bytes, else 0: all read from global
+// memory).
+extern __shared__ __align__(16) u8 cz_dyn[];
+
+template <typename T>
+__device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* g_pattern,
+                        const u8* g_map, const unsigned short* g_sym, const u32* g_fc, const u8* g_rank,
+                        const u32* g_rfc, const unsigned short* g_rsym, u32 ntab, u32 nclass, u32 smem, i64* res,
+                        u8* raw, u32* bigs, u64* err) {
+    const u8* rank = g_rank;
+    const u32* rfc = g_rfc;
+    const unsigned short* rsym = g_rsym;
+    const u8* pattern = g_pattern;
+    const u8* map = g_map;
+    if (smem) {
+        u8* s_rank = cz_dyn;
+        u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
+        unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
+        u8* s_map = (u8*)(s_rsym + ntab * 256);
+        u8* s_pat = s_map + 64;
+        u32 npat = (u32)(geo[CZ_G_FULL] * geo[CZ_G_FULL + 1] * geo[CZ_G_FULL + 2]);
+        const u32* gr = (const u32*)g_rank;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
+        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
+            s_rfc[i] = g_rfc[i];
+            s_rsym[i] = g_rsym[i];
+        }
+        for (u32 i = threadIdx.x; i < nclass; i += blockDim.x) s_map[i] = g_map[i];
+        for (u32 i = threadIdx.x; i < npat; i += blockDim.x) s_pat[i] = g_pattern[i];
+        __syncthreads();
+        rank = s_rank;
+        rfc = s_rfc;
+        rsym = s_rsym;
+        pattern = s_pat;
+        map = s_map;
+    }
+    // (the whole block stages the tables; its first CZ_RANS_CHUNKS threads decode a chunk each)
+    if (threadIdx.x >= CZ_RANS_CHUNKS) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + threadIdx.x;
+    if (ci >= nchunks) return;
+    const CzGeo g = cz_geo(geo);
+    const u8* c = stream + ent[2 * ci];
+    u32 size = (u32)ent[2 * ci + 1];
+    u32 sum_w = (u32)(ent[2 * ci + 1] >> 32);
+    u64 fail = 0;
+    {
+        const u32* w = (const u32*)c;
+        u32 sum = 0;
+        for (u32 i = 0; i < size / 4; i++) sum += zhash_mix(w[i], i);
+        if (zhash_final(sum, size / 4) != sum_w) fail = CZ_E_CHECKSUM;
+    }
+    i64 i0 = (i64)ci * CZ_CHUNK;
+    i64 cnt = g.batch * g.vol - i0;
+    if (cnt > CZ_CHUNK) cnt = CZ_CHUNK;
+    u32 nb = 0;
+    if (!fail) {
+        if (size < 8) {
+            fail = CZ_E_RANS;
+        } else {
+            nb = *(const u32*)c;
+            if (nb < 4 || (u64)nb + 4 > size) fail = CZ_E_RANS;
+        }
+    }
+    if (fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
+        return;
+    }
+    const u8* bytes = c + 4;
+    u32 x = ((u32)bytes[0] << 24) | ((u32)bytes[1] << 16) | ((u32)bytes[2] << 8) | (u32)bytes[3];
+    u32 pos = 4;
+    // where the chunk starts among the tiles: the tile (inverse of tile_offset) and the local
+    // coordinates in it
+    i64 tc[3], b, l[3], own[3];
+    {
+        b = i0 / g.vol;
+        i64 r = i0 - b * g.vol;
+        i64 slab = g.S * g.n[1] * g.n[2];
+        tc[0] = r / slab;
+        r -= tc[0] * slab;
+        own[0] = cz_owned(g, 0, tc[0]);
+        i64 row = own[0] * g.S * g.n[2];
+        tc[1] = r / row;
+        r -= tc[1] * row;
+        own[1] = cz_owned(g, 1, tc[1]);
+        i64 tl = own[0] * own[1] * g.S;
+        tc[2] = r / tl;
+        r -= tc[2] * tl;
+        own[2] = cz_owned(g, 2, tc[2]);
+        l[0] = r / (own[1] * own[2]);
+        l[1] = (r / own[2]) % own[1];
+        l[2] = r % own[2];
+    }
+    const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
+    u32 nraw = 0, nbig = 0;
+    const u32 raw_at = 4 + nb;
+    const u32 mask = CZ_PROB_SCALE - 1;
+    // the table of the next residual, looked up ahead of the state's dependency chain
+    u32 tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
+    for (i64 j = 0; j < cnt; j++) {
+        u32 sl = x & mask;
+        u32 at = (tb << CZ_PROB_BITS) + sl;
+        u32 rk = rank[at];
+        u32 s, fc;
+        if (rk != 255) {
+            s = rsym[tb * 256 + rk];
+            fc = rfc[tb * 256 + rk];
+        } else {
+            s = g_sym[at];
+            fc = g_fc[tb * 1025 + s];
+        }
+        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+        while (x < CZ_RANS_L) {
+            if (pos >= nb) {
+                fail = CZ_E_RANS;
+                break;
+            }
+            x = (x << 8) | bytes[pos++];
+        }
+        if (fail) break;
+        i64 r;
+        if (s == CZ_SYM_LOSSLESS) {
+            u64 at = (u64)raw_at + (u64)(nraw + 1) * sizeof(T);
+            if (at > size) {
+                fail = CZ_E_RAW;
+                break;
+            }
+            const u8* p = c + raw_at + nraw * sizeof(T);
+            for (int q = 0; q < (int)sizeof(T); q++) raw[(i0 + j) * sizeof(T) + q] = p[q];
+            nraw++;
+            r = CZ_LOSSLESS;
+        } else if (s == CZ_SYM_BIG) {
+            bigs[i0 + nbig] = (u32)j;
+            nbig++;
+            r = 0;
+        } else {
+            r = (i64)s - CZ_RADIUS;
+        }
+        res[i0 + j] = r;
+        // next point in symbol order: raster within the tile, then the next tile
+        if (++l[2] == own[2]) {
+            l[2] = 0;
+            if (++l[1] == own[1]) {
+                l[1] = 0;
+                if (++l[0] == own[0]) {
+                    l[0] = 0;
+                    if (++tc[2] == g.tiles[2]) {
+                        tc[2] = 0;
+                        if (++tc[1] == g.tiles[1]) {
+                            tc[1] = 0;
+                            if (++tc[0] == g.tiles[0]) {
+                                tc[0] = 0;
+                                b++;
+                            }
+                        }
+                    }
+                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
+                }
+            }
+        }
+        if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
+    }
+    if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
+    u32 p = raw_at + nraw * (u32)sizeof(T);
+    for (u32 q = 0; q < nbig && !fail; q++) {
+        u64 z = 0;
+        int shift = 0;
+        for (;;) {
+            if (p >= size) {
+                fail = CZ_E_BIG;
+                break;
+            }
+            u32 bb = c[p++];
+            if ((shift == 63 && bb > 1) || (shift > 0 && bb == 0)) {
+                fail = CZ_E_BIG;
+                break;
+            }
+            z |= (u64)(bb & 0x7F) << shift;
+            if (!(bb & 0x80)) break;
+            shift += 7;
+        }
+        if (fail) break;
+        i64 v = (i64)(z >> 1) ^ -(i64)(z & 1);
+        if ((v >= -CZ_RADIUS && v <= CZ_RADIUS) || v == CZ_LOSSLESS) {
+            fail = CZ_E_BIG;
+            break;
+        }
+        res[i0 + bigs[i0 + q]] = v;
+    }
+    if (!fail) {
+        if (size - p >= 4) {
+            fail = CZ_E_PAD;
+        } else {
+            for (u32 q = p; q < size; q++)
+                if (c[q]) fail = CZ_E_PAD;
+        }
+    }
+    if (fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Anchors (mod.rs decode, "anchors"): the Lorenzo inverse over the anchor grid is the n-D
+// prefix sum of the anchor residuals (a lossless anchor adds 0), in wrapping integers; one
+// launch per dimension, one thread per line of tiles along it. The first launch (dim 2) reads
+// the residuals, the last (dim 0) also writes the anchors' values (mod.rs anchor_values).
+template <typename T>
+__device__ void cz_anchors(const i64* geo, const i64* res, i64* acc, double* vals, int dim, int first, int last,
+                           double step) {
+    const CzGeo g = cz_geo(geo);
+    i64 len = g.tiles[dim];
+    i64 lines = g.ntiles / (len > 0 ? len : 1);
+    i64 li = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (li >= lines || len == 0) return;
+    // the line's coordinates in the other dimensions
+    i64 c[3];
+    i64 r = li;
+    for (int d = 2; d >= 0; d--) {
+        if (d == dim) continue;
+        c[d] = r % g.tiles[d];
+        r /= g.tiles[d];
+    }
+    i64 b = r;
+    i64 s = 0;
+    for (i64 k = 0; k < len; k++) {
+        c[dim] = k;
+        i64 t = cz_tile_index(g, b, c);
+        i64 v;
+        if (first) {
+            i64 rr = res[cz_tile_offset(g, b, c)];
+            v = rr == CZ_LOSSLESS ? 0 : rr;
+        } else {
+            v = acc[t];
+        }
+        s = (i64)((u64)s + (u64)v);
+        acc[t] = s;
+        if (last) {
+            double a;
+            if (sizeof(T) == 4) {
+                a = (double)((float)(i32)s * (float)step);
+            } else {
+                a = (double)s * step;
+            }
+            vals[t] = zc_isfinite(a) ? a : 0.0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interpolation (interp.rs predict / multi_prediction, f64 domain).
+__device__ __forceinline__ double cz_predict(const double* buf, int idx, int c, int len, int s, int st, int sp) {
+    double b = buf[idx - s * st];
+    if (c + s >= len) return b;
+    double cc = buf[idx + s * st];
+    bool hl = c >= 3 * s, hr = c + 3 * s < len;
+    if (sp == 0 || (!hl && !hr)) return (b + cc) * 0.5;
+    if (hl && !hr) {
+        double a = buf[idx - 3 * s * st];
+        return ((b * 6.0 + cc * 3.0) - a) * 0.125;
+    }
+    if (!hl) {
+        double d = buf[idx + 3 * s * st];
+        return ((b * 3.0 + cc * 6.0) - d) * 0.125;
+    }
+    double a = buf[idx - 3 * s * st], d = buf[idx + 3 * s * st];
+    if (sp == 1) return ((b + cc) * 9.0 - (a + d)) * 0.0625;
+    return ((b + cc) * 23.0 - (a + d) * 3.0) / 40.0;
+}
+
+// v[i] of a three-element array, by selection: a runtime index into a local array would put
+// the array in local memory.
+__device__ __forceinline__ int cz_pick(const int v[3], int i) { return i == 0 ? v[0] : i == 1 ? v[1] : v[2]; }
+
+// The prediction along dimension `a` (a runtime value) of the point at `idx`.
+__device__ __forceinline__ double cz_predict_along(const double* buf, int idx, const int x[3], const int e[3],
+                                                   const int st[3], int s, int a, const int sp[3]) {
+    return cz_predict(buf, idx, cz_pick(x, a), cz_pick(e, a), s, cz_pick(st, a), cz_pick(sp, a));
+}
+
+__device__ __forceinline__ double cz_multi(const double* buf, int idx, const int x[3], const int e[3], const int st[3],
+                                           int s, int mask, const int sp[3]) {
+    double p0 = 0.0, p1 = 0.0, p2 = 0.0;
+    int n = 0;
+#pragma unroll
+    for (int a = 0; a < 3; a++) {
+        if ((mask >> a & 1) && x[a] + s < e[a]) {
+            double p = cz_predict(buf, idx, x[a], e[a], s, st[a], sp[a]);
+            if (n == 0) p0 = p;
+            else if (n == 1) p1 = p;
+            else p2 = p;
+            n++;
+        }
+    }
+    if (n == 0) return cz_predict_along(buf, idx, x, e, st, s, __ffs(mask) - 1, sp);
+    if (n == 1) return p0;
+    if (n == 2) return (p0 + p1) * 0.5;
+    return (p0 + p1 + p2) / 3.0;
+}
+
+template <typename T> __device__ __forceinline__ T cz_from_bits(const u8* p);
+template <> __device__ __forceinline__ float cz_from_bits<float>(const u8* p) {
+    return __uint_as_float((u32)p[0] | (u32)p[1] << 8 | (u32)p[2] << 16 | (u32)p[3] << 24);
+}
+template <> __device__ __forceinline__ double cz_from_bits<double>(const u8* p) {
+    u64 v = 0;
+    for (int q = 7; q >= 0; q--) v = v << 8 | p[q];
+    return __longlong_as_double((long long)v);
+}
+
+// Tiles (mod.rs Tiles::decode, abs / noa): one warp per tile, its box of reconstructed values
+// in shared memory; the points of one walk are independent, so the lanes share each walk and
+// meet at a warp barrier between walks. Owned points are written straight to the array.
+template <typename T>
+__device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i64* acc, const double* vals,
+                         double step, T* out) {
+    __shared__ double sbuf[CZ_TILE_WARPS][CZ_MAXBOX];
+    const CzGeo g = cz_geo(geo);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp;
+    if (t >= g.ntiles) return;
+    double* buf = sbuf[warp];
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    int e[3], own[3];
+    i64 o[3];
+    for (int d = 0; d < 3; d++) {
+        e[d] = (int)cz_boxed(g, d, c[d]);
+        own[d] = (int)cz_owned(g, d, c[d]);
+        o[d] = c[d] * g.S;
+    }
+    const int st[3] = {e[1] * e[2], e[2], 1};
+    const int S = (int)g.S;
+    const i64 base = cz_tile_offset(g, b, c);
+    const i64 origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
+    int nbox = e[0] * e[1] * e[2];
+    for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
+    __syncwarp();
+    if (lane < 8) {
+        // interp.rs place_anchors
+        int k = lane, idx = 0;
+        i64 tt[3] = {c[0], c[1], c[2]};
+        bool inside = true;
+        for (int d = 0; d < 3; d++) {
+            if (k >> d & 1) {
+                if (e[d] <= S) inside = false;
+                idx += S * st[d];
+                tt[d] += 1;
+            }
+        }
+        if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
+    }
+    __syncwarp();
+    int nw = (int)geo[CZ_G_NWALKS];
+    for (int w = 0; w < nw; w++) {
+        const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
+        int s = (int)wk[0];
+        int start[3] = {(int)wk[1], (int)wk[2], (int)wk[3]};
+        int stp[3] = {(int)wk[4], (int)wk[5], (int)wk[6]};
+        int multi = (int)wk[7], am = (int)wk[8];
+        int sp[3] = {(int)wk[9], (int)wk[10], (int)wk[11]};
+        int cnt[3];
+        for (int d = 0; d < 3; d++) cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / stp[d] + 1 : 0;
+        int total = cnt[0] * cnt[1] * cnt[2];
+        for (int k = lane; k < total; k += 32) {
+            int x[3];
+            x[2] = start[2] + (k % cnt[2]) * stp[2];
+            x[1] = start[1] + ((k / cnt[2]) % cnt[1]) * stp[1];
+            x[0] = start[0] + (k / (cnt[2] * cnt[1])) * stp[0];
+            int idx = x[0] * st[0] + x[1] * st[1] + x[2];
+            double p = multi ? cz_multi(buf, idx, x, e, st, s, am, sp)
+                             : cz_predict_along(buf, idx, x, e, st, s, am, sp);
+            bool owned = x[0] < own[0] && x[1] < own[1] && x[2] < own[2];
+            i64 si;
+            if (owned) {
+                si = base + (x[0] * own[1] + x[1]) * own[2] + x[2];
+            } else {
+                // a halo point: local coordinate 0 of the next tile along its halo dimensions
+                i64 cn[3];
+                int l[3], on[3];
+                for (int d = 0; d < 3; d++) {
+                    bool h = x[d] >= own[d];
+                    cn[d] = c[d] + h;
+                    l[d] = h ? 0 : x[d];
+                    on[d] = h ? (int)cz_owned(g, d, cn[d]) : own[d];
+                }
+                si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
+            }
+            i64 r = res[si];
+            double v;
+            T val;
+            if (r == CZ_LOSSLESS) {
+                v = zc_isfinite(p) ? p : 0.0;
+                if (owned) val = cz_from_bits<T>(raw + si * sizeof(T));
+            } else {
+                // quant.rs ResidualQuantizer::decode
+                val = (T)(p + (double)r * step);
+                v = (double)val;
+            }
+            if (owned) out[origin + (x[0] * g.n[1] + x[1]) * g.n[2] + x[2]] = val;
+            buf[idx] = v;
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        T val;
+        if (res[base] == CZ_LOSSLESS) {
+            val = cz_from_bits<T>(raw + base * sizeof(T));
+        } else if (sizeof(T) == 4) {
+            val = (T)((float)(i32)acc[t] * (float)step);
+        } else {
+            val = (T)((double)acc[t] * step);
+        }
+        out[origin] = val;
+    }
+}
+
+// =============================================================================================
+// Encoder (mod.rs encode): range, anchors, sampling sums, tile residuals with the per-class
+// histogram, chunk coding, placement and hashes.
+
+// Per element type: QMAX (element.rs), and the order key of a finite value (min/max by atomics).
+template <typename T> struct CzT;
+template <> struct CzT<float> {
+    static constexpr double QMAX = 536870912.0;  // 2^29
+    typedef u32 Bits;
+};
+template <> struct CzT<double> {
+    static constexpr double QMAX = 2305843009213693952.0;  // 2^61
+    typedef u64 Bits;
+};
+__device__ __forceinline__ u64 cz_key(double v) {
+    u64 b = (u64)__double_as_longlong(v);
+    return (b >> 63) ? ~b : (b | (1ull << 63));
+}
+template <typename T> __device__ __forceinline__ u64 cz_bits(T v);
+template <> __device__ __forceinline__ u64 cz_bits<float>(float v) { return __float_as_uint(v); }
+template <> __device__ __forceinline__ u64 cz_bits<double>(double v) { return (u64)__double_as_longlong(v); }
+template <typename T> __device__ __forceinline__ T cz_rint(T v);
+template <> __device__ __forceinline__ float cz_rint<float>(float v) { return rintf(v); }
+template <> __device__ __forceinline__ double cz_rint<double>(double v) { return rint(v); }
+// element.rs from_code: f32 codes go through i32
+template <typename T> __device__ __forceinline__ T cz_from_code(i64 q);
+template <> __device__ __forceinline__ float cz_from_code<float>(i64 q) { return (float)(i32)q; }
+template <> __device__ __forceinline__ double cz_from_code<double>(i64 q) { return (double)q; }
+
+// Finite range of the input (quant.rs finite_range): ws[0] min key, ws[1] max key.
+template <typename T> __device__ void cz_range(const T* x, u64 n, u64* ws) {
+    u64 lo = ~0ull, hi = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        double v = (double)x[i];
+        if (zc_isfinite(v)) {
+            u64 k = cz_key(v);
+            lo = k < lo ? k : lo;
+            hi = k > hi ? k : hi;
+        }
+    }
+    for (int s = 16; s >= 1; s >>= 1) {
+        u64 a = __shfl_xor_sync(ZC_FULL, lo, s), b = __shfl_xor_sync(ZC_FULL, hi, s);
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMin(&ws[0], lo);
+        atomicMax(&ws[1], hi);
+    }
+}
+
+// quant.rs Quantizer::encode (abs / noa, no fill value): the code of x, or LOSSLESS.
+template <typename T> __device__ __forceinline__ i64 cz_qencode(T x, double step64, double eb) {
+    if (!zc_isfinite(x)) return CZ_LOSSLESS;
+    T step = (T)step64;
+    T inv = (T)(1.0 / (double)step);
+    T p = x * inv;
+    if (!((double)fabs((double)p) < CzT<T>::QMAX)) return CZ_LOSSLESS;
+    i64 q = (i64)cz_rint<T>(p);
+    T r = cz_from_code<T>(q) * step;
+    double xv = (double)x, rv = (double)r;
+    double d = fabs(xv - rv);
+    if (sizeof(T) == 4) return d <= eb ? q : CZ_LOSSLESS;
+    double a = fabs(xv), b = fabs(rv);
+    bool exact = rv == 0.0 || ((xv < 0.0) == (rv < 0.0) && b * 0.5 <= a && a <= b * 2.0);
+    return (exact && d <= eb) ? q : CZ_LOSSLESS;
+}
+
+// Anchor codes and their Lorenzo residuals (mod.rs predict, "anchors"). A lossless anchor
+// stands for its prediction in the anchor buffer `acc`; every other anchor for its code `cod`.
+// cz_anchor_codes writes both (flag bit 1: some anchor is lossless); cz_anchor_lossless gives
+// the lossless ones their predictions in tile order (each depends on earlier tiles only);
+// cz_anchor_res computes every residual in parallel from `acc`. A residual equal to LOSSLESS
+// (which makes that anchor lossless too: flag bit 2) sends the whole sequence to
+// cz_anchor_serial, the CPU's loop on one thread.
+template <typename T>
+__device__ void cz_anchor_codes(const T* x, const i64* geo, double step, double eb, i64* cod, i64* acc, u64* flag) {
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= g.ntiles) return;
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    i64 gi = b * g.vol + (c[0] * g.S * g.n[1] + c[1] * g.S) * g.n[2] + c[2] * g.S;
+    i64 v = cz_qencode<T>(x[gi], step, eb);
+    cod[t] = v;
+    acc[t] = v;
+    if (v == CZ_LOSSLESS) atomicOr(flag, 1ull);
+}
+__device__ __forceinline__ i64 cz_lorenzo(const CzGeo& g, i64 b, const i64 c[3], const i64* a) {
+    // interp.rs anchor_prediction
+    i64 p = 0;
+    for (int m = 1; m < 8; m++) {
+        bool out = false;
+        i64 t[3];
+        for (int d = 0; d < 3; d++) {
+            if ((m >> d & 1) && c[d] == 0) out = true;
+            t[d] = c[d] - (m >> d & 1);
+        }
+        if (out) continue;
+        u64 v = (u64)a[cz_tile_index(g, b, t)];
+        p = (__popc(m) & 1) ? (i64)((u64)p + v) : (i64)((u64)p - v);
+    }
+    return p;
+}
+// One block: the tiles in order, 1024 at a time; thread 0 visits the lossless ones of each.
+extern "C" __global__ void cz_anchor_lossless(const i64* geo, const i64* cod, i64* acc, const u64* flag) {
+    __shared__ u32 list[1024];
+    __shared__ u32 wcount[32];
+    if (!(flag[0] & 1)) return;
+    const CzGeo g = cz_geo(geo);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 base = 0; base < g.ntiles; base += 1024) {
+        i64 t = base + threadIdx.x;
+        bool lo = t < g.ntiles && cod[t] == CZ_LOSSLESS;
+        u32 bal = __ballot_sync(ZC_FULL, lo);
+        if (lane == 0) wcount[warp] = __popc(bal);
+        __syncthreads();
+        u32 before = 0, total = 0;
+        for (int w = 0; w < 32; w++) {
+            if (w < warp) before += wcount[w];
+            total += wcount[w];
+        }
+        if (lo) list[before + __popc(bal & ((1u << lane) - 1))] = (u32)threadIdx.x;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (u32 k = 0; k < total; k++) {
+                i64 tt = base + list[k];
+                i64 c[3];
+                i64 b = cz_tile_coords(g, tt, c);
+                acc[tt] = cz_lorenzo(g, b, c, acc);
+            }
+        }
+        __syncthreads();
+    }
+}
+extern "C" __global__ void cz_anchor_res(const i64* geo, const i64* cod, const i64* acc, i64* ares, u64* flag) {
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= g.ntiles) return;
+    i64 v = cod[t];
+    if (v == CZ_LOSSLESS) {
+        ares[t] = CZ_LOSSLESS;
+        return;
+    }
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    i64 r = (i64)((u64)v - (u64)cz_lorenzo(g, b, c, acc));
+    ares[t] = r;
+    if (r == CZ_LOSSLESS) atomicOr(flag, 2ull);
+}
+// One thread, in tile order, as the CPU (only under flag bit 2).
+extern "C" __global__ void cz_anchor_serial(const i64* geo, const i64* cod, i64* acc, i64* ares, const u64* flag) {
+    if (!(flag[0] & 2) || threadIdx.x || blockIdx.x) return;
+    const CzGeo g = cz_geo(geo);
+    for (i64 t = 0; t < g.ntiles; t++) {
+        i64 c[3];
+        i64 b = cz_tile_coords(g, t, c);
+        i64 v = cod[t];
+        i64 p = cz_lorenzo(g, b, c, acc);
+        i64 r = (i64)((u64)v - (u64)p);
+        if (v == CZ_LOSSLESS || r == CZ_LOSSLESS) {
+            acc[t] = p;
+            ares[t] = CZ_LOSSLESS;
+        } else {
+            acc[t] = v;
+            ares[t] = r;
+        }
+    }
+}
+// mod.rs anchor_values
+template <typename T> __device__ void cz_anchor_vals(const i64* geo, const i64* acc, double step, double* vals) {
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= g.ntiles) return;
+    double a = (double)(cz_from_code<T>(acc[t]) * (T)step);
+    vals[t] = zc_isfinite(a) ? a : 0.0;
+}
+
+// interp.rs err_units
+__device__ __forceinline__ u64 cz_err_units(double v, double p, double scale) {
+    double e = fmin(fabs(v - p) * scale * 16.0, 1099511627776.0);
+    return (u64)e;
+}
+
+// Sampling (interp.rs choose_levels): block j fills the box of tile j * k with the values (NaN
+// where not finite) and adds, per level, the error sums. Phase 1 (`cfg` null): err[lv][a][sp]
+// of every spline along every dimension; phase 2: with cfg[lv] = order[0..3], spline[0..3],
+// err[lv][0] by passes and err[lv][1] by means.
+template <typename T>
+__device__ void cz_sample(const T* x, const i64* geo, i64 k, double scale, const i64* cfg, u64* err) {
+    __shared__ double buf[CZ_MAXBOX];
+    __shared__ unsigned long long sums[16][9];
+    const CzGeo g = cz_geo(geo);
+    i64 t = (i64)blockIdx.x * k;
+    if (t >= g.ntiles) return;
+    i64 c[3];
+    i64 b = cz_tile_coords(g, t, c);
+    int e[3];
+    i64 o[3];
+    for (int d = 0; d < 3; d++) {
+        e[d] = (int)cz_boxed(g, d, c[d]);
+        o[d] = c[d] * g.S;
+    }
+    const int st[3] = {e[1] * e[2], e[2], 1};
+    int nbox = e[0] * e[1] * e[2];
+    for (int i = threadIdx.x; i < nbox; i += blockDim.x) {
+        int x0 = i / st[0], x1 = (i / st[1]) % e[1], x2 = i % e[2];
+        double v = (double)x[b * g.vol + ((o[0] + x0) * g.n[1] + o[1] + x1) * g.n[2] + o[2] + x2];
+        buf[i] = zc_isfinite(v) ? v : __longlong_as_double(0x7ff8000000000000ll);
+    }
+    for (int i = threadIdx.x; i < 16 * 9; i += blockDim.x) sums[i / 9][i % 9] = 0;
+    __syncthreads();
+    int lv = 0;
+    for (int s = (int)g.S / 2; s >= 1; s /= 2, lv++) {
+        for (int mask = 1; mask < 8; mask++) {
+            int cnt[3], start[3];
+            for (int d = 0; d < 3; d++) {
+                start[d] = (mask >> d & 1) * s;
+                cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / (2 * s) + 1 : 0;
+            }
+            int total = cnt[0] * cnt[1] * cnt[2];
+            int last = 0, sp[3] = {0, 0, 0};
+            if (cfg) {
+                for (int j = 2; j >= 0; j--) {
+                    int a = (int)cfg[lv * 6 + j];
+                    if (mask >> a & 1) {
+                        last = a;
+                        break;
+                    }
+                }
+                for (int d = 0; d < 3; d++) sp[d] = (int)cfg[lv * 6 + 3 + d];
+            }
+            for (int kk = threadIdx.x; kk < total; kk += blockDim.x) {
+                int xx[3];
+                xx[2] = start[2] + (kk % cnt[2]) * 2 * s;
+                xx[1] = start[1] + ((kk / cnt[2]) % cnt[1]) * 2 * s;
+                xx[0] = start[0] + (kk / (cnt[2] * cnt[1])) * 2 * s;
+                int idx = xx[0] * st[0] + xx[1] * st[1] + xx[2];
+                double v = buf[idx];
+                if (!cfg) {
+                    for (int a = 0; a < 3; a++) {
+                        if (!(mask >> a & 1)) continue;
+                        double p0 = cz_predict(buf, idx, xx[a], e[a], s, st[a], 0);
+                        double p1 = cz_predict(buf, idx, xx[a], e[a], s, st[a], 1);
+                        double p2 = cz_predict(buf, idx, xx[a], e[a], s, st[a], 2);
+                        if (zc_isfinite(v) && zc_isfinite(p0) && zc_isfinite(p1) && zc_isfinite(p2)) {
+                            atomicAdd(&sums[lv][a * 3 + 0], cz_err_units(v, p0, scale));
+                            atomicAdd(&sums[lv][a * 3 + 1], cz_err_units(v, p1, scale));
+                            atomicAdd(&sums[lv][a * 3 + 2], cz_err_units(v, p2, scale));
+                        }
+                    }
+                } else {
+                    double p = cz_predict_along(buf, idx, xx, e, st, s, last, sp);
+                    double m = cz_multi(buf, idx, xx, e, st, s, mask, sp);
+                    if (zc_isfinite(v) && zc_isfinite(p) && zc_isfinite(m)) {
+                        atomicAdd(&sums[lv][0], cz_err_units(v, p, scale));
+                        atomicAdd(&sums[lv][1], cz_err_units(v, m, scale));
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < lv * 9; i += blockDim.x) {
+        u64 v = sums[i / 9][i % 9];
+        if (v) atomicAdd(&err[i], v);
+    }
+}
+
+// rans.rs symbol
+__device__ __forceinline__ u32 cz_symbol(i64 r) {
+    if (r == CZ_LOSSLESS) return CZ_SYM_LOSSLESS;
+    if (r >= -CZ_RADIUS && r <= CZ_RADIUS) return (u32)(r + CZ_RADIUS);
+    return CZ_SYM_BIG;
+}
+
+// Tile residuals (mod.rs Tiles::encode, abs / noa): as cz_tiles, but each point's residual is
+// quantized (quant.rs ResidualQuantizer::encode) and written in symbol order with, for a
+// lossless value, its bits; the owned points' symbols are counted per class in shared memory
+// (dynamic: CZ_TILE_WARPS boxes, then nclass * 1025 counters) and added to `hist` at the end.
+// Blocks loop over the tiles, warp by warp.
+template <typename T>
+__device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
+                             double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {
+    double* sbox = (double*)cz_dyn;
+    u32* shist = (u32*)(sbox + CZ_TILE_WARPS * CZ_MAXBOX);
+    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x) shist[i] = 0;
+    __syncthreads();
+    const CzGeo g = cz_geo(geo);
+    const double inv = 1.0 / step;
+    const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    double* buf = sbox + warp * CZ_MAXBOX;
+    int nw = (int)geo[CZ_G_NWALKS];
+    for (i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp; t < g.ntiles; t += (i64)gridDim.x * CZ_TILE_WARPS) {
+        i64 c[3];
+        i64 b = cz_tile_coords(g, t, c);
+        int e[3], own[3];
+        i64 o[3];
+        for (int d = 0; d < 3; d++) {
+            e[d] = (int)cz_boxed(g, d, c[d]);
+            own[d] = (int)cz_owned(g, d, c[d]);
+            o[d] = c[d] * g.S;
+        }
+        const int st[3] = {e[1] * e[2], e[2], 1};
+        const int S = (int)g.S;
+        const i64 base = cz_tile_offset(g, b, c);
+        const i64 origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
+        int nbox = e[0] * e[1] * e[2];
+        __syncwarp();
+        for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
+        __syncwarp();
+        if (lane < 8) {
+            int kk = lane, idx = 0;
+            i64 tt[3] = {c[0], c[1], c[2]};
+            bool inside = true;
+            for (int d = 0; d < 3; d++) {
+                if (kk >> d & 1) {
+                    if (e[d] <= S) inside = false;
+                    idx += S * st[d];
+                    tt[d] += 1;
+                }
+            }
+            if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
+        }
+        __syncwarp();
+        for (int w = 0; w < nw; w++) {
+            const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
+            int s = (int)wk[0];
+            int start[3] = {(int)wk[1], (int)wk[2], (int)wk[3]};
+            int stp[3] = {(int)wk[4], (int)wk[5], (int)wk[6]};
+            int multi = (int)wk[7], am = (int)wk[8];
+            int sp[3] = {(int)wk[9], (int)wk[10], (int)wk[11]};
+            int cnt[3];
+            for (int d = 0; d < 3; d++) cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / stp[d] + 1 : 0;
+            int total = cnt[0] * cnt[1] * cnt[2];
+            for (int kk = lane; kk < total; kk += 32) {
+                int xx[3];
+                xx[2] = start[2] + (kk % cnt[2]) * stp[2];
+                xx[1] = start[1] + ((kk / cnt[2]) % cnt[1]) * stp[1];
+                xx[0] = start[0] + (kk / (cnt[2] * cnt[1])) * stp[0];
+                int idx = xx[0] * st[0] + xx[1] * st[1] + xx[2];
+                double p = multi ? cz_multi(buf, idx, xx, e, st, s, am, sp)
+                                 : cz_predict_along(buf, idx, xx, e, st, s, am, sp);
+                i64 gi = origin + (xx[0] * g.n[1] + xx[1]) * g.n[2] + xx[2];
+                T xv = x[gi];
+                // quant.rs ResidualQuantizer::encode
+                i64 r = CZ_LOSSLESS;
+                double v = zc_isfinite(p) ? p : 0.0;
+                if (zc_isfinite(xv) && zc_isfinite(p)) {
+                    double xd = (double)xv;
+                    double q = (xd - p) * inv;
+                    if (fabs(q) < CzT<T>::QMAX) {
+                        i64 qi = (i64)rint(q);
+                        T rr = (T)(p + (double)qi * step);
+                        double rv = (double)rr;
+                        double d = fabs(xd - rv);
+                        bool ok;
+                        if (sizeof(T) == 4) {
+                            ok = d <= eb;
+                        } else {
+                            double a = fabs(xd), bb = fabs(rv);
+                            bool exact = rv == 0.0 || ((xd < 0.0) == (rv < 0.0) && bb * 0.5 <= a && a <= bb * 2.0);
+                            ok = d < eb || (d == eb && exact);
+                        }
+                        if (ok) {
+                            r = qi;
+                            v = rv;
+                        }
+                    }
+                }
+                buf[idx] = v;
+                bool owned = xx[0] < own[0] && xx[1] < own[1] && xx[2] < own[2];
+                u32 key = 0xFFFFFFFFu;
+                if (owned) {
+                    i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
+                    res[si] = r;
+                    if (r == CZ_LOSSLESS) {
+                        u64 bits = cz_bits<T>(xv);
+                        for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
+                    }
+                    key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + cz_symbol(r);
+                }
+                u32 am2 = __activemask();
+                u32 peers = __match_any_sync(am2, key);
+                if (owned && (__ffs(peers) - 1) == lane) atomicAdd(&shist[key], (u32)__popc(peers));
+            }
+            __syncwarp();
+        }
+        if (lane == 0) {
+            i64 r = ares[t];
+            res[base] = r;
+            if (r == CZ_LOSSLESS) {
+                u64 bits = cz_bits<T>(x[origin]);
+                for (int q = 0; q < (int)sizeof(T); q++) raw[base * sizeof(T) + q] = (u8)(bits >> (8 * q));
+            }
+            atomicAdd(&shist[pattern[0] * 1025u + cz_symbol(r)], 1u);
+        }
+    }
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x)
+        if (shist[i]) atomicAdd(&hist[i], (u64)shist[i]);
+}
+
+// Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of
+// CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 4 bytes backwards]
+// [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes, CHUNK].
+// enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
+// lossless bytes, varint bytes; sizes[ci] = the chunk's size.
+#define CZ_RANS_CAP (2 * CZ_CHUNK + 4)
+template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 1); }
+template <typename T>
+__device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, const u8* pattern, const u8* map,
+                              const u32* enc, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
+    u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ci >= nchunks) return;
+    const CzGeo g = cz_geo(geo);
+    i64 i0 = (i64)ci * CZ_CHUNK;
+    i64 cnt = g.batch * g.vol - i0;
+    if (cnt > CZ_CHUNK) cnt = CZ_CHUNK;
+    u8* sc = scratch + (i64)ci * cz_scratch<T>();
+    u8* rawo = sc + CZ_RANS_CAP;
+    u8* bigo = rawo + CZ_CHUNK * sizeof(T);
+    u8* cls = bigo + CZ_CHUNK * 10;
+    // forward: classes, lossless values, big varints (as cz_rans walks the positions)
+    i64 tc[3], b, l[3], own[3];
+    {
+        b = i0 / g.vol;
+        i64 r = i0 - b * g.vol;
+        i64 slab = g.S * g.n[1] * g.n[2];
+        tc[0] = r / slab;
+        r -= tc[0] * slab;
+        own[0] = cz_owned(g, 0, tc[0]);
+        i64 row = own[0] * g.S * g.n[2];
+        tc[1] = r / row;
+        r -= tc[1] * row;
+        own[1] = cz_owned(g, 1, tc[1]);
+        i64 tl = own[0] * own[1] * g.S;
+        tc[2] = r / tl;
+        r -= tc[2] * tl;
+        own[2] = cz_owned(g, 2, tc[2]);
+        l[0] = r / (own[1] * own[2]);
+        l[1] = (r / own[2]) % own[1];
+        l[2] = r % own[2];
+    }
+    const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
+    u32 nraw = 0, nbig = 0;
+    for (i64 j = 0; j < cnt; j++) {
+        cls[j] = pattern[(l[0] * f1 + l[1]) * f2 + l[2]];
+        i64 r = res[i0 + j];
+        u32 s = cz_symbol(r);
+        if (s == CZ_SYM_LOSSLESS) {
+            for (int q = 0; q < (int)sizeof(T); q++) rawo[nraw++] = raw[(i0 + j) * sizeof(T) + q];
+        } else if (s == CZ_SYM_BIG) {
+            u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
+            while (z >= 0x80) {
+                bigo[nbig++] = (u8)(z | 0x80);
+                z >>= 7;
+            }
+            bigo[nbig++] = (u8)z;
+        }
+        if (++l[2] == own[2]) {
+            l[2] = 0;
+            if (++l[1] == own[1]) {
+                l[1] = 0;
+                if (++l[0] == own[0]) {
+                    l[0] = 0;
+                    if (++tc[2] == g.tiles[2]) {
+                        tc[2] = 0;
+                        if (++tc[1] == g.tiles[1]) {
+                            tc[1] = 0;
+                            if (++tc[0] == g.tiles[0]) {
+                                tc[0] = 0;
+                                b++;
+                            }
+                        }
+                    }
+                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
+                }
+            }
+        }
+    }
+    // backward: the rANS state, bytes emitted from the end of the region
+    u32 x = CZ_RANS_L;
+    u32 nrev = 0;
+    u8* end = sc + CZ_RANS_CAP;
+    for (i64 j = cnt - 1; j >= 0; j--) {
+        const u32* e = enc + ((u32)map[cls[j]] * 1025u + cz_symbol(res[i0 + j])) * 5;
+        u32 x_max = e[0];
+        while (x >= x_max) {
+            end[-1 - (i64)nrev] = (u8)x;
+            nrev++;
+            x >>= 8;
+        }
+        u32 q = (u32)(((u64)x * e[1]) >> 32) >> e[2];
+        x = x + e[3] + q * e[4];
+    }
+    // the final state, big-endian, before the emitted bytes
+    for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
+    u32 nb = nrev + 4;
+    info[3 * ci] = nb;
+    info[3 * ci + 1] = nraw;
+    info[3 * ci + 2] = nbig;
+    u64 size = 4 + (u64)nb + nraw + nbig;
+    sizes[ci] = (size + 3) & ~3ull;
+}
+
+// Exclusive prefix sum of the chunk sizes in place (one block), total in sizes[n].
+extern "C" __global__ void cz_scan(u64* sizes, u64 n) {
+    __shared__ u64 carry;
+    __shared__ u64 part[32];
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (u64 base = 0; base < n; base += blockDim.x) {
+        u64 i = base + threadIdx.x;
+        u64 v = i < n ? sizes[i] : 0;
+        u64 inc = warp_incl_u64(v, lane);
+        if (lane == 31) part[warp] = inc;
+        __syncthreads();
+        u64 before = carry;
+        for (int w = 0; w < warp; w++) before += part[w];
+        u64 tot = 0;
+        for (int w = 0; w < nwarps; w++) tot += part[w];
+        if (i < n) sizes[i] = before + inc - v;
+        __syncthreads();
+        if (threadIdx.x == 0) carry += tot;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) sizes[n] = carry;
+}
+
+// Place chunk `blockIdx.x` in the stream (`out` + `data_at` + its offset) and write its table
+// entry (size, zhash) at `out` + `table_at`.
+template <typename T>
+__device__ void cz_enc_write(const u8* scratch, const u32* info, const u64* offs, u8* out, u64 table_at,
+                             u64 data_at) {
+    __shared__ u32 wsum[32];
+    u64 ci = blockIdx.x;
+    const u8* sc = scratch + (i64)ci * cz_scratch<T>();
+    u32 nb = info[3 * ci], nraw = info[3 * ci + 1], nbig = info[3 * ci + 2];
+    u64 size = offs[ci + 1] - offs[ci];
+    u8* dst = out + data_at + offs[ci];
+    const u8* rans = sc + CZ_RANS_CAP - nb;
+    const u8* rawo = sc + CZ_RANS_CAP;
+    const u8* bigo = rawo + CZ_CHUNK * sizeof(T);
+    u32 sum = 0;
+    for (u64 w = threadIdx.x; w < size / 4; w += blockDim.x) {
+        u32 word = 0;
+        for (int q = 0; q < 4; q++) {
+            u64 i = 4 * w + q;
+            u32 v;
+            if (i < 4) {
+                v = (nb >> (8 * i)) & 0xFF;
+            } else if (i < 4 + (u64)nb) {
+                v = rans[i - 4];
+            } else if (i < 4 + (u64)nb + nraw) {
+                v = rawo[i - 4 - nb];
+            } else if (i < 4 + (u64)nb + nraw + nbig) {
+                v = bigo[i - 4 - nb - nraw];
+            } else {
+                v = 0;
+            }
+            word |= v << (8 * q);
+        }
+        ((u32*)dst)[w] = word;
+        sum += zhash_mix(word, (u32)w);
+    }
+    sum = warp_sum_u32(sum);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
+        u32 h = zhash_final(s, (u32)(size / 4));
+        u32* te = (u32*)(out + table_at + 8 * ci);
+        te[0] = (u32)size;
+        te[1] = h;
+    }
+}
+
+// zhash of `nwords` words at `p` (one block): ws[0].
+extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
+    __shared__ u32 wsum[32];
+    u32 sum = 0;
+    for (u64 w = threadIdx.x; w < nwords; w += blockDim.x) sum += zhash_mix(((const u32*)p)[w], (u32)w);
+    sum = warp_sum_u32(sum);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
+        ws[0] = zhash_final(s, (u32)nwords);
+    }
+}
+
+#define CZ_INST(T, N)                                                                                               \
+    extern "C" __global__ void cz_rans_##N(const u8* stream, const i64* geo, const u64* ent, u64 nchunks,            \
+                                           const u8* pattern, const u8* map, const unsigned short* sym,            \
+                                           const u32* fc, const u8* rank, const u32* rfc,                          \
+                                           const unsigned short* rsym, u32 ntab, u32 nclass, u32 smem, i64* res,  \
+                                           u8* raw, u32* bigs, u64* err) {                                         \
+        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, rank, rfc, rsym, ntab, nclass, smem, res,    \
+                   raw, bigs, err);                                                                                \
+    }                                                                                                               \
+    extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
+                                              int first, int last, double step) {                                  \
+        cz_anchors<T>(geo, res, acc, vals, dim, first, last, step);                                                \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
+        cz_tiles_##N(const i64* geo, const i64* res, const u8* raw, const i64* acc, const double* vals,            \
+                     double step, T* out) {                                                                        \
+        cz_tiles<T>(geo, res, raw, acc, vals, step, out);                                                          \
+    }
+
+CZ_INST(float, f32)
+CZ_INST(double, f64)
+
+#define CZ_ENC_INST(T, N)                                                                                           \
+    extern "C" __global__ void cz_range_##N(const T* x, u64 n, u64* ws) { cz_range<T>(x, n, ws); }                 \
+    extern "C" __global__ void cz_anchor_codes_##N(const T* x, const i64* geo, double step, double eb, i64* cod,    \
+                                                   i64* acc, u64* flag) {                                          \
+        cz_anchor_codes<T>(x, geo, step, eb, cod, acc, flag);                                                      \
+    }                                                                                                               \
+    extern "C" __global__ void cz_anchor_vals_##N(const i64* geo, const i64* acc, double step, double* vals) {     \
+        cz_anchor_vals<T>(geo, acc, step, vals);                                                                   \
+    }                                                                                                               \
+    extern "C" __global__ void cz_sample_##N(const T* x, const i64* geo, i64 k, double scale, const i64* cfg,      \
+                                             u64* err) {                                                           \
+        cz_sample<T>(x, geo, k, scale, cfg, err);                                                                  \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
+        cz_enc_tiles_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,         \
+                         double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {   \
+        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, raw, hist);                      \
+    }                                                                                                               \
+    extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const u8* raw, const u8* pattern, \
+                                                 const u8* map, const u32* enc, u64 nchunks, u8* scratch,         \
+                                                 u32* info, u64* sizes) {                                          \
+        cz_enc_chunks<T>(geo, res, raw, pattern, map, enc, nchunks, scratch, info, sizes);                        \
+    }                                                                                                               \
+    extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
+                                                u64 table_at, u64 data_at) {                                       \
+        cz_enc_write<T>(scratch, info, offs, out, table_at, data_at);                                              \
+    }
+
+CZ_ENC_INST(float, f32)
+CZ_ENC_INST(double, f64)

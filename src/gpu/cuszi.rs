@@ -1,0 +1,1216 @@
+//! The `cuszi` codec on a CUDA device (`kernels/cuszi.cu`): [`CusziGpu::compress_device`]
+//! writes the bytes of the CPU encoder ([`crate::compress_nd`] with [`CodecKind::Cuszi`]), and
+//! [`CusziGpu::decompress_device`] decodes them to the bits of [`crate::decompress`] and rejects
+//! the corrupt streams it rejects.
+//!
+//! Compression of a device buffer follows the block-parallel map of `src/codec/cuszi/mod.rs`:
+//!
+//! 1. `cz_range_*` (noa): the finite range, read back for the quantization step;
+//! 2. `cz_anchor_*`: the anchor codes; lossless anchors take their Lorenzo prediction in tile
+//!    order (one block), every other residual is computed in parallel;
+//! 3. `cz_sample_*` (twice): the sampling's integer error sums, read back; the host chooses each
+//!    level's passes and splines with the rules of `interp::choose_levels`;
+//! 4. `cz_enc_tiles_*`: one warp per tile predicts its box level by level (IEEE f64, no FMA),
+//!    quantizes the residuals and counts the symbols of each class; the histogram is read back
+//!    and the host builds the rANS tables and the metadata with the CPU's own code;
+//! 5. `cz_enc_chunks_*` (one thread per chunk of 32,768 residuals) codes each chunk, `cz_scan`
+//!    sums their sizes (read back: a stream that does not compress is stored by the CPU twin),
+//!    `cz_enc_write_*` places them with their table entries, `cz_hash` hashes table and
+//!    metadata, and the host writes the header.
+//!
+//! So a compression reads back small results four times between kernels (range, two sampling
+//! sums, histogram) besides the final size and hash; the tables are built on the host as in
+//! cuSZ-i.
+//!
+//! Decompression of a device-resident stream:
+//!
+//! 1. the host reads the header, the chunk table and the metadata (a few kilobytes), checks them
+//!    with the CPU decoder's own parsers (header fields, table checksum, chunk sizes, predictor
+//!    configuration, rANS tables) and uploads the geometry, the class pattern and the decoder
+//!    tables;
+//! 2. `cz_rans_*`: one thread per chunk of 32,768 residuals checks the chunk's `zhash`, decodes
+//!    its rANS stream (the class of each residual follows from its position in its tile), its
+//!    lossless values and big residuals, and checks every byte as the CPU does;
+//! 3. `cz_anchors_*` (three launches, one per dimension): the anchors' Lorenzo inverse as an
+//!    n-D prefix sum in wrapping integers, and their values;
+//! 4. `cz_tiles_*`: one warp per tile reconstructs its box level by level in shared memory
+//!    (IEEE f64, no FMA) and writes its owned points straight to the array;
+//! 5. one read back of the error words.
+//!
+//! What has no kernels here runs the CPU twin on a host copy (with the result copied back):
+//! rel bounds, degenerate quantization steps and stored streams (both directions), and streams
+//! of the first version 3 encoder (coder 0, Huffman).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
+    CudaViewMut, LaunchConfig, PushKernelArg,
+};
+
+use super::compile::{self, Module};
+use super::{raw_ptr, raw_ptr_mut, GpuElement};
+use crate::codec::cuszi::grid::Grid;
+use crate::codec::cuszi::interp::{self, Level, Walk};
+use crate::codec::cuszi::rans;
+use crate::codec::cuszi::{read_meta, write_meta, Coder, CHUNK};
+use crate::codec::CodecKind;
+use crate::error::{Error, Result};
+use crate::format::{
+    u16_at, u32_at, zhash_bytes, BoundMode, Dims, Header, HEADER_LEN, HEADER_LEN_V3,
+    TABLE_ENTRY_LEN, VERSION_SHAPED,
+};
+use crate::quant::{ErrorBound, QuantParams};
+
+/// Geometry words (kernels/cuszi.cu `CZ_G_*`).
+const G_BATCH: usize = 0;
+const G_N: usize = 1;
+const G_S: usize = 4;
+const G_TILES: usize = 5;
+const G_NTILES: usize = 8;
+const G_VOL: usize = 9;
+const G_COUNT: usize = 10;
+const G_NWALKS: usize = 11;
+const G_FULL: usize = 12;
+const G_WALKS: usize = 16;
+// the geometry words before the walks do not overlap
+const _: () = assert!(G_N + 3 <= G_S && G_TILES + 3 <= G_NTILES && G_FULL + 3 <= G_WALKS);
+/// Words per walk (kernels/cuszi.cu `CZ_WALK_WORDS`).
+const WALK_WORDS: usize = 12;
+/// Tiles (warps) per block of `cz_tiles_*` (kernels/cuszi.cu `CZ_TILE_WARPS`).
+const TILE_WARPS: usize = 4;
+/// Slots per rANS table (rans.rs `PROB_SCALE`).
+const SLOTS: usize = 1 << 14;
+/// Symbols per rANS table (rans.rs `NSYM`).
+const SYMBOLS: usize = 1025;
+/// Ranks per table of the decoder's compact tables (kernels/cuszi.cu cz_rans).
+const RANKS: usize = 256;
+/// The rank of a symbol outside the compact table.
+const RANK_OTHER: u8 = 255;
+/// Bytes of the class map in the decoder's shared memory (at most 28 classes).
+const MAP_BYTES: usize = 64;
+/// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
+const MAX_BOX: usize = 729;
+/// Threads per block of `cz_enc_chunks_*` (each codes one chunk).
+const RANS_THREADS: usize = 32;
+/// Chunks per block of `cz_rans_*` (kernels/cuszi.cu `CZ_RANS_CHUNKS`); its blocks of
+/// [`RANS_STAGE_THREADS`] stage the tables together, then the first warp decodes.
+const RANS_CHUNKS: usize = 32;
+/// Threads per block of `cz_rans_*`.
+const RANS_STAGE_THREADS: usize = 256;
+
+/// The error bits of `cz_rans_*` (kernels/cuszi.cu `CZ_E_*`) and what they mean.
+const ERRORS: [(u64, &str); 5] = [
+    (1, "checksum mismatch"),
+    (2, "invalid rANS bytes"),
+    (4, "lossless values run past the chunk"),
+    (8, "invalid big residual"),
+    (16, "chunk longer than its contents"),
+];
+
+/// Names of every kernel of [`Module::Cuszi`].
+pub fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for k in [
+        "cz_anchor_lossless",
+        "cz_anchor_res",
+        "cz_anchor_serial",
+        "cz_scan",
+        "cz_hash",
+    ] {
+        v.push(k.to_string());
+    }
+    for t in ["f32", "f64"] {
+        for k in [
+            "cz_rans",
+            "cz_anchors",
+            "cz_tiles",
+            "cz_range",
+            "cz_anchor_codes",
+            "cz_anchor_vals",
+            "cz_sample",
+            "cz_enc_tiles",
+            "cz_enc_chunks",
+            "cz_enc_write",
+        ] {
+            v.push(format!("{k}_{t}"));
+        }
+    }
+    v
+}
+
+/// Compile `kernels/cuszi.cu` for `arch` (e.g. `sm_90`) without a device (tests).
+pub fn compile_check(arch: &str) -> Result<Vec<u8>> {
+    compile::compile_cubin_with(&Module::Cuszi.source(), arch, &Module::Cuszi.defines())
+}
+
+fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |e| Error::Gpu(format!("cuszi {what}: {e:?}"))
+}
+
+/// Device buffers sized by the value count, kept and grown from call to call.
+struct Workspace {
+    /// Values they hold.
+    n: usize,
+    /// Residuals in symbol order.
+    res: CudaSlice<i64>,
+    /// Lossless values' bytes at their symbol index (8 bytes per value: either dtype).
+    raw: CudaSlice<u8>,
+    /// Per chunk: the positions of its big residuals.
+    bigs: CudaSlice<u32>,
+}
+
+/// The `cuszi` decoder kernels loaded on one CUDA stream.
+pub struct CusziGpu {
+    stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    name: String,
+    ws: Option<Workspace>,
+    /// Bytes of dynamic shared memory a block may opt in to.
+    smem_optin: usize,
+    /// Timing events after each step (`set_profile`), labelled by the step they end.
+    profile: Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
+    /// The encoder's per-chunk scratch regions, kept and grown.
+    scratch: Option<CudaSlice<u8>>,
+    /// Blocks of the grid-stride kernels (8 per SM).
+    grid: u32,
+}
+
+impl std::fmt::Debug for CusziGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CusziGpu")
+            .field("device", &self.name)
+            .finish()
+    }
+}
+
+/// What the host learned from a stream's header, table and metadata, ready to launch.
+struct Plan {
+    g: Grid,
+    /// Geometry and walk words.
+    geo: Vec<i64>,
+    /// Class of every local position of a whole tile.
+    pattern: Vec<u8>,
+    /// Class-to-table map.
+    map: Vec<u8>,
+    /// Per table: the symbol of every slot.
+    sym: Vec<u16>,
+    /// Per table and symbol: `freq << 16 | cum`.
+    fc: Vec<u32>,
+    /// Per table and slot: the rank of its symbol ([`RANK_OTHER`]: not among the 255 most
+    /// frequent).
+    rank: Vec<u8>,
+    /// Per table and rank: `freq << 16 | cum` of the symbol.
+    rfc: Vec<u32>,
+    /// Per table and rank: the symbol.
+    rsym: Vec<u16>,
+    /// Per chunk: offset, then size | checksum << 32.
+    ent: Vec<u64>,
+    /// The quantization step.
+    qstep: f64,
+}
+
+impl CusziGpu {
+    /// Open device `ordinal` (its default stream) and compile or load the kernels.
+    /// [`Error::Unavailable`] without a CUDA driver, device or NVRTC.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !super::device_available() {
+            return Err(Error::Unavailable("no CUDA device".into()));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(gpu_err("context"))?;
+        Self::with_stream(ctx.default_stream())
+    }
+
+    /// The kernels on `stream` (every operation is ordered on it).
+    pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        let (module, grid) = super::util::compile_and_load(&stream, Module::Cuszi)?;
+        let name = stream.context().name().map_err(gpu_err("device name"))?;
+        let smem_optin = stream
+            .context()
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(gpu_err("attribute"))?
+            .max(0) as usize;
+        Ok(CusziGpu {
+            stream,
+            module,
+            funcs: HashMap::new(),
+            name,
+            ws: None,
+            smem_optin,
+            profile: None,
+            scratch: None,
+            grid,
+        })
+    }
+
+    /// Record a timing event after every step of the next operations (benchmarks); read them
+    /// with [`CusziGpu::take_profile`].
+    pub fn set_profile(&mut self, on: bool) {
+        self.profile = on.then(Vec::new);
+    }
+
+    /// The milliseconds of each step recorded since the last call (`set_profile`): (step, ms),
+    /// each step timed from the event before it (`setup`: from the call's start: the host's
+    /// reading and checking of the header, table and metadata, and the uploads).
+    pub fn take_profile(&mut self) -> Result<Vec<(&'static str, f32)>> {
+        let Some(v) = self.profile.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let ev = std::mem::take(v);
+        let mut out = Vec::new();
+        for w in ev.windows(2) {
+            if w[1].0 == "start" {
+                continue;
+            }
+            out.push((
+                w[1].0,
+                w[0].1.elapsed_ms(&w[1].1).map_err(gpu_err("event"))?,
+            ));
+        }
+        Ok(out)
+    }
+
+    fn mark(&mut self, step: &'static str) -> Result<()> {
+        if let Some(v) = self.profile.as_mut() {
+            let e = self
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(gpu_err("event"))?;
+            v.push((step, e));
+        }
+        Ok(())
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The stream every operation is ordered on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn func(&mut self, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module
+            .load_function(name)
+            .map_err(|e| Error::Gpu(format!("cuszi kernel {name}: {e:?}")))?;
+        self.funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the callers read inside the stream's `len` bytes; synchronized before use.
+        unsafe { cu::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(gpu_err("read"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
+    fn upload<X: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        v: &[X],
+    ) -> Result<CudaSlice<X>> {
+        if v.is_empty() {
+            return self.stream.alloc_zeros::<X>(1).map_err(gpu_err("alloc"));
+        }
+        self.stream.clone_htod(v).map_err(gpu_err("upload"))
+    }
+
+    /// Decompress the `cuszi` stream `stream` (all of it, on the device) into `out`, which must
+    /// hold exactly its values. The values are bit for bit those of [`crate::decompress`];
+    /// corrupt streams give [`Error::Corrupt`] (exactly those the CPU decoder rejects; `out` is
+    /// then unspecified). A stream of another codec is an [`Error::InvalidArgument`].
+    pub fn decompress_device<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(gpu_err("bind"))?;
+        self.mark("start")?;
+        let len = stream.len();
+        let sp = raw_ptr(stream, &self.stream);
+        let mut head = vec![0u8; len.min(HEADER_LEN_V3)];
+        self.read(sp, &mut head)?;
+        if head.len() < HEADER_LEN
+            || u16_at(&head, 4) != VERSION_SHAPED
+            || head.len() < HEADER_LEN_V3
+        {
+            return self.on_host(stream, out);
+        }
+        let b: &[u8; HEADER_LEN_V3] = head[..].try_into().expect("header length");
+        let h = Header::parse_fields_v3(b, len)?;
+        crate::codec::check_codec_fields(&h)?;
+        if h.codec != CodecKind::Cuszi.tag() {
+            return Err(Error::invalid(format!(
+                "not a cuszi stream (codec {})",
+                CodecKind::from_tag(h.codec)?
+            )));
+        }
+        crate::codec::check_dtype::<T>(h.dtype)?;
+        if h.count != out.len() as u64 {
+            return Err(Error::Mismatch {
+                what: "value count",
+                expected: out.len().to_string(),
+                found: h.count.to_string(),
+            });
+        }
+        if h.is_stored() || h.mode == BoundMode::Rel {
+            return self.on_host(stream, out);
+        }
+        let hl = h.header_len();
+        let mut table = vec![0u8; h.table_len()];
+        self.read(sp + hl as u64, &mut table)?;
+        if zhash_bytes(&table) != h.payload_checksum {
+            return Err(Error::corrupt("chunk table checksum mismatch"));
+        }
+        let Some(plan) = plan(&h, &table, len)? else {
+            return self.on_host(stream, out);
+        };
+        self.launch::<T>(&plan, sp, out)
+    }
+
+    /// The CPU twin's decoding of a stream copied to the host, with the values copied back.
+    fn on_host<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        let mut host = vec![0u8; stream.len()];
+        self.read(raw_ptr(stream, &self.stream), &mut host)?;
+        let h = crate::codec::inspect(&host)?;
+        if h.codec != CodecKind::Cuszi.tag() {
+            return Err(Error::invalid(format!(
+                "not a cuszi stream (codec {})",
+                CodecKind::from_tag(h.codec)?
+            )));
+        }
+        let mut vals = vec![T::default(); out.len()];
+        crate::codec::decompress_into(&host, &mut vals)?;
+        if !vals.is_empty() {
+            self.stream
+                .memcpy_htod(&vals, out)
+                .map_err(gpu_err("upload"))?;
+        }
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
+    /// Grow the workspace to `n` values.
+    fn workspace(&mut self, n: usize) -> Result<()> {
+        if self.ws.as_ref().is_some_and(|w| w.n >= n) {
+            return Ok(());
+        }
+        self.ws = None;
+        let s = &self.stream;
+        let n1 = n.max(1);
+        let oom = |what: &'static str| {
+            move |e: cudarc::driver::DriverError| {
+                Error::OutOfMemory(format!("cuszi {what} of {n1} values: {e:?}"))
+            }
+        };
+        // SAFETY (alloc): every kernel writes before it reads these.
+        let res = unsafe { s.alloc::<i64>(n1) }.map_err(oom("residuals"))?;
+        let raw = unsafe { s.alloc::<u8>(n1 * 8) }.map_err(oom("lossless values"))?;
+        let bigs = unsafe { s.alloc::<u32>(n1) }.map_err(oom("big residual positions"))?;
+        self.ws = Some(Workspace { n, res, raw, bigs });
+        Ok(())
+    }
+
+    fn launch<T: GpuElement>(
+        &mut self,
+        p: &Plan,
+        sp: u64,
+        out: &mut CudaViewMut<'_, T>,
+    ) -> Result<()> {
+        let n = out.len();
+        if n == 0 {
+            return Ok(());
+        }
+        self.workspace(n)?;
+        let t = T::KERNEL_TAG;
+        let geo = self.upload(&p.geo)?;
+        let pattern = self.upload(&p.pattern)?;
+        let map = self.upload(&p.map)?;
+        let slot = self.upload(&p.sym)?;
+        let step = self.upload(&p.fc)?;
+        let rank = self.upload(&p.rank)?;
+        let rfc = self.upload(&p.rfc)?;
+        let rsym = self.upload(&p.rsym)?;
+        let ent = self.upload(&p.ent)?;
+        let n_tiles = p.g.n_tiles();
+        let mut acc = self
+            .stream
+            .alloc_zeros::<i64>(n_tiles.max(1))
+            .map_err(gpu_err("alloc"))?;
+        let mut vals = self
+            .stream
+            .alloc_zeros::<f64>(n_tiles.max(1))
+            .map_err(gpu_err("alloc"))?;
+        let mut err = self
+            .stream
+            .clone_htod(&[0u64, u64::MAX])
+            .map_err(gpu_err("alloc"))?;
+        let s = self.stream.clone();
+        let ws = self.ws.as_mut().expect("workspace");
+        let (geop, patp, mapp) = (raw_ptr(&geo, &s), raw_ptr(&pattern, &s), raw_ptr(&map, &s));
+        let (slotp, stepp, entp) = (raw_ptr(&slot, &s), raw_ptr(&step, &s), raw_ptr(&ent, &s));
+        let (rankp, rfcp, rsymp) = (raw_ptr(&rank, &s), raw_ptr(&rfc, &s), raw_ptr(&rsym, &s));
+        let resp = raw_ptr_mut(&mut ws.res, &s);
+        let rawp = raw_ptr_mut(&mut ws.raw, &s);
+        let bigp = raw_ptr_mut(&mut ws.bigs, &s);
+        let accp = raw_ptr_mut(&mut acc, &s);
+        let valp = raw_ptr_mut(&mut vals, &s);
+        let errp = raw_ptr_mut(&mut err, &s);
+        let outp = raw_ptr_mut(out, &s);
+        let nchunks = (p.ent.len() / 2) as u64;
+        let cfg = |items: usize, block: usize| LaunchConfig {
+            grid_dim: (items.div_ceil(block).max(1) as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.mark("setup")?;
+        {
+            let f = self.func(&format!("cz_rans_{t}"))?;
+            let ntab = (p.fc.len() / SYMBOLS) as u32;
+            let nclass = p.map.len() as u32;
+            let want =
+                (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + MAP_BYTES) + p.pattern.len();
+            let want = want.next_multiple_of(16);
+            let smem = if want <= self.smem_optin {
+                set_smem(&f, want)?;
+                want as u32
+            } else {
+                0
+            };
+            let mut b = s.launch_builder(&f);
+            b.arg(&sp)
+                .arg(&geop)
+                .arg(&entp)
+                .arg(&nchunks)
+                .arg(&patp)
+                .arg(&mapp)
+                .arg(&slotp)
+                .arg(&stepp)
+                .arg(&rankp)
+                .arg(&rfcp)
+                .arg(&rsymp)
+                .arg(&ntab)
+                .arg(&nclass)
+                .arg(&smem)
+                .arg(&resp)
+                .arg(&rawp)
+                .arg(&bigp)
+                .arg(&errp);
+            // SAFETY: the chunk entries lie inside the stream (checked by `plan`); each thread
+            // writes its chunk's residuals, lossless bytes and big positions, below `n` values
+            // of the workspace; the tables hold `SLOTS` entries per table the map names.
+            let c = LaunchConfig {
+                shared_mem_bytes: smem,
+                ..Self::launch_cfg(
+                    (nchunks as usize).div_ceil(RANS_CHUNKS),
+                    RANS_STAGE_THREADS,
+                    0,
+                )
+            };
+            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+        }
+        self.mark("rans")?;
+        for (dim, first, last) in [(2i32, 1i32, 0i32), (1, 0, 0), (0, 0, 1)] {
+            let lines = n_tiles / p.g.tiles[dim as usize].max(1);
+            let f = self.func(&format!("cz_anchors_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geop)
+                .arg(&resp)
+                .arg(&accp)
+                .arg(&valp)
+                .arg(&dim)
+                .arg(&first)
+                .arg(&last)
+                .arg(&p.qstep);
+            // SAFETY: one thread per line of tiles reads residuals at tile offsets (below n) and
+            // writes the n_tiles words of `acc` and `vals`.
+            unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
+        }
+        self.mark("anchors")?;
+        {
+            let f = self.func(&format!("cz_tiles_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geop)
+                .arg(&resp)
+                .arg(&rawp)
+                .arg(&accp)
+                .arg(&valp)
+                .arg(&p.qstep)
+                .arg(&outp);
+            // SAFETY: one warp per tile reads residuals and lossless bytes at symbol indices of
+            // its box (below n) and writes its owned points of `out` (n values).
+            unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
+        }
+        self.mark("tiles")?;
+        let mut e = [0u64; 2];
+        s.memcpy_dtoh(&err, &mut e[..]).map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        if e[0] != 0 {
+            let what = ERRORS
+                .iter()
+                .find(|(bit, _)| e[0] & bit != 0)
+                .map_or("invalid chunk", |(_, w)| *w);
+            return Err(Error::corrupt(format!("chunk {}: {what}", e[1])));
+        }
+        Ok(())
+    }
+
+    /// Bytes of the largest stream of `n` values of `T`: what the output of
+    /// [`CusziGpu::compress_device`] must hold.
+    pub fn compress_bound<T: GpuElement>(n: usize) -> usize {
+        crate::format::compress_bound(n, T::DTYPE)
+    }
+
+    fn launch_cfg(grid: usize, block: usize, smem: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (grid.max(1) as u32, 1, 1),
+            block_dim: (block as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        }
+    }
+
+    fn read_words(&self, src: &CudaSlice<u64>) -> Result<Vec<u64>> {
+        let mut v = vec![0u64; src.len()];
+        self.stream
+            .memcpy_dtoh(src, &mut v[..])
+            .map_err(gpu_err("dtoh"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        Ok(v)
+    }
+
+    /// Compress `input` (values of shape `dims`, row-major) under `bound` into `out` (at least
+    /// [`CusziGpu::compress_bound`] bytes); returns the stream's length. The bytes are those of
+    /// [`crate::compress_nd`] with [`CodecKind::Cuszi`] on the same values.
+    ///
+    /// The device computes the range, the anchors, the sampling sums, the residuals with their
+    /// per-class histogram, the chunks, their placement and the hashes. The host reads back the
+    /// small results it decides on between those kernels, as the CPU twin decides them: the
+    /// range (noa: the quantization step), the sampling sums (the level configuration, two
+    /// reads), the histogram (the rANS tables and the metadata, with the CPU's own table
+    /// builder) and the total size (a stream that does not compress is stored); then it writes
+    /// the metadata and the header. Rel bounds, degenerate steps and stored streams are
+    /// compressed by the CPU twin on a host copy.
+    ///
+    /// Errors: those of [`crate::compress_nd`] ([`Error::InvalidArgument`]), an output smaller
+    /// than the bound, [`Error::Gpu`], [`Error::OutOfMemory`].
+    pub fn compress_device<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        dims: &[usize],
+        bound: ErrorBound,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        bound.validate()?;
+        let d: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
+        let shape = Dims::new(&d)?;
+        let n = input.len();
+        if shape.count() != n as u64 {
+            return Err(Error::invalid(format!(
+                "shape {shape} holds {} values, the data has {n}",
+                shape.count()
+            )));
+        }
+        let cap = Self::compress_bound::<T>(n);
+        if out.len() < cap {
+            return Err(Error::invalid(format!(
+                "cuszi output of {} bytes is smaller than the bound {cap}",
+                out.len()
+            )));
+        }
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(gpu_err("bind"))?;
+        if n == 0 || matches!(bound, ErrorBound::Rel(_)) {
+            return self.compress_on_host(input, dims, bound, out);
+        }
+        self.mark("start")?;
+        let s = self.stream.clone();
+        let t = T::KERNEL_TAG;
+        let x = raw_ptr(input, &s);
+        let n64 = n as u64;
+        // 1. range (noa) and the quantization parameters
+        let mut range = None;
+        if matches!(bound, ErrorBound::Noa(_)) {
+            let mut ws = s.clone_htod(&[u64::MAX, 0]).map_err(gpu_err("alloc"))?;
+            let wsp = raw_ptr_mut(&mut ws, &s);
+            let f = self.func(&format!("cz_range_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x).arg(&n64).arg(&wsp);
+            // SAFETY: reads the n values of the input, writes the two words of `ws`.
+            unsafe { b.launch(Self::launch_cfg(self.grid as usize, 256, 0)) }
+                .map_err(gpu_err("range"))?;
+            let w = self.read_words(&ws)?;
+            let key = |k: u64| f64::from_bits(if k >> 63 == 1 { k & !(1u64 << 63) } else { !k });
+            if w[0] <= w[1] {
+                range = Some((key(w[0]) + 0.0, key(w[1]) + 0.0));
+            }
+        }
+        self.mark("range")?;
+        let mut degenerate = false;
+        let params = QuantParams::derive_from_stats::<T>(
+            bound,
+            || range,
+            || {
+                degenerate = true;
+                None
+            },
+        )?;
+        if degenerate {
+            return self.compress_on_host(input, dims, bound, out);
+        }
+        let g = Grid::new(&shape);
+        let n_tiles = g.n_tiles();
+        let eb = if params.abs_bound <= f64::MAX {
+            params.abs_bound
+        } else {
+            0.0
+        };
+        let step = params.step;
+        // 2. anchors
+        let (geo0, _) = geometry(&g, &[]);
+        let geo0 = self.upload(&geo0)?;
+        let geo0p = raw_ptr(&geo0, &s);
+        let nt = n_tiles.max(1);
+        let mut cod = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
+        let codp = raw_ptr_mut(&mut cod, &s);
+        let mut acc = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
+        let mut ares = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
+        let mut vals = s.alloc_zeros::<f64>(nt).map_err(gpu_err("alloc"))?;
+        let mut flag = s.alloc_zeros::<u64>(1).map_err(gpu_err("alloc"))?;
+        let (accp, aresp) = (raw_ptr_mut(&mut acc, &s), raw_ptr_mut(&mut ares, &s));
+        let (valp, flagp) = (raw_ptr_mut(&mut vals, &s), raw_ptr_mut(&mut flag, &s));
+        let per_tile = Self::launch_cfg(n_tiles.div_ceil(128), 128, 0);
+        {
+            let f = self.func(&format!("cz_anchor_codes_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x)
+                .arg(&geo0p)
+                .arg(&step)
+                .arg(&eb)
+                .arg(&codp)
+                .arg(&accp)
+                .arg(&flagp);
+            // SAFETY: one thread per tile reads its anchor's value and writes its code.
+            unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor codes"))?;
+            let f = self.func("cz_anchor_lossless")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&flagp);
+            // SAFETY: one block reads the n_tiles codes and rewrites anchors of `acc`.
+            unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }
+                .map_err(gpu_err("lossless anchors"))?;
+            let f = self.func("cz_anchor_res")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&aresp).arg(&flagp);
+            // SAFETY: one thread per tile reads anchors of tiles and writes its residual.
+            unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor residuals"))?;
+            let f = self.func("cz_anchor_serial")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&aresp).arg(&flagp);
+            // SAFETY: one thread rewrites the n_tiles codes and residuals (when flagged).
+            unsafe { b.launch(Self::launch_cfg(1, 32, 0)) }.map_err(gpu_err("anchors"))?;
+            let f = self.func(&format!("cz_anchor_vals_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geo0p).arg(&accp).arg(&step).arg(&valp);
+            // SAFETY: one thread per tile.
+            unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor values"))?;
+        }
+        self.mark("anchors")?;
+        // 3. level configuration by sampling (interp.rs choose_levels)
+        let nl = g.levels();
+        let k = (n_tiles / interp::SAMPLE_TILES).max(1) as i64;
+        let nsample = n_tiles.div_ceil(k as usize);
+        let scale = 1.0 / step;
+        let sample = |me: &mut Self, cfg: u64| -> Result<Vec<u64>> {
+            let mut err = s
+                .alloc_zeros::<u64>(nl.max(1) * 9)
+                .map_err(gpu_err("alloc"))?;
+            let errp = raw_ptr_mut(&mut err, &s);
+            let f = me.func(&format!("cz_sample_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x)
+                .arg(&geo0p)
+                .arg(&k)
+                .arg(&scale)
+                .arg(&cfg)
+                .arg(&errp);
+            // SAFETY: one block per sampled tile reads its box of the input; adds to `err`.
+            unsafe { b.launch(Self::launch_cfg(nsample, 128, 0)) }.map_err(gpu_err("sample"))?;
+            me.read_words(&err)
+        };
+        let e1 = sample(self, 0)?;
+        let mut levels = Vec::with_capacity(nl);
+        let mut cfg = Vec::with_capacity(nl * 6);
+        for lv in 0..nl {
+            let err = |d: usize, i: usize| e1[lv * 9 + d * 3 + i];
+            let best: [(u64, usize); 3] = std::array::from_fn(|d| {
+                let mut bi = 0;
+                for i in 1..3 {
+                    if err(d, i) < err(d, bi) {
+                        bi = i;
+                    }
+                }
+                (err(d, bi), bi)
+            });
+            let mut order = [0usize, 1, 2];
+            order.sort_by(|&a, &b| best[b].0.cmp(&best[a].0).then(a.cmp(&b)));
+            let spline = best.map(|b| interp::Spline::ALL[b.1]);
+            levels.push(Level {
+                order,
+                spline,
+                multi: false,
+            });
+            cfg.extend(order.iter().map(|&o| o as i64));
+            cfg.extend(best.iter().map(|b| b.1 as i64));
+        }
+        let cfg_d = self.upload(&cfg)?;
+        let e2 = sample(self, raw_ptr(&cfg_d, &s))?;
+        for (lv, level) in levels.iter_mut().enumerate() {
+            level.multi = e2[lv * 9 + 1] < e2[lv * 9];
+        }
+        self.mark("sample")?;
+        // 4. residuals and the per-class histogram
+        let (geo, pattern) = geometry(&g, &levels);
+        let geo = self.upload(&geo)?;
+        let pat = self.upload(&pattern)?;
+        let (geop, patp) = (raw_ptr(&geo, &s), raw_ptr(&pat, &s));
+        let nclass = interp::n_classes(nl);
+        let mut hist = s
+            .alloc_zeros::<u64>(nclass * SYMBOLS)
+            .map_err(gpu_err("alloc"))?;
+        let histp = raw_ptr_mut(&mut hist, &s);
+        self.workspace(n)?;
+        let ws = self.ws.as_mut().expect("workspace");
+        let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
+        {
+            let f = self.func(&format!("cz_enc_tiles_{t}"))?;
+            let smem = TILE_WARPS * MAX_BOX * 8 + nclass * SYMBOLS * 4;
+            set_smem(&f, smem)?;
+            let nclass32 = nclass as u32;
+            let mut b = s.launch_builder(&f);
+            b.arg(&x)
+                .arg(&geop)
+                .arg(&accp)
+                .arg(&aresp)
+                .arg(&valp)
+                .arg(&step)
+                .arg(&eb)
+                .arg(&patp)
+                .arg(&nclass32)
+                .arg(&resp)
+                .arg(&rawp)
+                .arg(&histp);
+            let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
+            // SAFETY: warps read the boxes of their tiles (inside the input) and write their
+            // owned residuals and lossless bytes (below n values of the workspace).
+            unsafe { b.launch(Self::launch_cfg(grid, TILE_WARPS * 32, smem)) }
+                .map_err(gpu_err("tiles"))?;
+        }
+        let h = self.read_words(&hist)?;
+        self.mark("residuals")?;
+        // 5. tables (the CPU's builder) and the metadata
+        let hist: Vec<Vec<u64>> = h.chunks(SYMBOLS).map(|c| c.to_vec()).collect();
+        let (map, freqs) = rans::group_classes(&hist);
+        let tables = rans::tables(&freqs);
+        let meta = write_meta(&levels, &map, &freqs);
+        let enc: Vec<u32> = tables
+            .iter()
+            .flat_map(|t| t.encoder_words().into_iter().flatten())
+            .collect();
+        let map_d = self.upload(&map)?;
+        let enc_d = self.upload(&enc)?;
+        // 6. chunks
+        let nc = n.div_ceil(CHUNK);
+        let per = scratch_len::<T>();
+        if !self.scratch.as_ref().is_some_and(|b| b.len() >= nc * per) {
+            self.scratch = None;
+            // SAFETY: every chunk writes the parts of its region that are read back.
+            let b = unsafe { s.alloc::<u8>(nc * per) }.map_err(|e| {
+                Error::OutOfMemory(format!("cuszi chunk scratch of {} bytes: {e:?}", nc * per))
+            })?;
+            self.scratch = Some(b);
+        }
+        let scp = raw_ptr_mut(self.scratch.as_mut().expect("scratch"), &s);
+        let mut info = s.alloc_zeros::<u32>(3 * nc).map_err(gpu_err("alloc"))?;
+        let mut sizes = s.alloc_zeros::<u64>(nc + 1).map_err(gpu_err("alloc"))?;
+        let (infop, sizep) = (raw_ptr_mut(&mut info, &s), raw_ptr_mut(&mut sizes, &s));
+        let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
+        let nc64 = nc as u64;
+        {
+            let f = self.func(&format!("cz_enc_chunks_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&geop)
+                .arg(&resp)
+                .arg(&rawp)
+                .arg(&patp)
+                .arg(&mapp)
+                .arg(&encp)
+                .arg(&nc64)
+                .arg(&scp)
+                .arg(&infop)
+                .arg(&sizep);
+            // SAFETY: one thread per chunk reads its residuals and writes its scratch region
+            // (nc regions allocated) and its info and size words.
+            unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
+                .map_err(gpu_err("chunks"))?;
+            let f = self.func("cz_scan")?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&sizep).arg(&nc64);
+            // SAFETY: one block rewrites the nc + 1 size words.
+            unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("scan"))?;
+        }
+        let mut total = [0u64];
+        s.memcpy_dtoh(&sizes.slice(nc..nc + 1), &mut total[..])
+            .map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        self.mark("chunks")?;
+        let hl = HEADER_LEN_V3;
+        let payload = nc * TABLE_ENTRY_LEN + meta.len() + total[0] as usize;
+        if payload >= n * T::SIZE {
+            return self.compress_on_host(input, dims, bound, out);
+        }
+        // 7. placement, hashes, metadata and header
+        let outp = raw_ptr_mut(out, &s);
+        let table_at = hl as u64;
+        let data_at = (hl + nc * TABLE_ENTRY_LEN + meta.len()) as u64;
+        {
+            let f = self.func(&format!("cz_enc_write_{t}"))?;
+            let mut b = s.launch_builder(&f);
+            b.arg(&scp)
+                .arg(&infop)
+                .arg(&sizep)
+                .arg(&outp)
+                .arg(&table_at)
+                .arg(&data_at);
+            // SAFETY: block i writes chunk i below data_at + total <= hl + payload < cap bytes
+            // of `out`, and its table entry.
+            unsafe { b.launch(Self::launch_cfg(nc, 256, 0)) }.map_err(gpu_err("write"))?;
+        }
+        self.write_bytes(outp + (hl + nc * TABLE_ENTRY_LEN) as u64, &meta)?;
+        let mut hw = s.alloc_zeros::<u64>(1).map_err(gpu_err("alloc"))?;
+        let hwp = raw_ptr_mut(&mut hw, &s);
+        let nwords = ((nc * TABLE_ENTRY_LEN + meta.len()) / 4) as u64;
+        {
+            let f = self.func("cz_hash")?;
+            let mut b = s.launch_builder(&f);
+            let tp = outp + table_at;
+            b.arg(&tp).arg(&nwords).arg(&hwp);
+            // SAFETY: reads the table and metadata words of `out`.
+            unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("hash"))?;
+        }
+        let table_checksum = self.read_words(&hw)?[0] as u32;
+        let header = Header {
+            payload_len: payload as u64,
+            n_chunks: nc as u32,
+            payload_checksum: table_checksum,
+            data_checksum: 0,
+            dims: Some(shape),
+            meta_len: meta.len() as u32,
+            ..crate::codec::params_header::<T>(CodecKind::Cuszi, n, &params)
+        };
+        self.write_bytes(outp, &header.to_vec())?;
+        self.mark("write")?;
+        Ok(hl + payload)
+    }
+
+    fn write_bytes(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+        // SAFETY: the callers write inside `out`; the copy from pageable memory is staged before
+        // the call returns, and the stream is synchronized.
+        unsafe { cu::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) }
+            .map_err(gpu_err("write"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
+    /// The CPU twin's compression of a host copy of `input`, written to `out`.
+    fn compress_on_host<T: GpuElement>(
+        &mut self,
+        input: &CudaView<'_, T>,
+        dims: &[usize],
+        bound: ErrorBound,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<usize> {
+        let mut host = vec![T::default(); input.len()];
+        if !host.is_empty() {
+            self.stream
+                .memcpy_dtoh(input, &mut host[..])
+                .map_err(gpu_err("dtoh"))?;
+            self.stream.synchronize().map_err(gpu_err("sync"))?;
+        }
+        let v = crate::compress_nd(&host, dims, bound, CodecKind::Cuszi)?;
+        if v.len() > out.len() {
+            return Err(Error::invalid("cuszi output smaller than the stream"));
+        }
+        let outp = raw_ptr_mut(out, &self.stream);
+        self.write_bytes(outp, &v)?;
+        Ok(v.len())
+    }
+
+    /// [`CusziGpu::compress_device`] of host values.
+    pub fn compress<T: GpuElement>(
+        &mut self,
+        data: &[T],
+        dims: &[usize],
+        bound: ErrorBound,
+    ) -> Result<Vec<u8>> {
+        let s = self.stream.clone();
+        let d_in = self.upload(data)?;
+        let cap = Self::compress_bound::<T>(data.len());
+        let mut d_out = s.alloc_zeros::<u8>(cap).map_err(gpu_err("alloc"))?;
+        let len = self.compress_device(
+            &d_in.slice(0..data.len()),
+            dims,
+            bound,
+            &mut d_out.slice_mut(..),
+        )?;
+        let mut v = vec![0u8; len];
+        s.memcpy_dtoh(&d_out.slice(0..len), &mut v[..])
+            .map_err(gpu_err("dtoh"))?;
+        s.synchronize().map_err(gpu_err("sync"))?;
+        Ok(v)
+    }
+
+    /// [`CusziGpu::decompress_device`] of a host stream.
+    pub fn decompress<T: GpuElement>(&mut self, stream: &[u8]) -> Result<Vec<T>> {
+        let h = crate::codec::inspect(stream)?;
+        crate::codec::check_dtype::<T>(h.dtype)?;
+        let n = usize::try_from(h.count)
+            .map_err(|_| Error::corrupt(format!("{} values do not fit in memory", h.count)))?;
+        let mut v: Vec<T> = Vec::new();
+        v.try_reserve_exact(n)
+            .map_err(|_| Error::OutOfMemory(format!("{n} values of {}", T::DTYPE)))?;
+        v.resize(n, T::default());
+        let s = self.stream.clone();
+        let d_in = self.upload(stream)?;
+        let mut d_out = s.alloc_zeros::<T>(n.max(1)).map_err(gpu_err("alloc"))?;
+        self.decompress_device(&d_in.slice(0..stream.len()), &mut d_out.slice_mut(0..n))?;
+        if n > 0 {
+            s.memcpy_dtoh(&d_out.slice(0..n), &mut v[..])
+                .map_err(gpu_err("dtoh"))?;
+        }
+        s.synchronize().map_err(gpu_err("sync"))?;
+        Ok(v)
+    }
+}
+
+/// The launch plan of a compressed abs/noa `cuszi` stream of `len` bytes with header `h` and
+/// chunk table plus metadata `table` (checksum verified): every check of the CPU decoder that
+/// needs no chunk bytes. `None` for a stream of coder 0 (no kernels).
+fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>> {
+    let dims = h
+        .dims
+        .ok_or_else(|| Error::corrupt("cuszi stream without a shape"))?;
+    let count = h.count as usize;
+    if dims.count() != h.count {
+        return Err(Error::corrupt("shape does not match the value count"));
+    }
+    let nc = h.n_chunks as usize;
+    if nc != count.div_ceil(CHUNK) {
+        return Err(Error::corrupt("chunk count does not match the value count"));
+    }
+    let mut ent = Vec::with_capacity(2 * nc);
+    let mut off = (h.header_len() + h.table_len()) as u64;
+    for i in 0..nc {
+        let size = u32_at(table, i * TABLE_ENTRY_LEN);
+        let sum = u32_at(table, i * TABLE_ENTRY_LEN + 4);
+        if size % 4 != 0 {
+            return Err(Error::corrupt(format!(
+                "chunk {i} size {size} not a multiple of 4"
+            )));
+        }
+        ent.push(off);
+        ent.push(size as u64 | (sum as u64) << 32);
+        off += size as u64;
+    }
+    if off != len as u64 {
+        return Err(Error::corrupt(
+            "chunk sizes do not add up to the payload length",
+        ));
+    }
+    let g = Grid::new(&dims);
+    let (levels, coder) = read_meta(&table[nc * TABLE_ENTRY_LEN..], &g)?;
+    let (map, tables) = match coder {
+        Coder::Rans(map, tables) => (map, tables),
+        Coder::Huffman(_) => return Ok(None),
+    };
+    // per table: the symbol of every slot, per symbol `freq << 16 | cum`, and the compact form
+    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans)
+    let nt = tables.len();
+    let mut sym = Vec::with_capacity(nt * SLOTS);
+    let mut fc = vec![0u32; nt * SYMBOLS];
+    let mut rank = vec![RANK_OTHER; nt * SLOTS];
+    let mut rfc = vec![0u32; nt * RANKS];
+    let mut rsym = vec![0u16; nt * RANKS];
+    for (i, t) in tables.iter().enumerate() {
+        let (slots, steps) = t.decoder_arrays();
+        sym.extend_from_slice(slots);
+        let f = &mut fc[i * SYMBOLS..(i + 1) * SYMBOLS];
+        for (sl, (&s, &st)) in slots.iter().zip(steps).enumerate() {
+            f[s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
+        }
+        let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| f[s] >> 16 != 0).collect();
+        used.sort_by(|&a, &b| (f[b] >> 16).cmp(&(f[a] >> 16)).then(a.cmp(&b)));
+        let mut rank_of = vec![RANK_OTHER; SYMBOLS];
+        for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
+            rank_of[s] = r as u8;
+            rfc[i * RANKS + r] = f[s];
+            rsym[i * RANKS + r] = s as u16;
+        }
+        for (sl, &s) in slots.iter().enumerate() {
+            rank[i * SLOTS + sl] = rank_of[s as usize];
+        }
+    }
+    let (geo, pattern) = geometry(&g, &levels);
+    Ok(Some(Plan {
+        g,
+        geo,
+        pattern,
+        map,
+        sym,
+        fc,
+        rank,
+        rfc,
+        rsym,
+        ent,
+        qstep: h.step,
+    }))
+}
+
+/// The geometry words (kernels/cuszi.cu `CZ_G_*`: the grid, the walks of `levels`) and the
+/// class of every local position of a whole tile (none unless `levels` configures every level
+/// of the grid).
+fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
+    let walks = interp::walks(g.stride, levels);
+    let mut geo = vec![0i64; G_WALKS + WALK_WORDS * walks.len()];
+    geo[G_BATCH] = g.batch as i64;
+    for d in 0..3 {
+        geo[G_N + d] = g.n[d] as i64;
+        geo[G_TILES + d] = g.tiles[d] as i64;
+    }
+    geo[G_S] = g.stride as i64;
+    geo[G_NTILES] = g.n_tiles() as i64;
+    geo[G_VOL] = g.volume() as i64;
+    geo[G_COUNT] = (g.batch * g.volume()) as i64;
+    geo[G_NWALKS] = walks.len() as i64;
+    let full = g.owned([0; 3]);
+    for d in 0..3 {
+        geo[G_FULL + d] = full[d] as i64;
+    }
+    for (w, (s, start, stp, walk)) in walks.iter().enumerate() {
+        let at = G_WALKS + WALK_WORDS * w;
+        let (multi, am, sp) = match *walk {
+            Walk::Pass(a, sp) => (0, a, [sp; 3]),
+            Walk::Multi(mask, sp) => (1, mask, sp),
+        };
+        let words = [
+            *s as i64,
+            start[0] as i64,
+            start[1] as i64,
+            start[2] as i64,
+            stp[0] as i64,
+            stp[1] as i64,
+            stp[2] as i64,
+            multi,
+            am as i64,
+            sp[0] as i64,
+            sp[1] as i64,
+            sp[2] as i64,
+        ];
+        geo[at..at + WALK_WORDS].copy_from_slice(&words);
+    }
+    let log2s = g.stride.trailing_zeros();
+    let mut pattern = Vec::with_capacity(full.iter().product());
+    if levels.len() != g.levels() {
+        // (the anchor and sampling kernels, before the configuration is known, read no classes)
+        return (geo, pattern);
+    }
+    for l0 in 0..full[0] {
+        for l1 in 0..full[1] {
+            for l2 in 0..full[2] {
+                pattern.push(interp::point_class([l0, l1, l2], log2s, levels));
+            }
+        }
+    }
+    (geo, pattern)
+}
+
+/// Bytes of one chunk's scratch region of the encoder (kernels/cuszi.cu `cz_scratch`): the rANS
+/// bytes (at most 2 per value, and the state), the lossless values, the varints, the classes.
+fn scratch_len<T: GpuElement>() -> usize {
+    2 * CHUNK + 4 + CHUNK * (T::SIZE + 10 + 1)
+}
+
+/// Let kernel `f` use `bytes` of dynamic shared memory.
+fn set_smem(f: &CudaFunction, bytes: usize) -> Result<()> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(gpu_err("shared memory attribute"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define name` in kernels/cuszi.cu (a decimal integer, or `1ull << k`).
+    fn define(name: &str) -> u64 {
+        let text = compile::kernel_file("cuszi.cu").expect("cuszi.cu");
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            if it.next() == Some("#define") && it.next() == Some(name) {
+                let v: String = it.collect::<Vec<_>>().join(" ");
+                let v = v.trim_end_matches("ull").trim_end_matches("ll");
+                return v.parse().unwrap_or_else(|_| panic!("{name} = {v}"));
+            }
+        }
+        panic!("{name} not defined in cuszi.cu");
+    }
+
+    #[test]
+    fn constants_shared_with_the_kernels_agree() {
+        for (name, v) in [
+            ("CZ_G_BATCH", G_BATCH),
+            ("CZ_G_N", G_N),
+            ("CZ_G_S", G_S),
+            ("CZ_G_TILES", G_TILES),
+            ("CZ_G_NTILES", G_NTILES),
+            ("CZ_G_VOL", G_VOL),
+            ("CZ_G_COUNT", G_COUNT),
+            ("CZ_G_NWALKS", G_NWALKS),
+            ("CZ_G_FULL", G_FULL),
+            ("CZ_G_WALKS", G_WALKS),
+            ("CZ_WALK_WORDS", WALK_WORDS),
+            ("CZ_TILE_WARPS", TILE_WARPS),
+            ("CZ_MAXBOX", MAX_BOX),
+            ("CZ_RANS_CHUNKS", RANS_CHUNKS),
+            ("CZ_CHUNK", CHUNK),
+            ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
+            ("CZ_E_RANS", ERRORS[1].0 as usize),
+            ("CZ_E_RAW", ERRORS[2].0 as usize),
+            ("CZ_E_BIG", ERRORS[3].0 as usize),
+            ("CZ_E_PAD", ERRORS[4].0 as usize),
+        ] {
+            assert_eq!(define(name), v as u64, "{name}");
+        }
+        assert_eq!(1 << define("CZ_PROB_BITS"), SLOTS);
+        assert_eq!(SYMBOLS, rans::NSYM);
+    }
+}
