@@ -1661,21 +1661,13 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_compress_##TN##_##CN##_##RN(                         \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
         double step64, double eb, ZHeader hdr) {                                                               \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         zc_compress<TY, CID, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q, hdr);                    \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_##TN##_##CN##_##RN(                       \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {                    \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         zc_decompress<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_add_##TN##_##CN##_##RN(                   \
@@ -1683,11 +1675,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         const TY* base, u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq, u64* res) {    \
         if (threadIdx.x == 0) zc_acc_base_off = (long long)((const char*)base - (const char*)out);            \
         __syncthreads();                                                                                       \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         zc_decompress<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, res); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_hdr_##TN##_##CN##_##RN(                   \
@@ -1706,11 +1694,7 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), false)) zc_compress_recon_##TN##_##CN##_abs( \
         TY* data, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv,     \
         double step64, double eb, ZHeader hdr) {                                                               \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         zc_compress<TY, CID, false, true>(data, count, out, out_cap, status, ctrl, n_chunks, q, hdr, data);     \
     }
 

@@ -251,6 +251,15 @@ template <typename T> struct ZQ {
     double step64;
     double eb;
 };
+// The quantizer of a kernel's parameters (every codec kernel takes these four).
+template <typename T> __device__ __forceinline__ ZQ<T> zq_make(T step, T inv, double step64, double eb) {
+    ZQ<T> q;
+    q.step = step;
+    q.inv = inv;
+    q.step64 = step64;
+    q.eb = eb;
+    return q;
+}
 
 template <typename T, bool REL> __device__ __forceinline__ T zq_decode(const ZQ<T>& q, i64 c) {
     if (REL) {

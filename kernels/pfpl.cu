@@ -822,31 +822,19 @@ __device__ __forceinline__ void pf_decompress(const u8* __restrict__ stream, u64
     extern "C" __global__ void __launch_bounds__(PF_THREADS, PF_MINB) zc_compress_##TN##_pfpl_##RN(                     \
         const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
         double step64, double eb) {                                                                            \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         pf_compress<TY, REL>(in, count, out, out_cap, status, ctrl, n_chunks, q);                              \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(PF_THREADS, PF_MINB) zc_decompress_##TN##_pfpl_##RN(                   \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         pf_decompress<TY, REL, false>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(PF_THREADS, PF_MINB) zc_decompress_add_##TN##_pfpl_##RN(      \
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
         u32 table_checksum, TY step, TY inv, double step64, double eb) {                                       \
-        ZQ<TY> q;                                                                                              \
-        q.step = step;                                                                                         \
-        q.inv = inv;                                                                                           \
-        q.step64 = step64;                                                                                     \
-        q.eb = eb;                                                                                             \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         pf_decompress<TY, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q); \
     }
 

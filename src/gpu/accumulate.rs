@@ -142,20 +142,9 @@ impl GpuCodec {
         if !enc.reconstruct || !has_kernel || acc.is_empty() {
             return Ok(None);
         }
-        let bound = ErrorBound::Abs(enc.abs_bound);
-        // an abs bound needs no statistics of the sum unless its step is degenerate
-        let mut degenerate = false;
-        let params = QuantParams::derive_from_stats::<T>(
-            bound,
-            || None,
-            || {
-                degenerate = true;
-                None
-            },
-        )?;
-        if degenerate {
+        let Some(params) = QuantParams::derive_abs::<T>(enc.abs_bound)? else {
             return Ok(None);
-        }
+        };
         let s = self.stream.clone();
         let divisor = T::from_f64(enc.divisor);
         let sum = |gpu: &mut Self, acc: &mut CudaViewMut<'_, T>| -> Result<()> {

@@ -423,6 +423,22 @@ impl QuantParams {
         }
     }
 
+    /// The parameters of an absolute bound `eb`, which need no statistics of the data, or
+    /// `None` when its quantisation step is degenerate (then [`QuantParams::derive_from_stats`]
+    /// needs the data's first finite non-zero value).
+    pub fn derive_abs<T: Element>(eb: f64) -> Result<Option<Self>> {
+        let mut degenerate = false;
+        let params = Self::derive_from_stats::<T>(
+            ErrorBound::Abs(eb),
+            || None,
+            || {
+                degenerate = true;
+                None
+            },
+        )?;
+        Ok((!degenerate).then_some(params))
+    }
+
     /// Build the per-value quantizer.
     pub fn quantizer<T: Element>(&self) -> Quantizer<T> {
         let step = T::from_f64(self.step);
