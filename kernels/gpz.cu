@@ -64,6 +64,28 @@ __device__ __forceinline__ u32 gz_upto(int i) { return i >= 31 ? 0xffffffffu : (
 __device__ __forceinline__ u32 gz_low(u32 w) { return w >= 32u ? 0xffffffffu : ((1u << w) - 1u); }
 __device__ __forceinline__ u64 gz_low64(u32 w) { return w >= 64u ? ~0ull : ((1ull << w) - 1ull); }
 
+// bw(ceil(t / r)), r >= 1, without a division: with t < 2^a and 2^(b-1) <= r < 2^b, t / r lies
+// in (2^(a-b-1), 2^(a-b+1)), so the width is within 2 of max(a - b, 0); ceil(t / r) < 2^w exactly
+// when t <= r (2^w - 1).
+__device__ __forceinline__ u32 gz_bw_ceil_div(u32 t, u32 r) {
+    const u32 a = gz_bw32(t), b = gz_bw32(r);
+    u32 w = a > b ? a - b : 0u;
+    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
+    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
+    return w;
+}
+// Unsigned code offsets of a dtype: f32 widths are at most 30 bits, so 32-bit words (one
+// shift per field instead of a 64-bit shift pair).
+template <typename T> struct GzU;
+template <> struct GzU<float> {
+    typedef u32 U;
+    __device__ static u32 low(u32 w) { return gz_low(w); }
+};
+template <> struct GzU<double> {
+    typedef u64 U;
+    __device__ static u64 low(u32 w) { return gz_low64(w); }
+};
+
 __device__ __forceinline__ u32 gz_wmax(u32 v) {
 #if __CUDA_ARCH__ >= 800
     return __reduce_max_sync(ZC_FULL, v);
@@ -398,6 +420,7 @@ template <typename T, int D, bool PRESERVE>
 __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D], const u32 (&gw)[D],
                                u32 lmax, u32* buf, int lane, u64* perm, u64 first) {
     typedef typename ZT<T>::code_t C;
+    typedef typename GzU<T>::U U;
     for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
     const bool valid = lane < n;
     T xv[D];
@@ -419,7 +442,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 raw_bytes = (u32)n * D * ZT<T>::SIZE;
     bool raw = m == 0u;
     // per-axis frame
-    u64 u[D];
+    U u[D];
     u32 w[D];
     bool glob[D];
     i64 base[D];
@@ -431,7 +454,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             w[c] = gz_bw64((u64)h - (u64)l);
             glob[c] = w[c] == gw[c];
             base[c] = glob[c] ? gmin[c] : l;
-            u[c] = ok ? (u64)((i64)q[c] - base[c]) : 0ull;
+            u[c] = ok ? (U)((i64)q[c] - base[c]) : (U)0;
         }
     }
     u32 fixed = 2u + (nexc > 0u ? (u32)n : 0u) + GZ_LEVEL_BITS + (PRESERVE ? 1u : 0u);
@@ -483,7 +506,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     // the R - 1 gaps sum to `total`: the widest is at least their mean
                     const u32 total = idmax - idmin - (R - 1u);
                     const u32 wd_hi = gz_bw32(total);
-                    u32 wd = R == 2u ? wd_hi : gz_bw32(total / (R - 1u) + (total % (R - 1u) != 0u ? 1u : 0u));
+                    u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
                     const u32 pb = (PRESERVE && !ident) ? 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R)) : 0u;
                     if (wd != wd_hi) {
                         if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
@@ -655,9 +678,9 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     bool have = false;
 #pragma unroll
     for (int c = 0; c < D; c++) {
-        const u64 off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & gz_low64(ss[c]);
+        const U off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & GzU<T>::low(ss[c]);
         for (int b = (int)ss[c] - 1; b >= 0; b--) {
-            const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & 1ull));
+            const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & (U)1));
             if ((u32)lane == (plane & 31u)) {
                 pw = word;
                 pp = p;
@@ -1144,6 +1167,19 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
     }
 
+// (tuning) occupancy variants of the f32 d=3 kernels
+#define GZ_VAR(M)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, M)                                           \
+        gz_encode_f32_d3_p_m##M(const float* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                \
+        gz_encode<float, 3, true>(x, n, ws, out, hdr, cap, nullptr);                                         \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, M)                                           \
+        gz_decode_f32_d3_p_m##M(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, float* y) {            \
+        gz_decode<float, 3, true>(in, hdr, data_len, n, ws, y);                                              \
+    }
+GZ_VAR(4)
+GZ_VAR(6)
+GZ_VAR(8)
 GZ_RANGE(f32, float, 1)
 GZ_RANGE(f32, float, 2)
 GZ_RANGE(f32, float, 3)
