@@ -393,6 +393,19 @@ template <> __device__ __forceinline__ void gz_put_value<double>(u32* buf, u32 p
     gz_put64(buf, pos, (u64)__double_as_longlong(v), 64u);
 }
 
+// Transpose of the 32 x 32 bit matrix whose row j is lane j's word: returns column `lane` (bit j
+// = bit `lane` of lane j's word). Five butterfly stages, each swapping the off-diagonal blocks of
+// half the previous size between lanes `lane` and `lane ^ s`.
+__device__ __forceinline__ u32 gz_transpose32(u32 x, int lane) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        const u32 m = s == 16 ? 0x0000ffffu : s == 8 ? 0x00ff00ffu : s == 4 ? 0x0f0f0f0fu : s == 2 ? 0x33333333u : 0x55555555u;
+        const u32 o = __shfl_xor_sync(ZC_FULL, x, s);
+        x = (lane & s) ? ((x & ~m) | ((o & ~m) >> s)) : ((x & m) | ((o & m) << s));
+    }
+    return x;
+}
+
 // Ascending bitonic sort of one key per lane.
 template <typename K> __device__ __forceinline__ K gz_sort(K key, int lane) {
 #pragma unroll
@@ -491,9 +504,6 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             u32 id = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
-            // the stable sort is the identity when the coded ids never decrease in block order
-            const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
-            const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
             u32 bits = lb;
             if (K > 0u) {
                 const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
@@ -507,7 +517,14 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     const u32 total = idmax - idmin - (R - 1u);
                     const u32 wd_hi = gz_bw32(total);
                     u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
-                    const u32 pb = (PRESERVE && !ident) ? 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R)) : 0u;
+                    u32 pb = 0;
+                    if (PRESERVE) {
+                        // the stable sort is the identity when the coded ids never decrease in
+                        // block order (only then is no permutation written)
+                        const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
+                        const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
+                        if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
+                    }
                     if (wd != wd_hi) {
                         if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
                         const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
@@ -585,26 +602,37 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     }
     const u32 b_r = __popc(b_starts);
     // ---- write the chosen coding
+    // The single fields (their places are the same in every lane) go to lane i for field i (by
+    // selects) and are written by one gz_put in all lanes at the end: one put's instructions for
+    // the warp rather than one per field.
+    u32 fp = 0, fv = 0, fw = 0;
+    auto field = [&](int i, u32 pos, u32 v, u32 width) {
+        if (lane == i) {
+            fp = pos;
+            fv = v;
+            fw = width;
+        }
+    };
     u32 p = 1;
-    if (lane == 0) gz_put(buf, p, nexc > 0u ? 1u : 0u, 1u);
+    field(0, p, nexc > 0u ? 1u : 0u, 1u);
     p += 1;
     if (nexc > 0u) {
-        if (lane == 0) gz_put(buf, p, exc, (u32)n);
+        field(1, p, exc, (u32)n);
         p += (u32)n;
     }
 #pragma unroll
     for (int c = 0; c < D; c++) {
-        if (lane == 0) gz_put(buf, p, glob[c] ? 1u : 0u, 1u);
+        field(2 + 4 * c, p, glob[c] ? 1u : 0u, 1u);
         p += 1;
         if (!glob[c]) {
-            if (lane == 0) {
-                gz_put64(buf, p, (u64)base[c] - (u64)gmin[c], gw[c]);
-                gz_put(buf, p + gw[c], w[c], GZ_WIDTH_BITS);
-            }
+            const u64 v = (u64)base[c] - (u64)gmin[c];
+            field(3 + 4 * c, p, (u32)v, gw[c] < 32u ? gw[c] : 32u);
+            field(4 + 4 * c, p + 32u, (u32)(v >> 32), gw[c] > 32u ? gw[c] - 32u : 0u);
+            field(5 + 4 * c, p + gw[c], w[c], GZ_WIDTH_BITS);
             p += gw[c] + GZ_WIDTH_BITS;
         }
     }
-    if (lane == 0) gz_put(buf, p, best_l, GZ_LEVEL_BITS);
+    field(18, p, best_l, GZ_LEVEL_BITS);
     p += GZ_LEVEL_BITS;
     const bool inr = (u32)lane < m;
     if (!PRESERVE && perm) {
@@ -617,18 +645,16 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 run_of = __popc(b_starts & gz_upto(lane)) - 1u;  // this sorted position's run
     const u32 R = b_r;
     if (b_k > 0u) {
-        if (lane == 0) {
-            gz_put(buf, p, R - 1u, 5u);
-            gz_put(buf, p + 5u, b_sid, b_k);
-        }
+        field(19, p, R - 1u, 5u);
+        field(20, p + 5u, __shfl_sync(ZC_FULL, b_sid, 0), b_k);
         p += 5u + b_k;
         if (R > 1u) {
             const u32 prev = __shfl_up_sync(ZC_FULL, b_sid, 1);
-            if (lane == 0) gz_put(buf, p, b_wd, 6u);
+            field(21, p, b_wd, 6u);
             p += 6u;
             if (start && lane > 0) gz_put(buf, p + (run_of - 1u) * b_wd, b_sid - prev - 1u, b_wd);
             p += (R - 1u) * b_wd;
-            if (lane == 0) gz_put(buf, p, b_wc, 3u);
+            field(22, p, b_wc, 3u);
             p += 3u;
             const u32 next = b_starts & ~gz_upto(lane);
             if (start && next) gz_put(buf, p + run_of * b_wc, (u32)(__ffs(next) - 1) - (u32)lane - 1u, b_wc);
@@ -637,12 +663,12 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     }
     const u32 ci = __popc(cmask & gz_lanemask_lt((int)b_src));  // coded index at this position
     if (PRESERVE) {
-        if (lane == 0) gz_put(buf, p, b_ident ? 0u : 1u, 1u);
+        field(23, p, b_ident ? 0u : 1u, 1u);
         p += 1;
         if (!b_ident) {
             const u32 lb2 = gz_lehmer_bits(m), width = gz_clog2(R);
             const bool by_runs = m * width < lb2;
-            if (lane == 0) gz_put(buf, p, by_runs ? 1u : 0u, 1u);
+            field(24, p, by_runs ? 1u : 0u, 1u);
             p += 1;
             if (by_runs) {
                 if (inr) gz_put(buf, p + ci * width, run_of, width);
@@ -673,28 +699,31 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         kk[c] = w[c] < best_l ? w[c] : best_l;
         ss[c] = w[c] - kk[c];
     }
-    // lane j keeps plane j (mod 32) and writes it once 32 planes have gone by
-    u32 plane = 0, pw = 0, pp = 0;
-    bool have = false;
+    // planes in groups of 32: sorted position i gathers its bits of the group's planes (plane
+    // g + k at bit 31 - k, so an axis' planes form one field, most significant first), a bit
+    // transpose hands lane k plane g + k, and every lane writes its plane
+    U off[D];
+    u32 nplanes = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) {
-        const U off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & GzU<T>::low(ss[c]);
-        for (int b = (int)ss[c] - 1; b >= 0; b--) {
-            const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & (U)1));
-            if ((u32)lane == (plane & 31u)) {
-                pw = word;
-                pp = p;
-                have = true;
-            }
-            p += m;
-            plane++;
-            if ((plane & 31u) == 0u) {
-                if (have) gz_put(buf, pp, pw, m);
-                have = false;
-            }
-        }
+        const U o = __shfl_sync(ZC_FULL, u[c], (int)b_src) & GzU<T>::low(ss[c]);
+        off[c] = inr ? o : (U)0;
+        nplanes += ss[c];
     }
-    if (have) gz_put(buf, pp, pw, m);
+    for (u32 g = 0; g < nplanes; g += 32u) {
+        u32 t = 0, pc = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            // this axis' planes [pc, pc + ss) overlap the group's [g, g + 32) in [a, b)
+            const u32 a = pc > g ? pc : g, e = pc + ss[c], bb = e < g + 32u ? e : g + 32u;
+            if (a < bb) t |= ((u32)(off[c] >> (e - bb)) & gz_low(bb - a)) << (32u - (bb - g));
+            pc = e;
+        }
+        const u32 word = gz_transpose32(__brev(t), lane);
+        if (g + (u32)lane < nplanes) gz_put(buf, p + (g + (u32)lane) * m, word, m);
+    }
+    p += nplanes * m;
+    gz_put(buf, fp, fv, fw);
     const u32 bytes = (p + 7u) / 8u;
     // exceptions verbatim, in block order
     if ((exc >> lane) & 1u) {
@@ -985,23 +1014,26 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
         }
     }
     // offsets
-    // lane j reads plane j of each run of 32 planes, then every plane is broadcast
     u64 off[D];
     u32 nplanes = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) nplanes += s[c];
-    u32 plane = 0, pword = 0;
 #pragma unroll
-    for (int c = 0; c < D; c++) {
-        off[c] = 0;
-        for (int b = (int)s[c] - 1; b >= 0; b--) {
-            if ((plane & 31u) == 0u) pword = plane + (u32)lane < nplanes ? r.get(p + (u32)lane * m, m) : 0u;
-            const u32 word = __shfl_sync(ZC_FULL, pword, (int)(plane & 31u));
-            p += m;
-            plane++;
-            off[c] |= (u64)((word >> lane) & 1u) << b;
+    for (int c = 0; c < D; c++) off[c] = 0;
+    // groups of 32 planes: lane k reads plane g + k, a bit transpose gives lane i bit i of every
+    // plane (plane g + k at bit 31 - k after the reversal: an axis' planes form one field)
+    for (u32 g = 0; g < nplanes; g += 32u) {
+        const u32 pword = g + (u32)lane < nplanes ? r.get(p + (g + (u32)lane) * m, m) : 0u;
+        const u32 t = __brev(gz_transpose32(pword, lane));
+        u32 pc = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            const u32 a = pc > g ? pc : g, e = pc + s[c], bb = e < g + 32u ? e : g + 32u;
+            if (a < bb) off[c] |= (u64)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
+            pc = e;
         }
     }
+    p += nplanes * m;
     const u32 p8 = (p + 7u) & ~7u;
     if (r.get(p, p8 - p) != 0u) return false;
     const u32 bytes = p8 / 8u;
