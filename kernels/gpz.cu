@@ -19,8 +19,14 @@
 // Warps (= blocks of 32 particles, each its own look-back chunk) per thread block.
 #define GZ_WARPS 8
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
-#ifndef GZ_ENC_MINB
-#define GZ_ENC_MINB 5
+// f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
+// of warp collectives need more warps to hide their latency; f64 keeps 48 registers for its
+// 64-bit codes.
+#ifndef GZ_ENC_MINB_F32
+#define GZ_ENC_MINB_F32 8
+#endif
+#ifndef GZ_ENC_MINB_F64
+#define GZ_ENC_MINB_F64 5
 #endif
 #ifndef GZ_DEC_MINB
 #define GZ_DEC_MINB 6
@@ -1175,18 +1181,18 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
 // ---------------------------------------------------------------------------------------------
 // Entry points. Decoding takes the stream's parameters in the ctrl words (the host writes the
 // axis words, CMIN = G_c and CMAX = gw_c from the header).
-#define GZ_RANGE(TN, T, D)                                                                                   \
+#define GZ_RANGE(TN, T, D, ENCB)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256) gz_range_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
         gz_range<T, D>(x, n, ws);                                                                            \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(256) gz_codes_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
         gz_codes<T, D>(x, n, ws);                                                                            \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, ENCB)                                        \
         gz_encode_##TN##_d##D##_p(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
         gz_encode<T, D, true>(x, n, ws, out, hdr, cap, nullptr);                                             \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, ENCB)                                        \
         gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {        \
         gz_encode<T, D, false>(x, n, ws, out, hdr, cap, perm);                                               \
     }                                                                                                        \
@@ -1199,27 +1205,14 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
     }
 
-// (tuning) occupancy variants of the f32 d=3 kernels
-#define GZ_VAR(M)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, M)                                           \
-        gz_encode_f32_d3_p_m##M(const float* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                \
-        gz_encode<float, 3, true>(x, n, ws, out, hdr, cap, nullptr);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, M)                                           \
-        gz_decode_f32_d3_p_m##M(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, float* y) {            \
-        gz_decode<float, 3, true>(in, hdr, data_len, n, ws, y);                                              \
-    }
-GZ_VAR(4)
-GZ_VAR(6)
-GZ_VAR(8)
-GZ_RANGE(f32, float, 1)
-GZ_RANGE(f32, float, 2)
-GZ_RANGE(f32, float, 3)
-GZ_RANGE(f32, float, 4)
-GZ_RANGE(f64, double, 1)
-GZ_RANGE(f64, double, 2)
-GZ_RANGE(f64, double, 3)
-GZ_RANGE(f64, double, 4)
+GZ_RANGE(f32, float, 1, GZ_ENC_MINB_F32)
+GZ_RANGE(f32, float, 2, GZ_ENC_MINB_F32)
+GZ_RANGE(f32, float, 3, GZ_ENC_MINB_F32)
+GZ_RANGE(f32, float, 4, GZ_ENC_MINB_F32)
+GZ_RANGE(f64, double, 1, GZ_ENC_MINB_F64)
+GZ_RANGE(f64, double, 2, GZ_ENC_MINB_F64)
+GZ_RANGE(f64, double, 3, GZ_ENC_MINB_F64)
+GZ_RANGE(f64, double, 4, GZ_ENC_MINB_F64)
 
 extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }

@@ -467,10 +467,7 @@ impl GpzGpu {
         }
         {
             let o = if order == Order::Preserve { "p" } else { "r" };
-            let mut name = format!("gz_encode_{t}_d{d}_{o}");
-            if let Ok(v) = std::env::var("GZ_ENC_VARIANT") {
-                name.push_str(&v);
-            }
+            let name = format!("gz_encode_{t}_d{d}_{o}");
             let (hl64, cap64) = (hl as u64, cap as u64);
             let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
             // the permutation's address goes last, to the reorder kernels only
@@ -638,10 +635,7 @@ impl GpzGpu {
         }
         if nchunks > 0 {
             let o = if h.order == Order::Preserve { "p" } else { "r" };
-            let mut name = format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG);
-            if let Ok(v) = std::env::var("GZ_DEC_VARIANT") {
-                name.push_str(&v);
-            }
+            let name = format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG);
             let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
             let args = [inp, hl, data_len, h.n, ws, outp];
             // SAFETY: reads the stream's `len` bytes (block reads are checked against
