@@ -19,8 +19,14 @@
 // Warps (= blocks of 32 particles, each its own look-back chunk) per thread block.
 #define GZ_WARPS 8
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
-#ifndef GZ_ENC_MINB
-#define GZ_ENC_MINB 5
+// f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
+// of warp collectives need more warps to hide their latency; f64 keeps 48 registers for its
+// 64-bit codes.
+#ifndef GZ_ENC_MINB_F32
+#define GZ_ENC_MINB_F32 8
+#endif
+#ifndef GZ_ENC_MINB_F64
+#define GZ_ENC_MINB_F64 5
 #endif
 #ifndef GZ_DEC_MINB
 #define GZ_DEC_MINB 6
@@ -63,6 +69,28 @@ __device__ __forceinline__ u32 gz_lanemask_lt(int lane) { return (1u << lane) - 
 __device__ __forceinline__ u32 gz_upto(int i) { return i >= 31 ? 0xffffffffu : ((2u << i) - 1u); }
 __device__ __forceinline__ u32 gz_low(u32 w) { return w >= 32u ? 0xffffffffu : ((1u << w) - 1u); }
 __device__ __forceinline__ u64 gz_low64(u32 w) { return w >= 64u ? ~0ull : ((1ull << w) - 1ull); }
+
+// bw(ceil(t / r)), r >= 1, without a division: with t < 2^a and 2^(b-1) <= r < 2^b, t / r lies
+// in (2^(a-b-1), 2^(a-b+1)), so the width is within 2 of max(a - b, 0); ceil(t / r) < 2^w exactly
+// when t <= r (2^w - 1).
+__device__ __forceinline__ u32 gz_bw_ceil_div(u32 t, u32 r) {
+    const u32 a = gz_bw32(t), b = gz_bw32(r);
+    u32 w = a > b ? a - b : 0u;
+    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
+    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
+    return w;
+}
+// Unsigned code offsets of a dtype: f32 widths are at most 30 bits, so 32-bit words (one
+// shift per field instead of a 64-bit shift pair).
+template <typename T> struct GzU;
+template <> struct GzU<float> {
+    typedef u32 U;
+    __device__ static u32 low(u32 w) { return gz_low(w); }
+};
+template <> struct GzU<double> {
+    typedef u64 U;
+    __device__ static u64 low(u32 w) { return gz_low64(w); }
+};
 
 __device__ __forceinline__ u32 gz_wmax(u32 v) {
 #if __CUDA_ARCH__ >= 800
@@ -371,6 +399,19 @@ template <> __device__ __forceinline__ void gz_put_value<double>(u32* buf, u32 p
     gz_put64(buf, pos, (u64)__double_as_longlong(v), 64u);
 }
 
+// Transpose of the 32 x 32 bit matrix whose row j is lane j's word: returns column `lane` (bit j
+// = bit `lane` of lane j's word). Five butterfly stages, each swapping the off-diagonal blocks of
+// half the previous size between lanes `lane` and `lane ^ s`.
+__device__ __forceinline__ u32 gz_transpose32(u32 x, int lane) {
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        const u32 m = s == 16 ? 0x0000ffffu : s == 8 ? 0x00ff00ffu : s == 4 ? 0x0f0f0f0fu : s == 2 ? 0x33333333u : 0x55555555u;
+        const u32 o = __shfl_xor_sync(ZC_FULL, x, s);
+        x = (lane & s) ? ((x & ~m) | ((o & ~m) >> s)) : ((x & m) | ((o & m) << s));
+    }
+    return x;
+}
+
 // Ascending bitonic sort of one key per lane.
 template <typename K> __device__ __forceinline__ K gz_sort(K key, int lane) {
 #pragma unroll
@@ -398,6 +439,7 @@ template <typename T, int D, bool PRESERVE>
 __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D], const u32 (&gw)[D],
                                u32 lmax, u32* buf, int lane, u64* perm, u64 first) {
     typedef typename ZT<T>::code_t C;
+    typedef typename GzU<T>::U U;
     for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
     const bool valid = lane < n;
     T xv[D];
@@ -419,7 +461,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 raw_bytes = (u32)n * D * ZT<T>::SIZE;
     bool raw = m == 0u;
     // per-axis frame
-    u64 u[D];
+    U u[D];
     u32 w[D];
     bool glob[D];
     i64 base[D];
@@ -431,7 +473,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             w[c] = gz_bw64((u64)h - (u64)l);
             glob[c] = w[c] == gw[c];
             base[c] = glob[c] ? gmin[c] : l;
-            u[c] = ok ? (u64)((i64)q[c] - base[c]) : 0ull;
+            u[c] = ok ? (U)((i64)q[c] - base[c]) : (U)0;
         }
     }
     u32 fixed = 2u + (nexc > 0u ? (u32)n : 0u) + GZ_LEVEL_BITS + (PRESERVE ? 1u : 0u);
@@ -468,9 +510,6 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             u32 id = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
-            // the stable sort is the identity when the coded ids never decrease in block order
-            const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
-            const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
             u32 bits = lb;
             if (K > 0u) {
                 const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
@@ -483,8 +522,15 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     // the R - 1 gaps sum to `total`: the widest is at least their mean
                     const u32 total = idmax - idmin - (R - 1u);
                     const u32 wd_hi = gz_bw32(total);
-                    u32 wd = R == 2u ? wd_hi : gz_bw32(total / (R - 1u) + (total % (R - 1u) != 0u ? 1u : 0u));
-                    const u32 pb = (PRESERVE && !ident) ? 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R)) : 0u;
+                    u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
+                    u32 pb = 0;
+                    if (PRESERVE) {
+                        // the stable sort is the identity when the coded ids never decrease in
+                        // block order (only then is no permutation written)
+                        const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
+                        const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
+                        if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
+                    }
                     if (wd != wd_hi) {
                         if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
                         const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
@@ -562,26 +608,37 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     }
     const u32 b_r = __popc(b_starts);
     // ---- write the chosen coding
+    // The single fields (their places are the same in every lane) go to lane i for field i (by
+    // selects) and are written by one gz_put in all lanes at the end: one put's instructions for
+    // the warp rather than one per field.
+    u32 fp = 0, fv = 0, fw = 0;
+    auto field = [&](int i, u32 pos, u32 v, u32 width) {
+        if (lane == i) {
+            fp = pos;
+            fv = v;
+            fw = width;
+        }
+    };
     u32 p = 1;
-    if (lane == 0) gz_put(buf, p, nexc > 0u ? 1u : 0u, 1u);
+    field(0, p, nexc > 0u ? 1u : 0u, 1u);
     p += 1;
     if (nexc > 0u) {
-        if (lane == 0) gz_put(buf, p, exc, (u32)n);
+        field(1, p, exc, (u32)n);
         p += (u32)n;
     }
 #pragma unroll
     for (int c = 0; c < D; c++) {
-        if (lane == 0) gz_put(buf, p, glob[c] ? 1u : 0u, 1u);
+        field(2 + 4 * c, p, glob[c] ? 1u : 0u, 1u);
         p += 1;
         if (!glob[c]) {
-            if (lane == 0) {
-                gz_put64(buf, p, (u64)base[c] - (u64)gmin[c], gw[c]);
-                gz_put(buf, p + gw[c], w[c], GZ_WIDTH_BITS);
-            }
+            const u64 v = (u64)base[c] - (u64)gmin[c];
+            field(3 + 4 * c, p, (u32)v, gw[c] < 32u ? gw[c] : 32u);
+            field(4 + 4 * c, p + 32u, (u32)(v >> 32), gw[c] > 32u ? gw[c] - 32u : 0u);
+            field(5 + 4 * c, p + gw[c], w[c], GZ_WIDTH_BITS);
             p += gw[c] + GZ_WIDTH_BITS;
         }
     }
-    if (lane == 0) gz_put(buf, p, best_l, GZ_LEVEL_BITS);
+    field(18, p, best_l, GZ_LEVEL_BITS);
     p += GZ_LEVEL_BITS;
     const bool inr = (u32)lane < m;
     if (!PRESERVE && perm) {
@@ -594,18 +651,16 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 run_of = __popc(b_starts & gz_upto(lane)) - 1u;  // this sorted position's run
     const u32 R = b_r;
     if (b_k > 0u) {
-        if (lane == 0) {
-            gz_put(buf, p, R - 1u, 5u);
-            gz_put(buf, p + 5u, b_sid, b_k);
-        }
+        field(19, p, R - 1u, 5u);
+        field(20, p + 5u, __shfl_sync(ZC_FULL, b_sid, 0), b_k);
         p += 5u + b_k;
         if (R > 1u) {
             const u32 prev = __shfl_up_sync(ZC_FULL, b_sid, 1);
-            if (lane == 0) gz_put(buf, p, b_wd, 6u);
+            field(21, p, b_wd, 6u);
             p += 6u;
             if (start && lane > 0) gz_put(buf, p + (run_of - 1u) * b_wd, b_sid - prev - 1u, b_wd);
             p += (R - 1u) * b_wd;
-            if (lane == 0) gz_put(buf, p, b_wc, 3u);
+            field(22, p, b_wc, 3u);
             p += 3u;
             const u32 next = b_starts & ~gz_upto(lane);
             if (start && next) gz_put(buf, p + run_of * b_wc, (u32)(__ffs(next) - 1) - (u32)lane - 1u, b_wc);
@@ -614,12 +669,12 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     }
     const u32 ci = __popc(cmask & gz_lanemask_lt((int)b_src));  // coded index at this position
     if (PRESERVE) {
-        if (lane == 0) gz_put(buf, p, b_ident ? 0u : 1u, 1u);
+        field(23, p, b_ident ? 0u : 1u, 1u);
         p += 1;
         if (!b_ident) {
             const u32 lb2 = gz_lehmer_bits(m), width = gz_clog2(R);
             const bool by_runs = m * width < lb2;
-            if (lane == 0) gz_put(buf, p, by_runs ? 1u : 0u, 1u);
+            field(24, p, by_runs ? 1u : 0u, 1u);
             p += 1;
             if (by_runs) {
                 if (inr) gz_put(buf, p + ci * width, run_of, width);
@@ -650,28 +705,31 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         kk[c] = w[c] < best_l ? w[c] : best_l;
         ss[c] = w[c] - kk[c];
     }
-    // lane j keeps plane j (mod 32) and writes it once 32 planes have gone by
-    u32 plane = 0, pw = 0, pp = 0;
-    bool have = false;
+    // planes in groups of 32: sorted position i gathers its bits of the group's planes (plane
+    // g + k at bit 31 - k, so an axis' planes form one field, most significant first), a bit
+    // transpose hands lane k plane g + k, and every lane writes its plane
+    U off[D];
+    u32 nplanes = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) {
-        const u64 off = __shfl_sync(ZC_FULL, u[c], (int)b_src) & gz_low64(ss[c]);
-        for (int b = (int)ss[c] - 1; b >= 0; b--) {
-            const u32 word = __ballot_sync(ZC_FULL, inr && ((off >> b) & 1ull));
-            if ((u32)lane == (plane & 31u)) {
-                pw = word;
-                pp = p;
-                have = true;
-            }
-            p += m;
-            plane++;
-            if ((plane & 31u) == 0u) {
-                if (have) gz_put(buf, pp, pw, m);
-                have = false;
-            }
-        }
+        const U o = __shfl_sync(ZC_FULL, u[c], (int)b_src) & GzU<T>::low(ss[c]);
+        off[c] = inr ? o : (U)0;
+        nplanes += ss[c];
     }
-    if (have) gz_put(buf, pp, pw, m);
+    for (u32 g = 0; g < nplanes; g += 32u) {
+        u32 t = 0, pc = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            // this axis' planes [pc, pc + ss) overlap the group's [g, g + 32) in [a, b)
+            const u32 a = pc > g ? pc : g, e = pc + ss[c], bb = e < g + 32u ? e : g + 32u;
+            if (a < bb) t |= ((u32)(off[c] >> (e - bb)) & gz_low(bb - a)) << (32u - (bb - g));
+            pc = e;
+        }
+        const u32 word = gz_transpose32(__brev(t), lane);
+        if (g + (u32)lane < nplanes) gz_put(buf, p + (g + (u32)lane) * m, word, m);
+    }
+    p += nplanes * m;
+    gz_put(buf, fp, fv, fw);
     const u32 bytes = (p + 7u) / 8u;
     // exceptions verbatim, in block order
     if ((exc >> lane) & 1u) {
@@ -962,23 +1020,26 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
         }
     }
     // offsets
-    // lane j reads plane j of each run of 32 planes, then every plane is broadcast
     u64 off[D];
     u32 nplanes = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) nplanes += s[c];
-    u32 plane = 0, pword = 0;
 #pragma unroll
-    for (int c = 0; c < D; c++) {
-        off[c] = 0;
-        for (int b = (int)s[c] - 1; b >= 0; b--) {
-            if ((plane & 31u) == 0u) pword = plane + (u32)lane < nplanes ? r.get(p + (u32)lane * m, m) : 0u;
-            const u32 word = __shfl_sync(ZC_FULL, pword, (int)(plane & 31u));
-            p += m;
-            plane++;
-            off[c] |= (u64)((word >> lane) & 1u) << b;
+    for (int c = 0; c < D; c++) off[c] = 0;
+    // groups of 32 planes: lane k reads plane g + k, a bit transpose gives lane i bit i of every
+    // plane (plane g + k at bit 31 - k after the reversal: an axis' planes form one field)
+    for (u32 g = 0; g < nplanes; g += 32u) {
+        const u32 pword = g + (u32)lane < nplanes ? r.get(p + (g + (u32)lane) * m, m) : 0u;
+        const u32 t = __brev(gz_transpose32(pword, lane));
+        u32 pc = 0;
+#pragma unroll
+        for (int c = 0; c < D; c++) {
+            const u32 a = pc > g ? pc : g, e = pc + s[c], bb = e < g + 32u ? e : g + 32u;
+            if (a < bb) off[c] |= (u64)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
+            pc = e;
         }
     }
+    p += nplanes * m;
     const u32 p8 = (p + 7u) & ~7u;
     if (r.get(p, p8 - p) != 0u) return false;
     const u32 bytes = p8 / 8u;
@@ -1120,18 +1181,18 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
 // ---------------------------------------------------------------------------------------------
 // Entry points. Decoding takes the stream's parameters in the ctrl words (the host writes the
 // axis words, CMIN = G_c and CMAX = gw_c from the header).
-#define GZ_RANGE(TN, T, D)                                                                                   \
+#define GZ_RANGE(TN, T, D, ENCB)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256) gz_range_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
         gz_range<T, D>(x, n, ws);                                                                            \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(256) gz_codes_##TN##_d##D(const T* x, u64 n, u64* ws) {     \
         gz_codes<T, D>(x, n, ws);                                                                            \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, ENCB)                                        \
         gz_encode_##TN##_d##D##_p(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap) {                   \
         gz_encode<T, D, true>(x, n, ws, out, hdr, cap, nullptr);                                             \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_ENC_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, ENCB)                                        \
         gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {        \
         gz_encode<T, D, false>(x, n, ws, out, hdr, cap, perm);                                               \
     }                                                                                                        \
@@ -1144,14 +1205,14 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
     }
 
-GZ_RANGE(f32, float, 1)
-GZ_RANGE(f32, float, 2)
-GZ_RANGE(f32, float, 3)
-GZ_RANGE(f32, float, 4)
-GZ_RANGE(f64, double, 1)
-GZ_RANGE(f64, double, 2)
-GZ_RANGE(f64, double, 3)
-GZ_RANGE(f64, double, 4)
+GZ_RANGE(f32, float, 1, GZ_ENC_MINB_F32)
+GZ_RANGE(f32, float, 2, GZ_ENC_MINB_F32)
+GZ_RANGE(f32, float, 3, GZ_ENC_MINB_F32)
+GZ_RANGE(f32, float, 4, GZ_ENC_MINB_F32)
+GZ_RANGE(f64, double, 1, GZ_ENC_MINB_F64)
+GZ_RANGE(f64, double, 2, GZ_ENC_MINB_F64)
+GZ_RANGE(f64, double, 3, GZ_ENC_MINB_F64)
+GZ_RANGE(f64, double, 4, GZ_ENC_MINB_F64)
 
 extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
 extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
