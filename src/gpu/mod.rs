@@ -34,6 +34,7 @@ pub mod bench;
 pub mod compile;
 pub mod cuszi;
 pub mod gpz;
+mod step_timer;
 #[doc(hidden)]
 pub mod testing;
 pub(crate) mod util;
