@@ -413,17 +413,12 @@ impl GpzGpu {
         self.mark("init")?;
         let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
         let noa = matches!(bound, ErrorBound::Noa(_));
-        // an abs step that degenerates needs the first non-zero value of each axis
-        let mut degenerate = false;
-        QuantParams::derive_from_stats::<T>(
-            bound,
-            || None,
-            || {
-                degenerate = true;
-                None
-            },
-        )?;
-        if noa || degenerate {
+        // noa needs each axis's range; an abs step that degenerates, its first non-zero value
+        let needs_range = match bound {
+            ErrorBound::Abs(eb) => QuantParams::derive_abs::<T>(eb)?.is_none(),
+            _ => noa,
+        };
+        if needs_range {
             let name = format!("gz_range_{t}_d{d}");
             let grid = self.wave_grid(&name, n)?;
             // SAFETY: reads n * d values of the input, writes control words.
