@@ -103,6 +103,54 @@ __device__ __forceinline__ i64 cz_symbol_index(const CzGeo& g, i64 b, const i64 
     return cz_tile_offset(g, b, c) + (l[0] * e[1] + l[1]) * e[2] + l[2];
 }
 
+// The point at symbol index `i0` (a chunk's first): its batch `b`, its tile `tc` (the inverse of
+// tile_offset), the tile's owned extents `own` and its local coordinates `l` in the tile.
+// Shared by the decoder (cz_rans) and the encoder (cz_enc_chunks), which must walk the same
+// positions.
+__device__ __forceinline__ void cz_chunk_start(const CzGeo& g, i64 i0, i64 tc[3], i64& b, i64 l[3], i64 own[3]) {
+    b = i0 / g.vol;
+    i64 r = i0 - b * g.vol;
+    i64 slab = g.S * g.n[1] * g.n[2];
+    tc[0] = r / slab;
+    r -= tc[0] * slab;
+    own[0] = cz_owned(g, 0, tc[0]);
+    i64 row = own[0] * g.S * g.n[2];
+    tc[1] = r / row;
+    r -= tc[1] * row;
+    own[1] = cz_owned(g, 1, tc[1]);
+    i64 tl = own[0] * own[1] * g.S;
+    tc[2] = r / tl;
+    r -= tc[2] * tl;
+    own[2] = cz_owned(g, 2, tc[2]);
+    l[0] = r / (own[1] * own[2]);
+    l[1] = (r / own[2]) % own[1];
+    l[2] = r % own[2];
+}
+// The next point in symbol order after (b, tc, l): raster within the tile, then the next tile
+// (own follows tc).
+__device__ __forceinline__ void cz_next_point(const CzGeo& g, i64 tc[3], i64& b, i64 l[3], i64 own[3]) {
+    if (++l[2] == own[2]) {
+        l[2] = 0;
+        if (++l[1] == own[1]) {
+            l[1] = 0;
+            if (++l[0] == own[0]) {
+                l[0] = 0;
+                if (++tc[2] == g.tiles[2]) {
+                    tc[2] = 0;
+                    if (++tc[1] == g.tiles[1]) {
+                        tc[1] = 0;
+                        if (++tc[0] == g.tiles[0]) {
+                            tc[0] = 0;
+                            b++;
+                        }
+                    }
+                }
+                for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // rANS chunks (rans.rs read_chunk + entropy.rs read_chunk_tail), one thread per chunk.
 //
@@ -189,25 +237,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     // where the chunk starts among the tiles: the tile (inverse of tile_offset) and the local
     // coordinates in it
     i64 tc[3], b, l[3], own[3];
-    {
-        b = i0 / g.vol;
-        i64 r = i0 - b * g.vol;
-        i64 slab = g.S * g.n[1] * g.n[2];
-        tc[0] = r / slab;
-        r -= tc[0] * slab;
-        own[0] = cz_owned(g, 0, tc[0]);
-        i64 row = own[0] * g.S * g.n[2];
-        tc[1] = r / row;
-        r -= tc[1] * row;
-        own[1] = cz_owned(g, 1, tc[1]);
-        i64 tl = own[0] * own[1] * g.S;
-        tc[2] = r / tl;
-        r -= tc[2] * tl;
-        own[2] = cz_owned(g, 2, tc[2]);
-        l[0] = r / (own[1] * own[2]);
-        l[1] = (r / own[2]) % own[1];
-        l[2] = r % own[2];
-    }
+    cz_chunk_start(g, i0, tc, b, l, own);
     const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
     u32 nraw = 0, nbig = 0;
     const u32 raw_at = 4 + nb;
@@ -255,27 +285,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
             r = (i64)s - CZ_RADIUS;
         }
         res[i0 + j] = r;
-        // next point in symbol order: raster within the tile, then the next tile
-        if (++l[2] == own[2]) {
-            l[2] = 0;
-            if (++l[1] == own[1]) {
-                l[1] = 0;
-                if (++l[0] == own[0]) {
-                    l[0] = 0;
-                    if (++tc[2] == g.tiles[2]) {
-                        tc[2] = 0;
-                        if (++tc[1] == g.tiles[1]) {
-                            tc[1] = 0;
-                            if (++tc[0] == g.tiles[0]) {
-                                tc[0] = 0;
-                                b++;
-                            }
-                        }
-                    }
-                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
-                }
-            }
-        }
+        cz_next_point(g, tc, b, l, own);
         if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     }
     if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
@@ -960,25 +970,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     u8* cls = bigo + CZ_CHUNK * 10;
     // forward: classes, lossless values, big varints (as cz_rans walks the positions)
     i64 tc[3], b, l[3], own[3];
-    {
-        b = i0 / g.vol;
-        i64 r = i0 - b * g.vol;
-        i64 slab = g.S * g.n[1] * g.n[2];
-        tc[0] = r / slab;
-        r -= tc[0] * slab;
-        own[0] = cz_owned(g, 0, tc[0]);
-        i64 row = own[0] * g.S * g.n[2];
-        tc[1] = r / row;
-        r -= tc[1] * row;
-        own[1] = cz_owned(g, 1, tc[1]);
-        i64 tl = own[0] * own[1] * g.S;
-        tc[2] = r / tl;
-        r -= tc[2] * tl;
-        own[2] = cz_owned(g, 2, tc[2]);
-        l[0] = r / (own[1] * own[2]);
-        l[1] = (r / own[2]) % own[1];
-        l[2] = r % own[2];
-    }
+    cz_chunk_start(g, i0, tc, b, l, own);
     const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
     u32 nraw = 0, nbig = 0;
     for (i64 j = 0; j < cnt; j++) {
@@ -995,26 +987,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
             }
             bigo[nbig++] = (u8)z;
         }
-        if (++l[2] == own[2]) {
-            l[2] = 0;
-            if (++l[1] == own[1]) {
-                l[1] = 0;
-                if (++l[0] == own[0]) {
-                    l[0] = 0;
-                    if (++tc[2] == g.tiles[2]) {
-                        tc[2] = 0;
-                        if (++tc[1] == g.tiles[1]) {
-                            tc[1] = 0;
-                            if (++tc[0] == g.tiles[0]) {
-                                tc[0] = 0;
-                                b++;
-                            }
-                        }
-                    }
-                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
-                }
-            }
-        }
+        cz_next_point(g, tc, b, l, own);
     }
     // backward: the rANS state, bytes emitted from the end of the region
     u32 x = CZ_RANS_L;
