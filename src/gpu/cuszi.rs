@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, LaunchConfig, PushKernelArg,
+    CudaViewMut, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
 use super::compile::{self, Module};
@@ -561,8 +561,7 @@ impl CusziGpu {
         }
         self.mark("tiles")?;
         let mut e = [0u64; 2];
-        s.memcpy_dtoh(&err, &mut e[..]).map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(&err, &mut e[..])?;
         if e[0] != 0 {
             let what = ERRORS
                 .iter()
@@ -587,12 +586,16 @@ impl CusziGpu {
         }
     }
 
+    /// Copy `src` to `dst` and wait for the stream: the host decides on what the kernels
+    /// before wrote.
+    fn read_back<X: DeviceRepr, Src: DevicePtr<X>>(&self, src: &Src, dst: &mut [X]) -> Result<()> {
+        self.stream.memcpy_dtoh(src, dst).map_err(gpu_err("dtoh"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
     fn read_words(&self, src: &CudaSlice<u64>) -> Result<Vec<u64>> {
         let mut v = vec![0u64; src.len()];
-        self.stream
-            .memcpy_dtoh(src, &mut v[..])
-            .map_err(gpu_err("dtoh"))?;
-        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(src, &mut v[..])?;
         Ok(v)
     }
 
@@ -878,9 +881,7 @@ impl CusziGpu {
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("scan"))?;
         }
         let mut total = [0u64];
-        s.memcpy_dtoh(&sizes.slice(nc..nc + 1), &mut total[..])
-            .map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(&sizes.slice(nc..nc + 1), &mut total[..])?;
         self.mark("chunks")?;
         let hl = HEADER_LEN_V3;
         let payload = nc * TABLE_ENTRY_LEN + meta.len() + total[0] as usize;
@@ -949,10 +950,7 @@ impl CusziGpu {
     ) -> Result<usize> {
         let mut host = vec![T::default(); input.len()];
         if !host.is_empty() {
-            self.stream
-                .memcpy_dtoh(input, &mut host[..])
-                .map_err(gpu_err("dtoh"))?;
-            self.stream.synchronize().map_err(gpu_err("sync"))?;
+            self.read_back(input, &mut host[..])?;
         }
         let v = crate::compress_nd(&host, dims, bound, CodecKind::Cuszi)?;
         if v.len() > out.len() {
@@ -981,9 +979,7 @@ impl CusziGpu {
             &mut d_out.slice_mut(..),
         )?;
         let mut v = vec![0u8; len];
-        s.memcpy_dtoh(&d_out.slice(0..len), &mut v[..])
-            .map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(&d_out.slice(0..len), &mut v[..])?;
         Ok(v)
     }
 
