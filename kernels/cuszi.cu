@@ -103,6 +103,54 @@ __device__ __forceinline__ i64 cz_symbol_index(const CzGeo& g, i64 b, const i64 
     return cz_tile_offset(g, b, c) + (l[0] * e[1] + l[1]) * e[2] + l[2];
 }
 
+// The point at symbol index `i0` (a chunk's first): its batch `b`, its tile `tc` (the inverse of
+// tile_offset), the tile's owned extents `own` and its local coordinates `l` in the tile.
+// Shared by the decoder (cz_rans) and the encoder (cz_enc_chunks), which must walk the same
+// positions.
+__device__ __forceinline__ void cz_chunk_start(const CzGeo& g, i64 i0, i64 tc[3], i64& b, i64 l[3], i64 own[3]) {
+    b = i0 / g.vol;
+    i64 r = i0 - b * g.vol;
+    i64 slab = g.S * g.n[1] * g.n[2];
+    tc[0] = r / slab;
+    r -= tc[0] * slab;
+    own[0] = cz_owned(g, 0, tc[0]);
+    i64 row = own[0] * g.S * g.n[2];
+    tc[1] = r / row;
+    r -= tc[1] * row;
+    own[1] = cz_owned(g, 1, tc[1]);
+    i64 tl = own[0] * own[1] * g.S;
+    tc[2] = r / tl;
+    r -= tc[2] * tl;
+    own[2] = cz_owned(g, 2, tc[2]);
+    l[0] = r / (own[1] * own[2]);
+    l[1] = (r / own[2]) % own[1];
+    l[2] = r % own[2];
+}
+// The next point in symbol order after (b, tc, l): raster within the tile, then the next tile
+// (own follows tc).
+__device__ __forceinline__ void cz_next_point(const CzGeo& g, i64 tc[3], i64& b, i64 l[3], i64 own[3]) {
+    if (++l[2] == own[2]) {
+        l[2] = 0;
+        if (++l[1] == own[1]) {
+            l[1] = 0;
+            if (++l[0] == own[0]) {
+                l[0] = 0;
+                if (++tc[2] == g.tiles[2]) {
+                    tc[2] = 0;
+                    if (++tc[1] == g.tiles[1]) {
+                        tc[1] = 0;
+                        if (++tc[0] == g.tiles[0]) {
+                            tc[0] = 0;
+                            b++;
+                        }
+                    }
+                }
+                for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // rANS chunks (rans.rs read_chunk + entropy.rs read_chunk_tail), one thread per chunk.
 //
@@ -189,25 +237,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     // where the chunk starts among the tiles: the tile (inverse of tile_offset) and the local
     // coordinates in it
     i64 tc[3], b, l[3], own[3];
-    {
-        b = i0 / g.vol;
-        i64 r = i0 - b * g.vol;
-        i64 slab = g.S * g.n[1] * g.n[2];
-        tc[0] = r / slab;
-        r -= tc[0] * slab;
-        own[0] = cz_owned(g, 0, tc[0]);
-        i64 row = own[0] * g.S * g.n[2];
-        tc[1] = r / row;
-        r -= tc[1] * row;
-        own[1] = cz_owned(g, 1, tc[1]);
-        i64 tl = own[0] * own[1] * g.S;
-        tc[2] = r / tl;
-        r -= tc[2] * tl;
-        own[2] = cz_owned(g, 2, tc[2]);
-        l[0] = r / (own[1] * own[2]);
-        l[1] = (r / own[2]) % own[1];
-        l[2] = r % own[2];
-    }
+    cz_chunk_start(g, i0, tc, b, l, own);
     const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
     u32 nraw = 0, nbig = 0;
     const u32 raw_at = 4 + nb;
@@ -255,27 +285,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
             r = (i64)s - CZ_RADIUS;
         }
         res[i0 + j] = r;
-        // next point in symbol order: raster within the tile, then the next tile
-        if (++l[2] == own[2]) {
-            l[2] = 0;
-            if (++l[1] == own[1]) {
-                l[1] = 0;
-                if (++l[0] == own[0]) {
-                    l[0] = 0;
-                    if (++tc[2] == g.tiles[2]) {
-                        tc[2] = 0;
-                        if (++tc[1] == g.tiles[1]) {
-                            tc[1] = 0;
-                            if (++tc[0] == g.tiles[0]) {
-                                tc[0] = 0;
-                                b++;
-                            }
-                        }
-                    }
-                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
-                }
-            }
-        }
+        cz_next_point(g, tc, b, l, own);
         if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     }
     if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
@@ -417,6 +427,98 @@ __device__ __forceinline__ double cz_multi(const double* buf, int idx, const int
     return (p0 + p1 + p2) / 3.0;
 }
 
+// The box of tile (b, c) (mod.rs Tiles): its extents `e`, owned extents `own`, strides `st`
+// in the box, its first symbol index `base` and its origin's index in the array `origin`.
+__device__ __forceinline__ void cz_tile_box(const CzGeo& g, i64 b, const i64 c[3], int e[3], int own[3], int st[3],
+                                            i64& base, i64& origin) {
+    i64 o[3];
+    for (int d = 0; d < 3; d++) {
+        e[d] = (int)cz_boxed(g, d, c[d]);
+        own[d] = (int)cz_owned(g, d, c[d]);
+        o[d] = c[d] * g.S;
+    }
+    st[0] = e[1] * e[2];
+    st[1] = e[2];
+    st[2] = 1;
+    base = cz_tile_offset(g, b, c);
+    origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
+}
+
+// The warp's box `buf` before the walks: zeros, then the tile's anchors (interp.rs
+// place_anchors, lanes 0..8, one corner each); warp barriers after each step.
+__device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3], const int e[3], const int st[3],
+                                            const double* vals, int lane, double* buf) {
+    const int S = (int)g.S;
+    int nbox = e[0] * e[1] * e[2];
+    for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
+    __syncwarp();
+    if (lane < 8) {
+        int k = lane, idx = 0;
+        i64 tt[3] = {c[0], c[1], c[2]};
+        bool inside = true;
+        for (int d = 0; d < 3; d++) {
+            if (k >> d & 1) {
+                if (e[d] <= S) inside = false;
+                idx += S * st[d];
+                tt[d] += 1;
+            }
+        }
+        if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
+    }
+    __syncwarp();
+}
+
+// Walk `w` of the geometry words (interp.rs walks: CZ_WALK_WORDS each) in a box of extents `e`:
+// its stride `s`, first point, steps, kind (`multi`, `am` the dimension or mask), splines and
+// point counts.
+struct CzWalk {
+    int s, start[3], stp[3], multi, am, sp[3], cnt[3], total;
+};
+__device__ __forceinline__ void cz_walk(const i64* geo, int w, const int e[3], CzWalk& r) {
+    const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
+    r.s = (int)wk[0];
+    for (int d = 0; d < 3; d++) r.start[d] = (int)wk[1 + d];
+    for (int d = 0; d < 3; d++) r.stp[d] = (int)wk[4 + d];
+    r.multi = (int)wk[7];
+    r.am = (int)wk[8];
+    for (int d = 0; d < 3; d++) r.sp[d] = (int)wk[9 + d];
+    for (int d = 0; d < 3; d++) r.cnt[d] = r.start[d] < e[d] ? (e[d] - 1 - r.start[d]) / r.stp[d] + 1 : 0;
+    r.total = r.cnt[0] * r.cnt[1] * r.cnt[2];
+}
+// Point `k` of the walk: its coordinates `x` in the box; returns its index in the box.
+__device__ __forceinline__ int cz_walk_point(const CzWalk& w, const int st[3], int k, int x[3]) {
+    x[2] = w.start[2] + (k % w.cnt[2]) * w.stp[2];
+    x[1] = w.start[1] + ((k / w.cnt[2]) % w.cnt[1]) * w.stp[1];
+    x[0] = w.start[0] + (k / (w.cnt[2] * w.cnt[1])) * w.stp[0];
+    return x[0] * st[0] + x[1] * st[1] + x[2];
+}
+// The walk's prediction of the point at `idx` (x).
+__device__ __forceinline__ double cz_walk_predict(const double* buf, int idx, const int x[3], const int e[3],
+                                                  const int st[3], const CzWalk& w) {
+    return w.multi ? cz_multi(buf, idx, x, e, st, w.s, w.am, w.sp)
+                   : cz_predict_along(buf, idx, x, e, st, w.s, w.am, w.sp);
+}
+
+// The walks of a tile's box (interp.rs walks, `nw` of them, in order), the warp's lanes sharing
+// each walk's points (independent of each other): `point(idx, x, p)` gets each point's index in
+// the box, its coordinates and its prediction; a warp barrier after each walk, whose points
+// the next walks read.
+template <typename F>
+__device__ __forceinline__ void cz_walks(const i64* geo, int nw, const double* buf, const int e[3], const int st[3],
+                                         int lane, F point) {
+    for (int w = 0; w < nw; w++) {
+        CzWalk wk;
+        cz_walk(geo, w, e, wk);
+        for (int k = lane; k < wk.total; k += 32) {
+            int x[3];
+            int idx = cz_walk_point(wk, st, k, x);
+            double p = cz_walk_predict(buf, idx, x, e, st, wk);
+            point(idx, x, p);
+        }
+        __syncwarp();
+    }
+}
+
 template <typename T> __device__ __forceinline__ T cz_from_bits(const u8* p);
 template <> __device__ __forceinline__ float cz_from_bits<float>(const u8* p) {
     return __uint_as_float((u32)p[0] | (u32)p[1] << 8 | (u32)p[2] << 16 | (u32)p[3] << 24);
@@ -441,86 +543,42 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
     double* buf = sbuf[warp];
     i64 c[3];
     i64 b = cz_tile_coords(g, t, c);
-    int e[3], own[3];
-    i64 o[3];
-    for (int d = 0; d < 3; d++) {
-        e[d] = (int)cz_boxed(g, d, c[d]);
-        own[d] = (int)cz_owned(g, d, c[d]);
-        o[d] = c[d] * g.S;
-    }
-    const int st[3] = {e[1] * e[2], e[2], 1};
-    const int S = (int)g.S;
-    const i64 base = cz_tile_offset(g, b, c);
-    const i64 origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
-    int nbox = e[0] * e[1] * e[2];
-    for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
-    __syncwarp();
-    if (lane < 8) {
-        // interp.rs place_anchors
-        int k = lane, idx = 0;
-        i64 tt[3] = {c[0], c[1], c[2]};
-        bool inside = true;
-        for (int d = 0; d < 3; d++) {
-            if (k >> d & 1) {
-                if (e[d] <= S) inside = false;
-                idx += S * st[d];
-                tt[d] += 1;
-            }
-        }
-        if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
-    }
-    __syncwarp();
+    int e[3], own[3], st[3];
+    i64 base, origin;
+    cz_tile_box(g, b, c, e, own, st, base, origin);
+    cz_box_init(g, b, c, e, st, vals, lane, buf);
     int nw = (int)geo[CZ_G_NWALKS];
-    for (int w = 0; w < nw; w++) {
-        const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
-        int s = (int)wk[0];
-        int start[3] = {(int)wk[1], (int)wk[2], (int)wk[3]};
-        int stp[3] = {(int)wk[4], (int)wk[5], (int)wk[6]};
-        int multi = (int)wk[7], am = (int)wk[8];
-        int sp[3] = {(int)wk[9], (int)wk[10], (int)wk[11]};
-        int cnt[3];
-        for (int d = 0; d < 3; d++) cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / stp[d] + 1 : 0;
-        int total = cnt[0] * cnt[1] * cnt[2];
-        for (int k = lane; k < total; k += 32) {
-            int x[3];
-            x[2] = start[2] + (k % cnt[2]) * stp[2];
-            x[1] = start[1] + ((k / cnt[2]) % cnt[1]) * stp[1];
-            x[0] = start[0] + (k / (cnt[2] * cnt[1])) * stp[0];
-            int idx = x[0] * st[0] + x[1] * st[1] + x[2];
-            double p = multi ? cz_multi(buf, idx, x, e, st, s, am, sp)
-                             : cz_predict_along(buf, idx, x, e, st, s, am, sp);
-            bool owned = x[0] < own[0] && x[1] < own[1] && x[2] < own[2];
-            i64 si;
-            if (owned) {
-                si = base + (x[0] * own[1] + x[1]) * own[2] + x[2];
-            } else {
-                // a halo point: local coordinate 0 of the next tile along its halo dimensions
-                i64 cn[3];
-                int l[3], on[3];
-                for (int d = 0; d < 3; d++) {
-                    bool h = x[d] >= own[d];
-                    cn[d] = c[d] + h;
-                    l[d] = h ? 0 : x[d];
-                    on[d] = h ? (int)cz_owned(g, d, cn[d]) : own[d];
-                }
-                si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
+    cz_walks(geo, nw, buf, e, st, lane, [&](int idx, const int x[3], double p) {
+        bool owned = x[0] < own[0] && x[1] < own[1] && x[2] < own[2];
+        i64 si;
+        if (owned) {
+            si = base + (x[0] * own[1] + x[1]) * own[2] + x[2];
+        } else {
+            // a halo point: local coordinate 0 of the next tile along its halo dimensions
+            i64 cn[3];
+            int l[3], on[3];
+            for (int d = 0; d < 3; d++) {
+                bool h = x[d] >= own[d];
+                cn[d] = c[d] + h;
+                l[d] = h ? 0 : x[d];
+                on[d] = h ? (int)cz_owned(g, d, cn[d]) : own[d];
             }
-            i64 r = res[si];
-            double v;
-            T val;
-            if (r == CZ_LOSSLESS) {
-                v = zc_isfinite(p) ? p : 0.0;
-                if (owned) val = cz_from_bits<T>(raw + si * sizeof(T));
-            } else {
-                // quant.rs ResidualQuantizer::decode
-                val = (T)(p + (double)r * step);
-                v = (double)val;
-            }
-            if (owned) out[origin + (x[0] * g.n[1] + x[1]) * g.n[2] + x[2]] = val;
-            buf[idx] = v;
+            si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
         }
-        __syncwarp();
-    }
+        i64 r = res[si];
+        double v;
+        T val;
+        if (r == CZ_LOSSLESS) {
+            v = zc_isfinite(p) ? p : 0.0;
+            if (owned) val = cz_from_bits<T>(raw + si * sizeof(T));
+        } else {
+            // quant.rs ResidualQuantizer::decode
+            val = (T)(p + (double)r * step);
+            v = (double)val;
+        }
+        if (owned) out[origin + (x[0] * g.n[1] + x[1]) * g.n[2] + x[2]] = val;
+        buf[idx] = v;
+    });
     if (lane == 0) {
         T val;
         if (res[base] == CZ_LOSSLESS) {
@@ -831,98 +889,56 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
     for (i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp; t < g.ntiles; t += (i64)gridDim.x * CZ_TILE_WARPS) {
         i64 c[3];
         i64 b = cz_tile_coords(g, t, c);
-        int e[3], own[3];
-        i64 o[3];
-        for (int d = 0; d < 3; d++) {
-            e[d] = (int)cz_boxed(g, d, c[d]);
-            own[d] = (int)cz_owned(g, d, c[d]);
-            o[d] = c[d] * g.S;
-        }
-        const int st[3] = {e[1] * e[2], e[2], 1};
-        const int S = (int)g.S;
-        const i64 base = cz_tile_offset(g, b, c);
-        const i64 origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
-        int nbox = e[0] * e[1] * e[2];
+        int e[3], own[3], st[3];
+        i64 base, origin;
+        cz_tile_box(g, b, c, e, own, st, base, origin);
+        // (the warp's box of the previous tile is read until here)
         __syncwarp();
-        for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
-        __syncwarp();
-        if (lane < 8) {
-            int kk = lane, idx = 0;
-            i64 tt[3] = {c[0], c[1], c[2]};
-            bool inside = true;
-            for (int d = 0; d < 3; d++) {
-                if (kk >> d & 1) {
-                    if (e[d] <= S) inside = false;
-                    idx += S * st[d];
-                    tt[d] += 1;
-                }
-            }
-            if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
-        }
-        __syncwarp();
-        for (int w = 0; w < nw; w++) {
-            const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
-            int s = (int)wk[0];
-            int start[3] = {(int)wk[1], (int)wk[2], (int)wk[3]};
-            int stp[3] = {(int)wk[4], (int)wk[5], (int)wk[6]};
-            int multi = (int)wk[7], am = (int)wk[8];
-            int sp[3] = {(int)wk[9], (int)wk[10], (int)wk[11]};
-            int cnt[3];
-            for (int d = 0; d < 3; d++) cnt[d] = start[d] < e[d] ? (e[d] - 1 - start[d]) / stp[d] + 1 : 0;
-            int total = cnt[0] * cnt[1] * cnt[2];
-            for (int kk = lane; kk < total; kk += 32) {
-                int xx[3];
-                xx[2] = start[2] + (kk % cnt[2]) * stp[2];
-                xx[1] = start[1] + ((kk / cnt[2]) % cnt[1]) * stp[1];
-                xx[0] = start[0] + (kk / (cnt[2] * cnt[1])) * stp[0];
-                int idx = xx[0] * st[0] + xx[1] * st[1] + xx[2];
-                double p = multi ? cz_multi(buf, idx, xx, e, st, s, am, sp)
-                                 : cz_predict_along(buf, idx, xx, e, st, s, am, sp);
-                i64 gi = origin + (xx[0] * g.n[1] + xx[1]) * g.n[2] + xx[2];
-                T xv = x[gi];
-                // quant.rs ResidualQuantizer::encode
-                i64 r = CZ_LOSSLESS;
-                double v = zc_isfinite(p) ? p : 0.0;
-                if (zc_isfinite(xv) && zc_isfinite(p)) {
-                    double xd = (double)xv;
-                    double q = (xd - p) * inv;
-                    if (fabs(q) < CzT<T>::QMAX) {
-                        i64 qi = (i64)rint(q);
-                        T rr = (T)(p + (double)qi * step);
-                        double rv = (double)rr;
-                        double d = fabs(xd - rv);
-                        bool ok;
-                        if (sizeof(T) == 4) {
-                            ok = d <= eb;
-                        } else {
-                            double a = fabs(xd), bb = fabs(rv);
-                            bool exact = rv == 0.0 || ((xd < 0.0) == (rv < 0.0) && bb * 0.5 <= a && a <= bb * 2.0);
-                            ok = d < eb || (d == eb && exact);
-                        }
-                        if (ok) {
-                            r = qi;
-                            v = rv;
-                        }
+        cz_box_init(g, b, c, e, st, vals, lane, buf);
+        cz_walks(geo, nw, buf, e, st, lane, [&](int idx, const int xx[3], double p) {
+            i64 gi = origin + (xx[0] * g.n[1] + xx[1]) * g.n[2] + xx[2];
+            T xv = x[gi];
+            // quant.rs ResidualQuantizer::encode
+            i64 r = CZ_LOSSLESS;
+            double v = zc_isfinite(p) ? p : 0.0;
+            if (zc_isfinite(xv) && zc_isfinite(p)) {
+                double xd = (double)xv;
+                double q = (xd - p) * inv;
+                if (fabs(q) < CzT<T>::QMAX) {
+                    i64 qi = (i64)rint(q);
+                    T rr = (T)(p + (double)qi * step);
+                    double rv = (double)rr;
+                    double d = fabs(xd - rv);
+                    bool ok;
+                    if (sizeof(T) == 4) {
+                        ok = d <= eb;
+                    } else {
+                        double a = fabs(xd), bb = fabs(rv);
+                        bool exact = rv == 0.0 || ((xd < 0.0) == (rv < 0.0) && bb * 0.5 <= a && a <= bb * 2.0);
+                        ok = d < eb || (d == eb && exact);
+                    }
+                    if (ok) {
+                        r = qi;
+                        v = rv;
                     }
                 }
-                buf[idx] = v;
-                bool owned = xx[0] < own[0] && xx[1] < own[1] && xx[2] < own[2];
-                u32 key = 0xFFFFFFFFu;
-                if (owned) {
-                    i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
-                    res[si] = r;
-                    if (r == CZ_LOSSLESS) {
-                        u64 bits = cz_bits<T>(xv);
-                        for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
-                    }
-                    key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + cz_symbol(r);
-                }
-                u32 am2 = __activemask();
-                u32 peers = __match_any_sync(am2, key);
-                if (owned && (__ffs(peers) - 1) == lane) atomicAdd(&shist[key], (u32)__popc(peers));
             }
-            __syncwarp();
-        }
+            buf[idx] = v;
+            bool owned = xx[0] < own[0] && xx[1] < own[1] && xx[2] < own[2];
+            u32 key = 0xFFFFFFFFu;
+            if (owned) {
+                i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
+                res[si] = r;
+                if (r == CZ_LOSSLESS) {
+                    u64 bits = cz_bits<T>(xv);
+                    for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
+                }
+                key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + cz_symbol(r);
+            }
+            u32 am2 = __activemask();
+            u32 peers = __match_any_sync(am2, key);
+            if (owned && (__ffs(peers) - 1) == lane) atomicAdd(&shist[key], (u32)__popc(peers));
+        });
         if (lane == 0) {
             i64 r = ares[t];
             res[base] = r;
@@ -960,25 +976,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     u8* cls = bigo + CZ_CHUNK * 10;
     // forward: classes, lossless values, big varints (as cz_rans walks the positions)
     i64 tc[3], b, l[3], own[3];
-    {
-        b = i0 / g.vol;
-        i64 r = i0 - b * g.vol;
-        i64 slab = g.S * g.n[1] * g.n[2];
-        tc[0] = r / slab;
-        r -= tc[0] * slab;
-        own[0] = cz_owned(g, 0, tc[0]);
-        i64 row = own[0] * g.S * g.n[2];
-        tc[1] = r / row;
-        r -= tc[1] * row;
-        own[1] = cz_owned(g, 1, tc[1]);
-        i64 tl = own[0] * own[1] * g.S;
-        tc[2] = r / tl;
-        r -= tc[2] * tl;
-        own[2] = cz_owned(g, 2, tc[2]);
-        l[0] = r / (own[1] * own[2]);
-        l[1] = (r / own[2]) % own[1];
-        l[2] = r % own[2];
-    }
+    cz_chunk_start(g, i0, tc, b, l, own);
     const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
     u32 nraw = 0, nbig = 0;
     for (i64 j = 0; j < cnt; j++) {
@@ -995,26 +993,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
             }
             bigo[nbig++] = (u8)z;
         }
-        if (++l[2] == own[2]) {
-            l[2] = 0;
-            if (++l[1] == own[1]) {
-                l[1] = 0;
-                if (++l[0] == own[0]) {
-                    l[0] = 0;
-                    if (++tc[2] == g.tiles[2]) {
-                        tc[2] = 0;
-                        if (++tc[1] == g.tiles[1]) {
-                            tc[1] = 0;
-                            if (++tc[0] == g.tiles[0]) {
-                                tc[0] = 0;
-                                b++;
-                            }
-                        }
-                    }
-                    for (int d = 0; d < 3; d++) own[d] = cz_owned(g, d, tc[d]);
-                }
-            }
-        }
+        cz_next_point(g, tc, b, l, own);
     }
     // backward: the rANS state, bytes emitted from the end of the region
     u32 x = CZ_RANS_L;
@@ -1066,6 +1045,18 @@ extern "C" __global__ void cz_scan(u64* sizes, u64 n) {
     if (threadIdx.x == 0) sizes[n] = carry;
 }
 
+// The sum of every thread's `sum` over the block (wrapping), valid on thread 0; `wsum` holds
+// a word per warp (shared). Every thread of the block must call it (block barrier).
+__device__ __forceinline__ u32 cz_block_sum(u32 sum, u32* wsum) {
+    sum = warp_sum_u32(sum);
+    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    u32 s = 0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
+    return s;
+}
+
 // Place chunk `blockIdx.x` in the stream (`out` + `data_at` + its offset) and write its table
 // entry (size, zhash) at `out` + `table_at`.
 template <typename T>
@@ -1102,12 +1093,8 @@ __device__ void cz_enc_write(const u8* scratch, const u32* info, const u64* offs
         ((u32*)dst)[w] = word;
         sum += zhash_mix(word, (u32)w);
     }
-    sum = warp_sum_u32(sum);
-    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
-    __syncthreads();
+    u32 s = cz_block_sum(sum, wsum);
     if (threadIdx.x == 0) {
-        u32 s = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
         u32 h = zhash_final(s, (u32)(size / 4));
         u32* te = (u32*)(out + table_at + 8 * ci);
         te[0] = (u32)size;
@@ -1120,12 +1107,8 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
     __shared__ u32 wsum[32];
     u32 sum = 0;
     for (u64 w = threadIdx.x; w < nwords; w += blockDim.x) sum += zhash_mix(((const u32*)p)[w], (u32)w);
-    sum = warp_sum_u32(sum);
-    if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = sum;
-    __syncthreads();
+    u32 s = cz_block_sum(sum, wsum);
     if (threadIdx.x == 0) {
-        u32 s = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += wsum[w];
         ws[0] = zhash_final(s, (u32)nwords);
     }
 }

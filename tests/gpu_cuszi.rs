@@ -143,11 +143,17 @@ const SHAPES: &[&[usize]] = &[
     &[40, 40, 50],
 ];
 
-fn decodes_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
+/// Every case the comparisons run: each shape of `SHAPES`, a smooth and an adversarial field
+/// (seeded `dims.len() + seed`), each bound mode; `f` gets the values, the shape, the bound and
+/// the case's name for messages.
+fn for_each_case<T: GpuElement>(seed: u64, mut f: impl FnMut(&[T], &[usize], ErrorBound, &str)) {
     for dims in SHAPES {
         for (name, data) in [
             ("smooth", smooth::<T>(dims)),
-            ("adversarial", adversarial::<T>(dims, dims.len() as u64 + 3)),
+            (
+                "adversarial",
+                adversarial::<T>(dims, dims.len() as u64 + seed),
+            ),
         ] {
             for b in [
                 ErrorBound::Abs(1e-2),
@@ -156,50 +162,42 @@ fn decodes_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
                 ErrorBound::Abs(1e-300),
                 ErrorBound::Rel(1e-3),
             ] {
-                let s = compress_nd(&data, dims, b, CodecKind::Cuszi).unwrap();
                 let what = format!("{} {name} {dims:?} {b}", T::DTYPE);
-                assert!(
-                    same::<T>(g, &s, &what),
-                    "{what}: the CPU rejects its own stream"
-                );
+                f(&data, dims, b, &what);
             }
         }
     }
 }
 
+fn decodes_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
+    for_each_case::<T>(3, |data, dims, b, what| {
+        let s = compress_nd(data, dims, b, CodecKind::Cuszi).unwrap();
+        assert!(
+            same::<T>(g, &s, what),
+            "{what}: the CPU rejects its own stream"
+        );
+    });
+}
+
 /// The GPU encoder writes the CPU twin's bytes (and the GPU decoder decodes them as the CPU).
 fn compresses_like_cpu<T: GpuElement>(g: &mut CusziGpu) {
-    for dims in SHAPES {
-        for (name, data) in [
-            ("smooth", smooth::<T>(dims)),
-            ("adversarial", adversarial::<T>(dims, dims.len() as u64 + 5)),
-        ] {
-            for b in [
-                ErrorBound::Abs(1e-2),
-                ErrorBound::Noa(1e-3),
-                ErrorBound::Noa(1e-6),
-                ErrorBound::Abs(1e-300),
-                ErrorBound::Rel(1e-3),
-            ] {
-                let what = format!("{} {name} {dims:?} {b}", T::DTYPE);
-                let want = compress_nd(&data, dims, b, CodecKind::Cuszi).unwrap();
-                let got = g
-                    .compress(&data, dims, b)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-                if got != want {
-                    let i = (0..got.len().min(want.len()))
-                        .find(|&i| got[i] != want[i])
-                        .unwrap_or(got.len().min(want.len()));
-                    panic!(
-                        "{what}: GPU stream of {} bytes differs from the CPU's {} at byte {i}",
-                        got.len(),
-                        want.len()
-                    );
-                }
-                assert!(same::<T>(g, &got, &what));
-            }
+    for_each_case::<T>(5, |data, dims, b, what| {
+        let want = compress_nd(data, dims, b, CodecKind::Cuszi).unwrap();
+        let got = g
+            .compress(data, dims, b)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        if got != want {
+            let i = (0..got.len().min(want.len()))
+                .find(|&i| got[i] != want[i])
+                .unwrap_or(got.len().min(want.len()));
+            panic!(
+                "{what}: GPU stream of {} bytes differs from the CPU's {} at byte {i}",
+                got.len(),
+                want.len()
+            );
         }
-    }
+        assert!(same::<T>(g, &got, what));
+    });
     // argument errors as the CPU's
     let d = smooth::<T>(&[10, 10]);
     assert!(g.compress(&d, &[10, 11], ErrorBound::Abs(1e-3)).is_err());
@@ -274,6 +272,30 @@ fn median(xs: &mut [f64]) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Wall times of 7 calls of `f` after 2 warm-ups, each synchronized, and the steps of one more
+/// call, profiled.
+fn timed(
+    g: &mut CusziGpu,
+    mut f: impl FnMut(&mut CusziGpu),
+) -> (Vec<f64>, Vec<(&'static str, f32)>) {
+    let st = g.stream().clone();
+    let mut times = Vec::new();
+    for k in 0..9 {
+        st.synchronize().unwrap();
+        let t0 = std::time::Instant::now();
+        f(g);
+        st.synchronize().unwrap();
+        if k >= 2 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    g.set_profile(true);
+    f(g);
+    let prof = g.take_profile().unwrap();
+    g.set_profile(false);
+    (times, prof)
+}
+
 /// 512^3 f32 smooth field: the CPU twin's stream decoded on the device (device stream in,
 /// device values out), bit-identical to the CPU's decoding; median wall time of 7 calls after
 /// 2 warm-ups, each synchronized.
@@ -293,22 +315,11 @@ fn throughput(g: &mut CusziGpu) {
         let st = g.stream().clone();
         let d_in = st.clone_htod(&s).unwrap();
         let mut d_out = st.alloc_zeros::<f32>(data.len()).unwrap();
-        let mut times = Vec::new();
-        for k in 0..9 {
-            st.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
+        let decode = |g: &mut CusziGpu| {
             g.decompress_device(&d_in.slice(..), &mut d_out.slice_mut(..))
                 .unwrap();
-            st.synchronize().unwrap();
-            if k >= 2 {
-                times.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        g.set_profile(true);
-        g.decompress_device(&d_in.slice(..), &mut d_out.slice_mut(..))
-            .unwrap();
-        let prof = g.take_profile().unwrap();
-        g.set_profile(false);
+        };
+        let (mut times, prof) = timed(g, decode);
         println!("cuszi 512^3 f32 {b}: decompress steps (ms): {prof:?}");
         let got = st.clone_dtoh(&d_out).unwrap();
         assert!(
@@ -332,24 +343,13 @@ fn throughput(g: &mut CusziGpu) {
         let mut d_cs = st
             .alloc_zeros::<u8>(CusziGpu::compress_bound::<f32>(data.len()))
             .unwrap();
-        let mut ctimes = Vec::new();
         let mut len = 0;
-        for k in 0..9 {
-            st.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
+        let encode = |g: &mut CusziGpu| {
             len = g
                 .compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
                 .unwrap();
-            st.synchronize().unwrap();
-            if k >= 2 {
-                ctimes.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        g.set_profile(true);
-        g.compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
-            .unwrap();
-        let prof = g.take_profile().unwrap();
-        g.set_profile(false);
+        };
+        let (mut ctimes, prof) = timed(g, encode);
         let got = st.clone_dtoh(&d_cs.slice(0..len)).unwrap();
         identical &= got == s;
         let tc = median(&mut ctimes);

@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, LaunchConfig, PushKernelArg,
+    CudaViewMut, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
 use super::compile::{self, Module};
@@ -62,6 +62,17 @@ use crate::format::{
     TABLE_ENTRY_LEN, VERSION_SHAPED,
 };
 use crate::quant::{ErrorBound, QuantParams};
+
+/// The launch of kernel `$f` on stream `$s` with its arguments in the kernel's order, one
+/// line per launch rather than one per argument; the launch itself stays `unsafe` at each call
+/// site, beside the reasons it is sound for that kernel.
+macro_rules! launch_args {
+    ($s:expr, $f:expr; $($a:expr),+ $(,)?) => {{
+        let mut b = $s.launch_builder($f);
+        $(b.arg($a);)+
+        b
+    }};
+}
 
 /// Geometry words (kernels/cuszi.cu `CZ_G_*`).
 const G_BATCH: usize = 0;
@@ -495,25 +506,9 @@ impl CusziGpu {
             } else {
                 0
             };
-            let mut b = s.launch_builder(&f);
-            b.arg(&sp)
-                .arg(&geop)
-                .arg(&entp)
-                .arg(&nchunks)
-                .arg(&patp)
-                .arg(&mapp)
-                .arg(&slotp)
-                .arg(&stepp)
-                .arg(&rankp)
-                .arg(&rfcp)
-                .arg(&rsymp)
-                .arg(&ntab)
-                .arg(&nclass)
-                .arg(&smem)
-                .arg(&resp)
-                .arg(&rawp)
-                .arg(&bigp)
-                .arg(&errp);
+            let mut b = launch_args!(s, &f;
+                &sp, &geop, &entp, &nchunks, &patp, &mapp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                &ntab, &nclass, &smem, &resp, &rawp, &bigp, &errp);
             // SAFETY: the chunk entries lie inside the stream (checked by `plan`); each thread
             // writes its chunk's residuals, lossless bytes and big positions, below `n` values
             // of the workspace; the tables hold `SLOTS` entries per table the map names.
@@ -531,15 +526,8 @@ impl CusziGpu {
         for (dim, first, last) in [(2i32, 1i32, 0i32), (1, 0, 0), (0, 0, 1)] {
             let lines = n_tiles / p.g.tiles[dim as usize].max(1);
             let f = self.func(&format!("cz_anchors_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geop)
-                .arg(&resp)
-                .arg(&accp)
-                .arg(&valp)
-                .arg(&dim)
-                .arg(&first)
-                .arg(&last)
-                .arg(&p.qstep);
+            let mut b = launch_args!(s, &f;
+                &geop, &resp, &accp, &valp, &dim, &first, &last, &p.qstep);
             // SAFETY: one thread per line of tiles reads residuals at tile offsets (below n) and
             // writes the n_tiles words of `acc` and `vals`.
             unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
@@ -547,22 +535,14 @@ impl CusziGpu {
         self.mark("anchors")?;
         {
             let f = self.func(&format!("cz_tiles_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geop)
-                .arg(&resp)
-                .arg(&rawp)
-                .arg(&accp)
-                .arg(&valp)
-                .arg(&p.qstep)
-                .arg(&outp);
+            let mut b = launch_args!(s, &f; &geop, &resp, &rawp, &accp, &valp, &p.qstep, &outp);
             // SAFETY: one warp per tile reads residuals and lossless bytes at symbol indices of
             // its box (below n) and writes its owned points of `out` (n values).
             unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
         }
         self.mark("tiles")?;
         let mut e = [0u64; 2];
-        s.memcpy_dtoh(&err, &mut e[..]).map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(&err, &mut e[..])?;
         if e[0] != 0 {
             let what = ERRORS
                 .iter()
@@ -587,12 +567,16 @@ impl CusziGpu {
         }
     }
 
+    /// Copy `src` to `dst` and wait for the stream: the host decides on what the kernels
+    /// before wrote.
+    fn read_back<X: DeviceRepr, Src: DevicePtr<X>>(&self, src: &Src, dst: &mut [X]) -> Result<()> {
+        self.stream.memcpy_dtoh(src, dst).map_err(gpu_err("dtoh"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))
+    }
+
     fn read_words(&self, src: &CudaSlice<u64>) -> Result<Vec<u64>> {
         let mut v = vec![0u64; src.len()];
-        self.stream
-            .memcpy_dtoh(src, &mut v[..])
-            .map_err(gpu_err("dtoh"))?;
-        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(src, &mut v[..])?;
         Ok(v)
     }
 
@@ -653,8 +637,7 @@ impl CusziGpu {
             let mut ws = s.clone_htod(&[u64::MAX, 0]).map_err(gpu_err("alloc"))?;
             let wsp = raw_ptr_mut(&mut ws, &s);
             let f = self.func(&format!("cz_range_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&x).arg(&n64).arg(&wsp);
+            let mut b = launch_args!(s, &f; &x, &n64, &wsp);
             // SAFETY: reads the n values of the input, writes the two words of `ws`.
             unsafe { b.launch(Self::launch_cfg(self.grid as usize, 256, 0)) }
                 .map_err(gpu_err("range"))?;
@@ -701,35 +684,24 @@ impl CusziGpu {
         let per_tile = Self::launch_cfg(n_tiles.div_ceil(128), 128, 0);
         {
             let f = self.func(&format!("cz_anchor_codes_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&x)
-                .arg(&geo0p)
-                .arg(&step)
-                .arg(&eb)
-                .arg(&codp)
-                .arg(&accp)
-                .arg(&flagp);
+            let mut b = launch_args!(s, &f; &x, &geo0p, &step, &eb, &codp, &accp, &flagp);
             // SAFETY: one thread per tile reads its anchor's value and writes its code.
             unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor codes"))?;
             let f = self.func("cz_anchor_lossless")?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&flagp);
+            let mut b = launch_args!(s, &f; &geo0p, &codp, &accp, &flagp);
             // SAFETY: one block reads the n_tiles codes and rewrites anchors of `acc`.
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }
                 .map_err(gpu_err("lossless anchors"))?;
             let f = self.func("cz_anchor_res")?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&aresp).arg(&flagp);
+            let mut b = launch_args!(s, &f; &geo0p, &codp, &accp, &aresp, &flagp);
             // SAFETY: one thread per tile reads anchors of tiles and writes its residual.
             unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor residuals"))?;
             let f = self.func("cz_anchor_serial")?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geo0p).arg(&codp).arg(&accp).arg(&aresp).arg(&flagp);
+            let mut b = launch_args!(s, &f; &geo0p, &codp, &accp, &aresp, &flagp);
             // SAFETY: one thread rewrites the n_tiles codes and residuals (when flagged).
             unsafe { b.launch(Self::launch_cfg(1, 32, 0)) }.map_err(gpu_err("anchors"))?;
             let f = self.func(&format!("cz_anchor_vals_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geo0p).arg(&accp).arg(&step).arg(&valp);
+            let mut b = launch_args!(s, &f; &geo0p, &accp, &step, &valp);
             // SAFETY: one thread per tile.
             unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor values"))?;
         }
@@ -745,13 +717,7 @@ impl CusziGpu {
                 .map_err(gpu_err("alloc"))?;
             let errp = raw_ptr_mut(&mut err, &s);
             let f = me.func(&format!("cz_sample_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&x)
-                .arg(&geo0p)
-                .arg(&k)
-                .arg(&scale)
-                .arg(&cfg)
-                .arg(&errp);
+            let mut b = launch_args!(s, &f; &x, &geo0p, &k, &scale, &cfg, &errp);
             // SAFETY: one block per sampled tile reads its box of the input; adds to `err`.
             unsafe { b.launch(Self::launch_cfg(nsample, 128, 0)) }.map_err(gpu_err("sample"))?;
             me.read_words(&err)
@@ -805,19 +771,9 @@ impl CusziGpu {
             let smem = TILE_WARPS * MAX_BOX * 8 + nclass * SYMBOLS * 4;
             set_smem(&f, smem)?;
             let nclass32 = nclass as u32;
-            let mut b = s.launch_builder(&f);
-            b.arg(&x)
-                .arg(&geop)
-                .arg(&accp)
-                .arg(&aresp)
-                .arg(&valp)
-                .arg(&step)
-                .arg(&eb)
-                .arg(&patp)
-                .arg(&nclass32)
-                .arg(&resp)
-                .arg(&rawp)
-                .arg(&histp);
+            let mut b = launch_args!(s, &f;
+                &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &rawp,
+                &histp);
             let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
             // SAFETY: warps read the boxes of their tiles (inside the input) and write their
             // owned residuals and lossless bytes (below n values of the workspace).
@@ -856,31 +812,19 @@ impl CusziGpu {
         let nc64 = nc as u64;
         {
             let f = self.func(&format!("cz_enc_chunks_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&geop)
-                .arg(&resp)
-                .arg(&rawp)
-                .arg(&patp)
-                .arg(&mapp)
-                .arg(&encp)
-                .arg(&nc64)
-                .arg(&scp)
-                .arg(&infop)
-                .arg(&sizep);
+            let mut b = launch_args!(s, &f;
+                &geop, &resp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
             // SAFETY: one thread per chunk reads its residuals and writes its scratch region
             // (nc regions allocated) and its info and size words.
             unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
                 .map_err(gpu_err("chunks"))?;
             let f = self.func("cz_scan")?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&sizep).arg(&nc64);
+            let mut b = launch_args!(s, &f; &sizep, &nc64);
             // SAFETY: one block rewrites the nc + 1 size words.
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("scan"))?;
         }
         let mut total = [0u64];
-        s.memcpy_dtoh(&sizes.slice(nc..nc + 1), &mut total[..])
-            .map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(&sizes.slice(nc..nc + 1), &mut total[..])?;
         self.mark("chunks")?;
         let hl = HEADER_LEN_V3;
         let payload = nc * TABLE_ENTRY_LEN + meta.len() + total[0] as usize;
@@ -893,13 +837,7 @@ impl CusziGpu {
         let data_at = (hl + nc * TABLE_ENTRY_LEN + meta.len()) as u64;
         {
             let f = self.func(&format!("cz_enc_write_{t}"))?;
-            let mut b = s.launch_builder(&f);
-            b.arg(&scp)
-                .arg(&infop)
-                .arg(&sizep)
-                .arg(&outp)
-                .arg(&table_at)
-                .arg(&data_at);
+            let mut b = launch_args!(s, &f; &scp, &infop, &sizep, &outp, &table_at, &data_at);
             // SAFETY: block i writes chunk i below data_at + total <= hl + payload < cap bytes
             // of `out`, and its table entry.
             unsafe { b.launch(Self::launch_cfg(nc, 256, 0)) }.map_err(gpu_err("write"))?;
@@ -910,9 +848,8 @@ impl CusziGpu {
         let nwords = ((nc * TABLE_ENTRY_LEN + meta.len()) / 4) as u64;
         {
             let f = self.func("cz_hash")?;
-            let mut b = s.launch_builder(&f);
             let tp = outp + table_at;
-            b.arg(&tp).arg(&nwords).arg(&hwp);
+            let mut b = launch_args!(s, &f; &tp, &nwords, &hwp);
             // SAFETY: reads the table and metadata words of `out`.
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("hash"))?;
         }
@@ -949,10 +886,7 @@ impl CusziGpu {
     ) -> Result<usize> {
         let mut host = vec![T::default(); input.len()];
         if !host.is_empty() {
-            self.stream
-                .memcpy_dtoh(input, &mut host[..])
-                .map_err(gpu_err("dtoh"))?;
-            self.stream.synchronize().map_err(gpu_err("sync"))?;
+            self.read_back(input, &mut host[..])?;
         }
         let v = crate::compress_nd(&host, dims, bound, CodecKind::Cuszi)?;
         if v.len() > out.len() {
@@ -981,9 +915,7 @@ impl CusziGpu {
             &mut d_out.slice_mut(..),
         )?;
         let mut v = vec![0u8; len];
-        s.memcpy_dtoh(&d_out.slice(0..len), &mut v[..])
-            .map_err(gpu_err("dtoh"))?;
-        s.synchronize().map_err(gpu_err("sync"))?;
+        self.read_back(&d_out.slice(0..len), &mut v[..])?;
         Ok(v)
     }
 
