@@ -181,8 +181,8 @@ pub struct CusziGpu {
     ws: Option<Workspace>,
     /// Bytes of dynamic shared memory a block may opt in to.
     smem_optin: usize,
-    /// Timing events after each step (`set_profile`), labelled by the step they end.
-    profile: Option<Vec<(&'static str, cudarc::driver::CudaEvent)>>,
+    /// Timing events after each step (`set_profile`).
+    profile: super::step_timer::StepTimer,
     /// The encoder's per-chunk scratch regions, kept and grown.
     scratch: Option<CudaSlice<u8>>,
     /// Blocks of the grid-stride kernels (8 per SM).
@@ -252,7 +252,7 @@ impl CusziGpu {
             name,
             ws: None,
             smem_optin,
-            profile: None,
+            profile: Default::default(),
             scratch: None,
             grid,
         })
@@ -261,39 +261,18 @@ impl CusziGpu {
     /// Record a timing event after every step of the next operations (benchmarks); read them
     /// with [`CusziGpu::take_profile`].
     pub fn set_profile(&mut self, on: bool) {
-        self.profile = on.then(Vec::new);
+        self.profile.set(on);
     }
 
     /// The milliseconds of each step recorded since the last call (`set_profile`): (step, ms),
     /// each step timed from the event before it (`setup`: from the call's start: the host's
     /// reading and checking of the header, table and metadata, and the uploads).
     pub fn take_profile(&mut self) -> Result<Vec<(&'static str, f32)>> {
-        let Some(v) = self.profile.as_mut() else {
-            return Ok(Vec::new());
-        };
-        let ev = std::mem::take(v);
-        let mut out = Vec::new();
-        for w in ev.windows(2) {
-            if w[1].0 == "start" {
-                continue;
-            }
-            out.push((
-                w[1].0,
-                w[0].1.elapsed_ms(&w[1].1).map_err(gpu_err("event"))?,
-            ));
-        }
-        Ok(out)
+        self.profile.take()
     }
 
     fn mark(&mut self, step: &'static str) -> Result<()> {
-        if let Some(v) = self.profile.as_mut() {
-            let e = self
-                .stream
-                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(gpu_err("event"))?;
-            v.push((step, e));
-        }
-        Ok(())
+        self.profile.mark(&self.stream, step)
     }
 
     /// The device's name.
