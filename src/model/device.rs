@@ -585,6 +585,29 @@ impl DeviceProfile {
 }
 
 #[cfg(test)]
+impl DeviceProfile {
+    /// This profile with GPU-like speeds of two codecs (tests of the choice): aatrox the
+    /// faster, pfpl the denser, 0.1 ms per call.
+    pub(crate) fn with_test_codecs(mut self) -> Self {
+        for (codec, c, d) in [
+            (CodecKind::Aatrox, 1300e9, 1900e9),
+            (CodecKind::Pfpl, 500e9, 600e9),
+        ] {
+            self.codecs.push(CodecSpeed {
+                compress: c,
+                compress_overhead: 100e-6,
+                decompress: d,
+                decompress_overhead: 100e-6,
+                decompress_add: d,
+                decompress_add_overhead: 100e-6,
+                ..self.codec_fields(codec)
+            });
+        }
+        self
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -600,21 +623,7 @@ mod tests {
             bandwidth: 25e9,
             latency: 10e-6,
         };
-        for (codec, c, d) in [
-            (CodecKind::Aatrox, 1300e9, 1900e9),
-            (CodecKind::Pfpl, 500e9, 600e9),
-        ] {
-            p.codecs.push(CodecSpeed {
-                compress: c,
-                compress_overhead: 100e-6,
-                decompress: d,
-                decompress_overhead: 100e-6,
-                decompress_add: d,
-                decompress_add_overhead: 100e-6,
-                ..p.codec_fields(codec)
-            });
-        }
-        p
+        p.with_test_codecs()
     }
 
     fn link(bandwidth: f64) -> Link {

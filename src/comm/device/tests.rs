@@ -404,22 +404,7 @@ fn an_uneven_exchange_shares_the_link_but_is_never_faster_than_one_way() {
 /// GPU-like speeds of two codecs on top of [`profile`]: aatrox the faster, pfpl the denser
 /// codec (as in the model's tests of the choice), 0.1 ms per call.
 fn two_codec_profile() -> DeviceProfile {
-    let mut dp = profile();
-    for (codec, c, d) in [
-        (CodecKind::Aatrox, 1300e9, 1900e9),
-        (CodecKind::Pfpl, 500e9, 600e9),
-    ] {
-        dp.codecs.push(CodecSpeed {
-            compress: c,
-            compress_overhead: 0.1e-3,
-            decompress: d,
-            decompress_overhead: 0.1e-3,
-            decompress_add: d,
-            decompress_add_overhead: 0.1e-3,
-            ..dp.codec_fields(codec)
-        });
-    }
-    dp
+    profile().with_test_codecs()
 }
 
 /// What each staged device operation reported (`OpStats::codec`) on every rank of a
