@@ -144,6 +144,42 @@ fn allgather_and_bcast_hold_the_bound() {
 }
 
 #[test]
+fn raw_reduce_scatter_is_exact_on_integer_data_for_every_rank_count() {
+    // small integers: every partial sum is exact in f32, so the ring's result must equal the
+    // sum exactly, whatever the order of the additions (uneven segments, one-value segments)
+    for p in 1..=5 {
+        for n in [1usize, 7, 30_001] {
+            let ints = |r: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|i| ((i * 7 + r * 13) % 101) as f32 - 50.0)
+                    .collect()
+            };
+            let got = on_ranks(
+                p,
+                LinkEmulation::default(),
+                cfg(Policy::Never, ErrorBound::Abs(1e-3)),
+                |c| {
+                    let (r, p) = (c.rank(), c.size());
+                    let seg = partition(n, p)[r].clone();
+                    let mut part = vec![f32::NAN; seg.len()];
+                    let st = c.reduce_scatter(&ints(r), &mut part).unwrap();
+                    (part, seg, st.decision)
+                },
+            );
+            let inputs: Vec<Vec<f32>> = (0..p).map(ints).collect();
+            for (part, seg, decision) in &got {
+                let want: Vec<f32> = seg
+                    .clone()
+                    .map(|i| inputs.iter().map(|x| x[i]).sum())
+                    .collect();
+                assert_eq!(part, &want, "p={p} n={n}");
+                assert_eq!(*decision, Decision::Raw, "p={p} n={n}");
+            }
+        }
+    }
+}
+
+#[test]
 fn reductions_hold_the_end_to_end_bound_and_agree_bitwise() {
     for p in 1..=4 {
         for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {

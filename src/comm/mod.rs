@@ -172,7 +172,7 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::model::{self, choice, Link, Policy, Profile, RatioCache, Scenario};
 use crate::quant::ErrorBound;
-use element::{dtype_name, scalar_bytes, scalars_from_bytes};
+use element::{dtype_name, scalar_bytes, scalar_bytes_mut, scalars_from_bytes};
 use pipeline::ChunkCodec;
 
 use agreement::*;

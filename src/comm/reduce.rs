@@ -351,9 +351,11 @@ impl<S: Real> ring::RingPlace for HostRing<'_, S> {
 
 /// The uncompressed reduce-scatter: the ring's `p - 1` steps with raw segments (what the raw
 /// prediction of [`Communicator::reduce_times`] describes); this rank's segment of the sum ends in
-/// `out`. It needs no buffer beyond one segment: a native allreduce into a full-size temporary
-/// faults in as much fresh memory as the input on every call, which on large buffers cost more
-/// than the allreduce.
+/// `out`. Every step receives straight into its destination and adds the input there: the first
+/// step sends the input's own segment (no copy), the last one receives into `out`, and the
+/// partial sums in between (`p > 2`) alternate between two segment buffers. Fresh full-size
+/// buffers per call would fault in as much memory as the message on every call, which on large
+/// buffers costs more than the exchange itself.
 fn raw_reduce_scatter<S: Real>(
     t: &dyn Transport,
     x: &[S],
@@ -361,21 +363,61 @@ fn raw_reduce_scatter<S: Real>(
     segs: &[Range<usize>],
 ) -> Result<()> {
     let (p, r) = (t.size(), t.rank());
+    if p == 1 {
+        out.copy_from_slice(&x[segs[0].clone()]);
+        return Ok(());
+    }
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
-    let mut acc: Vec<S> = x[segs[left].clone()].to_vec();
-    let mut got: Vec<S> = Vec::new();
-    for s in 0..p.saturating_sub(1) {
+    let mid = if p > 2 {
+        segs.iter().map(|s| s.len()).max().unwrap_or(0)
+    } else {
+        0
+    };
+    let mut bufs = [vec![S::default(); mid], vec![S::default(); mid]];
+    // which buffer holds the partial sum to send next (None: the input's segment `left`)
+    let mut held: Option<(usize, usize)> = None;
+    for s in 0..p - 1 {
         // as the compressed ring: received partial sum + this rank's input
         let seg = (r + 2 * p - s - 2) % p;
-        let bytes = t.sendrecv(right, &scalar_bytes(&acc), left, TAG_RING)?;
         let range = segs[seg].clone();
-        got.resize(range.len(), S::default());
-        scalars_from_bytes(&bytes, &mut got)?;
-        acc.clear();
-        acc.extend(got.iter().zip(&x[range]).map(|(&a, &v)| a + v));
+        let last = s == p - 2;
+        let next = held.map_or(0, |(i, _)| 1 - i);
+        let (a, b) = bufs.split_at_mut(1);
+        let (b0, b1) = (&mut a[0], &mut b[0]);
+        let (send, recv): (&[S], &mut [S]) = match (held, last) {
+            (None, true) => (&x[segs[left].clone()], &mut *out),
+            (None, false) => (&x[segs[left].clone()], &mut b0[..range.len()]),
+            (Some((0, n)), true) => (&b0[..n], &mut *out),
+            (Some((_, n)), true) => (&b1[..n], &mut *out),
+            (Some((0, n)), false) => (&b0[..n], &mut b1[..range.len()]),
+            (Some((_, n)), false) => (&b1[..n], &mut b0[..range.len()]),
+        };
+        exchange_scalars(t, right, send, left, recv)?;
+        recv.iter_mut()
+            .zip(&x[range.clone()])
+            .for_each(|(a, &v)| *a = *a + v);
+        held = Some((next, range.len()));
     }
-    out.copy_from_slice(&acc);
     Ok(())
+}
+
+/// Sends `send` to `dest` and receives exactly `recv.len()` scalars from `src` into `recv` (the
+/// ring's tag; no intermediate buffer on little-endian hosts).
+fn exchange_scalars<S: Real>(
+    t: &dyn Transport,
+    dest: usize,
+    send: &[S],
+    src: usize,
+    recv: &mut [S],
+) -> Result<()> {
+    let bytes = scalar_bytes(send);
+    match scalar_bytes_mut(recv) {
+        Some(b) => t.sendrecv_sized(dest, &bytes, src, b, TAG_RING),
+        None => {
+            let v = t.sendrecv(dest, &bytes, src, TAG_RING)?;
+            scalars_from_bytes(&v, recv)
+        }
+    }
 }
 
 /// Whether `ok` holds on every rank of `t` (one small allreduce).
