@@ -28,8 +28,10 @@ pub struct Common {
     /// Elements per rank when generating data (each example's [`parse_args`] names its default).
     #[arg(long)]
     pub n: Option<usize>,
-    /// With --input: `slice` (each rank takes its part of the file) or `copy` (each rank takes
-    /// the whole file).
+    /// With --input: `slice` (each rank takes its part of the file), `copy` (each rank takes
+    /// the whole file) or `tile` (each rank takes `--n` elements: the file repeated, starting at
+    /// element `rank * len / size`, so that a small real field fills a large message and the
+    /// ranks hold different data).
     #[arg(long, default_value = "slice")]
     pub share: String,
 }
@@ -65,11 +67,11 @@ pub fn load<E: CommElement>(
     }
     let total = bytes.len() / es;
     let range = match a.share.as_str() {
-        "copy" => 0..total,
+        "copy" | "tile" => 0..total,
         "slice" => partition(total, size)[rank].clone(),
         s => {
             return Err(Error::invalid(format!(
-                "--share {s}: expected slice or copy"
+                "--share {s}: expected slice, copy or tile"
             )))
         }
     };
@@ -79,6 +81,17 @@ pub fn load<E: CommElement>(
         .zip(bytes[range.start * es..range.end * es].chunks_exact(<E::Scalar as Element>::SIZE))
     {
         *o = <E::Scalar as Element>::read_le(c);
+    }
+    if a.share == "tile" {
+        if v.is_empty() {
+            return Err(Error::invalid(format!(
+                "`{}` is empty: nothing to tile",
+                path.display()
+            )));
+        }
+        let n = a.n.unwrap_or(default_n);
+        let start = rank * v.len() / size.max(1);
+        return Ok(v.iter().cycle().skip(start).take(n).copied().collect());
     }
     Ok(v)
 }

@@ -276,6 +276,18 @@ impl DeviceProfile {
             .h2d(bytes)
             .unwrap_or_else(|| self.h2d_s(bytes))
     }
+    /// Seconds of the pinned device→host copy of a stream of `bytes` that a GPU compression has
+    /// just written. Ranks sharing a GPU ([`sharing`](Self::sharing) > 1) run their compressions
+    /// at once, but their contexts are time-sliced, so the calls end one after another and each
+    /// rank's copy runs while the others are still compressing: alone (the solo curve). With one
+    /// rank per GPU the ranks' copies meet on the host link: the shared curve.
+    pub fn d2h_after_compress_s(&self, bytes: f64) -> f64 {
+        if self.sharing() > 1 {
+            self.d2h_solo_s(bytes)
+        } else {
+            self.d2h_s(bytes)
+        }
+    }
     /// Seconds of one GPU compression call on `bytes` by one rank alone (the shared line when
     /// not calibrated).
     pub fn compress_solo_s(&self, bytes: f64) -> f64 {
@@ -368,7 +380,7 @@ impl DeviceProfile {
         };
         let cmp = Terms {
             compress: self.compress_s(bytes),
-            d2h: self.d2h_s(bytes / ratio.max(1e-9)),
+            d2h: self.d2h_after_compress_s(bytes / ratio.max(1e-9)),
             ..Terms::default()
         };
         (raw, cmp)
@@ -417,8 +429,11 @@ impl DeviceProfile {
     /// [`Communicator::sendrecv_device`](crate::comm::Communicator::sendrecv_device) of `bytes`
     /// that sent `out` bytes and received `inn` bytes (on the wire): the copy out of the sent
     /// message, the exchange ([`exchange_s`](Self::exchange_s)), the copy in of the received one,
-    /// the compression when the sent message was compressed (`zipped.0`) and the decompression when
-    /// the received one was (`zipped.1`), both of `bytes` uncompressed.
+    /// the compression when the sent message was compressed (`zipped.0`; the copy out then follows
+    /// it: [`d2h_after_compress_s`](Self::d2h_after_compress_s)) and the decompression when the
+    /// received one was (`zipped.1`; after the upload:
+    /// [`decompress_after_upload_s`](Self::decompress_after_upload_s)), both of `bytes`
+    /// uncompressed.
     pub fn exchange_terms(
         &self,
         link: Link,
@@ -427,17 +442,22 @@ impl DeviceProfile {
         inn: f64,
         zipped: (bool, bool),
     ) -> Terms {
+        let h2d = self.h2d_s(inn);
         Terms {
             compress: if zipped.0 {
                 self.compress_s(bytes)
             } else {
                 0.0
             },
-            d2h: self.d2h_s(out),
+            d2h: if zipped.0 {
+                self.d2h_after_compress_s(out)
+            } else {
+                self.d2h_s(out)
+            },
             link: self.exchange_s(link, out, inn),
-            h2d: self.h2d_s(inn),
+            h2d,
             decompress: if zipped.1 {
-                self.decompress_s(bytes)
+                self.decompress_after_upload_s(bytes, h2d)
             } else {
                 0.0
             },
@@ -457,8 +477,10 @@ impl DeviceProfile {
     }
     /// Model stages (raw, compressed) of
     /// [`Communicator::allgather_device`](crate::comm::Communicator::allgather_device) of `bytes`
-    /// per rank over `p` ranks: staging out, `p-1` pairwise link transfers, and `p` uploads (+
-    /// decompression calls).
+    /// per rank over `p` ranks: staging out (compressed: after the compression, see
+    /// [`d2h_after_compress_s`](Self::d2h_after_compress_s)), `p-1` pairwise link transfers, and
+    /// `p` uploads (+ decompression calls, each after its upload:
+    /// [`decompress_after_upload_s`](Self::decompress_after_upload_s)).
     pub fn allgather_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let (pf, z) = (p.max(1) as f64, bytes / ratio.max(1e-9));
         let raw = Terms {
@@ -467,12 +489,13 @@ impl DeviceProfile {
             h2d: pf * self.h2d_s(bytes),
             ..Terms::default()
         };
+        let h2d = self.h2d_s(z);
         let cmp = Terms {
             compress: self.compress_s(bytes),
-            d2h: self.d2h_s(z),
+            d2h: self.d2h_after_compress_s(z),
             link: (pf - 1.0) * (link.latency + z / link.bandwidth),
-            h2d: pf * self.h2d_s(z),
-            decompress: pf * self.decompress_s(bytes),
+            h2d: pf * h2d,
+            decompress: pf * self.decompress_after_upload_s(bytes, h2d),
             device: 0.0,
         };
         (raw, cmp)
@@ -556,7 +579,7 @@ impl DeviceProfile {
         let steps = pf - 1.0;
         let mut t = Terms {
             compress: steps * self.compress_s(seg),
-            d2h: steps * self.d2h_s(z),
+            d2h: steps * self.d2h_after_compress_s(z),
             link: steps * (2.0 * link.latency + z / link.bandwidth),
             h2d: steps * self.h2d_s(z),
             decompress: steps * self.decompress_add_s(seg),
@@ -572,7 +595,7 @@ impl DeviceProfile {
             t.d2h += g.d2h;
             t.link += g.link;
             t.h2d += g.h2d;
-            t.decompress += g.decompress - self.decompress_s(seg);
+            t.decompress += g.decompress * (pf - 1.0) / pf;
         }
         t
     }
