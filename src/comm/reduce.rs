@@ -242,8 +242,11 @@ impl Communicator {
             if full {
                 S::native_sum(&*self.transport, x, out)?;
                 if d != 1.0 {
+                    use rayon::prelude::*;
                     let dd = S::from_f64(d);
-                    out.iter_mut().for_each(|v| *v = *v / dd);
+                    out.par_iter_mut()
+                        .with_min_len(HOST_PASS_MIN)
+                        .for_each(|v| *v = *v / dd);
                 }
             } else {
                 raw_reduce_scatter(&*self.transport, x, out, &segs)?;
@@ -393,12 +396,25 @@ fn raw_reduce_scatter<S: Real>(
             (Some((_, n)), false) => (&b1[..n], &mut b0[..range.len()]),
         };
         exchange_scalars(t, right, send, left, recv)?;
-        recv.iter_mut()
-            .zip(&x[range.clone()])
-            .for_each(|(a, &v)| *a = *a + v);
+        add_assign(recv, &x[range.clone()]);
         held = Some((next, range.len()));
     }
     Ok(())
+}
+
+/// Values per task of the host's element-wise passes over a raw reduction's buffers: such a
+/// pass is memory-bound, and one thread uses a fraction of the host's bandwidth (on a large
+/// message it took as long as the exchange).
+const HOST_PASS_MIN: usize = 1 << 16;
+
+/// `acc[i] = acc[i] + x[i]` on every core (in chunks of [`HOST_PASS_MIN`]); the same sums in
+/// any order of the elements.
+fn add_assign<S: Real>(acc: &mut [S], x: &[S]) {
+    use rayon::prelude::*;
+    acc.par_iter_mut()
+        .with_min_len(HOST_PASS_MIN)
+        .zip(x.par_iter())
+        .for_each(|(a, &v)| *a = *a + v);
 }
 
 /// Sends `send` to `dest` and receives exactly `recv.len()` scalars from `src` into `recv` (the
