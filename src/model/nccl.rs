@@ -74,8 +74,8 @@ pub struct NcclProfile {
     /// (launch and readback included, calibrated at 64 MiB); `0`: not calibrated, no cost.
     #[serde(default)]
     pub range_rate: f64,
-    /// Bytes per second of a device-to-device copy (a compressing reduction copies its input
-    /// into the accumulator first); `0`: not calibrated, no cost.
+    /// Bytes per second of a device-to-device copy, reported by the calibration; not charged
+    /// (the reductions' ring reads its input in place); `0`: not calibrated.
     #[serde(default)]
     pub copy_rate: f64,
 }
@@ -163,12 +163,14 @@ impl NcclProfile {
     /// with `pieces` pipeline pieces per segment (`reduce_scatter_only`: stop after the
     /// reduce-scatter).
     ///
-    /// Compressed: the preparation (value-range pass, input copy), then `p-1` ring steps and
-    /// (allreduce) one allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per
-    /// round): per piece the codec stage (compress + fixed + size message, decompress-and-add +
-    /// fixed; the allgather round decompresses `p` pieces) and the network stage
-    /// ([`exchange`](Self::exchange) of the pieces' compressed sizes, `bytes / p / pieces /
-    /// ratio`). Raw: the allreduce curve at `bytes`.
+    /// Compressed (the device ring, `comm::device_ring`, which reads the input in place): the
+    /// value-range pass and its agreement round, then `p-1` ring steps and (allreduce) one
+    /// allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per round; the
+    /// operations run the ring on whole segments, `pieces = 1`): per piece the codec stage
+    /// (compress + fixed + size message, decompress-and-add + fixed; the allgather round
+    /// decodes the `p-1` other ranks' pieces, this rank's own values are left in place by its
+    /// compression) and the network stage ([`exchange`](Self::exchange) of the pieces'
+    /// compressed sizes, `bytes / p / pieces / ratio`). Raw: the allreduce curve at `bytes`.
     #[allow(clippy::too_many_arguments)]
     pub fn predict_allreduce(
         &self,
@@ -185,9 +187,7 @@ impl NcclProfile {
         let piece = bytes / pf / pieces.max(1) as f64;
         let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
         let net = self.exchange(piece / major, piece / minor, 1.0);
-        let prep = seconds_at(bytes, self.range_rate)
-            + self.piece_overhead
-            + seconds_at(bytes, self.copy_rate);
+        let prep = seconds_at(bytes, self.range_rate) + self.piece_overhead;
         let rs = (pf - 1.0) * pipeline(&[comp + dec, net], pieces);
         if reduce_scatter_only {
             // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half
@@ -196,7 +196,7 @@ impl NcclProfile {
         }
         // each piece goes to the p-1 other ranks in one grouped round
         let net = self.exchange(piece / major, piece / minor, pf - 1.0);
-        let ag = pipeline(&[comp + pf * dec, net], pieces);
+        let ag = pipeline(&[comp + (pf - 1.0) * dec, net], pieces);
         (self.allreduce.time(bytes), prep + rs + ag)
     }
 

@@ -131,10 +131,10 @@ impl NcclComm {
             )));
         }
         let bytes = n * T::SIZE;
-        let k = pieces(segs[0].len(), self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
+        // the device ring moves whole segments: one piece each
         let predict = |prof: &NcclProfile, codec, ratio: WireRatio| {
-            prof.predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
+            prof.predict_allreduce(bytes as f64, p, ratio, 1, codec, dt, !full)
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
@@ -180,24 +180,33 @@ impl NcclComm {
             self.raw_reduce(op, x, out, &segs)?;
             return self.finish(st, t0);
         }
-        // compressed: ring reduce-scatter over pieces, fused decompress-and-add
-        let gstream = self.gpu()?.stream().clone();
-        let wire = if full {
-            gstream.memcpy_dtod(x, out).map_err(gpu_err)?;
-            gstream.synchronize().map_err(gpu_err)?;
-            self.ring_reduce(out, &segs, eb, d, codec, true)?
-        } else {
-            // SAFETY: fully written by the copy below.
-            let mut tmp = unsafe { gstream.alloc::<T>(n) }
-                .map_err(|e| Error::OutOfMemory(format!("{e:?}")))?;
-            gstream.memcpy_dtod(x, &mut tmp).map_err(gpu_err)?;
-            gstream.synchronize().map_err(gpu_err)?;
-            let w = self.ring_reduce(&mut tmp, &segs, eb, d, codec, false)?;
-            let v = tmp.slice(segs[r].clone());
-            gstream.memcpy_dtod(&v, out).map_err(gpu_err)?;
-            gstream.synchronize().map_err(gpu_err)?;
-            w
-        };
+        // compressed: the device ring of every transport (`comm::device_ring`) with NCCL
+        // carrying its messages; the input is read in place, the partial sums accumulate in
+        // `out` (reduce-scatter: this rank's segment only)
+        let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
+        let NcclComm {
+            sh,
+            gpu,
+            gpu_error,
+            ring_pool,
+            ..
+        } = self;
+        let gpu = gpu
+            .as_mut()
+            .ok_or_else(|| Error::Unavailable(format!("GPU codec: {gpu_error}")))?;
+        let link = device_link::NcclLink::new(sh, ring_pool);
+        let mut scratch = gpu.ring_scratch.take();
+        let run = crate::comm::device_ring::ring(
+            &link,
+            gpu,
+            &x.as_view(),
+            &mut out.as_view_mut(),
+            &mut scratch,
+            plan,
+        );
+        gpu.ring_scratch = scratch;
+        run?;
+        let wire = link.wire();
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = e_total;
@@ -218,47 +227,6 @@ impl NcclComm {
         st.predicted_s = cmp_t;
         self.agree_measured::<T>(op, n, codec, wr)?;
         self.finish(st, t0)
-    }
-
-    /// Ring reduce-scatter of `acc` (holding this rank's input) over compressed pieces, then
-    /// (`full`) the compressed allgather of the reduced segments. Returns the bytes sent (and
-    /// the critical bytes, [`Wire`]).
-    pub(super) fn ring_reduce<T: NcclReal>(
-        &mut self,
-        acc: &mut CudaSlice<T>,
-        segs: &[Range<usize>],
-        eb: f64,
-        d: f64,
-        codec: CodecKind,
-        full: bool,
-    ) -> Result<Wire> {
-        let (p, r) = (self.size(), self.rank());
-        let step = ErrorBound::Abs(eb * d);
-        let mut wire = Wire::default();
-        let (to, from) = (to_of(r, p), from_of(r, p));
-        for s in 0..p - 1 {
-            let send_seg = (r + 2 * p - s - 1) % p;
-            let recv_seg = (r + 2 * p - s - 2) % p;
-            wire += self.ring_round(
-                acc,
-                segs[send_seg].clone(),
-                segs[recv_seg].clone(),
-                to,
-                from,
-                step,
-                codec,
-                true,
-            )?;
-        }
-        if d != 1.0 {
-            let mut v = acc.slice_mut(segs[r].clone());
-            self.utils.scale(&self.sh.work, &mut v, T::from_f64(d))?;
-            self.sh.work.synchronize().map_err(gpu_err)?;
-        }
-        if full {
-            wire += self.gather_round(acc, segs, None, ErrorBound::Abs(eb), codec)?;
-        }
-        Ok(wire)
     }
 
     pub(super) fn raw_reduce<T: NcclReal>(

@@ -44,6 +44,9 @@ pub struct NcclComm {
     pub(super) seq: u64,
     pub(super) send_pool: Pool,
     pub(super) recv_pool: Pool,
+    /// Device buffers the reductions' ring messages land in, reused across calls
+    /// ([`device_link`]).
+    pub(super) ring_pool: Vec<CudaSlice<u8>>,
     pub(super) device_name: String,
     pub(super) ordinal: usize,
     pub(super) _universe: Option<mpi::environment::Universe>,
@@ -186,6 +189,7 @@ impl NcclComm {
             seq: 0,
             send_pool: Pool::default(),
             recv_pool: Pool::default(),
+            ring_pool: Vec::new(),
             device_name,
             ordinal,
             _universe: None,

@@ -15,18 +15,23 @@
 //! * [`allgather`](NcclComm::allgather): every rank's compressed pieces go to every other rank
 //!   with grouped ncclSend/ncclRecv of exactly their sizes (sizes allgathered first);
 //! * [`allreduce`](NcclComm::allreduce), [`allreduce_mean`](NcclComm::allreduce_mean),
-//!   [`reduce_scatter`](NcclComm::reduce_scatter): ring reduce-scatter over compressed pieces
-//!   followed (allreduce) by the compressed allgather of the reduced segments. The receiving side
-//!   decompresses **and adds in one fused kernel** straight into the accumulator
-//!   (`kernels/blocked.cu`, `ACCUMULATE` instantiation), never materialising a decompressed copy.
+//!   [`reduce_scatter`](NcclComm::reduce_scatter): the device ring every transport runs
+//!   (`comm::device_ring`, also behind the loopback and the staged MPI links), with NCCL moving its
+//!   compressed segments GPU to GPU (`device_link`): ring reduce-scatter, then (allreduce) the
+//!   allgather of the reduced segments' streams. The input is read in place; a received partial
+//!   sum is decompressed **and added in one fused kernel** into the output, and the final
+//!   segment is compressed by a kernel that leaves its reconstruction in place, so no rank
+//!   decodes its own stream.
 //!
 //! # Pipelining
 //!
-//! Each message is cut into pieces (default 64 MiB uncompressed, aligned to codec chunks), each
-//! compressed as its own stream. Codec kernels run on a work stream, NCCL on its own stream:
-//! piece `k+1` is compressed (and piece `k-1` decompressed) while piece `k` is on the wire.
-//! Cross-stream order comes from the CUDA events cudarc records on every buffer (each piece has
-//! its own buffer, so waits are exact).
+//! Allgather and point-to-point messages are cut into pieces (default 64 MiB uncompressed,
+//! aligned to codec chunks), each compressed as its own stream. Codec kernels run on a work
+//! stream, NCCL on its own stream: piece `k+1` is compressed (and piece `k-1` decompressed)
+//! while piece `k` is on the wire. Cross-stream order comes from the CUDA events cudarc records
+//! on every buffer (each piece has its own buffer, so waits are exact). The ring of the
+//! reductions moves whole segments (the host learns each compressed length, which the size
+//! message carries), its NCCL transfers ordered after the codec stream with events.
 //!
 //! # Policy
 //!
@@ -109,6 +114,7 @@ mod calibrate;
 mod collectives;
 mod comm;
 mod config;
+mod device_link;
 mod p2p;
 mod plan;
 mod rounds;

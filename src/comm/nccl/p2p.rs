@@ -205,13 +205,13 @@ impl NcclComm {
                 drop(g);
                 let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, l, e)) = pending.take() {
-                    Self::consume(gpu, &rpool, j, l, &e, out, pcs[j].clone(), false)?;
+                    Self::consume(gpu, &rpool, (j, l), &e, out, pcs[j].clone())?;
                 }
                 pending = Some((kk, len, ev));
                 wire += len;
             }
             if let Some((j, l, e)) = pending.take() {
-                Self::consume(gpu, &rpool, j, l, &e, out, pcs[j].clone(), false)?;
+                Self::consume(gpu, &rpool, (j, l), &e, out, pcs[j].clone())?;
             }
             Ok(wire)
         })();

@@ -1,5 +1,5 @@
-//! The pipelined rounds the collectives are made of: compress a piece, one ring step, one
-//! gather step.
+//! The pipelined round of the compressed allgather: compress a piece, send it to every rank,
+//! decode the pieces received. (The reductions run the device ring, `device_link`.)
 
 use super::*;
 
@@ -17,135 +17,19 @@ impl NcclComm {
         gpu.compress_device(src, bound, codec, &mut ov)
     }
 
-    /// One pipelined ring round: compress `buf[send]` piece by piece and send to `to`, receive
-    /// the pieces of `buf[recv]` from `from` and decompress-and-add them into `buf[recv]`
-    /// (`accumulate`) or decompress them there. Returns the bytes this rank sent and the
-    /// critical bytes (per piece the larger of the sent and the received message).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn ring_round<T: NcclReal>(
-        &mut self,
-        buf: &mut CudaSlice<T>,
-        send: Range<usize>,
-        recv: Range<usize>,
-        to: usize,
-        from: usize,
-        bound: ErrorBound,
-        codec: CodecKind,
-        accumulate: bool,
-    ) -> Result<Wire> {
-        let pe = self.piece_elems::<T>();
-        let sp = pieces(send.len(), pe);
-        let rp = pieces(recv.len(), pe);
-        let cap = crate::format::HEADER_LEN + pe * T::SIZE;
-        let sh = self.sh.clone();
-        let mut spool = std::mem::take(&mut self.send_pool);
-        let mut rpool = std::mem::take(&mut self.recv_pool);
-        let r = (|| {
-            spool.ensure(&sh.work, sp.len(), cap)?;
-            rpool.ensure(&sh.work, rp.len(), cap)?;
-            let gpu = self
-                .gpu
-                .as_mut()
-                .ok_or_else(|| Error::Unavailable(format!("GPU codec: {}", self.gpu_error)))?;
-            let mut wire = Wire::default();
-            let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
-            // where received piece `j` lands in `buf`
-            let at = |j: usize| recv.start + rp[j].start..recv.start + rp[j].end;
-            for k in 0..sp.len().max(rp.len()) {
-                let slen = if k < sp.len() {
-                    let v = buf.slice(send.start + sp[k].start..send.start + sp[k].end);
-                    Self::compress_piece(gpu, &mut spool, k, &v, bound, codec)?
-                } else {
-                    0
-                };
-                let got = sh
-                    .boot
-                    .sendrecv(to, &(slen as u64).to_le_bytes(), from, TAG_SIZES)?;
-                let rlen = size_msg(&got)?;
-                if (k < rp.len()) != (rlen > 0) || rlen > cap {
-                    return Err(Error::Comm(format!(
-                        "ring piece {k}: peer {from} announced {rlen} bytes (expected a piece: {})",
-                        k < rp.len()
-                    )));
-                }
-                {
-                    let sb = spool.bufs.get(k).filter(|_| k < sp.len());
-                    let (sptr, g1) = match sb {
-                        Some(b) => {
-                            let (p, g) = b.device_ptr(&sh.net);
-                            (p, Some(g))
-                        }
-                        None => (0, None),
-                    };
-                    let rb = if k < rp.len() {
-                        rpool.bufs.get_mut(k)
-                    } else {
-                        None
-                    };
-                    let (rptr, g2) = match rb {
-                        Some(b) => {
-                            let (p, g) = b.device_ptr_mut(&sh.net);
-                            (p, Some(g))
-                        }
-                        None => (0, None),
-                    };
-                    sh.group(|| {
-                        // SAFETY: the piece buffers hold at least slen / rlen bytes and stay
-                        // borrowed until the guards record on the net stream after the group.
-                        unsafe {
-                            if slen > 0 {
-                                sh.send_raw(sptr, slen, nsys::ncclDataType_t::ncclUint8, to)?;
-                            }
-                            if rlen > 0 {
-                                sh.recv_raw(rptr, rlen, nsys::ncclDataType_t::ncclUint8, from)?;
-                            }
-                        }
-                        Ok(())
-                    })?;
-                    drop((g1, g2));
-                }
-                wire.sent += slen;
-                wire.critical += slen.max(rlen);
-                wire.minor += slen.min(rlen);
-                let ev = sh.net.record_event(None).map_err(gpu_err)?;
-                if let Some((j, len, ev)) = pending.take() {
-                    Self::consume(gpu, &rpool, j, len, &ev, buf, at(j), accumulate)?;
-                }
-                if rlen > 0 {
-                    pending = Some((k, rlen, ev));
-                }
-            }
-            if let Some((j, len, ev)) = pending.take() {
-                Self::consume(gpu, &rpool, j, len, &ev, buf, at(j), accumulate)?;
-            }
-            Ok(wire)
-        })();
-        self.send_pool = spool;
-        self.recv_pool = rpool;
-        r
-    }
-
-    /// Decompress (or decompress-and-add) received piece `slot` into `buf[dst]` once the net
-    /// stream has passed `ev`.
-    #[allow(clippy::too_many_arguments)]
+    /// Decompress received piece `slot` into `buf[dst]` once the net stream has passed `ev`.
     pub(super) fn consume<T: NcclReal>(
         gpu: &mut crate::gpu::GpuCodec,
         pool: &Pool,
-        slot: usize,
-        len: usize,
+        (slot, len): (usize, usize),
         ev: &cudarc::driver::CudaEvent,
         buf: &mut CudaSlice<T>,
         dst: Range<usize>,
-        accumulate: bool,
     ) -> Result<()> {
         gpu.stream().wait(ev).map_err(gpu_err)?;
         let sv = pool.bufs[slot].slice(0..len);
         let mut ov = buf.slice_mut(dst);
-        if accumulate {
-            gpu.decompress_add_device(&sv, &mut ov)
-        } else {
-            gpu.decompress_device(&sv, &mut ov)
-        }
+        gpu.decompress_device(&sv, &mut ov)
     }
 
     /// Pipelined compressed allgather round: rank `j`'s data is `buf[segs[j]]`; this rank's own
@@ -190,16 +74,8 @@ impl NcclComm {
                 for (jj, &j) in peers.iter().enumerate() {
                     if k < pcs[j].len() {
                         let d = segs[j].start + pcs[j][k].start..segs[j].start + pcs[j][k].end;
-                        Self::consume(
-                            gpu,
-                            rpool,
-                            k * peers.len() + jj,
-                            sizes[j],
-                            ev,
-                            buf,
-                            d,
-                            false,
-                        )?;
+                        let slot = (k * peers.len() + jj, sizes[j]);
+                        Self::consume(gpu, rpool, slot, ev, buf, d)?;
                     }
                 }
                 if k < pcs[r].len() {

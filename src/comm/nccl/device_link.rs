@@ -1,0 +1,333 @@
+//! The NCCL communicator as a [`DeviceTransport`], so that the compressed reductions run the
+//! one device-resident ring (`comm::device_ring`, the same algorithm as over the loopback and
+//! the staged MPI links) with NCCL moving the compressed bytes GPU to GPU.
+//!
+//! A message costs one small host exchange on the bootstrap transport (its length and how much
+//! the receiver can take without allocating) and one grouped ncclSend/ncclRecv on the NCCL
+//! stream, ordered after the codec stream's work with events (no host synchronisation).
+//!
+//! NCCL must post a receive for every send, so a receiver that cannot allocate room for a
+//! message must say so before the sender posts it: a message that fits a buffer the receiver
+//! already holds (the steady state: received buffers are recycled) goes at once; only one that
+//! needs a new buffer takes a second host round, in which the receiver reports whether the
+//! allocation succeeded. A failed receiver gets an empty message, which the ring carries to
+//! every rank as a failure, so no rank is left waiting.
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use cudarc::nccl::sys as nsys;
+
+use super::{gpu_err, size_msg, Shared, Wire};
+use crate::comm::transport::{DeviceBytes, DeviceTransport, Transport};
+use crate::error::{Error, Result};
+
+/// Host tag of the link's size and readiness messages.
+const TAG_LINK: i32 = 30001;
+
+const U8: nsys::ncclDataType_t = nsys::ncclDataType_t::ncclUint8;
+
+/// One rank's NCCL device link for the operations of one call (see the [module docs](self)).
+pub(super) struct NcclLink<'a> {
+    sh: &'a Shared,
+    /// Buffers received messages landed in, given back by the ring for reuse.
+    pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
+    /// Bytes this rank sent, and per message round the larger and smaller direction.
+    wire: Cell<Wire>,
+}
+
+/// How a receiver gets room for an announced message.
+enum Room {
+    /// A pooled buffer (or none needed: an empty message).
+    Ready(Option<CudaSlice<u8>>),
+    /// A new buffer (`None`: the allocation failed); the senders learn which in a second round.
+    Grown(Option<CudaSlice<u8>>),
+}
+
+impl<'a> NcclLink<'a> {
+    pub(super) fn new(sh: &'a Shared, pool: &'a mut Vec<CudaSlice<u8>>) -> Self {
+        NcclLink {
+            sh,
+            pool: RefCell::new(pool),
+            wire: Cell::new(Wire::default()),
+        }
+    }
+
+    /// What this rank sent, and the larger and smaller direction of every round.
+    pub(super) fn wire(&self) -> Wire {
+        self.wire.get()
+    }
+
+    fn tally(&self, sent: usize, major: usize, minor: usize) {
+        let mut w = self.wire.get();
+        w += Wire {
+            sent,
+            critical: major,
+            minor,
+        };
+        self.wire.set(w);
+    }
+
+    /// The length every one of `count` messages may have and still land in a pooled buffer
+    /// (the `count`-th largest buffer's).
+    fn room(&self, count: usize) -> usize {
+        let pool = self.pool.borrow();
+        let mut caps: Vec<usize> = pool.iter().map(|b| b.len()).collect();
+        caps.sort_unstable_by(|a, b| b.cmp(a));
+        match count {
+            0 => usize::MAX,
+            c => caps.get(c - 1).copied().unwrap_or(0),
+        }
+    }
+
+    /// Room for a `len`-byte message: the smallest pooled buffer that fits, else a new one.
+    fn take_room(&self, len: usize, stream: &Arc<CudaStream>) -> Room {
+        if len == 0 {
+            return Room::Ready(None);
+        }
+        let mut pool = self.pool.borrow_mut();
+        let best = (0..pool.len())
+            .filter(|&i| pool[i].len() >= len)
+            .min_by_key(|&i| pool[i].len());
+        if let Some(i) = best {
+            return Room::Ready(Some(pool.swap_remove(i)));
+        }
+        // round up so that slightly longer messages later still fit
+        let cap = len.next_multiple_of(1 << 20);
+        // SAFETY: only the first `len` bytes of a message buffer are read, after NCCL wrote them.
+        Room::Grown(unsafe { stream.alloc::<u8>(cap) }.ok())
+    }
+
+    /// `[len, room]` as the 16-byte size message.
+    fn size_record(len: usize, room: usize) -> [u8; 16] {
+        let mut m = [0u8; 16];
+        m[..8].copy_from_slice(&(len as u64).to_le_bytes());
+        m[8..].copy_from_slice(&(room.min(u64::MAX as usize) as u64).to_le_bytes());
+        m
+    }
+
+    fn parse_record(b: &[u8]) -> Result<(usize, usize)> {
+        if b.len() != 16 {
+            return Err(Error::Comm(format!(
+                "NCCL link: {}-byte size message",
+                b.len()
+            )));
+        }
+        Ok((size_msg(&b[..8])?, size_msg(&b[8..])?))
+    }
+
+    /// Enqueue, in one NCCL group on the NCCL stream, the send of `send` to each of `to` and the
+    /// receives `recv` (peer, buffer, length), after the work queued on `stream` so far; `stream`
+    /// then waits for the group.
+    fn transfer(
+        &self,
+        send: Option<&CudaView<'_, u8>>,
+        to: &[usize],
+        recv: &mut [(usize, &mut CudaSlice<u8>, usize)],
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let sh = self.sh;
+        let ready = stream.record_event(None).map_err(gpu_err)?;
+        sh.net.wait(&ready).map_err(gpu_err)?;
+        {
+            let mut guards = Vec::new();
+            let sptr = match send {
+                Some(b) if !b.is_empty() && !to.is_empty() => {
+                    let (p, g) = b.device_ptr(&sh.net);
+                    guards.push(g);
+                    Some((p, b.len()))
+                }
+                _ => None,
+            };
+            let mut rptrs = Vec::with_capacity(recv.len());
+            for (peer, buf, len) in recv.iter_mut() {
+                let (p, g) = buf.device_ptr_mut(&sh.net);
+                guards.push(g);
+                rptrs.push((*peer, p, *len));
+            }
+            sh.group(|| {
+                // SAFETY: every buffer holds at least the bytes named (receives: checked by the
+                // caller against the buffer's length) and stays borrowed until the guards record
+                // on the NCCL stream after the group has been enqueued.
+                unsafe {
+                    if let Some((p, n)) = sptr {
+                        for &j in to {
+                            sh.send_raw(p, n, U8, j)?;
+                        }
+                    }
+                    for &(j, p, n) in &rptrs {
+                        sh.recv_raw(p, n, U8, j)?;
+                    }
+                }
+                Ok(())
+            })?;
+            drop(guards);
+        }
+        let done = sh.net.record_event(None).map_err(gpu_err)?;
+        stream.wait(&done).map_err(gpu_err)
+    }
+
+    /// An empty message (a failed receive): the ring treats it as the peer's failure.
+    fn empty(&self, stream: &Arc<CudaStream>) -> Result<DeviceBytes> {
+        let buf = match self.pool.borrow_mut().pop() {
+            Some(b) => b,
+            None => stream.alloc_zeros::<u8>(1).map_err(gpu_err)?,
+        };
+        DeviceBytes::new(buf, 0)
+    }
+
+    fn host_transport(&self) -> &dyn Transport {
+        &*self.sh.boot
+    }
+}
+
+impl DeviceTransport for NcclLink<'_> {
+    fn host(&self) -> &dyn Transport {
+        self.host_transport()
+    }
+
+    fn sendrecv_device(
+        &self,
+        dest: usize,
+        bytes: &CudaView<'_, u8>,
+        src: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<DeviceBytes> {
+        let host = self.host_transport();
+        let slen = bytes.len();
+        let got = host.sendrecv(dest, &Self::size_record(slen, self.room(1)), src, TAG_LINK)?;
+        let (rlen, dest_room) = Self::parse_record(&got)?;
+        // both ends of each direction know whether its receiver must allocate
+        let (mut room, src_grows) = match self.take_room(rlen, stream) {
+            Room::Ready(b) => (b, false),
+            Room::Grown(b) => (b, true),
+        };
+        let dest_grows = slen > dest_room && slen > 0;
+        let mut send_ok = true;
+        if src_grows || dest_grows {
+            let mine = [u8::from(!src_grows || room.is_some())];
+            let pending = if src_grows {
+                Some(host.isend(src, TAG_LINK, mine.to_vec())?)
+            } else {
+                None
+            };
+            if dest_grows {
+                let ok = host.recv(dest, TAG_LINK)?;
+                send_ok = ok.first() == Some(&1);
+            }
+            if let Some(h) = pending {
+                h.wait()?;
+            }
+        }
+        let send = send_ok.then_some(bytes);
+        let to = if send_ok && slen > 0 {
+            vec![dest]
+        } else {
+            vec![]
+        };
+        match room.as_mut() {
+            Some(buf) => self.transfer(send, &to, &mut [(src, buf, rlen)], stream)?,
+            None => self.transfer(send, &to, &mut [], stream)?,
+        }
+        self.tally(
+            if send_ok { slen } else { 0 },
+            slen.max(rlen),
+            slen.min(rlen),
+        );
+        match room {
+            Some(buf) => DeviceBytes::new(buf, rlen),
+            None if rlen == 0 => self.empty(stream),
+            None => {
+                tracing::warn!(target: "zcomm::nccl", "no device memory for a {rlen}-byte ring message");
+                self.empty(stream)
+            }
+        }
+    }
+
+    fn allgather_device(
+        &self,
+        mine: &CudaView<'_, u8>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<Option<DeviceBytes>>> {
+        let host = self.host_transport();
+        let (r, p) = (host.rank(), host.size());
+        let all = host.allgather_fixed(&Self::size_record(mine.len(), self.room(p - 1)))?;
+        if all.len() != 16 * p {
+            return Err(Error::Comm(format!(
+                "NCCL link: {} bytes of sizes from {p} ranks",
+                all.len()
+            )));
+        }
+        let recs = all
+            .chunks_exact(16)
+            .map(Self::parse_record)
+            .collect::<Result<Vec<_>>>()?;
+        let lens: Vec<usize> = recs.iter().map(|x| x.0).collect();
+        // a receiver must allocate when some message is longer than its room: every rank sees it
+        let grows = |j: usize| (0..p).any(|k| k != j && lens[k] > recs[j].1);
+        let mut rooms: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(p);
+        let mut failed = false;
+        for (k, &len) in lens.iter().enumerate() {
+            rooms.push(if k == r {
+                None
+            } else {
+                match self.take_room(len, stream) {
+                    Room::Ready(b) | Room::Grown(b) => {
+                        failed |= len > 0 && b.is_none();
+                        b
+                    }
+                }
+            });
+        }
+        // receivers that allocated tell everyone whether they could
+        let ok: Vec<bool> = if (0..p).any(grows) {
+            host.allgather_fixed(&[u8::from(!failed)])?
+                .iter()
+                .map(|&b| b != 0)
+                .collect()
+        } else {
+            vec![true; p]
+        };
+        if ok.len() != p {
+            return Err(Error::Comm(
+                "NCCL link: readiness from too few ranks".into(),
+            ));
+        }
+        let to: Vec<usize> = (0..p).filter(|&j| j != r && ok[j]).collect();
+        let mut recv: Vec<(usize, &mut CudaSlice<u8>, usize)> = Vec::new();
+        if ok[r] {
+            for (k, room) in rooms.iter_mut().enumerate() {
+                if let Some(buf) = room.as_mut().filter(|_| lens[k] > 0) {
+                    recv.push((k, buf, lens[k]));
+                }
+            }
+        }
+        let send = (!mine.is_empty()).then_some(mine);
+        self.transfer(send, &to, &mut recv, stream)?;
+        let peers = p.saturating_sub(1);
+        let (hi, lo) = (
+            lens.iter().copied().max().unwrap_or(0),
+            lens.iter().copied().min().unwrap_or(0),
+        );
+        self.tally(mine.len() * to.len(), hi * peers, lo * peers);
+        rooms
+            .into_iter()
+            .enumerate()
+            .map(|(k, room)| {
+                if k == r {
+                    return Ok(None);
+                }
+                Some(match room.filter(|_| ok[r]) {
+                    Some(buf) => DeviceBytes::new(buf, lens[k]),
+                    None => self.empty(stream),
+                })
+                .transpose()
+            })
+            .collect()
+    }
+
+    fn recycle(&self, bytes: DeviceBytes) {
+        self.pool.borrow_mut().push(bytes.into_buffer());
+    }
+}
