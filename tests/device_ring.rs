@@ -3,14 +3,16 @@
 //! every reduction, dtype, codec and bound mode tried, and a count mismatch is an error on every
 //! rank. The staged device reductions of the communicator (`allreduce_device` & co., the same
 //! ring over a staged link through pinned host memory and a host transport) give the same bits,
-//! call after call. Without a CUDA device the trials are reported *ignored*.
+//! call after call. The device allgather (`comm::device_gather`) gives every rank what the CPU
+//! twin decodes from each rank's stream, its own segment included. Without a CUDA device the
+//! trials are reported *ignored*.
 
 use cudarc::driver::CudaSlice;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use zcomm::comm::transport::{run_ranks, DeviceLoopback, LinkEmulation, LoopbackTransport};
 use zcomm::comm::{
-    device_ring, partition, Calibration, CommElement, Communicator, Config, CpuCompressor,
-    DeviceStager, Real,
+    device_gather, device_ring, partition, Calibration, CommElement, Communicator, Config,
+    CpuCompressor, DeviceStager, Real,
 };
 use zcomm::gpu::{GpuCodec, GpuElement};
 use zcomm::model::{Link, Policy, Profile};
@@ -41,6 +43,14 @@ fn main() {
             staged_matches_host::<f64>,
         ),
         gpu_trial("device_ring_one_rank_copies_whatever_the_bound", one_rank),
+        gpu_trial(
+            "device_allgather_decodes_as_the_cpu_twin_f32",
+            gather_matches_cpu::<f32>,
+        ),
+        gpu_trial(
+            "device_allgather_decodes_as_the_cpu_twin_f64",
+            gather_matches_cpu::<f64>,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -294,6 +304,59 @@ fn one_rank() -> Result<(), String> {
             .map_err(|e| format!("{op:?}: {e}"))?;
         if g != inputs[0] || g != want[0] {
             return Err(format!("{op:?}: one rank did not return its input"));
+        }
+    }
+    Ok(())
+}
+
+/// The device allgather over the device loopback on 1 to 3 ranks: every rank's output is, bit
+/// for bit, the CPU twin's decoding of every rank's CPU-compressed input.
+fn gather_matches_cpu<T: Real + GpuElement + CommElement>() -> Result<(), String> {
+    for p in [1, 2, 3] {
+        let n = 100_003;
+        let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
+        for codec in [CodecKind::Aatrox, CodecKind::CuszpPlain, CodecKind::Pfpl] {
+            for bound in [
+                ErrorBound::Abs(1e-2),
+                ErrorBound::Noa(1e-4),
+                ErrorBound::Rel(1e-3),
+            ] {
+                let what = format!("p={p} {codec} {bound:?}");
+                let mut want = Vec::with_capacity(n * p);
+                for x in &inputs {
+                    let s = zcomm::compress(x, bound, codec).map_err(|e| format!("{what}: {e}"))?;
+                    want.extend(zcomm::decompress::<T>(&s).map_err(|e| format!("{what}: {e}"))?);
+                }
+                let group = DeviceLoopback::group(p, LinkEmulation::default());
+                let got = run_ranks(group, |t| -> Result<Vec<T>, String> {
+                    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+                    let mut gpu = GpuCodec::new(0)
+                        .and_then(|g| g.with_own_stream())
+                        .map_err(|e| e.to_string())?;
+                    let st = gpu.stream().clone();
+                    let xd: CudaSlice<T> = st.clone_htod(&inputs[t_rank(&t)]).map_err(e)?;
+                    let mut out = st.alloc_zeros::<T>(n * p).map_err(e)?;
+                    // twice: the second call reuses the stream buffer and the received ones
+                    for _ in 0..2 {
+                        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
+                        device_gather::allgather(&t, &mut gpu, &xv, &mut ov, bound, codec)
+                            .map_err(|e| e.to_string())?;
+                    }
+                    st.clone_dtoh(&out).map_err(e)
+                });
+                for (r, g) in got.into_iter().enumerate() {
+                    let g = g
+                        .expect("rank thread")
+                        .map_err(|e| format!("{what}: {e}"))?;
+                    if g.len() != want.len()
+                        || g.iter()
+                            .zip(&want)
+                            .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
+                    {
+                        return Err(format!("{what} rank {r}: differs from the CPU twin"));
+                    }
+                }
+            }
         }
     }
     Ok(())

@@ -56,9 +56,13 @@ pub struct NcclProfile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_one: Option<NcclLink>,
     /// Device codec speeds, one record per calibrated codec (f32 then f64 when calibrated):
-    /// `decompress` is the fused decompress-and-add the operations decode with, and the
-    /// records' fixed costs (`compress_overhead`, `decompress_overhead`; 0 in profiles written
-    /// before) are each codec's own ([`codec_fixed`](Self::codec_fixed)).
+    /// `decompress` the plain decode (the allgather's, the point-to-point's and the ring's
+    /// final round), `decompress_add` the fused decompress-and-add of the ring's steps, and the
+    /// records' fixed costs (`compress_overhead`, `decompress_overhead`,
+    /// `decompress_add_overhead`; 0 in profiles written before) are each codec's own
+    /// ([`codec_fixed`](Self::codec_fixed)). Profiles written before the plain decode was
+    /// calibrated hold the fused one in `decompress` and no `decompress_add`: it then stands for
+    /// both.
     pub codecs: Vec<CodecSpeed>,
     /// Host cost per pipeline piece (the size message round on the bootstrap transport), seconds.
     pub piece_overhead: f64,
@@ -70,10 +74,15 @@ pub struct NcclProfile {
     /// `compress_fixed`.
     #[serde(default)]
     pub decompress_fixed: f64,
-    /// Input bytes per second of the value-range pass a compressing call makes over its input
-    /// (launch and readback included, calibrated at 64 MiB); `0`: not calibrated, no cost.
+    /// Input bytes per second of the value-range pass a compressing call makes over its input,
+    /// beyond [`range_fixed`](Self::range_fixed); `0`: not calibrated, no cost.
     #[serde(default)]
     pub range_rate: f64,
+    /// Fixed seconds of one value-range pass (launch and read-back: the intercept of the line
+    /// through a tiny and a large pass); 0 in profiles written before (whose `range_rate` came
+    /// from one 64 MiB pass and so includes it).
+    #[serde(default)]
+    pub range_fixed: f64,
     /// Bytes per second of a device-to-device copy, reported by the calibration; not charged
     /// (the reductions' ring reads its input in place); `0`: not calibrated.
     #[serde(default)]
@@ -97,6 +106,7 @@ impl NcclProfile {
             compress_fixed: 50e-6,
             decompress_fixed: 50e-6,
             range_rate: 0.0,
+            range_fixed: 0.0,
             copy_rate: 0.0,
         }
     }
@@ -110,7 +120,8 @@ impl NcclProfile {
     }
 
     /// Device codec throughput `(compress, decompress)` in bytes/s for `codec` on `dtype_tag`
-    /// (1 f32, 2 f64); a conservative default when not calibrated.
+    /// (1 f32, 2 f64; `decompress` the plain decode); a conservative default when not
+    /// calibrated.
     pub fn codec_speed(&self, codec: CodecKind, dtype_tag: u8) -> (f64, f64) {
         self.codec_record(codec, dtype_tag)
             .map(|c| (c.compress, c.decompress))
@@ -132,6 +143,20 @@ impl NcclProfile {
         }
     }
 
+    /// Seconds of one fused decompress-and-add of `bytes` of output: its own line where
+    /// calibrated, else the plain decode's.
+    fn decompress_add_s(&self, bytes: f64, codec: CodecKind, dtype_tag: u8) -> f64 {
+        match self.codec_record(codec, dtype_tag) {
+            Some(c) if c.decompress_add > 0.0 => {
+                bytes / c.decompress_add + c.decompress_add_overhead
+            }
+            _ => {
+                let (_, td) = self.codec_speed(codec, dtype_tag);
+                bytes / td + self.codec_fixed(codec, dtype_tag).1
+            }
+        }
+    }
+
     /// Seconds of the codec stage of one pipeline piece of `piece` bytes, `(compress,
     /// decompress)`: each call's throughput term and fixed cost, the compression also the size
     /// message that follows it.
@@ -139,6 +164,15 @@ impl NcclProfile {
         let (tc, td) = self.codec_speed(codec, dtype_tag);
         let (fc, fd) = self.codec_fixed(codec, dtype_tag);
         (piece / tc + fc + self.piece_overhead, piece / td + fd)
+    }
+
+    /// Seconds of the value-range pass over `bytes`.
+    fn range_s(&self, bytes: f64) -> f64 {
+        if self.range_rate > 0.0 {
+            seconds_at(bytes, self.range_rate) + self.range_fixed
+        } else {
+            0.0
+        }
     }
 
     /// The one-way link ([`p2p_one`](Self::p2p_one), else the pairwise curve).
@@ -167,9 +201,9 @@ impl NcclProfile {
     /// value-range pass and its agreement round, then `p-1` ring steps and (allreduce) one
     /// allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per round; the
     /// operations run the ring on whole segments, `pieces = 1`): per piece the codec stage
-    /// (compress + fixed + size message, decompress-and-add + fixed; the allgather round
-    /// decodes the `p-1` other ranks' pieces, this rank's own values are left in place by its
-    /// compression) and the network stage ([`exchange`](Self::exchange) of the pieces'
+    /// (compress + fixed + size message, the fused decompress-and-add + fixed; the allgather
+    /// round decodes the `p-1` other ranks' pieces with the plain decode, this rank's own values
+    /// are left in place by its compression) and the network stage ([`exchange`](Self::exchange) of the pieces'
     /// compressed sizes, `bytes / p / pieces / ratio`). Raw: the allreduce curve at `bytes`.
     #[allow(clippy::too_many_arguments)]
     pub fn predict_allreduce(
@@ -186,9 +220,10 @@ impl NcclProfile {
         let (major, minor) = ratio.into().sane();
         let piece = bytes / pf / pieces.max(1) as f64;
         let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
+        let dec_add = self.decompress_add_s(piece, codec, dtype_tag);
         let net = self.exchange(piece / major, piece / minor, 1.0);
-        let prep = seconds_at(bytes, self.range_rate) + self.piece_overhead;
-        let rs = (pf - 1.0) * pipeline(&[comp + dec, net], pieces);
+        let prep = self.range_s(bytes) + self.piece_overhead;
+        let rs = (pf - 1.0) * pipeline(&[comp + dec_add, net], pieces);
         if reduce_scatter_only {
             // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half
             let raw = self.allreduce.time_many(bytes, 0.5);
@@ -219,7 +254,7 @@ impl NcclProfile {
         let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
         let gpu = comp + pf * dec;
         let net = self.exchange(piece / major, piece / minor, pf - 1.0);
-        let cmp = seconds_at(bytes, self.range_rate) + pipeline(&[gpu, net], pieces);
+        let cmp = self.range_s(bytes) + pipeline(&[gpu, net], pieces);
         (self.allgather.time(pf * bytes), cmp)
     }
 
@@ -239,8 +274,7 @@ impl NcclProfile {
         let lk = self.one_way();
         let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
         let gpu = comp + dec;
-        let cmp =
-            seconds_at(bytes, self.range_rate) + pipeline(&[gpu, lk.time(piece / cr)], pieces);
+        let cmp = self.range_s(bytes) + pipeline(&[gpu, lk.time(piece / cr)], pieces);
         (lk.time(bytes), cmp)
     }
 }

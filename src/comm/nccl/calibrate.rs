@@ -158,13 +158,16 @@ impl NcclComm {
                     "NCCL calibration: no codec works on every rank".into(),
                 ));
             }
-            // the preparation of a compressing call: value-range pass (with its readback) and
-            // device copy of the whole buffer, best of 5
-            let (mut t_range, mut t_copy) = (f64::INFINITY, f64::INFINITY);
+            // the preparation of a compressing call: the value-range pass (with its read-back)
+            // on one codec chunk and on the whole field (the line through them), and a device
+            // copy of the whole buffer (reported), best of 5
+            let (mut t_range, mut t_copy) = ([f64::INFINITY; 2], f64::INFINITY);
             for _ in 0..5 {
-                let t = std::time::Instant::now();
-                self.utils.range(&self.sh.work, &field.as_view())?;
-                t_range = t_range.min(t.elapsed().as_secs_f64());
+                for (i, n) in [1usize << 15, big].into_iter().enumerate() {
+                    let t = std::time::Instant::now();
+                    self.utils.range(&self.sh.work, &field.slice(0..n))?;
+                    t_range[i] = t_range[i].min(t.elapsed().as_secs_f64());
+                }
                 let t = std::time::Instant::now();
                 self.sh
                     .work
@@ -174,29 +177,34 @@ impl NcclComm {
                 t_copy = t_copy.min(t.elapsed().as_secs_f64());
             }
             let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
+            let rate = |t: [f64; 2]| (b2 - b1) / (t[1] - t[0]).max(1e-9);
+            let fixed = |t: [f64; 2]| (t[0] - b1 / rate(t)).max(0.0);
             // per codec: -throughputs (the maximum over ranks of these is the slowest rank's)
-            // and fixed costs, then the passes
-            let mut v = Vec::with_capacity(4 * fits.len() + 2);
-            for (_, fit, _) in &fits {
-                let tp = |k: usize| (b2 - b1) / (fit[1][k] - fit[0][k]).max(1e-9);
-                let fixed = |k: usize| (fit[0][k] - b1 / tp(k)).max(0.0);
-                v.extend([-tp(0), -tp(1), fixed(0), fixed(1)]);
+            // and fixed costs of compress, decompress, decompress-and-add; then the passes
+            let mut v = Vec::with_capacity(6 * fits.len() + 3);
+            for (_, [small, large], _) in &fits {
+                for (&s, &l) in small.iter().zip(large) {
+                    v.extend([-rate([s, l]), fixed([s, l])]);
+                }
             }
-            v.extend([-b2 / t_range.max(1e-9), -b2 / t_copy.max(1e-9)]);
+            v.extend([-rate(t_range), fixed(t_range), -b2 / t_copy.max(1e-9)]);
             self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
-            let m = 4 * fits.len();
+            let m = 6 * fits.len();
             // the policy's codec's fixed costs stand for codecs without their own
-            prof.compress_fixed = v[2];
+            prof.compress_fixed = v[1];
             prof.decompress_fixed = v[3];
             prof.range_rate = -v[m];
-            prof.copy_rate = -v[m + 1];
+            prof.range_fixed = v[m + 1];
+            prof.copy_rate = -v[m + 2];
             prof.codecs = fits
                 .iter()
-                .zip(v.chunks_exact(4))
+                .zip(v.chunks_exact(6))
                 .map(|(&(codec, _, len), w)| CodecSpeed {
-                    compress_overhead: w[2],
+                    compress_overhead: w[1],
                     decompress_overhead: w[3],
-                    ..CodecSpeed::new(codec, 1, -w[0], -w[1], b2 / len as f64)
+                    decompress_add: -w[4],
+                    decompress_add_overhead: w[5],
+                    ..CodecSpeed::new(codec, 1, -w[0], -w[2], b2 / len as f64)
                 })
                 .collect();
         }
@@ -208,7 +216,7 @@ impl NcclComm {
         self.sh.boot.bcast(0, &mut bytes)?;
         self.profile = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
-        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}, one way {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us; range pass {}, copy {}",
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}, one way {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us; range pass {} + {:.1} us, copy {}",
             self.profile.transport,
             crate::model::fmt_rate(self.profile.allreduce.bandwidth),
             crate::model::fmt_rate(self.profile.allgather.bandwidth),
@@ -217,15 +225,16 @@ impl NcclComm {
             crate::model::fmt_rate(self.profile.one_way().rate((4u64 << 20) as f64)),
             self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
             self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6,
-            crate::model::fmt_rate(self.profile.range_rate), crate::model::fmt_rate(self.profile.copy_rate));
+            crate::model::fmt_rate(self.profile.range_rate), self.profile.range_fixed * 1e6, crate::model::fmt_rate(self.profile.copy_rate));
         Ok(&self.profile)
     }
 }
 
 impl NcclComm {
-    /// The fastest of 5 compressions and fused decompress-and-adds of `codec` on one codec chunk
-    /// and on the whole `field` (`[small|big][compress|decompress]` seconds; the line `t = fixed
-    /// + bytes / throughput` through them), and the field's stream length.
+    /// The fastest of 5 compressions, decompressions and fused decompress-and-adds of `codec` on
+    /// one codec chunk and on the whole `field` (`[small|big][compress|decompress|add]`
+    /// seconds; the line `t = fixed + bytes / throughput` through them), and the field's stream
+    /// length.
     fn time_codec_fit(
         &mut self,
         field: &CudaSlice<f32>,
@@ -233,23 +242,28 @@ impl NcclComm {
         acc: &mut CudaSlice<f32>,
         bound: ErrorBound,
         codec: CodecKind,
-    ) -> Result<([[f64; 2]; 2], usize)> {
+    ) -> Result<([[f64; 3]; 2], usize)> {
         let big = field.len();
         let gpu = self.gpu()?;
-        let mut fit = [[f64::INFINITY; 2]; 2];
+        let mut fit = [[f64::INFINITY; 3]; 2];
         let mut len = 1usize;
+        let best =
+            |slot: &mut f64, t: std::time::Instant| *slot = slot.min(t.elapsed().as_secs_f64());
         for (i, n) in [1usize << 15, big].into_iter().enumerate() {
             let fv = field.slice(0..n);
             for _ in 0..5 {
                 let t = std::time::Instant::now();
                 let mut ov = out.slice_mut(..);
                 let l = gpu.compress_device(&fv, bound, codec, &mut ov)?;
-                fit[i][0] = fit[i][0].min(t.elapsed().as_secs_f64());
+                best(&mut fit[i][0], t);
                 let sv = out.slice(0..l);
                 let mut av = acc.slice_mut(0..n);
                 let t = std::time::Instant::now();
+                gpu.decompress_device(&sv, &mut av)?;
+                best(&mut fit[i][1], t);
+                let t = std::time::Instant::now();
                 gpu.decompress_add_device(&sv, &mut av)?;
-                fit[i][1] = fit[i][1].min(t.elapsed().as_secs_f64());
+                best(&mut fit[i][2], t);
                 if i == 1 {
                     len = l;
                 }

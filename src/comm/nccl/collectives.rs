@@ -1,6 +1,7 @@
 //! Allgather, allreduce, allreduce_mean and reduce_scatter of device buffers over NCCL.
 
 use super::*;
+use crate::comm::{device_gather, device_ring};
 
 impl NcclComm {
     /// Gather `send` from every rank into `out` (`out.len() == size * send.len()`, rank order),
@@ -26,10 +27,10 @@ impl NcclComm {
             )));
         }
         let bytes = n * T::SIZE;
-        let k = pieces(n, self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
+        // one stream per rank (`comm::device_gather`): one piece
         let predict = |prof: &NcclProfile, codec, ratio: WireRatio| {
-            prof.predict_allgather(bytes as f64, p, ratio, k, codec, dt)
+            prof.predict_allgather(bytes as f64, p, ratio, 1, codec, dt)
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
@@ -48,8 +49,11 @@ impl NcclComm {
             return self.finish(st, t0);
         };
         let bound = self.piece_bound(&send.as_view())?;
-        let segs: Vec<Range<usize>> = (0..p).map(|j| j * n..(j + 1) * n).collect();
-        let wire = self.gather_round(out, &segs, Some(send), bound, codec)?;
+        // the device allgather of every transport (`comm::device_gather`) over NCCL
+        let ((), wire) = self.over_link(|link, gpu| {
+            let (x, mut o) = (send.as_view(), out.as_view_mut());
+            device_gather::allgather(link, gpu, &x, &mut o, bound, codec).map(|_| ())
+        })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = match bound {
@@ -184,29 +188,13 @@ impl NcclComm {
         // carrying its messages; the input is read in place, the partial sums accumulate in
         // `out` (reduce-scatter: this rank's segment only)
         let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
-        let NcclComm {
-            sh,
-            gpu,
-            gpu_error,
-            ring_pool,
-            ..
-        } = self;
-        let gpu = gpu
-            .as_mut()
-            .ok_or_else(|| Error::Unavailable(format!("GPU codec: {gpu_error}")))?;
-        let link = device_link::NcclLink::new(sh, ring_pool);
-        let mut scratch = gpu.ring_scratch.take();
-        let run = crate::comm::device_ring::ring(
-            &link,
-            gpu,
-            &x.as_view(),
-            &mut out.as_view_mut(),
-            &mut scratch,
-            plan,
-        );
-        gpu.ring_scratch = scratch;
-        run?;
-        let wire = link.wire();
+        let ((), wire) = self.over_link(|link, gpu| {
+            let (x, mut o) = (x.as_view(), out.as_view_mut());
+            let mut scratch = gpu.ring_scratch.take();
+            let r = device_ring::ring(link, gpu, &x, &mut o, &mut scratch, plan);
+            gpu.ring_scratch = scratch;
+            r.map(|_| ())
+        })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.bound = e_total;
@@ -227,6 +215,28 @@ impl NcclComm {
         st.predicted_s = cmp_t;
         self.agree_measured::<T>(op, n, codec, wr)?;
         self.finish(st, t0)
+    }
+
+    /// Run `f` with this rank's NCCL device link and its GPU codec (what the device algorithms
+    /// of every transport, `comm::device_ring` and `comm::device_gather`, run on); returns
+    /// `f`'s result and the bytes the link moved.
+    fn over_link<R>(
+        &mut self,
+        f: impl FnOnce(&device_link::NcclLink<'_>, &mut crate::gpu::GpuCodec) -> Result<R>,
+    ) -> Result<(R, Wire)> {
+        let NcclComm {
+            sh,
+            gpu,
+            gpu_error,
+            ring_pool,
+            ..
+        } = self;
+        let gpu = gpu
+            .as_mut()
+            .ok_or_else(|| Error::Unavailable(format!("GPU codec: {gpu_error}")))?;
+        let link = device_link::NcclLink::new(sh, ring_pool);
+        let r = f(&link, gpu)?;
+        Ok((r, link.wire()))
     }
 
     pub(super) fn raw_reduce<T: NcclReal>(

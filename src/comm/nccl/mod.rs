@@ -117,7 +117,6 @@ mod config;
 mod device_link;
 mod p2p;
 mod plan;
-mod rounds;
 mod shared;
 #[cfg(test)]
 mod tests;
@@ -127,7 +126,6 @@ pub use calibrate::CALIBRATION_SIZES;
 pub use comm::NcclComm;
 pub use config::NcclConfig;
 use p2p::*;
-use rounds::*;
 pub use shared::pieces;
 use shared::*;
 

@@ -300,3 +300,44 @@ impl NcclComm {
         }
     }
 }
+
+/// The pieces of a pipelined point-to-point message.
+impl NcclComm {
+    /// Compress piece `src` into `send_pool` buffer `slot`; returns the stream length.
+    pub(super) fn compress_piece<T: NcclReal>(
+        gpu: &mut crate::gpu::GpuCodec,
+        pool: &mut Pool,
+        slot: usize,
+        src: &CudaView<'_, T>,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<usize> {
+        let mut ov = pool.bufs[slot].slice_mut(..);
+        gpu.compress_device(src, bound, codec, &mut ov)
+    }
+
+    /// Decompress received piece `slot` into `buf[dst]` once the net stream has passed `ev`.
+    pub(super) fn consume<T: NcclReal>(
+        gpu: &mut crate::gpu::GpuCodec,
+        pool: &Pool,
+        (slot, len): (usize, usize),
+        ev: &cudarc::driver::CudaEvent,
+        buf: &mut CudaSlice<T>,
+        dst: Range<usize>,
+    ) -> Result<()> {
+        gpu.stream().wait(ev).map_err(gpu_err)?;
+        let sv = pool.bufs[slot].slice(0..len);
+        let mut ov = buf.slice_mut(dst);
+        gpu.decompress_device(&sv, &mut ov)
+    }
+}
+
+/// The rank that rank `r` of `p` sends to in a ring.
+pub(super) fn to_of(r: usize, p: usize) -> usize {
+    (r + 1) % p
+}
+
+/// The rank that rank `r` of `p` receives from in a ring.
+pub(super) fn from_of(r: usize, p: usize) -> usize {
+    (r + p - 1) % p
+}

@@ -292,12 +292,45 @@ fn exchange_shares_the_link_then_runs_one_way() {
     let mut js = serde_json::to_value(&old).unwrap();
     let o = js.as_object_mut().unwrap();
     o.remove("range_rate");
+    o.remove("range_fixed");
     o.remove("copy_rate");
     let back: NcclProfile = serde_json::from_value(js).unwrap();
     assert_eq!(back.p2p_one, None);
-    assert_eq!((back.range_rate, back.copy_rate), (0.0, 0.0));
+    assert_eq!(
+        (back.range_rate, back.range_fixed, back.copy_rate),
+        (0.0, 0.0, 0.0)
+    );
     let round: NcclProfile = serde_json::from_str(&serde_json::to_string(&so).unwrap()).unwrap();
     assert_eq!(round, so);
+}
+
+/// The ring's steps are charged the fused decompress-and-add's own line and its final round
+/// the plain decode's; the range pass its line (rate and fixed cost).
+#[test]
+fn ring_steps_use_the_fused_line_and_the_final_round_the_plain_decode() {
+    let mut so = round_profile();
+    so.codecs[0].decompress_add = 5e10;
+    so.codecs[0].decompress_add_overhead = 20e-6;
+    so.range_fixed = 30e-6;
+    // 400 MB per rank over 2 ranks in one piece per segment (200 MB), ratios 50 and 100
+    let wr = WireRatio {
+        major: 50.0,
+        minor: 100.0,
+    };
+    let c = CodecKind::Aatrox;
+    let comp = 2e-3 + 10e-6 + 1e-6; // 200 MB at 100 GB/s, fixed, size message
+    let dec = 2e-3 + 10e-6; // plain decode at 100 GB/s
+    let dec_add = 4e-3 + 20e-6; // fused at 50 GB/s
+    let net = 2.1e-3 + 1e-3; // 2 MB each way, then 2 MB one way
+    let prep = 0.4e-3 + 30e-6 + 1e-6; // range 400 MB at 1 TB/s + fixed, agreement round
+    let (_, cmp) = so.predict_allreduce(400e6, 2, wr, 1, c, 1, false);
+    let want = prep + (comp + dec_add + net) + (comp + dec + net);
+    assert!((cmp - want).abs() < 1e-12, "{cmp} vs {want}");
+    assert!((cmp - 16.683e-3).abs() < 1e-12, "{cmp}");
+    // the allgather decodes both ranks' streams with the plain decode; 2 MB each way
+    let (_, g) = so.predict_allgather(200e6, 2, 100.0, 1, c, 1);
+    let want = 0.2e-3 + 30e-6 + (comp + 2.0 * dec) + 2.1e-3;
+    assert!((g - want).abs() < 1e-12, "{g} vs {want}");
 }
 
 /// Hand-computed predictions of the round-number profile.
