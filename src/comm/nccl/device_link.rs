@@ -2,16 +2,17 @@
 //! one device-resident ring (`comm::device_ring`, the same algorithm as over the loopback and
 //! the staged MPI links) with NCCL moving the compressed bytes GPU to GPU.
 //!
-//! A message costs one small host exchange on the bootstrap transport (its length and how much
-//! the receiver can take without allocating) and one grouped ncclSend/ncclRecv on the NCCL
-//! stream, ordered after the codec stream's work with events (no host synchronisation).
+//! A message costs small host exchanges on the bootstrap transport and one grouped
+//! ncclSend/ncclRecv on the NCCL stream, ordered after the codec stream's work with events.
 //!
 //! NCCL must post a receive for every send, so a receiver that cannot allocate room for a
-//! message must say so before the sender posts it: a message that fits a buffer the receiver
-//! already holds (the steady state: received buffers are recycled) goes at once; only one that
-//! needs a new buffer takes a second host round, in which the receiver reports whether the
-//! allocation succeeded. A failed receiver gets an empty message, which the ring carries to
-//! every rank as a failure, so no rank is left waiting.
+//! message must say so before the sender posts it. A ring step (`sendrecv_device`) sends its
+//! length forward and gets back its receiver's answer (room found or not: received buffers are
+//! recycled, so after the first calls no allocation is made). The allgather shares every
+//! rank's length and room (how long a message each can take without allocating) in one round;
+//! only when some receiver must allocate does a second round report whether it could. A failed
+//! receiver gets an empty message, which the ring carries to every rank as a failure, so no
+//! rank is left waiting.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -35,14 +36,6 @@ pub(super) struct NcclLink<'a> {
     pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
     /// Bytes this rank sent, and per message round the larger and smaller direction.
     wire: Cell<Wire>,
-}
-
-/// How a receiver gets room for an announced message.
-enum Room {
-    /// A pooled buffer (or none needed: an empty message).
-    Ready(Option<CudaSlice<u8>>),
-    /// A new buffer (`None`: the allocation failed); the senders learn which in a second round.
-    Grown(Option<CudaSlice<u8>>),
 }
 
 impl<'a> NcclLink<'a> {
@@ -81,22 +74,23 @@ impl<'a> NcclLink<'a> {
         }
     }
 
-    /// Room for a `len`-byte message: the smallest pooled buffer that fits, else a new one.
-    fn take_room(&self, len: usize, stream: &Arc<CudaStream>) -> Room {
+    /// Room for a `len`-byte message: the smallest pooled buffer that fits, else a new one;
+    /// `None` for an empty message or when the allocation fails.
+    fn take_room(&self, len: usize, stream: &Arc<CudaStream>) -> Option<CudaSlice<u8>> {
         if len == 0 {
-            return Room::Ready(None);
+            return None;
         }
         let mut pool = self.pool.borrow_mut();
         let best = (0..pool.len())
             .filter(|&i| pool[i].len() >= len)
             .min_by_key(|&i| pool[i].len());
         if let Some(i) = best {
-            return Room::Ready(Some(pool.swap_remove(i)));
+            return Some(pool.swap_remove(i));
         }
         // round up so that slightly longer messages later still fit
         let cap = len.next_multiple_of(1 << 20);
         // SAFETY: only the first `len` bytes of a message buffer are read, after NCCL wrote them.
-        Room::Grown(unsafe { stream.alloc::<u8>(cap) }.ok())
+        unsafe { stream.alloc::<u8>(cap) }.ok()
     }
 
     /// `[len, room]` as the 16-byte size message.
@@ -196,30 +190,14 @@ impl DeviceTransport for NcclLink<'_> {
     ) -> Result<DeviceBytes> {
         let host = self.host_transport();
         let slen = bytes.len();
-        let got = host.sendrecv(dest, &Self::size_record(slen, self.room(1)), src, TAG_LINK)?;
-        let (rlen, dest_room) = Self::parse_record(&got)?;
-        // both ends of each direction know whether its receiver must allocate
-        let (mut room, src_grows) = match self.take_room(rlen, stream) {
-            Room::Ready(b) => (b, false),
-            Room::Grown(b) => (b, true),
-        };
-        let dest_grows = slen > dest_room && slen > 0;
-        let mut send_ok = true;
-        if src_grows || dest_grows {
-            let mine = [u8::from(!src_grows || room.is_some())];
-            let pending = if src_grows {
-                Some(host.isend(src, TAG_LINK, mine.to_vec())?)
-            } else {
-                None
-            };
-            if dest_grows {
-                let ok = host.recv(dest, TAG_LINK)?;
-                send_ok = ok.first() == Some(&1);
-            }
-            if let Some(h) = pending {
-                h.wait()?;
-            }
-        }
+        let got = host.sendrecv(dest, &(slen as u64).to_le_bytes(), src, TAG_LINK)?;
+        let rlen = size_msg(&got)?;
+        let mut room = self.take_room(rlen, stream);
+        // the receiver of this rank's message is `dest`, whose room only `dest` knows: every
+        // receiver answers its sender (the reverse direction of the ring) before NCCL moves
+        let ready = rlen == 0 || room.is_some();
+        let answer = host.sendrecv(src, &[u8::from(ready)], dest, TAG_LINK)?;
+        let send_ok = answer.first() == Some(&1);
         let send = send_ok.then_some(bytes);
         let to = if send_ok && slen > 0 {
             vec![dest]
@@ -269,16 +247,9 @@ impl DeviceTransport for NcclLink<'_> {
         let mut rooms: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(p);
         let mut failed = false;
         for (k, &len) in lens.iter().enumerate() {
-            rooms.push(if k == r {
-                None
-            } else {
-                match self.take_room(len, stream) {
-                    Room::Ready(b) | Room::Grown(b) => {
-                        failed |= len > 0 && b.is_none();
-                        b
-                    }
-                }
-            });
+            let room = (k != r).then(|| self.take_room(len, stream)).flatten();
+            failed |= k != r && len > 0 && room.is_none();
+            rooms.push(room);
         }
         // receivers that allocated tell everyone whether they could
         let ok: Vec<bool> = if (0..p).any(grows) {
