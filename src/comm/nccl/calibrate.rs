@@ -49,10 +49,9 @@ impl NcclComm {
             let (mut ar, mut ag, mut pp, mut one) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             // Warm the transport up with the largest size first (untimed): on the socket
-            // transport the first large transfers of a fresh communicator can run ~1.5x slower
-            // than later ones (seen once in eight process starts of the 2xH200 v5 runs, where
-            // the whole calibration came out slow and every prediction of that process 20-37 %
-            // high), and one warm-up per size is not enough to get past that.
+            // transport the first large transfers of a fresh communicator can run much slower
+            // than later ones, which would make the whole calibration, and every prediction
+            // from it, too slow; one warm-up per size is not enough to get past that.
             {
                 let xv = xs.slice(0..big);
                 let mut yv = ys.slice_mut(0..big);
