@@ -192,6 +192,19 @@ impl NcclProfile {
         self.p2p.time_many(minor, peers) + solo
     }
 
+    /// Seconds of one round in which every rank sends its stream (this rank's `major` bytes at
+    /// most, `minor` at least) to all `peers` others at once and receives theirs: with one peer
+    /// the pairwise [`exchange`](Self::exchange); with more, the raw allgather curve at the
+    /// gathered size `(peers + 1) × major`, since such a round is an allgather of the streams
+    /// and the links to the peers carry them side by side (a sum of pairwise exchanges would
+    /// charge them one after another).
+    pub fn gather_exchange(&self, major: f64, minor: f64, peers: f64) -> f64 {
+        if peers <= 1.0 {
+            return self.exchange(major, minor, peers);
+        }
+        self.allgather.time((peers + 1.0) * major.max(minor))
+    }
+
     /// Predicted `(raw, compressed)` seconds of an allreduce of `bytes` per rank over `p` ranks
     /// at compression ratios `ratio` ([`WireRatio`]; a plain `f64` for both directions alike),
     /// with `pieces` pipeline pieces per segment (`reduce_scatter_only`: stop after the
@@ -230,7 +243,7 @@ impl NcclProfile {
             return (raw, prep + rs);
         }
         // each piece goes to the p-1 other ranks in one grouped round
-        let net = self.exchange(piece / major, piece / minor, pf - 1.0);
+        let net = self.gather_exchange(piece / major, piece / minor, pf - 1.0);
         let ag = pipeline(&[comp + (pf - 1.0) * dec, net], pieces);
         (self.allreduce.time(bytes), prep + rs + ag)
     }
@@ -253,7 +266,7 @@ impl NcclProfile {
         let piece = bytes / pieces.max(1) as f64;
         let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
         let gpu = comp + pf * dec;
-        let net = self.exchange(piece / major, piece / minor, pf - 1.0);
+        let net = self.gather_exchange(piece / major, piece / minor, pf - 1.0);
         let cmp = self.range_s(bytes) + pipeline(&[gpu, net], pieces);
         (self.allgather.time(pf * bytes), cmp)
     }

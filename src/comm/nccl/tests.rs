@@ -333,6 +333,29 @@ fn ring_steps_use_the_fused_line_and_the_final_round_the_plain_decode() {
     assert!((g - want).abs() < 1e-12, "{g} vs {want}");
 }
 
+/// A round to all peers at once is charged as an allgather of the streams (the links carry them
+/// side by side), a round to one peer as the pairwise exchange.
+#[test]
+fn gather_rounds_to_several_peers_follow_the_allgather_curve() {
+    let mut so = round_profile();
+    so.allgather = NcclLink::linear(4e9, 50e-6);
+    // three peers, streams of 4 MB (major) and 1 MB: the allgather of 4 x 4 MB
+    let t = so.gather_exchange(4e6, 1e6, 3.0);
+    assert!((t - (50e-6 + 16e6 / 4e9)).abs() < 1e-15, "{t}");
+    assert!(t < so.exchange(4e6, 1e6, 3.0));
+    // one peer: the pairwise exchange
+    assert_eq!(
+        so.gather_exchange(4e6, 1e6, 1.0),
+        so.exchange(4e6, 1e6, 1.0)
+    );
+    // the allgather of 4 ranks at ratio 10 charges its round that way
+    let c = CodecKind::Aatrox;
+    let (_, g4) = so.predict_allgather(40e6, 4, 10.0, 1, c, 1);
+    let (comp, dec) = (40e6 / 1e11 + 10e-6 + 1e-6, 40e6 / 1e11 + 10e-6);
+    let want = 40e6 / 1e12 + (comp + 4.0 * dec) + (50e-6 + 16e6 / 4e9);
+    assert!((g4 - want).abs() < 1e-12, "{g4} vs {want}");
+}
+
 /// Hand-computed predictions of the round-number profile.
 #[test]
 fn predictions_by_hand() {
