@@ -62,7 +62,7 @@ struct Args {
     /// Timed repetitions (after one warm-up; at least 10 for buffers up to 256 MiB).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Pipeline piece size in MiB.
+    /// Pipeline piece size of point-to-point messages in MiB (the collectives send whole streams).
     #[arg(long, default_value_t = 64)]
     piece_mib: usize,
     /// Skip allgather when the gathered output would exceed this many GiB.

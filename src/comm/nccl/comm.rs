@@ -255,7 +255,7 @@ impl NcclComm {
         self.config.bound = b;
         Ok(())
     }
-    /// Change the pipeline piece size (bytes; all ranks alike).
+    /// Change the pipeline piece size of point-to-point messages (bytes; all ranks alike).
     pub fn set_piece_bytes(&mut self, b: usize) {
         self.config.piece_bytes = b;
     }

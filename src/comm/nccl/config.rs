@@ -10,7 +10,8 @@ pub struct NcclConfig {
     pub policy: Policy,
     /// Error bound (for reductions: of the result).
     pub bound: ErrorBound,
-    /// Uncompressed bytes per pipeline piece (rounded to whole codec chunks).
+    /// Uncompressed bytes per pipeline piece of a point-to-point message (rounded to whole codec
+    /// chunks); the collectives compress whole segments.
     pub piece_bytes: usize,
     /// Exchange and check a descriptor before every operation (mismatched counts, dtypes,
     /// bounds or operations become an error on every rank instead of a hang).

@@ -12,8 +12,10 @@
 //!
 //! * [`send`](NcclComm::send) / [`recv`](NcclComm::recv): compressed point to point
 //!   (ncclSend/ncclRecv; the receiver learns each piece's size over the bootstrap transport);
-//! * [`allgather`](NcclComm::allgather): every rank's compressed pieces go to every other rank
-//!   with grouped ncclSend/ncclRecv of exactly their sizes (sizes allgathered first);
+//! * [`allgather`](NcclComm::allgather): the device allgather every transport runs
+//!   (`comm::device_gather`): each rank's buffer is compressed once, the streams go to every
+//!   other rank with grouped ncclSend/ncclRecv of exactly their sizes (sizes allgathered first),
+//!   and every rank decodes every stream, its own included;
 //! * [`allreduce`](NcclComm::allreduce), [`allreduce_mean`](NcclComm::allreduce_mean),
 //!   [`reduce_scatter`](NcclComm::reduce_scatter): the device ring every transport runs
 //!   (`comm::device_ring`, also behind the loopback and the staged MPI links), with NCCL moving its
@@ -25,13 +27,15 @@
 //!
 //! # Pipelining
 //!
-//! Allgather and point-to-point messages are cut into pieces (default 64 MiB uncompressed,
-//! aligned to codec chunks), each compressed as its own stream. Codec kernels run on a work
-//! stream, NCCL on its own stream: piece `k+1` is compressed (and piece `k-1` decompressed)
-//! while piece `k` is on the wire. Cross-stream order comes from the CUDA events cudarc records
-//! on every buffer (each piece has its own buffer, so waits are exact). The ring of the
-//! reductions moves whole segments (the host learns each compressed length, which the size
-//! message carries), its NCCL transfers ordered after the codec stream with events.
+//! Point-to-point messages are cut into pieces (default 64 MiB uncompressed, aligned to codec
+//! chunks), each compressed as its own stream. Codec kernels run on a work stream, NCCL on its
+//! own stream: piece `k+1` is compressed (and piece `k-1` decompressed) while piece `k` is on
+//! the wire. Cross-stream order comes from the CUDA events cudarc records on every buffer (each
+//! piece has its own buffer, so waits are exact). The collectives move whole streams (one per
+//! ring segment or rank: on a fast link the codec kernels set the time, and one call each keeps
+//! their fixed costs and the host rounds to one per message); the host learns each compressed
+//! length, which the size message carries, and the NCCL transfers are ordered after the codec
+//! stream with events.
 //!
 //! # Policy
 //!
