@@ -65,13 +65,8 @@ impl<'a> NcclLink<'a> {
     /// The length every one of `count` messages may have and still land in a pooled buffer
     /// (the `count`-th largest buffer's).
     fn room(&self, count: usize) -> usize {
-        let pool = self.pool.borrow();
-        let mut caps: Vec<usize> = pool.iter().map(|b| b.len()).collect();
-        caps.sort_unstable_by(|a, b| b.cmp(a));
-        match count {
-            0 => usize::MAX,
-            c => caps.get(c - 1).copied().unwrap_or(0),
-        }
+        let caps: Vec<usize> = self.pool.borrow().iter().map(|b| b.len()).collect();
+        room_of(&caps, count)
     }
 
     /// Room for a `len`-byte message: the smallest pooled buffer that fits, else a new one;
@@ -81,10 +76,8 @@ impl<'a> NcclLink<'a> {
             return None;
         }
         let mut pool = self.pool.borrow_mut();
-        let best = (0..pool.len())
-            .filter(|&i| pool[i].len() >= len)
-            .min_by_key(|&i| pool[i].len());
-        if let Some(i) = best {
+        let caps: Vec<usize> = pool.iter().map(|b| b.len()).collect();
+        if let Some(i) = best_fit(&caps, len) {
             return Some(pool.swap_remove(i));
         }
         // round up so that slightly longer messages later still fit
@@ -176,6 +169,35 @@ impl<'a> NcclLink<'a> {
     }
 }
 
+/// The length every one of `count` messages may have and still land in one of the buffers of
+/// capacities `caps` (the `count`-th largest capacity; any length for no message).
+fn room_of(caps: &[usize], count: usize) -> usize {
+    let mut caps = caps.to_vec();
+    caps.sort_unstable_by(|a, b| b.cmp(a));
+    match count {
+        0 => usize::MAX,
+        c => caps.get(c - 1).copied().unwrap_or(0),
+    }
+}
+
+/// The buffer (index into `caps`) a `len`-byte message lands in: the smallest that holds it.
+fn best_fit(caps: &[usize], len: usize) -> Option<usize> {
+    (0..caps.len())
+        .filter(|&i| caps[i] >= len)
+        .min_by_key(|&i| caps[i])
+}
+
+/// Whether some receiver of an allgather must allocate, from every rank's `(length, room)`: when
+/// another rank's message is longer than its room. Every rank computes it from the same records,
+/// so all agree on whether the readiness round follows.
+fn someone_allocates(recs: &[(usize, usize)]) -> bool {
+    (0..recs.len()).any(|j| {
+        recs.iter()
+            .enumerate()
+            .any(|(k, &(len, _))| k != j && len > recs[j].1)
+    })
+}
+
 impl DeviceTransport for NcclLink<'_> {
     fn host(&self) -> &dyn Transport {
         self.host_transport()
@@ -242,8 +264,6 @@ impl DeviceTransport for NcclLink<'_> {
             .map(Self::parse_record)
             .collect::<Result<Vec<_>>>()?;
         let lens: Vec<usize> = recs.iter().map(|x| x.0).collect();
-        // a receiver must allocate when some message is longer than its room: every rank sees it
-        let grows = |j: usize| (0..p).any(|k| k != j && lens[k] > recs[j].1);
         let mut rooms: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(p);
         let mut failed = false;
         for (k, &len) in lens.iter().enumerate() {
@@ -252,7 +272,7 @@ impl DeviceTransport for NcclLink<'_> {
             rooms.push(room);
         }
         // receivers that allocated tell everyone whether they could
-        let ok: Vec<bool> = if (0..p).any(grows) {
+        let ok: Vec<bool> = if someone_allocates(&recs) {
             host.allgather_fixed(&[u8::from(!failed)])?
                 .iter()
                 .map(|&b| b != 0)
@@ -300,5 +320,55 @@ impl DeviceTransport for NcclLink<'_> {
 
     fn recycle(&self, bytes: DeviceBytes) {
         self.pool.borrow_mut().push(bytes.into_buffer());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn room_is_the_count_th_largest_buffer() {
+        assert_eq!(room_of(&[4, 10, 7], 1), 10);
+        assert_eq!(room_of(&[4, 10, 7], 2), 7);
+        assert_eq!(room_of(&[4, 10, 7], 3), 4);
+        assert_eq!(room_of(&[4, 10, 7], 4), 0);
+        assert_eq!(room_of(&[], 0), usize::MAX);
+        assert_eq!(best_fit(&[4, 10, 7], 5), Some(2));
+        assert_eq!(best_fit(&[4, 10, 7], 11), None);
+        // each message fits the other rank's room exactly
+        assert!(!someone_allocates(&[(5, 9), (9, 5)]));
+        assert!(someone_allocates(&[(5, 9), (10, 5)]));
+        assert!(!someone_allocates(&[(5, 9), (9, 5), (0, 9)]));
+    }
+
+    proptest! {
+        /// When no rank must allocate by the shared records, every receiver finds a pooled
+        /// buffer for each of its messages (taking the smallest that fits, one per message), so
+        /// no rank allocates without the others knowing.
+        #[test]
+        fn no_announced_allocation_means_none_happens(
+            pools in proptest::collection::vec(proptest::collection::vec(0usize..64, 0..6), 2..6),
+            lens in proptest::collection::vec(0usize..64, 6),
+        ) {
+            let p = pools.len();
+            let lens = &lens[..p];
+            let recs: Vec<(usize, usize)> =
+                (0..p).map(|j| (lens[j], room_of(&pools[j], p - 1))).collect();
+            if !someone_allocates(&recs) {
+                for (r, pool) in pools.iter().enumerate() {
+                    let mut caps = pool.clone();
+                    for (k, &len) in lens.iter().enumerate() {
+                        if k == r || len == 0 {
+                            continue;
+                        }
+                        let i = best_fit(&caps, len);
+                        prop_assert!(i.is_some(), "rank {r} has no buffer for {len} bytes");
+                        caps.swap_remove(i.unwrap());
+                    }
+                }
+            }
+        }
     }
 }
