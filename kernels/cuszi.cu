@@ -167,6 +167,50 @@ __device__ __forceinline__ void cz_next_point(const CzGeo& g, i64 tc[3], i64& b,
 // memory).
 extern __shared__ __align__(16) u8 cz_dyn[];
 
+// A chunk's checksum against its table entry's `sum_w`, and its rANS byte count `nb` (at least
+// the 4 state bytes, inside the chunk): the error bit, 0 when both hold.
+__device__ __forceinline__ u64 cz_chunk_check(const u8* c, u32 size, u32 sum_w, u32& nb) {
+    const u32* w = (const u32*)c;
+    u32 sum = 0;
+    for (u32 i = 0; i < size / 4; i++) sum += zhash_mix(w[i], i);
+    if (zhash_final(sum, size / 4) != sum_w) return CZ_E_CHECKSUM;
+    if (size < 8) return CZ_E_RANS;
+    nb = *(const u32*)c;
+    if (nb < 4 || (u64)nb + 4 > size) return CZ_E_RANS;
+    return 0;
+}
+
+// The end of a chunk after its rANS symbols (rans.rs read_chunk's final checks, entropy.rs
+// read_chunk_tail): the final state is the encoder's initial one and the `nb` rANS bytes were
+// consumed exactly (`pos`); then the `nbig` big residuals after the `nraw` lossless values
+// (their positions in the chunk `bg`, their values into the chunk's residuals `rc`), then fewer
+// than 4 zero bytes of padding. Returns the error bit, 0 for a valid chunk.
+template <typename T>
+__device__ __forceinline__ u64 cz_rans_tail(const u8* c, u32 size, u32 nb, u32 x, u32 pos, u32 nraw, u32 nbig,
+                                            const u32* bg, i64* rc) {
+    if (x != CZ_RANS_L || pos != nb) return CZ_E_RANS;
+    u32 p = 4 + nb + nraw * (u32)sizeof(T);
+    for (u32 q = 0; q < nbig; q++) {
+        u64 z = 0;
+        int shift = 0;
+        for (;;) {
+            if (p >= size) return CZ_E_BIG;
+            u32 bb = c[p++];
+            if ((shift == 63 && bb > 1) || (shift > 0 && bb == 0)) return CZ_E_BIG;
+            z |= (u64)(bb & 0x7F) << shift;
+            if (!(bb & 0x80)) break;
+            shift += 7;
+        }
+        i64 v = (i64)(z >> 1) ^ -(i64)(z & 1);
+        if ((v >= -CZ_RADIUS && v <= CZ_RADIUS) || v == CZ_LOSSLESS) return CZ_E_BIG;
+        rc[bg[q]] = v;
+    }
+    if (size - p >= 4) return CZ_E_PAD;
+    for (u32 q = p; q < size; q++)
+        if (c[q]) return CZ_E_PAD;
+    return 0;
+}
+
 template <typename T>
 __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* g_pattern,
                         const u8* g_map, const unsigned short* g_sym, const u32* g_fc, const u8* g_rank,
@@ -207,25 +251,11 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     const u8* c = stream + ent[2 * ci];
     u32 size = (u32)ent[2 * ci + 1];
     u32 sum_w = (u32)(ent[2 * ci + 1] >> 32);
-    u64 fail = 0;
-    {
-        const u32* w = (const u32*)c;
-        u32 sum = 0;
-        for (u32 i = 0; i < size / 4; i++) sum += zhash_mix(w[i], i);
-        if (zhash_final(sum, size / 4) != sum_w) fail = CZ_E_CHECKSUM;
-    }
     i64 i0 = (i64)ci * CZ_CHUNK;
     i64 cnt = g.batch * g.vol - i0;
     if (cnt > CZ_CHUNK) cnt = CZ_CHUNK;
     u32 nb = 0;
-    if (!fail) {
-        if (size < 8) {
-            fail = CZ_E_RANS;
-        } else {
-            nb = *(const u32*)c;
-            if (nb < 4 || (u64)nb + 4 > size) fail = CZ_E_RANS;
-        }
-    }
+    u64 fail = cz_chunk_check(c, size, sum_w, nb);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
@@ -288,41 +318,139 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
         cz_next_point(g, tc, b, l, own);
         if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     }
-    if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
-    u32 p = raw_at + nraw * (u32)sizeof(T);
-    for (u32 q = 0; q < nbig && !fail; q++) {
-        u64 z = 0;
-        int shift = 0;
-        for (;;) {
-            if (p >= size) {
-                fail = CZ_E_BIG;
+    if (!fail) fail = cz_rans_tail<T>(c, size, nb, x, pos, nraw, nbig, bigs + i0, res + i0);
+    if (fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
+    }
+}
+
+// Chunks of a stream whose tiles are all whole (every extent a multiple of S or below it,
+// src/gpu/cuszi.rs `whole_tiles`), decoded as cz_rans does with its every check, faster: the
+// residual at symbol index i is at local index i mod ts of its tile (ts points per tile), so
+// its table is tabpat[i mod ts] (the class map applied to the class pattern), found by a
+// counter rather than by a walk over tile coordinates in 64-bit integers; and the rANS bytes
+// are read a 4-byte word at a time with the next word loaded ahead (the host checks that the
+// stream, whose chunks start at multiples of 4, is 4-aligned). A chunk's symbols form one
+// serial chain of state updates, so its time is the chain's latency: the loop keeps only the
+// table loads and the state's arithmetic on it.
+//
+// Blocks of CZ_RANS_CHUNKS chunks stage the tables (when `smem`), then each of their 4 warps
+// decodes CZ_RANS_LANES chunks, one per lane: a warp's lanes step together, so the fewer chunks
+// a warp holds the less often one waits on another's rare symbol or renormalization, and the
+// 4 warps use the SM's 4 schedulers.
+#define CZ_RANS_LANES 8
+template <typename T>
+__device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* g_tabpat,
+                              const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
+                              const unsigned short* g_rsym, u32 ntab, u32 smem, i64* res, u8* raw, u32* bigs,
+                              u64* err) {
+    const u8* rank = g_rank;
+    const u32* rfc = g_rfc;
+    const unsigned short* rsym = g_rsym;
+    const u8* tabpat = g_tabpat;
+    if (smem) {
+        u8* s_rank = cz_dyn;
+        u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
+        unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
+        u8* s_tp = (u8*)(s_rsym + ntab * 256);
+        const u32* gr = (const u32*)g_rank;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
+        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
+            s_rfc[i] = g_rfc[i];
+            s_rsym[i] = g_rsym[i];
+        }
+        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_tp[i] = g_tabpat[i];
+        __syncthreads();
+        rank = s_rank;
+        rfc = s_rfc;
+        rsym = s_rsym;
+        tabpat = s_tp;
+    }
+    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane >= CZ_RANS_LANES) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    if (ci >= nchunks) return;
+    const u8* c = stream + ent[2 * ci];
+    u32 size = (u32)ent[2 * ci + 1];
+    u32 sum_w = (u32)(ent[2 * ci + 1] >> 32);
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u32 nb = 0;
+    u64 fail = cz_chunk_check(c, size, sum_w, nb);
+    if (fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
+        return;
+    }
+    i64* rc = res + i0;
+    u8* rawc = raw + i0 * sizeof(T);
+    u32* bg = bigs + i0;
+    // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is chunk
+    // byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the chunk)
+    const u32* w = (const u32*)c;
+    const u32 nw = size / 4;
+    u32 x = __byte_perm(w[1], 0, 0x0123);
+    u32 pos = 4;
+    u32 cur = 2 < nw ? w[2] : 0;
+    u32 nxt = 3 < nw ? w[3] : 0;
+    u32 nraw = 0, nbig = 0;
+    const u32 raw_at = 4 + nb;
+    const u32 mask = CZ_PROB_SCALE - 1;
+    u32 l = (u32)(i0 % ts);
+    u32 tb = tabpat[l];
+    for (u32 j = 0; j < cnt; j++) {
+        u32 sl = x & mask;
+        u32 at = (tb << CZ_PROB_BITS) + sl;
+        u32 rk = rank[at];
+        // the next residual's table, off the chain
+        l = l + 1 == ts ? 0 : l + 1;
+        u32 tn = tabpat[l];
+        u32 s, fc;
+        if (rk != 255) {
+            s = rsym[tb * 256 + rk];
+            fc = rfc[tb * 256 + rk];
+        } else {
+            s = g_sym[at];
+            fc = g_fc[tb * 1025 + s];
+        }
+        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+        while (x < CZ_RANS_L) {
+            if (pos >= nb) {
+                fail = CZ_E_RANS;
                 break;
             }
-            u32 bb = c[p++];
-            if ((shift == 63 && bb > 1) || (shift > 0 && bb == 0)) {
-                fail = CZ_E_BIG;
-                break;
+            x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
+            pos++;
+            if ((pos & 3) == 0) {
+                cur = nxt;
+                u32 k = 2 + pos / 4;
+                nxt = k < nw ? w[k] : 0;
             }
-            z |= (u64)(bb & 0x7F) << shift;
-            if (!(bb & 0x80)) break;
-            shift += 7;
         }
         if (fail) break;
-        i64 v = (i64)(z >> 1) ^ -(i64)(z & 1);
-        if ((v >= -CZ_RADIUS && v <= CZ_RADIUS) || v == CZ_LOSSLESS) {
-            fail = CZ_E_BIG;
-            break;
-        }
-        res[i0 + bigs[i0 + q]] = v;
-    }
-    if (!fail) {
-        if (size - p >= 4) {
-            fail = CZ_E_PAD;
+        i64 r;
+        if (s == CZ_SYM_LOSSLESS) {
+            u64 end = (u64)raw_at + (u64)(nraw + 1) * sizeof(T);
+            if (end > size) {
+                fail = CZ_E_RAW;
+                break;
+            }
+            const u8* p = c + raw_at + nraw * sizeof(T);
+            for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)j * sizeof(T) + q] = p[q];
+            nraw++;
+            r = CZ_LOSSLESS;
+        } else if (s == CZ_SYM_BIG) {
+            bg[nbig++] = j;
+            r = 0;
         } else {
-            for (u32 q = p; q < size; q++)
-                if (c[q]) fail = CZ_E_PAD;
+            r = (i64)s - CZ_RADIUS;
         }
+        rc[j] = r;
+        tb = tn;
     }
+    if (!fail) fail = cz_rans_tail<T>(c, size, nb, x, pos, nraw, nbig, bg, rc);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
@@ -955,12 +1083,13 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
 }
 
 // Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of
-// CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 4 bytes backwards]
-// [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes, CHUNK].
+// CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 16 bytes backwards]
+// [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes (cz_enc_chunks) or step
+// indices (cz_enc_whole), CHUNK * 2]; every part starts at a multiple of 16 bytes.
 // enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
 // lossless bytes, varint bytes; sizes[ci] = the chunk's size.
-#define CZ_RANS_CAP (2 * CZ_CHUNK + 4)
-template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 1); }
+#define CZ_RANS_CAP (2 * CZ_CHUNK + 16)
+template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
 __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, const u8* pattern, const u8* map,
                               const u32* enc, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
@@ -1009,6 +1138,131 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
         }
         u32 q = (u32)(((u64)x * e[1]) >> 32) >> e[2];
         x = x + e[3] + q * e[4];
+    }
+    // the final state, big-endian, before the emitted bytes
+    for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
+    u32 nb = nrev + 4;
+    info[3 * ci] = nb;
+    info[3 * ci + 1] = nraw;
+    info[3 * ci + 2] = nbig;
+    u64 size = 4 + (u64)nb + nraw + nbig;
+    sizes[ci] = (size + 3) & ~3ull;
+}
+
+// One residual `r` at position `j` of a chunk of cz_enc_whole's forward pass: its lossless
+// bytes (from the chunk's `rawc`) or its varint appended to the scratch's parts, and its step
+// index (table * 1025 + symbol) returned; `l` (the local index in the tile) advanced.
+template <typename T>
+__device__ __forceinline__ u32 cz_enc_key(i64 r, u32 j, const u8* tabpat, u32& l, u32 ts, const u8* rawc, u8* rawo,
+                                          u8* bigo, u32& nraw, u32& nbig) {
+    u32 s = cz_symbol(r);
+    u32 k = (u32)tabpat[l] * 1025u + s;
+    l = l + 1 == ts ? 0 : l + 1;
+    if (s == CZ_SYM_LOSSLESS) {
+        for (int q = 0; q < (int)sizeof(T); q++) rawo[nraw++] = rawc[(u64)j * sizeof(T) + q];
+    } else if (s == CZ_SYM_BIG) {
+        u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
+        while (z >= 0x80) {
+            bigo[nbig++] = (u8)(z | 0x80);
+            z >>= 7;
+        }
+        bigo[nbig++] = (u8)z;
+    }
+    return k;
+}
+
+// One encoder step (rans.rs EncSym::put after the renormalization) with the step `e` packed as
+// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`.
+__device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev) {
+    while (x >= e.x) {
+        end[-1 - (i64)nrev] = (u8)x;
+        nrev++;
+        x >>= 8;
+    }
+    u32 q = __umulhi(x, e.y) >> (e.w >> 16);
+    x = x + e.z + q * (e.w & 0xFFFF);
+}
+
+// Chunk coding of a stream whose tiles are all whole (as cz_rans_whole), writing what
+// cz_enc_chunks writes: the tables by a counter over `tabpat`, the steps `g_enc` packed in 16
+// bytes per table and symbol (cz_enc_step) and staged in shared memory (when `smem`). The
+// forward pass reads 8 residuals per iteration and writes their step indices (u16) to the
+// scratch; the backward pass loads 8 indices at once (the next 8 ahead) and their 8 steps
+// before it codes them, so that only the state's arithmetic is serial. Blocks and lanes as
+// cz_rans_whole.
+template <typename T>
+__device__ void cz_enc_whole(const i64* res, const u8* raw, const u8* g_tabpat, const uint4* g_enc, u32 ntab,
+                             u32 smem, u64 count, u32 ts, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
+    const u8* tabpat = g_tabpat;
+    const uint4* enc = g_enc;
+    if (smem) {
+        uint4* s_enc = (uint4*)cz_dyn;
+        u8* s_tp = (u8*)(s_enc + ntab * 1025);
+        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
+        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_tp[i] = g_tabpat[i];
+        __syncthreads();
+        enc = s_enc;
+        tabpat = s_tp;
+    }
+    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane >= CZ_RANS_LANES) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    if (ci >= nchunks) return;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u8* sc = scratch + ci * (u64)cz_scratch<T>();
+    u8* rawo = sc + CZ_RANS_CAP;
+    u8* bigo = rawo + CZ_CHUNK * sizeof(T);
+    unsigned short* key = (unsigned short*)(bigo + CZ_CHUNK * 10);
+    const i64* rc = res + i0;
+    const u8* rawc = raw + i0 * sizeof(T);
+    u32 nraw = 0, nbig = 0;
+    u32 l = (u32)(i0 % ts);
+    // forward: step indices, lossless values, big varints
+    const u32 ng = cnt / 8;
+    for (u32 g = 0; g < ng; g++) {
+        const longlong2* r2 = (const longlong2*)(rc + 8 * (u64)g);
+        longlong2 a = r2[0], b = r2[1], cc = r2[2], d = r2[3];
+        i64 v[8] = {a.x, a.y, b.x, b.y, cc.x, cc.y, d.x, d.y};
+        u32 k[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) k[q] = cz_enc_key<T>(v[q], 8 * g + q, tabpat, l, ts, rawc, rawo, bigo, nraw, nbig);
+        uint4 kv;
+        kv.x = k[0] | k[1] << 16;
+        kv.y = k[2] | k[3] << 16;
+        kv.z = k[4] | k[5] << 16;
+        kv.w = k[6] | k[7] << 16;
+        ((uint4*)key)[g] = kv;
+    }
+    for (u32 j = 8 * ng; j < cnt; j++)
+        key[j] = (unsigned short)cz_enc_key<T>(rc[j], j, tabpat, l, ts, rawc, rawo, bigo, nraw, nbig);
+    // backward: the rANS state, bytes emitted from the end of the region; first the last
+    // cnt % 8 residuals, then groups of 8 from the last
+    u32 x = CZ_RANS_L;
+    u32 nrev = 0;
+    u8* end = sc + CZ_RANS_CAP;
+    for (u32 j = cnt; j > 8 * ng;) {
+        j--;
+        cz_enc_step(enc[key[j]], x, end, nrev);
+    }
+    if (ng) {
+        const uint4* kv = (const uint4*)key;
+        uint4 next = kv[ng - 1];
+        for (u32 g = ng; g-- > 0;) {
+            uint4 kk = next;
+            if (g) next = kv[g - 1];
+            uint4 e[8];
+            e[0] = enc[kk.x & 0xFFFF];
+            e[1] = enc[kk.x >> 16];
+            e[2] = enc[kk.y & 0xFFFF];
+            e[3] = enc[kk.y >> 16];
+            e[4] = enc[kk.z & 0xFFFF];
+            e[5] = enc[kk.z >> 16];
+            e[6] = enc[kk.w & 0xFFFF];
+            e[7] = enc[kk.w >> 16];
+#pragma unroll
+            for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x, end, nrev);
+        }
     }
     // the final state, big-endian, before the emitted bytes
     for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
@@ -1122,6 +1376,13 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
         cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, rank, rfc, rsym, ntab, nclass, smem, res,    \
                    raw, bigs, err);                                                                                \
     }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_rans_whole_##N(           \
+        const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* tabpat,                        \
+        const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
+        u32 ntab, u32 smem, i64* res, u8* raw, u32* bigs, u64* err) {                                              \
+        cz_rans_whole<T>(stream, ent, nchunks, count, ts, tabpat, sym, fc, rank, rfc, rsym, ntab, smem, res, raw, \
+                         bigs, err);                                                                               \
+    }                                                                                                               \
     extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
                                               int first, int last, double step) {                                  \
         cz_anchors<T>(geo, res, acc, vals, dim, first, last, step);                                                \
@@ -1157,6 +1418,11 @@ CZ_INST(double, f64)
                                                  const u8* map, const u32* enc, u64 nchunks, u8* scratch,         \
                                                  u32* info, u64* sizes) {                                          \
         cz_enc_chunks<T>(geo, res, raw, pattern, map, enc, nchunks, scratch, info, sizes);                        \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
+        const i64* res, const u8* raw, const u8* tabpat, const uint4* enc, u32 ntab, u32 smem, u64 count, u32 ts,  \
+        u64 nchunks, u8* scratch, u32* info, u64* sizes) {                                                         \
+        cz_enc_whole<T>(res, raw, tabpat, enc, ntab, smem, count, ts, nchunks, scratch, info, sizes);             \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
                                                 u64 table_at, u64 data_at) {                                       \

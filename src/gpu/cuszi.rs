@@ -110,6 +110,11 @@ const RANS_THREADS: usize = 32;
 const RANS_CHUNKS: usize = 32;
 /// Threads per block of `cz_rans_*`.
 const RANS_STAGE_THREADS: usize = 256;
+/// Chunks each warp of `cz_rans_whole_*` and `cz_enc_whole_*` codes (kernels/cuszi.cu
+/// `CZ_RANS_LANES`); their blocks have `RANS_CHUNKS / RANS_LANES` warps.
+const RANS_LANES: usize = 8;
+/// Threads per block of `cz_rans_whole_*` and `cz_enc_whole_*`.
+const WHOLE_THREADS: usize = RANS_CHUNKS / RANS_LANES * 32;
 
 /// The error bits of `cz_rans_*` (kernels/cuszi.cu `CZ_E_*`) and what they mean.
 const ERRORS: [(u64, &str); 5] = [
@@ -135,6 +140,7 @@ pub fn kernel_names() -> Vec<String> {
     for t in ["f32", "f64"] {
         for k in [
             "cz_rans",
+            "cz_rans_whole",
             "cz_anchors",
             "cz_tiles",
             "cz_range",
@@ -143,6 +149,7 @@ pub fn kernel_names() -> Vec<String> {
             "cz_sample",
             "cz_enc_tiles",
             "cz_enc_chunks",
+            "cz_enc_whole",
             "cz_enc_write",
         ] {
             v.push(format!("{k}_{t}"));
@@ -219,6 +226,11 @@ struct Plan {
     rsym: Vec<u16>,
     /// Per chunk: offset, then size | checksum << 32.
     ent: Vec<u64>,
+    /// Whether every tile is whole ([`whole_tiles`]); then `tabpat` holds the table of every
+    /// local position of a tile (`map` applied to `pattern`).
+    whole: bool,
+    /// See `whole`.
+    tabpat: Vec<u8>,
     /// The quantization step.
     qstep: f64,
 }
@@ -440,6 +452,7 @@ impl CusziGpu {
         let rfc = self.upload(&p.rfc)?;
         let rsym = self.upload(&p.rsym)?;
         let ent = self.upload(&p.ent)?;
+        let tabpat = self.upload(&p.tabpat)?;
         let n_tiles = p.g.n_tiles();
         let mut acc = self
             .stream
@@ -472,7 +485,32 @@ impl CusziGpu {
             shared_mem_bytes: 0,
         };
         self.mark("setup")?;
-        {
+        // (the whole-tile kernel reads the chunks by 4-byte words)
+        if p.whole && sp % 4 == 0 {
+            let f = self.func(&format!("cz_rans_whole_{t}"))?;
+            let ntab = (p.fc.len() / SYMBOLS) as u32;
+            let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.tabpat.len())
+                .next_multiple_of(16);
+            let smem = if want <= self.smem_optin {
+                set_smem(&f, want)?;
+                want as u32
+            } else {
+                0
+            };
+            let (count, ts) = (n as u64, p.tabpat.len() as u32);
+            let tabp = raw_ptr(&tabpat, &s);
+            let mut b = launch_args!(s, &f;
+                &sp, &entp, &nchunks, &count, &ts, &tabp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                &ntab, &smem, &resp, &rawp, &bigp, &errp);
+            // SAFETY: as `cz_rans` below; the chunks' words read lie inside the chunks (the
+            // stream is 4-aligned), and `tabpat` holds the `ts` local positions of a tile.
+            let c = Self::launch_cfg((nchunks as usize).div_ceil(RANS_CHUNKS), WHOLE_THREADS, 0);
+            let c = LaunchConfig {
+                shared_mem_bytes: smem,
+                ..c
+            };
+            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+        } else {
             let f = self.func(&format!("cz_rans_{t}"))?;
             let ntab = (p.fc.len() / SYMBOLS) as u32;
             let nclass = p.map.len() as u32;
@@ -766,12 +804,6 @@ impl CusziGpu {
         let (map, freqs) = rans::group_classes(&hist);
         let tables = rans::tables(&freqs);
         let meta = write_meta(&levels, &map, &freqs);
-        let enc: Vec<u32> = tables
-            .iter()
-            .flat_map(|t| t.encoder_words().into_iter().flatten())
-            .collect();
-        let map_d = self.upload(&map)?;
-        let enc_d = self.upload(&enc)?;
         // 6. chunks
         let nc = n.div_ceil(CHUNK);
         let per = scratch_len::<T>();
@@ -787,9 +819,43 @@ impl CusziGpu {
         let mut info = s.alloc_zeros::<u32>(3 * nc).map_err(gpu_err("alloc"))?;
         let mut sizes = s.alloc_zeros::<u64>(nc + 1).map_err(gpu_err("alloc"))?;
         let (infop, sizep) = (raw_ptr_mut(&mut info, &s), raw_ptr_mut(&mut sizes, &s));
-        let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
         let nc64 = nc as u64;
-        {
+        if whole_tiles(&g) {
+            // the steps packed as kernels/cuszi.cu `cz_enc_step` reads them, and the table of
+            // every local position of a tile
+            let enc4: Vec<u32> = tables
+                .iter()
+                .flat_map(|t| t.encoder_words())
+                .flat_map(|[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
+                .collect();
+            let tabpat: Vec<u8> = pattern.iter().map(|&k| map[k as usize]).collect();
+            let enc4_d = self.upload(&enc4)?;
+            let tab_d = self.upload(&tabpat)?;
+            let (enc4p, tabp) = (raw_ptr(&enc4_d, &s), raw_ptr(&tab_d, &s));
+            let f = self.func(&format!("cz_enc_whole_{t}"))?;
+            let ntab = tables.len() as u32;
+            let want = (enc4.len() * 4 + tabpat.len()).next_multiple_of(16);
+            let smem = if want <= self.smem_optin {
+                set_smem(&f, want)?;
+                want as u32
+            } else {
+                0
+            };
+            let ts = tabpat.len() as u32;
+            let mut b = launch_args!(s, &f;
+                &resp, &rawp, &tabp, &enc4p, &ntab, &smem, &n64, &ts, &nc64, &scp, &infop, &sizep);
+            // SAFETY: as `cz_enc_chunks` below; the step indices are below `ntab * SYMBOLS`,
+            // the entries of `enc4`.
+            let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WHOLE_THREADS, smem as usize);
+            unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
+        } else {
+            let enc: Vec<u32> = tables
+                .iter()
+                .flat_map(|t| t.encoder_words().into_iter().flatten())
+                .collect();
+            let map_d = self.upload(&map)?;
+            let enc_d = self.upload(&enc)?;
+            let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
             let f = self.func(&format!("cz_enc_chunks_{t}"))?;
             let mut b = launch_args!(s, &f;
                 &geop, &resp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
@@ -797,6 +863,8 @@ impl CusziGpu {
             // (nc regions allocated) and its info and size words.
             unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
                 .map_err(gpu_err("chunks"))?;
+        }
+        {
             let f = self.func("cz_scan")?;
             let mut b = launch_args!(s, &f; &sizep, &nc64);
             // SAFETY: one block rewrites the nc + 1 size words.
@@ -989,7 +1057,10 @@ fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>> {
         }
     }
     let (geo, pattern) = geometry(&g, &levels);
+    let tabpat = pattern.iter().map(|&k| map[k as usize]).collect();
     Ok(Some(Plan {
+        whole: whole_tiles(&g),
+        tabpat,
         g,
         geo,
         pattern,
@@ -1063,9 +1134,17 @@ fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
 }
 
 /// Bytes of one chunk's scratch region of the encoder (kernels/cuszi.cu `cz_scratch`): the rANS
-/// bytes (at most 2 per value, and the state), the lossless values, the varints, the classes.
+/// bytes (at most 2 per value, and the state, rounded up to 16 bytes), the lossless values, the
+/// varints, the classes or step indices (2 bytes per value).
 fn scratch_len<T: GpuElement>() -> usize {
-    2 * CHUNK + 4 + CHUNK * (T::SIZE + 10 + 1)
+    2 * CHUNK + 16 + CHUNK * (T::SIZE + 10 + 2)
+}
+
+/// Whether every tile of `g` is whole: each extent a multiple of the anchor stride or below it,
+/// so that the residual at symbol index `i` has local index `i` mod (points per tile) in its
+/// tile, which the `*_whole` kernels count instead of walking tile coordinates.
+fn whole_tiles(g: &Grid) -> bool {
+    g.n.iter().all(|&x| x <= g.stride || x % g.stride == 0)
 }
 
 /// Let kernel `f` use `bytes` of dynamic shared memory.
@@ -1112,6 +1191,7 @@ mod tests {
             ("CZ_TILE_WARPS", TILE_WARPS),
             ("CZ_MAXBOX", MAX_BOX),
             ("CZ_RANS_CHUNKS", RANS_CHUNKS),
+            ("CZ_RANS_LANES", RANS_LANES),
             ("CZ_CHUNK", CHUNK),
             ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
             ("CZ_E_RANS", ERRORS[1].0 as usize),
