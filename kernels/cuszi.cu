@@ -186,9 +186,18 @@ __device__ __forceinline__ u64 cz_chunk_check(const u8* c, u32 size, u32 sum_w, 
 // (their positions in the chunk `bg`, their values into the chunk's residuals `rc`), then fewer
 // than 4 zero bytes of padding. Returns the error bit, 0 for a valid chunk.
 template <typename T>
+__device__ __forceinline__ u64 cz_rans_bigs(const u8* c, u32 size, u32 nb, u32 nraw, u32 nbig, const u32* bg,
+                                            i64* rc);
+template <typename T>
 __device__ __forceinline__ u64 cz_rans_tail(const u8* c, u32 size, u32 nb, u32 x, u32 pos, u32 nraw, u32 nbig,
                                             const u32* bg, i64* rc) {
     if (x != CZ_RANS_L || pos != nb) return CZ_E_RANS;
+    return cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
+}
+// cz_rans_tail after the state's checks: the big residuals and the padding.
+template <typename T>
+__device__ __forceinline__ u64 cz_rans_bigs(const u8* c, u32 size, u32 nb, u32 nraw, u32 nbig, const u32* bg,
+                                            i64* rc) {
     u32 p = 4 + nb + nraw * (u32)sizeof(T);
     for (u32 q = 0; q < nbig; q++) {
         u64 z = 0;
@@ -326,24 +335,26 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 }
 
 // Chunks of a stream whose tiles are all whole (every extent a multiple of S or below it,
-// src/gpu/cuszi.rs `whole_tiles`), decoded as cz_rans does with its every check, faster: the
-// residual at symbol index i is at local index i mod ts of its tile (ts points per tile), so
-// its table is tabpat[i mod ts] (the class map applied to the class pattern), found by a
-// counter rather than by a walk over tile coordinates in 64-bit integers; and the rANS bytes
-// are read a 4-byte word at a time with the next word loaded ahead (the host checks that the
-// stream, whose chunks start at multiples of 4, is 4-aligned). A chunk's symbols form one
-// serial chain of state updates, so its time is the chain's latency: the loop keeps only the
-// table loads and the state's arithmetic on it.
+// src/gpu/cuszi.rs `whole_tiles`), decoded as cz_rans does, with its every check, in two
+// kernels. A chunk's symbols form one serial chain of state updates, so cz_rans_whole keeps
+// only that chain in its loop, one thread per chunk: the residual at symbol index i is at local
+// index i mod ts of its tile (ts points per tile), so its table is tabpat[i mod ts] (the class
+// map applied to the class pattern), found by a counter rather than by a walk over tile
+// coordinates; the rANS bytes are read a 4-byte word at a time, the next word loaded ahead (the
+// host checks that the stream, whose chunks start at multiples of 4, is 4-aligned); each symbol
+// is stored (`syms`) and the chunk's state checked (`stat`: 0 when valid). cz_rans_post then
+// turns a valid chunk's symbols into residuals, one warp per chunk: lossless values and big
+// residuals are numbered by ballots, and lane 0 checks the chunk's end (cz_rans_bigs).
 //
-// Blocks of CZ_RANS_CHUNKS chunks stage the tables (when `smem`), then each of their 4 warps
+// Blocks of CZ_RANS_CHUNKS chunks stage the tables (when `smem`), then each of their warps
 // decodes CZ_RANS_LANES chunks, one per lane: a warp's lanes step together, so the fewer chunks
 // a warp holds the less often one waits on another's rare symbol or renormalization, and the
-// 4 warps use the SM's 4 schedulers.
-#define CZ_RANS_LANES 8
+// more warps each scheduler has to switch between while one waits on its chain.
+#define CZ_RANS_LANES 4
 template <typename T>
 __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* g_tabpat,
                               const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
-                              const unsigned short* g_rsym, u32 ntab, u32 smem, i64* res, u8* raw, u32* bigs,
+                              const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
                               u64* err) {
     const u8* rank = g_rank;
     const u32* rfc = g_rfc;
@@ -378,79 +389,112 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
     u32 nb = 0;
     u64 fail = cz_chunk_check(c, size, sum_w, nb);
+    if (!fail) {
+        unsigned short* sy = syms + i0;
+        // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is
+        // chunk byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the
+        // chunk)
+        const u32* w = (const u32*)c;
+        const u32 nw = size / 4;
+        u32 x = __byte_perm(w[1], 0, 0x0123);
+        u32 pos = 4;
+        u32 cur = 2 < nw ? w[2] : 0;
+        u32 nxt = 3 < nw ? w[3] : 0;
+        const u32 mask = CZ_PROB_SCALE - 1;
+        u32 l = (u32)(i0 % ts);
+        u32 tb = tabpat[l];
+        for (u32 j = 0; j < cnt; j++) {
+            u32 sl = x & mask;
+            u32 at = (tb << CZ_PROB_BITS) + sl;
+            u32 rk = rank[at];
+            // the next residual's table, off the chain
+            l = l + 1 == ts ? 0 : l + 1;
+            u32 tn = tabpat[l];
+            u32 s, fc;
+            if (rk != 255) {
+                s = rsym[tb * 256 + rk];
+                fc = rfc[tb * 256 + rk];
+            } else {
+                s = g_sym[at];
+                fc = g_fc[tb * 1025 + s];
+            }
+            // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
+            x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+            while (x < CZ_RANS_L) {
+                if (pos >= nb) {
+                    fail = CZ_E_RANS;
+                    break;
+                }
+                x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
+                pos++;
+                if ((pos & 3) == 0) {
+                    cur = nxt;
+                    u32 k = 2 + pos / 4;
+                    nxt = k < nw ? w[k] : 0;
+                }
+            }
+            if (fail) break;
+            sy[j] = (unsigned short)s;
+            tb = tn;
+        }
+        if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
+    }
+    stat[ci] = fail ? 1u : 0u;
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
-        return;
     }
+}
+
+// The residuals of the chunks cz_rans_whole decoded (`stat` 0), one warp per chunk, as cz_rans
+// writes them: `res` (LOSSLESS for a lossless value, whose bits go to `raw` at its index),
+// the positions of the big residuals in `bigs`, then lane 0 reads the big residuals and checks
+// the padding.
+template <typename T>
+__device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 count, const unsigned short* syms,
+                             const u32* stat, i64* res, u8* raw, u32* bigs, u64* err) {
+    u32 lane = threadIdx.x & 31;
+    u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (ci >= nchunks || stat[ci]) return;
+    const u8* c = stream + ent[2 * ci];
+    u32 size = (u32)ent[2 * ci + 1];
+    u32 nb = *(const u32*)c;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    const unsigned short* sy = syms + i0;
     i64* rc = res + i0;
     u8* rawc = raw + i0 * sizeof(T);
     u32* bg = bigs + i0;
-    // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is chunk
-    // byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the chunk)
-    const u32* w = (const u32*)c;
-    const u32 nw = size / 4;
-    u32 x = __byte_perm(w[1], 0, 0x0123);
-    u32 pos = 4;
-    u32 cur = 2 < nw ? w[2] : 0;
-    u32 nxt = 3 < nw ? w[3] : 0;
-    u32 nraw = 0, nbig = 0;
     const u32 raw_at = 4 + nb;
-    const u32 mask = CZ_PROB_SCALE - 1;
-    u32 l = (u32)(i0 % ts);
-    u32 tb = tabpat[l];
-    for (u32 j = 0; j < cnt; j++) {
-        u32 sl = x & mask;
-        u32 at = (tb << CZ_PROB_BITS) + sl;
-        u32 rk = rank[at];
-        // the next residual's table, off the chain
-        l = l + 1 == ts ? 0 : l + 1;
-        u32 tn = tabpat[l];
-        u32 s, fc;
-        if (rk != 255) {
-            s = rsym[tb * 256 + rk];
-            fc = rfc[tb * 256 + rk];
-        } else {
-            s = g_sym[at];
-            fc = g_fc[tb * 1025 + s];
-        }
-        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
-        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
-        while (x < CZ_RANS_L) {
-            if (pos >= nb) {
-                fail = CZ_E_RANS;
-                break;
+    const u32 below = (1u << lane) - 1;
+    u32 nraw = 0, nbig = 0;
+    for (u32 base = 0; base < cnt; base += 32) {
+        u32 j = base + lane;
+        bool v = j < cnt;
+        u32 s = v ? sy[j] : 0u;
+        u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
+        u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
+        i64 r = (i64)s - CZ_RADIUS;
+        if (v && s == CZ_SYM_LOSSLESS) {
+            // (a chunk too short for its lossless values is rejected below)
+            u64 k = nraw + __popc(ml & below);
+            if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
+                const u8* p = c + raw_at + k * sizeof(T);
+                for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)j * sizeof(T) + q] = p[q];
             }
-            x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
-            pos++;
-            if ((pos & 3) == 0) {
-                cur = nxt;
-                u32 k = 2 + pos / 4;
-                nxt = k < nw ? w[k] : 0;
-            }
-        }
-        if (fail) break;
-        i64 r;
-        if (s == CZ_SYM_LOSSLESS) {
-            u64 end = (u64)raw_at + (u64)(nraw + 1) * sizeof(T);
-            if (end > size) {
-                fail = CZ_E_RAW;
-                break;
-            }
-            const u8* p = c + raw_at + nraw * sizeof(T);
-            for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)j * sizeof(T) + q] = p[q];
-            nraw++;
             r = CZ_LOSSLESS;
-        } else if (s == CZ_SYM_BIG) {
-            bg[nbig++] = j;
+        } else if (v && s == CZ_SYM_BIG) {
+            bg[nbig + __popc(mb & below)] = j;
             r = 0;
-        } else {
-            r = (i64)s - CZ_RADIUS;
         }
-        rc[j] = r;
-        tb = tn;
+        if (v) rc[j] = r;
+        nraw += __popc(ml);
+        nbig += __popc(mb);
     }
-    if (!fail) fail = cz_rans_tail<T>(c, size, nb, x, pos, nraw, nbig, bg, rc);
+    // (lane 0 reads the positions and residuals the other lanes wrote)
+    __syncwarp();
+    if (lane) return;
+    u64 fail = (u64)raw_at + (u64)nraw * sizeof(T) > size ? CZ_E_RAW : cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
@@ -1149,28 +1193,6 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     sizes[ci] = (size + 3) & ~3ull;
 }
 
-// One residual `r` at position `j` of a chunk of cz_enc_whole's forward pass: its lossless
-// bytes (from the chunk's `rawc`) or its varint appended to the scratch's parts, and its step
-// index (table * 1025 + symbol) returned; `l` (the local index in the tile) advanced.
-template <typename T>
-__device__ __forceinline__ u32 cz_enc_key(i64 r, u32 j, const u8* tabpat, u32& l, u32 ts, const u8* rawc, u8* rawo,
-                                          u8* bigo, u32& nraw, u32& nbig) {
-    u32 s = cz_symbol(r);
-    u32 k = (u32)tabpat[l] * 1025u + s;
-    l = l + 1 == ts ? 0 : l + 1;
-    if (s == CZ_SYM_LOSSLESS) {
-        for (int q = 0; q < (int)sizeof(T); q++) rawo[nraw++] = rawc[(u64)j * sizeof(T) + q];
-    } else if (s == CZ_SYM_BIG) {
-        u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
-        while (z >= 0x80) {
-            bigo[nbig++] = (u8)(z | 0x80);
-            z >>= 7;
-        }
-        bigo[nbig++] = (u8)z;
-    }
-    return k;
-}
-
 // One encoder step (rans.rs EncSym::put after the renormalization) with the step `e` packed as
 // {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`.
 __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev) {
@@ -1184,29 +1206,15 @@ __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev)
 }
 
 // Chunk coding of a stream whose tiles are all whole (as cz_rans_whole), writing what
-// cz_enc_chunks writes: the tables by a counter over `tabpat`, the steps `g_enc` packed in 16
-// bytes per table and symbol (cz_enc_step) and staged in shared memory (when `smem`). The
-// forward pass reads 8 residuals per iteration and writes their step indices (u16) to the
-// scratch; the backward pass loads 8 indices at once (the next 8 ahead) and their 8 steps
-// before it codes them, so that only the state's arithmetic is serial. Blocks and lanes as
-// cz_rans_whole.
+// cz_enc_chunks writes, in two kernels. cz_enc_prep, one warp per chunk (coalesced), writes
+// each residual's step index (u16: table * 1025 + symbol, the table by the position in its
+// tile) to the scratch, and the lossless values and big residuals' varints in order (numbered
+// by ballots and a scan of the varint lengths), with their byte counts in `info`.
 template <typename T>
-__device__ void cz_enc_whole(const i64* res, const u8* raw, const u8* g_tabpat, const uint4* g_enc, u32 ntab,
-                             u32 smem, u64 count, u32 ts, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
-    const u8* tabpat = g_tabpat;
-    const uint4* enc = g_enc;
-    if (smem) {
-        uint4* s_enc = (uint4*)cz_dyn;
-        u8* s_tp = (u8*)(s_enc + ntab * 1025);
-        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
-        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_tp[i] = g_tabpat[i];
-        __syncthreads();
-        enc = s_enc;
-        tabpat = s_tp;
-    }
-    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane >= CZ_RANS_LANES) return;
-    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+__device__ void cz_enc_prep(const i64* res, const u8* raw, const u8* tabpat, u64 count, u32 ts, u64 nchunks,
+                            u8* scratch, u32* info) {
+    u32 lane = threadIdx.x & 31;
+    u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (ci >= nchunks) return;
     u64 i0 = ci * CZ_CHUNK;
     u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
@@ -1216,28 +1224,78 @@ __device__ void cz_enc_whole(const i64* res, const u8* raw, const u8* g_tabpat, 
     unsigned short* key = (unsigned short*)(bigo + CZ_CHUNK * 10);
     const i64* rc = res + i0;
     const u8* rawc = raw + i0 * sizeof(T);
+    const u32 below = (1u << lane) - 1;
     u32 nraw = 0, nbig = 0;
-    u32 l = (u32)(i0 % ts);
-    // forward: step indices, lossless values, big varints
-    const u32 ng = cnt / 8;
-    for (u32 g = 0; g < ng; g++) {
-        const longlong2* r2 = (const longlong2*)(rc + 8 * (u64)g);
-        longlong2 a = r2[0], b = r2[1], cc = r2[2], d = r2[3];
-        i64 v[8] = {a.x, a.y, b.x, b.y, cc.x, cc.y, d.x, d.y};
-        u32 k[8];
-#pragma unroll
-        for (int q = 0; q < 8; q++) k[q] = cz_enc_key<T>(v[q], 8 * g + q, tabpat, l, ts, rawc, rawo, bigo, nraw, nbig);
-        uint4 kv;
-        kv.x = k[0] | k[1] << 16;
-        kv.y = k[2] | k[3] << 16;
-        kv.z = k[4] | k[5] << 16;
-        kv.w = k[6] | k[7] << 16;
-        ((uint4*)key)[g] = kv;
+    // this lane's local index in the tile, advanced by 32 positions per step
+    u32 l = (u32)((i0 + lane) % ts);
+    const u32 adv = 32 % ts;
+    for (u32 base = 0; base < cnt; base += 32) {
+        u32 j = base + lane;
+        bool v = j < cnt;
+        i64 r = v ? rc[j] : 0;
+        u32 s = cz_symbol(r);
+        if (v) key[j] = (unsigned short)((u32)tabpat[l] * 1025u + s);
+        l += adv;
+        if (l >= ts) l -= ts;
+        u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
+        if (ml) {
+            if (v && s == CZ_SYM_LOSSLESS) {
+                u32 k = nraw + __popc(ml & below) * (u32)sizeof(T);
+                for (int q = 0; q < (int)sizeof(T); q++) rawo[k + q] = rawc[(u64)j * sizeof(T) + q];
+            }
+            nraw += __popc(ml) * (u32)sizeof(T);
+        }
+        u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
+        if (mb) {
+            u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
+            u32 len = 0;
+            if (v && s == CZ_SYM_BIG) {
+                len = 1;
+                for (u64 t = z; t >= 0x80; t >>= 7) len++;
+            }
+            u32 incl = warp_incl_u32(len, (int)lane);
+            if (len) {
+                u32 o = nbig + incl - len;
+                while (z >= 0x80) {
+                    bigo[o++] = (u8)(z | 0x80);
+                    z >>= 7;
+                }
+                bigo[o] = (u8)z;
+            }
+            nbig += __shfl_sync(ZC_FULL, incl, 31);
+        }
     }
-    for (u32 j = 8 * ng; j < cnt; j++)
-        key[j] = (unsigned short)cz_enc_key<T>(rc[j], j, tabpat, l, ts, rawc, rawo, bigo, nraw, nbig);
-    // backward: the rANS state, bytes emitted from the end of the region; first the last
-    // cnt % 8 residuals, then groups of 8 from the last
+    if (lane == 0) {
+        info[3 * ci + 1] = nraw;
+        info[3 * ci + 2] = nbig;
+    }
+}
+
+// cz_enc_whole codes each chunk's step indices backwards, one thread per chunk (blocks and
+// lanes as cz_rans_whole), with the steps `g_enc` packed in 16 bytes per table and symbol
+// (cz_enc_step) and staged in shared memory (when `smem`): it loads 8 indices at once (the next
+// 8 ahead) and their 8 steps before it codes them, so that only the state's arithmetic is
+// serial. Then the rANS byte count and the chunk's size.
+template <typename T>
+__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
+                             u64* sizes) {
+    const uint4* enc = g_enc;
+    if (smem) {
+        uint4* s_enc = (uint4*)cz_dyn;
+        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
+        __syncthreads();
+        enc = s_enc;
+    }
+    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane >= CZ_RANS_LANES) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    if (ci >= nchunks) return;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u8* sc = scratch + ci * (u64)cz_scratch<T>();
+    const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
+    // the last cnt % 8 residuals one by one, then groups of 8 from the last
+    const u32 ng = cnt / 8;
     u32 x = CZ_RANS_L;
     u32 nrev = 0;
     u8* end = sc + CZ_RANS_CAP;
@@ -1268,9 +1326,7 @@ __device__ void cz_enc_whole(const i64* res, const u8* raw, const u8* g_tabpat, 
     for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
     u32 nb = nrev + 4;
     info[3 * ci] = nb;
-    info[3 * ci + 1] = nraw;
-    info[3 * ci + 2] = nbig;
-    u64 size = 4 + (u64)nb + nraw + nbig;
+    u64 size = 4 + (u64)nb + info[3 * ci + 1] + info[3 * ci + 2];
     sizes[ci] = (size + 3) & ~3ull;
 }
 
@@ -1379,9 +1435,14 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_rans_whole_##N(           \
         const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* tabpat,                        \
         const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
-        u32 ntab, u32 smem, i64* res, u8* raw, u32* bigs, u64* err) {                                              \
-        cz_rans_whole<T>(stream, ent, nchunks, count, ts, tabpat, sym, fc, rank, rfc, rsym, ntab, smem, res, raw, \
-                         bigs, err);                                                                               \
+        u32 ntab, u32 smem, unsigned short* syms, u32* stat, u64* err) {                                           \
+        cz_rans_whole<T>(stream, ent, nchunks, count, ts, tabpat, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat, \
+                         err);                                                                                     \
+    }                                                                                                               \
+    extern "C" __global__ void cz_rans_post_##N(const u8* stream, const u64* ent, u64 nchunks, u64 count,          \
+                                                const unsigned short* syms, const u32* stat, i64* res, u8* raw,   \
+                                                u32* bigs, u64* err) {                                             \
+        cz_rans_post<T>(stream, ent, nchunks, count, syms, stat, res, raw, bigs, err);                            \
     }                                                                                                               \
     extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
                                               int first, int last, double step) {                                  \
@@ -1419,10 +1480,13 @@ CZ_INST(double, f64)
                                                  u32* info, u64* sizes) {                                          \
         cz_enc_chunks<T>(geo, res, raw, pattern, map, enc, nchunks, scratch, info, sizes);                        \
     }                                                                                                               \
+    extern "C" __global__ void cz_enc_prep_##N(const i64* res, const u8* raw, const u8* tabpat, u64 count, u32 ts, \
+                                               u64 nchunks, u8* scratch, u32* info) {                               \
+        cz_enc_prep<T>(res, raw, tabpat, count, ts, nchunks, scratch, info);                                       \
+    }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
-        const i64* res, const u8* raw, const u8* tabpat, const uint4* enc, u32 ntab, u32 smem, u64 count, u32 ts,  \
-        u64 nchunks, u8* scratch, u32* info, u64* sizes) {                                                         \
-        cz_enc_whole<T>(res, raw, tabpat, enc, ntab, smem, count, ts, nchunks, scratch, info, sizes);             \
+        const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \
+        cz_enc_whole<T>(enc, ntab, smem, count, nchunks, scratch, info, sizes);                                    \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
                                                 u64 table_at, u64 data_at) {                                       \

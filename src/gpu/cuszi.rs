@@ -112,7 +112,9 @@ const RANS_CHUNKS: usize = 32;
 const RANS_STAGE_THREADS: usize = 256;
 /// Chunks each warp of `cz_rans_whole_*` and `cz_enc_whole_*` codes (kernels/cuszi.cu
 /// `CZ_RANS_LANES`); their blocks have `RANS_CHUNKS / RANS_LANES` warps.
-const RANS_LANES: usize = 8;
+const RANS_LANES: usize = 4;
+/// Threads per block of the one-warp-per-chunk kernels `cz_rans_post_*` and `cz_enc_prep_*`.
+const CHUNK_WARP_THREADS: usize = 256;
 /// Threads per block of `cz_rans_whole_*` and `cz_enc_whole_*`.
 const WHOLE_THREADS: usize = RANS_CHUNKS / RANS_LANES * 32;
 
@@ -141,6 +143,7 @@ pub fn kernel_names() -> Vec<String> {
         for k in [
             "cz_rans",
             "cz_rans_whole",
+            "cz_rans_post",
             "cz_anchors",
             "cz_tiles",
             "cz_range",
@@ -149,6 +152,7 @@ pub fn kernel_names() -> Vec<String> {
             "cz_sample",
             "cz_enc_tiles",
             "cz_enc_chunks",
+            "cz_enc_prep",
             "cz_enc_whole",
             "cz_enc_write",
         ] {
@@ -177,6 +181,8 @@ struct Workspace {
     raw: CudaSlice<u8>,
     /// Per chunk: the positions of its big residuals.
     bigs: CudaSlice<u32>,
+    /// Symbols in symbol order (`cz_rans_whole_*`).
+    syms: CudaSlice<u16>,
 }
 
 /// The `cuszi` decoder kernels loaded on one CUDA stream.
@@ -427,7 +433,14 @@ impl CusziGpu {
         let res = unsafe { s.alloc::<i64>(n1) }.map_err(oom("residuals"))?;
         let raw = unsafe { s.alloc::<u8>(n1 * 8) }.map_err(oom("lossless values"))?;
         let bigs = unsafe { s.alloc::<u32>(n1) }.map_err(oom("big residual positions"))?;
-        self.ws = Some(Workspace { n, res, raw, bigs });
+        let syms = unsafe { s.alloc::<u16>(n1) }.map_err(oom("symbols"))?;
+        self.ws = Some(Workspace {
+            n,
+            res,
+            raw,
+            bigs,
+            syms,
+        });
         Ok(())
     }
 
@@ -474,6 +487,7 @@ impl CusziGpu {
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
         let bigp = raw_ptr_mut(&mut ws.bigs, &s);
+        let symp = raw_ptr_mut(&mut ws.syms, &s);
         let accp = raw_ptr_mut(&mut acc, &s);
         let valp = raw_ptr_mut(&mut vals, &s);
         let errp = raw_ptr_mut(&mut err, &s);
@@ -499,16 +513,33 @@ impl CusziGpu {
             };
             let (count, ts) = (n as u64, p.tabpat.len() as u32);
             let tabp = raw_ptr(&tabpat, &s);
+            let mut stat = s
+                .alloc_zeros::<u32>(nchunks as usize)
+                .map_err(gpu_err("alloc"))?;
+            let statp = raw_ptr_mut(&mut stat, &s);
             let mut b = launch_args!(s, &f;
                 &sp, &entp, &nchunks, &count, &ts, &tabp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
-                &ntab, &smem, &resp, &rawp, &bigp, &errp);
-            // SAFETY: as `cz_rans` below; the chunks' words read lie inside the chunks (the
-            // stream is 4-aligned), and `tabpat` holds the `ts` local positions of a tile.
-            let c = Self::launch_cfg((nchunks as usize).div_ceil(RANS_CHUNKS), WHOLE_THREADS, 0);
-            let c = LaunchConfig {
-                shared_mem_bytes: smem,
-                ..c
-            };
+                &ntab, &smem, &symp, &statp, &errp);
+            // SAFETY: the chunk entries lie inside the stream (checked by `plan`), and so do the
+            // words read of each (the stream is 4-aligned); each thread writes its chunk's
+            // symbols (below `n` of the workspace) and status word; `tabpat` holds the `ts`
+            // local positions of a tile, the tables `SLOTS` entries per table it names.
+            let c = Self::launch_cfg(
+                (nchunks as usize).div_ceil(RANS_CHUNKS),
+                WHOLE_THREADS,
+                smem as usize,
+            );
+            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+            let f = self.func(&format!("cz_rans_post_{t}"))?;
+            let mut b = launch_args!(s, &f;
+                &sp, &entp, &nchunks, &count, &symp, &statp, &resp, &rawp, &bigp, &errp);
+            // SAFETY: one warp per chunk reads its symbols and its valid chunk's bytes, and
+            // writes its residuals, lossless bytes and big positions (below `n` values).
+            let c = Self::launch_cfg(
+                (nchunks as usize * 32).div_ceil(CHUNK_WARP_THREADS),
+                CHUNK_WARP_THREADS,
+                0,
+            );
             unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
         } else {
             let f = self.func(&format!("cz_rans_{t}"))?;
@@ -832,20 +863,30 @@ impl CusziGpu {
             let enc4_d = self.upload(&enc4)?;
             let tab_d = self.upload(&tabpat)?;
             let (enc4p, tabp) = (raw_ptr(&enc4_d, &s), raw_ptr(&tab_d, &s));
+            let ts = tabpat.len() as u32;
+            let f = self.func(&format!("cz_enc_prep_{t}"))?;
+            let mut b = launch_args!(s, &f; &resp, &rawp, &tabp, &n64, &ts, &nc64, &scp, &infop);
+            // SAFETY: one warp per chunk reads its residuals and lossless bytes (below n values)
+            // and writes its scratch region (nc regions allocated) and info words.
+            let c = Self::launch_cfg(
+                (nc * 32).div_ceil(CHUNK_WARP_THREADS),
+                CHUNK_WARP_THREADS,
+                0,
+            );
+            unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
             let f = self.func(&format!("cz_enc_whole_{t}"))?;
             let ntab = tables.len() as u32;
-            let want = (enc4.len() * 4 + tabpat.len()).next_multiple_of(16);
+            let want = enc4.len() * 4;
             let smem = if want <= self.smem_optin {
                 set_smem(&f, want)?;
                 want as u32
             } else {
                 0
             };
-            let ts = tabpat.len() as u32;
-            let mut b = launch_args!(s, &f;
-                &resp, &rawp, &tabp, &enc4p, &ntab, &smem, &n64, &ts, &nc64, &scp, &infop, &sizep);
-            // SAFETY: as `cz_enc_chunks` below; the step indices are below `ntab * SYMBOLS`,
-            // the entries of `enc4`.
+            let mut b =
+                launch_args!(s, &f; &enc4p, &ntab, &smem, &n64, &nc64, &scp, &infop, &sizep);
+            // SAFETY: one thread per chunk reads its step indices, each below `ntab * SYMBOLS`
+            // (the entries of `enc4`), and writes its scratch region and info and size words.
             let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WHOLE_THREADS, smem as usize);
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
         } else {
