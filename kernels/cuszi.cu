@@ -645,7 +645,16 @@ __device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3
 // point counts.
 struct CzWalk {
     int s, start[3], stp[3], multi, am, sp[3], cnt[3], total;
+    // cz_div's multipliers for cnt[2] and cnt[1]
+    u32 m2, m1;
 };
+// The multiplier of cz_div for divisor c >= 1: ceil(2^32 / c) (unused, 0, for c = 1).
+__device__ __forceinline__ u32 cz_magic(int c) { return c > 1 ? 0xFFFFFFFFu / (u32)c + 1u : 0u; }
+// k / c for k < 2^16 and 1 <= c < 2^16 by a multiplication: with m = ceil(2^32 / c) = (2^32 + e) / c,
+// e < c, k m / 2^32 = k / c + k e / (c 2^32) exceeds k / c by less than 1 / c (as k e < 2^32), so
+// its floor is k / c's. A walk has at most 729 points (a 3-D box), far below 2^16, and one
+// multiplication replaces the about 20 instructions of a runtime division.
+__device__ __forceinline__ int cz_div(int k, int c, u32 m) { return c > 1 ? (int)__umulhi((u32)k, m) : k; }
 __device__ __forceinline__ void cz_walk(const i64* geo, int w, const int e[3], CzWalk& r) {
     const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
     r.s = (int)wk[0];
@@ -656,12 +665,17 @@ __device__ __forceinline__ void cz_walk(const i64* geo, int w, const int e[3], C
     for (int d = 0; d < 3; d++) r.sp[d] = (int)wk[9 + d];
     for (int d = 0; d < 3; d++) r.cnt[d] = r.start[d] < e[d] ? (e[d] - 1 - r.start[d]) / r.stp[d] + 1 : 0;
     r.total = r.cnt[0] * r.cnt[1] * r.cnt[2];
+    r.m2 = cz_magic(r.cnt[2]);
+    r.m1 = cz_magic(r.cnt[1]);
 }
 // Point `k` of the walk: its coordinates `x` in the box; returns its index in the box.
 __device__ __forceinline__ int cz_walk_point(const CzWalk& w, const int st[3], int k, int x[3]) {
-    x[2] = w.start[2] + (k % w.cnt[2]) * w.stp[2];
-    x[1] = w.start[1] + ((k / w.cnt[2]) % w.cnt[1]) * w.stp[1];
-    x[0] = w.start[0] + (k / (w.cnt[2] * w.cnt[1])) * w.stp[0];
+    // (k / (c2 c1) = (k / c2) / c1)
+    int q2 = cz_div(k, w.cnt[2], w.m2);
+    int q1 = cz_div(q2, w.cnt[1], w.m1);
+    x[2] = w.start[2] + (k - q2 * w.cnt[2]) * w.stp[2];
+    x[1] = w.start[1] + (q2 - q1 * w.cnt[1]) * w.stp[1];
+    x[0] = w.start[0] + q1 * w.stp[0];
     return x[0] * st[0] + x[1] * st[1] + x[2];
 }
 // The walk's prediction of the point at `idx` (x).
@@ -1042,15 +1056,29 @@ __device__ __forceinline__ u32 cz_symbol(i64 r) {
 
 // Tile residuals (mod.rs Tiles::encode, abs / noa): as cz_tiles, but each point's residual is
 // quantized (quant.rs ResidualQuantizer::encode) and written in symbol order with, for a
-// lossless value, its bits; the owned points' symbols are counted per class in shared memory
-// (dynamic: CZ_TILE_WARPS boxes, then nclass * 1025 counters) and added to `hist` at the end.
-// Blocks loop over the tiles, warp by warp.
+// lossless value, its bits; the owned points' symbols are counted per class (cz_hist_add) and
+// the block's counts added to `hist` at the end. Blocks loop over the tiles, warp by warp.
+//
+// Symbols CZ_HIST_LO .. CZ_HIST_LO + CZ_HIST_WIN (residuals -128..127, where nearly all of a
+// smooth field's are) are counted in shared memory (dynamic: CZ_TILE_WARPS boxes, then
+// nclass * CZ_HIST_WIN counters), the others straight in `hist`: a shared counter for every
+// symbol would take 41 KB (3-D) to 115 KB (1-D) per block and leave few blocks per SM.
+#define CZ_HIST_LO 383
+#define CZ_HIST_WIN 256
+__device__ __forceinline__ void cz_hist_add(u32* shist, u64* hist, u32 cls, u32 sym, u32 n) {
+    u32 w = sym - CZ_HIST_LO;
+    if (w < CZ_HIST_WIN) {
+        atomicAdd(&shist[cls * CZ_HIST_WIN + w], n);
+    } else {
+        atomicAdd(&hist[cls * 1025u + sym], (u64)n);
+    }
+}
 template <typename T>
 __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
                              double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {
     double* sbox = (double*)cz_dyn;
     u32* shist = (u32*)(sbox + CZ_TILE_WARPS * CZ_MAXBOX);
-    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x) shist[i] = 0;
+    for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
     __syncthreads();
     const CzGeo g = cz_geo(geo);
     const double inv = 1.0 / step;
@@ -1109,7 +1137,7 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
             }
             u32 am2 = __activemask();
             u32 peers = __match_any_sync(am2, key);
-            if (owned && (__ffs(peers) - 1) == lane) atomicAdd(&shist[key], (u32)__popc(peers));
+            if (owned && (__ffs(peers) - 1) == lane) cz_hist_add(shist, hist, key / 1025u, key % 1025u, __popc(peers));
         });
         if (lane == 0) {
             i64 r = ares[t];
@@ -1118,12 +1146,12 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
                 u64 bits = cz_bits<T>(x[origin]);
                 for (int q = 0; q < (int)sizeof(T); q++) raw[base * sizeof(T) + q] = (u8)(bits >> (8 * q));
             }
-            atomicAdd(&shist[pattern[0] * 1025u + cz_symbol(r)], 1u);
+            cz_hist_add(shist, hist, pattern[0], cz_symbol(r), 1u);
         }
     }
     __syncthreads();
-    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x)
-        if (shist[i]) atomicAdd(&hist[i], (u64)shist[i]);
+    for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x)
+        if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
 }
 
 // Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of

@@ -101,6 +101,9 @@ const RANKS: usize = 256;
 const RANK_OTHER: u8 = 255;
 /// Bytes of the class map in the decoder's shared memory (at most 28 classes).
 const MAP_BYTES: usize = 64;
+/// Symbols per class counted in shared memory by `cz_enc_tiles_*` (kernels/cuszi.cu
+/// `CZ_HIST_WIN`).
+const HIST_WIN: usize = 256;
 /// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
 const MAX_BOX: usize = 729;
 /// Threads per block of `cz_enc_chunks_*` (each codes one chunk).
@@ -816,7 +819,7 @@ impl CusziGpu {
         let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
         {
             let f = self.func(&format!("cz_enc_tiles_{t}"))?;
-            let smem = TILE_WARPS * MAX_BOX * 8 + nclass * SYMBOLS * 4;
+            let smem = TILE_WARPS * MAX_BOX * 8 + nclass * HIST_WIN * 4;
             set_smem(&f, smem)?;
             let nclass32 = nclass as u32;
             let mut b = launch_args!(s, &f;
@@ -1233,6 +1236,7 @@ mod tests {
             ("CZ_MAXBOX", MAX_BOX),
             ("CZ_RANS_CHUNKS", RANS_CHUNKS),
             ("CZ_RANS_LANES", RANS_LANES),
+            ("CZ_HIST_WIN", HIST_WIN),
             ("CZ_CHUNK", CHUNK),
             ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
             ("CZ_E_RANS", ERRORS[1].0 as usize),
