@@ -351,20 +351,86 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // a warp holds the less often one waits on another's rare symbol or renormalization, and the
 // more warps each scheduler has to switch between while one waits on its chain.
 #define CZ_RANS_LANES 4
+// The symbols of one valid-looking chunk (cz_rans_whole): its `cnt` symbols into `sy`, `c` its
+// bytes (`size`, `nb` of them rANS bytes), `l` the local index of its first residual in its
+// tile. Returns the error bit. The tables are passed in (shared memory, where the compiler then
+// emits shared loads, or global memory).
+//
+// Renormalization, where a valid stream's state (at least 2^9 after a step) needs at most 2
+// bytes, takes them without a loop: the count k = [x < L] + [x < L / 2^8], both bytes from the
+// 8 bytes of `cur` and `nxt`; a smaller state (only from a corrupt initial state) takes the
+// byte-by-byte loop. Either way it fails exactly when cz_rans would run out of bytes.
+__device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const u8* tabpat,
+                                             const u8* rank, const u32* rfc, const unsigned short* rsym,
+                                             const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
+    // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is chunk
+    // byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the chunk)
+    const u32* w = (const u32*)c;
+    const u32 nw = size / 4;
+    u32 x = __byte_perm(w[1], 0, 0x0123);
+    u32 pos = 4;
+    u32 cur = 2 < nw ? w[2] : 0;
+    u32 nxt = 3 < nw ? w[3] : 0;
+    const u32 mask = CZ_PROB_SCALE - 1;
+    u32 tb = tabpat[l];
+    for (u32 j = 0; j < cnt; j++) {
+        u32 sl = x & mask;
+        u32 at = (tb << CZ_PROB_BITS) + sl;
+        u32 rk = rank[at];
+        // the next residual's table, off the chain
+        l = l + 1 == ts ? 0 : l + 1;
+        u32 tn = tabpat[l];
+        u32 s, fc;
+        if (rk != 255) {
+            s = rsym[tb * 256 + rk];
+            fc = rfc[tb * 256 + rk];
+        } else {
+            s = g_sym[at];
+            fc = g_fc[tb * 1025 + s];
+        }
+        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+        if (x >= (CZ_RANS_L >> 16)) {
+            u32 k = (x < CZ_RANS_L) + (x < (CZ_RANS_L >> 8));
+            if (pos + k > nb) return CZ_E_RANS;
+            u32 win = __funnelshift_r(cur, nxt, 8 * (pos & 3));
+            u32 two = (win & 0xFF) << 8 | ((win >> 8) & 0xFF);
+            x = k == 0 ? x : k == 1 ? (x << 8) | (win & 0xFF) : (x << 16) | two;
+            u32 p2 = pos + k;
+            if ((p2 >> 2) != (pos >> 2)) {
+                cur = nxt;
+                u32 q = 2 + p2 / 4;
+                nxt = q < nw ? w[q] : 0;
+            }
+            pos = p2;
+        } else {
+            while (x < CZ_RANS_L) {
+                if (pos >= nb) return CZ_E_RANS;
+                x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
+                pos++;
+                if ((pos & 3) == 0) {
+                    cur = nxt;
+                    u32 q = 2 + pos / 4;
+                    nxt = q < nw ? w[q] : 0;
+                }
+            }
+        }
+        sy[j] = (unsigned short)s;
+        tb = tn;
+    }
+    return x != CZ_RANS_L || pos != nb ? CZ_E_RANS : 0;
+}
+
 template <typename T>
 __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* g_tabpat,
                               const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
                               const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
                               u64* err) {
-    const u8* rank = g_rank;
-    const u32* rfc = g_rfc;
-    const unsigned short* rsym = g_rsym;
-    const u8* tabpat = g_tabpat;
+    u8* s_rank = cz_dyn;
+    u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
+    unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
+    u8* s_tp = (u8*)(s_rsym + ntab * 256);
     if (smem) {
-        u8* s_rank = cz_dyn;
-        u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
-        unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
-        u8* s_tp = (u8*)(s_rsym + ntab * 256);
         const u32* gr = (const u32*)g_rank;
         for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
         for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
@@ -373,10 +439,6 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
         }
         for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_tp[i] = g_tabpat[i];
         __syncthreads();
-        rank = s_rank;
-        rfc = s_rfc;
-        rsym = s_rsym;
-        tabpat = s_tp;
     }
     u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane >= CZ_RANS_LANES) return;
@@ -390,54 +452,12 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     u32 nb = 0;
     u64 fail = cz_chunk_check(c, size, sum_w, nb);
     if (!fail) {
-        unsigned short* sy = syms + i0;
-        // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is
-        // chunk byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the
-        // chunk)
-        const u32* w = (const u32*)c;
-        const u32 nw = size / 4;
-        u32 x = __byte_perm(w[1], 0, 0x0123);
-        u32 pos = 4;
-        u32 cur = 2 < nw ? w[2] : 0;
-        u32 nxt = 3 < nw ? w[3] : 0;
-        const u32 mask = CZ_PROB_SCALE - 1;
         u32 l = (u32)(i0 % ts);
-        u32 tb = tabpat[l];
-        for (u32 j = 0; j < cnt; j++) {
-            u32 sl = x & mask;
-            u32 at = (tb << CZ_PROB_BITS) + sl;
-            u32 rk = rank[at];
-            // the next residual's table, off the chain
-            l = l + 1 == ts ? 0 : l + 1;
-            u32 tn = tabpat[l];
-            u32 s, fc;
-            if (rk != 255) {
-                s = rsym[tb * 256 + rk];
-                fc = rfc[tb * 256 + rk];
-            } else {
-                s = g_sym[at];
-                fc = g_fc[tb * 1025 + s];
-            }
-            // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
-            x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
-            while (x < CZ_RANS_L) {
-                if (pos >= nb) {
-                    fail = CZ_E_RANS;
-                    break;
-                }
-                x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
-                pos++;
-                if ((pos & 3) == 0) {
-                    cur = nxt;
-                    u32 k = 2 + pos / 4;
-                    nxt = k < nw ? w[k] : 0;
-                }
-            }
-            if (fail) break;
-            sy[j] = (unsigned short)s;
-            tb = tn;
+        if (smem) {
+            fail = cz_rans_chain(c, size, nb, cnt, l, ts, s_tp, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+        } else {
+            fail = cz_rans_chain(c, size, nb, cnt, l, ts, g_tabpat, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
         }
-        if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
     }
     stat[ci] = fail ? 1u : 0u;
     if (fail) {
@@ -468,28 +488,35 @@ __device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 
     const u32 raw_at = 4 + nb;
     const u32 below = (1u << lane) - 1;
     u32 nraw = 0, nbig = 0;
-    for (u32 base = 0; base < cnt; base += 32) {
-        u32 j = base + lane;
-        bool v = j < cnt;
-        u32 s = v ? sy[j] : 0u;
-        u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
-        u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
-        i64 r = (i64)s - CZ_RADIUS;
-        if (v && s == CZ_SYM_LOSSLESS) {
-            // (a chunk too short for its lossless values is rejected below)
-            u64 k = nraw + __popc(ml & below);
-            if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
-                const u8* p = c + raw_at + k * sizeof(T);
-                for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)j * sizeof(T) + q] = p[q];
+    // 4 x 32 symbols a step, loaded before any is used
+    for (u32 base = 0; base < cnt; base += 128) {
+        u32 sv[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) sv[q] = base + 32 * q + lane < cnt ? sy[base + 32 * q + lane] : 0u;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            u32 j = base + 32 * q + lane;
+            bool v = j < cnt;
+            u32 s = sv[q];
+            u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
+            u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
+            i64 r = (i64)s - CZ_RADIUS;
+            if (v && s == CZ_SYM_LOSSLESS) {
+                // (a chunk too short for its lossless values is rejected below)
+                u64 k = nraw + __popc(ml & below);
+                if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
+                    const u8* p = c + raw_at + k * sizeof(T);
+                    for (int b = 0; b < (int)sizeof(T); b++) rawc[(u64)j * sizeof(T) + b] = p[b];
+                }
+                r = CZ_LOSSLESS;
+            } else if (v && s == CZ_SYM_BIG) {
+                bg[nbig + __popc(mb & below)] = j;
+                r = 0;
             }
-            r = CZ_LOSSLESS;
-        } else if (v && s == CZ_SYM_BIG) {
-            bg[nbig + __popc(mb & below)] = j;
-            r = 0;
+            if (v) rc[j] = r;
+            nraw += __popc(ml);
+            nbig += __popc(mb);
         }
-        if (v) rc[j] = r;
-        nraw += __popc(ml);
-        nbig += __popc(mb);
     }
     // (lane 0 reads the positions and residuals the other lanes wrote)
     __syncwarp();
@@ -1257,40 +1284,47 @@ __device__ void cz_enc_prep(const i64* res, const u8* raw, const u8* tabpat, u64
     // this lane's local index in the tile, advanced by 32 positions per step
     u32 l = (u32)((i0 + lane) % ts);
     const u32 adv = 32 % ts;
-    for (u32 base = 0; base < cnt; base += 32) {
-        u32 j = base + lane;
-        bool v = j < cnt;
-        i64 r = v ? rc[j] : 0;
-        u32 s = cz_symbol(r);
-        if (v) key[j] = (unsigned short)((u32)tabpat[l] * 1025u + s);
-        l += adv;
-        if (l >= ts) l -= ts;
-        u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
-        if (ml) {
-            if (v && s == CZ_SYM_LOSSLESS) {
-                u32 k = nraw + __popc(ml & below) * (u32)sizeof(T);
-                for (int q = 0; q < (int)sizeof(T); q++) rawo[k + q] = rawc[(u64)j * sizeof(T) + q];
-            }
-            nraw += __popc(ml) * (u32)sizeof(T);
-        }
-        u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
-        if (mb) {
-            u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
-            u32 len = 0;
-            if (v && s == CZ_SYM_BIG) {
-                len = 1;
-                for (u64 t = z; t >= 0x80; t >>= 7) len++;
-            }
-            u32 incl = warp_incl_u32(len, (int)lane);
-            if (len) {
-                u32 o = nbig + incl - len;
-                while (z >= 0x80) {
-                    bigo[o++] = (u8)(z | 0x80);
-                    z >>= 7;
+    // 4 x 32 residuals a step, loaded before any is used
+    for (u32 base = 0; base < cnt; base += 128) {
+        i64 rv[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) rv[q] = base + 32 * q + lane < cnt ? rc[base + 32 * q + lane] : 0;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            u32 j = base + 32 * q + lane;
+            bool v = j < cnt;
+            i64 r = rv[q];
+            u32 s = cz_symbol(r);
+            if (v) key[j] = (unsigned short)((u32)tabpat[l] * 1025u + s);
+            l += adv;
+            if (l >= ts) l -= ts;
+            u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
+            if (ml) {
+                if (v && s == CZ_SYM_LOSSLESS) {
+                    u32 k = nraw + __popc(ml & below) * (u32)sizeof(T);
+                    for (int b = 0; b < (int)sizeof(T); b++) rawo[k + b] = rawc[(u64)j * sizeof(T) + b];
                 }
-                bigo[o] = (u8)z;
+                nraw += __popc(ml) * (u32)sizeof(T);
             }
-            nbig += __shfl_sync(ZC_FULL, incl, 31);
+            u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
+            if (mb) {
+                u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
+                u32 len = 0;
+                if (v && s == CZ_SYM_BIG) {
+                    len = 1;
+                    for (u64 t = z; t >= 0x80; t >>= 7) len++;
+                }
+                u32 incl = warp_incl_u32(len, (int)lane);
+                if (len) {
+                    u32 o = nbig + incl - len;
+                    while (z >= 0x80) {
+                        bigo[o++] = (u8)(z | 0x80);
+                        z >>= 7;
+                    }
+                    bigo[o] = (u8)z;
+                }
+                nbig += __shfl_sync(ZC_FULL, incl, 31);
+            }
         }
     }
     if (lane == 0) {
@@ -1299,34 +1333,15 @@ __device__ void cz_enc_prep(const i64* res, const u8* raw, const u8* tabpat, u64
     }
 }
 
-// cz_enc_whole codes each chunk's step indices backwards, one thread per chunk (blocks and
-// lanes as cz_rans_whole), with the steps `g_enc` packed in 16 bytes per table and symbol
-// (cz_enc_step) and staged in shared memory (when `smem`): it loads 8 indices at once (the next
-// 8 ahead) and their 8 steps before it codes them, so that only the state's arithmetic is
-// serial. Then the rANS byte count and the chunk's size.
-template <typename T>
-__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
-                             u64* sizes) {
-    const uint4* enc = g_enc;
-    if (smem) {
-        uint4* s_enc = (uint4*)cz_dyn;
-        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
-        __syncthreads();
-        enc = s_enc;
-    }
-    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane >= CZ_RANS_LANES) return;
-    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
-    if (ci >= nchunks) return;
-    u64 i0 = ci * CZ_CHUNK;
-    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
-    u8* sc = scratch + ci * (u64)cz_scratch<T>();
-    const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
+// The rANS coding of one chunk's `cnt` step indices `key` backwards (cz_enc_whole), bytes
+// emitted from `end`; returns the final state, `nrev` the bytes emitted. The steps `enc` are
+// passed in (shared memory, where the compiler then emits shared loads, or global memory).
+// It loads 8 indices at once (the next 8 ahead) and their 8 steps before it codes them, so
+// that only the state's arithmetic is serial.
+__device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end, u32& nrev) {
     // the last cnt % 8 residuals one by one, then groups of 8 from the last
     const u32 ng = cnt / 8;
     u32 x = CZ_RANS_L;
-    u32 nrev = 0;
-    u8* end = sc + CZ_RANS_CAP;
     for (u32 j = cnt; j > 8 * ng;) {
         j--;
         cz_enc_step(enc[key[j]], x, end, nrev);
@@ -1350,6 +1365,32 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, 
             for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x, end, nrev);
         }
     }
+    return x;
+}
+
+// cz_enc_whole codes each chunk's step indices (cz_enc_chain), one thread per chunk (blocks and
+// lanes as cz_rans_whole), with the steps `g_enc` packed in 16 bytes per table and symbol
+// (cz_enc_step) and staged in shared memory (when `smem`); then the rANS byte count and the
+// chunk's size.
+template <typename T>
+__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
+                             u64* sizes) {
+    uint4* s_enc = (uint4*)cz_dyn;
+    if (smem) {
+        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
+        __syncthreads();
+    }
+    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane >= CZ_RANS_LANES) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    if (ci >= nchunks) return;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u8* sc = scratch + ci * (u64)cz_scratch<T>();
+    const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
+    u8* end = sc + CZ_RANS_CAP;
+    u32 nrev = 0;
+    u32 x = smem ? cz_enc_chain(s_enc, key, cnt, end, nrev) : cz_enc_chain(g_enc, key, cnt, end, nrev);
     // the final state, big-endian, before the emitted bytes
     for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
     u32 nb = nrev + 4;
@@ -1413,20 +1454,20 @@ __device__ void cz_enc_write(const u8* scratch, const u32* info, const u64* offs
     for (u64 w = threadIdx.x; w < size / 4; w += blockDim.x) {
         u32 word = 0;
         for (int q = 0; q < 4; q++) {
-            u64 i = 4 * w + q;
-            u32 v;
-            if (i < 4) {
-                v = (nb >> (8 * i)) & 0xFF;
-            } else if (i < 4 + (u64)nb) {
-                v = rans[i - 4];
-            } else if (i < 4 + (u64)nb + nraw) {
-                v = rawo[i - 4 - nb];
-            } else if (i < 4 + (u64)nb + nraw + nbig) {
-                v = bigo[i - 4 - nb - nraw];
-            } else {
-                v = 0;
-            }
-            word |= v << (8 * q);
+                u64 i = 4 * w + q;
+                u32 v;
+                if (i < 4) {
+                    v = (nb >> (8 * i)) & 0xFF;
+                } else if (i < 4 + (u64)nb) {
+                    v = rans[i - 4];
+                } else if (i < 4 + (u64)nb + nraw) {
+                    v = rawo[i - 4 - nb];
+                } else if (i < 4 + (u64)nb + nraw + nbig) {
+                    v = bigo[i - 4 - nb - nraw];
+                } else {
+                    v = 0;
+                }
+                word |= v << (8 * q);
         }
         ((u32*)dst)[w] = word;
         sum += zhash_mix(word, (u32)w);
