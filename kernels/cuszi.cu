@@ -357,8 +357,8 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // emits shared loads, or global memory).
 //
 // Renormalization, where a valid stream's state (at least 2^9 after a step) needs at most 2
-// bytes, takes them without a loop: the count k = [x < L] + [x < L / 2^8], both bytes from the
-// 8 bytes of `cur` and `nxt`; a smaller state (only from a corrupt initial state) takes the
+// bytes, takes them without a loop: the count k = 1 + [x < L / 2^8], both bytes from the 8
+// bytes of `cur` and `nxt`; a smaller state (only from a corrupt initial state) takes the
 // byte-by-byte loop. Either way it fails exactly when cz_rans would run out of bytes.
 __device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const u8* tabpat,
                                              const u8* rank, const u32* rfc, const unsigned short* rsym,
@@ -390,12 +390,14 @@ __device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 
         }
         // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
         x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
-        if (x >= (CZ_RANS_L >> 16)) {
-            u32 k = (x < CZ_RANS_L) + (x < (CZ_RANS_L >> 8));
+        if (x >= CZ_RANS_L) {
+            // (most symbols: no renormalization)
+        } else if (x >= (CZ_RANS_L >> 16)) {
+            u32 k = 1 + (x < (CZ_RANS_L >> 8));
             if (pos + k > nb) return CZ_E_RANS;
             u32 win = __funnelshift_r(cur, nxt, 8 * (pos & 3));
             u32 two = (win & 0xFF) << 8 | ((win >> 8) & 0xFF);
-            x = k == 0 ? x : k == 1 ? (x << 8) | (win & 0xFF) : (x << 16) | two;
+            x = k == 1 ? (x << 8) | (win & 0xFF) : (x << 16) | two;
             u32 p2 = pos + k;
             if ((p2 >> 2) != (pos >> 2)) {
                 cur = nxt;
@@ -466,10 +468,10 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     }
 }
 
-// The residuals of the chunks cz_rans_whole decoded (`stat` 0), one warp per chunk, as cz_rans
-// writes them: `res` (LOSSLESS for a lossless value, whose bits go to `raw` at its index),
-// the positions of the big residuals in `bigs`, then lane 0 reads the big residuals and checks
-// the padding.
+// The rest of the chunks cz_rans_whole decoded (`stat` 0), one warp per chunk: a lossless
+// value's bits to `raw` at its index and the positions of the big residuals in `bigs`, then
+// lane 0 reads the big residuals into `res` (the other residuals are read from the symbols,
+// cz_res) and checks the padding.
 template <typename T>
 __device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 count, const unsigned short* syms,
                              const u32* stat, i64* res, u8* raw, u32* bigs, u64* err) {
@@ -500,7 +502,6 @@ __device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 
             u32 s = sv[q];
             u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
             u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
-            i64 r = (i64)s - CZ_RADIUS;
             if (v && s == CZ_SYM_LOSSLESS) {
                 // (a chunk too short for its lossless values is rejected below)
                 u64 k = nraw + __popc(ml & below);
@@ -508,17 +509,14 @@ __device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 
                     const u8* p = c + raw_at + k * sizeof(T);
                     for (int b = 0; b < (int)sizeof(T); b++) rawc[(u64)j * sizeof(T) + b] = p[b];
                 }
-                r = CZ_LOSSLESS;
             } else if (v && s == CZ_SYM_BIG) {
                 bg[nbig + __popc(mb & below)] = j;
-                r = 0;
             }
-            if (v) rc[j] = r;
             nraw += __popc(ml);
             nbig += __popc(mb);
         }
     }
-    // (lane 0 reads the positions and residuals the other lanes wrote)
+    // (lane 0 reads the positions the other lanes wrote)
     __syncwarp();
     if (lane) return;
     u64 fail = (u64)raw_at + (u64)nraw * sizeof(T) > size ? CZ_E_RAW : cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
@@ -528,13 +526,23 @@ __device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 
     }
 }
 
+// The residual at symbol index `si` after the chunk decoding: from `res` (cz_rans), or, when
+// `syms` is given (cz_rans_whole, cz_rans_post), from the symbol there, `res` holding only the
+// big residuals; 2 bytes per value read instead of 8.
+__device__ __forceinline__ i64 cz_res(const i64* res, const unsigned short* syms, i64 si) {
+    if (!syms) return res[si];
+    u32 s = syms[si];
+    return s < CZ_SYM_LOSSLESS ? (i64)s - CZ_RADIUS : s == CZ_SYM_LOSSLESS ? CZ_LOSSLESS : res[si];
+}
+
 // ---------------------------------------------------------------------------------------------
 // Anchors (mod.rs decode, "anchors"): the Lorenzo inverse over the anchor grid is the n-D
 // prefix sum of the anchor residuals (a lossless anchor adds 0), in wrapping integers; one
 // launch per dimension, one thread per line of tiles along it. The first launch (dim 2) reads
 // the residuals, the last (dim 0) also writes the anchors' values (mod.rs anchor_values).
 template <typename T>
-__device__ void cz_anchors(const i64* geo, const i64* res, i64* acc, double* vals, int dim, int first, int last,
+__device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, double* vals, int dim,
+                           int first, int last,
                            double step) {
     const CzGeo g = cz_geo(geo);
     i64 len = g.tiles[dim];
@@ -556,7 +564,7 @@ __device__ void cz_anchors(const i64* geo, const i64* res, i64* acc, double* val
         i64 t = cz_tile_index(g, b, c);
         i64 v;
         if (first) {
-            i64 rr = res[cz_tile_offset(g, b, c)];
+            i64 rr = cz_res(res, syms, cz_tile_offset(g, b, c));
             v = rr == CZ_LOSSLESS ? 0 : rr;
         } else {
             v = acc[t];
@@ -746,7 +754,8 @@ template <> __device__ __forceinline__ double cz_from_bits<double>(const u8* p) 
 // in shared memory; the points of one walk are independent, so the lanes share each walk and
 // meet at a warp barrier between walks. Owned points are written straight to the array.
 template <typename T>
-__device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i64* acc, const double* vals,
+__device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw, const i64* acc,
+                         const double* vals,
                          double step, T* out) {
     __shared__ double sbuf[CZ_TILE_WARPS][CZ_MAXBOX];
     const CzGeo g = cz_geo(geo);
@@ -778,7 +787,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
             }
             si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
         }
-        i64 r = res[si];
+        i64 r = cz_res(res, syms, si);
         double v;
         T val;
         if (r == CZ_LOSSLESS) {
@@ -794,7 +803,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
     });
     if (lane == 0) {
         T val;
-        if (res[base] == CZ_LOSSLESS) {
+        if (cz_res(res, syms, base) == CZ_LOSSLESS) {
             val = cz_from_bits<T>(raw + base * sizeof(T));
         } else if (sizeof(T) == 4) {
             val = (T)((float)(i32)acc[t] * (float)step);
@@ -1082,8 +1091,9 @@ __device__ __forceinline__ u32 cz_symbol(i64 r) {
 }
 
 // Tile residuals (mod.rs Tiles::encode, abs / noa): as cz_tiles, but each point's residual is
-// quantized (quant.rs ResidualQuantizer::encode) and written in symbol order with, for a
-// lossless value, its bits; the owned points' symbols are counted per class (cz_hist_add) and
+// quantized (quant.rs ResidualQuantizer::encode) and written in symbol order, as its symbol
+// (`syms`, 2 bytes per value; the later kernels read it with cz_res), a big residual also to
+// `res`, a lossless value's bits to `raw`; the owned points' symbols are counted per class (cz_hist_add) and
 // the block's counts added to `hist` at the end. Blocks loop over the tiles, warp by warp.
 //
 // Symbols CZ_HIST_LO .. CZ_HIST_LO + CZ_HIST_WIN (residuals -128..127, where nearly all of a
@@ -1102,7 +1112,8 @@ __device__ __forceinline__ void cz_hist_add(u32* shist, u64* hist, u32 cls, u32 
 }
 template <typename T>
 __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
-                             double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {
+                             double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,
+                             u8* raw, u64* hist) {
     double* sbox = (double*)cz_dyn;
     u32* shist = (u32*)(sbox + CZ_TILE_WARPS * CZ_MAXBOX);
     for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
@@ -1155,12 +1166,14 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
             u32 key = 0xFFFFFFFFu;
             if (owned) {
                 i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
-                res[si] = r;
+                u32 sym = cz_symbol(r);
+                syms[si] = (unsigned short)sym;
+                if (sym == CZ_SYM_BIG) res[si] = r;
                 if (r == CZ_LOSSLESS) {
                     u64 bits = cz_bits<T>(xv);
                     for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
                 }
-                key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + cz_symbol(r);
+                key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + sym;
             }
             u32 am2 = __activemask();
             u32 peers = __match_any_sync(am2, key);
@@ -1168,7 +1181,8 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         });
         if (lane == 0) {
             i64 r = ares[t];
-            res[base] = r;
+            syms[base] = (unsigned short)cz_symbol(r);
+            if (cz_symbol(r) == CZ_SYM_BIG) res[base] = r;
             if (r == CZ_LOSSLESS) {
                 u64 bits = cz_bits<T>(x[origin]);
                 for (int q = 0; q < (int)sizeof(T); q++) raw[base * sizeof(T) + q] = (u8)(bits >> (8 * q));
@@ -1190,8 +1204,9 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
 #define CZ_RANS_CAP (2 * CZ_CHUNK + 16)
 template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
-__device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, const u8* pattern, const u8* map,
-                              const u32* enc, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
+__device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw,
+                              const u8* pattern, const u8* map, const u32* enc, u64 nchunks, u8* scratch, u32* info,
+                              u64* sizes) {
     u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ci >= nchunks) return;
     const CzGeo g = cz_geo(geo);
@@ -1209,7 +1224,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     u32 nraw = 0, nbig = 0;
     for (i64 j = 0; j < cnt; j++) {
         cls[j] = pattern[(l[0] * f1 + l[1]) * f2 + l[2]];
-        i64 r = res[i0 + j];
+        i64 r = cz_res(res, syms, i0 + j);
         u32 s = cz_symbol(r);
         if (s == CZ_SYM_LOSSLESS) {
             for (int q = 0; q < (int)sizeof(T); q++) rawo[nraw++] = raw[(i0 + j) * sizeof(T) + q];
@@ -1228,7 +1243,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     u32 nrev = 0;
     u8* end = sc + CZ_RANS_CAP;
     for (i64 j = cnt - 1; j >= 0; j--) {
-        const u32* e = enc + ((u32)map[cls[j]] * 1025u + cz_symbol(res[i0 + j])) * 5;
+        const u32* e = enc + ((u32)map[cls[j]] * 1025u + syms[i0 + j]) * 5;
         u32 x_max = e[0];
         while (x >= x_max) {
             end[-1 - (i64)nrev] = (u8)x;
@@ -1266,8 +1281,8 @@ __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev)
 // tile) to the scratch, and the lossless values and big residuals' varints in order (numbered
 // by ballots and a scan of the varint lengths), with their byte counts in `info`.
 template <typename T>
-__device__ void cz_enc_prep(const i64* res, const u8* raw, const u8* tabpat, u64 count, u32 ts, u64 nchunks,
-                            u8* scratch, u32* info) {
+__device__ void cz_enc_prep(const i64* res, const unsigned short* syms, const u8* raw, const u8* tabpat, u64 count,
+                            u32 ts, u64 nchunks, u8* scratch, u32* info) {
     u32 lane = threadIdx.x & 31;
     u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (ci >= nchunks) return;
@@ -1278,23 +1293,23 @@ __device__ void cz_enc_prep(const i64* res, const u8* raw, const u8* tabpat, u64
     u8* bigo = rawo + CZ_CHUNK * sizeof(T);
     unsigned short* key = (unsigned short*)(bigo + CZ_CHUNK * 10);
     const i64* rc = res + i0;
+    const unsigned short* sy = syms + i0;
     const u8* rawc = raw + i0 * sizeof(T);
     const u32 below = (1u << lane) - 1;
     u32 nraw = 0, nbig = 0;
     // this lane's local index in the tile, advanced by 32 positions per step
     u32 l = (u32)((i0 + lane) % ts);
     const u32 adv = 32 % ts;
-    // 4 x 32 residuals a step, loaded before any is used
+    // 4 x 32 symbols a step, loaded before any is used
     for (u32 base = 0; base < cnt; base += 128) {
-        i64 rv[4];
+        u32 sv[4];
 #pragma unroll
-        for (int q = 0; q < 4; q++) rv[q] = base + 32 * q + lane < cnt ? rc[base + 32 * q + lane] : 0;
+        for (int q = 0; q < 4; q++) sv[q] = base + 32 * q + lane < cnt ? sy[base + 32 * q + lane] : 0u;
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             u32 j = base + 32 * q + lane;
             bool v = j < cnt;
-            i64 r = rv[q];
-            u32 s = cz_symbol(r);
+            u32 s = sv[q];
             if (v) key[j] = (unsigned short)((u32)tabpat[l] * 1025u + s);
             l += adv;
             if (l >= ts) l -= ts;
@@ -1308,6 +1323,7 @@ __device__ void cz_enc_prep(const i64* res, const u8* raw, const u8* tabpat, u64
             }
             u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
             if (mb) {
+                i64 r = v && s == CZ_SYM_BIG ? rc[j] : 0;
                 u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
                 u32 len = 0;
                 if (v && s == CZ_SYM_BIG) {
@@ -1513,14 +1529,16 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
                                                 u32* bigs, u64* err) {                                             \
         cz_rans_post<T>(stream, ent, nchunks, count, syms, stat, res, raw, bigs, err);                            \
     }                                                                                                               \
-    extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
+    extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, \
+                                              double* vals, int dim,                                               \
                                               int first, int last, double step) {                                  \
-        cz_anchors<T>(geo, res, acc, vals, dim, first, last, step);                                                \
+        cz_anchors<T>(geo, res, syms, acc, vals, dim, first, last, step);                                          \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
-        cz_tiles_##N(const i64* geo, const i64* res, const u8* raw, const i64* acc, const double* vals,            \
+        cz_tiles_##N(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw, const i64* acc,    \
+                     const double* vals,                                                                           \
                      double step, T* out) {                                                                        \
-        cz_tiles<T>(geo, res, raw, acc, vals, step, out);                                                          \
+        cz_tiles<T>(geo, res, syms, raw, acc, vals, step, out);                                                    \
     }
 
 CZ_INST(float, f32)
@@ -1541,17 +1559,19 @@ CZ_INST(double, f64)
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
         cz_enc_tiles_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,         \
-                         double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {   \
-        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, raw, hist);                      \
+                         double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,   \
+                         u8* raw, u64* hist) {                                                                     \
+        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, syms, raw, hist);                \
     }                                                                                                               \
-    extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const u8* raw, const u8* pattern, \
-                                                 const u8* map, const u32* enc, u64 nchunks, u8* scratch,         \
-                                                 u32* info, u64* sizes) {                                          \
-        cz_enc_chunks<T>(geo, res, raw, pattern, map, enc, nchunks, scratch, info, sizes);                        \
+    extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const unsigned short* syms,       \
+                                                 const u8* raw, const u8* pattern, const u8* map, const u32* enc,  \
+                                                 u64 nchunks, u8* scratch, u32* info, u64* sizes) {                \
+        cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, scratch, info, sizes);                  \
     }                                                                                                               \
-    extern "C" __global__ void cz_enc_prep_##N(const i64* res, const u8* raw, const u8* tabpat, u64 count, u32 ts, \
-                                               u64 nchunks, u8* scratch, u32* info) {                               \
-        cz_enc_prep<T>(res, raw, tabpat, count, ts, nchunks, scratch, info);                                       \
+    extern "C" __global__ void cz_enc_prep_##N(const i64* res, const unsigned short* syms, const u8* raw,          \
+                                               const u8* tabpat, u64 count, u32 ts, u64 nchunks, u8* scratch,      \
+                                               u32* info) {                                                        \
+        cz_enc_prep<T>(res, syms, raw, tabpat, count, ts, nchunks, scratch, info);                                 \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
         const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \

@@ -502,8 +502,11 @@ impl CusziGpu {
             shared_mem_bytes: 0,
         };
         self.mark("setup")?;
-        // (the whole-tile kernel reads the chunks by 4-byte words)
-        if p.whole && sp % 4 == 0 {
+        // (the whole-tile kernel reads the chunks by 4-byte words); the later kernels read the
+        // residuals from its symbols (null: from the residuals)
+        let whole = p.whole && sp % 4 == 0;
+        let syms_arg: u64 = if whole { symp } else { 0 };
+        if whole {
             let f = self.func(&format!("cz_rans_whole_{t}"))?;
             let ntab = (p.fc.len() / SYMBOLS) as u32;
             let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.tabpat.len())
@@ -578,7 +581,7 @@ impl CusziGpu {
             let lines = n_tiles / p.g.tiles[dim as usize].max(1);
             let f = self.func(&format!("cz_anchors_{t}"))?;
             let mut b = launch_args!(s, &f;
-                &geop, &resp, &accp, &valp, &dim, &first, &last, &p.qstep);
+                &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep);
             // SAFETY: one thread per line of tiles reads residuals at tile offsets (below n) and
             // writes the n_tiles words of `acc` and `vals`.
             unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
@@ -586,7 +589,8 @@ impl CusziGpu {
         self.mark("anchors")?;
         {
             let f = self.func(&format!("cz_tiles_{t}"))?;
-            let mut b = launch_args!(s, &f; &geop, &resp, &rawp, &accp, &valp, &p.qstep, &outp);
+            let mut b = launch_args!(s, &f;
+                &geop, &resp, &syms_arg, &rawp, &accp, &valp, &p.qstep, &outp);
             // SAFETY: one warp per tile reads residuals and lossless bytes at symbol indices of
             // its box (below n) and writes its owned points of `out` (n values).
             unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
@@ -817,14 +821,15 @@ impl CusziGpu {
         self.workspace(n)?;
         let ws = self.ws.as_mut().expect("workspace");
         let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
+        let symp = raw_ptr_mut(&mut ws.syms, &s);
         {
             let f = self.func(&format!("cz_enc_tiles_{t}"))?;
             let smem = TILE_WARPS * MAX_BOX * 8 + nclass * HIST_WIN * 4;
             set_smem(&f, smem)?;
             let nclass32 = nclass as u32;
             let mut b = launch_args!(s, &f;
-                &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &rawp,
-                &histp);
+                &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &symp,
+                &rawp, &histp);
             let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
             // SAFETY: warps read the boxes of their tiles (inside the input) and write their
             // owned residuals and lossless bytes (below n values of the workspace).
@@ -868,7 +873,8 @@ impl CusziGpu {
             let (enc4p, tabp) = (raw_ptr(&enc4_d, &s), raw_ptr(&tab_d, &s));
             let ts = tabpat.len() as u32;
             let f = self.func(&format!("cz_enc_prep_{t}"))?;
-            let mut b = launch_args!(s, &f; &resp, &rawp, &tabp, &n64, &ts, &nc64, &scp, &infop);
+            let mut b = launch_args!(s, &f;
+                &resp, &symp, &rawp, &tabp, &n64, &ts, &nc64, &scp, &infop);
             // SAFETY: one warp per chunk reads its residuals and lossless bytes (below n values)
             // and writes its scratch region (nc regions allocated) and info words.
             let c = Self::launch_cfg(
@@ -902,7 +908,7 @@ impl CusziGpu {
             let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
             let f = self.func(&format!("cz_enc_chunks_{t}"))?;
             let mut b = launch_args!(s, &f;
-                &geop, &resp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
+                &geop, &resp, &symp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
             // SAFETY: one thread per chunk reads its residuals and writes its scratch region
             // (nc regions allocated) and its info and size words.
             unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
