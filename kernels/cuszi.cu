@@ -758,6 +758,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
                          const double* vals,
                          double step, T* out) {
     __shared__ double sbuf[CZ_TILE_WARPS][CZ_MAXBOX];
+    __shared__ i64 sbase[CZ_TILE_WARPS][8];
     const CzGeo g = cz_geo(geo);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp;
@@ -768,25 +769,25 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     int e[3], own[3], st[3];
     i64 base, origin;
     cz_tile_box(g, b, c, e, own, st, base, origin);
+    // A halo point is local coordinate 0 of the next tile along its halo dimensions: the first
+    // symbol index of this tile and of its next tiles along each set of dimensions (bit d of
+    // the set for dimension d; a tile past the volume is never looked up), and the owned
+    // extents of the next tiles, found once per tile rather than per halo point.
+    if (lane < 8) {
+        i64 cn[3];
+        for (int d = 0; d < 3; d++) cn[d] = c[d] + (lane >> d & 1);
+        sbase[warp][lane] = cz_tile_offset(g, b, cn);
+    }
+    int onx[3];
+    for (int d = 0; d < 3; d++) onx[d] = (int)cz_owned(g, d, c[d] + 1);
     cz_box_init(g, b, c, e, st, vals, lane, buf);
     int nw = (int)geo[CZ_G_NWALKS];
     cz_walks(geo, nw, buf, e, st, lane, [&](int idx, const int x[3], double p) {
-        bool owned = x[0] < own[0] && x[1] < own[1] && x[2] < own[2];
-        i64 si;
-        if (owned) {
-            si = base + (x[0] * own[1] + x[1]) * own[2] + x[2];
-        } else {
-            // a halo point: local coordinate 0 of the next tile along its halo dimensions
-            i64 cn[3];
-            int l[3], on[3];
-            for (int d = 0; d < 3; d++) {
-                bool h = x[d] >= own[d];
-                cn[d] = c[d] + h;
-                l[d] = h ? 0 : x[d];
-                on[d] = h ? (int)cz_owned(g, d, cn[d]) : own[d];
-            }
-            si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
-        }
+        int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
+        bool owned = hm == 0;
+        int l0 = hm & 1 ? 0 : x[0], l1 = hm & 2 ? 0 : x[1], l2 = hm & 4 ? 0 : x[2];
+        int on1 = hm & 2 ? onx[1] : own[1], on2 = hm & 4 ? onx[2] : own[2];
+        i64 si = sbase[warp][hm] + (l0 * on1 + l1) * on2 + l2;
         i64 r = cz_res(res, syms, si);
         double v;
         T val;
