@@ -459,41 +459,41 @@ impl CusziGpu {
         }
         self.workspace(n)?;
         let t = T::KERNEL_TAG;
-        let geo = self.upload(&p.geo)?;
-        let pattern = self.upload(&p.pattern)?;
-        let map = self.upload(&p.map)?;
-        let slot = self.upload(&p.sym)?;
-        let step = self.upload(&p.fc)?;
-        let rank = self.upload(&p.rank)?;
-        let rfc = self.upload(&p.rfc)?;
-        let rsym = self.upload(&p.rsym)?;
-        let ent = self.upload(&p.ent)?;
-        let tabpat = self.upload(&p.tabpat)?;
+        // the plan's arrays and the error words in one upload (each a driver call and a copy
+        // from pageable memory, which the host waits on: a decode's fixed cost)
+        let mut pack = Pack::default();
+        let at = [
+            pack.add(&p.geo),
+            pack.add(&p.pattern),
+            pack.add(&p.map),
+            pack.add(&p.sym),
+            pack.add(&p.fc),
+            pack.add(&p.rank),
+            pack.add(&p.rfc),
+            pack.add(&p.rsym),
+            pack.add(&p.ent),
+            pack.add(&p.tabpat),
+            pack.add(&[0u64, u64::MAX]),
+        ];
+        let mut packed = self.upload(&pack.bytes)?;
+        let base = raw_ptr_mut(&mut packed, &self.stream);
+        let [geop, patp, mapp, slotp, stepp, rankp, rfcp, rsymp, entp, tabp, errp] =
+            at.map(|o| base + o as u64);
         let n_tiles = p.g.n_tiles();
-        let mut acc = self
-            .stream
-            .alloc_zeros::<i64>(n_tiles.max(1))
-            .map_err(gpu_err("alloc"))?;
-        let mut vals = self
-            .stream
-            .alloc_zeros::<f64>(n_tiles.max(1))
-            .map_err(gpu_err("alloc"))?;
-        let mut err = self
-            .stream
-            .clone_htod(&[0u64, u64::MAX])
-            .map_err(gpu_err("alloc"))?;
+        // SAFETY (alloc): `cz_anchors_*` writes every tile's `acc` and `vals` before they are
+        // read.
+        let mut acc =
+            unsafe { self.stream.alloc::<i64>(n_tiles.max(1)) }.map_err(gpu_err("alloc"))?;
+        let mut vals =
+            unsafe { self.stream.alloc::<f64>(n_tiles.max(1)) }.map_err(gpu_err("alloc"))?;
         let s = self.stream.clone();
         let ws = self.ws.as_mut().expect("workspace");
-        let (geop, patp, mapp) = (raw_ptr(&geo, &s), raw_ptr(&pattern, &s), raw_ptr(&map, &s));
-        let (slotp, stepp, entp) = (raw_ptr(&slot, &s), raw_ptr(&step, &s), raw_ptr(&ent, &s));
-        let (rankp, rfcp, rsymp) = (raw_ptr(&rank, &s), raw_ptr(&rfc, &s), raw_ptr(&rsym, &s));
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
         let bigp = raw_ptr_mut(&mut ws.bigs, &s);
         let symp = raw_ptr_mut(&mut ws.syms, &s);
         let accp = raw_ptr_mut(&mut acc, &s);
         let valp = raw_ptr_mut(&mut vals, &s);
-        let errp = raw_ptr_mut(&mut err, &s);
         let outp = raw_ptr_mut(out, &s);
         let nchunks = (p.ent.len() / 2) as u64;
         let cfg = |items: usize, block: usize| LaunchConfig {
@@ -518,10 +518,8 @@ impl CusziGpu {
                 0
             };
             let (count, ts) = (n as u64, p.tabpat.len() as u32);
-            let tabp = raw_ptr(&tabpat, &s);
-            let mut stat = s
-                .alloc_zeros::<u32>(nchunks as usize)
-                .map_err(gpu_err("alloc"))?;
+            // SAFETY (alloc): `cz_rans_whole_*` writes every chunk's status word.
+            let mut stat = unsafe { s.alloc::<u32>(nchunks as usize) }.map_err(gpu_err("alloc"))?;
             let statp = raw_ptr_mut(&mut stat, &s);
             let mut b = launch_args!(s, &f;
                 &sp, &entp, &nchunks, &count, &ts, &tabp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
@@ -596,8 +594,9 @@ impl CusziGpu {
             unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
         }
         self.mark("tiles")?;
-        let mut e = [0u64; 2];
-        self.read_back(&err, &mut e[..])?;
+        let mut eb = [0u8; 16];
+        self.read_back(&packed.slice(at[10]..at[10] + 16), &mut eb[..])?;
+        let e = [0, 8].map(|i| u64::from_le_bytes(eb[i..i + 8].try_into().expect("8 bytes")));
         if e[0] != 0 {
             let what = ERRORS
                 .iter()
@@ -1188,6 +1187,34 @@ fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
 /// varints, the classes or step indices (2 bytes per value).
 fn scratch_len<T: GpuElement>() -> usize {
     2 * CHUNK + 16 + CHUNK * (T::SIZE + 10 + 2)
+}
+
+/// Plain integers, viewed as the bytes they are in memory (no padding, every bit pattern valid).
+trait Plain: Copy {}
+impl Plain for u8 {}
+impl Plain for u16 {}
+impl Plain for u32 {}
+impl Plain for u64 {}
+impl Plain for i64 {}
+
+/// Arrays packed into one byte buffer for one upload, each at a multiple of 16 bytes (the
+/// device reads them as the host wrote them: both little-endian).
+#[derive(Default)]
+struct Pack {
+    bytes: Vec<u8>,
+}
+
+impl Pack {
+    /// Append `v` and return its offset.
+    fn add<X: Plain>(&mut self, v: &[X]) -> usize {
+        let at = self.bytes.len().next_multiple_of(16);
+        self.bytes.resize(at, 0);
+        // SAFETY: `X` is a plain integer type: its `size_of_val(v)` bytes are initialized and
+        // any alignment suits bytes.
+        let b = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) };
+        self.bytes.extend_from_slice(b);
+        at
+    }
 }
 
 /// Whether every tile of `g` is whole: each extent a multiple of the anchor stride or below it,
