@@ -1265,13 +1265,16 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
 }
 
 // One encoder step (rans.rs EncSym::put after the renormalization) with the step `e` packed as
-// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`.
+// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`. The state
+// (below 2^31) is at least x_max = f 2^17 >= 2^17 after at most 2 bytes, so the renormalization
+// is the count of bytes k = [x >= x_max] + [x / 2^8 >= x_max] and two predicated stores, with
+// no loop to keep the steps apart.
 __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev) {
-    while (x >= e.x) {
-        end[-1 - (i64)nrev] = (u8)x;
-        nrev++;
-        x >>= 8;
-    }
+    u32 k = (x >= e.x) + ((x >> 8) >= e.x);
+    if (k) end[-1 - (i64)nrev] = (u8)x;
+    if (k == 2) end[-2 - (i64)nrev] = (u8)(x >> 8);
+    nrev += k;
+    x >>= 8 * k;
     u32 q = __umulhi(x, e.y) >> (e.w >> 16);
     x = x + e.z + q * (e.w & 0xFFFF);
 }
