@@ -842,6 +842,7 @@ impl CusziGpu {
         let (map, freqs) = rans::group_classes(&hist);
         let tables = rans::tables(&freqs);
         let meta = write_meta(&levels, &map, &freqs);
+        self.mark("tables")?;
         // 6. chunks
         let nc = n.div_ceil(CHUNK);
         let per = scratch_len::<T>();
