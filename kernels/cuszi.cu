@@ -41,7 +41,8 @@
 #define CZ_E_BIG 8ull
 #define CZ_E_PAD 16ull
 
-// Chunks per block of cz_rans (one per thread of its first warp).
+// Chunks per block of cz_rans (one per thread of its first warp) and of the whole-tile chain
+// kernels (cz_rans_whole, cz_enc_whole).
 #define CZ_RANS_CHUNKS 32
 // Largest box: 9^3 (3-D), 17^2 (2-D), 513 (1-D).
 #define CZ_MAXBOX 729
@@ -348,8 +349,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 //
 // Blocks of CZ_RANS_CHUNKS chunks stage the tables (when `smem`), then each of their warps
 // decodes CZ_RANS_LANES chunks, one per lane: a warp's lanes step together, so the fewer chunks
-// a warp holds the less often one waits on another's rare symbol or renormalization, and the
-// more warps each scheduler has to switch between while one waits on its chain.
+// a warp holds the less often one waits on another's rare symbol or renormalization.
 #define CZ_RANS_LANES 4
 // The symbols of one valid-looking chunk (cz_rans_whole): its `cnt` symbols into `sy`, `c` its
 // bytes (`size`, `nb` of them rANS bytes), `l` the local index of its first residual in its

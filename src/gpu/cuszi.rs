@@ -11,10 +11,14 @@
 //! 3. `cz_sample_*` (twice): the sampling's integer error sums, read back; the host chooses each
 //!    level's passes and splines with the rules of `interp::choose_levels`;
 //! 4. `cz_enc_tiles_*`: one warp per tile predicts its box level by level (IEEE f64, no FMA),
-//!    quantizes the residuals and counts the symbols of each class; the histogram is read back
-//!    and the host builds the rANS tables and the metadata with the CPU's own code;
-//! 5. `cz_enc_chunks_*` (one thread per chunk of 32,768 residuals) codes each chunk, `cz_scan`
-//!    sums their sizes (read back: a stream that does not compress is stored by the CPU twin),
+//!    quantizes the residuals, writes their symbols (2 bytes each; a big residual also as its
+//!    64-bit value) and counts the symbols of each class; the histogram is read back and the
+//!    host builds the rANS tables and the metadata with the CPU's own code;
+//! 5. the chunks of 32,768 residuals: when every tile is whole (`whole_tiles`), `cz_enc_prep_*`
+//!    (a warp per chunk) writes each residual's step index, the lossless values and the varints,
+//!    then `cz_enc_whole_*` (a thread per chunk) runs each chunk's serial chain of rANS state
+//!    updates; otherwise `cz_enc_chunks_*` (a thread per chunk) does both. `cz_scan` sums their
+//!    sizes (read back: a stream that does not compress is stored by the CPU twin),
 //!    `cz_enc_write_*` places them with their table entries, `cz_hash` hashes table and
 //!    metadata, and the host writes the header.
 //!
@@ -27,10 +31,13 @@
 //! 1. the host reads the header, the chunk table and the metadata (a few kilobytes), checks them
 //!    with the CPU decoder's own parsers (header fields, table checksum, chunk sizes, predictor
 //!    configuration, rANS tables) and uploads the geometry, the class pattern and the decoder
-//!    tables;
-//! 2. `cz_rans_*`: one thread per chunk of 32,768 residuals checks the chunk's `zhash`, decodes
-//!    its rANS stream (the class of each residual follows from its position in its tile), its
-//!    lossless values and big residuals, and checks every byte as the CPU does;
+//!    tables (one copy);
+//! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
+//!    tile is whole and the stream 4-aligned, `cz_rans_whole_*` (a thread per chunk) checks the
+//!    chunk's `zhash` and runs its serial chain of rANS state updates into 2-byte symbols, then
+//!    `cz_rans_post_*` (a warp per chunk) places the lossless values and big residuals and
+//!    checks the chunk's end; otherwise `cz_rans_*` (a thread per chunk) does all of it, with
+//!    each residual's class from a walk over the tile coordinates, into 64-bit residuals;
 //! 3. `cz_anchors_*` (three launches, one per dimension): the anchors' Lorenzo inverse as an
 //!    n-D prefix sum in wrapping integers, and their values;
 //! 4. `cz_tiles_*`: one warp per tile reconstructs its box level by level in shared memory
