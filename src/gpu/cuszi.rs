@@ -847,7 +847,8 @@ impl CusziGpu {
         // 5. tables (the CPU's builder) and the metadata
         let hist: Vec<Vec<u64>> = h.chunks(SYMBOLS).map(|c| c.to_vec()).collect();
         let (map, freqs) = rans::group_classes(&hist);
-        let tables = rans::tables(&freqs);
+        // (the encoder's steps alone: the device encodes, nothing here decodes)
+        let words: Vec<Vec<[u32; 5]>> = freqs.iter().map(|f| rans::encoder_words(f)).collect();
         let meta = write_meta(&levels, &map, &freqs);
         self.mark("tables")?;
         // 6. chunks
@@ -869,10 +870,10 @@ impl CusziGpu {
         if whole_tiles(&g) {
             // the steps packed as kernels/cuszi.cu `cz_enc_step` reads them, and the table of
             // every local position of a tile
-            let enc4: Vec<u32> = tables
+            let enc4: Vec<u32> = words
                 .iter()
-                .flat_map(|t| t.encoder_words())
-                .flat_map(|[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
+                .flatten()
+                .flat_map(|&[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
                 .collect();
             let tabpat: Vec<u8> = pattern.iter().map(|&k| map[k as usize]).collect();
             let enc4_d = self.upload(&enc4)?;
@@ -891,7 +892,7 @@ impl CusziGpu {
             );
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
             let f = self.func(&format!("cz_enc_whole_{t}"))?;
-            let ntab = tables.len() as u32;
+            let ntab = words.len() as u32;
             let want = enc4.len() * 4;
             let smem = if want <= self.smem_optin {
                 set_smem(&f, want)?;
@@ -906,10 +907,7 @@ impl CusziGpu {
             let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WHOLE_THREADS, smem as usize);
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
         } else {
-            let enc: Vec<u32> = tables
-                .iter()
-                .flat_map(|t| t.encoder_words().into_iter().flatten())
-                .collect();
+            let enc: Vec<u32> = words.iter().flatten().flatten().copied().collect();
             let map_d = self.upload(&map)?;
             let enc_d = self.upload(&enc)?;
             let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
