@@ -344,8 +344,9 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // coordinates; the rANS bytes are read a 4-byte word at a time, the next word loaded ahead (the
 // host checks that the stream, whose chunks start at multiples of 4, is 4-aligned); each symbol
 // is stored (`syms`) and the chunk's state checked (`stat`: 0 when valid). cz_rans_post then
-// turns a valid chunk's symbols into residuals, one warp per chunk: lossless values and big
-// residuals are numbered by ballots, and lane 0 checks the chunk's end (cz_rans_bigs).
+// places a valid chunk's lossless values and big residuals, one warp per chunk, numbering them
+// by ballots, and lane 0 checks the chunk's end (cz_rans_bigs); the later kernels read the other
+// residuals from the symbols (cz_res).
 //
 // Blocks of CZ_RANS_CHUNKS chunks stage the tables (when `smem`), then each of their warps
 // decodes CZ_RANS_LANES chunks, one per lane: a warp's lanes step together, so the fewer chunks
@@ -685,9 +686,9 @@ struct CzWalk {
 };
 // The multiplier of cz_div for divisor c >= 1: ceil(2^32 / c) (unused, 0, for c = 1).
 __device__ __forceinline__ u32 cz_magic(int c) { return c > 1 ? 0xFFFFFFFFu / (u32)c + 1u : 0u; }
-// k / c for k < 2^16 and 1 <= c < 2^16 by a multiplication: with m = ceil(2^32 / c) = (2^32 + e) / c,
-// e < c, k m / 2^32 = k / c + k e / (c 2^32) exceeds k / c by less than 1 / c (as k e < 2^32), so
-// its floor is k / c's. A walk has at most 729 points (a 3-D box), far below 2^16, and one
+// k / c for k < 2^16 and 1 <= c < 2^16 by a multiplication: with m = ceil(2^32 / c) =
+// (2^32 + e) / c, e < c, k m / 2^32 = k / c + k e / (c 2^32) exceeds k / c by less than 1 / c (as
+// k e < 2^32), so its floor is k / c's. A walk has at most 729 points (a 3-D box), far below 2^16, and one
 // multiplication replaces the about 20 instructions of a runtime division.
 __device__ __forceinline__ int cz_div(int k, int c, u32 m) { return c > 1 ? (int)__umulhi((u32)k, m) : k; }
 __device__ __forceinline__ void cz_walk(const i64* geo, int w, const int e[3], CzWalk& r) {
@@ -1094,8 +1095,9 @@ __device__ __forceinline__ u32 cz_symbol(i64 r) {
 // Tile residuals (mod.rs Tiles::encode, abs / noa): as cz_tiles, but each point's residual is
 // quantized (quant.rs ResidualQuantizer::encode) and written in symbol order, as its symbol
 // (`syms`, 2 bytes per value; the later kernels read it with cz_res), a big residual also to
-// `res`, a lossless value's bits to `raw`; the owned points' symbols are counted per class (cz_hist_add) and
-// the block's counts added to `hist` at the end. Blocks loop over the tiles, warp by warp.
+// `res`, a lossless value's bits to `raw`; the owned points' symbols are counted per class
+// (cz_hist_add) and the block's counts added to `hist` at the end. Blocks loop over the tiles,
+// warp by warp.
 //
 // Symbols CZ_HIST_LO .. CZ_HIST_LO + CZ_HIST_WIN (residuals -128..127, where nearly all of a
 // smooth field's are) are counted in shared memory (dynamic: CZ_TILE_WARPS boxes, then
@@ -1199,7 +1201,7 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
 // Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of
 // CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 16 bytes backwards]
 // [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes (cz_enc_chunks) or step
-// indices (cz_enc_whole), CHUNK * 2]; every part starts at a multiple of 16 bytes.
+// indices (cz_enc_prep, cz_enc_whole), CHUNK * 2]; every part starts at a multiple of 16 bytes.
 // enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
 // lossless bytes, varint bytes; sizes[ci] = the chunk's size.
 #define CZ_RANS_CAP (2 * CZ_CHUNK + 16)
@@ -1265,8 +1267,8 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
 }
 
 // One encoder step (rans.rs EncSym::put after the renormalization) with the step `e` packed as
-// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`. The state
-// (below 2^31) is at least x_max = f 2^17 >= 2^17 after at most 2 bytes, so the renormalization
+// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`. The state,
+// below 2^31, falls below x_max = f 2^17 >= 2^17 after at most 2 bytes, so the renormalization
 // is the count of bytes k = [x >= x_max] + [x / 2^8 >= x_max] and two predicated stores, with
 // no loop to keep the steps apart.
 __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev) {
