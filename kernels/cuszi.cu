@@ -41,7 +41,8 @@
 #define CZ_E_BIG 8ull
 #define CZ_E_PAD 16ull
 
-// Chunks per block of cz_rans (one per thread of its first warp).
+// Chunks per block of cz_rans (one per thread of its first warp) and of the whole-tile chain
+// kernels (cz_rans_whole, cz_enc_whole).
 #define CZ_RANS_CHUNKS 32
 // Largest box: 9^3 (3-D), 17^2 (2-D), 513 (1-D).
 #define CZ_MAXBOX 729
@@ -167,6 +168,59 @@ __device__ __forceinline__ void cz_next_point(const CzGeo& g, i64 tc[3], i64& b,
 // memory).
 extern __shared__ __align__(16) u8 cz_dyn[];
 
+// A chunk's checksum against its table entry's `sum_w`, and its rANS byte count `nb` (at least
+// the 4 state bytes, inside the chunk): the error bit, 0 when both hold.
+__device__ __forceinline__ u64 cz_chunk_check(const u8* c, u32 size, u32 sum_w, u32& nb) {
+    const u32* w = (const u32*)c;
+    u32 sum = 0;
+    for (u32 i = 0; i < size / 4; i++) sum += zhash_mix(w[i], i);
+    if (zhash_final(sum, size / 4) != sum_w) return CZ_E_CHECKSUM;
+    if (size < 8) return CZ_E_RANS;
+    nb = *(const u32*)c;
+    if (nb < 4 || (u64)nb + 4 > size) return CZ_E_RANS;
+    return 0;
+}
+
+// The end of a chunk after its rANS symbols (rans.rs read_chunk's final checks, entropy.rs
+// read_chunk_tail): the final state is the encoder's initial one and the `nb` rANS bytes were
+// consumed exactly (`pos`); then the `nbig` big residuals after the `nraw` lossless values
+// (their positions in the chunk `bg`, their values into the chunk's residuals `rc`), then fewer
+// than 4 zero bytes of padding. Returns the error bit, 0 for a valid chunk.
+template <typename T>
+__device__ __forceinline__ u64 cz_rans_bigs(const u8* c, u32 size, u32 nb, u32 nraw, u32 nbig, const u32* bg,
+                                            i64* rc);
+template <typename T>
+__device__ __forceinline__ u64 cz_rans_tail(const u8* c, u32 size, u32 nb, u32 x, u32 pos, u32 nraw, u32 nbig,
+                                            const u32* bg, i64* rc) {
+    if (x != CZ_RANS_L || pos != nb) return CZ_E_RANS;
+    return cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
+}
+// cz_rans_tail after the state's checks: the big residuals and the padding.
+template <typename T>
+__device__ __forceinline__ u64 cz_rans_bigs(const u8* c, u32 size, u32 nb, u32 nraw, u32 nbig, const u32* bg,
+                                            i64* rc) {
+    u32 p = 4 + nb + nraw * (u32)sizeof(T);
+    for (u32 q = 0; q < nbig; q++) {
+        u64 z = 0;
+        int shift = 0;
+        for (;;) {
+            if (p >= size) return CZ_E_BIG;
+            u32 bb = c[p++];
+            if ((shift == 63 && bb > 1) || (shift > 0 && bb == 0)) return CZ_E_BIG;
+            z |= (u64)(bb & 0x7F) << shift;
+            if (!(bb & 0x80)) break;
+            shift += 7;
+        }
+        i64 v = (i64)(z >> 1) ^ -(i64)(z & 1);
+        if ((v >= -CZ_RADIUS && v <= CZ_RADIUS) || v == CZ_LOSSLESS) return CZ_E_BIG;
+        rc[bg[q]] = v;
+    }
+    if (size - p >= 4) return CZ_E_PAD;
+    for (u32 q = p; q < size; q++)
+        if (c[q]) return CZ_E_PAD;
+    return 0;
+}
+
 template <typename T>
 __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* g_pattern,
                         const u8* g_map, const unsigned short* g_sym, const u32* g_fc, const u8* g_rank,
@@ -207,25 +261,11 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     const u8* c = stream + ent[2 * ci];
     u32 size = (u32)ent[2 * ci + 1];
     u32 sum_w = (u32)(ent[2 * ci + 1] >> 32);
-    u64 fail = 0;
-    {
-        const u32* w = (const u32*)c;
-        u32 sum = 0;
-        for (u32 i = 0; i < size / 4; i++) sum += zhash_mix(w[i], i);
-        if (zhash_final(sum, size / 4) != sum_w) fail = CZ_E_CHECKSUM;
-    }
     i64 i0 = (i64)ci * CZ_CHUNK;
     i64 cnt = g.batch * g.vol - i0;
     if (cnt > CZ_CHUNK) cnt = CZ_CHUNK;
     u32 nb = 0;
-    if (!fail) {
-        if (size < 8) {
-            fail = CZ_E_RANS;
-        } else {
-            nb = *(const u32*)c;
-            if (nb < 4 || (u64)nb + 4 > size) fail = CZ_E_RANS;
-        }
-    }
+    u64 fail = cz_chunk_check(c, size, sum_w, nb);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
@@ -288,45 +328,212 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
         cz_next_point(g, tc, b, l, own);
         if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     }
-    if (!fail && (x != CZ_RANS_L || pos != nb)) fail = CZ_E_RANS;
-    u32 p = raw_at + nraw * (u32)sizeof(T);
-    for (u32 q = 0; q < nbig && !fail; q++) {
-        u64 z = 0;
-        int shift = 0;
-        for (;;) {
-            if (p >= size) {
-                fail = CZ_E_BIG;
-                break;
-            }
-            u32 bb = c[p++];
-            if ((shift == 63 && bb > 1) || (shift > 0 && bb == 0)) {
-                fail = CZ_E_BIG;
-                break;
-            }
-            z |= (u64)(bb & 0x7F) << shift;
-            if (!(bb & 0x80)) break;
-            shift += 7;
-        }
-        if (fail) break;
-        i64 v = (i64)(z >> 1) ^ -(i64)(z & 1);
-        if ((v >= -CZ_RADIUS && v <= CZ_RADIUS) || v == CZ_LOSSLESS) {
-            fail = CZ_E_BIG;
-            break;
-        }
-        res[i0 + bigs[i0 + q]] = v;
-    }
-    if (!fail) {
-        if (size - p >= 4) {
-            fail = CZ_E_PAD;
-        } else {
-            for (u32 q = p; q < size; q++)
-                if (c[q]) fail = CZ_E_PAD;
-        }
-    }
+    if (!fail) fail = cz_rans_tail<T>(c, size, nb, x, pos, nraw, nbig, bigs + i0, res + i0);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
     }
+}
+
+// Chunks of a stream whose tiles are all whole (every extent a multiple of S or below it,
+// src/gpu/cuszi.rs `whole_tiles`), decoded as cz_rans does, with its every check, in two
+// kernels. A chunk's symbols form one serial chain of state updates, so cz_rans_whole keeps
+// only that chain in its loop, one thread per chunk: the residual at symbol index i is at local
+// index i mod ts of its tile (ts points per tile), so its table is tabpat[i mod ts] (the class
+// map applied to the class pattern), found by a counter rather than by a walk over tile
+// coordinates; the rANS bytes are read a 4-byte word at a time, the next word loaded ahead (the
+// host checks that the stream, whose chunks start at multiples of 4, is 4-aligned); each symbol
+// is stored (`syms`) and the chunk's state checked (`stat`: 0 when valid). cz_rans_post then
+// places a valid chunk's lossless values and big residuals, one warp per chunk, numbering them
+// by ballots, and lane 0 checks the chunk's end (cz_rans_bigs); the later kernels read the other
+// residuals from the symbols (cz_res).
+//
+// Blocks of CZ_RANS_CHUNKS chunks stage the tables (when `smem`), then each of their warps
+// decodes CZ_RANS_LANES chunks, one per lane: a warp's lanes step together, so the fewer chunks
+// a warp holds the less often one waits on another's rare symbol or renormalization.
+#define CZ_RANS_LANES 4
+// The symbols of one valid-looking chunk (cz_rans_whole): its `cnt` symbols into `sy`, `c` its
+// bytes (`size`, `nb` of them rANS bytes), `l` the local index of its first residual in its
+// tile. Returns the error bit. The tables are passed in (shared memory, where the compiler then
+// emits shared loads, or global memory).
+//
+// Renormalization, where a valid stream's state (at least 2^9 after a step) needs at most 2
+// bytes, takes them without a loop: the count k = 1 + [x < L / 2^8], both bytes from the 8
+// bytes of `cur` and `nxt`; a smaller state (only from a corrupt initial state) takes the
+// byte-by-byte loop. Either way it fails exactly when cz_rans would run out of bytes.
+__device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const u8* tabpat,
+                                             const u8* rank, const u32* rfc, const unsigned short* rsym,
+                                             const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
+    // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is chunk
+    // byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the chunk)
+    const u32* w = (const u32*)c;
+    const u32 nw = size / 4;
+    u32 x = __byte_perm(w[1], 0, 0x0123);
+    u32 pos = 4;
+    u32 cur = 2 < nw ? w[2] : 0;
+    u32 nxt = 3 < nw ? w[3] : 0;
+    const u32 mask = CZ_PROB_SCALE - 1;
+    u32 tb = tabpat[l];
+    for (u32 j = 0; j < cnt; j++) {
+        u32 sl = x & mask;
+        u32 at = (tb << CZ_PROB_BITS) + sl;
+        u32 rk = rank[at];
+        // the next residual's table, off the chain
+        l = l + 1 == ts ? 0 : l + 1;
+        u32 tn = tabpat[l];
+        u32 s, fc;
+        if (rk != 255) {
+            s = rsym[tb * 256 + rk];
+            fc = rfc[tb * 256 + rk];
+        } else {
+            s = g_sym[at];
+            fc = g_fc[tb * 1025 + s];
+        }
+        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+        if (x >= CZ_RANS_L) {
+            // (most symbols: no renormalization)
+        } else if (x >= (CZ_RANS_L >> 16)) {
+            u32 k = 1 + (x < (CZ_RANS_L >> 8));
+            if (pos + k > nb) return CZ_E_RANS;
+            u32 win = __funnelshift_r(cur, nxt, 8 * (pos & 3));
+            u32 two = (win & 0xFF) << 8 | ((win >> 8) & 0xFF);
+            x = k == 1 ? (x << 8) | (win & 0xFF) : (x << 16) | two;
+            u32 p2 = pos + k;
+            if ((p2 >> 2) != (pos >> 2)) {
+                cur = nxt;
+                u32 q = 2 + p2 / 4;
+                nxt = q < nw ? w[q] : 0;
+            }
+            pos = p2;
+        } else {
+            while (x < CZ_RANS_L) {
+                if (pos >= nb) return CZ_E_RANS;
+                x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
+                pos++;
+                if ((pos & 3) == 0) {
+                    cur = nxt;
+                    u32 q = 2 + pos / 4;
+                    nxt = q < nw ? w[q] : 0;
+                }
+            }
+        }
+        sy[j] = (unsigned short)s;
+        tb = tn;
+    }
+    return x != CZ_RANS_L || pos != nb ? CZ_E_RANS : 0;
+}
+
+template <typename T>
+__device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* g_tabpat,
+                              const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
+                              const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
+                              u64* err) {
+    u8* s_rank = cz_dyn;
+    u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
+    unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
+    u8* s_tp = (u8*)(s_rsym + ntab * 256);
+    if (smem) {
+        const u32* gr = (const u32*)g_rank;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
+        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
+            s_rfc[i] = g_rfc[i];
+            s_rsym[i] = g_rsym[i];
+        }
+        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_tp[i] = g_tabpat[i];
+        __syncthreads();
+    }
+    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane >= CZ_RANS_LANES) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    if (ci >= nchunks) return;
+    const u8* c = stream + ent[2 * ci];
+    u32 size = (u32)ent[2 * ci + 1];
+    u32 sum_w = (u32)(ent[2 * ci + 1] >> 32);
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u32 nb = 0;
+    u64 fail = cz_chunk_check(c, size, sum_w, nb);
+    if (!fail) {
+        u32 l = (u32)(i0 % ts);
+        if (smem) {
+            fail = cz_rans_chain(c, size, nb, cnt, l, ts, s_tp, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+        } else {
+            fail = cz_rans_chain(c, size, nb, cnt, l, ts, g_tabpat, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
+        }
+    }
+    stat[ci] = fail ? 1u : 0u;
+    if (fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
+    }
+}
+
+// The rest of the chunks cz_rans_whole decoded (`stat` 0), one warp per chunk: a lossless
+// value's bits to `raw` at its index and the positions of the big residuals in `bigs`, then
+// lane 0 reads the big residuals into `res` (the other residuals are read from the symbols,
+// cz_res) and checks the padding.
+template <typename T>
+__device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 count, const unsigned short* syms,
+                             const u32* stat, i64* res, u8* raw, u32* bigs, u64* err) {
+    u32 lane = threadIdx.x & 31;
+    u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (ci >= nchunks || stat[ci]) return;
+    const u8* c = stream + ent[2 * ci];
+    u32 size = (u32)ent[2 * ci + 1];
+    u32 nb = *(const u32*)c;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    const unsigned short* sy = syms + i0;
+    i64* rc = res + i0;
+    u8* rawc = raw + i0 * sizeof(T);
+    u32* bg = bigs + i0;
+    const u32 raw_at = 4 + nb;
+    const u32 below = (1u << lane) - 1;
+    u32 nraw = 0, nbig = 0;
+    // 4 x 32 symbols a step, loaded before any is used
+    for (u32 base = 0; base < cnt; base += 128) {
+        u32 sv[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) sv[q] = base + 32 * q + lane < cnt ? sy[base + 32 * q + lane] : 0u;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            u32 j = base + 32 * q + lane;
+            bool v = j < cnt;
+            u32 s = sv[q];
+            u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
+            u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
+            if (v && s == CZ_SYM_LOSSLESS) {
+                // (a chunk too short for its lossless values is rejected below)
+                u64 k = nraw + __popc(ml & below);
+                if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
+                    const u8* p = c + raw_at + k * sizeof(T);
+                    for (int b = 0; b < (int)sizeof(T); b++) rawc[(u64)j * sizeof(T) + b] = p[b];
+                }
+            } else if (v && s == CZ_SYM_BIG) {
+                bg[nbig + __popc(mb & below)] = j;
+            }
+            nraw += __popc(ml);
+            nbig += __popc(mb);
+        }
+    }
+    // (lane 0 reads the positions the other lanes wrote)
+    __syncwarp();
+    if (lane) return;
+    u64 fail = (u64)raw_at + (u64)nraw * sizeof(T) > size ? CZ_E_RAW : cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
+    if (fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
+    }
+}
+
+// The residual at symbol index `si` after the chunk decoding: from `res` (cz_rans), or, when
+// `syms` is given (cz_rans_whole, cz_rans_post), from the symbol there, `res` holding only the
+// big residuals; 2 bytes per value read instead of 8.
+__device__ __forceinline__ i64 cz_res(const i64* res, const unsigned short* syms, i64 si) {
+    if (!syms) return res[si];
+    u32 s = syms[si];
+    return s < CZ_SYM_LOSSLESS ? (i64)s - CZ_RADIUS : s == CZ_SYM_LOSSLESS ? CZ_LOSSLESS : res[si];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -335,7 +542,8 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // launch per dimension, one thread per line of tiles along it. The first launch (dim 2) reads
 // the residuals, the last (dim 0) also writes the anchors' values (mod.rs anchor_values).
 template <typename T>
-__device__ void cz_anchors(const i64* geo, const i64* res, i64* acc, double* vals, int dim, int first, int last,
+__device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, double* vals, int dim,
+                           int first, int last,
                            double step) {
     const CzGeo g = cz_geo(geo);
     i64 len = g.tiles[dim];
@@ -357,7 +565,7 @@ __device__ void cz_anchors(const i64* geo, const i64* res, i64* acc, double* val
         i64 t = cz_tile_index(g, b, c);
         i64 v;
         if (first) {
-            i64 rr = res[cz_tile_offset(g, b, c)];
+            i64 rr = cz_res(res, syms, cz_tile_offset(g, b, c));
             v = rr == CZ_LOSSLESS ? 0 : rr;
         } else {
             v = acc[t];
@@ -473,7 +681,16 @@ __device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3
 // point counts.
 struct CzWalk {
     int s, start[3], stp[3], multi, am, sp[3], cnt[3], total;
+    // cz_div's multipliers for cnt[2] and cnt[1]
+    u32 m2, m1;
 };
+// The multiplier of cz_div for divisor c >= 1: ceil(2^32 / c) (unused, 0, for c = 1).
+__device__ __forceinline__ u32 cz_magic(int c) { return c > 1 ? 0xFFFFFFFFu / (u32)c + 1u : 0u; }
+// k / c for k < 2^16 and 1 <= c < 2^16 by a multiplication: with m = ceil(2^32 / c) =
+// (2^32 + e) / c, e < c, k m / 2^32 = k / c + k e / (c 2^32) exceeds k / c by less than 1 / c (as
+// k e < 2^32), so its floor is k / c's. A walk has at most 729 points (a 3-D box), far below 2^16, and one
+// multiplication replaces the about 20 instructions of a runtime division.
+__device__ __forceinline__ int cz_div(int k, int c, u32 m) { return c > 1 ? (int)__umulhi((u32)k, m) : k; }
 __device__ __forceinline__ void cz_walk(const i64* geo, int w, const int e[3], CzWalk& r) {
     const i64* wk = geo + CZ_G_WALKS + CZ_WALK_WORDS * w;
     r.s = (int)wk[0];
@@ -484,12 +701,17 @@ __device__ __forceinline__ void cz_walk(const i64* geo, int w, const int e[3], C
     for (int d = 0; d < 3; d++) r.sp[d] = (int)wk[9 + d];
     for (int d = 0; d < 3; d++) r.cnt[d] = r.start[d] < e[d] ? (e[d] - 1 - r.start[d]) / r.stp[d] + 1 : 0;
     r.total = r.cnt[0] * r.cnt[1] * r.cnt[2];
+    r.m2 = cz_magic(r.cnt[2]);
+    r.m1 = cz_magic(r.cnt[1]);
 }
 // Point `k` of the walk: its coordinates `x` in the box; returns its index in the box.
 __device__ __forceinline__ int cz_walk_point(const CzWalk& w, const int st[3], int k, int x[3]) {
-    x[2] = w.start[2] + (k % w.cnt[2]) * w.stp[2];
-    x[1] = w.start[1] + ((k / w.cnt[2]) % w.cnt[1]) * w.stp[1];
-    x[0] = w.start[0] + (k / (w.cnt[2] * w.cnt[1])) * w.stp[0];
+    // (k / (c2 c1) = (k / c2) / c1)
+    int q2 = cz_div(k, w.cnt[2], w.m2);
+    int q1 = cz_div(q2, w.cnt[1], w.m1);
+    x[2] = w.start[2] + (k - q2 * w.cnt[2]) * w.stp[2];
+    x[1] = w.start[1] + (q2 - q1 * w.cnt[1]) * w.stp[1];
+    x[0] = w.start[0] + q1 * w.stp[0];
     return x[0] * st[0] + x[1] * st[1] + x[2];
 }
 // The walk's prediction of the point at `idx` (x).
@@ -533,9 +755,11 @@ template <> __device__ __forceinline__ double cz_from_bits<double>(const u8* p) 
 // in shared memory; the points of one walk are independent, so the lanes share each walk and
 // meet at a warp barrier between walks. Owned points are written straight to the array.
 template <typename T>
-__device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i64* acc, const double* vals,
+__device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw, const i64* acc,
+                         const double* vals,
                          double step, T* out) {
     __shared__ double sbuf[CZ_TILE_WARPS][CZ_MAXBOX];
+    __shared__ i64 sbase[CZ_TILE_WARPS][8];
     const CzGeo g = cz_geo(geo);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp;
@@ -546,26 +770,26 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
     int e[3], own[3], st[3];
     i64 base, origin;
     cz_tile_box(g, b, c, e, own, st, base, origin);
+    // A halo point is local coordinate 0 of the next tile along its halo dimensions: the first
+    // symbol index of this tile and of its next tiles along each set of dimensions (bit d of
+    // the set for dimension d; a tile past the volume is never looked up), and the owned
+    // extents of the next tiles, found once per tile rather than per halo point.
+    if (lane < 8) {
+        i64 cn[3];
+        for (int d = 0; d < 3; d++) cn[d] = c[d] + (lane >> d & 1);
+        sbase[warp][lane] = cz_tile_offset(g, b, cn);
+    }
+    int onx[3];
+    for (int d = 0; d < 3; d++) onx[d] = (int)cz_owned(g, d, c[d] + 1);
     cz_box_init(g, b, c, e, st, vals, lane, buf);
     int nw = (int)geo[CZ_G_NWALKS];
     cz_walks(geo, nw, buf, e, st, lane, [&](int idx, const int x[3], double p) {
-        bool owned = x[0] < own[0] && x[1] < own[1] && x[2] < own[2];
-        i64 si;
-        if (owned) {
-            si = base + (x[0] * own[1] + x[1]) * own[2] + x[2];
-        } else {
-            // a halo point: local coordinate 0 of the next tile along its halo dimensions
-            i64 cn[3];
-            int l[3], on[3];
-            for (int d = 0; d < 3; d++) {
-                bool h = x[d] >= own[d];
-                cn[d] = c[d] + h;
-                l[d] = h ? 0 : x[d];
-                on[d] = h ? (int)cz_owned(g, d, cn[d]) : own[d];
-            }
-            si = cz_tile_offset(g, b, cn) + (l[0] * on[1] + l[1]) * on[2] + l[2];
-        }
-        i64 r = res[si];
+        int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
+        bool owned = hm == 0;
+        int l0 = hm & 1 ? 0 : x[0], l1 = hm & 2 ? 0 : x[1], l2 = hm & 4 ? 0 : x[2];
+        int on1 = hm & 2 ? onx[1] : own[1], on2 = hm & 4 ? onx[2] : own[2];
+        i64 si = sbase[warp][hm] + (l0 * on1 + l1) * on2 + l2;
+        i64 r = cz_res(res, syms, si);
         double v;
         T val;
         if (r == CZ_LOSSLESS) {
@@ -581,7 +805,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const u8* raw, const i6
     });
     if (lane == 0) {
         T val;
-        if (res[base] == CZ_LOSSLESS) {
+        if (cz_res(res, syms, base) == CZ_LOSSLESS) {
             val = cz_from_bits<T>(raw + base * sizeof(T));
         } else if (sizeof(T) == 4) {
             val = (T)((float)(i32)acc[t] * (float)step);
@@ -869,16 +1093,33 @@ __device__ __forceinline__ u32 cz_symbol(i64 r) {
 }
 
 // Tile residuals (mod.rs Tiles::encode, abs / noa): as cz_tiles, but each point's residual is
-// quantized (quant.rs ResidualQuantizer::encode) and written in symbol order with, for a
-// lossless value, its bits; the owned points' symbols are counted per class in shared memory
-// (dynamic: CZ_TILE_WARPS boxes, then nclass * 1025 counters) and added to `hist` at the end.
-// Blocks loop over the tiles, warp by warp.
+// quantized (quant.rs ResidualQuantizer::encode) and written in symbol order, as its symbol
+// (`syms`, 2 bytes per value; the later kernels read it with cz_res), a big residual also to
+// `res`, a lossless value's bits to `raw`; the owned points' symbols are counted per class
+// (cz_hist_add) and the block's counts added to `hist` at the end. Blocks loop over the tiles,
+// warp by warp.
+//
+// Symbols CZ_HIST_LO .. CZ_HIST_LO + CZ_HIST_WIN (residuals -128..127, where nearly all of a
+// smooth field's are) are counted in shared memory (dynamic: CZ_TILE_WARPS boxes, then
+// nclass * CZ_HIST_WIN counters), the others straight in `hist`: a shared counter for every
+// symbol would take 41 KB (3-D) to 115 KB (1-D) per block and leave few blocks per SM.
+#define CZ_HIST_LO 383
+#define CZ_HIST_WIN 256
+__device__ __forceinline__ void cz_hist_add(u32* shist, u64* hist, u32 cls, u32 sym, u32 n) {
+    u32 w = sym - CZ_HIST_LO;
+    if (w < CZ_HIST_WIN) {
+        atomicAdd(&shist[cls * CZ_HIST_WIN + w], n);
+    } else {
+        atomicAdd(&hist[cls * 1025u + sym], (u64)n);
+    }
+}
 template <typename T>
 __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
-                             double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {
+                             double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,
+                             u8* raw, u64* hist) {
     double* sbox = (double*)cz_dyn;
     u32* shist = (u32*)(sbox + CZ_TILE_WARPS * CZ_MAXBOX);
-    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x) shist[i] = 0;
+    for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
     __syncthreads();
     const CzGeo g = cz_geo(geo);
     const double inv = 1.0 / step;
@@ -928,42 +1169,47 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
             u32 key = 0xFFFFFFFFu;
             if (owned) {
                 i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
-                res[si] = r;
+                u32 sym = cz_symbol(r);
+                syms[si] = (unsigned short)sym;
+                if (sym == CZ_SYM_BIG) res[si] = r;
                 if (r == CZ_LOSSLESS) {
                     u64 bits = cz_bits<T>(xv);
                     for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
                 }
-                key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + cz_symbol(r);
+                key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + sym;
             }
             u32 am2 = __activemask();
             u32 peers = __match_any_sync(am2, key);
-            if (owned && (__ffs(peers) - 1) == lane) atomicAdd(&shist[key], (u32)__popc(peers));
+            if (owned && (__ffs(peers) - 1) == lane) cz_hist_add(shist, hist, key / 1025u, key % 1025u, __popc(peers));
         });
         if (lane == 0) {
             i64 r = ares[t];
-            res[base] = r;
+            syms[base] = (unsigned short)cz_symbol(r);
+            if (cz_symbol(r) == CZ_SYM_BIG) res[base] = r;
             if (r == CZ_LOSSLESS) {
                 u64 bits = cz_bits<T>(x[origin]);
                 for (int q = 0; q < (int)sizeof(T); q++) raw[base * sizeof(T) + q] = (u8)(bits >> (8 * q));
             }
-            atomicAdd(&shist[pattern[0] * 1025u + cz_symbol(r)], 1u);
+            cz_hist_add(shist, hist, pattern[0], cz_symbol(r), 1u);
         }
     }
     __syncthreads();
-    for (u32 i = threadIdx.x; i < nclass * 1025; i += blockDim.x)
-        if (shist[i]) atomicAdd(&hist[i], (u64)shist[i]);
+    for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x)
+        if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
 }
 
 // Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of
-// CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 4 bytes backwards]
-// [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes, CHUNK].
+// CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 16 bytes backwards]
+// [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes (cz_enc_chunks) or step
+// indices (cz_enc_prep, cz_enc_whole), CHUNK * 2]; every part starts at a multiple of 16 bytes.
 // enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
 // lossless bytes, varint bytes; sizes[ci] = the chunk's size.
-#define CZ_RANS_CAP (2 * CZ_CHUNK + 4)
-template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 1); }
+#define CZ_RANS_CAP (2 * CZ_CHUNK + 16)
+template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
-__device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, const u8* pattern, const u8* map,
-                              const u32* enc, u64 nchunks, u8* scratch, u32* info, u64* sizes) {
+__device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw,
+                              const u8* pattern, const u8* map, const u32* enc, u64 nchunks, u8* scratch, u32* info,
+                              u64* sizes) {
     u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ci >= nchunks) return;
     const CzGeo g = cz_geo(geo);
@@ -981,7 +1227,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     u32 nraw = 0, nbig = 0;
     for (i64 j = 0; j < cnt; j++) {
         cls[j] = pattern[(l[0] * f1 + l[1]) * f2 + l[2]];
-        i64 r = res[i0 + j];
+        i64 r = cz_res(res, syms, i0 + j);
         u32 s = cz_symbol(r);
         if (s == CZ_SYM_LOSSLESS) {
             for (int q = 0; q < (int)sizeof(T); q++) rawo[nraw++] = raw[(i0 + j) * sizeof(T) + q];
@@ -1000,7 +1246,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     u32 nrev = 0;
     u8* end = sc + CZ_RANS_CAP;
     for (i64 j = cnt - 1; j >= 0; j--) {
-        const u32* e = enc + ((u32)map[cls[j]] * 1025u + cz_symbol(res[i0 + j])) * 5;
+        const u32* e = enc + ((u32)map[cls[j]] * 1025u + syms[i0 + j]) * 5;
         u32 x_max = e[0];
         while (x >= x_max) {
             end[-1 - (i64)nrev] = (u8)x;
@@ -1017,6 +1263,161 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const u8* raw, con
     info[3 * ci + 1] = nraw;
     info[3 * ci + 2] = nbig;
     u64 size = 4 + (u64)nb + nraw + nbig;
+    sizes[ci] = (size + 3) & ~3ull;
+}
+
+// One encoder step (rans.rs EncSym::put after the renormalization) with the step `e` packed as
+// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`. The state,
+// below 2^31, falls below x_max = f 2^17 >= 2^17 after at most 2 bytes, so the renormalization
+// is the count of bytes k = [x >= x_max] + [x / 2^8 >= x_max] and two predicated stores, with
+// no loop to keep the steps apart.
+__device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev) {
+    u32 k = (x >= e.x) + ((x >> 8) >= e.x);
+    if (k) end[-1 - (i64)nrev] = (u8)x;
+    if (k == 2) end[-2 - (i64)nrev] = (u8)(x >> 8);
+    nrev += k;
+    x >>= 8 * k;
+    u32 q = __umulhi(x, e.y) >> (e.w >> 16);
+    x = x + e.z + q * (e.w & 0xFFFF);
+}
+
+// Chunk coding of a stream whose tiles are all whole (as cz_rans_whole), writing what
+// cz_enc_chunks writes, in two kernels. cz_enc_prep, one warp per chunk (coalesced), writes
+// each residual's step index (u16: table * 1025 + symbol, the table by the position in its
+// tile) to the scratch, and the lossless values and big residuals' varints in order (numbered
+// by ballots and a scan of the varint lengths), with their byte counts in `info`.
+template <typename T>
+__device__ void cz_enc_prep(const i64* res, const unsigned short* syms, const u8* raw, const u8* tabpat, u64 count,
+                            u32 ts, u64 nchunks, u8* scratch, u32* info) {
+    u32 lane = threadIdx.x & 31;
+    u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (ci >= nchunks) return;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u8* sc = scratch + ci * (u64)cz_scratch<T>();
+    u8* rawo = sc + CZ_RANS_CAP;
+    u8* bigo = rawo + CZ_CHUNK * sizeof(T);
+    unsigned short* key = (unsigned short*)(bigo + CZ_CHUNK * 10);
+    const i64* rc = res + i0;
+    const unsigned short* sy = syms + i0;
+    const u8* rawc = raw + i0 * sizeof(T);
+    const u32 below = (1u << lane) - 1;
+    u32 nraw = 0, nbig = 0;
+    // this lane's local index in the tile, advanced by 32 positions per step
+    u32 l = (u32)((i0 + lane) % ts);
+    const u32 adv = 32 % ts;
+    // 4 x 32 symbols a step, loaded before any is used
+    for (u32 base = 0; base < cnt; base += 128) {
+        u32 sv[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) sv[q] = base + 32 * q + lane < cnt ? sy[base + 32 * q + lane] : 0u;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            u32 j = base + 32 * q + lane;
+            bool v = j < cnt;
+            u32 s = sv[q];
+            if (v) key[j] = (unsigned short)((u32)tabpat[l] * 1025u + s);
+            l += adv;
+            if (l >= ts) l -= ts;
+            u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
+            if (ml) {
+                if (v && s == CZ_SYM_LOSSLESS) {
+                    u32 k = nraw + __popc(ml & below) * (u32)sizeof(T);
+                    for (int b = 0; b < (int)sizeof(T); b++) rawo[k + b] = rawc[(u64)j * sizeof(T) + b];
+                }
+                nraw += __popc(ml) * (u32)sizeof(T);
+            }
+            u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
+            if (mb) {
+                i64 r = v && s == CZ_SYM_BIG ? rc[j] : 0;
+                u64 z = ((u64)r << 1) ^ (u64)(r >> 63);
+                u32 len = 0;
+                if (v && s == CZ_SYM_BIG) {
+                    len = 1;
+                    for (u64 t = z; t >= 0x80; t >>= 7) len++;
+                }
+                u32 incl = warp_incl_u32(len, (int)lane);
+                if (len) {
+                    u32 o = nbig + incl - len;
+                    while (z >= 0x80) {
+                        bigo[o++] = (u8)(z | 0x80);
+                        z >>= 7;
+                    }
+                    bigo[o] = (u8)z;
+                }
+                nbig += __shfl_sync(ZC_FULL, incl, 31);
+            }
+        }
+    }
+    if (lane == 0) {
+        info[3 * ci + 1] = nraw;
+        info[3 * ci + 2] = nbig;
+    }
+}
+
+// The rANS coding of one chunk's `cnt` step indices `key` backwards (cz_enc_whole), bytes
+// emitted from `end`; returns the final state, `nrev` the bytes emitted. The steps `enc` are
+// passed in (shared memory, where the compiler then emits shared loads, or global memory).
+// It loads 8 indices at once (the next 8 ahead) and their 8 steps before it codes them, so
+// that only the state's arithmetic is serial.
+__device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end, u32& nrev) {
+    // the last cnt % 8 residuals one by one, then groups of 8 from the last
+    const u32 ng = cnt / 8;
+    u32 x = CZ_RANS_L;
+    for (u32 j = cnt; j > 8 * ng;) {
+        j--;
+        cz_enc_step(enc[key[j]], x, end, nrev);
+    }
+    if (ng) {
+        const uint4* kv = (const uint4*)key;
+        uint4 next = kv[ng - 1];
+        for (u32 g = ng; g-- > 0;) {
+            uint4 kk = next;
+            if (g) next = kv[g - 1];
+            uint4 e[8];
+            e[0] = enc[kk.x & 0xFFFF];
+            e[1] = enc[kk.x >> 16];
+            e[2] = enc[kk.y & 0xFFFF];
+            e[3] = enc[kk.y >> 16];
+            e[4] = enc[kk.z & 0xFFFF];
+            e[5] = enc[kk.z >> 16];
+            e[6] = enc[kk.w & 0xFFFF];
+            e[7] = enc[kk.w >> 16];
+#pragma unroll
+            for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x, end, nrev);
+        }
+    }
+    return x;
+}
+
+// cz_enc_whole codes each chunk's step indices (cz_enc_chain), one thread per chunk (blocks and
+// lanes as cz_rans_whole), with the steps `g_enc` packed in 16 bytes per table and symbol
+// (cz_enc_step) and staged in shared memory (when `smem`); then the rANS byte count and the
+// chunk's size.
+template <typename T>
+__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
+                             u64* sizes) {
+    uint4* s_enc = (uint4*)cz_dyn;
+    if (smem) {
+        for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
+        __syncthreads();
+    }
+    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane >= CZ_RANS_LANES) return;
+    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    if (ci >= nchunks) return;
+    u64 i0 = ci * CZ_CHUNK;
+    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u8* sc = scratch + ci * (u64)cz_scratch<T>();
+    const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
+    u8* end = sc + CZ_RANS_CAP;
+    u32 nrev = 0;
+    u32 x = smem ? cz_enc_chain(s_enc, key, cnt, end, nrev) : cz_enc_chain(g_enc, key, cnt, end, nrev);
+    // the final state, big-endian, before the emitted bytes
+    for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
+    u32 nb = nrev + 4;
+    info[3 * ci] = nb;
+    u64 size = 4 + (u64)nb + info[3 * ci + 1] + info[3 * ci + 2];
     sizes[ci] = (size + 3) & ~3ull;
 }
 
@@ -1075,20 +1476,20 @@ __device__ void cz_enc_write(const u8* scratch, const u32* info, const u64* offs
     for (u64 w = threadIdx.x; w < size / 4; w += blockDim.x) {
         u32 word = 0;
         for (int q = 0; q < 4; q++) {
-            u64 i = 4 * w + q;
-            u32 v;
-            if (i < 4) {
-                v = (nb >> (8 * i)) & 0xFF;
-            } else if (i < 4 + (u64)nb) {
-                v = rans[i - 4];
-            } else if (i < 4 + (u64)nb + nraw) {
-                v = rawo[i - 4 - nb];
-            } else if (i < 4 + (u64)nb + nraw + nbig) {
-                v = bigo[i - 4 - nb - nraw];
-            } else {
-                v = 0;
-            }
-            word |= v << (8 * q);
+                u64 i = 4 * w + q;
+                u32 v;
+                if (i < 4) {
+                    v = (nb >> (8 * i)) & 0xFF;
+                } else if (i < 4 + (u64)nb) {
+                    v = rans[i - 4];
+                } else if (i < 4 + (u64)nb + nraw) {
+                    v = rawo[i - 4 - nb];
+                } else if (i < 4 + (u64)nb + nraw + nbig) {
+                    v = bigo[i - 4 - nb - nraw];
+                } else {
+                    v = 0;
+                }
+                word |= v << (8 * q);
         }
         ((u32*)dst)[w] = word;
         sum += zhash_mix(word, (u32)w);
@@ -1122,14 +1523,28 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
         cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, rank, rfc, rsym, ntab, nclass, smem, res,    \
                    raw, bigs, err);                                                                                \
     }                                                                                                               \
-    extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, i64* acc, double* vals, int dim,     \
+    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_rans_whole_##N(           \
+        const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* tabpat,                        \
+        const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
+        u32 ntab, u32 smem, unsigned short* syms, u32* stat, u64* err) {                                           \
+        cz_rans_whole<T>(stream, ent, nchunks, count, ts, tabpat, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat, \
+                         err);                                                                                     \
+    }                                                                                                               \
+    extern "C" __global__ void cz_rans_post_##N(const u8* stream, const u64* ent, u64 nchunks, u64 count,          \
+                                                const unsigned short* syms, const u32* stat, i64* res, u8* raw,   \
+                                                u32* bigs, u64* err) {                                             \
+        cz_rans_post<T>(stream, ent, nchunks, count, syms, stat, res, raw, bigs, err);                            \
+    }                                                                                                               \
+    extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, \
+                                              double* vals, int dim,                                               \
                                               int first, int last, double step) {                                  \
-        cz_anchors<T>(geo, res, acc, vals, dim, first, last, step);                                                \
+        cz_anchors<T>(geo, res, syms, acc, vals, dim, first, last, step);                                          \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
-        cz_tiles_##N(const i64* geo, const i64* res, const u8* raw, const i64* acc, const double* vals,            \
+        cz_tiles_##N(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw, const i64* acc,    \
+                     const double* vals,                                                                           \
                      double step, T* out) {                                                                        \
-        cz_tiles<T>(geo, res, raw, acc, vals, step, out);                                                          \
+        cz_tiles<T>(geo, res, syms, raw, acc, vals, step, out);                                                    \
     }
 
 CZ_INST(float, f32)
@@ -1150,13 +1565,23 @@ CZ_INST(double, f64)
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
         cz_enc_tiles_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,         \
-                         double step, double eb, const u8* pattern, u32 nclass, i64* res, u8* raw, u64* hist) {   \
-        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, raw, hist);                      \
+                         double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,   \
+                         u8* raw, u64* hist) {                                                                     \
+        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, syms, raw, hist);                \
     }                                                                                                               \
-    extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const u8* raw, const u8* pattern, \
-                                                 const u8* map, const u32* enc, u64 nchunks, u8* scratch,         \
-                                                 u32* info, u64* sizes) {                                          \
-        cz_enc_chunks<T>(geo, res, raw, pattern, map, enc, nchunks, scratch, info, sizes);                        \
+    extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const unsigned short* syms,       \
+                                                 const u8* raw, const u8* pattern, const u8* map, const u32* enc,  \
+                                                 u64 nchunks, u8* scratch, u32* info, u64* sizes) {                \
+        cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, scratch, info, sizes);                  \
+    }                                                                                                               \
+    extern "C" __global__ void cz_enc_prep_##N(const i64* res, const unsigned short* syms, const u8* raw,          \
+                                               const u8* tabpat, u64 count, u32 ts, u64 nchunks, u8* scratch,      \
+                                               u32* info) {                                                        \
+        cz_enc_prep<T>(res, syms, raw, tabpat, count, ts, nchunks, scratch, info);                                 \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
+        const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \
+        cz_enc_whole<T>(enc, ntab, smem, count, nchunks, scratch, info, sizes);                                    \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
                                                 u64 table_at, u64 data_at) {                                       \

@@ -226,8 +226,15 @@ fn reseal(s: &mut [u8], at: usize) {
     s[..hl].copy_from_slice(&head);
 }
 
+/// Corrupted streams of two shapes: one with edge tiles, one of whole tiles only (which the
+/// device decodes with its whole-tile chunk kernel).
 fn rejects_what_cpu_rejects(g: &mut CusziGpu) {
-    let dims = [40usize, 40, 50];
+    for dims in [[40usize, 40, 50], [48, 40, 64]] {
+        rejects_like_cpu(g, dims);
+    }
+}
+
+fn rejects_like_cpu(g: &mut CusziGpu, dims: [usize; 3]) {
     let mut r = Rng(0x5eed);
     for b in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-300)] {
         let data = adversarial::<f32>(&dims, 11);
@@ -261,7 +268,7 @@ fn rejects_what_cpu_rejects(g: &mut CusziGpu) {
         let mut longer = s.clone();
         longer.extend([0, 0, 0, 0]);
         assert!(!same::<f32>(g, &longer, "extended"));
-        eprintln!("{b}: {rejected} corruptions rejected by both, {decoded} decoded alike");
+        eprintln!("{dims:?} {b}: {rejected} corruptions rejected by both, {decoded} decoded alike");
         assert!(rejected > 0);
     }
 }

@@ -11,10 +11,14 @@
 //! 3. `cz_sample_*` (twice): the sampling's integer error sums, read back; the host chooses each
 //!    level's passes and splines with the rules of `interp::choose_levels`;
 //! 4. `cz_enc_tiles_*`: one warp per tile predicts its box level by level (IEEE f64, no FMA),
-//!    quantizes the residuals and counts the symbols of each class; the histogram is read back
-//!    and the host builds the rANS tables and the metadata with the CPU's own code;
-//! 5. `cz_enc_chunks_*` (one thread per chunk of 32,768 residuals) codes each chunk, `cz_scan`
-//!    sums their sizes (read back: a stream that does not compress is stored by the CPU twin),
+//!    quantizes the residuals, writes their symbols (2 bytes each; a big residual also as its
+//!    64-bit value) and counts the symbols of each class; the histogram is read back and the
+//!    host builds the rANS tables and the metadata with the CPU's own code;
+//! 5. the chunks of 32,768 residuals: when every tile is whole (`whole_tiles`), `cz_enc_prep_*`
+//!    (a warp per chunk) writes each residual's step index, the lossless values and the varints,
+//!    then `cz_enc_whole_*` (a thread per chunk) runs each chunk's serial chain of rANS state
+//!    updates; otherwise `cz_enc_chunks_*` (a thread per chunk) does both. `cz_scan` sums their
+//!    sizes (read back: a stream that does not compress is stored by the CPU twin),
 //!    `cz_enc_write_*` places them with their table entries, `cz_hash` hashes table and
 //!    metadata, and the host writes the header.
 //!
@@ -27,10 +31,13 @@
 //! 1. the host reads the header, the chunk table and the metadata (a few kilobytes), checks them
 //!    with the CPU decoder's own parsers (header fields, table checksum, chunk sizes, predictor
 //!    configuration, rANS tables) and uploads the geometry, the class pattern and the decoder
-//!    tables;
-//! 2. `cz_rans_*`: one thread per chunk of 32,768 residuals checks the chunk's `zhash`, decodes
-//!    its rANS stream (the class of each residual follows from its position in its tile), its
-//!    lossless values and big residuals, and checks every byte as the CPU does;
+//!    tables (one copy);
+//! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
+//!    tile is whole and the stream 4-aligned, `cz_rans_whole_*` (a thread per chunk) checks the
+//!    chunk's `zhash` and runs its serial chain of rANS state updates into 2-byte symbols, then
+//!    `cz_rans_post_*` (a warp per chunk) places the lossless values and big residuals and
+//!    checks the chunk's end; otherwise `cz_rans_*` (a thread per chunk) does all of it, with
+//!    each residual's class from a walk over the tile coordinates, into 64-bit residuals;
 //! 3. `cz_anchors_*` (three launches, one per dimension): the anchors' Lorenzo inverse as an
 //!    n-D prefix sum in wrapping integers, and their values;
 //! 4. `cz_tiles_*`: one warp per tile reconstructs its box level by level in shared memory
@@ -101,6 +108,9 @@ const RANKS: usize = 256;
 const RANK_OTHER: u8 = 255;
 /// Bytes of the class map in the decoder's shared memory (at most 28 classes).
 const MAP_BYTES: usize = 64;
+/// Symbols per class counted in shared memory by `cz_enc_tiles_*` (kernels/cuszi.cu
+/// `CZ_HIST_WIN`).
+const HIST_WIN: usize = 256;
 /// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
 const MAX_BOX: usize = 729;
 /// Threads per block of `cz_enc_chunks_*` (each codes one chunk).
@@ -110,6 +120,13 @@ const RANS_THREADS: usize = 32;
 const RANS_CHUNKS: usize = 32;
 /// Threads per block of `cz_rans_*`.
 const RANS_STAGE_THREADS: usize = 256;
+/// Chunks each warp of `cz_rans_whole_*` and `cz_enc_whole_*` codes (kernels/cuszi.cu
+/// `CZ_RANS_LANES`); their blocks have `RANS_CHUNKS / RANS_LANES` warps.
+const RANS_LANES: usize = 4;
+/// Threads per block of the one-warp-per-chunk kernels `cz_rans_post_*` and `cz_enc_prep_*`.
+const CHUNK_WARP_THREADS: usize = 256;
+/// Threads per block of `cz_rans_whole_*` and `cz_enc_whole_*`.
+const WHOLE_THREADS: usize = RANS_CHUNKS / RANS_LANES * 32;
 
 /// The error bits of `cz_rans_*` (kernels/cuszi.cu `CZ_E_*`) and what they mean.
 const ERRORS: [(u64, &str); 5] = [
@@ -135,6 +152,8 @@ pub fn kernel_names() -> Vec<String> {
     for t in ["f32", "f64"] {
         for k in [
             "cz_rans",
+            "cz_rans_whole",
+            "cz_rans_post",
             "cz_anchors",
             "cz_tiles",
             "cz_range",
@@ -143,6 +162,8 @@ pub fn kernel_names() -> Vec<String> {
             "cz_sample",
             "cz_enc_tiles",
             "cz_enc_chunks",
+            "cz_enc_prep",
+            "cz_enc_whole",
             "cz_enc_write",
         ] {
             v.push(format!("{k}_{t}"));
@@ -170,6 +191,8 @@ struct Workspace {
     raw: CudaSlice<u8>,
     /// Per chunk: the positions of its big residuals.
     bigs: CudaSlice<u32>,
+    /// Symbols in symbol order (`cz_rans_whole_*`).
+    syms: CudaSlice<u16>,
 }
 
 /// The `cuszi` decoder kernels loaded on one CUDA stream.
@@ -219,6 +242,11 @@ struct Plan {
     rsym: Vec<u16>,
     /// Per chunk: offset, then size | checksum << 32.
     ent: Vec<u64>,
+    /// Whether every tile is whole ([`whole_tiles`]); then `tabpat` holds the table of every
+    /// local position of a tile (`map` applied to `pattern`).
+    whole: bool,
+    /// See `whole`.
+    tabpat: Vec<u8>,
     /// The quantization step.
     qstep: f64,
 }
@@ -415,7 +443,14 @@ impl CusziGpu {
         let res = unsafe { s.alloc::<i64>(n1) }.map_err(oom("residuals"))?;
         let raw = unsafe { s.alloc::<u8>(n1 * 8) }.map_err(oom("lossless values"))?;
         let bigs = unsafe { s.alloc::<u32>(n1) }.map_err(oom("big residual positions"))?;
-        self.ws = Some(Workspace { n, res, raw, bigs });
+        let syms = unsafe { s.alloc::<u16>(n1) }.map_err(oom("symbols"))?;
+        self.ws = Some(Workspace {
+            n,
+            res,
+            raw,
+            bigs,
+            syms,
+        });
         Ok(())
     }
 
@@ -431,39 +466,41 @@ impl CusziGpu {
         }
         self.workspace(n)?;
         let t = T::KERNEL_TAG;
-        let geo = self.upload(&p.geo)?;
-        let pattern = self.upload(&p.pattern)?;
-        let map = self.upload(&p.map)?;
-        let slot = self.upload(&p.sym)?;
-        let step = self.upload(&p.fc)?;
-        let rank = self.upload(&p.rank)?;
-        let rfc = self.upload(&p.rfc)?;
-        let rsym = self.upload(&p.rsym)?;
-        let ent = self.upload(&p.ent)?;
+        // the plan's arrays and the error words in one upload (each a driver call and a copy
+        // from pageable memory, which the host waits on: a decode's fixed cost)
+        let mut pack = Pack::default();
+        let at = [
+            pack.add(&p.geo),
+            pack.add(&p.pattern),
+            pack.add(&p.map),
+            pack.add(&p.sym),
+            pack.add(&p.fc),
+            pack.add(&p.rank),
+            pack.add(&p.rfc),
+            pack.add(&p.rsym),
+            pack.add(&p.ent),
+            pack.add(&p.tabpat),
+            pack.add(&[0u64, u64::MAX]),
+        ];
+        let mut packed = self.upload(&pack.bytes)?;
+        let base = raw_ptr_mut(&mut packed, &self.stream);
+        let [geop, patp, mapp, slotp, stepp, rankp, rfcp, rsymp, entp, tabp, errp] =
+            at.map(|o| base + o as u64);
         let n_tiles = p.g.n_tiles();
-        let mut acc = self
-            .stream
-            .alloc_zeros::<i64>(n_tiles.max(1))
-            .map_err(gpu_err("alloc"))?;
-        let mut vals = self
-            .stream
-            .alloc_zeros::<f64>(n_tiles.max(1))
-            .map_err(gpu_err("alloc"))?;
-        let mut err = self
-            .stream
-            .clone_htod(&[0u64, u64::MAX])
-            .map_err(gpu_err("alloc"))?;
+        // SAFETY (alloc): `cz_anchors_*` writes every tile's `acc` and `vals` before they are
+        // read.
+        let mut acc =
+            unsafe { self.stream.alloc::<i64>(n_tiles.max(1)) }.map_err(gpu_err("alloc"))?;
+        let mut vals =
+            unsafe { self.stream.alloc::<f64>(n_tiles.max(1)) }.map_err(gpu_err("alloc"))?;
         let s = self.stream.clone();
         let ws = self.ws.as_mut().expect("workspace");
-        let (geop, patp, mapp) = (raw_ptr(&geo, &s), raw_ptr(&pattern, &s), raw_ptr(&map, &s));
-        let (slotp, stepp, entp) = (raw_ptr(&slot, &s), raw_ptr(&step, &s), raw_ptr(&ent, &s));
-        let (rankp, rfcp, rsymp) = (raw_ptr(&rank, &s), raw_ptr(&rfc, &s), raw_ptr(&rsym, &s));
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
         let bigp = raw_ptr_mut(&mut ws.bigs, &s);
+        let symp = raw_ptr_mut(&mut ws.syms, &s);
         let accp = raw_ptr_mut(&mut acc, &s);
         let valp = raw_ptr_mut(&mut vals, &s);
-        let errp = raw_ptr_mut(&mut err, &s);
         let outp = raw_ptr_mut(out, &s);
         let nchunks = (p.ent.len() / 2) as u64;
         let cfg = |items: usize, block: usize| LaunchConfig {
@@ -472,7 +509,50 @@ impl CusziGpu {
             shared_mem_bytes: 0,
         };
         self.mark("setup")?;
-        {
+        // (the whole-tile kernel reads the chunks by 4-byte words); the later kernels read the
+        // residuals from its symbols (null: from the residuals)
+        let whole = p.whole && sp % 4 == 0;
+        let syms_arg: u64 = if whole { symp } else { 0 };
+        if whole {
+            let f = self.func(&format!("cz_rans_whole_{t}"))?;
+            let ntab = (p.fc.len() / SYMBOLS) as u32;
+            let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.tabpat.len())
+                .next_multiple_of(16);
+            let smem = if want <= self.smem_optin {
+                set_smem(&f, want)?;
+                want as u32
+            } else {
+                0
+            };
+            let (count, ts) = (n as u64, p.tabpat.len() as u32);
+            // SAFETY (alloc): `cz_rans_whole_*` writes every chunk's status word.
+            let mut stat = unsafe { s.alloc::<u32>(nchunks as usize) }.map_err(gpu_err("alloc"))?;
+            let statp = raw_ptr_mut(&mut stat, &s);
+            let mut b = launch_args!(s, &f;
+                &sp, &entp, &nchunks, &count, &ts, &tabp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                &ntab, &smem, &symp, &statp, &errp);
+            // SAFETY: the chunk entries lie inside the stream (checked by `plan`), and so do the
+            // words read of each (the stream is 4-aligned); each thread writes its chunk's
+            // symbols (below `n` of the workspace) and status word; `tabpat` holds the `ts`
+            // local positions of a tile, the tables `SLOTS` entries per table it names.
+            let c = Self::launch_cfg(
+                (nchunks as usize).div_ceil(RANS_CHUNKS),
+                WHOLE_THREADS,
+                smem as usize,
+            );
+            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+            let f = self.func(&format!("cz_rans_post_{t}"))?;
+            let mut b = launch_args!(s, &f;
+                &sp, &entp, &nchunks, &count, &symp, &statp, &resp, &rawp, &bigp, &errp);
+            // SAFETY: one warp per chunk reads its symbols and its valid chunk's bytes, and
+            // writes its residuals, lossless bytes and big positions (below `n` values).
+            let c = Self::launch_cfg(
+                (nchunks as usize * 32).div_ceil(CHUNK_WARP_THREADS),
+                CHUNK_WARP_THREADS,
+                0,
+            );
+            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+        } else {
             let f = self.func(&format!("cz_rans_{t}"))?;
             let ntab = (p.fc.len() / SYMBOLS) as u32;
             let nclass = p.map.len() as u32;
@@ -506,7 +586,7 @@ impl CusziGpu {
             let lines = n_tiles / p.g.tiles[dim as usize].max(1);
             let f = self.func(&format!("cz_anchors_{t}"))?;
             let mut b = launch_args!(s, &f;
-                &geop, &resp, &accp, &valp, &dim, &first, &last, &p.qstep);
+                &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep);
             // SAFETY: one thread per line of tiles reads residuals at tile offsets (below n) and
             // writes the n_tiles words of `acc` and `vals`.
             unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
@@ -514,14 +594,16 @@ impl CusziGpu {
         self.mark("anchors")?;
         {
             let f = self.func(&format!("cz_tiles_{t}"))?;
-            let mut b = launch_args!(s, &f; &geop, &resp, &rawp, &accp, &valp, &p.qstep, &outp);
+            let mut b = launch_args!(s, &f;
+                &geop, &resp, &syms_arg, &rawp, &accp, &valp, &p.qstep, &outp);
             // SAFETY: one warp per tile reads residuals and lossless bytes at symbol indices of
             // its box (below n) and writes its owned points of `out` (n values).
             unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
         }
         self.mark("tiles")?;
-        let mut e = [0u64; 2];
-        self.read_back(&err, &mut e[..])?;
+        let mut eb = [0u8; 16];
+        self.read_back(&packed.slice(at[10]..at[10] + 16), &mut eb[..])?;
+        let e = [0, 8].map(|i| u64::from_le_bytes(eb[i..i + 8].try_into().expect("8 bytes")));
         if e[0] != 0 {
             let what = ERRORS
                 .iter()
@@ -745,14 +827,15 @@ impl CusziGpu {
         self.workspace(n)?;
         let ws = self.ws.as_mut().expect("workspace");
         let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
+        let symp = raw_ptr_mut(&mut ws.syms, &s);
         {
             let f = self.func(&format!("cz_enc_tiles_{t}"))?;
-            let smem = TILE_WARPS * MAX_BOX * 8 + nclass * SYMBOLS * 4;
+            let smem = TILE_WARPS * MAX_BOX * 8 + nclass * HIST_WIN * 4;
             set_smem(&f, smem)?;
             let nclass32 = nclass as u32;
             let mut b = launch_args!(s, &f;
-                &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &rawp,
-                &histp);
+                &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &symp,
+                &rawp, &histp);
             let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
             // SAFETY: warps read the boxes of their tiles (inside the input) and write their
             // owned residuals and lossless bytes (below n values of the workspace).
@@ -764,14 +847,10 @@ impl CusziGpu {
         // 5. tables (the CPU's builder) and the metadata
         let hist: Vec<Vec<u64>> = h.chunks(SYMBOLS).map(|c| c.to_vec()).collect();
         let (map, freqs) = rans::group_classes(&hist);
-        let tables = rans::tables(&freqs);
+        // (the encoder's steps alone: the device encodes, nothing here decodes)
+        let words: Vec<Vec<[u32; 5]>> = freqs.iter().map(|f| rans::encoder_words(f)).collect();
         let meta = write_meta(&levels, &map, &freqs);
-        let enc: Vec<u32> = tables
-            .iter()
-            .flat_map(|t| t.encoder_words().into_iter().flatten())
-            .collect();
-        let map_d = self.upload(&map)?;
-        let enc_d = self.upload(&enc)?;
+        self.mark("tables")?;
         // 6. chunks
         let nc = n.div_ceil(CHUNK);
         let per = scratch_len::<T>();
@@ -787,16 +866,60 @@ impl CusziGpu {
         let mut info = s.alloc_zeros::<u32>(3 * nc).map_err(gpu_err("alloc"))?;
         let mut sizes = s.alloc_zeros::<u64>(nc + 1).map_err(gpu_err("alloc"))?;
         let (infop, sizep) = (raw_ptr_mut(&mut info, &s), raw_ptr_mut(&mut sizes, &s));
-        let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
         let nc64 = nc as u64;
-        {
+        if whole_tiles(&g) {
+            // the steps packed as kernels/cuszi.cu `cz_enc_step` reads them, and the table of
+            // every local position of a tile
+            let enc4: Vec<u32> = words
+                .iter()
+                .flatten()
+                .flat_map(|&[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
+                .collect();
+            let tabpat: Vec<u8> = pattern.iter().map(|&k| map[k as usize]).collect();
+            let enc4_d = self.upload(&enc4)?;
+            let tab_d = self.upload(&tabpat)?;
+            let (enc4p, tabp) = (raw_ptr(&enc4_d, &s), raw_ptr(&tab_d, &s));
+            let ts = tabpat.len() as u32;
+            let f = self.func(&format!("cz_enc_prep_{t}"))?;
+            let mut b = launch_args!(s, &f;
+                &resp, &symp, &rawp, &tabp, &n64, &ts, &nc64, &scp, &infop);
+            // SAFETY: one warp per chunk reads its residuals and lossless bytes (below n values)
+            // and writes its scratch region (nc regions allocated) and info words.
+            let c = Self::launch_cfg(
+                (nc * 32).div_ceil(CHUNK_WARP_THREADS),
+                CHUNK_WARP_THREADS,
+                0,
+            );
+            unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
+            let f = self.func(&format!("cz_enc_whole_{t}"))?;
+            let ntab = words.len() as u32;
+            let want = enc4.len() * 4;
+            let smem = if want <= self.smem_optin {
+                set_smem(&f, want)?;
+                want as u32
+            } else {
+                0
+            };
+            let mut b =
+                launch_args!(s, &f; &enc4p, &ntab, &smem, &n64, &nc64, &scp, &infop, &sizep);
+            // SAFETY: one thread per chunk reads its step indices, each below `ntab * SYMBOLS`
+            // (the entries of `enc4`), and writes its scratch region and info and size words.
+            let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WHOLE_THREADS, smem as usize);
+            unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
+        } else {
+            let enc: Vec<u32> = words.iter().flatten().flatten().copied().collect();
+            let map_d = self.upload(&map)?;
+            let enc_d = self.upload(&enc)?;
+            let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
             let f = self.func(&format!("cz_enc_chunks_{t}"))?;
             let mut b = launch_args!(s, &f;
-                &geop, &resp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
+                &geop, &resp, &symp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
             // SAFETY: one thread per chunk reads its residuals and writes its scratch region
             // (nc regions allocated) and its info and size words.
             unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
                 .map_err(gpu_err("chunks"))?;
+        }
+        {
             let f = self.func("cz_scan")?;
             let mut b = launch_args!(s, &f; &sizep, &nc64);
             // SAFETY: one block rewrites the nc + 1 size words.
@@ -989,7 +1112,10 @@ fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>> {
         }
     }
     let (geo, pattern) = geometry(&g, &levels);
+    let tabpat = pattern.iter().map(|&k| map[k as usize]).collect();
     Ok(Some(Plan {
+        whole: whole_tiles(&g),
+        tabpat,
         g,
         geo,
         pattern,
@@ -1063,9 +1189,45 @@ fn geometry(g: &Grid, levels: &[Level]) -> (Vec<i64>, Vec<u8>) {
 }
 
 /// Bytes of one chunk's scratch region of the encoder (kernels/cuszi.cu `cz_scratch`): the rANS
-/// bytes (at most 2 per value, and the state), the lossless values, the varints, the classes.
+/// bytes (at most 2 per value, and the state, rounded up to 16 bytes), the lossless values, the
+/// varints, the classes or step indices (2 bytes per value).
 fn scratch_len<T: GpuElement>() -> usize {
-    2 * CHUNK + 4 + CHUNK * (T::SIZE + 10 + 1)
+    2 * CHUNK + 16 + CHUNK * (T::SIZE + 10 + 2)
+}
+
+/// Plain integers, viewed as the bytes they are in memory (no padding, every bit pattern valid).
+trait Plain: Copy {}
+impl Plain for u8 {}
+impl Plain for u16 {}
+impl Plain for u32 {}
+impl Plain for u64 {}
+impl Plain for i64 {}
+
+/// Arrays packed into one byte buffer for one upload, each at a multiple of 16 bytes (the
+/// device reads them as the host wrote them: both little-endian).
+#[derive(Default)]
+struct Pack {
+    bytes: Vec<u8>,
+}
+
+impl Pack {
+    /// Append `v` and return its offset.
+    fn add<X: Plain>(&mut self, v: &[X]) -> usize {
+        let at = self.bytes.len().next_multiple_of(16);
+        self.bytes.resize(at, 0);
+        // SAFETY: `X` is a plain integer type: its `size_of_val(v)` bytes are initialized and
+        // any alignment suits bytes.
+        let b = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) };
+        self.bytes.extend_from_slice(b);
+        at
+    }
+}
+
+/// Whether every tile of `g` is whole: each extent a multiple of the anchor stride or below it,
+/// so that the residual at symbol index `i` has local index `i` mod (points per tile) in its
+/// tile, which the `*_whole` kernels count instead of walking tile coordinates.
+fn whole_tiles(g: &Grid) -> bool {
+    g.n.iter().all(|&x| x <= g.stride || x % g.stride == 0)
 }
 
 /// Let kernel `f` use `bytes` of dynamic shared memory.
@@ -1112,6 +1274,8 @@ mod tests {
             ("CZ_TILE_WARPS", TILE_WARPS),
             ("CZ_MAXBOX", MAX_BOX),
             ("CZ_RANS_CHUNKS", RANS_CHUNKS),
+            ("CZ_RANS_LANES", RANS_LANES),
+            ("CZ_HIST_WIN", HIST_WIN),
             ("CZ_CHUNK", CHUNK),
             ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
             ("CZ_E_RANS", ERRORS[1].0 as usize),

@@ -112,25 +112,13 @@ impl Table {
         (&self.slot, &self.step)
     }
 
-    /// The encoder's words per symbol ([`super::rans`] `EncSym`): `x_max`, the reciprocal, its
-    /// shift, the bias and `M - f` (all 0 for an unused symbol).
-    pub(crate) fn encoder_words(&self) -> Vec<[u32; 5]> {
-        self.enc
-            .iter()
-            .map(|e| [e.x_max, e.rcp, e.rcp_shift, e.bias, e.cmpl])
-            .collect()
-    }
-
     /// The table of normalized frequencies `freq` (checked: summing to [`PROB_SCALE`]).
     fn new(freq: &[u32]) -> Self {
-        let mut enc = vec![EncSym::default(); NSYM];
+        let enc = enc_syms(freq);
         let mut slot = vec![0u16; PROB_SCALE as usize];
         let mut step = vec![0u32; PROB_SCALE as usize];
         let mut c = 0u32;
         for (s, &f) in freq.iter().enumerate() {
-            if f > 0 {
-                enc[s] = EncSym::new(f, c);
-            }
             slot[c as usize..(c + f) as usize].fill(s as u16);
             for (k, st) in step[c as usize..(c + f) as usize].iter_mut().enumerate() {
                 *st = f << 16 | k as u32;
@@ -139,6 +127,30 @@ impl Table {
         }
         Table { enc, slot, step }
     }
+}
+
+/// The encoder's step of every symbol of the normalized frequencies `freq` (unused symbols: all
+/// zero).
+fn enc_syms(freq: &[u32]) -> Vec<EncSym> {
+    let mut enc = vec![EncSym::default(); NSYM];
+    let mut c = 0u32;
+    for (s, &f) in freq.iter().enumerate() {
+        if f > 0 {
+            enc[s] = EncSym::new(f, c);
+        }
+        c += f;
+    }
+    enc
+}
+
+/// The encoder's words per symbol (`EncSym`) of the normalized frequencies `freq`: `x_max`, the
+/// reciprocal, its shift, the bias and `M - f` (all 0 for an unused symbol), without building a
+/// [`Table`]'s decoder arrays (an encoder on a device needs only these).
+pub(crate) fn encoder_words(freq: &[u32]) -> Vec<[u32; 5]> {
+    enc_syms(freq)
+        .iter()
+        .map(|e| [e.x_max, e.rcp, e.rcp_shift, e.bias, e.cmpl])
+        .collect()
 }
 
 /// Normalize histogram `h` to frequencies summing to [`PROB_SCALE`]: every used symbol gets
@@ -438,7 +450,14 @@ mod tests {
         let mut pos = 0;
         let t = read_table(&b, &mut pos).unwrap();
         let back: Vec<u32> = t.enc.iter().map(|e| e.x_max >> 17).collect();
-        assert_eq!((back, pos), (f, b.len()));
+        assert_eq!((back, pos), (f.clone(), b.len()));
+        // a device encoder's words are the table's
+        let words: Vec<[u32; 5]> = t
+            .enc
+            .iter()
+            .map(|e| [e.x_max, e.rcp, e.rcp_shift, e.bias, e.cmpl])
+            .collect();
+        assert_eq!(encoder_words(&f), words);
     }
 
     /// The encoder's multiplication by a reciprocal gives the state of the division form for
