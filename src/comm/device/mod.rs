@@ -178,6 +178,7 @@ pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
 use reduce::*;
 use staged_link::StagedLink;
+#[cfg(feature = "nccl")]
 pub(crate) use stager::device_sample;
 use stager::*;
 pub use stager::{DeviceStager, StageTimes};
