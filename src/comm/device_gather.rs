@@ -47,11 +47,11 @@ fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error 
 /// Gather every rank's `send` (the same length on every rank) into `out` (`size × send.len()`
 /// values, rank order), each compressed once under `bound` (abs, rel, or noa of that rank's own
 /// values) with `codec`, in a device buffer the codec keeps for the next call. Every rank's
-/// segment of `out`, this rank's own included,
-/// holds what its stream decodes to, so `out` is identical on every rank. Collective over `t`'s
-/// ranks, after the caller's agreement on the length; a rank that fails to compress sends an
-/// empty stream, and every rank then returns an error. Returns when `out` is complete (the
-/// stream synchronized), with the length of this rank's stream.
+/// segment of `out`, this rank's own included, holds what its stream decodes to, so `out` is
+/// identical on every rank. Collective over `t`'s ranks, after the caller's agreement on the
+/// length; a rank that fails to compress sends an empty stream, and every rank then returns an
+/// error. Returns when `out` is complete (the stream synchronized), with the length of this
+/// rank's stream.
 pub fn allgather<T: GpuElement>(
     t: &dyn DeviceTransport,
     gpu: &mut GpuCodec,

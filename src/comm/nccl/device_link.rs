@@ -115,6 +115,12 @@ impl<'a> NcclLink<'a> {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let sh = self.sh;
+        if let Some((_, buf, len)) = recv.iter().find(|(_, buf, len)| *len > buf.len()) {
+            return Err(Error::Comm(format!(
+                "NCCL link: a {len}-byte message cannot land in a {}-byte buffer",
+                buf.len()
+            )));
+        }
         let ready = stream.record_event(None).map_err(gpu_err)?;
         sh.net.wait(&ready).map_err(gpu_err)?;
         {
@@ -134,9 +140,9 @@ impl<'a> NcclLink<'a> {
                 rptrs.push((*peer, p, *len));
             }
             sh.group(|| {
-                // SAFETY: every buffer holds at least the bytes named (receives: checked by the
-                // caller against the buffer's length) and stays borrowed until the guards record
-                // on the NCCL stream after the group has been enqueued.
+                // SAFETY: every buffer holds at least the bytes named (receives: checked above)
+                // and stays borrowed until the guards record on the NCCL stream after the group
+                // has been enqueued.
                 unsafe {
                     if let Some((p, n)) = sptr {
                         for &j in to {
