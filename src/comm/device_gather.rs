@@ -99,10 +99,13 @@ fn gather<T: GpuElement>(
             "allgather: {need} device bytes"
         ))),
     };
+    // the empty stream of a failed compression is a view of the scratch when there is one, so
+    // that only a rank without any device memory left can fail before taking part
     let empty;
     let view = match (&mine, &buf) {
         (Ok(len), Ok(b)) => b.slice(..*len),
-        _ => {
+        (Err(_), Ok(b)) => b.slice(..0),
+        (_, Err(_)) => {
             empty = stream.alloc_zeros::<u8>(1).map_err(gpu_err("empty"))?;
             empty.slice(..0)
         }
