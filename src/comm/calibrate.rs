@@ -124,8 +124,26 @@ impl Communicator {
                 bandwidth: (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
             });
         }
+        // the raw ring's host addition, every rank at once on buffers of the ping-pong's size
+        let host_add = {
+            let n = (self.config.pingpong_bytes / 4).max(1 << 16);
+            let x = vec![1.0f32; n];
+            let mut acc = vec![0.0f32; n];
+            super::reduce::add_assign(&mut acc, &x); // warm-up (and first touch of `acc`)
+            let mut ts = Vec::with_capacity(5);
+            for _ in 0..5 {
+                t.barrier()?;
+                let t0 = t.wtime();
+                super::reduce::add_assign(&mut acc, &x);
+                ts.push(t.wtime() - t0);
+            }
+            let mut v = [model::median(&ts)];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?;
+            (n * 4) as f64 / v[0].max(1e-9)
+        };
         let mut prof = Profile::new(link);
         prof.allreduce = allreduce;
+        prof.host_add = host_add;
         prof.host = hostname();
         prof.ranks = p;
         prof.compressor = self.compressor.name();

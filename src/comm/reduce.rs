@@ -43,8 +43,17 @@ impl Communicator {
                     + steps * (l.latency + seg_b / (ratio * l.bandwidth)),
             )
         } else {
-            (steps * (l.latency + seg_b / l.bandwidth), rs)
+            (
+                steps * (l.latency + seg_b / l.bandwidth + self.host_add_s(seg_b)),
+                rs,
+            )
         }
+    }
+
+    /// Seconds of the raw ring's host addition onto `bytes` of partial sums (0 where the
+    /// profile has no calibrated rate).
+    pub(super) fn host_add_s(&self, bytes: f64) -> f64 {
+        crate::model::seconds_at(bytes, self.profile.host_add)
     }
 
     pub(super) fn decide(&self, raw_t: f64, cmp_t: f64) -> bool {
@@ -409,7 +418,7 @@ const HOST_PASS_MIN: usize = 1 << 16;
 
 /// `acc[i] = acc[i] + x[i]` on every core (in chunks of [`HOST_PASS_MIN`]); the same sums in
 /// any order of the elements.
-fn add_assign<S: Real>(acc: &mut [S], x: &[S]) {
+pub(super) fn add_assign<S: Real>(acc: &mut [S], x: &[S]) {
     use rayon::prelude::*;
     acc.par_iter_mut()
         .with_min_len(HOST_PASS_MIN)

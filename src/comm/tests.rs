@@ -68,3 +68,36 @@ fn descriptors_round_trip_and_disagree() {
     assert!(check_pair(&s, &Desc { bound: 1e-4, ..r }).is_err());
     assert!(check_pair(&s, &s).is_err());
 }
+
+/// The raw reduce-scatter is the ring over the host link plus the host addition of every
+/// received segment: its prediction charges the calibrated addition rate (and nothing for it
+/// in a profile written before the rate existed).
+#[test]
+fn raw_reduce_scatter_prediction_charges_the_host_addition() {
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+    let link = Link {
+        bandwidth: 4e9,
+        latency: 2e-6,
+    };
+    let times = |host_add: f64| {
+        let mut prof = Profile::new(link);
+        prof.host_add = host_add;
+        let cfg = Config::new(ErrorBound::Noa(1e-3)).with_calibration(Calibration::Fixed(prof));
+        run_ranks(LoopbackTransport::group(4), |t| {
+            let c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+                .expect("communicator");
+            c.reduce_times::<f32>(1 << 24, false, 1.0, CodecKind::Aatrox)
+                .0
+        })
+        .into_iter()
+        .map(|r| r.expect("rank"))
+        .collect::<Vec<_>>()
+    };
+    let seg = (4usize << 24) as f64 / 4.0;
+    let without = times(0.0);
+    let with = times(8e9);
+    for (a, b) in without.iter().zip(&with) {
+        assert!((a - 3.0 * (2e-6 + seg / 4e9)).abs() < 1e-12, "{a}");
+        assert!((b - a - 3.0 * seg / 8e9).abs() < 1e-12, "{b} vs {a}");
+    }
+}

@@ -90,6 +90,12 @@ pub struct DeviceProfile {
     /// calibrated (the two-way ping-pong link is used).
     #[serde(default)]
     pub link_one_way: LinkCurve,
+    /// Simultaneous exchanges between ranks 0 and 1 (both send `bytes` and receive `bytes` at
+    /// once, the rest idle; pinned buffers; the slower rank): the link of `sendrecv_device`, the
+    /// allgather's pairwise steps and the ring's steps. Empty = not calibrated (the host
+    /// ping-pong `link` is used).
+    #[serde(default)]
+    pub link_exchange: LinkCurve,
     /// The GPU call lines of every calibrated codec, for `Policy::Auto`'s per-message choice
     /// ([`with_codec`](Self::with_codec)); the codec fields above hold those of the codec the
     /// calibration was asked for. Empty in profiles written before: the fields above then
@@ -173,6 +179,7 @@ impl DeviceProfile {
             decompress_solo_overhead: 0.0,
             staging_curve_solo: StagingCurve::default(),
             link_one_way: LinkCurve::default(),
+            link_exchange: LinkCurve::default(),
             codecs: Vec::new(),
         }
     }
@@ -318,6 +325,13 @@ impl DeviceProfile {
             .seconds(bytes)
             .unwrap_or(link.latency + bytes / link.bandwidth)
     }
+    /// Seconds of one simultaneous exchange of `bytes` each way between two ranks (both send
+    /// and receive at once): the exchange curve, else `link` (the host ping-pong).
+    pub fn pair_s(&self, link: Link, bytes: f64) -> f64 {
+        self.link_exchange
+            .seconds(bytes)
+            .unwrap_or(link.latency + bytes / link.bandwidth)
+    }
     /// Seconds of the decompression producing `bytes` that follows an upload taking `h2d`
     /// seconds with every rank uploading at once (the shared curve), for the slowest rank. The
     /// `s` ranks of one GPU ([`sharing`](Self::sharing)) get their uploads one after another
@@ -417,12 +431,12 @@ impl DeviceProfile {
     }
     /// Seconds of the link part of a pairwise exchange that sends `out` bytes and receives `inn`
     /// at the same time. Both directions share the link (on one node: the memory system), as in
-    /// the two-way ping-pong that calibrated `link`, so equal messages take `latency + bytes /
-    /// bandwidth`; when one direction carries less, the other gets more of the shared capacity,
-    /// but its message never arrives sooner than it would alone
+    /// the calibrated exchange ([`pair_s`](Self::pair_s)), so equal messages take the exchange's
+    /// time; when one direction carries less, the other gets more of the shared capacity (the
+    /// exchange of the mean size), but its message never arrives sooner than it would alone
     /// ([`one_way_s`](Self::one_way_s)).
     pub fn exchange_s(&self, link: Link, out: f64, inn: f64) -> f64 {
-        let shared = link.latency + 0.5 * (out + inn) / link.bandwidth;
+        let shared = self.pair_s(link, 0.5 * (out + inn));
         shared.max(self.one_way_s(link, out.max(inn)))
     }
     /// Model stages of one whole-message
@@ -478,14 +492,15 @@ impl DeviceProfile {
     /// Model stages (raw, compressed) of
     /// [`Communicator::allgather_device`](crate::comm::Communicator::allgather_device) of `bytes`
     /// per rank over `p` ranks: staging out (compressed: after the compression, see
-    /// [`d2h_after_compress_s`](Self::d2h_after_compress_s)), `p-1` pairwise link transfers, and
+    /// [`d2h_after_compress_s`](Self::d2h_after_compress_s)), `p-1` pairwise exchanges
+    /// ([`pair_s`](Self::pair_s)), and
     /// `p` uploads (+ decompression calls, each after its upload:
     /// [`decompress_after_upload_s`](Self::decompress_after_upload_s)).
     pub fn allgather_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let (pf, z) = (p.max(1) as f64, bytes / ratio.max(1e-9));
         let raw = Terms {
             d2h: self.d2h_s(bytes),
-            link: (pf - 1.0) * (link.latency + bytes / link.bandwidth),
+            link: (pf - 1.0) * self.pair_s(link, bytes),
             h2d: pf * self.h2d_s(bytes),
             ..Terms::default()
         };
@@ -493,7 +508,7 @@ impl DeviceProfile {
         let cmp = Terms {
             compress: self.compress_s(bytes),
             d2h: self.d2h_after_compress_s(z),
-            link: (pf - 1.0) * (link.latency + z / link.bandwidth),
+            link: (pf - 1.0) * self.pair_s(link, z),
             h2d: pf * h2d,
             decompress: pf * self.decompress_after_upload_s(bytes, h2d),
             device: 0.0,
@@ -551,7 +566,8 @@ impl DeviceProfile {
     ///   copied: the first addition to a segment writes input + decoded into the accumulator,
     ///   which is the output itself);
     /// * `p-1` steps on a segment of `bytes/p` at the ring's `ratio`, each a GPU compression, a
-    ///   D2H of the stream, the link transfer (plus the length header's latency), an H2D of the
+    ///   D2H of the stream, the exchange ([`pair_s`](Self::pair_s), plus the length header's
+    ///   latency), an H2D of the
     ///   received stream and the fused GPU decompress-and-add;
     /// * (allreduces) the mean's division of this rank's segment (`mean`), its compression once
     ///   more at the final bound, whose stream has its own ratio `final_ratio` (the reduced
@@ -580,7 +596,7 @@ impl DeviceProfile {
         let mut t = Terms {
             compress: steps * self.compress_s(seg),
             d2h: steps * self.d2h_after_compress_s(z),
-            link: steps * (2.0 * link.latency + z / link.bandwidth),
+            link: steps * (link.latency + self.pair_s(link, z)),
             h2d: steps * self.h2d_s(z),
             decompress: steps * self.decompress_add_s(seg),
             device: seconds_at(bytes, self.range_pass),
@@ -680,6 +696,38 @@ mod tests {
                 assert_eq!(c.codec, Some(want), "{name} at {bw:e} B/s: {c:?}");
             }
         }
+    }
+
+    /// With a calibrated exchange curve the pairwise terms (sendrecv, the allgather's steps, the
+    /// ring's steps) use it, not the host ping-pong's line; without one they fall back to the
+    /// line; an exchange never beats the one-way transfer of its larger message.
+    #[test]
+    fn exchanges_use_the_pinned_exchange_curve() {
+        use super::super::curve::LinkPoint;
+        let slow = link(2e9);
+        let mut dp = two_codecs();
+        let line = dp.pair_s(slow, 64e6);
+        assert!((line - (2e-6 + 64e6 / 2e9)).abs() < 1e-12);
+        for (bytes, seconds) in [(1e6, 0.3e-3), (64e6, 16e-3), (256e6, 64e-3)] {
+            dp.link_exchange.insert(LinkPoint { bytes, seconds });
+        }
+        assert!((dp.pair_s(slow, 64e6) - 16e-3).abs() < 1e-12);
+        // (one way alone is faster than either direction of an exchange)
+        for (bytes, seconds) in [(1e6, 0.2e-3), (256e6, 40e-3)] {
+            dp.link_one_way.insert(LinkPoint { bytes, seconds });
+        }
+        // equal messages: the exchange itself
+        assert!((dp.exchange_s(slow, 64e6, 64e6) - 16e-3).abs() < 1e-12);
+        // the ring's steps and the allgather's exchanges follow the curve
+        let (p, bytes, ratio) = (2, 512e6, 4.0);
+        let z = bytes / p as f64 / ratio;
+        let t = dp.reduce_terms(slow, p, bytes, ratio, None, false);
+        assert!((t.link - (2e-6 + dp.pair_s(slow, z))).abs() < 1e-12);
+        let g = dp.allgather_terms(slow, 3, 64e6, 1.0).0;
+        assert!((g.link - 2.0 * 16e-3).abs() < 1e-12);
+        // a one-sided exchange is at least the one-way transfer of the larger message
+        let one = dp.exchange_s(slow, 256e6, 0.0);
+        assert!(one >= dp.one_way_s(slow, 256e6) && one >= dp.pair_s(slow, 128e6));
     }
 
     /// Without per-codec speeds (profiles written before) every codec is predicted with the

@@ -211,6 +211,12 @@ pub struct Profile {
     /// far from link speed).
     #[serde(default)]
     pub allreduce: Option<Link>,
+    /// The host addition pass of the raw ring reductions (`acc += x` over host memory, every
+    /// rank at once; bytes of `acc` per second). On one node the ranks' additions share the
+    /// memory system with the transport, so the pass is far from free. 0 = not calibrated (not
+    /// charged; profiles written before it).
+    #[serde(default)]
+    pub host_add: f64,
     /// Codec speeds.
     pub codecs: Vec<CodecSpeed>,
     /// Seconds since the Unix epoch when measured.
@@ -228,6 +234,7 @@ impl Profile {
             link,
             staging: None,
             allreduce: None,
+            host_add: 0.0,
             codecs: Vec::new(),
             created: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -267,7 +274,8 @@ impl Profile {
         }
     }
     /// Check that every speed is usable by the model: bandwidths and codec throughputs finite,
-    /// `> 0` and at most [`MAX_RATE`](Self::MAX_RATE); latencies finite, `>= 0` and at most
+    /// `> 0` and at most [`MAX_RATE`](Self::MAX_RATE) (`host_add` may also be 0: not
+    /// calibrated); latencies finite, `>= 0` and at most
     /// [`MAX_LATENCY`](Self::MAX_LATENCY); ratios finite and `> 0`. The error names the field.
     pub fn validate(&self) -> Result<()> {
         let rate = |what: &str, v: f64| {
@@ -298,6 +306,9 @@ impl Profile {
         }
         if let Some(l) = &self.allreduce {
             link("allreduce", l)?;
+        }
+        if self.host_add != 0.0 {
+            rate("host_add", self.host_add)?;
         }
         for c in &self.codecs {
             rate(&format!("{} compress", c.codec), c.compress)?;
@@ -1020,8 +1031,9 @@ mod tests {
             Some(good.clone())
         );
         type Edit = fn(&mut Profile, f64);
-        let edits: [(&str, Edit); 8] = [
+        let edits: [(&str, Edit); 9] = [
             ("link.bandwidth", |p, v| p.link.bandwidth = v),
+            ("host_add", |p, v| p.host_add = v),
             ("link.latency", |p, v| p.link.latency = v),
             ("staging.bandwidth", |p, v| {
                 p.staging.as_mut().unwrap().bandwidth = v
@@ -1039,8 +1051,10 @@ mod tests {
         for (field, edit) in edits {
             let latency = field.ends_with("latency");
             for v in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e308, -0.0] {
-                if latency && v == 0.0 || field == "ratio" && v == 1e308 {
-                    continue; // a zero latency and a huge ratio (constant data) are real
+                if (latency || field == "host_add") && v == 0.0 || field == "ratio" && v == 1e308 {
+                    // a zero latency, an uncalibrated addition and a huge ratio (constant
+                    // data) are real
+                    continue;
                 }
                 let mut p = good.clone();
                 edit(&mut p, v);

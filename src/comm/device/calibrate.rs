@@ -36,6 +36,8 @@ impl DeviceStager {
     ///   [`CALIBRATION_LINK_MIB`] (up to the field's size), [`CALIBRATION_LINK_WARMUP`] +
     ///   median of [`CALIBRATION_LINK_REPS`], a barrier before each; the slower direction and
     ///   the slower of the two ranks' clocks (the receiver's) per size.
+    /// * Exchange (`link_exchange`): ranks 0 and 1 send to each other at once between the same
+    ///   pinned buffers, same sizes and schedule ([`time_exchange`](Self::time_exchange)).
     /// * Placement (`ranks_per_gpu`): the largest number of ranks on one host with the same
     ///   GPU PCI address (gathered from every rank; the device ordinal where the driver reports
     ///   no PCI address).
@@ -160,7 +162,8 @@ impl DeviceStager {
         for &b in &link_sizes {
             let f = self.time_one_way(comm, 0, 1, b)?;
             let r = self.time_one_way(comm, 1, 0, b)?;
-            times.extend([f, r]);
+            let x = self.time_exchange(comm, b)?;
+            times.extend([f, r, x]);
         }
         // every rank must have run the same calls (a rank without the utility kernels sent 0:
         // the maximum keeps the others' measurement)
@@ -184,12 +187,16 @@ impl DeviceStager {
                 h2d: times[nc + 2 * ns + 1 + 2 * i],
             });
         }
-        let mut link_one_way = LinkCurve::default();
+        let (mut link_one_way, mut link_exchange) = (LinkCurve::default(), LinkCurve::default());
         for (i, &b) in link_sizes.iter().enumerate() {
-            let k = nc + 4 * ns + 2 * i;
+            let k = nc + 4 * ns + 3 * i;
             link_one_way.insert(LinkPoint {
                 bytes: b as f64,
                 seconds: times[k].max(times[k + 1]),
+            });
+            link_exchange.insert(LinkPoint {
+                bytes: b as f64,
+                seconds: times[k + 2],
             });
         }
         let tb = (tiny * 4) as f64;
@@ -214,6 +221,7 @@ impl DeviceStager {
             ranks_per_gpu,
             staging_curve_solo: curve_solo,
             link_one_way,
+            link_exchange,
             codecs: speeds,
             ..DeviceProfile::guess()
         }
@@ -224,11 +232,16 @@ impl DeviceStager {
             model::fmt_rate(p.decompress_add), p.decompress_add_overhead * 1e6,
             model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(),
             model::fmt_rate(p.device_copy), model::fmt_rate(p.range_pass), model::fmt_rate(p.scale_pass));
-        tracing::info!(target: "zcomm::comm", "device profile, one rank alone: compress {} + {:.1} us, decompress {} + {:.1} us, staging {} sizes; one-way link {} ({} sizes); {} rank(s) per GPU",
+        let last_rate = |c: &LinkCurve| {
+            c.points
+                .last()
+                .map_or_else(|| "-".into(), |q| model::fmt_rate(q.bytes / q.seconds))
+        };
+        tracing::info!(target: "zcomm::comm", "device profile, one rank alone: compress {} + {:.1} us, decompress {} + {:.1} us, staging {} sizes; one-way link {}, exchange {} per direction ({} sizes); {} rank(s) per GPU",
             model::fmt_rate(p.compress_solo), p.compress_solo_overhead * 1e6,
             model::fmt_rate(p.decompress_solo), p.decompress_solo_overhead * 1e6,
             p.staging_curve_solo.points.len(),
-            p.link_one_way.points.last().map_or_else(|| "-".into(), |q| model::fmt_rate(q.bytes / q.seconds)),
+            last_rate(&p.link_one_way), last_rate(&p.link_exchange),
             p.link_one_way.points.len(), p.ranks_per_gpu);
         for c in &p.codecs {
             tracing::info!(target: "zcomm::comm", "device profile, {}: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us",
@@ -473,6 +486,37 @@ impl DeviceStager {
         } else {
             0.0
         })
+    }
+
+    /// Median seconds of a simultaneous exchange of `bytes` each way between ranks 0 and 1
+    /// (each sends from its pinned send buffer and receives into its pinned receive buffer, as
+    /// a ring step or `sendrecv_device` does; a barrier before each, the other ranks idle in it;
+    /// [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`] exchanges): the slower of the two
+    /// ranks' medians on both, 0 elsewhere. The buffers are the ones the operations stage
+    /// through: a shared-memory transport moves page-locked memory faster than the freshly
+    /// allocated pageable vectors of the host ping-pong.
+    pub(super) fn time_exchange(&mut self, comm: &Communicator, bytes: usize) -> Result<f64> {
+        let s = self.stream();
+        let r = comm.rank();
+        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
+        Self::grow_pinned(&mut self.pinned_recv, &s, bytes)?;
+        let snd = self.pinned_send.as_ref().expect("grown");
+        let snd = &snd.as_slice().map_err(gpu_err("pinned"))?[..bytes];
+        let rcv = self.pinned_recv.as_mut().expect("grown");
+        let rcv = &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes];
+        let t = comm.transport();
+        let mut times = Vec::with_capacity(CALIBRATION_LINK_REPS);
+        for k in 0..CALIBRATION_LINK_WARMUP + CALIBRATION_LINK_REPS {
+            comm.barrier()?;
+            let t0 = now();
+            if r < 2 {
+                t.sendrecv_sized(1 - r, snd, 1 - r, rcv, crate::comm::TAG_PING)?;
+            }
+            if k >= CALIBRATION_LINK_WARMUP {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(if r < 2 { model::median(&times) } else { 0.0 })
     }
 
     /// The most ranks sharing one GPU: every rank's (host name, PCI domain / bus / device id of

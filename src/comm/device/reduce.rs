@@ -178,17 +178,55 @@ impl Communicator {
         let st = r?;
         dev.last.network = t.elapsed().as_secs_f64();
         dev.upload_pinned(false, 0..out_bytes, out, false)?;
-        {
-            let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
-            dev.last_predicted = Terms {
-                d2h: dp.d2h_s(in_bytes as f64),
-                link: st.predicted_s,
-                h2d: dp.h2d_s(out_bytes as f64),
-                ..Terms::default()
-            };
+        // the raw path's prediction on the staged buffers (the host operation predicted it on
+        // the host ping-pong's link)
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let (d2h, h2d) = (dp.d2h_s(in_bytes as f64), dp.h2d_s(out_bytes as f64));
+        let raw = self.staged_raw_reduce_s::<T>(&dp, n, kind != Reduction::Scatter);
+        let compressed = st.decision == Decision::Compressed;
+        dev.last_predicted = Terms {
+            d2h,
+            link: if compressed {
+                st.predicted_s
+            } else {
+                raw - d2h - h2d
+            },
+            h2d,
+            ..Terms::default()
+        };
+        let mut st = self.add_staging(dev, st, in_bytes, out_bytes);
+        st.predicted_raw_s = raw;
+        if !compressed {
+            st.predicted_s = raw;
         }
-        let st = self.add_staging(dev, st, in_bytes, out_bytes);
         Ok(self.finish(st, t0))
+    }
+
+    /// Model seconds of the raw staged reduction of `n` values per rank (`full`: allreduce,
+    /// else reduce-scatter): D2H of the input, the host algorithm on the pinned buffers, H2D
+    /// of the result. The allreduce is the native MPI one (its calibrated line); the
+    /// reduce-scatter is the raw ring: `p-1` exchanges of a segment between the pinned buffers
+    /// ([`DeviceProfile::pair_s`]) and the host addition of each received segment.
+    pub(super) fn staged_raw_reduce_s<T: GpuElement + Real>(
+        &self,
+        dp: &DeviceProfile,
+        n: usize,
+        full: bool,
+    ) -> f64 {
+        let p = self.size();
+        let bytes = (n * T::SIZE) as f64;
+        let out_bytes = if full { bytes } else { bytes / p as f64 };
+        let host = if full || p < 2 {
+            let preferred = self.config.policy.codec().unwrap_or_default();
+            self.reduce_times::<T>(n, full, 1.0, preferred).0
+        } else {
+            let seg = bytes / p as f64;
+            (p - 1) as f64
+                * (self.profile.link.latency
+                    + dp.pair_s(self.profile.link, seg)
+                    + self.host_add_s(seg))
+        };
+        dp.d2h_s(bytes) + host + dp.h2d_s(out_bytes)
     }
 
     /// The compressed device ring of the blocking device reductions (see the
@@ -274,9 +312,8 @@ impl Communicator {
         let preferred = self.config.policy.codec().unwrap_or_default();
         let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
         let link = self.profile.link;
-        let (bytes, out_bytes) = (n * T::SIZE, want * T::SIZE);
-        let (host_raw, _) = self.reduce_times::<T>(n, full, 1.0, preferred);
-        let raw_t = host_raw + dp.d2h_s(bytes as f64) + dp.h2d_s(out_bytes as f64);
+        let bytes = n * T::SIZE;
+        let raw_t = self.staged_raw_reduce_s::<T>(&dp, n, full);
         let key = crate::comm::coll_key(n, self.config.bound);
         // the ring's per-step ratio and (allreduces) the final streams' ratio, remembered
         // separately per codec: the final segment is a sum of `p` fields compressed at a bound
