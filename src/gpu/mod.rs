@@ -33,11 +33,11 @@
 
 mod accumulate;
 pub use accumulate::StepEncoding;
-mod shaped;
 pub mod bench;
 pub mod compile;
 pub mod cuszi;
 pub mod gpz;
+mod shaped;
 mod step_timer;
 #[doc(hidden)]
 pub mod testing;
@@ -99,7 +99,8 @@ const C_FIRST: usize = 8;
 /// on its own (a version 3 header with the largest GPZ header after it, 136 + 248 bytes).
 const PINNED_WORDS: usize = 64;
 // (56 + 48 d: the GPZ header of d = 4 axes, GPZ-FORMAT.md)
-const _: () = assert!(HEADER_LEN_V3 + 56 + 48 * 4 <= PINNED_WORDS * 8 && CTRL_WORDS <= PINNED_WORDS);
+const _: () =
+    assert!(HEADER_LEN_V3 + 56 + 48 * 4 <= PINNED_WORDS * 8 && CTRL_WORDS <= PINNED_WORDS);
 // Result words of a blocked-codec decompression, written by the kernel's last block into
 // host-mapped memory (kernels/blocked.cu ZC_RES_*): error bits, the launch's `seq`, the header.
 const R_ERR: usize = 0;
