@@ -1430,8 +1430,9 @@ fn gpz_option_errors() {
             vec!["--codec", "gpz", "--fill-value", "-1e10"],
             "fill value",
         ),
+        // (the GPU codec compresses 1-D particles: a shape is refused before any device opens)
         (
-            vec!["--codec", "gpz", "--device", "gpu"],
+            vec!["--codec", "gpz", "--dims", "1000x3", "--device", "gpu"],
             "not supported on the GPU",
         ),
         (
