@@ -205,7 +205,12 @@ fn staged_matches_host<T: Real + GpuElement + CommElement>() -> Result<(), Strin
     for p in [2, 3] {
         let n = 100_003;
         let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
-        for codec in [CodecKind::Aatrox, CodecKind::Pfpl] {
+        for codec in [
+            CodecKind::Aatrox,
+            CodecKind::Pfpl,
+            CodecKind::Cuszi,
+            CodecKind::Gpz,
+        ] {
             for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {
                 for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
                     let want = host(&inputs, op, bound, codec);
@@ -238,13 +243,21 @@ fn matches_host<T: Real + GpuElement + CommElement>() -> Result<(), String> {
     for p in [1, 2, 3] {
         let n = 100_003;
         let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
-        for codec in [CodecKind::Aatrox, CodecKind::CuszpOutlier, CodecKind::Pfpl] {
+        for codec in [
+            CodecKind::Aatrox,
+            CodecKind::CuszpOutlier,
+            CodecKind::Pfpl,
+            CodecKind::Cuszi,
+            CodecKind::Gpz,
+        ] {
             for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {
                 for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
                     let want = host(&inputs, op, bound, codec);
                     let got = device(&inputs, op, bound, codec, &vec![n; p]);
                     for (r, (g, w)) in got.into_iter().zip(want).enumerate() {
                         let g = g.map_err(|e| format!("p={p} {codec} {bound:?} {op:?}: {e}"))?;
+                        within_bound(&inputs, op, bound, r, &g)
+                            .map_err(|e| format!("p={p} {codec} {bound:?} {op:?} rank {r}: {e}"))?;
                         if g.iter()
                             .zip(&w)
                             .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
@@ -315,13 +328,24 @@ fn gather_matches_cpu<T: Real + GpuElement + CommElement>() -> Result<(), String
     for p in [1, 2, 3] {
         let n = 100_003;
         let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
-        for codec in [CodecKind::Aatrox, CodecKind::CuszpPlain, CodecKind::Pfpl] {
+        for codec in [
+            CodecKind::Aatrox,
+            CodecKind::CuszpPlain,
+            CodecKind::Pfpl,
+            CodecKind::Cuszi,
+            CodecKind::Gpz,
+        ] {
             for bound in [
                 ErrorBound::Abs(1e-2),
                 ErrorBound::Noa(1e-4),
                 ErrorBound::Rel(1e-3),
             ] {
                 let what = format!("p={p} {codec} {bound:?}");
+                if !codec.supports_bound(bound) {
+                    gather_refused::<T>(&inputs, bound, codec)
+                        .map_err(|e| format!("{what}: {e}"))?;
+                    continue;
+                }
                 let mut want = Vec::with_capacity(n * p);
                 for x in &inputs {
                     let s = zcomm::compress(x, bound, codec).map_err(|e| format!("{what}: {e}"))?;
@@ -357,6 +381,76 @@ fn gather_matches_cpu<T: Real + GpuElement + CommElement>() -> Result<(), String
                     }
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// The device allgather under a bound its codec refuses (gpz under rel): an error on every
+/// rank, none left waiting.
+fn gather_refused<T: Real + GpuElement>(
+    inputs: &[Vec<T>],
+    bound: ErrorBound,
+    codec: CodecKind,
+) -> Result<(), String> {
+    let p = inputs.len();
+    let n = inputs[0].len();
+    let group = DeviceLoopback::group(p, LinkEmulation::default());
+    let got = run_ranks(group, |t| -> Result<(), String> {
+        let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+        let mut gpu = GpuCodec::new(0)
+            .and_then(|g| g.with_own_stream())
+            .map_err(|e| e.to_string())?;
+        let st = gpu.stream().clone();
+        let xd: CudaSlice<T> = st.clone_htod(&inputs[t_rank(&t)]).map_err(e)?;
+        let mut out = st.alloc_zeros::<T>(n * p).map_err(e)?;
+        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
+        match device_gather::allgather(&t, &mut gpu, &xv, &mut ov, bound, codec) {
+            Ok(_) => Err("succeeded".into()),
+            Err(_) => Ok(()),
+        }
+    });
+    for (r, g) in got.into_iter().enumerate() {
+        g.expect("rank thread")
+            .map_err(|e| format!("rank {r}: expected an error: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Every value of rank `r`'s device-ring result within the guaranteed bound of the exact
+/// reduction (in f64) of `inputs`: `bound` itself for abs, `E * (max - min)` over all inputs for
+/// noa (the ring splits it over its requantisations and roundings).
+fn within_bound<T: Real>(
+    inputs: &[Vec<T>],
+    op: Op,
+    bound: ErrorBound,
+    r: usize,
+    got: &[T],
+) -> Result<(), String> {
+    let p = inputs.len();
+    let n = inputs[0].len();
+    let eb = match bound {
+        ErrorBound::Abs(e) => e,
+        ErrorBound::Noa(e) => {
+            let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+            for x in inputs.iter().flatten() {
+                lo = lo.min(x.to_f64());
+                hi = hi.max(x.to_f64());
+            }
+            e * (hi - lo)
+        }
+        ErrorBound::Rel(_) => return Err("no rel bound for reductions".into()),
+    };
+    let range = match op {
+        Op::ReduceScatter => partition(n, p)[r].clone(),
+        _ => 0..n,
+    };
+    let div = if op == Op::Mean { p as f64 } else { 1.0 };
+    for (k, i) in range.enumerate() {
+        let exact: f64 = inputs.iter().map(|x| x[i].to_f64()).sum::<f64>() / div;
+        let err = (got[k].to_f64() - exact).abs();
+        if err.is_nan() || err > eb {
+            return Err(format!("value {i}: error {err:e} above the bound {eb:e}"));
         }
     }
     Ok(())

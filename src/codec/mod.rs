@@ -54,12 +54,13 @@ pub enum CodecKind {
     /// PFPL: in-place quantization, negabinary deltas, bit shuffle, zero-byte elimination.
     Pfpl,
     /// cuSZ-i: multi-level spline interpolation over the array's shape (`compress_nd`), rANS
-    /// coding. CPU only for now.
+    /// coding. CPU twin and CUDA kernels (`gpu::cuszi`; `gpu::GpuCodec` compresses 1-D).
     Cuszi,
     /// GPZ: particle coordinates (`N` particles × `d = 1..=4` coordinates, AoS, the shape
     /// `[N, d]` of `compress_nd`; 1-D data is `N × 1`): per-block spatial sort and run/bit-plane
     /// coding ([`gpz`]). The stream wraps a GPZ stream (FORMAT.md, "gpz"). No `rel`
-    /// bounds, fill values or given ranges. CPU only for now.
+    /// bounds, fill values or given ranges. CPU twin and CUDA kernels (`gpu::gpz`;
+    /// `gpu::GpuCodec` compresses `N × 1`).
     Gpz,
 }
 
@@ -74,13 +75,17 @@ impl CodecKind {
         CodecKind::Gpz,
     ];
 
-    /// The codecs with GPU kernels (and so the ones the communication layer's `Policy::Auto`
-    /// calibrates and chooses from), in registry order.
+    /// The codecs with GPU kernels behind `gpu::GpuCodec` (and so the ones the communication
+    /// layer's `Policy::Auto` calibrates and chooses from), in registry order: every codec.
+    /// `cuszi` and `gpz` compress a message as 1-D (`[n]`, `n × 1` particles) on the GPU, and
+    /// `gpz` still refuses `rel` bounds there ([`CodecKind::supports_bound`]).
     pub const WITH_GPU: &'static [CodecKind] = &[
         CodecKind::Aatrox,
         CodecKind::CuszpPlain,
         CodecKind::CuszpOutlier,
         CodecKind::Pfpl,
+        CodecKind::Cuszi,
+        CodecKind::Gpz,
     ];
 
     /// Whether the codec has GPU kernels (`gpu::GpuCodec` refuses the others with
@@ -355,11 +360,17 @@ pub fn compress_with_options<T: Element>(
     compress_with_params(data, &params, codec, options.dims)
 }
 
-/// The error for a `noa` range given to `gpz` (it measures each axis's range itself).
-fn gpz_no_range() -> Error {
+/// The error for a `noa` range given to `gpz` (it measures each axis's range itself; shared
+/// with the GPU encoder, which refuses what this one refuses with the same words).
+pub(crate) fn gpz_no_range() -> Error {
     Error::invalid(
         "gpz does not take a given value range (it measures the range of each coordinate axis)",
     )
+}
+
+/// The error for a `rel` bound given to `gpz` (shared with the GPU encoder).
+pub(crate) fn gpz_no_rel() -> Error {
+    Error::invalid("gpz does not support rel bounds (use abs or noa)")
 }
 
 /// Compress particle coordinates with `gpz` into a zcomm stream (the generic API's form, which
@@ -425,9 +436,7 @@ pub fn compress_particles_with_options<T: Element>(
         return Err(gpz_no_range());
     }
     if matches!(bound, ErrorBound::Rel(_)) {
-        return Err(Error::invalid(
-            "gpz does not support rel bounds (use abs or noa)",
-        ));
+        return Err(gpz_no_rel());
     }
     let dims = options.dims.unwrap_or(Dims::linear(data.len() as u64));
     if dims.count() != data.len() as u64 {
@@ -707,6 +716,14 @@ pub fn gpz_payload_header(stream: &[u8], h: &Header) -> Result<gpz::GpzHeader> {
         .get(h.header_len()..)
         .ok_or_else(|| Error::corrupt("gpz stream shorter than its header"))?;
     let g = gpz::inspect_particles(payload)?;
+    check_gpz_payload(h, &g)?;
+    Ok(g)
+}
+
+/// The checks of [`gpz_payload_header`] of the parsed GPZ header `g` of a compressed `gpz`
+/// stream whose zcomm header is `h` (shared with the GPU decoder, which reads only the headers
+/// to the host).
+pub(crate) fn check_gpz_payload(h: &Header, g: &gpz::GpzHeader) -> Result<()> {
     let d = crate::format::gpz_coords(&h.shape()).map_err(|e| Error::corrupt(e.to_string()))?;
     let bad = |what: &str| Err(Error::corrupt(format!("gpz payload {what} its header")));
     if g.stored {
@@ -729,7 +746,7 @@ pub fn gpz_payload_header(stream: &[u8], h: &Header) -> Result<gpz::GpzHeader> {
             return bad("has an axis bound or range outside that of");
         }
     }
-    Ok(g)
+    Ok(())
 }
 
 /// Decode a checked compressed `gpz` stream into `out` (its `count` values).
@@ -1117,12 +1134,12 @@ mod tests {
     }
 
     #[test]
-    fn gpz_is_a_dims_aware_cpu_codec() {
+    fn gpz_is_a_dims_aware_codec_with_gpu_kernels() {
         let g = CodecKind::Gpz;
         assert_eq!((g.name(), g.tag()), ("gpz", crate::format::CODEC_GPZ));
         assert_eq!("gpz".parse::<CodecKind>().unwrap(), g);
         assert_eq!(CodecKind::from_tag(6).unwrap(), g);
-        assert!(g.uses_dims() && !g.has_gpu() && !CodecKind::WITH_GPU.contains(&g));
+        assert!(g.uses_dims() && g.has_gpu() && CodecKind::WITH_GPU.contains(&g));
         assert!(!g.supports_bound(ErrorBound::Rel(1e-3)));
         assert!(g.supports_bound(ErrorBound::Noa(1e-3)) && g.supports_bound(ErrorBound::Abs(1.0)));
     }

@@ -83,21 +83,32 @@ impl Communicator {
             };
         }
         let codec = self.config.policy.codec().unwrap_or_default();
-        // every codec, so that `Auto` can choose among them per message
+        // every codec, so that `Auto` can choose among them per message; one that fails on
+        // any rank is left out on every rank (with the reason where it failed), not the
+        // calibration
         let mut codecs = Vec::new();
         for (&c, dt) in CodecKind::WITH_GPU
             .iter()
             .flat_map(|c| [(c, Dtype::F32), (c, Dtype::F64)])
         {
             t.barrier()?;
-            let s = measure_compressor(&*self.compressor, c, dt, 1 << 21)?;
-            let mut v = [-s.compress, -s.decompress];
-            t.allreduce_f64(&mut v, ReduceOp::Max)?; // min of throughputs
-            codecs.push(model::CodecSpeed {
-                compress: -v[0],
-                decompress: -v[1],
-                ..s
-            });
+            let m = measure_compressor(&*self.compressor, c, dt, 1 << 21);
+            let (cs, cd) = m
+                .as_ref()
+                .map_or((0.0, 0.0), |s| (s.compress, s.decompress));
+            let mut v = [-cs, -cd, f64::from(u8::from(m.is_err()))];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?; // min of throughputs, any failure
+            match m {
+                Ok(s) if v[2] < 0.5 => codecs.push(model::CodecSpeed {
+                    compress: -v[0],
+                    decompress: -v[1],
+                    ..s
+                }),
+                Ok(_) => {
+                    tracing::warn!(target: "zcomm::comm", "{c} {dt} not calibrated: it failed on another rank")
+                }
+                Err(e) => tracing::warn!(target: "zcomm::comm", "{c} {dt} not calibrated: {e}"),
+            }
         }
         // the native allreduce (the raw path of allreduce): small and large buffer
         let mut allreduce = None;
@@ -172,9 +183,9 @@ impl Communicator {
     }
 
     /// The codecs `Auto(preferred)` chooses among for messages of `S`: `preferred` first (it
-    /// wins ties), then every other codec the profile has speeds for (the calibrated ones:
-    /// [`CodecKind::WITH_GPU`], so a CPU-only codec such as cuszi or gpz is a candidate only as
-    /// `preferred`), leaving out codecs that refuse the configured bound (gpz under rel).
+    /// wins ties), then every other codec the profile has speeds for (the calibrated ones of
+    /// [`CodecKind::WITH_GPU`]; a codec outside it is a candidate only as `preferred`), leaving
+    /// out codecs that refuse the configured bound (gpz under rel).
     pub(super) fn candidates<S: Real>(&self, preferred: CodecKind) -> Vec<CodecKind> {
         let mut v = vec![preferred];
         v.extend(

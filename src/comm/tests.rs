@@ -101,3 +101,41 @@ fn raw_reduce_scatter_prediction_charges_the_host_addition() {
         assert!((b - a - 3.0 * seg / 8e9).abs() < 1e-12, "{b} vs {a}");
     }
 }
+
+/// `Policy::Auto` chooses among every calibrated codec, `cuszi` and `gpz` included (they have
+/// GPU kernels too), with the preferred codec first, but never offers `gpz` under a `rel` bound
+/// (it refuses one).
+#[test]
+fn auto_candidates_include_the_shape_aware_codecs_except_gpz_under_rel() {
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+    use crate::model::{CodecSpeed, Link, Profile};
+    assert_eq!(CodecKind::WITH_GPU, CodecKind::ALL);
+    for (bound, with_gpz) in [
+        (ErrorBound::Noa(1e-3), true),
+        (ErrorBound::Abs(1e-3), true),
+        (ErrorBound::Rel(1e-3), false),
+    ] {
+        let mut prof = Profile::new(Link {
+            bandwidth: 1e9,
+            latency: 1e-6,
+        });
+        prof.codecs = CodecKind::WITH_GPU
+            .iter()
+            .map(|&c| CodecSpeed::new(c, 1, 1e9, 1e9, 4.0))
+            .collect();
+        let cfg = Config::new(bound).with_calibration(Calibration::Fixed(prof));
+        let got = run_ranks(LoopbackTransport::group(1), |t| {
+            let c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+                .expect("communicator");
+            c.candidates::<f32>(CodecKind::Cuszi)
+        });
+        let v = got.into_iter().next().expect("one rank").expect("rank");
+        assert_eq!(v[0], CodecKind::Cuszi, "{bound}: {v:?}");
+        assert_eq!(v.contains(&CodecKind::Gpz), with_gpz, "{bound}: {v:?}");
+        assert_eq!(
+            v.len(),
+            CodecKind::ALL.len() - usize::from(!with_gpz),
+            "{bound}: {v:?}"
+        );
+    }
+}

@@ -5,7 +5,10 @@
 //! decompressed copy is ever materialised; the base may be `out` itself or another buffer (a
 //! ring step then adds a received partial sum to its input without first copying the input).
 //! Stored (uncompressed) streams are checksummed, then added by `zc_add_raw_*`; pfpl adds in
-//! place, so for those two a separate base is first copied into `out`.
+//! place, so for those two a separate base is first copied into `out`. `cuszi` and `gpz`
+//! streams have no accumulating kernels: they are decoded into a scratch buffer that
+//! `zc_add_raw_*` then adds (the same single rounding per value), with the base copied into
+//! `out` first as for pfpl.
 //!
 //! [`GpuCodec::reduce_step_device`] is a ring's whole reduce step: that accumulation, the
 //! mean's division, and the compression of the sum by the `zc_compress_recon_*` kernels, which
@@ -17,7 +20,9 @@ use super::*;
 /// How [`GpuCodec::reduce_step_device`] compresses the sum it forms.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepEncoding {
-    /// The codec (the reconstructing kernels exist for aatrox, cuszp-plain and cuszp-outlier).
+    /// The codec (the reconstructing kernels exist for aatrox, cuszp-plain and cuszp-outlier;
+    /// for the others [`GpuCodec::reduce_step_device`] does nothing and the caller compresses,
+    /// then decodes).
     pub codec: CodecKind,
     /// The absolute error bound of the compression.
     pub abs_bound: f64,
@@ -75,7 +80,9 @@ impl GpuCodec {
             ));
         }
         // the kernels that add in place get the base copied into `out` first
-        let in_place = h.is_stored() || CodecKind::from_tag(h.codec)? == CodecKind::Pfpl;
+        let codec = CodecKind::from_tag(h.codec)?;
+        let shaped = !h.is_stored() && matches!(codec, CodecKind::Cuszi | CodecKind::Gpz);
+        let in_place = h.is_stored() || codec == CodecKind::Pfpl || shaped;
         let base_ptr = match base {
             Some(b) if in_place => {
                 s.memcpy_dtod(b, out).map_err(gpu_err("copy base"))?;
@@ -92,8 +99,11 @@ impl GpuCodec {
         };
         let op = raw_ptr_mut(out, &s);
         self.last_times = KernelTimes::default();
+        if shaped {
+            return self.decompress_add_shaped(stream, out);
+        }
         if h.is_stored() {
-            let payload = sp + HEADER_LEN as u64;
+            let payload = sp + h.header_len() as u64;
             let got = self.copy_hash(payload, h.payload_len as usize, None)?;
             if got != h.payload_checksum {
                 return Err(Error::corrupt("stored payload checksum mismatch"));

@@ -12,10 +12,13 @@
 //! are the median of `runs` timed runs after `warmup` untimed ones; GB/s = 1e9 bytes of
 //! uncompressed data per second.
 //!
+//! `cuszi` and `gpz` calls are several kernels with host read-backs between them: their
+//! "kernel-only" time is the span of the call's device work ([`super::KernelTimes::main_ms`]).
+//!
 //! For `noa` bounds a third phase times [`GpuCodec::compress_device_with_range`] the same way,
 //! with the value range computed once by [`GpuCodec::value_range_device`] before timing (so
 //! without the value-range kernel and its read-back), and checks that its stream equals the
-//! [`GpuCodec::compress_device`] one.
+//! [`GpuCodec::compress_device`] one (not for `gpz`, which refuses a given range).
 
 use cudarc::driver::{sys as cu_sys, CudaEvent, CudaSlice};
 
@@ -93,7 +96,7 @@ pub struct GpuBenchRecord {
     /// `noa` only: end-to-end throughput, GB/s (median), of
     /// [`GpuCodec::compress_device_with_range`] given the data's own value range (computed once
     /// by [`GpuCodec::value_range_device`] before timing, so no value-range kernel or read-back
-    /// per call). Absent for `abs` / `rel` bounds.
+    /// per call). Absent for `abs` / `rel` bounds and for `gpz`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compress_given_range_gbps: Option<f64>,
     /// `noa` only: kernel-only throughput, GB/s (median), of those calls (the compress kernel's
@@ -177,7 +180,7 @@ pub fn bench_device<T: GpuElement>(
     let oom = |e| Error::OutOfMemory(format!("benchmark buffers: {e:?}"));
     let d_in: CudaSlice<T> = s.clone_htod(data).map_err(oom)?;
     let mut d_out: CudaSlice<u8> = s
-        .alloc_zeros(bytes + crate::format::HEADER_LEN)
+        .alloc_zeros(crate::format::compress_bound(n, T::DTYPE))
         .map_err(oom)?;
     let mut d_rec: CudaSlice<T> = s.alloc_zeros(n.max(1)).map_err(oom)?;
     let ctx = gpu.context().clone();
@@ -205,8 +208,9 @@ pub fn bench_device<T: GpuElement>(
     let stream: Vec<u8> = s.clone_dtoh(&d_out.slice(0..len)).map_err(ge("dtoh"))?;
 
     // noa: the range computed once, then compression without the value-range kernel (into
-    // d_out again: the stream above is on the host now)
-    let given = if matches!(bound, ErrorBound::Noa(_)) {
+    // d_out again: the stream above is on the host now); not for gpz, which measures each
+    // axis's range itself and refuses a given one
+    let given = if matches!(bound, ErrorBound::Noa(_)) && codec != CodecKind::Gpz {
         let range = gpu
             .value_range_device(&d_in.as_view())?
             .unwrap_or((0.0, 0.0));

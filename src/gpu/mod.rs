@@ -1,8 +1,11 @@
 //! GPU codecs: CUDA context/stream handling, NVRTC kernel compilation and device workspaces.
 //!
-//! [`GpuCodec`] runs the `aatrox`, `cuszp-plain` and `cuszp-outlier` codecs as CUDA kernels
-//! (`kernels/blocked.cu`) and writes exactly the bytes of the CPU twin ([`crate::compress`]);
-//! its decoder accepts and rejects exactly what [`crate::decompress`] does.
+//! [`GpuCodec`] runs every codec on the GPU and writes exactly the bytes of the CPU twin
+//! ([`crate::compress`]); its decoder accepts and rejects exactly what [`crate::decompress`]
+//! does. `aatrox`, `cuszp-plain`, `cuszp-outlier` (`kernels/blocked.cu`) and `pfpl`
+//! (`kernels/pfpl.cu`) are its own kernels, described below; `cuszi` and `gpz` go to the CUDA
+//! classes [`cuszi::CusziGpu`] and [`gpz::GpzGpu`] on the same stream (see [`GpuCodec`] for
+//! what that path does).
 //!
 //! * Compression: one kernel (plus, for `noa` and degenerate steps, one reduction kernel for the
 //!   value range). The host builds the 96-byte header with the same Rust code as the CPU path.
@@ -34,6 +37,7 @@ pub mod bench;
 pub mod compile;
 pub mod cuszi;
 pub mod gpz;
+mod shaped;
 mod step_timer;
 #[doc(hidden)]
 pub mod testing;
@@ -51,7 +55,9 @@ use cudarc::driver::{
 use crate::codec::CodecKind;
 use crate::element::Element;
 use crate::error::{Error, Result};
-use crate::format::{zhash_bytes, zhash_final, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN};
+use crate::format::{
+    zhash_bytes, zhash_final, BoundMode, Dtype, Header, FLAG_STORED, HEADER_LEN, HEADER_LEN_V3,
+};
 use crate::quant::{ErrorBound, QuantParams};
 
 /// The value of an order-preserving key of the kernels (`zc_key` / `zu_key`: the sign bit flipped
@@ -90,9 +96,11 @@ const C_MIN: usize = 6;
 const C_MAX: usize = 7;
 const C_FIRST: usize = 8;
 /// u64 words of the pinned small-transfer buffer: the ctrl words, or a header read or written
-/// on its own.
-const PINNED_WORDS: usize = CTRL_WORDS;
-const _: () = assert!(HEADER_LEN <= PINNED_WORDS * 8);
+/// on its own (a version 3 header with the largest GPZ header after it, 136 + 248 bytes).
+const PINNED_WORDS: usize = 64;
+// (56 + 48 d: the GPZ header of d = 4 axes, GPZ-FORMAT.md)
+const _: () =
+    assert!(HEADER_LEN_V3 + 56 + 48 * 4 <= PINNED_WORDS * 8 && CTRL_WORDS <= PINNED_WORDS);
 // Result words of a blocked-codec decompression, written by the kernel's last block into
 // host-mapped memory (kernels/blocked.cu ZC_RES_*): error bits, the launch's `seq`, the header.
 const R_ERR: usize = 0;
@@ -141,11 +149,26 @@ pub struct KernelTimes {
     /// Milliseconds in the value-range kernel (noa without a given range / degenerate step /
     /// [`GpuCodec::value_range_device`]), 0 if not launched.
     pub stats_ms: f32,
-    /// Milliseconds in the main compress or decompress kernel.
+    /// Milliseconds in the main compress or decompress kernel. For `cuszi` and `gpz`, whose
+    /// calls are a sequence of kernels with small read-backs between them, the span of the
+    /// whole call's device work (the host's decisions between the kernels included).
     pub main_ms: f32,
 }
 
-/// A CUDA device with the blocked codecs loaded, one stream, and reusable workspaces.
+/// A CUDA device with the codecs loaded, one stream, and reusable workspaces.
+///
+/// `cuszi` and `gpz` run on [`cuszi::CusziGpu`] and [`gpz::GpzGpu`], created on this codec's
+/// stream at their first call (their kernels compiled or loaded then). A message is compressed
+/// as the 1-D array it is, with the bytes of [`crate::compress`]: `cuszi` with the shape
+/// `[n]`, `gpz` as `n` particles of one coordinate in input order, its GPZ stream wrapped in
+/// the version 3 header as the CPU wraps it (GPZ-FORMAT.md). Decompression takes any shape a
+/// stream records. What those classes leave to the CPU twin (`cuszi`: `rel` bounds,
+/// degenerate steps, stored streams) runs on a host copy, so the bytes are the same; a given
+/// `noa` range (`compress_device_with_range`) has no `cuszi` kernels and is compressed by the
+/// CPU twin too, and `gpz` refuses it, and `rel` bounds, with the CPU's errors. The
+/// decompress-and-add calls decode those streams into a scratch buffer and add it with the
+/// same single rounding as the fused kernels; [`GpuCodec::reduce_step_device`] has no
+/// reconstructing kernel for them (its callers compress, then decode).
 pub struct GpuCodec {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -182,6 +205,13 @@ pub struct GpuCodec {
     /// The device ring's compression scratch (`comm::device_ring`), kept between calls so that
     /// repeated reductions allocate it once.
     pub(crate) ring_scratch: Option<CudaSlice<u8>>,
+    /// The `cuszi` kernels on this codec's stream, loaded at the first `cuszi` call.
+    cuszi: Option<cuszi::CusziGpu>,
+    /// The `gpz` kernels on this codec's stream, loaded at the first `gpz` call.
+    gpz: Option<gpz::GpzGpu>,
+    /// Device scratch of `cuszi` and `gpz` calls, kept and grown: the GPZ stream before it is
+    /// wrapped, the values a decompress-and-add decodes before adding them.
+    shaped_scratch: Option<CudaSlice<u8>>,
     timing: bool,
     ev: Option<[cudarc::driver::CudaEvent; 4]>,
     last_times: KernelTimes,
@@ -294,6 +324,9 @@ impl GpuCodec {
             dev_in: None,
             dev_out: None,
             ring_scratch: None,
+            cuszi: None,
+            gpz: None,
+            shaped_scratch: None,
             timing: false,
             ev: None,
             last_times: KernelTimes::default(),
@@ -308,6 +341,9 @@ impl GpuCodec {
         // the workspace was cleared on the old stream: finish that before switching
         self.stream.synchronize().map_err(gpu_err("sync"))?;
         self.stream = self.ctx.new_stream().map_err(gpu_err("new stream"))?;
+        // (the shape-aware codecs' classes are created on the new stream when first used)
+        self.cuszi = None;
+        self.gpz = None;
         Ok(self)
     }
 
@@ -582,7 +618,9 @@ impl GpuCodec {
     /// Copy `bytes` (at most `PINNED_WORDS * 8`) from device address `src` to the host through
     /// the pinned buffer; synchronizes the stream.
     fn read_small(&mut self, src: u64, out: &mut [u8]) -> Result<()> {
-        debug_assert!(out.len() <= PINNED_WORDS * 8);
+        if out.len() > PINNED_WORDS * 8 {
+            return Err(Error::invalid("small read longer than the pinned buffer"));
+        }
         let hp = self.pinned_ptr()? as *mut u8;
         let s = self.stream.clone();
         // SAFETY: the pinned buffer holds PINNED_WORDS * 8 >= out.len() bytes and is used by
@@ -609,7 +647,9 @@ impl GpuCodec {
     /// Write `bytes` (a header: at most `PINNED_WORDS * 8`) to device address `dst` through the
     /// pinned buffer; synchronizes the stream.
     fn write_bytes(&mut self, dst: u64, bytes: &[u8]) -> Result<()> {
-        debug_assert!(bytes.len() <= PINNED_WORDS * 8);
+        if bytes.len() > PINNED_WORDS * 8 {
+            return Err(Error::invalid("small write longer than the pinned buffer"));
+        }
         let hp = self.pinned_ptr()? as *mut u8;
         let s = self.stream.clone();
         // SAFETY: as in read_small; the copy completes before the pinned buffer is reused.
@@ -728,6 +768,11 @@ impl GpuCodec {
         if !codec.has_gpu() {
             return Err(no_gpu_kernels(codec));
         }
+        match codec {
+            CodecKind::Cuszi => return self.compress_cuszi(input, bound, range, out),
+            CodecKind::Gpz => return self.compress_gpz(input, bound, range, out),
+            _ => {}
+        }
         let n = input.len();
         let raw_len = n * T::SIZE;
         let bound_len = HEADER_LEN + raw_len;
@@ -755,8 +800,21 @@ impl GpuCodec {
         if n > 0 {
             self.zero_ctrl(n_chunks)?;
         }
-        // parameters: same Rust code as the CPU path, statistics from the device (the value
-        // range only when the caller did not give it)
+        let params = self.device_params::<T>(in_ptr, n, bound, range)?;
+        self.compress_with_params::<T>(in_ptr, n, codec, &params, false, out_ptr)
+    }
+
+    /// The quantizer parameters of the `n` values at device address `in_ptr` under `bound`
+    /// (`range`: a given `noa` range): the CPU path's Rust code, with the statistics it needs
+    /// (the value range unless given, the first finite non-zero value for a degenerate step)
+    /// from the value-range kernel. The caller has cleared the ctrl words on the stream.
+    fn device_params<T: GpuElement>(
+        &mut self,
+        in_ptr: u64,
+        n: usize,
+        bound: ErrorBound,
+        range: Option<(f64, f64)>,
+    ) -> Result<QuantParams> {
         let mut stats: Option<Stats> = None;
         if range.is_none() && n > 0 && matches!(bound, ErrorBound::Noa(_)) {
             stats = Some(self.stats::<T>(in_ptr, n, false)?);
@@ -800,7 +858,7 @@ impl GpuCodec {
         if let Some(e) = first_err {
             return Err(e);
         }
-        self.compress_with_params::<T>(in_ptr, n, codec, &params, false, out_ptr)
+        Ok(params)
     }
 
     /// Compress `data` (device memory) with a blocked codec under `params`, into `out` (at least
@@ -971,11 +1029,13 @@ impl GpuCodec {
                 "stream of {len} bytes is shorter than the {HEADER_LEN}-byte header"
             )));
         }
-        let mut b = [0u8; HEADER_LEN];
+        // (a version 3 header is longer: read as much of one as the stream holds, in one copy)
+        let mut b = [0u8; HEADER_LEN_V3];
+        let m = len.min(HEADER_LEN_V3);
         let p = raw_ptr(stream, &self.stream.clone());
-        // the view holds at least HEADER_LEN bytes
-        self.read_small(p, &mut b)?;
-        parse_header_fields(&b, len)
+        // the view holds at least m bytes
+        self.read_small(p, &mut b[..m])?;
+        parse_header_fields(&b[..m], len)
     }
 
     /// Decompress the device-resident `stream` into `out` (device memory; its length must equal
@@ -1010,13 +1070,19 @@ impl GpuCodec {
         }
         self.last_times = KernelTimes::default();
         if h.is_stored() {
-            let got = self.copy_hash(sp + HEADER_LEN as u64, h.payload_len as usize, Some(op))?;
+            let payload = sp + h.header_len() as u64;
+            let got = self.copy_hash(payload, h.payload_len as usize, Some(op))?;
             if got != h.payload_checksum {
                 return Err(Error::corrupt("stored payload checksum mismatch"));
             }
             return Ok(());
         }
         let codec = CodecKind::from_tag(h.codec)?;
+        match codec {
+            CodecKind::Cuszi => return self.decompress_cuszi(stream, out),
+            CodecKind::Gpz => return self.decompress_gpz(stream, &h, out),
+            _ => {}
+        }
         let e = self.decode_with_header::<T>("decompress", &h, sp, stream.len(), op, op)?;
         if e != 0 {
             return Err(decode_error(e));
@@ -1175,13 +1241,14 @@ impl GpuCodec {
     ) -> Result<Vec<u8>> {
         let s = self.stream.clone();
         let in_bytes = std::mem::size_of_val(data);
-        self.with_staging(in_bytes, HEADER_LEN + in_bytes, |this, din, dout| {
+        let cap = crate::format::compress_bound(data.len(), T::DTYPE);
+        self.with_staging(in_bytes, cap, |this, din, dout| {
             let ip = raw_ptr_mut(din, &s);
             // SAFETY: din holds at least in_bytes bytes.
             unsafe { cu::memcpy_htod_async(ip, data, s.cu_stream()) }.map_err(gpu_err("htod"))?;
             // SAFETY: the first data.len() elements were just written.
             let view = unsafe { din.transmute::<T>(data.len()) }.expect("staging size");
-            let mut ov = dout.slice_mut(0..HEADER_LEN + in_bytes);
+            let mut ov = dout.slice_mut(0..cap);
             let len = this.compress_device(&view, bound, codec, &mut ov)?;
             let mut v = vec![0u8; len];
             let op = raw_ptr(dout, &s);
@@ -1262,13 +1329,10 @@ impl GpuCodec {
 
     /// Decompress a host stream on the GPU into a new vector.
     pub fn decompress<T: GpuElement>(&mut self, stream: &[u8]) -> Result<Vec<T>> {
-        let h = if stream.len() >= HEADER_LEN {
-            let mut b = [0u8; HEADER_LEN];
-            b.copy_from_slice(&stream[..HEADER_LEN]);
-            parse_header_fields(&b, stream.len())?
-        } else {
+        if stream.len() < HEADER_LEN {
             return Err(Error::corrupt("stream shorter than its header"));
-        };
+        }
+        let h = parse_header_fields(&stream[..stream.len().min(HEADER_LEN_V3)], stream.len())?;
         crate::codec::check_dtype::<T>(h.dtype)?;
         let limit = crate::codec::DecodeLimits::default().max_count;
         if h.count > limit {
@@ -1387,8 +1451,8 @@ fn check_header_for<T: GpuElement>(h: &Header, n: usize) -> Result<()> {
     Ok(())
 }
 
-/// The error for a codec without GPU kernels (`cuszi`, `gpz`; compressed or decompressed on the
-/// GPU).
+/// The error for a codec without GPU kernels (of [`GpuCodec`]'s own, for the `kernel_name`
+/// families; or outside [`CodecKind::WITH_GPU`]).
 fn no_gpu_kernels(codec: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!(
         "{codec} is not supported on the GPU yet (use the CPU codec, --device cpu)"
@@ -1396,18 +1460,31 @@ fn no_gpu_kernels(codec: impl std::fmt::Display) -> Error {
 }
 
 /// The header checks of `Header::parse` + `zcomm::inspect` that need no payload bytes (the
-/// table and stored-payload checksums are verified on the device).
-fn parse_header_fields(b: &[u8; HEADER_LEN], stream_len: usize) -> Result<Header> {
-    // shaped (version 3) streams come only from codecs without GPU kernels (cuszi, gpz)
-    if b[0..4] == crate::format::MAGIC
-        && crate::format::u16_at(b, 4) == crate::format::VERSION_SHAPED
-    {
-        return Err(no_gpu_kernels(match CodecKind::from_tag(b[6]) {
-            Ok(c) => c.to_string(),
-            Err(_) => format!("codec tag {}", b[6]),
-        }));
-    }
-    let h = Header::parse_fields(b, stream_len)?;
+/// table and stored-payload checksums are verified on the device) of the header at the start of
+/// `b` (the stream's first bytes: at least [`HEADER_LEN`], [`HEADER_LEN_V3`] for a version 3
+/// header, as far as the stream has them), for a stream of `stream_len` bytes.
+fn parse_header_fields(b: &[u8], stream_len: usize) -> Result<Header> {
+    let short = |need: usize| {
+        Error::corrupt(format!(
+            "stream of {stream_len} bytes is shorter than the {need}-byte header"
+        ))
+    };
+    let shaped = b.len() >= 6
+        && b[0..4] == crate::format::MAGIC
+        && crate::format::u16_at(b, 4) == crate::format::VERSION_SHAPED;
+    let h = if shaped {
+        let b3: &[u8; HEADER_LEN_V3] = b
+            .get(..HEADER_LEN_V3)
+            .and_then(|x| x.try_into().ok())
+            .ok_or_else(|| short(HEADER_LEN_V3))?;
+        Header::parse_fields_v3(b3, stream_len)?
+    } else {
+        let b2: &[u8; HEADER_LEN] = b
+            .get(..HEADER_LEN)
+            .and_then(|x| x.try_into().ok())
+            .ok_or_else(|| short(HEADER_LEN))?;
+        Header::parse_fields(b2, stream_len)?
+    };
     crate::codec::check_codec_fields(&h)?;
     Ok(h)
 }

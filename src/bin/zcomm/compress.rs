@@ -179,9 +179,12 @@ fn compress_bytes<T: Element>(bytes: &[u8], a: &Args) -> Result<(Vec<u8>, Permut
         crate::out::warn(format_args!("`{}`: {w}", a.input.display()));
     }
     let mut opts = options(a.fill_value, a.dims);
+    if a.codec == CodecKind::Gpz {
+        // (the GPU path refuses an order it does not write)
+        opts = opts.with_particle_order(a.particle_order.unwrap_or_default());
+    }
     if a.codec == CodecKind::Gpz && a.device == Device::Cpu {
         // (the library call that also returns the permutation)
-        opts = opts.with_particle_order(a.particle_order.unwrap_or_default());
         return zcomm::codec::compress_particles_with_options(&data, a.error_bound, &opts);
     }
     Ok((

@@ -92,6 +92,17 @@ pub fn compress<T: Element>(
         Device::Cpu => zcomm::compress_with_options(data, bound, codec, options),
         Device::Gpu => {
             no_gpu_kernels(codec)?;
+            // the GPU codec compresses the values as 1-D, in input order: a shape or particle
+            // order the stream would have to record is refused, never dropped
+            let shaped = options.dims.is_some_and(|d| d.ndims() > 1);
+            let reorder = options.particle_order != zcomm::codec::gpz::Order::Preserve;
+            if codec.uses_dims() && (shaped || reorder) {
+                return Err(Error::Unavailable(format!(
+                    "{codec} with --dims of more than one extent or --particle-order reorder is \
+                     not supported on the GPU yet (it compresses 1-D values in input order; \
+                     use --device cpu)"
+                )));
+            }
             if let Some(f) = options.fill_value {
                 return Err(Error::invalid(format!(
                     "--fill-value {f:e}: fill values are not supported by the GPU codecs \
@@ -116,7 +127,8 @@ pub fn decompress_into<T: Element>(device: Device, stream: &[u8], out: &mut [T])
     }
 }
 
-/// The error for a codec without GPU kernels (`cuszi`, `gpz`), before any device is opened.
+/// The error for a codec without GPU kernels (outside `CodecKind::WITH_GPU`), before any
+/// device is opened.
 fn no_gpu_kernels(codec: CodecKind) -> Result<()> {
     if codec.has_gpu() {
         return Ok(());

@@ -96,7 +96,7 @@ impl NcclComm {
         }
         let sh = self.sh.clone();
         let pcs = pieces(n, self.piece_elems::<T>());
-        let cap = crate::format::HEADER_LEN + self.piece_elems::<T>() * T::SIZE;
+        let cap = crate::format::compress_bound(self.piece_elems::<T>(), T::DTYPE);
         let mut spool = std::mem::take(&mut self.send_pool);
         let res = (|| -> Result<usize> {
             spool.ensure(&sh.work, pcs.len(), cap)?;
@@ -182,7 +182,7 @@ impl NcclComm {
             .unwrap_or_else(|_| self.config.policy.codec().unwrap_or_default());
         let sh = self.sh.clone();
         let pcs = pieces(n, self.piece_elems::<T>());
-        let cap = crate::format::HEADER_LEN + self.piece_elems::<T>() * T::SIZE;
+        let cap = crate::format::compress_bound(self.piece_elems::<T>(), T::DTYPE);
         let mut rpool = std::mem::take(&mut self.recv_pool);
         let res = (|| -> Result<usize> {
             rpool.ensure(&sh.work, pcs.len(), cap)?;
