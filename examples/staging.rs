@@ -867,13 +867,22 @@ mod device {
             );
             print_curve(&prof.staging_curve_solo, " alone");
             for q in &prof.link_one_way.points {
+                // the pinned exchange at the same size (both ranks sending), per direction
+                let x = prof
+                    .link_exchange
+                    .seconds(q.bytes)
+                    .map_or_else(|| "-".into(), |s| zcomm::model::fmt_rate(q.bytes / s));
                 outln!(
-                    "  one-way link {:>8.1} MiB: {} (ping-pong {} per direction)",
+                    "  one-way link {:>8.1} MiB: {} (exchange {x}, host ping-pong {} per direction)",
                     q.bytes / 1048576.0,
                     zcomm::model::fmt_rate(q.bytes / q.seconds),
                     zcomm::model::fmt_rate(c.profile().link.bandwidth),
                 );
             }
+            outln!(
+                "  host addition of the raw reduce-scatter: {}",
+                zcomm::model::fmt_rate(c.profile().host_add)
+            );
         }
         // the calibration behind every prediction, first in the JSON file
         t.meta.push(serde_json::json!({
@@ -885,8 +894,10 @@ mod device {
                 "bandwidth": c.profile().link.bandwidth,
                 "latency": c.profile().link.latency,
             },
+            "host_add": c.profile().host_add,
             // every field, the solo rates (`*_solo`, `staging_curve_solo`), the one-way link
-            // (`link_one_way`) and `ranks_per_gpu` included
+            // (`link_one_way`), the pinned exchange (`link_exchange`) and `ranks_per_gpu`
+            // included
             "device_profile": prof,
         }));
         let s = dev.gpu().stream().clone();
