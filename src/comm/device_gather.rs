@@ -60,6 +60,32 @@ pub fn allgather<T: GpuElement>(
     bound: ErrorBound,
     codec: CodecKind,
 ) -> Result<usize> {
+    allgather_timed(t, gpu, send, out, bound, codec).map(|g| g.stream_len)
+}
+
+/// What one [`allgather_timed`] did: this rank's stream length and the host-clock seconds of
+/// its codec calls (the compression, which returns once the stream length is known; the
+/// decodes of every stream until the last is complete).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Gathered {
+    /// Bytes of this rank's stream.
+    pub stream_len: usize,
+    /// Seconds of the compression call.
+    pub compress_s: f64,
+    /// Seconds from the first decode's launch to the stream's synchronization after the last.
+    pub decompress_s: f64,
+}
+
+/// [`allgather`], reporting the codec calls' times as well (the transport times its own
+/// stages).
+pub fn allgather_timed<T: GpuElement>(
+    t: &dyn DeviceTransport,
+    gpu: &mut GpuCodec,
+    send: &CudaView<'_, T>,
+    out: &mut CudaViewMut<'_, T>,
+    bound: ErrorBound,
+    codec: CodecKind,
+) -> Result<Gathered> {
     let mut scratch = gpu.ring_scratch.take();
     let r = gather(t, gpu, send, out, (bound, codec), &mut scratch);
     gpu.ring_scratch = scratch;
@@ -75,7 +101,8 @@ fn gather<T: GpuElement>(
     out: &mut CudaViewMut<'_, T>,
     (bound, codec): (ErrorBound, CodecKind),
     scratch: &mut Option<CudaSlice<u8>>,
-) -> Result<usize> {
+) -> Result<Gathered> {
+    let mut times = Gathered::default();
     let p = t.host().size();
     let n = send.len();
     if out.len() != n * p {
@@ -93,6 +120,7 @@ fn gather<T: GpuElement>(
             .map_err(|e| Error::OutOfMemory(format!("allgather stream: {e:?}"))),
     };
     // a rank that cannot compress still takes part, with an empty stream
+    let started = std::time::Instant::now();
     let mine = match buf.as_mut() {
         Ok(b) => gpu.compress_device(send, bound, codec, &mut b.as_view_mut()),
         Err(_) => Err(Error::OutOfMemory(format!(
@@ -110,6 +138,7 @@ fn gather<T: GpuElement>(
             empty.slice(..0)
         }
     };
+    times.compress_s = started.elapsed().as_secs_f64();
     let all = t.allgather_device(&view, &stream);
     let len = view.len();
     let all = all?;
@@ -128,6 +157,7 @@ fn gather<T: GpuElement>(
                 "allgather: rank {k} could not compress its buffer"
             )));
         }
+        let started = std::time::Instant::now();
         for (k, m) in all.iter().enumerate() {
             let mut seg = out.slice_mut(k * n..(k + 1) * n);
             let r = match m {
@@ -138,7 +168,9 @@ fn gather<T: GpuElement>(
                 break 'decode r;
             }
         }
-        stream.synchronize().map_err(gpu_err("sync"))
+        let synced = stream.synchronize().map_err(gpu_err("sync"));
+        times.decompress_s = started.elapsed().as_secs_f64();
+        synced
     };
     for b in all.into_iter().flatten() {
         t.recycle(b);
@@ -146,5 +178,6 @@ fn gather<T: GpuElement>(
     if let Ok(b) = buf {
         *scratch = Some(b);
     }
-    decoded.map(|()| len)
+    times.stream_len = len;
+    decoded.map(|()| times)
 }

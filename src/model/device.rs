@@ -493,9 +493,10 @@ impl DeviceProfile {
     /// [`Communicator::allgather_device`](crate::comm::Communicator::allgather_device) of `bytes`
     /// per rank over `p` ranks: staging out (compressed: after the compression, see
     /// [`d2h_after_compress_s`](Self::d2h_after_compress_s)), `p-1` pairwise exchanges
-    /// ([`pair_s`](Self::pair_s)), and
-    /// `p` uploads (+ decompression calls, each after its upload:
-    /// [`decompress_after_upload_s`](Self::decompress_after_upload_s)).
+    /// ([`pair_s`](Self::pair_s)), then the uploads: raw, `p` (this rank's values too, from
+    /// its send buffer); compressed, the `p-1` other streams (this rank decodes its own from
+    /// the device), and `p` decompression calls, each after its upload
+    /// ([`decompress_after_upload_s`](Self::decompress_after_upload_s)).
     pub fn allgather_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
         let (pf, z) = (p.max(1) as f64, bytes / ratio.max(1e-9));
         let raw = Terms {
@@ -509,7 +510,7 @@ impl DeviceProfile {
             compress: self.compress_s(bytes),
             d2h: self.d2h_after_compress_s(z),
             link: (pf - 1.0) * self.pair_s(link, z),
-            h2d: pf * h2d,
+            h2d: (pf - 1.0) * h2d,
             decompress: pf * self.decompress_after_upload_s(bytes, h2d),
             device: 0.0,
         };

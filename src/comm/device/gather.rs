@@ -153,6 +153,9 @@ impl Communicator {
         } else {
             Ok(())
         };
+        if !matches!(self.config.policy, Policy::Never) && n > 0 && p > 1 {
+            return self.allgather_device_compressed(dev, send, out, local);
+        }
         let prep = self.allgather_device_prepare(dev, send, local)?;
         let GatherPrep {
             compressed,
@@ -186,6 +189,71 @@ impl Communicator {
             }
             off += l;
         }
+        Ok(self.finish(st, t0))
+    }
+
+    /// The compressed blocking allgather: the engine's device allgather
+    /// ([`device_gather`](crate::comm::device_gather), the algorithm of NCCL and of the
+    /// in-process loopback) over the staged link, so each stream goes D2H once, over the
+    /// transport, and H2D into a pooled device buffer, and every rank decodes every stream (its
+    /// own from the device, never staged back). Agreement first (the codec `Auto` chose, the
+    /// sizes); a rank that fails later sends an empty stream and every rank returns an error.
+    fn allgather_device_compressed<T: GpuElement + Real + crate::comm::CommElement>(
+        &mut self,
+        dev: &mut DeviceStager,
+        send: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+        local: Result<()>,
+    ) -> Result<OpStats> {
+        let t0 = self.wtime();
+        let (p, n, bound) = (self.size(), send.len(), self.config.bound);
+        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let codec = self.allgather_codec(dev, send, &dp)?;
+        dev.last = StageTimes::default();
+        let d = Desc {
+            dtype: elem_tag::<T>(),
+            decision: 1,
+            ..self.local_desc::<f32>(crate::comm::OP_ALLGATHER, n)
+        };
+        self.agree(d, local)?;
+        let run = {
+            let DeviceStager {
+                gpu,
+                pinned_send,
+                pinned_recv,
+                recv_pool,
+                ..
+            } = &mut *dev;
+            let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
+            let run =
+                crate::comm::device_gather::allgather_timed(&link, gpu, send, out, bound, codec);
+            // this rank's own failure on the link explains its failed gather best
+            match (run, link.take_failure()) {
+                (Ok(g), None) => Ok((g, link.times())),
+                (_, Some(e)) | (Err(e), None) => Err(e),
+            }
+        };
+        let (g, staged) = run?;
+        dev.last = StageTimes {
+            compress: g.compress_s,
+            decompress: g.decompress_s,
+            ..staged
+        };
+        let mut st = OpStats::raw(crate::comm::OP_ALLGATHER);
+        st.bytes = (n * T::SIZE) as u64;
+        st.decision = Decision::Compressed;
+        st.codec = Some(codec);
+        // (the link staged this rank's stream into the pinned send buffer)
+        st.bound = stream_bound(bound, dev.pinned_bytes(true, g.stream_len)?)?;
+        st.wire_bytes = g.stream_len as u64;
+        st.ratio = st.bytes as f64 / g.stream_len.max(1) as f64;
+        let key = crate::comm::codec_key(crate::comm::coll_key(n, bound), codec);
+        self.ratios
+            .put(crate::comm::OP_ALLGATHER | 0x80, key, st.ratio);
+        let terms =
+            dp.with_codec(codec)
+                .allgather_terms(self.profile.link, p, st.bytes as f64, st.ratio);
+        dev.last_predicted = record_prediction(&mut st, terms, true);
         Ok(self.finish(st, t0))
     }
 
