@@ -21,10 +21,10 @@
 //!             let x = gpu.stream().clone_htod(&vec![1.0f32; 1 << 20]).unwrap();
 //!             let mut out = gpu.stream().alloc_zeros::<f32>(2 << 20).unwrap();
 //!             let (bound, codec) = (ErrorBound::Noa(1e-3), CodecKind::Aatrox);
-//!             let len = device_gather::allgather(
+//!             let g = device_gather::allgather(
 //!                 &t, &mut gpu, &x.as_view(), &mut out.as_view_mut(), bound, codec,
 //!             )?;
-//!             println!("sent a {len}-byte stream");
+//!             println!("sent a {}-byte stream", g.stream_len);
 //!             Ok(())
 //!         });
 //!     }
@@ -44,26 +44,7 @@ fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error 
     move |e| Error::Gpu(format!("{what}: {e:?}"))
 }
 
-/// Gather every rank's `send` (the same length on every rank) into `out` (`size × send.len()`
-/// values, rank order), each compressed once under `bound` (abs, rel, or noa of that rank's own
-/// values) with `codec`, in a device buffer the codec keeps for the next call. Every rank's
-/// segment of `out`, this rank's own included, holds what its stream decodes to, so `out` is
-/// identical on every rank. Collective over `t`'s ranks, after the caller's agreement on the
-/// length; a rank that fails to compress sends an empty stream, and every rank then returns an
-/// error. Returns when `out` is complete (the stream synchronized), with the length of this
-/// rank's stream.
-pub fn allgather<T: GpuElement>(
-    t: &dyn DeviceTransport,
-    gpu: &mut GpuCodec,
-    send: &CudaView<'_, T>,
-    out: &mut CudaViewMut<'_, T>,
-    bound: ErrorBound,
-    codec: CodecKind,
-) -> Result<usize> {
-    allgather_timed(t, gpu, send, out, bound, codec).map(|g| g.stream_len)
-}
-
-/// What one [`allgather_timed`] did: this rank's stream length and the host-clock seconds of
+/// What one [`allgather`] did: this rank's stream length and the host-clock seconds of
 /// its codec calls (the compression, which returns once the stream length is known; the
 /// decodes of every stream until the last is complete).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -76,9 +57,15 @@ pub struct Gathered {
     pub decompress_s: f64,
 }
 
-/// [`allgather`], reporting the codec calls' times as well (the transport times its own
-/// stages).
-pub fn allgather_timed<T: GpuElement>(
+/// Gather every rank's `send` (the same length on every rank) into `out` (`size × send.len()`
+/// values, rank order), each compressed once under `bound` (abs, rel, or noa of that rank's own
+/// values) with `codec`, in a device buffer the codec keeps for the next call. Every rank's
+/// segment of `out`, this rank's own included, holds what its stream decodes to, so `out` is
+/// identical on every rank. Collective over `t`'s ranks, after the caller's agreement on the
+/// length; a rank that fails to compress sends an empty stream, and every rank then returns an
+/// error. Returns when `out` is complete (the stream synchronized), with the length of this
+/// rank's stream and the times of its codec calls (the transport times its own stages).
+pub fn allgather<T: GpuElement>(
     t: &dyn DeviceTransport,
     gpu: &mut GpuCodec,
     send: &CudaView<'_, T>,

@@ -454,48 +454,44 @@ impl DeviceStager {
         to: usize,
         bytes: usize,
     ) -> Result<f64> {
-        let s = self.stream();
-        let r = comm.rank();
-        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
-        Self::grow_pinned(&mut self.pinned_recv, &s, bytes)?;
-        let snd = self.pinned_send.as_ref().expect("grown");
-        let snd = &snd.as_slice().map_err(gpu_err("pinned"))?[..bytes];
-        let rcv = self.pinned_recv.as_mut().expect("grown");
-        let rcv = &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes];
-        let t = comm.transport();
-        let mut times = Vec::with_capacity(CALIBRATION_LINK_REPS);
-        for k in 0..CALIBRATION_LINK_WARMUP + CALIBRATION_LINK_REPS {
-            comm.barrier()?;
-            let t0 = now();
+        self.time_pinned_link(comm, bytes, [from, to], |t, r, snd, rcv| {
             if r == from {
-                t.send(to, crate::comm::TAG_PING, snd)?;
-            } else if r == to {
-                if let Some(v) = t.recv_into(from, crate::comm::TAG_PING, rcv)? {
-                    return Err(Error::Comm(format!(
-                        "link calibration: expected {bytes} bytes from rank {from}, got {}",
-                        v.len()
-                    )));
-                }
+                t.send(to, crate::comm::TAG_PING, snd)
+            } else if let Some(v) = t.recv_into(from, crate::comm::TAG_PING, rcv)? {
+                Err(Error::Comm(format!(
+                    "link calibration: expected {bytes} bytes from rank {from}, got {}",
+                    v.len()
+                )))
+            } else {
+                Ok(())
             }
-            if k >= CALIBRATION_LINK_WARMUP {
-                times.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        Ok(if r == from || r == to {
-            model::median(&times)
-        } else {
-            0.0
         })
     }
 
     /// Median seconds of a simultaneous exchange of `bytes` each way between ranks 0 and 1
     /// (each sends from its pinned send buffer and receives into its pinned receive buffer, as
-    /// a ring step or `sendrecv_device` does; a barrier before each, the other ranks idle in it;
-    /// [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`] exchanges): the slower of the two
-    /// ranks' medians on both, 0 elsewhere. The buffers are the ones the operations stage
-    /// through: a shared-memory transport moves page-locked memory faster than the freshly
-    /// allocated pageable vectors of the host ping-pong.
+    /// a ring step or `sendrecv_device` does; same schedule as
+    /// [`time_one_way`](Self::time_one_way)): each of the two returns its own median, the
+    /// others 0. The buffers are the ones the operations stage through: a shared-memory
+    /// transport moves page-locked memory faster than the freshly allocated pageable vectors
+    /// of the host ping-pong.
     pub(super) fn time_exchange(&mut self, comm: &Communicator, bytes: usize) -> Result<f64> {
+        self.time_pinned_link(comm, bytes, [0, 1], |t, r, snd, rcv| {
+            t.sendrecv_sized(1 - r, snd, 1 - r, rcv, crate::comm::TAG_PING)
+        })
+    }
+
+    /// The schedule of the link calibrations: `bytes` of the pinned send and receive buffers
+    /// (grown as needed) handed to `transfer` on the two ranks of `pair` (the others idle), a
+    /// barrier before each of [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`]
+    /// transfers; the median of the timed ones on the pair's ranks, 0 elsewhere.
+    fn time_pinned_link(
+        &mut self,
+        comm: &Communicator,
+        bytes: usize,
+        pair: [usize; 2],
+        transfer: impl Fn(&dyn crate::comm::transport::Transport, usize, &[u8], &mut [u8]) -> Result<()>,
+    ) -> Result<f64> {
         let s = self.stream();
         let r = comm.rank();
         Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
@@ -504,19 +500,19 @@ impl DeviceStager {
         let snd = &snd.as_slice().map_err(gpu_err("pinned"))?[..bytes];
         let rcv = self.pinned_recv.as_mut().expect("grown");
         let rcv = &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes];
-        let t = comm.transport();
+        let mine = pair.contains(&r);
         let mut times = Vec::with_capacity(CALIBRATION_LINK_REPS);
         for k in 0..CALIBRATION_LINK_WARMUP + CALIBRATION_LINK_REPS {
             comm.barrier()?;
             let t0 = now();
-            if r < 2 {
-                t.sendrecv_sized(1 - r, snd, 1 - r, rcv, crate::comm::TAG_PING)?;
+            if mine {
+                transfer(comm.transport(), r, snd, rcv)?;
             }
             if k >= CALIBRATION_LINK_WARMUP {
                 times.push(t0.elapsed().as_secs_f64());
             }
         }
-        Ok(if r < 2 { model::median(&times) } else { 0.0 })
+        Ok(if mine { model::median(&times) } else { 0.0 })
     }
 
     /// The most ranks sharing one GPU: every rank's (host name, PCI domain / bus / device id of

@@ -216,24 +216,9 @@ impl Communicator {
             ..self.local_desc::<f32>(crate::comm::OP_ALLGATHER, n)
         };
         self.agree(d, local)?;
-        let run = {
-            let DeviceStager {
-                gpu,
-                pinned_send,
-                pinned_recv,
-                recv_pool,
-                ..
-            } = &mut *dev;
-            let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
-            let run =
-                crate::comm::device_gather::allgather_timed(&link, gpu, send, out, bound, codec);
-            // this rank's own failure on the link explains its failed gather best
-            match (run, link.take_failure()) {
-                (Ok(g), None) => Ok((g, link.times())),
-                (_, Some(e)) | (Err(e), None) => Err(e),
-            }
-        };
-        let (g, staged) = run?;
+        let (g, staged) = dev.over_staged_link(self.transport(), |link, gpu, _| {
+            crate::comm::device_gather::allgather(link, gpu, send, out, bound, codec)
+        })?;
         dev.last = StageTimes {
             compress: g.compress_s,
             decompress: g.decompress_s,

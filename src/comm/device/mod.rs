@@ -177,7 +177,6 @@ pub use calibrate::{
 pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
 use reduce::*;
-use staged_link::StagedLink;
 #[cfg(feature = "nccl")]
 pub(crate) use stager::device_sample;
 use stager::*;

@@ -362,25 +362,9 @@ impl Communicator {
         //    compression, D2H, the transport, H2D into a pooled device buffer, the fused
         //    decompress-and-add; the input is read in place. Every rank fails together.
         let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
-        let run = {
-            let DeviceStager {
-                gpu,
-                scratch_out,
-                pinned_send,
-                pinned_recv,
-                recv_pool,
-                ..
-            } = &mut *dev;
-            let link = StagedLink::new(self.transport(), pinned_send, pinned_recv, recv_pool);
-            let run = crate::comm::device_ring::ring(&link, gpu, input, out, scratch_out, plan);
-            // this rank's own failure on the link explains its failed ring best
-            match (run, link.take_failure()) {
-                (Ok(run), None) => Ok((run, link.times())),
-                (Err(_), Some(e)) | (Ok(_), Some(e)) => Err(e),
-                (Err(e), None) => Err(e),
-            }
-        };
-        let (run, staged) = run?;
+        let (run, staged) = dev.over_staged_link(self.transport(), |link, gpu, scratch| {
+            crate::comm::device_ring::ring(link, gpu, input, out, scratch, plan)
+        })?;
         dev.last = StageTimes {
             compress: run.compress_s,
             decompress: run.decompress_s,

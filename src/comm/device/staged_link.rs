@@ -33,6 +33,34 @@ enum Stage {
     H2d,
 }
 
+impl DeviceStager {
+    /// Run `f` (a collective of the engine) over a [`StagedLink`] built on `host` from this
+    /// stager's pinned buffers and receive pool, with its GPU codec and compression scratch.
+    /// Returns `f`'s result and the link's D2H / transport / H2D times, or this rank's own
+    /// failure on the link, which explains a failed collective better than the empty message
+    /// every rank then saw.
+    pub(super) fn over_staged_link<R>(
+        &mut self,
+        host: &dyn Transport,
+        f: impl FnOnce(&StagedLink<'_>, &mut GpuCodec, &mut Option<CudaSlice<u8>>) -> Result<R>,
+    ) -> Result<(R, StageTimes)> {
+        let DeviceStager {
+            gpu,
+            scratch_out,
+            pinned_send,
+            pinned_recv,
+            recv_pool,
+            ..
+        } = self;
+        let link = StagedLink::new(host, pinned_send, pinned_recv, recv_pool);
+        let run = f(&link, gpu, scratch_out);
+        match (run, link.take_failure()) {
+            (Ok(r), None) => Ok((r, link.times())),
+            (_, Some(e)) | (Err(e), None) => Err(e),
+        }
+    }
+}
+
 impl<'a> StagedLink<'a> {
     pub(super) fn new(
         host: &'a dyn Transport,
@@ -52,12 +80,12 @@ impl<'a> StagedLink<'a> {
 
     /// The D2H, transport (`network`) and H2D seconds of the messages so far (the codec stages
     /// are zero: the ring times its own codec calls).
-    pub(super) fn times(&self) -> StageTimes {
+    fn times(&self) -> StageTimes {
         self.times.get()
     }
 
     /// This rank's own failure on the link, if any (see the field).
-    pub(super) fn take_failure(&self) -> Option<Error> {
+    fn take_failure(&self) -> Option<Error> {
         self.failure.borrow_mut().take()
     }
 
