@@ -626,10 +626,11 @@ pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 pub const CALIBRATION_WARMUP: usize = 2;
 /// Timed repetitions (median) of each calibrated quantity.
 pub const CALIBRATION_REPS: usize = 9;
-/// Sizes (MiB) of the one-way link calibration (those up to the calibration field's size; the
+/// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration field's size; the
 /// field's size alone when it is smaller than all of them).
 pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
-/// Warm-up transfers of each one-way link size and direction.
-pub const CALIBRATION_LINK_WARMUP: usize = 1;
-/// Timed one-way transfers (median) of each size and direction.
-pub const CALIBRATION_LINK_REPS: usize = 5;
+/// Warm-up transfers of each link calibration size and pattern.
+pub const CALIBRATION_LINK_WARMUP: usize = 2;
+/// Timed transfers (median) of each link calibration size and pattern (the shared-memory
+/// transport of one node varies from call to call: nine keep the median steady).
+pub const CALIBRATION_LINK_REPS: usize = 9;
