@@ -626,8 +626,8 @@ pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 pub const CALIBRATION_WARMUP: usize = 2;
 /// Timed repetitions (median) of each calibrated quantity.
 pub const CALIBRATION_REPS: usize = 9;
-/// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration field's size; the
-/// field's size alone when it is smaller than all of them).
+/// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration
+/// field's size; the field's size alone when it is smaller than all of them).
 pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
 /// Warm-up transfers of each link calibration size and pattern.
 pub const CALIBRATION_LINK_WARMUP: usize = 2;
