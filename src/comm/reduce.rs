@@ -157,8 +157,14 @@ impl Communicator {
                 x.len()
             )));
         }
-        // 1. agreement, global range and magnitude (from the descriptor table)
-        let (lo, hi) = crate::quant::finite_range(x).unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+        // 1. agreement, global range and magnitude (from the descriptor table); the range is a
+        //    pass over the whole input that only the bound split of a compressed ring needs
+        let none = (f64::INFINITY, f64::NEG_INFINITY);
+        let (lo, hi) = if matches!(self.config.policy, Policy::Never) {
+            none
+        } else {
+            crate::quant::finite_range(x).unwrap_or(none)
+        };
         let desc = Desc {
             count: count as u64,
             dtype,
