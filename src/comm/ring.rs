@@ -80,7 +80,8 @@ pub(crate) struct NextMsg {
     /// The codec.
     pub codec: CodecKind,
     /// The message is this rank's final segment (an allreduce's last step): its decoded values
-    /// are this rank's result.
+    /// are this rank's result (the device ring then compresses it leaving its reconstruction).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub is_final: bool,
 }
 

@@ -107,7 +107,9 @@ impl EncSym {
 }
 
 impl Table {
-    /// The decoder's arrays: per slot its symbol and its `freq << 16 | (slot - cum)` step.
+    /// The decoder's arrays: per slot its symbol and its `freq << 16 | (slot - cum)` step
+    /// (the GPU decoder's tables).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn decoder_arrays(&self) -> (&[u16], &[u32]) {
         (&self.slot, &self.step)
     }
@@ -146,6 +148,7 @@ fn enc_syms(freq: &[u32]) -> Vec<EncSym> {
 /// The encoder's words per symbol (`EncSym`) of the normalized frequencies `freq`: `x_max`, the
 /// reciprocal, its shift, the bias and `M - f` (all 0 for an unused symbol), without building a
 /// [`Table`]'s decoder arrays (an encoder on a device needs only these).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn encoder_words(freq: &[u32]) -> Vec<[u32; 5]> {
     enc_syms(freq)
         .iter()
