@@ -8,8 +8,10 @@
 //   gz_init        ctrl words and look-back status cleared
 //   gz_range_*     (noa, or abs with a degenerate step) per-axis finite range, first non-zero
 //   gz_params_*    one thread: QuantParams::derive_from_stats of every axis
-//   gz_codes_*     per-axis smallest / largest code over the non-exception particles
-//   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
+//   gz_codes_*     per-axis smallest / largest code over the non-exception particles; skipped
+//                  when the ranges predict them (gz_params_*), a prediction the encoder checks
+//   gz_encode_*    quantise, price every level, sort the cheapest open one, encode, look-back,
+//                  write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
 // Decompression: gz_init, gz_offsets (scan of the table sizes: every block's offset), gz_decode_*
@@ -44,6 +46,8 @@
 #define GZ_W_TOTAL 38
 #define GZ_W_ERR 39
 #define GZ_W_TICKET 40
+#define GZ_W_SPEC 41
+#define GZ_W_SPECHIT 42
 #define GZ_CTRL 48
 // Format constants (src/codec/gpz kernel_constants(); checked by a test).
 #define GZ_WIDTH_BITS 6
@@ -51,6 +55,12 @@
 #define GZ_BLOCK 32
 #define GZ_LMAX_CAP 10
 #define GZ_TABLE_ENTRY 2
+// GZ_W_SPEC: the frame was predicted from the ranges (1), the prediction was impossible (2).
+// GZ_W_SPECHIT: some block's smallest code of axis c is the predicted one (bit c), its largest
+// (bit 4 + c), a block's code lies outside the predicted frame (GZ_SPEC_OUT).
+#define GZ_SPEC_ON 1ull
+#define GZ_SPEC_NONE 2ull
+#define GZ_SPEC_OUT 256ull
 // Decoder error bits.
 #define GZ_E_SIZE 1ull
 #define GZ_E_BLOCK 2ull
@@ -303,7 +313,7 @@ __device__ __forceinline__ bool gz_inv_finite(double step, double) { return zc_i
 
 // QuantParams::derive_from_stats (abs / noa) of every axis, by one thread. noa != 0: the range
 // words hold the axis ranges (no finite value: the range (0, 0)).
-template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, double e, u64* ws) {
+template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, double e, int spec, u64* ws) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     for (int c = 0; c < (int)d; c++) {
         double lo = 0.0, hi = 0.0, ab = e;
@@ -328,6 +338,24 @@ template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, doub
         ws[GZ_W_AXIS + 4 * c + 1] = (u64)__double_as_longlong(step);
         ws[GZ_W_AXIS + 4 * c + 2] = (u64)__double_as_longlong(lo);
         ws[GZ_W_AXIS + 4 * c + 3] = (u64)__double_as_longlong(hi);
+    }
+    if (spec) {
+        // The frame predicted from the ranges: quantisation is monotone, so no non-exception
+        // particle has a code outside [code(min), code(max)]; the encoder checks that some
+        // block reaches both ends (else the host runs gz_codes and encodes again).
+        u64 mode = GZ_SPEC_ON;
+        for (int c = 0; c < (int)d; c++) {
+            const u64 kl = ws[GZ_W_RMIN + c], kh = ws[GZ_W_RMAX + c];
+            typename ZT<T>::code_t a = 0, b = 0;
+            const ZQ<T> q = gz_quantizer<T>(ws, c);
+            if (kl == ~0ull || !gz_quant(q, (T)gz_unkey(kl, (T)0), a) || !gz_quant(q, (T)gz_unkey(kh, (T)0), b)) {
+                mode |= GZ_SPEC_NONE;
+                continue;
+            }
+            ws[GZ_W_CMIN + c] = (u64)(i64)a;
+            ws[GZ_W_CMAX + c] = (u64)(i64)b;
+        }
+        ws[GZ_W_SPEC] = mode;
     }
 }
 
@@ -442,7 +470,7 @@ template <typename T, int D> struct GzSlot {
 // in bytes (block.rs encode_block).
 template <typename T, int D, bool PRESERVE>
 __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D], const u32 (&gw)[D],
-                               u32 lmax, u32* buf, int lane, u64* perm, u64 first) {
+                               u32 lmax, u32* buf, int lane, u64* perm, u64 first, u64* spec) {
     typedef typename ZT<T>::code_t C;
     typedef typename GzU<T>::U U;
     for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
@@ -470,6 +498,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     u32 w[D];
     bool glob[D];
     i64 base[D];
+    u32 sflag = 0;
     if (!raw) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
@@ -479,6 +508,17 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             glob[c] = w[c] == gw[c];
             base[c] = glob[c] ? gmin[c] : l;
             u[c] = ok ? (U)((i64)q[c] - base[c]) : (U)0;
+            if (spec) {
+                const i64 pmax = (i64)spec[GZ_W_CMAX + c - GZ_W_SPECHIT];
+                sflag |= (l < gmin[c] || h > pmax) ? GZ_SPEC_OUT : 0u;
+                sflag |= (l == gmin[c] ? 1u : 0u) << c;
+                sflag |= (h == pmax ? 16u : 0u) << c;
+            }
+        }
+        // (warp-uniform: one atomic per block that reaches an end of the frame)
+        if (spec && lane == 0 && sflag) {
+            const u64 cur = *((volatile u64*)spec);
+            if ((cur | sflag) != cur) atomicOr((unsigned long long*)spec, (unsigned long long)sflag);
         }
     }
     u32 fixed = 2u + (nexc > 0u ? (u32)n : 0u) + GZ_LEVEL_BITS + (PRESERVE ? 1u : 0u);
@@ -865,8 +905,10 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
     const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
     const u64 first = b << 5;
     const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+    // a predicted frame is checked by every block (GZ_W_SPECHIT); not one that failed
+    u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
     const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane,
-                                                     perm ? perm + first : perm, first);
+                                                     perm ? perm + first : perm, first, spec);
     const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
     if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
     const u64 tab = hdr + 2ull * b;
@@ -1282,8 +1324,12 @@ GZ_RANGE(f64, double, 2, GZ_ENC_MINB_F64)
 GZ_RANGE(f64, double, 3, GZ_ENC_MINB_F64)
 GZ_RANGE(f64, double, 4, GZ_ENC_MINB_F64)
 
-extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
-extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
+extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, int spec, u64* ws) {
+    gz_params<float>(x, d, noa, e, spec, ws);
+}
+extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, int spec, u64* ws) {
+    gz_params<double>(x, d, noa, e, spec, ws);
+}
 extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
 // the identity permutation: a reorder stream that fell back to storing its particles verbatim
 extern "C" __global__ void __launch_bounds__(256) gz_iota_k(u64* perm, u64 n) {
