@@ -58,9 +58,9 @@
 // GZ_W_SPEC: the frame was predicted from the ranges (1), the prediction was impossible (2).
 // GZ_W_SPECHIT: some block's smallest code of axis c is the predicted one (bit c), its largest
 // (bit 4 + c), a block's code lies outside the predicted frame (GZ_SPEC_OUT).
-#define GZ_SPEC_ON 1ull
-#define GZ_SPEC_NONE 2ull
-#define GZ_SPEC_OUT 256ull
+#define GZ_SPEC_ON 1
+#define GZ_SPEC_NONE 2
+#define GZ_SPEC_OUT 256
 // Decoder error bits.
 #define GZ_E_SIZE 1ull
 #define GZ_E_BLOCK 2ull
