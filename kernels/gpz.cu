@@ -964,7 +964,6 @@ template <typename T, int D> struct GzDec {
 struct GzReader {
     const u32* buf;
     u32 nbits;
-    u32 nwords;
     bool over;
     __device__ __forceinline__ u32 get(u32 pos, u32 w) {
         if (w == 0u) return 0u;
@@ -973,9 +972,8 @@ struct GzReader {
             return 0u;
         }
         const u32 i = pos >> 5, sh = pos & 31u;
-        const u32 lo = buf[i];
-        const u32 hi = i + 1 < nwords ? buf[i + 1] : 0u;
-        return __funnelshift_r(lo, hi, sh) & gz_low(w);
+        // (the word after the block's last one is zero)
+        return __funnelshift_r(buf[i], buf[i + 1], sh) & gz_low(w);
     }
     __device__ __forceinline__ u64 get64(u32 pos, u32 w) {
         if (w > 32u) {
@@ -1129,8 +1127,9 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
             }
         }
     }
-    // offsets
-    u64 off[D];
+    // offsets (f32: 32-bit words, widths are at most 30 bits)
+    typedef typename GzU<T>::U U;
+    U off[D];
     u32 nplanes = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) nplanes += s[c];
@@ -1145,7 +1144,7 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
 #pragma unroll
         for (int c = 0; c < D; c++) {
             const u32 a = pc > g ? pc : g, e = pc + s[c], bb = e < g + 32u ? e : g + 32u;
-            if (a < bb) off[c] |= (u64)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
+            if (a < bb) off[c] |= (U)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
             pc = e;
         }
     }
@@ -1165,9 +1164,10 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
 #pragma unroll
         for (int c = 0; c < D; c++) {
             shift -= k[c];
-            const u64 seg = (id >> shift) & gz_low64(k[c]);
-            const u64 uu = (s[c] ? (seg << s[c]) : seg) | off[c];
-            y[at * D + c] = gz_dec(qz[c], (i64)((u64)lo[c] + uu));
+            const U seg = (U)(id >> shift) & GzU<T>::low(k[c]);
+            const U uu = (s[c] ? (seg << s[c]) : seg) | off[c];
+            // the code's low bits are all its decoding reads (f32 codes are i32)
+            y[at * D + c] = gz_dec(qz[c], (i64)(typename ZT<T>::code_t)((U)lo[c] + uu));
         }
     }
     if (lane < n && isexc) {
@@ -1265,6 +1265,8 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         if (i == nw - 1u && (size & 3u)) v &= (1u << ((size & 3u) * 8u)) - 1u;
         buf[i] = v;
     }
+    // a zero word after the block: a field that ends in its last word reads it
+    if (lane == 0) buf[nw] = 0u;
     __syncwarp();
     ZQ<T> qz[D];
 #pragma unroll
@@ -1280,7 +1282,6 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     GzReader r;
     r.buf = buf;
     r.nbits = size * 8u;
-    r.nwords = nw;
     r.over = false;
     const u64 first = b << 5;
     const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
