@@ -1120,13 +1120,18 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
             key = key0;
         }
     }
-    // run starts, the run of every sorted position and its id
-    const u32 incl = warp_incl_u32(cnt, lane);
-    const u32 rstart = incl - cnt;
-    const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
+    // run starts, the run of every sorted position and its id (one run: it starts at 0, holds
+    // every position, and every lane has its key)
+    u32 rstart = 0u, run_of = 0u;
+    u64 id = key;
+    if (R > 1u) {
+        const u32 incl = warp_incl_u32(cnt, lane);
+        rstart = incl - cnt;
+        const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
+        run_of = __popc(startmask & gz_upto(lane)) - 1u;
+        id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
+    }
     const bool inr = (u32)lane < m;
-    const u32 run_of = __popc(startmask & gz_upto(lane)) - 1u;
-    const u64 id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
     // permutation: sorted position -> coded index
     u32 perm = (u32)lane;
     if (PRESERVE) {
