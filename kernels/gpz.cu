@@ -855,42 +855,6 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     return bytes + nexc * D * ZT<T>::SIZE;
 }
 
-// Exclusive prefix of chunk c's aggregate over the chunks before it (decoupled look-back, the
-// status words of common.cuh's lookback_exclusive). A window of 32 predecessors is summed from
-// its latest inclusive prefix once every chunk after that one has published; a warp whose
-// window is not ready sleeps between polls instead of spinning, as the predecessors it waits
-// for are other warps' encodings that need the issue slots.
-__device__ u64 gz_lookback(u64* status, u32 c, u64 aggregate, int lane) {
-    if (c == 0) {
-        if (lane == 0) lb_publish(status, 0, aggregate, 2);
-        return 0;
-    }
-    if (lane == 0) lb_publish(status, c, aggregate, 1);
-    u64 excl = 0;
-    long long end = (long long)c;  // chunks [end - 32, end)
-    while (true) {
-        const long long i = end - 32 + lane;
-        u64 v = (i < 0) ? 2ull : 0ull;  // chunks before 0: inclusive 0
-        u32 ns = 32u;
-        u32 inc, pub, need;
-        while (true) {
-            if ((v & 3ull) == 0ull) v = *((volatile u64*)(status + i));
-            pub = __ballot_sync(ZC_FULL, (v & 3ull) != 0ull);
-            inc = __ballot_sync(ZC_FULL, (v & 3ull) == 2ull);
-            // the latest inclusive prefix and every chunk after it, or the whole window
-            need = inc ? ~gz_low((u32)(31 - __clz((int)inc))) : ZC_FULL;
-            if ((pub & need) == need) break;
-            __nanosleep(ns);
-            ns = ns < 512u ? 2u * ns : ns;
-        }
-        excl += warp_sum_u64(((need >> lane) & 1u) ? (v >> 2) : 0ull);
-        if (inc) break;
-        end -= 32;
-    }
-    if (lane == 0) lb_publish(status, c, excl + aggregate, 2);
-    return excl;
-}
-
 // Copy `size` bytes of buf to dst (any alignment), writing only below `cap`.
 __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* buf, u32 size, int lane) {
     const u64 a0 = (u64)out + at, a1 = a0 + size;
@@ -951,7 +915,7 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
     u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
     const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane,
                                                      perm ? perm + first : perm, first, spec);
-    const u64 ex = gz_lookback(ws + GZ_CTRL, (u32)b, (u64)size, lane);
+    const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
     if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
     const u64 tab = hdr + 2ull * b;
     // byte stores: the stream may start at any byte of its buffer
