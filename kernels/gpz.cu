@@ -473,6 +473,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                                u32 lmax, u32* buf, int lane, u64* perm, u64 first, u64* spec) {
     typedef typename ZT<T>::code_t C;
     typedef typename GzU<T>::U U;
+    for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
     const bool valid = lane < n;
     T xv[D];
 #pragma unroll
@@ -489,6 +490,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 exc = vmask & ~cmask;
     const u32 m = __popc(cmask);
     const u32 nexc = (u32)n - m;
+    __syncwarp();
     const u32 raw_bytes = (u32)n * D * ZT<T>::SIZE;
     bool raw = m == 0u;
     // per-axis frame
@@ -643,8 +645,6 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     if (raw) {
         // a raw block keeps its particles in place
         if (!PRESERVE && perm && valid) perm[lane] = first + (u64)lane;
-        for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
-        __syncwarp();
         if (lane == 0) gz_put(buf, 0, 1u, 8u);
         __syncwarp();
         if (valid) {
@@ -653,12 +653,6 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         }
         __syncwarp();
         return 1u + raw_bytes;
-    }
-    {
-        // the words the block's bytes will occupy (and one more) start at zero
-        const u32 nw = ((best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE + 3u) / 4u + 1u;
-        for (u32 i = (u32)lane; i < nw; i += 32u) buf[i] = 0u;
-        __syncwarp();
     }
     // ---- the chosen level's stable sort
     u32 b_sid, b_src;
