@@ -530,30 +530,18 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             maxw = w[c] > maxw ? w[c] : maxw;
         }
     }
-    // Level search in two phases; the answer is the smallest size, ties to the lower level.
-    // Phase 1 (lowest level first) prices every level without a sort: R, the run-count width
-    // and whether the stable sort is the identity follow from the ids' multiset (match_any) and
-    // their order in the block; the delta width is bracketed by the id span. A level whose
-    // bracket is closed is exact; lane L keeps level L's lower bound (exact or not). A level
-    // whose lower bound (no runs beyond their first key) reaches the smallest exact size so far
-    // cannot win: lower levels win ties. Phase 2 takes the level of the smallest (bound, level):
-    // an exact one is the answer (every other level costs at least its bound); an open one is
-    // sorted for its exact delta width and goes back in. Most blocks sort once or not at all.
+    // level search, highest first (ties keep the lower level: replace on <=); a level whose
+    // lower bound (no runs beyond their first key) exceeds the best so far cannot win. A level's
+    // size needs no sort: R, the run-count width and the identity of the stable sort follow from
+    // the ids' multiset (match_any) and their order in the block; the delta width is bracketed by
+    // the id span, and only a level whose bracket is open and could still win sorts its ids.
     u32 best_bits = 0xffffffffu, best_l = 0;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
     const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
     const bool hasprev = ok && prevc >= 0;
     const u32 lb2 = gz_lehmer_bits(m);
-    // the last level sorted in phase 2 with its (id, lane) keys, reused when it wins
-    u32 saved_key = 0xffffffffu;
-    int saved_l = -1;
     if (!raw) {
-        u32 best_exact = 0xffffffffu;
-        // lane L: level L's bound << 5 | L (0xffffffff: not a candidate) and, for an open
-        // bracket, its size without the deltas' bits: base << 9 | (R - 1) << 3 | wc
-        u32 my_key = 0xffffffffu, my_info = 0u;
-        bool my_open = false;
-        for (int L = 0; L <= (int)ltop; L++) {
+        for (int L = (int)ltop; L >= 0; L--) {
             u32 k[D], s[D], K = 0, S = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -563,14 +551,12 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                 S += s[c];
             }
             const u32 lb = fixed + (K > 0u ? 5u + K : 0u) + m * S;
-            if (lb >= best_exact) continue;
-            u32 bits = lb;
-            bool open = false;
-            u32 info = 0u;
-            if (K > 0u) {
-                u32 id = 0;
+            if (lb > best_bits) continue;
+            u32 id = 0;
 #pragma unroll
-                for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
+            for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
+            u32 bits = lb;
+            if (K > 0u) {
                 const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
                 const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
                 const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
@@ -581,7 +567,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     // the R - 1 gaps sum to `total`: the widest is at least their mean
                     const u32 total = idmax - idmin - (R - 1u);
                     const u32 wd_hi = gz_bw32(total);
-                    const u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
+                    u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
                     u32 pb = 0;
                     if (PRESERVE) {
                         // the stable sort is the identity when the coded ids never decrease in
@@ -590,53 +576,20 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                         const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
                         if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
                     }
-                    open = wd != wd_hi;
-                    info = (bits + 9u + pb) << 9 | (R - 1u) << 3 | wc;
+                    if (wd != wd_hi) {
+                        if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
+                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
+                        const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
+                        const bool start = lane > 0 && (u32)lane < m && sid != prev;
+                        wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
+                    }
                     bits += 9u + (R - 1u) * (wd + wc) + pb;
                 }
             }
             // (R = 1, and K = 0: every id equal, the sort is the identity)
-            if (bits >= best_exact) continue;
-            if (!open) best_exact = bits;
-            if (lane == L) {
-                my_key = bits << 5 | (u32)L;
-                my_info = info;
-                my_open = open;
-            }
-        }
-        while (true) {
-            const u32 kmin = gz_wmin(my_key);
-            const int L = (int)(kmin & 31u);
-            const bool open = __shfl_sync(ZC_FULL, my_open, L);
-            if (!open) {
-                best_bits = kmin >> 5;
+            if (bits <= best_bits) {
+                best_bits = bits;
                 best_l = (u32)L;
-                break;
-            }
-            const u32 info = __shfl_sync(ZC_FULL, my_info, L);
-            u32 K = 0, id = 0;
-#pragma unroll
-            for (int c = 0; c < D; c++) {
-                const u32 kc = w[c] < (u32)L ? w[c] : (u32)L;
-                K += kc;
-                id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
-            }
-            u32 sid;
-            if (K <= 26u) {
-                const u32 sk = gz_sort<u32>(ok ? (id << 5 | (u32)lane) : 0xffffffffu, lane);
-                saved_key = sk;
-                saved_l = L;
-                sid = sk >> 5;
-            } else {
-                sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
-            }
-            const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
-            const bool start = lane > 0 && (u32)lane < m && sid != prev;
-            const u32 wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
-            const u32 bits = (info >> 9) + ((info >> 3) & 31u) * (wd + (info & 7u));
-            if (lane == L) {
-                my_key = bits << 5 | (u32)L;
-                my_open = false;
             }
         }
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
@@ -669,23 +622,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             const u32 kc = w[c] < best_l ? w[c] : best_l;
             id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
         }
-        // coded ids that never decrease in block order: the stable sort keeps the block order
-        const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
-        if (__ballot_sync(ZC_FULL, hasprev && pid > id) == 0u) {
-            // sorted position `lane` holds the lane-th coded lane: the last j with at most
-            // `lane` coded lanes below it
-            u32 j = (u32)lane;
-            if (cmask != ZC_FULL) {
-                j = 0u;
-#pragma unroll
-                for (u32 st = 16u; st > 0u; st >>= 1) j += (u32)__popc(cmask & gz_low(j + st)) <= (u32)lane ? st : 0u;
-            }
-            b_src = j;
-            b_sid = __shfl_sync(ZC_FULL, id, (int)j);
-        } else if (saved_l == (int)best_l) {
-            b_sid = saved_key >> 5;
-            b_src = saved_key & 31u;
-        } else if (b_k <= 26u) {
+        if (b_k <= 26u) {
             const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
             const u32 sk = gz_sort<u32>(key, lane);
             b_sid = sk >> 5;
