@@ -10,8 +10,7 @@
 //   gz_params_*    one thread: QuantParams::derive_from_stats of every axis
 //   gz_codes_*     per-axis smallest / largest code over the non-exception particles; skipped
 //                  when the ranges predict them (gz_params_*), a prediction the encoder checks
-//   gz_encode_*    quantise, price every level, sort the cheapest open one, encode, look-back,
-//                  write block + table
+//   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
 // Decompression: gz_init, gz_offsets (scan of the table sizes: every block's offset), gz_decode_*

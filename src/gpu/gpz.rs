@@ -17,11 +17,11 @@
 //!    the encoder checks it: every block compares its smallest and largest codes with the
 //!    frame's ends. A prediction that no block reaches (the end of a range is an exception) is
 //!    redone with this pass: the whole encoding runs again;
-//! 5. `gz_encode_*`: one warp per 32-particle block quantises, prices every level (its runs from
-//!    a `match_any`, the delta width bracketed by the id span), sorts only the cheapest level
-//!    whose price is still open until the cheapest is exact, writes the block into shared
-//!    memory; a decoupled look-back over the block sizes (one chunk per warp, no CTA barrier)
-//!    places it, and it is written once, straight into the final stream, with its table entry;
+//! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
+//!    bitonic sort per level, highest level first, skipping levels whose lower bound cannot
+//!    win), writes the block into shared memory; a decoupled look-back over the block sizes
+//!    (one chunk per warp, no CTA barrier) places it, and it is written once, straight into the
+//!    final stream, with its table entry;
 //! 6. `gz_hash`: the `zhash` sums of the table and the blocks.
 //!
 //! A stream that does not compress (table and blocks not smaller than the raw values) is stored:
