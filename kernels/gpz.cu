@@ -8,7 +8,8 @@
 //   gz_init        ctrl words and look-back status cleared
 //   gz_range_*     (noa, or abs with a degenerate step) per-axis finite range, first non-zero
 //   gz_params_*    one thread: QuantParams::derive_from_stats of every axis
-//   gz_codes_*     per-axis smallest / largest code over the non-exception particles
+//   gz_codes_*     per-axis smallest / largest code over the non-exception particles; skipped
+//                  when the ranges predict them (gz_params_*), a prediction the encoder checks
 //   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
@@ -44,6 +45,8 @@
 #define GZ_W_TOTAL 38
 #define GZ_W_ERR 39
 #define GZ_W_TICKET 40
+#define GZ_W_SPEC 41
+#define GZ_W_SPECHIT 42
 #define GZ_CTRL 48
 // Format constants (src/codec/gpz kernel_constants(); checked by a test).
 #define GZ_WIDTH_BITS 6
@@ -51,6 +54,12 @@
 #define GZ_BLOCK 32
 #define GZ_LMAX_CAP 10
 #define GZ_TABLE_ENTRY 2
+// GZ_W_SPEC: the frame was predicted from the ranges (1), the prediction was impossible (2).
+// GZ_W_SPECHIT: some block's smallest code of axis c is the predicted one (bit c), its largest
+// (bit 4 + c), a block's code lies outside the predicted frame (GZ_SPEC_OUT).
+#define GZ_SPEC_ON 1
+#define GZ_SPEC_NONE 2
+#define GZ_SPEC_OUT 256
 // Decoder error bits.
 #define GZ_E_SIZE 1ull
 #define GZ_E_BLOCK 2ull
@@ -172,6 +181,11 @@ template <typename T> __device__ __forceinline__ ZQ<T> gz_quantizer(const u64* w
     q.eb = ab <= 1.7976931348623157e308 ? ab : 0.0;
     return q;
 }
+// Quantizer::encode (false: an exception); f32 through the f32 fast path of the other codecs.
+__device__ __forceinline__ bool gz_quant(const ZQ<float>& q, float x, i32& code) {
+    return zq_encode_f32_abs(q, __double2float_rn(q.eb), x, code);
+}
+__device__ __forceinline__ bool gz_quant(const ZQ<double>& q, double x, i64& code) { return zq_encode<double, false>(q, x, code); }
 // Reconstruction (quant::Quantizer::decode; f32 codes go through i32 as the CPU's `q as i32`).
 __device__ __forceinline__ float gz_dec(const ZQ<float>& q, i64 c) { return __fmul_rn(__int2float_rn((i32)c), q.step); }
 __device__ __forceinline__ double gz_dec(const ZQ<double>& q, i64 c) { return __dmul_rn(__ll2double_rn(c), q.step); }
@@ -298,7 +312,7 @@ __device__ __forceinline__ bool gz_inv_finite(double step, double) { return zc_i
 
 // QuantParams::derive_from_stats (abs / noa) of every axis, by one thread. noa != 0: the range
 // words hold the axis ranges (no finite value: the range (0, 0)).
-template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, double e, u64* ws) {
+template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, double e, int spec, u64* ws) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     for (int c = 0; c < (int)d; c++) {
         double lo = 0.0, hi = 0.0, ab = e;
@@ -324,6 +338,24 @@ template <typename T> __device__ void gz_params(const T* x, u64 d, int noa, doub
         ws[GZ_W_AXIS + 4 * c + 2] = (u64)__double_as_longlong(lo);
         ws[GZ_W_AXIS + 4 * c + 3] = (u64)__double_as_longlong(hi);
     }
+    if (spec) {
+        // The frame predicted from the ranges: quantisation is monotone, so no non-exception
+        // particle has a code outside [code(min), code(max)]; the encoder checks that some
+        // block reaches both ends (else the host runs gz_codes and encodes again).
+        u64 mode = GZ_SPEC_ON;
+        for (int c = 0; c < (int)d; c++) {
+            const u64 kl = ws[GZ_W_RMIN + c], kh = ws[GZ_W_RMAX + c];
+            typename ZT<T>::code_t a = 0, b = 0;
+            const ZQ<T> q = gz_quantizer<T>(ws, c);
+            if (kl == ~0ull || !gz_quant(q, (T)gz_unkey(kl, (T)0), a) || !gz_quant(q, (T)gz_unkey(kh, (T)0), b)) {
+                mode |= GZ_SPEC_NONE;
+                continue;
+            }
+            ws[GZ_W_CMIN + c] = (u64)(i64)a;
+            ws[GZ_W_CMAX + c] = (u64)(i64)b;
+        }
+        ws[GZ_W_SPEC] = mode;
+    }
 }
 
 // Per-axis smallest and largest code over the particles that are not exceptions.
@@ -342,7 +374,7 @@ template <typename T, int D> __device__ void gz_codes(const T* x, u64 n, u64* ws
         C q[D];
         bool ok = true;
 #pragma unroll
-        for (int c = 0; c < D; c++) ok &= zq_encode<T, false>(qz[c], p[c], q[c]);
+        for (int c = 0; c < D; c++) ok &= gz_quant(qz[c], p[c], q[c]);
         if (ok) {
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -437,7 +469,7 @@ template <typename T, int D> struct GzSlot {
 // in bytes (block.rs encode_block).
 template <typename T, int D, bool PRESERVE>
 __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D], const u32 (&gw)[D],
-                               u32 lmax, u32* buf, int lane, u64* perm, u64 first) {
+                               u32 lmax, u32* buf, int lane, u64* perm, u64 first, u64* spec) {
     typedef typename ZT<T>::code_t C;
     typedef typename GzU<T>::U U;
     for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
@@ -450,7 +482,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
 #pragma unroll
     for (int c = 0; c < D; c++) {
         q[c] = 0;
-        if (valid) ok &= zq_encode<T, false>(qz[c], xv[c], q[c]);
+        if (valid) ok &= gz_quant(qz[c], xv[c], q[c]);
     }
     const u32 vmask = __ballot_sync(ZC_FULL, valid);
     const u32 cmask = __ballot_sync(ZC_FULL, ok);
@@ -465,6 +497,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     u32 w[D];
     bool glob[D];
     i64 base[D];
+    u32 sflag = 0;
     if (!raw) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
@@ -474,6 +507,17 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             glob[c] = w[c] == gw[c];
             base[c] = glob[c] ? gmin[c] : l;
             u[c] = ok ? (U)((i64)q[c] - base[c]) : (U)0;
+            if (spec) {
+                const i64 pmax = (i64)spec[GZ_W_CMAX + c - GZ_W_SPECHIT];
+                sflag |= (l < gmin[c] || h > pmax) ? GZ_SPEC_OUT : 0u;
+                sflag |= (l == gmin[c] ? 1u : 0u) << c;
+                sflag |= (h == pmax ? 16u : 0u) << c;
+            }
+        }
+        // (warp-uniform: one atomic per block that reaches an end of the frame)
+        if (spec && lane == 0 && sflag) {
+            const u64 cur = *((volatile u64*)spec);
+            if ((cur | sflag) != cur) atomicOr((unsigned long long*)spec, (unsigned long long)sflag);
         }
     }
     u32 fixed = 2u + (nexc > 0u ? (u32)n : 0u) + GZ_LEVEL_BITS + (PRESERVE ? 1u : 0u);
@@ -797,8 +841,10 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
     const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
     const u64 first = b << 5;
     const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+    // a predicted frame is checked by every block (GZ_W_SPECHIT); not one that failed
+    u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
     const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane,
-                                                     perm ? perm + first : perm, first);
+                                                     perm ? perm + first : perm, first, spec);
     const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
     if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
     const u64 tab = hdr + 2ull * b;
@@ -854,7 +900,6 @@ template <typename T, int D> struct GzDec {
 struct GzReader {
     const u32* buf;
     u32 nbits;
-    u32 nwords;
     bool over;
     __device__ __forceinline__ u32 get(u32 pos, u32 w) {
         if (w == 0u) return 0u;
@@ -863,9 +908,8 @@ struct GzReader {
             return 0u;
         }
         const u32 i = pos >> 5, sh = pos & 31u;
-        const u32 lo = buf[i];
-        const u32 hi = i + 1 < nwords ? buf[i + 1] : 0u;
-        return __funnelshift_r(lo, hi, sh) & gz_low(w);
+        // (the word after the block's last one is zero)
+        return __funnelshift_r(buf[i], buf[i + 1], sh) & gz_low(w);
     }
     __device__ __forceinline__ u64 get64(u32 pos, u32 w) {
         if (w > 32u) {
@@ -970,13 +1014,18 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
             key = key0;
         }
     }
-    // run starts, the run of every sorted position and its id
-    const u32 incl = warp_incl_u32(cnt, lane);
-    const u32 rstart = incl - cnt;
-    const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
+    // run starts, the run of every sorted position and its id (one run: it starts at 0, holds
+    // every position, and every lane has its key)
+    u32 rstart = 0u, run_of = 0u;
+    u64 id = key;
+    if (R > 1u) {
+        const u32 incl = warp_incl_u32(cnt, lane);
+        rstart = incl - cnt;
+        const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
+        run_of = __popc(startmask & gz_upto(lane)) - 1u;
+        id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
+    }
     const bool inr = (u32)lane < m;
-    const u32 run_of = __popc(startmask & gz_upto(lane)) - 1u;
-    const u64 id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
     // permutation: sorted position -> coded index
     u32 perm = (u32)lane;
     if (PRESERVE) {
@@ -1019,8 +1068,9 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
             }
         }
     }
-    // offsets
-    u64 off[D];
+    // offsets (f32: 32-bit words, widths are at most 30 bits)
+    typedef typename GzU<T>::U U;
+    U off[D];
     u32 nplanes = 0;
 #pragma unroll
     for (int c = 0; c < D; c++) nplanes += s[c];
@@ -1035,7 +1085,7 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
 #pragma unroll
         for (int c = 0; c < D; c++) {
             const u32 a = pc > g ? pc : g, e = pc + s[c], bb = e < g + 32u ? e : g + 32u;
-            if (a < bb) off[c] |= (u64)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
+            if (a < bb) off[c] |= (U)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
             pc = e;
         }
     }
@@ -1055,9 +1105,10 @@ __device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[
 #pragma unroll
         for (int c = 0; c < D; c++) {
             shift -= k[c];
-            const u64 seg = (id >> shift) & gz_low64(k[c]);
-            const u64 uu = (s[c] ? (seg << s[c]) : seg) | off[c];
-            y[at * D + c] = gz_dec(qz[c], (i64)((u64)lo[c] + uu));
+            const U seg = (U)(id >> shift) & GzU<T>::low(k[c]);
+            const U uu = (s[c] ? (seg << s[c]) : seg) | off[c];
+            // the code's low bits are all its decoding reads (f32 codes are i32)
+            y[at * D + c] = gz_dec(qz[c], (i64)(typename ZT<T>::code_t)((U)lo[c] + uu));
         }
     }
     if (lane < n && isexc) {
@@ -1155,6 +1206,8 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         if (i == nw - 1u && (size & 3u)) v &= (1u << ((size & 3u) * 8u)) - 1u;
         buf[i] = v;
     }
+    // a zero word after the block: a field that ends in its last word reads it
+    if (lane == 0) buf[nw] = 0u;
     __syncwarp();
     ZQ<T> qz[D];
 #pragma unroll
@@ -1170,7 +1223,6 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     GzReader r;
     r.buf = buf;
     r.nbits = size * 8u;
-    r.nwords = nw;
     r.over = false;
     const u64 first = b << 5;
     const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
@@ -1214,8 +1266,12 @@ GZ_RANGE(f64, double, 2, GZ_ENC_MINB_F64)
 GZ_RANGE(f64, double, 3, GZ_ENC_MINB_F64)
 GZ_RANGE(f64, double, 4, GZ_ENC_MINB_F64)
 
-extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, u64* ws) { gz_params<float>(x, d, noa, e, ws); }
-extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, u64* ws) { gz_params<double>(x, d, noa, e, ws); }
+extern "C" __global__ void gz_params_f32(const float* x, u64 d, int noa, double e, int spec, u64* ws) {
+    gz_params<float>(x, d, noa, e, spec, ws);
+}
+extern "C" __global__ void gz_params_f64(const double* x, u64 d, int noa, double e, int spec, u64* ws) {
+    gz_params<double>(x, d, noa, e, spec, ws);
+}
 extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus); }
 // the identity permutation: a reorder stream that fell back to storing its particles verbatim
 extern "C" __global__ void __launch_bounds__(256) gz_iota_k(u64* perm, u64 n) {

@@ -12,7 +12,11 @@
 //! 3. `gz_params_*` (one thread): the per-axis bound and step of
 //!    [`QuantParams::derive_from_stats`](crate::quant::QuantParams::derive_from_stats);
 //! 4. `gz_codes_*`: the per-axis smallest and largest code of the non-exception particles (the
-//!    stream's frame `G_c`, `gw_c`);
+//!    stream's frame `G_c`, `gw_c`). When the ranges were measured, `gz_params_*` predicts the
+//!    frame from them instead (quantisation is monotone: the codes of the range's ends) and
+//!    the encoder checks it: every block compares its smallest and largest codes with the
+//!    frame's ends. A prediction that no block reaches (the end of a range is an exception) is
+//!    redone with this pass: the whole encoding runs again;
 //! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
 //!    bitonic sort per level, highest level first, skipping levels whose lower bound cannot
 //!    win), writes the block into shared memory; a decoupled look-back over the block sizes
@@ -63,6 +67,14 @@ pub(crate) const W_TOTAL: usize = 38;
 pub(crate) const W_ERR: usize = 39;
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) const W_TICKET: usize = 40;
+/// The frame predicted from the ranges: `SPEC_ON`, with `SPEC_NONE` when it could not be.
+pub(crate) const W_SPEC: usize = 41;
+/// Which ends of the predicted frame the blocks reached (bit c: the smallest code of axis c,
+/// bit 4 + c: its largest), `SPEC_OUT`: a code outside it.
+pub(crate) const W_SPECHIT: usize = 42;
+const SPEC_ON: u64 = 1;
+#[cfg_attr(not(test), allow(dead_code))]
+const SPEC_OUT: u64 = 256;
 /// Control words before the look-back status words.
 pub(crate) const CTRL: usize = 48;
 /// Warps (blocks of 32 particles, each its own look-back chunk) per thread block
@@ -71,7 +83,9 @@ pub(crate) const WARPS: usize = 8;
 /// Table sizes per thread of `gz_offsets_k` (256 threads; kernels/gpz.cu `GZ_SCAN_ITEMS`).
 pub(crate) const SCAN_ITEMS: usize = 8;
 // the control words do not overlap
-const _: () = assert!(W_TICKET < CTRL && W_AXIS + 16 <= W_HASH && W_HASH + 2 <= W_TOTAL);
+const _: () = assert!(
+    W_TICKET < W_SPEC && W_SPECHIT < CTRL && W_AXIS + 16 <= W_HASH && W_HASH + 2 <= W_TOTAL
+);
 
 /// Header bytes of the largest header (d = 4).
 const MAX_HEADER: usize = 56 + 48 * 4;
@@ -366,6 +380,80 @@ impl GpzGpu {
         self.encode(input, d, bound, Order::Reorder, out, Some(perm))
     }
 
+    /// The kernels of one encoding (range, parameters, code range unless `spec`, blocks,
+    /// hashes) and the read back of the control words.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_passes<T: GpuElement>(
+        &mut self,
+        x: u64,
+        n: usize,
+        d: usize,
+        bound: ErrorBound,
+        order: Order,
+        outp: u64,
+        permp: u64,
+        needs_range: bool,
+        spec: bool,
+    ) -> Result<[u64; CTRL]> {
+        let hl = header_len(d);
+        let raw = (n * d * T::SIZE) as u64;
+        let cap = Self::compress_bound::<T>(n, d);
+        let nb = n.div_ceil(32);
+        let nchunks = nb.div_ceil(WARPS);
+        self.mark("start")?;
+        // one look-back status word per block
+        let ws = self.init(nb)?;
+        self.mark("init")?;
+        let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
+        let noa = matches!(bound, ErrorBound::Noa(_));
+        if needs_range {
+            let name = format!("gz_range_{t}_d{d}");
+            let grid = self.wave_grid(&name, n)?;
+            // SAFETY: reads n * d values of the input, writes control words.
+            unsafe { self.launch_u64(&name, "range", (grid, 256), &[x, n64, ws]) }?;
+        }
+        {
+            let f = self.func(&format!("gz_params_{t}"))?;
+            let (noa_i, e, spec_i) = (noa as i32, bound.value(), spec as i32);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x)
+                .arg(&d64)
+                .arg(&noa_i)
+                .arg(&e)
+                .arg(&spec_i)
+                .arg(&ws);
+            // SAFETY: one thread reads control words and at most d values of the input.
+            unsafe { b.launch(Self::cfg(1, 32)) }.map_err(gpu_err("params"))?;
+            self.mark("params")?;
+        }
+        if !spec {
+            let name = format!("gz_codes_{t}_d{d}");
+            let grid = self.wave_grid(&name, n)?;
+            // SAFETY: reads n * d values of the input, writes control words.
+            unsafe { self.launch_u64(&name, "codes", (grid, 256), &[x, n64, ws]) }?;
+        }
+        {
+            let o = if order == Order::Preserve { "p" } else { "r" };
+            let name = format!("gz_encode_{t}_d{d}_{o}");
+            let (hl64, cap64) = (hl as u64, cap as u64);
+            let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
+            // the permutation's address goes last, to the reorder kernels only
+            let args = [x, n64, ws, outp, hl64, cap64, permp];
+            let args = if order == Order::Reorder {
+                &args[..]
+            } else {
+                &args[..6]
+            };
+            // SAFETY: reads n * d values, writes below `cap` bytes of `out` (the caller checked
+            // its length), the workspace (CTRL + nb words, grown by `init`) and, when given,
+            // the n values of `perm`.
+            unsafe { self.launch_u64(&name, "encode", warp_chunks, args) }?;
+        }
+        self.hash(outp, hl as u64, nb as u64, u64::MAX, raw)?;
+        self.mark("hash")?;
+        self.read_ctrl()
+    }
+
     fn encode<T: GpuElement>(
         &mut self,
         input: &CudaView<'_, T>,
@@ -406,58 +494,26 @@ impl GpzGpu {
         }
         let x = raw_ptr(input, &self.stream);
         let nb = n.div_ceil(32);
-        let nchunks = nb.div_ceil(WARPS);
-        self.mark("start")?;
-        // one look-back status word per block
-        let ws = self.init(nb)?;
-        self.mark("init")?;
-        let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
         let noa = matches!(bound, ErrorBound::Noa(_));
         // noa needs each axis's range; an abs step that degenerates, its first non-zero value
         let needs_range = match bound {
             ErrorBound::Abs(eb) => QuantParams::derive_abs::<T>(eb)?.is_none(),
             _ => noa,
         };
-        if needs_range {
-            let name = format!("gz_range_{t}_d{d}");
-            let grid = self.wave_grid(&name, n)?;
-            // SAFETY: reads n * d values of the input, writes control words.
-            unsafe { self.launch_u64(&name, "range", (grid, 256), &[x, n64, ws]) }?;
-        }
-        {
-            let f = self.func(&format!("gz_params_{t}"))?;
-            let (noa_i, e) = (noa as i32, bound.value());
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&x).arg(&d64).arg(&noa_i).arg(&e).arg(&ws);
-            // SAFETY: one thread reads control words and at most d values of the input.
-            unsafe { b.launch(Self::cfg(1, 32)) }.map_err(gpu_err("params"))?;
-            self.mark("params")?;
-        }
-        {
-            let name = format!("gz_codes_{t}_d{d}");
-            let grid = self.wave_grid(&name, n)?;
-            // SAFETY: reads n * d values of the input, writes control words.
-            unsafe { self.launch_u64(&name, "codes", (grid, 256), &[x, n64, ws]) }?;
-        }
-        {
-            let o = if order == Order::Preserve { "p" } else { "r" };
-            let name = format!("gz_encode_{t}_d{d}_{o}");
-            let (hl64, cap64) = (hl as u64, cap as u64);
-            let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
-            // the permutation's address goes last, to the reorder kernels only
-            let args = [x, n64, ws, outp, hl64, cap64, permp];
-            let args = if order == Order::Reorder {
-                &args[..]
-            } else {
-                &args[..6]
-            };
-            // SAFETY: reads n * d values, writes below `cap` bytes of `out`, the workspace
-            // (CTRL + nb words, grown by `init`) and, when given, the n values of `perm`.
-            unsafe { self.launch_u64(&name, "encode", warp_chunks, args) }?;
-        }
-        self.hash(outp, hl as u64, nb as u64, u64::MAX, raw)?;
-        self.mark("hash")?;
-        let c = self.read_ctrl()?;
+        // With the ranges at hand the frame is predicted from them and checked by the encoder
+        // (no pass over the codes); a failed prediction (an end of an axis's range that is an
+        // exception, or that no non-exception particle's code reaches) encodes again after
+        // gz_codes.
+        let mut spec = needs_range;
+        let c = loop {
+            let c =
+                self.encode_passes::<T>(x, n, d, bound, order, outp, permp, needs_range, spec)?;
+            let reached = ((1u64 << d) - 1) * 17;
+            if !spec || (c[W_SPEC] == SPEC_ON && c[W_SPECHIT] == reached) {
+                break c;
+            }
+            spec = false;
+        };
         let f64_at = |i: usize| f64::from_bits(c[i]);
         let any = (c[W_CMIN] as i64) <= (c[W_CMAX] as i64);
         let axes: Vec<AxisRecord> = (0..d)
@@ -500,6 +556,7 @@ impl GpzGpu {
                 let f = self.func("gz_iota_k")?;
                 let grid = self.wave_grid("gz_iota_k", n)?;
                 let mut b = self.stream.launch_builder(&f);
+                let n64 = n as u64;
                 b.arg(&permp).arg(&n64);
                 // SAFETY: writes the n values of `perm` (its length checked by the caller).
                 unsafe { b.launch(Self::cfg(grid, 256)) }.map_err(gpu_err("iota"))?;
@@ -788,6 +845,10 @@ mod tests {
             ("GZ_W_TOTAL", W_TOTAL),
             ("GZ_W_ERR", W_ERR),
             ("GZ_W_TICKET", W_TICKET),
+            ("GZ_W_SPEC", W_SPEC),
+            ("GZ_W_SPECHIT", W_SPECHIT),
+            ("GZ_SPEC_ON", SPEC_ON as usize),
+            ("GZ_SPEC_OUT", SPEC_OUT as usize),
             ("GZ_CTRL", CTRL),
             ("GZ_WARPS", WARPS),
             ("GZ_SCAN_ITEMS", SCAN_ITEMS),
