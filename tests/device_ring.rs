@@ -352,21 +352,10 @@ fn gather_matches_cpu<T: Real + GpuElement + CommElement>() -> Result<(), String
                     want.extend(zcomm::decompress::<T>(&s).map_err(|e| format!("{what}: {e}"))?);
                 }
                 let group = DeviceLoopback::group(p, LinkEmulation::default());
-                let got = run_ranks(group, |t| -> Result<Vec<T>, String> {
-                    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
-                    let mut gpu = GpuCodec::new(0)
-                        .and_then(|g| g.with_own_stream())
-                        .map_err(|e| e.to_string())?;
-                    let st = gpu.stream().clone();
-                    let xd: CudaSlice<T> = st.clone_htod(&inputs[t_rank(&t)]).map_err(e)?;
-                    let mut out = st.alloc_zeros::<T>(n * p).map_err(e)?;
-                    // twice: the second call reuses the stream buffer and the received ones
-                    for _ in 0..2 {
-                        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
-                        device_gather::allgather(&t, &mut gpu, &xv, &mut ov, bound, codec)
-                            .map_err(|e| e.to_string())?;
-                    }
-                    st.clone_dtoh(&out).map_err(e)
+                // twice: the second call reuses the stream buffer and the received ones
+                let got = run_ranks(group, |t| {
+                    gather_on_rank(&t, &inputs[t_rank(&t)], p, bound, codec, 2)?
+                        .map_err(|e| e.to_string())
                 });
                 for (r, g) in got.into_iter().enumerate() {
                     let g = g
@@ -394,19 +383,10 @@ fn gather_refused<T: Real + GpuElement>(
     codec: CodecKind,
 ) -> Result<(), String> {
     let p = inputs.len();
-    let n = inputs[0].len();
     let group = DeviceLoopback::group(p, LinkEmulation::default());
-    let got = run_ranks(group, |t| -> Result<(), String> {
-        let e = |e: cudarc::driver::DriverError| format!("{e:?}");
-        let mut gpu = GpuCodec::new(0)
-            .and_then(|g| g.with_own_stream())
-            .map_err(|e| e.to_string())?;
-        let st = gpu.stream().clone();
-        let xd: CudaSlice<T> = st.clone_htod(&inputs[t_rank(&t)]).map_err(e)?;
-        let mut out = st.alloc_zeros::<T>(n * p).map_err(e)?;
-        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
-        match device_gather::allgather(&t, &mut gpu, &xv, &mut ov, bound, codec) {
-            Ok(_) => Err("succeeded".into()),
+    let got = run_ranks(group, |t| {
+        match gather_on_rank(&t, &inputs[t_rank(&t)], p, bound, codec, 1)? {
+            Ok(_) => Err("succeeded".to_string()),
             Err(_) => Ok(()),
         }
     });
@@ -415,6 +395,33 @@ fn gather_refused<T: Real + GpuElement>(
             .map_err(|e| format!("rank {r}: expected an error: {e}"))?;
     }
     Ok(())
+}
+
+/// One rank of a device allgather over the loopback: its `input` uploaded, `calls` gathers of
+/// it into one output of `p` segments, the output read back. The outer error is a setup failure
+/// (device, upload, read-back), the inner one what the gather returned.
+fn gather_on_rank<T: Real + GpuElement>(
+    t: &DeviceLoopback,
+    input: &[T],
+    p: usize,
+    bound: ErrorBound,
+    codec: CodecKind,
+    calls: usize,
+) -> Result<zcomm::Result<Vec<T>>, String> {
+    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+    let mut gpu = GpuCodec::new(0)
+        .and_then(|g| g.with_own_stream())
+        .map_err(|e| e.to_string())?;
+    let st = gpu.stream().clone();
+    let xd: CudaSlice<T> = st.clone_htod(input).map_err(e)?;
+    let mut out = st.alloc_zeros::<T>(input.len() * p).map_err(e)?;
+    for _ in 0..calls {
+        let (xv, mut ov) = (xd.as_view(), out.as_view_mut());
+        if let Err(err) = device_gather::allgather(t, &mut gpu, &xv, &mut ov, bound, codec) {
+            return Ok(Err(err));
+        }
+    }
+    Ok(Ok(st.clone_dtoh(&out).map_err(e)?))
 }
 
 /// Every value of rank `r`'s device-ring result within the guaranteed bound of the exact
