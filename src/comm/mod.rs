@@ -129,6 +129,8 @@ mod config;
 #[cfg(feature = "cuda")]
 pub mod device;
 #[cfg(feature = "cuda")]
+mod device_calibrate;
+#[cfg(feature = "cuda")]
 pub mod device_gather;
 #[cfg(feature = "cuda")]
 pub mod device_ring;

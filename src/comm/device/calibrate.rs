@@ -2,6 +2,7 @@
 //! shared and solo) on every rank at once.
 
 use super::*;
+use crate::comm::device_calibrate::{repeat, repeat_solo, CodecBench};
 
 impl DeviceStager {
     /// Measure GPU codec throughput and pinned copy times, every rank at once (ranks sharing a
@@ -56,7 +57,7 @@ impl DeviceStager {
         let values = v[0] as usize;
         let ranks_per_gpu = self.ranks_per_gpu(comm)?;
         let s = self.stream();
-        let (codec_times, tiny, kinds, lens) = {
+        let (speeds, passes) = {
             use rayon::prelude::*;
             let host: Vec<f32> = (0..values)
                 .into_par_iter()
@@ -68,26 +69,25 @@ impl DeviceStager {
             let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
             drop(host);
             let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
-            let tiny = CALIBRATION_TINY_VALUES.min(values);
+            let mut streams = s
+                .alloc_zeros::<u8>(crate::compress_bound(values, crate::format::Dtype::F32))
+                .map_err(gpu_err("alloc"))?;
             // the requested codec first (its lines become the profile's codec fields), then
             // every other GPU codec that works on every rank (`Policy::Auto` chooses among them)
-            let mut kinds = vec![codec];
-            for &c in CodecKind::WITH_GPU {
-                if c != codec && self.codec_works_everywhere(comm, &dev, &mut out, tiny, c)? {
-                    kinds.push(c);
-                }
+            let speeds = CodecBench {
+                gpu: &mut self.gpu,
+                field: dev.slice(..),
+                streams: &mut streams,
+                decoded: &mut out,
+                tiny: CALIBRATION_TINY_VALUES.min(values),
+                bound: ErrorBound::Noa(CALIBRATION_NOA),
             }
-            let mut times = Vec::with_capacity(CODEC_TIMES * kinds.len() + 3);
-            // each codec's stream length on the field (for its ratio)
-            let mut lens = Vec::with_capacity(kinds.len());
-            for &c in &kinds {
-                let (t, len) = self.time_codec(comm, &dev, &mut out, tiny, c)?;
-                times.extend(t);
-                lens.push(len);
-            }
+            .all_lines(comm.transport(), codec, true)?;
+            drop(streams);
+            let t = comm.transport();
             // device-memory passes: a plain device copy (reported), and the device reductions'
             // value-range pass and the mean's division (by 1 here)
-            let t_copy = Self::repeat(comm, || {
+            let t_copy = repeat(t, || {
                 s.memcpy_dtod(&dev, &mut out).map_err(gpu_err("dtod"))?;
                 s.synchronize().map_err(gpu_err("sync"))
             })?;
@@ -96,7 +96,7 @@ impl DeviceStager {
             // (every rank runs the timed calls or none: the repetitions hold barriers)
             let loaded = self.utils().map(|_| ());
             let mut all_ok = [f64::from(u8::from(loaded.is_ok()))];
-            comm.transport().allreduce_f64(&mut all_ok, ReduceOp::Min)?;
+            t.allreduce_f64(&mut all_ok, ReduceOp::Min)?;
             let loaded = match loaded {
                 Ok(()) if all_ok[0] < 0.5 => Err(Error::Unavailable(
                     "another rank has no utility kernels".into(),
@@ -107,8 +107,8 @@ impl DeviceStager {
                 Ok(()) => {
                     let u = self.utils.take().expect("loaded");
                     let r = (|| -> Result<(f64, f64)> {
-                        let tr = Self::repeat(comm, || u.range(&s, &dev.slice(..)).map(|_| ()))?;
-                        let ts = Self::repeat(comm, || {
+                        let tr = repeat(t, || u.range(&s, &dev.slice(..)).map(|_| ()))?;
+                        let ts = repeat(t, || {
                             u.scale(&s, &mut out.slice_mut(..), 1.0f32)?;
                             s.synchronize().map_err(gpu_err("sync"))
                         })?;
@@ -122,8 +122,7 @@ impl DeviceStager {
                     (0.0, 0.0)
                 }
             };
-            times.extend([t_copy, t_range, t_scale]);
-            (times, tiny, kinds, lens)
+            (speeds, [t_copy, t_range, t_scale])
         };
         let total = values * 4;
         let mut sizes: Vec<usize> = [1usize, 4, 16, 64, 256]
@@ -132,8 +131,9 @@ impl DeviceStager {
             .filter(|&b| b < total)
             .collect();
         sizes.push(total);
-        let nc = codec_times.len();
-        let mut times = codec_times;
+        // the passes first, then the staging and link times (one reduction over ranks)
+        let nc = passes.len();
+        let mut times = passes.to_vec();
         let mut buf = s.alloc_zeros::<u8>(total).map_err(gpu_err("alloc"))?;
         for &b in &sizes {
             let (d, h) = self.time_staging(comm, &mut buf, b, false)?;
@@ -199,14 +199,7 @@ impl DeviceStager {
                 seconds: times[k + 2],
             });
         }
-        let tb = (tiny * 4) as f64;
-        let speeds: Vec<CodecSpeed> = kinds
-            .iter()
-            .zip(times.chunks_exact(CODEC_TIMES))
-            .zip(&lens)
-            .map(|((&c, t), &len)| codec_lines(c, t, tb, bytes, bytes / len.max(1) as f64))
-            .collect();
-        let passes = &times[CODEC_TIMES * kinds.len()..];
+        let passes = &times[..nc];
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
         let p = DeviceProfile {
             staging: Link {
@@ -253,118 +246,6 @@ impl DeviceStager {
         Ok(p)
     }
 
-    /// One codec call on the calibration stream into the first `m` values of `out`: the first
-    /// `len` bytes of the compression scratch decompressed, plain or fused with an addition.
-    fn decode_scratch(
-        &mut self,
-        out: &mut CudaSlice<f32>,
-        len: usize,
-        m: usize,
-        add: bool,
-    ) -> Result<()> {
-        let src = self.scratch_out.take().expect("grown");
-        let r = {
-            let v = src.slice(0..len);
-            let mut o = out.slice_mut(..m);
-            if add {
-                self.gpu.decompress_add_device(&v, &mut o)
-            } else {
-                self.gpu.decompress_device(&v, &mut o)
-            }
-        };
-        self.scratch_out = Some(src);
-        r
-    }
-
-    /// Whether `codec` compresses, decompresses and decompresses-and-adds the tiny prefix of
-    /// `field` on every rank (untimed; collective): a codec that fails anywhere is left out of
-    /// the calibration on every rank, so that no rank leaves the timed, barrier-synchronized
-    /// repetitions early.
-    fn codec_works_everywhere(
-        &mut self,
-        comm: &Communicator,
-        field: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        tiny: usize,
-        codec: CodecKind,
-    ) -> Result<bool> {
-        let bound = ErrorBound::Noa(CALIBRATION_NOA);
-        let ok = self
-            .compress_to_scratch(&field.slice(..tiny), bound, codec)
-            .and_then(|len| {
-                self.decode_scratch(out, len, tiny, false)?;
-                self.decode_scratch(out, len, tiny, true)
-            });
-        if let Err(e) = &ok {
-            tracing::warn!(target: "zcomm::comm", "device profile: {codec} not calibrated ({e})");
-        }
-        let mut all = [f64::from(u8::from(ok.is_ok()))];
-        comm.transport().allreduce_f64(&mut all, ReduceOp::Min)?;
-        Ok(all[0] > 0.5)
-    }
-
-    /// The [`CODEC_TIMES`] median call times of `codec` (see [`codec_lines`] for their order)
-    /// and the length of its stream of the whole field:
-    /// on `field` and on its first `tiny` values, every rank at once, then rank 0 alone (the
-    /// others wait in a barrier; 0 on them): what a call costs when no other rank uses the
-    /// GPU (the broadcast's root, a rank whose upload finished after the others'; see the
-    /// module docs' model section).
-    fn time_codec(
-        &mut self,
-        comm: &Communicator,
-        field: &CudaSlice<f32>,
-        out: &mut CudaSlice<f32>,
-        tiny: usize,
-        codec: CodecKind,
-    ) -> Result<([f64; CODEC_TIMES], usize)> {
-        let bound = ErrorBound::Noa(CALIBRATION_NOA);
-        let values = field.len();
-        let mut len = 0;
-        let tc = Self::repeat(comm, || {
-            len = self.compress_to_scratch(&field.slice(..), bound, codec)?;
-            Ok(())
-        })?;
-        let td = Self::repeat(comm, || self.decode_scratch(out, len, values, false))?;
-        let tda = Self::repeat(comm, || self.decode_scratch(out, len, values, true))?;
-        // fixed per-call cost: the same calls on a tiny buffer (the intercept of each call's
-        // line, see `model::call_line`)
-        let mut tlen = 0;
-        let tc_tiny = Self::repeat(comm, || {
-            tlen = self.compress_to_scratch(&field.slice(..tiny), bound, codec)?;
-            Ok(())
-        })?;
-        let td_tiny = Self::repeat(comm, || self.decode_scratch(out, tlen, tiny, false))?;
-        let tda_tiny = Self::repeat(comm, || self.decode_scratch(out, tlen, tiny, true))?;
-        let solo = comm.rank() == 0;
-        let tc_solo = Self::repeat_solo(comm, solo, || {
-            len = self.compress_to_scratch(&field.slice(..), bound, codec)?;
-            Ok(())
-        })?;
-        let td_solo =
-            Self::repeat_solo(comm, solo, || self.decode_scratch(out, len, values, false))?;
-        let tc_solo_tiny = Self::repeat_solo(comm, solo, || {
-            tlen = self.compress_to_scratch(&field.slice(..tiny), bound, codec)?;
-            Ok(())
-        })?;
-        let td_solo_tiny =
-            Self::repeat_solo(comm, solo, || self.decode_scratch(out, tlen, tiny, false))?;
-        Ok((
-            [
-                tc,
-                td,
-                tda,
-                tc_tiny,
-                td_tiny,
-                tda_tiny,
-                tc_solo,
-                td_solo,
-                tc_solo_tiny,
-                td_solo_tiny,
-            ],
-            len,
-        ))
-    }
-
     /// Measure pinned D2H/H2D copies of exactly `bytes` (every rank at once, warm-up + median,
     /// slowest rank) and add the point to the profile's staging curve (calibrating the profile
     /// first with the default size if there is none). Collective over `comm`.
@@ -390,57 +271,6 @@ impl DeviceStager {
             p.staging_curve.insert(pt);
         }
         Ok(pt)
-    }
-
-    /// Warm-up calls, then the median of timed calls, a barrier before each.
-    pub(super) fn repeat(comm: &Communicator, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-        let mut times = Vec::with_capacity(CALIBRATION_REPS);
-        for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
-            comm.barrier()?;
-            let t = now();
-            f()?;
-            if k >= CALIBRATION_WARMUP {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        Ok(model::median(&times))
-    }
-
-    /// Like [`repeat`](Self::repeat), but only where `me` (one rank) runs the calls, without
-    /// barriers between them, while the other ranks wait (a barrier before, one reduction of the
-    /// error status after; they return 0). The solo rates of the profile.
-    pub(super) fn repeat_solo(
-        comm: &Communicator,
-        me: bool,
-        mut f: impl FnMut() -> Result<()>,
-    ) -> Result<f64> {
-        comm.barrier()?;
-        let r = if me {
-            let mut times = Vec::with_capacity(CALIBRATION_REPS);
-            let mut res = Ok(());
-            for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
-                let t = now();
-                if let Err(e) = f() {
-                    res = Err(e);
-                    break;
-                }
-                if k >= CALIBRATION_WARMUP {
-                    times.push(t.elapsed().as_secs_f64());
-                }
-            }
-            res.map(|()| model::median(&times))
-        } else {
-            Ok(0.0)
-        };
-        // every rank leaves together, and fails together when the calling rank failed
-        let mut failed = [f64::from(u8::from(r.is_err()))];
-        comm.transport().allreduce_f64(&mut failed, ReduceOp::Max)?;
-        match r {
-            Ok(_) if failed[0] > 0.5 => Err(Error::Comm(
-                "device calibration: the solo calls failed on another rank".into(),
-            )),
-            r => r,
-        }
     }
 
     /// Median seconds of a one-way transfer of `bytes` from rank `from`'s pinned send buffer
@@ -565,9 +395,9 @@ impl DeviceStager {
         let me = comm.rank() == 0;
         let timed = |f: &mut dyn FnMut() -> Result<()>| {
             if solo {
-                Self::repeat_solo(comm, me, f)
+                repeat_solo(comm.transport(), me, f)
             } else {
-                Self::repeat(comm, f)
+                repeat(comm.transport(), f)
             }
         };
         let td = timed(&mut || {
@@ -582,50 +412,14 @@ impl DeviceStager {
     }
 }
 
-/// Call times per codec measured by [`DeviceStager::calibrate`].
-const CODEC_TIMES: usize = 10;
-
 /// The `noa` bound of the calibration's codec calls.
 const CALIBRATION_NOA: f64 = 1e-3;
-
-/// A codec's call lines ([`model::call_line`] through the tiny (`tb` bytes) and the full
-/// (`bytes`) call) from its [`CODEC_TIMES`] times: compression, decompression and fused
-/// decompress-and-add on the field, the same three on the tiny prefix, then compression and
-/// decompression alone on the field and on the tiny prefix; `ratio` on the field.
-fn codec_lines(codec: CodecKind, t: &[f64], tb: f64, bytes: f64, ratio: f64) -> CodecSpeed {
-    let line = |tiny: f64, big: f64| model::call_line(tb, tiny, bytes, big);
-    let (compress, compress_overhead) = line(t[3], t[0]);
-    let (decompress, decompress_overhead) = line(t[4], t[1]);
-    let (decompress_add, decompress_add_overhead) = line(t[5], t[2]);
-    let (compress_solo, compress_solo_overhead) = line(t[8], t[6]);
-    let (decompress_solo, decompress_solo_overhead) = line(t[9], t[7]);
-    CodecSpeed {
-        codec,
-        // the calibration field is f32
-        dtype: 1,
-        ratio,
-        compress,
-        compress_overhead,
-        decompress,
-        decompress_overhead,
-        decompress_add,
-        decompress_add_overhead,
-        compress_solo,
-        compress_solo_overhead,
-        decompress_solo,
-        decompress_solo_overhead,
-    }
-}
 
 /// Smallest calibration field of [`DeviceStager::calibrate`] (16 Mi f32 = 64 MiB).
 pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
 /// Values of the tiny buffer whose codec calls measure [`DeviceProfile::call_overhead`]
 /// (64 Ki f32 = 256 KiB).
 pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
-/// Warm-up calls before each calibrated quantity.
-pub const CALIBRATION_WARMUP: usize = 2;
-/// Timed repetitions (median) of each calibrated quantity.
-pub const CALIBRATION_REPS: usize = 9;
 /// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration
 /// field's size; the field's size alone when it is smaller than all of them).
 pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];

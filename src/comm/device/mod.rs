@@ -154,8 +154,7 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, CodecSpeed, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve,
-    StagingPoint, Terms,
+    self, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve, StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;
 
@@ -170,9 +169,10 @@ mod stager;
 #[cfg(test)]
 mod tests;
 
+pub use super::device_calibrate::{CALIBRATION_REPS, CALIBRATION_WARMUP};
 pub use calibrate::{
     CALIBRATION_LINK_MIB, CALIBRATION_LINK_REPS, CALIBRATION_LINK_WARMUP, CALIBRATION_MIN_VALUES,
-    CALIBRATION_REPS, CALIBRATION_TINY_VALUES, CALIBRATION_WARMUP,
+    CALIBRATION_TINY_VALUES,
 };
 pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;

@@ -2,6 +2,7 @@
 //! [`NcclProfile`].
 
 use super::*;
+use crate::comm::device_calibrate::{repeat, CodecBench};
 
 impl NcclComm {
     /// Time `f` on every rank (barrier, run, drain streams), `reps` times after one warm-up;
@@ -125,7 +126,7 @@ impl NcclComm {
             let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
             let bound = self.piece_bound(&field.as_view())?;
             let preferred = self.config.policy.codec().unwrap_or_default();
-            let mut out = unsafe {
+            let mut streams = unsafe {
                 self.sh
                     .work
                     .alloc::<u8>(crate::format::HEADER_LEN + big * 4 + 256)
@@ -133,79 +134,42 @@ impl NcclComm {
             .map_err(gpu_err)?;
             let mut acc = self.sh.work.alloc_zeros::<f32>(big).map_err(gpu_err)?;
             self.sh.work.synchronize().map_err(gpu_err)?;
-            // the policy's codec first (its fixed costs are the profile's), then every other GPU
-            // codec that works on every rank (`Policy::Auto` chooses among them per message)
-            let mut fits = Vec::new();
-            for c in std::iter::once(preferred).chain(CodecKind::WITH_GPU.iter().copied()) {
-                if fits.iter().any(|(k, _, _)| *k == c) {
-                    continue;
-                }
-                let fit = self.time_codec_fit(&field, &mut out, &mut acc, bound, c);
-                let mut ok = [f64::from(u8::from(fit.is_ok()))];
-                self.sh.boot.allreduce_f64(&mut ok, ReduceOp::Min)?;
-                match fit {
-                    Ok((f, len)) if ok[0] > 0.5 => fits.push((c, f, len)),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(target: "zcomm::nccl", "{c} not calibrated: {e}")
-                    }
-                }
+            let sh = self.sh.clone();
+            let t: &dyn Transport = &*sh.boot;
+            // the engine's one codec calibration (every rank at once; no solo lines: NCCL runs
+            // one rank per GPU): the policy's codec first (its fixed costs are the profile's),
+            // then every other GPU codec that works on every rank (`Policy::Auto` chooses among
+            // them per message); the bound is the absolute one the pieces get, so the
+            // compression lines leave out the value-range pass, timed on its own below
+            let codecs = CodecBench {
+                gpu: self.gpu()?,
+                field: field.slice(..),
+                streams: &mut streams,
+                decoded: &mut acc,
+                tiny: 1 << 15,
+                bound,
             }
-            // (the same verdict on every rank)
-            if fits.is_empty() {
-                return Err(Error::Unavailable(
-                    "NCCL calibration: no codec works on every rank".into(),
-                ));
-            }
+            .all_lines(t, preferred, false)
+            .map_err(|e| Error::Unavailable(format!("NCCL calibration: {e}")))?;
             // the preparation of a compressing call: the value-range pass (with its read-back)
             // on one codec chunk and on the whole field (the line through them), and a device
-            // copy of the whole buffer (reported), best of 5
-            let (mut t_range, mut t_copy) = ([f64::INFINITY; 2], f64::INFINITY);
-            for _ in 0..5 {
-                for (i, n) in [1usize << 15, big].into_iter().enumerate() {
-                    let t = std::time::Instant::now();
-                    self.utils.range(&self.sh.work, &field.slice(0..n))?;
-                    t_range[i] = t_range[i].min(t.elapsed().as_secs_f64());
-                }
-                let t = std::time::Instant::now();
-                self.sh
-                    .work
-                    .memcpy_dtod(&field, &mut acc)
-                    .map_err(gpu_err)?;
-                self.sh.work.synchronize().map_err(gpu_err)?;
-                t_copy = t_copy.min(t.elapsed().as_secs_f64());
-            }
+            // copy of the whole buffer (reported)
+            let work = &sh.work;
+            let range =
+                |n: usize| repeat(t, || self.utils.range(work, &field.slice(0..n)).map(|_| ()));
+            let mut v = [range(1 << 15)?, range(big)?, 0.0];
+            v[2] = repeat(t, || {
+                work.memcpy_dtod(&field, &mut acc).map_err(gpu_err)?;
+                work.synchronize().map_err(gpu_err)
+            })?;
+            t.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
             let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
-            let rate = |t: [f64; 2]| (b2 - b1) / (t[1] - t[0]).max(1e-9);
-            let fixed = |t: [f64; 2]| (t[0] - b1 / rate(t)).max(0.0);
-            // per codec: -throughputs (the maximum over ranks of these is the slowest rank's)
-            // and fixed costs of compress, decompress, decompress-and-add; then the passes
-            let mut v = Vec::with_capacity(6 * fits.len() + 3);
-            for (_, [small, large], _) in &fits {
-                for (&s, &l) in small.iter().zip(large) {
-                    v.extend([-rate([s, l]), fixed([s, l])]);
-                }
-            }
-            v.extend([-rate(t_range), fixed(t_range), -b2 / t_copy.max(1e-9)]);
-            self.sh.boot.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
-            let m = 6 * fits.len();
+            (prof.range_rate, prof.range_fixed) = crate::model::call_line(b1, v[0], b2, v[1]);
+            prof.copy_rate = b2 / v[2].max(1e-9);
             // the policy's codec's fixed costs stand for codecs without their own
-            prof.compress_fixed = v[1];
-            prof.decompress_fixed = v[3];
-            prof.range_rate = -v[m];
-            prof.range_fixed = v[m + 1];
-            prof.copy_rate = -v[m + 2];
-            prof.codecs = fits
-                .iter()
-                .zip(v.chunks_exact(6))
-                .map(|(&(codec, _, len), w)| CodecSpeed {
-                    compress_overhead: w[1],
-                    decompress_overhead: w[3],
-                    decompress_add: -w[4],
-                    decompress_add_overhead: w[5],
-                    ..CodecSpeed::new(codec, 1, -w[0], -w[2], b2 / len as f64)
-                })
-                .collect();
+            prof.compress_fixed = codecs[0].compress_overhead;
+            prof.decompress_fixed = codecs[0].decompress_overhead;
+            prof.codecs = codecs;
         }
         let mut bytes = if r == 0 {
             serde_json::to_vec(&prof).map_err(|e| Error::invalid(format!("profile: {e}")))?
@@ -226,49 +190,6 @@ impl NcclComm {
             self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6,
             crate::model::fmt_rate(self.profile.range_rate), self.profile.range_fixed * 1e6, crate::model::fmt_rate(self.profile.copy_rate));
         Ok(&self.profile)
-    }
-}
-
-impl NcclComm {
-    /// The fastest of 5 compressions, decompressions and fused decompress-and-adds of `codec` on
-    /// one codec chunk and on the whole `field` (`[small|big][compress|decompress|add]`
-    /// seconds; the line `t = fixed + bytes / throughput` through them), and the field's stream
-    /// length.
-    fn time_codec_fit(
-        &mut self,
-        field: &CudaSlice<f32>,
-        out: &mut CudaSlice<u8>,
-        acc: &mut CudaSlice<f32>,
-        bound: ErrorBound,
-        codec: CodecKind,
-    ) -> Result<([[f64; 3]; 2], usize)> {
-        let big = field.len();
-        let gpu = self.gpu()?;
-        let mut fit = [[f64::INFINITY; 3]; 2];
-        let mut len = 1usize;
-        let best =
-            |slot: &mut f64, t: std::time::Instant| *slot = slot.min(t.elapsed().as_secs_f64());
-        for (i, n) in [1usize << 15, big].into_iter().enumerate() {
-            let fv = field.slice(0..n);
-            for _ in 0..5 {
-                let t = std::time::Instant::now();
-                let mut ov = out.slice_mut(..);
-                let l = gpu.compress_device(&fv, bound, codec, &mut ov)?;
-                best(&mut fit[i][0], t);
-                let sv = out.slice(0..l);
-                let mut av = acc.slice_mut(0..n);
-                let t = std::time::Instant::now();
-                gpu.decompress_device(&sv, &mut av)?;
-                best(&mut fit[i][1], t);
-                let t = std::time::Instant::now();
-                gpu.decompress_add_device(&sv, &mut av)?;
-                best(&mut fit[i][2], t);
-                if i == 1 {
-                    len = l;
-                }
-            }
-        }
-        Ok((fit, len))
     }
 }
 

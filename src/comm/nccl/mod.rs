@@ -109,7 +109,7 @@ use super::transport::{ReduceOp, Transport};
 use super::{partition, Decision, OpStats};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::model::{CodecSpeed, NcclLink, NcclProfile, Policy, WireRatio};
+use crate::model::{NcclLink, NcclProfile, Policy, WireRatio};
 use crate::quant::ErrorBound;
 use auto::{f64s, Agreed, AgreedRatios, RatioKey};
 

@@ -1,6 +1,7 @@
 //! Unit tests of the NCCL layer that need no GPU (model, descriptors, outcomes).
 
 use super::*;
+use crate::model::CodecSpeed;
 
 #[test]
 fn pieces_cover_on_chunk_boundaries() {
