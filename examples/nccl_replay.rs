@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use zcomm::model::{NcclProfile, WireRatio};
+use zcomm::model::{CodecSpeed, Curve, Profile, WireRatio};
 use zcomm::CodecKind;
 
 #[derive(Parser, Debug)]
@@ -41,13 +41,55 @@ fn num(r: &serde_json::Value, key: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("record without a number `{key}`: {r}"))
 }
 
+/// A profile file: the current format ([`Profile::from_json`]), or the NCCL-only profile that
+/// `nccl_bench` wrote before the engine had one profile (the records in `bench/results/` from
+/// 2026-11-27 and earlier), converted field by field: `p2p` is the exchange curve, `p2p_one`
+/// the one-way curve, `codecs` the GPU codecs (records without their own fixed costs take the
+/// file's `compress_fixed` / `decompress_fixed`), `range_rate` the range pass, `copy_rate` the
+/// device copy.
+fn load_profile(text: &str) -> Result<Profile, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if v.get("p2p").is_none() {
+        return Profile::from_json(text).map_err(|e| e.to_string());
+    }
+    let curve = |k: &str| -> Result<Option<Curve>, String> {
+        match v.get(k) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(c) => serde_json::from_value(c.clone())
+                .map(Some)
+                .map_err(|e| format!("{k}: {e}")),
+        }
+    };
+    let f = |k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
+    let mut p = Profile::direct_guess(v["transport"].as_str().unwrap_or("nvlink"));
+    p.allreduce = curve("allreduce")?;
+    p.allgather = curve("allgather")?;
+    p.link_exchange = curve("p2p")?.ok_or("no p2p curve")?;
+    p.link_one_way = curve("p2p_one")?.unwrap_or_default();
+    let mut codecs: Vec<CodecSpeed> =
+        serde_json::from_value(v["codecs"].clone()).map_err(|e| format!("codecs: {e}"))?;
+    for c in &mut codecs {
+        if c.compress_overhead == 0.0 {
+            c.compress_overhead = f("compress_fixed");
+        }
+        if c.decompress_overhead == 0.0 {
+            c.decompress_overhead = f("decompress_fixed");
+        }
+    }
+    p.gpu_codecs = codecs;
+    p.piece_overhead = f("piece_overhead");
+    p.range_pass = f("range_rate");
+    p.range_fixed = f("range_fixed");
+    p.device_copy = f("copy_rate");
+    Ok(p)
+}
+
 fn run(a: &Args) -> Result<(), String> {
     let profile_path = a
         .profile
         .clone()
         .unwrap_or_else(|| format!("{}.profile.json", a.records));
-    let prof: NcclProfile =
-        serde_json::from_str(&read(&profile_path)?).map_err(|e| format!("{profile_path}: {e}"))?;
+    let prof = load_profile(&read(&profile_path)?).map_err(|e| format!("{profile_path}: {e}"))?;
     let recs: Vec<serde_json::Value> =
         serde_json::from_str(&read(&a.records)?).map_err(|e| format!("{}: {e}", a.records))?;
     if !a.json {

@@ -818,7 +818,9 @@ mod device {
         // the codec and staging calibrated at the operations' size (at least 64 MiB, at most
         // 1 GiB of f32), every rank at once
         let cal = (n * S::SIZE / 4).clamp(CALIBRATION_MIN_VALUES, 1 << 28);
-        let prof = dev.calibrate(c, cal, a.c.codec)?;
+        let profile = dev.calibrate(c, cal, a.c.codec)?;
+        // the calibrated codec's model (its GPU lines with the profile's curves)
+        let prof = profile.staged(a.c.codec);
         info(
             c,
             &format!("staging (device buffers on {dev_name}, GPU codec)"),
@@ -831,8 +833,8 @@ mod device {
                 "device profile ({} ranks at once, {} MiB field): GPU compress {} decompress {}; pinned staging (d2h/h2d):",
                 p,
                 (cal * 4) >> 20,
-                zcomm::model::fmt_rate(prof.compress),
-                zcomm::model::fmt_rate(prof.decompress),
+                zcomm::model::fmt_rate(prof.c.compress),
+                zcomm::model::fmt_rate(prof.c.decompress),
             );
             // one line per calibrated point: d2h / h2d rate
             let print_curve = |curve: &zcomm::model::StagingCurve, label: &str| {
@@ -848,10 +850,10 @@ mod device {
             print_curve(&prof.staging_curve, "");
             outln!(
                 "  per call: compress +{:.1} us, decompress +{:.1} us, decompress-add {} +{:.1} us; device copy {}, range pass {}, scale {}",
-                prof.compress_overhead * 1e6,
-                prof.decompress_overhead * 1e6,
-                zcomm::model::fmt_rate(prof.decompress_add),
-                prof.decompress_add_overhead * 1e6,
+                prof.c.compress_overhead * 1e6,
+                prof.c.decompress_overhead * 1e6,
+                zcomm::model::fmt_rate(prof.c.decompress_add),
+                prof.c.decompress_add_overhead * 1e6,
                 zcomm::model::fmt_rate(prof.device_copy),
                 zcomm::model::fmt_rate(prof.range_pass),
                 zcomm::model::fmt_rate(prof.scale_pass),
@@ -859,23 +861,23 @@ mod device {
             // one rank alone (rank 0 while the others wait), the one-way link, the placement
             outln!(
                 "  one rank alone: compress {} +{:.1} us, decompress {} +{:.1} us; {} rank(s) per GPU",
-                zcomm::model::fmt_rate(prof.compress_solo),
-                prof.compress_solo_overhead * 1e6,
-                zcomm::model::fmt_rate(prof.decompress_solo),
-                prof.decompress_solo_overhead * 1e6,
+                zcomm::model::fmt_rate(prof.c.compress_solo),
+                prof.c.compress_solo_overhead * 1e6,
+                zcomm::model::fmt_rate(prof.c.decompress_solo),
+                prof.c.decompress_solo_overhead * 1e6,
                 prof.ranks_per_gpu,
             );
             print_curve(&prof.staging_curve_solo, " alone");
-            for q in &prof.link_one_way.points {
+            for &(bytes, seconds) in &prof.link_one_way.points {
                 // the pinned exchange at the same size (both ranks sending), per direction
                 let x = prof
                     .link_exchange
-                    .seconds(q.bytes)
-                    .map_or_else(|| "-".into(), |s| zcomm::model::fmt_rate(q.bytes / s));
+                    .seconds(bytes)
+                    .map_or_else(|| "-".into(), |s| zcomm::model::fmt_rate(bytes / s));
                 outln!(
                     "  one-way link {:>8.1} MiB: {} (exchange {x}, host ping-pong {} per direction)",
-                    q.bytes / 1048576.0,
-                    zcomm::model::fmt_rate(q.bytes / q.seconds),
+                    bytes / 1048576.0,
+                    zcomm::model::fmt_rate(bytes / seconds),
                     zcomm::model::fmt_rate(c.profile().link.bandwidth),
                 );
             }
@@ -898,7 +900,7 @@ mod device {
             // every field, the solo rates (`*_solo`, `staging_curve_solo`), the one-way link
             // (`link_one_way`), the pinned exchange (`link_exchange`) and `ranks_per_gpu`
             // included
-            "device_profile": prof,
+            "device_profile": &profile,
         }));
         let s = dev.gpu().stream().clone();
         let d_in = s.clone_htod(data).map_err(gerr)?;

@@ -648,11 +648,11 @@ fn simulate<E: DeviceAmp>(
                 d.name,
                 d.stager
                     .profile()
-                    .map(|p| zcomm::model::fmt_rate(p.compress))
+                    .map(|p| zcomm::model::fmt_rate(p.staged(p.calibrated_codec()).c.compress))
                     .unwrap_or_default(),
                 d.stager
                     .profile()
-                    .map(|p| zcomm::model::fmt_rate(p.decompress))
+                    .map(|p| zcomm::model::fmt_rate(p.staged(p.calibrated_codec()).c.decompress))
                     .unwrap_or_default(),
             ),
             None => outln!(

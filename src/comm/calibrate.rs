@@ -130,10 +130,10 @@ impl Communicator {
             let tb = time(&big, &mut o, 4)?;
             let mut v = [ts, tb];
             t.allreduce_f64(&mut v, ReduceOp::Max)?;
-            allreduce = Some(Link {
-                latency: v[0],
-                bandwidth: (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
-            });
+            allreduce = Some(model::Curve::linear(
+                (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
+                v[0],
+            ));
         }
         // the raw ring's host addition, every rank at once on buffers of the ping-pong's size
         let host_add = {

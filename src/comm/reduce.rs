@@ -32,8 +32,8 @@ impl Communicator {
         let steps = pf - 1.0;
         let rs = steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth));
         if full {
-            let raw = match self.profile.allreduce {
-                Some(a) => a.latency + (n * S::SIZE) as f64 / a.bandwidth,
+            let raw = match &self.profile.allreduce {
+                Some(a) => a.time((n * S::SIZE) as f64),
                 None => 2.0 * steps * (l.latency + seg_b / l.bandwidth),
             };
             (

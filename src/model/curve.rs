@@ -1,18 +1,18 @@
 //! Size-dependent time curves built from measured points: pinned staging copies
-//! ([`StagingCurve`]), one-way transfers between two ranks ([`LinkCurve`]) and raw NCCL
-//! operations ([`NcclLink`]).
+//! ([`StagingCurve`], one point per size for both directions) and every link between ranks
+//! ([`Curve`]: exchanges, one-way messages, a transport's own collectives).
 //!
-//! The staging and one-way curves interpolate linearly in log(bytes)–log(seconds), because the
-//! achieved bandwidth of pinned copies and host transports changes smoothly over orders of
-//! magnitude of size. NCCL's time for a message is not `latency + bytes / bandwidth` with one
-//! bandwidth either: over the socket transport a few channels and TCP slow start make messages
-//! of a few MB travel well below the large-message rate, so a straight line through 1 MiB and
-//! 64 MiB underestimates the mid-size messages that compressed pieces produce. [`NcclLink`]
-//! therefore keeps the measured `(bytes, seconds)` points and interpolates piecewise linearly
-//! between them (time is monotone in bytes); below the smallest point it runs to the latency
-//! intercept at zero bytes, beyond the largest it continues with the last segment's bandwidth.
-//! Without points (old profile files, [`NcclProfile::guess`](super::NcclProfile::guess)) it is
-//! the plain linear [`Link`].
+//! The staging curve interpolates linearly in log(bytes)–log(seconds), because the achieved
+//! bandwidth of pinned copies changes smoothly over orders of magnitude of size, and it is
+//! measured up to the largest size it predicts. A link's time for a message is not `latency +
+//! bytes / bandwidth` with one bandwidth either: over NCCL's socket transport a few channels and
+//! TCP slow start make messages of a few MB travel well below the large-message rate, so a
+//! straight line through 1 MiB and 64 MiB underestimates the mid-size messages that compressed
+//! pieces produce. [`Curve`] therefore keeps the measured `(bytes, seconds)` points and
+//! interpolates piecewise linearly between them (time is monotone in bytes); below the smallest
+//! point it runs to the latency intercept at zero bytes, beyond the largest it continues with
+//! the last segment's bandwidth. Without points (old profile files, the guesses) it is the plain
+//! linear [`Link`].
 
 use super::Link;
 
@@ -107,48 +107,58 @@ fn interp_log<P>(
     Some((y(a).ln() * (1.0 - w) + y(b).ln() * w).exp())
 }
 
-/// One measured size of a [`LinkCurve`]: seconds of a one-way transfer of `bytes` (median over
-/// repetitions; the slower direction of the measured pair).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LinkPoint {
-    /// Bytes sent.
-    pub bytes: f64,
-    /// Seconds until the receiver holds them.
-    pub seconds: f64,
-}
-
-/// Size-dependent one-way transfer times between two ranks (one rank sends, the receiver receives,
-/// every other rank idle): measured points interpolated like a [`StagingCurve`]. A one-way stream
-/// does not share the link (or, on one node, the memory system) with the opposite direction, so it
-/// is faster than the per-direction bandwidth of a ping-pong in which both ranks send at once
-/// ([`Profile::link`](super::Profile::link)). An empty curve has no opinion.
+/// The time of one transfer (or one collective) as a function of its size: measured points,
+/// interpolated piecewise linearly, with the linear `latency + bytes / bandwidth` model outside
+/// them (and everywhere when there are no points). Every link curve of the [`Profile`]
+/// (exchanges, one-way messages, a transport's own collectives) is one.
+///
+/// [`Profile`]: super::Profile
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LinkCurve {
-    /// Measured points, sorted by size (see [`insert`](Self::insert)).
-    pub points: Vec<LinkPoint>,
+pub struct Curve {
+    /// Bytes per second: beyond the largest point (the last segment's bandwidth), everywhere
+    /// when there are no points.
+    #[serde(default)]
+    pub bandwidth: f64,
+    /// Seconds at zero bytes (the first segment's intercept, at most the first point's time).
+    #[serde(default)]
+    pub latency: f64,
+    /// Measured `(bytes, seconds)`, strictly increasing in bytes, non-decreasing in time.
+    /// Empty in profiles written before size-dependent calibration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub points: Vec<(f64, f64)>,
 }
 
-impl LinkCurve {
-    /// Whether no size has been measured.
-    pub fn is_empty(&self) -> bool {
-        self.points.is_empty()
-    }
-    /// Add (or replace) the point of `p.bytes`, keeping the points sorted (invalid points are
-    /// ignored).
-    pub fn insert(&mut self, p: LinkPoint) {
-        if !(p.bytes > 0.0 && p.seconds > 0.0 && p.seconds.is_finite()) {
-            return;
+impl From<Link> for Curve {
+    fn from(l: Link) -> Self {
+        Curve {
+            bandwidth: l.bandwidth,
+            latency: l.latency,
+            points: Vec::new(),
         }
-        self.points.retain(|q| q.bytes != p.bytes);
-        let i = self.points.partition_point(|q| q.bytes < p.bytes);
-        self.points.insert(i, p);
     }
-    /// Predicted one-way seconds of `bytes` (`None` when empty).
+}
+
+impl Curve {
+    /// Whether the curve says nothing (the default: no points and no line; not calibrated). A
+    /// [`linear`](Self::linear) curve is not empty.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty() && (self.bandwidth.is_nan() || self.bandwidth <= 0.0)
+    }
+
+    /// Seconds of one message of `bytes` ([`time`](Self::time)), or `None` when the curve is
+    /// [empty](Self::is_empty).
     pub fn seconds(&self, bytes: f64) -> Option<f64> {
-        interp_log(&self.points, bytes, |p| p.bytes, |p| p.seconds)
+        if self.is_empty() {
+            None
+        } else if bytes.is_nan() {
+            Some(0.0)
+        } else {
+            Some(self.time(bytes))
+        }
     }
-    /// The effective link of one transfer of `bytes` (latency 0: `bytes / bandwidth` is the
-    /// interpolated time).
+
+    /// The effective link of one message of `bytes` (latency 0: `bytes / bandwidth` is the
+    /// curve's time), or `None` when the curve is [empty](Self::is_empty).
     pub fn link(&self, bytes: f64) -> Option<Link> {
         let b = bytes.max(1.0);
         let t = self.seconds(b)?;
@@ -157,38 +167,10 @@ impl LinkCurve {
             latency: 0.0,
         })
     }
-}
 
-/// One raw NCCL operation's time as a function of message size: measured points, interpolated
-/// piecewise linearly, with the linear `latency + bytes / bandwidth` model outside them (and
-/// everywhere when there are no points).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct NcclLink {
-    /// Bytes per second: beyond the largest point (the last segment's bandwidth), everywhere
-    /// when there are no points.
-    pub bandwidth: f64,
-    /// Seconds at zero bytes (the first segment's intercept, at most the first point's time).
-    pub latency: f64,
-    /// Measured `(bytes, seconds)`, strictly increasing in bytes, non-decreasing in time.
-    /// Empty in profiles written before size-dependent calibration.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub points: Vec<(f64, f64)>,
-}
-
-impl From<Link> for NcclLink {
-    fn from(l: Link) -> Self {
-        NcclLink {
-            bandwidth: l.bandwidth,
-            latency: l.latency,
-            points: Vec::new(),
-        }
-    }
-}
-
-impl NcclLink {
     /// The linear model `latency + bytes / bandwidth` (no points).
     pub fn linear(bandwidth: f64, latency: f64) -> Self {
-        NcclLink {
+        Curve {
             bandwidth,
             latency,
             points: Vec::new(),
@@ -199,7 +181,7 @@ impl NcclLink {
     /// finite and positive are dropped, repeated sizes keep their smallest time, and times are
     /// made non-decreasing in bytes (a later point's time is raised to the earlier maximum), so
     /// the model is monotone. With no usable point the result is `fallback`.
-    pub fn from_points(mut pts: Vec<(f64, f64)>, fallback: &NcclLink) -> Self {
+    pub fn from_points(mut pts: Vec<(f64, f64)>, fallback: &Curve) -> Self {
         pts.retain(|&(b, t)| b.is_finite() && t.is_finite() && b > 0.0 && t > 0.0);
         pts.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.total_cmp(&y.1)));
         pts.dedup_by(|later, earlier| later.0 == earlier.0);
@@ -227,7 +209,7 @@ impl NcclLink {
             let lat = (pts[0].1 - pts[0].0 / bw).clamp(0.0, pts[0].1);
             (seg_bw(n - 1), lat)
         };
-        NcclLink {
+        Curve {
             bandwidth: bandwidth.max(1e6),
             latency,
             points: pts,
@@ -283,7 +265,7 @@ mod tests {
     const MIB: f64 = 1048576.0;
 
     /// A concave socket-like ramp: 60 us latency, rate rising from ~1 GB/s to 3.7 GB/s.
-    fn socket() -> NcclLink {
+    fn socket() -> Curve {
         let pts = vec![
             (16.0 * MIB, 5.6e-3),
             (0.25 * MIB, 0.30e-3),
@@ -291,7 +273,7 @@ mod tests {
             (4.0 * MIB, 1.9e-3),
             (64.0 * MIB, 19.6e-3),
         ];
-        NcclLink::from_points(pts, &NcclLink::linear(3.5e9, 20e-6))
+        Curve::from_points(pts, &Curve::linear(3.5e9, 20e-6))
     }
 
     #[test]
@@ -317,9 +299,9 @@ mod tests {
         assert!((l.time(0.0) - lat).abs() < 1e-12);
         assert!(l.time(0.125 * MIB) > lat && l.time(0.125 * MIB) < 0.30e-3);
         // the ramp: mid-size messages slower than the linear 1 MiB / 64 MiB fit predicts
-        let two_point = NcclLink::from_points(
+        let two_point = Curve::from_points(
             vec![(MIB, 0.80e-3), (64.0 * MIB, 19.6e-3)],
-            &NcclLink::linear(1.0, 0.0),
+            &Curve::linear(1.0, 0.0),
         );
         assert!(l.time(4.0 * MIB) > two_point.time(4.0 * MIB));
         assert!(l.rate(4.0 * MIB) < l.rate(64.0 * MIB));
@@ -336,7 +318,7 @@ mod tests {
             (f64::NAN, 1.0),
             (-1.0, 1.0),
         ];
-        let l = NcclLink::from_points(noisy, &NcclLink::linear(1e9, 0.0));
+        let l = Curve::from_points(noisy, &Curve::linear(1e9, 0.0));
         assert_eq!(l.points.len(), 4);
         assert_eq!(l.points[1], (2.0 * MIB, 1.0e-3));
         assert_eq!(l.points[2], (4.0 * MIB, 1.8e-3));
@@ -353,26 +335,26 @@ mod tests {
 
     #[test]
     fn linear_without_points_and_fallback() {
-        let lin = NcclLink::linear(2e9, 10e-6);
+        let lin = Curve::linear(2e9, 10e-6);
         assert!((lin.time(2e9) - (1.0 + 10e-6)).abs() < 1e-12);
         assert_eq!(lin.base(), 10e-6);
         assert!((lin.time_many(2e9, 3.0) - (3.0 + 10e-6)).abs() < 1e-12);
-        let fb = NcclLink::from_points(vec![(f64::INFINITY, 1.0)], &lin);
+        let fb = Curve::from_points(vec![(f64::INFINITY, 1.0)], &lin);
         assert_eq!(fb, lin);
-        let one = NcclLink::from_points(vec![(MIB, 1e-3)], &lin);
+        let one = Curve::from_points(vec![(MIB, 1e-3)], &lin);
         assert!((one.time(2.0 * MIB) - 2e-3).abs() < 1e-12);
         // an old profile file (no points) still reads
-        let old: NcclLink = serde_json::from_str(r#"{"bandwidth":3.5e9,"latency":2e-5}"#).unwrap();
-        assert_eq!(old, NcclLink::linear(3.5e9, 2e-5));
-        let round: NcclLink =
+        let old: Curve = serde_json::from_str(r#"{"bandwidth":3.5e9,"latency":2e-5}"#).unwrap();
+        assert_eq!(old, Curve::linear(3.5e9, 2e-5));
+        let round: Curve =
             serde_json::from_str(&serde_json::to_string(&socket()).unwrap()).expect("round trip");
         assert_eq!(round, socket());
-        let l: NcclLink = Link {
+        let l: Curve = Link {
             bandwidth: 1e9,
             latency: 1e-6,
         }
         .into();
-        assert_eq!(l, NcclLink::linear(1e9, 1e-6));
+        assert_eq!(l, Curve::linear(1e9, 1e-6));
     }
 
     #[test]

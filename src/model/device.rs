@@ -1,107 +1,69 @@
 //! The model of the staged device operations (device buffers staged through pinned host
-//! memory and carried by the host transport): the calibrated [`DeviceProfile`] and the
-//! per-stage [`Terms`] of every operation's raw and compressed predictions.
+//! memory and carried by the host transport): [`DeviceModel`], the [`Profile`]'s staging and
+//! link curves with one GPU codec's call lines, and the per-stage [`Terms`] of every
+//! operation's raw and compressed predictions.
+//!
+//! Codec calls follow the line `t(b) = overhead + b / rate` through a tiny and the full
+//! calibration call ([`call_line`](super::call_line)), so a call is charged its fixed cost once.
 
 use super::choice::{self, Candidate, Choice};
-use super::{seconds_at, CodecSpeed, Link, LinkCurve, Scenario, StagingCurve};
+#[cfg(test)]
+use super::Curve;
+use super::{seconds_at, CodecSpeed, Link, Profile, Scenario};
 use crate::codec::CodecKind;
 
-/// Measured device-side speeds (all ranks agree on them, see
-/// [`DeviceStager::calibrate`](crate::comm::device::DeviceStager::calibrate)).
-///
-/// Serialized with serde; fields added later default to 0 / empty, so older profiles still load
-/// (they then predict staging with the single `staging` link, codec calls without a separate
-/// fixed cost, and no device passes).
-///
-/// Codec calls follow the line `t(b) = overhead + b / rate` through a tiny and the full calibration
-/// call ([`call_line`](super::call_line)): `compress` / `decompress` / `decompress_add` are the
-/// slopes and the `*_overhead` fields the intercepts, so a call is charged its fixed cost once.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DeviceProfile {
-    /// Device→host / host→device pinned copies (slower direction) at the largest calibrated size;
-    /// the fallback when `staging_curve` is empty.
-    pub staging: Link,
-    /// GPU compression throughput (input bytes/s), beyond `compress_overhead`.
-    pub compress: f64,
-    /// GPU decompression throughput (output bytes/s), beyond `decompress_overhead`.
-    pub decompress: f64,
-    /// Pinned copy times at several sizes (every rank copying at once), used for the size
-    /// dependence of staging (see [`StagingCurve`]).
-    #[serde(default)]
-    pub staging_curve: StagingCurve,
-    /// Fixed seconds of one GPU compress + decompress call pair beyond the throughput terms
-    /// (`compress_overhead + decompress_overhead`; kernel launches, synchronizations, the NOA
-    /// range pass and header read-backs; every rank at once). Charged once per pipeline chunk by
-    /// the model ([`Scenario::chunk_overhead`]). Profiles written before it load as 0.
-    #[serde(default)]
-    pub call_overhead: f64,
-    /// Fixed seconds of one GPU compression call (intercept of its calibration line).
-    #[serde(default)]
-    pub compress_overhead: f64,
-    /// Fixed seconds of one GPU decompression call (intercept of its calibration line).
-    #[serde(default)]
-    pub decompress_overhead: f64,
-    /// Fused decompress-and-add throughput
-    /// ([`GpuCodec::decompress_add_device`](crate::gpu::GpuCodec::decompress_add_device), output
-    /// bytes/s) beyond `decompress_add_overhead`, used by the device ring's steps; 0 = not
-    /// calibrated (the plain decompression's line is used).
-    #[serde(default)]
-    pub decompress_add: f64,
-    /// Fixed seconds of one fused decompress-and-add call.
-    #[serde(default)]
-    pub decompress_add_overhead: f64,
-    /// Device-to-device copy (bytes copied per second, every rank at once), measured by the
-    /// calibration and reported with it; the device ring itself copies no values (it reads its
-    /// input in place and accumulates in the output). 0 = not calibrated.
-    #[serde(default)]
-    pub device_copy: f64,
-    /// The device reductions' value-range pass (input bytes per second, including its read-back);
-    /// 0 = not calibrated (not charged).
-    #[serde(default)]
-    pub range_pass: f64,
-    /// The mean's in-place division kernel (bytes of values per second); 0 = not calibrated.
-    #[serde(default)]
-    pub scale_pass: f64,
-    /// Ranks sharing one GPU (the most of any GPU; ranks on the same host with the same PCI
-    /// address, see [`DeviceStager::calibrate`](crate::comm::device::DeviceStager::calibrate)); 0 =
-    /// unknown (profiles written before it: treated as 1).
-    #[serde(default)]
-    pub ranks_per_gpu: usize,
-    /// GPU compression throughput of one rank calling alone (the others idle), beyond
-    /// `compress_solo_overhead`; 0 = not calibrated (the shared `compress` line is used).
-    #[serde(default)]
-    pub compress_solo: f64,
-    /// Fixed seconds of one GPU compression call of one rank alone.
-    #[serde(default)]
-    pub compress_solo_overhead: f64,
-    /// GPU decompression throughput of one rank alone, beyond `decompress_solo_overhead`; 0 =
-    /// not calibrated (the shared `decompress` line is used).
-    #[serde(default)]
-    pub decompress_solo: f64,
-    /// Fixed seconds of one GPU decompression call of one rank alone.
-    #[serde(default)]
-    pub decompress_solo_overhead: f64,
-    /// Pinned copy times of one rank copying alone (the others idle); empty = not calibrated
-    /// (the shared `staging_curve` is used).
-    #[serde(default)]
-    pub staging_curve_solo: StagingCurve,
-    /// One-way transfer times between ranks 0 and 1 (one sends, the other receives, the rest
-    /// idle; pinned buffers; the slower direction), for the broadcast's tree steps; empty = not
-    /// calibrated (the two-way ping-pong link is used).
-    #[serde(default)]
-    pub link_one_way: LinkCurve,
-    /// Simultaneous exchanges between ranks 0 and 1 (both send `bytes` and receive `bytes` at
-    /// once, the rest idle; pinned buffers; the slower rank): the link of `sendrecv_device`, the
-    /// allgather's pairwise steps and the ring's steps. Empty = not calibrated (the host
-    /// ping-pong `link` is used).
-    #[serde(default)]
-    pub link_exchange: LinkCurve,
-    /// The GPU call lines of every calibrated codec, for `Policy::Auto`'s per-message choice
-    /// ([`with_codec`](Self::with_codec)); the codec fields above hold those of the codec the
-    /// calibration was asked for. Empty in profiles written before: the fields above then
-    /// stand for every codec.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub codecs: Vec<CodecSpeed>,
+/// The staged model of one GPU codec ([`Profile::staged`]): every prediction below reads the
+/// profile's staging and link curves and this codec's call lines.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceModel<'a> {
+    /// The calibrated profile.
+    pub p: &'a Profile,
+    /// The codec's GPU call lines ([`Profile::gpu_lines`]).
+    pub c: CodecSpeed,
+}
+
+impl std::ops::Deref for DeviceModel<'_> {
+    type Target = Profile;
+    /// The profile's codec-independent terms (staging copies, links) read through the model.
+    fn deref(&self) -> &Profile {
+        self.p
+    }
+}
+
+impl Profile {
+    /// The staged model of `codec`: its calibrated GPU lines, else those of the codec the
+    /// calibration was asked for, else the guess ([`gpu_lines`](Self::gpu_lines)).
+    pub fn staged(&self, codec: CodecKind) -> DeviceModel<'_> {
+        DeviceModel {
+            p: self,
+            c: self.gpu_lines(codec, 1),
+        }
+    }
+    /// The GPU codec the device calibration was asked for (the first record; the default
+    /// codec when none was calibrated).
+    pub fn calibrated_codec(&self) -> CodecKind {
+        self.gpu_codecs
+            .first()
+            .map_or_else(CodecKind::default, |c| c.codec)
+    }
+    /// `Policy::Auto`'s choice for one staged device operation ([`choice::choose`]): each
+    /// candidate `(codec, ratio)` predicted by `cmp(model, codec, ratio)` on the
+    /// [`staged`](Self::staged) model of its codec, against the raw path's `raw_s`.
+    pub fn choose_staged(
+        &self,
+        raw_s: f64,
+        candidates: &[(CodecKind, f64)],
+        cmp: impl Fn(&DeviceModel<'_>, CodecKind, f64) -> f64,
+    ) -> Choice {
+        choice::choose(
+            raw_s,
+            candidates.iter().map(|&(codec, ratio)| Candidate {
+                codec,
+                ratio,
+                predicted_s: cmp(&self.staged(codec), codec, ratio),
+            }),
+        )
+    }
 }
 
 /// The model's time of one device operation split by stage (seconds; the same stages as the
@@ -153,122 +115,18 @@ fn line_or(overhead: f64, rate: f64, bytes: f64, fallback: impl FnOnce() -> f64)
     }
 }
 
-impl DeviceProfile {
-    /// The guess used before any calibration (H100-class PCIe, one rank per GPU).
-    pub fn guess() -> Self {
-        DeviceProfile {
-            staging: Link {
-                bandwidth: 20e9,
-                latency: 10e-6,
-            },
-            compress: 200e9,
-            decompress: 300e9,
-            staging_curve: StagingCurve::default(),
-            call_overhead: 300e-6,
-            compress_overhead: 150e-6,
-            decompress_overhead: 150e-6,
-            decompress_add: 0.0,
-            decompress_add_overhead: 0.0,
-            device_copy: 0.0,
-            range_pass: 0.0,
-            scale_pass: 0.0,
-            ranks_per_gpu: 0,
-            compress_solo: 0.0,
-            compress_solo_overhead: 0.0,
-            decompress_solo: 0.0,
-            decompress_solo_overhead: 0.0,
-            staging_curve_solo: StagingCurve::default(),
-            link_one_way: LinkCurve::default(),
-            link_exchange: LinkCurve::default(),
-            codecs: Vec::new(),
-        }
-    }
-    /// The codec fields of this profile as the speeds of `codec` on f32 (ratio 1: not
-    /// measured).
-    pub fn codec_fields(&self, codec: CodecKind) -> CodecSpeed {
-        CodecSpeed {
-            compress_overhead: self.compress_overhead,
-            decompress_overhead: self.decompress_overhead,
-            decompress_add: self.decompress_add,
-            decompress_add_overhead: self.decompress_add_overhead,
-            compress_solo: self.compress_solo,
-            compress_solo_overhead: self.compress_solo_overhead,
-            decompress_solo: self.decompress_solo,
-            decompress_solo_overhead: self.decompress_solo_overhead,
-            ..CodecSpeed::new(codec, 1, self.compress, self.decompress, 1.0)
-        }
-    }
-    /// The speeds of `codec`, if this profile calibrated it.
-    pub fn codec_speed(&self, codec: CodecKind) -> Option<CodecSpeed> {
-        self.codecs.iter().copied().find(|c| c.codec == codec)
-    }
-    /// This profile as `codec` sees it: its codec fields replaced by `codec`'s calibrated
-    /// speeds (unchanged when `codec` was not calibrated), so that every prediction below
-    /// ([`Terms`] of each operation) applies to that codec.
-    pub fn with_codec(&self, codec: CodecKind) -> DeviceProfile {
-        let mut p = self.clone();
-        if let Some(c) = self.codec_speed(codec) {
-            p.compress = c.compress;
-            p.compress_overhead = c.compress_overhead;
-            p.decompress = c.decompress;
-            p.decompress_overhead = c.decompress_overhead;
-            p.call_overhead = c.compress_overhead + c.decompress_overhead;
-            p.decompress_add = c.decompress_add;
-            p.decompress_add_overhead = c.decompress_add_overhead;
-            p.compress_solo = c.compress_solo;
-            p.compress_solo_overhead = c.compress_solo_overhead;
-            p.decompress_solo = c.decompress_solo;
-            p.decompress_solo_overhead = c.decompress_solo_overhead;
-        }
-        p
-    }
-    /// `Policy::Auto`'s choice for one device operation ([`choice::choose`]): each candidate
-    /// `(codec, ratio)` predicted by `cmp(profile, codec, ratio)` on the profile
-    /// [`with_codec`](Self::with_codec) of its codec, against the raw path's `raw_s`.
-    pub fn choose(
-        &self,
-        raw_s: f64,
-        candidates: &[(CodecKind, f64)],
-        cmp: impl Fn(&DeviceProfile, CodecKind, f64) -> f64,
-    ) -> Choice {
-        choice::choose(
-            raw_s,
-            candidates.iter().map(|&(codec, ratio)| Candidate {
-                codec,
-                ratio,
-                predicted_s: cmp(&self.with_codec(codec), codec, ratio),
-            }),
-        )
-    }
+impl Profile {
     /// Seconds of a pinned device→host copy of `bytes`.
     pub fn d2h_s(&self, bytes: f64) -> f64 {
         self.staging_curve
             .d2h(bytes)
-            .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
+            .unwrap_or_else(|| self.staging_line().latency + bytes / self.staging_line().bandwidth)
     }
     /// Seconds of a pinned host→device copy of `bytes`.
     pub fn h2d_s(&self, bytes: f64) -> f64 {
         self.staging_curve
             .h2d(bytes)
-            .unwrap_or(self.staging.latency + bytes / self.staging.bandwidth)
-    }
-    /// Seconds of one GPU compression call on `bytes` (fixed cost + throughput term).
-    pub fn compress_s(&self, bytes: f64) -> f64 {
-        self.compress_overhead + bytes / self.compress
-    }
-    /// Seconds of one GPU decompression call producing `bytes`.
-    pub fn decompress_s(&self, bytes: f64) -> f64 {
-        self.decompress_overhead + bytes / self.decompress
-    }
-    /// Seconds of one fused decompress-and-add call on `bytes` of values (the plain
-    /// decompression's when not calibrated).
-    pub fn decompress_add_s(&self, bytes: f64) -> f64 {
-        line_or(
-            self.decompress_add_overhead,
-            self.decompress_add,
-            bytes,
-            || self.decompress_s(bytes),
-        )
+            .unwrap_or_else(|| self.staging_line().latency + bytes / self.staging_line().bandwidth)
     }
     /// Seconds of a pinned device→host copy of `bytes` by one rank alone (the solo curve; the
     /// shared one when not calibrated).
@@ -284,7 +142,7 @@ impl DeviceProfile {
             .unwrap_or_else(|| self.h2d_s(bytes))
     }
     /// Seconds of the pinned device→host copy of a stream of `bytes` that a GPU compression has
-    /// just written. Ranks sharing a GPU ([`sharing`](Self::sharing) > 1) run their compressions
+    /// just written. Ranks sharing a GPU ([`sharing`](Profile::sharing) > 1) run their compressions
     /// at once, but their contexts are time-sliced, so the calls end one after another and each
     /// rank's copy runs while the others are still compressing: alone (the solo curve). With one
     /// rank per GPU the ranks' copies meet on the host link: the shared curve.
@@ -294,25 +152,6 @@ impl DeviceProfile {
         } else {
             self.d2h_s(bytes)
         }
-    }
-    /// Seconds of one GPU compression call on `bytes` by one rank alone (the shared line when
-    /// not calibrated).
-    pub fn compress_solo_s(&self, bytes: f64) -> f64 {
-        line_or(
-            self.compress_solo_overhead,
-            self.compress_solo,
-            bytes,
-            || self.compress_s(bytes),
-        )
-    }
-    /// Seconds of one GPU decompression call producing `bytes` by one rank alone.
-    pub fn decompress_solo_s(&self, bytes: f64) -> f64 {
-        line_or(
-            self.decompress_solo_overhead,
-            self.decompress_solo,
-            bytes,
-            || self.decompress_s(bytes),
-        )
     }
     /// Ranks per GPU (at least 1).
     pub fn sharing(&self) -> usize {
@@ -332,9 +171,71 @@ impl DeviceProfile {
             .seconds(bytes)
             .unwrap_or(link.latency + bytes / link.bandwidth)
     }
+    /// The staging link of one hop of `bytes` (the curve at that size, else `staging`).
+    pub fn staging_link(&self, bytes: f64) -> Link {
+        self.staging_curve
+            .link(bytes)
+            .unwrap_or(self.staging_line())
+    }
+    /// Seconds of the link part of a pairwise exchange that sends `out` bytes and receives `inn`
+    /// at the same time. Both directions share the link (on one node: the memory system), as in
+    /// the calibrated exchange ([`pair_s`](Profile::pair_s)), so equal messages take the exchange's
+    /// time; when one direction carries less, the other gets more of the shared capacity (the
+    /// exchange of the mean size), but its message never arrives sooner than it would alone
+    /// ([`one_way_s`](Profile::one_way_s)).
+    pub fn exchange_s(&self, link: Link, out: f64, inn: f64) -> f64 {
+        let shared = self.pair_s(link, 0.5 * (out + inn));
+        shared.max(self.one_way_s(link, out.max(inn)))
+    }
+}
+
+impl DeviceModel<'_> {
+    /// Fixed seconds of one compression + decompression call pair beyond the throughput terms
+    /// (launches, synchronizations, the `noa` range pass, header read-backs), charged once per
+    /// pipeline chunk ([`Scenario::chunk_overhead`]).
+    pub fn call_overhead(&self) -> f64 {
+        self.c.compress_overhead + self.c.decompress_overhead
+    }
+    /// Seconds of one GPU compression call on `bytes` (fixed cost + throughput term).
+    pub fn compress_s(&self, bytes: f64) -> f64 {
+        self.c.compress_overhead + bytes / self.c.compress
+    }
+    /// Seconds of one GPU decompression call producing `bytes`.
+    pub fn decompress_s(&self, bytes: f64) -> f64 {
+        self.c.decompress_overhead + bytes / self.c.decompress
+    }
+    /// Seconds of one fused decompress-and-add call on `bytes` of values (the plain
+    /// decompression's when not calibrated).
+    pub fn decompress_add_s(&self, bytes: f64) -> f64 {
+        line_or(
+            self.c.decompress_add_overhead,
+            self.c.decompress_add,
+            bytes,
+            || self.decompress_s(bytes),
+        )
+    }
+    /// Seconds of one GPU compression call on `bytes` by one rank alone (the shared line when
+    /// not calibrated).
+    pub fn compress_solo_s(&self, bytes: f64) -> f64 {
+        line_or(
+            self.c.compress_solo_overhead,
+            self.c.compress_solo,
+            bytes,
+            || self.compress_s(bytes),
+        )
+    }
+    /// Seconds of one GPU decompression call producing `bytes` by one rank alone.
+    pub fn decompress_solo_s(&self, bytes: f64) -> f64 {
+        line_or(
+            self.c.decompress_solo_overhead,
+            self.c.decompress_solo,
+            bytes,
+            || self.decompress_s(bytes),
+        )
+    }
     /// Seconds of the decompression producing `bytes` that follows an upload taking `h2d`
     /// seconds with every rank uploading at once (the shared curve), for the slowest rank. The
-    /// `s` ranks of one GPU ([`sharing`](Self::sharing)) get their uploads one after another
+    /// `s` ranks of one GPU ([`sharing`](Profile::sharing)) get their uploads one after another
     /// (the first done after `h2d / s`), so the last rank's call cannot end before
     /// `h2d + decompress_solo` (its own upload, then its call alone), nor before the GPU has
     /// done all `s` calls at the shared rate, started when the first upload is done
@@ -355,10 +256,6 @@ impl DeviceProfile {
         let concurrent = staggered.max(shared);
         0.5 * (staggered + concurrent)
     }
-    /// The staging link of one hop of `bytes` (the curve at that size, else `staging`).
-    pub fn staging_link(&self, bytes: f64) -> Link {
-        self.staging_curve.link(bytes).unwrap_or(self.staging)
-    }
     /// The model scenario of a staged point-to-point transfer of `bytes` at `ratio` over `link`
     /// in `chunks` pieces: the raw hops use the staging link at the chunk size, the compressed
     /// hops at the compressed chunk size; every chunk pays one compress + decompress call's
@@ -366,11 +263,11 @@ impl DeviceProfile {
     pub fn scenario(&self, link: Link, bytes: f64, ratio: f64, chunks: usize) -> Scenario {
         let k = chunks.max(1);
         let c = bytes / k as f64;
-        Scenario::new(bytes, ratio, link, self.compress, self.decompress)
+        Scenario::new(bytes, ratio, link, self.c.compress, self.c.decompress)
             .with_staging(Some(self.staging_link(c)))
             .with_compressed_staging(Some(self.staging_link(c / ratio.max(1e-9))))
             .with_chunks(k)
-            .with_chunk_overhead(self.call_overhead)
+            .with_chunk_overhead(self.call_overhead())
     }
 
     /// Whether a compressed device exchange of `bytes` at `ratio` is predicted faster in
@@ -429,22 +326,12 @@ impl DeviceProfile {
         let (r, c) = self.restore_terms(bytes, ratio);
         (r.total(), c.total())
     }
-    /// Seconds of the link part of a pairwise exchange that sends `out` bytes and receives `inn`
-    /// at the same time. Both directions share the link (on one node: the memory system), as in
-    /// the calibrated exchange ([`pair_s`](Self::pair_s)), so equal messages take the exchange's
-    /// time; when one direction carries less, the other gets more of the shared capacity (the
-    /// exchange of the mean size), but its message never arrives sooner than it would alone
-    /// ([`one_way_s`](Self::one_way_s)).
-    pub fn exchange_s(&self, link: Link, out: f64, inn: f64) -> f64 {
-        let shared = self.pair_s(link, 0.5 * (out + inn));
-        shared.max(self.one_way_s(link, out.max(inn)))
-    }
     /// Model stages of one whole-message
     /// [`Communicator::sendrecv_device`](crate::comm::Communicator::sendrecv_device) of `bytes`
     /// that sent `out` bytes and received `inn` bytes (on the wire): the copy out of the sent
-    /// message, the exchange ([`exchange_s`](Self::exchange_s)), the copy in of the received one,
+    /// message, the exchange ([`exchange_s`](Profile::exchange_s)), the copy in of the received one,
     /// the compression when the sent message was compressed (`zipped.0`; the copy out then follows
-    /// it: [`d2h_after_compress_s`](Self::d2h_after_compress_s)) and the decompression when the
+    /// it: [`d2h_after_compress_s`](Profile::d2h_after_compress_s)) and the decompression when the
     /// received one was (`zipped.1`; after the upload:
     /// [`decompress_after_upload_s`](Self::decompress_after_upload_s)), both of `bytes`
     /// uncompressed.
@@ -492,8 +379,8 @@ impl DeviceProfile {
     /// Model stages (raw, compressed) of
     /// [`Communicator::allgather_device`](crate::comm::Communicator::allgather_device) of `bytes`
     /// per rank over `p` ranks: staging out (compressed: after the compression, see
-    /// [`d2h_after_compress_s`](Self::d2h_after_compress_s)), `p-1` pairwise exchanges
-    /// ([`pair_s`](Self::pair_s)), then the uploads: raw, `p` (this rank's values too, from
+    /// [`d2h_after_compress_s`](Profile::d2h_after_compress_s)), `p-1` pairwise exchanges
+    /// ([`pair_s`](Profile::pair_s)), then the uploads: raw, `p` (this rank's values too, from
     /// its send buffer); compressed, the `p-1` other streams (this rank decodes its own from
     /// the device), and `p` decompression calls, each after its upload
     /// ([`decompress_after_upload_s`](Self::decompress_after_upload_s)).
@@ -525,7 +412,7 @@ impl DeviceProfile {
     /// Model stages (raw, compressed) of the blocking
     /// [`Communicator::bcast_device`](crate::comm::Communicator::bcast_device) of `bytes` over `p`
     /// ranks: the root alone compresses and stages out (solo codec call and copy), `ceil(log2 p)`
-    /// one-way link transfers (binomial tree; [`one_way_s`](Self::one_way_s) per step), then every
+    /// one-way link transfers (binomial tree; [`one_way_s`](Profile::one_way_s) per step), then every
     /// rank uploads at once (shared curve) and decompresses after its upload
     /// ([`decompress_after_upload_s`](Self::decompress_after_upload_s)).
     pub fn bcast_terms(&self, link: Link, p: usize, bytes: f64, ratio: f64) -> (Terms, Terms) {
@@ -556,7 +443,7 @@ impl DeviceProfile {
     }
 }
 
-impl DeviceProfile {
+impl DeviceModel<'_> {
     /// Model stages of the compressed device ring of
     /// [`Communicator::allreduce_device`](crate::comm::Communicator::allreduce_device) /
     /// `allreduce_mean_device` (`fin = Some(final_ratio)`) or
@@ -567,7 +454,7 @@ impl DeviceProfile {
     ///   copied: the first addition to a segment writes input + decoded into the accumulator,
     ///   which is the output itself);
     /// * `p-1` steps on a segment of `bytes/p` at the ring's `ratio`, each a GPU compression, a
-    ///   D2H of the stream, the exchange ([`pair_s`](Self::pair_s), plus the length header's
+    ///   D2H of the stream, the exchange ([`pair_s`](Profile::pair_s), plus the length header's
     ///   latency), an H2D of the
     ///   received stream and the fused GPU decompress-and-add;
     /// * (allreduces) the mean's division of this rank's segment (`mean`), its compression once
@@ -600,12 +487,12 @@ impl DeviceProfile {
             link: steps * (link.latency + self.pair_s(link, z)),
             h2d: steps * self.h2d_s(z),
             decompress: steps * self.decompress_add_s(seg),
-            device: seconds_at(bytes, self.range_pass),
+            device: seconds_at(bytes, self.p.range_pass),
         };
         // (reduce-scatter ends with the ring: its own segment accumulated in the output)
         if let Some(rf) = fin {
             if mean {
-                t.device += seconds_at(seg, self.scale_pass);
+                t.device += seconds_at(seg, self.p.scale_pass);
             }
             let g = self.allgather_terms(link, p, seg, rf).1;
             t.compress += g.compress;
@@ -625,7 +512,7 @@ impl DeviceProfile {
 }
 
 #[cfg(test)]
-impl DeviceProfile {
+impl Profile {
     /// This profile with GPU-like speeds of two codecs (tests of the choice): aatrox the
     /// faster, pfpl the denser, 0.1 ms per call.
     pub(crate) fn with_test_codecs(mut self) -> Self {
@@ -633,14 +520,12 @@ impl DeviceProfile {
             (CodecKind::Aatrox, 1300e9, 1900e9),
             (CodecKind::Pfpl, 500e9, 600e9),
         ] {
-            self.codecs.push(CodecSpeed {
-                compress: c,
+            self.gpu_codecs.push(CodecSpeed {
                 compress_overhead: 100e-6,
-                decompress: d,
                 decompress_overhead: 100e-6,
                 decompress_add: d,
                 decompress_add_overhead: 100e-6,
-                ..self.codec_fields(codec)
+                ..CodecSpeed::new(codec, 1, c, d, 1.0)
             });
         }
         self
@@ -657,12 +542,12 @@ mod tests {
     const RATIOS: [(CodecKind, f64); 2] = [(CodecKind::Aatrox, 70.0), (CodecKind::Pfpl, 149.0)];
 
     /// H100-like staging and GPU-like codec lines: aatrox the faster, pfpl the denser.
-    fn two_codecs() -> DeviceProfile {
-        let mut p = DeviceProfile::guess();
-        p.staging = Link {
+    fn two_codecs() -> Profile {
+        let mut p = Profile::staged_guess();
+        p.staging = Some(Link {
             bandwidth: 25e9,
             latency: 10e-6,
-        };
+        });
         p.with_test_codecs()
     }
 
@@ -679,7 +564,7 @@ mod tests {
     #[test]
     fn auto_picks_the_denser_codec_on_a_slow_link_and_the_faster_on_a_fast_one() {
         let dp = two_codecs();
-        type Op = fn(&DeviceProfile, Link, f64) -> (Terms, Terms);
+        type Op = fn(&DeviceModel<'_>, Link, f64) -> (Terms, Terms);
         let ops: [(&str, Op); 4] = [
             ("sendrecv", |d, l, r| d.sendrecv_terms(l, BYTES, r)),
             ("allgather", |d, l, r| d.allgather_terms(l, 4, BYTES, r)),
@@ -692,8 +577,8 @@ mod tests {
         ];
         for (name, op) in ops {
             for (bw, want) in [(1e9, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
-                let raw = op(&dp, link(bw), 1.0).0.total();
-                let c = dp.choose(raw, &RATIOS, |d, _, r| op(d, link(bw), r).1.total());
+                let raw = op(&dp.staged(want), link(bw), 1.0).0.total();
+                let c = dp.choose_staged(raw, &RATIOS, |d, _, r| op(d, link(bw), r).1.total());
                 assert_eq!(c.codec, Some(want), "{name} at {bw:e} B/s: {c:?}");
             }
         }
@@ -704,25 +589,24 @@ mod tests {
     /// line; an exchange never beats the one-way transfer of its larger message.
     #[test]
     fn exchanges_use_the_pinned_exchange_curve() {
-        use super::super::curve::LinkPoint;
         let slow = link(2e9);
-        let mut dp = two_codecs();
-        let line = dp.pair_s(slow, 64e6);
+        let mut p = two_codecs();
+        let line = p.staged(CodecKind::Aatrox).pair_s(slow, 64e6);
         assert!((line - (2e-6 + 64e6 / 2e9)).abs() < 1e-12);
-        for (bytes, seconds) in [(1e6, 0.3e-3), (64e6, 16e-3), (256e6, 64e-3)] {
-            dp.link_exchange.insert(LinkPoint { bytes, seconds });
-        }
-        assert!((dp.pair_s(slow, 64e6) - 16e-3).abs() < 1e-12);
+        p.link_exchange = Curve::from_points(
+            vec![(1e6, 0.3e-3), (64e6, 16e-3), (256e6, 64e-3)],
+            &Curve::default(),
+        );
         // (one way alone is faster than either direction of an exchange)
-        for (bytes, seconds) in [(1e6, 0.2e-3), (256e6, 40e-3)] {
-            dp.link_one_way.insert(LinkPoint { bytes, seconds });
-        }
+        p.link_one_way = Curve::from_points(vec![(1e6, 0.2e-3), (256e6, 40e-3)], &Curve::default());
+        let dp = p.staged(CodecKind::Aatrox);
+        assert!((dp.pair_s(slow, 64e6) - 16e-3).abs() < 1e-12);
         // equal messages: the exchange itself
         assert!((dp.exchange_s(slow, 64e6, 64e6) - 16e-3).abs() < 1e-12);
         // the ring's steps and the allgather's exchanges follow the curve
-        let (p, bytes, ratio) = (2, 512e6, 4.0);
-        let z = bytes / p as f64 / ratio;
-        let t = dp.reduce_terms(slow, p, bytes, ratio, None, false);
+        let (n, bytes, ratio) = (2, 512e6, 4.0);
+        let z = bytes / n as f64 / ratio;
+        let t = dp.reduce_terms(slow, n, bytes, ratio, None, false);
         assert!((t.link - (2e-6 + dp.pair_s(slow, z))).abs() < 1e-12);
         let g = dp.allgather_terms(slow, 3, 64e6, 1.0).0;
         assert!((g.link - 2.0 * 16e-3).abs() < 1e-12);
@@ -731,30 +615,36 @@ mod tests {
         assert!(one >= dp.one_way_s(slow, 256e6) && one >= dp.pair_s(slow, 128e6));
     }
 
-    /// Without per-codec speeds (profiles written before) every codec is predicted with the
-    /// profile's own codec fields, so the higher ratio always wins; `with_codec` of a codec
-    /// that was calibrated changes only the codec fields.
+    /// Without GPU codec records (an uncalibrated profile) every codec is predicted with the
+    /// guess's lines, so the higher ratio always wins; with records each codec gets its own
+    /// lines, and a codec without a record those of the first (the calibrated one).
     #[test]
-    fn with_codec_swaps_only_the_codec_lines() {
-        let old = DeviceProfile::guess();
-        assert_eq!(old.with_codec(CodecKind::Pfpl), old);
-        let raw = old.sendrecv_terms(link(400e9), BYTES, 1.0).0.total();
-        let c = old.choose(raw, &RATIOS, |d, _, r| {
+    fn staged_models_take_each_codecs_lines() {
+        let guess = Profile::staged_guess();
+        assert_eq!(
+            guess.staged(CodecKind::Pfpl).c,
+            CodecSpeed::gpu_guess(CodecKind::Pfpl)
+        );
+        let raw = guess
+            .staged(CodecKind::Pfpl)
+            .sendrecv_terms(link(400e9), BYTES, 1.0)
+            .0
+            .total();
+        let c = guess.choose_staged(raw, &RATIOS, |d, _, r| {
             d.sendrecv_terms(link(400e9), BYTES, r).1.total()
         });
         assert_eq!(c.codec, Some(CodecKind::Pfpl));
-        let dp = two_codecs();
-        let pf = dp.with_codec(CodecKind::Pfpl);
-        assert_eq!((pf.compress, pf.decompress), (500e9, 600e9));
-        assert_eq!(pf.call_overhead, 200e-6);
-        assert_eq!(pf.staging_curve, dp.staging_curve);
-        assert_eq!(pf.codecs, dp.codecs);
-        // an old profile file (no `codecs`) loads, and a new one round-trips
-        let mut j: serde_json::Value = serde_json::to_value(&old).unwrap();
-        j.as_object_mut().unwrap().remove("codecs");
-        assert_eq!(serde_json::from_value::<DeviceProfile>(j).unwrap(), old);
-        let back: DeviceProfile =
-            serde_json::from_str(&serde_json::to_string(&dp).unwrap()).unwrap();
-        assert_eq!(back, dp);
+        let p = two_codecs();
+        let pf = p.staged(CodecKind::Pfpl);
+        assert_eq!((pf.c.compress, pf.c.decompress), (500e9, 600e9));
+        assert_eq!(pf.call_overhead(), 200e-6);
+        let other = p.staged(CodecKind::CuszpPlain);
+        assert_eq!(
+            (other.c.codec, other.c.compress),
+            (CodecKind::CuszpPlain, 1300e9)
+        );
+        // the profile round-trips through JSON
+        let back = Profile::from_json(&p.to_json()).unwrap();
+        assert_eq!(back, p);
     }
 }

@@ -22,23 +22,25 @@
 //! A [`Profile`] holds the calibrated link and codec speeds (JSON file, see [`Profile::load`]).
 //! Pinned staging copies are size dependent: a [`StagingCurve`] of measured sizes gives the
 //! staging link at each hop's size ([`Scenario::with_compressed_staging`] for the compressed
-//! path's smaller streams); a [`LinkCurve`] holds measured one-way transfer times (one rank
-//! sends, the others idle), which a ping-pong [`Link`] overestimates; calibrations take the
-//! [`median`] of repetitions.
+//! path's smaller streams); a [`Curve`] holds the measured times of a link by message size
+//! (exchanges, one-way messages, a transport's own collectives), which a ping-pong [`Link`]
+//! misjudges; calibrations take the [`median`] of repetitions. One [`Profile`] holds all of it
+//! for every communicator.
 
 pub mod choice;
 pub mod curve;
 pub mod device;
 pub mod nccl;
+mod profile;
 
-pub use curve::{LinkCurve, LinkPoint, NcclLink, StagingCurve, StagingPoint};
-pub use device::{DeviceProfile, Terms};
-pub use nccl::{NcclProfile, WireRatio};
-
-use std::path::{Path, PathBuf};
+pub use curve::{Curve, StagingCurve, StagingPoint};
+pub use device::{DeviceModel, Terms};
+pub use nccl::WireRatio;
+pub use profile::Profile;
 
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
+#[cfg(test)]
 use crate::format::Dtype;
 
 /// AATROX §5.6 overall speedup: `1 / ((1/(bw·cr) + 1/tc) · bw)` (all rates in the same unit).
@@ -117,9 +119,8 @@ pub struct Link {
     pub latency: f64,
 }
 
-/// Measured speeds of one codec on one dtype, the one record of codec speeds of every profile
-/// part (host codecs in [`Profile::codecs`], GPU codecs in [`DeviceProfile::codecs`] and
-/// [`NcclProfile::codecs`]): compression and decompression throughput (uncompressed bytes per
+/// Measured speeds of one codec on one dtype, the one record of codec speeds of the profile
+/// (CPU codecs in [`Profile::codecs`], GPU codecs in [`Profile::gpu_codecs`]): compression and decompression throughput (uncompressed bytes per
 /// second) and, where calibrated, each call's fixed cost (the line `t(b) = overhead + b / rate`
 /// through a tiny and a large call, [`call_line`]), the fused decompress-and-add's line, and the
 /// lines of one rank calling alone (*solo*, the other ranks idle) next to the *shared* ones
@@ -170,6 +171,15 @@ fn is_zero(v: &f64) -> bool {
 }
 
 impl CodecSpeed {
+    /// The guess for a GPU codec before calibration (H100-class: 200 GB/s compression,
+    /// 300 GB/s decompression, 150 us per call).
+    pub fn gpu_guess(codec: CodecKind) -> Self {
+        CodecSpeed {
+            compress_overhead: 150e-6,
+            decompress_overhead: 150e-6,
+            ..CodecSpeed::new(codec, 1, 200e9, 300e9, 1.0)
+        }
+    }
     /// Throughputs and ratio only (no fixed costs, no fused or solo lines: the host
     /// calibration's record).
     pub fn new(codec: CodecKind, dtype: u8, compress: f64, decompress: f64, ratio: f64) -> Self {
@@ -188,190 +198,6 @@ impl CodecSpeed {
             decompress_solo: 0.0,
             decompress_solo_overhead: 0.0,
         }
-    }
-}
-
-/// Calibration results, cached as JSON.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Profile {
-    /// Format version of the file (1).
-    pub version: u32,
-    /// Host name of rank 0 when measured.
-    pub host: String,
-    /// Number of ranks when measured.
-    pub ranks: usize,
-    /// Which compressor the codec speeds belong to (`cpu`, `gpu:NAME`).
-    pub compressor: String,
-    /// The network (or shared-memory) link between ranks, from a ping-pong.
-    pub link: Link,
-    /// Device↔host staging link (pinned copies), if device buffers are staged.
-    pub staging: Option<Link>,
-    /// The native (uncompressed) MPI allreduce as a link: `t = latency + bytes / bandwidth`
-    /// for a buffer of `bytes` per rank (measured, because MPI libraries' large allreduces can be
-    /// far from link speed).
-    #[serde(default)]
-    pub allreduce: Option<Link>,
-    /// The host addition pass of the raw ring reductions (`acc += x` over host memory, every
-    /// rank at once; bytes of `acc` per second). On one node the ranks' additions share the
-    /// memory system with the transport, so the pass is far from free. 0 = not calibrated (not
-    /// charged; profiles written before it).
-    #[serde(default)]
-    pub host_add: f64,
-    /// Codec speeds.
-    pub codecs: Vec<CodecSpeed>,
-    /// Seconds since the Unix epoch when measured.
-    pub created: u64,
-}
-
-impl Profile {
-    /// A profile with the given link and no codec speeds (used before calibration).
-    pub fn new(link: Link) -> Self {
-        Profile {
-            version: 1,
-            host: String::new(),
-            ranks: 0,
-            compressor: "cpu".into(),
-            link,
-            staging: None,
-            allreduce: None,
-            host_add: 0.0,
-            codecs: Vec::new(),
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        }
-    }
-    /// The speeds of `codec` on `dtype`, if calibrated.
-    pub fn codec_speed(&self, codec: CodecKind, dtype: Dtype) -> Option<CodecSpeed> {
-        self.codecs
-            .iter()
-            .copied()
-            .find(|c| c.codec == codec && c.dtype == dtype.tag())
-    }
-    /// Read a profile from a JSON file and [`validate`](Self::validate) it.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)?;
-        let p = Self::from_json(&text)?;
-        p.validate()?;
-        Ok(p)
-    }
-    /// A cached profile's bytes (read from `path`) parsed and [`validate`](Self::validate)d, or
-    /// `None` after a warning that names the file and the reason, so that the caller
-    /// recalibrates: a damaged or hand-edited cache must not feed the model zero, negative,
-    /// non-finite or absurd speeds (which made `Auto` compress every message).
-    pub fn from_cache(bytes: &[u8], path: &Path) -> Option<Self> {
-        let p = Self::from_json(&String::from_utf8_lossy(bytes)).and_then(|p| {
-            p.validate()?;
-            Ok(p)
-        });
-        match p {
-            Ok(p) => Some(p),
-            Err(e) => {
-                tracing::warn!(target: "zcomm::model", path = %path.display(), "ignoring the cached profile ({e}); recalibrating");
-                None
-            }
-        }
-    }
-    /// Check that every speed is usable by the model: bandwidths and codec throughputs finite,
-    /// `> 0` and at most [`MAX_RATE`](Self::MAX_RATE) (`host_add` may also be 0: not
-    /// calibrated); latencies finite, `>= 0` and at most
-    /// [`MAX_LATENCY`](Self::MAX_LATENCY); ratios finite and `> 0`. The error names the field.
-    pub fn validate(&self) -> Result<()> {
-        let rate = |what: &str, v: f64| {
-            if v.is_finite() && v > 0.0 && v <= Self::MAX_RATE {
-                Ok(())
-            } else {
-                Err(Error::invalid(format!(
-                    "profile {what} = {v}: expected a rate in (0, {:e}] bytes/s",
-                    Self::MAX_RATE
-                )))
-            }
-        };
-        let link = |what: &str, l: &Link| {
-            rate(&format!("{what}.bandwidth"), l.bandwidth)?;
-            if l.latency.is_finite() && (0.0..=Self::MAX_LATENCY).contains(&l.latency) {
-                Ok(())
-            } else {
-                Err(Error::invalid(format!(
-                    "profile {what}.latency = {}: expected seconds in [0, {}]",
-                    l.latency,
-                    Self::MAX_LATENCY
-                )))
-            }
-        };
-        link("link", &self.link)?;
-        if let Some(l) = &self.staging {
-            link("staging", l)?;
-        }
-        if let Some(l) = &self.allreduce {
-            link("allreduce", l)?;
-        }
-        if self.host_add != 0.0 {
-            rate("host_add", self.host_add)?;
-        }
-        for c in &self.codecs {
-            rate(&format!("{} compress", c.codec), c.compress)?;
-            rate(&format!("{} decompress", c.codec), c.decompress)?;
-            if !(c.ratio.is_finite() && c.ratio > 0.0) {
-                return Err(Error::invalid(format!(
-                    "profile {} ratio = {}: expected a finite ratio > 0",
-                    c.codec, c.ratio
-                )));
-            }
-        }
-        Ok(())
-    }
-    /// The largest rate (bytes/s) a valid profile holds: 10 PB/s, three orders of magnitude
-    /// above any memory system; beyond it a "measurement" is a broken timer or a damaged file.
-    pub const MAX_RATE: f64 = 1e16;
-    /// The largest per-message latency (seconds) a valid profile holds.
-    pub const MAX_LATENCY: f64 = 60.0;
-    /// Parse a profile from JSON text (the format only: see [`validate`](Self::validate)).
-    pub fn from_json(text: &str) -> Result<Self> {
-        let p: Profile =
-            serde_json::from_str(text).map_err(|e| Error::invalid(format!("profile JSON: {e}")))?;
-        if p.version != 1 {
-            return Err(Error::invalid(format!(
-                "profile version {} unsupported",
-                p.version
-            )));
-        }
-        Ok(p)
-    }
-    /// The profile as pretty JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("profile serializes")
-    }
-    /// Write the profile as JSON (creating parent directories).
-    pub fn save(&self, path: &Path) -> Result<()> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(path, self.to_json())?;
-        Ok(())
-    }
-    /// The default cache path: `$ZCOMM_PROFILE`, else
-    /// `$XDG_CACHE_HOME/zcomm/profile-{key}.json` (or `~/.cache/...`, or the temp dir).
-    pub fn default_path(key: &str) -> PathBuf {
-        if let Some(p) = std::env::var_os("ZCOMM_PROFILE") {
-            return PathBuf::from(p);
-        }
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(std::env::temp_dir);
-        let key: String = key
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        base.join("zcomm").join(format!("profile-{key}.json"))
     }
 }
 
@@ -870,40 +696,33 @@ mod tests {
         });
         assert_eq!(c.points.len(), 3);
         assert_eq!(c.d2h(1e7), Some(1e-3));
-        // the curve round-trips through JSON (the DeviceProfile carries it)
+        // the curve round-trips through JSON (the profile carries it)
         let j = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<StagingCurve>(&j).unwrap(), c);
     }
 
     #[test]
     fn link_curve_interpolates_and_round_trips() {
-        let mut c = LinkCurve::default();
+        let c = Curve::default();
         assert!(c.is_empty() && c.seconds(1e6).is_none() && c.link(1e6).is_none());
-        c.insert(LinkPoint {
-            bytes: 256e6,
-            seconds: 43e-3,
-        });
-        c.insert(LinkPoint {
-            bytes: 1e6,
-            seconds: 0.1e-3,
-        });
-        c.insert(LinkPoint {
-            bytes: 16e6,
-            seconds: f64::NAN,
-        });
+        let c = Curve::from_points(
+            vec![(256e6, 43e-3), (1e6, 0.1e-3), (16e6, f64::NAN)],
+            &Curve::default(),
+        );
         assert_eq!(c.points.len(), 2);
-        assert!(c.points[0].bytes < c.points[1].bytes);
-        assert_eq!(c.seconds(0.0), Some(0.0));
+        assert!(c.points[0].0 < c.points[1].0);
         assert!((c.seconds(1e6).unwrap() - 0.1e-3).abs() < 1e-15);
-        // beyond the largest size: its bandwidth
-        assert!((c.seconds(1024e6).unwrap() - 4.0 * 43e-3).abs() < 1e-12);
-        // halfway in log size: the geometric mean
-        let mid = c.seconds(16e6).unwrap();
-        assert!((mid - (0.1e-3f64 * 43e-3).sqrt()).abs() < 1e-12);
+        assert_eq!(c.seconds(f64::NAN), Some(0.0));
+        // beyond the largest size: the last segment's bandwidth
+        let seg = (256e6 - 1e6) / (43e-3 - 0.1e-3);
+        assert!((c.seconds(1024e6).unwrap() - (43e-3 + 768e6 / seg)).abs() < 1e-12);
+        // between points: linear in the size
+        let mid = c.seconds(128.5e6).unwrap();
+        assert!((mid - 0.5 * (0.1e-3 + 43e-3)).abs() < 1e-12);
         let l = c.link(256e6).unwrap();
         assert!((l.bandwidth - 256e6 / 43e-3).abs() < 1e-3 && l.latency == 0.0);
         let j = serde_json::to_string(&c).unwrap();
-        assert_eq!(serde_json::from_str::<LinkCurve>(&j).unwrap(), c);
+        assert_eq!(serde_json::from_str::<Curve>(&j).unwrap(), c);
     }
 
     #[test]
@@ -1009,10 +828,7 @@ mod tests {
             bandwidth: 2e10,
             latency: 1e-5,
         });
-        p.allreduce = Some(Link {
-            bandwidth: 5e9,
-            latency: 3e-6,
-        });
+        p.allreduce = Some(Curve::linear(5e9, 3e-6));
         p.codecs
             .push(CodecSpeed::new(CodecKind::Aatrox, 1, 3e9, 6e9, 8.0));
         p
@@ -1156,11 +972,7 @@ mod tests {
         assert_eq!((p.raw_serial, p.compressed_serial), (0.0, 0.0));
         assert_eq!(p.speedup_serial(), 1.0);
         // the curves' interpolation of NaN bytes is 0, not NaN
-        let mut c = LinkCurve::default();
-        c.insert(LinkPoint {
-            bytes: 1e6,
-            seconds: 1e-3,
-        });
+        let c = Curve::from_points(vec![(1e6, 1e-3)], &Curve::default());
         assert_eq!(c.seconds(f64::NAN), Some(0.0));
     }
 

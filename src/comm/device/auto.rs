@@ -1,24 +1,20 @@
 //! `Policy::Auto`'s per-message codec choice for the staged device operations: the candidate
 //! codecs (the device profile's calibrated ones), their ratio estimates (remembered per message
 //! stream and codec, else sampled on the GPU) and the one decision rule
-//! ([`DeviceProfile::choose`], i.e. [`model::choice::choose`]).
+//! ([`Profile::choose_staged`], i.e. [`model::choice::choose`]).
 
 use super::*;
 use crate::model::choice::{compressed_wins, Choice};
 
 impl Communicator {
     /// The codecs `Auto(preferred)` chooses among for a device message: `preferred` first (it
-    /// wins ties), then every other codec the device profile calibrated (`dp.codecs`; none in
+    /// wins ties), then every other codec the device profile calibrated (`dp.gpu_codecs`; none in
     /// profiles written before, so `preferred` alone), leaving out codecs without GPU kernels
     /// and those that refuse the configured bound.
-    pub(super) fn device_candidates(
-        &self,
-        preferred: CodecKind,
-        dp: &DeviceProfile,
-    ) -> Vec<CodecKind> {
+    pub(super) fn device_candidates(&self, preferred: CodecKind, dp: &Profile) -> Vec<CodecKind> {
         let mut v = vec![preferred];
         v.extend(
-            dp.codecs
+            dp.gpu_codecs
                 .iter()
                 .map(|c| c.codec)
                 .filter(|&c| c != preferred),
@@ -68,20 +64,20 @@ impl Communicator {
         &mut self,
         dev: &mut DeviceStager,
         x: &CudaView<'_, T>,
-        dp: &DeviceProfile,
+        dp: &Profile,
         preferred: CodecKind,
         (op, key): (u8, i64),
         raw_s: f64,
-        cmp: impl Fn(&DeviceProfile, f64) -> f64,
+        cmp: impl Fn(&DeviceModel<'_>, f64) -> f64,
     ) -> Choice {
         let mut cands = Vec::new();
         for c in self.device_candidates(preferred, dp) {
-            if compressed_wins(cmp(&dp.with_codec(c), f64::INFINITY), raw_s) {
+            if compressed_wins(cmp(&dp.staged(c), f64::INFINITY), raw_s) {
                 let r = self.device_ratio(dev, x, self.config.bound, c, op, key);
                 cands.push((c, r));
             }
         }
-        dp.choose(raw_s, &cands, |d, _, r| cmp(d, r))
+        dp.choose_staged(raw_s, &cands, |d, _, r| cmp(d, r))
     }
 
     /// Every rank's ratio estimates (one per candidate, the same candidates on every rank)
@@ -105,7 +101,7 @@ impl Communicator {
     }
 
     /// The codec of a device allgather: the policy's, or under `Auto` (more than one rank and
-    /// candidate) the one [`DeviceProfile::choose`] predicts fastest at every candidate's
+    /// candidate) the one [`Profile::choose_staged`] predicts fastest at every candidate's
     /// agreed ratio ([`agree_ratios`](Self::agree_ratios) of each rank's
     /// [`device_ratio`](Self::device_ratio)), identical on every rank with the same profile.
     /// `Auto` compresses the allgather whatever the prediction (every rank must take the same
@@ -114,7 +110,7 @@ impl Communicator {
         &mut self,
         dev: &mut DeviceStager,
         send: &CudaView<'_, T>,
-        dp: &DeviceProfile,
+        dp: &Profile,
     ) -> Result<CodecKind> {
         let preferred = self.config.policy.codec().unwrap_or_default();
         let cands = self.device_candidates(preferred, dp);
@@ -132,11 +128,13 @@ impl Communicator {
             .collect();
         let ratios = self.agree_ratios(&local)?;
         let link = self.profile.link;
-        let terms = |d: &DeviceProfile, r: f64| d.allgather_terms(link, p, bytes, r);
+        let terms = |d: &DeviceModel<'_>, r: f64| d.allgather_terms(link, p, bytes, r);
         let cands: Vec<(CodecKind, f64)> = cands.into_iter().zip(ratios).collect();
-        let ch = dp.choose(terms(dp, 1.0).0.total(), &cands, |d, _, r| {
-            terms(d, r).1.total()
-        });
+        let ch = dp.choose_staged(
+            terms(&dp.staged(preferred), 1.0).0.total(),
+            &cands,
+            |d, _, r| terms(d, r).1.total(),
+        );
         Ok(ch.best.map_or(preferred, |b| b.codec))
     }
 
@@ -146,25 +144,25 @@ impl Communicator {
     /// profile): this rank's ring ratio ([`device_ratio`](Self::device_ratio) of `seg0` at the
     /// ring's `step` bound, stream `(op_ring, key)`) and final-stream ratio (the one
     /// remembered for `(op_final, key)`, else the ring's), both agreed over the ranks
-    /// ([`agree_ratios`](Self::agree_ratios)); then the one rule ([`DeviceProfile::choose`],
+    /// ([`agree_ratios`](Self::agree_ratios)); then the one rule ([`Profile::choose_staged`],
     /// `cmp(profile, ring ratio, final ratio)`) and [`agree_choice`](Self::agree_choice).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ring_choice<T: GpuElement>(
         &mut self,
         dev: &mut DeviceStager,
         seg0: &CudaView<'_, T>,
-        dp: &DeviceProfile,
+        dp: &Profile,
         preferred: CodecKind,
         step: ErrorBound,
         (op_ring, op_final, key): (u8, u8, i64),
-        cmp: impl Fn(&DeviceProfile, f64, f64) -> f64,
+        cmp: impl Fn(&DeviceModel<'_>, f64, f64) -> f64,
         raw_s: f64,
     ) -> Result<Option<(CodecKind, f64, f64)>> {
         let inf = f64::INFINITY;
         let cands: Vec<CodecKind> = self
             .device_candidates(preferred, dp)
             .into_iter()
-            .filter(|&c| compressed_wins(cmp(&dp.with_codec(c), inf, inf), raw_s))
+            .filter(|&c| compressed_wins(cmp(&dp.staged(c), inf, inf), raw_s))
             .collect();
         if cands.is_empty() {
             return Ok(self.agree_choice(None)?.map(|_| (preferred, 1.0, 1.0)));
@@ -181,7 +179,7 @@ impl Communicator {
         let (ring, fin) = agreed.split_at(cands.len());
         let pairs: Vec<(CodecKind, f64)> =
             cands.iter().copied().zip(ring.iter().copied()).collect();
-        let ch = dp.choose(raw_s, &pairs, |d, c, r| {
+        let ch = dp.choose_staged(raw_s, &pairs, |d, c, r| {
             let i = cands.iter().position(|&k| k == c).expect("a candidate");
             cmp(d, r, fin[i])
         });

@@ -1,4 +1,4 @@
-//! [`DeviceStager::calibrate`]: measures the [`DeviceProfile`] (codec, staging and link rates,
+//! [`DeviceStager::calibrate`]: measures the [`Profile`] (codec, staging and link rates,
 //! shared and solo) on every rank at once.
 
 use super::*;
@@ -15,7 +15,7 @@ impl DeviceStager {
     ///   [`CALIBRATION_WARMUP`] warm-up calls, then the median of [`CALIBRATION_REPS`]. Every
     ///   codec call below is measured for `codec` (the profile's codec fields) and for every
     ///   other GPU codec ([`CodecKind::WITH_GPU`]) that works on every rank (the profile's
-    ///   [`codecs`](DeviceProfile::codecs), among which `Policy::Auto` chooses per message).
+    ///   [`gpu_codecs`](Profile::gpu_codecs), among which `Policy::Auto` chooses per message).
     /// * Staging: pinned D2H and H2D copies at 1, 4, 16, 64, 256 MiB and the field's size (the
     ///   sizes up to it), same schedule, stored as the profile's [`StagingCurve`]; the
     ///   compressed streams (ratio times smaller) are predicted at their own size. Add exact
@@ -38,7 +38,7 @@ impl DeviceStager {
     ///   median of [`CALIBRATION_LINK_REPS`], a barrier before each; the slower direction and
     ///   the slower of the two ranks' clocks (the receiver's) per size.
     /// * Exchange (`link_exchange`): ranks 0 and 1 send to each other at once between the same
-    ///   pinned buffers, same sizes and schedule ([`time_exchange`](Self::time_exchange)).
+    ///   pinned buffers, same sizes and schedule (`time_exchange`).
     /// * Placement (`ranks_per_gpu`): the largest number of ranks on one host with the same
     ///   GPU PCI address (gathered from every rank; the device ordinal where the driver reports
     ///   no PCI address).
@@ -50,7 +50,7 @@ impl DeviceStager {
         comm: &Communicator,
         values: usize,
         codec: CodecKind,
-    ) -> Result<DeviceProfile> {
+    ) -> Result<Profile> {
         // every rank measures the same sizes
         let mut v = [values.max(CALIBRATION_MIN_VALUES) as f64];
         comm.transport().allreduce_f64(&mut v, ReduceOp::Max)?;
@@ -147,14 +147,14 @@ impl DeviceStager {
         drop(buf);
         // one-way transfers between ranks 0 and 1 from and into pinned memory, both directions
         let link_sizes: Vec<usize> = if comm.size() > 1 {
+            // the sizes up to the field's and the field's own (the operations' size: the
+            // curve is measured where it predicts, not extrapolated)
             let mut v: Vec<usize> = CALIBRATION_LINK_MIB
                 .iter()
                 .map(|m| m << 20)
-                .filter(|&b| b <= total)
+                .filter(|&b| b < total)
                 .collect();
-            if v.is_empty() {
-                v.push(total);
-            }
+            v.push(total);
             v
         } else {
             Vec::new()
@@ -187,56 +187,55 @@ impl DeviceStager {
                 h2d: times[nc + 2 * ns + 1 + 2 * i],
             });
         }
-        let (mut link_one_way, mut link_exchange) = (LinkCurve::default(), LinkCurve::default());
+        let (mut one_way, mut exchange) = (Vec::new(), Vec::new());
         for (i, &b) in link_sizes.iter().enumerate() {
             let k = nc + 4 * ns + 3 * i;
-            link_one_way.insert(LinkPoint {
-                bytes: b as f64,
-                seconds: times[k].max(times[k + 1]),
-            });
-            link_exchange.insert(LinkPoint {
-                bytes: b as f64,
-                seconds: times[k + 2],
-            });
+            one_way.push((b as f64, times[k].max(times[k + 1])));
+            exchange.push((b as f64, times[k + 2]));
         }
         let passes = &times[..nc];
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
-        let p = DeviceProfile {
-            staging: Link {
+        let host = comm.profile();
+        let p = Profile {
+            transport: "mpi".into(),
+            host: host.host.clone(),
+            ranks: comm.size(),
+            staging: Some(Link {
                 bandwidth: last.bytes / last.d2h.max(last.h2d).max(1e-12),
                 latency: 10e-6,
-            },
+            }),
             staging_curve: curve,
+            staging_curve_solo: curve_solo,
+            link_one_way: Curve::from_points(one_way, &Curve::default()),
+            link_exchange: Curve::from_points(exchange, &Curve::default()),
+            gpu_codecs: speeds,
             // a copy moves `bytes` once (read + write)
             device_copy: rate(passes[0]),
             range_pass: rate(passes[1]),
             scale_pass: rate(passes[2]),
             ranks_per_gpu,
-            staging_curve_solo: curve_solo,
-            link_one_way,
-            link_exchange,
-            codecs: speeds,
-            ..DeviceProfile::guess()
-        }
-        .with_codec(codec);
+            // the host parts: the communicator's (its ping-pong is the exchanges' fallback)
+            ..host.clone()
+        };
+        let m = p.staged(codec);
         tracing::info!(target: "zcomm::comm", "device profile: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us, staging {} ({} sizes), device copy {}, range {}, scale {}",
-            model::fmt_rate(p.compress), p.compress_overhead * 1e6,
-            model::fmt_rate(p.decompress), p.decompress_overhead * 1e6,
-            model::fmt_rate(p.decompress_add), p.decompress_add_overhead * 1e6,
-            model::fmt_rate(p.staging.bandwidth), p.staging_curve.points.len(),
+            model::fmt_rate(m.c.compress), m.c.compress_overhead * 1e6,
+            model::fmt_rate(m.c.decompress), m.c.decompress_overhead * 1e6,
+            model::fmt_rate(m.c.decompress_add), m.c.decompress_add_overhead * 1e6,
+            model::fmt_rate(p.staging_line().bandwidth), p.staging_curve.points.len(),
             model::fmt_rate(p.device_copy), model::fmt_rate(p.range_pass), model::fmt_rate(p.scale_pass));
-        let last_rate = |c: &LinkCurve| {
+        let last_rate = |c: &Curve| {
             c.points
                 .last()
-                .map_or_else(|| "-".into(), |q| model::fmt_rate(q.bytes / q.seconds))
+                .map_or_else(|| "-".into(), |&(b, t)| model::fmt_rate(b / t))
         };
         tracing::info!(target: "zcomm::comm", "device profile, one rank alone: compress {} + {:.1} us, decompress {} + {:.1} us, staging {} sizes; one-way link {}, exchange {} per direction ({} sizes); {} rank(s) per GPU",
-            model::fmt_rate(p.compress_solo), p.compress_solo_overhead * 1e6,
-            model::fmt_rate(p.decompress_solo), p.decompress_solo_overhead * 1e6,
+            model::fmt_rate(m.c.compress_solo), m.c.compress_solo_overhead * 1e6,
+            model::fmt_rate(m.c.decompress_solo), m.c.decompress_solo_overhead * 1e6,
             p.staging_curve_solo.points.len(),
             last_rate(&p.link_one_way), last_rate(&p.link_exchange),
             p.link_one_way.points.len(), p.ranks_per_gpu);
-        for c in &p.codecs {
+        for c in &p.gpu_codecs {
             tracing::info!(target: "zcomm::comm", "device profile, {}: compress {} + {:.1} us, decompress {} + {:.1} us, decompress-add {} + {:.1} us",
                 c.codec, model::fmt_rate(c.compress), c.compress_overhead * 1e6,
                 model::fmt_rate(c.decompress), c.decompress_overhead * 1e6,
@@ -417,7 +416,7 @@ const CALIBRATION_NOA: f64 = 1e-3;
 
 /// Smallest calibration field of [`DeviceStager::calibrate`] (16 Mi f32 = 64 MiB).
 pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
-/// Values of the tiny buffer whose codec calls measure [`DeviceProfile::call_overhead`]
+/// Values of the tiny buffer whose codec calls measure [`DeviceModel::call_overhead`]
 /// (64 Ki f32 = 256 KiB).
 pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 /// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration

@@ -207,7 +207,7 @@ impl Communicator {
     ) -> Result<OpStats> {
         let t0 = self.wtime();
         let (p, n, bound) = (self.size(), send.len(), self.config.bound);
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let codec = self.allgather_codec(dev, send, &dp)?;
         dev.last = StageTimes::default();
         let d = Desc {
@@ -236,7 +236,7 @@ impl Communicator {
         self.ratios
             .put(crate::comm::OP_ALLGATHER | 0x80, key, st.ratio);
         let terms =
-            dp.with_codec(codec)
+            dp.staged(codec)
                 .allgather_terms(self.profile.link, p, st.bytes as f64, st.ratio);
         dev.last_predicted = record_prediction(&mut st, terms, true);
         Ok(self.finish(st, t0))
@@ -292,7 +292,7 @@ impl Communicator {
         // Auto compresses like Always (every rank must take the same path; the descriptor table
         // checks the shared policy), with the codec predicted fastest at the ranks' agreed ratios
         let compress = !matches!(self.config.policy, Policy::Never) && n > 0 && p > 1;
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let codec = self.allgather_codec(dev, send, &dp)?;
         let mut st = OpStats::raw(crate::comm::OP_ALLGATHER);
         st.bytes = (n * T::SIZE) as u64;
@@ -336,9 +336,9 @@ impl Communicator {
         } else {
             1.0
         };
-        let terms =
-            dp.with_codec(codec)
-                .allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
+        let terms = dp
+            .staged(codec)
+            .allgather_terms(self.profile.link, p, st.bytes as f64, ratio);
         dev.last_predicted = record_prediction(&mut st, terms, compress);
         Ok(GatherPrep {
             compressed: compress,
@@ -523,7 +523,7 @@ impl Communicator {
             crate::comm::OP_BCAST | 0x80,
             crate::comm::coll_key(n, bound),
         );
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let link = self.profile.link;
         let mut st = OpStats::raw(crate::comm::OP_BCAST);
         st.bytes = bytes as u64;
@@ -536,12 +536,12 @@ impl Communicator {
         if r == root && local.is_ok() {
             // the root decides alone (`Auto`: the codec too, from its own data) and tells the
             // others in its descriptor
-            let terms = |d: &DeviceProfile, r: f64| d.bcast_terms(link, p, bytes, r);
+            let terms = |d: &DeviceModel<'_>, r: f64| d.bcast_terms(link, p, bytes, r);
             let (compress, codec) = match self.config.policy {
                 Policy::Never => (false, preferred),
                 Policy::Always(c) => (true, c),
                 Policy::Auto(_) => {
-                    let raw_s = terms(&dp, 1.0).0.total();
+                    let raw_s = terms(&dp.staged(preferred), 1.0).0.total();
                     let ch =
                         self.device_choice(dev, buf, &dp, preferred, (op_r, key), raw_s, |d, r| {
                             terms(d, r).1.total()
@@ -587,7 +587,7 @@ impl Communicator {
         }
         st.wire_bytes = len as u64;
         let ratio = if compressed { st.ratio } else { 1.0 };
-        let terms = dp.with_codec(codec).bcast_terms(link, p, bytes, ratio);
+        let terms = dp.staged(codec).bcast_terms(link, p, bytes, ratio);
         dev.last_predicted = record_prediction(&mut st, terms, compressed);
         Ok(BcastPrep {
             compressed,

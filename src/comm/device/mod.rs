@@ -80,10 +80,10 @@
 //! # `Auto`: the codec per message
 //!
 //! Under `Policy::Auto(preferred)` every staged device operation chooses the codec per message
-//! among the codecs the device profile calibrated (`preferred` first; [`DeviceProfile::codecs`]),
-//! by the one rule [`DeviceProfile::choose`] ([`model::choice::choose`]): each candidate that
+//! among the codecs the device profile calibrated (`preferred` first; [`Profile::gpu_codecs`]),
+//! by the one rule [`Profile::choose_staged`] ([`model::choice::choose`]): each candidate that
 //! could beat raw at an infinite ratio is predicted with its own GPU call lines
-//! ([`DeviceProfile::with_codec`]) at its ratio estimate, the ratio remembered for the message
+//! ([`Profile::staged`]) at its ratio estimate, the ratio remembered for the message
 //! stream and codec (refreshed after a few uses), else a GPU sample of a few codec chunks
 //! (`DeviceStager::sample_ratio`). `sendrecv_device` decides per outgoing message and the
 //! broadcast's root for everyone; the allgather and the device ring agree on the harmonic mean
@@ -92,13 +92,13 @@
 //!
 //! # Model and calibration
 //!
-//! Every operation fills [`OpStats`]'s predictions from a [`DeviceProfile`] measured by
+//! Every operation fills [`OpStats`]'s predictions from a [`Profile`] measured by
 //! [`DeviceStager::calibrate`]: GPU codec throughput (warm-up, then the median of
 //! [`CALIBRATION_REPS`] repetitions on a field of at least 64 MiB, every rank at once) and pinned
 //! staging times at several sizes ([`StagingCurve`], interpolated; compressed streams are
 //! predicted at their own, smaller size). Composed operations add the two staging copies to the
 //! host operation's prediction; the device ring is predicted by
-//! [`DeviceProfile::predict_reduce`].
+//! [`DeviceModel::predict_reduce`].
 //!
 //! ## Who works at the same time: shared and solo rates
 //!
@@ -128,7 +128,7 @@
 //!   `staggered = max(solo, h2d / s + shared - h2d)`. When the driver lets the uploads end
 //!   together instead, the `s` calls run at once at the shared rate (`concurrent = shared`);
 //!   with `s > 1` the model predicts the mean of the two
-//!   ([`DeviceProfile::decompress_after_upload_s`]). With `s = 1` this is `max(solo, shared)`.
+//!   ([`DeviceModel::decompress_after_upload_s`]). With `s = 1` this is `max(solo, shared)`.
 //!   After a joint exchange (`sendrecv_device`, `allgather_device`, the ring steps) every rank
 //!   leaves the MPI call at once and the calls measured at the shared rate (below): shared.
 //!
@@ -154,7 +154,7 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, DeviceProfile, Link, LinkCurve, LinkPoint, Policy, StagingCurve, StagingPoint, Terms,
+    self, Curve, DeviceModel, Link, Policy, Profile, StagingCurve, StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;
 

@@ -38,7 +38,7 @@ impl Communicator {
         in_bytes: usize,
         out_bytes: usize,
     ) -> OpStats {
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let extra = dp.d2h_s(in_bytes as f64) + dp.h2d_s(out_bytes as f64);
         st.predicted_raw_s += extra;
         st.predicted_compressed_s += extra;

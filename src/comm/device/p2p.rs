@@ -24,12 +24,12 @@ impl Communicator {
         let bytes = n * T::SIZE;
         let bound = self.config.bound;
         let preferred = self.config.policy.codec().unwrap_or_default();
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let link = self.profile.link;
         // the ratios of this message stream, per codec (`crate::comm::codec_key`)
         let (op_r, key) = (OP_SENDRECV | 0x80, tag as i64);
         let serial =
-            |d: &DeviceProfile, r: f64| model::predict(&d.scenario(link, bytes as f64, r, 1));
+            |d: &DeviceModel<'_>, r: f64| model::predict(&d.scenario(link, bytes as f64, r, 1));
         // this side decides for its own outgoing message (the descriptor tells the peer, the
         // stream's header the codec); `Auto` chooses the codec too
         let (compress, codec, est) = match self.config.policy {
@@ -40,7 +40,7 @@ impl Communicator {
                 self.ratios.get(op_r, crate::comm::codec_key(key, c)),
             ),
             Policy::Auto(_) => {
-                let raw_s = serial(&dp, 1.0).raw_serial;
+                let raw_s = serial(&dp.staged(preferred), 1.0).raw_serial;
                 let ch =
                     self.device_choice(dev, send, &dp, preferred, (op_r, key), raw_s, |d, r| {
                         serial(d, r).compressed_serial
@@ -51,7 +51,7 @@ impl Communicator {
         };
         let compress = compress && n > 0;
         // the chosen codec's speeds from here on
-        let dp = dp.with_codec(codec);
+        let dp = dp.staged(codec);
         let sc = |ratio: f64, k: usize| dp.scenario(link, bytes as f64, ratio, k);
         let pr = model::predict(&sc(est.unwrap_or(1.0), 1));
         let mut st = OpStats::raw(OP_SENDRECV);

@@ -180,7 +180,7 @@ impl Communicator {
         dev.upload_pinned(false, 0..out_bytes, out, false)?;
         // the raw path's prediction on the staged buffers (the host operation predicted it on
         // the host ping-pong's link)
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let (d2h, h2d) = (dp.d2h_s(in_bytes as f64), dp.h2d_s(out_bytes as f64));
         let raw = self.staged_raw_reduce_s::<T>(&dp, n, kind != Reduction::Scatter);
         let compressed = st.decision == Decision::Compressed;
@@ -206,10 +206,10 @@ impl Communicator {
     /// else reduce-scatter): D2H of the input, the host algorithm on the pinned buffers, H2D
     /// of the result. The allreduce is the native MPI one (its calibrated line); the
     /// reduce-scatter is the raw ring: `p-1` exchanges of a segment between the pinned buffers
-    /// ([`DeviceProfile::pair_s`]) and the host addition of each received segment.
+    /// ([`DeviceModel::pair_s`]) and the host addition of each received segment.
     pub(super) fn staged_raw_reduce_s<T: GpuElement + Real>(
         &self,
-        dp: &DeviceProfile,
+        dp: &Profile,
         n: usize,
         full: bool,
     ) -> f64 {
@@ -310,7 +310,7 @@ impl Communicator {
         };
         // 3. decision (identical on every rank: agreed profile and summed estimates)
         let preferred = self.config.policy.codec().unwrap_or_default();
-        let dp = dev.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let link = self.profile.link;
         let bytes = n * T::SIZE;
         let raw_t = self.staged_raw_reduce_s::<T>(&dp, n, full);
@@ -349,7 +349,7 @@ impl Communicator {
                 }
             }
         };
-        let dp = dp.with_codec(codec);
+        let dp = dp.staged(codec);
         let cmp_t = dp
             .reduce_terms(link, p, bytes as f64, ratio, fin(ratio_f), mean)
             .total();

@@ -50,7 +50,7 @@ pub struct DeviceStager {
     pub(super) pinned_recv: Option<PinnedHostSlice<u8>>,
     /// Device buffers that received staged messages of the device ring, for reuse.
     pub(super) recv_pool: Vec<CudaSlice<u8>>,
-    pub(super) profile: Option<DeviceProfile>,
+    pub(super) profile: Option<Profile>,
     /// Value range / scaling kernels of the device reductions (compiled on first use).
     pub(super) utils: Option<DevUtils>,
     /// Stage times of the last operation.
@@ -90,12 +90,12 @@ impl DeviceStager {
     pub fn gpu(&mut self) -> &mut GpuCodec {
         &mut self.gpu
     }
-    /// The device profile, if calibrated.
-    pub fn profile(&self) -> Option<DeviceProfile> {
+    /// The profile (the communicator's host parts and the device parts), if calibrated.
+    pub fn profile(&self) -> Option<Profile> {
         self.profile.clone()
     }
     /// Use a known profile.
-    pub fn set_profile(&mut self, p: DeviceProfile) {
+    pub fn set_profile(&mut self, p: Profile) {
         self.profile = Some(p);
     }
 
@@ -281,8 +281,8 @@ impl DeviceStager {
         self.last_predicted = self
             .profile
             .clone()
-            .unwrap_or_else(DeviceProfile::guess)
-            .with_codec(codec)
+            .unwrap_or_else(Profile::staged_guess)
+            .staged(codec)
             .stage_terms(bytes, bytes / len.max(1) as f64)
             .1;
         Ok(len)
@@ -476,12 +476,12 @@ impl DeviceStager {
         }
         self.last = StageTimes::default();
         let bytes = (staged.count * staged.dtype.size()) as f64;
-        let dp = self.profile.clone().unwrap_or_else(DeviceProfile::guess);
+        let dp = self.profile.clone().unwrap_or_else(Profile::staged_guess);
         // predicted with the speeds of the codec that made the stream
-        let dp = match crate::inspect(staged.stream()?).map(|h| CodecKind::from_tag(h.codec)) {
-            Ok(Ok(c)) => dp.with_codec(c),
-            _ => dp,
-        };
+        let codec = crate::inspect(staged.stream()?)
+            .ok()
+            .and_then(|h| CodecKind::from_tag(h.codec).ok());
+        let dp = dp.staged(codec.unwrap_or_else(|| dp.calibrated_codec()));
         self.last_predicted = dp.restore_terms(bytes, staged.ratio()).1;
         self.upload_and_decompress(staged.stream()?, out)
     }

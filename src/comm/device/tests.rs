@@ -2,8 +2,9 @@
 
 use super::*;
 
-/// A calibrated-looking profile: H100-like numbers, every term set, staging by the curve.
-fn profile() -> DeviceProfile {
+/// A calibrated-looking profile: H100-like numbers, every term set, staging by the curve,
+/// aatrox's GPU lines.
+fn profile() -> Profile {
     let mut curve = StagingCurve::default();
     for (b, d, h) in [
         (16e6, 0.8e-3, 0.6e-3),
@@ -16,52 +17,96 @@ fn profile() -> DeviceProfile {
             h2d: h,
         });
     }
-    DeviceProfile {
-        staging: Link {
+    Profile {
+        staging: Some(Link {
             bandwidth: 27e9,
             latency: 10e-6,
-        },
-        compress: 260e9,
-        decompress: 480e9,
+        }),
         staging_curve: curve,
-        call_overhead: 0.5e-3,
-        compress_overhead: 0.3e-3,
-        decompress_overhead: 0.2e-3,
-        decompress_add: 400e9,
-        decompress_add_overhead: 0.25e-3,
+        gpu_codecs: vec![model::CodecSpeed {
+            compress_overhead: 0.3e-3,
+            decompress_overhead: 0.2e-3,
+            decompress_add: 400e9,
+            decompress_add_overhead: 0.25e-3,
+            ..model::CodecSpeed::new(CodecKind::Aatrox, 1, 260e9, 480e9, 1.0)
+        }],
         device_copy: 1.2e12,
         range_pass: 2.0e12,
         scale_pass: 1.0e12,
         // no solo rates, one-way curve or ranks-per-GPU count: as before any calibration
-        ..DeviceProfile::guess()
+        ..Profile::staged_guess()
     }
+}
+
+/// The staged model of aatrox on `p`.
+fn m(p: &Profile) -> DeviceModel<'_> {
+    p.staged(CodecKind::Aatrox)
 }
 
 /// [`profile`] with solo rates, a one-way link and `s` ranks per GPU: solo compression
 /// 0.1 ms + 600 GB/s, solo decompression 0.05 ms + 1500 GB/s, solo copies 2 ms (D2H) /
 /// 2.5 ms (H2D) per 100 MB, one-way link 16 ms per 100 MB (6.25 GB/s).
-fn solo_profile(s: usize) -> DeviceProfile {
+fn solo_profile(s: usize) -> Profile {
     let mut dp = profile();
     dp.ranks_per_gpu = s;
-    dp.compress_solo = 600e9;
-    dp.compress_solo_overhead = 0.1e-3;
-    dp.decompress_solo = 1500e9;
-    dp.decompress_solo_overhead = 0.05e-3;
+    let c = &mut dp.gpu_codecs[0];
+    c.compress_solo = 600e9;
+    c.compress_solo_overhead = 0.1e-3;
+    c.decompress_solo = 1500e9;
+    c.decompress_solo_overhead = 0.05e-3;
     dp.staging_curve_solo.insert(StagingPoint {
         bytes: 1e8,
         d2h: 2e-3,
         h2d: 2.5e-3,
     });
-    dp.link_one_way.insert(LinkPoint {
-        bytes: 1e8,
-        seconds: 16e-3,
-    });
+    dp.link_one_way = Curve::from_points(vec![(1e8, 16e-3)], &Curve::default());
     dp
 }
 
 /// The device profile of bench/results/2026-11-22-h100-mpi-staging-v5.jsonl (two ranks
-/// sharing one H100, written before the solo fields).
-const V5_PROFILE_JSON: &str = r#"{"call_overhead":0.0012299709262515262,"compress":318533820564.29175,"compress_overhead":0.0008994880293040292,"decompress":946016283949.4966,"decompress_add":539903675538.65643,"decompress_add_overhead":0.00034473846153846134,"decompress_overhead":0.00033048289694749696,"device_copy":624423519094.5659,"range_pass":814696766606.0935,"scale_pass":526916148661.41425,"staging":{"bandwidth":27505553384.69587,"latency":0.00001},"staging_curve":{"points":[{"bytes":1048576.0,"d2h":0.000048747,"h2d":0.000050172},{"bytes":4194304.0,"d2h":0.000162442,"h2d":0.000163906},{"bytes":16777216.0,"d2h":0.000618763,"h2d":0.000620922},{"bytes":67108864.0,"d2h":0.002451287,"h2d":0.002454058},{"bytes":268435456.0,"d2h":0.009757648,"h2d":0.009767423},{"bytes":1073741824.0,"d2h":0.039001573,"h2d":0.039037274}]}}"#;
+/// sharing one H100; no solo rates, one-way curve or placement), as a profile: aatrox's lines
+/// and the staging curve.
+fn v5_profile() -> Profile {
+    let mut curve = StagingCurve::default();
+    for (b, d, h) in [
+        (1048576.0, 0.000048747, 0.000050172),
+        (4194304.0, 0.000162442, 0.000163906),
+        (16777216.0, 0.000618763, 0.000620922),
+        (67108864.0, 0.002451287, 0.002454058),
+        (268435456.0, 0.009757648, 0.009767423),
+        (1073741824.0, 0.039001573, 0.039037274),
+    ] {
+        curve.insert(StagingPoint {
+            bytes: b,
+            d2h: d,
+            h2d: h,
+        });
+    }
+    Profile {
+        staging: Some(Link {
+            bandwidth: 27505553384.69587,
+            latency: 0.00001,
+        }),
+        staging_curve: curve,
+        gpu_codecs: vec![model::CodecSpeed {
+            compress_overhead: 0.0008994880293040292,
+            decompress_overhead: 0.00033048289694749696,
+            decompress_add: 539903675538.65643,
+            decompress_add_overhead: 0.00034473846153846134,
+            ..model::CodecSpeed::new(
+                CodecKind::Aatrox,
+                1,
+                318533820564.29175,
+                946016283949.4966,
+                1.0,
+            )
+        }],
+        device_copy: 624423519094.5659,
+        range_pass: 814696766606.0935,
+        scale_pass: 526916148661.41425,
+        ..Profile::staged_guess()
+    }
+}
 
 fn close_terms(a: Terms, b: Terms) -> bool {
     close(a.compress, b.compress)
@@ -83,7 +128,8 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn predict_bcast_is_the_hand_formula() {
-    let dp = profile();
+    let p0 = profile();
+    let dp = m(&p0);
     let (b, r) = (1073741824.0, 19.0);
     let z = b / r;
     for (p, hops) in [(2usize, 1.0), (4, 2.0), (5, 3.0)] {
@@ -106,7 +152,8 @@ fn predict_bcast_is_the_hand_formula() {
 
 #[test]
 fn codec_calls_pay_their_fixed_cost_once() {
-    let dp = profile();
+    let p0 = profile();
+    let dp = m(&p0);
     let b = 1073741824.0;
     // the whole-message exchange: its scenario (one chunk) equals the stage sum, with one
     // compress + decompress call's fixed cost
@@ -129,9 +176,9 @@ fn codec_calls_pay_their_fixed_cost_once() {
     assert!(close(g.link, 3.0 * (2e-6 + b / 19.0 / 3.8e9)));
     assert!(close(g.h2d, 3.0 * dp.h2d_s(b / 19.0)));
     // the fused kernel falls back to the plain decompression when not calibrated
-    let mut q = dp.clone();
-    q.decompress_add = 0.0;
-    assert_eq!(q.decompress_add_s(b), q.decompress_s(b));
+    let mut q = p0.clone();
+    q.gpu_codecs[0].decompress_add = 0.0;
+    assert_eq!(m(&q).decompress_add_s(b), m(&q).decompress_s(b));
     assert!(close(dp.decompress_add_s(b), 0.25e-3 + b / 400e9));
 }
 
@@ -151,7 +198,7 @@ fn bcast_uses_solo_root_one_way_link_and_late_decompression() {
         // two ranks per GPU, staggered: the first upload ends after 1.3 / 2 ms; the last
         // rank's call ends at max(1.3 + 0.732667, 0.65 + 2.333333) = 2.983333 ms;
         // concurrent: 2.333333 ms after the upload
-        let (raw, cmp) = solo_profile(2).bcast_terms(LINK, p, b, r);
+        let (raw, cmp) = m(&solo_profile(2)).bcast_terms(LINK, p, b, r);
         let want = Terms {
             compress,
             d2h: d2h_z,
@@ -174,14 +221,14 @@ fn bcast_uses_solo_root_one_way_link_and_late_decompression() {
         assert!(close_terms(raw, want_raw), "p={p}: {raw:?} vs {want_raw:?}");
         // one rank per GPU: the root's stages and the link as above, every rank's
         // decompression at the shared rate (max(solo, shared) after its own upload)
-        let (_, own) = solo_profile(1).bcast_terms(LINK, p, b, r);
+        let (_, own) = m(&solo_profile(1)).bcast_terms(LINK, p, b, r);
         let want_own = Terms {
             decompress: dec_shared,
             ..want
         };
         assert!(close_terms(own, want_own), "p={p}: {own:?} vs {want_own:?}");
         // four ranks per GPU: the first upload after 1.3 / 4 ms
-        let (_, four) = solo_profile(4).bcast_terms(LINK, p, b, r);
+        let (_, four) = m(&solo_profile(4)).bcast_terms(LINK, p, b, r);
         assert!(close(
             four.decompress,
             mean(dec_solo.max(0.325e-3 + dec_shared - 1.3e-3))
@@ -193,10 +240,10 @@ fn bcast_uses_solo_root_one_way_link_and_late_decompression() {
     for q in &mut slow.staging_curve.points {
         q.h2d *= 10.0;
     }
-    let (_, c) = slow.bcast_terms(LINK, 2, b, r);
+    let (_, c) = m(&slow).bcast_terms(LINK, 2, b, r);
     assert!(close(c.h2d, 13e-3) && close(c.decompress, mean(dec_solo)));
     // one rank: no link step
-    assert_eq!(solo_profile(2).bcast_terms(LINK, 1, b, r).1.link, 0.0);
+    assert_eq!(m(&solo_profile(2)).bcast_terms(LINK, 1, b, r).1.link, 0.0);
 }
 
 #[test]
@@ -211,7 +258,8 @@ fn restore_decompresses_after_the_shared_upload() {
         (1, dec_shared),
         (4, mean(dec_solo.max(0.325e-3 + dec_shared - 1.3e-3))),
     ] {
-        let dp = solo_profile(s);
+        let p0 = solo_profile(s);
+        let dp = m(&p0);
         let (raw, cmp) = dp.restore_terms(b, r);
         assert!(close(raw.h2d, 39e-3 * 1.024) && raw.decompress == 0.0);
         assert!(close(cmp.h2d, 1.3e-3), "s={s}");
@@ -240,7 +288,8 @@ fn collective_stages_keep_the_shared_rates_but_follow_the_placement() {
     // placement; two ranks sharing a GPU copy their streams out alone (their compressions end
     // one after another) and decode after their uploads
     let (b, r) = (1e9, 19.0);
-    let (a, z) = (profile(), solo_profile(2));
+    let (a0, z0) = (profile(), solo_profile(2));
+    let (a, z) = (m(&a0), m(&z0));
     let stream = b / r;
     let (ar, ac) = a.sendrecv_terms(LINK, b, r);
     let (zr, zc) = z.sendrecv_terms(LINK, b, r);
@@ -259,7 +308,8 @@ fn collective_stages_keep_the_shared_rates_but_follow_the_placement() {
         4.0 * z.decompress_after_upload_s(b, ag_z.h2d / 3.0)
     ));
     // one rank per GPU: the shared curve for the copy, max(solo, shared) for the decode
-    let one = solo_profile(1);
+    let one0 = solo_profile(1);
+    let one = m(&one0);
     assert!(close(
         one.sendrecv_terms(LINK, b, r).1.d2h,
         one.d2h_s(stream)
@@ -276,11 +326,10 @@ fn collective_stages_keep_the_shared_rates_but_follow_the_placement() {
 }
 
 #[test]
-fn old_profiles_load_and_fall_back_to_the_shared_rates() {
-    // the device profile of bench/results/2026-11-22-h100-mpi-staging-v5.jsonl (before the
-    // solo fields)
-    let json = V5_PROFILE_JSON;
-    let dp: DeviceProfile = serde_json::from_str(json).unwrap();
+fn uncalibrated_solo_rates_fall_back_to_the_shared_ones() {
+    // the device profile of the v5 records (before the solo fields)
+    let p0 = v5_profile();
+    let dp = m(&p0);
     assert_eq!(dp.ranks_per_gpu, 0);
     assert_eq!(dp.sharing(), 1);
     assert!(dp.staging_curve_solo.is_empty() && dp.link_one_way.is_empty());
@@ -301,16 +350,12 @@ fn old_profiles_load_and_fall_back_to_the_shared_rates() {
     assert!(close(bc.decompress, dp.decompress_s(b)));
     let (_, rs) = dp.restore_terms(b, 19.09);
     assert!((rs.total() - 3.53e-3).abs() < 0.01e-3, "{}", rs.total());
-    // and the new fields round-trip
-    let mut q = dp.clone();
+    // and the solo fields round-trip through the profile's JSON
+    let mut q = p0.clone();
     q.ranks_per_gpu = 2;
-    q.compress_solo = 5.6e11;
-    q.link_one_way.insert(LinkPoint {
-        bytes: 1e8,
-        seconds: 0.017,
-    });
-    let back: DeviceProfile = serde_json::from_str(&serde_json::to_string(&q).unwrap()).unwrap();
-    assert_eq!(back, q);
+    q.gpu_codecs[0].compress_solo = 5.6e11;
+    q.link_one_way = Curve::from_points(vec![(1e8, 0.017)], &Curve::default());
+    assert_eq!(Profile::from_json(&q.to_json()).unwrap(), q);
 }
 
 #[test]
@@ -318,28 +363,27 @@ fn v5_with_solo_rates_predicts_the_measured_ops() {
     // the v5 profile plus solo values as its measured stages suggest (two ranks sharing one
     // H100): a 1 GiB compression alone ≈ 1.9 ms, decompression alone ≈ 0.75 ms, copies
     // alone at twice the shared rate, one-way link ≈ 5.9 GB/s
-    let json = V5_PROFILE_JSON;
-    let mut dp: DeviceProfile = serde_json::from_str(json).unwrap();
+    let mut p0 = v5_profile();
     let b = 1073741824.0;
-    dp.ranks_per_gpu = 2;
-    dp.compress_solo = b / 1.6e-3;
-    dp.compress_solo_overhead = 0.3e-3;
-    dp.decompress_solo = b / 0.6e-3;
-    dp.decompress_solo_overhead = 0.15e-3;
-    for q in dp.staging_curve.points.clone() {
-        dp.staging_curve_solo.insert(StagingPoint {
+    p0.ranks_per_gpu = 2;
+    let c = &mut p0.gpu_codecs[0];
+    c.compress_solo = b / 1.6e-3;
+    c.compress_solo_overhead = 0.3e-3;
+    c.decompress_solo = b / 0.6e-3;
+    c.decompress_solo_overhead = 0.15e-3;
+    for q in p0.staging_curve.points.clone() {
+        p0.staging_curve_solo.insert(StagingPoint {
             d2h: q.d2h / 2.0,
             h2d: q.h2d / 2.0,
             ..q
         });
     }
-    for mib in [1.0, 16.0, 64.0, 256.0] {
+    let pts = [1.0, 16.0, 64.0, 256.0].map(|mib: f64| {
         let x = mib * 1048576.0;
-        dp.link_one_way.insert(LinkPoint {
-            bytes: x,
-            seconds: x / 5.9e9,
-        });
-    }
+        (x, x / 5.9e9)
+    });
+    p0.link_one_way = Curve::from_points(pts.to_vec(), &Curve::default());
+    let dp = m(&p0);
     let v5 = Link {
         bandwidth: 3477443380.212728,
         latency: 1.37079e-6,
@@ -363,7 +407,8 @@ fn v5_with_solo_rates_predicts_the_measured_ops() {
 
 #[test]
 fn predict_reduce_structure() {
-    let dp = profile();
+    let p0 = profile();
+    let dp = m(&p0);
     let b = 1e9;
     // one rank: nothing to do
     assert_eq!(dp.predict_reduce(LINK, 1, b, 10.0, false), 0.0);
@@ -405,13 +450,14 @@ fn predict_reduce_structure() {
     assert!(ar.total() > same);
     assert!(dp.predict_reduce(LINK, p, b, 20.0, true) <= same);
     // uncalibrated device passes are not charged
-    let g = DeviceProfile::guess();
-    assert_eq!(g.reduce_terms(LINK, p, b, r, Some(r), true).device, 0.0);
+    let g = Profile::staged_guess();
+    assert_eq!(m(&g).reduce_terms(LINK, p, b, r, Some(r), true).device, 0.0);
 }
 
 #[test]
 fn an_uneven_exchange_shares_the_link_but_is_never_faster_than_one_way() {
-    let dp = solo_profile(2);
+    let p0 = solo_profile(2);
+    let dp = m(&p0);
     let (big, small) = (4e8, 2e8);
     // equal messages: the two-way calibration itself
     let even = dp.exchange_s(LINK, big, big);
@@ -436,7 +482,7 @@ fn an_uneven_exchange_shares_the_link_but_is_never_faster_than_one_way() {
 
 /// GPU-like speeds of two codecs on top of [`profile`]: aatrox the faster, pfpl the denser
 /// codec (as in the model's tests of the choice), 0.1 ms per call.
-fn two_codec_profile() -> DeviceProfile {
+fn two_codec_profile() -> Profile {
     profile().with_test_codecs()
 }
 
@@ -516,8 +562,8 @@ fn auto_chooses_the_device_codec_by_link_speed() {
 }
 
 /// The device calibration measures every GPU codec that works (at least aatrox and pfpl, with
-/// usable rates), keeps the requested codec's lines in the codec fields, and gives every rank
-/// the same profile. Needs a CUDA device (reported ignored otherwise).
+/// usable rates), the requested codec first, and gives every rank the same codec lines and
+/// staging curve. Needs a CUDA device (reported ignored otherwise).
 #[test]
 #[ignore = "needs a CUDA device (run with --include-ignored)"]
 fn calibration_measures_every_gpu_codec() {
@@ -538,13 +584,14 @@ fn calibration_measures_every_gpu_codec() {
         dev.calibrate(&c, CALIBRATION_MIN_VALUES, CodecKind::Pfpl)
             .expect("calibration")
     });
-    let p: Vec<DeviceProfile> = profiles.into_iter().map(|r| r.expect("rank")).collect();
-    assert_eq!(p[0], p[1]);
+    let p: Vec<Profile> = profiles.into_iter().map(|r| r.expect("rank")).collect();
+    assert_eq!(p[0].gpu_codecs, p[1].gpu_codecs);
+    assert_eq!(p[0].staging_curve, p[1].staging_curve);
     let dp = &p[0];
-    assert_eq!(dp.codecs[0].codec, CodecKind::Pfpl);
-    assert_eq!(dp.with_codec(CodecKind::Pfpl), *dp);
+    assert_eq!(dp.gpu_codecs[0].codec, CodecKind::Pfpl);
+    assert_eq!(dp.calibrated_codec(), CodecKind::Pfpl);
     for codec in [CodecKind::Aatrox, CodecKind::Pfpl] {
-        let s = dp.codec_speed(codec).expect("calibrated");
+        let s = dp.gpu_record(codec, 1).expect("calibrated");
         for rate in [s.compress, s.decompress, s.decompress_add, s.compress_solo] {
             assert!(rate > 1e9 && rate < 1e15, "{codec}: {s:?}");
         }

@@ -1,5 +1,5 @@
 //! [`NcclComm::calibrate`]: times the raw links and the codecs on every rank and fills the
-//! [`NcclProfile`].
+//! device-direct parts of the [`Profile`].
 
 use super::*;
 use crate::comm::device_calibrate::{repeat, CodecBench};
@@ -28,19 +28,21 @@ impl NcclComm {
     }
 
     /// Measure raw NCCL allreduce, allgather and pairwise exchange at [`CALIBRATION_SIZES`]
-    /// (median of 5 to 9 runs after a warm-up each; the curves of [`NcclLink`]), the device
+    /// (median of 5 to 9 runs after a warm-up each; the [`Curve`]s of the profile), the device
     /// codecs on a Gaussian random field (`noa:1e-3`, 64 MiB f32: the policy's codec, whose
     /// fixed per-call costs the profile keeps, and every other GPU codec that works on every
-    /// rank, [`NcclProfile::codecs`], among which `Policy::Auto` chooses per message) and the
+    /// rank, [`Profile::gpu_codecs`], among which `Policy::Auto` chooses per message) and the
     /// per-piece host overhead; every rank adopts rank 0's numbers. Collective.
     ///
     /// Each of the three operations runs about 630 MiB (per rank) of buffers in total, the
     /// 16 and 64 MiB runs most of it: roughly 0.6 s over NCCL's socket transport at 3.5 GB/s
     /// (twice the former two-size calibration), a few ms over NVLink.
-    pub fn calibrate(&mut self) -> Result<&NcclProfile> {
+    pub fn calibrate(&mut self) -> Result<&Profile> {
         let (p, r) = (self.size(), self.rank());
         let big = CALIBRATION_SIZES[CALIBRATION_SIZES.len() - 1] / 4; // f32 values: 64 MiB
-        let mut prof = NcclProfile::guess(&self.profile.transport);
+        let mut prof = Profile::direct_guess(&self.profile.transport);
+        prof.host = crate::comm::hostname();
+        prof.ranks = p;
         if p > 1 {
             let w = self.sh.work.clone();
             let xs = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
@@ -102,15 +104,16 @@ impl NcclComm {
                 let t = self.time_collective(reps, |c| exchange(c, to, from))?;
                 one.push((sz as f64, t));
             }
-            prof.allreduce = NcclLink::from_points(ar, &prof.allreduce);
-            prof.allgather = NcclLink::from_points(ag, &prof.allgather);
-            prof.p2p = NcclLink::from_points(pp, &prof.p2p);
+            let guess = prof.link_exchange.clone();
+            prof.allreduce = Some(Curve::from_points(ar, &guess));
+            prof.allgather = Some(Curve::from_points(ag, &guess));
+            prof.link_exchange = Curve::from_points(pp, &guess);
             // a message alone is never slower than with traffic coming back
             let one: Vec<(f64, f64)> = one
                 .into_iter()
-                .map(|(b, t)| (b, t.min(prof.p2p.time(b))))
+                .map(|(b, t)| (b, t.min(prof.link_exchange.time(b))))
                 .collect();
-            prof.p2p_one = Some(NcclLink::from_points(one, &prof.p2p));
+            prof.link_one_way = Curve::from_points(one, &prof.link_exchange);
             // per-piece host overhead: a size message round on the bootstrap transport plus a
             // codec launch-and-readback
             let t1 = self.wtime();
@@ -164,12 +167,10 @@ impl NcclComm {
             })?;
             t.allreduce_f64(&mut v, ReduceOp::Max)?; // slowest rank
             let (b1, b2) = (((1usize << 15) * 4) as f64, (big * 4) as f64);
-            (prof.range_rate, prof.range_fixed) = crate::model::call_line(b1, v[0], b2, v[1]);
-            prof.copy_rate = b2 / v[2].max(1e-9);
-            // the policy's codec's fixed costs stand for codecs without their own
-            prof.compress_fixed = codecs[0].compress_overhead;
-            prof.decompress_fixed = codecs[0].decompress_overhead;
-            prof.codecs = codecs;
+            (prof.range_pass, prof.range_fixed) = crate::model::call_line(b1, v[0], b2, v[1]);
+            prof.device_copy = b2 / v[2].max(1e-9);
+            // (the policy's codec first: its lines stand for codecs without their own)
+            prof.gpu_codecs = codecs;
         }
         let mut bytes = if r == 0 {
             serde_json::to_vec(&prof).map_err(|e| Error::invalid(format!("profile: {e}")))?
@@ -179,16 +180,20 @@ impl NcclComm {
         self.sh.boot.bcast(0, &mut bytes)?;
         self.profile = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Comm(format!("profile from rank 0: {e}")))?;
-        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} p2p {} (at 4 MiB {}, one way {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us; range pass {} + {:.1} us, copy {}",
-            self.profile.transport,
-            crate::model::fmt_rate(self.profile.allreduce.bandwidth),
-            crate::model::fmt_rate(self.profile.allgather.bandwidth),
-            crate::model::fmt_rate(self.profile.p2p.bandwidth),
-            crate::model::fmt_rate(self.profile.p2p.rate((4u64 << 20) as f64)),
-            crate::model::fmt_rate(self.profile.one_way().rate((4u64 << 20) as f64)),
-            self.profile.codecs.first().map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
-            self.profile.compress_fixed * 1e6, self.profile.decompress_fixed * 1e6, self.profile.piece_overhead * 1e6,
-            crate::model::fmt_rate(self.profile.range_rate), self.profile.range_fixed * 1e6, crate::model::fmt_rate(self.profile.copy_rate));
+        let pr = &self.profile;
+        let rate = |c: &Option<Curve>| {
+            c.as_ref()
+                .map_or_else(|| "-".into(), |c| crate::model::fmt_rate(c.bandwidth))
+        };
+        let first = pr.gpu_codecs.first().copied();
+        tracing::info!(target: "zcomm::nccl", "calibrated NCCL ({}): allreduce {} allgather {} exchange {} (at 4 MiB {}, one way {}); codec {:?}; fixed per call: compress {:.1} us, decompress {:.1} us, size message {:.1} us; range pass {} + {:.1} us, copy {}",
+            pr.transport, rate(&pr.allreduce), rate(&pr.allgather),
+            crate::model::fmt_rate(pr.link_exchange.bandwidth),
+            crate::model::fmt_rate(pr.link_exchange.rate((4u64 << 20) as f64)),
+            crate::model::fmt_rate(pr.one_way().rate((4u64 << 20) as f64)),
+            first.map(|c| (crate::model::fmt_rate(c.compress), crate::model::fmt_rate(c.decompress))),
+            first.map_or(0.0, |c| c.compress_overhead) * 1e6, first.map_or(0.0, |c| c.decompress_overhead) * 1e6, pr.piece_overhead * 1e6,
+            crate::model::fmt_rate(pr.range_pass), pr.range_fixed * 1e6, crate::model::fmt_rate(pr.device_copy));
         Ok(&self.profile)
     }
 }

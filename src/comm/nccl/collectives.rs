@@ -29,7 +29,7 @@ impl NcclComm {
         let bytes = n * T::SIZE;
         let dt = T::DTYPE.tag();
         // one stream per rank (`comm::device_gather`): one piece
-        let predict = |prof: &NcclProfile, codec, ratio: WireRatio| {
+        let predict = |prof: &Profile, codec, ratio: WireRatio| {
             prof.predict_allgather(bytes as f64, p, ratio, 1, codec, dt)
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
@@ -137,7 +137,7 @@ impl NcclComm {
         let bytes = n * T::SIZE;
         let dt = T::DTYPE.tag();
         // the device ring moves whole segments: one piece each
-        let predict = |prof: &NcclProfile, codec, ratio: WireRatio| {
+        let predict = |prof: &Profile, codec, ratio: WireRatio| {
             prof.predict_allreduce(bytes as f64, p, ratio, 1, codec, dt, !full)
         };
         let preferred = self.config.policy.codec().unwrap_or_default();

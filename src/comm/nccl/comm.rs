@@ -32,7 +32,7 @@ pub struct NcclComm {
     pub(super) gpu_error: String,
     pub(super) utils: kernels::Utils,
     pub(super) config: NcclConfig,
-    pub(super) profile: NcclProfile,
+    pub(super) profile: Profile,
     /// Agreed `Auto` ratios of collectives (identical on all ranks, see [`auto`]).
     pub(super) ratios: AgreedRatios,
     /// The ratios of both directions of this rank's last compressed collective.
@@ -180,7 +180,7 @@ impl NcclComm {
             gpu,
             gpu_error,
             utils,
-            profile: NcclProfile::guess(&label),
+            profile: Profile::direct_guess(&label),
             config,
             ratios: AgreedRatios::default(),
             last_ratios: None,
@@ -265,11 +265,11 @@ impl NcclComm {
         self.last_ratios
     }
     /// The calibration profile in use (identical on all ranks).
-    pub fn profile(&self) -> &NcclProfile {
+    pub fn profile(&self) -> &Profile {
         &self.profile
     }
     /// Replace the profile (all ranks alike).
-    pub fn set_profile(&mut self, p: NcclProfile) {
+    pub fn set_profile(&mut self, p: Profile) {
         self.profile = p;
     }
     /// Whether this rank's device codec is loaded.

@@ -16,7 +16,7 @@ pub struct NcclConfig {
     /// Exchange and check a descriptor before every operation (mismatched counts, dtypes,
     /// bounds or operations become an error on every rank instead of a hang).
     pub check: bool,
-    /// Calibrate link and codec speeds at start-up (else: [`NcclProfile::guess`]).
+    /// Calibrate link and codec speeds at start-up (else: [`Profile::direct_guess`]).
     pub calibrate: bool,
     /// Label of the link NCCL uses (`nvlink`, `socket`, ...); `None`: from the environment
     /// (`socket` when `NCCL_P2P_DISABLE=1` and `NCCL_SHM_DISABLE=1`, else `nvlink`).

@@ -39,8 +39,8 @@
 //!
 //! # Policy
 //!
-//! [`Policy::Auto`] predicts both paths with the calibrated [`NcclProfile`] (raw NCCL times by
-//! message size, [`NcclLink`], evaluated for each compressed piece at its own size; device codec
+//! [`Policy::Auto`] predicts both paths with the calibrated [`Profile`] (raw NCCL times by
+//! message size, [`Curve`], evaluated for each compressed piece at its own size; device codec
 //! throughput; per-piece host overhead). If compression cannot win even
 //! at an infinite ratio (NVLink: the codec kernels alone take longer than raw NCCL) raw NCCL runs
 //! at once, with no sampling. Otherwise the decision uses ratios all ranks agree on, so all
@@ -67,7 +67,7 @@
 //!   ([`WireRatio`]): per exchange round the larger (*major*) and the smaller (*minor*) of the
 //!   messages sent and received, because a rank whose data compress worse sets everyone's time
 //!   while the smaller message only shares the link for part of the round
-//!   ([`NcclProfile::exchange`]); the reported [`OpStats::ratio`] stays this rank's own.
+//!   ([`Profile::exchange`]); the reported [`OpStats::ratio`] stays this rank's own.
 //!
 //! A raw `Auto` call therefore costs raw NCCL plus the descriptor round (none with checks off)
 //! on cache hits. The caches are cleared when the bound or the policy changes.
@@ -109,7 +109,7 @@ use super::transport::{ReduceOp, Transport};
 use super::{partition, Decision, OpStats};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::model::{NcclLink, NcclProfile, Policy, WireRatio};
+use crate::model::{Curve, Policy, Profile, WireRatio};
 use crate::quant::ErrorBound;
 use auto::{f64s, Agreed, AgreedRatios, RatioKey};
 

@@ -25,9 +25,8 @@ impl NcclComm {
         let bytes = n * T::SIZE;
         let k = pieces(n, self.piece_elems::<T>()).len();
         let dt = T::DTYPE.tag();
-        let predict = |prof: &NcclProfile, codec, ratio: f64| {
-            prof.predict_p2p(bytes as f64, ratio, k, codec, dt)
-        };
+        let predict =
+            |prof: &Profile, codec, ratio: f64| prof.predict_p2p(bytes as f64, ratio, k, codec, dt);
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, 1.0).0;
         let cands = self.candidates(n > 0, raw_t, |c| predict(&self.profile, c, 1e12).1);

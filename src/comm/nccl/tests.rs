@@ -114,9 +114,9 @@ fn p2p_outcome_is_the_same_on_both_ends() {
 
 #[test]
 fn auto_prefers_raw_on_nvlink_and_compression_on_sockets() {
-    let mut nv = NcclProfile::guess("nvlink");
-    nv.allreduce = NcclLink::linear(316e9, 20e-6);
-    nv.codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 300e9, 400e9, 10.0)];
+    let mut nv = Profile::direct_guess("nvlink");
+    nv.allreduce = Some(Curve::linear(316e9, 20e-6));
+    nv.gpu_codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 300e9, 400e9, 10.0)];
     let b = (1u64 << 30) as f64;
     let (raw, best) = nv.predict_allreduce(b, 2, 1e12, 8, CodecKind::Aatrox, 1, false);
     assert!(
@@ -124,9 +124,9 @@ fn auto_prefers_raw_on_nvlink_and_compression_on_sockets() {
         "NVLink: even infinite ratio must not beat raw ({best} vs {raw})"
     );
     let mut so = nv.clone();
-    so.allreduce = NcclLink::linear(3.7e9, 50e-6);
-    so.allgather = NcclLink::linear(7.4e9, 50e-6);
-    so.p2p = NcclLink::linear(3.7e9, 50e-6);
+    so.allreduce = Some(Curve::linear(3.7e9, 50e-6));
+    so.allgather = Some(Curve::linear(7.4e9, 50e-6));
+    so.link_exchange = Curve::linear(3.7e9, 50e-6);
     let (raw, cmp) = so.predict_allreduce(b, 2, 10.0, 8, CodecKind::Aatrox, 1, false);
     assert!(
         raw / cmp > 3.0,
@@ -138,7 +138,7 @@ fn auto_prefers_raw_on_nvlink_and_compression_on_sockets() {
 
 /// A socket profile with a concave p2p/allreduce ramp (mid-size messages slow), as
 /// calibrated on 2xH200 with NCCL forced onto sockets (shape, not the exact numbers).
-fn socket_ramp() -> NcclProfile {
+fn socket_ramp() -> Profile {
     const MIB: f64 = 1048576.0;
     let ramp = |scale: f64| {
         let pts = [
@@ -153,13 +153,13 @@ fn socket_ramp() -> NcclProfile {
         .iter()
         .map(|&(m, t)| (m * MIB * scale, t))
         .collect();
-        NcclLink::from_points(pts, &NcclLink::linear(3.5e9, 20e-6))
+        Curve::from_points(pts, &Curve::linear(3.5e9, 20e-6))
     };
-    let mut so = NcclProfile::guess("socket");
-    so.p2p = ramp(1.0);
-    so.allreduce = ramp(1.0);
-    so.allgather = ramp(2.0);
-    so.codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 300e9, 400e9, 10.0)];
+    let mut so = Profile::direct_guess("socket");
+    so.link_exchange = ramp(1.0);
+    so.allreduce = Some(ramp(1.0));
+    so.allgather = Some(ramp(2.0));
+    so.gpu_codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 300e9, 400e9, 10.0)];
     so
 }
 
@@ -169,8 +169,8 @@ fn predictions_use_the_piece_size_on_the_curve() {
     let so = socket_ramp();
     // the two-point linear fit through 1 and 64 MiB the former calibration made
     let mut lin = so.clone();
-    for l in [&mut lin.p2p, &mut lin.allreduce] {
-        *l = NcclLink::from_points(
+    for l in [&mut lin.link_exchange, lin.allreduce.as_mut().unwrap()] {
+        *l = Curve::from_points(
             vec![(MIB, l.time(MIB)), (64.0 * MIB, l.time(64.0 * MIB))],
             l,
         );
@@ -183,11 +183,12 @@ fn predictions_use_the_piece_size_on_the_curve() {
     assert!(ramp > 1.05 * line, "ramp {ramp} vs linear {line}");
     // exactly: two steps of one piece each, the codec and fixed costs around them
     let msg = b / 2.0 / 8.5;
-    let (tc, td) = so.codec_speed(CodecKind::Aatrox, 1);
-    let comp = (b / 2.0) / tc + so.compress_fixed + so.piece_overhead;
-    let dec = (b / 2.0) / td + so.decompress_fixed;
-    let rs = comp + dec + so.p2p.time(msg);
-    let ag = comp + dec + so.p2p.time(msg);
+    let (tc, td) = so.gpu_speed(CodecKind::Aatrox, 1);
+    let (fc, fd) = so.gpu_fixed(CodecKind::Aatrox, 1);
+    let comp = (b / 2.0) / tc + fc + so.piece_overhead;
+    let dec = (b / 2.0) / td + fd;
+    let rs = comp + dec + so.link_exchange.time(msg);
+    let ag = comp + dec + so.link_exchange.time(msg);
     // uncalibrated range pass: only the agreement round of the range
     let prep = so.piece_overhead;
     assert!(
@@ -201,9 +202,9 @@ fn predictions_use_the_piece_size_on_the_curve() {
     assert!((r1 - l1).abs() / l1 < 0.01, "{r1} vs {l1}");
     // raw: the curves at the buffer size
     let (raw, _) = so.predict_allreduce(b, 2, 8.5, 1, CodecKind::Aatrox, 1, false);
-    assert_eq!(raw, so.allreduce.time(b));
+    assert_eq!(raw, so.allreduce.as_ref().unwrap().time(b));
     let (raw, _) = so.predict_allgather(b, 2, 8.5, 1, CodecKind::Aatrox, 1);
-    assert_eq!(raw, so.allgather.time(2.0 * b));
+    assert_eq!(raw, so.allgather.as_ref().unwrap().time(2.0 * b));
 }
 
 #[test]
@@ -260,16 +261,18 @@ fn predictions_are_monotone() {
 /// A two-rank socket profile with round numbers: pairwise 1 ms per MB each way plus 0.1 ms,
 /// one way twice as fast; codec 1e11 B/s both ways, 10 us fixed per call, 1 us size
 /// message; range pass 1e12 B/s, copy 5e11 B/s.
-fn round_profile() -> NcclProfile {
-    let mut so = NcclProfile::guess("socket");
-    so.p2p = NcclLink::linear(1e9, 1e-4);
-    so.p2p_one = Some(NcclLink::linear(2e9, 1e-4));
-    so.codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 1e11, 1e11, 10.0)];
-    so.compress_fixed = 10e-6;
-    so.decompress_fixed = 10e-6;
+fn round_profile() -> Profile {
+    let mut so = Profile::direct_guess("socket");
+    so.link_exchange = Curve::linear(1e9, 1e-4);
+    so.link_one_way = Curve::linear(2e9, 1e-4);
+    so.gpu_codecs = vec![CodecSpeed {
+        compress_overhead: 10e-6,
+        decompress_overhead: 10e-6,
+        ..CodecSpeed::new(CodecKind::Aatrox, 1, 1e11, 1e11, 10.0)
+    }];
     so.piece_overhead = 1e-6;
-    so.range_rate = 1e12;
-    so.copy_rate = 5e11;
+    so.range_pass = 1e12;
+    so.device_copy = 5e11;
     so
 }
 
@@ -287,22 +290,11 @@ fn exchange_shares_the_link_then_runs_one_way() {
     assert!((so.exchange(4e6, 1e6, 3.0) - (1e-4 + 3.0 * 1e-3 + 3.0 * 1.5e-3)).abs() < 1e-15);
     // without a one-way curve the pairwise one stands in: the larger message decides
     let mut old = so.clone();
-    old.p2p_one = None;
+    old.link_one_way = Curve::default();
     assert!((old.exchange(4e6, 1e6, 1.0) - (1e-4 + 4e-3)).abs() < 1e-15);
-    // an old profile file (no one-way curve, no preparation rates) still reads
-    let mut js = serde_json::to_value(&old).unwrap();
-    let o = js.as_object_mut().unwrap();
-    o.remove("range_rate");
-    o.remove("range_fixed");
-    o.remove("copy_rate");
-    let back: NcclProfile = serde_json::from_value(js).unwrap();
-    assert_eq!(back.p2p_one, None);
-    assert_eq!(
-        (back.range_rate, back.range_fixed, back.copy_rate),
-        (0.0, 0.0, 0.0)
-    );
-    let round: NcclProfile = serde_json::from_str(&serde_json::to_string(&so).unwrap()).unwrap();
-    assert_eq!(round, so);
+    // the profile round-trips through its JSON (an empty one-way curve included)
+    assert_eq!(Profile::from_json(&old.to_json()).unwrap(), old);
+    assert_eq!(Profile::from_json(&so.to_json()).unwrap(), so);
 }
 
 /// The ring's steps are charged the fused decompress-and-add's own line and its final round
@@ -310,8 +302,8 @@ fn exchange_shares_the_link_then_runs_one_way() {
 #[test]
 fn ring_steps_use_the_fused_line_and_the_final_round_the_plain_decode() {
     let mut so = round_profile();
-    so.codecs[0].decompress_add = 5e10;
-    so.codecs[0].decompress_add_overhead = 20e-6;
+    so.gpu_codecs[0].decompress_add = 5e10;
+    so.gpu_codecs[0].decompress_add_overhead = 20e-6;
     so.range_fixed = 30e-6;
     // 400 MB per rank over 2 ranks in one piece per segment (200 MB), ratios 50 and 100
     let wr = WireRatio {
@@ -339,7 +331,7 @@ fn ring_steps_use_the_fused_line_and_the_final_round_the_plain_decode() {
 #[test]
 fn gather_rounds_to_several_peers_follow_the_allgather_curve() {
     let mut so = round_profile();
-    so.allgather = NcclLink::linear(4e9, 50e-6);
+    so.allgather = Some(Curve::linear(4e9, 50e-6));
     // three peers, streams of 4 MB (major) and 1 MB: the allgather of 4 x 4 MB
     let t = so.gather_exchange(4e6, 1e6, 3.0);
     assert!((t - (50e-6 + 16e6 / 4e9)).abs() < 1e-15, "{t}");
@@ -390,7 +382,7 @@ fn predictions_by_hand() {
         prep + rs + ag
     );
     assert!((cmp - 11.685e-3).abs() < 1e-12, "{cmp}");
-    assert_eq!(raw, so.allreduce.time(b));
+    assert_eq!(raw, so.allreduce.as_ref().unwrap().time(b));
     let (_, rso) = so.predict_allreduce(b, 2, wr, 2, c, 1, true);
     assert!((rso - (prep + rs)).abs() < 1e-12);
     // network-bound: ratio 10 (10 MB pieces both ways, 10.1 ms) over codec 2.021 ms
@@ -402,7 +394,7 @@ fn predictions_by_hand() {
     let (graw, gcmp) = so.predict_allgather(200e6, 2, 100.0, 2, c, 1);
     let want = 0.2e-3 + 2.0 * 3.031e-3 + 1.1e-3;
     assert!((gcmp - want).abs() < 1e-12, "{gcmp} vs {want}");
-    assert_eq!(graw, so.allgather.time(400e6));
+    assert_eq!(graw, so.allgather.as_ref().unwrap().time(400e6));
     // point to point of 100 MB at ratio 50 in 1 piece: one way 2 MB (1.1 ms), codec 2.021 ms
     let (praw, pcmp) = so.predict_p2p(100e6, 50.0, 1, c, 1);
     let want = 0.1e-3 + 2.021e-3 + 1.1e-3;
