@@ -6,7 +6,9 @@
 //!
 //! Custom harness (`harness = false`, libtest-mimic), as `tests/gpu_gpz.rs`: a test that needs
 //! what this machine lacks (a CUDA device, libnvrtc) is reported *ignored* with the reason,
-//! never passed. `cuszi_gpu_throughput` (512^3 f32, `--ignored`) times the device decoder.
+//! never passed. `cuszi_gpu_throughput` (512^3 f32) and `cuszi_gpu_throughput_1d` (2^27 f32
+//! as a 1-D array, the shape the comm layer passes, and 2^27 + 100,003) time the device codec
+//! (`--ignored`).
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
