@@ -1358,4 +1358,63 @@ mod tests {
         assert_eq!(1 << define("CZ_PROB_BITS"), SLOTS);
         assert_eq!(SYMBOLS, rans::NSYM);
     }
+
+    /// What the whole-tile kernels rely on where `whole_tiles` holds: every owned point of every
+    /// tile sits at symbol index `t * ts + p`, with `p` its position in the pattern of a whole
+    /// tile (raster over the first tile's owned extents), so its class is `pattern[i % ts]`;
+    /// and the shapes it must refuse break that.
+    #[test]
+    fn whole_tiles_means_the_pattern_repeats_in_symbol_order() {
+        let repeats = |g: &Grid| {
+            let full = g.owned([0; 3]);
+            let ts: usize = full.iter().product();
+            (0..g.n_tiles()).all(|t| {
+                let (b, c) = g.tile_coords(t);
+                let e = g.owned(c);
+                (0..e[0]).all(|l0| {
+                    (0..e[1]).all(|l1| {
+                        (0..e[2]).all(|l2| {
+                            let s = g.stride;
+                            let x = [c[0] * s + l0, c[1] * s + l1, c[2] * s + l2];
+                            let p = (l0 * full[1] + l1) * full[2] + l2;
+                            g.symbol_index(b, x) == t * ts + p
+                        })
+                    })
+                })
+            })
+        };
+        let grid = |d: &[u64]| Grid::new(&Dims::new(d).unwrap());
+        for d in [
+            &[1u64][..],
+            &[511],
+            &[512],
+            &[513],
+            &[100_003],
+            &[1, 1, 1030],
+            &[37, 16],
+            &[3, 48],
+            &[1003, 5, 3],
+            &[20, 8, 8],
+            &[32, 48],
+            &[16, 24, 40],
+            &[2, 3, 8, 16],
+        ] {
+            let g = grid(d);
+            assert!(whole_tiles(&g), "{d:?}");
+            assert!(repeats(&g), "{d:?}");
+        }
+        // edge tiles inside a row or slab, a column with a faster extent above the stride, a
+        // batch of volumes with short last tiles
+        for d in [
+            &[17u64, 33][..],
+            &[40, 40, 50],
+            &[37, 17],
+            &[1000, 9, 3],
+            &[2, 3, 9, 17],
+        ] {
+            let g = grid(d);
+            assert!(!whole_tiles(&g), "{d:?}");
+            assert!(!repeats(&g), "{d:?}");
+        }
+    }
 }
