@@ -538,50 +538,92 @@ __device__ __forceinline__ i64 cz_res(const i64* res, const unsigned short* syms
 
 // ---------------------------------------------------------------------------------------------
 // Anchors (mod.rs decode, "anchors"): the Lorenzo inverse over the anchor grid is the n-D
-// prefix sum of the anchor residuals (a lossless anchor adds 0), in wrapping integers; one
-// launch per dimension, one thread per line of tiles along it. The first launch (dim 2) reads
-// the residuals, the last (dim 0) also writes the anchors' values (mod.rs anchor_values).
+// prefix sum of the anchor residuals (a lossless anchor adds 0), in wrapping integers, one
+// dimension after the other. The first dimension's pass (dim 2) reads the residuals, the last
+// (dim 0) also writes the anchors' values (mod.rs anchor_values).
+//
+// A pass splits each line of tiles along `dim` into segments of `seg` tiles, one thread per
+// segment, so that a long line (a 1-D array has a single line of n / 512 tiles) is not one
+// thread's serial chain: with `part_out`, each thread writes its segment's sum there (nothing
+// else); cz_anchor_scan turns those sums into exclusive prefixes per line; then each thread
+// adds its segment's prefix (`part_in`; null: 0, a line of one segment) to its own running sum.
+// Wrapping addition is associative, so the sums are those of the CPU's one loop per line.
+//
+// The input of tile `t` of the pass: the residual at its anchor (first pass) or `acc[t]`.
+__device__ __forceinline__ i64 cz_anchor_in(const CzGeo& g, const i64* res, const unsigned short* syms,
+                                            const i64* acc, int first, i64 b, const i64 c[3], i64 t) {
+    if (!first) return acc[t];
+    i64 rr = cz_res(res, syms, cz_tile_offset(g, b, c));
+    return rr == CZ_LOSSLESS ? 0 : rr;
+}
 template <typename T>
 __device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, double* vals, int dim,
-                           int first, int last,
-                           double step) {
+                           int first, int last, double step, i64 seg, const i64* part_in, i64* part_out) {
     const CzGeo g = cz_geo(geo);
     i64 len = g.tiles[dim];
-    i64 lines = g.ntiles / (len > 0 ? len : 1);
-    i64 li = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (li >= lines || len == 0) return;
+    if (len == 0 || seg <= 0) return;
+    i64 nseg = (len + seg - 1) / seg;
+    i64 lines = g.ntiles / len;
+    i64 id = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= lines * nseg) return;
+    i64 li = id / nseg;
+    i64 k0 = (id - li * nseg) * seg;
+    i64 k1 = k0 + seg < len ? k0 + seg : len;
     // the line's coordinates in the other dimensions
-    i64 c[3];
+    i64 c0 = 0, c1 = 0, c2 = 0;
     i64 r = li;
-    for (int d = 2; d >= 0; d--) {
-        if (d == dim) continue;
-        c[d] = r % g.tiles[d];
-        r /= g.tiles[d];
+    if (dim != 2) {
+        c2 = r % g.tiles[2];
+        r /= g.tiles[2];
     }
-    i64 b = r;
-    i64 s = 0;
-    for (i64 k = 0; k < len; k++) {
-        c[dim] = k;
-        i64 t = cz_tile_index(g, b, c);
-        i64 v;
-        if (first) {
-            i64 rr = cz_res(res, syms, cz_tile_offset(g, b, c));
-            v = rr == CZ_LOSSLESS ? 0 : rr;
-        } else {
-            v = acc[t];
+    if (dim != 1) {
+        c1 = r % g.tiles[1];
+        r /= g.tiles[1];
+    }
+    if (dim != 0) {
+        c0 = r % g.tiles[0];
+        r /= g.tiles[0];
+    }
+    const i64 b = r;
+    // (tile index and coordinates of position k along the line, by selection: a runtime index
+    // into a local array would put it in local memory)
+    const i64 tstep = dim == 2 ? 1 : dim == 1 ? g.tiles[2] : g.tiles[1] * g.tiles[2];
+    i64 base[3] = {c0, c1, c2};
+    const i64 t0 = cz_tile_index(g, b, base) - (dim == 0 ? c0 : dim == 1 ? c1 : c2) * tstep;
+    i64 s = part_in ? part_in[id] : 0;
+    // 8 inputs loaded before any is added, so that the loads of a segment overlap
+    for (i64 k = k0; k < k1; k += 8) {
+        i64 v[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            i64 kk = k + q;
+            i64 c[3] = {dim == 0 ? kk : c0, dim == 1 ? kk : c1, dim == 2 ? kk : c2};
+            v[q] = kk < k1 ? cz_anchor_in(g, res, syms, acc, first, b, c, t0 + kk * tstep) : 0;
         }
-        s = (i64)((u64)s + (u64)v);
-        acc[t] = s;
-        if (last) {
-            double a;
-            if (sizeof(T) == 4) {
-                a = (double)((float)(i32)s * (float)step);
-            } else {
-                a = (double)s * step;
+        if (part_out) {
+#pragma unroll
+            for (int q = 0; q < 8; q++) s = (i64)((u64)s + (u64)v[q]);
+            continue;
+        }
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            i64 kk = k + q;
+            if (kk >= k1) break;
+            i64 t = t0 + kk * tstep;
+            s = (i64)((u64)s + (u64)v[q]);
+            acc[t] = s;
+            if (last) {
+                double a;
+                if (sizeof(T) == 4) {
+                    a = (double)((float)(i32)s * (float)step);
+                } else {
+                    a = (double)s * step;
+                }
+                vals[t] = zc_isfinite(a) ? a : 0.0;
             }
-            vals[t] = zc_isfinite(a) ? a : 0.0;
         }
     }
+    if (part_out) part_out[id] = s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1421,8 +1463,9 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, 
     sizes[ci] = (size + 3) & ~3ull;
 }
 
-// Exclusive prefix sum of the chunk sizes in place (one block), total in sizes[n].
-extern "C" __global__ void cz_scan(u64* sizes, u64 n) {
+// Exclusive prefix sum (wrapping) of `v[0..n]` in place by the whole block; returns the total
+// (every thread). Every thread of the block must call it (block barriers).
+__device__ u64 cz_excl_scan(u64* v, u64 n) {
     __shared__ u64 carry;
     __shared__ u64 part[32];
     if (threadIdx.x == 0) carry = 0;
@@ -1430,20 +1473,32 @@ extern "C" __global__ void cz_scan(u64* sizes, u64 n) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     for (u64 base = 0; base < n; base += blockDim.x) {
         u64 i = base + threadIdx.x;
-        u64 v = i < n ? sizes[i] : 0;
-        u64 inc = warp_incl_u64(v, lane);
+        u64 x = i < n ? v[i] : 0;
+        u64 inc = warp_incl_u64(x, lane);
         if (lane == 31) part[warp] = inc;
         __syncthreads();
         u64 before = carry;
         for (int w = 0; w < warp; w++) before += part[w];
         u64 tot = 0;
         for (int w = 0; w < nwarps; w++) tot += part[w];
-        if (i < n) sizes[i] = before + inc - v;
+        if (i < n) v[i] = before + inc - x;
         __syncthreads();
         if (threadIdx.x == 0) carry += tot;
         __syncthreads();
     }
-    if (threadIdx.x == 0) sizes[n] = carry;
+    return carry;
+}
+
+// Exclusive prefix sum of the chunk sizes in place (one block), total in sizes[n].
+extern "C" __global__ void cz_scan(u64* sizes, u64 n) {
+    u64 total = cz_excl_scan(sizes, n);
+    if (threadIdx.x == 0) sizes[n] = total;
+}
+
+// The segment sums of cz_anchors (`nseg` per line, line after line) into exclusive prefixes
+// per line, in place: one block per line.
+extern "C" __global__ void cz_anchor_scan(i64* part, i64 nseg) {
+    cz_excl_scan((u64*)part + (u64)blockIdx.x * (u64)nseg, (u64)nseg);
 }
 
 // The sum of every thread's `sum` over the block (wrapping), valid on thread 0; `wsum` holds
@@ -1536,9 +1591,9 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
         cz_rans_post<T>(stream, ent, nchunks, count, syms, stat, res, raw, bigs, err);                            \
     }                                                                                                               \
     extern "C" __global__ void cz_anchors_##N(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, \
-                                              double* vals, int dim,                                               \
-                                              int first, int last, double step) {                                  \
-        cz_anchors<T>(geo, res, syms, acc, vals, dim, first, last, step);                                          \
+                                              double* vals, int dim, int first, int last, double step, i64 seg,    \
+                                              const i64* part_in, i64* part_out) {                                 \
+        cz_anchors<T>(geo, res, syms, acc, vals, dim, first, last, step, seg, part_in, part_out);                  \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
         cz_tiles_##N(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw, const i64* acc,    \

@@ -6,7 +6,9 @@
 //!
 //! Custom harness (`harness = false`, libtest-mimic), as `tests/gpu_gpz.rs`: a test that needs
 //! what this machine lacks (a CUDA device, libnvrtc) is reported *ignored* with the reason,
-//! never passed. `cuszi_gpu_throughput` (512^3 f32, `--ignored`) times the device decoder.
+//! never passed. `cuszi_gpu_throughput` (512^3 f32) and `cuszi_gpu_throughput_1d` (2^27 f32
+//! as a 1-D array, the shape the comm layer passes, and 2^27 + 100,003) time the device codec
+//! (`--ignored`).
 
 #[path = "common/gpu_harness.rs"]
 mod gpu_harness;
@@ -41,6 +43,7 @@ fn main() {
             compresses_like_cpu::<f64>,
         ),
         gpu_trial("cuszi_gpu_throughput", throughput).with_ignored_flag(true),
+        gpu_trial("cuszi_gpu_throughput_1d", throughput_1d).with_ignored_flag(true),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -141,6 +144,20 @@ const SHAPES: &[&[usize]] = &[
     &[1],
     &[2, 1, 1],
     &[40, 40, 50],
+    // 1-D lengths around the tile (512 values) and the chunk (32,768), primes, and long enough
+    // for the decoder to split the line of anchors into segments (more than 64 tiles)
+    &[511],
+    &[513],
+    &[65_537],
+    &[100_003],
+    &[1_000_003],
+    // one column of tiles with a short last tile (2-D, 3-D), and long lines of tiles along the
+    // fastest and the slowest dimension
+    &[37, 16],
+    &[1003, 5, 3],
+    &[40, 5000],
+    &[17, 9, 1000],
+    &[1000, 9, 3],
 ];
 
 /// Every case the comparisons run: each shape of `SHAPES`, a smooth and an adversarial field
@@ -226,19 +243,19 @@ fn reseal(s: &mut [u8], at: usize) {
     s[..hl].copy_from_slice(&head);
 }
 
-/// Corrupted streams of two shapes: one with edge tiles, one of whole tiles only (which the
-/// device decodes with its whole-tile chunk kernel).
+/// Corrupted streams of three shapes: one with edge tiles, one of whole tiles only and a 1-D one
+/// with a short last tile (both of which the device decodes with its whole-tile chunk kernel).
 fn rejects_what_cpu_rejects(g: &mut CusziGpu) {
-    for dims in [[40usize, 40, 50], [48, 40, 64]] {
+    for dims in [&[40usize, 40, 50][..], &[48, 40, 64], &[100_003]] {
         rejects_like_cpu(g, dims);
     }
 }
 
-fn rejects_like_cpu(g: &mut CusziGpu, dims: [usize; 3]) {
+fn rejects_like_cpu(g: &mut CusziGpu, dims: &[usize]) {
     let mut r = Rng(0x5eed);
     for b in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-300)] {
-        let data = adversarial::<f32>(&dims, 11);
-        let s = compress_nd(&data, &dims, b, CodecKind::Cuszi).unwrap();
+        let data = adversarial::<f32>(dims, 11);
+        let s = compress_nd(&data, dims, b, CodecKind::Cuszi).unwrap();
         assert!(same::<f32>(g, &s, "intact"));
         let h = inspect(&s).unwrap();
         let body = h.header_len() + h.table_len();
@@ -303,18 +320,29 @@ fn timed(
     (times, prof)
 }
 
-/// 512^3 f32 smooth field: the CPU twin's stream decoded on the device (device stream in,
-/// device values out), bit-identical to the CPU's decoding; median wall time of 7 calls after
-/// 2 warm-ups, each synchronized.
+/// 512^3 f32 smooth field: see [`throughput_of`].
 fn throughput(g: &mut CusziGpu) {
-    let n = 512usize;
-    let dims = [n, n, n];
-    let data = smooth::<f32>(&dims);
+    throughput_of(g, &[512, 512, 512], "512^3");
+}
+
+/// The same number of values (2^27 f32) as one 1-D array, the shape the comm layer passes
+/// (`GpuCodec`), and a 1-D array of an awkward length (2^27 + 100,003: a partial last tile).
+fn throughput_1d(g: &mut CusziGpu) {
+    throughput_of(g, &[1 << 27], "1-D 2^27");
+    throughput_of(g, &[(1 << 27) + 100_003], "1-D 2^27+100003");
+}
+
+/// A smooth f32 field of shape `dims`: the CPU twin's stream decoded on the device (device
+/// stream in, device values out), bit-identical to the CPU's decoding, and the device's
+/// compression of the field, byte-identical to the CPU's stream; median wall time of 7 calls
+/// after 2 warm-ups, each synchronized.
+fn throughput_of(g: &mut CusziGpu, dims: &[usize], label: &str) {
+    let data = smooth::<f32>(dims);
     let raw = (data.len() * 4) as f64;
     let mut identical = true;
     for b in [ErrorBound::Noa(1e-3), ErrorBound::Noa(1e-4)] {
         let t0 = std::time::Instant::now();
-        let s = compress_nd(&data, &dims, b, CodecKind::Cuszi).unwrap();
+        let s = compress_nd(&data, dims, b, CodecKind::Cuszi).unwrap();
         let cpu_c = t0.elapsed().as_secs_f64();
         let t0 = std::time::Instant::now();
         let want: Vec<f32> = decompress(&s).unwrap();
@@ -327,7 +355,7 @@ fn throughput(g: &mut CusziGpu) {
                 .unwrap();
         };
         let (mut times, prof) = timed(g, decode);
-        println!("cuszi 512^3 f32 {b}: decompress steps (ms): {prof:?}");
+        println!("cuszi {label} f32 {b}: decompress steps (ms): {prof:?}");
         let got = st.clone_dtoh(&d_out).unwrap();
         assert!(
             bits(&got) == bits(&want),
@@ -335,7 +363,7 @@ fn throughput(g: &mut CusziGpu) {
         );
         let t = median(&mut times);
         println!(
-            "cuszi 512^3 f32 {b}: ratio {:.2} | gpu decompress median {:.3} ms = {:.1} GB/s \
+            "cuszi {label} f32 {b}: ratio {:.2} | gpu decompress median {:.3} ms = {:.1} GB/s \
              (min {:.3} ms, max {:.3} ms, 7 runs) | bit-identical to CPU decompress | cpu \
              compress {:.2} s, cpu decompress {:.2} s",
             raw / s.len() as f64,
@@ -353,7 +381,7 @@ fn throughput(g: &mut CusziGpu) {
         let mut len = 0;
         let encode = |g: &mut CusziGpu| {
             len = g
-                .compress_device(&d_data.slice(..), &dims, b, &mut d_cs.slice_mut(..))
+                .compress_device(&d_data.slice(..), dims, b, &mut d_cs.slice_mut(..))
                 .unwrap();
         };
         let (mut ctimes, prof) = timed(g, encode);
@@ -361,7 +389,7 @@ fn throughput(g: &mut CusziGpu) {
         identical &= got == s;
         let tc = median(&mut ctimes);
         println!(
-            "cuszi 512^3 f32 {b}: gpu compress median {:.3} ms = {:.1} GB/s (min {:.3} ms, max \
+            "cuszi {label} f32 {b}: gpu compress median {:.3} ms = {:.1} GB/s (min {:.3} ms, max \
              {:.3} ms, 7 runs) | byte-identical to CPU compress_nd: {} | steps (ms): {prof:?}",
             tc * 1e3,
             raw / tc / 1e9,
@@ -370,5 +398,5 @@ fn throughput(g: &mut CusziGpu) {
             got == s,
         );
     }
-    assert!(identical, "a GPU stream differs from the CPU's");
+    assert!(identical, "{label}: a GPU stream differs from the CPU's");
 }

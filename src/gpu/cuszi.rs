@@ -14,7 +14,8 @@
 //!    quantizes the residuals, writes their symbols (2 bytes each; a big residual also as its
 //!    64-bit value) and counts the symbols of each class; the histogram is read back and the
 //!    host builds the rANS tables and the metadata with the CPU's own code;
-//! 5. the chunks of 32,768 residuals: when every tile is whole (`whole_tiles`), `cz_enc_prep_*`
+//! 5. the chunks of 32,768 residuals: when every tile is whole or the array 1-D (`whole_tiles`:
+//!    the classes repeat the tile's pattern in symbol order), `cz_enc_prep_*`
 //!    (a warp per chunk) writes each residual's step index, the lossless values and the varints,
 //!    then `cz_enc_whole_*` (a thread per chunk) runs each chunk's serial chain of rANS state
 //!    updates; otherwise `cz_enc_chunks_*` (a thread per chunk) does both. `cz_scan` sums their
@@ -33,13 +34,15 @@
 //!    configuration, rANS tables) and uploads the geometry, the class pattern and the decoder
 //!    tables (one copy);
 //! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
-//!    tile is whole and the stream 4-aligned, `cz_rans_whole_*` (a thread per chunk) checks the
+//!    tile is whole or the array 1-D (`whole_tiles`) and the stream 4-aligned, `cz_rans_whole_*` (a thread per chunk) checks the
 //!    chunk's `zhash` and runs its serial chain of rANS state updates into 2-byte symbols, then
 //!    `cz_rans_post_*` (a warp per chunk) places the lossless values and big residuals and
 //!    checks the chunk's end; otherwise `cz_rans_*` (a thread per chunk) does all of it, with
 //!    each residual's class from a walk over the tile coordinates, into 64-bit residuals;
-//! 3. `cz_anchors_*` (three launches, one per dimension): the anchors' Lorenzo inverse as an
-//!    n-D prefix sum in wrapping integers, and their values;
+//! 3. `cz_anchors_*` (a pass per dimension): the anchors' Lorenzo inverse as an n-D prefix sum
+//!    in wrapping integers, and their values; a long line of tiles (a 1-D array is a single
+//!    line) is split into segments of 32 tiles, a thread each, with a pass for the segments'
+//!    sums and `cz_anchor_scan` (a block per line) for their prefixes;
 //! 4. `cz_tiles_*`: one warp per tile reconstructs its box level by level in shared memory
 //!    (IEEE f64, no FMA) and writes its owned points straight to the array;
 //! 5. one read back of the error words.
@@ -144,6 +147,7 @@ pub fn kernel_names() -> Vec<String> {
         "cz_anchor_lossless",
         "cz_anchor_res",
         "cz_anchor_serial",
+        "cz_anchor_scan",
         "cz_scan",
         "cz_hash",
     ] {
@@ -242,8 +246,9 @@ struct Plan {
     rsym: Vec<u16>,
     /// Per chunk: offset, then size | checksum << 32.
     ent: Vec<u64>,
-    /// Whether every tile is whole ([`whole_tiles`]); then `tabpat` holds the table of every
-    /// local position of a tile (`map` applied to `pattern`).
+    /// Whether every tile's classes are the pattern's from its first symbol on ([`whole_tiles`]:
+    /// every tile whole, or a 1-D array); then `tabpat` holds the table of every local position
+    /// of a tile (`map` applied to `pattern`).
     whole: bool,
     /// See `whole`.
     tabpat: Vec<u8>,
@@ -582,14 +587,55 @@ impl CusziGpu {
             unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
         }
         self.mark("rans")?;
-        for (dim, first, last) in [(2i32, 1i32, 0i32), (1, 0, 0), (0, 0, 1)] {
+        // the anchor passes, one per dimension (kernels/cuszi.cu cz_anchors): (dim, first,
+        // last, tiles per segment, segments per line); a pass along a dimension of one tile
+        // that neither reads the residuals nor writes the values changes nothing
+        let passes: Vec<(i32, i32, i32, usize, usize)> = [(2i32, 1i32, 0i32), (1, 0, 0), (0, 0, 1)]
+            .into_iter()
+            .filter(|&(dim, first, last)| p.g.tiles[dim as usize] > 1 || first + last > 0)
+            .map(|(dim, first, last)| {
+                let len = p.g.tiles[dim as usize];
+                let seg = anchor_segment(len);
+                (dim, first, last, seg, len.div_ceil(seg))
+            })
+            .collect();
+        let nparts = passes
+            .iter()
+            .filter(|q| q.4 > 1)
+            .map(|q| n_tiles / p.g.tiles[q.0 as usize] * q.4)
+            .max()
+            .unwrap_or(0);
+        // SAFETY (alloc): each pass that reads `part` has its segment sums written before.
+        let mut part = unsafe { s.alloc::<i64>(nparts.max(1)) }.map_err(gpu_err("alloc"))?;
+        let partp = raw_ptr_mut(&mut part, &s);
+        let f = self.func(&format!("cz_anchors_{t}"))?;
+        let fscan = self.func("cz_anchor_scan")?;
+        for &(dim, first, last, seg, nseg) in &passes {
             let lines = n_tiles / p.g.tiles[dim as usize].max(1);
-            let f = self.func(&format!("cz_anchors_{t}"))?;
+            let seg64 = seg as i64;
+            let (mut part_in, null) = (0u64, 0u64);
+            if nseg > 1 {
+                let mut b = launch_args!(s, &f;
+                    &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
+                    &null, &partp);
+                // SAFETY: one thread per segment of a line of tiles reads residuals at tile
+                // offsets (below n) or the `acc` words of its tiles, and writes its word of
+                // `part` (lines * nseg <= nparts words).
+                unsafe { b.launch(cfg(lines * nseg, 128)) }.map_err(gpu_err("anchors"))?;
+                let nseg64 = nseg as i64;
+                let mut b = launch_args!(s, &fscan; &partp, &nseg64);
+                // SAFETY: block l rewrites the nseg words of line l of `part`.
+                unsafe { b.launch(Self::launch_cfg(lines, 1024, 0)) }
+                    .map_err(gpu_err("anchors"))?;
+                part_in = partp;
+            }
             let mut b = launch_args!(s, &f;
-                &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep);
-            // SAFETY: one thread per line of tiles reads residuals at tile offsets (below n) and
-            // writes the n_tiles words of `acc` and `vals`.
-            unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
+                &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
+                &part_in, &null);
+            // SAFETY: one thread per segment of a line of tiles reads residuals at tile offsets
+            // (below n) and its word of `part` (when given), and writes the `acc` and `vals`
+            // words of its tiles (n_tiles words each).
+            unsafe { b.launch(cfg(lines * nseg, 128)) }.map_err(gpu_err("anchors"))?;
         }
         self.mark("anchors")?;
         {
@@ -1223,11 +1269,35 @@ impl Pack {
     }
 }
 
-/// Whether every tile of `g` is whole: each extent a multiple of the anchor stride or below it,
-/// so that the residual at symbol index `i` has local index `i` mod (points per tile) in its
-/// tile, which the `*_whole` kernels count instead of walking tile coordinates.
+/// Whether the residual at symbol index `i` lies at local index `i` mod (points of a whole tile)
+/// in its tile and has that position's class in the pattern, which the `*_whole` kernels count
+/// instead of walking tile coordinates. So it is when every tile is whole (each extent a
+/// multiple of the anchor stride or below it), and when the tiles of one volume form a single
+/// column along its slowest extent above 1 (a 1-D array; or every faster extent below the
+/// stride): then only the column's last tile may be cut short, and it owns a prefix of a whole
+/// tile's points in symbol order, with the prefix of the pattern as classes (mod.rs `classes`).
 fn whole_tiles(g: &Grid) -> bool {
-    g.n.iter().all(|&x| x <= g.stride || x % g.stride == 0)
+    let whole = g.n.iter().all(|&x| x <= g.stride || x % g.stride == 0);
+    let column = g.batch == 1
+        && match g.n.iter().position(|&x| x > 1) {
+            Some(d) => g.n[d + 1..].iter().all(|&x| x <= g.stride),
+            None => true,
+        };
+    whole || column
+}
+
+/// Tiles per segment of a line of `len` tiles in the decoder's anchor passes (kernels/cuszi.cu
+/// `cz_anchors`): short lines (those of 2-D and 3-D arrays of usual sizes, many lines each) stay
+/// one thread's loop; long ones (a 1-D array is one line) are split so that every segment has
+/// its own thread.
+fn anchor_segment(len: usize) -> usize {
+    const SHORT_LINE: usize = 64;
+    const SEGMENT: usize = 32;
+    if len <= SHORT_LINE {
+        len.max(1)
+    } else {
+        SEGMENT
+    }
 }
 
 /// Let kernel `f` use `bytes` of dynamic shared memory.
@@ -1287,5 +1357,64 @@ mod tests {
         }
         assert_eq!(1 << define("CZ_PROB_BITS"), SLOTS);
         assert_eq!(SYMBOLS, rans::NSYM);
+    }
+
+    /// What the whole-tile kernels rely on where `whole_tiles` holds: every owned point of every
+    /// tile sits at symbol index `t * ts + p`, with `p` its position in the pattern of a whole
+    /// tile (raster over the first tile's owned extents), so its class is `pattern[i % ts]`;
+    /// and the shapes it must refuse break that.
+    #[test]
+    fn whole_tiles_means_the_pattern_repeats_in_symbol_order() {
+        let repeats = |g: &Grid| {
+            let full = g.owned([0; 3]);
+            let ts: usize = full.iter().product();
+            (0..g.n_tiles()).all(|t| {
+                let (b, c) = g.tile_coords(t);
+                let e = g.owned(c);
+                (0..e[0]).all(|l0| {
+                    (0..e[1]).all(|l1| {
+                        (0..e[2]).all(|l2| {
+                            let s = g.stride;
+                            let x = [c[0] * s + l0, c[1] * s + l1, c[2] * s + l2];
+                            let p = (l0 * full[1] + l1) * full[2] + l2;
+                            g.symbol_index(b, x) == t * ts + p
+                        })
+                    })
+                })
+            })
+        };
+        let grid = |d: &[u64]| Grid::new(&Dims::new(d).unwrap());
+        for d in [
+            &[1u64][..],
+            &[511],
+            &[512],
+            &[513],
+            &[100_003],
+            &[1, 1, 1030],
+            &[37, 16],
+            &[3, 48],
+            &[1003, 5, 3],
+            &[20, 8, 8],
+            &[32, 48],
+            &[16, 24, 40],
+            &[2, 3, 8, 16],
+        ] {
+            let g = grid(d);
+            assert!(whole_tiles(&g), "{d:?}");
+            assert!(repeats(&g), "{d:?}");
+        }
+        // edge tiles inside a row or slab, a column with a faster extent above the stride, a
+        // batch of volumes with short last tiles
+        for d in [
+            &[17u64, 33][..],
+            &[40, 40, 50],
+            &[37, 17],
+            &[1000, 9, 3],
+            &[2, 3, 9, 17],
+        ] {
+            let g = grid(d);
+            assert!(!whole_tiles(&g), "{d:?}");
+            assert!(!repeats(&g), "{d:?}");
+        }
     }
 }
