@@ -514,12 +514,13 @@ impl DeviceModel<'_> {
 #[cfg(test)]
 impl Profile {
     /// This profile with GPU-like speeds of two codecs (tests of the choice): aatrox the
-    /// faster, pfpl the denser, 0.1 ms per call.
+    /// faster, pfpl the denser, 0.1 ms per call (replacing their records, if any).
     pub(crate) fn with_test_codecs(mut self) -> Self {
         for (codec, c, d) in [
             (CodecKind::Aatrox, 1300e9, 1900e9),
             (CodecKind::Pfpl, 500e9, 600e9),
         ] {
+            self.gpu_codecs.retain(|r| r.codec != codec);
             self.gpu_codecs.push(CodecSpeed {
                 compress_overhead: 100e-6,
                 decompress_overhead: 100e-6,

@@ -486,6 +486,28 @@ fn two_codec_profile() -> Profile {
     profile().with_test_codecs()
 }
 
+/// The test codecs replace [`profile`]'s aatrox lines (the model reads one record per codec),
+/// and the staged choice follows the link: pfpl on a slow one, aatrox on a fast one, for a
+/// 16 MiB message at the ratios the ignored GPU test samples (aatrox 390, pfpl 810).
+#[test]
+fn two_codec_profile_has_one_record_per_codec_and_chooses_by_link() {
+    let p = two_codec_profile();
+    assert_eq!(p.gpu_codecs.len(), 2);
+    assert_eq!(p.staged(CodecKind::Aatrox).c.compress, 1300e9);
+    let bytes = 16.0 * 1048576.0;
+    let cands = [(CodecKind::Aatrox, 390.0), (CodecKind::Pfpl, 810.0)];
+    for (bandwidth, want) in [(1e8, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
+        let link = Link {
+            bandwidth,
+            latency: 2e-6,
+        };
+        let serial = |d: &DeviceModel<'_>, r: f64| model::predict(&d.scenario(link, bytes, r, 1));
+        let raw = serial(&p.staged(CodecKind::Aatrox), 1.0).raw_serial;
+        let ch = p.choose_staged(raw, &cands, |d, _, r| serial(d, r).compressed_serial);
+        assert_eq!(ch.codec, Some(want), "{bandwidth:e} B/s: {ch:?}");
+    }
+}
+
 /// What each staged device operation reported (`OpStats::codec`) on every rank of a
 /// two-rank loopback group whose host link runs at `bandwidth`, under `Auto(aatrox)` at
 /// `noa:1e-2` on the log-normal field (pfpl's ratio about twice aatrox's).
