@@ -2,40 +2,53 @@
 
 use super::*;
 
-/// A calibrated-looking profile: H100-like numbers, every term set, staging by the curve,
-/// aatrox's GPU lines.
-fn profile() -> Profile {
+/// A staged profile of the staging curve through `points` (bytes, D2H s, H2D s), the
+/// staging line at `staging_bw`, aatrox's GPU `lines` and the device passes (copy, range,
+/// scale rates); no solo rates, one-way curve or ranks-per-GPU count, as before any
+/// calibration of those.
+fn staged_profile(
+    points: &[(f64, f64, f64)],
+    staging_bw: f64,
+    lines: model::CodecSpeed,
+    [device_copy, range_pass, scale_pass]: [f64; 3],
+) -> Profile {
     let mut curve = StagingCurve::default();
-    for (b, d, h) in [
-        (16e6, 0.8e-3, 0.6e-3),
-        (64e6, 2.4e-3, 1.3e-3),
-        (1e9, 39e-3, 39e-3),
-    ] {
-        curve.insert(StagingPoint {
-            bytes: b,
-            d2h: d,
-            h2d: h,
-        });
+    for &(bytes, d2h, h2d) in points {
+        curve.insert(StagingPoint { bytes, d2h, h2d });
     }
     Profile {
         staging: Some(Link {
-            bandwidth: 27e9,
+            bandwidth: staging_bw,
             latency: 10e-6,
         }),
         staging_curve: curve,
-        gpu_codecs: vec![model::CodecSpeed {
+        gpu_codecs: vec![lines],
+        device_copy,
+        range_pass,
+        scale_pass,
+        ..Profile::staged_guess()
+    }
+}
+
+/// A calibrated-looking profile: H100-like numbers, every term set, staging by the curve,
+/// aatrox's GPU lines.
+fn profile() -> Profile {
+    staged_profile(
+        &[
+            (16e6, 0.8e-3, 0.6e-3),
+            (64e6, 2.4e-3, 1.3e-3),
+            (1e9, 39e-3, 39e-3),
+        ],
+        27e9,
+        model::CodecSpeed {
             compress_overhead: 0.3e-3,
             decompress_overhead: 0.2e-3,
             decompress_add: 400e9,
             decompress_add_overhead: 0.25e-3,
             ..model::CodecSpeed::new(CodecKind::Aatrox, 1, 260e9, 480e9, 1.0)
-        }],
-        device_copy: 1.2e12,
-        range_pass: 2.0e12,
-        scale_pass: 1.0e12,
-        // no solo rates, one-way curve or ranks-per-GPU count: as before any calibration
-        ..Profile::staged_guess()
-    }
+        },
+        [1.2e12, 2.0e12, 1.0e12],
+    )
 }
 
 /// The staged model of aatrox on `p`.
@@ -67,28 +80,17 @@ fn solo_profile(s: usize) -> Profile {
 /// sharing one H100; no solo rates, one-way curve or placement), as a profile: aatrox's lines
 /// and the staging curve.
 fn v5_profile() -> Profile {
-    let mut curve = StagingCurve::default();
-    for (b, d, h) in [
-        (1048576.0, 0.000048747, 0.000050172),
-        (4194304.0, 0.000162442, 0.000163906),
-        (16777216.0, 0.000618763, 0.000620922),
-        (67108864.0, 0.002451287, 0.002454058),
-        (268435456.0, 0.009757648, 0.009767423),
-        (1073741824.0, 0.039001573, 0.039037274),
-    ] {
-        curve.insert(StagingPoint {
-            bytes: b,
-            d2h: d,
-            h2d: h,
-        });
-    }
-    Profile {
-        staging: Some(Link {
-            bandwidth: 27505553384.69587,
-            latency: 0.00001,
-        }),
-        staging_curve: curve,
-        gpu_codecs: vec![model::CodecSpeed {
+    staged_profile(
+        &[
+            (1048576.0, 0.000048747, 0.000050172),
+            (4194304.0, 0.000162442, 0.000163906),
+            (16777216.0, 0.000618763, 0.000620922),
+            (67108864.0, 0.002451287, 0.002454058),
+            (268435456.0, 0.009757648, 0.009767423),
+            (1073741824.0, 0.039001573, 0.039037274),
+        ],
+        27505553384.69587,
+        model::CodecSpeed {
             compress_overhead: 0.0008994880293040292,
             decompress_overhead: 0.00033048289694749696,
             decompress_add: 539903675538.65643,
@@ -100,12 +102,9 @@ fn v5_profile() -> Profile {
                 946016283949.4966,
                 1.0,
             )
-        }],
-        device_copy: 624423519094.5659,
-        range_pass: 814696766606.0935,
-        scale_pass: 526916148661.41425,
-        ..Profile::staged_guess()
-    }
+        },
+        [624423519094.5659, 814696766606.0935, 526916148661.41425],
+    )
 }
 
 fn close_terms(a: Terms, b: Terms) -> bool {
