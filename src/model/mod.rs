@@ -29,14 +29,14 @@
 
 pub mod choice;
 pub mod curve;
-pub mod device;
-pub mod nccl;
+pub mod direct;
 mod profile;
+pub mod staged;
 
 pub use curve::{Curve, StagingCurve, StagingPoint};
-pub use device::{DeviceModel, Terms};
-pub use nccl::WireRatio;
+pub use direct::WireRatio;
 pub use profile::Profile;
+pub use staged::{StagedModel, Terms};
 
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};

@@ -10,8 +10,8 @@
 //! communicator the same GPU codecs and passes (one calibration,
 //! `comm::device_calibrate`), its exchanges and NCCL's own collectives. The predictions
 //! read the same fields for the same things: the staged operations through
-//! [`Profile::staged`] ([`DeviceModel`](super::DeviceModel)), the device-direct ones (NCCL,
-//! loopback) through the methods of `model::nccl`, host buffers through
+//! [`Profile::staged`] ([`StagedModel`](super::StagedModel)), the device-direct ones (NCCL,
+//! loopback) through the methods of [`direct`](super::direct), host buffers through
 //! [`Scenario`](super::Scenario).
 
 use std::path::{Path, PathBuf};

@@ -68,7 +68,7 @@ impl Communicator {
         preferred: CodecKind,
         (op, key): (u8, i64),
         raw_s: f64,
-        cmp: impl Fn(&DeviceModel<'_>, f64) -> f64,
+        cmp: impl Fn(&StagedModel<'_>, f64) -> f64,
     ) -> Choice {
         let mut cands = Vec::new();
         for c in self.device_candidates(preferred, dp) {
@@ -128,7 +128,7 @@ impl Communicator {
             .collect();
         let ratios = self.agree_ratios(&local)?;
         let link = self.profile.link;
-        let terms = |d: &DeviceModel<'_>, r: f64| d.allgather_terms(link, p, bytes, r);
+        let terms = |d: &StagedModel<'_>, r: f64| d.allgather_terms(link, p, bytes, r);
         let cands: Vec<(CodecKind, f64)> = cands.into_iter().zip(ratios).collect();
         let ch = dp.choose_staged(
             terms(&dp.staged(preferred), 1.0).0.total(),
@@ -155,7 +155,7 @@ impl Communicator {
         preferred: CodecKind,
         step: ErrorBound,
         (op_ring, op_final, key): (u8, u8, i64),
-        cmp: impl Fn(&DeviceModel<'_>, f64, f64) -> f64,
+        cmp: impl Fn(&StagedModel<'_>, f64, f64) -> f64,
         raw_s: f64,
     ) -> Result<Option<(CodecKind, f64, f64)>> {
         let inf = f64::INFINITY;

@@ -416,7 +416,7 @@ const CALIBRATION_NOA: f64 = 1e-3;
 
 /// Smallest calibration field of [`DeviceStager::calibrate`] (16 Mi f32 = 64 MiB).
 pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
-/// Values of the tiny buffer whose codec calls measure [`DeviceModel::call_overhead`]
+/// Values of the tiny buffer whose codec calls measure [`StagedModel::call_overhead`]
 /// (64 Ki f32 = 256 KiB).
 pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 /// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration

@@ -536,7 +536,7 @@ impl Communicator {
         if r == root && local.is_ok() {
             // the root decides alone (`Auto`: the codec too, from its own data) and tells the
             // others in its descriptor
-            let terms = |d: &DeviceModel<'_>, r: f64| d.bcast_terms(link, p, bytes, r);
+            let terms = |d: &StagedModel<'_>, r: f64| d.bcast_terms(link, p, bytes, r);
             let (compress, codec) = match self.config.policy {
                 Policy::Never => (false, preferred),
                 Policy::Always(c) => (true, c),

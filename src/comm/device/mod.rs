@@ -98,7 +98,7 @@
 //! staging times at several sizes ([`StagingCurve`], interpolated; compressed streams are
 //! predicted at their own, smaller size). Composed operations add the two staging copies to the
 //! host operation's prediction; the device ring is predicted by
-//! [`DeviceModel::predict_reduce`].
+//! [`StagedModel::predict_reduce`].
 //!
 //! ## Who works at the same time: shared and solo rates
 //!
@@ -128,7 +128,7 @@
 //!   `staggered = max(solo, h2d / s + shared - h2d)`. When the driver lets the uploads end
 //!   together instead, the `s` calls run at once at the shared rate (`concurrent = shared`);
 //!   with `s > 1` the model predicts the mean of the two
-//!   ([`DeviceModel::decompress_after_upload_s`]). With `s = 1` this is `max(solo, shared)`.
+//!   ([`StagedModel::decompress_after_upload_s`]). With `s = 1` this is `max(solo, shared)`.
 //!   After a joint exchange (`sendrecv_device`, `allgather_device`, the ring steps) every rank
 //!   leaves the MPI call at once and the calls measured at the shared rate (below): shared.
 //!
@@ -154,7 +154,7 @@ use crate::error::{Error, Result};
 use crate::format::Dtype;
 use crate::gpu::{GpuCodec, GpuElement};
 use crate::model::{
-    self, Curve, DeviceModel, Link, Policy, Profile, StagingCurve, StagingPoint, Terms,
+    self, Curve, Link, Policy, Profile, StagedModel, StagingCurve, StagingPoint, Terms,
 };
 use crate::quant::ErrorBound;
 

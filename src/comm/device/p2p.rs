@@ -29,7 +29,7 @@ impl Communicator {
         // the ratios of this message stream, per codec (`crate::comm::codec_key`)
         let (op_r, key) = (OP_SENDRECV | 0x80, tag as i64);
         let serial =
-            |d: &DeviceModel<'_>, r: f64| model::predict(&d.scenario(link, bytes as f64, r, 1));
+            |d: &StagedModel<'_>, r: f64| model::predict(&d.scenario(link, bytes as f64, r, 1));
         // this side decides for its own outgoing message (the descriptor tells the peer, the
         // stream's header the codec); `Auto` chooses the codec too
         let (compress, codec, est) = match self.config.policy {

@@ -206,7 +206,7 @@ impl Communicator {
     /// else reduce-scatter): D2H of the input, the host algorithm on the pinned buffers, H2D
     /// of the result. The allreduce is the native MPI one (its calibrated line); the
     /// reduce-scatter is the raw ring: `p-1` exchanges of a segment between the pinned buffers
-    /// ([`DeviceModel::pair_s`]) and the host addition of each received segment.
+    /// ([`StagedModel::pair_s`]) and the host addition of each received segment.
     pub(super) fn staged_raw_reduce_s<T: GpuElement + Real>(
         &self,
         dp: &Profile,

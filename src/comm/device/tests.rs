@@ -52,7 +52,7 @@ fn profile() -> Profile {
 }
 
 /// The staged model of aatrox on `p`.
-fn m(p: &Profile) -> DeviceModel<'_> {
+fn m(p: &Profile) -> StagedModel<'_> {
     p.staged(CodecKind::Aatrox)
 }
 
@@ -500,7 +500,7 @@ fn two_codec_profile_has_one_record_per_codec_and_chooses_by_link() {
             bandwidth,
             latency: 2e-6,
         };
-        let serial = |d: &DeviceModel<'_>, r: f64| model::predict(&d.scenario(link, bytes, r, 1));
+        let serial = |d: &StagedModel<'_>, r: f64| model::predict(&d.scenario(link, bytes, r, 1));
         let raw = serial(&p.staged(CodecKind::Aatrox), 1.0).raw_serial;
         let ch = p.choose_staged(raw, &cands, |d, _, r| serial(d, r).compressed_serial);
         assert_eq!(ch.codec, Some(want), "{bandwidth:e} B/s: {ch:?}");

@@ -1,5 +1,5 @@
 //! The model of the staged device operations (device buffers staged through pinned host
-//! memory and carried by the host transport): [`DeviceModel`], the [`Profile`]'s staging and
+//! memory and carried by the host transport): [`StagedModel`], the [`Profile`]'s staging and
 //! link curves with one GPU codec's call lines, and the per-stage [`Terms`] of every
 //! operation's raw and compressed predictions.
 //!
@@ -15,14 +15,14 @@ use crate::codec::CodecKind;
 /// The staged model of one GPU codec ([`Profile::staged`]): every prediction below reads the
 /// profile's staging and link curves and this codec's call lines.
 #[derive(Debug, Clone, Copy)]
-pub struct DeviceModel<'a> {
+pub struct StagedModel<'a> {
     /// The calibrated profile.
     pub p: &'a Profile,
     /// The codec's GPU call lines ([`Profile::gpu_lines`]).
     pub c: CodecSpeed,
 }
 
-impl std::ops::Deref for DeviceModel<'_> {
+impl std::ops::Deref for StagedModel<'_> {
     type Target = Profile;
     /// The profile's codec-independent terms (staging copies, links) read through the model.
     fn deref(&self) -> &Profile {
@@ -33,8 +33,8 @@ impl std::ops::Deref for DeviceModel<'_> {
 impl Profile {
     /// The staged model of `codec`: its calibrated GPU lines, else those of the codec the
     /// calibration was asked for, else the guess ([`gpu_lines`](Self::gpu_lines)).
-    pub fn staged(&self, codec: CodecKind) -> DeviceModel<'_> {
-        DeviceModel {
+    pub fn staged(&self, codec: CodecKind) -> StagedModel<'_> {
+        StagedModel {
             p: self,
             c: self.gpu_lines(codec, 1),
         }
@@ -53,7 +53,7 @@ impl Profile {
         &self,
         raw_s: f64,
         candidates: &[(CodecKind, f64)],
-        cmp: impl Fn(&DeviceModel<'_>, CodecKind, f64) -> f64,
+        cmp: impl Fn(&StagedModel<'_>, CodecKind, f64) -> f64,
     ) -> Choice {
         choice::choose(
             raw_s,
@@ -189,7 +189,7 @@ impl Profile {
     }
 }
 
-impl DeviceModel<'_> {
+impl StagedModel<'_> {
     /// Fixed seconds of one compression + decompression call pair beyond the throughput terms
     /// (launches, synchronizations, the `noa` range pass, header read-backs), charged once per
     /// pipeline chunk ([`Scenario::chunk_overhead`]).
@@ -443,7 +443,7 @@ impl DeviceModel<'_> {
     }
 }
 
-impl DeviceModel<'_> {
+impl StagedModel<'_> {
     /// Model stages of the compressed device ring of
     /// [`Communicator::allreduce_device`](crate::comm::Communicator::allreduce_device) /
     /// `allreduce_mean_device` (`fin = Some(final_ratio)`) or
@@ -565,7 +565,7 @@ mod tests {
     #[test]
     fn auto_picks_the_denser_codec_on_a_slow_link_and_the_faster_on_a_fast_one() {
         let dp = two_codecs();
-        type Op = fn(&DeviceModel<'_>, Link, f64) -> (Terms, Terms);
+        type Op = fn(&StagedModel<'_>, Link, f64) -> (Terms, Terms);
         let ops: [(&str, Op); 4] = [
             ("sendrecv", |d, l, r| d.sendrecv_terms(l, BYTES, r)),
             ("allgather", |d, l, r| d.allgather_terms(l, 4, BYTES, r)),
