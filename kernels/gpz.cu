@@ -17,8 +17,13 @@
 // (one warp per block), gz_hash, one read of the ctrl words.
 #include "common.cuh"
 
-// Warps (= blocks of 32 particles, each its own look-back chunk) per thread block.
+// Warps per thread block (the decoder: one 32-particle block each).
 #define GZ_WARPS 8
+// Blocks each encoder warp encodes: a thread block's GZ_WARPS * GZ_ENC_BPW blocks are one
+// look-back chunk.
+#ifndef GZ_ENC_BPW
+#define GZ_ENC_BPW 4
+#endif
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
 // f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
 // of warp collectives need more warps to hide their latency; f64 keeps 48 registers for its
@@ -817,11 +822,18 @@ __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* bu
     }
 }
 
-// GZ_WARPS blocks, one per warp: encode, look-back over the block sizes (each warp its own
-// chunk: no CTA barrier after the ticket), write. hdr: header bytes; cap: capacity of out.
+// GZ_WARPS * GZ_ENC_BPW consecutive blocks per thread block, GZ_ENC_BPW per warp, form one
+// look-back chunk: the warps encode their blocks into shared memory, warp 0 scans the chunk's
+// sizes and runs the one decoupled look-back (the other warps wait at the barrier, issuing
+// nothing) and writes the chunk's table entries, then every warp writes its blocks. One chunk per
+// warp-block would make every warp poll its predecessors. hdr: header bytes; cap: capacity of out.
 template <typename T, int D, bool PRESERVE>
 __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {
-    __shared__ u32 s_buf[GZ_WARPS][GzSlot<T, D>::WORDS];
+    constexpr int NB = GZ_WARPS * GZ_ENC_BPW;
+    static_assert(NB <= 32, "one warp scans a chunk's sizes");
+    __shared__ u32 s_buf[NB][GzSlot<T, D>::WORDS];
+    __shared__ u32 s_size[NB];
+    __shared__ u64 s_at[NB];
     __shared__ u32 s_chunk;
     __shared__ ZQ<T> s_qz[D];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -830,27 +842,52 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
     // the quantizers once per thread block
     if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
     __syncthreads();
-    const u64 b = (u64)s_chunk * GZ_WARPS + warp;
-    if (b >= nb) return;
-    ZQ<T> qz[D];
+    const u32 chunk = s_chunk;
+    const u64 b0 = (u64)chunk * NB;
+    {
+        ZQ<T> qz[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
-    i64 gmin[D];
-    u32 gw[D];
-    gz_frame<D>(ws, gmin, gw);
-    const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
-    const u64 first = b << 5;
-    const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
-    // a predicted frame is checked by every block (GZ_W_SPECHIT); not one that failed
-    u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
-    const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane,
-                                                     perm ? perm + first : perm, first, spec);
-    const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
-    if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
-    const u64 tab = hdr + 2ull * b;
-    // byte stores: the stream may start at any byte of its buffer
-    if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
-    gz_store(out, hdr + 2ull * nb + ex, cap, s_buf[warp], size, lane);
+        for (int c = 0; c < D; c++) qz[c] = s_qz[c];
+        i64 gmin[D];
+        u32 gw[D];
+        gz_frame<D>(ws, gmin, gw);
+        const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
+        // a predicted frame is checked by every block (GZ_W_SPECHIT); not one that failed
+        u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
+        for (int j = 0; j < GZ_ENC_BPW; j++) {
+            const int slot = warp * GZ_ENC_BPW + j;
+            const u64 b = b0 + (u64)slot;
+            u32 size = 0;
+            if (b < nb) {
+                const u64 first = b << 5;
+                const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+                size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[slot], lane,
+                                                       perm ? perm + first : perm, first, spec);
+            }
+            if (lane == 0) s_size[slot] = size;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const u32 sz = lane < NB ? s_size[lane] : 0u;
+        const u32 incl = warp_incl_u32(sz, lane);
+        const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        const u64 b = b0 + (u64)lane;
+        if (lane < NB) s_at[lane] = ex + incl - sz;
+        if (lane == 0 && b0 + NB >= nb) ws[GZ_W_TOTAL] = ex + agg;
+        // byte stores: the stream may start at any byte of its buffer
+        const u64 tab = hdr + 2ull * b;
+        if (lane < NB && b < nb && tab + 2ull <= cap) {
+            out[tab] = (u8)sz;
+            out[tab + 1ull] = (u8)(sz >> 8);
+        }
+    }
+    __syncthreads();
+    for (int j = 0; j < GZ_ENC_BPW; j++) {
+        const int slot = warp * GZ_ENC_BPW + j;
+        if (b0 + (u64)slot < nb) gz_store(out, hdr + 2ull * nb + s_at[slot], cap, s_buf[slot], s_size[slot], lane);
+    }
 }
 
 // zhash sums (before the final step) of the table (blockIdx.y 0) and of the block data
