@@ -1,8 +1,8 @@
 // GPZ particle codec (GPZ-FORMAT.md), the CUDA twin of src/codec/gpz: writes the CPU encoder's
 // bytes and decodes exactly what the CPU decoder accepts. One warp per 32-particle block (lane j
 // holds particle j); each block's place in the stream comes from a decoupled look-back over the
-// block sizes (common.cuh, one chunk per warp: no CTA barrier), so every block is written once,
-// straight into the final stream.
+// block sizes (common.cuh, one chunk per thread block of GZ_WARPS * GZ_ENC_BPW blocks), so every
+// block is written once, straight into the final stream.
 //
 // Compression (src/gpu/gpz.rs launches, in order, without a host round trip):
 //   gz_init        ctrl words and look-back status cleared
@@ -84,16 +84,6 @@ __device__ __forceinline__ u32 gz_upto(int i) { return i >= 31 ? 0xffffffffu : (
 __device__ __forceinline__ u32 gz_low(u32 w) { return w >= 32u ? 0xffffffffu : ((1u << w) - 1u); }
 __device__ __forceinline__ u64 gz_low64(u32 w) { return w >= 64u ? ~0ull : ((1ull << w) - 1ull); }
 
-// bw(ceil(t / r)), r >= 1, without a division: with t < 2^a and 2^(b-1) <= r < 2^b, t / r lies
-// in (2^(a-b-1), 2^(a-b+1)), so the width is within 2 of max(a - b, 0); ceil(t / r) < 2^w exactly
-// when t <= r (2^w - 1).
-__device__ __forceinline__ u32 gz_bw_ceil_div(u32 t, u32 r) {
-    const u32 a = gz_bw32(t), b = gz_bw32(r);
-    u32 w = a > b ? a - b : 0u;
-    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
-    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
-    return w;
-}
 // Unsigned code offsets of a dtype: f32 widths are at most 30 bits, so 32-bit words (one
 // shift per field instead of a 64-bit shift pair).
 template <typename T> struct GzU;
@@ -540,6 +530,10 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     // the ids' multiset (match_any) and their order in the block; the delta width is bracketed by
     // the id span, and only a level whose bracket is open and could still win sorts its ids.
     u32 best_bits = 0xffffffffu, best_l = 0;
+    // the sorted keys (id << 5 | lane) of the best level when the search sorted them (its K <= 26),
+    // which the chosen level's stable sort below reuses
+    u32 best_sk = 0;
+    bool best_sorted = false;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
     const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
     const bool hasprev = ok && prevc >= 0;
@@ -560,6 +554,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
             u32 bits = lb;
+            u32 sk = 0;
+            bool sorted = false;
             if (K > 0u) {
                 const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
                 const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
@@ -568,10 +564,11 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     const u32 idmax = gz_wmax(ok ? id : 0u);
                     const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
                     const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
-                    // the R - 1 gaps sum to `total`: the widest is at least their mean
+                    // the R - 1 gaps sum to `total`: the widest is at least their mean, whose width
+                    // is at least bw(total) - bw(R - 1) (total >= 2^(a-1), R - 1 < 2^b)
                     const u32 total = idmax - idmin - (R - 1u);
-                    const u32 wd_hi = gz_bw32(total);
-                    u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
+                    const u32 wd_hi = gz_bw32(total), bq = gz_bw32(R - 1u);
+                    u32 wd = R == 2u ? wd_hi : (wd_hi > bq ? wd_hi - bq : 0u);
                     u32 pb = 0;
                     if (PRESERVE) {
                         // the stable sort is the identity when the coded ids never decrease in
@@ -582,7 +579,10 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     }
                     if (wd != wd_hi) {
                         if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
-                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
+                        // with the lane in the key when it fits: the stable sort of this level
+                        sorted = K <= 26u;
+                        sk = gz_sort<u32>(ok ? (sorted ? (id << 5 | (u32)lane) : id) : 0xffffffffu, lane);
+                        const u32 sid = sorted ? sk >> 5 : sk;
                         const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
                         const bool start = lane > 0 && (u32)lane < m && sid != prev;
                         wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
@@ -594,6 +594,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             if (bits <= best_bits) {
                 best_bits = bits;
                 best_l = (u32)L;
+                best_sk = sk;
+                best_sorted = sorted;
             }
         }
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
@@ -628,7 +630,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         }
         if (b_k <= 26u) {
             const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
-            const u32 sk = gz_sort<u32>(key, lane);
+            const u32 sk = best_sorted ? best_sk : gz_sort<u32>(key, lane);
             b_sid = sk >> 5;
             b_src = sk & 31u;
         } else {
@@ -901,8 +903,27 @@ __device__ void gz_hash(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u
     const u64 nw = (len + 3ull) >> 2;
     u32 sum = 0;
     const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // Groups of 4 words (16 bytes at p + 16 g) from two aligned 16-byte loads and funnel shifts
+    // (the table and the blocks start at any byte). A group's 32 aligned bytes start at or
+    // after the header (hdr >= 16 bytes before p) and end inside the data: no byte outside the
+    // stream is read.
+    const u64 pa = (u64)p, a0 = pa & ~15ull, a1 = (pa + len) & ~15ull;
+    const u64 ng = a1 >= a0 + 32ull ? (a1 - a0) / 16ull - 1ull : 0ull;
+    const u32 q = (u32)(pa & 15ull) >> 2, sh = (u32)(pa & 3ull) * 8u;
+    for (u64 g = tid; g < ng; g += stride) {
+        const uint4 lo = *((const uint4*)(a0 + 16ull * g));
+        const uint4 hi = *((const uint4*)(a0 + 16ull * g + 16ull));
+        const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        u32 v[5];
+#pragma unroll
+        for (int k = 0; k < 5; k++) v[k] = q == 0u ? w[k] : q == 1u ? w[k + 1] : q == 2u ? w[k + 2] : w[k + 3];
+#pragma unroll
+        for (int k = 0; k < 4; k++) sum += zhash_mix(__funnelshift_r(v[k], v[k + 1], sh), (u32)(4ull * g + (u64)k));
+    }
+    // the words after the groups
     const bool a4 = (((u64)p) & 3ull) == 0ull, a2 = (((u64)p) & 1ull) == 0ull;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nw; i += stride) {
+    for (u64 i = 4ull * ng + tid; i < nw; i += stride) {
         u32 v;
         if (4ull * i + 4ull <= len) {
             if (a4) {

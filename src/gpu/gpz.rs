@@ -19,10 +19,11 @@
 //!    redone with this pass: the whole encoding runs again;
 //! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
 //!    bitonic sort per level, highest level first, skipping levels whose lower bound cannot
-//!    win), writes the block into shared memory; a decoupled look-back over the block sizes
-//!    (one chunk per warp, no CTA barrier) places it, and it is written once, straight into the
-//!    final stream, with its table entry;
-//! 6. `gz_hash`: the `zhash` sums of the table and the blocks.
+//!    win), writes the block into shared memory; a thread block's `WARPS * ENC_BPW` blocks are
+//!    one chunk of a decoupled look-back over the block sizes (one warp looks back while the
+//!    others wait at a barrier), and every block is written once, straight into the final
+//!    stream, with its table entry;
+//! 6. `gz_hash`: the `zhash` sums of the table and the blocks (16-byte loads).
 //!
 //! A stream that does not compress (table and blocks not smaller than the raw values) is stored:
 //! the input is copied after the header and hashed (a second, rare read back).
