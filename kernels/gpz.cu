@@ -524,22 +524,20 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             maxw = w[c] > maxw ? w[c] : maxw;
         }
     }
-    // level search, highest first (ties keep the lower level: replace on <=); a level whose
-    // lower bound (no runs beyond their first key) exceeds the best so far cannot win. A level's
-    // size needs no sort: R, the run-count width and the identity of the stable sort follow from
-    // the ids' multiset (match_any) and their order in the block; the delta width is bracketed by
-    // the id span, and only a level whose bracket is open and could still win sorts its ids.
+    // level search, lowest first (ties keep the lower level: replace on <); a level whose lower
+    // bound (no runs beyond their first key) reaches the best so far cannot win. A level's size
+    // needs no sort: R, the run-count width and the identity of the stable sort follow from the
+    // ids' multiset (match_any) and their order in the block; the delta width is bracketed by the
+    // id span, and only a level whose bracket is open and could still win sorts its ids. Going
+    // up, the offset bits shrink and the runs grow, so the sizes of the low levels (few runs,
+    // often one) rule out most high levels (many runs) before their sort.
     u32 best_bits = 0xffffffffu, best_l = 0;
-    // the sorted keys (id << 5 | lane) of the best level when the search sorted them (its K <= 26),
-    // which the chosen level's stable sort below reuses
-    u32 best_sk = 0;
-    bool best_sorted = false;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
     const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
     const bool hasprev = ok && prevc >= 0;
     const u32 lb2 = gz_lehmer_bits(m);
     if (!raw) {
-        for (int L = (int)ltop; L >= 0; L--) {
+        for (int L = 0; L <= (int)ltop; L++) {
             u32 k[D], s[D], K = 0, S = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -549,13 +547,11 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                 S += s[c];
             }
             const u32 lb = fixed + (K > 0u ? 5u + K : 0u) + m * S;
-            if (lb > best_bits) continue;
+            if (lb >= best_bits) continue;
             u32 id = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
             u32 bits = lb;
-            u32 sk = 0;
-            bool sorted = false;
             if (K > 0u) {
                 const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
                 const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
@@ -578,11 +574,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                         if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
                     }
                     if (wd != wd_hi) {
-                        if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
-                        // with the lane in the key when it fits: the stable sort of this level
-                        sorted = K <= 26u;
-                        sk = gz_sort<u32>(ok ? (sorted ? (id << 5 | (u32)lane) : id) : 0xffffffffu, lane);
-                        const u32 sid = sorted ? sk >> 5 : sk;
+                        if (bits + 9u + (R - 1u) * (wd + wc) + pb >= best_bits) continue;
+                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
                         const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
                         const bool start = lane > 0 && (u32)lane < m && sid != prev;
                         wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
@@ -591,11 +584,9 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                 }
             }
             // (R = 1, and K = 0: every id equal, the sort is the identity)
-            if (bits <= best_bits) {
+            if (bits < best_bits) {
                 best_bits = bits;
                 best_l = (u32)L;
-                best_sk = sk;
-                best_sorted = sorted;
             }
         }
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
@@ -628,9 +619,14 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             const u32 kc = w[c] < best_l ? w[c] : best_l;
             id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
         }
-        if (b_k <= 26u) {
+        if (cmask == 0xffffffffu && gz_wmin(id) == gz_wmax(id)) {
+            // one id over a full block without exceptions (most blocks at their chosen level):
+            // the stable sort is the identity
+            b_sid = id;
+            b_src = (u32)lane;
+        } else if (b_k <= 26u) {
             const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
-            const u32 sk = best_sorted ? best_sk : gz_sort<u32>(key, lane);
+            const u32 sk = gz_sort<u32>(key, lane);
             b_sid = sk >> 5;
             b_src = sk & 31u;
         } else {
