@@ -1,8 +1,8 @@
 // GPZ particle codec (GPZ-FORMAT.md), the CUDA twin of src/codec/gpz: writes the CPU encoder's
 // bytes and decodes exactly what the CPU decoder accepts. One warp per 32-particle block (lane j
 // holds particle j); each block's place in the stream comes from a decoupled look-back over the
-// block sizes (common.cuh, one chunk per warp: no CTA barrier), so every block is written once,
-// straight into the final stream.
+// block sizes (common.cuh, one chunk per thread block of GZ_WARPS * GZ_ENC_BPW blocks), so every
+// block is written once, straight into the final stream.
 //
 // Compression (src/gpu/gpz.rs launches, in order, without a host round trip):
 //   gz_init        ctrl words and look-back status cleared
@@ -17,8 +17,13 @@
 // (one warp per block), gz_hash, one read of the ctrl words.
 #include "common.cuh"
 
-// Warps (= blocks of 32 particles, each its own look-back chunk) per thread block.
+// Warps per thread block (the decoder: one 32-particle block each).
 #define GZ_WARPS 8
+// Blocks each encoder warp encodes: a thread block's GZ_WARPS * GZ_ENC_BPW blocks are one
+// look-back chunk.
+#ifndef GZ_ENC_BPW
+#define GZ_ENC_BPW 4
+#endif
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
 // f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
 // of warp collectives need more warps to hide their latency; f64 keeps 48 registers for its
@@ -79,16 +84,6 @@ __device__ __forceinline__ u32 gz_upto(int i) { return i >= 31 ? 0xffffffffu : (
 __device__ __forceinline__ u32 gz_low(u32 w) { return w >= 32u ? 0xffffffffu : ((1u << w) - 1u); }
 __device__ __forceinline__ u64 gz_low64(u32 w) { return w >= 64u ? ~0ull : ((1ull << w) - 1ull); }
 
-// bw(ceil(t / r)), r >= 1, without a division: with t < 2^a and 2^(b-1) <= r < 2^b, t / r lies
-// in (2^(a-b-1), 2^(a-b+1)), so the width is within 2 of max(a - b, 0); ceil(t / r) < 2^w exactly
-// when t <= r (2^w - 1).
-__device__ __forceinline__ u32 gz_bw_ceil_div(u32 t, u32 r) {
-    const u32 a = gz_bw32(t), b = gz_bw32(r);
-    u32 w = a > b ? a - b : 0u;
-    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
-    if ((u64)t > (u64)r * ((1ull << w) - 1ull)) w++;
-    return w;
-}
 // Unsigned code offsets of a dtype: f32 widths are at most 30 bits, so 32-bit words (one
 // shift per field instead of a 64-bit shift pair).
 template <typename T> struct GzU;
@@ -529,18 +524,20 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             maxw = w[c] > maxw ? w[c] : maxw;
         }
     }
-    // level search, highest first (ties keep the lower level: replace on <=); a level whose
-    // lower bound (no runs beyond their first key) exceeds the best so far cannot win. A level's
-    // size needs no sort: R, the run-count width and the identity of the stable sort follow from
-    // the ids' multiset (match_any) and their order in the block; the delta width is bracketed by
-    // the id span, and only a level whose bracket is open and could still win sorts its ids.
+    // level search, lowest first (ties keep the lower level: replace on <); a level whose lower
+    // bound (no runs beyond their first key) reaches the best so far cannot win. A level's size
+    // needs no sort: R, the run-count width and the identity of the stable sort follow from the
+    // ids' multiset (match_any) and their order in the block; the delta width is bracketed by the
+    // id span, and only a level whose bracket is open and could still win sorts its ids. Going
+    // up, the offset bits shrink and the runs grow, so the sizes of the low levels (few runs,
+    // often one) rule out most high levels (many runs) before their sort.
     u32 best_bits = 0xffffffffu, best_l = 0;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
     const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
     const bool hasprev = ok && prevc >= 0;
     const u32 lb2 = gz_lehmer_bits(m);
     if (!raw) {
-        for (int L = (int)ltop; L >= 0; L--) {
+        for (int L = 0; L <= (int)ltop; L++) {
             u32 k[D], s[D], K = 0, S = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -550,7 +547,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                 S += s[c];
             }
             const u32 lb = fixed + (K > 0u ? 5u + K : 0u) + m * S;
-            if (lb > best_bits) continue;
+            if (lb >= best_bits) continue;
             u32 id = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
@@ -563,10 +560,11 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                     const u32 idmax = gz_wmax(ok ? id : 0u);
                     const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
                     const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
-                    // the R - 1 gaps sum to `total`: the widest is at least their mean
+                    // the R - 1 gaps sum to `total`: the widest is at least their mean, whose width
+                    // is at least bw(total) - bw(R - 1) (total >= 2^(a-1), R - 1 < 2^b)
                     const u32 total = idmax - idmin - (R - 1u);
-                    const u32 wd_hi = gz_bw32(total);
-                    u32 wd = R == 2u ? wd_hi : gz_bw_ceil_div(total, R - 1u);
+                    const u32 wd_hi = gz_bw32(total), bq = gz_bw32(R - 1u);
+                    u32 wd = R == 2u ? wd_hi : (wd_hi > bq ? wd_hi - bq : 0u);
                     u32 pb = 0;
                     if (PRESERVE) {
                         // the stable sort is the identity when the coded ids never decrease in
@@ -576,7 +574,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                         if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
                     }
                     if (wd != wd_hi) {
-                        if (bits + 9u + (R - 1u) * (wd + wc) + pb > best_bits) continue;
+                        if (bits + 9u + (R - 1u) * (wd + wc) + pb >= best_bits) continue;
                         const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
                         const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
                         const bool start = lane > 0 && (u32)lane < m && sid != prev;
@@ -586,7 +584,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                 }
             }
             // (R = 1, and K = 0: every id equal, the sort is the identity)
-            if (bits <= best_bits) {
+            if (bits < best_bits) {
                 best_bits = bits;
                 best_l = (u32)L;
             }
@@ -621,7 +619,12 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             const u32 kc = w[c] < best_l ? w[c] : best_l;
             id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
         }
-        if (b_k <= 26u) {
+        if (cmask == 0xffffffffu && gz_wmin(id) == gz_wmax(id)) {
+            // one id over a full block without exceptions (most blocks at their chosen level):
+            // the stable sort is the identity
+            b_sid = id;
+            b_src = (u32)lane;
+        } else if (b_k <= 26u) {
             const u32 key = ok ? (id << 5 | (u32)lane) : 0xffffffffu;
             const u32 sk = gz_sort<u32>(key, lane);
             b_sid = sk >> 5;
@@ -817,11 +820,18 @@ __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* bu
     }
 }
 
-// GZ_WARPS blocks, one per warp: encode, look-back over the block sizes (each warp its own
-// chunk: no CTA barrier after the ticket), write. hdr: header bytes; cap: capacity of out.
+// GZ_WARPS * GZ_ENC_BPW consecutive blocks per thread block, GZ_ENC_BPW per warp, form one
+// look-back chunk: the warps encode their blocks into shared memory, warp 0 scans the chunk's
+// sizes and runs the one decoupled look-back (the other warps wait at the barrier, issuing
+// nothing) and writes the chunk's table entries, then every warp writes its blocks. One chunk per
+// warp-block would make every warp poll its predecessors. hdr: header bytes; cap: capacity of out.
 template <typename T, int D, bool PRESERVE>
 __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {
-    __shared__ u32 s_buf[GZ_WARPS][GzSlot<T, D>::WORDS];
+    constexpr int NB = GZ_WARPS * GZ_ENC_BPW;
+    static_assert(NB <= 32, "one warp scans a chunk's sizes");
+    __shared__ u32 s_buf[NB][GzSlot<T, D>::WORDS];
+    __shared__ u32 s_size[NB];
+    __shared__ u64 s_at[NB];
     __shared__ u32 s_chunk;
     __shared__ ZQ<T> s_qz[D];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -830,27 +840,52 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
     // the quantizers once per thread block
     if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
     __syncthreads();
-    const u64 b = (u64)s_chunk * GZ_WARPS + warp;
-    if (b >= nb) return;
-    ZQ<T> qz[D];
+    const u32 chunk = s_chunk;
+    const u64 b0 = (u64)chunk * NB;
+    {
+        ZQ<T> qz[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
-    i64 gmin[D];
-    u32 gw[D];
-    gz_frame<D>(ws, gmin, gw);
-    const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
-    const u64 first = b << 5;
-    const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
-    // a predicted frame is checked by every block (GZ_W_SPECHIT); not one that failed
-    u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
-    const u32 size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[warp], lane,
-                                                     perm ? perm + first : perm, first, spec);
-    const u64 ex = lookback_exclusive(ws + GZ_CTRL, (u32)b, (u64)size, lane);
-    if (lane == 0 && b == nb - 1) ws[GZ_W_TOTAL] = ex + size;
-    const u64 tab = hdr + 2ull * b;
-    // byte stores: the stream may start at any byte of its buffer
-    if (lane < 2 && tab + 2ull <= cap) out[tab + lane] = (u8)(size >> (8 * lane));
-    gz_store(out, hdr + 2ull * nb + ex, cap, s_buf[warp], size, lane);
+        for (int c = 0; c < D; c++) qz[c] = s_qz[c];
+        i64 gmin[D];
+        u32 gw[D];
+        gz_frame<D>(ws, gmin, gw);
+        const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
+        // a predicted frame is checked by every block (GZ_W_SPECHIT); not one that failed
+        u64* spec = ws[GZ_W_SPEC] == GZ_SPEC_ON ? ws + GZ_W_SPECHIT : nullptr;
+        for (int j = 0; j < GZ_ENC_BPW; j++) {
+            const int slot = warp * GZ_ENC_BPW + j;
+            const u64 b = b0 + (u64)slot;
+            u32 size = 0;
+            if (b < nb) {
+                const u64 first = b << 5;
+                const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
+                size = gz_encode_block<T, D, PRESERVE>(x + first * D, cnt, qz, gmin, gw, lmax, s_buf[slot], lane,
+                                                       perm ? perm + first : perm, first, spec);
+            }
+            if (lane == 0) s_size[slot] = size;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const u32 sz = lane < NB ? s_size[lane] : 0u;
+        const u32 incl = warp_incl_u32(sz, lane);
+        const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        const u64 b = b0 + (u64)lane;
+        if (lane < NB) s_at[lane] = ex + incl - sz;
+        if (lane == 0 && b0 + NB >= nb) ws[GZ_W_TOTAL] = ex + agg;
+        // byte stores: the stream may start at any byte of its buffer
+        const u64 tab = hdr + 2ull * b;
+        if (lane < NB && b < nb && tab + 2ull <= cap) {
+            out[tab] = (u8)sz;
+            out[tab + 1ull] = (u8)(sz >> 8);
+        }
+    }
+    __syncthreads();
+    for (int j = 0; j < GZ_ENC_BPW; j++) {
+        const int slot = warp * GZ_ENC_BPW + j;
+        if (b0 + (u64)slot < nb) gz_store(out, hdr + 2ull * nb + s_at[slot], cap, s_buf[slot], s_size[slot], lane);
+    }
 }
 
 // zhash sums (before the final step) of the table (blockIdx.y 0) and of the block data
@@ -864,8 +899,27 @@ __device__ void gz_hash(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u
     const u64 nw = (len + 3ull) >> 2;
     u32 sum = 0;
     const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    // Groups of 4 words (16 bytes at p + 16 g) from two aligned 16-byte loads and funnel shifts
+    // (the table and the blocks start at any byte). A group's 32 aligned bytes start at or
+    // after the header (hdr >= 16 bytes before p) and end inside the data: no byte outside the
+    // stream is read.
+    const u64 pa = (u64)p, a0 = pa & ~15ull, a1 = (pa + len) & ~15ull;
+    const u64 ng = a1 >= a0 + 32ull ? (a1 - a0) / 16ull - 1ull : 0ull;
+    const u32 q = (u32)(pa & 15ull) >> 2, sh = (u32)(pa & 3ull) * 8u;
+    for (u64 g = tid; g < ng; g += stride) {
+        const uint4 lo = *((const uint4*)(a0 + 16ull * g));
+        const uint4 hi = *((const uint4*)(a0 + 16ull * g + 16ull));
+        const u32 w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        u32 v[5];
+#pragma unroll
+        for (int k = 0; k < 5; k++) v[k] = q == 0u ? w[k] : q == 1u ? w[k + 1] : q == 2u ? w[k + 2] : w[k + 3];
+#pragma unroll
+        for (int k = 0; k < 4; k++) sum += zhash_mix(__funnelshift_r(v[k], v[k + 1], sh), (u32)(4ull * g + (u64)k));
+    }
+    // the words after the groups
     const bool a4 = (((u64)p) & 3ull) == 0ull, a2 = (((u64)p) & 1ull) == 0ull;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nw; i += stride) {
+    for (u64 i = 4ull * ng + tid; i < nw; i += stride) {
         u32 v;
         if (4ull * i + 4ull <= len) {
             if (a4) {

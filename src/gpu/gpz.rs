@@ -18,11 +18,12 @@
 //!    frame's ends. A prediction that no block reaches (the end of a range is an exception) is
 //!    redone with this pass: the whole encoding runs again;
 //! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
-//!    bitonic sort per level, highest level first, skipping levels whose lower bound cannot
-//!    win), writes the block into shared memory; a decoupled look-back over the block sizes
-//!    (one chunk per warp, no CTA barrier) places it, and it is written once, straight into the
-//!    final stream, with its table entry;
-//! 6. `gz_hash`: the `zhash` sums of the table and the blocks.
+//!    bitonic sort per level, lowest level first, skipping levels whose lower bound cannot
+//!    win), writes the block into shared memory; a thread block's `WARPS * ENC_BPW` blocks are
+//!    one chunk of a decoupled look-back over the block sizes (one warp looks back while the
+//!    others wait at a barrier), and every block is written once, straight into the final
+//!    stream, with its table entry;
+//! 6. `gz_hash`: the `zhash` sums of the table and the blocks (16-byte loads).
 //!
 //! A stream that does not compress (table and blocks not smaller than the raw values) is stored:
 //! the input is copied after the header and hashed (a second, rare read back).
@@ -77,9 +78,11 @@ const SPEC_ON: u64 = 1;
 const SPEC_OUT: u64 = 256;
 /// Control words before the look-back status words.
 pub(crate) const CTRL: usize = 48;
-/// Warps (blocks of 32 particles, each its own look-back chunk) per thread block
-/// (kernels/gpz.cu `GZ_WARPS`).
+/// Warps per thread block of the encoder and the decoder (kernels/gpz.cu `GZ_WARPS`).
 pub(crate) const WARPS: usize = 8;
+/// Blocks of 32 particles each encoder warp encodes (kernels/gpz.cu `GZ_ENC_BPW`): a thread
+/// block's `WARPS * ENC_BPW` blocks are one look-back chunk.
+pub(crate) const ENC_BPW: usize = 4;
 /// Table sizes per thread of `gz_offsets_k` (256 threads; kernels/gpz.cu `GZ_SCAN_ITEMS`).
 pub(crate) const SCAN_ITEMS: usize = 8;
 // the control words do not overlap
@@ -399,10 +402,10 @@ impl GpzGpu {
         let raw = (n * d * T::SIZE) as u64;
         let cap = Self::compress_bound::<T>(n, d);
         let nb = n.div_ceil(32);
-        let nchunks = nb.div_ceil(WARPS);
+        let nchunks = nb.div_ceil(WARPS * ENC_BPW);
         self.mark("start")?;
-        // one look-back status word per block
-        let ws = self.init(nb)?;
+        // one look-back status word per chunk of the encoder
+        let ws = self.init(nchunks)?;
         self.mark("init")?;
         let (t, n64, d64) = (T::KERNEL_TAG, n as u64, d as u64);
         let noa = matches!(bound, ErrorBound::Noa(_));
@@ -851,6 +854,7 @@ mod tests {
             ("GZ_SPEC_OUT", SPEC_OUT as usize),
             ("GZ_CTRL", CTRL),
             ("GZ_WARPS", WARPS),
+            ("GZ_ENC_BPW", ENC_BPW),
             ("GZ_SCAN_ITEMS", SCAN_ITEMS),
         ];
         for (name, v) in pairs {
