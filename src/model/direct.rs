@@ -1,7 +1,7 @@
 //! The model of the device-direct operations (NCCL, the loopback; methods of [`Profile`]) and
 //! the sampled [`WireRatio`]s.
 
-use super::{pipeline, seconds_at, Curve, Profile};
+use super::{pipeline, Curve, Profile};
 use crate::codec::CodecKind;
 
 /// Compression ratios (moved bytes / wire bytes) of the two directions of the exchanges of a
@@ -72,15 +72,6 @@ impl Profile {
         let (tc, td) = self.gpu_speed(codec, dtype_tag);
         let (fc, fd) = self.gpu_fixed(codec, dtype_tag);
         (piece / tc + fc + self.piece_overhead, piece / td + fd)
-    }
-
-    /// Seconds of the value-range pass over `bytes`.
-    fn range_s(&self, bytes: f64) -> f64 {
-        if self.range_pass > 0.0 {
-            seconds_at(bytes, self.range_pass) + self.range_fixed
-        } else {
-            0.0
-        }
     }
 
     /// The one-way link ([`link_one_way`](Self::link_one_way), else the exchange curve).

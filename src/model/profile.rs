@@ -206,6 +206,15 @@ impl Profile {
             .unwrap_or_else(|| CodecSpeed::gpu_guess(codec));
         CodecSpeed { codec, ..c }
     }
+    /// Seconds of the value-range pass over `bytes` of a device buffer (its line: rate and
+    /// fixed cost); 0 when not calibrated.
+    pub fn range_s(&self, bytes: f64) -> f64 {
+        if self.range_pass > 0.0 {
+            super::seconds_at(bytes, self.range_pass) + self.range_fixed
+        } else {
+            0.0
+        }
+    }
     /// The staging line (`staging`, else the staged guess's).
     pub fn staging_line(&self) -> Link {
         self.staging.unwrap_or(Link {

@@ -487,7 +487,7 @@ impl StagedModel<'_> {
             link: steps * (link.latency + self.pair_s(link, z)),
             h2d: steps * self.h2d_s(z),
             decompress: steps * self.decompress_add_s(seg),
-            device: seconds_at(bytes, self.p.range_pass),
+            device: self.range_s(bytes),
         };
         // (reduce-scatter ends with the ring: its own segment accumulated in the output)
         if let Some(rf) = fin {
