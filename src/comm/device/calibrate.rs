@@ -33,8 +33,9 @@ impl DeviceStager {
     ///   the calls). One rank suffices when every rank drives the same kind of GPU; all ranks
     ///   adopt rank 0's numbers (the maximum of the gathered times, 0 elsewhere).
     /// * One-way link (`link_one_way`): rank 0 sends from its pinned send buffer to rank 1's
-    ///   pinned receive buffer while the other ranks idle, then 1 → 0, at
-    ///   [`CALIBRATION_LINK_MIB`] (up to the field's size), [`CALIBRATION_LINK_WARMUP`] +
+    ///   pinned receive buffer while the other ranks idle, then 1 → 0, at the sizes of
+    ///   [`CALIBRATION_LINK_MIB`] below the field's and at the field's size (the operations'
+    ///   size, so the curve is measured where it predicts), [`CALIBRATION_LINK_WARMUP`] +
     ///   median of [`CALIBRATION_LINK_REPS`], a barrier before each; the slower direction and
     ///   the slower of the two ranks' clocks (the receiver's) per size.
     /// * Exchange (`link_exchange`): ranks 0 and 1 send to each other at once between the same
@@ -419,8 +420,8 @@ pub const CALIBRATION_MIN_VALUES: usize = 1 << 24;
 /// Values of the tiny buffer whose codec calls measure [`StagedModel::call_overhead`]
 /// (64 Ki f32 = 256 KiB).
 pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
-/// Sizes (MiB) of the one-way and exchange link calibrations (those up to the calibration
-/// field's size; the field's size alone when it is smaller than all of them).
+/// Sizes (MiB) of the one-way and exchange link calibrations (those below the calibration
+/// field's size, which is measured too).
 pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
 /// Warm-up transfers of each link calibration size and pattern.
 pub const CALIBRATION_LINK_WARMUP: usize = 2;
