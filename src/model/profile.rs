@@ -390,3 +390,80 @@ impl Profile {
         base.join("zcomm").join(format!("profile-{key}.json"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version 1 file (the host part alone, the format before one profile held every
+    /// communicator's parts) loads as a version 2 profile with the same host numbers and no
+    /// device parts; its `allreduce` line becomes a curve without points.
+    #[test]
+    fn version_1_host_profiles_still_load() {
+        let v1 = r#"{"version":1,"host":"node7","ranks":2,"compressor":"cpu",
+            "link":{"bandwidth":3.1e9,"latency":1.5e-6},"staging":null,
+            "allreduce":{"bandwidth":2.5e9,"latency":4e-6},"host_add":1.7e10,
+            "codecs":[{"codec":"aatrox","dtype":1,"compress":5.5e9,"decompress":8.1e9,"ratio":9.5}],
+            "created":1795700000}"#;
+        let p = Profile::from_json(v1).unwrap();
+        p.validate().unwrap();
+        assert_eq!(p.version, 2);
+        assert_eq!((p.host.as_str(), p.ranks, p.host_add), ("node7", 2, 1.7e10));
+        assert_eq!(p.link.bandwidth, 3.1e9);
+        let ar = p.allreduce.as_ref().unwrap();
+        assert!(ar.points.is_empty() && (ar.time(1e9) - (4e-6 + 1e9 / 2.5e9)).abs() < 1e-15);
+        assert_eq!(
+            p.codec_speed(CodecKind::Aatrox, Dtype::F32).unwrap().ratio,
+            9.5
+        );
+        assert!(
+            p.gpu_codecs.is_empty() && p.link_exchange.is_empty() && p.staging_curve.is_empty()
+        );
+        // an unknown version is refused
+        let v9 = v1.replace("\"version\":1", "\"version\":9");
+        assert!(Profile::from_json(&v9).is_err());
+    }
+
+    /// `validate` also refuses unusable device parts: a GPU codec rate, a curve point, the
+    /// range pass's fixed cost; the device parts of a calibrated-looking profile pass.
+    #[test]
+    fn validate_checks_the_device_parts() {
+        let mut good = Profile::direct_guess("nvlink");
+        good.gpu_codecs = vec![CodecSpeed::new(CodecKind::Aatrox, 1, 3e11, 4e11, 9.0)];
+        good.link_exchange =
+            Curve::from_points(vec![(1e6, 1e-5), (6.4e7, 2e-4)], &Curve::default());
+        good.range_pass = 8e11;
+        good.range_fixed = 2e-5;
+        good.validate().unwrap();
+        type Edit = fn(&mut Profile);
+        let bad: [(&str, Edit); 6] = [
+            ("gpu compress", |p| p.gpu_codecs[0].compress = f64::NAN),
+            ("gpu ratio", |p| p.gpu_codecs[0].ratio = 0.0),
+            ("curve point", |p| p.link_exchange.points[1].1 = -1.0),
+            ("curve bytes", |p| {
+                p.link_exchange.points[0].0 = f64::INFINITY
+            }),
+            ("range fixed", |p| p.range_fixed = f64::NAN),
+            ("range pass", |p| p.range_pass = -3.0),
+        ];
+        for (what, edit) in bad {
+            let mut p = good.clone();
+            edit(&mut p);
+            assert!(p.validate().is_err(), "{what} passed validation");
+        }
+    }
+
+    /// `save` writes the whole file or nothing: the result reads back, and no temporary file
+    /// is left beside it.
+    #[test]
+    fn save_is_atomic_and_reads_back() {
+        let dir = std::env::temp_dir().join(format!("zcomm-profile-save-{}", std::process::id()));
+        let path = dir.join("p.json");
+        let p = Profile::staged_guess();
+        p.save(&path).unwrap();
+        assert_eq!(Profile::load(&path).unwrap(), p);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
