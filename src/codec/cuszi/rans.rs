@@ -294,12 +294,7 @@ fn group_bits(h: &[u64]) -> f64 {
 /// changes only the pairs of the merged group, so each round prices `groups` pairs instead of
 /// all of them (with 28 classes, nine 3-D levels: 27 instead of up to 378).
 pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
-    let mut groups: Vec<(Vec<usize>, Vec<u64>, f64)> = hist
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| h.iter().any(|&c| c > 0))
-        .map(|(k, h)| (vec![k], h.clone(), group_bits(h)))
-        .collect();
+    let mut groups = single_groups(hist);
     let merged =
         |a: &[u64], b: &[u64]| -> Vec<u64> { a.iter().zip(b).map(|(x, y)| x + y).collect() };
     // pair[i][j] (i < j): the estimated bits of groups i and j merged
@@ -337,7 +332,22 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
             pair[a][b] = group_bits(&merged(&groups[a].1, &groups[b].1));
         }
     }
-    let mut map = vec![0u8; hist.len()];
+    group_tables(&groups, hist.len())
+}
+
+/// Every used class of `hist` as a group of its own: `(classes, histogram, estimated bits)`.
+fn single_groups(hist: &[Vec<u64>]) -> Vec<(Vec<usize>, Vec<u64>, f64)> {
+    hist.iter()
+        .enumerate()
+        .filter(|(_, h)| h.iter().any(|&c| c > 0))
+        .map(|(k, h)| (vec![k], h.clone(), group_bits(h)))
+        .collect()
+}
+
+/// A grouping of `n` classes (`(classes, histogram, bits)` per group) as the class-to-table map
+/// (unused classes: table 0) and each table's normalized frequencies (at least one table).
+fn group_tables(groups: &[(Vec<usize>, Vec<u64>, f64)], n: usize) -> (Vec<u8>, Vec<Vec<u32>>) {
+    let mut map = vec![0u8; n];
     let mut freqs = Vec::with_capacity(groups.len().max(1));
     for (t, (classes, h, _)) in groups.iter().enumerate() {
         for &k in classes {
@@ -518,12 +528,7 @@ mod tests {
     /// The grouping as first written (every pair priced again in every round): the reference
     /// of [`group_classes`], which must choose exactly the same groups.
     fn group_classes_reference(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
-        let mut groups: Vec<(Vec<usize>, Vec<u64>, f64)> = hist
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| h.iter().any(|&c| c > 0))
-            .map(|(k, h)| (vec![k], h.clone(), group_bits(h)))
-            .collect();
+        let mut groups = single_groups(hist);
         loop {
             let mut best: Option<(f64, usize, usize, Vec<u64>, f64)> = None;
             for i in 0..groups.len() {
@@ -549,18 +554,7 @@ mod tests {
             groups[i].1 = h;
             groups[i].2 = bits;
         }
-        let mut map = vec![0u8; hist.len()];
-        let mut freqs = Vec::new();
-        for (t, (classes, h, _)) in groups.iter().enumerate() {
-            for &k in classes {
-                map[k] = t as u8;
-            }
-            freqs.push(normalize(h));
-        }
-        if freqs.is_empty() {
-            freqs.push(normalize(&[]));
-        }
-        (map, freqs)
+        group_tables(&groups, hist.len())
     }
 
     /// `n` class histograms shaped like a 3-D array's interpolation levels: two-sided
