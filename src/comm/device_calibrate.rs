@@ -244,6 +244,42 @@ fn lines_of(codec: CodecKind, t: &[f64], tb: f64, bytes: f64, ratio: f64) -> Cod
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+
+    /// The shared schedule on two ranks of one process: every rank times the same calls (the
+    /// median of its timed ones), the solo calls run on the chosen rank only (0 elsewhere), and
+    /// a solo call that fails fails every rank, not only the caller.
+    #[test]
+    fn the_schedule_times_every_rank_and_fails_together() {
+        let out = run_ranks(LoopbackTransport::group(2), |t| {
+            let mut calls = 0;
+            let shared = repeat(&t, || {
+                calls += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                Ok(())
+            })?;
+            let me = t.rank() == 1;
+            let mut solo_calls = 0;
+            let solo = repeat_solo(&t, me, || {
+                solo_calls += 1;
+                Ok(())
+            })?;
+            let failed = repeat_solo(&t, me, || Err(Error::invalid("boom")));
+            Ok::<_, Error>((calls, shared, solo_calls, solo, failed.is_err()))
+        });
+        for (rank, r) in out.into_iter().enumerate() {
+            let (calls, shared, solo_calls, solo, failed) = r.expect("rank").expect("schedule");
+            assert_eq!(calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
+            assert!(shared >= 2e-3 && shared < 1.0, "rank {rank}: {shared}");
+            if rank == 1 {
+                assert_eq!(solo_calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
+                assert!(solo > 0.0);
+            } else {
+                assert_eq!((solo_calls, solo), (0, 0.0));
+            }
+            assert!(failed, "rank {rank} did not see the solo failure");
+        }
+    }
 
     /// The lines go through the tiny and the full call; unmeasured solo calls give 0 (not
     /// calibrated) rather than a rate from a zero time.
