@@ -270,7 +270,7 @@ mod tests {
         for (rank, r) in out.into_iter().enumerate() {
             let (calls, shared, solo_calls, solo, failed) = r.expect("rank").expect("schedule");
             assert_eq!(calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
-            assert!(shared >= 2e-3 && shared < 1.0, "rank {rank}: {shared}");
+            assert!((2e-3..1.0).contains(&shared), "rank {rank}: {shared}");
             if rank == 1 {
                 assert_eq!(solo_calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
                 assert!(solo > 0.0);
