@@ -33,7 +33,8 @@ pub struct Profile {
     pub ranks: usize,
     /// Which compressor the CPU codec speeds belong to (`cpu`).
     pub compressor: String,
-    /// The transport the device links were measured on (`mpi`, `nvlink`, `socket`, ...;
+    /// The link the device curves were measured on (`staged`: pinned host buffers over the
+    /// host transport; NCCL's `nvlink`, `socket`, ...;
     /// empty: host links only).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub transport: String,

@@ -70,21 +70,21 @@ impl DeviceStager {
             let dev = s.clone_htod(&host).map_err(gpu_err("htod"))?;
             drop(host);
             let mut out = s.alloc_zeros::<f32>(values).map_err(gpu_err("alloc"))?;
-            let mut streams = s
-                .alloc_zeros::<u8>(crate::compress_bound(values, crate::format::Dtype::F32))
-                .map_err(gpu_err("alloc"))?;
-            // the requested codec first (its lines become the profile's codec fields), then
+            // the streams go to the stager's compression scratch (grown once here, then reused
+            // by the operations of this size)
+            let bound_bytes = crate::compress_bound(values, crate::format::Dtype::F32);
+            Self::grow_dev(&mut self.scratch_out, &s, bound_bytes)?;
+            // the requested codec first (its lines stand for codecs without their own), then
             // every other GPU codec that works on every rank (`Policy::Auto` chooses among them)
             let speeds = CodecBench {
                 gpu: &mut self.gpu,
                 field: dev.slice(..),
-                streams: &mut streams,
+                streams: self.scratch_out.as_mut().expect("grown"),
                 decoded: &mut out,
                 tiny: CALIBRATION_TINY_VALUES.min(values),
                 bound: ErrorBound::Noa(CALIBRATION_NOA),
             }
             .all_lines(comm.transport(), codec, true)?;
-            drop(streams);
             let t = comm.transport();
             // device-memory passes: a plain device copy (reported), and the device reductions'
             // value-range pass and the mean's division (by 1 here)
@@ -198,7 +198,7 @@ impl DeviceStager {
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
         let host = comm.profile();
         let p = Profile {
-            transport: "mpi".into(),
+            transport: "staged".into(),
             host: host.host.clone(),
             ranks: comm.size(),
             staging: Some(Link {

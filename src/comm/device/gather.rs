@@ -216,14 +216,9 @@ impl Communicator {
             ..self.local_desc::<f32>(crate::comm::OP_ALLGATHER, n)
         };
         self.agree(d, local)?;
-        let (g, staged) = dev.over_staged_link(self.transport(), |link, gpu, _| {
+        let g = dev.over_staged_link(self.transport(), |link, gpu, _| {
             crate::comm::device_gather::allgather(link, gpu, send, out, bound, codec)
         })?;
-        dev.last = StageTimes {
-            compress: g.compress_s,
-            decompress: g.decompress_s,
-            ..staged
-        };
         let mut st = OpStats::raw(crate::comm::OP_ALLGATHER);
         st.bytes = (n * T::SIZE) as u64;
         st.decision = Decision::Compressed;

@@ -362,14 +362,9 @@ impl Communicator {
         //    compression, D2H, the transport, H2D into a pooled device buffer, the fused
         //    decompress-and-add; the input is read in place. Every rank fails together.
         let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
-        let (run, staged) = dev.over_staged_link(self.transport(), |link, gpu, scratch| {
+        let run = dev.over_staged_link(self.transport(), |link, gpu, scratch| {
             crate::comm::device_ring::ring(link, gpu, input, out, scratch, plan)
         })?;
-        dev.last = StageTimes {
-            compress: run.compress_s,
-            decompress: run.decompress_s,
-            ..staged
-        };
         let ring_wire = run.bytes.reduce_scatter;
         let wire = run.bytes.total(p);
         let moved = if full { 2.0 } else { 1.0 } * bytes as f64 * (pf - 1.0) / pf;

@@ -36,14 +36,15 @@ enum Stage {
 impl DeviceStager {
     /// Run `f` (a collective of the engine) over a [`StagedLink`] built on `host` from this
     /// stager's pinned buffers and receive pool, with its GPU codec and compression scratch.
-    /// Returns `f`'s result and the link's D2H / transport / H2D times, or this rank's own
-    /// failure on the link, which explains a failed collective better than the empty message
-    /// every rank then saw.
-    pub(super) fn over_staged_link<R>(
+    /// Returns `f`'s result, with the stage times of the operation in `self.last` (the link's
+    /// D2H / transport / H2D, the codec seconds `f` timed itself), or this rank's own failure
+    /// on the link, which explains a failed collective better than the empty message every
+    /// rank then saw.
+    pub(super) fn over_staged_link<R: CodecSeconds>(
         &mut self,
         host: &dyn Transport,
         f: impl FnOnce(&StagedLink<'_>, &mut GpuCodec, &mut Option<CudaSlice<u8>>) -> Result<R>,
-    ) -> Result<(R, StageTimes)> {
+    ) -> Result<R> {
         let DeviceStager {
             gpu,
             scratch_out,
@@ -54,10 +55,35 @@ impl DeviceStager {
         } = self;
         let link = StagedLink::new(host, pinned_send, pinned_recv, recv_pool);
         let run = f(&link, gpu, scratch_out);
-        match (run, link.take_failure()) {
-            (Ok(r), None) => Ok((r, link.times())),
-            (_, Some(e)) | (Err(e), None) => Err(e),
-        }
+        let (r, times) = match (run, link.take_failure()) {
+            (Ok(r), None) => (r, link.times()),
+            (_, Some(e)) | (Err(e), None) => return Err(e),
+        };
+        let (compress, decompress) = r.codec_seconds();
+        self.last = StageTimes {
+            compress,
+            decompress,
+            ..times
+        };
+        Ok(r)
+    }
+}
+
+/// The seconds of its own codec calls a collective run over a [`StagedLink`] reports
+/// `(compress, decompress)`: the link times only its copies and transfers.
+pub(super) trait CodecSeconds {
+    fn codec_seconds(&self) -> (f64, f64);
+}
+
+impl CodecSeconds for crate::comm::device_gather::Gathered {
+    fn codec_seconds(&self) -> (f64, f64) {
+        (self.compress_s, self.decompress_s)
+    }
+}
+
+impl CodecSeconds for crate::comm::device_ring::RingRun {
+    fn codec_seconds(&self) -> (f64, f64) {
+        (self.compress_s, self.decompress_s)
     }
 }
 
