@@ -1069,6 +1069,22 @@ __device__ __forceinline__ void zc_store_group(const i32 (&s)[G], const i32* s32
         zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, s[e], true));
     }
 }
+// ACC: the group's base values, loaded before its words are decoded so that their memory latency
+// overlaps the transpose and the scans instead of stalling the stores (the decode is otherwise
+// issue-bound, the accumulation latency-bound).
+template <typename T, int G> __device__ __forceinline__ void zc_load_base(const T* po, int t, T (&bv)[G]) {
+#pragma unroll
+    for (int e = 0; e < G; e++) bv[e] = __ldcs((const T*)((const char*)(po + (t + e) * 32) + zc_acc_base_off));
+}
+template <typename T, int CODEC, bool REL, int G>
+__device__ __forceinline__ void zc_add_group(const i32 (&s)[G], const T (&bv)[G], const i32* s32, T* po, const ZQ<T>& q,
+                                             int t) {
+#pragma unroll
+    for (int e = 0; e < G; e++) {
+        const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
+        po[(t + e) * 32] = zc_add_rn(bv[e], zc_d2_value<T, REL>(q, (i64)st, s[e], true));
+    }
+}
 
 // One group of layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0) with
 // starts s32[2 t], s32[2 t + 2], ... (low words); `info` = the lane's own layer's word offset << 5
@@ -1080,10 +1096,13 @@ __device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 inf
     const int g = lane / F;
     const u32 kw = zc_group_kw<G>(lane);
     const u32 inf = __shfl_sync(ZC_FULL, info, t + (g < G ? g : G - 1));
+    T bv[G];
+    if constexpr (ACC) zc_load_base<T, G>(po, t, bv);
     const u32 x = kw < (inf & 31u) ? cw[(inf >> 5) + kw] : 0u;
     i32 s[G];
     zc_group_prefix<G, PACK>(warp_transpose32(x, lane), lane, s);
-    zc_store_group<T, CODEC, REL, ACC, G>(s, s32, po, q, t);
+    if constexpr (ACC) zc_add_group<T, CODEC, REL, G>(s, bv, s32, po, q, t);
+    else zc_store_group<T, CODEC, REL, ACC, G>(s, s32, po, q, t);
 }
 
 // Decodes iteration layers 0..31 at `po` in groups of G (see above); groups of all-zero layers
