@@ -3,9 +3,9 @@
 //! NCCL communicator): the same schedule ([`repeat`], [`repeat_solo`]: a barrier on the host
 //! transport before every timed call, warm-ups, the median, the slowest rank's number adopted
 //! by all) and the same measurement of each GPU codec's call lines ([`CodecBench`]) whatever
-//! transport later carries the streams. What differs between transports — the links between
-//! device buffers, the staging copies, NCCL's own collectives — is measured by each
-//! communicator's calibration on top of this.
+//! transport later carries the streams. The links between ranks have their one calibration
+//! too (`comm::link_calibrate`, on this schedule); what else differs between transports — the
+//! staging copies, the device passes — each communicator's calibration measures on top.
 //!
 //! A codec's calls follow the line `t(b) = overhead + b / rate` ([`model::call_line`] through a
 //! call on a tiny prefix of the field and one on the whole field), for compression,

@@ -136,6 +136,8 @@ pub mod device_gather;
 pub mod device_ring;
 mod element;
 mod gather;
+#[cfg(feature = "cuda")]
+mod link_calibrate;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod nonblocking;

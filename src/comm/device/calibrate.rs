@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::comm::device_calibrate::{repeat, repeat_solo, CodecBench};
+use crate::comm::link_calibrate::{self, LinkCurves, LinkPattern, LinkProbe};
 
 impl DeviceStager {
     /// Measure GPU codec throughput and pinned copy times, every rank at once (ranks sharing a
@@ -32,20 +33,21 @@ impl DeviceStager {
     ///   alone while the other ranks wait in a barrier (warm-up + median, no barrier between
     ///   the calls). One rank suffices when every rank drives the same kind of GPU; all ranks
     ///   adopt rank 0's numbers (the maximum of the gathered times, 0 elsewhere).
-    /// * One-way link (`link_one_way`): rank 0 sends from its pinned send buffer to rank 1's
-    ///   pinned receive buffer while the other ranks idle, then 1 → 0, at the sizes of
-    ///   [`CALIBRATION_LINK_MIB`] below the field's and at the field's size (the operations'
-    ///   size, so the curve is measured where it predicts), [`CALIBRATION_LINK_WARMUP`] +
-    ///   median of [`CALIBRATION_LINK_REPS`], a barrier before each; the slower direction and
-    ///   the slower of the two ranks' clocks (the receiver's) per size.
-    /// * Exchange (`link_exchange`): ranks 0 and 1 send to each other at once between the same
-    ///   pinned buffers, same sizes and schedule (`time_exchange`).
+    /// * Link (`link_exchange`, `link_one_way`): the one link calibration of the communicators
+    ///   (`comm::link_calibrate`, the codec calibration's schedule) on the pinned staging
+    ///   buffers of ranks 0 and 1 while the other ranks idle: both sending at once (the
+    ///   exchange of a ring step or `sendrecv_device`) and rank 0 alone sending to rank 1
+    ///   (one way), at the sizes of [`CALIBRATION_LINK_MIB`] below the field's and at the
+    ///   field's size (the operations' size, so the curves are measured where they predict);
+    ///   the receiver's time, the slower rank's, per size. These buffers are the ones the
+    ///   operations stage through: a shared-memory transport moves page-locked memory faster
+    ///   than the freshly allocated pageable vectors of the host ping-pong.
     /// * Placement (`ranks_per_gpu`): the largest number of ranks on one host with the same
     ///   GPU PCI address (gathered from every rank; the device ordinal where the driver reports
     ///   no PCI address).
     ///
-    /// Cost: the solo and one-way parts repeat every copy size per rank and direction, so they
-    /// take about as long as the shared part again; calibrate once and keep the profile.
+    /// Cost: the solo part repeats every copy size, so it takes about as long as the shared
+    /// part again; calibrate once and keep the profile.
     pub fn calibrate(
         &mut self,
         comm: &Communicator,
@@ -146,26 +148,35 @@ impl DeviceStager {
             times.extend([d, h]);
         }
         drop(buf);
-        // one-way transfers between ranks 0 and 1 from and into pinned memory, both directions
-        let link_sizes: Vec<usize> = if comm.size() > 1 {
-            // the sizes up to the field's and the field's own (the operations' size: the
-            // curve is measured where it predicts, not extrapolated)
-            let mut v: Vec<usize> = CALIBRATION_LINK_MIB
+        // the link between ranks 0 and 1, pinned buffer to pinned buffer, at the sizes up to
+        // the field's and the field's own (the operations' size: the curve is measured where it
+        // predicts, not extrapolated)
+        let links = if comm.size() > 1 {
+            let mut link_sizes: Vec<usize> = CALIBRATION_LINK_MIB
                 .iter()
                 .map(|m| m << 20)
                 .filter(|&b| b < total)
                 .collect();
-            v.push(total);
-            v
+            link_sizes.push(total);
+            Self::grow_pinned(&mut self.pinned_send, &s, total)?;
+            Self::grow_pinned(&mut self.pinned_recv, &s, total)?;
+            let snd = self.pinned_send.as_ref().expect("grown");
+            let rcv = self.pinned_recv.as_mut().expect("grown");
+            let mut probe = PinnedLink {
+                t: comm.transport(),
+                rank: comm.rank(),
+                snd: &snd.as_slice().map_err(gpu_err("pinned"))?[..total],
+                rcv: &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..total],
+            };
+            link_calibrate::measure(
+                comm.transport(),
+                &mut probe,
+                &link_sizes,
+                &[LinkPattern::Exchange, LinkPattern::OneWay],
+            )?
         } else {
-            Vec::new()
+            LinkCurves::default()
         };
-        for &b in &link_sizes {
-            let f = self.time_one_way(comm, 0, 1, b)?;
-            let r = self.time_one_way(comm, 1, 0, b)?;
-            let x = self.time_exchange(comm, b)?;
-            times.extend([f, r, x]);
-        }
         // every rank must have run the same calls (a rank without the utility kernels sent 0:
         // the maximum keeps the others' measurement)
         comm.transport().allreduce_f64(&mut times, ReduceOp::Max)?;
@@ -188,12 +199,6 @@ impl DeviceStager {
                 h2d: times[nc + 2 * ns + 1 + 2 * i],
             });
         }
-        let (mut one_way, mut exchange) = (Vec::new(), Vec::new());
-        for (i, &b) in link_sizes.iter().enumerate() {
-            let k = nc + 4 * ns + 3 * i;
-            one_way.push((b as f64, times[k].max(times[k + 1])));
-            exchange.push((b as f64, times[k + 2]));
-        }
         let passes = &times[..nc];
         let rate = |t: f64| if t > 0.0 { bytes / t } else { 0.0 };
         let host = comm.profile();
@@ -207,8 +212,8 @@ impl DeviceStager {
             }),
             staging_curve: curve,
             staging_curve_solo: curve_solo,
-            link_one_way: Curve::from_points(one_way, &Curve::default()),
-            link_exchange: Curve::from_points(exchange, &Curve::default()),
+            link_one_way: links.one_way.unwrap_or_default(),
+            link_exchange: links.exchange.unwrap_or_default(),
             gpu_codecs: speeds,
             // a copy moves `bytes` once (read + write)
             device_copy: rate(passes[0]),
@@ -271,78 +276,6 @@ impl DeviceStager {
             p.staging_curve.insert(pt);
         }
         Ok(pt)
-    }
-
-    /// Median seconds of a one-way transfer of `bytes` from rank `from`'s pinned send buffer
-    /// into rank `to`'s pinned receive buffer (a barrier before each, the other ranks idle in
-    /// it; [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`] transfers): each of the two
-    /// returns its own median (the receiver's is the complete transfer), the others 0.
-    pub(super) fn time_one_way(
-        &mut self,
-        comm: &Communicator,
-        from: usize,
-        to: usize,
-        bytes: usize,
-    ) -> Result<f64> {
-        self.time_pinned_link(comm, bytes, [from, to], |t, r, snd, rcv| {
-            if r == from {
-                t.send(to, crate::comm::TAG_PING, snd)
-            } else if let Some(v) = t.recv_into(from, crate::comm::TAG_PING, rcv)? {
-                Err(Error::Comm(format!(
-                    "link calibration: expected {bytes} bytes from rank {from}, got {}",
-                    v.len()
-                )))
-            } else {
-                Ok(())
-            }
-        })
-    }
-
-    /// Median seconds of a simultaneous exchange of `bytes` each way between ranks 0 and 1
-    /// (each sends from its pinned send buffer and receives into its pinned receive buffer, as
-    /// a ring step or `sendrecv_device` does; same schedule as
-    /// [`time_one_way`](Self::time_one_way)): each of the two returns its own median, the
-    /// others 0. The buffers are the ones the operations stage through: a shared-memory
-    /// transport moves page-locked memory faster than the freshly allocated pageable vectors
-    /// of the host ping-pong.
-    pub(super) fn time_exchange(&mut self, comm: &Communicator, bytes: usize) -> Result<f64> {
-        self.time_pinned_link(comm, bytes, [0, 1], |t, r, snd, rcv| {
-            t.sendrecv_sized(1 - r, snd, 1 - r, rcv, crate::comm::TAG_PING)
-        })
-    }
-
-    /// The schedule of the link calibrations: `bytes` of the pinned send and receive buffers
-    /// (grown as needed) handed to `transfer` on the two ranks of `pair` (the others idle), a
-    /// barrier before each of [`CALIBRATION_LINK_WARMUP`] + [`CALIBRATION_LINK_REPS`]
-    /// transfers; the median of the timed ones on the pair's ranks, 0 elsewhere.
-    fn time_pinned_link(
-        &mut self,
-        comm: &Communicator,
-        bytes: usize,
-        pair: [usize; 2],
-        transfer: impl Fn(&dyn crate::comm::transport::Transport, usize, &[u8], &mut [u8]) -> Result<()>,
-    ) -> Result<f64> {
-        let s = self.stream();
-        let r = comm.rank();
-        Self::grow_pinned(&mut self.pinned_send, &s, bytes)?;
-        Self::grow_pinned(&mut self.pinned_recv, &s, bytes)?;
-        let snd = self.pinned_send.as_ref().expect("grown");
-        let snd = &snd.as_slice().map_err(gpu_err("pinned"))?[..bytes];
-        let rcv = self.pinned_recv.as_mut().expect("grown");
-        let rcv = &mut rcv.as_mut_slice().map_err(gpu_err("pinned"))?[..bytes];
-        let mine = pair.contains(&r);
-        let mut times = Vec::with_capacity(CALIBRATION_LINK_REPS);
-        for k in 0..CALIBRATION_LINK_WARMUP + CALIBRATION_LINK_REPS {
-            comm.barrier()?;
-            let t0 = now();
-            if mine {
-                transfer(comm.transport(), r, snd, rcv)?;
-            }
-            if k >= CALIBRATION_LINK_WARMUP {
-                times.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        Ok(if mine { model::median(&times) } else { 0.0 })
     }
 
     /// The most ranks sharing one GPU: every rank's (host name, PCI domain / bus / device id of
@@ -423,8 +356,33 @@ pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 /// Sizes (MiB) of the one-way and exchange link calibrations (those below the calibration
 /// field's size, which is measured too).
 pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
-/// Warm-up transfers of each link calibration size and pattern.
-pub const CALIBRATION_LINK_WARMUP: usize = 2;
-/// Timed transfers (median) of each link calibration size and pattern (the shared-memory
-/// transport of one node varies from call to call: nine keep the median steady).
-pub const CALIBRATION_LINK_REPS: usize = 9;
+
+/// The staged link of the calibration: ranks 0 and 1 move bytes between their pinned staging
+/// buffers over the host transport (the other ranks have no part).
+struct PinnedLink<'a> {
+    t: &'a dyn crate::comm::Transport,
+    rank: usize,
+    snd: &'a [u8],
+    rcv: &'a mut [u8],
+}
+
+impl LinkProbe for PinnedLink<'_> {
+    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
+        let (snd, rcv) = (&self.snd[..bytes], &mut self.rcv[..bytes]);
+        let tag = crate::comm::TAG_PING;
+        match (pattern, self.rank) {
+            (LinkPattern::Exchange, r @ (0 | 1)) => {
+                self.t.sendrecv_sized(1 - r, snd, 1 - r, rcv, tag)
+            }
+            (LinkPattern::OneWay, 0) => self.t.send(1, tag, snd),
+            (LinkPattern::OneWay, 1) => match self.t.recv_into(0, tag, rcv)? {
+                Some(v) => Err(Error::Comm(format!(
+                    "link calibration: expected {bytes} bytes from rank 0, got {}",
+                    v.len()
+                ))),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+}

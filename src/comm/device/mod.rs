@@ -170,10 +170,7 @@ mod stager;
 mod tests;
 
 pub use super::device_calibrate::{CALIBRATION_REPS, CALIBRATION_WARMUP};
-pub use calibrate::{
-    CALIBRATION_LINK_MIB, CALIBRATION_LINK_REPS, CALIBRATION_LINK_WARMUP, CALIBRATION_MIN_VALUES,
-    CALIBRATION_TINY_VALUES,
-};
+pub use calibrate::{CALIBRATION_LINK_MIB, CALIBRATION_MIN_VALUES, CALIBRATION_TINY_VALUES};
 pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
 use reduce::*;

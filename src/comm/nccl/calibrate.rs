@@ -3,40 +3,20 @@
 
 use super::*;
 use crate::comm::device_calibrate::{repeat, CodecBench};
+use crate::comm::link_calibrate::{self, LinkPattern, LinkProbe};
 
 impl NcclComm {
-    /// Time `f` on every rank (barrier, run, drain streams), `reps` times after one warm-up;
-    /// returns the median over repetitions of the slowest rank (identical on all ranks).
-    pub(super) fn time_collective(
-        &mut self,
-        reps: usize,
-        mut f: impl FnMut(&mut Self) -> Result<()>,
-    ) -> Result<f64> {
-        let mut ts = Vec::with_capacity(reps);
-        for i in 0..=reps.max(1) {
-            self.barrier()?;
-            let t0 = self.wtime();
-            f(self)?;
-            self.synchronize()?;
-            let mut t = [self.wtime() - t0];
-            self.sh.boot.allreduce_f64(&mut t, ReduceOp::Max)?;
-            if i > 0 {
-                ts.push(t[0]);
-            }
-        }
-        Ok(median(&mut ts))
-    }
-
-    /// Measure raw NCCL allreduce, allgather and pairwise exchange at [`CALIBRATION_SIZES`]
-    /// (median of 5 to 9 runs after a warm-up each; the [`Curve`]s of the profile), the device
-    /// codecs on a Gaussian random field (`noa:1e-3`, 64 MiB f32: the policy's codec, whose
-    /// fixed per-call costs the profile keeps, and every other GPU codec that works on every
-    /// rank, [`Profile::gpu_codecs`], among which `Policy::Auto` chooses per message) and the
-    /// per-piece host overhead; every rank adopts rank 0's numbers. Collective.
+    /// Measure raw NCCL allreduce, allgather, pairwise exchange and one-way transfers at
+    /// [`CALIBRATION_SIZES`] (the communicators' one link calibration, `comm::link_calibrate`:
+    /// a barrier before every transfer, warm-ups, the median, the slowest rank; the [`Curve`]s
+    /// of the profile), the device codecs on a Gaussian random field (`noa:1e-3`, 64 MiB f32:
+    /// the policy's codec, whose fixed per-call costs the profile keeps, and every other GPU
+    /// codec that works on every rank, [`Profile::gpu_codecs`], among which `Policy::Auto`
+    /// chooses per message) and the per-piece host overhead; every rank adopts rank 0's
+    /// numbers. Collective.
     ///
-    /// Each of the three operations runs about 630 MiB (per rank) of buffers in total, the
-    /// 16 and 64 MiB runs most of it: roughly 0.6 s over NCCL's socket transport at 3.5 GB/s
-    /// (twice the former two-size calibration), a few ms over NVLink.
+    /// Each pattern moves about 1 GiB per rank in total (every size eleven times, the 16 and
+    /// 64 MiB sizes most of it): seconds over NCCL's socket transport, milliseconds over NVLink.
     pub fn calibrate(&mut self) -> Result<&Profile> {
         let (p, r) = (self.size(), self.rank());
         let big = CALIBRATION_SIZES[CALIBRATION_SIZES.len() - 1] / 4; // f32 values: 64 MiB
@@ -49,12 +29,10 @@ impl NcclComm {
             let mut ys = w.alloc_zeros::<f32>(big).map_err(gpu_err)?;
             let mut gs = w.alloc_zeros::<f32>(big * p).map_err(gpu_err)?;
             w.synchronize().map_err(gpu_err)?;
-            let (mut ar, mut ag, mut pp, mut one) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             // Warm the transport up with the largest size first (untimed): on the socket
             // transport the first large transfers of a fresh communicator can run much slower
             // than later ones, which would make the whole calibration, and every prediction
-            // from it, too slow; one warm-up per size is not enough to get past that.
+            // from it, too slow; the schedule's warm-ups per size are not enough to get past that.
             {
                 let xv = xs.slice(0..big);
                 let mut yv = ys.slice_mut(0..big);
@@ -66,62 +44,41 @@ impl NcclComm {
                 self.synchronize()?;
                 self.barrier()?;
             }
-            for &sz in CALIBRATION_SIZES {
-                let n = sz / 4;
-                // large messages are slow on sockets and steady: fewer repetitions
-                let reps = if sz >= 16 << 20 { 5 } else { 9 };
-                let xv = xs.slice(0..n);
-                let mut yv = ys.slice_mut(0..n);
-                let t = self.time_collective(reps, |c| c.sh.allreduce_sum(&xv, &mut yv))?;
-                ar.push((sz as f64, t));
-                let mut gv = gs.slice_mut(0..n * p);
-                let t = self.time_collective(reps, |c| c.sh.allgather(&xv, &mut gv))?;
-                ag.push(((sz * p) as f64, t));
-                // a send to `to` and/or a receive from `from` of n f32, in one group
-                let mut exchange = |c: &mut Self, to: Option<usize>, from: Option<usize>| {
-                    let sh = c.sh.clone();
-                    let (sp, _g1) = xs.device_ptr(&sh.net);
-                    let (rp, _g2) = ys.device_ptr_mut(&sh.net);
-                    sh.group(|| {
-                        // SAFETY: both buffers hold at least n f32; guards outlive the enqueue.
-                        unsafe {
-                            if let Some(to) = to {
-                                sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, to)?;
-                            }
-                            if let Some(from) = from {
-                                sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, from)?;
-                            }
-                            Ok(())
-                        }
-                    })
-                };
-                let (to, from) = ((r + 1) % p, (r + p - 1) % p);
-                let t = self.time_collective(reps, |c| exchange(c, Some(to), Some(from)))?;
-                pp.push((sz as f64, t));
-                // one way: even ranks send to the next rank, which only receives
-                let to = (r % 2 == 0 && r + 1 < p).then_some(r + 1);
-                let from = (r % 2 == 1).then(|| r - 1);
-                let t = self.time_collective(reps, |c| exchange(c, to, from))?;
-                one.push((sz as f64, t));
+            let sh = self.sh.clone();
+            let mut probe = NcclLinkProbe {
+                sh: &sh,
+                rank: r,
+                size: p,
+                xs: &xs,
+                ys: &mut ys,
+                gs: &mut gs,
+            };
+            let links = link_calibrate::measure(
+                &*sh.boot,
+                &mut probe,
+                CALIBRATION_SIZES,
+                &[
+                    LinkPattern::Allreduce,
+                    LinkPattern::Allgather,
+                    LinkPattern::Exchange,
+                    LinkPattern::OneWay,
+                ],
+            )?;
+            prof.allreduce = links.allreduce;
+            prof.allgather = links.allgather;
+            if let Some(x) = links.exchange {
+                prof.link_exchange = x;
             }
-            let guess = prof.link_exchange.clone();
-            prof.allreduce = Some(Curve::from_points(ar, &guess));
-            prof.allgather = Some(Curve::from_points(ag, &guess));
-            prof.link_exchange = Curve::from_points(pp, &guess);
-            // a message alone is never slower than with traffic coming back
-            let one: Vec<(f64, f64)> = one
-                .into_iter()
-                .map(|(b, t)| (b, t.min(prof.link_exchange.time(b))))
-                .collect();
-            prof.link_one_way = Curve::from_points(one, &prof.link_exchange);
+            if let Some(o) = links.one_way {
+                prof.link_one_way = o;
+            }
+            let (to, from) = (to_of(r, p), from_of(r, p));
             // per-piece host overhead: a size message round on the bootstrap transport plus a
             // codec launch-and-readback
             let t1 = self.wtime();
             let reps = 20;
             for _ in 0..reps {
-                self.sh
-                    .boot
-                    .sendrecv(to_of(r, p), &[0u8; 8], from_of(r, p), TAG_SIZES)?;
+                self.sh.boot.sendrecv(to, &[0u8; 8], from, TAG_SIZES)?;
             }
             prof.piece_overhead = (self.wtime() - t1) / reps as f64;
         }
@@ -209,12 +166,67 @@ pub const CALIBRATION_SIZES: &[usize] = &[
     64 << 20,
 ];
 
-/// Median of `ts` (sorted in place; the mean of the middle two for an even count, NaN if empty).
-pub(super) fn median(ts: &mut [f64]) -> f64 {
-    ts.sort_by(f64::total_cmp);
-    match ts.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => ts[n / 2],
-        n => 0.5 * (ts[n / 2 - 1] + ts[n / 2]),
+/// NCCL's side of the link calibration: its own allreduce and allgather (the raw paths) and the
+/// pairwise transfers of the compressed operations, between device buffers, every rank at once;
+/// a transfer returns when this rank's NCCL work has finished.
+struct NcclLinkProbe<'a> {
+    sh: &'a Shared,
+    rank: usize,
+    size: usize,
+    xs: &'a CudaSlice<f32>,
+    ys: &'a mut CudaSlice<f32>,
+    gs: &'a mut CudaSlice<f32>,
+}
+
+impl NcclLinkProbe<'_> {
+    /// A send of `n` f32 to `to` and/or a receive of `n` from `from`, in one NCCL group.
+    fn send_recv(&mut self, n: usize, to: Option<usize>, from: Option<usize>) -> Result<()> {
+        let sh = self.sh;
+        let (sp, _g1) = self.xs.device_ptr(&sh.net);
+        let (rp, _g2) = self.ys.device_ptr_mut(&sh.net);
+        sh.group(|| {
+            // SAFETY: both buffers hold at least n f32 (the largest calibration size); the
+            // guards outlive the enqueue.
+            unsafe {
+                if let Some(to) = to {
+                    sh.send_raw(sp, n, nsys::ncclDataType_t::ncclFloat32, to)?;
+                }
+                if let Some(from) = from {
+                    sh.recv_raw(rp, n, nsys::ncclDataType_t::ncclFloat32, from)?;
+                }
+                Ok(())
+            }
+        })
+    }
+}
+
+impl LinkProbe for NcclLinkProbe<'_> {
+    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
+        let (n, r, p) = (bytes / 4, self.rank, self.size);
+        match pattern {
+            LinkPattern::Allreduce => self
+                .sh
+                .allreduce_sum(&self.xs.slice(0..n), &mut self.ys.slice_mut(0..n))?,
+            LinkPattern::Allgather => self
+                .sh
+                .allgather(&self.xs.slice(0..n), &mut self.gs.slice_mut(0..n * p))?,
+            // every rank sends to the next and receives from the previous (a ring step)
+            LinkPattern::Exchange => self.send_recv(n, Some(to_of(r, p)), Some(from_of(r, p)))?,
+            // even ranks send to the next rank, which only receives
+            LinkPattern::OneWay => {
+                let to = (r % 2 == 0 && r + 1 < p).then_some(r + 1);
+                let from = (r % 2 == 1).then(|| r - 1);
+                self.send_recv(n, to, from)?;
+            }
+        }
+        self.sh.sync()
+    }
+
+    fn curve_bytes(&self, pattern: LinkPattern, bytes: usize) -> f64 {
+        if pattern == LinkPattern::Allgather {
+            (bytes * self.size) as f64
+        } else {
+            bytes as f64
+        }
     }
 }

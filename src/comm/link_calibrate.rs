@@ -1,0 +1,176 @@
+//! The one calibration of the links between ranks, shared by the communicators whose profile
+//! holds measured link curves (the staged MPI link between pinned host buffers, NCCL between
+//! device buffers): the same sizes walk, the same schedule ([`repeat`]: a barrier before every
+//! timed transfer, warm-ups, the median), the slowest rank's time adopted by all, and the same
+//! curve fitting ([`Curve::from_points`]). What differs between transports is only which bytes
+//! move for a pattern, behind [`LinkProbe`].
+
+use super::device_calibrate::repeat;
+use super::transport::{ReduceOp, Transport};
+use crate::error::Result;
+use crate::model::Curve;
+
+/// A transfer pattern whose time the link calibration measures at several sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkPattern {
+    /// The ranks taking part send `bytes` and receive `bytes` at once (a ring step, `sendrecv`).
+    Exchange,
+    /// A message of `bytes` in one direction with nothing coming back (a broadcast hop, the
+    /// first message of a pipelined exchange).
+    OneWay,
+    /// The transport's own allreduce of `bytes` per rank (the reductions' raw path).
+    Allreduce,
+    /// The transport's own allgather of `bytes` per rank.
+    Allgather,
+}
+
+/// One transport's side of the link calibration.
+pub(crate) trait LinkProbe {
+    /// Moves the bytes of `pattern` once, this rank's part, returning when that part is
+    /// complete (its messages received, its device streams drained); a rank with no part in
+    /// the pattern returns at once. Every rank calls it with the same arguments.
+    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()>;
+    /// The size a time of `pattern` at `bytes` is recorded at in its curve (default `bytes`;
+    /// an allgather's curve is by its output, `size * bytes`).
+    fn curve_bytes(&self, pattern: LinkPattern, bytes: usize) -> f64 {
+        let _ = pattern;
+        bytes as f64
+    }
+}
+
+/// The measured curves of [`measure`], one per pattern asked for (`None` otherwise).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LinkCurves {
+    pub exchange: Option<Curve>,
+    pub one_way: Option<Curve>,
+    pub allreduce: Option<Curve>,
+    pub allgather: Option<Curve>,
+}
+
+/// Times every pattern of `patterns` at every size of `sizes` (bytes, the same on every rank)
+/// with the [`repeat`] schedule on the host transport `host` (barriers, the reduction over
+/// ranks), takes the slowest rank's median of
+/// each (one reduction over ranks for all of them) and fits the curves. A one-way time is
+/// capped by the exchange's at the same size where both are measured: a message alone is
+/// never slower than with traffic coming back, and a slower sample is noise. Collective.
+pub(crate) fn measure(
+    host: &dyn Transport,
+    probe: &mut dyn LinkProbe,
+    sizes: &[usize],
+    patterns: &[LinkPattern],
+) -> Result<LinkCurves> {
+    let mut times = Vec::with_capacity(sizes.len() * patterns.len());
+    for &bytes in sizes {
+        for &pattern in patterns {
+            times.push(repeat(host, || probe.transfer(pattern, bytes))?);
+        }
+    }
+    host.allreduce_f64(&mut times, ReduceOp::Max)?;
+    let points = |k: usize| -> Vec<(f64, f64)> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                (
+                    probe.curve_bytes(patterns[k], b),
+                    times[i * patterns.len() + k],
+                )
+            })
+            .collect()
+    };
+    let fallback = Curve::default();
+    let mut out = LinkCurves::default();
+    for (k, &pattern) in patterns.iter().enumerate() {
+        let curve = Some(Curve::from_points(points(k), &fallback));
+        match pattern {
+            LinkPattern::Exchange => out.exchange = curve,
+            LinkPattern::OneWay => out.one_way = curve,
+            LinkPattern::Allreduce => out.allreduce = curve,
+            LinkPattern::Allgather => out.allgather = curve,
+        }
+    }
+    if let (Some(x), Some(k)) = (
+        out.exchange.as_ref(),
+        patterns.iter().position(|&p| p == LinkPattern::OneWay),
+    ) {
+        let capped = points(k)
+            .into_iter()
+            .map(|(b, t)| (b, t.min(x.time(b))))
+            .collect();
+        out.one_way = Some(Curve::from_points(capped, x));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+
+    /// A probe whose transfers sleep for a time that grows with the size (rank 1 slower).
+    struct Sleepy {
+        rank: usize,
+        calls: usize,
+    }
+
+    impl LinkProbe for Sleepy {
+        fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
+            self.calls += 1;
+            let base = match pattern {
+                LinkPattern::Exchange => 2e-3,
+                LinkPattern::OneWay => 3e-3, // slower than the exchange: capped
+                _ => 1e-3,
+            };
+            let slow = if self.rank == 1 { 2.0 } else { 1.0 };
+            let s = slow * base * (bytes as f64 / (1 << 20) as f64);
+            std::thread::sleep(std::time::Duration::from_secs_f64(s));
+            Ok(())
+        }
+        fn curve_bytes(&self, pattern: LinkPattern, bytes: usize) -> f64 {
+            if pattern == LinkPattern::Allgather {
+                (2 * bytes) as f64
+            } else {
+                bytes as f64
+            }
+        }
+    }
+
+    #[test]
+    fn the_slowest_rank_and_the_capped_one_way_make_the_curves() {
+        let out = run_ranks(LoopbackTransport::group(2), |t| {
+            let mut p = Sleepy {
+                rank: t.rank(),
+                calls: 0,
+            };
+            let sizes = [1 << 20, 2 << 20];
+            let pats = [
+                LinkPattern::Exchange,
+                LinkPattern::OneWay,
+                LinkPattern::Allgather,
+            ];
+            let c = measure(&t, &mut p, &sizes, &pats)?;
+            Ok::<_, crate::Error>((c, p.calls))
+        });
+        for r in out {
+            let (c, calls) = r.expect("rank").expect("measure");
+            // 2 sizes x 3 patterns x (warm-ups + repetitions)
+            assert_eq!(
+                calls,
+                6 * (crate::comm::device_calibrate::CALIBRATION_WARMUP
+                    + crate::comm::device_calibrate::CALIBRATION_REPS)
+            );
+            let x = c.exchange.expect("exchange");
+            let o = c.one_way.expect("one way");
+            let g = c.allgather.expect("allgather");
+            assert!(c.allreduce.is_none());
+            // rank 1's 4 ms per MiB of exchange (the slower rank), not rank 0's 2 ms
+            let t1 = x.time((1 << 20) as f64);
+            assert!((3.9e-3..6e-3).contains(&t1), "exchange at 1 MiB: {t1}");
+            // the one-way samples (6 ms per MiB on rank 1) are capped at the exchange's
+            assert!(o.time((2 << 20) as f64) <= x.time((2 << 20) as f64) * 1.000_001);
+            // the allgather is recorded by its output size
+            assert_eq!(g.points.len(), 2);
+            assert_eq!(g.points[0].0, (2 << 20) as f64);
+        }
+    }
+}
