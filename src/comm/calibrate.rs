@@ -1,6 +1,7 @@
 //! [`Communicator::calibrate`]: measures the link and the codecs and fills the shared
 //! [`Profile`].
 
+use super::link_calibrate::{self, LinkPattern, LinkProbe};
 use super::*;
 
 impl Communicator {
@@ -51,36 +52,37 @@ impl Communicator {
     pub fn calibrate(&mut self) -> Result<Profile> {
         let t = &*self.transport;
         let (r, p) = (t.rank(), t.size());
+        // the link (ranks 0 and 1 exchanging, as a ring step or `sendrecv` does) and the
+        // transport's own allreduce (the raw path of `allreduce`, every rank), at 8 bytes and
+        // at the ping-pong size: the communicators' one link calibration
         let mut link = Link {
             bandwidth: 10e9,
             latency: 2e-6,
         };
+        let mut allreduce = None;
         if p > 1 {
-            t.barrier()?;
-            let mut vals = [0.0f64; 2];
-            if r < 2 {
-                let peer = 1 - r;
-                let small = [0u8; 8];
-                let big = vec![1u8; self.config.pingpong_bytes];
-                let mut back = vec![0u8; big.len()];
-                let lat_rt = pingpong(t, r, peer, &small, 50)?;
-                let lat = lat_rt / 2.0;
-                // bandwidth: simultaneous exchanges (what sendrecv and ring steps do) into
-                // preallocated buffers, one warm-up
-                let reps = ((256usize << 20) / big.len()).clamp(2, 8);
-                t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
-                let t0 = t.wtime();
-                for _ in 0..reps {
-                    t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
-                }
-                let each = ((t.wtime() - t0) / reps as f64 - lat).max(1e-9);
-                vals = [lat, big.len() as f64 / each];
-            }
-            t.allreduce_f64(&mut vals, ReduceOp::Max)?;
-            link = Link {
-                latency: vals[0],
-                bandwidth: vals[1],
+            let big = self.config.pingpong_bytes.max(8);
+            let mut probe = HostLink {
+                t,
+                rank: r,
+                snd: vec![1u8; big],
+                rcv: vec![0u8; big],
+                xs: vec![1.0f32; big / 4],
+                ys: vec![0.0f32; big / 4],
             };
+            let links = link_calibrate::measure(
+                t,
+                &mut probe,
+                &[8, big],
+                &[LinkPattern::Exchange, LinkPattern::Allreduce],
+            )?;
+            if let Some(x) = links.exchange {
+                link = Link {
+                    bandwidth: x.bandwidth,
+                    latency: x.latency,
+                };
+            }
+            allreduce = links.allreduce;
         }
         let codec = self.config.policy.codec().unwrap_or_default();
         // every codec, so that `Auto` can choose among them per message; one that fails on
@@ -110,45 +112,15 @@ impl Communicator {
                 Err(e) => tracing::warn!(target: "zcomm::comm", "{c} {dt} not calibrated: {e}"),
             }
         }
-        // the native allreduce (the raw path of allreduce): small and large buffer
-        let mut allreduce = None;
-        if p > 1 {
-            let big = vec![1.0f32; (self.config.pingpong_bytes / 4).max(1)];
-            let mut o = vec![0.0f32; big.len()];
-            let small = [1.0f32; 2];
-            let mut os = [0.0f32; 2];
-            let time = |input: &[f32], out: &mut [f32], reps: usize| -> Result<f64> {
-                t.allreduce_sum_f32(input, out)?; // warm-up
-                t.barrier()?;
-                let t0 = t.wtime();
-                for _ in 0..reps {
-                    t.allreduce_sum_f32(input, out)?;
-                }
-                Ok((t.wtime() - t0) / reps as f64)
-            };
-            let ts = time(&small, &mut os, 20)?;
-            let tb = time(&big, &mut o, 4)?;
-            let mut v = [ts, tb];
-            t.allreduce_f64(&mut v, ReduceOp::Max)?;
-            allreduce = Some(model::Curve::linear(
-                (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
-                v[0],
-            ));
-        }
         // the raw ring's host addition, every rank at once on buffers of the ping-pong's size
         let host_add = {
             let n = (self.config.pingpong_bytes / 4).max(1 << 16);
             let x = vec![1.0f32; n];
             let mut acc = vec![0.0f32; n];
-            super::reduce::add_assign(&mut acc, &x); // warm-up (and first touch of `acc`)
-            let mut ts = Vec::with_capacity(5);
-            for _ in 0..5 {
-                t.barrier()?;
-                let t0 = t.wtime();
+            let mut v = [link_calibrate::repeat(t, || {
                 super::reduce::add_assign(&mut acc, &x);
-                ts.push(t.wtime() - t0);
-            }
-            let mut v = [model::median(&ts)];
+                Ok(())
+            })?];
             t.allreduce_f64(&mut v, ReduceOp::Max)?;
             (n * 4) as f64 / v[0].max(1e-9)
         };
@@ -201,24 +173,6 @@ impl Communicator {
     }
 }
 
-fn pingpong(t: &dyn Transport, r: usize, peer: usize, msg: &[u8], reps: usize) -> Result<f64> {
-    // one warm-up, then the mean round trip
-    let mut t0 = 0.0;
-    for i in 0..=reps {
-        if i == 1 {
-            t0 = t.wtime();
-        }
-        if r == 0 {
-            t.send(peer, TAG_PING, msg)?;
-            t.recv(peer, TAG_PING)?;
-        } else {
-            t.recv(peer, TAG_PING)?;
-            t.send(peer, TAG_PING, msg)?;
-        }
-    }
-    Ok((t.wtime() - t0) / reps as f64)
-}
-
 fn measure_compressor(
     c: &dyn Compressor,
     codec: CodecKind,
@@ -268,4 +222,35 @@ pub(super) fn hostname() -> String {
         .map(|s| s.trim().to_string())
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "host".into())
+}
+
+/// The host communicator's side of the link calibration: ranks 0 and 1 exchanging between host
+/// buffers (as a ring step or `sendrecv` does; the other ranks have no part), and the
+/// transport's own allreduce of f32 on every rank.
+struct HostLink<'a> {
+    t: &'a dyn Transport,
+    rank: usize,
+    snd: Vec<u8>,
+    rcv: Vec<u8>,
+    xs: Vec<f32>,
+    ys: Vec<f32>,
+}
+
+impl LinkProbe for HostLink<'_> {
+    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
+        match (pattern, self.rank) {
+            (LinkPattern::Exchange, r @ (0 | 1)) => self.t.sendrecv_sized(
+                1 - r,
+                &self.snd[..bytes],
+                1 - r,
+                &mut self.rcv[..bytes],
+                TAG_PING,
+            ),
+            (LinkPattern::Allreduce, _) => {
+                let n = (bytes / 4).max(1);
+                self.t.allreduce_sum_f32(&self.xs[..n], &mut self.ys[..n])
+            }
+            _ => Ok(()),
+        }
+    }
 }

@@ -15,69 +15,13 @@
 
 use cudarc::driver::{CudaSlice, CudaView};
 
+pub(crate) use super::link_calibrate::{repeat, repeat_solo};
 use super::transport::{ReduceOp, Transport};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::gpu::GpuCodec;
 use crate::model::{self, CodecSpeed};
 use crate::quant::ErrorBound;
-
-/// Warm-up calls before each calibrated quantity.
-pub const CALIBRATION_WARMUP: usize = 2;
-/// Timed repetitions (median) of each calibrated quantity.
-pub const CALIBRATION_REPS: usize = 9;
-
-/// Warm-up calls, then the median of [`CALIBRATION_REPS`] timed calls of `f`, a barrier on
-/// `t` before each (so every rank's call starts together and ranks sharing a GPU see their
-/// share). This rank's median; callers reduce over ranks.
-pub(crate) fn repeat(t: &dyn Transport, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut times = Vec::with_capacity(CALIBRATION_REPS);
-    for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
-        t.barrier()?;
-        let t0 = std::time::Instant::now();
-        f()?;
-        if k >= CALIBRATION_WARMUP {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    Ok(model::median(&times))
-}
-
-/// Like [`repeat`], but only where `me` (one rank) runs the calls, without barriers between
-/// them, while the other ranks wait (a barrier before, one reduction of the error status after;
-/// they return 0): the *solo* rates. Every rank fails when the calling rank failed.
-pub(crate) fn repeat_solo(
-    t: &dyn Transport,
-    me: bool,
-    mut f: impl FnMut() -> Result<()>,
-) -> Result<f64> {
-    t.barrier()?;
-    let r = if me {
-        let mut times = Vec::with_capacity(CALIBRATION_REPS);
-        let mut res = Ok(());
-        for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
-            let t0 = std::time::Instant::now();
-            if let Err(e) = f() {
-                res = Err(e);
-                break;
-            }
-            if k >= CALIBRATION_WARMUP {
-                times.push(t0.elapsed().as_secs_f64());
-            }
-        }
-        res.map(|()| model::median(&times))
-    } else {
-        Ok(0.0)
-    };
-    let mut failed = [f64::from(u8::from(r.is_err()))];
-    t.allreduce_f64(&mut failed, ReduceOp::Max)?;
-    match r {
-        Ok(_) if failed[0] > 0.5 => Err(Error::Comm(
-            "device calibration: the solo calls failed on another rank".into(),
-        )),
-        r => r,
-    }
-}
 
 /// What the codec calls of the calibration run on: a field in device memory, the buffer its
 /// streams go to and the buffer the decodes write, on one GPU codec.
@@ -244,42 +188,6 @@ fn lines_of(codec: CodecKind, t: &[f64], tb: f64, bytes: f64, ratio: f64) -> Cod
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::transport::{run_ranks, LoopbackTransport};
-
-    /// The shared schedule on two ranks of one process: every rank times the same calls (the
-    /// median of its timed ones), the solo calls run on the chosen rank only (0 elsewhere), and
-    /// a solo call that fails fails every rank, not only the caller.
-    #[test]
-    fn the_schedule_times_every_rank_and_fails_together() {
-        let out = run_ranks(LoopbackTransport::group(2), |t| {
-            let mut calls = 0;
-            let shared = repeat(&t, || {
-                calls += 1;
-                std::thread::sleep(std::time::Duration::from_millis(2));
-                Ok(())
-            })?;
-            let me = t.rank() == 1;
-            let mut solo_calls = 0;
-            let solo = repeat_solo(&t, me, || {
-                solo_calls += 1;
-                Ok(())
-            })?;
-            let failed = repeat_solo(&t, me, || Err(Error::invalid("boom")));
-            Ok::<_, Error>((calls, shared, solo_calls, solo, failed.is_err()))
-        });
-        for (rank, r) in out.into_iter().enumerate() {
-            let (calls, shared, solo_calls, solo, failed) = r.expect("rank").expect("schedule");
-            assert_eq!(calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
-            assert!((2e-3..1.0).contains(&shared), "rank {rank}: {shared}");
-            if rank == 1 {
-                assert_eq!(solo_calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
-                assert!(solo > 0.0);
-            } else {
-                assert_eq!((solo_calls, solo), (0, 0.0));
-            }
-            assert!(failed, "rank {rank} did not see the solo failure");
-        }
-    }
 
     /// The lines go through the tiny and the full call; unmeasured solo calls give 0 (not
     /// calibrated) rather than a rate from a zero time.

@@ -1,14 +1,71 @@
-//! The one calibration of the links between ranks, shared by the communicators whose profile
-//! holds measured link curves (the staged MPI link between pinned host buffers, NCCL between
-//! device buffers): the same sizes walk, the same schedule ([`repeat`]: a barrier before every
+//! The schedule of every calibration ([`repeat`], [`repeat_solo`]) and the one calibration of
+//! the links between ranks, shared by the communicators (the host communicator's link between
+//! host buffers, the staged MPI link between pinned host buffers, NCCL between device
+//! buffers): the same sizes walk, the same schedule ([`repeat`]: a barrier before every
 //! timed transfer, warm-ups, the median), the slowest rank's time adopted by all, and the same
 //! curve fitting ([`Curve::from_points`]). What differs between transports is only which bytes
 //! move for a pattern, behind [`LinkProbe`].
 
-use super::device_calibrate::repeat;
 use super::transport::{ReduceOp, Transport};
-use crate::error::Result;
-use crate::model::Curve;
+use crate::error::{Error, Result};
+use crate::model::{self, Curve};
+
+/// Warm-up calls before each calibrated quantity.
+pub const CALIBRATION_WARMUP: usize = 2;
+/// Timed repetitions (median) of each calibrated quantity.
+pub const CALIBRATION_REPS: usize = 9;
+
+/// Warm-up calls, then the median of [`CALIBRATION_REPS`] timed calls of `f`, a barrier on
+/// `t` before each (so every rank's call starts together and ranks sharing a GPU see their
+/// share). This rank's median; callers reduce over ranks.
+pub(crate) fn repeat(t: &dyn Transport, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut times = Vec::with_capacity(CALIBRATION_REPS);
+    for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
+        t.barrier()?;
+        let t0 = std::time::Instant::now();
+        f()?;
+        if k >= CALIBRATION_WARMUP {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(model::median(&times))
+}
+
+/// Like [`repeat`], but only where `me` (one rank) runs the calls, without barriers between
+/// them, while the other ranks wait (a barrier before, one reduction of the error status after;
+/// they return 0): the *solo* rates. Every rank fails when the calling rank failed.
+pub(crate) fn repeat_solo(
+    t: &dyn Transport,
+    me: bool,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    t.barrier()?;
+    let r = if me {
+        let mut times = Vec::with_capacity(CALIBRATION_REPS);
+        let mut res = Ok(());
+        for k in 0..CALIBRATION_WARMUP + CALIBRATION_REPS {
+            let t0 = std::time::Instant::now();
+            if let Err(e) = f() {
+                res = Err(e);
+                break;
+            }
+            if k >= CALIBRATION_WARMUP {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+        }
+        res.map(|()| model::median(&times))
+    } else {
+        Ok(0.0)
+    };
+    let mut failed = [f64::from(u8::from(r.is_err()))];
+    t.allreduce_f64(&mut failed, ReduceOp::Max)?;
+    match r {
+        Ok(_) if failed[0] > 0.5 => Err(Error::Comm(
+            "device calibration: the solo calls failed on another rank".into(),
+        )),
+        r => r,
+    }
+}
 
 /// A transfer pattern whose time the link calibration measures at several sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +164,41 @@ mod tests {
     use super::*;
     use crate::comm::transport::{run_ranks, LoopbackTransport};
 
+    /// The shared schedule on two ranks of one process: every rank times the same calls (the
+    /// median of its timed ones), the solo calls run on the chosen rank only (0 elsewhere), and
+    /// a solo call that fails fails every rank, not only the caller.
+    #[test]
+    fn the_schedule_times_every_rank_and_fails_together() {
+        let out = run_ranks(LoopbackTransport::group(2), |t| {
+            let mut calls = 0;
+            let shared = repeat(&t, || {
+                calls += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                Ok(())
+            })?;
+            let me = t.rank() == 1;
+            let mut solo_calls = 0;
+            let solo = repeat_solo(&t, me, || {
+                solo_calls += 1;
+                Ok(())
+            })?;
+            let failed = repeat_solo(&t, me, || Err(Error::invalid("boom")));
+            Ok::<_, Error>((calls, shared, solo_calls, solo, failed.is_err()))
+        });
+        for (rank, r) in out.into_iter().enumerate() {
+            let (calls, shared, solo_calls, solo, failed) = r.expect("rank").expect("schedule");
+            assert_eq!(calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
+            assert!((2e-3..1.0).contains(&shared), "rank {rank}: {shared}");
+            if rank == 1 {
+                assert_eq!(solo_calls, CALIBRATION_WARMUP + CALIBRATION_REPS);
+                assert!(solo > 0.0);
+            } else {
+                assert_eq!((solo_calls, solo), (0, 0.0));
+            }
+            assert!(failed, "rank {rank} did not see the solo failure");
+        }
+    }
+
     /// A probe whose transfers sleep for a time that grows with the size (rank 1 slower).
     struct Sleepy {
         rank: usize,
@@ -154,11 +246,7 @@ mod tests {
         for r in out {
             let (c, calls) = r.expect("rank").expect("measure");
             // 2 sizes x 3 patterns x (warm-ups + repetitions)
-            assert_eq!(
-                calls,
-                6 * (crate::comm::device_calibrate::CALIBRATION_WARMUP
-                    + crate::comm::device_calibrate::CALIBRATION_REPS)
-            );
+            assert_eq!(calls, 6 * (CALIBRATION_WARMUP + CALIBRATION_REPS));
             let x = c.exchange.expect("exchange");
             let o = c.one_way.expect("one way");
             let g = c.allgather.expect("allgather");

@@ -136,7 +136,6 @@ pub mod device_gather;
 pub mod device_ring;
 mod element;
 mod gather;
-#[cfg(feature = "cuda")]
 mod link_calibrate;
 #[cfg(feature = "nccl")]
 pub mod nccl;

@@ -169,7 +169,7 @@ mod stager;
 #[cfg(test)]
 mod tests;
 
-pub use super::device_calibrate::{CALIBRATION_REPS, CALIBRATION_WARMUP};
+pub use super::link_calibrate::{CALIBRATION_REPS, CALIBRATION_WARMUP};
 pub use calibrate::{CALIBRATION_LINK_MIB, CALIBRATION_MIN_VALUES, CALIBRATION_TINY_VALUES};
 pub use gather::{DeviceAllgatherRequest, DeviceBcastRequest};
 pub use nonblocking::DeviceRequest;
