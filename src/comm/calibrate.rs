@@ -27,7 +27,10 @@ impl Communicator {
                 self.transport.bcast(0, &mut bytes)?;
                 if !bytes.is_empty() {
                     if let Some(p) = Profile::from_cache(&bytes, &path) {
-                        if p.ranks == self.size() && p.compressor == self.compressor.name() {
+                        if p.ranks == self.size()
+                            && p.compressor == self.compressor.name()
+                            && self.cached_link_fits(&p, &path)?
+                        {
                             tracing::debug!(target: "zcomm::comm", path = %path.display(), "loaded profile");
                             self.profile = p;
                             return Ok(());
@@ -47,8 +50,34 @@ impl Communicator {
         Ok(())
     }
 
-    /// Measure the link (ping-pong between ranks 0 and 1) and the codec throughput (all ranks at
-    /// once, slowest rank counts), and agree on the result. Collective.
+    /// Whether a cached profile's link still describes this job's: ranks 0 and 1 exchange the
+    /// ping-pong size (the calibration's pattern and schedule, one size) and the slowest rank's
+    /// median is compared with the profile's link line. Off by more than [`STALE_LINK_FACTOR`]
+    /// either way (another placement or network under the same host name, a machine that was
+    /// busy when the profile was measured), the caller measures again, with a warning. Every
+    /// rank gets the same answer (the same profile and one reduced time). Collective.
+    fn cached_link_fits(&self, p: &Profile, path: &std::path::Path) -> Result<bool> {
+        let t = &*self.transport;
+        if t.size() < 2 {
+            return Ok(true);
+        }
+        let bytes = self.config.pingpong_bytes.max(8);
+        let mut probe = HostLink::new(t, bytes);
+        let links = link_calibrate::measure(t, &mut probe, &[bytes], &[LinkPattern::Exchange])?;
+        let measured = links.exchange.map_or(0.0, |c| c.time(bytes as f64));
+        let predicted = p.link.latency + bytes as f64 / p.link.bandwidth;
+        let off = measured / predicted;
+        let fits = off.is_finite() && (1.0 / STALE_LINK_FACTOR..=STALE_LINK_FACTOR).contains(&off);
+        if !fits {
+            tracing::warn!(target: "zcomm::comm", path = %path.display(),
+                "the cached profile's link predicts {:.3} ms for a {bytes}-byte exchange, measured {:.3} ms: measuring again",
+                predicted * 1e3, measured * 1e3);
+        }
+        Ok(fits)
+    }
+
+    /// Measure the link (ranks 0 and 1 exchanging), the transport's allreduce and the codec
+    /// throughput (all ranks at once, slowest rank counts), and agree on the result. Collective.
     pub fn calibrate(&mut self) -> Result<Profile> {
         let t = &*self.transport;
         let (r, p) = (t.rank(), t.size());
@@ -62,14 +91,7 @@ impl Communicator {
         let mut allreduce = None;
         if p > 1 {
             let big = self.config.pingpong_bytes.max(8);
-            let mut probe = HostLink {
-                t,
-                rank: r,
-                snd: vec![1u8; big],
-                rcv: vec![0u8; big],
-                xs: vec![1.0f32; big / 4],
-                ys: vec![0.0f32; big / 4],
-            };
+            let mut probe = HostLink::new(t, big);
             let links = link_calibrate::measure(
                 t,
                 &mut probe,
@@ -235,6 +257,24 @@ struct HostLink<'a> {
     xs: Vec<f32>,
     ys: Vec<f32>,
 }
+
+impl<'a> HostLink<'a> {
+    /// Buffers for transfers of up to `bytes` on `t`.
+    fn new(t: &'a dyn Transport, bytes: usize) -> Self {
+        HostLink {
+            t,
+            rank: t.rank(),
+            snd: vec![1u8; bytes],
+            rcv: vec![0u8; bytes],
+            xs: vec![1.0f32; bytes.div_ceil(4)],
+            ys: vec![0.0f32; bytes.div_ceil(4)],
+        }
+    }
+}
+
+/// How far (a factor, either way) a cached profile's link prediction may be from a fresh
+/// measurement before the profile is measured again.
+const STALE_LINK_FACTOR: f64 = 2.0;
 
 impl LinkProbe for HostLink<'_> {
     fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {

@@ -139,3 +139,34 @@ fn auto_candidates_include_the_shape_aware_codecs_except_gpz_under_rel() {
         );
     }
 }
+
+/// A cached profile whose link no longer fits the job's (here one a million times too fast) is
+/// measured again and the file replaced; every rank ends with the same new profile.
+#[test]
+fn a_stale_cached_profile_is_measured_again() {
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+    let dir = std::env::temp_dir().join(format!("zcomm-stale-{}", std::process::id()));
+    let path = dir.join("profile.json");
+    let mut stale = Profile::new(Link {
+        bandwidth: 1e15,
+        latency: 1e-12,
+    });
+    stale.ranks = 2;
+    stale.compressor = CpuCompressor.name();
+    stale.save(&path).expect("save");
+    let cfg = Config::new(ErrorBound::Noa(1e-3))
+        .with_calibration(Calibration::LoadOrMeasure)
+        .with_profile_path(&path)
+        .with_pingpong_bytes(1 << 16);
+    let links = run_ranks(LoopbackTransport::group(2), |t| {
+        let c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+            .expect("communicator");
+        c.profile().link
+    });
+    let links: Vec<Link> = links.into_iter().map(|r| r.expect("rank")).collect();
+    assert!(links[0].bandwidth < 1e14, "{:?}", links[0]);
+    assert_eq!(links[0].bandwidth, links[1].bandwidth);
+    let saved = Profile::from_json(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    assert_eq!(saved.link.bandwidth, links[0].bandwidth);
+    std::fs::remove_dir_all(&dir).ok();
+}
