@@ -30,8 +30,9 @@
 //!
 //! Decompression reads the header to the host (validated by the CPU's own parser), then
 //! `gz_init`, `gz_offsets_k` (the offset of every block: a scan of the table sizes, decoupled
-//! look-back over 2048 sizes per thread block), `gz_decode_*` (one warp per block, no waiting)
-//! and `gz_hash`, and one read back of the error bits and checksums.
+//! look-back over 2048 sizes per thread block), `gz_decode_*` (one warp per group of `DEC_GROUP`
+//! blocks: one lane per block parses the block headers, then the warp decodes the blocks one
+//! after the other, no waiting) and `gz_hash`, and one read back of the error bits and checksums.
 //!
 //! `reorder` streams: the GPU encoder writes the same stream; the permutation that
 //! [`compress_particles`] returns is not computed here
@@ -78,8 +79,12 @@ const SPEC_ON: u64 = 1;
 const SPEC_OUT: u64 = 256;
 /// Control words before the look-back status words.
 pub(crate) const CTRL: usize = 48;
-/// Warps per thread block of the encoder and the decoder (kernels/gpz.cu `GZ_WARPS`).
+/// Warps per thread block of the encoder (kernels/gpz.cu `GZ_WARPS`).
 pub(crate) const WARPS: usize = 8;
+/// Blocks each decoder warp decodes (kernels/gpz.cu `GZ_DEC_GROUP`).
+pub(crate) const DEC_GROUP: usize = 32;
+/// Warps per thread block of the decoder (kernels/gpz.cu `GZ_DEC_WARPS`).
+pub(crate) const DEC_WARPS: usize = 4;
 /// Blocks of 32 particles each encoder warp encodes (kernels/gpz.cu `GZ_ENC_BPW`): a thread
 /// block's `WARPS * ENC_BPW` blocks are one look-back chunk.
 pub(crate) const ENC_BPW: usize = 4;
@@ -273,8 +278,16 @@ impl GpzGpu {
 
     /// Grow the workspace to `nstatus` status words and launch `gz_init`.
     fn init(&mut self, nstatus: usize) -> Result<u64> {
-        if nstatus > self.status_cap {
-            let cap = nstatus.next_power_of_two();
+        self.init_words(nstatus, nstatus)
+    }
+
+    /// Grow the workspace to `nwords` words after the control words and launch `gz_init`, which
+    /// clears the control words and the first `nstatus` of them (look-back status words; the
+    /// others are written before they are read).
+    fn init_words(&mut self, nwords: usize, nstatus: usize) -> Result<u64> {
+        debug_assert!(nstatus <= nwords);
+        if nwords > self.status_cap {
+            let cap = nwords.next_power_of_two();
             self.ws = self
                 .stream
                 .alloc_zeros::<u64>(CTRL + cap)
@@ -633,11 +646,11 @@ impl GpzGpu {
             ));
         }
         let data_len = payload - table;
-        let nchunks = nb.div_ceil(WARPS);
+        let nchunks = nb.div_ceil(DEC_GROUP * DEC_WARPS);
         // a look-back status word per scan block of `gz_offsets_k`, then every block's offset
         let nscan = nb.div_ceil(256 * SCAN_ITEMS);
         self.mark("start")?;
-        let ws = self.init(nscan + nb)?;
+        let ws = self.init_words(nscan + nb, nscan)?;
         self.mark("init")?;
         // the stream's parameters into the control words the decoder reads
         let mut words = [0u64; W_AXIS + 16 - W_CMIN];
@@ -670,7 +683,7 @@ impl GpzGpu {
         if nchunks > 0 {
             let o = if h.order == Order::Preserve { "p" } else { "r" };
             let name = format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG);
-            let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
+            let warp_chunks = (nchunks as u32, (DEC_WARPS * 32) as u32);
             let args = [inp, hl, data_len, h.n, ws, outp];
             // SAFETY: reads the stream's `len` bytes (block reads are checked against
             // data_len), writes the n * d values of `out`.
@@ -854,6 +867,8 @@ mod tests {
             ("GZ_SPEC_OUT", SPEC_OUT as usize),
             ("GZ_CTRL", CTRL),
             ("GZ_WARPS", WARPS),
+            ("GZ_DEC_GROUP", DEC_GROUP),
+            ("GZ_DEC_WARPS", DEC_WARPS),
             ("GZ_ENC_BPW", ENC_BPW),
             ("GZ_SCAN_ITEMS", SCAN_ITEMS),
         ];
