@@ -13,9 +13,10 @@
 //   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
-// Decompression: gz_init, gz_offsets (scan of the table sizes: every block's offset), gz_decode_*
-// (one warp per group of GZ_DEC_GROUP blocks: one lane per block parses the headers, then the
-// warp decodes each block), gz_hash, one read of the ctrl words.
+// Decompression: gz_init, gz_decode_* (one warp per group of GZ_DEC_GROUP blocks: the group's
+// offset by a decoupled look-back over the table sizes, the group's part of the checksums, one
+// lane per block parses the headers, then the warp decodes each block), one read of the ctrl
+// words.
 #include "common.cuh"
 
 // Warps per encoder thread block.
@@ -36,17 +37,16 @@
 #define GZ_ENC_MINB_F64 5
 #endif
 #ifndef GZ_DEC_MINB
-#define GZ_DEC_MINB 12
+#define GZ_DEC_MINB 10
 #endif
-// Decoder: blocks per warp (one group, parsed by one lane each) and warps per thread block.
+// Decoder: blocks per warp (one group, parsed by one lane each; even: a group's table entries
+// are whole checksum words) and warps per thread block.
 #ifndef GZ_DEC_GROUP
 #define GZ_DEC_GROUP 32
 #endif
 #ifndef GZ_DEC_WARPS
 #define GZ_DEC_WARPS 4
 #endif
-// Table sizes per thread of gz_offsets (256 threads).
-#define GZ_SCAN_ITEMS 8
 // Ctrl words of the workspace (src/gpu/gpz.rs W_*; checked by a test).
 #define GZ_W_RMIN 0
 #define GZ_W_RMAX 4
@@ -948,55 +948,6 @@ __device__ void gz_hash(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u
     if ((threadIdx.x & 31) == 0 && sum) atomicAdd((unsigned int*)&ws[GZ_W_HASH + blockIdx.y], sum);
 }
 
-// The offset of every block in the data (exclusive prefix sums of the table's sizes), into
-// ws[GZ_CTRL + nscan + b]: GZ_SCAN_ITEMS sizes per thread, a decoupled look-back over the
-// thread blocks (status words ws[GZ_CTRL ..], nscan of them). Flags a total other than data_len.
-__device__ void gz_offsets(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
-    __shared__ u64 s_warp[8];
-    __shared__ u32 s_chunk;
-    __shared__ u64 s_excl;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
-    __syncthreads();
-    const u32 chunk = s_chunk;
-    const u64 per = 256ull * GZ_SCAN_ITEMS;
-    const u64 nscan = (nb + per - 1ull) / per;
-    const u64 first = (u64)chunk * per + (u64)threadIdx.x * GZ_SCAN_ITEMS;
-    u32 sz[GZ_SCAN_ITEMS];
-    u64 sum = 0;
-#pragma unroll
-    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
-        const u64 bb = first + (u64)i;
-        sz[i] = bb < nb ? ((u32)in[hdr + 2ull * bb] | ((u32)in[hdr + 2ull * bb + 1ull] << 8)) : 0u;
-        sum += sz[i];
-    }
-    const u64 incl = warp_incl_u64(sum, lane);
-    if (lane == 31) s_warp[warp] = incl;
-    __syncthreads();
-    u64 before = 0, agg = 0;
-#pragma unroll
-    for (int w = 0; w < 8; w++) {
-        before += w < warp ? s_warp[w] : 0ull;
-        agg += s_warp[w];
-    }
-    if (warp == 0) {
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, agg, lane);
-        if (lane == 0) {
-            s_excl = ex;
-            if ((u64)chunk == nscan - 1ull && ex + agg != data_len) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
-        }
-    }
-    __syncthreads();
-    u64 at = s_excl + before + incl - sum;
-    u64* offs = ws + GZ_CTRL + nscan;
-#pragma unroll
-    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
-        const u64 bb = first + (u64)i;
-        if (bb < nb) offs[bb] = at;
-        at += sz[i];
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Decoder: one warp per group of GZ_DEC_GROUP consecutive blocks, in two phases.
 //   A. Lane j parses block j of the group: the block's serial fields (flags, exception mask,
@@ -1030,20 +981,36 @@ __device__ __forceinline__ u32 gz_bfe(u32 v, u32 pos, u32 len) {
 // Bit-matrix transpose as gz_transpose32, with fewer instructions a stage: byte permutes for the
 // half-word and byte stages, and for the others a rotate of the partner's word by s (left in
 // the lower lane, right in the upper one) merged under the lane's mask by one bitwise select:
-// the bits a rotate wraps around fall outside the mask.
-__device__ __forceinline__ u32 gz_transpose32f(u32 x, int lane) {
-    u32 y = __shfl_xor_sync(ZC_FULL, x, 16);
-    x = __byte_perm(x, y, (lane & 16) ? 0x3276u : 0x5410u);
-    y = __shfl_xor_sync(ZC_FULL, x, 8);
-    x = __byte_perm(x, y, (lane & 8) ? 0x3715u : 0x6240u);
+// the bits a rotate wraps around fall outside the mask. The per-lane selectors and masks are
+// computed once per warp (GzTp), not once per block.
+struct GzTp {
+    u32 p16, p8, keep[3], rot[3];
+    __device__ explicit GzTp(int lane) {
+        p16 = (lane & 16) ? 0x3276u : 0x5410u;
+        p8 = (lane & 8) ? 0x3715u : 0x6240u;
 #pragma unroll
-    for (int s = 4; s >= 1; s >>= 1) {
-        const u32 m = s == 4 ? 0x0f0f0f0fu : s == 2 ? 0x33333333u : 0x55555555u;
-        const bool up = (lane & s) != 0;
-        const u32 keep = up ? ~m : m;
-        y = __shfl_xor_sync(ZC_FULL, x, s);
-        const u32 r = __funnelshift_l(y, y, up ? 32u - (u32)s : (u32)s);
-        x = (x & keep) | (r & ~keep);
+        for (int i = 0; i < 3; i++) {
+            const int s = 4 >> i;
+            const u32 m = i == 0 ? 0x0f0f0f0fu : i == 1 ? 0x33333333u : 0x55555555u;
+            const bool up = (lane & s) != 0;
+            keep[i] = up ? ~m : m;
+            rot[i] = up ? 32u - (u32)s : (u32)s;
+        }
+        // (opaque: kept in registers rather than recomputed from the lane in every block)
+        asm("" : "+r"(p16), "+r"(p8), "+r"(keep[0]), "+r"(keep[1]), "+r"(keep[2]));
+        asm("" : "+r"(rot[0]), "+r"(rot[1]), "+r"(rot[2]));
+    }
+};
+__device__ __forceinline__ u32 gz_transpose32f(u32 x, const GzTp& tp) {
+    u32 y = __shfl_xor_sync(ZC_FULL, x, 16);
+    x = __byte_perm(x, y, tp.p16);
+    y = __shfl_xor_sync(ZC_FULL, x, 8);
+    x = __byte_perm(x, y, tp.p8);
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        y = __shfl_xor_sync(ZC_FULL, x, 4 >> i);
+        const u32 r = __funnelshift_l(y, y, tp.rot[i]);
+        x = (x & tp.keep[i]) | (r & ~tp.keep[i]);
     }
     return x;
 }
@@ -1096,12 +1063,41 @@ template <typename T> struct GzRec {
     static const int WORDS = GZ_R_LO + 4 * (ZT<T>::SIZE / 4);
 };
 
+// gz_hash's sums of the table and of the data, taken by the decoder (the bytes are read here
+// anyway): the table words of the group's sizes, and the data words whose first byte lies in
+// the group's bytes [ex, ex + agg) (zero-padded past data_len), one atomic per warp each.
+__device__ __forceinline__ void gz_group_hash(const u8* in, u64 hdr, u64 nb, u64 data_len, u64 g0, u32 size, bool valid,
+                                              u64 ex, u32 agg, int lane, u64* ws) {
+    // table word j: entries 2j (low half) and 2j + 1 (the group starts at an even entry)
+    const u32 nsize = __shfl_down_sync(ZC_FULL, size, 1);
+    u32 th = ((lane & 1) == 0 && valid) ? zhash_mix(size | (nsize << 16), (u32)((g0 + (u64)lane) >> 1)) : 0u;
+    const u8* data = in + hdr + 2ull * nb;
+    const u64 dend = (u64)data + data_len;
+    u32 dh = 0;
+    const u64 end = ex + agg < data_len ? ex + agg : data_len;
+    for (u64 i = ((ex + 3ull) >> 2) + (u64)lane; 4ull * i < end; i += 32ull) {
+        const u64 a = (u64)data + 4ull * i, wa = a & ~3ull;
+        const u32 lo = __ldg((const u32*)wa);
+        const u32 hi = wa + 4ull < dend ? __ldg((const u32*)(wa + 4ull)) : 0u;
+        u32 v = __funnelshift_r(lo, hi, (u32)(a & 3ull) * 8u);
+        if (4ull * i + 4ull > data_len) v &= gz_low((u32)(data_len - 4ull * i) * 8u);
+        dh += zhash_mix(v, (u32)i);
+    }
+    th = warp_sum_u32(th);
+    dh = warp_sum_u32(dh);
+    if (lane == 0) {
+        if (th) atomicAdd((unsigned int*)&ws[GZ_W_HASH], th);
+        if (dh) atomicAdd((unsigned int*)&ws[GZ_W_HASH + 1], dh);
+    }
+}
+
 template <typename T, int D, bool PRESERVE>
 __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
     typedef typename GzU<T>::U U;
     typedef typename ZT<T>::code_t C;
     constexpr int RW = GzRec<T>::WORDS;
     constexpr u32 SZ = (u32)ZT<T>::SIZE;
+    static_assert(GZ_DEC_GROUP % 2 == 0 && GZ_DEC_GROUP <= 32, "one lane per block, whole table words");
     __shared__ __align__(16) u32 s_rec[GZ_DEC_WARPS][GZ_DEC_GROUP * RW];
     __shared__ __align__(16) T s_out[GZ_DEC_WARPS][32 * D];
     __shared__ u32 s_map[GZ_DEC_WARPS][64];
@@ -1110,20 +1106,28 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     const u64 nb = (n + 31ull) >> 5;
     if (threadIdx.x < D) s_step[threadIdx.x] = gz_quantizer<T>(ws, (int)threadIdx.x).step;
     __syncthreads();
-    const u64 g0 = ((u64)blockIdx.x * GZ_DEC_WARPS + (u64)warp) * GZ_DEC_GROUP;
+    // the warps take their groups in the order they start (a ticket), so that a group's
+    // predecessors are running or done when its look-back waits on them
+    u32 ticket = 0;
+    if (lane == 0) ticket = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    ticket = __shfl_sync(ZC_FULL, ticket, 0);
+    const u64 g0 = (u64)ticket * GZ_DEC_GROUP;
     if (g0 >= nb) return;
     u32* rec = s_rec[warp];
     // ---- phase A: lane j parses block g0 + j
     {
         const u64 b = g0 + (u64)lane;
         const bool valid = lane < GZ_DEC_GROUP && b < nb;
-        const u64 nscan = (nb + 256ull * GZ_SCAN_ITEMS - 1ull) / (256ull * GZ_SCAN_ITEMS);
-        u32 size = 0;
-        u64 at = 0;
-        if (valid) {
-            size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
-            at = ws[GZ_CTRL + nscan + b];
-        }
+        const u32 size = valid ? ((u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8)) : 0u;
+        // the block's offset: the group's sizes scanned, the groups before it by a decoupled
+        // look-back (status word per group in ws[GZ_CTRL ..]); the last group checks the total
+        const u32 incl = (u32)warp_incl_i32((i32)size, lane);
+        const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, ticket, (u64)agg, lane);
+        const u64 at = ex + (u64)(incl - size);
+        if (lane == 0 && g0 + GZ_DEC_GROUP >= nb && ex + agg != data_len)
+            atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
+        gz_group_hash(in, hdr, nb, data_len, g0, size, valid, ex, agg, lane, ws);
         const bool esize = valid && (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len);
         if (__any_sync(ZC_FULL, esize) && lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
         const bool skip = !valid || esize;
@@ -1244,6 +1248,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
     T* stage = s_out[warp];
     u32* smap = s_map[warp];
     const bool al16 = (((u64)y) & 15ull) == 0ull;
+    const GzTp tp(lane);
     for (int j = 0; j < GZ_DEC_GROUP; j++) {
         const u64 b = g0 + (u64)j;
         if (b >= nb) break;
@@ -1282,14 +1287,17 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
                 ok = (__shfl_sync(ZC_FULL, k64, (int)R - 1) >> K) == 0ull;
                 key = (u32)k64;
             }
+            // counts of the first R - 1 runs: their scan gives every run's start (the last
+            // run's too) and their sum
             rcnt = (u32)lane < R - 1u ? src.get(pc + (u32)lane * wc, wc) + 1u : 0u;
-            const u32 used = warp_sum_u32(rcnt);
+            const u32 cincl = (u32)warp_incl_i32((i32)rcnt, lane);
+            const u32 used = __shfl_sync(ZC_FULL, cincl, 31);
             if (!ok || used >= m) {
                 if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
                 continue;
             }
+            rstart = cincl - rcnt;
             if ((u32)lane == R - 1u) rcnt = m - used;
-            rstart = (u32)warp_incl_i32((i32)rcnt, lane) - rcnt;
             const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
             const u32 run_of = (u32)__popc(startmask & gz_upto(lane)) - 1u;
             id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
@@ -1336,7 +1344,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         for (int c = 0; c < D; c++) off[c] = 0;
         if (S <= 32u) {
             const u32 pw = (u32)lane < S ? src.get(pl + (u32)lane * m, m) : 0u;
-            const u32 t = __brev(gz_transpose32f(pw, lane));
+            const u32 t = __brev(gz_transpose32f(pw, tp));
             u32 e = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) {
@@ -1347,7 +1355,7 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         } else {
             for (u32 g = 0; g < S; g += 32u) {
                 const u32 pw = g + (u32)lane < S ? src.get(pl + (g + (u32)lane) * m, m) : 0u;
-                const u32 t = __brev(gz_transpose32f(pw, lane));
+                const u32 t = __brev(gz_transpose32f(pw, tp));
                 u32 pcum = 0;
 #pragma unroll
                 for (int c = 0; c < D; c++) {
@@ -1446,9 +1454,6 @@ extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus
 // the identity permutation: a reorder stream that fell back to storing its particles verbatim
 extern "C" __global__ void __launch_bounds__(256) gz_iota_k(u64* perm, u64 n) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) perm[i] = i;
-}
-extern "C" __global__ void __launch_bounds__(256) gz_offsets_k(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
-    gz_offsets(in, hdr, data_len, nb, ws);
 }
 extern "C" __global__ void gz_hash_k(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
     gz_hash(out, hdr, nb, data_len, raw, ws);
