@@ -1075,6 +1075,8 @@ __device__ __forceinline__ void gz_group_hash(const u8* in, u64 hdr, u64 nb, u64
     const u64 dend = (u64)data + data_len;
     u32 dh = 0;
     const u64 end = ex + agg < data_len ? ex + agg : data_len;
+    // (unrolled: the group's first reads of its bytes, issued together)
+#pragma unroll 4
     for (u64 i = ((ex + 3ull) >> 2) + (u64)lane; 4ull * i < end; i += 32ull) {
         const u64 a = (u64)data + 4ull * i, wa = a & ~3ull;
         const u32 lo = __ldg((const u32*)wa);
