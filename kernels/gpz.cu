@@ -971,10 +971,15 @@ template <typename T, int D> struct GzDec {
     static const int BYTES = (BITS + 7) / 8 + 32 * D * ZT<T>::SIZE;
 };
 
-// Bits pos .. pos + len of v (0 when len is 0 or pos is 32).
-__device__ __forceinline__ u32 gz_bfe(u32 v, u32 pos, u32 len) {
+// Shifts by 0 ..= 32 (PTX clamps the amount: a shift by 32 gives 0).
+__device__ __forceinline__ u32 gz_shl(u32 v, u32 n) {
     u32 r;
-    asm("bfe.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(pos), "r"(len));
+    asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(n));
+    return r;
+}
+__device__ __forceinline__ u32 gz_shr(u32 v, u32 n) {
+    u32 r;
+    asm("shr.b32 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(n));
     return r;
 }
 
@@ -1347,12 +1352,13 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         if (S <= 32u) {
             const u32 pw = (u32)lane < S ? src.get(pl + (u32)lane * m, m) : 0u;
             const u32 t = __brev(gz_transpose32f(pw, tp));
-            u32 e = 0;
+            // axis c's planes [pc, pc + s) are bits 31 - pc down to 32 - pc - s of t
+            u32 pc = 0;
 #pragma unroll
             for (int c = 0; c < D; c++) {
                 const u32 s = (sp >> (8 * c)) & 0xffu;
-                e += s;
-                off[c] = (U)gz_bfe(t, 32u - e, s);
+                off[c] = (U)gz_shr(gz_shl(t, pc), 32u - s);
+                pc += s;
             }
         } else {
             for (u32 g = 0; g < S; g += 32u) {
@@ -1375,17 +1381,20 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         }
         if (inr) {
             const u32 at = PRESERVE ? (exc ? smap[perm] : perm) : (u32)lane;
-            u32 shift = K;
+            // axis c's segment: the k bits of the id after those of the axes before it (its
+            // first bit moved to bit 31, then down to bit 0)
+            u32 lsh = 32u - K;
 #pragma unroll
             for (int c = 0; c < D; c++) {
                 const u32 k = (kp >> (8 * c)) & 0xffu, s = (sp >> (8 * c)) & 0xffu;
-                shift -= k;
+                const u32 seg = gz_shr(gz_shl(id, lsh), 32u - k);
+                lsh += k;
                 U lo;
                 if (SZ == 8)
                     lo = (U)(((u64)rj[GZ_R_LO + 2 * c + 1] << 32) | (u64)rj[GZ_R_LO + 2 * c]);
                 else
                     lo = (U)rj[GZ_R_LO + c];
-                const U uu = ((U)gz_bfe(id, shift, k) << s) | off[c];
+                const U uu = ((U)seg << s) | off[c];
                 // the code's low bits are all its decoding reads (f32 codes are i32)
                 stage[at * D + c] = gz_dec_step(step[c], (i64)(C)(lo + uu));
             }
