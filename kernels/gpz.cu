@@ -13,11 +13,13 @@
 //   gz_encode_*    quantise, evaluate every level, sort, encode, look-back, write block + table
 //   gz_hash        zhash sums of the table and of the blocks
 // then the host reads the ctrl words once (sizes, checksums, parameters) and writes the header.
-// Decompression: gz_init, gz_offsets (scan of the table sizes: every block's offset), gz_decode_*
-// (one warp per block), gz_hash, one read of the ctrl words.
+// Decompression: gz_init, gz_decode_* (one warp per group of GZ_DEC_GROUP blocks: the group's
+// offset by a decoupled look-back over the table sizes, the group's part of the checksums, one
+// lane per block parses the headers, then the warp decodes each block), one read of the ctrl
+// words.
 #include "common.cuh"
 
-// Warps per thread block (the decoder: one 32-particle block each).
+// Warps per encoder thread block.
 #define GZ_WARPS 8
 // Blocks each encoder warp encodes: a thread block's GZ_WARPS * GZ_ENC_BPW blocks are one
 // look-back chunk.
@@ -35,10 +37,16 @@
 #define GZ_ENC_MINB_F64 5
 #endif
 #ifndef GZ_DEC_MINB
-#define GZ_DEC_MINB 6
+#define GZ_DEC_MINB 10
 #endif
-// Table sizes per thread of gz_offsets (256 threads).
-#define GZ_SCAN_ITEMS 8
+// Decoder: blocks per warp (one group, parsed by one lane each; even: a group's table entries
+// are whole checksum words) and warps per thread block.
+#ifndef GZ_DEC_GROUP
+#define GZ_DEC_GROUP 32
+#endif
+#ifndef GZ_DEC_WARPS
+#define GZ_DEC_WARPS 4
+#endif
 // Ctrl words of the workspace (src/gpu/gpz.rs W_*; checked by a test).
 #define GZ_W_RMIN 0
 #define GZ_W_RMAX 4
@@ -182,8 +190,8 @@ __device__ __forceinline__ bool gz_quant(const ZQ<float>& q, float x, i32& code)
 }
 __device__ __forceinline__ bool gz_quant(const ZQ<double>& q, double x, i64& code) { return zq_encode<double, false>(q, x, code); }
 // Reconstruction (quant::Quantizer::decode; f32 codes go through i32 as the CPU's `q as i32`).
-__device__ __forceinline__ float gz_dec(const ZQ<float>& q, i64 c) { return __fmul_rn(__int2float_rn((i32)c), q.step); }
-__device__ __forceinline__ double gz_dec(const ZQ<double>& q, i64 c) { return __dmul_rn(__ll2double_rn(c), q.step); }
+__device__ __forceinline__ float gz_dec_step(float step, i64 c) { return __fmul_rn(__int2float_rn((i32)c), step); }
+__device__ __forceinline__ double gz_dec_step(double step, i64 c) { return __dmul_rn(__ll2double_rn(c), step); }
 
 // ---------------------------------------------------------------------------------------------
 __device__ void gz_init(u64* ws, u64 nstatus) {
@@ -941,347 +949,474 @@ __device__ void gz_hash(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decoder. Bound on the bytes of a block any decoder can consume (every field at its largest).
+// Decoder: one warp per group of GZ_DEC_GROUP consecutive blocks, in two phases.
+//   A. Lane j parses block j of the group: the block's serial fields (flags, exception mask,
+//      frames, level, run header, permutation header), the positions of its lane-parallel
+//      fields and every check that needs none of them, into a shared record. The serial header
+//      costs each warp instruction once per 32 blocks instead of once per block.
+//   B. The warp decodes the group's blocks in turn from their records: run keys and counts,
+//      permutation, offset planes, reconstruction into a shared staging buffer, then coalesced
+//      stores of the block's values.
+// Fields are read straight from the stream (read-only path): two aligned words and a funnel
+// shift. No read is checked on its own: every field lies before the position phase A ends at,
+// and a block passes only when that position (padded, plus its exceptions) is exactly its size,
+// so a block that reads past its end fails (the CPU decoder's "read past the block"). Such reads
+// are clamped to the block's last word.
+//
+// Bound on the bytes of a block any decoder can consume (every field at its largest).
 template <typename T, int D> struct GzDec {
     static const int MR = ZT<T>::MAX_RATE;
     static const int BITS = 2 + 32 + D * (1 + MR + GZ_WIDTH_BITS) + GZ_LEVEL_BITS + (5 + 32 + 6 + 31 * 32 + 3 + 31 * 5) +
                             2 + 160 + D * MR * 32;
     static const int BYTES = (BITS + 7) / 8 + 32 * D * ZT<T>::SIZE;
-    static const int WORDS = (BYTES + 3) / 4 + 2;
 };
 
-// Field reader over a block's shared words; `over` records a read past `nbits`.
-struct GzReader {
-    const u32* buf;
-    u32 nbits;
-    bool over;
-    __device__ __forceinline__ u32 get(u32 pos, u32 w) {
-        if (w == 0u) return 0u;
-        if (pos + w > nbits) {
-            over = true;
-            return 0u;
-        }
-        const u32 i = pos >> 5, sh = pos & 31u;
-        // (the word after the block's last one is zero)
-        return __funnelshift_r(buf[i], buf[i + 1], sh) & gz_low(w);
-    }
-    __device__ __forceinline__ u64 get64(u32 pos, u32 w) {
-        if (w > 32u) {
-            const u64 lo = get(pos, 32u);
-            return lo | ((u64)get(pos + 32u, w - 32u) << 32);
-        }
-        return get(pos, w);
-    }
-};
-template <typename T> __device__ __forceinline__ T gz_get_value(GzReader& r, u32 pos);
-template <> __device__ __forceinline__ float gz_get_value<float>(GzReader& r, u32 pos) {
-    return __uint_as_float(r.get(pos, 32u));
+// Shifts by 0 ..= 32 (PTX clamps the amount: a shift by 32 gives 0).
+__device__ __forceinline__ u32 gz_shl(u32 v, u32 n) {
+    u32 r;
+    asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(n));
+    return r;
 }
-template <> __device__ __forceinline__ double gz_get_value<double>(GzReader& r, u32 pos) {
-    return __longlong_as_double((long long)r.get64(pos, 64u));
+__device__ __forceinline__ u32 gz_shr(u32 v, u32 n) {
+    u32 r;
+    asm("shr.b32 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(n));
+    return r;
 }
 
-// Decode one block of n particles from buf (size bytes) into y (its first value); false on any
-// error (block.rs decode_block).
+// Bit-matrix transpose as gz_transpose32, with fewer instructions a stage: byte permutes for the
+// half-word and byte stages, and for the others a rotate of the partner's word by s (left in
+// the lower lane, right in the upper one) merged under the lane's mask by one bitwise select:
+// the bits a rotate wraps around fall outside the mask. The per-lane selectors and masks are
+// computed once per warp (GzTp), not once per block.
+struct GzTp {
+    u32 p16, p8, keep[3], rot[3];
+    __device__ explicit GzTp(int lane) {
+        p16 = (lane & 16) ? 0x3276u : 0x5410u;
+        p8 = (lane & 8) ? 0x3715u : 0x6240u;
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const int s = 4 >> i;
+            const u32 m = i == 0 ? 0x0f0f0f0fu : i == 1 ? 0x33333333u : 0x55555555u;
+            const bool up = (lane & s) != 0;
+            keep[i] = up ? ~m : m;
+            rot[i] = up ? 32u - (u32)s : (u32)s;
+        }
+        // (opaque: kept in registers rather than recomputed from the lane in every block)
+        asm("" : "+r"(p16), "+r"(p8), "+r"(keep[0]), "+r"(keep[1]), "+r"(keep[2]));
+        asm("" : "+r"(rot[0]), "+r"(rot[1]), "+r"(rot[2]));
+    }
+};
+__device__ __forceinline__ u32 gz_transpose32f(u32 x, const GzTp& tp) {
+    u32 y = __shfl_xor_sync(ZC_FULL, x, 16);
+    x = __byte_perm(x, y, tp.p16);
+    y = __shfl_xor_sync(ZC_FULL, x, 8);
+    x = __byte_perm(x, y, tp.p8);
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        y = __shfl_xor_sync(ZC_FULL, x, 4 >> i);
+        const u32 r = __funnelshift_l(y, y, tp.rot[i]);
+        x = (x & tp.keep[i]) | (r & ~tp.keep[i]);
+    }
+    return x;
+}
+
+// A block's bits in the stream: the aligned word holding its first byte, the bit of that word
+// where it starts, the index of the word holding its last byte (reads clamp to it).
+struct GzSrc {
+    const u32* w;
+    u32 sh, last;
+    __device__ __forceinline__ u32 word(u32 i) const { return __ldg(w + (i < last ? i : last)); }
+    // bits pos .. pos + len of the block (len <= 32)
+    __device__ __forceinline__ u32 get(u32 pos, u32 len) const {
+        const u32 q = pos + sh, i = q >> 5;
+        return __funnelshift_r(word(i), word(i + 1u), q) & gz_low(len);
+    }
+    __device__ __forceinline__ u64 get64(u32 pos, u32 len) const {
+        if (len > 32u) return (u64)get(pos, 32u) | ((u64)get(pos + 32u, len - 32u) << 32);
+        return get(pos, len);
+    }
+};
+template <typename U> __device__ __forceinline__ U gz_get_u(const GzSrc& s, u32 pos, u32 len);
+template <> __device__ __forceinline__ u32 gz_get_u<u32>(const GzSrc& s, u32 pos, u32 len) { return s.get(pos, len); }
+template <> __device__ __forceinline__ u64 gz_get_u<u64>(const GzSrc& s, u32 pos, u32 len) { return s.get64(pos, len); }
+template <typename T> __device__ __forceinline__ T gz_get_value(const GzSrc& s, u32 pos);
+template <> __device__ __forceinline__ float gz_get_value<float>(const GzSrc& s, u32 pos) { return __uint_as_float(s.get(pos, 32u)); }
+template <> __device__ __forceinline__ double gz_get_value<double>(const GzSrc& s, u32 pos) {
+    return __longlong_as_double((long long)s.get64(pos, 64u));
+}
+
+// A block's record (u32 words), written by phase A.
+#define GZ_R_FLAGS 0   // GZ_F_*
+#define GZ_R_EXC 1     // exception mask
+#define GZ_R_SHAPE 2   // n | m << 8 | K << 16 | R << 24
+#define GZ_R_RUNW 3    // wd | wc << 8 | S << 16 (S: offset planes)
+#define GZ_R_K 4       // k_c in byte c
+#define GZ_R_S 5       // s_c in byte c
+#define GZ_R_KEY0 6    // the first run's key (every id when R = 1)
+#define GZ_R_PD 7      // position of the key deltas
+#define GZ_R_PP 8      // position of the permutation
+#define GZ_R_PL 9      // position of the offset planes
+#define GZ_R_BYTES 10  // byte of the first exception value
+#define GZ_R_PC 11     // position of the run counts
+#define GZ_R_SRC 12    // GzSrc: sh, last, word address low, high
+#define GZ_R_LO 16     // lo_c, one word (f32) or two (f64) per axis
+#define GZ_F_SKIP 1u   // not decoded (no block, or an error found in phase A)
+#define GZ_F_RAW 2u
+#define GZ_F_PERM 4u
+#define GZ_F_FORM 8u   // run indices (else a Lehmer code)
+template <typename T> struct GzRec {
+    static const int WORDS = GZ_R_LO + 4 * (ZT<T>::SIZE / 4);
+};
+
+// gz_hash's sums of the table and of the data, taken by the decoder (the bytes are read here
+// anyway): the table words of the group's sizes, and the data words whose first byte lies in
+// the group's bytes [ex, ex + agg) (zero-padded past data_len), one atomic per warp each.
+__device__ __forceinline__ void gz_group_hash(const u8* in, u64 hdr, u64 nb, u64 data_len, u64 g0, u32 size, bool valid,
+                                              u64 ex, u32 agg, int lane, u64* ws) {
+    // table word j: entries 2j (low half) and 2j + 1 (the group starts at an even entry)
+    const u32 nsize = __shfl_down_sync(ZC_FULL, size, 1);
+    u32 th = ((lane & 1) == 0 && valid) ? zhash_mix(size | (nsize << 16), (u32)((g0 + (u64)lane) >> 1)) : 0u;
+    const u8* data = in + hdr + 2ull * nb;
+    const u64 dend = (u64)data + data_len;
+    u32 dh = 0;
+    const u64 end = ex + agg < data_len ? ex + agg : data_len;
+    // (unrolled: the group's first reads of its bytes, issued together)
+#pragma unroll 4
+    for (u64 i = ((ex + 3ull) >> 2) + (u64)lane; 4ull * i < end; i += 32ull) {
+        const u64 a = (u64)data + 4ull * i, wa = a & ~3ull;
+        const u32 lo = __ldg((const u32*)wa);
+        const u32 hi = wa + 4ull < dend ? __ldg((const u32*)(wa + 4ull)) : 0u;
+        u32 v = __funnelshift_r(lo, hi, (u32)(a & 3ull) * 8u);
+        if (4ull * i + 4ull > data_len) v &= gz_low((u32)(data_len - 4ull * i) * 8u);
+        dh += zhash_mix(v, (u32)i);
+    }
+    th = warp_sum_u32(th);
+    dh = warp_sum_u32(dh);
+    if (lane == 0) {
+        if (th) atomicAdd((unsigned int*)&ws[GZ_W_HASH], th);
+        if (dh) atomicAdd((unsigned int*)&ws[GZ_W_HASH + 1], dh);
+    }
+}
+
 template <typename T, int D, bool PRESERVE>
-__device__ bool gz_decode_block(GzReader& r, u32 size, int n, const ZQ<T> (&qz)[D], const i64 (&gmin)[D],
-                                const u32 (&gw)[D], u32 lmax, T* y, u32* s_map, int lane) {
-    bool bad = false;
-    if (r.get(0, 1u)) {
-        // raw: zero padding, then the values
-        bad |= r.get(1, 7u) != 0u;
-        bad |= size != 1u + (u32)n * D * ZT<T>::SIZE;
-        if (!bad && lane < n) {
+__device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
+    typedef typename GzU<T>::U U;
+    typedef typename ZT<T>::code_t C;
+    constexpr int RW = GzRec<T>::WORDS;
+    constexpr u32 SZ = (u32)ZT<T>::SIZE;
+    static_assert(GZ_DEC_GROUP % 2 == 0 && GZ_DEC_GROUP <= 32, "one lane per block, whole table words");
+    __shared__ __align__(16) u32 s_rec[GZ_DEC_WARPS][GZ_DEC_GROUP * RW];
+    __shared__ __align__(16) T s_out[GZ_DEC_WARPS][32 * D];
+    __shared__ u32 s_map[GZ_DEC_WARPS][64];
+    __shared__ T s_step[D];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 nb = (n + 31ull) >> 5;
+    if (threadIdx.x < D) s_step[threadIdx.x] = gz_quantizer<T>(ws, (int)threadIdx.x).step;
+    __syncthreads();
+    // the warps take their groups in the order they start (a ticket), so that a group's
+    // predecessors are running or done when its look-back waits on them
+    u32 ticket = 0;
+    if (lane == 0) ticket = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
+    ticket = __shfl_sync(ZC_FULL, ticket, 0);
+    const u64 g0 = (u64)ticket * GZ_DEC_GROUP;
+    if (g0 >= nb) return;
+    u32* rec = s_rec[warp];
+    // ---- phase A: lane j parses block g0 + j
+    {
+        const u64 b = g0 + (u64)lane;
+        const bool valid = lane < GZ_DEC_GROUP && b < nb;
+        const u32 size = valid ? ((u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8)) : 0u;
+        // the block's offset: the group's sizes scanned, the groups before it by a decoupled
+        // look-back (status word per group in ws[GZ_CTRL ..]); the last group checks the total
+        const u32 incl = (u32)warp_incl_i32((i32)size, lane);
+        const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
+        const u64 ex = lookback_exclusive(ws + GZ_CTRL, ticket, (u64)agg, lane);
+        const u64 at = ex + (u64)(incl - size);
+        if (lane == 0 && g0 + GZ_DEC_GROUP >= nb && ex + agg != data_len)
+            atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
+        gz_group_hash(in, hdr, nb, data_len, g0, size, valid, ex, agg, lane, ws);
+        const bool esize = valid && (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len);
+        if (__any_sync(ZC_FULL, esize) && lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
+        const bool skip = !valid || esize;
+        const u32 cnt = valid ? (u32)((n - (b << 5)) < 32ull ? (n - (b << 5)) : 32ull) : 0u;
+        // (a skipped lane reads the stream's first word)
+        const u64 a0 = skip ? (u64)in : (u64)(in + hdr + 2ull * nb + at);
+        GzSrc src;
+        src.w = (const u32*)(a0 & ~3ull);
+        src.sh = (u32)(a0 & 3ull) * 8u;
+        src.last = skip ? 0u : (u32)(((a0 & 3ull) + (u64)size - 1ull) >> 2);
+        i64 gmin[D];
+        u32 gw[D];
 #pragma unroll
-            for (int c = 0; c < D; c++) y[lane * D + c] = gz_get_value<T>(r, 8u + (u32)((lane * D + c) * ZT<T>::SIZE * 8));
+        for (int c = 0; c < D; c++) {
+            gmin[c] = (i64)ws[GZ_W_CMIN + c];
+            gw[c] = (u32)ws[GZ_W_CMAX + c];
         }
-        return !bad && !r.over;
-    }
-    u32 p = 1;
-    const bool has_exc = r.get(p, 1u);
-    p += 1;
-    u32 exc = 0;
-    if (has_exc) {
-        exc = r.get(p, (u32)n);
-        p += (u32)n;
-        bad |= exc == 0u;
-    }
-    const u32 m = (u32)n - __popc(exc);
-    if (m == 0u) return false;
-    i64 lo[D];
-    u32 w[D];
+        const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
+        const bool raw = src.get(0, 1u);
+        const bool hx = src.get(1, 1u);
+        const u32 exc = hx ? src.get(2, cnt) : 0u;
+        u32 p = 2u + (hx ? cnt : 0u);
+        bool bad = hx && exc == 0u;
+        const u32 m = cnt - (u32)__popc(exc);
+        bad |= m == 0u;
+        U lo[D];
+        u32 kp = 0, sp = 0, K = 0, S = 0;
+        u32 w[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) {
-        if (r.get(p, 1u)) {
-            p += 1;
-            lo[c] = gmin[c];
-            w[c] = gw[c];
-        } else {
-            p += 1;
-            lo[c] = (i64)((u64)gmin[c] + r.get64(p, gw[c]));
-            p += gw[c];
-            w[c] = r.get(p, GZ_WIDTH_BITS);
-            p += GZ_WIDTH_BITS;
+        for (int c = 0; c < D; c++) {
+            const bool g = src.get(p, 1u);
+            const U v = gz_get_u<U>(src, p + 1u, gw[c]);
+            const u32 wv = src.get(p + 1u + gw[c], GZ_WIDTH_BITS);
+            lo[c] = (U)gmin[c] + (g ? (U)0 : v);
+            w[c] = g ? gw[c] : wv;
+            p += g ? 1u : 1u + gw[c] + GZ_WIDTH_BITS;
             bad |= w[c] > (u32)ZT<T>::MAX_RATE;
             if (w[c] > (u32)ZT<T>::MAX_RATE) w[c] = 0;
         }
-    }
-    const u32 level = r.get(p, GZ_LEVEL_BITS);
-    p += GZ_LEVEL_BITS;
-    if (level > lmax || bad) return false;
-    u32 k[D], s[D], K = 0;
+        const u32 level = src.get(p, GZ_LEVEL_BITS);
+        p += GZ_LEVEL_BITS;
+        bad |= level > lmax;
 #pragma unroll
-    for (int c = 0; c < D; c++) {
-        k[c] = w[c] < level ? w[c] : level;
-        s[c] = w[c] - k[c];
-        K += k[c];
-    }
-    // runs: lane r holds run r's key and count
-    u32 R = 1;
-    u64 key = 0;
-    u32 cnt = lane == 0 ? m : 0u;
-    if (K > 0u) {
-        R = r.get(p, 5u) + 1u;
-        p += 5u;
-        if (R > m) return false;
-        const u64 key0 = r.get64(p, K);
-        p += K;
-        if (R > 1u) {
-            const u32 wd = r.get(p, 6u);
-            p += 6u;
-            if (wd > K) return false;
-            u64 step = 0;
-            if (lane >= 1 && (u32)lane < R) step = (u64)r.get(p + ((u32)lane - 1u) * wd, wd) + 1ull;
-            p += (R - 1u) * wd;
-            key = key0 + warp_incl_u64(step, lane);
-            const u64 last = __shfl_sync(ZC_FULL, key, (int)R - 1);
-            if (K < 64u && (last >> K) != 0ull) return false;
-            const u32 wc = r.get(p, 3u);
-            p += 3u;
-            if (wc > 5u) return false;
-            cnt = (u32)lane < R - 1u ? r.get(p + (u32)lane * wc, wc) + 1u : 0u;
-            p += (R - 1u) * wc;
-            const u32 used = warp_sum_u32(cnt);
-            if (used >= m) return false;
-            if ((u32)lane == R - 1u) cnt = m - used;
-        } else {
-            key = key0;
+        for (int c = 0; c < D; c++) {
+            const u32 k = w[c] < level ? w[c] : level;
+            kp |= k << (8 * c);
+            sp |= (w[c] - k) << (8 * c);
+            K += k;
+            S += w[c] - k;
+        }
+        u32 R = 1, key0 = 0, wd = 0, wc = 0, pd = 0, pc = 0;
+        if (K > 0u) {
+            R = src.get(p, 5u) + 1u;
+            p += 5u;
+            bad |= R > m;
+            key0 = src.get(p, K);
+            p += K;
+            if (R > 1u) {
+                wd = src.get(p, 6u);
+                p += 6u;
+                bad |= wd > K;
+                pd = p;
+                p += (R - 1u) * wd;
+                wc = src.get(p, 3u);
+                p += 3u;
+                bad |= wc > 5u;
+                pc = p;
+                p += (R - 1u) * wc;
+            }
+        }
+        u32 flags = 0, pp = 0;
+        if (PRESERVE && src.get(p, 1u)) {
+            const bool form = src.get(p + 1u, 1u);
+            p += 2u;
+            pp = p;
+            p += form ? m * gz_clog2(R) : gz_lehmer_bits(m);
+            flags |= GZ_F_PERM | (form ? GZ_F_FORM : 0u);
+        } else if (PRESERVE) {
+            p += 1u;
+        }
+        const u32 pl = p;
+        p += S * m;
+        const u32 p8 = (p + 7u) & ~7u;
+        bad |= src.get(p, p8 - p) != 0u;
+        const u32 bytes = p8 >> 3;
+        bad |= bytes + (cnt - m) * D * SZ != size;
+        if (raw) {
+            // zero padding, then the values
+            bad = src.get(1, 7u) != 0u || size != 1u + cnt * D * SZ;
+            flags = GZ_F_RAW;
+        }
+        bad &= !skip;
+        if (__any_sync(ZC_FULL, bad) && lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
+        if (skip || bad) flags = GZ_F_SKIP;
+        if (lane < GZ_DEC_GROUP) {
+            uint4* r = (uint4*)(rec + lane * RW);
+            r[0] = make_uint4(flags, exc, cnt | m << 8 | K << 16 | R << 24, wd | wc << 8 | S << 16);
+            r[1] = make_uint4(kp, sp, key0, pd);
+            r[2] = make_uint4(pp, pl, bytes, pc);
+            r[3] = make_uint4(src.sh, src.last, (u32)(u64)src.w, (u32)((u64)src.w >> 32));
+            u32* l = rec + lane * RW + GZ_R_LO;
+#pragma unroll
+            for (int c = 0; c < D; c++) {
+                if (SZ == 8) {
+                    l[2 * c] = (u32)(u64)lo[c];
+                    l[2 * c + 1] = (u32)((u64)lo[c] >> 32);
+                } else {
+                    l[c] = (u32)lo[c];
+                }
+            }
         }
     }
-    // run starts, the run of every sorted position and its id (one run: it starts at 0, holds
-    // every position, and every lane has its key)
-    u32 rstart = 0u, run_of = 0u;
-    u64 id = key;
-    if (R > 1u) {
-        const u32 incl = warp_incl_u32(cnt, lane);
-        rstart = incl - cnt;
-        const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
-        run_of = __popc(startmask & gz_upto(lane)) - 1u;
-        id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
-    }
-    const bool inr = (u32)lane < m;
-    // permutation: sorted position -> coded index
-    u32 perm = (u32)lane;
-    if (PRESERVE) {
-        const bool pf = r.get(p, 1u);
-        p += 1;
-        if (pf) {
-            const bool form = r.get(p, 1u);
-            p += 1;
-            if (form) {
+    __syncwarp();
+    // ---- phase B: the warp on each block
+    T step[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) step[c] = s_step[c];
+    T* stage = s_out[warp];
+    u32* smap = s_map[warp];
+    const bool al16 = (((u64)y) & 15ull) == 0ull;
+    const GzTp tp(lane);
+    for (int j = 0; j < GZ_DEC_GROUP; j++) {
+        const u64 b = g0 + (u64)j;
+        if (b >= nb) break;
+        const u32* rj = rec + j * RW;
+        const uint4 r0 = *(const uint4*)rj;
+        if (r0.x & GZ_F_SKIP) continue;
+        const uint4 r3 = *(const uint4*)(rj + GZ_R_SRC);
+        GzSrc src;
+        src.w = (const u32*)(((u64)r3.w << 32) | (u64)r3.z);
+        src.sh = r3.x;
+        src.last = r3.y;
+        const u32 exc = r0.y, nn = r0.z & 0xffu, m = (r0.z >> 8) & 0xffu, K = (r0.z >> 16) & 0xffu, R = r0.z >> 24;
+        T* yb = y + (b << 5) * (u64)D;
+        if (r0.x & GZ_F_RAW) {
+            for (u32 i = (u32)lane; i < nn * D; i += 32u) yb[i] = gz_get_value<T>(src, 8u + i * SZ * 8u);
+            continue;
+        }
+        const uint4 r1 = *(const uint4*)(rj + 4);
+        const uint4 r2 = *(const uint4*)(rj + 8);
+        const u32 wd = r0.w & 0xffu, wc = (r0.w >> 8) & 0xffu, S = r0.w >> 16;
+        const u32 kp = r1.x, sp = r1.y, key0 = r1.z, pd = r1.w;
+        const u32 pp = r2.x, pl = r2.y, bytes = r2.z, pc = r2.w;
+        const bool inr = (u32)lane < m;
+        // the run of every sorted position and its id (one run: every id is the first key)
+        u32 id = key0, rcnt = lane == 0 ? m : 0u, rstart = 0;
+        if (R > 1u) {
+            const u32 stp = (lane >= 1 && (u32)lane < R) ? src.get(pd + ((u32)lane - 1u) * wd, wd) + 1u : 0u;
+            u32 key;
+            bool ok;
+            if (K <= 26u) {
+                // (no key can wrap: K <= 26 bounds the first key and every step by 2^26)
+                key = key0 + (u32)warp_incl_i32((i32)stp, lane);
+                ok = (__shfl_sync(ZC_FULL, key, (int)R - 1) >> K) == 0u;
+            } else {
+                const u64 k64 = (u64)key0 + warp_incl_u64((u64)stp, lane);
+                ok = (__shfl_sync(ZC_FULL, k64, (int)R - 1) >> K) == 0ull;
+                key = (u32)k64;
+            }
+            // counts of the first R - 1 runs: their scan gives every run's start (the last
+            // run's too) and their sum
+            rcnt = (u32)lane < R - 1u ? src.get(pc + (u32)lane * wc, wc) + 1u : 0u;
+            const u32 cincl = (u32)warp_incl_i32((i32)rcnt, lane);
+            const u32 used = __shfl_sync(ZC_FULL, cincl, 31);
+            if (!ok || used >= m) {
+                if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
+                continue;
+            }
+            rstart = cincl - rcnt;
+            if ((u32)lane == R - 1u) rcnt = m - used;
+            const u32 startmask = gz_wor((u32)lane < R ? (1u << (rstart & 31u)) : 0u);
+            const u32 run_of = (u32)__popc(startmask & gz_upto(lane)) - 1u;
+            id = __shfl_sync(ZC_FULL, key, (int)(run_of & 31u));
+        }
+        // permutation: sorted position -> coded index
+        u32 perm = (u32)lane;
+        if (PRESERVE && (r0.x & GZ_F_PERM)) {
+            if (r0.x & GZ_F_FORM) {
                 const u32 width = gz_clog2(R);
-                const u32 ri = inr ? r.get(p + (u32)lane * width, width) : 0xffffffffu;
-                p += m * width;
+                const u32 ri = inr ? src.get(pp + (u32)lane * width, width) : 0xffffffffu;
                 const u32 grp = __match_any_sync(ZC_FULL, ri);
-                const u32 rc = __shfl_sync(ZC_FULL, cnt, (int)(ri & 31u));
+                const u32 rc = __shfl_sync(ZC_FULL, rcnt, (int)(ri & 31u));
                 const u32 rs = __shfl_sync(ZC_FULL, rstart, (int)(ri & 31u));
-                const bool err = inr && (ri >= R || (u32)__popc(grp) != rc);
-                if (__any_sync(ZC_FULL, err)) return false;
+                if (__any_sync(ZC_FULL, inr && (ri >= R || (u32)__popc(grp) != rc))) {
+                    if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
+                    continue;
+                }
+                if (inr) smap[32 + rs + __popc(grp & gz_lanemask_lt(lane))] = (u32)lane;
                 __syncwarp();
-                if (inr) s_map[32 + rs + __popc(grp & gz_lanemask_lt(lane))] = (u32)lane;
-                __syncwarp();
-                perm = inr ? s_map[32 + lane] : (u32)lane;
-                __syncwarp();
+                perm = inr ? smap[32 + lane] : (u32)lane;
             } else {
                 const u32 lb2 = gz_lehmer_bits(m);
                 u32 digit = 0;
-                if (inr) {
-                    const u32 at = lb2 - gz_lehmer_bits(m - (u32)lane);
-                    digit = r.get(p + at, gz_clog2(m - (u32)lane));
+                if (inr) digit = src.get(pp + lb2 - gz_lehmer_bits(m - (u32)lane), gz_clog2(m - (u32)lane));
+                if (__any_sync(ZC_FULL, inr && digit >= m - (u32)lane)) {
+                    if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
+                    continue;
                 }
-                p += lb2;
-                if (__any_sync(ZC_FULL, inr && digit >= m - (u32)lane)) return false;
                 // digit i is the rank of perm[i] among perm[i..m]; adding the earlier positions j
                 // (from i - 1 down) raises it by one whenever perm[j] ranks below it
                 u32 rk = digit;
-                for (int j = (int)m - 2; j >= 0; j--) {
-                    const u32 dj = __shfl_sync(ZC_FULL, digit, j);
-                    rk += (j < lane && dj <= rk) ? 1u : 0u;
+                for (int q = (int)m - 2; q >= 0; q--) {
+                    const u32 dq = __shfl_sync(ZC_FULL, digit, q);
+                    rk += (q < lane && dq <= rk) ? 1u : 0u;
                 }
                 if (inr) perm = rk;
             }
         }
-    }
-    // offsets (f32: 32-bit words, widths are at most 30 bits)
-    typedef typename GzU<T>::U U;
-    U off[D];
-    u32 nplanes = 0;
+        // offset planes: lane k reads plane g + k, the transpose gives sorted position i bit i of
+        // every plane (plane g + k at bit 31 - k after the reversal: an axis' planes form one
+        // field, most significant first)
+        U off[D];
 #pragma unroll
-    for (int c = 0; c < D; c++) nplanes += s[c];
+        for (int c = 0; c < D; c++) off[c] = 0;
+        if (S <= 32u) {
+            const u32 pw = (u32)lane < S ? src.get(pl + (u32)lane * m, m) : 0u;
+            const u32 t = __brev(gz_transpose32f(pw, tp));
+            // axis c's planes [pc, pc + s) are bits 31 - pc down to 32 - pc - s of t
+            u32 pc = 0;
 #pragma unroll
-    for (int c = 0; c < D; c++) off[c] = 0;
-    // groups of 32 planes: lane k reads plane g + k, a bit transpose gives lane i bit i of every
-    // plane (plane g + k at bit 31 - k after the reversal: an axis' planes form one field)
-    for (u32 g = 0; g < nplanes; g += 32u) {
-        const u32 pword = g + (u32)lane < nplanes ? r.get(p + (g + (u32)lane) * m, m) : 0u;
-        const u32 t = __brev(gz_transpose32(pword, lane));
-        u32 pc = 0;
+            for (int c = 0; c < D; c++) {
+                const u32 s = (sp >> (8 * c)) & 0xffu;
+                off[c] = (U)gz_shr(gz_shl(t, pc), 32u - s);
+                pc += s;
+            }
+        } else {
+            for (u32 g = 0; g < S; g += 32u) {
+                const u32 pw = g + (u32)lane < S ? src.get(pl + (g + (u32)lane) * m, m) : 0u;
+                const u32 t = __brev(gz_transpose32f(pw, tp));
+                u32 pcum = 0;
 #pragma unroll
-        for (int c = 0; c < D; c++) {
-            const u32 a = pc > g ? pc : g, e = pc + s[c], bb = e < g + 32u ? e : g + 32u;
-            if (a < bb) off[c] |= (U)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
-            pc = e;
+                for (int c = 0; c < D; c++) {
+                    const u32 s = (sp >> (8 * c)) & 0xffu;
+                    const u32 a = pcum > g ? pcum : g, e = pcum + s, bb = e < g + 32u ? e : g + 32u;
+                    if (a < bb) off[c] |= (U)((t >> (32u - (bb - g))) & gz_low(bb - a)) << (e - bb);
+                    pcum = e;
+                }
+            }
         }
-    }
-    p += nplanes * m;
-    const u32 p8 = (p + 7u) & ~7u;
-    if (r.get(p, p8 - p) != 0u) return false;
-    const u32 bytes = p8 / 8u;
-    const u32 nexc = (u32)n - m;
-    if (__any_sync(ZC_FULL, r.over) || bytes + nexc * D * ZT<T>::SIZE != size) return false;
-    // block positions of the coded particles (preserve) / output slots (reorder)
-    const bool isexc = (exc >> lane) & 1u;
-    if (lane < n && !isexc) s_map[__popc(~exc & gz_lanemask_lt(lane))] = (u32)lane;
-    __syncwarp();
-    if (inr) {
-        const u32 at = PRESERVE ? s_map[perm] : (u32)lane;
-        u32 shift = K;
-#pragma unroll
-        for (int c = 0; c < D; c++) {
-            shift -= k[c];
-            const U seg = (U)(id >> shift) & GzU<T>::low(k[c]);
-            const U uu = (s[c] ? (seg << s[c]) : seg) | off[c];
-            // the code's low bits are all its decoding reads (f32 codes are i32)
-            y[at * D + c] = gz_dec(qz[c], (i64)(typename ZT<T>::code_t)((U)lo[c] + uu));
+        // block positions of the coded particles (preserve, with exceptions)
+        if (PRESERVE && exc) {
+            if ((u32)lane < nn && !((exc >> lane) & 1u)) smap[__popc(~exc & gz_lanemask_lt(lane))] = (u32)lane;
+            __syncwarp();
         }
-    }
-    if (lane < n && isexc) {
-        const u32 e = __popc(exc & gz_lanemask_lt(lane));
-        const u32 at = PRESERVE ? (u32)lane : m + e;
+        if (inr) {
+            const u32 at = PRESERVE ? (exc ? smap[perm] : perm) : (u32)lane;
+            // axis c's segment: the k bits of the id after those of the axes before it (its
+            // first bit moved to bit 31, then down to bit 0)
+            u32 lsh = 32u - K;
 #pragma unroll
-        for (int c = 0; c < D; c++) y[at * D + c] = gz_get_value<T>(r, 8u * (bytes + (e * D + c) * ZT<T>::SIZE));
-    }
-    __syncwarp();
-    return true;
-}
-
-// The offset of every block in the data (exclusive prefix sums of the table's sizes), into
-// ws[GZ_CTRL + nscan + b]: GZ_SCAN_ITEMS sizes per thread, a decoupled look-back over the
-// thread blocks (status words ws[GZ_CTRL ..], nscan of them). Flags a total other than data_len.
-__device__ void gz_offsets(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
-    __shared__ u64 s_warp[8];
-    __shared__ u32 s_chunk;
-    __shared__ u64 s_excl;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) s_chunk = atomicAdd((unsigned int*)&ws[GZ_W_TICKET], 1u);
-    __syncthreads();
-    const u32 chunk = s_chunk;
-    const u64 per = 256ull * GZ_SCAN_ITEMS;
-    const u64 nscan = (nb + per - 1ull) / per;
-    const u64 first = (u64)chunk * per + (u64)threadIdx.x * GZ_SCAN_ITEMS;
-    u32 sz[GZ_SCAN_ITEMS];
-    u64 sum = 0;
-#pragma unroll
-    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
-        const u64 bb = first + (u64)i;
-        sz[i] = bb < nb ? ((u32)in[hdr + 2ull * bb] | ((u32)in[hdr + 2ull * bb + 1ull] << 8)) : 0u;
-        sum += sz[i];
-    }
-    const u64 incl = warp_incl_u64(sum, lane);
-    if (lane == 31) s_warp[warp] = incl;
-    __syncthreads();
-    u64 before = 0, agg = 0;
-#pragma unroll
-    for (int w = 0; w < 8; w++) {
-        before += w < warp ? s_warp[w] : 0ull;
-        agg += s_warp[w];
-    }
-    if (warp == 0) {
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, agg, lane);
-        if (lane == 0) {
-            s_excl = ex;
-            if ((u64)chunk == nscan - 1ull && ex + agg != data_len) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_TOTAL);
+            for (int c = 0; c < D; c++) {
+                const u32 k = (kp >> (8 * c)) & 0xffu, s = (sp >> (8 * c)) & 0xffu;
+                const u32 seg = gz_shr(gz_shl(id, lsh), 32u - k);
+                lsh += k;
+                U lo;
+                if (SZ == 8)
+                    lo = (U)(((u64)rj[GZ_R_LO + 2 * c + 1] << 32) | (u64)rj[GZ_R_LO + 2 * c]);
+                else
+                    lo = (U)rj[GZ_R_LO + c];
+                const U uu = ((U)seg << s) | off[c];
+                // the code's low bits are all its decoding reads (f32 codes are i32)
+                stage[at * D + c] = gz_dec_step(step[c], (i64)(C)(lo + uu));
+            }
         }
-    }
-    __syncthreads();
-    u64 at = s_excl + before + incl - sum;
-    u64* offs = ws + GZ_CTRL + nscan;
+        if (exc && ((exc >> lane) & 1u)) {
+            const u32 e = (u32)__popc(exc & gz_lanemask_lt(lane));
+            const u32 at = PRESERVE ? (u32)lane : m + e;
 #pragma unroll
-    for (int i = 0; i < GZ_SCAN_ITEMS; i++) {
-        const u64 bb = first + (u64)i;
-        if (bb < nb) offs[bb] = at;
-        at += sz[i];
-    }
-}
-
-// GZ_WARPS blocks of the stream at `in` (hdr header bytes, data_len bytes of blocks after the
-// table), one per warp: its size from the table, its offset from gz_offsets, decode.
-template <typename T, int D, bool PRESERVE>
-__device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {
-    __shared__ u32 s_buf[GZ_WARPS][GzDec<T, D>::WORDS];
-    __shared__ u32 s_map[GZ_WARPS][64];
-    __shared__ ZQ<T> s_qz[D];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u64 nb = (n + 31ull) >> 5;
-    // the quantizers once per thread block
-    if (threadIdx.x >= 32 && threadIdx.x < 32 + D) s_qz[threadIdx.x - 32] = gz_quantizer<T>(ws, (int)threadIdx.x - 32);
-    __syncthreads();
-    const u64 b = (u64)blockIdx.x * GZ_WARPS + warp;
-    if (b >= nb) return;
-    const u32 size = (u32)in[hdr + 2ull * b] | ((u32)in[hdr + 2ull * b + 1ull] << 8);
-    const u64 nscan = (nb + 256ull * GZ_SCAN_ITEMS - 1ull) / (256ull * GZ_SCAN_ITEMS);
-    const u64 at = ws[GZ_CTRL + nscan + b];
-    if (size == 0u || size > (u32)GzDec<T, D>::BYTES || at + size > data_len) {
-        if (lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_SIZE);
-        return;
-    }
-    // the block's bytes into shared words (aligned loads, funnel shifts)
-    u32* buf = s_buf[warp];
-    const u64 a0 = (u64)(in + hdr + 2ull * nb + at);
-    const u64 base = a0 & ~3ull;
-    const u32 sh = (u32)(a0 - base) * 8u;
-    const u32 nw = (size + 3u) / 4u;
-    const u64 endw = (a0 + size + 3ull) & ~3ull;  // aligned words that hold a byte of the block
-    for (u32 i = lane; i < nw; i += 32) {
-        const u64 wa = base + 4ull * i;
-        const u32 lo = *((const u32*)wa);
-        const u32 hi = wa + 4ull < endw ? *((const u32*)(wa + 4ull)) : 0u;
-        u32 v = __funnelshift_r(lo, hi, sh);
-        if (i == nw - 1u && (size & 3u)) v &= (1u << ((size & 3u) * 8u)) - 1u;
-        buf[i] = v;
-    }
-    // a zero word after the block: a field that ends in its last word reads it
-    if (lane == 0) buf[nw] = 0u;
-    __syncwarp();
-    ZQ<T> qz[D];
+            for (int c = 0; c < D; c++) stage[at * D + c] = gz_get_value<T>(src, 8u * (bytes + (e * D + c) * SZ));
+        }
+        __syncwarp();
+        if (al16 && nn == 32u) {
+            constexpr int V = 32 * D * ZT<T>::SIZE / 16;
+            const uint4* s4 = (const uint4*)stage;
+            uint4* y4 = (uint4*)yb;
 #pragma unroll
-    for (int c = 0; c < D; c++) qz[c] = s_qz[c];
-    i64 gmin[D];
-    u32 gw[D];
-#pragma unroll
-    for (int c = 0; c < D; c++) {
-        gmin[c] = (i64)ws[GZ_W_CMIN + c];
-        gw[c] = (u32)ws[GZ_W_CMAX + c];
+            for (int i = lane; i < V; i += 32) y4[i] = s4[i];
+        } else {
+            for (u32 i = (u32)lane; i < nn * D; i += 32u) yb[i] = stage[i];
+        }
+        __syncwarp();
     }
-    const u32 lmax = (32u / D) < GZ_LMAX_CAP ? (32u / D) : GZ_LMAX_CAP;
-    GzReader r;
-    r.buf = buf;
-    r.nbits = size * 8u;
-    r.over = false;
-    const u64 first = b << 5;
-    const int cnt = (int)((n - first) < 32ull ? (n - first) : 32ull);
-    const bool ok = gz_decode_block<T, D, PRESERVE>(r, size, cnt, qz, gmin, gw, lmax, y + first * D, s_map[warp], lane);
-    if (__any_sync(ZC_FULL, !ok || r.over) && lane == 0) atomicOr((unsigned long long*)&ws[GZ_W_ERR], GZ_E_BLOCK);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1302,11 +1437,11 @@ __device__ void gz_decode(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T
         gz_encode_##TN##_d##D##_r(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap, u64* perm) {        \
         gz_encode<T, D, false>(x, n, ws, out, hdr, cap, perm);                                               \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(GZ_DEC_WARPS * 32, GZ_DEC_MINB)                             \
         gz_decode_##TN##_d##D##_p(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
         gz_decode<T, D, true>(in, hdr, data_len, n, ws, y);                                                  \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(GZ_WARPS * 32, GZ_DEC_MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(GZ_DEC_WARPS * 32, GZ_DEC_MINB)                             \
         gz_decode_##TN##_d##D##_r(const u8* in, u64 hdr, u64 data_len, u64 n, u64* ws, T* y) {              \
         gz_decode<T, D, false>(in, hdr, data_len, n, ws, y);                                                 \
     }
@@ -1330,9 +1465,6 @@ extern "C" __global__ void gz_init_k(u64* ws, u64 nstatus) { gz_init(ws, nstatus
 // the identity permutation: a reorder stream that fell back to storing its particles verbatim
 extern "C" __global__ void __launch_bounds__(256) gz_iota_k(u64* perm, u64 n) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) perm[i] = i;
-}
-extern "C" __global__ void __launch_bounds__(256) gz_offsets_k(const u8* in, u64 hdr, u64 data_len, u64 nb, u64* ws) {
-    gz_offsets(in, hdr, data_len, nb, ws);
 }
 extern "C" __global__ void gz_hash_k(const u8* out, u64 hdr, u64 nb, u64 data_len, u64 raw, u64* ws) {
     gz_hash(out, hdr, nb, data_len, raw, ws);

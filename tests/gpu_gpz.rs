@@ -34,6 +34,10 @@ fn main() {
             "gpz_gpu_rejects_what_cpu_rejects",
             gpz_gpu_rejects_what_cpu_rejects,
         ),
+        gpu_trial(
+            "gpz_gpu_rejects_what_cpu_rejects_resealed",
+            gpz_gpu_rejects_what_cpu_rejects_resealed,
+        ),
         gpu_trial("gpz_device_api", gpz_device_api),
         // every data set at every size (slow): `--ignored gpz_gpu_matches_cpu_full`
         gpu_trial("gpz_gpu_matches_cpu_full", |g| {
@@ -281,6 +285,90 @@ fn gpz_gpu_rejects_what_cpu_rejects(gpu: &mut GpzGpu) {
             }
         }
     }
+}
+
+/// Recompute the table, data and header checksums of a compressed (not stored) stream, so that a
+/// corruption of its table or blocks reaches the block decoders instead of a checksum test.
+fn reseal(s: &mut [u8], d: usize) {
+    let hl = 56 + 48 * d;
+    let n = u64::from_le_bytes(s[16..24].try_into().unwrap()) as usize;
+    let data_at = (hl + 2 * n.div_ceil(32)).min(s.len());
+    let t = zcomm::format::zhash_bytes(&s[hl..data_at]);
+    let dsum = zcomm::format::zhash_bytes(&s[data_at..]);
+    s[40..44].copy_from_slice(&t.to_le_bytes());
+    s[44..48].copy_from_slice(&dsum.to_le_bytes());
+    let o = 48 + 48 * d;
+    let h = zcomm::format::zhash_bytes(&s[..o]);
+    s[o..o + 4].copy_from_slice(&h.to_le_bytes());
+}
+
+/// Corrupted blocks and tables behind valid checksums: every field check of the block decoders
+/// (runs, permutations, planes, padding, sizes, exceptions) must agree with the CPU's.
+fn resealed_cases<T: GpuElement>(gpu: &mut GpzGpu, r: &mut Rng) {
+    for d in [1usize, 2, 3, 4] {
+        for order in [Order::Preserve, Order::Reorder] {
+            for (name, set) in particle_sets(700, d, 5 + d as u64) {
+                if !matches!(name, "clustered" | "nan_inf" | "uniform" | "duplicates") {
+                    continue;
+                }
+                let data: Vec<T> = set.iter().map(|&x| T::from_f64(x)).collect();
+                for bound in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-2)] {
+                    let (s, _) = compress_particles(&data, d, bound, order).unwrap();
+                    if s[10] & 1 != 0 {
+                        continue;
+                    }
+                    let hl = 56 + 48 * d;
+                    let data_at = hl + 2 * 700usize.div_ceil(32);
+                    let mut cases: Vec<Vec<u8>> = Vec::new();
+                    for k in 0..160 {
+                        let mut c = s.clone();
+                        if k % 16 == 15 {
+                            // a table entry one byte off (the block sizes no longer tile the data)
+                            let e = hl + 2 * ((r.next() as usize) % 700usize.div_ceil(32));
+                            let v = u16::from_le_bytes([c[e], c[e + 1]]);
+                            let v = if r.next() % 2 == 0 {
+                                v.wrapping_add(1)
+                            } else {
+                                v.wrapping_sub(1)
+                            };
+                            c[e..e + 2].copy_from_slice(&v.to_le_bytes());
+                        } else {
+                            for _ in 0..1 + k % 3 {
+                                let i = data_at + (r.next() as usize) % (c.len() - data_at);
+                                c[i] ^= 1 << (r.next() % 8);
+                            }
+                        }
+                        reseal(&mut c, d);
+                        cases.push(c);
+                    }
+                    for c in cases {
+                        let cpu = decompress_particles::<T>(&c);
+                        let g = gpu.decompress::<T>(&c);
+                        match (cpu, g) {
+                            (Ok((a, _)), Ok((b, _))) => assert_eq!(
+                                same_bits(&a, &b),
+                                None,
+                                "{name} d={d} {order}: accepted corruption decodes differently"
+                            ),
+                            (Err(_), Err(_)) => {}
+                            (a, b) => panic!(
+                                "{name} d={d} {order} {}: CPU {:?} vs GPU {:?}",
+                                std::any::type_name::<T>(),
+                                a.map(|_| ()),
+                                b.map(|_| ())
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gpz_gpu_rejects_what_cpu_rejects_resealed(gpu: &mut GpzGpu) {
+    let mut r = Rng(777);
+    resealed_cases::<f32>(gpu, &mut r);
+    resealed_cases::<f64>(gpu, &mut r);
 }
 
 /// Device buffers in and out, a view at an odd offset of a larger stream buffer.

@@ -29,9 +29,10 @@
 //! the input is copied after the header and hashed (a second, rare read back).
 //!
 //! Decompression reads the header to the host (validated by the CPU's own parser), then
-//! `gz_init`, `gz_offsets_k` (the offset of every block: a scan of the table sizes, decoupled
-//! look-back over 2048 sizes per thread block), `gz_decode_*` (one warp per block, no waiting)
-//! and `gz_hash`, and one read back of the error bits and checksums.
+//! `gz_init`, `gz_decode_*` (one warp per group of `DEC_GROUP` blocks: the group's offset from a
+//! scan of its table sizes and a decoupled look-back over the groups before it, its part of the
+//! table and data checksums, one lane per block parses the block headers, then the warp decodes
+//! the blocks one after the other), and one read back of the error bits and checksums.
 //!
 //! `reorder` streams: the GPU encoder writes the same stream; the permutation that
 //! [`compress_particles`] returns is not computed here
@@ -78,13 +79,15 @@ const SPEC_ON: u64 = 1;
 const SPEC_OUT: u64 = 256;
 /// Control words before the look-back status words.
 pub(crate) const CTRL: usize = 48;
-/// Warps per thread block of the encoder and the decoder (kernels/gpz.cu `GZ_WARPS`).
+/// Warps per thread block of the encoder (kernels/gpz.cu `GZ_WARPS`).
 pub(crate) const WARPS: usize = 8;
+/// Blocks each decoder warp decodes (kernels/gpz.cu `GZ_DEC_GROUP`).
+pub(crate) const DEC_GROUP: usize = 32;
+/// Warps per thread block of the decoder (kernels/gpz.cu `GZ_DEC_WARPS`).
+pub(crate) const DEC_WARPS: usize = 4;
 /// Blocks of 32 particles each encoder warp encodes (kernels/gpz.cu `GZ_ENC_BPW`): a thread
 /// block's `WARPS * ENC_BPW` blocks are one look-back chunk.
 pub(crate) const ENC_BPW: usize = 4;
-/// Table sizes per thread of `gz_offsets_k` (256 threads; kernels/gpz.cu `GZ_SCAN_ITEMS`).
-pub(crate) const SCAN_ITEMS: usize = 8;
 // the control words do not overlap
 const _: () = assert!(
     W_TICKET < W_SPEC && W_SPECHIT < CTRL && W_AXIS + 16 <= W_HASH && W_HASH + 2 <= W_TOTAL
@@ -98,7 +101,6 @@ pub fn kernel_names() -> Vec<String> {
     let mut v = vec![
         "gz_init_k".to_string(),
         "gz_hash_k".to_string(),
-        "gz_offsets_k".to_string(),
         "gz_iota_k".to_string(),
     ];
     for t in ["f32", "f64"] {
@@ -633,11 +635,11 @@ impl GpzGpu {
             ));
         }
         let data_len = payload - table;
-        let nchunks = nb.div_ceil(WARPS);
-        // a look-back status word per scan block of `gz_offsets_k`, then every block's offset
-        let nscan = nb.div_ceil(256 * SCAN_ITEMS);
+        let ngroups = nb.div_ceil(DEC_GROUP);
+        let nchunks = ngroups.div_ceil(DEC_WARPS);
         self.mark("start")?;
-        let ws = self.init(nscan + nb)?;
+        // a look-back status word per group of the decoder
+        let ws = self.init(ngroups)?;
         self.mark("init")?;
         // the stream's parameters into the control words the decoder reads
         let mut words = [0u64; W_AXIS + 16 - W_CMIN];
@@ -660,24 +662,17 @@ impl GpzGpu {
         }
         .map_err(gpu_err("write params"))?;
         self.mark("params")?;
-        if nscan > 0 {
-            let nb64 = nb as u64;
-            let args = [inp, hl, data_len, nb64, ws];
-            // SAFETY: reads the table (2 nb bytes after the header, inside the stream: checked
-            // above), writes nscan + nb workspace words (grown by `init`) and control words.
-            unsafe { self.launch_u64("gz_offsets_k", "offsets", (nscan as u32, 256), &args) }?;
-        }
         if nchunks > 0 {
             let o = if h.order == Order::Preserve { "p" } else { "r" };
             let name = format!("gz_decode_{}_d{d}_{o}", T::KERNEL_TAG);
-            let warp_chunks = (nchunks as u32, (WARPS * 32) as u32);
+            let warp_chunks = (nchunks as u32, (DEC_WARPS * 32) as u32);
             let args = [inp, hl, data_len, h.n, ws, outp];
-            // SAFETY: reads the stream's `len` bytes (block reads are checked against
-            // data_len), writes the n * d values of `out`.
+            // SAFETY: reads the stream's `len` bytes (the table inside it: checked above; block
+            // reads are checked against data_len), writes the n * d values of `out` and
+            // `ngroups` look-back words of the workspace (grown by `init`).
             unsafe { self.launch_u64(&name, "decode", warp_chunks, &args) }?;
         }
-        self.hash(inp, hl, nb as u64, data_len, u64::MAX)?;
-        self.mark("hash")?;
+        // (the decoder took the checksums' sums)
         let c = self.read_ctrl()?;
         if zhash_of(c[W_HASH], table) != h.table_checksum {
             return Err(Error::corrupt("gpz block table checksum mismatch"));
@@ -854,8 +849,9 @@ mod tests {
             ("GZ_SPEC_OUT", SPEC_OUT as usize),
             ("GZ_CTRL", CTRL),
             ("GZ_WARPS", WARPS),
+            ("GZ_DEC_GROUP", DEC_GROUP),
+            ("GZ_DEC_WARPS", DEC_WARPS),
             ("GZ_ENC_BPW", ENC_BPW),
-            ("GZ_SCAN_ITEMS", SCAN_ITEMS),
         ];
         for (name, v) in pairs {
             assert_eq!(define(name), v as u64, "{name}");
