@@ -83,6 +83,16 @@ __device__ __forceinline__ i64 cz_tile_offset(const CzGeo& g, i64 b, const i64 c
 // grid.rs Grid::tile_coords
 __device__ __forceinline__ i64 cz_tile_coords(const CzGeo& g, i64 t, i64 c[3]) {
     i64 per = g.tiles[0] * g.tiles[1] * g.tiles[2];
+    if (g.ntiles <= 0x7FFFFFFF && t >= 0 && t < g.ntiles) {
+        // (the same quotients in 32 bits: a 64-bit division is a long software routine)
+        u32 p = (u32)per, t0 = (u32)g.tiles[0], t1 = (u32)g.tiles[1], t2 = (u32)g.tiles[2];
+        u32 b = (u32)t / p, r = (u32)t - b * p;
+        u32 q2 = r / t2, q1 = q2 / t1;
+        c[2] = r - q2 * t2;
+        c[1] = q2 - q1 * t1;
+        c[0] = q1 % t0;
+        return b;
+    }
     i64 b = t / per, r = t % per;
     for (int d = 2; d >= 0; d--) {
         c[d] = r % g.tiles[d];
@@ -339,9 +349,9 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // src/gpu/cuszi.rs `whole_tiles`), decoded as cz_rans does, with its every check, in two
 // kernels. A chunk's symbols form one serial chain of state updates, so cz_rans_whole keeps
 // only that chain in its loop, one thread per chunk: the residual at symbol index i is at local
-// index i mod ts of its tile (ts points per tile), so its table is tabpat[i mod ts] (the class
-// map applied to the class pattern), found by a counter rather than by a walk over tile
-// coordinates; the rANS bytes are read a 4-byte word at a time, the next word loaded ahead (the
+// index i mod ts of its tile (ts points per tile), so its table is that of local index i mod ts
+// (the class map applied to the class pattern), found by a counter rather than by a walk over
+// tile coordinates; the rANS bytes are read a 4-byte word at a time, the next word loaded ahead (the
 // host checks that the stream, whose chunks start at multiples of 4, is 4-aligned); each symbol
 // is stored (`syms`) and the chunk's state checked (`stat`: 0 when valid). cz_rans_post then
 // places a valid chunk's lossless values and big residuals, one warp per chunk, numbering them
@@ -357,11 +367,16 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // tile. Returns the error bit. The tables are passed in (shared memory, where the compiler then
 // emits shared loads, or global memory).
 //
+// `top[l]` holds, for local index l, its table's most frequent symbol: {freq << 16 | cum,
+// symbol | table << 16}. Smooth data code most residuals with that symbol, so a slot among its
+// slots takes its step from `top`, loaded ahead of the chain, and only the others wait on the
+// two dependent table loads (rank, then its step) in the chain.
+//
 // Renormalization, where a valid stream's state (at least 2^9 after a step) needs at most 2
 // bytes, takes them without a loop: the count k = 1 + [x < L / 2^8], both bytes from the 8
 // bytes of `cur` and `nxt`; a smaller state (only from a corrupt initial state) takes the
 // byte-by-byte loop. Either way it fails exactly when cz_rans would run out of bytes.
-__device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const u8* tabpat,
+__device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
                                              const u8* rank, const u32* rfc, const unsigned short* rsym,
                                              const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
     // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is chunk
@@ -373,24 +388,43 @@ __device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 
     u32 cur = 2 < nw ? w[2] : 0;
     u32 nxt = 3 < nw ? w[3] : 0;
     const u32 mask = CZ_PROB_SCALE - 1;
-    u32 tb = tabpat[l];
+    uint2 tp = top[l];
     for (u32 j = 0; j < cnt; j++) {
         u32 sl = x & mask;
-        u32 at = (tb << CZ_PROB_BITS) + sl;
-        u32 rk = rank[at];
-        // the next residual's table, off the chain
+        // the next residual's table and top symbol, off the chain
         l = l + 1 == ts ? 0 : l + 1;
-        u32 tn = tabpat[l];
-        u32 s, fc;
-        if (rk != 255) {
-            s = rsym[tb * 256 + rk];
-            fc = rfc[tb * 256 + rk];
-        } else {
-            s = g_sym[at];
-            fc = g_fc[tb * 1025 + s];
+        uint2 tn = top[l];
+        // the slot lies in the top symbol's slots [cum, cum + f) when sl - cum (wrapping) < f:
+        // then its step is known without a table load; its state is computed at once, and
+        // when it needs no renormalization either (most symbols of smooth data) that is all
+        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sums are exact)
+        const u32 f0 = tp.x >> 16;
+        u32 d = sl - (tp.x & 0xFFFF);
+        u32 xf = f0 * (x >> CZ_PROB_BITS) + d;
+        if (__builtin_expect(d < f0 && xf >= CZ_RANS_L, 1)) {
+            x = xf;
+            sy[j] = (unsigned short)(tp.y & 0xFFFF);
+            tp = tn;
+            continue;
         }
-        // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
-        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+        u32 s;
+        if (d < f0) {
+            s = tp.y & 0xFFFF;
+            x = xf;
+        } else {
+            u32 tb = tp.y >> 16;
+            u32 at = (tb << CZ_PROB_BITS) + sl;
+            u32 rk = rank[at];
+            u32 fc;
+            if (rk != 255) {
+                s = rsym[tb * 256 + rk];
+                fc = rfc[tb * 256 + rk];
+            } else {
+                s = g_sym[at];
+                fc = g_fc[tb * 1025 + s];
+            }
+            x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+        }
         if (x >= CZ_RANS_L) {
             // (most symbols: no renormalization)
         } else if (x >= (CZ_RANS_L >> 16)) {
@@ -419,20 +453,21 @@ __device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 
             }
         }
         sy[j] = (unsigned short)s;
-        tb = tn;
+        tp = tn;
     }
     return x != CZ_RANS_L || pos != nb ? CZ_E_RANS : 0;
 }
 
 template <typename T>
-__device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* g_tabpat,
+__device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* g_top,
                               const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
                               const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
                               u64* err) {
     u8* s_rank = cz_dyn;
     u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
     unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
-    u8* s_tp = (u8*)(s_rsym + ntab * 256);
+    // (ntab * 17,920 bytes before it: 8-aligned)
+    uint2* s_top = (uint2*)(s_rsym + ntab * 256);
     if (smem) {
         const u32* gr = (const u32*)g_rank;
         for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
@@ -440,7 +475,7 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
             s_rfc[i] = g_rfc[i];
             s_rsym[i] = g_rsym[i];
         }
-        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_tp[i] = g_tabpat[i];
+        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_top[i] = g_top[i];
         __syncthreads();
     }
     u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -457,9 +492,9 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     if (!fail) {
         u32 l = (u32)(i0 % ts);
         if (smem) {
-            fail = cz_rans_chain(c, size, nb, cnt, l, ts, s_tp, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+            fail = cz_rans_chain(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
         } else {
-            fail = cz_rans_chain(c, size, nb, cnt, l, ts, g_tabpat, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
+            fail = cz_rans_chain(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
         }
     }
     stat[ci] = fail ? 1u : 0u;
@@ -694,14 +729,11 @@ __device__ __forceinline__ void cz_tile_box(const CzGeo& g, i64 b, const i64 c[3
     origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
 }
 
-// The warp's box `buf` before the walks: zeros, then the tile's anchors (interp.rs
-// place_anchors, lanes 0..8, one corner each); warp barriers after each step.
-__device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3], const int e[3], const int st[3],
-                                            const double* vals, int lane, double* buf) {
+// The tile's anchors in the warp's box `buf` (interp.rs place_anchors, lanes 0..8, one corner
+// each); a warp barrier after it.
+__device__ __forceinline__ void cz_box_anchors(const CzGeo& g, i64 b, const i64 c[3], const int e[3], const int st[3],
+                                               const double* vals, int lane, double* buf) {
     const int S = (int)g.S;
-    int nbox = e[0] * e[1] * e[2];
-    for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
-    __syncwarp();
     if (lane < 8) {
         int k = lane, idx = 0;
         i64 tt[3] = {c[0], c[1], c[2]};
@@ -716,6 +748,15 @@ __device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3
         if (inside) buf[idx] = vals[cz_tile_index(g, b, tt)];
     }
     __syncwarp();
+}
+// The warp's box `buf` before the walks: zeros, then the tile's anchors; warp barriers after
+// each step.
+__device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3], const int e[3], const int st[3],
+                                            const double* vals, int lane, double* buf) {
+    int nbox = e[0] * e[1] * e[2];
+    for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
+    __syncwarp();
+    cz_box_anchors(g, b, c, e, st, vals, lane, buf);
 }
 
 // Walk `w` of the geometry words (interp.rs walks: CZ_WALK_WORDS each) in a box of extents `e`:
@@ -763,16 +804,72 @@ __device__ __forceinline__ double cz_walk_predict(const double* buf, int idx, co
                    : cz_predict_along(buf, idx, x, e, st, w.s, w.am, w.sp);
 }
 
-// The walks of a tile's box (interp.rs walks, `nw` of them, in order), the warp's lanes sharing
-// each walk's points (independent of each other): `point(idx, x, p)` gets each point's index in
-// the box, its coordinates and its prediction; a warp barrier after each walk, whose points
-// the next walks read.
+// Walks with points in one box, at most: 3-D 3 levels x 7, 2-D 4 x 3, 1-D 9 x 1 (a walk along
+// an extent of 1 has none; a test of src/gpu/cuszi.rs checks the bound).
+#define CZ_MAXWALKS 24
+// The walks of a box of extents `e` that have points, in order, into the warp's `sw` (two words
+// of 16 bytes per walk, cz_walks reads them); returns their number. Each lane sets up one walk
+// (its point counts take runtime divisions), so a tile pays for its walks once and in parallel
+// rather than once per walk in the warp's serial loop. A warp barrier after it.
+__device__ __forceinline__ int cz_walks_prep(const i64* geo, int nw, const int e[3], int lane, uint4* sw) {
+    int n = 0;
+    for (int base = 0; base < nw; base += 32) {
+        int w = base + lane;
+        CzWalk wk;
+        bool live = false;
+        if (w < nw) {
+            cz_walk(geo, w, e, wk);
+            live = wk.total > 0;
+        }
+        u32 bal = __ballot_sync(ZC_FULL, live);
+        if (live) {
+            int at = n + __popc(bal & ((1u << lane) - 1));
+            // (s <= 256, starts and steps <= 512, counts <= 729: 16 bits each)
+            sw[2 * at] = make_uint4((u32)wk.s | (u32)wk.multi << 16 | (u32)wk.am << 17 | (u32)wk.sp[0] << 20 |
+                                        (u32)wk.sp[1] << 22 | (u32)wk.sp[2] << 24,
+                                    (u32)wk.start[0] | (u32)wk.start[1] << 16, (u32)wk.start[2] | (u32)wk.stp[0] << 16,
+                                    (u32)wk.stp[1] | (u32)wk.stp[2] << 16);
+            sw[2 * at + 1] = make_uint4((u32)wk.cnt[0] | (u32)wk.cnt[1] << 16, (u32)wk.cnt[2] | (u32)wk.total << 16,
+                                        wk.m2, wk.m1);
+        }
+        n += __popc(bal);
+    }
+    __syncwarp();
+    return n;
+}
+// Walk `w` of cz_walks_prep's `sw`.
+__device__ __forceinline__ void cz_walk_load(const uint4* sw, int w, CzWalk& r) {
+    uint4 a = sw[2 * w], b = sw[2 * w + 1];
+    r.s = (int)(a.x & 0xFFFF);
+    r.multi = (int)(a.x >> 16 & 1);
+    r.am = (int)(a.x >> 17 & 7);
+    r.sp[0] = (int)(a.x >> 20 & 3);
+    r.sp[1] = (int)(a.x >> 22 & 3);
+    r.sp[2] = (int)(a.x >> 24 & 3);
+    r.start[0] = (int)(a.y & 0xFFFF);
+    r.start[1] = (int)(a.y >> 16);
+    r.start[2] = (int)(a.z & 0xFFFF);
+    r.stp[0] = (int)(a.z >> 16);
+    r.stp[1] = (int)(a.w & 0xFFFF);
+    r.stp[2] = (int)(a.w >> 16);
+    r.cnt[0] = (int)(b.x & 0xFFFF);
+    r.cnt[1] = (int)(b.x >> 16);
+    r.cnt[2] = (int)(b.y & 0xFFFF);
+    r.total = (int)(b.y >> 16);
+    r.m2 = b.z;
+    r.m1 = b.w;
+}
+
+// The walks of a tile's box (interp.rs walks, the `nw` of cz_walks_prep's `sw` that have
+// points, in order), the warp's lanes sharing each walk's points (independent of each other):
+// `point(idx, x, p)` gets each point's index in the box, its coordinates and its prediction; a
+// warp barrier after each walk, whose points the next walks read.
 template <typename F>
-__device__ __forceinline__ void cz_walks(const i64* geo, int nw, const double* buf, const int e[3], const int st[3],
+__device__ __forceinline__ void cz_walks(const uint4* sw, int nw, const double* buf, const int e[3], const int st[3],
                                          int lane, F point) {
     for (int w = 0; w < nw; w++) {
         CzWalk wk;
-        cz_walk(geo, w, e, wk);
+        cz_walk_load(sw, w, wk);
         for (int k = lane; k < wk.total; k += 32) {
             int x[3];
             int idx = cz_walk_point(wk, st, k, x);
@@ -802,6 +899,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
                          double step, T* out) {
     __shared__ double sbuf[CZ_TILE_WARPS][CZ_MAXBOX];
     __shared__ i64 sbase[CZ_TILE_WARPS][8];
+    __shared__ uint4 swalk[CZ_TILE_WARPS][2 * CZ_MAXWALKS];
     const CzGeo g = cz_geo(geo);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp;
@@ -824,8 +922,8 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     int onx[3];
     for (int d = 0; d < 3; d++) onx[d] = (int)cz_owned(g, d, c[d] + 1);
     cz_box_init(g, b, c, e, st, vals, lane, buf);
-    int nw = (int)geo[CZ_G_NWALKS];
-    cz_walks(geo, nw, buf, e, st, lane, [&](int idx, const int x[3], double p) {
+    int nw = cz_walks_prep(geo, (int)geo[CZ_G_NWALKS], e, lane, swalk[warp]);
+    cz_walks(swalk[warp], nw, buf, e, st, lane, [&](int idx, const int x[3], double p) {
         int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
         bool owned = hm == 0;
         int l0 = hm & 1 ? 0 : x[0], l1 = hm & 2 ? 0 : x[1], l2 = hm & 4 ? 0 : x[2];
@@ -1138,8 +1236,8 @@ __device__ __forceinline__ u32 cz_symbol(i64 r) {
 // quantized (quant.rs ResidualQuantizer::encode) and written in symbol order, as its symbol
 // (`syms`, 2 bytes per value; the later kernels read it with cz_res), a big residual also to
 // `res`, a lossless value's bits to `raw`; the owned points' symbols are counted per class
-// (cz_hist_add) and the block's counts added to `hist` at the end. Blocks loop over the tiles,
-// warp by warp.
+// (cz_hist_add) and the block's counts added to `hist` at the end (with HIST). Blocks loop over
+// the tiles, warp by warp; a tile's input values are loaded into its box first (cz_box_load).
 //
 // Symbols CZ_HIST_LO .. CZ_HIST_LO + CZ_HIST_WIN (residuals -128..127, where nearly all of a
 // smooth field's are) are counted in shared memory (dynamic: CZ_TILE_WARPS boxes, then
@@ -1155,20 +1253,61 @@ __device__ __forceinline__ void cz_hist_add(u32* shist, u64* hist, u32 cls, u32 
         atomicAdd(&hist[cls * 1025u + sym], (u64)n);
     }
 }
+// The input values of a tile's box (origin `origin`, extents `e`) into the warp's box `buf`,
+// as their bits (a value's slot holds its input until the walk that codes the point replaces
+// it with the reconstruction: a prediction reads only points coded before it, so the CPU's
+// zeros there are never read). All of a lane's loads are issued together, 4 at a time, instead
+// of one global load per point in the walks' serial order. A warp barrier after it.
 template <typename T>
+__device__ __forceinline__ void cz_box_load(const T* x, const CzGeo& g, i64 origin, const int e[3], int lane,
+                                            double* buf) {
+    const int nbox = e[0] * e[1] * e[2], e12 = e[1] * e[2];
+    const u32 m12 = cz_magic(e12), m2 = cz_magic(e[2]);
+    const i64 row = g.n[2], slab = g.n[1] * g.n[2];
+    u64* slot = (u64*)buf;
+    for (int i0 = lane; i0 < nbox; i0 += 128) {
+        T v[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int i = i0 + 32 * q;
+            if (i < nbox) {
+                int x0 = cz_div(i, e12, m12);
+                int r = i - x0 * e12;
+                int x1 = cz_div(r, e[2], m2);
+                v[q] = x[origin + x0 * slab + x1 * row + (r - x1 * e[2])];
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (i0 + 32 * q < nbox) slot[i0 + 32 * q] = cz_bits<T>(v[q]);
+    }
+    __syncwarp();
+}
+template <typename T> __device__ __forceinline__ T cz_from_slot(u64 b);
+template <> __device__ __forceinline__ float cz_from_slot<float>(u64 b) { return __uint_as_float((u32)b); }
+template <> __device__ __forceinline__ double cz_from_slot<double>(u64 b) { return __longlong_as_double((long long)b); }
+
+// Without HIST (cz_enc_tiles_nh_*: shapes whose chunks cz_enc_prep codes, which counts the
+// symbols there in symbol order) it leaves the histogram out: fewer registers and no counters
+// in shared memory, so more warps per SM; its launch bounds ask for 5 blocks of CZ_TILE_WARPS
+// warps per SM, which fits its registers without spilling f32 (6 blocks would spill).
+template <typename T, bool HIST>
 __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
                              double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,
                              u8* raw, u64* hist) {
     double* sbox = (double*)cz_dyn;
     u32* shist = (u32*)(sbox + CZ_TILE_WARPS * CZ_MAXBOX);
-    for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
-    __syncthreads();
+    if (HIST) {
+        for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
+        __syncthreads();
+    }
     const CzGeo g = cz_geo(geo);
     const double inv = 1.0 / step;
     const i64 f1 = geo[CZ_G_FULL + 1], f2 = geo[CZ_G_FULL + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     double* buf = sbox + warp * CZ_MAXBOX;
-    int nw = (int)geo[CZ_G_NWALKS];
+    __shared__ uint4 swalk[CZ_TILE_WARPS][2 * CZ_MAXWALKS];
+    const int nw_all = (int)geo[CZ_G_NWALKS];
     for (i64 t = (i64)blockIdx.x * CZ_TILE_WARPS + warp; t < g.ntiles; t += (i64)gridDim.x * CZ_TILE_WARPS) {
         i64 c[3];
         i64 b = cz_tile_coords(g, t, c);
@@ -1177,10 +1316,11 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         cz_tile_box(g, b, c, e, own, st, base, origin);
         // (the warp's box of the previous tile is read until here)
         __syncwarp();
-        cz_box_init(g, b, c, e, st, vals, lane, buf);
-        cz_walks(geo, nw, buf, e, st, lane, [&](int idx, const int xx[3], double p) {
-            i64 gi = origin + (xx[0] * g.n[1] + xx[1]) * g.n[2] + xx[2];
-            T xv = x[gi];
+        cz_box_load<T>(x, g, origin, e, lane, buf);
+        cz_box_anchors(g, b, c, e, st, vals, lane, buf);
+        int nw = cz_walks_prep(geo, nw_all, e, lane, swalk[warp]);
+        cz_walks(swalk[warp], nw, buf, e, st, lane, [&](int idx, const int xx[3], double p) {
+            T xv = cz_from_slot<T>(((const u64*)buf)[idx]);
             // quant.rs ResidualQuantizer::encode
             i64 r = CZ_LOSSLESS;
             double v = zc_isfinite(p) ? p : 0.0;
@@ -1218,11 +1358,14 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
                     u64 bits = cz_bits<T>(xv);
                     for (int q = 0; q < (int)sizeof(T); q++) raw[si * sizeof(T) + q] = (u8)(bits >> (8 * q));
                 }
-                key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + sym;
+                if (HIST) key = (u32)pattern[(xx[0] * f1 + xx[1]) * f2 + xx[2]] * 1025u + sym;
             }
-            u32 am2 = __activemask();
-            u32 peers = __match_any_sync(am2, key);
-            if (owned && (__ffs(peers) - 1) == lane) cz_hist_add(shist, hist, key / 1025u, key % 1025u, __popc(peers));
+            if (HIST) {
+                u32 am2 = __activemask();
+                u32 peers = __match_any_sync(am2, key);
+                if (owned && (__ffs(peers) - 1) == lane)
+                    cz_hist_add(shist, hist, key / 1025u, key % 1025u, __popc(peers));
+            }
         });
         if (lane == 0) {
             i64 r = ares[t];
@@ -1232,9 +1375,10 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
                 u64 bits = cz_bits<T>(x[origin]);
                 for (int q = 0; q < (int)sizeof(T); q++) raw[base * sizeof(T) + q] = (u8)(bits >> (8 * q));
             }
-            cz_hist_add(shist, hist, pattern[0], cz_symbol(r), 1u);
+            if (HIST) cz_hist_add(shist, hist, pattern[0], cz_symbol(r), 1u);
         }
     }
+    if (!HIST) return;
     __syncthreads();
     for (u32 i = threadIdx.x; i < nclass * CZ_HIST_WIN; i += blockDim.x)
         if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
@@ -1325,15 +1469,35 @@ __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev)
 
 // Chunk coding of a stream whose tiles are all whole (as cz_rans_whole), writing what
 // cz_enc_chunks writes, in two kernels. cz_enc_prep, one warp per chunk (coalesced), writes
-// each residual's step index (u16: table * 1025 + symbol, the table by the position in its
-// tile) to the scratch, and the lossless values and big residuals' varints in order (numbered
-// by ballots and a scan of the varint lengths), with their byte counts in `info`.
+// each residual's step index (u16: k * 1025 + symbol, k = `cpat` of its position in its tile:
+// the class's index among the classes the tile pattern holds) to the scratch, and the lossless
+// values and big residuals' varints in order (numbered by ballots and a scan of the varint
+// lengths), with their byte counts in `info`; and it counts the symbols per k into `hist`
+// (k * 1025 + symbol), which cz_enc_tiles_nh leaves out: the rANS tables are built from these
+// counts after this kernel, and cz_enc_whole reads the steps of each k (its class's table). The
+// block's counters of symbols CZ_HIST_LO .. + CZ_HIST_WIN sit in shared memory (`nk` *
+// CZ_HIST_WIN words), as in cz_enc_tiles.
 template <typename T>
-__device__ void cz_enc_prep(const i64* res, const unsigned short* syms, const u8* raw, const u8* tabpat, u64 count,
-                            u32 ts, u64 nchunks, u8* scratch, u32* info) {
+__device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned short* syms, const u8* raw,
+                                                  const u8* cpat, u64 count, u32 ts, u64 ci, u32 lane, u8* scratch,
+                                                  u32* info, u32* shist, u64* hist);
+template <typename T>
+__device__ void cz_enc_prep(const i64* res, const unsigned short* syms, const u8* raw, const u8* cpat, u64 count,
+                            u32 ts, u64 nchunks, u8* scratch, u32* info, u32 nk, u64* hist) {
+    u32* shist = (u32*)cz_dyn;
+    for (u32 i = threadIdx.x; i < nk * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
+    __syncthreads();
     u32 lane = threadIdx.x & 31;
     u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (ci >= nchunks) return;
+    if (ci < nchunks) cz_enc_prep_chunk<T>(res, syms, raw, cpat, count, ts, ci, lane, scratch, info, shist, hist);
+    __syncthreads();
+    for (u32 i = threadIdx.x; i < nk * CZ_HIST_WIN; i += blockDim.x)
+        if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
+}
+template <typename T>
+__device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned short* syms, const u8* raw,
+                                                  const u8* cpat, u64 count, u32 ts, u64 ci, u32 lane, u8* scratch,
+                                                  u32* info, u32* shist, u64* hist) {
     u64 i0 = ci * CZ_CHUNK;
     u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
     u8* sc = scratch + ci * (u64)cz_scratch<T>();
@@ -1358,9 +1522,12 @@ __device__ void cz_enc_prep(const i64* res, const unsigned short* syms, const u8
             u32 j = base + 32 * q + lane;
             bool v = j < cnt;
             u32 s = sv[q];
-            if (v) key[j] = (unsigned short)((u32)tabpat[l] * 1025u + s);
+            u32 k = v ? (u32)cpat[l] * 1025u + s : 0xFFFFFFFFu;
+            if (v) key[j] = (unsigned short)k;
             l += adv;
             if (l >= ts) l -= ts;
+            u32 peers = __match_any_sync(ZC_FULL, k);
+            if (v && (__ffs(peers) - 1) == (int)lane) cz_hist_add(shist, hist, k / 1025u, k % 1025u, __popc(peers));
             u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
             if (ml) {
                 if (v && s == CZ_SYM_LOSSLESS) {
@@ -1579,10 +1746,10 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
                    raw, bigs, err);                                                                                \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_rans_whole_##N(           \
-        const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const u8* tabpat,                        \
+        const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* top,                        \
         const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
         u32 ntab, u32 smem, unsigned short* syms, u32* stat, u64* err) {                                           \
-        cz_rans_whole<T>(stream, ent, nchunks, count, ts, tabpat, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat, \
+        cz_rans_whole<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat,    \
                          err);                                                                                     \
     }                                                                                                               \
     extern "C" __global__ void cz_rans_post_##N(const u8* stream, const u64* ent, u64 nchunks, u64 count,          \
@@ -1622,7 +1789,12 @@ CZ_INST(double, f64)
         cz_enc_tiles_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,         \
                          double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,   \
                          u8* raw, u64* hist) {                                                                     \
-        cz_enc_tiles<T>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, syms, raw, hist);                \
+        cz_enc_tiles<T, true>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, syms, raw, hist);          \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32, 5)                                             \
+        cz_enc_tiles_nh_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,      \
+                            double step, double eb, i64* res, unsigned short* syms, u8* raw) {                     \
+        cz_enc_tiles<T, false>(x, geo, acc, ares, vals, step, eb, nullptr, 0, res, syms, raw, nullptr);           \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const unsigned short* syms,       \
                                                  const u8* raw, const u8* pattern, const u8* map, const u32* enc,  \
@@ -1630,9 +1802,9 @@ CZ_INST(double, f64)
         cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, scratch, info, sizes);                  \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_prep_##N(const i64* res, const unsigned short* syms, const u8* raw,          \
-                                               const u8* tabpat, u64 count, u32 ts, u64 nchunks, u8* scratch,      \
-                                               u32* info) {                                                        \
-        cz_enc_prep<T>(res, syms, raw, tabpat, count, ts, nchunks, scratch, info);                                 \
+                                               const u8* cpat, u64 count, u32 ts, u64 nchunks, u8* scratch,        \
+                                               u32* info, u32 nk, u64* hist) {                                     \
+        cz_enc_prep<T>(res, syms, raw, cpat, count, ts, nchunks, scratch, info, nk, hist);                         \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
         const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \

@@ -10,18 +10,21 @@
 //!    order (one block), every other residual is computed in parallel;
 //! 3. `cz_sample_*` (twice): the sampling's integer error sums, read back; the host chooses each
 //!    level's passes and splines with the rules of `interp::choose_levels`;
-//! 4. `cz_enc_tiles_*`: one warp per tile predicts its box level by level (IEEE f64, no FMA),
-//!    quantizes the residuals, writes their symbols (2 bytes each; a big residual also as its
-//!    64-bit value) and counts the symbols of each class; the histogram is read back and the
-//!    host builds the rANS tables and the metadata with the CPU's own code;
+//! 4. `cz_enc_tiles_*`: one warp per tile loads its box of input values, predicts it level by
+//!    level (IEEE f64, no FMA), quantizes the residuals and writes their symbols (2 bytes each;
+//!    a big residual also as its 64-bit value); the walks' point counts are set up once per
+//!    tile, a walk per lane;
 //! 5. the chunks of 32,768 residuals: when every tile is whole or the array 1-D (`whole_tiles`:
-//!    the classes repeat the tile's pattern in symbol order), `cz_enc_prep_*`
-//!    (a warp per chunk) writes each residual's step index, the lossless values and the varints,
-//!    then `cz_enc_whole_*` (a thread per chunk) runs each chunk's serial chain of rANS state
-//!    updates; otherwise `cz_enc_chunks_*` (a thread per chunk) does both. `cz_scan` sums their
-//!    sizes (read back: a stream that does not compress is stored by the CPU twin),
-//!    `cz_enc_write_*` places them with their table entries, `cz_hash` hashes table and
-//!    metadata, and the host writes the header.
+//!    the classes repeat the tile's pattern in symbol order), `cz_enc_prep_*` (a warp per
+//!    chunk) writes each residual's step index (per class of the pattern), the lossless values
+//!    and the varints, and counts the symbols of each class (`cz_enc_tiles_nh_*` before it
+//!    counts none); the histogram is read back and the host builds the rANS tables and the
+//!    metadata with the CPU's own code; then `cz_enc_whole_*` (a thread per chunk) runs each
+//!    chunk's serial chain of rANS state updates. Otherwise `cz_enc_tiles_*` counts the symbols
+//!    of each class, the host builds the tables, and `cz_enc_chunks_*` (a thread per chunk)
+//!    codes the chunks. `cz_scan` sums their sizes (read back: a stream that does not compress
+//!    is stored by the CPU twin), `cz_enc_write_*` places them with their table entries,
+//!    `cz_hash` hashes table and metadata, and the host writes the header.
 //!
 //! So a compression reads back small results four times between kernels (range, two sampling
 //! sums, histogram) besides the final size and hash; the tables are built on the host as in
@@ -35,7 +38,8 @@
 //!    tables (one copy);
 //! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
 //!    tile is whole or the array 1-D (`whole_tiles`) and the stream 4-aligned, `cz_rans_whole_*` (a thread per chunk) checks the
-//!    chunk's `zhash` and runs its serial chain of rANS state updates into 2-byte symbols, then
+//!    chunk's `zhash` and runs its serial chain of rANS state updates into 2-byte symbols (a
+//!    slot of its table's most frequent symbol without a table load), then
 //!    `cz_rans_post_*` (a warp per chunk) places the lossless values and big residuals and
 //!    checks the chunk's end; otherwise `cz_rans_*` (a thread per chunk) does all of it, with
 //!    each residual's class from a walk over the tile coordinates, into 64-bit residuals;
@@ -53,6 +57,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use rayon::prelude::*;
 
 use cudarc::driver::{
     result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
@@ -99,6 +105,9 @@ const G_WALKS: usize = 16;
 const _: () = assert!(G_N + 3 <= G_S && G_TILES + 3 <= G_NTILES && G_FULL + 3 <= G_WALKS);
 /// Words per walk (kernels/cuszi.cu `CZ_WALK_WORDS`).
 const WALK_WORDS: usize = 12;
+/// Walks with points in one box that the tile kernels hold (kernels/cuszi.cu `CZ_MAXWALKS`).
+#[cfg(test)]
+const MAX_WALKS: usize = 24;
 /// Tiles (warps) per block of `cz_tiles_*` (kernels/cuszi.cu `CZ_TILE_WARPS`).
 const TILE_WARPS: usize = 4;
 /// Slots per rANS table (rans.rs `PROB_SCALE`).
@@ -165,6 +174,7 @@ pub fn kernel_names() -> Vec<String> {
             "cz_anchor_vals",
             "cz_sample",
             "cz_enc_tiles",
+            "cz_enc_tiles_nh",
             "cz_enc_chunks",
             "cz_enc_prep",
             "cz_enc_whole",
@@ -252,6 +262,9 @@ struct Plan {
     whole: bool,
     /// See `whole`.
     tabpat: Vec<u8>,
+    /// Per local position of a tile (`whole`): its table's most frequent symbol as
+    /// `freq << 16 | cum`, then `symbol | table << 16` (kernels/cuszi.cu cz_rans_chain).
+    top: Vec<u32>,
     /// The quantization step.
     qstep: f64,
 }
@@ -484,12 +497,12 @@ impl CusziGpu {
             pack.add(&p.rfc),
             pack.add(&p.rsym),
             pack.add(&p.ent),
-            pack.add(&p.tabpat),
+            pack.add(&p.top),
             pack.add(&[0u64, u64::MAX]),
         ];
         let mut packed = self.upload(&pack.bytes)?;
         let base = raw_ptr_mut(&mut packed, &self.stream);
-        let [geop, patp, mapp, slotp, stepp, rankp, rfcp, rsymp, entp, tabp, errp] =
+        let [geop, patp, mapp, slotp, stepp, rankp, rfcp, rsymp, entp, topp, errp] =
             at.map(|o| base + o as u64);
         let n_tiles = p.g.n_tiles();
         // SAFETY (alloc): `cz_anchors_*` writes every tile's `acc` and `vals` before they are
@@ -521,7 +534,7 @@ impl CusziGpu {
         if whole {
             let f = self.func(&format!("cz_rans_whole_{t}"))?;
             let ntab = (p.fc.len() / SYMBOLS) as u32;
-            let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.tabpat.len())
+            let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.top.len() * 4)
                 .next_multiple_of(16);
             let smem = if want <= self.smem_optin {
                 set_smem(&f, want)?;
@@ -534,11 +547,11 @@ impl CusziGpu {
             let mut stat = unsafe { s.alloc::<u32>(nchunks as usize) }.map_err(gpu_err("alloc"))?;
             let statp = raw_ptr_mut(&mut stat, &s);
             let mut b = launch_args!(s, &f;
-                &sp, &entp, &nchunks, &count, &ts, &tabp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
                 &ntab, &smem, &symp, &statp, &errp);
             // SAFETY: the chunk entries lie inside the stream (checked by `plan`), and so do the
             // words read of each (the stream is 4-aligned); each thread writes its chunk's
-            // symbols (below `n` of the workspace) and status word; `tabpat` holds the `ts`
+            // symbols (below `n` of the workspace) and status word; `top` holds the `ts`
             // local positions of a tile, the tables `SLOTS` entries per table it names.
             let c = Self::launch_cfg(
                 (nchunks as usize).div_ceil(RANS_CHUNKS),
@@ -860,21 +873,35 @@ impl CusziGpu {
             level.multi = e2[lv * 9 + 1] < e2[lv * 9];
         }
         self.mark("sample")?;
-        // 4. residuals and the per-class histogram
+        // 4. residuals (and, unless the chunks are coded by `cz_enc_prep_*`, which counts them
+        // in symbol order, the per-class histogram)
         let (geo, pattern) = geometry(&g, &levels);
         let geo = self.upload(&geo)?;
         let pat = self.upload(&pattern)?;
         let (geop, patp) = (raw_ptr(&geo, &s), raw_ptr(&pat, &s));
         let nclass = interp::n_classes(nl);
-        let mut hist = s
-            .alloc_zeros::<u64>(nclass * SYMBOLS)
-            .map_err(gpu_err("alloc"))?;
-        let histp = raw_ptr_mut(&mut hist, &s);
+        let whole = whole_tiles(&g);
         self.workspace(n)?;
         let ws = self.ws.as_mut().expect("workspace");
         let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
         let symp = raw_ptr_mut(&mut ws.syms, &s);
-        {
+        let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
+        let mut hist_d = None;
+        if whole {
+            let f = self.func(&format!("cz_enc_tiles_nh_{t}"))?;
+            let smem = TILE_WARPS * MAX_BOX * 8;
+            set_smem(&f, smem)?;
+            let mut b = launch_args!(s, &f;
+                &x, &geop, &accp, &aresp, &valp, &step, &eb, &resp, &symp, &rawp);
+            // SAFETY: warps read the boxes of their tiles (inside the input) and write their
+            // owned residuals and lossless bytes (below n values of the workspace).
+            unsafe { b.launch(Self::launch_cfg(grid, TILE_WARPS * 32, smem)) }
+                .map_err(gpu_err("tiles"))?;
+        } else {
+            let mut hist = s
+                .alloc_zeros::<u64>(nclass * SYMBOLS)
+                .map_err(gpu_err("alloc"))?;
+            let histp = raw_ptr_mut(&mut hist, &s);
             let f = self.func(&format!("cz_enc_tiles_{t}"))?;
             let smem = TILE_WARPS * MAX_BOX * 8 + nclass * HIST_WIN * 4;
             set_smem(&f, smem)?;
@@ -882,22 +909,12 @@ impl CusziGpu {
             let mut b = launch_args!(s, &f;
                 &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &symp,
                 &rawp, &histp);
-            let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
-            // SAFETY: warps read the boxes of their tiles (inside the input) and write their
-            // owned residuals and lossless bytes (below n values of the workspace).
+            // SAFETY: as above; the histogram has `nclass * SYMBOLS` counters.
             unsafe { b.launch(Self::launch_cfg(grid, TILE_WARPS * 32, smem)) }
                 .map_err(gpu_err("tiles"))?;
+            hist_d = Some(hist);
         }
-        let h = self.read_words(&hist)?;
         self.mark("residuals")?;
-        // 5. tables (the CPU's builder) and the metadata
-        let hist: Vec<Vec<u64>> = h.chunks(SYMBOLS).map(|c| c.to_vec()).collect();
-        let (map, freqs) = rans::group_classes(&hist);
-        // (the encoder's steps alone: the device encodes, nothing here decodes)
-        let words: Vec<Vec<[u32; 5]>> = freqs.iter().map(|f| rans::encoder_words(f)).collect();
-        let meta = write_meta(&levels, &map, &freqs);
-        self.mark("tables")?;
-        // 6. chunks
         let nc = n.div_ceil(CHUNK);
         let per = scratch_len::<T>();
         if !self.scratch.as_ref().is_some_and(|b| b.len() >= nc * per) {
@@ -913,32 +930,66 @@ impl CusziGpu {
         let mut sizes = s.alloc_zeros::<u64>(nc + 1).map_err(gpu_err("alloc"))?;
         let (infop, sizep) = (raw_ptr_mut(&mut info, &s), raw_ptr_mut(&mut sizes, &s));
         let nc64 = nc as u64;
-        if whole_tiles(&g) {
-            // the steps packed as kernels/cuszi.cu `cz_enc_step` reads them, and the table of
-            // every local position of a tile
-            let enc4: Vec<u32> = words
+        // the classes a tile's pattern holds (`kinds`, ascending) and each position's index
+        // among them (`cpat`): cz_enc_prep's step indices and counters are per index
+        let mut kinds: Vec<u8> = pattern.clone();
+        kinds.sort_unstable();
+        kinds.dedup();
+        let hist: Vec<Vec<u64>> = if let Some(hd) = hist_d {
+            let h = self.read_words(&hd)?;
+            h.chunks(SYMBOLS).map(|c| c.to_vec()).collect()
+        } else {
+            let cpat: Vec<u8> = pattern
                 .iter()
-                .flatten()
-                .flat_map(|&[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
+                .map(|k| kinds.binary_search(k).expect("a class of the pattern") as u8)
                 .collect();
-            let tabpat: Vec<u8> = pattern.iter().map(|&k| map[k as usize]).collect();
-            let enc4_d = self.upload(&enc4)?;
-            let tab_d = self.upload(&tabpat)?;
-            let (enc4p, tabp) = (raw_ptr(&enc4_d, &s), raw_ptr(&tab_d, &s));
-            let ts = tabpat.len() as u32;
+            let cpat_d = self.upload(&cpat)?;
+            let cpatp = raw_ptr(&cpat_d, &s);
+            let nk = kinds.len();
+            let mut hk = s
+                .alloc_zeros::<u64>(nk * SYMBOLS)
+                .map_err(gpu_err("alloc"))?;
+            let hkp = raw_ptr_mut(&mut hk, &s);
+            let (ts, nk32) = (cpat.len() as u32, nk as u32);
             let f = self.func(&format!("cz_enc_prep_{t}"))?;
             let mut b = launch_args!(s, &f;
-                &resp, &symp, &rawp, &tabp, &n64, &ts, &nc64, &scp, &infop);
+                &resp, &symp, &rawp, &cpatp, &n64, &ts, &nc64, &scp, &infop, &nk32, &hkp);
             // SAFETY: one warp per chunk reads its residuals and lossless bytes (below n values)
-            // and writes its scratch region (nc regions allocated) and info words.
+            // and writes its scratch region (nc regions allocated) and info words; the step
+            // indices are below `nk * SYMBOLS`, the counters `nk * SYMBOLS`.
             let c = Self::launch_cfg(
                 (nc * 32).div_ceil(CHUNK_WARP_THREADS),
                 CHUNK_WARP_THREADS,
-                0,
+                nk * HIST_WIN * 4,
             );
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
+            let h = self.read_words(&hk)?;
+            let mut hist = vec![vec![0u64; SYMBOLS]; nclass];
+            for (&k, c) in kinds.iter().zip(h.chunks(SYMBOLS)) {
+                hist[k as usize].copy_from_slice(c);
+            }
+            hist
+        };
+        self.mark("counts")?;
+        // 5. tables (the CPU's builder) and the metadata
+        let (map, freqs) = rans::group_classes(&hist);
+        // (the encoder's steps alone: the device encodes, nothing here decodes)
+        let words: Vec<Vec<[u32; 5]>> = freqs.par_iter().map(|f| rans::encoder_words(f)).collect();
+        let meta = write_meta(&levels, &map, &freqs);
+        self.mark("tables")?;
+        // 6. chunks
+        if whole {
+            // the steps packed as kernels/cuszi.cu `cz_enc_step` reads them, for each class
+            // of `kinds` (its table's)
+            let enc4: Vec<u32> = kinds
+                .iter()
+                .flat_map(|&k| &words[map[k as usize] as usize])
+                .flat_map(|&[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
+                .collect();
+            let enc4_d = self.upload(&enc4)?;
+            let enc4p = raw_ptr(&enc4_d, &s);
             let f = self.func(&format!("cz_enc_whole_{t}"))?;
-            let ntab = words.len() as u32;
+            let ntab = kinds.len() as u32;
             let want = enc4.len() * 4;
             let smem = if want <= self.smem_optin {
                 set_smem(&f, want)?;
@@ -1131,37 +1182,53 @@ fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>> {
         Coder::Huffman(_) => return Ok(None),
     };
     // per table: the symbol of every slot, per symbol `freq << 16 | cum`, and the compact form
-    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans)
+    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans); the tables in parallel (a
+    // few hundred microseconds of a decode's host setup when built one after the other)
     let nt = tables.len();
-    let mut sym = Vec::with_capacity(nt * SLOTS);
+    let mut sym = vec![0u16; nt * SLOTS];
     let mut fc = vec![0u32; nt * SYMBOLS];
     let mut rank = vec![RANK_OTHER; nt * SLOTS];
     let mut rfc = vec![0u32; nt * RANKS];
     let mut rsym = vec![0u16; nt * RANKS];
-    for (i, t) in tables.iter().enumerate() {
-        let (slots, steps) = t.decoder_arrays();
-        sym.extend_from_slice(slots);
-        let f = &mut fc[i * SYMBOLS..(i + 1) * SYMBOLS];
-        for (sl, (&s, &st)) in slots.iter().zip(steps).enumerate() {
-            f[s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
-        }
-        let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| f[s] >> 16 != 0).collect();
-        used.sort_by(|&a, &b| (f[b] >> 16).cmp(&(f[a] >> 16)).then(a.cmp(&b)));
-        let mut rank_of = vec![RANK_OTHER; SYMBOLS];
-        for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
-            rank_of[s] = r as u8;
-            rfc[i * RANKS + r] = f[s];
-            rsym[i * RANKS + r] = s as u16;
-        }
-        for (sl, &s) in slots.iter().enumerate() {
-            rank[i * SLOTS + sl] = rank_of[s as usize];
-        }
-    }
+    tables
+        .par_iter()
+        .zip(sym.par_chunks_mut(SLOTS))
+        .zip(fc.par_chunks_mut(SYMBOLS))
+        .zip(rank.par_chunks_mut(SLOTS))
+        .zip(rfc.par_chunks_mut(RANKS))
+        .zip(rsym.par_chunks_mut(RANKS))
+        .for_each(|(((((t, sym), f), rank), rfc), rsym)| {
+            let (slots, steps) = t.decoder_arrays();
+            sym.copy_from_slice(slots);
+            for (sl, (&s, &st)) in slots.iter().zip(steps).enumerate() {
+                f[s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
+            }
+            let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| f[s] >> 16 != 0).collect();
+            used.sort_by(|&a, &b| (f[b] >> 16).cmp(&(f[a] >> 16)).then(a.cmp(&b)));
+            let mut rank_of = [RANK_OTHER; SYMBOLS];
+            for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
+                rank_of[s] = r as u8;
+                rfc[r] = f[s];
+                rsym[r] = s as u16;
+            }
+            for (rk, &s) in rank.iter_mut().zip(slots) {
+                *rk = rank_of[s as usize];
+            }
+        });
     let (geo, pattern) = geometry(&g, &levels);
-    let tabpat = pattern.iter().map(|&k| map[k as usize]).collect();
+    let tabpat: Vec<u8> = pattern.iter().map(|&k| map[k as usize]).collect();
+    // (rank 0: each table's most frequent symbol; every table uses at least one)
+    let top = tabpat
+        .iter()
+        .flat_map(|&t| {
+            let r = t as usize * RANKS;
+            [rfc[r], rsym[r] as u32 | (t as u32) << 16]
+        })
+        .collect();
     Ok(Some(Plan {
         whole: whole_tiles(&g),
         tabpat,
+        top,
         g,
         geo,
         pattern,
@@ -1341,6 +1408,7 @@ mod tests {
             ("CZ_G_FULL", G_FULL),
             ("CZ_G_WALKS", G_WALKS),
             ("CZ_WALK_WORDS", WALK_WORDS),
+            ("CZ_MAXWALKS", MAX_WALKS),
             ("CZ_TILE_WARPS", TILE_WARPS),
             ("CZ_MAXBOX", MAX_BOX),
             ("CZ_RANS_CHUNKS", RANS_CHUNKS),
@@ -1357,6 +1425,54 @@ mod tests {
         }
         assert_eq!(1 << define("CZ_PROB_BITS"), SLOTS);
         assert_eq!(SYMBOLS, rans::NSYM);
+    }
+
+    /// The tile kernels keep the walks that have points in a tile's box (kernels/cuszi.cu
+    /// `cz_walks_prep`), at most `MAX_WALKS`: the first tile's box is the largest of its grid
+    /// (a walk's points in a box only shrink with the box), so count them there for every level
+    /// configuration (multi or passes, any order) of many shapes.
+    #[test]
+    fn walks_with_points_fit_the_kernels() {
+        let live = |e: [usize; 3], walks: &[(usize, [usize; 3], [usize; 3], Walk)]| {
+            walks
+                .iter()
+                .filter(|(_, start, stp, _)| {
+                    (0..3).all(|d| start[d] < e[d] && (e[d] - 1 - start[d]) / stp[d] < e[d])
+                })
+                .count()
+        };
+        let mut most = 0;
+        for d in [
+            &[1u64][..],
+            &[2],
+            &[100_003],
+            &[2, 3],
+            &[17, 33],
+            &[512, 512],
+            &[2, 2, 2],
+            &[9, 9, 9],
+            &[40, 40, 50],
+            &[512, 512, 512],
+            &[2, 3, 9, 17],
+        ] {
+            let g = Grid::new(&Dims::new(d).unwrap());
+            let e = g.boxed([0; 3]);
+            for bits in 0..1u32 << g.levels() {
+                for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0]] {
+                    let levels: Vec<Level> = (0..g.levels())
+                        .map(|k| Level {
+                            order,
+                            spline: [interp::Spline::ALL[2]; 3],
+                            multi: bits >> k & 1 == 1,
+                        })
+                        .collect();
+                    let n = live(e, &interp::walks(g.stride, &levels));
+                    assert!(n <= MAX_WALKS, "{d:?}: {n} walks");
+                    most = most.max(n);
+                }
+            }
+        }
+        assert_eq!(most, 21);
     }
 
     /// What the whole-tile kernels rely on where `whole_tiles` holds: every owned point of every
