@@ -51,8 +51,8 @@ impl Communicator {
     }
 
     /// Whether a cached profile's link still describes this job's: ranks 0 and 1 exchange the
-    /// ping-pong size (the calibration's pattern and schedule, one size) and the slowest rank's
-    /// median is compared with the profile's link line. Off by more than [`STALE_LINK_FACTOR`]
+    /// ping-pong size (the link calibration's schedule, `comm::link_calibrate`) and the slowest
+    /// rank's median is compared with the profile's link line. Off by more than [`STALE_LINK_FACTOR`]
     /// either way (another placement or network under the same host name, a machine that was
     /// busy when the profile was measured), the caller measures again, with a warning. Every
     /// rank gets the same answer (the same profile and one reduced time). Collective.
@@ -76,35 +76,47 @@ impl Communicator {
         Ok(fits)
     }
 
-    /// Measure the link (ranks 0 and 1 exchanging), the transport's allreduce and the codec
-    /// throughput (all ranks at once, slowest rank counts), and agree on the result. Collective.
+    /// Measure the link (ping-pong between ranks 0 and 1), the transport's allreduce and the
+    /// codec throughput (all ranks at once, slowest rank counts), and agree on the result.
+    /// Collective.
+    ///
+    /// The link and the allreduce are the mean of a few calls right after one warm-up, not the
+    /// median of the link calibration's longer schedule that the staged and NCCL links use: the
+    /// host operations' large messages run on buffers that are not warm, and the steady-state
+    /// median of many repetitions predicts them too fast.
     pub fn calibrate(&mut self) -> Result<Profile> {
         let t = &*self.transport;
         let (r, p) = (t.rank(), t.size());
-        // the link (ranks 0 and 1 exchanging, as a ring step or `sendrecv` does) and the
-        // transport's own allreduce (the raw path of `allreduce`, every rank), at 8 bytes and
-        // at the ping-pong size: the communicators' one link calibration
         let mut link = Link {
             bandwidth: 10e9,
             latency: 2e-6,
         };
-        let mut allreduce = None;
         if p > 1 {
-            let big = self.config.pingpong_bytes.max(8);
-            let mut probe = HostLink::new(t, big);
-            let links = link_calibrate::measure(
-                t,
-                &mut probe,
-                &[8, big],
-                &[LinkPattern::Exchange, LinkPattern::Allreduce],
-            )?;
-            if let Some(x) = links.exchange {
-                link = Link {
-                    bandwidth: x.bandwidth,
-                    latency: x.latency,
-                };
+            t.barrier()?;
+            let mut vals = [0.0f64; 2];
+            if r < 2 {
+                let peer = 1 - r;
+                let small = [0u8; 8];
+                let big = vec![1u8; self.config.pingpong_bytes];
+                let mut back = vec![0u8; big.len()];
+                let lat_rt = pingpong(t, r, peer, &small, 50)?;
+                let lat = lat_rt / 2.0;
+                // bandwidth: simultaneous exchanges (what sendrecv and ring steps do) into
+                // preallocated buffers, one warm-up
+                let reps = ((256usize << 20) / big.len()).clamp(2, 8);
+                t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
+                let t0 = t.wtime();
+                for _ in 0..reps {
+                    t.sendrecv_sized(peer, &big, peer, &mut back, TAG_PING)?;
+                }
+                let each = ((t.wtime() - t0) / reps as f64 - lat).max(1e-9);
+                vals = [lat, big.len() as f64 / each];
             }
-            allreduce = links.allreduce;
+            t.allreduce_f64(&mut vals, ReduceOp::Max)?;
+            link = Link {
+                latency: vals[0],
+                bandwidth: vals[1],
+            };
         }
         let codec = self.config.policy.codec().unwrap_or_default();
         // every codec, so that `Auto` can choose among them per message; one that fails on
@@ -134,15 +146,45 @@ impl Communicator {
                 Err(e) => tracing::warn!(target: "zcomm::comm", "{c} {dt} not calibrated: {e}"),
             }
         }
+        // the native allreduce (the raw path of allreduce): small and large buffer
+        let mut allreduce = None;
+        if p > 1 {
+            let big = vec![1.0f32; (self.config.pingpong_bytes / 4).max(1)];
+            let mut o = vec![0.0f32; big.len()];
+            let small = [1.0f32; 2];
+            let mut os = [0.0f32; 2];
+            let time = |input: &[f32], out: &mut [f32], reps: usize| -> Result<f64> {
+                t.allreduce_sum_f32(input, out)?; // warm-up
+                t.barrier()?;
+                let t0 = t.wtime();
+                for _ in 0..reps {
+                    t.allreduce_sum_f32(input, out)?;
+                }
+                Ok((t.wtime() - t0) / reps as f64)
+            };
+            let ts = time(&small, &mut os, 20)?;
+            let tb = time(&big, &mut o, 4)?;
+            let mut v = [ts, tb];
+            t.allreduce_f64(&mut v, ReduceOp::Max)?;
+            allreduce = Some(model::Curve::linear(
+                (big.len() * 4) as f64 / (v[1] - v[0]).max(1e-9),
+                v[0],
+            ));
+        }
         // the raw ring's host addition, every rank at once on buffers of the ping-pong's size
         let host_add = {
             let n = (self.config.pingpong_bytes / 4).max(1 << 16);
             let x = vec![1.0f32; n];
             let mut acc = vec![0.0f32; n];
-            let mut v = [link_calibrate::repeat(t, || {
+            super::reduce::add_assign(&mut acc, &x); // warm-up (and first touch of `acc`)
+            let mut ts = Vec::with_capacity(5);
+            for _ in 0..5 {
+                t.barrier()?;
+                let t0 = t.wtime();
                 super::reduce::add_assign(&mut acc, &x);
-                Ok(())
-            })?];
+                ts.push(t.wtime() - t0);
+            }
+            let mut v = [model::median(&ts)];
             t.allreduce_f64(&mut v, ReduceOp::Max)?;
             (n * 4) as f64 / v[0].max(1e-9)
         };
@@ -193,6 +235,24 @@ impl Communicator {
         v.retain(|c| c.supports_bound(self.config.bound));
         v
     }
+}
+
+fn pingpong(t: &dyn Transport, r: usize, peer: usize, msg: &[u8], reps: usize) -> Result<f64> {
+    // one warm-up, then the mean round trip
+    let mut t0 = 0.0;
+    for i in 0..=reps {
+        if i == 1 {
+            t0 = t.wtime();
+        }
+        if r == 0 {
+            t.send(peer, TAG_PING, msg)?;
+            t.recv(peer, TAG_PING)?;
+        } else {
+            t.recv(peer, TAG_PING)?;
+            t.send(peer, TAG_PING, msg)?;
+        }
+    }
+    Ok((t.wtime() - t0) / reps as f64)
 }
 
 fn measure_compressor(
@@ -246,28 +306,24 @@ pub(super) fn hostname() -> String {
         .unwrap_or_else(|_| "host".into())
 }
 
-/// The host communicator's side of the link calibration: ranks 0 and 1 exchanging between host
-/// buffers (as a ring step or `sendrecv` does; the other ranks have no part), and the
-/// transport's own allreduce of f32 on every rank.
+/// The host link of [`Communicator::cached_link_fits`] on the link calibration's schedule:
+/// ranks 0 and 1 exchanging between host buffers (as a ring step or `sendrecv` does; the other
+/// ranks have no part).
 struct HostLink<'a> {
     t: &'a dyn Transport,
     rank: usize,
     snd: Vec<u8>,
     rcv: Vec<u8>,
-    xs: Vec<f32>,
-    ys: Vec<f32>,
 }
 
 impl<'a> HostLink<'a> {
-    /// Buffers for transfers of up to `bytes` on `t`.
+    /// Buffers for exchanges of up to `bytes` on `t`.
     fn new(t: &'a dyn Transport, bytes: usize) -> Self {
         HostLink {
             t,
             rank: t.rank(),
             snd: vec![1u8; bytes],
             rcv: vec![0u8; bytes],
-            xs: vec![1.0f32; bytes.div_ceil(4)],
-            ys: vec![0.0f32; bytes.div_ceil(4)],
         }
     }
 }
@@ -286,10 +342,6 @@ impl LinkProbe for HostLink<'_> {
                 &mut self.rcv[..bytes],
                 TAG_PING,
             ),
-            (LinkPattern::Allreduce, _) => {
-                let n = (bytes / 4).max(1);
-                self.t.allreduce_sum_f32(&self.xs[..n], &mut self.ys[..n])
-            }
             _ => Ok(()),
         }
     }

@@ -1,7 +1,7 @@
-//! The schedule of every calibration ([`repeat`], [`repeat_solo`]) and the one calibration of
-//! the links between ranks, shared by the communicators (the host communicator's link between
-//! host buffers, the staged MPI link between pinned host buffers, NCCL between device
-//! buffers): the same sizes walk, the same schedule ([`repeat`]: a barrier before every
+//! The schedule of the calibrations ([`repeat`], [`repeat_solo`]) and the one calibration of
+//! the link curves between ranks, shared by the communicators that keep curves (the staged MPI
+//! link between pinned host buffers, NCCL between device buffers; the host communicator checks
+//! a cached profile's link with it): the same sizes walk, the same schedule ([`repeat`]: a barrier before every
 //! timed transfer, warm-ups, the median), the slowest rank's time adopted by all, and the same
 //! curve fitting ([`Curve::from_points`]). What differs between transports is only which bytes
 //! move for a pattern, behind [`LinkProbe`].
