@@ -60,8 +60,9 @@
 //! follows from widths known to the whole warp, so lanes write their fields independently. Each
 //! block is written to a scratch slot and its size to the table; a device-wide prefix sum of the
 //! sizes places the blocks and one compaction pass copies them (the paper's three-step
-//! compaction). Decoding is one warp per block after the same prefix sum. Checksums are
-//! `zhash` word sums, computed by parallel reduction.
+//! compaction). Decoding needs only the block sizes' prefix sum: a warp can take a group of
+//! blocks, one lane parsing each block's header, then decode them one after another (the CUDA
+//! decoder, `zcomm::gpu::gpz`). Checksums are `zhash` word sums, computed by parallel reduction.
 //!
 //! ```
 //! use zcomm::codec::gpz::{compress_particles, decompress_particles, Order};
