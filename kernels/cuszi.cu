@@ -170,6 +170,22 @@ __device__ __forceinline__ void cz_next_point(const CzGeo& g, i64 tc[3], i64& b,
 // to `res` (symbol order; LOSSLESS for lossless values), a lossless value's bits to `raw` at
 // its index, and uses `bigs` (at the chunk's own indices) for the positions of big residuals.
 //
+// The symbol of slot `sl` of table `tb` and its `freq << 16 | cum`: from the ranked arrays for
+// the table's 255 most frequent symbols, else from the global slot and step arrays.
+__device__ __forceinline__ void cz_slot_symbol(u32 tb, u32 sl, const u8* rank, const u32* rfc,
+                                               const unsigned short* rsym, const unsigned short* g_sym,
+                                               const u32* g_fc, u32& s, u32& fc) {
+    const u32 at = (tb << CZ_PROB_BITS) + sl;
+    const u32 rk = rank[at];
+    if (rk != 255) {
+        s = rsym[tb * 256 + rk];
+        fc = rfc[tb * 256 + rk];
+    } else {
+        s = g_sym[at];
+        fc = g_fc[tb * 1025 + s];
+    }
+}
+
 // The tables, per table: `rank` (per slot: the rank of its symbol among the table's 255 most
 // frequent ones, 255 for the others), `rfc` and `rsym` (per rank: `freq << 16 | cum` and the
 // symbol), and for the other symbols `sym` (per slot) and `fc` (per symbol). Each thread's state
@@ -296,16 +312,8 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     u32 tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     for (i64 j = 0; j < cnt; j++) {
         u32 sl = x & mask;
-        u32 at = (tb << CZ_PROB_BITS) + sl;
-        u32 rk = rank[at];
         u32 s, fc;
-        if (rk != 255) {
-            s = rsym[tb * 256 + rk];
-            fc = rfc[tb * 256 + rk];
-        } else {
-            s = g_sym[at];
-            fc = g_fc[tb * 1025 + s];
-        }
+        cz_slot_symbol(tb, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
         // (x = f (x >> 14) + sl - cum < 2^32: the wrapping sum is exact)
         x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
         while (x < CZ_RANS_L) {
@@ -413,16 +421,8 @@ __device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 
             x = xf;
         } else {
             u32 tb = tp.y >> 16;
-            u32 at = (tb << CZ_PROB_BITS) + sl;
-            u32 rk = rank[at];
             u32 fc;
-            if (rk != 255) {
-                s = rsym[tb * 256 + rk];
-                fc = rfc[tb * 256 + rk];
-            } else {
-                s = g_sym[at];
-                fc = g_fc[tb * 1025 + s];
-            }
+            cz_slot_symbol(tb, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
             x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
         }
         if (x >= CZ_RANS_L) {
