@@ -1,0 +1,157 @@
+//! Unit tests of the CUDA cuSZ-i driver that need no GPU: constants shared with the kernels,
+//! the launch plan and the geometry.
+use super::*;
+
+/// The value of `#define name` in kernels/cuszi.cu (a decimal integer, or `1ull << k`).
+fn define(name: &str) -> u64 {
+    let text = compile::kernel_file("cuszi.cu").expect("cuszi.cu");
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() == Some("#define") && it.next() == Some(name) {
+            let v: String = it.collect::<Vec<_>>().join(" ");
+            let v = v.trim_end_matches("ull").trim_end_matches("ll");
+            return v.parse().unwrap_or_else(|_| panic!("{name} = {v}"));
+        }
+    }
+    panic!("{name} not defined in cuszi.cu");
+}
+
+#[test]
+fn constants_shared_with_the_kernels_agree() {
+    for (name, v) in [
+        ("CZ_G_BATCH", G_BATCH),
+        ("CZ_G_N", G_N),
+        ("CZ_G_S", G_S),
+        ("CZ_G_TILES", G_TILES),
+        ("CZ_G_NTILES", G_NTILES),
+        ("CZ_G_VOL", G_VOL),
+        ("CZ_G_COUNT", G_COUNT),
+        ("CZ_G_NWALKS", G_NWALKS),
+        ("CZ_G_FULL", G_FULL),
+        ("CZ_G_WALKS", G_WALKS),
+        ("CZ_WALK_WORDS", WALK_WORDS),
+        ("CZ_MAXWALKS", MAX_WALKS),
+        ("CZ_TILE_WARPS", TILE_WARPS),
+        ("CZ_MAXBOX", MAX_BOX),
+        ("CZ_RANS_CHUNKS", RANS_CHUNKS),
+        ("CZ_RANS_LANES", RANS_LANES),
+        ("CZ_HIST_WIN", HIST_WIN),
+        ("CZ_CHUNK", CHUNK),
+        ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
+        ("CZ_E_RANS", ERRORS[1].0 as usize),
+        ("CZ_E_RAW", ERRORS[2].0 as usize),
+        ("CZ_E_BIG", ERRORS[3].0 as usize),
+        ("CZ_E_PAD", ERRORS[4].0 as usize),
+    ] {
+        assert_eq!(define(name), v as u64, "{name}");
+    }
+    assert_eq!(1 << define("CZ_PROB_BITS"), SLOTS);
+    assert_eq!(SYMBOLS, rans::NSYM);
+}
+
+/// The tile kernels keep the walks that have points in a tile's box (kernels/cuszi.cu
+/// `cz_walks_prep`), at most `MAX_WALKS`: the first tile's box is the largest of its grid
+/// (a walk's points in a box only shrink with the box), so count them there for every level
+/// configuration (multi or passes, any order) of many shapes.
+#[test]
+fn walks_with_points_fit_the_kernels() {
+    let live = |e: [usize; 3], walks: &[(usize, [usize; 3], [usize; 3], Walk)]| {
+        walks
+            .iter()
+            .filter(|(_, start, stp, _)| {
+                (0..3).all(|d| start[d] < e[d] && (e[d] - 1 - start[d]) / stp[d] < e[d])
+            })
+            .count()
+    };
+    let mut most = 0;
+    for d in [
+        &[1u64][..],
+        &[2],
+        &[100_003],
+        &[2, 3],
+        &[17, 33],
+        &[512, 512],
+        &[2, 2, 2],
+        &[9, 9, 9],
+        &[40, 40, 50],
+        &[512, 512, 512],
+        &[2, 3, 9, 17],
+    ] {
+        let g = Grid::new(&Dims::new(d).unwrap());
+        let e = g.boxed([0; 3]);
+        for bits in 0..1u32 << g.levels() {
+            for order in [[0, 1, 2], [2, 1, 0], [1, 2, 0]] {
+                let levels: Vec<Level> = (0..g.levels())
+                    .map(|k| Level {
+                        order,
+                        spline: [interp::Spline::ALL[2]; 3],
+                        multi: bits >> k & 1 == 1,
+                    })
+                    .collect();
+                let n = live(e, &interp::walks(g.stride, &levels));
+                assert!(n <= MAX_WALKS, "{d:?}: {n} walks");
+                most = most.max(n);
+            }
+        }
+    }
+    assert_eq!(most, 21);
+}
+
+/// What the whole-tile kernels rely on where `whole_tiles` holds: every owned point of every
+/// tile sits at symbol index `t * ts + p`, with `p` its position in the pattern of a whole
+/// tile (raster over the first tile's owned extents), so its class is `pattern[i % ts]`;
+/// and the shapes it must refuse break that.
+#[test]
+fn whole_tiles_means_the_pattern_repeats_in_symbol_order() {
+    let repeats = |g: &Grid| {
+        let full = g.owned([0; 3]);
+        let ts: usize = full.iter().product();
+        (0..g.n_tiles()).all(|t| {
+            let (b, c) = g.tile_coords(t);
+            let e = g.owned(c);
+            (0..e[0]).all(|l0| {
+                (0..e[1]).all(|l1| {
+                    (0..e[2]).all(|l2| {
+                        let s = g.stride;
+                        let x = [c[0] * s + l0, c[1] * s + l1, c[2] * s + l2];
+                        let p = (l0 * full[1] + l1) * full[2] + l2;
+                        g.symbol_index(b, x) == t * ts + p
+                    })
+                })
+            })
+        })
+    };
+    let grid = |d: &[u64]| Grid::new(&Dims::new(d).unwrap());
+    for d in [
+        &[1u64][..],
+        &[511],
+        &[512],
+        &[513],
+        &[100_003],
+        &[1, 1, 1030],
+        &[37, 16],
+        &[3, 48],
+        &[1003, 5, 3],
+        &[20, 8, 8],
+        &[32, 48],
+        &[16, 24, 40],
+        &[2, 3, 8, 16],
+    ] {
+        let g = grid(d);
+        assert!(whole_tiles(&g), "{d:?}");
+        assert!(repeats(&g), "{d:?}");
+    }
+    // edge tiles inside a row or slab, a column with a faster extent above the stride, a
+    // batch of volumes with short last tiles
+    for d in [
+        &[17u64, 33][..],
+        &[40, 40, 50],
+        &[37, 17],
+        &[1000, 9, 3],
+        &[2, 3, 9, 17],
+    ] {
+        let g = grid(d);
+        assert!(!whole_tiles(&g), "{d:?}");
+        assert!(!repeats(&g), "{d:?}");
+    }
+}
