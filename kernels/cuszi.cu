@@ -1,9 +1,9 @@
-// cuszi kernels (src/gpu/cuszi.rs): the stages of src/codec/cuszi encode and decode, bit for bit.
+// cuszi kernels (src/gpu/cuszi/): the stages of src/codec/cuszi encode and decode, bit for bit.
 //
 // Compiled by NVRTC with --fmad=false --prec-div=true, so every f64 expression below is the
 // same sequence of IEEE roundings as the Rust one it mirrors (named beside each function).
 //
-// Geometry words `geo` (written by src/gpu/cuszi.rs `geometry`, CZ_G_*): the grid of
+// Geometry words `geo` (written by src/gpu/cuszi/plan.rs `geometry`, CZ_G_*): the grid of
 // src/codec/cuszi/grid.rs, the walks of interp.rs `walks` (CZ_WALK_WORDS each) and the class
 // pattern's extents.
 #include "common.cuh"
@@ -34,7 +34,7 @@
 // per walk: s, start[3], step[3], multi, dim-or-mask, spline[3]
 #define CZ_WALK_WORDS 12
 
-// error bits (src/gpu/cuszi.rs ERR_*)
+// error bits (src/gpu/cuszi/mod.rs ERRORS)
 #define CZ_E_CHECKSUM 1ull
 #define CZ_E_RANS 2ull
 #define CZ_E_RAW 4ull
@@ -354,7 +354,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 }
 
 // Chunks of a stream whose tiles are all whole (every extent a multiple of S or below it,
-// src/gpu/cuszi.rs `whole_tiles`), decoded as cz_rans does, with its every check, in two
+// src/gpu/cuszi/plan.rs `whole_tiles`), decoded as cz_rans does, with its every check, in two
 // kernels. A chunk's symbols form one serial chain of state updates, so cz_rans_whole keeps
 // only that chain in its loop, one thread per chunk: the residual at symbol index i is at local
 // index i mod ts of its tile (ts points per tile), so its table is that of local index i mod ts
@@ -805,7 +805,7 @@ __device__ __forceinline__ double cz_walk_predict(const double* buf, int idx, co
 }
 
 // Walks with points in one box, at most: 3-D 3 levels x 7, 2-D 4 x 3, 1-D 9 x 1 (a walk along
-// an extent of 1 has none; a test of src/gpu/cuszi.rs checks the bound).
+// an extent of 1 has none; a test of src/gpu/cuszi/ checks the bound).
 #define CZ_MAXWALKS 24
 // The walks of a box of extents `e` that have points, in order, into the warp's `sw` (two words
 // of 16 bytes per walk, cz_walks reads them); returns their number. Each lane sets up one walk
