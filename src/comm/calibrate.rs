@@ -1,7 +1,7 @@
 //! [`Communicator::calibrate`]: measures the link and the codecs and fills the shared
 //! [`Profile`].
 
-use super::link_calibrate::{self, LinkPattern, LinkProbe};
+use super::link_calibrate::{self, LinkPattern, PairLink};
 use super::*;
 
 impl Communicator {
@@ -62,7 +62,13 @@ impl Communicator {
             return Ok(true);
         }
         let bytes = self.config.pingpong_bytes.max(8);
-        let mut probe = HostLink::new(t, bytes);
+        let (snd, mut rcv) = (vec![1u8; bytes], vec![0u8; bytes]);
+        let mut probe = PairLink {
+            t,
+            rank: t.rank(),
+            snd: &snd,
+            rcv: &mut rcv,
+        };
         let links = link_calibrate::measure(t, &mut probe, &[bytes], &[LinkPattern::Exchange])?;
         let measured = links.exchange.map_or(0.0, |c| c.time(bytes as f64));
         let predicted = p.link.latency + bytes as f64 / p.link.bandwidth;
@@ -306,43 +312,6 @@ pub(super) fn hostname() -> String {
         .unwrap_or_else(|_| "host".into())
 }
 
-/// The host link of [`Communicator::cached_link_fits`] on the link calibration's schedule:
-/// ranks 0 and 1 exchanging between host buffers (as a ring step or `sendrecv` does; the other
-/// ranks have no part).
-struct HostLink<'a> {
-    t: &'a dyn Transport,
-    rank: usize,
-    snd: Vec<u8>,
-    rcv: Vec<u8>,
-}
-
-impl<'a> HostLink<'a> {
-    /// Buffers for exchanges of up to `bytes` on `t`.
-    fn new(t: &'a dyn Transport, bytes: usize) -> Self {
-        HostLink {
-            t,
-            rank: t.rank(),
-            snd: vec![1u8; bytes],
-            rcv: vec![0u8; bytes],
-        }
-    }
-}
-
 /// How far (a factor, either way) a cached profile's link prediction may be from a fresh
 /// measurement before the profile is measured again.
 const STALE_LINK_FACTOR: f64 = 2.0;
-
-impl LinkProbe for HostLink<'_> {
-    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
-        match (pattern, self.rank) {
-            (LinkPattern::Exchange, r @ (0 | 1)) => self.t.sendrecv_sized(
-                1 - r,
-                &self.snd[..bytes],
-                1 - r,
-                &mut self.rcv[..bytes],
-                TAG_PING,
-            ),
-            _ => Ok(()),
-        }
-    }
-}

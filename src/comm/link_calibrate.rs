@@ -34,6 +34,8 @@ pub(crate) fn repeat(t: &dyn Transport, mut f: impl FnMut() -> Result<()>) -> Re
 /// Like [`repeat`], but only where `me` (one rank) runs the calls, without barriers between
 /// them, while the other ranks wait (a barrier before, one reduction of the error status after;
 /// they return 0): the *solo* rates. Every rank fails when the calling rank failed.
+// the solo rates are the device calibrations' (a GPU shared by ranks, or not)
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn repeat_solo(
     t: &dyn Transport,
     me: bool,
@@ -68,6 +70,8 @@ pub(crate) fn repeat_solo(
 }
 
 /// A transfer pattern whose time the link calibration measures at several sizes.
+// the transport-own collectives are timed by the NCCL calibration only
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LinkPattern {
     /// The ranks taking part send `bytes` and receive `bytes` at once (a ring step, `sendrecv`).
@@ -92,6 +96,38 @@ pub(crate) trait LinkProbe {
     fn curve_bytes(&self, pattern: LinkPattern, bytes: usize) -> f64 {
         let _ = pattern;
         bytes as f64
+    }
+}
+
+/// The link between ranks 0 and 1 over a host transport, between two host buffers of theirs
+/// (pinned staging buffers, or plain vectors): [`LinkPattern::Exchange`] (both send and receive
+/// at once, as a ring step or `sendrecv` does) and [`LinkPattern::OneWay`] (rank 0 sends to
+/// rank 1); the other ranks, and the other patterns, have no part.
+pub(crate) struct PairLink<'a> {
+    pub t: &'a dyn Transport,
+    pub rank: usize,
+    pub snd: &'a [u8],
+    pub rcv: &'a mut [u8],
+}
+
+impl LinkProbe for PairLink<'_> {
+    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
+        let (snd, rcv) = (&self.snd[..bytes], &mut self.rcv[..bytes]);
+        let tag = crate::comm::TAG_PING;
+        match (pattern, self.rank) {
+            (LinkPattern::Exchange, r @ (0 | 1)) => {
+                self.t.sendrecv_sized(1 - r, snd, 1 - r, rcv, tag)
+            }
+            (LinkPattern::OneWay, 0) => self.t.send(1, tag, snd),
+            (LinkPattern::OneWay, 1) => match self.t.recv_into(0, tag, rcv)? {
+                Some(v) => Err(Error::Comm(format!(
+                    "link calibration: expected {bytes} bytes from rank 0, got {}",
+                    v.len()
+                ))),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::comm::device_calibrate::{repeat, repeat_solo, CodecBench};
-use crate::comm::link_calibrate::{self, LinkCurves, LinkPattern, LinkProbe};
+use crate::comm::link_calibrate::{self, LinkCurves, LinkPattern, PairLink};
 
 impl DeviceStager {
     /// Measure GPU codec throughput and pinned copy times, every rank at once (ranks sharing a
@@ -162,7 +162,7 @@ impl DeviceStager {
             Self::grow_pinned(&mut self.pinned_recv, &s, total)?;
             let snd = self.pinned_send.as_ref().expect("grown");
             let rcv = self.pinned_recv.as_mut().expect("grown");
-            let mut probe = PinnedLink {
+            let mut probe = PairLink {
                 t: comm.transport(),
                 rank: comm.rank(),
                 snd: &snd.as_slice().map_err(gpu_err("pinned"))?[..total],
@@ -356,33 +356,3 @@ pub const CALIBRATION_TINY_VALUES: usize = 1 << 16;
 /// Sizes (MiB) of the one-way and exchange link calibrations (those below the calibration
 /// field's size, which is measured too).
 pub const CALIBRATION_LINK_MIB: [usize; 4] = [1, 16, 64, 256];
-
-/// The staged link of the calibration: ranks 0 and 1 move bytes between their pinned staging
-/// buffers over the host transport (the other ranks have no part).
-struct PinnedLink<'a> {
-    t: &'a dyn crate::comm::Transport,
-    rank: usize,
-    snd: &'a [u8],
-    rcv: &'a mut [u8],
-}
-
-impl LinkProbe for PinnedLink<'_> {
-    fn transfer(&mut self, pattern: LinkPattern, bytes: usize) -> Result<()> {
-        let (snd, rcv) = (&self.snd[..bytes], &mut self.rcv[..bytes]);
-        let tag = crate::comm::TAG_PING;
-        match (pattern, self.rank) {
-            (LinkPattern::Exchange, r @ (0 | 1)) => {
-                self.t.sendrecv_sized(1 - r, snd, 1 - r, rcv, tag)
-            }
-            (LinkPattern::OneWay, 0) => self.t.send(1, tag, snd),
-            (LinkPattern::OneWay, 1) => match self.t.recv_into(0, tag, rcv)? {
-                Some(v) => Err(Error::Comm(format!(
-                    "link calibration: expected {bytes} bytes from rank 0, got {}",
-                    v.len()
-                ))),
-                None => Ok(()),
-            },
-            _ => Ok(()),
-        }
-    }
-}
