@@ -1245,6 +1245,8 @@ __device__ __forceinline__ u32 cz_symbol(i64 r) {
 // symbol would take 41 KB (3-D) to 115 KB (1-D) per block and leave few blocks per SM.
 #define CZ_HIST_LO 383
 #define CZ_HIST_WIN 256
+// Threads per block of cz_enc_prep (src/gpu/cuszi/mod.rs PREP_THREADS).
+#define CZ_PREP_THREADS 1024
 __device__ __forceinline__ void cz_hist_add(u32* shist, u64* hist, u32 cls, u32 sym, u32 n) {
     u32 w = sym - CZ_HIST_LO;
     if (w < CZ_HIST_WIN) {
@@ -1475,29 +1477,33 @@ __device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev)
 // lengths), with their byte counts in `info`; and it counts the symbols per k into `hist`
 // (k * 1025 + symbol), which cz_enc_tiles_nh leaves out: the rANS tables are built from these
 // counts after this kernel, and cz_enc_whole reads the steps of each k (its class's table). The
-// block's counters of symbols CZ_HIST_LO .. + CZ_HIST_WIN sit in shared memory (`nk` *
-// CZ_HIST_WIN words), as in cz_enc_tiles.
+// block counts every symbol of every k in shared memory (`nk` * 1025 words, at most 115 KB) and
+// adds its counts to `hist` once at the end: a symbol outside cz_enc_tiles' window of
+// residuals -128..127 (a few percent of a 1-D array's at tight bounds, spread over thousands of
+// symbols) would otherwise be one global atomic each, all blocks contending for the same
+// counters. Blocks are large (CZ_PREP_THREADS, a chunk per warp) so that few of them zero and
+// flush the counters.
 template <typename T>
 __device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned short* syms, const u8* raw,
                                                   const u8* cpat, u64 count, u32 ts, u64 ci, u32 lane, u8* scratch,
-                                                  u32* info, u32* shist, u64* hist);
+                                                  u32* info, u32* shist);
 template <typename T>
 __device__ void cz_enc_prep(const i64* res, const unsigned short* syms, const u8* raw, const u8* cpat, u64 count,
                             u32 ts, u64 nchunks, u8* scratch, u32* info, u32 nk, u64* hist) {
     u32* shist = (u32*)cz_dyn;
-    for (u32 i = threadIdx.x; i < nk * CZ_HIST_WIN; i += blockDim.x) shist[i] = 0;
+    for (u32 i = threadIdx.x; i < nk * 1025u; i += blockDim.x) shist[i] = 0;
     __syncthreads();
     u32 lane = threadIdx.x & 31;
     u64 ci = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (ci < nchunks) cz_enc_prep_chunk<T>(res, syms, raw, cpat, count, ts, ci, lane, scratch, info, shist, hist);
+    if (ci < nchunks) cz_enc_prep_chunk<T>(res, syms, raw, cpat, count, ts, ci, lane, scratch, info, shist);
     __syncthreads();
-    for (u32 i = threadIdx.x; i < nk * CZ_HIST_WIN; i += blockDim.x)
-        if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
+    for (u32 i = threadIdx.x; i < nk * 1025u; i += blockDim.x)
+        if (shist[i]) atomicAdd(&hist[i], (u64)shist[i]);
 }
 template <typename T>
 __device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned short* syms, const u8* raw,
                                                   const u8* cpat, u64 count, u32 ts, u64 ci, u32 lane, u8* scratch,
-                                                  u32* info, u32* shist, u64* hist) {
+                                                  u32* info, u32* shist) {
     u64 i0 = ci * CZ_CHUNK;
     u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
     u8* sc = scratch + ci * (u64)cz_scratch<T>();
@@ -1527,7 +1533,7 @@ __device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned
             l += adv;
             if (l >= ts) l -= ts;
             u32 peers = __match_any_sync(ZC_FULL, k);
-            if (v && (__ffs(peers) - 1) == (int)lane) cz_hist_add(shist, hist, k / 1025u, k % 1025u, __popc(peers));
+            if (v && (__ffs(peers) - 1) == (int)lane) atomicAdd(&shist[k], __popc(peers));
             u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
             if (ml) {
                 if (v && s == CZ_SYM_LOSSLESS) {
@@ -1801,9 +1807,9 @@ CZ_INST(double, f64)
                                                  u64 nchunks, u8* scratch, u32* info, u64* sizes) {                \
         cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, scratch, info, sizes);                  \
     }                                                                                                               \
-    extern "C" __global__ void cz_enc_prep_##N(const i64* res, const unsigned short* syms, const u8* raw,          \
-                                               const u8* cpat, u64 count, u32 ts, u64 nchunks, u8* scratch,        \
-                                               u32* info, u32 nk, u64* hist) {                                     \
+    extern "C" __global__ void __launch_bounds__(CZ_PREP_THREADS) cz_enc_prep_##N(                                  \
+        const i64* res, const unsigned short* syms, const u8* raw, const u8* cpat, u64 count, u32 ts, u64 nchunks,  \
+        u8* scratch, u32* info, u32 nk, u64* hist) {                                                                \
         cz_enc_prep<T>(res, syms, raw, cpat, count, ts, nchunks, scratch, info, nk, hist);                         \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \

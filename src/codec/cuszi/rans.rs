@@ -12,6 +12,8 @@
 //! others: a GPU codes chunks in parallel, with the tables built on the host from a histogram
 //! kernel's counts, as for the Huffman codebook of coder 0.
 
+use rayon::prelude::*;
+
 use crate::element::Element;
 use crate::error::{Error, Result};
 
@@ -167,20 +169,45 @@ pub(crate) fn normalize(h: &[u64]) -> Vec<u32> {
         f[RADIUS as usize] = PROB_SCALE;
         return f;
     }
+    // the rounded share in 64 bits where `hi * 2^14 + total / 2` cannot overflow (any real
+    // histogram; the same value as in 128 bits), else in 128
+    let inv = 1.0 / total as f64;
+    let share = |hi: u64| -> u32 {
+        let v = if total < 1 << 49 {
+            // the quotient (at most 2^14 + 1) from its floating-point estimate, corrected to
+            // the exact floor by integer products (the estimate is off by at most one)
+            let t = total as u64;
+            let n = hi * PROB_SCALE as u64 + t / 2;
+            let mut q = (n as f64 * inv) as u64;
+            if q * t > n {
+                q -= 1;
+            } else if (q + 1) * t <= n {
+                q += 1;
+            }
+            q
+        } else {
+            ((hi as u128 * PROB_SCALE as u128 + total / 2) / total) as u64
+        };
+        (v as u32).max(1)
+    };
     let mut sum = 0i64;
     for (fi, &hi) in f.iter_mut().zip(h) {
         if hi > 0 {
-            let v = (hi as u128 * PROB_SCALE as u128 + total / 2) / total;
-            *fi = (v as u32).max(1);
+            *fi = share(hi);
             sum += *fi as i64;
         }
     }
-    let mut order: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
-    order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
     let mut diff = PROB_SCALE as i64 - sum;
+    // the largest frequency, the lowest symbol among equals: the first of the order below
+    let top = (0..NSYM).fold(0, |b, i| if f[i] > f[b] { i } else { b });
     if diff > 0 {
-        f[order[0]] += diff as u32;
+        f[top] += diff as u32;
+    } else if f[top] as i64 > -diff {
+        // the first symbol of the order covers the deficit alone (the usual case)
+        f[top] -= (-diff) as u32;
     } else {
+        let mut order: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
+        order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
         // (at most one unit per used symbol, and at most 1,025 symbols in 16,384 slots)
         for &i in &order {
             if diff == 0 {
@@ -267,21 +294,56 @@ pub(crate) fn tables(freqs: &[Vec<u32>]) -> Vec<Table> {
     freqs.iter().map(|f| Table::new(f)).collect()
 }
 
+/// `PROB_BITS - log2(f)` for every frequency `f` of a normalized table (index 0 unused): the
+/// values `f64::log2` gives, computed once instead of once per symbol of every priced group.
+fn code_lengths() -> &'static [f64] {
+    static LEN: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+    LEN.get_or_init(|| {
+        (0..=PROB_SCALE)
+            .map(|f| PROB_BITS as f64 - (f as f64).log2())
+            .collect()
+    })
+}
+
 /// Estimated bits of coding histogram `h` with normalized frequencies `f`.
 fn coded_bits(h: &[u64], f: &[u32]) -> f64 {
+    let len = code_lengths();
     h.iter()
         .zip(f)
         .filter(|(&c, _)| c > 0)
-        .map(|(&c, &fi)| c as f64 * (PROB_BITS as f64 - (fi as f64).log2()))
+        .map(|(&c, &fi)| c as f64 * len[fi as usize])
         .sum()
+}
+
+/// Bytes of a LEB128 varint of `v`.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Bytes [`write_table`] writes for `f`, without writing them.
+fn table_len(f: &[u32]) -> usize {
+    let mut used = 0usize;
+    let mut len = 0usize;
+    let mut prev = 0usize;
+    for (i, &fi) in f.iter().enumerate().filter(|(_, &fi)| fi > 0) {
+        len += varint_len((if used == 0 { i } else { i - prev - 1 }) as u64);
+        len += varint_len(fi as u64 - 1);
+        prev = i;
+        used += 1;
+    }
+    len + varint_len(used as u64)
 }
 
 /// Estimated bits of a group of classes with histogram `h`: its codes and its table.
 fn group_bits(h: &[u64]) -> f64 {
     let f = normalize(h);
-    let mut t = Vec::new();
-    write_table(&f, &mut t);
-    coded_bits(h, &f) + 8.0 * t.len() as f64
+    coded_bits(h, &f) + 8.0 * table_len(&f) as f64
+}
+
+/// [`group_bits`] of the merged histogram of groups `a` and `b`.
+fn merged_bits(a: &[u64], b: &[u64]) -> f64 {
+    let h: Vec<u64> = a.iter().zip(b).map(|(x, y)| x + y).collect();
+    group_bits(&h)
 }
 
 /// Group the classes by their histograms `hist` (one per class) into tables: every used class
@@ -293,18 +355,27 @@ fn group_bits(h: &[u64]) -> f64 {
 /// The estimate of every pair's merged group is kept from one round to the next: a merge
 /// changes only the pairs of the merged group, so each round prices `groups` pairs instead of
 /// all of them (with 28 classes, nine 3-D levels: 27 instead of up to 378).
+///
+/// The pricing runs in parallel (each price is computed alone, so the choice does not depend
+/// on the number of threads): with 28 classes (a 1-D array) the first round prices 378 pairs.
 pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
     let mut groups = single_groups(hist);
-    let merged =
-        |a: &[u64], b: &[u64]| -> Vec<u64> { a.iter().zip(b).map(|(x, y)| x + y).collect() };
     // pair[i][j] (i < j): the estimated bits of groups i and j merged
     let n = groups.len();
-    let mut pair = vec![vec![0.0f64; n]; n];
-    for i in 0..n {
-        for j in i + 1..n {
-            pair[i][j] = group_bits(&merged(&groups[i].1, &groups[j].1));
-        }
-    }
+    let mut pair: Vec<Vec<f64>> = (0..n)
+        .into_par_iter()
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    if j > i {
+                        merged_bits(&groups[i].1, &groups[j].1)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        })
+        .collect();
     loop {
         let mut best: Option<(f64, usize, usize)> = None;
         for i in 0..groups.len() {
@@ -318,7 +389,12 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
         let Some((_, i, j)) = best else {
             break;
         };
-        let h = merged(&groups[i].1, &groups[j].1);
+        let h: Vec<u64> = groups[i]
+            .1
+            .iter()
+            .zip(&groups[j].1)
+            .map(|(x, y)| x + y)
+            .collect();
         let (cj, _, _) = groups.remove(j);
         groups[i].0.extend(cj);
         groups[i].1 = h;
@@ -327,9 +403,13 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
         for row in &mut pair {
             row.remove(j);
         }
-        for k in (0..groups.len()).filter(|&k| k != i) {
-            let (a, b) = (k.min(i), k.max(i));
-            pair[a][b] = group_bits(&merged(&groups[a].1, &groups[b].1));
+        let fresh: Vec<(usize, f64)> = (0..groups.len())
+            .into_par_iter()
+            .filter(|&k| k != i)
+            .map(|k| (k, merged_bits(&groups[k].1, &groups[i].1)))
+            .collect();
+        for (k, bits) in fresh {
+            pair[k.min(i)][k.max(i)] = bits;
         }
     }
     group_tables(&groups, hist.len())
@@ -522,6 +602,30 @@ mod tests {
             &[1],
         ] {
             assert!(read_table(b, &mut 0).is_err(), "{b:?}");
+        }
+    }
+
+    /// The grouping's table size is the length [`write_table`] writes, for tables with one
+    /// symbol, every symbol, wide gaps and frequencies around the varint byte boundaries.
+    #[test]
+    fn table_len_is_the_written_length() {
+        let mut cases: Vec<Vec<u32>> = vec![normalize(&[])];
+        let mut one = vec![0u64; NSYM];
+        one[NSYM - 1] = 5;
+        cases.push(normalize(&one));
+        cases.push(normalize(&vec![1u64; NSYM]));
+        for seed in 1..20u64 {
+            for h in level_histograms(1 + seed as usize % 28, seed) {
+                cases.push(normalize(&h));
+            }
+        }
+        let mut f = vec![0u32; NSYM];
+        (f[0], f[127], f[128], f[1024]) = (1, 128, 129, PROB_SCALE - 258);
+        cases.push(f);
+        for f in cases {
+            let mut b = Vec::new();
+            write_table(&f, &mut b);
+            assert_eq!(table_len(&f), b.len(), "{f:?}");
         }
     }
 

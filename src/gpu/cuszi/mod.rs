@@ -138,8 +138,12 @@ const RANS_STAGE_THREADS: usize = 256;
 /// Chunks each warp of `cz_rans_whole_*` and `cz_enc_whole_*` codes (kernels/cuszi.cu
 /// `CZ_RANS_LANES`); their blocks have `RANS_CHUNKS / RANS_LANES` warps.
 const RANS_LANES: usize = 4;
-/// Threads per block of the one-warp-per-chunk kernels `cz_rans_post_*` and `cz_enc_prep_*`.
+/// Threads per block of the one-warp-per-chunk kernel `cz_rans_post_*`.
 const CHUNK_WARP_THREADS: usize = 256;
+/// Threads per block of `cz_enc_prep_*` (a chunk per warp; kernels/cuszi.cu
+/// `CZ_PREP_THREADS`): large blocks, because each block zeroes and flushes a counter for every
+/// symbol of every class it codes.
+const PREP_THREADS: usize = 1024;
 /// Threads per block of `cz_rans_whole_*` and `cz_enc_whole_*`.
 const WHOLE_THREADS: usize = RANS_CHUNKS / RANS_LANES * 32;
 
@@ -848,7 +852,9 @@ impl CusziGpu {
         let pat = self.upload(&pattern)?;
         let (geop, patp) = (raw_ptr(&geo, &s), raw_ptr(&pat, &s));
         let nclass = interp::n_classes(nl);
-        let whole = whole_tiles(&g);
+        // (the whole-tile chunk kernels count every class's symbols in one block's shared
+        // memory: a GPU with less than that per block takes the other kernels)
+        let whole = whole_tiles(&g) && nclass * SYMBOLS * 4 <= self.smem_optin;
         self.workspace(n)?;
         let ws = self.ws.as_mut().expect("workspace");
         let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
@@ -920,16 +926,14 @@ impl CusziGpu {
             let hkp = raw_ptr_mut(&mut hk, &s);
             let (ts, nk32) = (cpat.len() as u32, nk as u32);
             let f = self.func(&format!("cz_enc_prep_{t}"))?;
+            let smem = nk * SYMBOLS * 4;
+            set_smem(&f, smem)?;
             let mut b = launch_args!(s, &f;
                 &resp, &symp, &rawp, &cpatp, &n64, &ts, &nc64, &scp, &infop, &nk32, &hkp);
             // SAFETY: one warp per chunk reads its residuals and lossless bytes (below n values)
             // and writes its scratch region (nc regions allocated) and info words; the step
-            // indices are below `nk * SYMBOLS`, the counters `nk * SYMBOLS`.
-            let c = Self::launch_cfg(
-                (nc * 32).div_ceil(CHUNK_WARP_THREADS),
-                CHUNK_WARP_THREADS,
-                nk * HIST_WIN * 4,
-            );
+            // indices are below `nk * SYMBOLS`, the counters (shared and `hk`) `nk * SYMBOLS`.
+            let c = Self::launch_cfg((nc * 32).div_ceil(PREP_THREADS), PREP_THREADS, smem);
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
             let h = self.read_words(&hk)?;
             let mut hist = vec![vec![0u64; SYMBOLS]; nclass];

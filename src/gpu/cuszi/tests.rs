@@ -36,6 +36,7 @@ fn constants_shared_with_the_kernels_agree() {
         ("CZ_RANS_CHUNKS", RANS_CHUNKS),
         ("CZ_RANS_LANES", RANS_LANES),
         ("CZ_HIST_WIN", HIST_WIN),
+        ("CZ_PREP_THREADS", PREP_THREADS),
         ("CZ_CHUNK", CHUNK),
         ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
         ("CZ_E_RANS", ERRORS[1].0 as usize),
