@@ -26,6 +26,10 @@
 #ifndef GZ_ENC_BPW
 #define GZ_ENC_BPW 4
 #endif
+// Pause (ns) of the encoder's look-back between polls of a window that is not ready.
+#ifndef GZ_POLL_NS
+#define GZ_POLL_NS 200
+#endif
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
 // f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
 // of warp collectives need more warps to hide their latency; f64 keeps 48 registers for its
@@ -80,6 +84,8 @@
 
 __device__ __forceinline__ u32 gz_bw64(u64 v) { return 64u - (u32)__clzll((long long)v); }
 __device__ __forceinline__ u32 gz_bw32(u32 v) { return 32u - (u32)__clz((int)v); }
+__device__ __forceinline__ u32 gz_bwu(u32 v) { return gz_bw32(v); }
+__device__ __forceinline__ u32 gz_bwu(u64 v) { return gz_bw64(v); }
 __device__ __forceinline__ u32 gz_clog2(u32 k) { return k <= 1u ? 0u : 32u - (u32)__clz((int)(k - 1u)); }
 // sum_{k=1..x} ceil(log2 k) (sort.rs lehmer_bits)
 __device__ __forceinline__ u32 gz_lehmer_bits(u32 x) {
@@ -184,9 +190,23 @@ template <typename T> __device__ __forceinline__ ZQ<T> gz_quantizer(const u64* w
     q.eb = ab <= 1.7976931348623157e308 ? ab : 0.0;
     return q;
 }
-// Quantizer::encode (false: an exception); f32 through the f32 fast path of the other codecs.
+// Quantizer::encode (false: an exception); f32: the answers of the other codecs' f32 fast path
+// (zq_encode_f32_abs) with selects instead of early returns, so that the common case (the f32
+// difference settles it) has no branch; only a difference equal to fl(eb) takes the exact
+// f64 comparison. Codes of values outside the range test are 0 (callers read a code only where
+// the value is coded).
 __device__ __forceinline__ bool gz_quant(const ZQ<float>& q, float x, i32& code) {
-    return zq_encode_f32_abs(q, __double2float_rn(q.eb), x, code);
+    const float eb32 = __double2float_rn(q.eb);
+    const float p = __fmul_rn(x, q.inv);
+    const bool in = fabsf(p) < 536870912.0f;  // false for NaN
+    // |p| < 2^29: round-to-nearest-even to int is rintf then the exact conversion
+    const i32 c = __float2int_rn(in ? p : 0.0f);
+    const float r = __fmul_rn(__int2float_rn(c), q.step);
+    const float d32 = fabsf(__fsub_rn(x, r));
+    code = c;
+    bool ok = in && d32 < eb32;
+    if (in && d32 == eb32) ok = zq_within<float, false>(q, x, r);
+    return ok;
 }
 __device__ __forceinline__ bool gz_quant(const ZQ<double>& q, double x, i64& code) { return zq_encode<double, false>(q, x, code); }
 // Reconstruction (quant::Quantizer::decode; f32 codes go through i32 as the CPU's `q as i32`).
@@ -485,7 +505,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
 #pragma unroll
     for (int c = 0; c < D; c++) {
         q[c] = 0;
-        if (valid) ok &= gz_quant(qz[c], xv[c], q[c]);
+        // (f32: no branch; an invalid lane quantises 0 and stays not ok)
+        if (sizeof(T) == 4 || valid) ok &= gz_quant(qz[c], xv[c], q[c]);
     }
     const u32 vmask = __ballot_sync(ZC_FULL, valid);
     const u32 cmask = __ballot_sync(ZC_FULL, ok);
@@ -496,20 +517,22 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 raw_bytes = (u32)n * D * ZT<T>::SIZE;
     bool raw = m == 0u;
     // per-axis frame
+    // (in the code type: 32-bit arithmetic for f32, whose codes and spans fit 30 bits)
     U u[D];
     u32 w[D];
     bool glob[D];
-    i64 base[D];
+    C base[D];
     u32 sflag = 0;
     if (!raw) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
-            const i64 l = gz_cmin(ok ? q[c] : (C)(sizeof(C) == 4 ? 0x7fffffffll : 0x7fffffffffffffffll));
-            const i64 h = gz_cmax(ok ? q[c] : (C)(sizeof(C) == 4 ? -0x80000000ll : (long long)0x8000000000000000ull));
-            w[c] = gz_bw64((u64)h - (u64)l);
+            const C l = (C)gz_cmin(ok ? q[c] : (C)(sizeof(C) == 4 ? 0x7fffffffll : 0x7fffffffffffffffll));
+            const C h = (C)gz_cmax(ok ? q[c] : (C)(sizeof(C) == 4 ? -0x80000000ll : (long long)0x8000000000000000ull));
+            w[c] = gz_bwu((U)h - (U)l);
             glob[c] = w[c] == gw[c];
-            base[c] = glob[c] ? gmin[c] : l;
-            u[c] = ok ? (U)((i64)q[c] - base[c]) : (U)0;
+            // (a global base is a code, so it fits C)
+            base[c] = glob[c] ? (C)gmin[c] : l;
+            u[c] = ok ? (U)q[c] - (U)base[c] : (U)0;
             if (spec) {
                 const i64 pmax = (i64)spec[GZ_W_CMAX + c - GZ_W_SPECHIT];
                 sflag |= (l < gmin[c] || h > pmax) ? GZ_SPEC_OUT : 0u;
@@ -686,7 +709,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         field(2 + 4 * c, p, glob[c] ? 1u : 0u, 1u);
         p += 1;
         if (!glob[c]) {
-            const u64 v = (u64)base[c] - (u64)gmin[c];
+            const u64 v = (u64)(i64)base[c] - (u64)gmin[c];
             field(3 + 4 * c, p, (u32)v, gw[c] < 32u ? gw[c] : 32u);
             field(4 + 4 * c, p + 32u, (u32)(v >> 32), gw[c] > 32u ? gw[c] - 32u : 0u);
             field(5 + 4 * c, p + gw[c], w[c], GZ_WIDTH_BITS);
@@ -796,6 +819,39 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     return bytes + nexc * D * ZT<T>::SIZE;
 }
 
+// lookback_exclusive (common.cuh) with a pause between polls of a window that is not ready:
+// a chunk waits on predecessors still encoding, and a spinning warp takes issue slots from the
+// warps that encode.
+__device__ u64 gz_lookback(u64* status, u32 c, u64 aggregate, int lane) {
+    if (c == 0) {
+        if (lane == 0) lb_publish(status, 0, aggregate, 2);
+        return 0;
+    }
+    if (lane == 0) lb_publish(status, c, aggregate, 1);
+    u64 excl = 0;
+    long long end = (long long)c;  // look at chunks [end-32, end)
+    while (true) {
+        long long i = end - 32 + lane;
+        u64 v = (i < 0) ? 2ull : 0ull;  // chunks before 0: inclusive 0
+        while (true) {
+            if ((v & 3ull) == 0ull) v = *((volatile u64*)(status + i));
+            if (__all_sync(ZC_FULL, (v & 3ull) != 0ull)) break;
+            __nanosleep(GZ_POLL_NS);
+        }
+        u32 incl = __ballot_sync(ZC_FULL, (v & 3ull) == 2ull);
+        if (incl) {
+            int hi = 31 - __clz(incl);
+            u64 mine = lane >= hi ? (v >> 2) : 0ull;
+            excl += warp_sum_u64(mine);
+            break;
+        }
+        excl += warp_sum_u64(v >> 2);
+        end -= 32;
+    }
+    if (lane == 0) lb_publish(status, c, excl + aggregate, 2);
+    return excl;
+}
+
 // Copy `size` bytes of buf to dst (any alignment), writing only below `cap`.
 __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* buf, u32 size, int lane) {
     const u64 a0 = (u64)out + at, a1 = a0 + size;
@@ -878,7 +934,7 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
         const u32 sz = lane < NB ? s_size[lane] : 0u;
         const u32 incl = warp_incl_u32(sz, lane);
         const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        const u64 ex = gz_lookback(ws + GZ_CTRL, chunk, (u64)agg, lane);
         const u64 b = b0 + (u64)lane;
         if (lane < NB) s_at[lane] = ex + incl - sz;
         if (lane == 0 && b0 + NB >= nb) ws[GZ_W_TOTAL] = ex + agg;
