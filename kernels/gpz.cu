@@ -28,7 +28,7 @@
 #endif
 // Pause (ns) of the encoder's look-back between polls of a window that is not ready.
 #ifndef GZ_POLL_NS
-#define GZ_POLL_NS 200
+#define GZ_POLL_NS 50
 #endif
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
 // f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
@@ -555,71 +555,106 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             maxw = w[c] > maxw ? w[c] : maxw;
         }
     }
-    // level search, lowest first (ties keep the lower level: replace on <); a level whose lower
-    // bound (no runs beyond their first key) reaches the best so far cannot win. A level's size
-    // needs no sort: R, the run-count width and the identity of the stable sort follow from the
-    // ids' multiset (match_any) and their order in the block; the delta width is bracketed by the
-    // id span, and only a level whose bracket is open and could still win sorts its ids. Going
-    // up, the offset bits shrink and the runs grow, so the sizes of the low levels (few runs,
-    // often one) rule out most high levels (many runs) before their sort.
+    // Level search: the smallest size, ties to the lower level (block.rs). A level's size needs
+    // no sort: R, the run-count width and the identity of the stable sort follow from the ids'
+    // multiset (match_any) and their order in the block, and the delta width is bracketed by the
+    // id span. (1) The warp gathers these per level, level L's into lane L. (2) Lane L evaluates
+    // level L: its exact size, or, with the bracket open, a lower bound. (3) Only levels whose
+    // lower bound could still win against the best exact size sort their ids, lowest first, each
+    // sort tightening the bound for the next. The per-level arithmetic thus runs once per block
+    // in parallel lanes rather than once per level in every lane.
     u32 best_bits = 0xffffffffu, best_l = 0;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
     const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
     const bool hasprev = ok && prevc >= 0;
-    const u32 lb2 = gz_lehmer_bits(m);
     if (!raw) {
-        for (int L = 0; L <= (int)ltop; L++) {
-            u32 k[D], s[D], K = 0, S = 0;
+        // lane L: level L's size without runs beyond their first key (a lower bound)
+        u32 K = 0, S = 0;
 #pragma unroll
-            for (int c = 0; c < D; c++) {
-                k[c] = w[c] < (u32)L ? w[c] : (u32)L;
-                s[c] = w[c] - k[c];
-                K += k[c];
-                S += s[c];
-            }
-            const u32 lb = fixed + (K > 0u ? 5u + K : 0u) + m * S;
-            if (lb >= best_bits) continue;
+        for (int c = 0; c < D; c++) {
+            const u32 kc = w[c] < (u32)lane ? w[c] : (u32)lane;
+            K += kc;
+            S += w[c] - kc;
+        }
+        u32 lo = fixed + (K > 0u ? 5u + K : 0u) + m * S, rbase = 0;
+        const bool act = (u32)lane <= ltop;
+        // (1) level L >= 1 (K > 0 there, as ltop <= max w) whose lower bound could beat level 0
+        // (exact: one id): runs R, id span, count width, identity. A level left out keeps R = 1,
+        // its lower bound standing for its size, which level 0 already beats.
+        u32 sR = 1, sspan = 0, swc = 0;
+        bool sident = true;
+        const u32 key0 = __shfl_sync(ZC_FULL, lo, 0) << 4;
+        for (u32 lv = __ballot_sync(ZC_FULL, act && lane > 0 && (lo << 4 | (u32)lane) < key0); lv; lv &= lv - 1u) {
+            const int L = __ffs(lv) - 1;
             u32 id = 0;
 #pragma unroll
-            for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
-            u32 bits = lb;
-            if (K > 0u) {
-                const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
-                const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
-                const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
-                if (R > 1u) {
-                    const u32 idmax = gz_wmax(ok ? id : 0u);
-                    const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
-                    const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
-                    // the R - 1 gaps sum to `total`: the widest is at least their mean, whose width
-                    // is at least bw(total) - bw(R - 1) (total >= 2^(a-1), R - 1 < 2^b)
-                    const u32 total = idmax - idmin - (R - 1u);
-                    const u32 wd_hi = gz_bw32(total), bq = gz_bw32(R - 1u);
-                    u32 wd = R == 2u ? wd_hi : (wd_hi > bq ? wd_hi - bq : 0u);
-                    u32 pb = 0;
-                    if (PRESERVE) {
-                        // the stable sort is the identity when the coded ids never decrease in
-                        // block order (only then is no permutation written)
-                        const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
-                        const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
-                        if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
-                    }
-                    if (wd != wd_hi) {
-                        if (bits + 9u + (R - 1u) * (wd + wc) + pb >= best_bits) continue;
-                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
-                        const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
-                        const bool start = lane > 0 && (u32)lane < m && sid != prev;
-                        wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
-                    }
-                    bits += 9u + (R - 1u) * (wd + wc) + pb;
-                }
+            for (int c = 0; c < D; c++) {
+                const u32 kc = w[c] < (u32)L ? w[c] : (u32)L;
+                id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
             }
-            // (R = 1, and K = 0: every id equal, the sort is the identity)
-            if (bits < best_bits) {
-                best_bits = bits;
-                best_l = (u32)L;
+            const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
+            const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
+            const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
+            const u32 idmax = gz_wmax(ok ? id : 0u);
+            const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
+            const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
+            bool ident = true;
+            if (PRESERVE) {
+                // the stable sort is the identity when the coded ids never decrease in block
+                // order (only then is no permutation written)
+                const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
+                ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
+            }
+            if (lane == L) {
+                sR = R;
+                sspan = idmax - idmin;
+                swc = wc;
+                sident = ident;
             }
         }
+        // (2) lane L: level L's size (exact) or its lower bound (bracket open)
+        bool exact = true;
+        if (K > 0u && sR > 1u) {
+            const u32 R = sR;
+            u32 pb = 0;
+            if (PRESERVE && !sident) {
+                const u32 lb2 = gz_lehmer_bits(m), rb = m * gz_clog2(R);
+                pb = 1u + (lb2 < rb ? lb2 : rb);
+            }
+            // the R - 1 gaps sum to `total`: the widest is at least their mean, whose width is
+            // at least bw(total) - bw(R - 1) (total >= 2^(a-1), R - 1 < 2^b)
+            const u32 total = sspan - (R - 1u);
+            const u32 wd_hi = gz_bw32(total), bq = gz_bw32(R - 1u);
+            const u32 wd = R == 2u ? wd_hi : (wd_hi > bq ? wd_hi - bq : 0u);
+            exact = wd == wd_hi;
+            rbase = lo + 9u + pb;
+            lo = rbase + (R - 1u) * (wd + swc);
+        }
+        // (size, level) keys: the smallest wins, ties to the lower level
+        const u32 key = lo << 4 | (u32)lane;
+        u32 best = gz_wmin(act && exact ? key : 0xffffffffu);
+        // (3) open brackets that could still win, lowest level first
+        u32 cand = __ballot_sync(ZC_FULL, act && !exact && key < best);
+        while (cand) {
+            const int L = __ffs(cand) - 1;
+            cand &= cand - 1u;
+            if (__shfl_sync(ZC_FULL, key, L) >= best) continue;
+            u32 id = 0;
+#pragma unroll
+            for (int c = 0; c < D; c++) {
+                const u32 kc = w[c] < (u32)L ? w[c] : (u32)L;
+                id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
+            }
+            const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
+            const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
+            const bool start = lane > 0 && (u32)lane < m && sid != prev;
+            const u32 wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
+            const u32 bits = __shfl_sync(ZC_FULL, rbase + (sR - 1u) * (wd + swc), L);
+            const u32 k2 = bits << 4 | (u32)L;
+            best = k2 < best ? k2 : best;
+        }
+        best_bits = best >> 4;
+        best_l = best & 15u;
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
         raw = coded > raw_bytes;
     }
