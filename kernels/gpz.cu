@@ -495,7 +495,10 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                                u32 lmax, u32* buf, int lane, u64* perm, u64 first, u64* spec) {
     typedef typename ZT<T>::code_t C;
     typedef typename GzU<T>::U U;
-    for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
+    // (the slot's size is a constant: unrolled, no loop)
+#pragma unroll
+    for (int i = 0; i < GzSlot<T, D>::WORDS; i += 32)
+        if (i + 32 <= GzSlot<T, D>::WORDS || i + lane < GzSlot<T, D>::WORDS) buf[i + lane] = 0u;
     const bool valid = lane < n;
     T xv[D];
 #pragma unroll
