@@ -26,6 +26,10 @@
 #ifndef GZ_ENC_BPW
 #define GZ_ENC_BPW 4
 #endif
+// Pause (ns) of the encoder's look-back between polls of a window that is not ready.
+#ifndef GZ_POLL_NS
+#define GZ_POLL_NS 50
+#endif
 // Thread blocks per SM the encoder / decoder are compiled for (register budget).
 // f32 encoders: 64 warps per SM (32 registers, a few bytes spilled), as the level search's chains
 // of warp collectives need more warps to hide their latency; f64 keeps 48 registers for its
@@ -80,6 +84,8 @@
 
 __device__ __forceinline__ u32 gz_bw64(u64 v) { return 64u - (u32)__clzll((long long)v); }
 __device__ __forceinline__ u32 gz_bw32(u32 v) { return 32u - (u32)__clz((int)v); }
+__device__ __forceinline__ u32 gz_bwu(u32 v) { return gz_bw32(v); }
+__device__ __forceinline__ u32 gz_bwu(u64 v) { return gz_bw64(v); }
 __device__ __forceinline__ u32 gz_clog2(u32 k) { return k <= 1u ? 0u : 32u - (u32)__clz((int)(k - 1u)); }
 // sum_{k=1..x} ceil(log2 k) (sort.rs lehmer_bits)
 __device__ __forceinline__ u32 gz_lehmer_bits(u32 x) {
@@ -184,9 +190,23 @@ template <typename T> __device__ __forceinline__ ZQ<T> gz_quantizer(const u64* w
     q.eb = ab <= 1.7976931348623157e308 ? ab : 0.0;
     return q;
 }
-// Quantizer::encode (false: an exception); f32 through the f32 fast path of the other codecs.
+// Quantizer::encode (false: an exception); f32: the answers of the other codecs' f32 fast path
+// (zq_encode_f32_abs) with selects instead of early returns, so that the common case (the f32
+// difference settles it) has no branch; only a difference equal to fl(eb) takes the exact
+// f64 comparison. Codes of values outside the range test are 0 (callers read a code only where
+// the value is coded).
 __device__ __forceinline__ bool gz_quant(const ZQ<float>& q, float x, i32& code) {
-    return zq_encode_f32_abs(q, __double2float_rn(q.eb), x, code);
+    const float eb32 = __double2float_rn(q.eb);
+    const float p = __fmul_rn(x, q.inv);
+    const bool in = fabsf(p) < 536870912.0f;  // false for NaN
+    // |p| < 2^29: round-to-nearest-even to int is rintf then the exact conversion
+    const i32 c = __float2int_rn(in ? p : 0.0f);
+    const float r = __fmul_rn(__int2float_rn(c), q.step);
+    const float d32 = fabsf(__fsub_rn(x, r));
+    code = c;
+    bool ok = in && d32 < eb32;
+    if (in && d32 == eb32) ok = zq_within<float, false>(q, x, r);
+    return ok;
 }
 __device__ __forceinline__ bool gz_quant(const ZQ<double>& q, double x, i64& code) { return zq_encode<double, false>(q, x, code); }
 // Reconstruction (quant::Quantizer::decode; f32 codes go through i32 as the CPU's `q as i32`).
@@ -475,7 +495,10 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
                                u32 lmax, u32* buf, int lane, u64* perm, u64 first, u64* spec) {
     typedef typename ZT<T>::code_t C;
     typedef typename GzU<T>::U U;
-    for (int i = lane; i < GzSlot<T, D>::WORDS; i += 32) buf[i] = 0u;
+    // (the slot's size is a constant: unrolled, no loop)
+#pragma unroll
+    for (int i = 0; i < GzSlot<T, D>::WORDS; i += 32)
+        if (i + 32 <= GzSlot<T, D>::WORDS || i + lane < GzSlot<T, D>::WORDS) buf[i + lane] = 0u;
     const bool valid = lane < n;
     T xv[D];
 #pragma unroll
@@ -485,7 +508,8 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
 #pragma unroll
     for (int c = 0; c < D; c++) {
         q[c] = 0;
-        if (valid) ok &= gz_quant(qz[c], xv[c], q[c]);
+        // (f32: no branch; an invalid lane quantises 0 and stays not ok)
+        if (sizeof(T) == 4 || valid) ok &= gz_quant(qz[c], xv[c], q[c]);
     }
     const u32 vmask = __ballot_sync(ZC_FULL, valid);
     const u32 cmask = __ballot_sync(ZC_FULL, ok);
@@ -496,20 +520,22 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     const u32 raw_bytes = (u32)n * D * ZT<T>::SIZE;
     bool raw = m == 0u;
     // per-axis frame
+    // (in the code type: 32-bit arithmetic for f32, whose codes and spans fit 30 bits)
     U u[D];
     u32 w[D];
     bool glob[D];
-    i64 base[D];
+    C base[D];
     u32 sflag = 0;
     if (!raw) {
 #pragma unroll
         for (int c = 0; c < D; c++) {
-            const i64 l = gz_cmin(ok ? q[c] : (C)(sizeof(C) == 4 ? 0x7fffffffll : 0x7fffffffffffffffll));
-            const i64 h = gz_cmax(ok ? q[c] : (C)(sizeof(C) == 4 ? -0x80000000ll : (long long)0x8000000000000000ull));
-            w[c] = gz_bw64((u64)h - (u64)l);
+            const C l = (C)gz_cmin(ok ? q[c] : (C)(sizeof(C) == 4 ? 0x7fffffffll : 0x7fffffffffffffffll));
+            const C h = (C)gz_cmax(ok ? q[c] : (C)(sizeof(C) == 4 ? -0x80000000ll : (long long)0x8000000000000000ull));
+            w[c] = gz_bwu((U)h - (U)l);
             glob[c] = w[c] == gw[c];
-            base[c] = glob[c] ? gmin[c] : l;
-            u[c] = ok ? (U)((i64)q[c] - base[c]) : (U)0;
+            // (a global base is a code, so it fits C)
+            base[c] = glob[c] ? (C)gmin[c] : l;
+            u[c] = ok ? (U)q[c] - (U)base[c] : (U)0;
             if (spec) {
                 const i64 pmax = (i64)spec[GZ_W_CMAX + c - GZ_W_SPECHIT];
                 sflag |= (l < gmin[c] || h > pmax) ? GZ_SPEC_OUT : 0u;
@@ -532,71 +558,106 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
             maxw = w[c] > maxw ? w[c] : maxw;
         }
     }
-    // level search, lowest first (ties keep the lower level: replace on <); a level whose lower
-    // bound (no runs beyond their first key) reaches the best so far cannot win. A level's size
-    // needs no sort: R, the run-count width and the identity of the stable sort follow from the
-    // ids' multiset (match_any) and their order in the block; the delta width is bracketed by the
-    // id span, and only a level whose bracket is open and could still win sorts its ids. Going
-    // up, the offset bits shrink and the runs grow, so the sizes of the low levels (few runs,
-    // often one) rule out most high levels (many runs) before their sort.
+    // Level search: the smallest size, ties to the lower level (block.rs). A level's size needs
+    // no sort: R, the run-count width and the identity of the stable sort follow from the ids'
+    // multiset (match_any) and their order in the block, and the delta width is bracketed by the
+    // id span. (1) The warp gathers these per level, level L's into lane L. (2) Lane L evaluates
+    // level L: its exact size, or, with the bracket open, a lower bound. (3) Only levels whose
+    // lower bound could still win against the best exact size sort their ids, lowest first, each
+    // sort tightening the bound for the next. The per-level arithmetic thus runs once per block
+    // in parallel lanes rather than once per level in every lane.
     u32 best_bits = 0xffffffffu, best_l = 0;
     const u32 ltop = raw ? 0u : (lmax < maxw ? lmax : maxw);
     const int prevc = 31 - __clz((int)(cmask & gz_lanemask_lt(lane)));  // previous coded lane, -1
     const bool hasprev = ok && prevc >= 0;
-    const u32 lb2 = gz_lehmer_bits(m);
     if (!raw) {
-        for (int L = 0; L <= (int)ltop; L++) {
-            u32 k[D], s[D], K = 0, S = 0;
+        // lane L: level L's size without runs beyond their first key (a lower bound)
+        u32 K = 0, S = 0;
 #pragma unroll
-            for (int c = 0; c < D; c++) {
-                k[c] = w[c] < (u32)L ? w[c] : (u32)L;
-                s[c] = w[c] - k[c];
-                K += k[c];
-                S += s[c];
-            }
-            const u32 lb = fixed + (K > 0u ? 5u + K : 0u) + m * S;
-            if (lb >= best_bits) continue;
+        for (int c = 0; c < D; c++) {
+            const u32 kc = w[c] < (u32)lane ? w[c] : (u32)lane;
+            K += kc;
+            S += w[c] - kc;
+        }
+        u32 lo = fixed + (K > 0u ? 5u + K : 0u) + m * S, rbase = 0;
+        const bool act = (u32)lane <= ltop;
+        // (1) level L >= 1 (K > 0 there, as ltop <= max w) whose lower bound could beat level 0
+        // (exact: one id): runs R, id span, count width, identity. A level left out keeps R = 1,
+        // its lower bound standing for its size, which level 0 already beats.
+        u32 sR = 1, sspan = 0, swc = 0;
+        bool sident = true;
+        const u32 key0 = __shfl_sync(ZC_FULL, lo, 0) << 4;
+        for (u32 lv = __ballot_sync(ZC_FULL, act && lane > 0 && (lo << 4 | (u32)lane) < key0); lv; lv &= lv - 1u) {
+            const int L = __ffs(lv) - 1;
             u32 id = 0;
 #pragma unroll
-            for (int c = 0; c < D; c++) id = (k[c] ? (id << k[c]) : id) | (u32)(u[c] >> s[c]);
-            u32 bits = lb;
-            if (K > 0u) {
-                const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
-                const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
-                const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
-                if (R > 1u) {
-                    const u32 idmax = gz_wmax(ok ? id : 0u);
-                    const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
-                    const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
-                    // the R - 1 gaps sum to `total`: the widest is at least their mean, whose width
-                    // is at least bw(total) - bw(R - 1) (total >= 2^(a-1), R - 1 < 2^b)
-                    const u32 total = idmax - idmin - (R - 1u);
-                    const u32 wd_hi = gz_bw32(total), bq = gz_bw32(R - 1u);
-                    u32 wd = R == 2u ? wd_hi : (wd_hi > bq ? wd_hi - bq : 0u);
-                    u32 pb = 0;
-                    if (PRESERVE) {
-                        // the stable sort is the identity when the coded ids never decrease in
-                        // block order (only then is no permutation written)
-                        const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
-                        const bool ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
-                        if (!ident) pb = 1u + (lb2 < m * gz_clog2(R) ? lb2 : m * gz_clog2(R));
-                    }
-                    if (wd != wd_hi) {
-                        if (bits + 9u + (R - 1u) * (wd + wc) + pb >= best_bits) continue;
-                        const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
-                        const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
-                        const bool start = lane > 0 && (u32)lane < m && sid != prev;
-                        wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
-                    }
-                    bits += 9u + (R - 1u) * (wd + wc) + pb;
-                }
+            for (int c = 0; c < D; c++) {
+                const u32 kc = w[c] < (u32)L ? w[c] : (u32)L;
+                id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
             }
-            // (R = 1, and K = 0: every id equal, the sort is the identity)
-            if (bits < best_bits) {
-                best_bits = bits;
-                best_l = (u32)L;
+            const u32 grp = __match_any_sync(ZC_FULL, id) & cmask;
+            const bool leader = ok && (grp & gz_lanemask_lt(lane)) == 0u;
+            const u32 R = __popc(__ballot_sync(ZC_FULL, leader));
+            const u32 idmax = gz_wmax(ok ? id : 0u);
+            const u32 idmin = gz_wmin(ok ? id : 0xffffffffu);
+            const u32 wc = gz_wmax((leader && id != idmax) ? gz_bw32((u32)__popc(grp) - 1u) : 0u);
+            bool ident = true;
+            if (PRESERVE) {
+                // the stable sort is the identity when the coded ids never decrease in block
+                // order (only then is no permutation written)
+                const u32 pid = __shfl_sync(ZC_FULL, id, prevc & 31);
+                ident = __ballot_sync(ZC_FULL, hasprev && pid > id) == 0u;
+            }
+            if (lane == L) {
+                sR = R;
+                sspan = idmax - idmin;
+                swc = wc;
+                sident = ident;
             }
         }
+        // (2) lane L: level L's size (exact) or its lower bound (bracket open)
+        bool exact = true;
+        if (K > 0u && sR > 1u) {
+            const u32 R = sR;
+            u32 pb = 0;
+            if (PRESERVE && !sident) {
+                const u32 lb2 = gz_lehmer_bits(m), rb = m * gz_clog2(R);
+                pb = 1u + (lb2 < rb ? lb2 : rb);
+            }
+            // the R - 1 gaps sum to `total`: the widest is at least their mean, whose width is
+            // at least bw(total) - bw(R - 1) (total >= 2^(a-1), R - 1 < 2^b)
+            const u32 total = sspan - (R - 1u);
+            const u32 wd_hi = gz_bw32(total), bq = gz_bw32(R - 1u);
+            const u32 wd = R == 2u ? wd_hi : (wd_hi > bq ? wd_hi - bq : 0u);
+            exact = wd == wd_hi;
+            rbase = lo + 9u + pb;
+            lo = rbase + (R - 1u) * (wd + swc);
+        }
+        // (size, level) keys: the smallest wins, ties to the lower level
+        const u32 key = lo << 4 | (u32)lane;
+        u32 best = gz_wmin(act && exact ? key : 0xffffffffu);
+        // (3) open brackets that could still win, lowest level first
+        u32 cand = __ballot_sync(ZC_FULL, act && !exact && key < best);
+        while (cand) {
+            const int L = __ffs(cand) - 1;
+            cand &= cand - 1u;
+            if (__shfl_sync(ZC_FULL, key, L) >= best) continue;
+            u32 id = 0;
+#pragma unroll
+            for (int c = 0; c < D; c++) {
+                const u32 kc = w[c] < (u32)L ? w[c] : (u32)L;
+                id = (kc ? (id << kc) : id) | (u32)(u[c] >> (w[c] - kc));
+            }
+            const u32 sid = gz_sort<u32>(ok ? id : 0xffffffffu, lane);
+            const u32 prev = __shfl_up_sync(ZC_FULL, sid, 1);
+            const bool start = lane > 0 && (u32)lane < m && sid != prev;
+            const u32 wd = gz_wmax(start ? gz_bw32(sid - prev - 1u) : 0u);
+            const u32 bits = __shfl_sync(ZC_FULL, rbase + (sR - 1u) * (wd + swc), L);
+            const u32 k2 = bits << 4 | (u32)L;
+            best = k2 < best ? k2 : best;
+        }
+        best_bits = best >> 4;
+        best_l = best & 15u;
         const u32 coded = (best_bits + 7u) / 8u + nexc * D * ZT<T>::SIZE;
         raw = coded > raw_bytes;
     }
@@ -686,7 +747,7 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
         field(2 + 4 * c, p, glob[c] ? 1u : 0u, 1u);
         p += 1;
         if (!glob[c]) {
-            const u64 v = (u64)base[c] - (u64)gmin[c];
+            const u64 v = (u64)(i64)base[c] - (u64)gmin[c];
             field(3 + 4 * c, p, (u32)v, gw[c] < 32u ? gw[c] : 32u);
             field(4 + 4 * c, p + 32u, (u32)(v >> 32), gw[c] > 32u ? gw[c] - 32u : 0u);
             field(5 + 4 * c, p + gw[c], w[c], GZ_WIDTH_BITS);
@@ -796,6 +857,39 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     return bytes + nexc * D * ZT<T>::SIZE;
 }
 
+// lookback_exclusive (common.cuh) with a pause between polls of a window that is not ready:
+// a chunk waits on predecessors still encoding, and a spinning warp takes issue slots from the
+// warps that encode.
+__device__ u64 gz_lookback(u64* status, u32 c, u64 aggregate, int lane) {
+    if (c == 0) {
+        if (lane == 0) lb_publish(status, 0, aggregate, 2);
+        return 0;
+    }
+    if (lane == 0) lb_publish(status, c, aggregate, 1);
+    u64 excl = 0;
+    long long end = (long long)c;  // look at chunks [end-32, end)
+    while (true) {
+        long long i = end - 32 + lane;
+        u64 v = (i < 0) ? 2ull : 0ull;  // chunks before 0: inclusive 0
+        while (true) {
+            if ((v & 3ull) == 0ull) v = *((volatile u64*)(status + i));
+            if (__all_sync(ZC_FULL, (v & 3ull) != 0ull)) break;
+            __nanosleep(GZ_POLL_NS);
+        }
+        u32 incl = __ballot_sync(ZC_FULL, (v & 3ull) == 2ull);
+        if (incl) {
+            int hi = 31 - __clz(incl);
+            u64 mine = lane >= hi ? (v >> 2) : 0ull;
+            excl += warp_sum_u64(mine);
+            break;
+        }
+        excl += warp_sum_u64(v >> 2);
+        end -= 32;
+    }
+    if (lane == 0) lb_publish(status, c, excl + aggregate, 2);
+    return excl;
+}
+
 // Copy `size` bytes of buf to dst (any alignment), writing only below `cap`.
 __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* buf, u32 size, int lane) {
     const u64 a0 = (u64)out + at, a1 = a0 + size;
@@ -878,7 +972,7 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
         const u32 sz = lane < NB ? s_size[lane] : 0u;
         const u32 incl = warp_incl_u32(sz, lane);
         const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
-        const u64 ex = lookback_exclusive(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        const u64 ex = gz_lookback(ws + GZ_CTRL, chunk, (u64)agg, lane);
         const u64 b = b0 + (u64)lane;
         if (lane < NB) s_at[lane] = ex + incl - sz;
         if (lane == 0 && b0 + NB >= nb) ws[GZ_W_TOTAL] = ex + agg;

@@ -17,9 +17,10 @@
 //!    the encoder checks it: every block compares its smallest and largest codes with the
 //!    frame's ends. A prediction that no block reaches (the end of a range is an exception) is
 //!    redone with this pass: the whole encoding runs again;
-//! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (a warp
-//!    bitonic sort per level, lowest level first, skipping levels whose lower bound cannot
-//!    win), writes the block into shared memory; a thread block's `WARPS * ENC_BPW` blocks are
+//! 5. `gz_encode_*`: one warp per 32-particle block quantises, evaluates the levels (each
+//!    level's run statistics gathered into one lane, every lane then sizes its level or bounds
+//!    it, and a warp bitonic sort only for a level whose delta width is still open and whose
+//!    bound could win, lowest level first), writes the block into shared memory; a thread block's `WARPS * ENC_BPW` blocks are
 //!    one chunk of a decoupled look-back over the block sizes (one warp looks back while the
 //!    others wait at a barrier), and every block is written once, straight into the final
 //!    stream, with its table entry;
