@@ -39,12 +39,11 @@
 //! [`compress_particles`] returns is not computed here
 //! (decode the stream on the CPU, or keep per-particle arrays with the positions).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, LaunchConfig, PushKernelArg,
+    result as cu, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::compile::{self, Module};
@@ -134,8 +133,7 @@ fn zhash_of(sum: u64, len: u64) -> u32 {
 /// The GPZ kernels loaded on one CUDA stream, with a reusable device workspace.
 pub struct GpzGpu {
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
-    funcs: HashMap<String, CudaFunction>,
+    funcs: crate::gpu::functions::Functions,
     ws: CudaSlice<u64>,
     /// Look-back status words `ws` holds after the control words.
     status_cap: usize,
@@ -158,11 +156,7 @@ impl GpzGpu {
     /// Open device `ordinal` (its default stream) and compile or load the kernels.
     /// [`Error::Unavailable`] without a CUDA driver, device or NVRTC.
     pub fn new(ordinal: usize) -> Result<Self> {
-        if !super::device_available() {
-            return Err(Error::Unavailable("no CUDA device".into()));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(gpu_err("context"))?;
-        Self::with_stream(ctx.default_stream())
+        Self::with_stream(crate::gpu::util::default_stream(ordinal)?)
     }
 
     /// The kernels on `stream` (every operation is ordered on it).
@@ -174,8 +168,7 @@ impl GpzGpu {
             .map_err(gpu_err("alloc"))?;
         Ok(GpzGpu {
             stream,
-            module,
-            funcs: HashMap::new(),
+            funcs: crate::gpu::functions::Functions::new(module, "gpz"),
             ws,
             status_cap: 1024,
             grid,
@@ -216,15 +209,7 @@ impl GpzGpu {
     }
 
     fn func(&mut self, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.funcs.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self
-            .module
-            .load_function(name)
-            .map_err(|e| Error::Gpu(format!("gpz kernel {name}: {e:?}")))?;
-        self.funcs.insert(name.to_string(), f.clone());
-        Ok(f)
+        self.funcs.get(name)
     }
 
     /// Grid of a grid-stride pass of kernel `name` over `items` particles: one wave of the

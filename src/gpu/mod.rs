@@ -36,6 +36,7 @@ pub use accumulate::StepEncoding;
 pub mod bench;
 pub mod compile;
 pub mod cuszi;
+mod functions;
 pub mod gpz;
 mod shaped;
 mod step_timer;
@@ -43,13 +44,12 @@ mod step_timer;
 pub mod testing;
 pub(crate) mod util;
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    result as cu, sys as cu_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream,
-    CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+    result as cu, sys as cu_sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView,
+    CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
 };
 
 use crate::codec::CodecKind;
@@ -172,8 +172,8 @@ pub struct KernelTimes {
 pub struct GpuCodec {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
-    funcs: HashMap<String, CudaFunction>,
+    /// The blocked codecs' and utility kernels.
+    funcs: functions::Functions,
     name: String,
     arch: String,
     sm_count: u32,
@@ -307,8 +307,7 @@ impl GpuCodec {
         Ok(GpuCodec {
             ctx,
             stream,
-            module,
-            funcs: HashMap::new(),
+            funcs: functions::Functions::new(module, "blocked"),
             name,
             arch,
             sm_count,
@@ -388,12 +387,7 @@ impl GpuCodec {
     }
 
     fn func(&mut self, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.funcs.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self.module.load_function(name).map_err(gpu_err(name))?;
-        self.funcs.insert(name.to_string(), f.clone());
-        Ok(f)
+        self.funcs.get(name)
     }
 
     fn launch(

@@ -13,6 +13,17 @@ use crate::error::{Error, Result};
 use crate::gpu::compile::{self, Module};
 use crate::gpu::GpuElement;
 
+/// The default stream of device `ordinal`: [`Error::Unavailable`] without a CUDA driver or
+/// device.
+pub(crate) fn default_stream(ordinal: usize) -> Result<Arc<CudaStream>> {
+    if !super::device_available() {
+        return Err(Error::Unavailable("no CUDA device".into()));
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal)
+        .map_err(|e| Error::Gpu(format!("context: {e:?}")))?;
+    Ok(ctx.default_stream())
+}
+
 /// Compile (or take from the cache) and load `module` for `stream`'s device; returns the module
 /// and a grid size for grid-stride kernels (8 blocks per SM).
 pub(crate) fn compile_and_load(

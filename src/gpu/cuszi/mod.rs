@@ -55,14 +55,13 @@
 //! rel bounds, degenerate quantization steps and stored streams (both directions), and streams
 //! of the first version 3 encoder (coder 0, Huffman).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use cudarc::driver::{
-    result as cu, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView,
-    CudaViewMut, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    result as cu, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DeviceRepr, LaunchConfig, PushKernelArg,
 };
 
 use super::compile::{self, Module};
@@ -219,8 +218,7 @@ struct Workspace {
 /// The `cuszi` decoder kernels loaded on one CUDA stream.
 pub struct CusziGpu {
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
-    funcs: HashMap<String, CudaFunction>,
+    funcs: crate::gpu::functions::Functions,
     name: String,
     ws: Option<Workspace>,
     /// Bytes of dynamic shared memory a block may opt in to.
@@ -245,11 +243,7 @@ impl CusziGpu {
     /// Open device `ordinal` (its default stream) and compile or load the kernels.
     /// [`Error::Unavailable`] without a CUDA driver, device or NVRTC.
     pub fn new(ordinal: usize) -> Result<Self> {
-        if !super::device_available() {
-            return Err(Error::Unavailable("no CUDA device".into()));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(gpu_err("context"))?;
-        Self::with_stream(ctx.default_stream())
+        Self::with_stream(crate::gpu::util::default_stream(ordinal)?)
     }
 
     /// The kernels on `stream` (every operation is ordered on it).
@@ -265,8 +259,7 @@ impl CusziGpu {
             .max(0) as usize;
         Ok(CusziGpu {
             stream,
-            module,
-            funcs: HashMap::new(),
+            funcs: crate::gpu::functions::Functions::new(module, "cuszi"),
             name,
             ws: None,
             smem_optin,
@@ -304,15 +297,7 @@ impl CusziGpu {
     }
 
     fn func(&mut self, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.funcs.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self
-            .module
-            .load_function(name)
-            .map_err(|e| Error::Gpu(format!("cuszi kernel {name}: {e:?}")))?;
-        self.funcs.insert(name.to_string(), f.clone());
-        Ok(f)
+        self.funcs.get(name)
     }
 
     fn read(&self, src: u64, dst: &mut [u8]) -> Result<()> {
