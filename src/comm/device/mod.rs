@@ -146,6 +146,7 @@ use cudarc::driver::{
 
 use super::{
     element::Real,
+    nonblocking::{run_into, IntoOp},
     transport::{OwnedBytes, PendingBuf},
     Communicator, Compressor, Decision, Desc, OpRequest, OpStats, ReduceOp, Swapped, OP_SENDRECV,
 };
