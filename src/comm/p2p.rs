@@ -29,7 +29,8 @@ impl Communicator {
         let mut d = self.local_desc::<E>(OP_SEND, data.len());
         d.decision = u8::from(st.decision == Decision::Compressed);
         d.ratio = st.ratio_estimate;
-        let mut error = None;
+        // the first failure of a pipelined send (reported by wait_send after the verdict)
+        let mut failed: Result<()> = Ok(());
         let handles = match payload {
             Payload::Bytes(payload) => {
                 d.payload = payload.len() as u64;
@@ -64,16 +65,7 @@ impl Communicator {
                 };
                 let mut wire = 0usize;
                 for k in 0..pipeline::chunk_count(sc.len(), chunk) {
-                    // after an error the remaining chunks go out empty (the receiver drains them
-                    // and fails too); the error is reported by wait_send after the verdict
-                    let b = if error.is_none() {
-                        hc.encode(k).unwrap_or_else(|e| {
-                            error = Some(e);
-                            Vec::new()
-                        })
-                    } else {
-                        Vec::new()
-                    };
+                    let b = hc.encode_unless_failed(k, &mut failed);
                     wire += b.len();
                     hs.push(self.transport.isend(dest, tag, b)?);
                 }
@@ -81,7 +73,7 @@ impl Communicator {
                 st.ratio = st.bytes as f64 / wire.max(1) as f64;
                 st.max_error = hc.verify;
                 self.chunks += pipeline::chunk_count(sc.len(), chunk) as u64;
-                if error.is_none() {
+                if failed.is_ok() {
                     self.ratios.put(OP_SEND, tag as i64, st.ratio);
                 }
                 hs
@@ -94,7 +86,7 @@ impl Communicator {
             tag,
             stats: st,
             t0,
-            error,
+            error: failed.err(),
         })
     }
 
