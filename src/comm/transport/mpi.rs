@@ -106,13 +106,7 @@ impl MpiTransport {
     }
 
     fn check_rank(&self, r: usize) -> Result<()> {
-        if r >= self.size {
-            return Err(Error::invalid(format!(
-                "rank {r} out of range (size {})",
-                self.size
-            )));
-        }
-        Ok(())
+        check_rank(r, self.size)
     }
 
     fn recv_piece(&self, src: usize, tag: i32) -> Vec<u8> {
