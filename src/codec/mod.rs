@@ -78,15 +78,10 @@ impl CodecKind {
     /// The codecs with GPU kernels behind `gpu::GpuCodec` (and so the ones the communication
     /// layer's `Policy::Auto` calibrates and chooses from), in registry order: every codec.
     /// `cuszi` and `gpz` compress a message as 1-D (`[n]`, `n × 1` particles) on the GPU, and
-    /// `gpz` still refuses `rel` bounds there ([`CodecKind::supports_bound`]).
-    pub const WITH_GPU: &'static [CodecKind] = &[
-        CodecKind::Aatrox,
-        CodecKind::CuszpPlain,
-        CodecKind::CuszpOutlier,
-        CodecKind::Pfpl,
-        CodecKind::Cuszi,
-        CodecKind::Gpz,
-    ];
+    /// `gpz` still refuses `rel` bounds there ([`CodecKind::supports_bound`]). (Kept a
+    /// separate constant, not a use of [`ALL`](Self::ALL), so that a future CPU-only codec
+    /// has a place to be left out; today the two lists are the same.)
+    pub const WITH_GPU: &'static [CodecKind] = Self::ALL;
 
     /// Whether the codec has GPU kernels (`gpu::GpuCodec` refuses the others with
     /// [`Error::Unavailable`]).

@@ -767,6 +767,17 @@ mod tests {
             .collect()
     }
 
+    /// The bit shuffle of `words` as `T`'s words (the input is left as it was), checked to
+    /// unshuffle back to `words`.
+    fn shuffled_and_back<T: Element>(words: &[u64]) -> Vec<u8> {
+        let mut d = Vec::new();
+        shuffle::<T>(&mut words.to_vec(), &mut d);
+        let mut back = vec![0u64; words.len()];
+        unshuffle::<T>(&d, &mut back);
+        assert_eq!(back, words);
+        d
+    }
+
     /// FORMAT.md "Bit shuffle": plane `p` of group `g` is plane word `p * G + g` of `D`. A short
     /// chunk of 40 (f32) / 70 (f64) values with `u_k = k` (G = 2; padding 0) has hand-computed
     /// planes: group 0 holds the counting pattern, group 1 the values 32..39 / 64..69.
@@ -774,8 +785,7 @@ mod tests {
     fn shuffle_is_plane_major_on_a_hand_made_chunk() {
         // f32: G = 2, D = 64 plane words of 4 bytes
         let words: Vec<u64> = (0..64).map(|k| if k < 40 { k } else { 0 }).collect();
-        let mut d = Vec::new();
-        shuffle::<f32>(&mut words.clone(), &mut d);
+        let d = shuffled_and_back::<f32>(&words);
         // (plane, group, word)
         let want = plane_words_le(
             64,
@@ -798,13 +808,10 @@ mod tests {
             d[..12],
             [0xAA, 0xAA, 0xAA, 0xAA, 0xAA, 0, 0, 0, 0xCC, 0xCC, 0xCC, 0xCC]
         );
-        let mut back = vec![0u64; 64];
-        unshuffle::<f32>(&d, &mut back);
-        assert_eq!(back, words);
 
         // f64: G = 2, D = 128 plane words of 8 bytes
         let words: Vec<u64> = (0..128).map(|k| if k < 70 { k } else { 0 }).collect();
-        shuffle::<f64>(&mut words.clone(), &mut d);
+        let d = shuffled_and_back::<f64>(&words);
         let want = plane_words_le(
             128,
             8,
@@ -822,14 +829,11 @@ mod tests {
             ],
         );
         assert_eq!(d, want);
-        let mut back = vec![0u64; 128];
-        unshuffle::<f64>(&d, &mut back);
-        assert_eq!(back, words);
 
         // an odd group count (G = 3): definition and inverse
         let mut r = Rng(5);
         let words: Vec<u64> = (0..96).map(|_| r.next() as u32 as u64).collect();
-        shuffle::<f32>(&mut words.clone(), &mut d);
+        let d = shuffled_and_back::<f32>(&words);
         for p in 0..32 {
             for g in 0..3 {
                 let o = (p * 3 + g) * 4;
@@ -839,9 +843,6 @@ mod tests {
                 }
             }
         }
-        let mut back = vec![0u64; 96];
-        unshuffle::<f32>(&d, &mut back);
-        assert_eq!(back, words);
     }
 
     #[test]

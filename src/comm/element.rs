@@ -90,57 +90,37 @@ pub trait CommElement: sealed::Sealed + Copy + Default + Send + Sync + 'static {
     fn scalars_mut(s: &mut [Self]) -> &mut [Self::Scalar];
 }
 
-impl CommElement for f32 {
-    type Scalar = f32;
-    const LANES: usize = 1;
-    const TAG: u8 = 1;
-    const NAME: &'static str = "f32";
-    fn scalars(s: &[Self]) -> &[f32] {
-        s
-    }
-    fn scalars_mut(s: &mut [Self]) -> &mut [f32] {
-        s
-    }
+/// The [`CommElement`] impls: a real scalar type is its own scalars (one lane); a complex
+/// `[re, im]` pair of one is viewed as its interleaved scalars (two lanes).
+macro_rules! comm_element {
+    (real $t:ty, tag $tag:literal, $name:literal) => {
+        comm_element!(@impl $t, $t, 1, $tag, $name, |s| s, |s| s);
+    };
+    (complex $t:ty, tag $tag:literal, $name:literal) => {
+        comm_element!(@impl [$t; 2], $t, 2, $tag, $name,
+            |s| s.as_flattened(), |s| s.as_flattened_mut());
+    };
+    (@impl $t:ty, $scalar:ty, $lanes:literal, $tag:literal, $name:literal,
+        |$s:ident| $view:expr, |$m:ident| $view_mut:expr) => {
+        impl CommElement for $t {
+            type Scalar = $scalar;
+            const LANES: usize = $lanes;
+            const TAG: u8 = $tag;
+            const NAME: &'static str = $name;
+            fn scalars($s: &[Self]) -> &[$scalar] {
+                $view
+            }
+            fn scalars_mut($m: &mut [Self]) -> &mut [$scalar] {
+                $view_mut
+            }
+        }
+    };
 }
 
-impl CommElement for f64 {
-    type Scalar = f64;
-    const LANES: usize = 1;
-    const TAG: u8 = 2;
-    const NAME: &'static str = "f64";
-    fn scalars(s: &[Self]) -> &[f64] {
-        s
-    }
-    fn scalars_mut(s: &mut [Self]) -> &mut [f64] {
-        s
-    }
-}
-
-impl CommElement for [f32; 2] {
-    type Scalar = f32;
-    const LANES: usize = 2;
-    const TAG: u8 = 3;
-    const NAME: &'static str = "c64";
-    fn scalars(s: &[Self]) -> &[f32] {
-        s.as_flattened()
-    }
-    fn scalars_mut(s: &mut [Self]) -> &mut [f32] {
-        s.as_flattened_mut()
-    }
-}
-
-impl CommElement for [f64; 2] {
-    type Scalar = f64;
-    const LANES: usize = 2;
-    const TAG: u8 = 4;
-    const NAME: &'static str = "c128";
-    fn scalars(s: &[Self]) -> &[f64] {
-        s.as_flattened()
-    }
-    fn scalars_mut(s: &mut [Self]) -> &mut [f64] {
-        s.as_flattened_mut()
-    }
-}
+comm_element!(real f32, tag 1, "f32");
+comm_element!(real f64, tag 2, "f64");
+comm_element!(complex f32, tag 3, "c64");
+comm_element!(complex f64, tag 4, "c128");
 
 /// Name of a descriptor dtype tag.
 pub(crate) fn dtype_name(tag: u8) -> &'static str {

@@ -167,6 +167,7 @@ pub use device::{
     StageTimes, Staged,
 };
 pub use element::{CommElement, Real};
+use p2p::Swapped;
 pub use progress::OpRequest;
 #[cfg(feature = "mpi")]
 pub use transport::MpiTransport;

@@ -41,9 +41,7 @@ impl Communicator {
     pub fn iallreduce<E: CommElement>(&mut self, input: &[E]) -> Result<OpRequest<Vec<E>>> {
         let input = input.to_vec();
         self.submit("iallreduce", move |c| {
-            let mut out = vec![E::default(); input.len()];
-            let st = c.allreduce(&input, &mut out)?;
-            Ok((out, st))
+            run_into(c, Self::allreduce, &input, input.len())
         })
     }
 
@@ -52,9 +50,7 @@ impl Communicator {
     pub fn iallreduce_mean<E: CommElement>(&mut self, input: &[E]) -> Result<OpRequest<Vec<E>>> {
         let input = input.to_vec();
         self.submit("iallreduce_mean", move |c| {
-            let mut out = vec![E::default(); input.len()];
-            let st = c.allreduce_mean(&input, &mut out)?;
-            Ok((out, st))
+            run_into(c, Self::allreduce_mean, &input, input.len())
         })
     }
 
@@ -64,9 +60,7 @@ impl Communicator {
         let input = input.to_vec();
         let seg = partition(input.len(), self.size())[self.rank()].len();
         self.submit("ireduce_scatter", move |c| {
-            let mut out = vec![E::default(); seg];
-            let st = c.reduce_scatter(&input, &mut out)?;
-            Ok((out, st))
+            run_into(c, Self::reduce_scatter, &input, seg)
         })
     }
 
@@ -95,6 +89,23 @@ impl Communicator {
             Ok((out, st))
         })
     }
+}
+
+/// A blocking host operation from an input into an output slice, as a non-blocking form runs it
+/// on the progress thread (`Communicator::allreduce`, `allreduce_mean`, `reduce_scatter`).
+pub(super) type IntoOp<E> = fn(&mut Communicator, &[E], &mut [E]) -> Result<OpStats>;
+
+/// `op` of `input` into a new output of `out_len` elements, returned with the stats: the job a
+/// non-blocking reduction queues on the progress thread (which owns the output until `wait`).
+pub(super) fn run_into<E: CommElement>(
+    c: &mut Communicator,
+    op: IntoOp<E>,
+    input: &[E],
+    out_len: usize,
+) -> Result<(Vec<E>, OpStats)> {
+    let mut out = vec![E::default(); out_len];
+    let st = op(c, input, &mut out)?;
+    Ok((out, st))
 }
 
 /// An MPI transport moved to the progress thread once, before any use there.

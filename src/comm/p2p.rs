@@ -29,7 +29,8 @@ impl Communicator {
         let mut d = self.local_desc::<E>(OP_SEND, data.len());
         d.decision = u8::from(st.decision == Decision::Compressed);
         d.ratio = st.ratio_estimate;
-        let mut error = None;
+        // the first failure of a pipelined send (reported by wait_send after the verdict)
+        let mut failed: Result<()> = Ok(());
         let handles = match payload {
             Payload::Bytes(payload) => {
                 d.payload = payload.len() as u64;
@@ -64,16 +65,7 @@ impl Communicator {
                 };
                 let mut wire = 0usize;
                 for k in 0..pipeline::chunk_count(sc.len(), chunk) {
-                    // after an error the remaining chunks go out empty (the receiver drains them
-                    // and fails too); the error is reported by wait_send after the verdict
-                    let b = if error.is_none() {
-                        hc.encode(k).unwrap_or_else(|e| {
-                            error = Some(e);
-                            Vec::new()
-                        })
-                    } else {
-                        Vec::new()
-                    };
+                    let b = hc.encode_unless_failed(k, &mut failed);
                     wire += b.len();
                     hs.push(self.transport.isend(dest, tag, b)?);
                 }
@@ -81,7 +73,7 @@ impl Communicator {
                 st.ratio = st.bytes as f64 / wire.max(1) as f64;
                 st.max_error = hc.verify;
                 self.chunks += pipeline::chunk_count(sc.len(), chunk) as u64;
-                if error.is_none() {
+                if failed.is_ok() {
                     self.ratios.put(OP_SEND, tag as i64, st.ratio);
                 }
                 hs
@@ -94,7 +86,7 @@ impl Communicator {
             tag,
             stats: st,
             t0,
-            error,
+            error: failed.err(),
         })
     }
 
@@ -371,19 +363,17 @@ impl Communicator {
         let theirs = self
             .transport
             .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
-        let sd = Desc::parse(&theirs)?;
+        let x = Swapped {
+            mine: d,
+            theirs: Desc::parse(&theirs)?,
+            expect,
+            dest,
+            src,
+            tag,
+        };
         let (outgoing, nsend) = match payload {
-            Payload::Bytes(b) if sd.chunk == 0 => {
-                let got = self.exchange_after_desc(
-                    &d,
-                    &sd,
-                    &b,
-                    dest,
-                    &expect,
-                    src,
-                    tag,
-                    element::scalar_bytes_mut(out),
-                )?;
+            Payload::Bytes(b) if x.theirs.chunk == 0 => {
+                let got = self.exchange_after_desc(&x, &b, element::scalar_bytes_mut(out))?;
                 if let Some((sd, bytes)) = got {
                     self.decode_payload(sd.decision == 1, &bytes, out)?;
                 }
@@ -402,39 +392,22 @@ impl Communicator {
                 (out_c, pipeline::chunk_count(sc.len(), chunk))
             }
         };
-        self.sendrecv_chunked(
-            d,
-            sd,
-            outgoing,
-            nsend,
-            out,
-            dest,
-            &expect,
-            src,
-            tag,
-            E::LANES,
-            (st, t0),
-        )
+        self.sendrecv_chunked(x, outgoing, nsend, out, E::LANES, (st, t0))
     }
 
     /// The pipelined sendrecv after the descriptor exchange (one side or both chunked): chunks
     /// both ways (see [`pipeline`]), then the verdicts.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn sendrecv_chunked<S: Real>(
         &mut self,
-        d: Desc,
-        sd: Desc,
+        x: Swapped,
         outgoing: pipeline::Outgoing<'_, S>,
         nsend: usize,
         out: &mut [S],
-        dest: usize,
-        expect: &Desc,
-        src: usize,
-        tag: i32,
         lanes: usize,
         (mut st, t0): (OpStats, f64),
     ) -> Result<OpStats> {
-        let pair = check_pair(&sd, expect);
+        let (d, sd) = (x.mine, x.theirs);
+        let pair = x.pair();
         let (inc, nrecv) = if sd.chunk > 0 {
             let chunk =
                 usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
@@ -460,8 +433,7 @@ impl Communicator {
             inc,
             verify: (self.config.verify && d.chunk > 0).then_some(0.0),
         };
-        let (sent, r) =
-            pipeline::exchange_chunks(&*self.transport, &mut hc, dest, nsend, src, nrecv, tag)?;
+        let (sent, r) = x.exchange_chunks(&*self.transport, &mut hc, nsend, nrecv)?;
         let verify = hc.verify;
         if d.chunk > 0 {
             self.chunks += nsend as u64;
@@ -469,57 +441,102 @@ impl Communicator {
         if sd.chunk > 0 {
             self.chunks += nrecv as u64;
         }
-        let verdict = self
-            .transport
-            .sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
-        pair?;
-        check_pair(&d, &Desc::parse(&verdict)?)?;
+        x.verdicts(&*self.transport)?;
         r?;
         if d.chunk > 0 {
             st.wire_bytes = sent as u64;
             st.ratio = st.bytes as f64 / sent.max(1) as f64;
             st.max_error = verify;
-            self.ratios.put(OP_SENDRECV, tag as i64, st.ratio);
+            self.ratios.put(OP_SENDRECV, x.tag as i64, st.ratio);
         }
         Ok(self.finish(st, t0))
     }
 
-    /// The sendrecv protocol on bytes once the descriptors are swapped (`sd` is the peer's):
-    /// payloads (sized from the descriptors) and verdicts. A raw incoming payload of exactly
-    /// `direct.len()` bytes lands in `direct` (returns `None`); anything else is returned with
-    /// the sender's descriptor.
-    #[allow(clippy::too_many_arguments)]
+    /// The sendrecv protocol on bytes once the descriptors are swapped: payloads (sized from
+    /// the descriptors) and verdicts. A raw incoming payload of exactly `direct.len()` bytes
+    /// lands in `direct` (returns `None`); anything else is returned with the sender's
+    /// descriptor.
     pub(super) fn exchange_after_desc(
         &self,
-        d: &Desc,
-        sd: &Desc,
+        x: &Swapped,
         payload: &[u8],
-        dest: usize,
-        expect: &Desc,
-        src: usize,
-        tag: i32,
         direct: Option<&mut [u8]>,
     ) -> Result<Option<(Desc, Vec<u8>)>> {
-        let sd = *sd;
         let t = &*self.transport;
-        let n = usize::try_from(sd.payload)
-            .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
-        let fits = sd.decision == 0 && check_pair(&sd, expect).is_ok();
+        let n = x.payload_len()?;
+        let fits = x.theirs.decision == 0 && x.pair().is_ok();
         let result = match direct {
             Some(buf) if fits && buf.len() == n => {
-                t.sendrecv_sized(dest, payload, src, buf, tag)?;
+                t.sendrecv_sized(x.dest, payload, x.src, buf, x.tag)?;
                 None
             }
             _ => {
                 let mut v = vec![0u8; n];
-                t.sendrecv_sized(dest, payload, src, &mut v, tag)?;
-                Some((sd, v))
+                t.sendrecv_sized(x.dest, payload, x.src, &mut v, x.tag)?;
+                Some((x.theirs, v))
             }
         };
-        let verdict = t.sendrecv(src, &expect.to_bytes(), dest, TAG_VERDICT + tag)?;
-        check_pair(&sd, expect)?;
-        check_pair(d, &Desc::parse(&verdict)?)?;
+        x.verdicts(t)?;
         Ok(result)
+    }
+}
+
+/// One sendrecv once the descriptors are swapped: what the payload exchange and the verdict
+/// round after it need, on the host and the device paths alike.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Swapped {
+    /// This rank's descriptor (of what it sends).
+    pub(super) mine: Desc,
+    /// The peer's descriptor (of what it sends to this rank).
+    pub(super) theirs: Desc,
+    /// What this rank expects to receive.
+    pub(super) expect: Desc,
+    /// The rank this one sends to.
+    pub(super) dest: usize,
+    /// The rank this one receives from.
+    pub(super) src: usize,
+    /// The user tag.
+    pub(super) tag: i32,
+}
+
+impl Swapped {
+    /// Whether the peer's message is the one this rank expects (checked before the payloads
+    /// move, so a mismatched one is drained, not decoded; [`verdicts`](Self::verdicts) reports
+    /// it to both ends).
+    pub(super) fn pair(&self) -> Result<()> {
+        check_pair(&self.theirs, &self.expect)
+    }
+
+    /// The byte length of the peer's whole payload, as its descriptor announces it.
+    pub(super) fn payload_len(&self) -> Result<usize> {
+        let p = self.theirs.payload;
+        usize::try_from(p).map_err(|_| Error::Comm(format!("peer announced a {p}-byte payload")))
+    }
+
+    /// The chunk schedule of [`pipeline::exchange_chunks`] between this pair's peers: `nsend`
+    /// chunks out to `dest`, `nrecv` in from `src`.
+    pub(super) fn exchange_chunks(
+        &self,
+        t: &dyn Transport,
+        codec: &mut dyn ChunkCodec,
+        nsend: usize,
+        nrecv: usize,
+    ) -> Result<(usize, Result<()>)> {
+        pipeline::exchange_chunks(t, codec, self.dest, nsend, self.src, nrecv, self.tag)
+    }
+
+    /// The verdict round after the payloads: every rank sends its source the descriptor it
+    /// expected and gets its destination's, so a mismatch fails both ends of the pair (this
+    /// rank's own check first).
+    pub(super) fn verdicts(&self, t: &dyn Transport) -> Result<()> {
+        let verdict = t.sendrecv(
+            self.src,
+            &self.expect.to_bytes(),
+            self.dest,
+            TAG_VERDICT + self.tag,
+        )?;
+        self.pair()?;
+        check_pair(&self.mine, &Desc::parse(&verdict)?)
     }
 }
 

@@ -39,6 +39,19 @@ pub(crate) trait ChunkCodec {
     fn encode(&mut self, k: usize) -> Result<Vec<u8>>;
     /// Consume incoming chunk `k`.
     fn decode(&mut self, k: usize, bytes: Vec<u8>) -> Result<()>;
+
+    /// The bytes of outgoing chunk `k`, or an empty message once the exchange has failed
+    /// (`state` keeps the first error; a failed encode sets it). The remaining chunks still go
+    /// out, empty: the peer drains them and fails too, so both ends move the same messages.
+    fn encode_unless_failed(&mut self, k: usize, state: &mut Result<()>) -> Vec<u8> {
+        if state.is_err() {
+            return Vec::new();
+        }
+        self.encode(k).unwrap_or_else(|e| {
+            *state = Err(e);
+            Vec::new()
+        })
+    }
 }
 
 /// Number of chunks of `n` scalars cut `chunk` at a time (0 for an empty message).
@@ -80,14 +93,7 @@ pub(crate) fn exchange_chunks(
     let mut held: Option<Vec<u8>> = None;
     for k in 0..nsend.max(nrecv) {
         if k < nsend {
-            let bytes = if err.is_ok() {
-                codec.encode(k).unwrap_or_else(|e| {
-                    err = Err(e);
-                    Vec::new()
-                })
-            } else {
-                Vec::new()
-            };
+            let bytes = codec.encode_unless_failed(k, &mut err);
             sent += bytes.len();
             sends.push_back(t.isend(dest, tag, bytes)?);
             while sends.len() > 2 {

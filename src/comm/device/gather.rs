@@ -76,12 +76,8 @@ pub(super) fn gather_into(
 /// and hands the buffers back to the stager.
 pub struct DeviceAllgatherRequest {
     pub(super) pending: Box<dyn PendingBuf>,
-    pub(super) compressed: bool,
-    pub(super) n: usize,
-    pub(super) mine_len: usize,
-    pub(super) lens: Vec<usize>,
-    pub(super) st: OpStats,
-    pub(super) t0: f64,
+    /// What the staging and the agreement left for the wait.
+    pub(super) prep: GatherPrep,
 }
 
 impl DeviceAllgatherRequest {
@@ -93,7 +89,7 @@ impl DeviceAllgatherRequest {
 
 impl std::fmt::Debug for DeviceAllgatherRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceAllgatherRequest({} values per rank)", self.n)
+        write!(f, "DeviceAllgatherRequest({} values per rank)", self.prep.n)
     }
 }
 
@@ -113,13 +109,10 @@ pub(super) struct BcastPrep {
 /// every rank and hands the buffer back to the stager.
 pub struct DeviceBcastRequest {
     pub(super) pending: Box<dyn PendingBuf>,
-    pub(super) compressed: bool,
-    pub(super) n: usize,
-    pub(super) len: usize,
+    /// What the root's staging and the agreement left for the wait.
+    pub(super) prep: BcastPrep,
     /// The lent buffer is the stager's send buffer (the root) or its receive buffer.
     pub(super) from_send: bool,
-    pub(super) st: OpStats,
-    pub(super) t0: f64,
 }
 
 impl DeviceBcastRequest {
@@ -131,7 +124,7 @@ impl DeviceBcastRequest {
 
 impl std::fmt::Debug for DeviceBcastRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBcastRequest({} values)", self.n)
+        write!(f, "DeviceBcastRequest({} values)", self.prep.n)
     }
 }
 
@@ -246,30 +239,15 @@ impl Communicator {
         dev: &mut DeviceStager,
         send: &CudaView<'_, T>,
     ) -> Result<DeviceAllgatherRequest> {
-        let GatherPrep {
-            compressed,
-            n,
-            mine_len,
-            lens,
-            st,
-            t0,
-        } = self.allgather_device_prepare(dev, send, Ok(()))?;
+        let prep = self.allgather_device_prepare(dev, send, Ok(()))?;
         // the transfer borrows the stager's pinned buffers (this rank's record in the send
         // buffer, the receive buffer grown once, then reused) until the wait hands them back:
         // no per-call allocation, no copy of the streams
-        let total: usize = lens.iter().sum();
-        let mine = dev.lend_pinned(true, mine_len);
+        let total: usize = prep.lens.iter().sum();
+        let mine = dev.lend_pinned(true, prep.mine_len);
         let out = dev.lend_pinned(false, total);
-        let pending = self.transport().iallgatherv_into(mine, &lens, out)?;
-        Ok(DeviceAllgatherRequest {
-            pending,
-            compressed,
-            n,
-            mine_len,
-            lens,
-            st,
-            t0,
-        })
+        let pending = self.transport().iallgatherv_into(mine, &prep.lens, out)?;
+        Ok(DeviceAllgatherRequest { pending, prep })
     }
 
     /// The part of the device allgather before the transfer: GPU compression (or not) and the
@@ -355,12 +333,15 @@ impl Communicator {
     ) -> Result<OpStats> {
         let DeviceAllgatherRequest {
             pending,
-            compressed,
-            n,
-            mine_len,
-            lens,
-            st,
-            t0,
+            prep:
+                GatherPrep {
+                    compressed,
+                    n,
+                    mine_len,
+                    lens,
+                    st,
+                    t0,
+                },
         } = req;
         let t = now();
         let mut bufs = pending.wait()?.into_iter();
@@ -472,27 +453,17 @@ impl Communicator {
         buf: &CudaView<'_, T>,
         root: usize,
     ) -> Result<DeviceBcastRequest> {
-        let BcastPrep {
-            compressed,
-            n,
-            len,
-            st,
-            t0,
-        } = self.bcast_device_prepare(dev, buf, root)?;
+        let prep = self.bcast_device_prepare(dev, buf, root)?;
         // the transfer borrows the root's pinned send buffer (the staged stream) or the others'
         // pinned receive buffer (grown once, then reused) until the wait hands it back: no
         // per-call allocation, no copy of the stream
         let from_send = self.rank() == root;
-        let b = dev.lend_pinned(from_send, len);
-        let pending = self.transport().ibcast_into(root, b, len)?;
+        let b = dev.lend_pinned(from_send, prep.len);
+        let pending = self.transport().ibcast_into(root, b, prep.len)?;
         Ok(DeviceBcastRequest {
             pending,
-            compressed,
-            n,
-            len,
+            prep,
             from_send,
-            st,
-            t0,
         })
     }
 
@@ -603,12 +574,15 @@ impl Communicator {
     ) -> Result<OpStats> {
         let DeviceBcastRequest {
             pending,
-            compressed,
-            n,
-            len,
+            prep:
+                BcastPrep {
+                    compressed,
+                    n,
+                    len,
+                    mut st,
+                    t0,
+                },
             from_send,
-            mut st,
-            t0,
         } = req;
         let t = now();
         let Some(mut b) = pending.wait()?.pop() else {

@@ -146,8 +146,9 @@ use cudarc::driver::{
 
 use super::{
     element::Real,
+    nonblocking::{run_into, IntoOp},
     transport::{OwnedBytes, PendingBuf},
-    Communicator, Compressor, Decision, Desc, OpRequest, OpStats, ReduceOp, OP_SENDRECV,
+    Communicator, Compressor, Decision, Desc, OpRequest, OpStats, ReduceOp, Swapped, OP_SENDRECV,
 };
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};

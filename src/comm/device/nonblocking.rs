@@ -120,14 +120,13 @@ impl Communicator {
         } else {
             ("iallreduce_device", crate::comm::OP_ALLREDUCE)
         };
+        let host_op: IntoOp<T> = if mean {
+            Communicator::allreduce_mean
+        } else {
+            Communicator::allreduce
+        };
         self.submit_device(dev, input, name, op, move |c, x| {
-            let mut out = vec![T::default(); x.len()];
-            let st = if mean {
-                c.allreduce_mean(&x, &mut out)?
-            } else {
-                c.allreduce(&x, &mut out)?
-            };
-            Ok((out, st))
+            run_into(c, host_op, &x, x.len())
         })
     }
 
@@ -145,11 +144,7 @@ impl Communicator {
             input,
             "ireduce_scatter_device",
             crate::comm::OP_REDUCE_SCATTER,
-            move |c, x| {
-                let mut out = vec![T::default(); seg];
-                let st = c.reduce_scatter(&x, &mut out)?;
-                Ok((out, st))
-            },
+            move |c, x| run_into(c, Communicator::reduce_scatter, &x, seg),
         )
     }
 

@@ -172,8 +172,15 @@ impl Communicator {
             src,
             crate::comm::TAG_DESC + tag,
         )?;
-        let sd0 = Desc::parse(&theirs)?;
-        if chunk_dev > 0 || sd0.chunk > 0 {
+        let x = Swapped {
+            mine: d,
+            theirs: Desc::parse(&theirs)?,
+            expect,
+            dest,
+            src,
+            tag,
+        };
+        if chunk_dev > 0 || x.theirs.chunk > 0 {
             let t = now();
             let r = self.sendrecv_device_chunked(
                 dev,
@@ -184,13 +191,8 @@ impl Communicator {
                     codec,
                     len,
                 },
-                d,
-                sd0,
+                x,
                 recv,
-                dest,
-                &expect,
-                src,
-                tag,
             );
             dev.last.network = t.elapsed().as_secs_f64();
             let (sent, chunks, noa_bound) = r?;
@@ -235,16 +237,7 @@ impl Communicator {
                 .expect("grown")
                 .as_mut_slice()
                 .map_err(gpu_err("pinned"))?;
-            self.exchange_into_after(
-                &d,
-                &sd0,
-                &pin_s[..len],
-                dest,
-                &expect,
-                src,
-                tag,
-                &mut pin_r[..cap],
-            )?
+            self.exchange_into_after(&x, &pin_s[..len], &mut pin_r[..cap])?
         };
         dev.last.network = t.elapsed().as_secs_f64();
         let pin = dev
@@ -307,66 +300,46 @@ pub(super) fn dev_upload<T: GpuElement>(
 }
 
 impl Communicator {
-    /// The sendrecv protocol (after the descriptor swap, `sd` is the peer's descriptor)
-    /// receiving any payload into `buf[..n]` (returns the sender's descriptor and `n`). A payload
-    /// larger than `buf` is drained and reported as an error.
-    #[allow(clippy::too_many_arguments)]
+    /// The sendrecv protocol after the descriptor swap, receiving any payload into `buf[..n]`
+    /// (returns the sender's descriptor and `n`). A payload larger than `buf` is drained and
+    /// reported as an error.
     pub(super) fn exchange_into_after(
         &self,
-        d: &Desc,
-        sd: &Desc,
+        x: &Swapped,
         payload: &[u8],
-        dest: usize,
-        expect: &Desc,
-        src: usize,
-        tag: i32,
         buf: &mut [u8],
     ) -> Result<(Desc, usize)> {
         let t = self.transport();
-        let sd = *sd;
-        let n = usize::try_from(sd.payload)
-            .map_err(|_| Error::Comm(format!("peer announced a {}-byte payload", sd.payload)))?;
+        let n = x.payload_len()?;
         let fits = n <= buf.len();
         if fits {
-            t.sendrecv_sized(dest, payload, src, &mut buf[..n], tag)?;
+            t.sendrecv_sized(x.dest, payload, x.src, &mut buf[..n], x.tag)?;
         } else {
             let mut v = vec![0u8; n];
-            t.sendrecv_sized(dest, payload, src, &mut v, tag)?;
+            t.sendrecv_sized(x.dest, payload, x.src, &mut v, x.tag)?;
         }
-        let verdict = t.sendrecv(
-            src,
-            &expect.to_bytes(),
-            dest,
-            crate::comm::TAG_VERDICT + tag,
-        )?;
-        crate::comm::check_pair(&sd, expect)?;
-        crate::comm::check_pair(d, &Desc::parse(&verdict)?)?;
+        x.verdicts(t)?;
         if !fits {
             return Err(Error::Comm(format!(
                 "{n}-byte payload exceeds the receive buffer"
             )));
         }
-        Ok((sd, n))
+        Ok((x.theirs, n))
     }
 
     /// The pipelined device exchange (either side chunked): chunk schedule of
     /// `comm::pipeline` with a [`DeviceChunks`] codec, then the verdicts. Returns the bytes sent,
     /// the chunks moved and (noa) the largest per-chunk absolute bound sent.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn sendrecv_device_chunked<T: GpuElement + Real>(
         &mut self,
         dev: &mut DeviceStager,
         out: DevOut<'_, '_, T>,
-        d: Desc,
-        sd: Desc,
+        x: Swapped,
         recv: &mut CudaViewMut<'_, T>,
-        dest: usize,
-        expect: &Desc,
-        src: usize,
-        tag: i32,
     ) -> Result<(usize, u64, f64)> {
-        use crate::comm::pipeline::{chunk_count, exchange_chunks};
-        let pair = crate::comm::check_pair(&sd, expect);
+        use crate::comm::pipeline::chunk_count;
+        let (d, sd) = (x.mine, x.theirs);
+        let pair = x.pair();
         let nrecv = if sd.chunk > 0 {
             let chunk =
                 usize::try_from(sd.chunk).map_err(|_| Error::Comm("bad chunk length".into()))?;
@@ -399,16 +372,9 @@ impl Communicator {
             peer: sd,
             noa_bound: 0.0,
         };
-        let (sent, r) = exchange_chunks(&*self.transport, &mut dc, dest, nsend, src, nrecv, tag)?;
+        let (sent, r) = x.exchange_chunks(&*self.transport, &mut dc, nsend, nrecv)?;
         let noa_bound = dc.noa_bound;
-        let verdict = self.transport.sendrecv(
-            src,
-            &expect.to_bytes(),
-            dest,
-            crate::comm::TAG_VERDICT + tag,
-        )?;
-        pair?;
-        crate::comm::check_pair(&d, &Desc::parse(&verdict)?)?;
+        x.verdicts(&*self.transport)?;
         r?;
         let moved = if d.chunk > 0 { nsend as u64 } else { 0 }
             + if sd.chunk > 0 { nrecv as u64 } else { 0 };

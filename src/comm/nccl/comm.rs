@@ -380,13 +380,7 @@ impl NcclComm {
     }
 
     pub(super) fn check_peer(&self, r: usize) -> Result<()> {
-        if r >= self.size() {
-            return Err(Error::invalid(format!(
-                "rank {r} out of range (size {})",
-                self.size()
-            )));
-        }
-        Ok(())
+        crate::comm::transport::check_rank(r, self.size())
     }
 
     /// Smallest and largest finite values of a device buffer (None: no finite value).

@@ -70,13 +70,7 @@ impl NcclTransport {
     }
 
     fn check_rank(&self, r: usize) -> Result<()> {
-        if r >= self.sh.size {
-            return Err(Error::invalid(format!(
-                "rank {r} out of range (size {})",
-                self.sh.size
-            )));
-        }
-        Ok(())
+        crate::comm::transport::check_rank(r, self.sh.size)
     }
 
     /// A device copy of `bytes` (at least one byte long), ordered on the net stream.

@@ -93,20 +93,11 @@ impl NcclComm {
             self.raw_send(data, dest)?;
             return self.finish(st, t0);
         }
-        let sh = self.sh.clone();
-        let pcs = pieces(n, self.piece_elems::<T>());
-        let cap = crate::format::compress_bound(self.piece_elems::<T>(), T::DTYPE);
-        let mut spool = std::mem::take(&mut self.send_pool);
-        let res = (|| -> Result<usize> {
-            spool.ensure(&sh.work, pcs.len(), cap)?;
-            let gpu = self
-                .gpu
-                .as_mut()
-                .ok_or_else(|| Error::Unavailable("GPU codec".into()))?;
+        let wire = self.with_piece_pool::<T, _>(n, PoolSide::Send, |sh, gpu, spool, pcs, _| {
             let mut wire = 0usize;
             for (kk, rg) in pcs.iter().enumerate() {
                 let v = data.slice(rg.clone());
-                let len = Self::compress_piece(gpu, &mut spool, kk, &v, bound, codec)?;
+                let len = Self::compress_piece(gpu, spool, kk, &v, bound, codec)?;
                 sh.boot
                     .send(dest, TAG_P2P + tag, &(len as u64).to_le_bytes())?;
                 let (pp, g) = spool.bufs[kk].device_ptr(&sh.net);
@@ -117,9 +108,7 @@ impl NcclComm {
                 wire += len;
             }
             Ok(wire)
-        })();
-        self.send_pool = spool;
-        let wire = res?;
+        })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.wire_bytes = wire as u64;
@@ -179,43 +168,34 @@ impl NcclComm {
         }
         let codec = CodecKind::from_tag(sd.codec)
             .unwrap_or_else(|_| self.config.policy.codec().unwrap_or_default());
-        let sh = self.sh.clone();
-        let pcs = pieces(n, self.piece_elems::<T>());
-        let cap = crate::format::compress_bound(self.piece_elems::<T>(), T::DTYPE);
-        let mut rpool = std::mem::take(&mut self.recv_pool);
-        let res = (|| -> Result<usize> {
-            rpool.ensure(&sh.work, pcs.len(), cap)?;
-            let gpu = self
-                .gpu
-                .as_mut()
-                .ok_or_else(|| Error::Unavailable("GPU codec".into()))?;
-            let mut wire = 0usize;
-            let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
-            for kk in 0..pcs.len() {
-                let len = size_msg(&sh.boot.recv(src, TAG_P2P + tag)?)?;
-                if len == 0 || len > cap {
-                    return Err(Error::Comm(format!(
-                        "peer {src} announced a piece of {len} bytes"
-                    )));
+        let wire =
+            self.with_piece_pool::<T, _>(n, PoolSide::Recv, |sh, gpu, rpool, pcs, cap| {
+                let mut wire = 0usize;
+                let mut pending: Option<(usize, usize, cudarc::driver::CudaEvent)> = None;
+                for kk in 0..pcs.len() {
+                    let len = size_msg(&sh.boot.recv(src, TAG_P2P + tag)?)?;
+                    if len == 0 || len > cap {
+                        return Err(Error::Comm(format!(
+                            "peer {src} announced a piece of {len} bytes"
+                        )));
+                    }
+                    let (pp, g) = rpool.bufs[kk].device_ptr_mut(&sh.net);
+                    // SAFETY: the buffer holds cap >= len bytes, borrowed until the guard
+                    // records.
+                    unsafe { sh.recv_raw(pp, len, nsys::ncclDataType_t::ncclUint8, src)? };
+                    drop(g);
+                    let ev = sh.net.record_event(None).map_err(gpu_err)?;
+                    if let Some((j, l, e)) = pending.take() {
+                        Self::consume(gpu, rpool, (j, l), &e, out, pcs[j].clone())?;
+                    }
+                    pending = Some((kk, len, ev));
+                    wire += len;
                 }
-                let (pp, g) = rpool.bufs[kk].device_ptr_mut(&sh.net);
-                // SAFETY: the buffer holds cap >= len bytes, borrowed until the guard records.
-                unsafe { sh.recv_raw(pp, len, nsys::ncclDataType_t::ncclUint8, src)? };
-                drop(g);
-                let ev = sh.net.record_event(None).map_err(gpu_err)?;
                 if let Some((j, l, e)) = pending.take() {
-                    Self::consume(gpu, &rpool, (j, l), &e, out, pcs[j].clone())?;
+                    Self::consume(gpu, rpool, (j, l), &e, out, pcs[j].clone())?;
                 }
-                pending = Some((kk, len, ev));
-                wire += len;
-            }
-            if let Some((j, l, e)) = pending.take() {
-                Self::consume(gpu, &rpool, (j, l), &e, out, pcs[j].clone())?;
-            }
-            Ok(wire)
-        })();
-        self.recv_pool = rpool;
-        let wire = res?;
+                Ok(wire)
+            })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
         st.wire_bytes = wire as u64;
@@ -300,8 +280,54 @@ impl NcclComm {
     }
 }
 
+/// Which of the communicator's piece pools a pipelined message uses.
+#[derive(Debug, Clone, Copy)]
+enum PoolSide {
+    Send,
+    Recv,
+}
+
 /// The pieces of a pipelined point-to-point message.
 impl NcclComm {
+    /// `f(shared, gpu, pool, pieces, cap)` for an `n`-value message of `T`: its [`pieces`], the
+    /// send or receive piece pool grown to hold each piece's stream of at most `cap` bytes, and
+    /// the GPU codec. The pool is taken from `self` for the call and put back whatever `f`
+    /// returns, so its buffers are reused by the next message.
+    fn with_piece_pool<T: NcclReal, R>(
+        &mut self,
+        n: usize,
+        side: PoolSide,
+        f: impl FnOnce(
+            &Shared,
+            &mut crate::gpu::GpuCodec,
+            &mut Pool,
+            &[Range<usize>],
+            usize,
+        ) -> Result<R>,
+    ) -> Result<R> {
+        let sh = self.sh.clone();
+        let pcs = pieces(n, self.piece_elems::<T>());
+        let cap = crate::format::compress_bound(self.piece_elems::<T>(), T::DTYPE);
+        let slot = match side {
+            PoolSide::Send => &mut self.send_pool,
+            PoolSide::Recv => &mut self.recv_pool,
+        };
+        let mut pool = std::mem::take(slot);
+        let res = (|| {
+            pool.ensure(&sh.work, pcs.len(), cap)?;
+            let gpu = self
+                .gpu
+                .as_mut()
+                .ok_or_else(|| Error::Unavailable("GPU codec".into()))?;
+            f(&sh, gpu, &mut pool, &pcs, cap)
+        })();
+        match side {
+            PoolSide::Send => self.send_pool = pool,
+            PoolSide::Recv => self.recv_pool = pool,
+        }
+        res
+    }
+
     /// Compress piece `src` into `send_pool` buffer `slot`; returns the stream length.
     pub(super) fn compress_piece<T: NcclReal>(
         gpu: &mut crate::gpu::GpuCodec,

@@ -145,24 +145,21 @@ impl Shared {
         if input.len() != out.len() {
             return Err(Error::invalid("allreduce: input and output lengths differ"));
         }
-        let n = input.len();
-        let (src, _g1) = input.device_ptr(&self.net);
-        let (dst, _g2) = out.device_ptr_mut(&self.net);
-        // SAFETY: both buffers hold n elements and stay borrowed until the guards record their
-        // events on the net stream (after the enqueue).
-        unsafe {
-            nres::all_reduce(
-                src as *const _,
-                dst as *mut _,
-                n,
-                T::as_nccl_type(),
-                nsys::ncclRedOp_t::ncclSum,
-                self.comm,
-                self.net_stream(),
-            )
-        }
-        .map_err(|e| nccl_err("ncclAllReduce", e))?;
-        Ok(())
+        self.enqueue_collective(input, out, "ncclAllReduce", |src, dst, n| {
+            // SAFETY: both buffers hold n elements (checked above) and stay borrowed through the
+            // enqueue (see `enqueue_collective`).
+            unsafe {
+                nres::all_reduce(
+                    src,
+                    dst,
+                    n,
+                    T::as_nccl_type(),
+                    nsys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    self.net_stream(),
+                )
+            }
+        })
     }
 
     /// Raw ncclAllGather: `out.len() == size * input.len()`.
@@ -176,21 +173,34 @@ impl Shared {
                 "allgather: output must hold size x input elements",
             ));
         }
+        self.enqueue_collective(input, out, "ncclAllGather", |src, dst, n| {
+            // SAFETY: sizes checked above; the buffers stay borrowed through the enqueue (see
+            // `enqueue_collective`).
+            unsafe {
+                nres::all_gather(src, dst, n, T::as_nccl_type(), self.comm, self.net_stream())
+            }
+        })
+    }
+
+    /// Enqueue one NCCL collective from `input` into `out` on the net stream: `call(src, dst, n)`
+    /// makes the NCCL call `what` on the buffers' device addresses, `n = input.len()` (the caller
+    /// has checked `out`'s length against it). The buffers stay borrowed until their guards
+    /// record their events on the net stream, after the enqueue.
+    fn enqueue_collective<T, S: DevicePtr<T>, D: DevicePtrMut<T>>(
+        &self,
+        input: &S,
+        out: &mut D,
+        what: &str,
+        call: impl FnOnce(
+            *const std::ffi::c_void,
+            *mut std::ffi::c_void,
+            usize,
+        ) -> std::result::Result<nres::NcclStatus, nres::NcclError>,
+    ) -> Result<()> {
         let n = input.len();
         let (src, _g1) = input.device_ptr(&self.net);
         let (dst, _g2) = out.device_ptr_mut(&self.net);
-        // SAFETY: sizes checked above; guards outlive the enqueue.
-        unsafe {
-            nres::all_gather(
-                src as *const _,
-                dst as *mut _,
-                n,
-                T::as_nccl_type(),
-                self.comm,
-                self.net_stream(),
-            )
-        }
-        .map_err(|e| nccl_err("ncclAllGather", e))?;
+        call(src as *const _, dst as *mut _, n).map_err(|e| nccl_err(what, e))?;
         Ok(())
     }
 }

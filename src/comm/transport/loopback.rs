@@ -254,13 +254,7 @@ impl LoopbackTransport {
     }
 
     fn check_peer(&self, r: usize) -> Result<()> {
-        if r >= self.fabric.size {
-            return Err(Error::invalid(format!(
-                "rank {r} out of range (size {})",
-                self.fabric.size
-            )));
-        }
-        Ok(())
+        super::check_rank(r, self.fabric.size)
     }
 
     fn p2p(&self, src: usize, dst: usize, tag: i32) -> Result<Route> {

@@ -307,6 +307,17 @@ pub trait Transport {
     }
 }
 
+/// The peer check of the transports and communicators: an invalid-argument error unless `r`
+/// is a rank of a communicator of `size` ranks.
+pub(crate) fn check_rank(r: usize, size: usize) -> Result<()> {
+    if r >= size {
+        return Err(Error::invalid(format!(
+            "rank {r} out of range (size {size})"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(feature = "mpi")]
 mod mpi;
 pub(crate) mod pool;

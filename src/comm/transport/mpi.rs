@@ -106,11 +106,19 @@ impl MpiTransport {
     }
 
     fn check_rank(&self, r: usize) -> Result<()> {
-        if r >= self.size {
-            return Err(Error::invalid(format!(
-                "rank {r} out of range (size {})",
-                self.size
-            )));
+        check_rank(r, self.size)
+    }
+
+    /// `MPI_Allreduce` (sum) of `input` into `out`, in pieces of at most `piece` bytes, which
+    /// keep MPI's int count in range.
+    fn allreduce_sum_pieces<T: Equivalence>(&self, input: &[T], out: &mut [T]) -> Result<()> {
+        use ::mpi::collective::SystemOperation;
+        if input.len() != out.len() {
+            return Err(Error::invalid("allreduce: input and output lengths differ"));
+        }
+        let c = (self.piece / std::mem::size_of::<T>()).max(1);
+        for (i, o) in input.chunks(c).zip(out.chunks_mut(c)) {
+            self.comm.all_reduce_into(i, o, SystemOperation::sum());
         }
         Ok(())
     }
@@ -781,27 +789,10 @@ impl Transport for MpiTransport {
         Ok(())
     }
     fn allreduce_sum_f32(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        use ::mpi::collective::SystemOperation;
-        if input.len() != out.len() {
-            return Err(Error::invalid("allreduce: input and output lengths differ"));
-        }
-        // Chunks keep MPI's int count in range.
-        let c = (self.piece / 4).max(1);
-        for (i, o) in input.chunks(c).zip(out.chunks_mut(c)) {
-            self.comm.all_reduce_into(i, o, SystemOperation::sum());
-        }
-        Ok(())
+        self.allreduce_sum_pieces(input, out)
     }
     fn allreduce_sum_f64(&self, input: &[f64], out: &mut [f64]) -> Result<()> {
-        use ::mpi::collective::SystemOperation;
-        if input.len() != out.len() {
-            return Err(Error::invalid("allreduce: input and output lengths differ"));
-        }
-        let c = (self.piece / 8).max(1);
-        for (i, o) in input.chunks(c).zip(out.chunks_mut(c)) {
-            self.comm.all_reduce_into(i, o, SystemOperation::sum());
-        }
-        Ok(())
+        self.allreduce_sum_pieces(input, out)
     }
     fn barrier(&self) -> Result<()> {
         self.comm.barrier();
