@@ -40,6 +40,12 @@ pub struct Config {
     /// Compressed point-to-point messages larger than this (uncompressed bytes; default 64 MiB)
     /// are chunk-pipelined (see the [module docs](super)).
     pub pipeline_min_bytes: usize,
+    /// Whether a compressed device message above the threshold is chunk-pipelined: `None`
+    /// (default) where the model predicts the pipeline faster than the whole message (from the
+    /// second message on: the first teaches it the ratio); `Some(true)` / `Some(false)`: always
+    /// / never. With `None`, the environment variable `ZCOMM_DEVICE_PIPELINE=always|never`
+    /// decides instead (measurements).
+    pub device_pipeline: Option<bool>,
 }
 
 impl Config {
@@ -55,6 +61,7 @@ impl Config {
             pingpong_bytes: 16 << 20,
             chunk_bytes: 32 << 20,
             pipeline_min_bytes: 64 << 20,
+            device_pipeline: None,
         }
     }
     /// With a pipeline chunk size and threshold (uncompressed bytes; a message is pipelined when
@@ -62,6 +69,12 @@ impl Config {
     pub fn with_pipeline(mut self, chunk_bytes: usize, min_bytes: usize) -> Self {
         self.chunk_bytes = chunk_bytes.max(16);
         self.pipeline_min_bytes = min_bytes;
+        self
+    }
+    /// With the device pipeline's decision taken from the model (`None`) or forced (see
+    /// [`Config::device_pipeline`]).
+    pub fn with_device_pipeline(mut self, pipeline: Option<bool>) -> Self {
+        self.device_pipeline = pipeline;
         self
     }
     /// With a ping-pong message size for calibration.

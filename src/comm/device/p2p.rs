@@ -75,14 +75,19 @@ impl Communicator {
         // Pipeline only where the model (per-chunk codec overhead included) predicts it faster
         // than the whole message, with a known ratio (the first call goes whole and learns it).
         // Each side decides for its own outgoing message; the descriptor tells the peer.
-        // `ZCOMM_DEVICE_PIPELINE=always|never` overrides the model (measurements).
+        // `Config::device_pipeline` (or `ZCOMM_DEVICE_PIPELINE=always|never`) overrides the
+        // model (measurements, tests).
         let chunk_dev = if compress && bytes > self.config.pipeline_min_bytes && n > chunk_dev {
             let k = crate::comm::pipeline::chunk_count(n, chunk_dev);
-            let pays = match std::env::var("ZCOMM_DEVICE_PIPELINE").as_deref() {
-                Ok("always") => true,
-                Ok("never") => false,
-                _ => est.is_some_and(|r| dp.pipeline_pays(link, bytes as f64, r, k)),
-            };
+            let forced = self.config.device_pipeline.or_else(|| {
+                match std::env::var("ZCOMM_DEVICE_PIPELINE").as_deref() {
+                    Ok("always") => Some(true),
+                    Ok("never") => Some(false),
+                    _ => None,
+                }
+            });
+            let pays = forced
+                .unwrap_or_else(|| est.is_some_and(|r| dp.pipeline_pays(link, bytes as f64, r, k)));
             if pays {
                 chunk_dev
             } else {
@@ -158,20 +163,15 @@ impl Communicator {
         let rbytes = recv.len() * T::SIZE;
         let cap = crate::compress_bound(recv.len(), T::DTYPE);
         DeviceStager::grow_pinned(&mut dev.pinned_recv, &s, cap)?;
-        let theirs = self.transport().sendrecv(
-            dest,
-            &{
-                let mut dd = d;
-                if chunk_dev > 0 {
-                    dd.chunk = chunk_dev as u64;
-                    dd.payload = 0;
-                }
-                dd
-            }
-            .to_bytes(),
-            src,
-            crate::comm::TAG_DESC + tag,
-        )?;
+        // a chunked send announces its chunk length instead of a payload length (the swapped
+        // descriptor is what was sent: the chunk schedule and its counts read it)
+        if chunk_dev > 0 {
+            d.chunk = chunk_dev as u64;
+            d.payload = 0;
+        }
+        let theirs =
+            self.transport()
+                .sendrecv(dest, &d.to_bytes(), src, crate::comm::TAG_DESC + tag)?;
         let x = Swapped {
             mine: d,
             theirs: Desc::parse(&theirs)?,
