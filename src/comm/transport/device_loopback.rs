@@ -69,16 +69,6 @@ impl DeviceLoopback {
             .collect()
     }
 
-    fn check_peer(&self, r: usize) -> Result<()> {
-        if r >= self.size() {
-            return Err(Error::invalid(format!(
-                "rank {r} out of range (size {})",
-                self.size()
-            )));
-        }
-        Ok(())
-    }
-
     /// A buffer of at least `len` bytes for a message to `owner`: a recycled one if one fits.
     fn buffer_for(
         &self,
@@ -102,7 +92,7 @@ impl DeviceLoopback {
 
     /// Copy `bytes` into a buffer of `dest`'s on `stream` and post it to `dest`.
     fn post(&self, dest: usize, bytes: &CudaView<'_, u8>, stream: &Arc<CudaStream>) -> Result<()> {
-        self.check_peer(dest)?;
+        super::check_rank(dest, self.size())?;
         let t0 = self.fabric.epoch.elapsed().as_secs_f64();
         let copy = self.copy_for(dest, bytes, stream)?;
         if let Some(bw) = self.fabric.link.bandwidth {
@@ -140,7 +130,7 @@ impl DeviceLoopback {
 
     /// The next device message from `src`.
     fn take(&self, src: usize) -> Result<DeviceBytes> {
-        self.check_peer(src)?;
+        super::check_rank(src, self.size())?;
         let key = (src, self.rank());
         let mut mail = self.fabric.mail.lock().unwrap_or_else(|e| e.into_inner());
         loop {
