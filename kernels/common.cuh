@@ -110,10 +110,13 @@ __device__ __forceinline__ u32 warp_transpose32(u32 x, int lane) {
 // ---------------------------------------------------------------------------------------------
 // Decoupled look-back over per-chunk sizes. status[c] = (value << 2) | flag,
 // flag 1 = aggregate of chunk c only, 2 = inclusive prefix through c. Called by one whole warp;
-// returns the exclusive prefix (sum of the values of chunks 0..c-1) in every lane.
+// returns the exclusive prefix (sum of the values of chunks 0..c-1) in every lane. PAUSE_NS > 0:
+// the warp sleeps that long between polls of a window that is not ready, so that a chunk waiting
+// on predecessors still at work does not take issue slots from them (gpz's encoder).
 __device__ __forceinline__ void lb_publish(u64* status, u32 c, u64 value, u64 flag) {
     atomicExch(status + c, (value << 2) | flag);
 }
+template <u32 PAUSE_NS = 0>
 __device__ u64 lookback_exclusive(u64* status, u32 c, u64 aggregate, int lane) {
     if (c == 0) {
         if (lane == 0) lb_publish(status, 0, aggregate, 2);
@@ -128,6 +131,7 @@ __device__ u64 lookback_exclusive(u64* status, u32 c, u64 aggregate, int lane) {
         while (true) {
             if ((v & 3ull) == 0ull) v = *((volatile u64*)(status + i));
             if (__all_sync(ZC_FULL, (v & 3ull) != 0ull)) break;
+            if constexpr (PAUSE_NS > 0) __nanosleep(PAUSE_NS);
         }
         u32 incl = __ballot_sync(ZC_FULL, (v & 3ull) == 2ull);
         if (incl) {

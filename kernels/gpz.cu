@@ -857,39 +857,6 @@ __device__ u32 gz_encode_block(const T* x, int n, const ZQ<T> (&qz)[D], const i6
     return bytes + nexc * D * ZT<T>::SIZE;
 }
 
-// lookback_exclusive (common.cuh) with a pause between polls of a window that is not ready:
-// a chunk waits on predecessors still encoding, and a spinning warp takes issue slots from the
-// warps that encode.
-__device__ u64 gz_lookback(u64* status, u32 c, u64 aggregate, int lane) {
-    if (c == 0) {
-        if (lane == 0) lb_publish(status, 0, aggregate, 2);
-        return 0;
-    }
-    if (lane == 0) lb_publish(status, c, aggregate, 1);
-    u64 excl = 0;
-    long long end = (long long)c;  // look at chunks [end-32, end)
-    while (true) {
-        long long i = end - 32 + lane;
-        u64 v = (i < 0) ? 2ull : 0ull;  // chunks before 0: inclusive 0
-        while (true) {
-            if ((v & 3ull) == 0ull) v = *((volatile u64*)(status + i));
-            if (__all_sync(ZC_FULL, (v & 3ull) != 0ull)) break;
-            __nanosleep(GZ_POLL_NS);
-        }
-        u32 incl = __ballot_sync(ZC_FULL, (v & 3ull) == 2ull);
-        if (incl) {
-            int hi = 31 - __clz(incl);
-            u64 mine = lane >= hi ? (v >> 2) : 0ull;
-            excl += warp_sum_u64(mine);
-            break;
-        }
-        excl += warp_sum_u64(v >> 2);
-        end -= 32;
-    }
-    if (lane == 0) lb_publish(status, c, excl + aggregate, 2);
-    return excl;
-}
-
 // Copy `size` bytes of buf to dst (any alignment), writing only below `cap`.
 __device__ __forceinline__ void gz_store(u8* out, u64 at, u64 cap, const u32* buf, u32 size, int lane) {
     const u64 a0 = (u64)out + at, a1 = a0 + size;
@@ -972,7 +939,7 @@ __device__ void gz_encode(const T* x, u64 n, u64* ws, u8* out, u64 hdr, u64 cap,
         const u32 sz = lane < NB ? s_size[lane] : 0u;
         const u32 incl = warp_incl_u32(sz, lane);
         const u32 agg = __shfl_sync(ZC_FULL, incl, 31);
-        const u64 ex = gz_lookback(ws + GZ_CTRL, chunk, (u64)agg, lane);
+        const u64 ex = lookback_exclusive<GZ_POLL_NS>(ws + GZ_CTRL, chunk, (u64)agg, lane);
         const u64 b = b0 + (u64)lane;
         if (lane < NB) s_at[lane] = ex + incl - sz;
         if (lane == 0 && b0 + NB >= nb) ws[GZ_W_TOTAL] = ex + agg;

@@ -360,17 +360,7 @@ impl Communicator {
             Payload::Bytes(b) => d.payload = b.len() as u64,
             Payload::Chunked { chunk, .. } => d.chunk = *chunk as u64,
         }
-        let theirs = self
-            .transport
-            .sendrecv(dest, &d.to_bytes(), src, TAG_DESC + tag)?;
-        let x = Swapped {
-            mine: d,
-            theirs: Desc::parse(&theirs)?,
-            expect,
-            dest,
-            src,
-            tag,
-        };
+        let x = Swapped::exchange(&*self.transport, d, expect, (dest, src), tag)?;
         let (outgoing, nsend) = match payload {
             Payload::Bytes(b) if x.theirs.chunk == 0 => {
                 let got = self.exchange_after_desc(&x, &b, element::scalar_bytes_mut(out))?;
@@ -500,6 +490,27 @@ pub(super) struct Swapped {
 }
 
 impl Swapped {
+    /// The descriptor swap of a sendrecv over `t`: `mine` (of what this rank sends) goes to
+    /// `dest`, the descriptor of what `src` sends comes back (the descriptor message of user
+    /// tag `tag`); `expect` is what this rank expects from `src`.
+    pub(super) fn exchange(
+        t: &dyn Transport,
+        mine: Desc,
+        expect: Desc,
+        (dest, src): (usize, usize),
+        tag: i32,
+    ) -> Result<Self> {
+        let theirs = t.sendrecv(dest, &mine.to_bytes(), src, TAG_DESC + tag)?;
+        Ok(Swapped {
+            mine,
+            theirs: Desc::parse(&theirs)?,
+            expect,
+            dest,
+            src,
+            tag,
+        })
+    }
+
     /// Whether the peer's message is the one this rank expects (checked before the payloads
     /// move, so a mismatched one is drained, not decoded; [`verdicts`](Self::verdicts) reports
     /// it to both ends).

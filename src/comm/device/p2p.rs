@@ -169,17 +169,7 @@ impl Communicator {
             d.chunk = chunk_dev as u64;
             d.payload = 0;
         }
-        let theirs =
-            self.transport()
-                .sendrecv(dest, &d.to_bytes(), src, crate::comm::TAG_DESC + tag)?;
-        let x = Swapped {
-            mine: d,
-            theirs: Desc::parse(&theirs)?,
-            expect,
-            dest,
-            src,
-            tag,
-        };
+        let x = Swapped::exchange(self.transport(), d, expect, (dest, src), tag)?;
         if chunk_dev > 0 || x.theirs.chunk > 0 {
             let t = now();
             let r = self.sendrecv_device_chunked(

@@ -507,12 +507,30 @@ fn two_codec_profile_has_one_record_per_codec_and_chooses_by_link() {
     }
 }
 
+/// A rank of a loopback group with `cfg` (the host compressor on the CPU) and a stager on GPU 0
+/// with its own stream.
+fn loopback_rank(
+    t: crate::comm::transport::LoopbackTransport,
+    cfg: &crate::comm::Config,
+) -> (Communicator, DeviceStager) {
+    let c = Communicator::with_transport(
+        Box::new(t),
+        Box::new(crate::comm::CpuCompressor),
+        cfg.clone(),
+    )
+    .expect("communicator");
+    let gpu = GpuCodec::new(0)
+        .and_then(|g| g.with_own_stream())
+        .expect("GPU codec");
+    (c, DeviceStager::new(gpu))
+}
+
 /// What each staged device operation reported (`OpStats::codec`) on every rank of a
 /// two-rank loopback group whose host link runs at `bandwidth`, under `Auto(aatrox)` at
 /// `noa:1e-2` on the log-normal field (pfpl's ratio about twice aatrox's).
 fn device_choices(bandwidth: f64) -> Vec<Vec<(&'static str, Option<CodecKind>, f64)>> {
     use crate::comm::transport::{run_ranks, LoopbackTransport};
-    use crate::comm::{Calibration, Config, CpuCompressor};
+    use crate::comm::{Calibration, Config};
     let data = crate::model::choice::log_normal_field(1 << 22);
     let cfg = Config::new(ErrorBound::Noa(1e-2))
         .with_policy(Policy::Auto(CodecKind::Aatrox))
@@ -521,12 +539,7 @@ fn device_choices(bandwidth: f64) -> Vec<Vec<(&'static str, Option<CodecKind>, f
             latency: 2e-6,
         })));
     run_ranks(LoopbackTransport::group(2), |t| {
-        let mut c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
-            .expect("communicator");
-        let gpu = GpuCodec::new(0)
-            .and_then(|g| g.with_own_stream())
-            .expect("GPU codec");
-        let mut dev = DeviceStager::new(gpu);
+        let (mut c, mut dev) = loopback_rank(t, &cfg);
         dev.set_profile(two_codec_profile());
         let s = dev.gpu().stream().clone();
         let x = s.clone_htod(&data).expect("upload");
@@ -627,7 +640,7 @@ fn calibration_measures_every_gpu_codec() {
 #[ignore = "needs a CUDA device (run with --include-ignored)"]
 fn a_pipelined_device_exchange_counts_its_chunks_both_ways() {
     use crate::comm::transport::{run_ranks, LoopbackTransport};
-    use crate::comm::{Config, CpuCompressor};
+    use crate::comm::Config;
     assert!(crate::gpu::device_available(), "no CUDA device");
     let n = 1 << 20;
     let field = |r: usize| -> Vec<f32> {
@@ -641,12 +654,7 @@ fn a_pipelined_device_exchange_counts_its_chunks_both_ways() {
         .with_pipeline(1 << 20, 2 << 20)
         .with_device_pipeline(Some(true));
     let got = run_ranks(LoopbackTransport::group(2), |t| {
-        let mut c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
-            .expect("communicator");
-        let gpu = GpuCodec::new(0)
-            .and_then(|g| g.with_own_stream())
-            .expect("GPU codec");
-        let mut dev = DeviceStager::new(gpu);
+        let (mut c, mut dev) = loopback_rank(t, &cfg);
         let s = dev.gpu().stream().clone();
         let x = s.clone_htod(&field(c.rank())).expect("upload");
         let mut y = s.alloc_zeros::<f32>(n).expect("alloc");
