@@ -188,6 +188,32 @@ pub fn finite_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
     (lo <= hi).then_some((lo + 0.0, hi + 0.0))
 }
 
+/// Values [`sampled_range`] reads at most (plus the last value).
+pub const RANGE_SAMPLES: usize = 65_536;
+
+/// The finite range of a deterministic sample of `data`: every value when there are at most
+/// [`RANGE_SAMPLES`], else the values at `k * (n / RANGE_SAMPLES)` for `k` in
+/// `0..RANGE_SAMPLES` and the last one. The result lies inside [`finite_range`] (`None` when
+/// no sampled value is finite), with the same canonical zero. A compressed reduction bounds its
+/// first quantisations with it, before any pass over the whole input has run; the GPU twin
+/// (`GpuCodec::sampled_range_device`) reads the same positions.
+pub fn sampled_range<T: Element>(data: &[T]) -> Option<(f64, f64)> {
+    let n = data.len();
+    if n <= RANGE_SAMPLES {
+        return finite_range(data);
+    }
+    let stride = n / RANGE_SAMPLES;
+    let (lo, hi) = (0..RANGE_SAMPLES)
+        .map(|k| k * stride)
+        .chain(std::iter::once(n - 1))
+        .map(|i| data[i])
+        .filter(|x| x.finite())
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), x| {
+            (l.min(x.to_f64()), h.max(x.to_f64()))
+        });
+    (lo <= hi).then_some((lo + 0.0, hi + 0.0))
+}
+
 /// The first finite non-zero value of `data` (the step of a degenerate `abs`/`noa` bound, see
 /// [`QuantParams::derive_from_stats`]), or `None` when there is none.
 pub fn first_nonzero<T: Element>(data: &[T]) -> Option<f64> {
@@ -687,6 +713,34 @@ mod tests {
                 "exp2 {x} {back}"
             );
         }
+    }
+
+    #[test]
+    fn sampled_range_reads_its_positions_and_lies_inside_the_range() {
+        // small inputs: the exact range
+        let small = [3.0f32, -0.0, f32::NAN, 7.5];
+        assert_eq!(sampled_range(&small), finite_range(&small));
+        let n = RANGE_SAMPLES * 3 + 5;
+        let stride = n / RANGE_SAMPLES;
+        let mut x: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.5).collect();
+        // a value off the sample changes the exact range only; the last value is sampled
+        x[1] = -100.0;
+        x[n - 1] = 900.0;
+        x[stride] = f32::NAN;
+        let (lo, hi) = sampled_range(&x).unwrap();
+        let (elo, ehi) = finite_range(&x).unwrap();
+        assert!(elo <= lo && hi <= ehi);
+        assert_eq!(elo, -100.0);
+        assert_eq!(hi, 900.0);
+        let want = (0..RANGE_SAMPLES)
+            .map(|k| k * stride)
+            .filter(|&i| i != stride)
+            .map(|i| x[i] as f64)
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(lo, want);
+        // no finite sampled value
+        let nan = vec![f64::NAN; n];
+        assert_eq!(sampled_range(&nan), None);
     }
 
     #[test]
