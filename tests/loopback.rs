@@ -235,6 +235,77 @@ fn reductions_hold_the_end_to_end_bound_and_agree_bitwise() {
     }
 }
 
+/// An allreduce's ring bounds its first quantisations with a sampled range
+/// (`quant::sampled_range`) and its final segment with what the exact range leaves: values the
+/// sample misses, a wider range or a magnitude that takes most of an `abs` bound in rounding
+/// (the ring then starts again with the exact split), still hold the end-to-end bound.
+#[test]
+fn allreduces_hold_the_bound_when_the_sample_misses_the_extremes() {
+    let n = 200_003; // above RANGE_SAMPLES: a value at an odd index is not sampled
+    let cases: [(&str, ErrorBound, f32); 3] = [
+        ("wider range", ErrorBound::Noa(1e-3), -500.0),
+        ("larger magnitude, noa", ErrorBound::Noa(1e-3), 15_000.0),
+        (
+            "larger magnitude, abs (restart)",
+            ErrorBound::Abs(1e-2),
+            15_000.0,
+        ),
+    ];
+    for p in 2..=4 {
+        for (what, bound, outlier) in cases {
+            // the magnitude's rounding share of the bound grows with p²: keep it below the
+            // whole bound (else no split has room) but above what a sampled step leaves
+            let scale = if outlier > 0.0 {
+                4.0 / (p * p) as f32
+            } else {
+                1.0
+            };
+            let input = |r: usize| {
+                let mut x = field(r, n);
+                x[1 + 2 * r] = outlier * scale;
+                x
+            };
+            let got = on_ranks(p, LinkEmulation::default(), cfg(ALWAYS, bound), |c| {
+                let x = input(c.rank());
+                let mut sum = vec![0.0f32; n];
+                let s1 = c.allreduce(&x, &mut sum).unwrap();
+                let mut mean = vec![0.0f32; n];
+                let s2 = c.allreduce_mean(&x, &mut mean).unwrap();
+                (sum, mean, s1, s2)
+            });
+            let inputs: Vec<Vec<f32>> = (0..p).map(input).collect();
+            let exact: Vec<f64> = (0..n)
+                .map(|i| inputs.iter().map(|x| x[i] as f64).sum())
+                .collect();
+            let (lo, hi) = inputs
+                .iter()
+                .flatten()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| {
+                    (l.min(v as f64), h.max(v as f64))
+                });
+            let want = match bound {
+                ErrorBound::Noa(e) => e * (hi - lo),
+                ErrorBound::Abs(e) => e,
+                ErrorBound::Rel(_) => unreachable!(),
+            };
+            for (sum, mean, s1, s2) in &got {
+                // the reported bound is the exact range's, not the sample's
+                assert_eq!(s1.bound, want, "p={p} {what}");
+                assert_eq!(s1.decision, Decision::Compressed, "p={p} {what}");
+                let e_sum = sum.iter().zip(&exact).map(|(a, b)| (*a as f64 - b).abs());
+                assert!(e_sum.fold(0.0, f64::max) <= want, "p={p} {what} sum");
+                let e_mean = mean
+                    .iter()
+                    .zip(&exact)
+                    .map(|(a, b)| (*a as f64 - b / p as f64).abs());
+                assert!(e_mean.fold(0.0, f64::max) <= s2.bound, "p={p} {what} mean");
+                assert_eq!(sum, &got[0].0, "p={p} {what}: ranks differ");
+                assert_eq!(mean, &got[0].1, "p={p} {what}: ranks differ");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_count_mismatch_fails_on_every_rank() {
     let got = on_ranks(

@@ -41,16 +41,28 @@ pub fn reduction_step_bound(
     divisor: f64,
     quantizations: usize,
 ) -> Option<f64> {
-    let pf = p as f64;
-    let m = if max_abs.is_finite() {
-        max_abs
-    } else {
-        return None;
-    };
-    let b = pf * m + e * divisor;
-    let r = pf * unit_roundoff * b / divisor;
+    let r = reduction_rounding(e, max_abs, p, unit_roundoff, divisor)?;
     let eb = (e - r) / quantizations.max(1) as f64;
     (eb.is_finite() && eb > 0.0).then_some(eb)
+}
+
+/// The part of a reduction's result bound `e` that the float rounding of its `p - 1` additions
+/// can take (see [`reduction_step_bound`]): every partial sum is at most `p · max_abs` plus the
+/// quantisation errors it carries (at most `e · divisor`), and each addition rounds once.
+/// `None` when `max_abs` is not finite.
+pub(crate) fn reduction_rounding(
+    e: f64,
+    max_abs: f64,
+    p: usize,
+    unit_roundoff: f64,
+    divisor: f64,
+) -> Option<f64> {
+    let pf = p as f64;
+    if !max_abs.is_finite() {
+        return None;
+    }
+    let b = pf * max_abs + e * divisor;
+    Some(pf * unit_roundoff * b / divisor)
 }
 
 pub(super) fn max_abs_diff<S: Real>(a: &[S], b: &[S]) -> f64 {

@@ -565,6 +565,21 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         super::reduce::all_ranks(self.t.host(), ok)
     }
 
+    fn global_range(&mut self, ok: bool) -> Result<(Option<(f64, f64)>, bool)> {
+        let local = self.gpu.value_range_device(&self.input);
+        let (r, all) = ring::agree_range(
+            self.t.host(),
+            *local.as_ref().unwrap_or(&None),
+            ok && local.is_ok(),
+        )?;
+        Ok((r, all))
+    }
+
+    fn reset(&mut self) {
+        self.touched.iter_mut().for_each(|t| *t = false);
+        self.reconstructed = None;
+    }
+
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         if matches!(m, DeviceMsg::Scratch(_)) && self.reconstructed == Some(seg) {
             return Ok(()); // the final step left the decoded values in place

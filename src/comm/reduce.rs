@@ -157,11 +157,14 @@ impl Communicator {
                 x.len()
             )));
         }
-        // 1. agreement, global range and magnitude (from the descriptor table); the range is a
-        //    pass over the whole input that only the bound split of a compressed ring needs
+        // 1. agreement, global range and magnitude (from the descriptor table); only the bound
+        //    split of a compressed ring needs the range: an allreduce's ring starts from a
+        //    sampled range and measures the exact one on the way (`ring::FinalBound`)
         let none = (f64::INFINITY, f64::NEG_INFINITY);
         let (lo, hi) = if matches!(self.config.policy, Policy::Never) {
             none
+        } else if full {
+            crate::quant::sampled_range(x).unwrap_or(none)
         } else {
             crate::quant::finite_range(x).unwrap_or(none)
         };
@@ -182,14 +185,22 @@ impl Communicator {
         let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
         let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
         // 2. the per-quantization bound
-        let split = ring::BoundSplit::new(
-            self.config.bound,
-            (glo, ghi),
+        let rule = ring::SplitRule {
+            bound: self.config.bound,
             p,
-            S::UNIT_ROUNDOFF,
-            op == OP_ALLREDUCE_MEAN,
+            unit_roundoff: S::UNIT_ROUNDOFF,
+            mean: op == OP_ALLREDUCE_MEAN,
             full,
-        );
+        };
+        let sampled = full && !matches!(self.config.policy, Policy::Never);
+        let bounds = ring::RingBounds::agree(
+            rule,
+            (glo <= ghi).then_some((glo, ghi)),
+            sampled,
+            &*self.transport,
+            || Ok(crate::quant::finite_range(x)),
+        )?;
+        let split = bounds.split;
         let (e, d) = (split.result, split.divisor);
         let pf = p as f64;
         let usable = split.step.is_some();
@@ -272,7 +283,7 @@ impl Communicator {
         st.codec = Some(codec);
         st.bound = e;
         // 5. the ring (reduce-scatter, then for the allreduces the allgather)
-        let plan = ring::RingPlan::new((r, p), eb, d, full, codec);
+        let plan = ring::RingPlan::with_bounds((r, p), &bounds, codec)?;
         let left = (r + p - 1) % p;
         let mut place = HostRing {
             transport: &*self.transport,
@@ -288,6 +299,7 @@ impl Communicator {
             let acc = std::mem::take(&mut place.acc);
             out.copy_from_slice(&acc);
         }
+        st.bound = sent.result_bound.unwrap_or(e);
         st.wire_bytes = sent.total(p) as u64;
         let moved = if full { 2.0 } else { 1.0 } * bytes * steps / pf;
         st.ratio = moved / st.wire_bytes.max(1) as f64;
@@ -364,6 +376,14 @@ impl<S: Real> ring::RingPlace for HostRing<'_, S> {
     }
     fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
         all_ranks(self.transport, ok)
+    }
+    fn global_range(&mut self, ok: bool) -> Result<(Option<(f64, f64)>, bool)> {
+        ring::agree_range(self.transport, crate::quant::finite_range(self.x), ok)
+    }
+    fn reset(&mut self) {
+        let p = self.segs.len();
+        self.acc_seg = (self.transport.rank() + p - 1) % p;
+        self.acc = self.x[self.segs[self.acc_seg].clone()].to_vec();
     }
 }
 

@@ -70,6 +70,43 @@ pub(crate) trait RingPlace {
     fn failed_msg(&mut self) -> Self::Msg;
     /// Whether `ok` holds on every rank (collective; the end of a reduce-scatter).
     fn all_succeeded(&mut self, ok: bool) -> Result<bool>;
+    /// The exact finite range of every rank's input (collective; `None`: no finite value) and
+    /// whether `ok` holds on every rank. Called once, before the final compression of a ring
+    /// whose final bound waits for it ([`FinalBound::Deferred`]); by then this rank has read
+    /// every segment of its input, so a place can have measured the range inside the kernels
+    /// that read them.
+    fn global_range(&mut self, ok: bool) -> Result<(Option<(f64, f64)>, bool)>;
+    /// Compress this rank's final segment `seg` (its sum after the last reduce step, which
+    /// added `m` and divided by `divisor`) for the allgather. Default:
+    /// [`encode`](RingPlace::encode); the device ring leaves the segment's reconstruction in
+    /// place of the sum (and forms the sum again from `m` where it has to).
+    fn encode_final(
+        &mut self,
+        seg: usize,
+        m: &Self::Msg,
+        divisor: f64,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<Self::Msg> {
+        let _ = (m, divisor);
+        self.encode(seg, bound, codec)
+    }
+    /// Forget every partial sum: a restarted ring reads its input again.
+    fn reset(&mut self);
+}
+
+/// The exact finite range over every rank of `t` (`local`: this rank's, `None` when it has
+/// no finite value) and whether `ok` holds on every rank: one small allreduce.
+pub(crate) fn agree_range(
+    t: &dyn crate::comm::transport::Transport,
+    local: Option<(f64, f64)>,
+    ok: bool,
+) -> Result<(Option<(f64, f64)>, bool)> {
+    let (lo, hi) = local.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+    let mut v = [lo, -hi, f64::from(u8::from(ok))];
+    t.allreduce_f64(&mut v, crate::comm::transport::ReduceOp::Min)?;
+    let (lo, hi) = (v[0], -v[1]);
+    Ok(((lo <= hi).then_some((lo, hi)), v[2] > 0.5))
 }
 
 /// What a reduce step compresses its partial sum for.
@@ -145,6 +182,65 @@ impl BoundSplit {
     }
 }
 
+/// Everything of a reduction's [`BoundSplit`] but the value range.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SplitRule {
+    /// The end-to-end bound asked for (abs or noa).
+    pub bound: ErrorBound,
+    /// Number of ranks.
+    pub p: usize,
+    /// Unit roundoff of the values.
+    pub unit_roundoff: f64,
+    /// A mean (divided by `p`).
+    pub mean: bool,
+    /// An allreduce (`p` quantisations) or a reduce-scatter (`p - 1`).
+    pub full: bool,
+}
+
+impl SplitRule {
+    /// The split for the global finite range `range` (`None`: no finite value).
+    pub fn split(&self, range: Option<(f64, f64)>) -> BoundSplit {
+        let r = range.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+        BoundSplit::new(
+            self.bound,
+            r,
+            self.p,
+            self.unit_roundoff,
+            self.mean,
+            self.full,
+        )
+    }
+
+    /// The final segment's bound of an allreduce whose partial sums were quantised at
+    /// `step` (times the divisor) from a *sampled* range, now that the exact global range is
+    /// known: what the exact result bound leaves after the additions' rounding and the `p - 1`
+    /// earlier quantisations of the segment's chain. A sampled range lies inside the exact one
+    /// and so gives a step no larger than the exact split's, except through the rounding term
+    /// (a magnitude the sample missed); `None` when less than half a step is left (then the
+    /// ring starts again with the exact split).
+    pub fn final_after(&self, step: f64, range: Option<(f64, f64)>) -> Option<f64> {
+        let (lo, hi) = range.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+        let m = lo.abs().max(hi.abs());
+        let max_abs = if m.is_finite() { m } else { 0.0 };
+        let divisor = if self.mean { self.p as f64 } else { 1.0 };
+        let e = super::reduction_result_bound(self.bound, lo, hi);
+        let r = super::reduction_rounding(e, max_abs, self.p, self.unit_roundoff, divisor)?;
+        let f = e - r - (self.p as f64 - 1.0) * step;
+        (f.is_finite() && f >= 0.5 * step).then_some(f)
+    }
+}
+
+/// How a ring's final segment gets its bound.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FinalBound {
+    /// Known before the ring starts (the exact range was agreed first).
+    Known(f64),
+    /// Set from the exact global range right before the final compression
+    /// ([`SplitRule::final_after`]): the ring's earlier steps were bounded with a sampled range,
+    /// so no pass over the input had to run before the first compression.
+    Deferred(SplitRule),
+}
+
 /// What [`reduce`] needs to know.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RingPlan {
@@ -154,8 +250,11 @@ pub(crate) struct RingPlan {
     pub size: usize,
     /// Absolute bound of each partial sum's compression.
     pub step_bound: f64,
-    /// Absolute bound of the final segment's compression (allreduce).
-    pub final_bound: f64,
+    /// The bound of each partial sum's quantisation in units of the result (`step_bound /
+    /// divisor`).
+    pub step: f64,
+    /// Bound of the final segment's compression (allreduce).
+    pub final_bound: FinalBound,
     /// Divisor of the result (`p` for the mean, else 1).
     pub divisor: f64,
     /// Allreduce (`true`: every rank gets every segment) or reduce-scatter.
@@ -179,11 +278,98 @@ impl RingPlan {
             rank,
             size,
             step_bound: step * divisor,
-            final_bound: step,
+            step,
+            final_bound: FinalBound::Known(step),
             divisor,
             full,
             codec,
         }
+    }
+
+    /// [`RingPlan::new`] for the split of `bounds`, the final bound deferred when the split
+    /// came from a sampled range. `Err` when the split leaves no room for quantisation.
+    pub fn with_bounds(
+        (rank, size): (usize, usize),
+        bounds: &RingBounds,
+        codec: CodecKind,
+    ) -> Result<Self> {
+        let mut plan = RingPlan::new(
+            (rank, size),
+            bounds.step()?,
+            bounds.split.divisor,
+            bounds.rule.full,
+            codec,
+        );
+        if bounds.deferred {
+            plan.final_bound = FinalBound::Deferred(bounds.rule);
+        }
+        Ok(plan)
+    }
+}
+
+/// A reduction's bounds before its ring: the split from the range its ranks agreed on, and
+/// whether that range was sampled (the final bound then waits for the exact range).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingBounds {
+    /// The rule the split follows.
+    pub rule: SplitRule,
+    /// The split (its `result` is the exact one only when the range was exact).
+    pub split: BoundSplit,
+    /// The range the split is of.
+    pub range: Option<(f64, f64)>,
+    /// The range was a sample of the inputs ([`crate::quant::sampled_range`]).
+    pub deferred: bool,
+}
+
+impl RingBounds {
+    /// The bounds from the global range the ranks agreed on: sampled (`sampled`, an allreduce)
+    /// or exact. A sampled range whose split leaves no room (no finite value sampled, or a
+    /// range too narrow) is replaced by the exact one: `exact()` measures this rank's, agreed
+    /// over `t` here (collective: every rank has the same agreed range, so all take this branch
+    /// together). One rank is always measured exactly (it has no ring to measure it on).
+    pub fn agree(
+        rule: SplitRule,
+        agreed: Option<(f64, f64)>,
+        sampled: bool,
+        t: &dyn crate::comm::transport::Transport,
+        exact: impl FnOnce() -> Result<Option<(f64, f64)>>,
+    ) -> Result<RingBounds> {
+        let mut b = RingBounds {
+            rule,
+            split: rule.split(agreed),
+            range: agreed,
+            deferred: false,
+        };
+        if !sampled {
+            return Ok(b);
+        }
+        if rule.full && rule.p > 1 && b.split.step.is_some() {
+            b.deferred = true;
+            return Ok(b);
+        }
+        let local = exact();
+        let (range, ok) = agree_range(t, local.as_ref().ok().copied().flatten(), local.is_ok())?;
+        local?;
+        if !ok {
+            return Err(Error::Comm(
+                "another rank could not measure its value range".into(),
+            ));
+        }
+        b.range = range;
+        b.split = rule.split(range);
+        Ok(b)
+    }
+
+    /// The bound of each quantisation; `Err` when the split leaves no room for one.
+    pub fn step(&self) -> Result<f64> {
+        self.split.step.ok_or_else(|| {
+            let (lo, hi) = self.range.unwrap_or((f64::NAN, f64::NAN));
+            Error::invalid(format!(
+                "the bound {:e} leaves no room for quantisation at these values' magnitude \
+                 ({lo:e} .. {hi:e})",
+                self.split.result
+            ))
+        })
     }
 }
 
@@ -194,6 +380,11 @@ pub(crate) struct RingBytes {
     pub reduce_scatter: usize,
     /// Length of this rank's final compressed segment (allreduce; sent to `p - 1` ranks).
     pub final_stream: usize,
+    /// The exact result bound, when the ring learnt the exact range itself
+    /// ([`FinalBound::Deferred`]).
+    pub result_bound: Option<f64>,
+    /// The ring started again with the exact split (a sampled range was far off).
+    pub restarted: bool,
 }
 
 impl RingBytes {
@@ -206,7 +397,56 @@ impl RingBytes {
 /// Run the ring on `place`. The result is in the place's output (allreduce) or its partial sum
 /// of segment `rank` (reduce-scatter). Errors of the transport itself end the ring at once;
 /// errors of the place's own work travel as empty messages (see the [module docs](self)).
+///
+/// With a [deferred](FinalBound::Deferred) final bound, the last reduce step accumulates, the
+/// ranks agree on the exact range ([`RingPlace::global_range`]), and the final segment is
+/// compressed under what the exact result bound leaves. When a sampled range was so far off
+/// that too little is left, every rank (they agreed on the same numbers) starts the ring again
+/// from its input with the exact split.
 pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<RingBytes> {
+    match run(place, plan)? {
+        Outcome::Done(bytes) => Ok(bytes),
+        Outcome::Restart(range, sent) => {
+            let FinalBound::Deferred(rule) = plan.final_bound else {
+                unreachable!("only a deferred final bound restarts")
+            };
+            let split = rule.split(range);
+            let step = split.step.ok_or_else(|| {
+                Error::invalid(format!(
+                    "the bound {:e} leaves no room for quantisation at these values' magnitude",
+                    split.result
+                ))
+            })?;
+            place.reset();
+            let exact = RingPlan::new(
+                (plan.rank, plan.size),
+                step,
+                plan.divisor,
+                plan.full,
+                plan.codec,
+            );
+            match run(place, exact)? {
+                Outcome::Done(mut bytes) => {
+                    bytes.reduce_scatter += sent.reduce_scatter;
+                    bytes.result_bound = Some(split.result);
+                    bytes.restarted = true;
+                    Ok(bytes)
+                }
+                Outcome::Restart(..) => unreachable!("a known final bound never restarts"),
+            }
+        }
+    }
+}
+
+/// How one run of the ring ended.
+enum Outcome {
+    Done(RingBytes),
+    /// The deferred final bound left too little: start again with the exact split of this
+    /// range (the bytes sent so far).
+    Restart(Option<(f64, f64)>, RingBytes),
+}
+
+fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
     let (p, r) = (plan.size, plan.rank);
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     let step = ErrorBound::Abs(plan.step_bound);
@@ -222,7 +462,6 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
         }
         place.failed_msg()
     };
-    let final_bound = ErrorBound::Abs(plan.final_bound);
     // the final segment's message, when the last reduce step compressed it
     let mut fin = None;
     if p > 1 {
@@ -234,28 +473,59 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
             // the last step reduces this rank's own segment: the mean divides it, and an
             // allreduce compresses it as its final segment
             let last = s + 2 == p;
-            let next = match (last, plan.full) {
-                (false, _) => Some((step, false)),
-                (true, true) => Some((final_bound, true)),
-                (true, false) => None,
+            let divisor = if last { plan.divisor } else { 1.0 };
+            if failed.is_none() && place.wire_len(&got) == 0 {
+                failed = Some(Error::Comm(format!(
+                    "ring: rank {left} (or a rank before it) failed"
+                )));
+            }
+            if let (true, true, FinalBound::Deferred(rule)) = (last, plan.full, plan.final_bound) {
+                if failed.is_none() {
+                    if let Err(e) = step_in_parts(place, seg, &got, divisor, None) {
+                        failed = Some(e);
+                    }
+                }
+                let agreed = place.global_range(failed.is_none());
+                let (range, all_ok) = match agreed {
+                    Ok(v) => v,
+                    Err(e) => {
+                        place.release(got);
+                        return Err(e);
+                    }
+                };
+                if !all_ok {
+                    // every rank sees it: all send empty final messages and fail together
+                    failed.get_or_insert(Error::Comm("ring: another rank failed".into()));
+                } else if let Some(f) = rule.final_after(plan.step, range) {
+                    bytes.result_bound = Some(rule.split(range).result);
+                    let bound = ErrorBound::Abs(f);
+                    match place.encode_final(seg, &got, divisor, bound, plan.codec) {
+                        Ok(m) => fin = Some(m),
+                        Err(e) => failed = Some(e),
+                    }
+                } else {
+                    tracing::debug!(?range, "ring: the sampled range left too little for the final step; restarting with the exact split");
+                    place.release(got);
+                    return Ok(Outcome::Restart(range, bytes));
+                }
+                place.release(got);
+                break;
+            }
+            let next = match (last, plan.full, plan.final_bound) {
+                (false, _, _) => Some((step, false)),
+                (true, true, FinalBound::Known(b)) => Some((ErrorBound::Abs(b), true)),
+                (true, _, _) => None,
             }
             .map(|(bound, is_final)| NextMsg {
                 bound,
                 codec: plan.codec,
                 is_final,
             });
-            let divisor = if last { plan.divisor } else { 1.0 };
             let mut sent = None;
             if failed.is_none() {
-                if place.wire_len(&got) == 0 {
-                    failed = Some(Error::Comm(format!(
-                        "ring: rank {left} (or a rank before it) failed"
-                    )));
-                } else {
-                    match place.reduce_step(seg, &got, divisor, next) {
-                        Ok(m) => sent = m,
-                        Err(e) => failed = Some(e),
-                    }
+                match place.reduce_step(seg, &got, divisor, next) {
+                    Ok(m) => sent = m,
+                    Err(e) => failed = Some(e),
                 }
             }
             place.release(got);
@@ -275,12 +545,18 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
         return match failed {
             Some(e) => Err(e),
             None if !ok => Err(Error::Comm("ring: another rank failed".into())),
-            None => Ok(bytes),
+            None => Ok(Outcome::Done(bytes)),
         };
     }
     let fin = match fin {
         Some(m) => m,
-        None => encode(place, &mut failed, r, final_bound),
+        None if failed.is_some() => place.failed_msg(),
+        None => {
+            let FinalBound::Known(b) = plan.final_bound else {
+                unreachable!("a deferred final bound is set in the last reduce step")
+            };
+            encode(place, &mut failed, r, ErrorBound::Abs(b))
+        }
     };
     bytes.final_stream = place.wire_len(&fin);
     let all = place.allgather(fin)?;
@@ -294,5 +570,51 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
         place.decode_into_output(k, &m)?;
         place.release(m);
     }
-    Ok(bytes)
+    Ok(Outcome::Done(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(bound: ErrorBound, p: usize) -> SplitRule {
+        SplitRule {
+            bound,
+            p,
+            unit_roundoff: f32::EPSILON as f64 / 2.0,
+            mean: false,
+            full: true,
+        }
+    }
+
+    #[test]
+    fn the_final_bound_takes_what_the_exact_range_leaves() {
+        let r = rule(ErrorBound::Noa(1e-3), 2);
+        // a sample equal to the range: the final step is the exact split's step
+        let exact = Some((-1.0, 1.0));
+        let s = r.split(exact).step.unwrap();
+        let f = r.final_after(s, exact).unwrap();
+        assert!((f - s).abs() <= 1e-18, "{f} vs {s}");
+        // a sample inside the range: a smaller first step, a larger final one, the sum the same
+        let s_sampled = r.split(Some((-0.5, 0.5))).step.unwrap();
+        assert!(s_sampled < s);
+        let f = r.final_after(s_sampled, exact).unwrap();
+        assert!(f > s);
+        assert!((f + s_sampled - 2.0 * s).abs() <= 1e-15);
+    }
+
+    #[test]
+    fn a_magnitude_the_sample_missed_restarts_the_ring() {
+        // abs bound: the range only enters through the additions' rounding
+        let r = rule(ErrorBound::Abs(1e-2), 2);
+        let s_sampled = r.split(Some((-100.0, 100.0))).step.unwrap();
+        let exact = Some((-100.0, 15_000.0));
+        assert!(r.final_after(s_sampled, exact).is_none());
+        // the exact split still has room
+        assert!(r.split(exact).step.is_some());
+        // no finite value at all: nothing is left for the final step
+        assert!(rule(ErrorBound::Noa(1e-3), 2)
+            .final_after(1e-3, None)
+            .is_none());
+    }
 }
