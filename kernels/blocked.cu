@@ -347,17 +347,113 @@ __device__ __forceinline__ void zc_quantize_quad(const ZQ<T>& q, float eb32, con
     }
 }
 
+// ---- Range tracking (the *_track kernels: GpuCodec::compress_device_tracking and
+// decompress_add_to_device_tracking). A reduction that needs the exact finite range of a buffer
+// that a kernel reads anyway folds it in there instead of running a pass of its own. Keys are
+// kernels/util.cu's zu_key in T's width (order-preserving: the sign bit flipped for non-negative
+// values, every bit for negative ones; never 0 for a finite value). Each block keeps two of them
+// in shared memory, `sk[0]` = max key, `sk[1]` = max complemented key (0 = none), which warps
+// raise with shared atomics; thread 0 folds them into the caller's two device words (zu_range's
+// u64 convention) with a global atomicMax only where they grow them (one read per block: no
+// queue of same-address atomics from the 32k blocks of a 1 GiB buffer). With ON = false every
+// call compiles to nothing, so the kernels without tracking are the code they were. A zero may
+// be kept as -0.0 or +0.0 (min / max of equal zeros); the host decodes the keys with the
+// canonical +0.0 of quant::finite_range.
+template <typename T> __device__ __forceinline__ typename ZT<T>::bits_t zc_range_key(T x) {
+    typedef typename ZT<T>::bits_t K;
+    const K b = ZT<T>::bits(x);
+    const K sign = (K)1 << (8 * sizeof(K) - 1);
+    return (b & sign) ? (K)~b : (K)(b | sign);
+}
+// Warp-wide max of a key: REDUX (f64 keys in two steps, high words then low words).
+template <typename K> __device__ __forceinline__ K zc_range_wmax(K v) {
+    if constexpr (sizeof(K) == 4) {
+        return __reduce_max_sync(ZC_FULL, v);
+    } else {
+        const u32 h = __reduce_max_sync(ZC_FULL, (u32)(v >> 32));
+        const u32 l = __reduce_max_sync(ZC_FULL, (u32)(v >> 32) == h ? (u32)v : 0u);
+        return ((u64)h << 32) | l;
+    }
+}
+// A thread's finite min / max (lo > hi: none); |x| < inf is false for NaN and +-Inf, so a value
+// costs one compare and two min / max, no keys.
+template <typename T> struct ZcMinMax {
+    T lo, hi;
+    __device__ __forceinline__ ZcMinMax() : lo((T)__int_as_float(0x7f800000)), hi(-(T)__int_as_float(0x7f800000)) {}
+    __device__ __forceinline__ void add(T x) {
+        if (fabs(x) < (T)__int_as_float(0x7f800000)) {
+            lo = fmin(lo, x);
+            hi = fmax(hi, x);
+        }
+    }
+    // Raises the block's keys sk by the warp's min / max. Called by the whole warp.
+    __device__ __forceinline__ void fold(typename ZT<T>::bits_t* sk) const {
+        typedef typename ZT<T>::bits_t K;
+        const bool any = lo <= hi;
+        const K h = zc_range_wmax<K>(any ? zc_range_key(hi) : (K)0);
+        const K l = zc_range_wmax<K>(any ? (K)~zc_range_key(lo) : (K)0);
+        if ((threadIdx.x & 31u) == 0u) {
+            if (h) atomicMax(sk, h);
+            if (l) atomicMax(sk + 1, l);
+        }
+    }
+};
+// The tracker of a kernel: per-thread values kept across the kernel (`add`, then one `fold` at its
+// end: the decompress-and-add, whose stores may diverge), or eight values at a time folded at
+// once (`add8`, the compression's pass 1: 32 registers for f32 and none to spare across its loop,
+// so nothing is kept; value u of the thread counts when e0 + 32 u < n, as the two-pass loader
+// pads a partial chunk with zeros; called by the whole warp).
+template <typename T, bool ON> struct ZcRange {
+    typedef typename ZT<T>::bits_t K;
+    __device__ __forceinline__ void add(T) {}
+    __device__ __forceinline__ void fold(K*) {}
+    __device__ __forceinline__ void add8(const T (&)[8], u32, u32, K*) {}
+};
+template <typename T> struct ZcRange<T, true> {
+    typedef typename ZT<T>::bits_t K;
+    ZcMinMax<T> m;
+    __device__ __forceinline__ void add(T x) { m.add(x); }
+    __device__ __forceinline__ void fold(K* sk) { m.fold(sk); }
+    __device__ __forceinline__ void add8(const T (&xs)[8], u32 e0, u32 n, K* sk) {
+        ZcMinMax<T> g;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            if (e0 + 32u * (u32)u < n) g.add(xs[u]);
+        }
+        g.fold(sk);
+    }
+};
+// Thread 0, after a barrier that follows every fold of the block: the block's keys into `out`
+// (zu_range's convention: out[0] = max key, out[1] = max of ~(u64)key).
+template <typename K> __device__ __forceinline__ void zc_range_publish(const K* sk, u64* out) {
+    const u64 h = (u64)sk[0], l = sk[1] ? ~(u64)(K)~sk[1] : 0ull;
+    if (h && h > *(volatile u64*)out) atomicMax(out, h);
+    if (l && l > *(volatile u64*)(out + 1)) atomicMax(out + 1, l);
+}
+// The finite values of the n < ZC_CHUNK values at cin (a partial chunk) folded into sk by the
+// whole block, in a loop of its own (so that the two-pass loop of the one-pass codecs, which
+// takes only this chunk, keeps its registers).
+template <typename T> __device__ __forceinline__ void zc_range_chunk(const T* __restrict__ cin, u32 n,
+                                                                     typename ZT<T>::bits_t* sk) {
+    ZcMinMax<T> m;
+    for (u32 i = threadIdx.x; i < n; i += ZC_THREADS) m.add(cin[i]);
+    m.fold(sk);
+}
+
 // Pass 1 of a full chunk in one-pass mode (see the top of the file): quantizes and stages every
 // layer of the warp's iterations; writes rate[l] (0xFF raw; the pending layer: its brest), d0s[l]
 // (lane 0's delta; 0 for the pending and raw layers), sinfo[l]; per iteration with a non-raw
 // layer (aatrox) first[it] = its pending layer's first code, pend[it] = that layer's index t,
 // last[it] = the last code of its last non-raw layer, and bit it of *has. RECON: rc (the chunk's
 // values, in place) receives the reconstruction of every staged non-raw layer, whose values are
-// never read again (pass 2 re-reads only raw and unstaged layers, and writes theirs).
-template <typename T, int CODEC, bool REL, bool RECON>
+// never read again (pass 2 re-reads only raw and unstaged layers, and writes theirs). tr
+// (ZcRange::add8 into the block's keys sk) sees every value of the chunk (range tracking; a no-op
+// without it).
+template <typename T, int CODEC, bool REL, bool RECON, typename R>
 __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const ZQ<T>& q, float eb32, int w, int lane,
                                                u32* st, u8* rate, i32* d0s, unsigned short* sinfo, i32* first,
-                                               i32* last, u32* pend, u32* has, T* rc) {
+                                               i32* last, u32* pend, u32* has, T* rc, R& tr,
+                                               typename ZT<T>::bits_t* sk) {
     const int W = ZC_WARPS;
     const int J = 32 / ZC_WARPS;
     u32 cur = 0;
@@ -372,6 +468,8 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
             T xs[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) xs[u] = p[u * 32];
+#pragma unroll
+            tr.add8(xs, 0u, ZC_CHUNK, sk);  // a full chunk: every value is present
 #pragma unroll
             for (int h = 0; h < 8; h += 4) {
                 u32 bq[4], mq[4], sq[4];
@@ -445,10 +543,12 @@ __device__ __forceinline__ void zc_write_header(u8* out, const ZHeader& hdr, u64
 // the stream decodes it to, right after its last read (a raw layer's values are decoded as they
 // are): the caller keeps what every receiver of the stream holds without decoding the stream.
 // A chunk that does not fit `out_cap` (the stream is then stored) may be left partly rewritten.
-template <typename T, int CODEC, bool REL, bool RECON = false>
+// TRACK: the finite range of the input is folded into range[0..2] (ZcRange): pass 1 reads every
+// value once in both variants, whether or not the chunk then fits `out_cap`.
+template <typename T, int CODEC, bool REL, bool RECON = false, bool TRACK = false>
 __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count, u8* __restrict__ out,
                                             u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, ZQ<T> q,
-                                            const ZHeader& hdr, T* recon = nullptr) {
+                                            const ZHeader& hdr, T* recon = nullptr, u64* range = nullptr) {
     typedef typename ZT<T>::code_t C;
     typedef typename ZU<T>::U U;
     const int SIZE = ZT<T>::SIZE;
@@ -469,6 +569,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     __shared__ u32 s_tmp[32];
     __shared__ u32 s_has, s_mask, s_chunk, s_size, s_usize;
     __shared__ u64 s_base;
+    __shared__ U s_rng[TRACK ? 2 : 1];  // TRACK: the block's range keys (ZcRange)
 
     // warp-uniform values go through REDUX (a uniform register) so that the compiler knows the
     // branches on them are uniform and emits no collective fix-ups around shuffles and votes
@@ -478,6 +579,10 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
         s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
         s_has = 0;
         s_mask = 0;
+        if (TRACK) {
+            s_rng[0] = 0;
+            s_rng[TRACK ? 1 : 0] = 0;
+        }
     }
     __syncthreads();
     const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
@@ -487,6 +592,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     const T* cin = in + cbase;
     T* const rc = RECON ? recon + cbase : nullptr;
     const float eb32 = __double2float_rn(q.eb);
+    ZcRange<T, TRACK> tr;
 
     C init = 0;
     // one-pass staging for full chunks (block-uniform); the partial last chunk takes two passes
@@ -495,7 +601,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     if (staged) {
         if constexpr (ONE) {
             zc_stage_chunk<T, CODEC, REL, RECON>(cin, q, eb32, w, lane, st_w, (u8*)s_rate, s_prev, s_sinfo, s_first,
-                                                 s_last, s_pend, &s_has, rc);
+                                                 s_last, s_pend, &s_has, rc, tr, s_rng);
         }
         __syncthreads();
         if (CODEC == ZC_AATROX) {
@@ -521,6 +627,9 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             __syncwarp();
         }
     } else {
+        // one-pass codecs take this path for a partial last chunk only: its range in a loop of its
+        // own (folded in pass 1 below, the tracking spilled registers of the one-pass path)
+        if constexpr (ONE && TRACK) zc_range_chunk<T>(cin, n, s_rng);
         // ---- pass 1: quantize, raw flags, in-layer delta magnitudes; lane t keeps layer (it, t)
         bool my_exists[J], my_raw[J];
         U my_rest[J];
@@ -537,6 +646,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             for (int t0 = 0; t0 < 32; t0 += 8) {
                 T xs[8];
                 zc_load_steps(cin, n, it, t0, lane, xs);
+                if constexpr (!ONE) tr.add8(xs, (u32)(it * 32 + t0) * 32u + (u32)lane, n, s_rng);  // not the padding
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     const int t = t0 + u;
@@ -915,6 +1025,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
         tbl[2 * c] = csize;
         tbl[2 * c + 1] = hash;
         atomicAdd(ctrl + ZC_HASH, (u64)zhash_mix(csize, 2 * c) + (u64)zhash_mix(hash, 2 * c + 1));
+        if (TRACK) zc_range_publish(s_rng, range);
         __threadfence();
         if (atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull) {
             __threadfence();
@@ -938,10 +1049,16 @@ __device__ __forceinline__ double zc_add_rn(double a, double b) { return __dadd_
 // The accumulating kernels add to a base that may live elsewhere (`out = base + x`, so a ring
 // step needs no copy of its input): the byte distance from `out` to `base`, set once per block
 // by the kernel's entry (0 when adding in place).
+// tr (ZcRange) sees every base value the accumulating kernels load (range tracking).
 __shared__ long long zc_acc_base_off;
-template <typename T, bool ACC> __device__ __forceinline__ void zc_store(T* p, T x) {
-    if (ACC) *p = zc_add_rn(*(const T*)((const char*)p + zc_acc_base_off), x);
-    else __stcs(p, x);
+template <typename T, bool ACC, typename R> __device__ __forceinline__ void zc_store(T* p, T x, R& tr) {
+    if (ACC) {
+        const T b = *(const T*)((const char*)p + zc_acc_base_off);
+        tr.add(b);
+        *p = zc_add_rn(b, x);
+    } else {
+        __stcs(p, x);
+    }
 }
 // Accumulate a stored stream's raw values: dst[i] += src[i].
 template <typename T> __device__ __forceinline__ void zc_add_raw(const T* __restrict__ src, u64 n, T* __restrict__ dst) {
@@ -1061,12 +1178,12 @@ template <int G, bool PACK> __device__ __forceinline__ void zc_group_prefix(u32 
 
 // Stores layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0): start
 // s32[2 (t + e)] (low word; 0 for plain) + in-layer prefix s[e].
-template <typename T, int CODEC, bool REL, bool ACC, int G>
-__device__ __forceinline__ void zc_store_group(const i32 (&s)[G], const i32* s32, T* po, const ZQ<T>& q, int t) {
+template <typename T, int CODEC, bool REL, bool ACC, int G, typename R>
+__device__ __forceinline__ void zc_store_group(const i32 (&s)[G], const i32* s32, T* po, const ZQ<T>& q, int t, R& tr) {
 #pragma unroll
     for (int e = 0; e < G; e++) {
         const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
-        zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, s[e], true));
+        zc_store<T, ACC>(po + (t + e) * 32, zc_d2_value<T, REL>(q, (i64)st, s[e], true), tr);
     }
 }
 // ACC: the group's base values, loaded before its words are decoded so that their memory latency
@@ -1076,12 +1193,13 @@ template <typename T, int G> __device__ __forceinline__ void zc_load_base(const 
 #pragma unroll
     for (int e = 0; e < G; e++) bv[e] = __ldcs((const T*)((const char*)(po + (t + e) * 32) + zc_acc_base_off));
 }
-template <typename T, int CODEC, bool REL, int G>
+template <typename T, int CODEC, bool REL, int G, typename R>
 __device__ __forceinline__ void zc_add_group(const i32 (&s)[G], const T (&bv)[G], const i32* s32, T* po, const ZQ<T>& q,
-                                             int t) {
+                                             int t, R& tr) {
 #pragma unroll
     for (int e = 0; e < G; e++) {
         const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
+        tr.add(bv[e]);
         po[(t + e) * 32] = zc_add_rn(bv[e], zc_d2_value<T, REL>(q, (i64)st, s[e], true));
     }
 }
@@ -1089,9 +1207,9 @@ __device__ __forceinline__ void zc_add_group(const i32 (&s)[G], const T (&bv)[G]
 // One group of layers t .. t + G - 1 of the iteration at `po` (lane's value of its layer 0) with
 // starts s32[2 t], s32[2 t + 2], ... (low words); `info` = the lane's own layer's word offset << 5
 // | word count, fetched by the group's lanes with one shuffle.
-template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
+template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK, typename R>
 __device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 info, const i32* s32, T* po, const ZQ<T>& q,
-                                             int t, int lane) {
+                                             int t, int lane, R& tr) {
     constexpr int F = G == 3 ? 10 : 32 / G;
     const int g = lane / F;
     const u32 kw = zc_group_kw<G>(lane);
@@ -1101,15 +1219,15 @@ __device__ __forceinline__ void zc_dec_group(const u32* __restrict__ cw, u32 inf
     const u32 x = kw < (inf & 31u) ? cw[(inf >> 5) + kw] : 0u;
     i32 s[G];
     zc_group_prefix<G, PACK>(warp_transpose32(x, lane), lane, s);
-    if constexpr (ACC) zc_add_group<T, CODEC, REL, G>(s, bv, s32, po, q, t);
-    else zc_store_group<T, CODEC, REL, ACC, G>(s, s32, po, q, t);
+    if constexpr (ACC) zc_add_group<T, CODEC, REL, G>(s, bv, s32, po, q, t, tr);
+    else zc_store_group<T, CODEC, REL, ACC, G>(s, s32, po, q, t, tr);
 }
 
 // Decodes iteration layers 0..31 at `po` in groups of G (see above); groups of all-zero layers
 // (bit t of `zero`: b = 0) are their starts.
-template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK>
+template <typename T, int CODEC, bool REL, bool ACC, int G, bool PACK, typename R>
 __device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 info, u32 zero, const i32* s32, T* po,
-                                              const ZQ<T>& q, int lane) {
+                                              const ZQ<T>& q, int lane, R& tr) {
     constexpr u32 GM = (1u << G) - 1u;
     // keeps the lane constants of zc_group_kw (per G) from being hoisted above the caller's
     // loop, where those of the three group sizes together would exceed the 32 registers
@@ -1118,12 +1236,12 @@ __device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 in
     for (int t = 0; t + G <= 32; t += G) {
         if (((zero >> t) & GM) == GM) {
             const i32 none[G] = {};
-            zc_store_group<T, CODEC, REL, ACC, G>(none, s32, po, q, t);
+            zc_store_group<T, CODEC, REL, ACC, G>(none, s32, po, q, t, tr);
         } else {
-            zc_dec_group<T, CODEC, REL, ACC, G, PACK>(cw, info, s32, po, q, t, lane);
+            zc_dec_group<T, CODEC, REL, ACC, G, PACK>(cw, info, s32, po, q, t, lane, tr);
         }
     }
-    if constexpr (G == 3) zc_dec_group<T, CODEC, REL, ACC, 2, true>(cw, info, s32, po, q, 30, lane);  // b <= 9
+    if constexpr (G == 3) zc_dec_group<T, CODEC, REL, ACC, 2, true>(cw, info, s32, po, q, 30, lane, tr);  // b <= 9
 }
 
 // The last block of a decompression (every other block has counted itself done, so every
@@ -1153,10 +1271,12 @@ __device__ __noinline__ void zc_decode_finish(const u8* __restrict__ stream, u64
     for (u32 i = tid; i + 1u < n_chunks; i += blockDim.x) status[i] = 0;
 }
 
-template <typename T, int CODEC, bool REL, bool ACC = false>
+// TRACK (with ACC): the finite range of the base is folded into range[0..2] (ZcRange), from the
+// loads the accumulation makes anyway (valid when the call succeeds).
+template <typename T, int CODEC, bool REL, bool ACC = false, bool TRACK = false>
 __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                               u64 count, u64* status, u64* ctrl, u32 n_chunks,
-                                              u32 table_checksum, ZQ<T> q, u64 seq, u64* res) {
+                                              u32 table_checksum, ZQ<T> q, u64 seq, u64* res, u64* range = nullptr) {
     const int SIZE = ZT<T>::SIZE;
     __shared__ u32 s_off[1024];
     __shared__ u32 s_rate[256];
@@ -1168,12 +1288,19 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
     __shared__ u64 s_err, s_base;
     __shared__ i64 s_init;
     __shared__ bool s_last;
+    __shared__ typename ZT<T>::bits_t s_rng[TRACK ? 2 : 1];  // TRACK: the block's range keys (ZcRange)
+    static_assert(ACC || !TRACK, "range tracking reads the base of an accumulation");
+    ZcRange<T, TRACK> tr;
 
     const int tid = threadIdx.x, lane = tid & 31;
     const int w = (int)__reduce_max_sync(ZC_FULL, (u32)tid >> 5);
     if (tid == 0) {
         s_chunk = (u32)atomicAdd(ctrl + ZC_TICKET, 1ull);
         s_err = 0;
+        if (TRACK) {
+            s_rng[0] = 0;
+            s_rng[TRACK ? 1 : 0] = 0;
+        }
     }
     __syncthreads();
     const u32 c = __reduce_max_sync(ZC_FULL, s_chunk);
@@ -1365,10 +1492,10 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                         const u32 zero = __ballot_sync(ZC_FULL, mb == 0u);
                         const i32* s32 = (const i32*)(s_start + it * 32);
                         T* po = cout + (u32)it * 1024u + lane;
-                        if (maxb <= 7u) zc_dec_groups<T, CODEC, REL, ACC, 4, false>(cw, info, zero, s32, po, q, lane);
-                        else if (maxb <= 9u) zc_dec_groups<T, CODEC, REL, ACC, 3, false>(cw, info, zero, s32, po, q, lane);
-                        else if (maxb <= 10u) zc_dec_groups<T, CODEC, REL, ACC, 2, true>(cw, info, zero, s32, po, q, lane);
-                        else zc_dec_groups<T, CODEC, REL, ACC, 2, false>(cw, info, zero, s32, po, q, lane);
+                        if (maxb <= 7u) zc_dec_groups<T, CODEC, REL, ACC, 4, false>(cw, info, zero, s32, po, q, lane, tr);
+                        else if (maxb <= 9u) zc_dec_groups<T, CODEC, REL, ACC, 3, false>(cw, info, zero, s32, po, q, lane, tr);
+                        else if (maxb <= 10u) zc_dec_groups<T, CODEC, REL, ACC, 2, true>(cw, info, zero, s32, po, q, lane, tr);
+                        else zc_dec_groups<T, CODEC, REL, ACC, 2, false>(cw, info, zero, s32, po, q, lane, tr);
                         continue;
                     }
                 }
@@ -1421,10 +1548,10 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                         v2 = zc_d2_value<T, REL>(q, st2, s2, false);
                         v3 = zc_d2_value<T, REL>(q, st3, s3, false);
                     }
-                    zc_store<T, ACC>(po, v0);
-                    zc_store<T, ACC>(po + 32, v1);
-                    zc_store<T, ACC>(po + 64, v2);
-                    if ((u32)lane < nt3) zc_store<T, ACC>(po + 96, v3);
+                    zc_store<T, ACC>(po, v0, tr);
+                    zc_store<T, ACC>(po + 32, v1, tr);
+                    zc_store<T, ACC>(po + 64, v2, tr);
+                    if ((u32)lane < nt3) zc_store<T, ACC>(po + 96, v3, tr);
                     t += 3;
                     continue;
                 }
@@ -1484,13 +1611,13 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                             vA = zc_d2_value<T, REL>(q, stA, sA, false);
                             vB = zc_d2_value<T, REL>(q, stB, sB, false);
                         }
-                        zc_store<T, ACC>(cout + ll * 32u + lane, vA);
-                        if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, vB);
+                        zc_store<T, ACC>(cout + ll * 32u + lane, vA, tr);
+                        if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, vB, tr);
                     } else {
                         const i64 cA = (i64)((u64)stA + (u64)(i64)sA);
                         const i64 cB = (i64)((u64)stB + (u64)(i64)sB);
-                        zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, cA));
-                        if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, zq_decode<T, REL>(q, cB));
+                        zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, cA), tr);
+                        if ((u32)lane < ntB) zc_store<T, ACC>(cout + (ll + 1) * 32u + lane, zq_decode<T, REL>(q, cB), tr);
                     }
                     t++;
                     continue;
@@ -1505,7 +1632,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                         typename ZT<T>::bits_t bits;
                         if (SIZE == 4) bits = (typename ZT<T>::bits_t)zc_get_any(cp, o);
                         else bits = (typename ZT<T>::bits_t)((u64)zc_get_any(cp, o) | ((u64)zc_get_any(cp, o + 4) << 32));
-                        zc_store<T, ACC>(cout + ll * 32u + lane, ZT<T>::from_bits(bits));
+                        zc_store<T, ACC>(cout + ll * 32u + lane, ZT<T>::from_bits(bits), tr);
                     }
                     continue;
                 }
@@ -1544,12 +1671,14 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                     }
                     code = (i64)((u64)start + (u64)warp_incl_i64(d, lane));
                 }
-                if (present) zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, code));
+                if (present) zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, code), tr);
             }
         }
     } while (0);
+    tr.fold(s_rng);
     __syncthreads();
     if (tid == 0) {
+        if (TRACK) zc_range_publish(s_rng, range);
         if (s_err) atomicOr(ctrl + ZC_ERR, s_err);
         __threadfence();
         s_last = atomicAdd(ctrl + ZC_DONE, 1ull) == (u64)n_chunks - 1ull;
@@ -1717,6 +1846,28 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         zc_compress<TY, CID, false, true>(data, count, out, out_cap, status, ctrl, n_chunks, q, hdr, data);     \
     }
 
+// Compression and decompress-and-add that also fold a finite value range into `range` (two u64
+// keys, kernels/util.cu's zu_range convention; ZcRange): the input's and the base's. abs/noa
+// only (the device ring's bounds are absolute); the parameters are those of the kernels above
+// with `range` last (compression) or after `base` (decompress-and-add).
+#define ZC_INST_TRACK(TY, TN, CID, CN)                                                                         \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), false)) zc_compress_track_##TN##_##CN##_abs( \
+        const TY* in, u64 count, u8* out, u64 out_cap, u64* status, u64* ctrl, u32 n_chunks, TY step, TY inv, \
+        double step64, double eb, ZHeader hdr, u64* range) {                                                   \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
+        zc_compress<TY, CID, false, false, true>(in, count, out, out_cap, status, ctrl, n_chunks, q, hdr, nullptr, range); \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), false)) zc_decompress_add_track_##TN##_##CN##_abs( \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        const TY* base, u64* range, u32 table_checksum, TY step, TY inv, double step64, double eb, u64 seq,    \
+        u64* res) {                                                                                            \
+        if (threadIdx.x == 0) zc_acc_base_off = (long long)((const char*)base - (const char*)out);            \
+        __syncthreads();                                                                                       \
+        const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
+        zc_decompress<TY, CID, false, true, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, \
+                                                  res, range);                                                 \
+    }
+
 #define ZC_INST_CODECS(TY, TN)                \
     ZC_INST_MODES(TY, TN, ZC_AATROX, aatrox)  \
     ZC_INST_MODES(TY, TN, ZC_PLAIN, plain)    \
@@ -1724,6 +1875,9 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
     ZC_INST_RECON(TY, TN, ZC_AATROX, aatrox)  \
     ZC_INST_RECON(TY, TN, ZC_PLAIN, plain)    \
     ZC_INST_RECON(TY, TN, ZC_OUTLIER, outlier) \
+    ZC_INST_TRACK(TY, TN, ZC_AATROX, aatrox)  \
+    ZC_INST_TRACK(TY, TN, ZC_PLAIN, plain)    \
+    ZC_INST_TRACK(TY, TN, ZC_OUTLIER, outlier) \
     extern "C" __global__ void zc_stats_##TN(const TY* in, u64 n, u64* ctrl) { zc_stats<TY>(in, n, ctrl); } \
     extern "C" __global__ void zc_add_raw_##TN(const TY* src, u64 n, TY* dst) { zc_add_raw<TY>(src, n, dst); }
 

@@ -42,6 +42,30 @@ fn main() {
             "gpu_reduce_step_matches_separate_calls",
             gpu_reduce_step_matches_separate_calls,
         ),
+        gpu_trial(
+            "gpu_tracked_compress_range_matches_cpu",
+            range::gpu_tracked_compress_range_matches_cpu,
+        ),
+        gpu_trial(
+            "gpu_tracked_decompress_add_range_matches_cpu",
+            range::gpu_tracked_decompress_add_range_matches_cpu,
+        ),
+        gpu_trial(
+            "gpu_device_range_accumulates",
+            range::gpu_device_range_accumulates,
+        ),
+        gpu_trial(
+            "gpu_sampled_range_matches_cpu",
+            range::gpu_sampled_range_matches_cpu,
+        ),
+        gpu_trial(
+            "gpu_compress_reconstruct_matches_reduce_step",
+            range::gpu_compress_reconstruct_matches_reduce_step,
+        ),
+        nvrtc_trial(
+            "range_tracking_kernels_compile",
+            range::range_tracking_kernels_compile,
+        ),
         nvrtc_trial("nvrtc_compiles_every_kernel", nvrtc_compiles_every_kernel),
         nvrtc_trial("util_source_compiles", util_source_compiles),
         nvrtc_trial("nccl_util_source_compiles", nccl_util_source_compiles),
@@ -57,6 +81,8 @@ fn main() {
         ),
         // tools for the GPU machine, run only when asked for (`--ignored NAME`)
         gpu_trial("gpu_pfpl_bench", pfpl::gpu_pfpl_bench).with_ignored_flag(true),
+        gpu_trial("gpu_range_tracking_times", range::gpu_range_tracking_times)
+            .with_ignored_flag(true),
         nvrtc_trial("pfpl_kernel_resources", pfpl::pfpl_kernel_resources).with_ignored_flag(true),
     ];
     // the file benchmark exists only with its input: `--include-ignored` without the files
@@ -1006,5 +1032,457 @@ mod pfpl {
                 }
             }
         }
+    }
+}
+
+/// Value ranges without a pass of their own (issue 16): the range-tracking compression and
+/// decompress-and-add, the device accumulator, the sampled range, and the reconstructing
+/// compression split out of the ring's reduce step.
+mod range {
+    use super::{inputs, narrow, Rng, CODECS};
+    use zcomm::gpu::{testing, DeviceRange, GpuCodec, GpuElement};
+    use zcomm::quant::{finite_range, RANGE_SAMPLES};
+    use zcomm::{CodecKind, Element, ErrorBound};
+
+    /// Values with every kind the range must get right: NaN (two payloads), +-Inf, -0.0,
+    /// subnormals of f32 and f64, and finite values whose extremes sit at random positions.
+    fn specials<T: Element>(n: usize, seed: u64) -> Vec<T> {
+        let mut r = Rng(seed | 1);
+        (0..n)
+            .map(|i| {
+                let v = match r.next() % 13 {
+                    0 => f64::NAN,
+                    1 => f64::INFINITY,
+                    2 => f64::NEG_INFINITY,
+                    3 => -0.0,
+                    4 => 1e-45,
+                    5 => -3e-310,
+                    6 => (r.unit() - 0.5) * 2e3,
+                    _ => (i as f64 * 1e-2).sin(),
+                };
+                let x = T::from_f64(v);
+                // a second NaN payload
+                if v.is_nan() && i % 2 == 1 {
+                    T::from_bits_u64(x.to_bits_u64() | 1)
+                } else {
+                    x
+                }
+            })
+            .collect()
+    }
+
+    /// The named inputs of a range check for `n` values: specials, no finite value, only zeros
+    /// of both signs, one finite value among NaNs, smooth data, and random bits (NaNs and a
+    /// stored stream when compressed).
+    fn range_inputs<T: Element>(n: usize, seed: u64) -> Vec<(String, Vec<T>)> {
+        let mut v = vec![
+            ("specials".to_string(), specials::<T>(n, seed)),
+            ("all-nan".into(), vec![T::from_f64(f64::NAN); n]),
+            (
+                "signed-zeros".into(),
+                (0..n)
+                    .map(|i| T::from_f64(if i % 3 == 0 { -0.0 } else { 0.0 }))
+                    .collect(),
+            ),
+            ("neg-zeros".into(), vec![T::from_f64(-0.0); n]),
+        ];
+        let mut lone = vec![T::from_f64(f64::INFINITY); n];
+        lone[n / 2] = T::from_f64(-2.5);
+        v.push(("one-finite".into(), lone));
+        let (_, smooth) = inputs(n, seed).swap_remove(0);
+        v.push(("smooth".into(), narrow(&smooth)));
+        let mut r = Rng(seed.wrapping_mul(31) | 1);
+        v.push((
+            "bits".into(),
+            (0..n).map(|_| T::from_bits_u64(r.next())).collect(),
+        ));
+        v
+    }
+
+    const SIZES: [usize; 4] = [1, 1000, 32768 * 3 + 17, (1 << 22) + 3];
+
+    fn tracked_compress_cases<T: GpuElement>(gpu: &mut GpuCodec) {
+        for &n in &SIZES {
+            for (name, data) in range_inputs::<T>(n, n as u64 + 5) {
+                // the big size with its most telling inputs only (time)
+                if n > 1 << 20 && !matches!(name.as_str(), "specials" | "smooth" | "all-nan") {
+                    continue;
+                }
+                for c in CODECS {
+                    for eb in [1e-3, 0.5] {
+                        let tracked = testing::check_tracked_compress(gpu, &data, eb, c)
+                            .unwrap_or_else(|e| panic!("{name}: {e}"));
+                        assert!(tracked, "{name}: {c} {} n={n} not tracked", T::DTYPE);
+                    }
+                }
+                if n == 1000 {
+                    // not tracked: pfpl, a degenerate bound (the range stays empty)
+                    let t = testing::check_tracked_compress(gpu, &data, 1e-3, CodecKind::Pfpl)
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                    assert!(!t, "{name}: pfpl tracked");
+                    for c in CODECS {
+                        let t = testing::check_tracked_compress(gpu, &data, 1e-320, c)
+                            .unwrap_or_else(|e| panic!("{name}: {e}"));
+                        assert!(!t, "{name}: {c} degenerate bound tracked");
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`GpuCodec::compress_device_tracking`] writes the bytes of `compress_device` and folds
+    /// the range `quant::finite_range` gives, for every blocked codec and dtype (one-pass and
+    /// two-pass kernels, partial last chunks, stored streams of random bits), and declines pfpl
+    /// and degenerate bounds.
+    pub fn gpu_tracked_compress_range_matches_cpu(gpu: &mut GpuCodec) {
+        tracked_compress_cases::<f32>(gpu);
+        tracked_compress_cases::<f64>(gpu);
+    }
+
+    fn tracked_decompress_add_cases<T: GpuElement>(gpu: &mut GpuCodec) {
+        for &n in &SIZES {
+            let incoming: Vec<T> = {
+                let (_, v) = inputs(n, 3).swap_remove(1); // noise
+                narrow(&v)
+            };
+            let mut streams = Vec::new();
+            for c in CODECS.into_iter().chain([CodecKind::Pfpl]) {
+                for b in [
+                    ErrorBound::Abs(1e-3),
+                    ErrorBound::Noa(1e-4),
+                    ErrorBound::Rel(1e-3),
+                ] {
+                    streams.push((
+                        c,
+                        b,
+                        zcomm::compress(&incoming, b, c).expect("cpu compress"),
+                    ));
+                }
+            }
+            for (name, base) in range_inputs::<T>(n, n as u64 + 11) {
+                if n > 1 << 20 && !matches!(name.as_str(), "specials" | "all-nan") {
+                    continue;
+                }
+                for (c, b, stream) in &streams {
+                    let tracked = testing::check_tracked_decompress_add(gpu, stream, &base)
+                        .unwrap_or_else(|e| panic!("{name} {b}: {e}"));
+                    // (one value compresses to a stored stream)
+                    let stored = zcomm::inspect(stream).unwrap().is_stored();
+                    let want = *c != CodecKind::Pfpl && !matches!(b, ErrorBound::Rel(_)) && !stored;
+                    assert_eq!(tracked, want, "{name}: {c} {b} n={n} stored {stored}");
+                }
+                if n == 1000 {
+                    // a stored stream (random bits do not compress): not tracked
+                    let bits: Vec<T> = range_inputs::<T>(n, 9).pop().unwrap().1;
+                    let stream = zcomm::compress(&bits, ErrorBound::Abs(1e-30), CodecKind::Aatrox)
+                        .expect("cpu compress");
+                    assert!(zcomm::inspect(&stream).unwrap().is_stored());
+                    let t = testing::check_tracked_decompress_add(gpu, &stream, &base)
+                        .unwrap_or_else(|e| panic!("{name} stored: {e}"));
+                    assert!(!t, "{name}: stored stream tracked");
+                }
+            }
+        }
+    }
+
+    /// [`GpuCodec::decompress_add_to_device_tracking`] adds exactly as
+    /// `decompress_add_to_device` and folds the base's `quant::finite_range`, for the blocked
+    /// codecs' abs and noa streams of both dtypes; rel, pfpl and stored streams are not tracked.
+    pub fn gpu_tracked_decompress_add_range_matches_cpu(gpu: &mut GpuCodec) {
+        tracked_decompress_add_cases::<f32>(gpu);
+        tracked_decompress_add_cases::<f64>(gpu);
+    }
+
+    /// One accumulator over several folds (a tracked compression, a tracked decompress-and-add,
+    /// add_range_device) holds the range of all their values; clear empties it; a fold of the
+    /// other dtype is refused.
+    pub fn gpu_device_range_accumulates(gpu: &mut GpuCodec) {
+        let s = gpu.stream().clone();
+        let n = 70_001;
+        let a: Vec<f32> = specials(n, 1);
+        let mut b: Vec<f32> = (0..n).map(|i| (i as f32 * 1e-3).cos()).collect();
+        b[17] = -1e30;
+        let mut c: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        c[n - 1] = 3e35;
+        let (da, db, dc) = (
+            s.clone_htod(&a).unwrap(),
+            s.clone_htod(&b).unwrap(),
+            s.clone_htod(&c).unwrap(),
+        );
+        let mut acc = DeviceRange::new(&s).unwrap();
+        assert_eq!(acc.read(&s).unwrap(), None);
+        let mut out = s.alloc_zeros::<u8>(96 + n * 4).unwrap();
+        let (_, t) = gpu
+            .compress_device_tracking(
+                &da.as_view(),
+                1e-2,
+                CodecKind::Aatrox,
+                &mut out.as_view_mut(),
+                &mut acc,
+            )
+            .unwrap();
+        assert!(t);
+        assert_eq!(acc.read(&s).unwrap(), finite_range(&a));
+        // (a compressed stream: a's NaNs and infinities would make it a stored one)
+        let stream = zcomm::compress(&b, ErrorBound::Abs(1e-2), CodecKind::CuszpPlain).unwrap();
+        assert!(!zcomm::inspect(&stream).unwrap().is_stored());
+        let ds = s.clone_htod(&stream).unwrap();
+        let mut dout = s.alloc_zeros::<f32>(n).unwrap();
+        let t = gpu
+            .decompress_add_to_device_tracking(
+                &ds.as_view(),
+                &db.as_view(),
+                &mut dout.as_view_mut(),
+                &mut acc,
+            )
+            .unwrap();
+        assert!(t);
+        gpu.add_range_device(&dc.as_view(), &mut acc).unwrap();
+        let all: Vec<f32> = a.iter().chain(&b).chain(&c).copied().collect();
+        assert!(testing::same_range(
+            acc.read(&s).unwrap(),
+            finite_range(&all)
+        ));
+        assert_eq!(
+            acc.read(&s).unwrap(),
+            Some((-1e30f32 as f64, 3e35f32 as f64))
+        );
+        // add_range_device alone equals finite_range, including -0.0 as +0.0
+        for (name, data) in range_inputs::<f32>(n, 4) {
+            acc.clear(&s).unwrap();
+            let d = s.clone_htod(&data).unwrap();
+            gpu.add_range_device(&d.as_view(), &mut acc).unwrap();
+            let got = acc.read(&s).unwrap();
+            assert!(
+                testing::same_range(got, finite_range(&data)),
+                "{name}: {got:?} vs {:?}",
+                finite_range(&data)
+            );
+        }
+        for (name, data) in range_inputs::<f64>(n, 4) {
+            acc.clear(&s).unwrap();
+            let d = s.clone_htod(&data).unwrap();
+            gpu.add_range_device(&d.as_view(), &mut acc).unwrap();
+            let got = acc.read(&s).unwrap();
+            assert!(
+                testing::same_range(got, finite_range(&data)),
+                "f64 {name}: {got:?} vs {:?}",
+                finite_range(&data)
+            );
+        }
+        // the accumulator holds f64 keys now: an f32 fold is refused
+        assert!(gpu.add_range_device(&da.as_view(), &mut acc).is_err());
+        acc.clear(&s).unwrap();
+        assert_eq!(acc.read(&s).unwrap(), None);
+        gpu.add_range_device(&da.as_view(), &mut acc).unwrap();
+        assert_eq!(acc.read(&s).unwrap(), finite_range(&a));
+    }
+
+    fn sampled_cases<T: GpuElement>(gpu: &mut GpuCodec) {
+        let s_max = RANGE_SAMPLES;
+        for n in [
+            1,
+            1000,
+            s_max - 1,
+            s_max,
+            s_max + 1,
+            3 * s_max + 5,
+            (1 << 22) + 3,
+        ] {
+            for (name, mut data) in range_inputs::<T>(n, n as u64 + 21) {
+                testing::check_sampled_range(gpu, &data).unwrap_or_else(|e| panic!("{name}: {e}"));
+                if n >= 2 * s_max && name == "smooth" {
+                    // NaN and Inf at sampled positions (the first, one inside, the last), and
+                    // extremes off the sample, which the sampled range must not see
+                    let stride = n / s_max;
+                    data[0] = T::from_f64(f64::NAN);
+                    data[stride * 7] = T::from_f64(f64::INFINITY);
+                    data[n - 1] = T::from_f64(f64::NAN);
+                    data[1] = T::from_f64(-1e30);
+                    data[stride * 5 + 1] = T::from_f64(1e30);
+                    data[stride * 3] = T::from_f64(-1000.0);
+                    testing::check_sampled_range(gpu, &data)
+                        .unwrap_or_else(|e| panic!("{name} with NaNs: {e}"));
+                    let d = gpu.stream().clone_htod(&data).unwrap();
+                    let got = gpu.sampled_range_device(&d.as_view()).unwrap().unwrap();
+                    assert_eq!(got.0, -1000.0, "n={n}");
+                    assert!(got.1 < 1e30, "n={n}");
+                }
+            }
+        }
+    }
+
+    /// [`GpuCodec::sampled_range_device`] equals `quant::sampled_range` below, at and above
+    /// `RANGE_SAMPLES` values, with NaNs and infinities at sampled positions and no finite one.
+    pub fn gpu_sampled_range_matches_cpu(gpu: &mut GpuCodec) {
+        sampled_cases::<f32>(gpu);
+        sampled_cases::<f64>(gpu);
+    }
+
+    fn reconstruct_cases<T: GpuElement>(gpu: &mut GpuCodec) {
+        for n in [1, 1000, 32768 * 3 + 17] {
+            let (_, base) = inputs(n, 5).swap_remove(1);
+            let base: Vec<T> = narrow(&base);
+            for (name, x) in range_inputs::<T>(n, n as u64 + 2) {
+                for c in CODECS.into_iter().chain([CodecKind::Pfpl]) {
+                    for eb in [1e-3, 0.5, 1e-320] {
+                        let incoming = zcomm::compress(&x, ErrorBound::Abs(1e-3), c).unwrap();
+                        let r = testing::check_compress_reconstruct(gpu, &incoming, &base, c, eb)
+                            .unwrap_or_else(|e| panic!("{name}: {e}"));
+                        // sums that compress (NaN, Inf and random bits make raw layers and
+                        // incompressible sums, which both calls store or decline; one value is
+                        // always stored)
+                        let compressible = n > 1
+                            && matches!(name.as_str(), "smooth" | "signed-zeros" | "neg-zeros");
+                        if compressible && c != CodecKind::Pfpl && eb != 1e-320 {
+                            assert!(r.is_some(), "{name}: {c} {} abs:{eb} declined", T::DTYPE);
+                        }
+                        if c == CodecKind::Pfpl || eb == 1e-320 {
+                            assert!(r.is_none(), "{name}: {c} abs:{eb} not declined");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`GpuCodec::compress_reconstruct_device`] on a sum formed by the caller writes the
+    /// stream and leaves the reconstruction of `reduce_step_device`, and declines what it does
+    /// (pfpl, degenerate bounds) and incompressible sums.
+    pub fn gpu_compress_reconstruct_matches_reduce_step(gpu: &mut GpuCodec) {
+        reconstruct_cases::<f32>(gpu);
+        reconstruct_cases::<f64>(gpu);
+    }
+
+    /// The range kernels compile (NVRTC, sm_90) and are in their modules' CUBINs (the
+    /// `compile::Module` name lists do not name them).
+    pub fn range_tracking_kernels_compile() {
+        use zcomm::gpu::compile::{self, Module};
+        let has = |m: Module, names: Vec<String>| {
+            let cubin = compile::compile_cubin_with(&m.source(), "sm_90", &m.defines())
+                .unwrap_or_else(|e| panic!("NVRTC compile of {}: {e}", m.name()));
+            for name in names {
+                assert!(
+                    cubin.windows(name.len()).any(|w| w == name.as_bytes()),
+                    "{name} missing from the {} CUBIN",
+                    m.name()
+                );
+            }
+        };
+        let mut blocked = Vec::new();
+        for t in ["f32", "f64"] {
+            for c in ["aatrox", "plain", "outlier"] {
+                blocked.push(format!("zc_compress_track_{t}_{c}_abs"));
+                blocked.push(format!("zc_decompress_add_track_{t}_{c}_abs"));
+            }
+        }
+        has(Module::Codecs, blocked);
+        let util = vec!["zu_range_sampled_f32".into(), "zu_range_sampled_f64".into()];
+        has(Module::Util, util.clone());
+        has(Module::NcclUtil, util);
+    }
+
+    /// Kernel times (CUDA events, median of 20) of 1 GiB of f32 (2^28 values) under abs:1e-3 with
+    /// aatrox: the range pass, compression with and without tracking, decompress-and-add with and
+    /// without tracking, and the sampled range. `--ignored gpu_range_tracking_times --nocapture`.
+    pub fn gpu_range_tracking_times(gpu: &mut GpuCodec) {
+        let n = 1usize << 28;
+        let s = gpu.stream().clone();
+        let x: Vec<f32> = (0..n)
+            .map(|i| (i as f32 * 1e-4).sin() * 10.0 + ((i * 2_654_435_761) % 1000) as f32 * 1e-3)
+            .collect();
+        let dx = s.clone_htod(&x).unwrap();
+        let mut dy = s.alloc_zeros::<f32>(n).unwrap();
+        let mut out = s.alloc_zeros::<u8>(96 + n * 4).unwrap();
+        let mut acc = DeviceRange::new(&s).unwrap();
+        gpu.set_kernel_timing(true).unwrap();
+        let runs = 20;
+        let med = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        let mut wall = |f: &mut dyn FnMut(&mut GpuCodec)| {
+            let mut t = Vec::new();
+            for _ in 0..runs {
+                s.synchronize().unwrap();
+                let t0 = std::time::Instant::now();
+                f(gpu);
+                s.synchronize().unwrap();
+                t.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            med(t)
+        };
+        let mut kt = Vec::new();
+        let range_ms = wall(&mut |g| {
+            g.value_range_device(&dx.as_view()).unwrap();
+        });
+        let mut main = Vec::new();
+        let c_ms = wall(&mut |g| {
+            g.compress_device(
+                &dx.as_view(),
+                ErrorBound::Abs(1e-3),
+                CodecKind::Aatrox,
+                &mut out.as_view_mut(),
+            )
+            .unwrap();
+            main.push(g.last_kernel_times().main_ms as f64);
+        });
+        kt.push(("compress", c_ms, med(std::mem::take(&mut main))));
+        let mut len = 0;
+        let ct_ms = wall(&mut |g| {
+            let (l, t) = g
+                .compress_device_tracking(
+                    &dx.as_view(),
+                    1e-3,
+                    CodecKind::Aatrox,
+                    &mut out.as_view_mut(),
+                    &mut acc,
+                )
+                .unwrap();
+            assert!(t);
+            len = l;
+            main.push(g.last_kernel_times().main_ms as f64);
+        });
+        kt.push(("compress_tracking", ct_ms, med(std::mem::take(&mut main))));
+        assert_eq!(acc.read(&s).unwrap(), finite_range(&x));
+        let stream = out.slice(..len);
+        let d_ms = wall(&mut |g| {
+            g.decompress_add_to_device(&stream, &dx.as_view(), &mut dy.as_view_mut())
+                .unwrap();
+            main.push(g.last_kernel_times().main_ms as f64);
+        });
+        kt.push(("decompress_add_to", d_ms, med(std::mem::take(&mut main))));
+        let dt_ms = wall(&mut |g| {
+            assert!(g
+                .decompress_add_to_device_tracking(
+                    &stream,
+                    &dx.as_view(),
+                    &mut dy.as_view_mut(),
+                    &mut acc
+                )
+                .unwrap());
+            main.push(g.last_kernel_times().main_ms as f64);
+        });
+        kt.push((
+            "decompress_add_to_tracking",
+            dt_ms,
+            med(std::mem::take(&mut main)),
+        ));
+        let a_ms = wall(&mut |g| {
+            g.add_range_device(&dx.as_view(), &mut acc).unwrap();
+        });
+        let s_ms = wall(&mut |g| {
+            g.sampled_range_device(&dx.as_view()).unwrap();
+        });
+        println!(
+            "{} f32 n=2^28 aatrox abs:1e-3, ratio {:.2}",
+            gpu.device_name(),
+            (n * 4) as f64 / len as f64
+        );
+        println!("value_range_device: wall {range_ms:.3} ms");
+        for (name, w, k) in kt {
+            println!("{name}: wall {w:.3} ms, main kernel {k:.3} ms");
+        }
+        println!("add_range_device: wall {a_ms:.3} ms; sampled_range_device: wall {s_ms:.3} ms");
     }
 }

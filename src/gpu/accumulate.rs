@@ -13,7 +13,12 @@
 //! [`GpuCodec::reduce_step_device`] is a ring's whole reduce step: that accumulation, the
 //! mean's division, and the compression of the sum by the `zc_compress_recon_*` kernels, which
 //! leave in the sum's buffer what the stream decodes to (so the ring's final segment needs no
-//! decode of its own stream).
+//! decode of its own stream); [`GpuCodec::compress_reconstruct_device`] is that compression on
+//! its own, for a caller that forms the sum itself.
+//!
+//! [`GpuCodec::decompress_add_to_device_tracking`] is the three-operand accumulation that also
+//! folds the finite range of its base into a [`DeviceRange`] (`zc_decompress_add_track_*`: the
+//! kernel loads every base value anyway, and it is latency-bound, so the min / max costs little).
 
 use super::*;
 
@@ -41,7 +46,8 @@ impl GpuCodec {
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
     ) -> Result<()> {
-        self.decompress_add_impl(stream, None, out)
+        self.decompress_add_impl(stream, None, out, None)
+            .map(|_| ())
     }
 
     /// `out[i] = base[i] + x[i]` where `x` is the device-resident `stream` decoded, with the
@@ -61,15 +67,45 @@ impl GpuCodec {
                 found: format!("{} in the base", base.len()),
             });
         }
-        self.decompress_add_impl(stream, Some(base), out)
+        self.decompress_add_impl(stream, Some(base), out, None)
+            .map(|_| ())
     }
 
+    /// [`GpuCodec::decompress_add_to_device`] (the same result bits, the same checks and
+    /// errors) which, when it returns `true`, has also folded the finite range of `base` into
+    /// `acc` inside the fused decompress-and-add kernel, from the loads of the base it makes
+    /// anyway. No synchronisation beyond [`GpuCodec::decompress_add_to_device`]'s.
+    ///
+    /// Tracked (`true`): compressed (not stored) aatrox, cuszp-plain and cuszp-outlier streams
+    /// under an abs or noa bound, f32 and f64. Not tracked (`false`, `acc`
+    /// untouched: the caller folds `base` with [`GpuCodec::add_range_device`]): stored streams,
+    /// `rel` streams, pfpl, cuszi and gpz. On an error `acc` may hold part of the range.
+    pub fn decompress_add_to_device_tracking<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        base: &CudaView<'_, T>,
+        out: &mut CudaViewMut<'_, T>,
+        acc: &mut DeviceRange,
+    ) -> Result<bool> {
+        if base.len() != out.len() {
+            return Err(Error::Mismatch {
+                what: "value count",
+                expected: out.len().to_string(),
+                found: format!("{} in the base", base.len()),
+            });
+        }
+        self.decompress_add_impl(stream, Some(base), out, Some(acc))
+    }
+
+    /// The body of the decompress-and-add calls; `track` (with a separate `base`): fold the
+    /// base's range into it where the kernel can (returns whether it did).
     fn decompress_add_impl<T: GpuElement>(
         &mut self,
         stream: &CudaView<'_, u8>,
         base: Option<&CudaView<'_, T>>,
         out: &mut CudaViewMut<'_, T>,
-    ) -> Result<()> {
+        track: Option<&mut DeviceRange>,
+    ) -> Result<bool> {
         let h = self.inspect_device(stream)?;
         check_header_for::<T>(&h, out.len())?;
         let s = self.stream.clone();
@@ -100,7 +136,7 @@ impl GpuCodec {
         let op = raw_ptr_mut(out, &s);
         self.last_times = KernelTimes::default();
         if shaped {
-            return self.decompress_add_shaped(stream, out);
+            return self.decompress_add_shaped(stream, out).map(|_| false);
         }
         if h.is_stored() {
             let payload = sp + h.header_len() as u64;
@@ -112,14 +148,29 @@ impl GpuCodec {
             let n = h.count;
             let grid = (self.sm_count * 8).min((n as usize).div_ceil(256).max(1) as u32);
             self.launch(&f, grid, 256, &mut [arg(&payload), arg(&n), arg(&op)])?;
-            return s.synchronize().map_err(gpu_err("sync"));
+            s.synchronize().map_err(gpu_err("sync"))?;
+            return Ok(false);
         }
-        let e =
-            self.decode_with_header::<T>("decompress_add", &h, sp, stream.len(), op, base_ptr)?;
+        // the tracking kernels: a separate base, a blocked codec, abs/noa (the rest: `false`)
+        let words = match track {
+            Some(acc) if base.is_some() && codec != CodecKind::Pfpl && h.mode != BoundMode::Rel => {
+                Some(acc.words_for::<T>(&s)?)
+            }
+            _ => None,
+        };
+        let e = self.decode_with_header::<T>(
+            "decompress_add",
+            &h,
+            sp,
+            stream.len(),
+            op,
+            base_ptr,
+            words,
+        )?;
         if e != 0 {
             return Err(decode_error(e));
         }
-        Ok(())
+        Ok(words.is_some())
     }
 
     /// One step of a compressed ring reduction: `acc[i] = base[i] + x[i]` (`x` the
@@ -145,14 +196,11 @@ impl GpuCodec {
         out: &mut CudaViewMut<'_, u8>,
     ) -> Result<Option<usize>> {
         let codec = enc.codec;
-        let has_kernel = matches!(
-            codec,
-            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
-        );
-        if !enc.reconstruct || !has_kernel || acc.is_empty() {
+        if !enc.reconstruct {
             return Ok(None);
         }
-        let Some(params) = QuantParams::derive_abs::<T>(enc.abs_bound)? else {
+        let Some(params) = Self::reconstructing_params::<T>(codec, enc.abs_bound, acc.len())?
+        else {
             return Ok(None);
         };
         let s = self.stream.clone();
@@ -165,8 +213,7 @@ impl GpuCodec {
             Ok(())
         };
         sum(self, acc)?;
-        let len = self.compress_blocked::<T>(acc, codec, &params, true, out)?;
-        if len < HEADER_LEN + acc.len() * T::SIZE {
+        if let Some(len) = self.compress_reconstruct_with(acc, codec, &params, out)? {
             return Ok(Some(len));
         }
         // Incompressible: the stream stores the sum itself, which `acc` may no longer hold
@@ -174,5 +221,63 @@ impl GpuCodec {
         sum(self, acc)?;
         self.compress_blocked::<T>(acc, codec, &params, false, out)
             .map(Some)
+    }
+
+    /// Compress `acc` (device memory) with `codec` under the absolute bound `abs_bound` into
+    /// `out` (at least [`crate::compress_bound`] bytes, 16-byte aligned) with the reconstructing
+    /// `zc_compress_recon_*` kernel, which leaves in `acc` what the stream decodes to (each
+    /// value's reconstruction written right after its last read): the second half of
+    /// [`GpuCodec::reduce_step_device`], for a caller that forms the sum itself. Returns the
+    /// stream's length; its bytes are those of [`GpuCodec::compress_device`] on `acc`'s values
+    /// under [`ErrorBound::Abs`]`(abs_bound)`.
+    ///
+    /// `Ok(None)`, with nothing written, for a codec without the reconstructing kernel (only
+    /// aatrox, cuszp-plain and cuszp-outlier have one), a bound whose quantisation step is
+    /// degenerate, or no values. `Ok(None)` too when the result is incompressible (the stream
+    /// would store the values, which `acc` may no longer hold): then `acc` may be partly
+    /// overwritten with reconstructions and `out` holds nothing useful; the caller re-forms the
+    /// values and compresses them with [`GpuCodec::compress_device`]. On an error `acc` and
+    /// `out` are unspecified.
+    pub fn compress_reconstruct_device<T: GpuElement>(
+        &mut self,
+        acc: &mut CudaViewMut<'_, T>,
+        codec: CodecKind,
+        abs_bound: f64,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<Option<usize>> {
+        let Some(params) = Self::reconstructing_params::<T>(codec, abs_bound, acc.len())? else {
+            return Ok(None);
+        };
+        self.compress_reconstruct_with::<T>(acc, codec, &params, out)
+    }
+
+    /// [`GpuCodec::compress_reconstruct_device`] with its quantizer.
+    fn compress_reconstruct_with<T: GpuElement>(
+        &mut self,
+        acc: &mut CudaViewMut<'_, T>,
+        codec: CodecKind,
+        params: &QuantParams,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<Option<usize>> {
+        let len = self.compress_blocked::<T>(acc, codec, params, true, out)?;
+        Ok((len < HEADER_LEN + acc.len() * T::SIZE).then_some(len))
+    }
+
+    /// The quantizer of [`GpuCodec::compress_reconstruct_device`], `None` where it compresses
+    /// nothing (no reconstructing kernel for `codec`, no values, a degenerate step); errors
+    /// for an invalid bound.
+    fn reconstructing_params<T: GpuElement>(
+        codec: CodecKind,
+        abs_bound: f64,
+        n: usize,
+    ) -> Result<Option<QuantParams>> {
+        let has_kernel = matches!(
+            codec,
+            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
+        );
+        if !has_kernel || n == 0 {
+            return Ok(None);
+        }
+        QuantParams::derive_abs::<T>(abs_bound)
     }
 }

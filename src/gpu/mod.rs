@@ -33,6 +33,8 @@
 
 mod accumulate;
 pub use accumulate::StepEncoding;
+mod range;
+pub use range::DeviceRange;
 pub mod bench;
 pub mod compile;
 pub mod cuszi;
@@ -425,7 +427,7 @@ impl GpuCodec {
         tail: &[*mut c_void],
     ) -> Result<()> {
         const HEAD: usize = 7;
-        let mut args = [std::ptr::null_mut(); HEAD + 8];
+        let mut args = [std::ptr::null_mut(); HEAD + 10];
         if tail.len() > args.len() - HEAD {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
@@ -490,7 +492,7 @@ impl GpuCodec {
         self.clean_status = 0;
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let mut args = [std::ptr::null_mut(); 8];
+        let mut args = [std::ptr::null_mut(); 10];
         if tail.len() + 2 > args.len() {
             return Err(Error::invalid("too many decoder kernel parameters"));
         }
@@ -795,7 +797,7 @@ impl GpuCodec {
             self.zero_ctrl(n_chunks)?;
         }
         let params = self.device_params::<T>(in_ptr, n, bound, range)?;
-        self.compress_with_params::<T>(in_ptr, n, codec, &params, false, out_ptr)
+        self.compress_with_params::<T>(in_ptr, n, codec, &params, false, None, out_ptr)
     }
 
     /// The quantizer parameters of the `n` values at device address `in_ptr` under `bound`
@@ -857,8 +859,9 @@ impl GpuCodec {
 
     /// Compress `data` (device memory) with a blocked codec under `params`, into `out` (at least
     /// [`crate::compress_bound`] bytes, 16-byte aligned); with `reconstruct` (abs/noa modes) the
-    /// kernel overwrites `data` with what the stream decodes it to, except when the stream is
-    /// stored (returned length = `compress_bound`), after which `data` is unspecified.
+    /// kernel overwrites `data` with what the stream decodes it to, except when the stream would
+    /// be stored (returned length = `compress_bound`), after which `data` is unspecified and
+    /// `out` holds no stream (no stored copy is made of values `data` may no longer hold).
     pub(crate) fn compress_blocked<T: GpuElement>(
         &mut self,
         data: &mut CudaViewMut<'_, T>,
@@ -886,21 +889,25 @@ impl GpuCodec {
             self.zero_ctrl(n.div_ceil(1 << codec.chunk_log2(T::DTYPE)))?;
         }
         self.last_times = KernelTimes::default();
-        self.compress_with_params::<T>(in_ptr, n, codec, params, reconstruct, out_ptr)
+        self.compress_with_params::<T>(in_ptr, n, codec, params, reconstruct, None, out_ptr)
     }
 
     /// Launch the compression kernel of `codec` for the `n` values at device address `in_ptr`
     /// quantised with `params` into `out_ptr` (`compress_bound` bytes; ctrl and status words
     /// clear), and finish the stream: returns its length, storing the values instead when the
     /// compressed stream would not be smaller. `reconstruct`: the `compress_recon` kernel, which
-    /// overwrites the input with its reconstruction (blocked codecs, abs/noa).
-    fn compress_with_params<T: GpuElement>(
+    /// overwrites the input with its reconstruction (blocked codecs, abs/noa). `track`: the
+    /// device address of a [`DeviceRange`]'s words, into which the `compress_track` kernel
+    /// (blocked codecs, abs/noa, not with `reconstruct`) folds the input's finite range.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compress_with_params<T: GpuElement>(
         &mut self,
         in_ptr: u64,
         n: usize,
         codec: CodecKind,
         params: &QuantParams,
         reconstruct: bool,
+        track: Option<u64>,
         out_ptr: u64,
     ) -> Result<usize> {
         let raw_len = n * T::SIZE;
@@ -933,10 +940,15 @@ impl GpuCodec {
         } else {
             self.threads
         };
-        let op = if reconstruct {
-            "compress_recon"
-        } else {
-            "compress"
+        let op = match (reconstruct, track) {
+            (true, None) => "compress_recon",
+            (false, None) => "compress",
+            (false, Some(_)) => "compress_track",
+            (true, Some(_)) => {
+                return Err(Error::invalid(
+                    "no kernel both reconstructs and tracks the value range",
+                ))
+            }
         };
         let f = self.func(&kernel_name::<T>(op, codec, params.mode)?)?;
         let count = n as u64;
@@ -948,6 +960,7 @@ impl GpuCodec {
         // the blocked kernels' last block writes the header: this one with its payload length
         // and checksums filled in (kernels/blocked.cu zc_write_header)
         let hdr_words = header_words(&header(0, 0, nc, 0, 0));
+        let range_ptr = track.unwrap_or(0);
         let mut args = [
             arg(&in_ptr),
             arg(&count),
@@ -961,8 +974,13 @@ impl GpuCodec {
             arg(&step64),
             arg(&eb),
             arg(&hdr_words),
+            arg(&range_ptr),
         ];
-        let n_args = if codec == CodecKind::Pfpl { 11 } else { 12 };
+        let n_args = match (codec, track) {
+            (CodecKind::Pfpl, _) => 11,
+            (_, None) => 12,
+            (_, Some(_)) => 13,
+        };
         self.record(2)?;
         self.launch(&f, nc, threads, &mut args[..n_args])?;
         self.record(3)?;
@@ -978,6 +996,11 @@ impl GpuCodec {
                 self.write_bytes(out_ptr, &h.to_bytes())?;
             }
             return Ok(HEADER_LEN + payload as usize);
+        }
+        if reconstruct {
+            // the values are partly overwritten: storing them would store garbage (the caller
+            // re-forms them; see compress_blocked)
+            return Ok(bound_len);
         }
         // stored stream: raw values after the header
         let hash = self.copy_hash(in_ptr, raw_len, Some(out_ptr + HEADER_LEN as u64))?;
@@ -1077,7 +1100,7 @@ impl GpuCodec {
             CodecKind::Gpz => return self.decompress_gpz(stream, &h, out),
             _ => {}
         }
-        let e = self.decode_with_header::<T>("decompress", &h, sp, stream.len(), op, op)?;
+        let e = self.decode_with_header::<T>("decompress", &h, sp, stream.len(), op, op, None)?;
         if e != 0 {
             return Err(decode_error(e));
         }
@@ -1091,7 +1114,10 @@ impl GpuCodec {
     /// checked against the output) with the `op` kernel family ("decompress" or
     /// "decompress_add": `out = base + decoded`, `base` a device address of `out.len()` values,
     /// `out` itself to add in place) into `out`; returns the kernel's error bits (0: decoded),
-    /// with a pfpl data-checksum mismatch as bit 4.
+    /// with a pfpl data-checksum mismatch as bit 4. `track` (with "decompress_add", a blocked
+    /// codec and an abs/noa stream: the caller checks): a [`DeviceRange`]'s device words, into
+    /// which the `decompress_add_track` kernel folds the finite range of the base.
+    #[allow(clippy::too_many_arguments)]
     fn decode_with_header<T: GpuElement>(
         &mut self,
         op: &str,
@@ -1100,9 +1126,15 @@ impl GpuCodec {
         len: usize,
         out: u64,
         base: u64,
+        track: Option<u64>,
     ) -> Result<u64> {
         let codec = CodecKind::from_tag(h.codec)?;
-        let f = self.func(&kernel_name::<T>(op, codec, h.mode)?)?;
+        let kop = match track {
+            Some(_) if op == "decompress_add" && codec != CodecKind::Pfpl => "decompress_add_track",
+            Some(_) => return Err(Error::invalid("no range-tracking kernel for this stream")),
+            None => op,
+        };
+        let f = self.func(&kernel_name::<T>(kop, codec, h.mode)?)?;
         let nc = h.n_chunks;
         if nc == 0 {
             // no chunks: the table is empty, and so must the payload be (a pfpl data checksum
@@ -1133,7 +1165,19 @@ impl GpuCodec {
         }
         let tail = [arg(&tc), arg(&step), arg(&inv), arg(&step64), arg(&eb)];
         let tail_base = [arg(&base), tail[0], tail[1], tail[2], tail[3], tail[4]];
-        let mut e = if with_base {
+        let range = track.unwrap_or(0);
+        let tail_track = [
+            arg(&base),
+            arg(&range),
+            tail[0],
+            tail[1],
+            tail[2],
+            tail[3],
+            tail[4],
+        ];
+        let mut e = if with_base && track.is_some() {
+            self.run_decoder(&f, codec, g, &tail_track)?
+        } else if with_base {
             self.run_decoder(&f, codec, g, &tail_base)?
         } else {
             self.run_decoder(&f, codec, g, &tail)?

@@ -149,3 +149,263 @@ pub fn check_reduce_step<T: GpuElement>(
     }
     Ok(true)
 }
+
+/// Device copies for the range checks below.
+fn htod<T: cudarc::driver::DeviceRepr>(
+    gpu: &GpuCodec,
+    v: &[T],
+) -> Result<cudarc::driver::CudaSlice<T>, String> {
+    gpu.stream()
+        .clone_htod(v)
+        .map_err(|e| format!("htod: {e:?}"))
+}
+
+/// A zeroed output buffer of `compress_bound` bytes for `n` values of `T`.
+fn stream_buffer<T: GpuElement>(
+    gpu: &GpuCodec,
+    n: usize,
+) -> Result<cudarc::driver::CudaSlice<u8>, String> {
+    gpu.stream()
+        .alloc_zeros::<u8>(crate::format::HEADER_LEN + n * T::SIZE)
+        .map_err(|e| format!("alloc: {e:?}"))
+}
+
+/// [`GpuCodec::compress_device_tracking`] of `data` against [`GpuCodec::compress_device`] under
+/// `abs:abs_bound`: the same stream bytes, and, when it reports the range as tracked, an
+/// accumulator that read back equals [`crate::quant::finite_range`] of `data`; untracked, the
+/// accumulator stays empty. Returns whether it tracked.
+pub fn check_tracked_compress<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    data: &[T],
+    abs_bound: f64,
+    codec: CodecKind,
+) -> Result<bool, String> {
+    let label = format!("{codec} {} n={} abs:{abs_bound:e}", T::DTYPE, data.len());
+    let s = gpu.stream().clone();
+    let d_in = htod(gpu, data)?;
+    let mut d_a = stream_buffer::<T>(gpu, data.len())?;
+    let mut d_b = stream_buffer::<T>(gpu, data.len())?;
+    let len_a = gpu
+        .compress_device(
+            &d_in.as_view(),
+            ErrorBound::Abs(abs_bound),
+            codec,
+            &mut d_a.as_view_mut(),
+        )
+        .map_err(|e| format!("{label}: compress_device: {e}"))?;
+    let mut acc = super::DeviceRange::new(&s).map_err(|e| format!("{label}: range: {e}"))?;
+    let (len_b, tracked) = gpu
+        .compress_device_tracking(
+            &d_in.as_view(),
+            abs_bound,
+            codec,
+            &mut d_b.as_view_mut(),
+            &mut acc,
+        )
+        .map_err(|e| format!("{label}: compress_device_tracking: {e}"))?;
+    let a = s
+        .clone_dtoh(&d_a.slice(..len_a))
+        .map_err(|e| format!("dtoh: {e:?}"))?;
+    let b = s
+        .clone_dtoh(&d_b.slice(..len_b))
+        .map_err(|e| format!("dtoh: {e:?}"))?;
+    if a != b {
+        let at = a.iter().zip(&b).position(|(x, y)| x != y);
+        return Err(format!(
+            "{label}: the tracking stream differs ({len_a} vs {len_b} bytes, first difference at \
+             {at:?})"
+        ));
+    }
+    let got = acc.read(&s).map_err(|e| format!("{label}: read: {e}"))?;
+    let want = if tracked {
+        crate::quant::finite_range(data)
+    } else {
+        None
+    };
+    if !same_range(got, want) {
+        return Err(format!(
+            "{label} (tracked {tracked}): range {got:?}, want {want:?}"
+        ));
+    }
+    Ok(tracked)
+}
+
+/// Two ranges equal bit for bit (so that `-0.0` and `+0.0` differ).
+pub fn same_range(a: Option<(f64, f64)>, b: Option<(f64, f64)>) -> bool {
+    match (a, b) {
+        (Some((a0, a1)), Some((b0, b1))) => {
+            a0.to_bits() == b0.to_bits() && a1.to_bits() == b1.to_bits()
+        }
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// [`GpuCodec::decompress_add_to_device_tracking`] of `stream` onto `base` against
+/// [`GpuCodec::decompress_add_to_device`]: the same result bits (`out` starting as NaN in both),
+/// and, when it reports the range as tracked, an accumulator equal to
+/// [`crate::quant::finite_range`] of `base`; untracked, the accumulator stays empty. Returns
+/// whether it tracked.
+pub fn check_tracked_decompress_add<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    stream: &[u8],
+    base: &[T],
+) -> Result<bool, String> {
+    let h = crate::inspect(stream).map_err(|e| format!("inspect: {e}"))?;
+    let label = format!(
+        "{} {} n={} {:?}{}",
+        CodecKind::from_tag(h.codec).map_err(|e| e.to_string())?,
+        T::DTYPE,
+        base.len(),
+        h.mode,
+        if h.is_stored() { " stored" } else { "" }
+    );
+    let s = gpu.stream().clone();
+    let d_stream = htod(gpu, stream)?;
+    let d_base = htod(gpu, base)?;
+    let garbage = vec![T::from_f64(f64::NAN); base.len()];
+    let mut d_a = htod(gpu, &garbage)?;
+    let mut d_b = htod(gpu, &garbage)?;
+    gpu.decompress_add_to_device(
+        &d_stream.as_view(),
+        &d_base.as_view(),
+        &mut d_a.as_view_mut(),
+    )
+    .map_err(|e| format!("{label}: decompress_add_to_device: {e}"))?;
+    let mut acc = super::DeviceRange::new(&s).map_err(|e| format!("{label}: range: {e}"))?;
+    let tracked = gpu
+        .decompress_add_to_device_tracking(
+            &d_stream.as_view(),
+            &d_base.as_view(),
+            &mut d_b.as_view_mut(),
+            &mut acc,
+        )
+        .map_err(|e| format!("{label}: decompress_add_to_device_tracking: {e}"))?;
+    let a = s.clone_dtoh(&d_a).map_err(|e| format!("dtoh: {e:?}"))?;
+    let b = s.clone_dtoh(&d_b).map_err(|e| format!("dtoh: {e:?}"))?;
+    if let Some(i) = a
+        .iter()
+        .zip(&b)
+        .position(|(x, y)| x.to_bits_u64() != y.to_bits_u64())
+    {
+        return Err(format!("{label}: value {i}: {:?} vs {:?}", a[i], b[i]));
+    }
+    let got = acc.read(&s).map_err(|e| format!("{label}: read: {e}"))?;
+    let want = if tracked {
+        crate::quant::finite_range(base)
+    } else {
+        None
+    };
+    if !same_range(got, want) {
+        return Err(format!(
+            "{label} (tracked {tracked}): range {got:?}, want {want:?}"
+        ));
+    }
+    Ok(tracked)
+}
+
+/// [`GpuCodec::sampled_range_device`] of `data` against [`crate::quant::sampled_range`].
+pub fn check_sampled_range<T: GpuElement>(gpu: &mut GpuCodec, data: &[T]) -> Result<(), String> {
+    let d = htod(gpu, data)?;
+    let got = gpu
+        .sampled_range_device(&d.as_view())
+        .map_err(|e| format!("sampled_range_device: {e}"))?;
+    let want = crate::quant::sampled_range(data);
+    if !same_range(got, want) {
+        return Err(format!(
+            "{} n={}: sampled range {got:?}, want {want:?}",
+            T::DTYPE,
+            data.len()
+        ));
+    }
+    Ok(())
+}
+
+/// [`GpuCodec::compress_reconstruct_device`] on the sum `base + decoded incoming` (formed by
+/// [`GpuCodec::decompress_add_to_device`]) against [`GpuCodec::reduce_step_device`] with
+/// reconstruction (divisor 1) on the same operands: both decline or neither does, and then the
+/// same stream bytes and the same reconstruction bits. `Ok(Some(len))`: the stream's length;
+/// `Ok(None)`: both declined.
+pub fn check_compress_reconstruct<T: GpuElement>(
+    gpu: &mut GpuCodec,
+    incoming: &[u8],
+    base: &[T],
+    codec: CodecKind,
+    abs_bound: f64,
+) -> Result<Option<usize>, String> {
+    let label = format!("{codec} {} n={} abs:{abs_bound:e}", T::DTYPE, base.len());
+    let s = gpu.stream().clone();
+    let n = base.len();
+    let d_in = htod(gpu, incoming)?;
+    let d_base = htod(gpu, base)?;
+    let garbage = vec![T::from_f64(f64::NAN); n];
+    let mut d_acc_a = htod(gpu, &garbage)?;
+    let mut d_acc_b = htod(gpu, &garbage)?;
+    let mut d_a = stream_buffer::<T>(gpu, n)?;
+    let mut d_b = stream_buffer::<T>(gpu, n)?;
+    let enc = super::StepEncoding {
+        codec,
+        abs_bound,
+        divisor: 1.0,
+        reconstruct: true,
+    };
+    let a = gpu
+        .reduce_step_device(
+            &d_in.as_view(),
+            &d_base.as_view(),
+            &mut d_acc_a.as_view_mut(),
+            enc,
+            &mut d_a.as_view_mut(),
+        )
+        .map_err(|e| format!("{label}: reduce_step_device: {e}"))?;
+    gpu.decompress_add_to_device(
+        &d_in.as_view(),
+        &d_base.as_view(),
+        &mut d_acc_b.as_view_mut(),
+    )
+    .map_err(|e| format!("{label}: decompress_add_to_device: {e}"))?;
+    let b = gpu
+        .compress_reconstruct_device(
+            &mut d_acc_b.as_view_mut(),
+            codec,
+            abs_bound,
+            &mut d_b.as_view_mut(),
+        )
+        .map_err(|e| format!("{label}: compress_reconstruct_device: {e}"))?;
+    let (la, lb) = match (a, b) {
+        (Some(la), Some(lb)) => (la, lb),
+        // reduce_step stores an incompressible sum itself; compress_reconstruct declines it
+        (Some(la), None) if la == crate::format::HEADER_LEN + n * T::SIZE => return Ok(None),
+        (None, None) => return Ok(None),
+        _ => {
+            return Err(format!(
+                "{label}: reduce_step {a:?} vs compress_reconstruct {b:?}"
+            ))
+        }
+    };
+    let sa = s
+        .clone_dtoh(&d_a.slice(..la))
+        .map_err(|e| format!("dtoh: {e:?}"))?;
+    let sb = s
+        .clone_dtoh(&d_b.slice(..lb))
+        .map_err(|e| format!("dtoh: {e:?}"))?;
+    if sa != sb {
+        let at = sa.iter().zip(&sb).position(|(x, y)| x != y);
+        return Err(format!(
+            "{label}: streams differ ({la} vs {lb} bytes, first difference at {at:?})"
+        ));
+    }
+    let ra = s.clone_dtoh(&d_acc_a).map_err(|e| format!("dtoh: {e:?}"))?;
+    let rb = s.clone_dtoh(&d_acc_b).map_err(|e| format!("dtoh: {e:?}"))?;
+    if let Some(i) = ra
+        .iter()
+        .zip(&rb)
+        .position(|(x, y)| x.to_bits_u64() != y.to_bits_u64())
+    {
+        return Err(format!(
+            "{label}: reconstruction value {i}: {:?} vs {:?}",
+            ra[i], rb[i]
+        ));
+    }
+    Ok(Some(la))
+}

@@ -1,6 +1,7 @@
 //! Host side of the small utility kernels shared by the communication layers (`comm::device`,
-//! `comm::nccl`): the value range of a device buffer and an IEEE division by a scalar
-//! (`kernels/util.cu`, compiled through [`crate::gpu::compile`]).
+//! `comm::nccl`): the value range of a device buffer (whole, sampled, or folded into a
+//! [`crate::gpu::DeviceRange`]) and an IEEE division by a scalar (`kernels/util.cu`, compiled
+//! through [`crate::gpu::compile`]).
 
 use std::sync::Arc;
 
@@ -48,9 +49,11 @@ pub(crate) fn compile_and_load(
     Ok((m, (sms.max(1) as u32) * 8))
 }
 
-/// The loaded `zu_range_*` / `zu_scale_*` kernels of a module that contains `kernels/util.cu`.
+/// The loaded `zu_range_*` / `zu_range_sampled_*` / `zu_scale_*` kernels of a module that
+/// contains `kernels/util.cu`.
 pub(crate) struct RangeScale {
     range: [CudaFunction; 2],
+    sampled: [CudaFunction; 2],
     scale: [CudaFunction; 2],
     blocks: u32,
     /// The range kernel's two output words, allocated at the first call and reused (cleared
@@ -91,6 +94,7 @@ impl RangeScale {
         let f = |n: &str| module.load_function(n).map_err(gpu_err("load function"));
         Ok(RangeScale {
             range: [f("zu_range_f32")?, f("zu_range_f64")?],
+            sampled: [f("zu_range_sampled_f32")?, f("zu_range_sampled_f64")?],
             scale: [f("zu_scale_f32")?, f("zu_scale_f64")?],
             blocks,
             out: std::sync::Mutex::new(None),
@@ -144,6 +148,73 @@ impl RangeScale {
         Ok(Some((dec(!h[1]), dec(h[0]))))
     }
 
+    /// Fold the finite range of `x` into the two key words at device address `words` (a
+    /// [`crate::gpu::DeviceRange`]: the kernel raises them with atomicMax, see
+    /// `kernels/util.cu`); one kernel on `stream`, no synchronization.
+    pub(crate) fn fold<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaView<'_, T>,
+        words: u64,
+    ) -> Result<()> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        let n64 = n as u64;
+        let mut b = stream.launch_builder(&self.range[idx::<T>()]);
+        b.arg(x).arg(&n64).arg(&words);
+        // SAFETY: the kernel reads n values of x and raises the two u64 at `words`, which the
+        // caller's DeviceRange keeps allocated.
+        unsafe { b.launch(self.cfg(n)) }
+            .map(|_| ())
+            .map_err(gpu_err("range kernel"))
+    }
+
+    /// [`crate::quant::sampled_range`] of `x`, read on the device: the finite range of every
+    /// value when there are at most [`crate::quant::RANGE_SAMPLES`], else of the values at
+    /// `k * (n / RANGE_SAMPLES)` for `k < RANGE_SAMPLES` and the last one (one kernel, the
+    /// canonical zero of [`decode_keys`]). Synchronizes `stream`.
+    pub(crate) fn sampled<T: GpuElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaView<'_, T>,
+    ) -> Result<Option<(f64, f64)>> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        let s_max = crate::quant::RANGE_SAMPLES;
+        // n <= RANGE_SAMPLES: positions 0..n-1 (stride 1) and n - 1, every value
+        let (stride, m) = if n <= s_max {
+            (1u64, n as u64 - 1)
+        } else {
+            ((n / s_max) as u64, s_max as u64)
+        };
+        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
+        let mut guard = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let out = match guard.as_mut() {
+            Some(o) => {
+                stream.memset_zeros(o).map_err(gpu_err("memset"))?;
+                o
+            }
+            None => guard.insert(stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?),
+        };
+        let n64 = n as u64;
+        let mut b = stream.launch_builder(&self.sampled[idx::<T>()]);
+        b.arg(x).arg(&n64).arg(&stride).arg(&m).arg(&mut *out);
+        // SAFETY: the kernel reads x at positions k * stride (k < m, all < n) and n - 1, and
+        // writes two u64 of out.
+        unsafe { b.launch(self.cfg(m as usize + 1)) }.map_err(gpu_err("sampled range kernel"))?;
+        let mut h = [0u64; 2];
+        stream
+            .memcpy_dtoh(&*out, &mut h[..])
+            .map_err(gpu_err("range d2h"))?;
+        stream.synchronize().map_err(gpu_err("sync"))?;
+        Ok(decode_keys::<T>(h))
+    }
+
     /// `x_i = x_i / d` (IEEE division, rounded to nearest, as the host's `v / d`); does not
     /// synchronize.
     pub(crate) fn scale<T: GpuElement>(
@@ -165,4 +236,16 @@ impl RangeScale {
             .map(|_| ())
             .map_err(gpu_err("scale kernel"))
     }
+}
+
+/// The finite range `(min, max)` that two range key words hold (`zu_range`'s convention:
+/// `h[0]` = max key, `h[1]` = max complemented key, 0 = no finite value), as
+/// [`RangeScale::range`] decodes them but with the canonical zero of
+/// [`crate::quant::finite_range`] (`-0.0` as `+0.0`, as `GpuCodec::value_range_device` gives it).
+pub(crate) fn decode_keys<T>(h: [u64; 2]) -> Option<(f64, f64)> {
+    if h[0] == 0 || h[1] == 0 {
+        return None;
+    }
+    let dec = crate::gpu::from_key::<T>;
+    Some((dec(!h[1]) + 0.0, dec(h[0]) + 0.0))
 }
