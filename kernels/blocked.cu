@@ -12,7 +12,9 @@
 // kernel: offsets by decoupled look-back over the table sizes, checksum + metadata validation,
 // then AATROX's dual-level prefix sum (layer sums from bit-plane popcounts, block scan, in-layer
 // warp scans over several layers at once: "DEC2" and "Group decoding" below); zc_decompress_hdr is
-// the same kernel taking its parameters from the stream header.
+// the same kernel taking its parameters from the stream header. The *_track variants of the
+// compression and of the decompress-and-add also fold the finite range of the input (resp. the
+// base) into two device words from the loads they make anyway ("Range tracking" below).
 // Errors go to a device flag, never out of bounds.
 #include "common.cuh"
 

@@ -11,6 +11,10 @@
 //!   value range). The host builds the 96-byte header with the same Rust code as the CPU path.
 //!   [`GpuCodec::compress_device_with_range`] takes the `noa` range from the caller (e.g. one
 //!   [`GpuCodec::value_range_device`] call reused) and skips that kernel and its read-back.
+//! * Value ranges without a pass of their own (a ring reduction's): [`DeviceRange`] accumulates
+//!   on the device the ranges that [`GpuCodec::compress_device_tracking`] and
+//!   [`GpuCodec::decompress_add_to_device_tracking`] fold in their kernels;
+//!   [`GpuCodec::sampled_range_device`] is a sample's range for the first quantisations.
 //! * Decompression: one kernel; corruption is reported through a device flag as
 //!   [`Error::Corrupt`].
 //! * Kernels are compiled by NVRTC at first use for the device's architecture with
