@@ -19,7 +19,7 @@ use zcomm::comm::transport::{
     run_ranks, DeviceLoopback, LinkEmulation, LoopbackTransport, Transport,
 };
 use zcomm::comm::{device_ring, Calibration, Communicator, Config, CpuCompressor};
-use zcomm::gpu::{GpuCodec, StepEncoding};
+use zcomm::gpu::{DeviceRange, GpuCodec};
 use zcomm::model::{Link, Policy, Profile};
 use zcomm::{CodecKind, Error, ErrorBound, Result};
 
@@ -146,16 +146,33 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
     let eb = ErrorBound::Abs(abs);
     let mut len = 0;
     let mut rows = Vec::new();
+    // an allreduce's ring samples the range before its first compression and measures the
+    // exact one in the kernels that read the input (`comm::ring::FinalBound::Deferred`)
     rows.push((
-        "value range, whole input",
+        "sampled value range",
         1,
-        time_it(&s, 5, || gpu.value_range_device(&xd.as_view()).map(drop))?,
+        time_it(&s, 5, || gpu.sampled_range_device(&xd.as_view()).map(drop))?,
     ));
     rows.push((
-        "compress half",
+        "value range pass, whole input (what the sample replaces)",
+        0,
+        time_it(&s, 5, || gpu.value_range_device(&xd.as_view()).map(drop))?,
+    ));
+    let mut tracked = DeviceRange::new(&s)?;
+    let mut fused = true;
+    rows.push((
+        "compress half, measuring its range",
         1,
         time_it(&s, 5, || {
-            len = gpu.compress_device(&xd.slice(..half), eb, codec, &mut scratch.as_view_mut())?;
+            let (l, t) = gpu.compress_device_tracking(
+                &xd.slice(..half),
+                abs,
+                codec,
+                &mut scratch.as_view_mut(),
+                &mut tracked,
+            )?;
+            len = l;
+            fused &= t;
             Ok(())
         })?,
     ));
@@ -169,48 +186,56 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
                 .map_err(gpu_err)
         })?,
     ));
-    let enc = StepEncoding {
-        codec,
-        abs_bound: abs,
-        divisor: 1.0,
-        reconstruct: true,
-    };
     let base = xd.slice(half..2 * half);
-    let mut fused = true;
     rows.push((
-        "last reduce step: decompress-add half, compress it leaving its reconstruction",
+        "decompress-add half onto the input, measuring the input's range",
         1,
         time_it(&s, 5, || {
-            let r = gpu.reduce_step_device(
+            let t = gpu.decompress_add_to_device_tracking(
                 &stream.as_view(),
                 &base,
                 &mut acc.slice_mut(..half),
-                enc,
-                &mut scratch.as_view_mut(),
+                &mut tracked,
             )?;
-            fused = r.is_some();
+            fused &= t;
             Ok(())
         })?,
     ));
-    if !fused {
-        rows.pop(); // no reconstructing kernel for this codec: the ring runs the parts below
+    let mut recon = true;
+    rows.push((
+        "compress the sum leaving its reconstruction",
+        1,
+        time_it(&s, 5, || {
+            let r = gpu.compress_reconstruct_device(
+                &mut acc.slice_mut(..half),
+                codec,
+                abs,
+                &mut scratch.as_view_mut(),
+            )?;
+            recon = r.is_some();
+            Ok(())
+        })?,
+    ));
+    let parts = usize::from(!recon);
+    if !recon {
+        rows.pop(); // no reconstructing kernel: the ring compresses, then decodes its own
+        rows.push((
+            "compress the sum",
+            1,
+            time_it(&s, 5, || {
+                gpu.compress_device(&acc.slice(..half), eb, codec, &mut scratch.as_view_mut())
+                    .map(drop)
+            })?,
+        ));
     }
-    let parts = usize::from(!fused);
-    rows.push((
-        "decompress-add half onto the input",
-        parts,
-        time_it(&s, 5, || {
-            gpu.decompress_add_to_device(&stream.as_view(), &base, &mut acc.slice_mut(..half))
-        })?,
-    ));
-    rows.push((
-        "compress the sum",
-        parts,
-        time_it(&s, 5, || {
-            gpu.compress_device(&acc.slice(..half), eb, codec, &mut scratch.as_view_mut())
-                .map(drop)
-        })?,
-    ));
+    if !fused {
+        // a range pass per segment where the codec's kernels do not measure it
+        rows.push((
+            "range pass, whole input (codec without range-measuring kernels)",
+            1,
+            time_it(&s, 5, || gpu.value_range_device(&xd.as_view()).map(drop))?,
+        ));
+    }
     rows.push((
         "decompress half",
         1 + parts,
@@ -220,8 +245,8 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
     ));
     for k in [
         "zc_compress_recon_f32_aatrox_abs",
-        "zc_compress_f32_aatrox_abs",
-        "zc_decompress_add_f32_aatrox_abs",
+        "zc_compress_track_f32_aatrox_abs",
+        "zc_decompress_add_track_f32_aatrox_abs",
     ] {
         let (regs, local, shared) = gpu.kernel_resources(k)?;
         eprintln!("{k}: {regs} registers, {local} B local (spills), {shared} B static shared");

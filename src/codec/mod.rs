@@ -89,6 +89,17 @@ impl CodecKind {
         Self::WITH_GPU.contains(&self)
     }
 
+    /// Whether the codec's GPU kernels measure the value range of what they read (the blocked
+    /// codecs' compression and fused decompress-and-add), so that a compressed allreduce on
+    /// the device runs no range pass of its own (`comm::ring::FinalBound::Deferred`); for the
+    /// others the ring measures it with a pass per segment.
+    pub fn measures_range_on_gpu(self) -> bool {
+        matches!(
+            self,
+            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
+        )
+    }
+
     /// Whether the codec uses the array's shape (`compress_nd`, [`CompressOptions::with_dims`]);
     /// the others compress every array as 1-D and ignore it.
     pub fn uses_dims(self) -> bool {

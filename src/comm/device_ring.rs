@@ -39,12 +39,12 @@ use std::ops::Range;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
 use super::element::Real;
-use super::ring::{self, BoundSplit, NextMsg, RingPlace, RingPlan};
+use super::ring::{self, FinalBound, NextMsg, RingBounds, RingPlace, RingPlan, SplitRule};
 use super::transport::{DeviceBytes, DeviceTransport};
 use super::{partition, Decision, OpStats, OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuCodec, GpuElement, StepEncoding};
+use crate::gpu::{DeviceRange, GpuCodec, GpuElement};
 use crate::quant::ErrorBound;
 
 fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -113,8 +113,11 @@ fn reduce<T: GpuElement + Real>(
     } else {
         bound.validate()
     };
-    // 1. agreement: every rank's count, value range and argument check, in one allgather
+    // 1. agreement: every rank's count, value range and argument check, in one allgather; an
+    //    allreduce's range is a sample (the ring measures the exact one in the kernels that
+    //    read the input anyway: `ring::FinalBound::Deferred`)
     let range = match local {
+        Ok(()) if full => gpu.sampled_range_device(&x.as_view())?,
         Ok(()) => gpu.value_range_device(&x.as_view())?,
         Err(_) => None,
     };
@@ -159,23 +162,19 @@ fn reduce<T: GpuElement + Real>(
     }
     // 2. the per-quantisation bound (as the host ring: p quantisations for the allreduces,
     //    p - 1 for reduce-scatter; partial sums at eb * divisor, the final segment at eb)
-    let split = BoundSplit::new(
+    let rule = SplitRule {
         bound,
-        (glo, ghi),
         p,
-        T::UNIT_ROUNDOFF,
-        op == OP_ALLREDUCE_MEAN,
+        unit_roundoff: T::UNIT_ROUNDOFF,
+        mean: op == OP_ALLREDUCE_MEAN,
         full,
-    );
-    let (e, d) = (split.result, split.divisor);
-    let eb = split.step.ok_or_else(|| {
-        Error::invalid(format!(
-            "the bound {e:e} leaves no room for quantisation at these values' magnitude \
-             ({glo:e} .. {ghi:e})"
-        ))
+    };
+    let agreed = (glo <= ghi).then_some((glo, ghi));
+    let bounds = RingBounds::agree(rule, agreed, full, t.host(), || {
+        gpu.value_range_device(&x.as_view())
     })?;
     // 3. the ring
-    let plan = RingPlan::new((r, p), eb, d, full, codec);
+    let plan = RingPlan::with_bounds((r, p), &bounds, codec)?;
     let mut scratch = gpu.ring_scratch.take();
     let run = ring(
         t,
@@ -187,6 +186,7 @@ fn reduce<T: GpuElement + Real>(
     );
     gpu.ring_scratch = scratch;
     let sent = run?.bytes;
+    let e = sent.result_bound.unwrap_or(bounds.split.result);
     stream.synchronize().map_err(gpu_err("sync"))?;
     let bytes = (x.len() * T::SIZE) as f64;
     let mut st = OpStats::raw(op);
@@ -268,6 +268,12 @@ pub(crate) fn ring<T: GpuElement + Real>(
         let mut place =
             DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), tmp, &segs, &mut buf);
         place.own = (!plan.full).then_some(plan.rank);
+        if matches!(plan.final_bound, FinalBound::Deferred(_)) {
+            match DeviceRange::new(&stream) {
+                Ok(r) => place.range = Some(r),
+                Err(e) => broken = broken.or(Some(e)),
+            }
+        }
         place.broken = broken;
         place.run(plan)
     };
@@ -313,8 +319,14 @@ struct DevicePlace<'a, T: GpuElement> {
     /// compression fails with it, and the ring carries the failure to every rank.
     broken: Option<Error>,
     /// The segment whose output already holds what its compressed final message decodes to
-    /// (left there by [`GpuCodec::reduce_step_device`]), so that its decode is skipped.
+    /// (left there by [`GpuCodec::compress_reconstruct_device`]), so that its decode is
+    /// skipped.
     reconstructed: Option<usize>,
+    /// A ring with a deferred final bound: the finite range of the input segments read so far,
+    /// folded in by the compression and accumulation kernels that read them.
+    range: Option<DeviceRange>,
+    /// Which input segments `range` covers.
+    covered: Vec<bool>,
 }
 
 /// Where a segment's partial sum lives: a range of the output, or the first values of `tmp`.
@@ -362,6 +374,8 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             decompress_s: 0.0,
             broken: None,
             reconstructed: None,
+            range: None,
+            covered: vec![false; segs.len()],
         }
     }
 
@@ -382,56 +396,70 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         })
     }
 
-    /// The last reduce step of an allreduce by [`GpuCodec::reduce_step_device`], which leaves the
-    /// final segment's reconstruction in the output: where it applies (the segment's first
-    /// accumulation, an absolute bound, a codec with the reconstructing kernel). `None` when it
-    /// does not (the step is then done in parts). Its time counts as compression time.
-    fn final_step(
+    /// The final segment's compression by [`GpuCodec::compress_reconstruct_device`], which
+    /// leaves the segment's reconstruction in the output, where it applies (the segment holds
+    /// its sum in the output, an absolute bound, a codec with the reconstructing kernel).
+    /// `None` when it does not, with the sum formed again from `m` when the kernel may have
+    /// overwritten part of it (the caller then compresses it as any segment). Its time counts
+    /// as compression time.
+    fn encode_reconstructing(
         &mut self,
         seg: usize,
         m: &DeviceMsg,
         divisor: f64,
-        next: NextMsg,
+        bound: ErrorBound,
+        codec: CodecKind,
     ) -> Result<Option<DeviceMsg>> {
-        let ErrorBound::Abs(abs_bound) = next.bound else {
+        let ErrorBound::Abs(abs_bound) = bound else {
             return Ok(None);
         };
-        if !next.is_final || self.touched[seg] || self.broken.is_some() {
+        let has_kernel = matches!(
+            codec,
+            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
+        );
+        if !has_kernel || !self.touched[seg] || self.broken.is_some() {
             return Ok(None);
         }
-        let stream = received(m)?;
-        let slot = self.slot(seg);
-        let base = self.input.slice(self.segs[seg].clone());
-        let mut acc = match slot {
-            Slot::Out(r) => self.out.slice_mut(r),
-            Slot::Tmp(n) => match self.tmp.as_mut() {
-                Some(b) => b.slice_mut(..n),
-                None => return Ok(None),
-            },
-        };
-        let enc = StepEncoding {
-            codec: next.codec,
-            abs_bound,
-            divisor,
-            reconstruct: next.is_final,
+        let Slot::Out(r) = self.slot(seg) else {
+            return Ok(None);
         };
         let t = std::time::Instant::now();
-        let r = self.gpu.reduce_step_device(
-            &stream.view(),
-            &base,
-            &mut acc,
-            enc,
+        let len = self.gpu.compress_reconstruct_device(
+            &mut self.out.slice_mut(r),
+            codec,
+            abs_bound,
             &mut self.scratch.as_view_mut(),
         );
         self.compress_s += t.elapsed().as_secs_f64();
-        let Some(len) = r? else {
-            return Ok(None);
-        };
-        self.touched[seg] = true;
-        if next.is_final {
+        if let Some(len) = len? {
             self.reconstructed = Some(seg);
+            return Ok(Some(DeviceMsg::Scratch(len)));
         }
-        Ok(Some(DeviceMsg::Scratch(len)))
+        // no reconstructing compression (a degenerate step, or an incompressible sum the
+        // kernel may have partly replaced): the sum again, as the host ring stores it
+        self.touched[seg] = false;
+        self.accumulate(seg, m)?;
+        if divisor != 1.0 {
+            self.scale(seg, divisor)?;
+        }
+        Ok(None)
+    }
+
+    /// This rank's exact finite input range: what the kernels folded into `range`, the
+    /// segments they did not cover by a range pass each (the whole input by one pass when
+    /// nothing was tracked).
+    fn local_range(&mut self) -> Result<Option<(f64, f64)>> {
+        let Some(acc) = self.range.as_mut() else {
+            return self.gpu.value_range_device(&self.input);
+        };
+        for (k, seg) in self.segs.iter().enumerate() {
+            if !self.covered[k] {
+                self.gpu
+                    .add_range_device(&self.input.slice(seg.clone()), acc)?;
+                self.covered[k] = true;
+            }
+        }
+        acc.read(self.gpu.stream())
     }
 
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
@@ -466,15 +494,24 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         if let Some(e) = self.broken.take() {
             return Err(e);
         }
-        let values = if self.touched[seg] {
-            partial(&self.out, &self.tmp, self.slot(seg))?
-        } else {
+        let from_input = !self.touched[seg];
+        let values = if from_input {
             self.input.slice(self.segs[seg].clone())
+        } else {
+            partial(&self.out, &self.tmp, self.slot(seg))?
         };
         let t = std::time::Instant::now();
-        let len = self
-            .gpu
-            .compress_device(&values, bound, codec, &mut self.scratch.as_view_mut());
+        let out = &mut self.scratch.as_view_mut();
+        let len = match (&mut self.range, bound) {
+            (Some(acc), ErrorBound::Abs(eb)) if from_input && !self.covered[seg] => self
+                .gpu
+                .compress_device_tracking(&values, eb, codec, out, acc)
+                .map(|(len, tracked)| {
+                    self.covered[seg] = tracked;
+                    len
+                }),
+            _ => self.gpu.compress_device(&values, bound, codec, out),
+        };
         self.compress_s += t.elapsed().as_secs_f64();
         Ok(DeviceMsg::Scratch(len?))
     }
@@ -500,9 +537,15 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             self.gpu.decompress_add_device(&stream.view(), &mut acc)
         } else {
             let base = self.input.slice(range);
-            let r = self
-                .gpu
-                .decompress_add_to_device(&stream.view(), &base, &mut acc);
+            let r = match &mut self.range {
+                Some(rng) if !self.covered[seg] => self
+                    .gpu
+                    .decompress_add_to_device_tracking(&stream.view(), &base, &mut acc, rng)
+                    .map(|tracked| self.covered[seg] = tracked),
+                _ => self
+                    .gpu
+                    .decompress_add_to_device(&stream.view(), &base, &mut acc),
+            };
             self.touched[seg] = r.is_ok();
             r
         };
@@ -517,12 +560,31 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         divisor: f64,
         next: Option<NextMsg>,
     ) -> Result<Option<DeviceMsg>> {
-        if let Some(n) = next {
-            if let Some(msg) = self.final_step(seg, m, divisor, n)? {
-                return Ok(Some(msg));
+        match next {
+            Some(n) if n.is_final => {
+                self.accumulate(seg, m)?;
+                if divisor != 1.0 {
+                    self.scale(seg, divisor)?;
+                }
+                self.encode_final(seg, m, divisor, n.bound, n.codec)
+                    .map(Some)
             }
+            _ => ring::step_in_parts(self, seg, m, divisor, next),
         }
-        ring::step_in_parts(self, seg, m, divisor, next)
+    }
+
+    fn encode_final(
+        &mut self,
+        seg: usize,
+        m: &DeviceMsg,
+        divisor: f64,
+        bound: ErrorBound,
+        codec: CodecKind,
+    ) -> Result<DeviceMsg> {
+        match self.encode_reconstructing(seg, m, divisor, bound, codec)? {
+            Some(msg) => Ok(msg),
+            None => self.encode(seg, bound, codec),
+        }
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
@@ -566,13 +628,9 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn global_range(&mut self, ok: bool) -> Result<(Option<(f64, f64)>, bool)> {
-        let local = self.gpu.value_range_device(&self.input);
-        let (r, all) = ring::agree_range(
-            self.t.host(),
-            *local.as_ref().unwrap_or(&None),
-            ok && local.is_ok(),
-        )?;
-        Ok((r, all))
+        let local = self.local_range();
+        let mine = local.as_ref().ok().copied().flatten();
+        ring::agree_range(self.t.host(), mine, ok && local.is_ok())
     }
 
     fn reset(&mut self) {

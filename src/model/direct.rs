@@ -148,7 +148,7 @@ impl Profile {
         let (comp, dec) = self.piece_codec_s(piece, codec, dtype_tag);
         let dec_add = self.decompress_add_s(piece, codec, dtype_tag);
         let net = self.exchange(piece / major, piece / minor, 1.0);
-        let prep = self.range_s(bytes) + self.piece_overhead;
+        let prep = self.reduction_range_s(bytes, !reduce_scatter_only, codec) + self.piece_overhead;
         let rs = (pf - 1.0) * pipeline(&[comp + dec_add, net], pieces);
         if reduce_scatter_only {
             // NCCL's reduce-scatter moves (p-1)/p of the data of an allreduce's first half

@@ -216,6 +216,17 @@ impl Profile {
             0.0
         }
     }
+    /// Seconds a compressed reduction of `bytes` per rank spends on the inputs' value range
+    /// before its ring: an allreduce (`full`) whose codec measures the range in its kernels
+    /// ([`CodecKind::measures_range_on_gpu`]) samples it (one small call); otherwise a range
+    /// pass ([`range_s`](Self::range_s)).
+    pub fn reduction_range_s(&self, bytes: f64, full: bool, codec: crate::codec::CodecKind) -> f64 {
+        if full && codec.measures_range_on_gpu() {
+            self.range_fixed
+        } else {
+            self.range_s(bytes)
+        }
+    }
     /// The staging line (`staging`, else the staged guess's).
     pub fn staging_line(&self) -> Link {
         self.staging.unwrap_or(Link {

@@ -20,6 +20,8 @@ pub struct StagedModel<'a> {
     pub p: &'a Profile,
     /// The codec's GPU call lines ([`Profile::gpu_lines`]).
     pub c: CodecSpeed,
+    /// The codec.
+    pub codec: CodecKind,
 }
 
 impl std::ops::Deref for StagedModel<'_> {
@@ -37,6 +39,7 @@ impl Profile {
         StagedModel {
             p: self,
             c: self.gpu_lines(codec, 1),
+            codec,
         }
     }
     /// The GPU codec the device calibration was asked for (the first record; the default
@@ -487,7 +490,7 @@ impl StagedModel<'_> {
             link: steps * (link.latency + self.pair_s(link, z)),
             h2d: steps * self.h2d_s(z),
             decompress: steps * self.decompress_add_s(seg),
-            device: self.range_s(bytes),
+            device: self.reduction_range_s(bytes, fin.is_some(), self.codec),
         };
         // (reduce-scatter ends with the ring: its own segment accumulated in the output)
         if let Some(rf) = fin {

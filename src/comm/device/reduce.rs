@@ -262,7 +262,8 @@ impl Communicator {
             crate::comm::partition(n, p)[r].len()
         };
         dev.last = StageTimes::default();
-        // 1. agreement with the global value range (device range pass on every rank)
+        // 1. agreement with the global value range (an allreduce's sampled, the exact one
+        //    measured by its ring: `ring::FinalBound`; a reduce-scatter's by a range pass)
         let local = if out.len() != want {
             Err(Error::invalid(format!(
                 "{}: output has {} values, expected {want}",
@@ -275,7 +276,13 @@ impl Communicator {
             ))
         } else {
             let s = dev.stream();
-            dev.utils().and_then(|u| u.range(&s, input))
+            dev.utils().and_then(|u| {
+                if full {
+                    u.sampled(&s, input)
+                } else {
+                    u.range(&s, input)
+                }
+            })
         };
         let (lo, hi) = match &local {
             Ok(Some(v)) => *v,
@@ -296,14 +303,24 @@ impl Communicator {
         let glo = all.iter().map(|d| d.lo).fold(f64::INFINITY, f64::min);
         let ghi = all.iter().map(|d| d.hi).fold(f64::NEG_INFINITY, f64::max);
         let pf = p as f64;
-        let split = crate::comm::ring::BoundSplit::new(
-            self.config.bound,
-            (glo, ghi),
+        let rule = crate::comm::ring::SplitRule {
+            bound: self.config.bound,
             p,
-            T::UNIT_ROUNDOFF,
-            kind == Reduction::Mean,
+            unit_roundoff: T::UNIT_ROUNDOFF,
+            mean: kind == Reduction::Mean,
             full,
-        );
+        };
+        let bounds = crate::comm::ring::RingBounds::agree(
+            rule,
+            (glo <= ghi).then_some((glo, ghi)),
+            full,
+            self.transport(),
+            || {
+                let s = dev.stream();
+                dev.utils().and_then(|u| u.range(&s, input))
+            },
+        )?;
+        let split = bounds.split;
         let (e, d) = (split.result, split.divisor);
         let Some(eb) = split.step else {
             return Ok(None);
@@ -361,10 +378,11 @@ impl Communicator {
         //    over this transport, each message staged through the pinned buffers: GPU
         //    compression, D2H, the transport, H2D into a pooled device buffer, the fused
         //    decompress-and-add; the input is read in place. Every rank fails together.
-        let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
+        let plan = crate::comm::ring::RingPlan::with_bounds((r, p), &bounds, codec)?;
         let run = dev.over_staged_link(self.transport(), |link, gpu, scratch| {
             crate::comm::device_ring::ring(link, gpu, input, out, scratch, plan)
         })?;
+        st.bound = run.bytes.result_bound.unwrap_or(e);
         let ring_wire = run.bytes.reduce_scatter;
         let wire = run.bytes.total(p);
         let moved = if full { 2.0 } else { 1.0 } * bytes as f64 * (pf - 1.0) / pf;

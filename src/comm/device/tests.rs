@@ -427,12 +427,14 @@ fn predict_reduce_structure() {
     assert!(close(rs.device, range));
     assert!(close(dp.predict_reduce(LINK, p, b, r, false), rs.total()));
     // the allreduce: no copy at all, then the compressed allgather of one segment at the
-    // final streams' own ratio
+    // final streams' own ratio; no range pass (a sample, the exact range measured by the
+    // ring's kernels: one small call)
     let rf = 5.0;
     let ar = dp.reduce_terms(LINK, p, b, r, Some(rf), false);
+    assert!(close(ar.device, dp.range_fixed));
     // (less the decode of this rank's own stream, reconstructed by its compression)
     let ag = dp.allgather_terms(LINK, p, seg, rf).1.total() - dp.decompress_s(seg);
-    let ring = 3.0 * step + range;
+    let ring = 3.0 * step + dp.range_fixed;
     assert!(
         close(ar.total(), ring + ag),
         "{} vs {}",

@@ -160,44 +160,58 @@ impl NcclComm {
         let chosen = self.decide(&plan, &mut st, |c, r| predict(&self.profile, c, r).1);
         let mut compress = chosen.is_some();
         let codec = chosen.map_or(preferred, |x| x.0);
-        let mut eb = 0.0;
-        let mut e_total = 0.0;
+        let mut bounds = None;
         if compress {
             // compressing (same decision on all ranks): the global range and magnitude, then
-            // the per-quantization bound (identical on all ranks)
-            let (lo, hi) = self
-                .utils
-                .range(&self.sh.work, &x.as_view())?
-                .unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
+            // the per-quantization bound (identical on all ranks); an allreduce starts from a
+            // sampled range and measures the exact one in its ring (`ring::FinalBound`)
+            let local = if full {
+                self.utils.sampled_range(&self.sh.work, &x.as_view())?
+            } else {
+                self.utils.range(&self.sh.work, &x.as_view())?
+            };
+            let (lo, hi) = local.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
             let mut mm = [-lo, hi];
             self.sh.boot.allreduce_f64(&mut mm, ReduceOp::Max)?;
             let (glo, ghi) = (-mm[0], mm[1]);
-            let m = glo.abs().max(ghi.abs());
-            let m = if m.is_finite() { m } else { 0.0 };
-            e_total = crate::comm::reduction_result_bound(self.config.bound, glo, ghi);
-            match reduction_step_bound(e_total, m, p, T::UNIT_ROUNDOFF, d, nq) {
-                Some(v) => eb = v,
-                None => compress = false,
+            let rule = crate::comm::ring::SplitRule {
+                bound: self.config.bound,
+                p,
+                unit_roundoff: T::UNIT_ROUNDOFF,
+                mean: op == OP_ALLREDUCE_MEAN,
+                full,
+            };
+            let b = crate::comm::ring::RingBounds::agree(
+                rule,
+                (glo <= ghi).then_some((glo, ghi)),
+                full,
+                &*self.sh.boot,
+                || self.utils.range(&self.sh.work, &x.as_view()),
+            )?;
+            compress = b.split.step.is_some();
+            bounds = Some(b);
+        }
+        let bounds = match bounds {
+            Some(b) if compress => b,
+            _ => {
+                self.raw_reduce(op, x, out, &segs)?;
+                return self.finish(st, t0);
             }
-        }
-        if !compress {
-            self.raw_reduce(op, x, out, &segs)?;
-            return self.finish(st, t0);
-        }
+        };
         // compressed: the device ring of every transport (`comm::device_ring`) with NCCL
         // carrying its messages; the input is read in place, the partial sums accumulate in
         // `out` (reduce-scatter: this rank's segment only)
-        let plan = crate::comm::ring::RingPlan::new((r, p), eb, d, full, codec);
-        let ((), wire) = self.over_link(|link, gpu| {
+        let plan = crate::comm::ring::RingPlan::with_bounds((r, p), &bounds, codec)?;
+        let (run, wire) = self.over_link(|link, gpu| {
             let (x, mut o) = (x.as_view(), out.as_view_mut());
             let mut scratch = gpu.ring_scratch.take();
             let r = device_ring::ring(link, gpu, &x, &mut o, &mut scratch, plan);
             gpu.ring_scratch = scratch;
-            r.map(|_| ())
+            r
         })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
-        st.bound = e_total;
+        st.bound = run.bytes.result_bound.unwrap_or(bounds.split.result);
         st.wire_bytes = wire.sent as u64;
         let moved = if full {
             2 * (p - 1) * bytes / p

@@ -52,6 +52,16 @@ impl Utils {
         self.rs.range(stream, x)
     }
 
+    /// [`range`](Utils::range) of a deterministic sample ([`crate::quant::sampled_range`]).
+    /// Synchronizes `stream`.
+    pub(crate) fn sampled_range<T: NcclReal>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &CudaView<'_, T>,
+    ) -> Result<Option<(f64, f64)>> {
+        self.rs.sampled(stream, x)
+    }
+
     /// `max |a_i - b_i|` (computed in f64; infinite when exactly one side is not finite).
     pub(crate) fn max_abs_diff<T: NcclReal>(
         &self,
