@@ -4,7 +4,11 @@
 //! kernel accumulating them. The last reduce step ([`GpuCodec::reduce_step_device`]) compresses
 //! this rank's final segment with a kernel that leaves what the stream decodes to in place of
 //! the sum, so no rank decodes its own segment. Nothing is staged through the host; the host sees
-//! only the descriptor agreement (count and value range, one small allgather).
+//! only the descriptor agreement (count and value range, one small allgather) and, for an
+//! allreduce, the agreement on the exact range before the final compression: the range agreed
+//! first is a sample, and the compression and decompress-and-add kernels that read the input
+//! measure the exact one on the way ([`DeviceRange`], `ring::FinalBound::Deferred`), so no
+//! pass over the input runs before the first compression.
 //!
 //! Because the GPU codec writes the CPU twin's bytes and the fused accumulation rounds once per
 //! value as the host's `a + b`, the results equal the host ring's with the same codec, bit for

@@ -12,6 +12,18 @@
 //!    bound and every rank decodes every segment, its own too, so all ranks hold bit-identical
 //!    results.
 //!
+//! **Bounds.** The end-to-end bound is split over the quantisations of a segment's chain
+//! ([`BoundSplit`]); a `noa` bound needs the inputs' global value range for that, and the
+//! rounding of the additions their largest magnitude. An allreduce does not wait for a pass over
+//! its input: its ranks agree on a *sampled* range ([`crate::quant::sampled_range`], inside the
+//! exact one), which bounds every quantisation but the last; by the last reduce step every rank
+//! has read all of its input, so the places measure the exact range in the kernels (or loops)
+//! that read it, the ranks agree on it ([`RingPlace::global_range`]) and the final segment gets
+//! what the exact bound leaves ([`SplitRule::final_after`], [`FinalBound::Deferred`]). If a
+//! magnitude the sample missed leaves too little, every rank starts the ring again with the
+//! exact split (the input is never written). A reduce-scatter has no final segment to absorb the
+//! difference and measures the exact range first.
+//!
 //! Each received segment goes through one [`RingPlace::reduce_step`]: accumulate, divide (the
 //! mean's last step), compress for the next message (the last step of an allreduce: the final
 //! segment). A place may do them its own way; the device ring compresses the final segment with
