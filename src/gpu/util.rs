@@ -111,8 +111,8 @@ impl RangeScale {
         }
     }
 
-    /// Smallest and largest finite values of `x` (`None` when there is none). Synchronizes
-    /// `stream`.
+    /// Smallest and largest finite values of `x` (`None` when there is none; the canonical
+    /// zero of [`decode_keys`]). Synchronizes `stream`.
     pub(crate) fn range<T: GpuElement>(
         &self,
         stream: &Arc<CudaStream>,
@@ -122,6 +122,25 @@ impl RangeScale {
         if n == 0 {
             return Ok(None);
         }
+        let n64 = n as u64;
+        let h = self.keys_of(stream, |out| {
+            let mut b = stream.launch_builder(&self.range[idx::<T>()]);
+            b.arg(x).arg(&n64).arg(out);
+            // SAFETY: the kernel reads n values of x and writes two u64 of out.
+            unsafe { b.launch(self.cfg(n)) }
+                .map(drop)
+                .map_err(gpu_err("range kernel"))
+        })?;
+        Ok(decode_keys::<T>(h))
+    }
+
+    /// The two key words a range kernel `launch`ed on them leaves (zeroed first, read back
+    /// after; synchronizes `stream`). The words are this context's one pair, held for the call.
+    fn keys_of(
+        &self,
+        stream: &Arc<CudaStream>,
+        launch: impl FnOnce(&mut CudaSlice<u64>) -> Result<()>,
+    ) -> Result<[u64; 2]> {
         stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
         let mut guard = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let out = match guard.as_mut() {
@@ -131,21 +150,13 @@ impl RangeScale {
             }
             None => guard.insert(stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?),
         };
-        let n64 = n as u64;
-        let mut b = stream.launch_builder(&self.range[idx::<T>()]);
-        b.arg(x).arg(&n64).arg(&mut *out);
-        // SAFETY: the kernel reads n values of x and writes two u64 of out.
-        unsafe { b.launch(self.cfg(n)) }.map_err(gpu_err("range kernel"))?;
+        launch(out)?;
         let mut h = [0u64; 2];
         stream
             .memcpy_dtoh(&*out, &mut h[..])
             .map_err(gpu_err("range d2h"))?;
         stream.synchronize().map_err(gpu_err("sync"))?;
-        if h[0] == 0 {
-            return Ok(None);
-        }
-        let dec = crate::gpu::from_key::<T>;
-        Ok(Some((dec(!h[1]), dec(h[0]))))
+        Ok(h)
     }
 
     /// Fold the finite range of `x` into the two key words at device address `words` (a
@@ -192,26 +203,16 @@ impl RangeScale {
         } else {
             ((n / s_max) as u64, s_max as u64)
         };
-        stream.context().bind_to_thread().map_err(gpu_err("bind"))?;
-        let mut guard = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let out = match guard.as_mut() {
-            Some(o) => {
-                stream.memset_zeros(o).map_err(gpu_err("memset"))?;
-                o
-            }
-            None => guard.insert(stream.alloc_zeros::<u64>(2).map_err(gpu_err("alloc"))?),
-        };
         let n64 = n as u64;
-        let mut b = stream.launch_builder(&self.sampled[idx::<T>()]);
-        b.arg(x).arg(&n64).arg(&stride).arg(&m).arg(&mut *out);
-        // SAFETY: the kernel reads x at positions k * stride (k < m, all < n) and n - 1, and
-        // writes two u64 of out.
-        unsafe { b.launch(self.cfg(m as usize + 1)) }.map_err(gpu_err("sampled range kernel"))?;
-        let mut h = [0u64; 2];
-        stream
-            .memcpy_dtoh(&*out, &mut h[..])
-            .map_err(gpu_err("range d2h"))?;
-        stream.synchronize().map_err(gpu_err("sync"))?;
+        let h = self.keys_of(stream, |out| {
+            let mut b = stream.launch_builder(&self.sampled[idx::<T>()]);
+            b.arg(x).arg(&n64).arg(&stride).arg(&m).arg(out);
+            // SAFETY: the kernel reads x at positions k * stride (k < m, all < n) and n - 1,
+            // and writes two u64 of out.
+            unsafe { b.launch(self.cfg(m as usize + 1)) }
+                .map(drop)
+                .map_err(gpu_err("sampled range kernel"))
+        })?;
         Ok(decode_keys::<T>(h))
     }
 
