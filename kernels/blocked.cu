@@ -377,52 +377,73 @@ template <typename K> __device__ __forceinline__ K zc_range_wmax(K v) {
         return ((u64)h << 32) | l;
     }
 }
-// A thread's finite min / max (lo > hi: none); |x| < inf is false for NaN and +-Inf, so a value
-// costs one compare and two min / max, no keys.
+// A thread's finite min / max. A value costs three instructions and no predicate: fma(x, 0, x)
+// is x for a finite x (x * 0 is a zero of x's sign, exact) and NaN for +-Inf and NaN, which
+// fmin / fmax ignore. Empty (lo = +Inf, hi = -Inf), both of its keys (zc_range_key of hi, the
+// complemented key of lo) are the key of -Inf, below the key of every finite value.
 template <typename T> struct ZcMinMax {
     T lo, hi;
     __device__ __forceinline__ ZcMinMax() : lo((T)__int_as_float(0x7f800000)), hi(-(T)__int_as_float(0x7f800000)) {}
     __device__ __forceinline__ void add(T x) {
-        if (fabs(x) < (T)__int_as_float(0x7f800000)) {
-            lo = fmin(lo, x);
-            hi = fmax(hi, x);
-        }
-    }
-    // Raises the block's keys sk by the warp's min / max. Called by the whole warp.
-    __device__ __forceinline__ void fold(typename ZT<T>::bits_t* sk) const {
-        typedef typename ZT<T>::bits_t K;
-        const bool any = lo <= hi;
-        const K h = zc_range_wmax<K>(any ? zc_range_key(hi) : (K)0);
-        const K l = zc_range_wmax<K>(any ? (K)~zc_range_key(lo) : (K)0);
-        if ((threadIdx.x & 31u) == 0u) {
-            if (h) atomicMax(sk, h);
-            if (l) atomicMax(sk + 1, l);
-        }
+        const T f = fma(x, (T)0, x);
+        lo = fmin(lo, f);
+        hi = fmax(hi, f);
     }
 };
-// The tracker of a kernel: per-thread values kept across the kernel (`add`, then one `fold` at its
-// end: the decompress-and-add, whose stores may diverge), or eight values at a time folded at
-// once (`add8`, the compression's pass 1: 32 registers for f32 and none to spare across its loop,
-// so nothing is kept; value u of the thread counts when e0 + 32 u < n, as the two-pass loader
-// pads a partial chunk with zeros; called by the whole warp).
+// The tracker of a kernel. Values come in one by one (`add`) into a per-thread ZcMinMax, which
+// `flush` (whole warp, at a point where the warp is converged) merges into the warp's slot in
+// shared memory (zc_rng_warp[w], max key and max complemented key; lane 0 alone reads and
+// writes it) with a warp-wide max (REDUX) of each key. The kernels flush once per iteration
+// (1,024 values of a warp; the two-pass compression's pass 1 every eight values, having no
+// register to spare across its steps), so the per-thread minimum and maximum live only within an
+// iteration's loop: kept through a whole kernel, they made the decode loops spill. `fold`
+// (whole warp, after everything) raises the block's keys sk with one shared atomic per warp and
+// key. `add8`: eight values of a compression step, then a flush; value u counts when
+// e0 + 32 u < n, as the two-pass loader pads a partial chunk with zeros.
 template <typename T, bool ON> struct ZcRange {
     typedef typename ZT<T>::bits_t K;
     __device__ __forceinline__ void add(T) {}
+    __device__ __forceinline__ void add8(const T (&)[8], u32, u32) {}
+    __device__ __forceinline__ void flush() {}
     __device__ __forceinline__ void fold(K*) {}
-    __device__ __forceinline__ void add8(const T (&)[8], u32, u32, K*) {}
 };
+__shared__ u64 zc_rng_warp[ZC_WARPS][2];  // ZcRange: per warp, max key and max complemented key
 template <typename T> struct ZcRange<T, true> {
     typedef typename ZT<T>::bits_t K;
-    ZcMinMax<T> m;
+    ZcMinMax<T> m;  // the thread's values since the last flush
+    __device__ __forceinline__ ZcRange() {
+        if ((threadIdx.x & 31u) == 0u) {
+            K* slot = (K*)zc_rng_warp[threadIdx.x >> 5];
+            slot[0] = 0;
+            slot[1] = 0;
+        }
+    }
     __device__ __forceinline__ void add(T x) { m.add(x); }
-    __device__ __forceinline__ void fold(K* sk) { m.fold(sk); }
-    __device__ __forceinline__ void add8(const T (&xs)[8], u32 e0, u32 n, K* sk) {
-        ZcMinMax<T> g;
+    __device__ __forceinline__ void add8(const T (&xs)[8], u32 e0, u32 n) {
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            if (e0 + 32u * (u32)u < n) g.add(xs[u]);
+            if (e0 + 32u * (u32)u < n) m.add(xs[u]);
         }
-        g.fold(sk);
+        flush();
+    }
+    __device__ __forceinline__ void flush() {
+        const K h = zc_range_wmax<K>(zc_range_key(m.hi));
+        const K l = zc_range_wmax<K>((K)~zc_range_key(m.lo));
+        m = ZcMinMax<T>();
+        if ((threadIdx.x & 31u) == 0u) {
+            K* slot = (K*)zc_rng_warp[threadIdx.x >> 5];
+            slot[0] = h > slot[0] ? h : slot[0];
+            slot[1] = l > slot[1] ? l : slot[1];
+        }
+    }
+    __device__ __forceinline__ void fold(K* sk) {
+        flush();
+        const K none = zc_range_key(-(T)__int_as_float(0x7f800000));
+        if ((threadIdx.x & 31u) == 0u) {
+            const K* slot = (const K*)zc_rng_warp[threadIdx.x >> 5];
+            if (slot[0] > none) atomicMax(sk, slot[0]);
+            if (slot[1] > none) atomicMax(sk + 1, slot[1]);
+        }
     }
 };
 // Thread 0, after a barrier that follows every fold of the block: the block's keys into `out`
@@ -435,11 +456,13 @@ template <typename K> __device__ __forceinline__ void zc_range_publish(const K* 
 // The finite values of the n < ZC_CHUNK values at cin (a partial chunk) folded into sk by the
 // whole block, in a loop of its own (so that the two-pass loop of the one-pass codecs, which
 // takes only this chunk, keeps its registers).
+// Its tracker reuses the warp's slot: the kernel's own tracker has flushed nothing yet, and
+// folding that slot again at the end is harmless (a maximum).
 template <typename T> __device__ __forceinline__ void zc_range_chunk(const T* __restrict__ cin, u32 n,
                                                                      typename ZT<T>::bits_t* sk) {
-    ZcMinMax<T> m;
-    for (u32 i = threadIdx.x; i < n; i += ZC_THREADS) m.add(cin[i]);
-    m.fold(sk);
+    ZcRange<T, true> r;
+    for (u32 i = threadIdx.x; i < n; i += ZC_THREADS) r.add(cin[i]);
+    r.fold(sk);
 }
 
 // Pass 1 of a full chunk in one-pass mode (see the top of the file): quantizes and stages every
@@ -449,13 +472,12 @@ template <typename T> __device__ __forceinline__ void zc_range_chunk(const T* __
 // last[it] = the last code of its last non-raw layer, and bit it of *has. RECON: rc (the chunk's
 // values, in place) receives the reconstruction of every staged non-raw layer, whose values are
 // never read again (pass 2 re-reads only raw and unstaged layers, and writes theirs). tr
-// (ZcRange::add8 into the block's keys sk) sees every value of the chunk (range tracking; a no-op
+// (ZcRange, flushed once per iteration) sees every value of the chunk (range tracking; a no-op
 // without it).
 template <typename T, int CODEC, bool REL, bool RECON, typename R>
 __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const ZQ<T>& q, float eb32, int w, int lane,
                                                u32* st, u8* rate, i32* d0s, unsigned short* sinfo, i32* first,
-                                               i32* last, u32* pend, u32* has, T* rc, R& tr,
-                                               typename ZT<T>::bits_t* sk) {
+                                               i32* last, u32* pend, u32* has, T* rc, R& tr) {
     const int W = ZC_WARPS;
     const int J = 32 / ZC_WARPS;
     u32 cur = 0;
@@ -471,7 +493,7 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
 #pragma unroll
             for (int u = 0; u < 8; u++) xs[u] = p[u * 32];
 #pragma unroll
-            tr.add8(xs, 0u, ZC_CHUNK, sk);  // a full chunk: every value is present
+            for (int u = 0; u < 8; u++) tr.add(xs[u]);  // a full chunk: every value is present
 #pragma unroll
             for (int h = 0; h < 8; h += 4) {
                 u32 bq[4], mq[4], sq[4];
@@ -499,6 +521,7 @@ __device__ __forceinline__ void zc_stage_chunk(const T* __restrict__ cin, const 
                 }
             }
         }
+        tr.flush();
         if (CODEC == ZC_AATROX && have) {
             if (lane == 31) last[it] = prev31;
             if (lane == 0) atomicOr(has, 1u << it);
@@ -603,8 +626,9 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
     if (staged) {
         if constexpr (ONE) {
             zc_stage_chunk<T, CODEC, REL, RECON>(cin, q, eb32, w, lane, st_w, (u8*)s_rate, s_prev, s_sinfo, s_first,
-                                                 s_last, s_pend, &s_has, rc, tr, s_rng);
+                                                 s_last, s_pend, &s_has, rc, tr);
         }
+        tr.fold(s_rng);
         __syncthreads();
         if (CODEC == ZC_AATROX) {
             // the first delta of each iteration's pending layer: prev is the last code of the
@@ -648,7 +672,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             for (int t0 = 0; t0 < 32; t0 += 8) {
                 T xs[8];
                 zc_load_steps(cin, n, it, t0, lane, xs);
-                if constexpr (!ONE) tr.add8(xs, (u32)(it * 32 + t0) * 32u + (u32)lane, n, s_rng);  // not the padding
+                if constexpr (!ONE) tr.add8(xs, (u32)(it * 32 + t0) * 32u + (u32)lane, n);  // not the padding
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     const int t = t0 + u;
@@ -679,6 +703,7 @@ __device__ __forceinline__ void zc_compress(const T* __restrict__ in, u64 count,
             }
         }
 
+        tr.fold(s_rng);
         // ---- chain: init = first code of the first non-raw layer; prev = last code before
         u32 nonraw[J];
 #pragma unroll
@@ -1191,18 +1216,22 @@ __device__ __forceinline__ void zc_store_group(const i32 (&s)[G], const i32* s32
 // ACC: the group's base values, loaded before its words are decoded so that their memory latency
 // overlaps the transpose and the scans instead of stalling the stores (the decode is otherwise
 // issue-bound, the accumulation latency-bound).
+// The group's address is formed once and its layers are constant offsets from it, so that the
+// loads and stores take immediate offsets instead of an address computation each.
 template <typename T, int G> __device__ __forceinline__ void zc_load_base(const T* po, int t, T (&bv)[G]) {
+    const T* pb = (const T*)((const char*)(po + t * 32) + zc_acc_base_off);
 #pragma unroll
-    for (int e = 0; e < G; e++) bv[e] = __ldcs((const T*)((const char*)(po + (t + e) * 32) + zc_acc_base_off));
+    for (int e = 0; e < G; e++) bv[e] = __ldcs(pb + e * 32);
 }
 template <typename T, int CODEC, bool REL, int G, typename R>
 __device__ __forceinline__ void zc_add_group(const i32 (&s)[G], const T (&bv)[G], const i32* s32, T* po, const ZQ<T>& q,
                                              int t, R& tr) {
+    T* pg = po + t * 32;
 #pragma unroll
     for (int e = 0; e < G; e++) {
         const i32 st = CODEC == ZC_AATROX ? s32[2 * (t + e)] : 0;
         tr.add(bv[e]);
-        po[(t + e) * 32] = zc_add_rn(bv[e], zc_d2_value<T, REL>(q, (i64)st, s[e], true));
+        pg[e * 32] = zc_add_rn(bv[e], zc_d2_value<T, REL>(q, (i64)st, s[e], true));
     }
 }
 
@@ -1238,7 +1267,13 @@ __device__ __forceinline__ void zc_dec_groups(const u32* __restrict__ cw, u32 in
     for (int t = 0; t + G <= 32; t += G) {
         if (((zero >> t) & GM) == GM) {
             const i32 none[G] = {};
-            zc_store_group<T, CODEC, REL, ACC, G>(none, s32, po, q, t, tr);
+            if constexpr (ACC) {
+                T bv[G];
+                zc_load_base<T, G>(po, t, bv);
+                zc_add_group<T, CODEC, REL, G>(none, bv, s32, po, q, t, tr);
+            } else {
+                zc_store_group<T, CODEC, REL, ACC, G>(none, s32, po, q, t, tr);
+            }
         } else {
             zc_dec_group<T, CODEC, REL, ACC, G, PACK>(cw, info, s32, po, q, t, lane, tr);
         }
@@ -1498,6 +1533,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                         else if (maxb <= 9u) zc_dec_groups<T, CODEC, REL, ACC, 3, false>(cw, info, zero, s32, po, q, lane, tr);
                         else if (maxb <= 10u) zc_dec_groups<T, CODEC, REL, ACC, 2, true>(cw, info, zero, s32, po, q, lane, tr);
                         else zc_dec_groups<T, CODEC, REL, ACC, 2, false>(cw, info, zero, s32, po, q, lane, tr);
+                        tr.flush();
                         continue;
                     }
                 }
@@ -1675,6 +1711,7 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
                 }
                 if (present) zc_store<T, ACC>(cout + ll * 32u + lane, zq_decode<T, REL>(q, code), tr);
             }
+            tr.flush();  // the per-layer stores' values (add): no per-thread range across iterations
         }
     } while (0);
     tr.fold(s_rng);
