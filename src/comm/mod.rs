@@ -167,6 +167,7 @@ pub use device::{
     StageTimes, Staged,
 };
 pub use element::{CommElement, Real};
+#[cfg(feature = "cuda")]
 use p2p::Swapped;
 pub use progress::OpRequest;
 #[cfg(feature = "mpi")]
