@@ -774,27 +774,8 @@ impl GpuCodec {
             _ => {}
         }
         let n = input.len();
-        let raw_len = n * T::SIZE;
-        let bound_len = HEADER_LEN + raw_len;
-        if out.len() < bound_len {
-            return Err(Error::invalid(format!(
-                "output buffer of {} bytes is smaller than compress_bound = {bound_len}",
-                out.len()
-            )));
-        }
-        let s = self.stream.clone();
-        let in_ptr = raw_ptr(input, &s);
-        let out_ptr = raw_ptr_mut(out, &s);
-        if out_ptr % 16 != 0 || in_ptr % (T::SIZE as u64) != 0 {
-            return Err(Error::invalid(
-                "device buffers must be 16-byte (output) / element aligned",
-            ));
-        }
+        let (in_ptr, out_ptr, n_chunks) = self.blocked_buffers(input, codec, out)?;
         self.last_times = KernelTimes::default();
-        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
-        if n_chunks > u32::MAX as usize {
-            return Err(Error::invalid("too many values for one stream"));
-        }
         // one memset for the statistics kernel's and the compression kernel's ctrl words and the
         // look-back status words
         if n > 0 {
@@ -802,6 +783,38 @@ impl GpuCodec {
         }
         let params = self.device_params::<T>(in_ptr, n, bound, range)?;
         self.compress_with_params::<T>(in_ptr, n, codec, &params, false, None, out_ptr)
+    }
+
+    /// The checks of a blocked compression's buffers (`out` at least
+    /// [`crate::compress_bound`] bytes and 16-byte aligned, `input` element aligned, a chunk
+    /// count the stream's table can hold): the input and output addresses and the chunk count.
+    pub(crate) fn blocked_buffers<T: GpuElement>(
+        &self,
+        input: &CudaView<'_, T>,
+        codec: CodecKind,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<(u64, u64, usize)> {
+        let n = input.len();
+        let bound_len = HEADER_LEN + n * T::SIZE;
+        if out.len() < bound_len {
+            return Err(Error::invalid(format!(
+                "output buffer of {} bytes is smaller than compress_bound = {bound_len}",
+                out.len()
+            )));
+        }
+        let s = &self.stream;
+        let in_ptr = raw_ptr(input, s);
+        let out_ptr = raw_ptr_mut(out, s);
+        if out_ptr % 16 != 0 || in_ptr % (T::SIZE as u64) != 0 {
+            return Err(Error::invalid(
+                "device buffers must be 16-byte (output) / element aligned",
+            ));
+        }
+        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
+        if n_chunks > u32::MAX as usize {
+            return Err(Error::invalid("too many values for one stream"));
+        }
+        Ok((in_ptr, out_ptr, n_chunks))
     }
 
     /// The quantizer parameters of the `n` values at device address `in_ptr` under `bound`

@@ -171,25 +171,8 @@ impl GpuCodec {
         };
         // the checks of compress_device_impl, in its order
         let n = input.len();
-        let bound_len = HEADER_LEN + n * T::SIZE;
-        if out.len() < bound_len {
-            return Err(Error::invalid(format!(
-                "output buffer of {} bytes is smaller than compress_bound = {bound_len}",
-                out.len()
-            )));
-        }
+        let (in_ptr, out_ptr, n_chunks) = self.blocked_buffers(input, codec, out)?;
         let s = self.stream.clone();
-        let in_ptr = raw_ptr(input, &s);
-        let out_ptr = raw_ptr_mut(out, &s);
-        if out_ptr % 16 != 0 || in_ptr % (T::SIZE as u64) != 0 {
-            return Err(Error::invalid(
-                "device buffers must be 16-byte (output) / element aligned",
-            ));
-        }
-        let n_chunks = n.div_ceil(1 << codec.chunk_log2(T::DTYPE));
-        if n_chunks > u32::MAX as usize {
-            return Err(Error::invalid("too many values for one stream"));
-        }
         let words = acc.words_for::<T>(&s)?;
         self.last_times = KernelTimes::default();
         self.zero_ctrl(n_chunks)?;
