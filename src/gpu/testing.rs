@@ -216,18 +216,7 @@ pub fn check_tracked_compress<T: GpuElement>(
              {at:?})"
         ));
     }
-    let got = acc.read(&s).map_err(|e| format!("{label}: read: {e}"))?;
-    let want = if tracked {
-        crate::quant::finite_range(data)
-    } else {
-        None
-    };
-    if !same_range(got, want) {
-        return Err(format!(
-            "{label} (tracked {tracked}): range {got:?}, want {want:?}"
-        ));
-    }
-    Ok(tracked)
+    tracked_range_is(&acc, &s, &label, tracked, data)
 }
 
 /// Two ranges equal bit for bit (so that `-0.0` and `+0.0` differ).
@@ -290,9 +279,21 @@ pub fn check_tracked_decompress_add<T: GpuElement>(
     {
         return Err(format!("{label}: value {i}: {:?} vs {:?}", a[i], b[i]));
     }
-    let got = acc.read(&s).map_err(|e| format!("{label}: read: {e}"))?;
+    tracked_range_is(&acc, &s, &label, tracked, base)
+}
+
+/// `acc` holds `values`' finite range when the call `tracked` it, and nothing otherwise;
+/// returns `tracked`.
+fn tracked_range_is<T: GpuElement>(
+    acc: &super::DeviceRange,
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    label: &str,
+    tracked: bool,
+    values: &[T],
+) -> Result<bool, String> {
+    let got = acc.read(s).map_err(|e| format!("{label}: read: {e}"))?;
     let want = if tracked {
-        crate::quant::finite_range(base)
+        crate::quant::finite_range(values)
     } else {
         None
     };
