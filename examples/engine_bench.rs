@@ -2,12 +2,15 @@
 //! process share GPU 0 and exchange their compressed segments through device memory (the
 //! [`DeviceLoopback`] transport, unthrottled or at `--link` GB/s). Reports time, ratio, max error
 //! against the exact sum and `input_gbps` = (all ranks' input bytes) / time, as a table and, with
-//! `--json FILE`, as JSON lines appended to FILE.
+//! `--json FILE`, as JSON lines appended to FILE. The time of a call is the median of calls
+//! each between two barriers; the table's next line gives the mean of the same number of calls
+//! back to back (one barrier before and after, as a training loop calls it).
 //!
 //! ```text
 //! engine_bench                                  # 2 ranks, 1 GiB f32 per rank, noa:1e-3, aatrox
 //! engine_bench --mib 256 --error-bound noa:1e-2 --codec pfpl --iters 20
 //! engine_bench --mib 64 --check-cpu             # also run the host ring: results must be bit-identical
+//! engine_bench --breakdown --pairs              # each step alone, and pairs of steps side by side
 //! ```
 
 use std::io::Write;
@@ -26,7 +29,7 @@ use zcomm::{CodecKind, Error, ErrorBound, Result};
 /// Compressed allreduce of device buffers, ranks sharing one GPU.
 #[derive(Parser, Debug)]
 #[command(
-    after_help = "Examples:\n  engine_bench\n  engine_bench --mib 256 --codec pfpl --iters 20\n  engine_bench --mib 64 --check-cpu --json bench/results/engine.jsonl"
+    after_help = "Examples:\n  engine_bench\n  engine_bench --mib 256 --codec pfpl --iters 20\n  engine_bench --mib 64 --check-cpu --json bench/results/engine.jsonl\n  engine_bench --breakdown --pairs"
 )]
 struct Args {
     /// Ranks (threads sharing GPU 0).
@@ -57,6 +60,10 @@ struct Args {
     /// the GPU): where a call's time goes.
     #[arg(long)]
     breakdown: bool,
+    /// Also time pairs of ring steps running at once on two streams (what two ranks sharing
+    /// the GPU do side by side), against each step alone: which kernels share the GPU well.
+    #[arg(long)]
+    pairs: bool,
 }
 
 /// A smooth, non-sparse field with structure at every scale: plane waves with amplitudes
@@ -254,12 +261,165 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
     Ok(rows.into_iter().map(|(n, k, t)| (n, k, t * 1e3)).collect())
 }
 
+/// One step of a 2-rank ring call on one rank's data.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Step {
+    Compress,
+    DecompressAdd,
+    CompressReconstruct,
+    Decompress,
+}
+
+/// One rank's buffers for running [`Step`]s on its own stream.
+struct StepRunner {
+    gpu: GpuCodec,
+    x: cudarc::driver::CudaSlice<f32>,
+    acc: cudarc::driver::CudaSlice<f32>,
+    scratch: cudarc::driver::CudaSlice<u8>,
+    compressed: cudarc::driver::CudaSlice<u8>,
+    tracked: DeviceRange,
+    abs: f64,
+    codec: CodecKind,
+}
+
+impl StepRunner {
+    fn new(x: &[f32], codec: CodecKind) -> Result<Self> {
+        let mut gpu = GpuCodec::new(0)?.with_own_stream()?;
+        let s = gpu.stream().clone();
+        let xd = s.clone_htod(x).map_err(gpu_err)?;
+        let half = x.len() / 2;
+        let acc = s.alloc_zeros::<f32>(half).map_err(gpu_err)?;
+        let mut scratch = s
+            .alloc_zeros::<u8>(zcomm::compress_bound(half, zcomm::Dtype::F32))
+            .map_err(gpu_err)?;
+        let range = gpu.value_range_device(&xd.as_view())?.unwrap_or((0.0, 0.0));
+        let abs = 1e-3 * (range.1 - range.0) / 2.0;
+        let mut tracked = DeviceRange::new(&s)?;
+        let (len, _) = gpu.compress_device_tracking(
+            &xd.slice(..half),
+            abs,
+            codec,
+            &mut scratch.as_view_mut(),
+            &mut tracked,
+        )?;
+        let compressed = s.clone_dtod(&scratch.slice(..len)).map_err(gpu_err)?;
+        Ok(StepRunner {
+            gpu,
+            x: xd,
+            acc,
+            scratch,
+            compressed,
+            tracked,
+            abs,
+            codec,
+        })
+    }
+
+    fn run(&mut self, step: Step) -> Result<()> {
+        let half = self.acc.len();
+        match step {
+            Step::Compress => {
+                self.gpu.compress_device_tracking(
+                    &self.x.slice(..half),
+                    self.abs,
+                    self.codec,
+                    &mut self.scratch.as_view_mut(),
+                    &mut self.tracked,
+                )?;
+            }
+            Step::DecompressAdd => {
+                self.gpu.decompress_add_to_device_tracking(
+                    &self.compressed.as_view(),
+                    &self.x.slice(half..2 * half),
+                    &mut self.acc.as_view_mut(),
+                    &mut self.tracked,
+                )?;
+            }
+            Step::CompressReconstruct => {
+                self.gpu.compress_reconstruct_device(
+                    &mut self.acc.as_view_mut(),
+                    self.codec,
+                    self.abs,
+                    &mut self.scratch.as_view_mut(),
+                )?;
+            }
+            Step::Decompress => self
+                .gpu
+                .decompress_device(&self.compressed.as_view(), &mut self.acc.as_view_mut())?,
+        }
+        self.gpu.stream().synchronize().map_err(gpu_err)
+    }
+}
+
+/// Median ms of step `a` on one stream and `b` (if any) on another, started together.
+fn pair_ms(runners: &mut [StepRunner; 2], a: Step, b: Option<Step>, reps: usize) -> Result<f64> {
+    let barrier = std::sync::Barrier::new(2);
+    let [r0, r1] = runners;
+    let mut times = Vec::with_capacity(reps);
+    std::thread::scope(|sc| -> Result<()> {
+        let other = sc.spawn(|| -> Result<()> {
+            for _ in 0..=reps {
+                barrier.wait();
+                let res = b.map_or(Ok(()), |b| r1.run(b));
+                barrier.wait();
+                res?;
+            }
+            Ok(())
+        });
+        let mut res = Ok(());
+        for i in 0..=reps {
+            barrier.wait();
+            let t0 = Instant::now();
+            let r = r0.run(a);
+            barrier.wait();
+            if i > 0 {
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            if res.is_ok() {
+                res = r;
+            }
+        }
+        other
+            .join()
+            .map_err(|_| Error::Gpu("pair thread panicked".into()))??;
+        res
+    })?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Every pair of ring steps side by side on two streams: (a, b, ms together, ms a alone +
+/// ms b alone).
+fn pairs(x: &[f32], codec: CodecKind) -> Result<Vec<(Step, Step, f64, f64)>> {
+    let mut runners = [StepRunner::new(x, codec)?, StepRunner::new(x, codec)?];
+    let steps = [
+        Step::Compress,
+        Step::DecompressAdd,
+        Step::CompressReconstruct,
+        Step::Decompress,
+    ];
+    let mut solo = Vec::new();
+    for s in steps {
+        solo.push(pair_ms(&mut runners, s, None, 5)?);
+    }
+    let mut rows = Vec::new();
+    for (i, &a) in steps.iter().enumerate() {
+        for (j, &b) in steps.iter().enumerate().skip(i) {
+            let together = pair_ms(&mut runners, a, Some(b), 5)?;
+            rows.push((a, b, together, solo[i] + solo[j]));
+        }
+    }
+    Ok(rows)
+}
+
 fn gpu_err(e: cudarc::driver::DriverError) -> Error {
     Error::Gpu(format!("{e:?}"))
 }
 
 struct RankResult {
     times: Vec<f64>,
+    /// Mean seconds per call of `iters` calls back to back.
+    back_to_back: f64,
     out: Vec<f32>,
     ratio: f64,
     bound: f64,
@@ -286,8 +446,18 @@ fn run_rank(
         t.barrier()?;
         times.push(t0.elapsed().as_secs_f64());
     }
+    // back to back, as a training loop calls it (and as nccl-tests time a collective): one
+    // barrier before and after `iters` calls
+    t.barrier()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        st = device_ring::allreduce(&t, &mut gpu, &xd, &mut out, bound, codec, false)?;
+    }
+    t.barrier()?;
+    let back_to_back = t0.elapsed().as_secs_f64() / iters as f64;
     let out = s.clone_dtoh(&out).map_err(gpu_err)?;
     Ok(RankResult {
+        back_to_back,
         times,
         out,
         ratio: st.ratio,
@@ -422,6 +592,16 @@ fn run(a: Args) -> Result<bool> {
             times[times.len() - 1] * 1e3
         ),
     )?;
+    let b2b = results.iter().map(|r| r.back_to_back).fold(0.0, f64::max);
+    w(
+        &mut out,
+        format!(
+            "back to back ({} calls, one barrier before and after): {:.3} ms per call = {:.1} GB/s",
+            a.iters,
+            b2b * 1e3,
+            a.ranks as f64 * bytes / b2b / 1e9
+        ),
+    )?;
     if a.breakdown {
         let rows = breakdown(&inputs[0], codec)?;
         w(&mut out, String::new())?;
@@ -449,6 +629,24 @@ fn run(a: Args) -> Result<bool> {
             ),
         )?;
     }
+    if a.pairs {
+        w(&mut out, String::new())?;
+        w(
+            &mut out,
+            "| step A | step B (other stream) | ms together | ms alone, summed | together / summed |"
+                .into(),
+        )?;
+        w(&mut out, "|---|---|---:|---:|---:|".into())?;
+        for (sa, sb, both, sum) in pairs(&inputs[0], codec)? {
+            w(
+                &mut out,
+                format!(
+                    "| {sa:?} | {sb:?} | {both:.3} | {sum:.3} | {:.3} |",
+                    both / sum
+                ),
+            )?;
+        }
+    }
     if let Some(path) = &a.json {
         let rec = serde_json::json!({
             "op": "allreduce",
@@ -462,6 +660,8 @@ fn run(a: Args) -> Result<bool> {
             "ratio": r0.ratio,
             "time_ms": median * 1e3,
             "input_gbps": input_gbps,
+            "time_ms_back_to_back": b2b * 1e3,
+            "input_gbps_back_to_back": a.ranks as f64 * bytes / b2b / 1e9,
             "device": r0.device,
             "max_error": max_error,
             "guaranteed_error": r0.bound,

@@ -273,13 +273,22 @@ pub(crate) fn ring<T: GpuElement + Real>(
             DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), tmp, &segs, &mut buf);
         place.own = (!plan.full).then_some(plan.rank);
         if matches!(plan.final_bound, FinalBound::Deferred(_)) {
-            match DeviceRange::new(&stream) {
+            let words = match place.gpu.ring_range.take() {
+                Some(mut r) => r.clear(&stream).map(|()| r),
+                None => DeviceRange::new(&stream),
+            };
+            match words {
                 Ok(r) => place.range = Some(r),
                 Err(e) => broken = broken.or(Some(e)),
             }
         }
         place.broken = broken;
-        place.run(plan)
+        let run = place.run(plan);
+        // kept for the next call (cleared then)
+        if let Some(r) = place.range.take() {
+            place.gpu.ring_range = Some(r);
+        }
+        run
     };
     *scratch = Some(buf);
     let run = run?;
