@@ -409,55 +409,6 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         })
     }
 
-    /// The final segment's compression by [`GpuCodec::compress_reconstruct_device`], which
-    /// leaves the segment's reconstruction in the output, where it applies (the segment holds
-    /// its sum in the output, an absolute bound, a codec with the reconstructing kernel).
-    /// `None` when it does not, with the sum formed again from `m` when the kernel may have
-    /// overwritten part of it (the caller then compresses it as any segment). Its time counts
-    /// as compression time.
-    fn encode_reconstructing(
-        &mut self,
-        seg: usize,
-        m: &DeviceMsg,
-        divisor: f64,
-        bound: ErrorBound,
-        codec: CodecKind,
-    ) -> Result<Option<DeviceMsg>> {
-        let ErrorBound::Abs(abs_bound) = bound else {
-            return Ok(None);
-        };
-        let has_kernel = matches!(
-            codec,
-            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
-        );
-        if !has_kernel || !self.touched[seg] || self.broken.is_some() {
-            return Ok(None);
-        }
-        let Slot::Out(r) = self.slot(seg) else {
-            return Ok(None);
-        };
-        let t = std::time::Instant::now();
-        let len = self.gpu.compress_reconstruct_device(
-            &mut self.out.slice_mut(r),
-            codec,
-            abs_bound,
-            &mut self.scratch.as_view_mut(),
-        );
-        self.compress_s += t.elapsed().as_secs_f64();
-        if let Some(len) = len? {
-            self.reconstructed = Some(seg);
-            return Ok(Some(DeviceMsg::Scratch(len)));
-        }
-        // no reconstructing compression (a degenerate step, or an incompressible sum the
-        // kernel may have partly replaced): the sum again, as the host ring stores it
-        self.touched[seg] = false;
-        self.accumulate(seg, m)?;
-        if divisor != 1.0 {
-            self.scale(seg, divisor)?;
-        }
-        Ok(None)
-    }
-
     /// This rank's exact finite input range: what the kernels folded into `range`, the
     /// segments they did not cover by a range pass each (the whole input by one pass when
     /// nothing was tracked).
@@ -586,6 +537,11 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         }
     }
 
+    /// The final segment's compression by [`GpuCodec::compress_reconstruct_device`], which
+    /// leaves the segment's reconstruction in the output, where it applies (the segment holds
+    /// its sum in the output, an absolute bound, a codec with the reconstructing kernel);
+    /// otherwise [`encode`](RingPlace::encode), after forming the sum again from `m` where the
+    /// kernel may have overwritten part of it. Its time counts as compression time.
     fn encode_final(
         &mut self,
         seg: usize,
@@ -594,10 +550,38 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         bound: ErrorBound,
         codec: CodecKind,
     ) -> Result<DeviceMsg> {
-        match self.encode_reconstructing(seg, m, divisor, bound, codec)? {
-            Some(msg) => Ok(msg),
-            None => self.encode(seg, bound, codec),
+        let ErrorBound::Abs(abs_bound) = bound else {
+            return self.encode(seg, bound, codec);
+        };
+        let has_kernel = matches!(
+            codec,
+            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
+        );
+        let slot = self.slot(seg);
+        let r = match slot {
+            Slot::Out(r) if has_kernel && self.touched[seg] && self.broken.is_none() => r,
+            _ => return self.encode(seg, bound, codec),
+        };
+        let t = std::time::Instant::now();
+        let len = self.gpu.compress_reconstruct_device(
+            &mut self.out.slice_mut(r),
+            codec,
+            abs_bound,
+            &mut self.scratch.as_view_mut(),
+        );
+        self.compress_s += t.elapsed().as_secs_f64();
+        if let Some(len) = len? {
+            self.reconstructed = Some(seg);
+            return Ok(DeviceMsg::Scratch(len));
         }
+        // no reconstructing compression (a degenerate step, or an incompressible sum the
+        // kernel may have partly replaced): the sum again, as the host ring stores it
+        self.touched[seg] = false;
+        self.accumulate(seg, m)?;
+        if divisor != 1.0 {
+            self.scale(seg, divisor)?;
+        }
+        self.encode(seg, bound, codec)
     }
 
     fn scale(&mut self, seg: usize, d: f64) -> Result<()> {
