@@ -140,97 +140,62 @@ fn time_it(
 /// Each step of a 2-rank ring call timed alone on `x` (one rank's input), in ms, with the
 /// number of times a rank runs it per call (0: shown for comparison, not part of a call).
 fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f64)>> {
-    let mut gpu = GpuCodec::new(0)?;
-    let s = gpu.stream().clone();
-    let xd = s.clone_htod(x).map_err(gpu_err)?;
-    let half = x.len() / 2;
-    let mut acc = s.alloc_zeros::<f32>(x.len()).map_err(gpu_err)?;
-    let mut scratch = s
-        .alloc_zeros::<u8>(zcomm::compress_bound(half, zcomm::Dtype::F32))
-        .map_err(gpu_err)?;
-    let range = gpu.value_range_device(&xd.as_view())?.unwrap_or((0.0, 0.0));
-    let abs = 1e-3 * (range.1 - range.0) / 2.0;
-    let eb = ErrorBound::Abs(abs);
-    let mut len = 0;
+    let mut r = StepRunner::new(x, codec)?;
+    let s = r.gpu.stream().clone();
     let mut rows = Vec::new();
     // an allreduce's ring samples the range before its first compression and measures the
     // exact one in the kernels that read the input (`comm::ring::FinalBound::Deferred`)
     rows.push((
         "sampled value range",
         1,
-        time_it(&s, 5, || gpu.sampled_range_device(&xd.as_view()).map(drop))?,
+        time_it(&s, 5, || {
+            r.gpu.sampled_range_device(&r.x.as_view()).map(drop)
+        })?,
     ));
     rows.push((
         "value range pass, whole input (what the sample replaces)",
         0,
-        time_it(&s, 5, || gpu.value_range_device(&xd.as_view()).map(drop))?,
+        time_it(&s, 5, || r.gpu.value_range_device(&r.x.as_view()).map(drop))?,
     ));
-    let mut tracked = DeviceRange::new(&s)?;
     let mut fused = true;
     rows.push((
         "compress half, measuring its range",
         1,
-        time_it(&s, 5, || {
-            let (l, t) = gpu.compress_device_tracking(
-                &xd.slice(..half),
-                abs,
-                codec,
-                &mut scratch.as_view_mut(),
-                &mut tracked,
-            )?;
-            len = l;
-            fused &= t;
-            Ok(())
-        })?,
+        time_it(&s, 5, || r.run(Step::Compress).map(|k| fused &= k))?,
     ));
-    let stream = s.clone_dtod(&scratch.slice(..len)).map_err(gpu_err)?;
+    let len = r.compressed.len();
     let mut landing = s.alloc_zeros::<u8>(len.max(1)).map_err(gpu_err)?;
     rows.push((
         "device copy of the stream (driver memcpy into a reused buffer)",
         2,
         time_it(&s, 5, || {
-            s.memcpy_dtod(&stream.as_view(), &mut landing.slice_mut(..len))
+            s.memcpy_dtod(&r.compressed.as_view(), &mut landing.slice_mut(..len))
                 .map_err(gpu_err)
         })?,
     ));
-    let base = xd.slice(half..2 * half);
     rows.push((
         "decompress-add half onto the input, measuring the input's range",
         1,
-        time_it(&s, 5, || {
-            let t = gpu.decompress_add_to_device_tracking(
-                &stream.as_view(),
-                &base,
-                &mut acc.slice_mut(..half),
-                &mut tracked,
-            )?;
-            fused &= t;
-            Ok(())
-        })?,
+        time_it(&s, 5, || r.run(Step::DecompressAdd).map(|k| fused &= k))?,
     ));
     let mut recon = true;
     rows.push((
         "compress the sum leaving its reconstruction",
         1,
         time_it(&s, 5, || {
-            let r = gpu.compress_reconstruct_device(
-                &mut acc.slice_mut(..half),
-                codec,
-                abs,
-                &mut scratch.as_view_mut(),
-            )?;
-            recon = r.is_some();
-            Ok(())
+            r.run(Step::CompressReconstruct).map(|k| recon = k)
         })?,
     ));
     let parts = usize::from(!recon);
     if !recon {
         rows.pop(); // no reconstructing kernel: the ring compresses, then decodes its own
+        let eb = ErrorBound::Abs(r.abs);
         rows.push((
             "compress the sum",
             1,
             time_it(&s, 5, || {
-                gpu.compress_device(&acc.slice(..half), eb, codec, &mut scratch.as_view_mut())
+                r.gpu
+                    .compress_device(&r.acc.as_view(), eb, codec, &mut r.scratch.as_view_mut())
                     .map(drop)
             })?,
         ));
@@ -240,22 +205,20 @@ fn breakdown(x: &[f32], codec: CodecKind) -> Result<Vec<(&'static str, usize, f6
         rows.push((
             "range pass, whole input (codec without range-measuring kernels)",
             1,
-            time_it(&s, 5, || gpu.value_range_device(&xd.as_view()).map(drop))?,
+            time_it(&s, 5, || r.gpu.value_range_device(&r.x.as_view()).map(drop))?,
         ));
     }
     rows.push((
         "decompress half",
         1 + parts,
-        time_it(&s, 5, || {
-            gpu.decompress_device(&stream.as_view(), &mut acc.slice_mut(..half))
-        })?,
+        time_it(&s, 5, || r.run(Step::Decompress).map(drop))?,
     ));
     for k in [
         "zc_compress_recon_f32_aatrox_abs",
         "zc_compress_track_f32_aatrox_abs",
         "zc_decompress_add_track_f32_aatrox_abs",
     ] {
-        let (regs, local, shared) = gpu.kernel_resources(k)?;
+        let (regs, local, shared) = r.gpu.kernel_resources(k)?;
         eprintln!("{k}: {regs} registers, {local} B local (spills), {shared} B static shared");
     }
     Ok(rows.into_iter().map(|(n, k, t)| (n, k, t * 1e3)).collect())
@@ -315,39 +278,45 @@ impl StepRunner {
         })
     }
 
-    fn run(&mut self, step: Step) -> Result<()> {
+    /// Run `step` and wait for it; whether its fused kernel applied (the range measured by the
+    /// compression or the decompress-add, the reconstruction left by the final compression).
+    fn run(&mut self, step: Step) -> Result<bool> {
         let half = self.acc.len();
-        match step {
+        let fused = match step {
             Step::Compress => {
-                self.gpu.compress_device_tracking(
-                    &self.x.slice(..half),
-                    self.abs,
-                    self.codec,
-                    &mut self.scratch.as_view_mut(),
-                    &mut self.tracked,
-                )?;
+                self.gpu
+                    .compress_device_tracking(
+                        &self.x.slice(..half),
+                        self.abs,
+                        self.codec,
+                        &mut self.scratch.as_view_mut(),
+                        &mut self.tracked,
+                    )?
+                    .1
             }
-            Step::DecompressAdd => {
-                self.gpu.decompress_add_to_device_tracking(
-                    &self.compressed.as_view(),
-                    &self.x.slice(half..2 * half),
-                    &mut self.acc.as_view_mut(),
-                    &mut self.tracked,
-                )?;
-            }
-            Step::CompressReconstruct => {
-                self.gpu.compress_reconstruct_device(
-                    &mut self.acc.as_view_mut(),
-                    self.codec,
-                    self.abs,
-                    &mut self.scratch.as_view_mut(),
-                )?;
-            }
-            Step::Decompress => self
+            Step::DecompressAdd => self.gpu.decompress_add_to_device_tracking(
+                &self.compressed.as_view(),
+                &self.x.slice(half..2 * half),
+                &mut self.acc.as_view_mut(),
+                &mut self.tracked,
+            )?,
+            Step::CompressReconstruct => self
                 .gpu
-                .decompress_device(&self.compressed.as_view(), &mut self.acc.as_view_mut())?,
-        }
-        self.gpu.stream().synchronize().map_err(gpu_err)
+                .compress_reconstruct_device(
+                    &mut self.acc.as_view_mut(),
+                    self.codec,
+                    self.abs,
+                    &mut self.scratch.as_view_mut(),
+                )?
+                .is_some(),
+            Step::Decompress => {
+                self.gpu
+                    .decompress_device(&self.compressed.as_view(), &mut self.acc.as_view_mut())?;
+                true
+            }
+        };
+        self.gpu.stream().synchronize().map_err(gpu_err)?;
+        Ok(fused)
     }
 }
 
@@ -360,7 +329,7 @@ fn pair_ms(runners: &mut [StepRunner; 2], a: Step, b: Option<Step>, reps: usize)
         let other = sc.spawn(|| -> Result<()> {
             for _ in 0..=reps {
                 barrier.wait();
-                let res = b.map_or(Ok(()), |b| r1.run(b));
+                let res = b.map_or(Ok(()), |b| r1.run(b).map(drop));
                 barrier.wait();
                 res?;
             }
@@ -370,7 +339,7 @@ fn pair_ms(runners: &mut [StepRunner; 2], a: Step, b: Option<Step>, reps: usize)
         for i in 0..=reps {
             barrier.wait();
             let t0 = Instant::now();
-            let r = r0.run(a);
+            let r = r0.run(a).map(drop);
             barrier.wait();
             if i > 0 {
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
