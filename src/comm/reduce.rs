@@ -17,11 +17,15 @@ impl Communicator {
         (raw_t, cmp_t)
     }
 
-    /// Model times (raw, compressed) of an allreduce (`full`) or reduce-scatter of `n` scalars.
+    /// Model times (raw, compressed) of an allreduce (`full`) or reduce-scatter of `n` scalars;
+    /// `mean` (an allreduce's mean): plus the division by the rank count, one host pass over
+    /// the result (raw) or over this rank's final segment (compressed: the ring divides it
+    /// before compressing it).
     pub(super) fn reduce_times<S: Real>(
         &self,
         n: usize,
         full: bool,
+        mean: bool,
         ratio: f64,
         codec: CodecKind,
     ) -> (f64, f64) {
@@ -32,13 +36,20 @@ impl Communicator {
         let steps = pf - 1.0;
         let rs = steps * (seg_b / tc + seg_b / td + l.latency + seg_b / (ratio * l.bandwidth));
         if full {
+            let bytes = (n * S::SIZE) as f64;
             let raw = match &self.profile.allreduce {
-                Some(a) => a.time((n * S::SIZE) as f64),
+                Some(a) => a.time(bytes),
                 None => 2.0 * steps * (l.latency + seg_b / l.bandwidth),
             };
+            let (div_raw, div_seg) = if mean {
+                (self.host_add_s(bytes), self.host_add_s(seg_b))
+            } else {
+                (0.0, 0.0)
+            };
             (
-                raw,
-                rs + seg_b / tc
+                raw + div_raw,
+                rs + div_seg
+                    + seg_b / tc
                     + pf * seg_b / td
                     + steps * (l.latency + seg_b / (ratio * l.bandwidth)),
             )
@@ -50,8 +61,8 @@ impl Communicator {
         }
     }
 
-    /// Seconds of the raw ring's host addition onto `bytes` of partial sums (0 where the
-    /// profile has no calibrated rate).
+    /// Seconds of one element-wise host pass over `bytes` (the raw ring's addition onto partial
+    /// sums, a mean's division), at the calibrated addition rate (0 where the profile has none).
     pub(super) fn host_add_s(&self, bytes: f64) -> f64 {
         crate::model::seconds_at(bytes, self.profile.host_add)
     }
@@ -148,6 +159,7 @@ impl Communicator {
         let t0 = self.wtime();
         let (p, r) = (self.size(), self.rank());
         let full = op != OP_REDUCE_SCATTER;
+        let mean = op == OP_ALLREDUCE_MEAN;
         let mut local = Ok(());
         if full && out.len() != x.len() {
             local = Err(Error::invalid(format!(
@@ -189,7 +201,7 @@ impl Communicator {
             bound: self.config.bound,
             p,
             unit_roundoff: S::UNIT_ROUNDOFF,
-            mean: op == OP_ALLREDUCE_MEAN,
+            mean,
             full,
         };
         let sampled = full && !matches!(self.config.policy, Policy::Never);
@@ -215,7 +227,8 @@ impl Communicator {
                 .candidates::<S>(c)
                 .into_iter()
                 .filter(|&k| {
-                    let (raw_t, best) = self.reduce_times::<S>(x.len(), full, f64::INFINITY, k);
+                    let (raw_t, best) =
+                        self.reduce_times::<S>(x.len(), full, mean, f64::INFINITY, k);
                     choice::choose(raw_t, [cand(k, f64::INFINITY, best)])
                         .codec
                         .is_some()
@@ -235,13 +248,12 @@ impl Communicator {
             // every rank filtered the same candidates (same profile, same sizes)
             self.transport.allreduce_f64(&mut inv, ReduceOp::Sum)?;
             let ratios: Vec<f64> = inv.iter().map(|v| pf / v).collect();
-            let (raw_t, _) = self.reduce_times::<S>(x.len(), full, 1.0, preferred);
+            let (raw_t, _) = self.reduce_times::<S>(x.len(), full, mean, 1.0, preferred);
             let ch = choice::choose(
                 raw_t,
-                cands
-                    .iter()
-                    .zip(&ratios)
-                    .map(|(&k, &r)| cand(k, r, self.reduce_times::<S>(x.len(), full, r, k).1)),
+                cands.iter().zip(&ratios).map(|(&k, &r)| {
+                    cand(k, r, self.reduce_times::<S>(x.len(), full, mean, r, k).1)
+                }),
             );
             cands = match (ch.codec, ch.best) {
                 (Some(k), _) => vec![k],
@@ -256,7 +268,7 @@ impl Communicator {
         let bytes = (x.len() * S::SIZE) as f64;
         let seg_b = bytes / pf;
         let steps = pf - 1.0;
-        let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, ratio, codec);
+        let (raw_t, cmp_t) = self.reduce_times::<S>(x.len(), full, mean, ratio, codec);
         let compress = usable && p > 1 && !x.is_empty() && self.decide(raw_t, cmp_t);
         let mut st = OpStats::decided(op, bytes, ratio, (raw_t, cmp_t), compress);
         let segs = partition(count, p)

@@ -86,7 +86,7 @@ fn raw_reduce_scatter_prediction_charges_the_host_addition() {
         run_ranks(LoopbackTransport::group(4), |t| {
             let c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
                 .expect("communicator");
-            c.reduce_times::<f32>(1 << 24, false, 1.0, CodecKind::Aatrox)
+            c.reduce_times::<f32>(1 << 24, false, false, 1.0, CodecKind::Aatrox)
                 .0
         })
         .into_iter()
@@ -99,6 +99,44 @@ fn raw_reduce_scatter_prediction_charges_the_host_addition() {
     for (a, b) in without.iter().zip(&with) {
         assert!((a - 3.0 * (2e-6 + seg / 4e9)).abs() < 1e-12, "{a}");
         assert!((b - a - 3.0 * seg / 8e9).abs() < 1e-12, "{b} vs {a}");
+    }
+}
+
+/// An allreduce's mean divides by the rank count in one more host pass: over the whole result
+/// on the raw path (after the transport's allreduce), over this rank's final segment in the
+/// compressed ring; both predictions charge it at the calibrated pass rate, the sum's do not.
+#[test]
+fn allreduce_mean_prediction_charges_the_division() {
+    use crate::comm::transport::{run_ranks, LoopbackTransport};
+    let mut prof = Profile::new(Link {
+        bandwidth: 4e9,
+        latency: 2e-6,
+    });
+    prof.host_add = 8e9;
+    let cfg = Config::new(ErrorBound::Noa(1e-3)).with_calibration(Calibration::Fixed(prof));
+    let n = 1usize << 24;
+    let results = run_ranks(LoopbackTransport::group(4), |t| {
+        let c = Communicator::with_transport(Box::new(t), Box::new(CpuCompressor), cfg.clone())
+            .expect("communicator");
+        let sum = c.reduce_times::<f32>(n, true, false, 10.0, CodecKind::Aatrox);
+        let mean = c.reduce_times::<f32>(n, true, true, 10.0, CodecKind::Aatrox);
+        let scatter = c.reduce_times::<f32>(n, false, true, 10.0, CodecKind::Aatrox);
+        let scatter_sum = c.reduce_times::<f32>(n, false, false, 10.0, CodecKind::Aatrox);
+        (sum, mean, scatter, scatter_sum)
+    });
+    let bytes = (4 * n) as f64;
+    for r in results {
+        let (sum, mean, scatter, scatter_sum) = r.expect("rank");
+        assert!(
+            (mean.0 - sum.0 - bytes / 8e9).abs() < 1e-12,
+            "{mean:?} vs {sum:?}"
+        );
+        assert!(
+            (mean.1 - sum.1 - bytes / 4.0 / 8e9).abs() < 1e-12,
+            "{mean:?} vs {sum:?}"
+        );
+        // a reduce-scatter has no mean
+        assert_eq!(scatter, scatter_sum);
     }
 }
 

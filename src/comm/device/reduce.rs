@@ -182,7 +182,12 @@ impl Communicator {
         // the host ping-pong's link)
         let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let (d2h, h2d) = (dp.d2h_s(in_bytes as f64), dp.h2d_s(out_bytes as f64));
-        let raw = self.staged_raw_reduce_s::<T>(&dp, n, kind != Reduction::Scatter);
+        let raw = self.staged_raw_reduce_s::<T>(
+            &dp,
+            n,
+            kind != Reduction::Scatter,
+            kind == Reduction::Mean,
+        );
         let compressed = st.decision == Decision::Compressed;
         dev.last_predicted = Terms {
             d2h,
@@ -206,19 +211,21 @@ impl Communicator {
     /// else reduce-scatter): D2H of the input, the host algorithm on the pinned buffers, H2D
     /// of the result. The allreduce is the native MPI one (its calibrated line); the
     /// reduce-scatter is the raw ring: `p-1` exchanges of a segment between the pinned buffers
-    /// ([`StagedModel::pair_s`]) and the host addition of each received segment.
+    /// ([`StagedModel::pair_s`]) and the host addition of each received segment. `mean`: the
+    /// host algorithm also divides the result (one more host pass).
     pub(super) fn staged_raw_reduce_s<T: GpuElement + Real>(
         &self,
         dp: &Profile,
         n: usize,
         full: bool,
+        mean: bool,
     ) -> f64 {
         let p = self.size();
         let bytes = (n * T::SIZE) as f64;
         let out_bytes = if full { bytes } else { bytes / p as f64 };
         let host = if full || p < 2 {
             let preferred = self.config.policy.codec().unwrap_or_default();
-            self.reduce_times::<T>(n, full, 1.0, preferred).0
+            self.reduce_times::<T>(n, full, mean, 1.0, preferred).0
         } else {
             let seg = bytes / p as f64;
             (p - 1) as f64
@@ -330,7 +337,7 @@ impl Communicator {
         let dp = dev.profile.clone().unwrap_or_else(Profile::staged_guess);
         let link = self.profile.link;
         let bytes = n * T::SIZE;
-        let raw_t = self.staged_raw_reduce_s::<T>(&dp, n, full);
+        let raw_t = self.staged_raw_reduce_s::<T>(&dp, n, full, kind == Reduction::Mean);
         let key = crate::comm::coll_key(n, self.config.bound);
         // the ring's per-step ratio and (allreduces) the final streams' ratio, remembered
         // separately per codec: the final segment is a sum of `p` fields compressed at a bound
