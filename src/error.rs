@@ -31,6 +31,11 @@ pub enum Error {
     /// An MPI or NCCL communication step failed, or ranks disagreed.
     #[error("communication: {0}")]
     Comm(String),
+    /// This rank's part of a collective could not finish because another rank failed (that rank
+    /// reports the cause). Lets a caller that ends the job on an error give the failing rank
+    /// time to print its own error first.
+    #[error("communication: {0}")]
+    PeerFailed(String),
     /// An allocation (host or device) could not be made.
     #[error("out of memory: {0}")]
     OutOfMemory(String),

@@ -62,7 +62,7 @@ pub(crate) fn repeat_solo(
     let mut failed = [f64::from(u8::from(r.is_err()))];
     t.allreduce_f64(&mut failed, ReduceOp::Max)?;
     match r {
-        Ok(_) if failed[0] > 0.5 => Err(Error::Comm(
+        Ok(_) if failed[0] > 0.5 => Err(Error::PeerFailed(
             "device calibration: the solo calls failed on another rank".into(),
         )),
         r => r,

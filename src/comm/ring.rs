@@ -363,7 +363,7 @@ impl RingBounds {
         let (range, ok) = agree_range(t, local.as_ref().ok().copied().flatten(), local.is_ok())?;
         local?;
         if !ok {
-            return Err(Error::Comm(
+            return Err(Error::PeerFailed(
                 "another rank could not measure its value range".into(),
             ));
         }
@@ -487,7 +487,7 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
             let last = s + 2 == p;
             let divisor = if last { plan.divisor } else { 1.0 };
             if failed.is_none() && place.wire_len(&got) == 0 {
-                failed = Some(Error::Comm(format!(
+                failed = Some(Error::PeerFailed(format!(
                     "ring: rank {left} (or a rank before it) failed"
                 )));
             }
@@ -507,7 +507,7 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
                 };
                 if !all_ok {
                     // every rank sees it: all send empty final messages and fail together
-                    failed.get_or_insert(Error::Comm("ring: another rank failed".into()));
+                    failed.get_or_insert(Error::PeerFailed("ring: another rank failed".into()));
                 } else if let Some(f) = rule.final_after(plan.step, range) {
                     bytes.result_bound = Some(rule.split(range).result);
                     let bound = ErrorBound::Abs(f);
@@ -556,7 +556,7 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
         let ok = place.all_succeeded(failed.is_none())?;
         return match failed {
             Some(e) => Err(e),
-            None if !ok => Err(Error::Comm("ring: another rank failed".into())),
+            None if !ok => Err(Error::PeerFailed("ring: another rank failed".into())),
             None => Ok(Outcome::Done(bytes)),
         };
     }
@@ -576,7 +576,7 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
         return Err(e);
     }
     if let Some(k) = all.iter().position(|m| place.wire_len(m) == 0) {
-        return Err(Error::Comm(format!("ring: rank {k} failed")));
+        return Err(Error::PeerFailed(format!("ring: rank {k} failed")));
     }
     for (k, m) in all.into_iter().enumerate() {
         place.decode_into_output(k, &m)?;

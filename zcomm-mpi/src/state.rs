@@ -123,20 +123,26 @@ fn world_rank() -> c_int {
 }
 
 /// Print `msg` (one line, naming the rank) and end the whole job with `MPI_Abort`.
-///
-/// A rank that fails only because another rank did (a compressed ring passes a failure on as
-/// an empty message) waits a moment first: the rank that saw the cause (a corrupt stream, say)
-/// then prints it and ends the job itself, instead of being killed before its line is out.
 pub fn fatal(msg: &str) -> ! {
     say!("zcomm-mpi: rank {}: {msg}; aborting the job", world_rank());
-    if msg.contains("another rank failed") || msg.contains("(or a rank before it) failed") {
-        std::thread::sleep(std::time::Duration::from_secs(2));
-    }
     // SAFETY: MPI_Abort on MPI_COMM_WORLD ends every process of the job; it does not return.
     unsafe {
         mpi::ffi::PMPI_Abort(ffi::world(), 1);
     }
     std::process::exit(1)
+}
+
+/// [`fatal`] for a failed zcomm operation `what`.
+///
+/// A rank that fails only because another rank did ([`zcomm::Error::PeerFailed`]: a compressed
+/// ring passes a failure on as an empty message) waits a moment first: the rank that saw the
+/// cause (a corrupt stream, say) then prints it and ends the job itself, instead of being killed
+/// before its line is out.
+pub fn fatal_error(what: &str, e: &zcomm::Error) -> ! {
+    if matches!(e, zcomm::Error::PeerFailed(_)) {
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    fatal(&format!("{what}: {e}"))
 }
 
 /// Run `f` with panics turned into [`fatal`] (no unwinding across the C boundary).
@@ -242,7 +248,7 @@ impl State {
             cfg.clone(),
         ) {
             Ok(c) => c,
-            Err(e) => fatal(&format!("cannot set up zcomm on a communicator: {e}")),
+            Err(e) => fatal_error("cannot set up zcomm on a communicator", &e),
         };
         // the non-blocking collectives' communicator: a second duplicate, the same profile
         let progress = (self.settings.nonblocking && self.multiple).then(|| {

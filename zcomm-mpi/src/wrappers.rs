@@ -22,7 +22,7 @@ use zcomm::comm::{Communicator, OpStats, SendRequest, MAX_USER_TAG};
 use crate::device;
 use crate::ffi::{self, Elem, Handle, IN_PLACE};
 use crate::progress;
-use crate::state::{self, fatal, guarded, inside, Inside, State};
+use crate::state::{self, fatal, fatal_error, guarded, inside, Inside, State};
 
 /// zcomm's tag offset of a point-to-point verdict (the receiver's answer), used to test whether
 /// a compressed send can complete without blocking. Mirrors `TAG_VERDICT` in `zcomm::comm`
@@ -275,7 +275,7 @@ fn p2p_zc(st: &mut State, comm: MPI_Comm) -> Option<&mut Communicator> {
 fn record(st: &mut State, op: &str, r: zcomm::Result<OpStats>) {
     match r {
         Ok(s) => st.report.op(op).record(&s),
-        Err(e) => fatal(&format!("{op}: {e}")),
+        Err(e) => fatal_error(op, &e),
     }
 }
 
@@ -576,7 +576,7 @@ pub unsafe extern "C" fn MPI_Iallreduce(
                 };
                 match r {
                     Ok(s) => progress::finished(name, s),
-                    Err(e) => fatal(&format!("{name}: {e}")),
+                    Err(e) => fatal_error(name, &e),
                 }
                 // SAFETY: the request was made by new_request for this operation, completed once
                 let rc = progress::complete(MPI_Request::from_addr(key));
@@ -999,7 +999,7 @@ unsafe fn finish_send(
         match arrived {
             Ok(true) => break,
             Ok(false) => {}
-            Err(e) => fatal(&format!("{op}: {e}")),
+            Err(e) => fatal_error(op, &e),
         }
         progress_recvs(st);
         std::thread::yield_now();
