@@ -62,7 +62,8 @@ struct Args {
     /// Timed repetitions (after one warm-up; at least 10 for buffers up to 256 MiB).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Pipeline piece size of point-to-point messages in MiB (the collectives send whole streams).
+    /// Pipeline piece size in MiB: of point-to-point messages and of the compressed ring's
+    /// segments (a piece is on the wire while the next is compressed or accumulated).
     #[arg(long, default_value_t = 64)]
     piece_mib: usize,
     /// Skip allgather when the gathered output would exceed this many GiB.

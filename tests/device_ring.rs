@@ -35,6 +35,14 @@ fn main() {
         gpu_trial("device_ring_matches_host_ring_f64", matches_host::<f64>),
         gpu_trial("device_ring_count_mismatch_fails_everywhere", mismatch),
         gpu_trial(
+            "device_ring_in_pieces_matches_whole_segments_f32",
+            pieces_match_whole::<f32>,
+        ),
+        gpu_trial(
+            "device_ring_in_pieces_matches_whole_segments_f64",
+            pieces_match_whole::<f64>,
+        ),
+        gpu_trial(
             "staged_device_reductions_match_host_ring_f32",
             staged_matches_host::<f32>,
         ),
@@ -131,7 +139,22 @@ fn device<T: Real + GpuElement>(
     codec: CodecKind,
     counts: &[usize],
 ) -> Vec<Result<Vec<T>, String>> {
-    let group = DeviceLoopback::group(inputs.len(), LinkEmulation::default());
+    device_in_pieces(inputs, op, bound, codec, counts, usize::MAX)
+}
+
+/// [`device`] over links that cut the ring's segments into pieces of `piece_bytes`.
+fn device_in_pieces<T: Real + GpuElement>(
+    inputs: &[Vec<T>],
+    op: Op,
+    bound: ErrorBound,
+    codec: CodecKind,
+    counts: &[usize],
+    piece_bytes: usize,
+) -> Vec<Result<Vec<T>, String>> {
+    let group: Vec<DeviceLoopback> = DeviceLoopback::group(inputs.len(), LinkEmulation::default())
+        .into_iter()
+        .map(|t| t.with_ring_piece_bytes(piece_bytes))
+        .collect();
     run_ranks(group, |t| -> Result<Vec<T>, String> {
         let r = t_rank(&t);
         let (x, n) = (&inputs[r], counts[r]);
@@ -265,6 +288,42 @@ fn matches_host<T: Real + GpuElement + CommElement>() -> Result<(), String> {
                         {
                             return Err(format!(
                                 "p={p} {codec} {bound:?} {op:?} rank {r}: device ring differs from the host ring"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Segments cut into pieces (what an NCCL link asks for; here over the loopback) give the
+/// values of whole segments, bit for bit, for the codecs that decode value by value.
+fn pieces_match_whole<T: Real + GpuElement>() -> Result<(), String> {
+    for p in [2, 3] {
+        // three segments of about 3.3 pieces of 2^16 values each
+        let n = 3 * 215_000 + 7;
+        let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
+        for codec in [CodecKind::Aatrox, CodecKind::CuszpOutlier, CodecKind::Pfpl] {
+            for bound in [ErrorBound::Abs(1e-2), ErrorBound::Noa(1e-4)] {
+                for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
+                    let what = format!("p={p} {codec} {bound:?} {op:?}");
+                    let whole = device(&inputs, op, bound, codec, &vec![n; p]);
+                    let cut =
+                        device_in_pieces(&inputs, op, bound, codec, &vec![n; p], 65_536 * T::SIZE);
+                    for (r, (w, c)) in whole.into_iter().zip(cut).enumerate() {
+                        let w = w.map_err(|e| format!("{what} whole: {e}"))?;
+                        let c = c.map_err(|e| format!("{what} in pieces: {e}"))?;
+                        within_bound(&inputs, op, bound, r, &c)
+                            .map_err(|e| format!("{what} rank {r}: {e}"))?;
+                        if c.len() != w.len()
+                            || c.iter()
+                                .zip(&w)
+                                .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
+                        {
+                            return Err(format!(
+                                "{what} rank {r}: pieces differ from whole segments"
                             ));
                         }
                     }

@@ -233,8 +233,26 @@ pub(crate) fn ring<T: GpuElement + Real>(
 ) -> Result<RingRun> {
     let stream = gpu.stream().clone();
     let segs = partition(x.len(), plan.size);
+    // pieces of at most the link's piece size, so that transfers overlap the codec's work (the
+    // same count on every rank: same segments, same link settings)
+    let seg_bytes = segs.iter().map(Range::len).max().unwrap_or(0) * T::SIZE;
+    // (only codecs that decode value by value: a piece's values are then those of the whole
+    // segment, unless a piece's stream is stored raw where the segment's would not be)
+    let wanted = if codec_decodes_per_value(plan.codec) {
+        seg_bytes.div_ceil(t.ring_piece_bytes().max(1))
+    } else {
+        1
+    };
+    let plan = plan.with_pieces(ring::usable_pieces(&segs, wanted));
+    let parts = ring::parts(&segs, plan.pieces);
     let longest = segs.iter().map(Range::len).max().unwrap_or(0);
-    let need = crate::format::compress_bound(longest, T::DTYPE).max(16);
+    // one region of the scratch per piece: a piece's message stays there while it is on the
+    // wire and the next piece is compressed into the next region
+    let longest_part = parts.iter().map(Range::len).max().unwrap_or(0);
+    let region = crate::format::compress_bound(longest_part, T::DTYPE)
+        .max(16)
+        .next_multiple_of(256);
+    let need = region * plan.pieces;
     // A buffer that cannot be had fails this rank's share of the ring, not the ring: the
     // rank still takes part (with empty messages), so the others are not left waiting.
     let mut broken = None;
@@ -269,8 +287,14 @@ pub(crate) fn ring<T: GpuElement + Real>(
         None
     };
     let run = {
-        let mut place =
-            DevicePlace::new(t, gpu, x.slice(..), out.slice_mut(..), tmp, &segs, &mut buf);
+        let mut place = DevicePlace::new(
+            t,
+            gpu,
+            (x.slice(..), out.slice_mut(..)),
+            tmp,
+            (&segs, &parts, plan.pieces),
+            (&mut buf, region),
+        );
         place.own = (!plan.full).then_some(plan.rank);
         if matches!(plan.final_bound, FinalBound::Deferred(_)) {
             let words = match place.gpu.ring_range.take() {
@@ -296,9 +320,19 @@ pub(crate) fn ring<T: GpuElement + Real>(
     Ok(run)
 }
 
-/// A compressed segment: this rank's own (in the scratch buffer) or one received.
+/// Whether `codec`'s decoded values depend only on each value and the bound (and on chunks
+/// that [`ring::PIECE_ALIGN`] keeps where they are), not on their neighbours' predictions.
+fn codec_decodes_per_value(codec: CodecKind) -> bool {
+    matches!(
+        codec,
+        CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier | CodecKind::Pfpl
+    )
+}
+
+/// A compressed part: this rank's own (`len` bytes at `at` in the scratch buffer) or one
+/// received.
 enum DeviceMsg {
-    Scratch(usize),
+    Scratch { at: usize, len: usize },
     Received(DeviceBytes),
 }
 
@@ -320,32 +354,38 @@ struct DevicePlace<'a, T: GpuElement> {
     own: Option<usize>,
     /// Reduce-scatter with more than two ranks: the partial sum of another rank's segment.
     tmp: Option<CudaSlice<T>>,
-    /// Which segments hold a partial sum.
+    /// Which parts hold a partial sum.
     touched: Vec<bool>,
+    /// The ring's segments, and the parts the ring's calls name (`pieces` per segment:
+    /// [`ring::parts`]).
     segs: &'a [Range<usize>],
-    /// Where this rank's outgoing segment is compressed (reused every step).
+    parts: &'a [Range<usize>],
+    pieces: usize,
+    /// Where this rank's outgoing parts are compressed: piece `c` of any segment in region `c`
+    /// (`region` bytes each), reused every step.
     scratch: &'a mut CudaSlice<u8>,
+    region: usize,
     /// Seconds spent in the codec calls so far.
     compress_s: f64,
     decompress_s: f64,
     /// Why this rank cannot do its share (a buffer it could not allocate): its first
     /// compression fails with it, and the ring carries the failure to every rank.
     broken: Option<Error>,
-    /// The segment whose output already holds what its compressed final message decodes to
-    /// (left there by [`GpuCodec::compress_reconstruct_device`]), so that its decode is
+    /// The parts whose output already holds what their compressed final message decodes to
+    /// (left there by [`GpuCodec::compress_reconstruct_device`]), so that their decode is
     /// skipped.
-    reconstructed: Option<usize>,
-    /// A ring with a deferred final bound: the finite range of the input segments read so far,
+    reconstructed: Vec<bool>,
+    /// A ring with a deferred final bound: the finite range of the input parts read so far,
     /// folded in by the compression and accumulation kernels that read them.
     range: Option<DeviceRange>,
-    /// Which input segments `range` covers.
+    /// Which input parts `range` covers.
     covered: Vec<bool>,
 }
 
-/// Where a segment's partial sum lives: a range of the output, or the first values of `tmp`.
+/// Where a part's partial sum lives: a range of the output, or a range of `tmp`.
 enum Slot {
     Out(Range<usize>),
-    Tmp(usize),
+    Tmp(Range<usize>),
 }
 
 /// The partial sum in `slot` (of a [`DevicePlace`]'s `out` and `tmp`).
@@ -356,8 +396,8 @@ fn partial<'b, T>(
 ) -> Result<CudaView<'b, T>> {
     match slot {
         Slot::Out(r) => Ok(out.slice(r)),
-        Slot::Tmp(n) => match tmp {
-            Some(b) => Ok(b.slice(..n)),
+        Slot::Tmp(r) => match tmp {
+            Some(b) => Ok(b.slice(r)),
             None => Err(Error::Comm("ring: no partial-sum buffer".into())),
         },
     }
@@ -367,11 +407,10 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     fn new(
         t: &'a dyn DeviceTransport,
         gpu: &'a mut GpuCodec,
-        input: CudaView<'a, T>,
-        out: CudaViewMut<'a, T>,
+        (input, out): (CudaView<'a, T>, CudaViewMut<'a, T>),
         tmp: Option<CudaSlice<T>>,
-        segs: &'a [Range<usize>],
-        scratch: &'a mut CudaSlice<u8>,
+        (segs, parts, pieces): (&'a [Range<usize>], &'a [Range<usize>], usize),
+        (scratch, region): (&'a mut CudaSlice<u8>, usize),
     ) -> Self {
         DevicePlace {
             t,
@@ -380,24 +419,39 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             out,
             own: None,
             tmp,
-            touched: vec![false; segs.len()],
+            touched: vec![false; parts.len()],
             segs,
+            parts,
+            pieces,
             scratch,
+            region,
             compress_s: 0.0,
             decompress_s: 0.0,
             broken: None,
-            reconstructed: None,
+            reconstructed: vec![false; parts.len()],
             range: None,
-            covered: vec![false; segs.len()],
+            covered: vec![false; parts.len()],
         }
     }
 
-    fn slot(&self, seg: usize) -> Slot {
+    /// Where part `j`'s partial sum lives: its place in the output (the allreduces; a
+    /// reduce-scatter's own segment, whose output is that segment), else in `tmp` at its
+    /// offset within its segment.
+    fn slot(&self, j: usize) -> Slot {
+        let part = self.parts[j].clone();
+        let seg = &self.segs[j / self.pieces];
+        let within = part.start - seg.start..part.end - seg.start;
         match self.own {
-            None => Slot::Out(self.segs[seg].clone()),
-            Some(r) if r == seg => Slot::Out(0..self.segs[seg].len()),
-            Some(_) => Slot::Tmp(self.segs[seg].len()),
+            None => Slot::Out(part),
+            Some(r) if r == j / self.pieces => Slot::Out(within),
+            Some(_) => Slot::Tmp(within),
         }
+    }
+
+    /// The scratch region of part `j`'s outgoing message.
+    fn region_of(&self, j: usize) -> Range<usize> {
+        let at = (j % self.pieces) * self.region;
+        at..at + self.region
     }
 
     fn run(&mut self, plan: RingPlan) -> Result<RingRun> {
@@ -416,19 +470,20 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         let Some(acc) = self.range.as_mut() else {
             return self.gpu.value_range_device(&self.input);
         };
-        for (k, seg) in self.segs.iter().enumerate() {
+        for (k, part) in self.parts.iter().enumerate() {
             if !self.covered[k] {
                 self.gpu
-                    .add_range_device(&self.input.slice(seg.clone()), acc)?;
+                    .add_range_device(&self.input.slice(part.clone()), acc)?;
                 self.covered[k] = true;
             }
         }
         acc.read(self.gpu.stream())
     }
 
+    /// A message's bytes; a received one's only after `wait_ready` on the codec's stream.
     fn view<'b>(&'b self, m: &'b DeviceMsg) -> CudaView<'b, u8> {
         match m {
-            DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
+            DeviceMsg::Scratch { at, len } => self.scratch.slice(*at..*at + *len),
             DeviceMsg::Received(s) => s.view(),
         }
     }
@@ -438,7 +493,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
 fn received(m: &DeviceMsg) -> Result<&DeviceBytes> {
     match m {
         DeviceMsg::Received(b) => Ok(b),
-        DeviceMsg::Scratch(_) => Err(Error::Comm(
+        DeviceMsg::Scratch { .. } => Err(Error::Comm(
             "ring: decoding a segment that was never exchanged".into(),
         )),
     }
@@ -449,7 +504,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn wire_len(&self, m: &DeviceMsg) -> usize {
         match m {
-            DeviceMsg::Scratch(len) => *len,
+            DeviceMsg::Scratch { len, .. } => *len,
             DeviceMsg::Received(s) => s.len(),
         }
     }
@@ -460,12 +515,13 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         }
         let from_input = !self.touched[seg];
         let values = if from_input {
-            self.input.slice(self.segs[seg].clone())
+            self.input.slice(self.parts[seg].clone())
         } else {
             partial(&self.out, &self.tmp, self.slot(seg))?
         };
+        let region = self.region_of(seg);
         let t = std::time::Instant::now();
-        let out = &mut self.scratch.as_view_mut();
+        let out = &mut self.scratch.slice_mut(region.clone());
         let len = match (&mut self.range, bound) {
             (Some(acc), ErrorBound::Abs(eb)) if from_input && !self.covered[seg] => self
                 .gpu
@@ -477,22 +533,31 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             _ => self.gpu.compress_device(&values, bound, codec, out),
         };
         self.compress_s += t.elapsed().as_secs_f64();
-        Ok(DeviceMsg::Scratch(len?))
+        Ok(DeviceMsg::Scratch {
+            at: region.start,
+            len: len?,
+        })
     }
 
     fn exchange(&mut self, m: DeviceMsg, to: usize, from: usize) -> Result<DeviceMsg> {
         let stream = self.gpu.stream().clone();
-        let got = self.t.sendrecv_device(to, &self.view(&m), from, &stream)?;
+        // queued: the next piece is compressed while this one is on the wire; its readers
+        // wait for it (`wait_ready`), and its scratch region is not written again before
+        // then (the next step's compression of this piece follows its accumulation)
+        let got = self
+            .t
+            .sendrecv_device_queued(to, &self.view(&m), from, &stream)?;
         Ok(DeviceMsg::Received(got))
     }
 
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
-        let range = self.segs[seg].clone();
+        let range = self.parts[seg].clone();
         let stream = received(m)?;
+        stream.wait_ready(self.gpu.stream())?;
         let mut acc = match self.slot(seg) {
             Slot::Out(r) => self.out.slice_mut(r),
-            Slot::Tmp(n) => match self.tmp.as_mut() {
-                Some(b) => b.slice_mut(..n),
+            Slot::Tmp(r) => match self.tmp.as_mut() {
+                Some(b) => b.slice_mut(r),
                 None => return Err(Error::Comm("ring: no partial-sum buffer".into())),
             },
         };
@@ -562,17 +627,21 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             Slot::Out(r) if has_kernel && self.touched[seg] && self.broken.is_none() => r,
             _ => return self.encode(seg, bound, codec),
         };
+        let region = self.region_of(seg);
         let t = std::time::Instant::now();
         let len = self.gpu.compress_reconstruct_device(
             &mut self.out.slice_mut(r),
             codec,
             abs_bound,
-            &mut self.scratch.as_view_mut(),
+            &mut self.scratch.slice_mut(region.clone()),
         );
         self.compress_s += t.elapsed().as_secs_f64();
         if let Some(len) = len? {
-            self.reconstructed = Some(seg);
-            return Ok(DeviceMsg::Scratch(len));
+            self.reconstructed[seg] = true;
+            return Ok(DeviceMsg::Scratch {
+                at: region.start,
+                len,
+            });
         }
         // no reconstructing compression (a degenerate step, or an incompressible sum the
         // kernel may have partly replaced): the sum again, as the host ring stores it
@@ -590,7 +659,14 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
                 "ring: scaling a segment that holds no partial sum".into(),
             ));
         }
-        let range = self.segs[seg].clone();
+        let range = match self.slot(seg) {
+            Slot::Out(r) => r,
+            Slot::Tmp(_) => {
+                return Err(Error::Comm(
+                    "ring: scaling a partial sum that is not a result".into(),
+                ))
+            }
+        };
         let stream = self.gpu.stream().clone();
         let util = crate::gpu::util::RangeScale::for_stream(&stream)?;
         util.scale(&stream, &mut self.out.slice_mut(range), T::from_f64(d))
@@ -598,26 +674,30 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn allgather(&mut self, m: DeviceMsg) -> Result<Vec<DeviceMsg>> {
         let stream = self.gpu.stream().clone();
-        let all = self.t.allgather_device(&self.view(&m), &stream)?;
-        // this rank's own segment is decoded from the scratch it was compressed into
+        // queued: the next piece's final compression overlaps this one's transfer
+        let all = self.t.allgather_device_queued(&self.view(&m), &stream)?;
+        // this rank's own part is decoded from the scratch it was compressed into
         let mut own = Some(m);
         Ok(all
             .into_iter()
             .map(|b| match b {
                 Some(b) => DeviceMsg::Received(b),
-                None => own.take().unwrap_or(DeviceMsg::Scratch(0)),
+                None => own.take().unwrap_or(DeviceMsg::Scratch { at: 0, len: 0 }),
             })
             .collect())
     }
 
     fn release(&mut self, m: DeviceMsg) {
         if let DeviceMsg::Received(b) = m {
+            // a message nothing read may still be on the wire, and with it the send from this
+            // rank's scratch region: later work on the stream waits for both
+            let _ = b.wait_ready(self.gpu.stream());
             self.t.recycle(b);
         }
     }
 
     fn failed_msg(&mut self) -> DeviceMsg {
-        DeviceMsg::Scratch(0)
+        DeviceMsg::Scratch { at: 0, len: 0 }
     }
 
     fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
@@ -632,17 +712,20 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
 
     fn reset(&mut self) {
         self.touched.iter_mut().for_each(|t| *t = false);
-        self.reconstructed = None;
+        self.reconstructed.iter_mut().for_each(|t| *t = false);
     }
 
     fn decode_into_output(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
-        if matches!(m, DeviceMsg::Scratch(_)) && self.reconstructed == Some(seg) {
+        if matches!(m, DeviceMsg::Scratch { .. }) && self.reconstructed[seg] {
             return Ok(()); // the final step left the decoded values in place
         }
-        let range = self.segs[seg].clone();
+        let range = self.parts[seg].clone();
         let stream = match m {
-            DeviceMsg::Scratch(len) => self.scratch.slice(..*len),
-            DeviceMsg::Received(b) => b.view(),
+            DeviceMsg::Scratch { at, len } => self.scratch.slice(*at..*at + *len),
+            DeviceMsg::Received(b) => {
+                b.wait_ready(self.gpu.stream())?;
+                b.view()
+            }
         };
         let t = std::time::Instant::now();
         let r = self

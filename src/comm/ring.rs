@@ -44,6 +44,10 @@ use crate::error::{Error, Result};
 use crate::quant::ErrorBound;
 
 /// Where the ring's buffers live and how segments are compressed, exchanged and accumulated.
+///
+/// The index a method takes is a *part*: piece `c` of segment `seg` is part
+/// `seg * pieces + c` of the plan's [`pieces`](RingPlan::pieces) ([`parts`]); with one piece a
+/// part is a segment.
 pub(crate) trait RingPlace {
     /// A compressed segment in flight (host bytes, a device buffer, ...).
     type Msg;
@@ -273,6 +277,10 @@ pub(crate) struct RingPlan {
     pub full: bool,
     /// The codec.
     pub codec: CodecKind,
+    /// Pieces each segment is cut into ([`cut`]); 1: whole segments. With more, a piece's
+    /// message is on the wire while the next piece is compressed or the previous one
+    /// accumulated (a place whose exchange only queues the transfer overlaps them).
+    pub pieces: usize,
 }
 
 impl RingPlan {
@@ -295,7 +303,14 @@ impl RingPlan {
             divisor,
             full,
             codec,
+            pieces: 1,
         }
+    }
+
+    /// The plan cutting each segment into `pieces` (at least 1).
+    pub fn with_pieces(mut self, pieces: usize) -> Self {
+        self.pieces = pieces.max(1);
+        self
     }
 
     /// [`RingPlan::new`] for the split of `bounds`, the final bound deferred when the split
@@ -436,7 +451,8 @@ pub(crate) fn reduce<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Ring
                 plan.divisor,
                 plan.full,
                 plan.codec,
-            );
+            )
+            .with_pieces(plan.pieces);
             match run(place, exact)? {
                 Outcome::Done(mut bytes) => {
                     bytes.reduce_scatter += sent.reduce_scatter;
@@ -458,50 +474,110 @@ enum Outcome {
     Restart(Option<(f64, f64)>, RingBytes),
 }
 
+/// Piece alignment in values: pieces start at multiples of it within their segment, so that
+/// every codec's chunks and layers fall as they would in the whole segment (the decoded values
+/// of the per-value codecs do not depend on the cut).
+pub(crate) const PIECE_ALIGN: usize = 1 << 16;
+
+/// Pieces of `pieces` per segment that every segment of `segs` can have without an empty one
+/// (at least 1): all ranks compute it from the same segments.
+pub(crate) fn usable_pieces(segs: &[std::ops::Range<usize>], pieces: usize) -> usize {
+    let shortest = segs.iter().map(|s| s.len()).min().unwrap_or(0);
+    pieces.min(shortest.div_ceil(PIECE_ALIGN)).max(1)
+}
+
+/// Segment `seg` cut into `pieces` contiguous parts starting at multiples of [`PIECE_ALIGN`]
+/// values from its start (the last part takes the rest); every part is non-empty when
+/// `pieces` is [`usable_pieces`] of the segments.
+pub(crate) fn cut(seg: std::ops::Range<usize>, pieces: usize) -> Vec<std::ops::Range<usize>> {
+    let blocks = seg.len().div_ceil(PIECE_ALIGN);
+    let pieces = pieces.max(1);
+    (0..pieces)
+        .map(|c| {
+            let lo = (seg.start + blocks * c / pieces * PIECE_ALIGN).min(seg.end);
+            let hi = if c + 1 == pieces {
+                seg.end
+            } else {
+                (seg.start + blocks * (c + 1) / pieces * PIECE_ALIGN).min(seg.end)
+            };
+            lo..hi
+        })
+        .collect()
+}
+
+/// Every segment of `segs` cut into `pieces` ([`cut`]), in order: part `seg * pieces + c` is
+/// piece `c` of segment `seg` (the index a [`RingPlace`] is called with).
+pub(crate) fn parts(segs: &[std::ops::Range<usize>], pieces: usize) -> Vec<std::ops::Range<usize>> {
+    segs.iter().flat_map(|s| cut(s.clone(), pieces)).collect()
+}
+
 fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
     let (p, r) = (plan.size, plan.rank);
+    let pieces = plan.pieces.max(1);
+    // the index of piece `c` of segment `seg` in the place's parts
+    let part = |seg: usize, c: usize| seg * pieces + c;
     let (right, left) = ((r + 1) % p, (r + p - 1) % p);
     let step = ErrorBound::Abs(plan.step_bound);
     let mut bytes = RingBytes::default();
     let mut failed: Option<Error> = None;
-    // this rank's message of `seg`, or the empty one after a failure
-    let encode = |place: &mut P, failed: &mut Option<Error>, seg: usize, bound: ErrorBound| {
+    // this rank's message of part `j`, or the empty one after a failure
+    let encode = |place: &mut P, failed: &mut Option<Error>, j: usize, bound: ErrorBound| {
         if failed.is_none() {
-            match place.encode(seg, bound, plan.codec) {
+            match place.encode(j, bound, plan.codec) {
                 Ok(m) => return m,
                 Err(e) => *failed = Some(e),
             }
         }
         place.failed_msg()
     };
-    // the final segment's message, when the last reduce step compressed it
-    let mut fin = None;
+    // Every piece's final message is gathered as soon as it exists, so that its transfer
+    // overlaps the next piece's compression; all ranks make the same calls in the same order.
+    let mut gathered: Vec<Vec<P::Msg>> = Vec::with_capacity(pieces);
+    fn gather<P: RingPlace>(
+        place: &mut P,
+        bytes: &mut RingBytes,
+        gathered: &mut Vec<Vec<P::Msg>>,
+        m: P::Msg,
+    ) -> Result<()> {
+        bytes.final_stream += place.wire_len(&m);
+        gathered.push(place.allgather(m)?);
+        Ok(())
+    }
     if p > 1 {
-        let mut msg = encode(place, &mut failed, left, step);
-        for s in 0..p - 1 {
+        // the messages on the wire, one per piece of the segment the step receives
+        let mut inflight = Vec::with_capacity(pieces);
+        for c in 0..pieces {
+            let msg = encode(place, &mut failed, part(left, c), step);
             bytes.reduce_scatter += place.wire_len(&msg);
-            let got = place.exchange(msg, right, left)?;
+            inflight.push(place.exchange(msg, right, left)?);
+        }
+        for s in 0..p - 1 {
             let seg = (r + 2 * p - s - 2) % p;
             // the last step reduces this rank's own segment: the mean divides it, and an
             // allreduce compresses it as its final segment
             let last = s + 2 == p;
             let divisor = if last { plan.divisor } else { 1.0 };
-            if failed.is_none() && place.wire_len(&got) == 0 {
-                failed = Some(Error::PeerFailed(format!(
-                    "ring: rank {left} (or a rank before it) failed"
-                )));
-            }
+            let got = std::mem::take(&mut inflight);
+            let peer_failed = |failed: &mut Option<Error>, m: &P::Msg, place: &P| {
+                if failed.is_none() && place.wire_len(m) == 0 {
+                    *failed = Some(Error::PeerFailed(format!(
+                        "ring: rank {left} (or a rank before it) failed"
+                    )));
+                }
+            };
             if let (true, true, FinalBound::Deferred(rule)) = (last, plan.full, plan.final_bound) {
-                if failed.is_none() {
-                    if let Err(e) = step_in_parts(place, seg, &got, divisor, None) {
-                        failed = Some(e);
+                for (c, m) in got.iter().enumerate() {
+                    peer_failed(&mut failed, m, place);
+                    if failed.is_none() {
+                        if let Err(e) = step_in_parts(place, part(seg, c), m, divisor, None) {
+                            failed = Some(e);
+                        }
                     }
                 }
-                let agreed = place.global_range(failed.is_none());
-                let (range, all_ok) = match agreed {
+                let (range, all_ok) = match place.global_range(failed.is_none()) {
                     Ok(v) => v,
                     Err(e) => {
-                        place.release(got);
+                        got.into_iter().for_each(|m| place.release(m));
                         return Err(e);
                     }
                 };
@@ -511,16 +587,29 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
                 } else if let Some(f) = rule.final_after(plan.step, range) {
                     bytes.result_bound = Some(rule.split(range).result);
                     let bound = ErrorBound::Abs(f);
-                    match place.encode_final(seg, &got, divisor, bound, plan.codec) {
-                        Ok(m) => fin = Some(m),
-                        Err(e) => failed = Some(e),
+                    for (c, m) in got.iter().enumerate() {
+                        let fin = if failed.is_none() {
+                            match place.encode_final(part(seg, c), m, divisor, bound, plan.codec) {
+                                Ok(m) => m,
+                                Err(e) => {
+                                    failed = Some(e);
+                                    place.failed_msg()
+                                }
+                            }
+                        } else {
+                            place.failed_msg()
+                        };
+                        if let Err(e) = gather(place, &mut bytes, &mut gathered, fin) {
+                            got.into_iter().for_each(|m| place.release(m));
+                            return Err(e);
+                        }
                     }
                 } else {
                     tracing::debug!(?range, "ring: the sampled range left too little for the final step; restarting with the exact split");
-                    place.release(got);
+                    got.into_iter().for_each(|m| place.release(m));
                     return Ok(Outcome::Restart(range, bytes));
                 }
-                place.release(got);
+                got.into_iter().for_each(|m| place.release(m));
                 break;
             }
             let next = match (last, plan.full, plan.final_bound) {
@@ -533,23 +622,40 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
                 codec: plan.codec,
                 is_final,
             });
-            let mut sent = None;
-            if failed.is_none() {
-                match place.reduce_step(seg, &got, divisor, next) {
-                    Ok(m) => sent = m,
-                    Err(e) => failed = Some(e),
+            for (c, m) in got.into_iter().enumerate() {
+                peer_failed(&mut failed, &m, place);
+                let mut sent = None;
+                if failed.is_none() {
+                    match place.reduce_step(part(seg, c), &m, divisor, next) {
+                        Ok(m) => sent = m,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                place.release(m);
+                match (last, plan.full) {
+                    (false, _) => {
+                        let msg = sent.unwrap_or_else(|| place.failed_msg());
+                        bytes.reduce_scatter += place.wire_len(&msg);
+                        inflight.push(place.exchange(msg, right, left)?);
+                    }
+                    (true, true) => {
+                        let fin = sent.unwrap_or_else(|| place.failed_msg());
+                        gather(place, &mut bytes, &mut gathered, fin)?;
+                    }
+                    (true, false) => {}
                 }
             }
-            place.release(got);
             if last {
-                fin = sent;
                 break;
             }
-            msg = sent.unwrap_or_else(|| place.failed_msg());
         }
     } else if plan.divisor != 1.0 {
-        if let Err(e) = place.scale(r, plan.divisor) {
-            failed = Some(e);
+        for c in 0..pieces {
+            if failed.is_none() {
+                if let Err(e) = place.scale(part(r, c), plan.divisor) {
+                    failed = Some(e);
+                }
+            }
         }
     }
     if !plan.full {
@@ -560,27 +666,31 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
             None => Ok(Outcome::Done(bytes)),
         };
     }
-    let fin = match fin {
-        Some(m) => m,
-        None if failed.is_some() => place.failed_msg(),
-        None => {
+    // one rank: the final segment under the known final bound
+    for c in gathered.len()..pieces {
+        let fin = if failed.is_some() {
+            place.failed_msg()
+        } else {
             let FinalBound::Known(b) = plan.final_bound else {
                 unreachable!("a deferred final bound is set in the last reduce step")
             };
-            encode(place, &mut failed, r, ErrorBound::Abs(b))
-        }
-    };
-    bytes.final_stream = place.wire_len(&fin);
-    let all = place.allgather(fin)?;
+            encode(place, &mut failed, part(r, c), ErrorBound::Abs(b))
+        };
+        gather(place, &mut bytes, &mut gathered, fin)?;
+    }
     if let Some(e) = failed {
         return Err(e);
     }
-    if let Some(k) = all.iter().position(|m| place.wire_len(m) == 0) {
-        return Err(Error::PeerFailed(format!("ring: rank {k} failed")));
+    for all in &gathered {
+        if let Some(k) = all.iter().position(|m| place.wire_len(m) == 0) {
+            return Err(Error::PeerFailed(format!("ring: rank {k} failed")));
+        }
     }
-    for (k, m) in all.into_iter().enumerate() {
-        place.decode_into_output(k, &m)?;
-        place.release(m);
+    for (c, all) in gathered.into_iter().enumerate() {
+        for (k, m) in all.into_iter().enumerate() {
+            place.decode_into_output(part(k, c), &m)?;
+            place.release(m);
+        }
     }
     Ok(Outcome::Done(bytes))
 }
@@ -628,5 +738,244 @@ mod tests {
         assert!(rule(ErrorBound::Noa(1e-3), 2)
             .final_after(1e-3, None)
             .is_none());
+    }
+
+    /// A ring place over in-process channels whose "codec" rounds to multiples of twice the
+    /// bound (a quantiser without coding), so the schedule itself is what is tested.
+    struct ChannelPlace {
+        r: usize,
+        p: usize,
+        input: Vec<f64>,
+        out: Vec<f64>,
+        parts: Vec<std::ops::Range<usize>>,
+        touched: Vec<bool>,
+        tx: Vec<std::sync::mpsc::Sender<Vec<f64>>>,
+        rx: Vec<std::sync::mpsc::Receiver<Vec<f64>>>,
+        /// Fail the compression of this part (a place's own error).
+        fail_part: Option<usize>,
+    }
+
+    fn quantise(v: &[f64], b: f64) -> Vec<f64> {
+        // a leading marker keeps a real message non-empty even for an empty part
+        std::iter::once(1.0)
+            .chain(v.iter().map(|x| (x / (2.0 * b)).round() * 2.0 * b))
+            .collect()
+    }
+
+    impl RingPlace for ChannelPlace {
+        type Msg = Vec<f64>;
+        fn wire_len(&self, m: &Vec<f64>) -> usize {
+            m.len() * 8
+        }
+        fn encode(&mut self, j: usize, bound: ErrorBound, _: CodecKind) -> Result<Vec<f64>> {
+            if self.fail_part == Some(j) {
+                return Err(Error::invalid("injected"));
+            }
+            let ErrorBound::Abs(b) = bound else {
+                unreachable!()
+            };
+            let src = if self.touched[j] {
+                &self.out
+            } else {
+                &self.input
+            };
+            Ok(quantise(&src[self.parts[j].clone()], b))
+        }
+        fn exchange(&mut self, m: Vec<f64>, to: usize, from: usize) -> Result<Vec<f64>> {
+            self.tx[to].send(m).unwrap();
+            Ok(self.rx[from].recv().unwrap())
+        }
+        fn accumulate(&mut self, j: usize, m: &Vec<f64>) -> Result<()> {
+            let range = self.parts[j].clone();
+            for (k, i) in range.enumerate() {
+                let base = if self.touched[j] {
+                    self.out[i]
+                } else {
+                    self.input[i]
+                };
+                self.out[i] = base + m[k + 1];
+            }
+            self.touched[j] = true;
+            Ok(())
+        }
+        fn scale(&mut self, j: usize, d: f64) -> Result<()> {
+            for i in self.parts[j].clone() {
+                self.out[i] /= d;
+            }
+            Ok(())
+        }
+        fn allgather(&mut self, m: Vec<f64>) -> Result<Vec<Vec<f64>>> {
+            for k in (0..self.p).filter(|&k| k != self.r) {
+                self.tx[k].send(m.clone()).unwrap();
+            }
+            Ok((0..self.p)
+                .map(|k| {
+                    if k == self.r {
+                        m.clone()
+                    } else {
+                        self.rx[k].recv().unwrap()
+                    }
+                })
+                .collect())
+        }
+        fn decode_into_output(&mut self, j: usize, m: &Vec<f64>) -> Result<()> {
+            let range = self.parts[j].clone();
+            self.out[range].copy_from_slice(&m[1..]);
+            Ok(())
+        }
+        fn failed_msg(&mut self) -> Vec<f64> {
+            Vec::new()
+        }
+        fn all_succeeded(&mut self, ok: bool) -> Result<bool> {
+            let all = self.allgather(vec![f64::from(u8::from(ok))])?;
+            Ok(all.iter().all(|v| v[0] > 0.5))
+        }
+        fn global_range(&mut self, ok: bool) -> Result<(Option<(f64, f64)>, bool)> {
+            let lo = self.input.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = self.input.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let all = self.allgather(vec![lo, hi, f64::from(u8::from(ok))])?;
+            let lo = all.iter().map(|v| v[0]).fold(f64::INFINITY, f64::min);
+            let hi = all.iter().map(|v| v[1]).fold(f64::NEG_INFINITY, f64::max);
+            Ok((Some((lo, hi)), all.iter().all(|v| v[2] > 0.5)))
+        }
+        fn reset(&mut self) {
+            self.touched.iter_mut().for_each(|t| *t = false);
+        }
+    }
+
+    /// Every rank's result of a ring over `p` channel places, `pieces` per segment.
+    fn channel_ring(
+        p: usize,
+        n: usize,
+        pieces: usize,
+        full: bool,
+        deferred: bool,
+        fail: Option<(usize, usize)>,
+    ) -> Vec<Result<Vec<f64>>> {
+        let (mut txs, mut rxs): (Vec<Vec<_>>, Vec<Vec<_>>) = (0..p)
+            .map(|_| (0..p).map(|_| std::sync::mpsc::channel()).unzip())
+            .unzip();
+        // rank k sends to `to` on txs[to][k]; rank `to` receives from k on rxs[to][k]
+        let segs = super::super::partition(n, p);
+        let pieces = usable_pieces(&segs, pieces);
+        let all_parts = parts(&segs, pieces);
+        let mut handles = Vec::new();
+        let senders: Vec<Vec<_>> = (0..p)
+            .map(|k| (0..p).map(|to| txs[to][k].clone()).collect())
+            .collect();
+        txs.clear();
+        for (r, tx) in senders.into_iter().enumerate() {
+            let rx = std::mem::take(&mut rxs[r]);
+            let parts = all_parts.clone();
+            let segs = segs.clone();
+            handles.push(std::thread::spawn(move || {
+                let input: Vec<f64> = (0..n)
+                    .map(|i| ((i as f64) * 0.001 + r as f64).sin() * 10.0)
+                    .collect();
+                let mut place = ChannelPlace {
+                    r,
+                    p,
+                    input,
+                    out: vec![0.0; n],
+                    touched: vec![false; parts.len()],
+                    parts,
+                    tx,
+                    rx,
+                    fail_part: fail.filter(|f| f.0 == r).map(|f| f.1),
+                };
+                let rule = rule(ErrorBound::Abs(1e-2), p);
+                let mut plan = RingPlan::new((r, p), 1e-2 / p as f64, 1.0, full, CodecKind::Aatrox)
+                    .with_pieces(pieces);
+                if deferred {
+                    plan.final_bound = FinalBound::Deferred(SplitRule { full, ..rule });
+                }
+                reduce(&mut place, plan).map(|_| {
+                    if full {
+                        place.out
+                    } else {
+                        place.out[segs[r].clone()].to_vec()
+                    }
+                })
+            }));
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn pieces_start_aligned_and_cover_the_segment() {
+        let seg = 1000..1000 + 5 * PIECE_ALIGN + 17;
+        for k in 1..=6 {
+            let c = cut(seg.clone(), k);
+            assert_eq!(c.len(), k);
+            assert_eq!(c[0].start, seg.start);
+            assert_eq!(c[k - 1].end, seg.end);
+            for w in c.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+                assert_eq!((w[1].start - seg.start) % PIECE_ALIGN, 0);
+                assert!(!w[0].is_empty());
+            }
+        }
+        // no more pieces than a segment has aligned blocks
+        let segs = [
+            0..2 * PIECE_ALIGN + 1,
+            2 * PIECE_ALIGN + 1..4 * PIECE_ALIGN + 1,
+        ];
+        assert_eq!(usable_pieces(&segs, 8), 2);
+        assert_eq!(usable_pieces(&[0..10, 10..20], 8), 1);
+        assert_eq!(usable_pieces(&segs, 0), 1);
+    }
+
+    #[test]
+    fn a_ring_in_pieces_gives_the_result_of_whole_segments() {
+        let n = 3 * 3 * PIECE_ALIGN + 1234;
+        for p in [2, 3] {
+            for (full, deferred) in [(true, false), (true, true), (false, false)] {
+                let whole = channel_ring(p, n, 1, full, deferred, None);
+                let cut = channel_ring(p, n, 3, full, deferred, None);
+                for (r, (a, b)) in whole.iter().zip(&cut).enumerate() {
+                    let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+                    assert_eq!(a, b, "p {p} full {full} deferred {deferred} rank {r}");
+                }
+                if full {
+                    // every rank holds the same result, within the bound of the exact sum
+                    let exact: Vec<f64> = (0..n)
+                        .map(|i| {
+                            (0..p)
+                                .map(|r| ((i as f64) * 0.001 + r as f64).sin() * 10.0)
+                                .sum()
+                        })
+                        .collect();
+                    let a = cut[0].as_ref().unwrap();
+                    assert!(cut.iter().all(|b| b.as_ref().unwrap() == a));
+                    let worst = a
+                        .iter()
+                        .zip(&exact)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max);
+                    assert!(worst <= 1e-2 + 1e-9, "p {p}: error {worst}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_piece_that_fails_fails_every_rank() {
+        let n = 3 * 3 * PIECE_ALIGN;
+        for p in [2, 3] {
+            for full in [true, false] {
+                // the second piece of a segment this rank compresses in the first step
+                let r = p - 1;
+                let first = (r + p - 1) % p;
+                let res = channel_ring(p, n, 3, full, false, Some((r, first * 3 + 1)));
+                for (k, x) in res.iter().enumerate() {
+                    let e = x.as_ref().expect_err("every rank fails");
+                    if k == r {
+                        assert!(e.to_string().contains("injected"), "rank {k}: {e}");
+                    } else {
+                        assert!(matches!(e, Error::PeerFailed(_)), "rank {k}: {e:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -243,12 +243,13 @@ impl NcclComm {
             gpu,
             gpu_error,
             ring_pool,
+            config,
             ..
         } = self;
         let gpu = gpu
             .as_mut()
             .ok_or_else(|| Error::Unavailable(format!("GPU codec: {gpu_error}")))?;
-        let link = device_link::NcclLink::new(sh, ring_pool);
+        let link = device_link::NcclLink::new(sh, ring_pool, config.piece_bytes);
         let r = f(&link, gpu)?;
         Ok((r, link.wire()))
     }

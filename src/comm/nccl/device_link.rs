@@ -17,7 +17,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 use cudarc::nccl::sys as nsys;
 
 use super::{gpu_err, size_msg, Shared, Wire};
@@ -36,14 +36,21 @@ pub(super) struct NcclLink<'a> {
     pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
     /// Bytes this rank sent, and per message round the larger and smaller direction.
     wire: Cell<Wire>,
+    /// [`DeviceTransport::ring_piece_bytes`] (the communicator's `piece_bytes`).
+    piece_bytes: usize,
 }
 
 impl<'a> NcclLink<'a> {
-    pub(super) fn new(sh: &'a Shared, pool: &'a mut Vec<CudaSlice<u8>>) -> Self {
+    pub(super) fn new(
+        sh: &'a Shared,
+        pool: &'a mut Vec<CudaSlice<u8>>,
+        piece_bytes: usize,
+    ) -> Self {
         NcclLink {
             sh,
             pool: RefCell::new(pool),
             wire: Cell::new(Wire::default()),
+            piece_bytes: piece_bytes.max(1),
         }
     }
 
@@ -105,15 +112,16 @@ impl<'a> NcclLink<'a> {
     }
 
     /// Enqueue, in one NCCL group on the NCCL stream, the send of `send` to each of `to` and the
-    /// receives `recv` (peer, buffer, length), after the work queued on `stream` so far; `stream`
-    /// then waits for the group.
+    /// receives `recv` (peer, buffer, length), after the work queued on `stream` so far. Returns
+    /// the event that completes with the group; unless `queued`, `stream` waits for it first.
     fn transfer(
         &self,
         send: Option<&CudaView<'_, u8>>,
         to: &[usize],
         recv: &mut [(usize, &mut CudaSlice<u8>, usize)],
         stream: &Arc<CudaStream>,
-    ) -> Result<()> {
+        queued: bool,
+    ) -> Result<Arc<CudaEvent>> {
         let sh = self.sh;
         if let Some((_, buf, len)) = recv.iter().find(|(_, buf, len)| *len > buf.len()) {
             return Err(Error::Comm(format!(
@@ -158,7 +166,36 @@ impl<'a> NcclLink<'a> {
             drop(guards);
         }
         let done = sh.net.record_event(None).map_err(gpu_err)?;
-        stream.wait(&done).map_err(gpu_err)
+        if !queued {
+            stream.wait(&done).map_err(gpu_err)?;
+        }
+        Ok(Arc::new(done))
+    }
+
+    /// A received message in `buf`: ready now, or once `done` completes when `queued`.
+    fn message(
+        buf: CudaSlice<u8>,
+        len: usize,
+        done: &Arc<CudaEvent>,
+        queued: bool,
+    ) -> Result<DeviceBytes> {
+        if queued {
+            DeviceBytes::arriving(buf, len, done.clone())
+        } else {
+            DeviceBytes::new(buf, len)
+        }
+    }
+
+    /// [`empty`](Self::empty), which a queued transfer's reader also waits on (its own send
+    /// may still be reading the sender's buffer).
+    fn empty_after(
+        &self,
+        stream: &Arc<CudaStream>,
+        done: &Arc<CudaEvent>,
+        queued: bool,
+    ) -> Result<DeviceBytes> {
+        let b = self.empty(stream)?;
+        Self::message(b.into_buffer(), 0, done, queued)
     }
 
     /// An empty message (a failed receive): the ring treats it as the peer's failure.
@@ -216,6 +253,54 @@ impl DeviceTransport for NcclLink<'_> {
         src: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBytes> {
+        self.sendrecv(dest, bytes, src, stream, false)
+    }
+
+    fn allgather_device(
+        &self,
+        mine: &CudaView<'_, u8>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<Option<DeviceBytes>>> {
+        self.allgather(mine, stream, false)
+    }
+
+    fn ring_piece_bytes(&self) -> usize {
+        self.piece_bytes
+    }
+
+    fn sendrecv_device_queued(
+        &self,
+        dest: usize,
+        bytes: &CudaView<'_, u8>,
+        src: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<DeviceBytes> {
+        self.sendrecv(dest, bytes, src, stream, true)
+    }
+
+    fn allgather_device_queued(
+        &self,
+        mine: &CudaView<'_, u8>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<Option<DeviceBytes>>> {
+        self.allgather(mine, stream, true)
+    }
+
+    fn recycle(&self, bytes: DeviceBytes) {
+        self.pool.borrow_mut().push(bytes.into_buffer());
+    }
+}
+
+impl NcclLink<'_> {
+    /// [`DeviceTransport::sendrecv_device`], queued or not.
+    fn sendrecv(
+        &self,
+        dest: usize,
+        bytes: &CudaView<'_, u8>,
+        src: usize,
+        stream: &Arc<CudaStream>,
+        queued: bool,
+    ) -> Result<DeviceBytes> {
         let host = self.host_transport();
         let slen = bytes.len();
         let got = host.sendrecv(dest, &(slen as u64).to_le_bytes(), src, TAG_LINK)?;
@@ -232,29 +317,31 @@ impl DeviceTransport for NcclLink<'_> {
         } else {
             vec![]
         };
-        match room.as_mut() {
-            Some(buf) => self.transfer(send, &to, &mut [(src, buf, rlen)], stream)?,
-            None => self.transfer(send, &to, &mut [], stream)?,
-        }
+        let done = match room.as_mut() {
+            Some(buf) => self.transfer(send, &to, &mut [(src, buf, rlen)], stream, queued)?,
+            None => self.transfer(send, &to, &mut [], stream, queued)?,
+        };
         self.tally(
             if send_ok { slen } else { 0 },
             slen.max(rlen),
             slen.min(rlen),
         );
         match room {
-            Some(buf) => DeviceBytes::new(buf, rlen),
-            None if rlen == 0 => self.empty(stream),
+            Some(buf) => Self::message(buf, rlen, &done, queued),
+            None if rlen == 0 => self.empty_after(stream, &done, queued),
             None => {
                 tracing::warn!(target: "zcomm::nccl", "no device memory for a {rlen}-byte ring message");
-                self.empty(stream)
+                self.empty_after(stream, &done, queued)
             }
         }
     }
 
-    fn allgather_device(
+    /// [`DeviceTransport::allgather_device`], queued or not.
+    fn allgather(
         &self,
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
+        queued: bool,
     ) -> Result<Vec<Option<DeviceBytes>>> {
         let host = self.host_transport();
         let (r, p) = (host.rank(), host.size());
@@ -301,7 +388,7 @@ impl DeviceTransport for NcclLink<'_> {
             }
         }
         let send = (!mine.is_empty()).then_some(mine);
-        self.transfer(send, &to, &mut recv, stream)?;
+        let done = self.transfer(send, &to, &mut recv, stream, queued)?;
         let peers = p.saturating_sub(1);
         let (hi, lo) = (
             lens.iter().copied().max().unwrap_or(0),
@@ -316,16 +403,12 @@ impl DeviceTransport for NcclLink<'_> {
                     return Ok(None);
                 }
                 Some(match room.filter(|_| ok[r]) {
-                    Some(buf) => DeviceBytes::new(buf, lens[k]),
-                    None => self.empty(stream),
+                    Some(buf) => Self::message(buf, lens[k], &done, queued),
+                    None => self.empty_after(stream, &done, queued),
                 })
                 .transpose()
             })
             .collect()
-    }
-
-    fn recycle(&self, bytes: DeviceBytes) {
-        self.pool.borrow_mut().push(bytes.into_buffer());
     }
 }
 

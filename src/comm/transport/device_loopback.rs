@@ -37,6 +37,8 @@ struct DeviceFabric {
 pub struct DeviceLoopback {
     host: LoopbackTransport,
     fabric: Arc<DeviceFabric>,
+    /// [`DeviceTransport::ring_piece_bytes`].
+    piece_bytes: usize,
 }
 
 impl std::fmt::Debug for DeviceLoopback {
@@ -65,8 +67,18 @@ impl DeviceLoopback {
             .map(|host| DeviceLoopback {
                 host,
                 fabric: fabric.clone(),
+                piece_bytes: usize::MAX,
             })
             .collect()
+    }
+
+    /// This rank with rings cut into pieces of at most `bytes` uncompressed bytes (give every
+    /// rank of the group the same). The loopback's copies complete before its transfers
+    /// return, so pieces overlap nothing here; they run the pipelined schedule of a link that
+    /// queues its transfers (NCCL) on one GPU.
+    pub fn with_ring_piece_bytes(mut self, bytes: usize) -> Self {
+        self.piece_bytes = bytes.max(1);
+        self
     }
 
     /// A buffer of at least `len` bytes for a message to `owner`: a recycled one if one fits.
@@ -204,6 +216,10 @@ impl Transport for DeviceLoopback {
 }
 
 impl DeviceTransport for DeviceLoopback {
+    fn ring_piece_bytes(&self) -> usize {
+        self.piece_bytes
+    }
+
     fn host(&self) -> &dyn Transport {
         self
     }

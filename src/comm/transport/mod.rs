@@ -334,11 +334,17 @@ pub use self::device_loopback::DeviceLoopback;
 
 /// A message in device memory: the first `len` bytes of a buffer that may be longer (received
 /// messages land in reused buffers; give them back with [`DeviceTransport::recycle`]).
+///
+/// A message from a *queued* transfer ([`DeviceTransport::sendrecv_device_queued`]) may still be
+/// on its way: a stream that reads it must first [`wait_ready`](DeviceBytes::wait_ready).
+/// Dropping one orders the buffer's release after the transfer.
 #[cfg(feature = "cuda")]
 #[derive(Debug)]
 pub struct DeviceBytes {
-    buf: cudarc::driver::CudaSlice<u8>,
+    buf: Option<cudarc::driver::CudaSlice<u8>>,
     len: usize,
+    /// Completes when the bytes are in `buf` (a queued transfer), `None` when they already are.
+    ready: Option<std::sync::Arc<cudarc::driver::CudaEvent>>,
 }
 
 #[cfg(feature = "cuda")]
@@ -351,7 +357,21 @@ impl DeviceBytes {
                 buf.len()
             )));
         }
-        Ok(DeviceBytes { buf, len })
+        Ok(DeviceBytes {
+            buf: Some(buf),
+            len,
+            ready: None,
+        })
+    }
+    /// The message, in `buf` once `ready` has completed.
+    pub fn arriving(
+        buf: cudarc::driver::CudaSlice<u8>,
+        len: usize,
+        ready: std::sync::Arc<cudarc::driver::CudaEvent>,
+    ) -> Result<Self> {
+        let mut b = Self::new(buf, len)?;
+        b.ready = Some(ready);
+        Ok(b)
     }
     /// The message's length in bytes.
     pub fn len(&self) -> usize {
@@ -361,13 +381,45 @@ impl DeviceBytes {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// The message's bytes.
-    pub fn view(&self) -> cudarc::driver::CudaView<'_, u8> {
-        self.buf.slice(..self.len)
+    /// Make `stream` wait until the message is in its buffer (nothing to wait for unless it
+    /// came from a queued transfer).
+    pub fn wait_ready(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        match &self.ready {
+            Some(ev) => stream
+                .wait(ev)
+                .map_err(|e| Error::Gpu(format!("waiting for a device message: {e:?}"))),
+            None => Ok(()),
+        }
     }
-    /// The whole buffer back.
-    pub fn into_buffer(self) -> cudarc::driver::CudaSlice<u8> {
+    /// The message's bytes (after [`wait_ready`](Self::wait_ready) on the stream that reads them,
+    /// for a queued transfer's).
+    pub fn view(&self) -> cudarc::driver::CudaView<'_, u8> {
         self.buf
+            .as_ref()
+            .expect("a DeviceBytes holds its buffer until dropped")
+            .slice(..self.len)
+    }
+    /// The whole buffer back; its own stream first waits for a transfer still under way.
+    pub fn into_buffer(mut self) -> cudarc::driver::CudaSlice<u8> {
+        let buf = self
+            .buf
+            .take()
+            .expect("a DeviceBytes holds its buffer until dropped");
+        if let Some(ev) = self.ready.take() {
+            let _ = buf.stream().wait(&ev);
+        }
+        buf
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        // a buffer freed on its stream before the transfer into it has finished would be
+        // written after its release
+        if let (Some(buf), Some(ev)) = (&self.buf, &self.ready) {
+            let _ = buf.stream().wait(ev);
+        }
     }
 }
 
@@ -398,6 +450,37 @@ pub trait DeviceTransport {
         mine: &cudarc::driver::CudaView<'_, u8>,
         stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     ) -> Result<Vec<Option<DeviceBytes>>>;
+
+    /// Uncompressed bytes per piece a device ring cuts its segments into, so that one piece's
+    /// transfer overlaps the compression or accumulation of the next (`usize::MAX`: whole
+    /// segments). Every rank of a group must answer the same. Default: whole segments.
+    fn ring_piece_bytes(&self) -> usize {
+        usize::MAX
+    }
+
+    /// [`sendrecv_device`](Self::sendrecv_device) that may return while the bytes move: `stream`
+    /// does not wait for them (the received message's [`DeviceBytes::wait_ready`] does), and
+    /// `bytes` must stay unchanged until a stream has waited for the received message. Default:
+    /// the blocking form.
+    fn sendrecv_device_queued(
+        &self,
+        dest: usize,
+        bytes: &cudarc::driver::CudaView<'_, u8>,
+        src: usize,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<DeviceBytes> {
+        self.sendrecv_device(dest, bytes, src, stream)
+    }
+
+    /// [`allgather_device`](Self::allgather_device) that may return while the bytes move (as
+    /// [`sendrecv_device_queued`](Self::sendrecv_device_queued)). Default: the blocking form.
+    fn allgather_device_queued(
+        &self,
+        mine: &cudarc::driver::CudaView<'_, u8>,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Vec<Option<DeviceBytes>>> {
+        self.allgather_device(mine, stream)
+    }
 
     /// Give a received message's buffer back once nothing reads it any more (the work reading it
     /// has completed), so later messages reuse it instead of allocating. Default: drop it.
