@@ -62,8 +62,8 @@ struct Args {
     /// Timed repetitions (after one warm-up; at least 10 for buffers up to 256 MiB).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Pipeline piece size in MiB: of point-to-point messages and of the compressed ring's
-    /// segments (a piece is on the wire while the next is compressed or accumulated).
+    /// Pipeline piece size of point-to-point messages in MiB (the compressed ring's pieces are
+    /// the model's choice).
     #[arg(long, default_value_t = 64)]
     piece_mib: usize,
     /// Skip allgather when the gathered output would exceed this many GiB.
@@ -354,15 +354,16 @@ fn run(a: &Args) -> Result<()> {
                             "predicted_compressed_ms": st.predicted_compressed_s * 1e3,
                             "speedup": raw_ms / ms, "raw_ms_paired": raw_paired,
                             "speedup_paired": raw_paired.map(|r| r / ms), "max_error": err, "ranks": p, "device": device,
-                            "nccl": ver, "piece_mib": a.piece_mib, "date": date,
+                            "nccl": ver, "piece_mib": a.piece_mib, "ring_pieces": st.pieces, "date": date,
                             "ratio_major": wr.map(|w| w.major), "ratio_minor": wr.map(|w| w.minor.min(1e12)),
                             "ratio_ranks": own,
                         });
                         if r == 0 {
                             outln!(
-                                "{data} {op} {} MiB {bound} {pol}: {:?} ratio {ratio:.2} {ms:.3} ms (raw {raw_ms:.3}, x{:.2}{}) predicted {:.3} ms, max error {err:.3e} (bound {:.3e})",
+                                "{data} {op} {} MiB {bound} {pol}: {:?}{} ratio {ratio:.2} {ms:.3} ms (raw {raw_ms:.3}, x{:.2}{}) predicted {:.3} ms, max error {err:.3e} (bound {:.3e})",
                                 bytes >> 20,
                                 st.decision,
+                                if st.pieces > 1 { format!(" in {} pieces", st.pieces) } else { String::new() },
                                 raw_ms / ms,
                                 raw_paired
                                     .map(|r| format!("; alternating with raw {r:.3} ms: x{:.3}", r / ms))

@@ -178,7 +178,10 @@ fn reduce<T: GpuElement + Real>(
         gpu.value_range_device(&x.as_view())
     })?;
     // 3. the ring
-    let plan = RingPlan::with_bounds((r, p), &bounds, codec)?;
+    // pieces of at most the link's piece size (whole segments unless the link asks)
+    let seg_bytes = segs.iter().map(Range::len).max().unwrap_or(0) * T::SIZE;
+    let pieces = seg_bytes.div_ceil(t.ring_piece_bytes().max(1)).max(1);
+    let plan = RingPlan::with_bounds((r, p), &bounds, codec)?.with_pieces(pieces);
     let mut scratch = gpu.ring_scratch.take();
     let run = ring(
         t,
@@ -214,6 +217,8 @@ pub(crate) struct RingRun {
     pub compress_s: f64,
     /// Seconds in GPU decompression calls (the fused decompress-and-add included).
     pub decompress_s: f64,
+    /// Pieces per segment the ring ran with.
+    pub pieces: usize,
 }
 
 /// The compressed ring of `plan` on device buffers over `t`, after the caller's agreement:
@@ -233,13 +238,11 @@ pub(crate) fn ring<T: GpuElement + Real>(
 ) -> Result<RingRun> {
     let stream = gpu.stream().clone();
     let segs = partition(x.len(), plan.size);
-    // pieces of at most the link's piece size, so that transfers overlap the codec's work (the
-    // same count on every rank: same segments, same link settings)
-    let seg_bytes = segs.iter().map(Range::len).max().unwrap_or(0) * T::SIZE;
-    // (only codecs that decode value by value: a piece's values are then those of the whole
-    // segment, unless a piece's stream is stored raw where the segment's would not be)
+    // the caller's pieces (the same on every rank), only for codecs that decode value by
+    // value: a piece's values are then those of the whole segment (unless a piece's stream is
+    // stored raw where the segment's would not be)
     let wanted = if codec_decodes_per_value(plan.codec) {
-        seg_bytes.div_ceil(t.ring_piece_bytes().max(1))
+        plan.pieces
     } else {
         1
     };
@@ -460,6 +463,7 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             bytes,
             compress_s: self.compress_s,
             decompress_s: self.decompress_s,
+            pieces: self.pieces,
         })
     }
 

@@ -41,6 +41,8 @@ pub struct OpStats {
     pub bound: f64,
     /// Measured max error of this rank's sent values, when verification is on.
     pub max_error: Option<f64>,
+    /// Pipeline pieces per segment of a device ring (1: whole segments or not a ring).
+    pub pieces: u32,
 }
 
 impl OpStats {
@@ -59,6 +61,7 @@ impl OpStats {
             measured_s: 0.0,
             bound: 0.0,
             max_error: None,
+            pieces: 1,
         }
     }
     /// The stats of an operation of `bytes` decided by the model: the ratio estimate, both
@@ -112,6 +115,9 @@ impl fmt::Display for OpStats {
             self.predicted_compressed_s * 1e3,
             self.bound
         )?;
+        if self.pieces > 1 {
+            write!(f, ", {} pieces per segment", self.pieces)?;
+        }
         if let Some(e) = self.max_error {
             write!(f, ", max error {e:.3e}")?;
         }

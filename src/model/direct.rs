@@ -4,6 +4,12 @@
 use super::{pipeline, Curve, Profile};
 use crate::codec::CodecKind;
 
+/// The smallest predicted gain for which [`Profile::ring_pieces`] doubles the pieces.
+pub const PIECES_MIN_GAIN: f64 = 0.05;
+
+/// The smallest ring piece [`Profile::ring_pieces`] cuts, in uncompressed bytes.
+pub const PIECE_MIN_BYTES: f64 = 16.0 * 1048576.0;
+
 /// Compression ratios (moved bytes / wire bytes) of the two directions of the exchanges of a
 /// compressed operation: `major` for the larger message of each exchange (per step the
 /// direction that finishes last), `minor` for the smaller one (`minor >= major`). A plain ratio
@@ -126,7 +132,7 @@ impl Profile {
     /// Compressed (the device ring, `comm::device_ring`, which reads the input in place): the
     /// value-range pass and its agreement round, then `p-1` ring steps and (allreduce) one
     /// allgather round, each pipelined over `pieces` (`g + n + (k-1) max(g, n)` per round; the
-    /// operations run the ring on whole segments, `pieces = 1`): per piece the codec stage
+    /// operations run the ring with [`ring_pieces`](Self::ring_pieces)): per piece the codec stage
     /// (compress + fixed + size message, the fused decompress-and-add + fixed; the allgather
     /// round decodes the `p-1` other ranks' pieces with the plain decode, this rank's own values
     /// are left in place by its compression) and the network stage ([`exchange`](Self::exchange) of the pieces'
@@ -159,6 +165,46 @@ impl Profile {
         let net = self.gather_exchange(piece / major, piece / minor, pf - 1.0);
         let ag = pipeline(&[comp + (pf - 1.0) * dec, net], pieces);
         (self.own_allreduce().time(bytes), prep + rs + ag)
+    }
+
+    /// Pieces per segment for the device ring of an allreduce (or, `reduce_scatter_only`, a
+    /// reduce-scatter) of `bytes` per rank over `p` ranks at `ratio` ([`predict_allreduce`]'s
+    /// arguments): doubling from one piece while the doubled count is predicted at least
+    /// [`PIECES_MIN_GAIN`] faster, and pieces stay at least [`PIECE_MIN_BYTES`]. Pieces overlap
+    /// the wire with the codec's work but cost each piece its codec calls' fixed time and host
+    /// synchronisations, and on a link as fast as NVLink the transfers also take SMs from the
+    /// kernels, which the model does not see: it is trusted only for clear gains (slower links,
+    /// where the wire is a large part of a step).
+    ///
+    /// [`predict_allreduce`]: Self::predict_allreduce
+    #[allow(clippy::too_many_arguments)]
+    pub fn ring_pieces(
+        &self,
+        bytes: f64,
+        p: usize,
+        ratio: impl Into<WireRatio>,
+        codec: CodecKind,
+        dtype_tag: u8,
+        reduce_scatter_only: bool,
+    ) -> usize {
+        let ratio = ratio.into();
+        let seg = bytes / p.max(1) as f64;
+        let t = |k: usize| {
+            self.predict_allreduce(bytes, p, ratio, k, codec, dtype_tag, reduce_scatter_only)
+                .1
+        };
+        let mut k = 1;
+        let mut tk = t(1);
+        while k < 64 && seg / (2 * k) as f64 >= PIECE_MIN_BYTES {
+            let t2 = t(2 * k);
+            // (a NaN prediction stops too)
+            let gains = t2 <= tk * (1.0 - PIECES_MIN_GAIN);
+            if !gains {
+                break;
+            }
+            (k, tk) = (2 * k, t2);
+        }
+        k
     }
 
     /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank (compressed:
@@ -288,5 +334,40 @@ mod tests {
         // without records: the guess
         let guess = Profile::direct_guess("socket");
         assert_eq!(guess.gpu_fixed(CodecKind::Pfpl, 1), (150e-6, 150e-6));
+    }
+
+    /// Pieces where the wire is a large part of a ring step (a 10 GB/s link), whole segments
+    /// where the codec's work dominates (an NVLink-class link), never pieces below the minimum.
+    #[test]
+    fn ring_pieces_cut_segments_only_where_the_wire_weighs() {
+        let with_link = |bw: f64| {
+            let mut prof = Profile::direct_guess("nvlink");
+            let l = Curve::linear(bw, 20e-6);
+            (prof.allreduce, prof.allgather, prof.link_exchange) =
+                (Some(l.clone()), Some(l.clone()), l);
+            let mut c = CodecSpeed::new(CodecKind::Aatrox, 1, 1300e9, 1900e9, 10.0);
+            // the fixed costs of one codec call measured on an H200 host
+            (c.compress_overhead, c.decompress_overhead) = (42e-6, 27e-6);
+            prof.gpu_codecs = vec![c];
+            prof
+        };
+        let gib = 1073741824.0;
+        let fast = with_link(350e9);
+        assert_eq!(
+            fast.ring_pieces(gib, 2, 12.9, CodecKind::Aatrox, 1, false),
+            1
+        );
+        let slow = with_link(10e9);
+        let k = slow.ring_pieces(gib, 2, 12.9, CodecKind::Aatrox, 1, false);
+        assert!(k > 1, "{k} pieces on a slow link");
+        // each doubling was predicted at least PIECES_MIN_GAIN faster
+        let t = |k| {
+            slow.predict_allreduce(gib, 2, 12.9, k, CodecKind::Aatrox, 1, false)
+                .1
+        };
+        assert!(t(k) <= t(1) * (1.0 - PIECES_MIN_GAIN));
+        // a 64 MiB allreduce over 2 ranks: 32 MiB segments, at most 2 pieces of 16 MiB
+        let small = with_link(1e9).ring_pieces(67108864.0, 2, 12.9, CodecKind::Aatrox, 1, false);
+        assert!((1..=2).contains(&small), "{small}");
     }
 }

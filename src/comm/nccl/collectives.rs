@@ -136,9 +136,19 @@ impl NcclComm {
         }
         let bytes = n * T::SIZE;
         let dt = T::DTYPE.tag();
-        // the device ring moves whole segments: one piece each
+        // the device ring cuts its segments into the pieces the model chooses
+        let pieces = |prof: &Profile, codec, ratio: WireRatio| {
+            prof.ring_pieces(bytes as f64, p, ratio, codec, dt, !full)
+        };
         let predict = |prof: &Profile, codec, ratio: WireRatio| {
-            prof.predict_allreduce(bytes as f64, p, ratio, 1, codec, dt, !full)
+            let k = pieces(prof, codec, ratio);
+            prof.predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
+        };
+        let ring_key = |c: CodecKind| super::auto::RatioKey {
+            op,
+            dtype: dt,
+            count: n as u64,
+            codec: c.tag(),
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
@@ -161,19 +171,29 @@ impl NcclComm {
         let mut compress = chosen.is_some();
         let codec = chosen.map_or(preferred, |x| x.0);
         let mut bounds = None;
+        let mut ring_pieces = 1;
         if compress {
             // compressing (same decision on all ranks): the global range and magnitude, then
             // the per-quantization bound (identical on all ranks); an allreduce starts from a
-            // sampled range and measures the exact one in its ring (`ring::FinalBound`)
+            // sampled range and measures the exact one in its ring (`ring::FinalBound`). The
+            // ring's pieces are agreed in the same round (the largest count any rank's model
+            // chose), since every rank must cut its segments alike.
             let local = if full {
                 self.utils.sampled_range(&self.sh.work, &x.as_view())?
             } else {
                 self.utils.range(&self.sh.work, &x.as_view())?
             };
             let (lo, hi) = local.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
-            let mut mm = [-lo, hi];
+            // (without an estimate, `Always`: the ratio this shape had last time, if any)
+            let (c, mut wr) = chosen.unwrap_or((codec, WireRatio::from(1.0)));
+            if wr.major >= 1e12 {
+                wr = self.ring_ratios.get(&ring_key(c)).copied().unwrap_or(wr);
+            }
+            let k = pieces(&self.profile, c, wr) as f64;
+            let mut mm = [-lo, hi, k];
             self.sh.boot.allreduce_f64(&mut mm, ReduceOp::Max)?;
             let (glo, ghi) = (-mm[0], mm[1]);
+            ring_pieces = mm[2] as usize;
             let rule = crate::comm::ring::SplitRule {
                 bound: self.config.bound,
                 p,
@@ -201,7 +221,8 @@ impl NcclComm {
         // compressed: the device ring of every transport (`comm::device_ring`) with NCCL
         // carrying its messages; the input is read in place, the partial sums accumulate in
         // `out` (reduce-scatter: this rank's segment only)
-        let plan = crate::comm::ring::RingPlan::with_bounds((r, p), &bounds, codec)?;
+        let plan = crate::comm::ring::RingPlan::with_bounds((r, p), &bounds, codec)?
+            .with_pieces(ring_pieces);
         let (run, wire) = self.over_link(|link, gpu| {
             let (x, mut o) = (x.as_view(), out.as_view_mut());
             let mut scratch = gpu.ring_scratch.take();
@@ -211,6 +232,7 @@ impl NcclComm {
         })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
+        st.pieces = run.pieces as u32;
         st.bound = run.bytes.result_bound.unwrap_or(bounds.split.result);
         st.wire_bytes = wire.sent as u64;
         let moved = if full {
@@ -224,7 +246,11 @@ impl NcclComm {
         // the link meanwhile: predict, and remember for `Auto`, the ratios of both directions
         let wr = wire.ratios(moved as f64);
         self.last_ratios = Some(wr);
-        let cmp_t = predict(&self.profile, codec, wr).1;
+        self.ring_ratios.insert(ring_key(codec), wr);
+        let cmp_t = self
+            .profile
+            .predict_allreduce(bytes as f64, p, wr, ring_pieces, codec, dt, !full)
+            .1;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
         self.agree_measured::<T>(op, n, codec, wr)?;
@@ -243,13 +269,12 @@ impl NcclComm {
             gpu,
             gpu_error,
             ring_pool,
-            config,
             ..
         } = self;
         let gpu = gpu
             .as_mut()
             .ok_or_else(|| Error::Unavailable(format!("GPU codec: {gpu_error}")))?;
-        let link = device_link::NcclLink::new(sh, ring_pool, config.piece_bytes);
+        let link = device_link::NcclLink::new(sh, ring_pool);
         let r = f(&link, gpu)?;
         Ok((r, link.wire()))
     }

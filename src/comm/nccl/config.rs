@@ -10,10 +10,9 @@ pub struct NcclConfig {
     pub policy: Policy,
     /// Error bound (for reductions: of the result).
     pub bound: ErrorBound,
-    /// Uncompressed bytes per pipeline piece: of a point-to-point message (rounded to whole codec
-    /// chunks) and of a ring segment (the compressed reductions cut each segment into pieces of
-    /// at most this many bytes, so that a piece is on the wire while the next one is
-    /// compressed or accumulated).
+    /// Uncompressed bytes per pipeline piece of a point-to-point message (rounded to whole codec
+    /// chunks); the compressed reductions' ring cuts its segments into the pieces the model
+    /// chooses ([`Profile::ring_pieces`](crate::model::Profile::ring_pieces)).
     pub piece_bytes: usize,
     /// Exchange and check a descriptor before every operation (mismatched counts, dtypes,
     /// bounds or operations become an error on every rank instead of a hang).

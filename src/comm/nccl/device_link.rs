@@ -36,21 +36,14 @@ pub(super) struct NcclLink<'a> {
     pool: RefCell<&'a mut Vec<CudaSlice<u8>>>,
     /// Bytes this rank sent, and per message round the larger and smaller direction.
     wire: Cell<Wire>,
-    /// [`DeviceTransport::ring_piece_bytes`] (the communicator's `piece_bytes`).
-    piece_bytes: usize,
 }
 
 impl<'a> NcclLink<'a> {
-    pub(super) fn new(
-        sh: &'a Shared,
-        pool: &'a mut Vec<CudaSlice<u8>>,
-        piece_bytes: usize,
-    ) -> Self {
+    pub(super) fn new(sh: &'a Shared, pool: &'a mut Vec<CudaSlice<u8>>) -> Self {
         NcclLink {
             sh,
             pool: RefCell::new(pool),
             wire: Cell::new(Wire::default()),
-            piece_bytes: piece_bytes.max(1),
         }
     }
 
@@ -262,10 +255,6 @@ impl DeviceTransport for NcclLink<'_> {
         stream: &Arc<CudaStream>,
     ) -> Result<Vec<Option<DeviceBytes>>> {
         self.allgather(mine, stream, false)
-    }
-
-    fn ring_piece_bytes(&self) -> usize {
-        self.piece_bytes
     }
 
     fn sendrecv_device_queued(
