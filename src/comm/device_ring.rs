@@ -10,6 +10,11 @@
 //! measure the exact one on the way ([`DeviceRange`], `ring::FinalBound::Deferred`), so no
 //! pass over the input runs before the first compression.
 //!
+//! Over a link that queues its transfers (NCCL), the plan's pieces pipeline the ring: a
+//! piece's message travels on the link's stream while the codec's stream compresses or
+//! accumulates the next one (each outgoing piece keeps its own region of the scratch buffer
+//! until its transfer is waited for); the NCCL collectives take the count from the model.
+//!
 //! Because the GPU codec writes the CPU twin's bytes and the fused accumulation rounds once per
 //! value as the host's `a + b`, the results equal the host ring's with the same codec, bit for
 //! bit.

@@ -24,6 +24,12 @@
 //! exact split (the input is never written). A reduce-scatter has no final segment to absorb the
 //! difference and measures the exact range first.
 //!
+//! **Pieces.** A plan may cut every segment into [`RingPlan::pieces`] parts ([`cut`], at
+//! [`PIECE_ALIGN`] boundaries so that the per-value codecs decode a part as they would the whole
+//! segment): each step then compresses, sends and accumulates part by part, and the final
+//! parts are gathered as they are compressed, so a place whose exchanges only queue the
+//! transfer (the NCCL link) has one part on the wire while it works on the next.
+//!
 //! Each received segment goes through one [`RingPlace::reduce_step`]: accumulate, divide (the
 //! mean's last step), compress for the next message (the last step of an allreduce: the final
 //! segment). A place may do them its own way; the device ring compresses the final segment with
