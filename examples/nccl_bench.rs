@@ -62,10 +62,12 @@ struct Args {
     /// Timed repetitions (after one warm-up; at least 10 for buffers up to 256 MiB).
     #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Pipeline piece size of point-to-point messages in MiB (the compressed ring's pieces are
-    /// the model's choice).
+    /// Pipeline piece size of point-to-point messages in MiB.
     #[arg(long, default_value_t = 64)]
     piece_mib: usize,
+    /// Pieces per segment of the compressed reductions' ring (default: the model's choice).
+    #[arg(long)]
+    ring_pieces: Option<usize>,
     /// Skip allgather when the gathered output would exceed this many GiB.
     #[arg(long, default_value_t = 16.0)]
     max_gather_gib: f64,
@@ -200,7 +202,10 @@ fn policy_of(name: &str, codec: CodecKind) -> Policy {
 }
 
 fn run(a: &Args) -> Result<()> {
-    let cfg = NcclConfig::new(ErrorBound::Noa(1e-3)).with_piece_bytes(a.piece_mib << 20);
+    let mut cfg = NcclConfig::new(ErrorBound::Noa(1e-3)).with_piece_bytes(a.piece_mib << 20);
+    if let Some(k) = a.ring_pieces {
+        cfg = cfg.with_ring_pieces(k);
+    }
     let mut cfg = cfg.with_policy(Policy::Always(a.codec));
     cfg.transport_label = a.label.clone();
     let mut c = NcclComm::init(cfg)?;

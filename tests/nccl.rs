@@ -147,6 +147,55 @@ fn check_reductions<T: NcclReal>(
     assert!(err <= e);
 }
 
+/// The compressed reductions with each segment cut into 3 pieces give the values of whole
+/// segments (aatrox decodes value by value; pieces start at whole chunks), on every rank.
+fn ring_pieces_match_whole_segments(c: &NcclComm) {
+    let (p, r) = (c.size(), c.rank());
+    let comm = |pieces: usize| {
+        let cfg = NcclConfig::new(ErrorBound::Noa(1e-3))
+            .with_policy(Policy::Always(CodecKind::Aatrox))
+            .with_calibration(false)
+            .with_ring_pieces(pieces);
+        NcclComm::init(cfg).expect("a second NCCL communicator")
+    };
+    let (mut whole, mut cut) = (comm(1), comm(3));
+    // segments of about 4 pieces' alignment (2^16 values) and a ragged end
+    let n = p * 4 * 65_536 + 12_345;
+    let x = upload::<f32>(&whole, &data(r, n));
+    let xc = upload::<f32>(&cut, &data(r, n));
+    for mean in [false, true] {
+        let mut a = whole.stream().alloc_zeros::<f32>(n).unwrap();
+        let mut b = cut.stream().alloc_zeros::<f32>(n).unwrap();
+        let (sa, sb) = if mean {
+            (
+                whole.allreduce_mean(&x, &mut a),
+                cut.allreduce_mean(&xc, &mut b),
+            )
+        } else {
+            (whole.allreduce(&x, &mut a), cut.allreduce(&xc, &mut b))
+        };
+        let (sa, sb) = (sa.unwrap(), sb.unwrap());
+        println!("[rank {r}] ring in pieces (mean {mean}): {sb}");
+        assert_eq!((sa.pieces, sb.pieces), (1, 3));
+        let (ga, gb) = (download(&whole, &a), download(&cut, &b));
+        assert!(
+            ga == gb,
+            "rank {r}: pieces differ from whole segments (mean {mean})"
+        );
+        same_everywhere(&cut, &gb);
+    }
+    let seg = partition(n, p)[r].clone();
+    let mut a = whole.stream().alloc_zeros::<f32>(seg.len()).unwrap();
+    let mut b = cut.stream().alloc_zeros::<f32>(seg.len()).unwrap();
+    let sb = cut.reduce_scatter(&xc, &mut b).unwrap();
+    whole.reduce_scatter(&x, &mut a).unwrap();
+    assert_eq!(sb.pieces, 3);
+    assert!(
+        download(&whole, &a) == download(&cut, &b),
+        "rank {r}: reduce-scatter in pieces"
+    );
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // one test, run on the main thread: MPI is initialized (and finalized) by the thread that
@@ -265,6 +314,11 @@ fn nccl_all_operations() -> Result<Completion, libtest_mimic::Failed> {
         let e = c.allreduce(&x, &mut o).unwrap_err();
         println!("[rank {r}] mismatch -> {e}");
         assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+    }
+
+    // the ring in pieces (queued NCCL transfers): the values of whole segments, bit for bit
+    if p > 1 {
+        ring_pieces_match_whole_segments(&c);
     }
 
     // identical bytes over MPI and NCCL: the host Communicator over both transports

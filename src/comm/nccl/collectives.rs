@@ -189,7 +189,10 @@ impl NcclComm {
             if wr.major >= 1e12 {
                 wr = self.ring_ratios.get(&ring_key(c)).copied().unwrap_or(wr);
             }
-            let k = pieces(&self.profile, c, wr) as f64;
+            let k = self
+                .config
+                .ring_pieces
+                .unwrap_or_else(|| pieces(&self.profile, c, wr)) as f64;
             let mut mm = [-lo, hi, k];
             self.sh.boot.allreduce_f64(&mut mm, ReduceOp::Max)?;
             let (glo, ghi) = (-mm[0], mm[1]);

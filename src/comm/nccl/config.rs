@@ -14,6 +14,10 @@ pub struct NcclConfig {
     /// chunks); the compressed reductions' ring cuts its segments into the pieces the model
     /// chooses ([`Profile::ring_pieces`](crate::model::Profile::ring_pieces)).
     pub piece_bytes: usize,
+    /// Pieces per segment of the compressed reductions' ring instead of the model's choice
+    /// (`None`: the model's, [`Profile::ring_pieces`](crate::model::Profile::ring_pieces)); all
+    /// ranks must use the same. For measurements and tests.
+    pub ring_pieces: Option<usize>,
     /// Exchange and check a descriptor before every operation (mismatched counts, dtypes,
     /// bounds or operations become an error on every rank instead of a hang).
     pub check: bool,
@@ -31,6 +35,7 @@ impl NcclConfig {
             policy: Policy::default(),
             bound,
             piece_bytes: 64 << 20,
+            ring_pieces: None,
             check: true,
             calibrate: true,
             transport_label: None,
@@ -44,6 +49,11 @@ impl NcclConfig {
     /// With a piece size (bytes).
     pub fn with_piece_bytes(mut self, b: usize) -> Self {
         self.piece_bytes = b;
+        self
+    }
+    /// With a fixed number of ring pieces per segment (see [`NcclConfig::ring_pieces`]).
+    pub fn with_ring_pieces(mut self, pieces: usize) -> Self {
+        self.ring_pieces = Some(pieces.max(1));
         self
     }
     /// With or without start-up calibration.
