@@ -65,9 +65,10 @@ struct Args {
     /// Pipeline piece size of point-to-point messages in MiB.
     #[arg(long, default_value_t = 64)]
     piece_mib: usize,
-    /// Pieces per segment of the compressed reductions' ring (default: the model's choice).
+    /// Pieces per ring segment of the compressed reductions and per buffer of the compressed
+    /// allgather (default: the model's choice).
     #[arg(long)]
-    ring_pieces: Option<usize>,
+    pieces: Option<usize>,
     /// Skip allgather when the gathered output would exceed this many GiB.
     #[arg(long, default_value_t = 16.0)]
     max_gather_gib: f64,
@@ -203,8 +204,8 @@ fn policy_of(name: &str, codec: CodecKind) -> Policy {
 
 fn run(a: &Args) -> Result<()> {
     let mut cfg = NcclConfig::new(ErrorBound::Noa(1e-3)).with_piece_bytes(a.piece_mib << 20);
-    if let Some(k) = a.ring_pieces {
-        cfg = cfg.with_ring_pieces(k);
+    if let Some(k) = a.pieces {
+        cfg = cfg.with_pieces(k);
     }
     let mut cfg = cfg.with_policy(Policy::Always(a.codec));
     cfg.transport_label = a.label.clone();
@@ -359,7 +360,7 @@ fn run(a: &Args) -> Result<()> {
                             "predicted_compressed_ms": st.predicted_compressed_s * 1e3,
                             "speedup": raw_ms / ms, "raw_ms_paired": raw_paired,
                             "speedup_paired": raw_paired.map(|r| r / ms), "max_error": err, "ranks": p, "device": device,
-                            "nccl": ver, "piece_mib": a.piece_mib, "ring_pieces": st.pieces, "date": date,
+                            "nccl": ver, "piece_mib": a.piece_mib, "pieces": st.pieces, "date": date,
                             "ratio_major": wr.map(|w| w.major), "ratio_minor": wr.map(|w| w.minor.min(1e12)),
                             "ratio_ranks": own,
                         });

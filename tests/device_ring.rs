@@ -59,6 +59,10 @@ fn main() {
             "device_allgather_decodes_as_the_cpu_twin_f64",
             gather_matches_cpu::<f64>,
         ),
+        gpu_trial(
+            "device_allgather_in_pieces_matches_one_stream_f32",
+            gather_in_pieces_matches_whole::<f32>,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -153,7 +157,7 @@ fn device_in_pieces<T: Real + GpuElement>(
 ) -> Vec<Result<Vec<T>, String>> {
     let group: Vec<DeviceLoopback> = DeviceLoopback::group(inputs.len(), LinkEmulation::default())
         .into_iter()
-        .map(|t| t.with_ring_piece_bytes(piece_bytes))
+        .map(|t| t.with_piece_bytes(piece_bytes))
         .collect();
     run_ranks(group, |t| -> Result<Vec<T>, String> {
         let r = t_rank(&t);
@@ -426,6 +430,51 @@ fn gather_matches_cpu<T: Real + GpuElement + CommElement>() -> Result<(), String
                             .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
                     {
                         return Err(format!("{what} rank {r}: differs from the CPU twin"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The device allgather in pieces (links that ask for 2^16-value pieces) gives every rank the
+/// values of one stream per rank, bit for bit, under abs and rel bounds.
+fn gather_in_pieces_matches_whole<T: Real + GpuElement>() -> Result<(), String> {
+    for p in [2, 3] {
+        let n = 3 * 65_536 + 777;
+        let inputs: Vec<Vec<T>> = (0..p).map(|r| input(r, n)).collect();
+        for codec in [CodecKind::Aatrox, CodecKind::CuszpOutlier, CodecKind::Pfpl] {
+            for bound in [ErrorBound::Abs(1e-2), ErrorBound::Rel(1e-3)] {
+                if !codec.supports_bound(bound) {
+                    continue;
+                }
+                let what = format!("p={p} {codec} {bound:?}");
+                let gather = |piece_bytes: usize| {
+                    let group: Vec<DeviceLoopback> =
+                        DeviceLoopback::group(p, LinkEmulation::default())
+                            .into_iter()
+                            .map(|t| t.with_piece_bytes(piece_bytes))
+                            .collect();
+                    run_ranks(group, |t| {
+                        gather_on_rank(&t, &inputs[t_rank(&t)], p, bound, codec, 2)?
+                            .map_err(|e| e.to_string())
+                    })
+                };
+                let (whole, cut) = (gather(usize::MAX), gather(65_536 * T::SIZE));
+                for (r, (w, c)) in whole.into_iter().zip(cut).enumerate() {
+                    let w = w
+                        .expect("rank thread")
+                        .map_err(|e| format!("{what}: {e}"))?;
+                    let c = c
+                        .expect("rank thread")
+                        .map_err(|e| format!("{what} in pieces: {e}"))?;
+                    if c.len() != w.len()
+                        || c.iter()
+                            .zip(&w)
+                            .any(|(a, b)| a.to_bits_u64() != b.to_bits_u64())
+                    {
+                        return Err(format!("{what} rank {r}: pieces differ from one stream"));
                     }
                 }
             }

@@ -147,15 +147,16 @@ fn check_reductions<T: NcclReal>(
     assert!(err <= e);
 }
 
-/// The compressed reductions with each segment cut into 3 pieces give the values of whole
-/// segments (aatrox decodes value by value; pieces start at whole chunks), on every rank.
+/// The compressed reductions with each segment cut into 3 pieces, and the allgather with each
+/// buffer cut into 3, give the values of whole segments and buffers (aatrox decodes value by
+/// value; pieces start at whole chunks), on every rank.
 fn ring_pieces_match_whole_segments(c: &NcclComm) {
     let (p, r) = (c.size(), c.rank());
     let comm = |pieces: usize| {
         let cfg = NcclConfig::new(ErrorBound::Noa(1e-3))
             .with_policy(Policy::Always(CodecKind::Aatrox))
             .with_calibration(false)
-            .with_ring_pieces(pieces);
+            .with_pieces(pieces);
         NcclComm::init(cfg).expect("a second NCCL communicator")
     };
     let (mut whole, mut cut) = (comm(1), comm(3));
@@ -184,6 +185,16 @@ fn ring_pieces_match_whole_segments(c: &NcclComm) {
         );
         same_everywhere(&cut, &gb);
     }
+    // the allgather in 3 pieces per buffer
+    let mut a = whole.stream().alloc_zeros::<f32>(n * p).unwrap();
+    let mut b = cut.stream().alloc_zeros::<f32>(n * p).unwrap();
+    let sa = whole.allgather(&x, &mut a).unwrap();
+    let sb = cut.allgather(&xc, &mut b).unwrap();
+    println!("[rank {r}] allgather in pieces: {sb}");
+    assert_eq!((sa.pieces, sb.pieces), (1, 3));
+    let gb = download(&cut, &b);
+    assert!(download(&whole, &a) == gb, "rank {r}: allgather in pieces");
+    same_everywhere(&cut, &gb);
     let seg = partition(n, p)[r].clone();
     let mut a = whole.stream().alloc_zeros::<f32>(seg.len()).unwrap();
     let mut b = cut.stream().alloc_zeros::<f32>(seg.len()).unwrap();

@@ -89,6 +89,18 @@ impl CodecKind {
         Self::WITH_GPU.contains(&self)
     }
 
+    /// Whether a stream's decoded values depend only on each value and the bound (and on
+    /// chunks that start at whole multiples of 2^16 values), not on neighbours' predictions or
+    /// the field's shape: such a buffer compressed in pieces decodes to the values of one
+    /// stream (unless a piece's stream is stored raw where the whole one would not be), so the
+    /// device algorithms may pipeline it.
+    pub fn decodes_per_value(self) -> bool {
+        matches!(
+            self,
+            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier | CodecKind::Pfpl
+        )
+    }
+
     /// Whether the codec's GPU kernels measure the value range of what they read (the blocked
     /// codecs' compression and fused decompress-and-add), so that a compressed allreduce on
     /// the device runs no range pass of its own (`comm::ring::FinalBound::Deferred`); for the

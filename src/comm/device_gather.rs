@@ -4,8 +4,12 @@
 //! the same values. The algorithm of every device transport (NCCL, the in-process loopback);
 //! the host sees only the stream lengths.
 //!
-//! The whole buffer is one stream (no pieces): on a fast link the codec kernels set the time,
-//! and one call each keeps their fixed costs and the transport's rounds to one per operation.
+//! The buffer may be cut into pieces (at [`ring::PIECE_ALIGN`] boundaries, codecs that decode
+//! value by value, abs and rel bounds): each piece is compressed into its own region of the
+//! scratch and gathered at once, so over a link that queues its transfers (NCCL) a piece is on
+//! the wire while the next is compressed; every piece is decoded at the end. On a fast link
+//! the codec kernels set the time and one stream keeps their fixed costs to one call each, so
+//! the NCCL allgather takes the model's count ([`crate::model::Profile::gather_pieces`]).
 //!
 //! ```no_run
 //! # fn main() -> zcomm::Result<()> {
@@ -34,7 +38,8 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 
-use super::transport::DeviceTransport;
+use super::ring;
+use super::transport::{DeviceBytes, DeviceTransport};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuCodec, GpuElement};
@@ -55,11 +60,14 @@ pub struct Gathered {
     pub compress_s: f64,
     /// Seconds from the first decode's launch to the stream's synchronization after the last.
     pub decompress_s: f64,
+    /// Pieces the buffer was cut into (1: one stream).
+    pub pieces: usize,
 }
 
 /// Gather every rank's `send` (the same length on every rank) into `out` (`size × send.len()`
 /// values, rank order), each compressed once under `bound` (abs, rel, or noa of that rank's own
-/// values) with `codec`, in a device buffer the codec keeps for the next call. Every rank's
+/// values) with `codec`, in a device buffer the codec keeps for the next call; in pieces of the
+/// link's [`DeviceTransport::piece_bytes`] where that applies (see the [module docs](self)). Every rank's
 /// segment of `out`, this rank's own included, holds what its stream decodes to, so `out` is
 /// identical on every rank. Collective over `t`'s ranks, after the caller's agreement on the
 /// length; a rank that fails to compress sends an empty stream, and every rank then returns an
@@ -73,20 +81,46 @@ pub fn allgather<T: GpuElement>(
     bound: ErrorBound,
     codec: CodecKind,
 ) -> Result<Gathered> {
+    let pieces = (send.len() * T::SIZE)
+        .div_ceil(t.piece_bytes().max(1))
+        .max(1);
+    allgather_in_pieces(t, gpu, send, out, (bound, codec), pieces)
+}
+
+/// [`allgather`] with `pieces` pieces (the same on every rank; fewer where the buffer, the
+/// codec or the bound does not allow them).
+pub(crate) fn allgather_in_pieces<T: GpuElement>(
+    t: &dyn DeviceTransport,
+    gpu: &mut GpuCodec,
+    send: &CudaView<'_, T>,
+    out: &mut CudaViewMut<'_, T>,
+    (bound, codec): (ErrorBound, CodecKind),
+    pieces: usize,
+) -> Result<Gathered> {
+    let n = send.len();
+    // a noa bound is of the whole buffer's range: pieces would each take their own
+    let cuttable = codec.decodes_per_value() && !matches!(bound, ErrorBound::Noa(_));
+    let whole = std::iter::once(0..n).collect::<Vec<_>>();
+    let parts = if cuttable && pieces > 1 {
+        ring::cut(0..n, ring::usable_pieces(&whole, pieces))
+    } else {
+        whole
+    };
     let mut scratch = gpu.ring_scratch.take();
-    let r = gather(t, gpu, send, out, (bound, codec), &mut scratch);
+    let r = gather(t, gpu, send, out, (bound, codec), &parts, &mut scratch);
     gpu.ring_scratch = scratch;
     r
 }
 
-/// [`allgather`] with this rank's stream in `scratch` (grown when missing or too short, and
-/// left there).
+/// [`allgather`] of the pieces `parts` of `send`, this rank's streams in `scratch` (one region
+/// per piece; grown when missing or too short, and left there).
 fn gather<T: GpuElement>(
     t: &dyn DeviceTransport,
     gpu: &mut GpuCodec,
     send: &CudaView<'_, T>,
     out: &mut CudaViewMut<'_, T>,
     (bound, codec): (ErrorBound, CodecKind),
+    parts: &[std::ops::Range<usize>],
     scratch: &mut Option<CudaSlice<u8>>,
 ) -> Result<Gathered> {
     let mut times = Gathered::default();
@@ -99,40 +133,69 @@ fn gather<T: GpuElement>(
         )));
     }
     let stream = gpu.stream().clone();
-    let need = crate::format::compress_bound(n, T::DTYPE).max(16);
+    let longest = parts.iter().map(|r| r.len()).max().unwrap_or(0);
+    let region = crate::format::compress_bound(longest, T::DTYPE)
+        .max(16)
+        .next_multiple_of(256);
+    let need = region * parts.len();
     let mut buf = match scratch.take() {
         Some(b) if b.len() >= need => Ok(b),
         // SAFETY: the codec writes the stream before anything reads it.
         _ => unsafe { stream.alloc::<u8>(need) }
             .map_err(|e| Error::OutOfMemory(format!("allgather stream: {e:?}"))),
     };
-    // a rank that cannot compress still takes part, with an empty stream
-    let started = std::time::Instant::now();
-    let mine = match buf.as_mut() {
-        Ok(b) => gpu.compress_device(send, bound, codec, &mut b.as_view_mut()),
-        Err(_) => Err(Error::OutOfMemory(format!(
-            "allgather: {need} device bytes"
-        ))),
-    };
     // the empty stream of a failed compression is a view of the scratch when there is one, so
     // that only a rank without any device memory left can fail before taking part
-    let empty;
-    let view = match (&mine, &buf) {
-        (Ok(len), Ok(b)) => b.slice(..*len),
-        (Err(_), Ok(b)) => b.slice(..0),
-        (_, Err(_)) => {
-            empty = stream.alloc_zeros::<u8>(1).map_err(gpu_err("empty"))?;
-            empty.slice(..0)
-        }
+    let empty = match &buf {
+        Ok(_) => None,
+        Err(_) => Some(stream.alloc_zeros::<u8>(1).map_err(gpu_err("empty"))?),
     };
-    times.compress_s = started.elapsed().as_secs_f64();
-    let all = t.allgather_device(&view, &stream);
-    let len = view.len();
-    let all = all?;
+    // each piece compressed and gathered in turn: a rank that cannot compress still takes
+    // part, with empty streams
+    let mut mine: Result<()> = Ok(());
+    let mut lens = Vec::with_capacity(parts.len());
+    let mut gathered: Vec<Vec<Option<DeviceBytes>>> = Vec::with_capacity(parts.len());
+    for (c, part) in parts.iter().enumerate() {
+        let at = c * region;
+        let started = std::time::Instant::now();
+        let len = match (&mine, buf.as_mut()) {
+            (Ok(()), Ok(b)) => gpu.compress_device(
+                &send.slice(part.clone()),
+                bound,
+                codec,
+                &mut b.slice_mut(at..at + region),
+            ),
+            (Err(_), _) => Ok(0),
+            (Ok(()), Err(_)) => Err(Error::OutOfMemory(format!(
+                "allgather: {need} device bytes"
+            ))),
+        };
+        times.compress_s += started.elapsed().as_secs_f64();
+        let len = len.unwrap_or_else(|e| {
+            mine = Err(e);
+            0
+        });
+        let view = match (&buf, &empty) {
+            (Ok(b), _) => b.slice(at..at + len),
+            (_, Some(e)) => e.slice(..0),
+            (Err(_), None) => unreachable!("an empty stream exists without a scratch"),
+        };
+        lens.push(len);
+        // queued: the next piece is compressed while this one moves
+        match t.allgather_device_queued(&view, &stream) {
+            Ok(all) => gathered.push(all),
+            Err(e) => {
+                recycle_all(t, gathered);
+                return Err(e);
+            }
+        }
+    }
     let failed = (n > 0)
         .then(|| {
-            all.iter()
-                .position(|m| m.as_ref().map_or(len, |b| b.len()) == 0)
+            gathered.iter().zip(&lens).find_map(|(all, &len)| {
+                all.iter()
+                    .position(|m| m.as_ref().map_or(len, |b| b.len()) == 0)
+            })
         })
         .flatten();
     let decoded = 'decode: {
@@ -144,27 +207,43 @@ fn gather<T: GpuElement>(
                 "allgather: rank {k} could not compress its buffer"
             )));
         }
+        let Ok(b) = &buf else {
+            unreachable!("a rank that compressed has its scratch")
+        };
         let started = std::time::Instant::now();
-        for (k, m) in all.iter().enumerate() {
-            let mut seg = out.slice_mut(k * n..(k + 1) * n);
-            let r = match m {
-                Some(b) => gpu.decompress_device(&b.view(), &mut seg),
-                None => gpu.decompress_device(&view, &mut seg),
-            };
-            if r.is_err() {
-                break 'decode r;
+        for ((c, part), all) in parts.iter().enumerate().zip(&gathered) {
+            for (k, m) in all.iter().enumerate() {
+                let mut seg = out.slice_mut(k * n + part.start..k * n + part.end);
+                let r = match m {
+                    Some(m) => m
+                        .wait_ready(&stream)
+                        .and_then(|()| gpu.decompress_device(&m.view(), &mut seg)),
+                    None => {
+                        let at = c * region;
+                        gpu.decompress_device(&b.slice(at..at + lens[c]), &mut seg)
+                    }
+                };
+                if r.is_err() {
+                    break 'decode r;
+                }
             }
         }
         let synced = stream.synchronize().map_err(gpu_err("sync"));
         times.decompress_s = started.elapsed().as_secs_f64();
         synced
     };
-    for b in all.into_iter().flatten() {
-        t.recycle(b);
-    }
+    recycle_all(t, gathered);
     if let Ok(b) = buf {
         *scratch = Some(b);
     }
-    times.stream_len = len;
+    times.stream_len = lens.iter().sum();
+    times.pieces = parts.len();
     decoded.map(|()| times)
+}
+
+/// Give every gathered message back to the link (each waits for its transfer first).
+fn recycle_all(t: &dyn DeviceTransport, gathered: Vec<Vec<Option<DeviceBytes>>>) {
+    for b in gathered.into_iter().flatten().flatten() {
+        t.recycle(b);
+    }
 }

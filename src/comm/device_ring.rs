@@ -185,7 +185,7 @@ fn reduce<T: GpuElement + Real>(
     // 3. the ring
     // pieces of at most the link's piece size (whole segments unless the link asks)
     let seg_bytes = segs.iter().map(Range::len).max().unwrap_or(0) * T::SIZE;
-    let pieces = seg_bytes.div_ceil(t.ring_piece_bytes().max(1)).max(1);
+    let pieces = seg_bytes.div_ceil(t.piece_bytes().max(1)).max(1);
     let plan = RingPlan::with_bounds((r, p), &bounds, codec)?.with_pieces(pieces);
     let mut scratch = gpu.ring_scratch.take();
     let run = ring(
@@ -246,7 +246,7 @@ pub(crate) fn ring<T: GpuElement + Real>(
     // the caller's pieces (the same on every rank), only for codecs that decode value by
     // value: a piece's values are then those of the whole segment (unless a piece's stream is
     // stored raw where the segment's would not be)
-    let wanted = if codec_decodes_per_value(plan.codec) {
+    let wanted = if plan.codec.decodes_per_value() {
         plan.pieces
     } else {
         1
@@ -326,15 +326,6 @@ pub(crate) fn ring<T: GpuElement + Real>(
     let run = run?;
     stream.synchronize().map_err(gpu_err("sync"))?;
     Ok(run)
-}
-
-/// Whether `codec`'s decoded values depend only on each value and the bound (and on chunks
-/// that [`ring::PIECE_ALIGN`] keeps where they are), not on their neighbours' predictions.
-fn codec_decodes_per_value(codec: CodecKind) -> bool {
-    matches!(
-        codec,
-        CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier | CodecKind::Pfpl
-    )
 }
 
 /// A compressed part: this rank's own (`len` bytes at `at` in the scratch buffer) or one

@@ -10,6 +10,24 @@ pub const PIECES_MIN_GAIN: f64 = 0.05;
 /// The smallest ring piece [`Profile::ring_pieces`] cuts, in uncompressed bytes.
 pub const PIECE_MIN_BYTES: f64 = 16.0 * 1048576.0;
 
+/// Pieces of a `piece_total`-byte buffer: from one, doubled while the doubled count's
+/// predicted time `t(k)` is at least [`PIECES_MIN_GAIN`] shorter and pieces stay at least
+/// [`PIECE_MIN_BYTES`] (at most 64).
+fn doubled_pieces(piece_total: f64, t: impl Fn(usize) -> f64) -> usize {
+    let mut k = 1;
+    let mut tk = t(1);
+    while k < 64 && piece_total / (2 * k) as f64 >= PIECE_MIN_BYTES {
+        let t2 = t(2 * k);
+        // (a NaN prediction stops too)
+        let gains = t2 <= tk * (1.0 - PIECES_MIN_GAIN);
+        if !gains {
+            break;
+        }
+        (k, tk) = (2 * k, t2);
+    }
+    k
+}
+
 /// Compression ratios (moved bytes / wire bytes) of the two directions of the exchanges of a
 /// compressed operation: `major` for the larger message of each exchange (per step the
 /// direction that finishes last), `minor` for the smaller one (`minor >= major`). A plain ratio
@@ -188,23 +206,27 @@ impl Profile {
         reduce_scatter_only: bool,
     ) -> usize {
         let ratio = ratio.into();
-        let seg = bytes / p.max(1) as f64;
-        let t = |k: usize| {
+        doubled_pieces(bytes / p.max(1) as f64, |k| {
             self.predict_allreduce(bytes, p, ratio, k, codec, dtype_tag, reduce_scatter_only)
                 .1
-        };
-        let mut k = 1;
-        let mut tk = t(1);
-        while k < 64 && seg / (2 * k) as f64 >= PIECE_MIN_BYTES {
-            let t2 = t(2 * k);
-            // (a NaN prediction stops too)
-            let gains = t2 <= tk * (1.0 - PIECES_MIN_GAIN);
-            if !gains {
-                break;
-            }
-            (k, tk) = (2 * k, t2);
-        }
-        k
+        })
+    }
+
+    /// Pieces for the device allgather of `bytes` per rank over `p` ranks at `ratio`, by the
+    /// rule of [`ring_pieces`](Self::ring_pieces) on [`predict_allgather`](Self::predict_allgather).
+    pub fn gather_pieces(
+        &self,
+        bytes: f64,
+        p: usize,
+        ratio: impl Into<WireRatio>,
+        codec: CodecKind,
+        dtype_tag: u8,
+    ) -> usize {
+        let ratio = ratio.into();
+        doubled_pieces(bytes, |k| {
+            self.predict_allgather(bytes, p, ratio, k, codec, dtype_tag)
+                .1
+        })
     }
 
     /// Predicted `(raw, compressed)` seconds of an allgather of `bytes` per rank (compressed:

@@ -28,9 +28,19 @@ impl NcclComm {
         }
         let bytes = n * T::SIZE;
         let dt = T::DTYPE.tag();
-        // one stream per rank (`comm::device_gather`): one piece
+        // the device allgather (`comm::device_gather`) in the pieces the model chooses
+        let pieces = |prof: &Profile, codec, ratio: WireRatio| {
+            prof.gather_pieces(bytes as f64, p, ratio, codec, dt)
+        };
         let predict = |prof: &Profile, codec, ratio: WireRatio| {
-            prof.predict_allgather(bytes as f64, p, ratio, 1, codec, dt)
+            let k = pieces(prof, codec, ratio);
+            prof.predict_allgather(bytes as f64, p, ratio, k, codec, dt)
+        };
+        let key = |c: CodecKind| super::auto::RatioKey {
+            op: OP_ALLGATHER,
+            dtype: dt,
+            count: n as u64,
+            codec: c.tag(),
         };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
@@ -44,18 +54,39 @@ impl NcclComm {
         st.predicted_raw_s = raw_t;
         st.predicted_s = raw_t;
         let chosen = self.decide(&plan, &mut st, |c, r| predict(&self.profile, c, r).1);
-        let Some((codec, _)) = chosen else {
+        let Some((codec, planned)) = chosen else {
             self.sh.allgather(send, out)?;
             return self.finish(st, t0);
         };
         let bound = self.piece_bound(&send.as_view())?;
+        // the pieces: the model's count at the planned ratio (without an estimate, `Always`:
+        // this shape's last measured one), the largest any rank chose; buffers too small to
+        // cut skip the agreement round (every rank knows the size)
+        let n_pieces = match self.config.pieces {
+            Some(k) => k,
+            None if bytes as f64 >= 2.0 * crate::model::direct::PIECE_MIN_BYTES => {
+                let wr = if planned.major >= 1e12 {
+                    self.ring_ratios
+                        .get(&key(codec))
+                        .copied()
+                        .unwrap_or(planned)
+                } else {
+                    planned
+                };
+                let mut k = [pieces(&self.profile, codec, wr) as f64];
+                self.sh.boot.allreduce_f64(&mut k, ReduceOp::Max)?;
+                k[0] as usize
+            }
+            None => 1,
+        };
         // the device allgather of every transport (`comm::device_gather`) over NCCL
-        let ((), wire) = self.over_link(|link, gpu| {
+        let (g, wire) = self.over_link(|link, gpu| {
             let (x, mut o) = (send.as_view(), out.as_view_mut());
-            device_gather::allgather(link, gpu, &x, &mut o, bound, codec).map(|_| ())
+            device_gather::allgather_in_pieces(link, gpu, &x, &mut o, (bound, codec), n_pieces)
         })?;
         st.decision = Decision::Compressed;
         st.codec = Some(codec);
+        st.pieces = g.pieces as u32;
         st.bound = match bound {
             ErrorBound::Abs(e) | ErrorBound::Rel(e) => e,
             ErrorBound::Noa(e) => e,
@@ -67,7 +98,11 @@ impl NcclComm {
         // remember for `Auto`) the ratios of both directions
         let wr = wire.ratios(moved);
         self.last_ratios = Some(wr);
-        let cmp_t = predict(&self.profile, codec, wr).1;
+        self.ring_ratios.insert(key(codec), wr);
+        let cmp_t = self
+            .profile
+            .predict_allgather(bytes as f64, p, wr, g.pieces, codec, dt)
+            .1;
         st.predicted_compressed_s = cmp_t;
         st.predicted_s = cmp_t;
         self.agree_measured::<T>(OP_ALLGATHER, n, codec, wr)?;
@@ -191,7 +226,7 @@ impl NcclComm {
             }
             let k = self
                 .config
-                .ring_pieces
+                .pieces
                 .unwrap_or_else(|| pieces(&self.profile, c, wr)) as f64;
             let mut mm = [-lo, hi, k];
             self.sh.boot.allreduce_f64(&mut mm, ReduceOp::Max)?;

@@ -37,9 +37,9 @@ pub struct NcclComm {
     pub(super) ratios: AgreedRatios,
     /// The ratios of both directions of this rank's last compressed collective.
     pub(super) last_ratios: Option<WireRatio>,
-    /// This rank's measured ratios of its compressed reductions by shape and codec: what the
-    /// ring's piece count is chosen from when the policy gives no estimate (`Always`). Local,
-    /// not agreed: the count itself is agreed before the ring.
+    /// This rank's measured ratios of its compressed reductions and allgathers by shape and
+    /// codec: what the piece count is chosen from when the policy gives no estimate (`Always`).
+    /// Local, not agreed: the count itself is agreed before the ring or gather.
     pub(super) ring_ratios: std::collections::HashMap<auto::RatioKey, WireRatio>,
     /// `Auto` ratios of this rank's sends (the sender alone decides a point-to-point message).
     pub(super) p2p_ratios: AgreedRatios,

@@ -14,10 +14,12 @@ pub struct NcclConfig {
     /// chunks); the compressed reductions' ring cuts its segments into the pieces the model
     /// chooses ([`Profile::ring_pieces`](crate::model::Profile::ring_pieces)).
     pub piece_bytes: usize,
-    /// Pieces per segment of the compressed reductions' ring instead of the model's choice
-    /// (`None`: the model's, [`Profile::ring_pieces`](crate::model::Profile::ring_pieces)); all
-    /// ranks must use the same. For measurements and tests.
-    pub ring_pieces: Option<usize>,
+    /// Pieces per segment of the compressed reductions' ring, and per buffer of the compressed
+    /// allgather, instead of the model's choice (`None`: the model's,
+    /// [`Profile::ring_pieces`](crate::model::Profile::ring_pieces) and
+    /// [`Profile::gather_pieces`](crate::model::Profile::gather_pieces)); all ranks must use the
+    /// same. For measurements and tests.
+    pub pieces: Option<usize>,
     /// Exchange and check a descriptor before every operation (mismatched counts, dtypes,
     /// bounds or operations become an error on every rank instead of a hang).
     pub check: bool,
@@ -35,7 +37,7 @@ impl NcclConfig {
             policy: Policy::default(),
             bound,
             piece_bytes: 64 << 20,
-            ring_pieces: None,
+            pieces: None,
             check: true,
             calibrate: true,
             transport_label: None,
@@ -51,9 +53,9 @@ impl NcclConfig {
         self.piece_bytes = b;
         self
     }
-    /// With a fixed number of ring pieces per segment (see [`NcclConfig::ring_pieces`]).
-    pub fn with_ring_pieces(mut self, pieces: usize) -> Self {
-        self.ring_pieces = Some(pieces.max(1));
+    /// With a fixed number of pieces per ring segment and allgather buffer (see [`NcclConfig::pieces`]).
+    pub fn with_pieces(mut self, pieces: usize) -> Self {
+        self.pieces = Some(pieces.max(1));
         self
     }
     /// With or without start-up calibration.

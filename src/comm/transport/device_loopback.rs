@@ -37,7 +37,7 @@ struct DeviceFabric {
 pub struct DeviceLoopback {
     host: LoopbackTransport,
     fabric: Arc<DeviceFabric>,
-    /// [`DeviceTransport::ring_piece_bytes`].
+    /// [`DeviceTransport::piece_bytes`].
     piece_bytes: usize,
 }
 
@@ -72,11 +72,12 @@ impl DeviceLoopback {
             .collect()
     }
 
-    /// This rank with rings cut into pieces of at most `bytes` uncompressed bytes (give every
-    /// rank of the group the same). The loopback's copies complete before its transfers
-    /// return, so pieces overlap nothing here; they run the pipelined schedule of a link that
-    /// queues its transfers (NCCL) on one GPU.
-    pub fn with_ring_piece_bytes(mut self, bytes: usize) -> Self {
+    /// This rank with the device algorithms' buffers (ring segments, allgather buffers) cut
+    /// into pieces of at most `bytes` uncompressed bytes (give every rank of the group the
+    /// same). The loopback's copies complete before its transfers return, so pieces overlap
+    /// nothing here; they run the pipelined schedule of a link that queues its transfers
+    /// (NCCL) on one GPU.
+    pub fn with_piece_bytes(mut self, bytes: usize) -> Self {
         self.piece_bytes = bytes.max(1);
         self
     }
@@ -216,7 +217,7 @@ impl Transport for DeviceLoopback {
 }
 
 impl DeviceTransport for DeviceLoopback {
-    fn ring_piece_bytes(&self) -> usize {
+    fn piece_bytes(&self) -> usize {
         self.piece_bytes
     }
 

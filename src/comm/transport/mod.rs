@@ -451,10 +451,12 @@ pub trait DeviceTransport {
         stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     ) -> Result<Vec<Option<DeviceBytes>>>;
 
-    /// Uncompressed bytes per piece a device ring cuts its segments into, so that one piece's
-    /// transfer overlaps the compression or accumulation of the next (`usize::MAX`: whole
-    /// segments). Every rank of a group must answer the same. Default: whole segments.
-    fn ring_piece_bytes(&self) -> usize {
+    /// Uncompressed bytes per piece the device algorithms cut their buffers into (a ring its
+    /// segments, an allgather its buffer) when the caller leaves it to the link, so that one
+    /// piece's transfer overlaps the work on the next (`usize::MAX`: whole buffers). Every rank
+    /// of a group must answer the same. Default: whole buffers (the NCCL collectives take the
+    /// model's count instead).
+    fn piece_bytes(&self) -> usize {
         usize::MAX
     }
 
