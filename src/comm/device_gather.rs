@@ -4,7 +4,7 @@
 //! the same values. The algorithm of every device transport (NCCL, the in-process loopback);
 //! the host sees only the stream lengths.
 //!
-//! The buffer may be cut into pieces (at [`ring::PIECE_ALIGN`] boundaries, codecs that decode
+//! The buffer may be cut into pieces (at multiples of 2^16 values, codecs that decode
 //! value by value, abs and rel bounds): each piece is compressed into its own region of the
 //! scratch and gathered at once, so over a link that queues its transfers (NCCL) a piece is on
 //! the wire while the next is compressed; every piece is decoded at the end. On a fast link

@@ -13,9 +13,9 @@
 //! * [`send`](NcclComm::send) / [`recv`](NcclComm::recv): compressed point to point
 //!   (ncclSend/ncclRecv; the receiver learns each piece's size over the bootstrap transport);
 //! * [`allgather`](NcclComm::allgather): the device allgather every transport runs
-//!   (`comm::device_gather`): each rank's buffer is compressed once, the streams go to every
-//!   other rank with grouped ncclSend/ncclRecv of exactly their sizes (sizes allgathered first),
-//!   and every rank decodes every stream, its own included;
+//!   (`comm::device_gather`): each rank's buffer (or each of its pieces) is compressed once, the
+//!   streams go to every other rank with grouped ncclSend/ncclRecv of exactly their sizes
+//!   (sizes allgathered first), and every rank decodes every stream, its own included;
 //! * [`allreduce`](NcclComm::allreduce), [`allreduce_mean`](NcclComm::allreduce_mean),
 //!   [`reduce_scatter`](NcclComm::reduce_scatter): the device ring every transport runs
 //!   (`comm::device_ring`, also behind the loopback and the staged MPI links), with NCCL moving its
@@ -31,11 +31,14 @@
 //! chunks), each compressed as its own stream. Codec kernels run on a work stream, NCCL on its
 //! own stream: piece `k+1` is compressed (and piece `k-1` decompressed) while piece `k` is on
 //! the wire. Cross-stream order comes from the CUDA events cudarc records on every buffer (each
-//! piece has its own buffer, so waits are exact). The collectives move whole streams (one per
-//! ring segment or rank: on a fast link the codec kernels set the time, and one call each keeps
-//! their fixed costs and the host rounds to one per message); the host learns each compressed
-//! length, which the size message carries, and the NCCL transfers are ordered after the codec
-//! stream with events.
+//! piece has its own buffer, so waits are exact). The collectives cut their ring segments and
+//! allgather buffers into the pieces the model chooses ([`Profile::ring_pieces`],
+//! [`Profile::gather_pieces`]; [`NcclConfig::pieces`] fixes the count): every piece costs its
+//! codec calls' fixed time and a host round (the host learns each compressed length, which the
+//! size message carries), so on a fast link where the codec kernels set the time the model
+//! keeps one or two pieces, and more where the wire weighs. The NCCL transfers are queued
+//! after the codec stream with events, and the codec stream waits for a received piece only
+//! where it reads it ([`DeviceBytes::wait_ready`](crate::comm::transport::DeviceBytes::wait_ready)).
 //!
 //! # Policy
 //!
