@@ -182,7 +182,7 @@ fn gather<T: GpuElement>(
         };
         lens.push(len);
         // queued: the next piece is compressed while this one moves
-        match t.allgather_device_queued(&view, &stream) {
+        match t.allgather_device(&view, &stream) {
             Ok(all) => gathered.push(all),
             Err(e) => {
                 recycle_all(t, gathered);

@@ -544,9 +544,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         // queued: the next piece is compressed while this one is on the wire; its readers
         // wait for it (`wait_ready`), and its scratch region is not written again before
         // then (the next step's compression of this piece follows its accumulation)
-        let got = self
-            .t
-            .sendrecv_device_queued(to, &self.view(&m), from, &stream)?;
+        let got = self.t.sendrecv_device(to, &self.view(&m), from, &stream)?;
         Ok(DeviceMsg::Received(got))
     }
 
@@ -675,7 +673,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     fn allgather(&mut self, m: DeviceMsg) -> Result<Vec<DeviceMsg>> {
         let stream = self.gpu.stream().clone();
         // queued: the next piece's final compression overlaps this one's transfer
-        let all = self.t.allgather_device_queued(&self.view(&m), &stream)?;
+        let all = self.t.allgather_device(&self.view(&m), &stream)?;
         // this rank's own part is decoded from the scratch it was compressed into
         let mut own = Some(m);
         Ok(all

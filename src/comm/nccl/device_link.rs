@@ -3,7 +3,10 @@
 //! the staged MPI links) with NCCL moving the compressed bytes GPU to GPU.
 //!
 //! A message costs small host exchanges on the bootstrap transport and one grouped
-//! ncclSend/ncclRecv on the NCCL stream, ordered after the codec stream's work with events.
+//! ncclSend/ncclRecv on the NCCL stream, ordered after the codec stream's work with events. The
+//! calls return once the transfer is queued: each received message carries the group's event
+//! ([`DeviceBytes::wait_ready`]), so the codec stream goes on compressing the next piece while
+//! this one moves.
 //!
 //! NCCL must post a receive for every send, so a receiver that cannot allocate room for a
 //! message must say so before the sender posts it. A ring step (`sendrecv_device`) sends its
@@ -106,14 +109,14 @@ impl<'a> NcclLink<'a> {
 
     /// Enqueue, in one NCCL group on the NCCL stream, the send of `send` to each of `to` and the
     /// receives `recv` (peer, buffer, length), after the work queued on `stream` so far. Returns
-    /// the event that completes with the group; unless `queued`, `stream` waits for it first.
+    /// the event that completes with the group (`stream` does not wait for it: the readers of
+    /// the received messages do).
     fn transfer(
         &self,
         send: Option<&CudaView<'_, u8>>,
         to: &[usize],
         recv: &mut [(usize, &mut CudaSlice<u8>, usize)],
         stream: &Arc<CudaStream>,
-        queued: bool,
     ) -> Result<Arc<CudaEvent>> {
         let sh = self.sh;
         if let Some((_, buf, len)) = recv.iter().find(|(_, buf, len)| *len > buf.len()) {
@@ -159,36 +162,14 @@ impl<'a> NcclLink<'a> {
             drop(guards);
         }
         let done = sh.net.record_event(None).map_err(gpu_err)?;
-        if !queued {
-            stream.wait(&done).map_err(gpu_err)?;
-        }
         Ok(Arc::new(done))
     }
 
-    /// A received message in `buf`: ready now, or once `done` completes when `queued`.
-    fn message(
-        buf: CudaSlice<u8>,
-        len: usize,
-        done: &Arc<CudaEvent>,
-        queued: bool,
-    ) -> Result<DeviceBytes> {
-        if queued {
-            DeviceBytes::arriving(buf, len, done.clone())
-        } else {
-            DeviceBytes::new(buf, len)
-        }
-    }
-
-    /// [`empty`](Self::empty), which a queued transfer's reader also waits on (its own send
-    /// may still be reading the sender's buffer).
-    fn empty_after(
-        &self,
-        stream: &Arc<CudaStream>,
-        done: &Arc<CudaEvent>,
-        queued: bool,
-    ) -> Result<DeviceBytes> {
+    /// [`empty`](Self::empty), which its reader also waits on (this rank's own send of the
+    /// group may still be reading the sender's buffer).
+    fn empty_after(&self, stream: &Arc<CudaStream>, done: &Arc<CudaEvent>) -> Result<DeviceBytes> {
         let b = self.empty(stream)?;
-        Self::message(b.into_buffer(), 0, done, queued)
+        DeviceBytes::arriving(b.into_buffer(), 0, done.clone())
     }
 
     /// An empty message (a failed receive): the ring treats it as the peer's failure.
@@ -246,7 +227,7 @@ impl DeviceTransport for NcclLink<'_> {
         src: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBytes> {
-        self.sendrecv(dest, bytes, src, stream, false)
+        self.sendrecv(dest, bytes, src, stream)
     }
 
     fn allgather_device(
@@ -254,25 +235,7 @@ impl DeviceTransport for NcclLink<'_> {
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
     ) -> Result<Vec<Option<DeviceBytes>>> {
-        self.allgather(mine, stream, false)
-    }
-
-    fn sendrecv_device_queued(
-        &self,
-        dest: usize,
-        bytes: &CudaView<'_, u8>,
-        src: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBytes> {
-        self.sendrecv(dest, bytes, src, stream, true)
-    }
-
-    fn allgather_device_queued(
-        &self,
-        mine: &CudaView<'_, u8>,
-        stream: &Arc<CudaStream>,
-    ) -> Result<Vec<Option<DeviceBytes>>> {
-        self.allgather(mine, stream, true)
+        self.allgather(mine, stream)
     }
 
     fn recycle(&self, bytes: DeviceBytes) {
@@ -281,14 +244,13 @@ impl DeviceTransport for NcclLink<'_> {
 }
 
 impl NcclLink<'_> {
-    /// [`DeviceTransport::sendrecv_device`], queued or not.
+    /// [`DeviceTransport::sendrecv_device`]: the transfer queued on the NCCL stream.
     fn sendrecv(
         &self,
         dest: usize,
         bytes: &CudaView<'_, u8>,
         src: usize,
         stream: &Arc<CudaStream>,
-        queued: bool,
     ) -> Result<DeviceBytes> {
         let host = self.host_transport();
         let slen = bytes.len();
@@ -307,8 +269,8 @@ impl NcclLink<'_> {
             vec![]
         };
         let done = match room.as_mut() {
-            Some(buf) => self.transfer(send, &to, &mut [(src, buf, rlen)], stream, queued)?,
-            None => self.transfer(send, &to, &mut [], stream, queued)?,
+            Some(buf) => self.transfer(send, &to, &mut [(src, buf, rlen)], stream)?,
+            None => self.transfer(send, &to, &mut [], stream)?,
         };
         self.tally(
             if send_ok { slen } else { 0 },
@@ -316,21 +278,20 @@ impl NcclLink<'_> {
             slen.min(rlen),
         );
         match room {
-            Some(buf) => Self::message(buf, rlen, &done, queued),
-            None if rlen == 0 => self.empty_after(stream, &done, queued),
+            Some(buf) => DeviceBytes::arriving(buf, rlen, done.clone()),
+            None if rlen == 0 => self.empty_after(stream, &done),
             None => {
                 tracing::warn!(target: "zcomm::nccl", "no device memory for a {rlen}-byte ring message");
-                self.empty_after(stream, &done, queued)
+                self.empty_after(stream, &done)
             }
         }
     }
 
-    /// [`DeviceTransport::allgather_device`], queued or not.
+    /// [`DeviceTransport::allgather_device`]: the transfers queued on the NCCL stream.
     fn allgather(
         &self,
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
-        queued: bool,
     ) -> Result<Vec<Option<DeviceBytes>>> {
         let host = self.host_transport();
         let (r, p) = (host.rank(), host.size());
@@ -377,7 +338,7 @@ impl NcclLink<'_> {
             }
         }
         let send = (!mine.is_empty()).then_some(mine);
-        let done = self.transfer(send, &to, &mut recv, stream, queued)?;
+        let done = self.transfer(send, &to, &mut recv, stream)?;
         let peers = p.saturating_sub(1);
         let (hi, lo) = (
             lens.iter().copied().max().unwrap_or(0),
@@ -392,8 +353,8 @@ impl NcclLink<'_> {
                     return Ok(None);
                 }
                 Some(match room.filter(|_| ok[r]) {
-                    Some(buf) => Self::message(buf, lens[k], &done, queued),
-                    None => self.empty_after(stream, &done, queued),
+                    Some(buf) => DeviceBytes::arriving(buf, lens[k], done.clone()),
+                    None => self.empty_after(stream, &done),
                 })
                 .transpose()
             })

@@ -335,8 +335,8 @@ pub use self::device_loopback::DeviceLoopback;
 /// A message in device memory: the first `len` bytes of a buffer that may be longer (received
 /// messages land in reused buffers; give them back with [`DeviceTransport::recycle`]).
 ///
-/// A message from a *queued* transfer ([`DeviceTransport::sendrecv_device_queued`]) may still be
-/// on its way: a stream that reads it must first [`wait_ready`](DeviceBytes::wait_ready).
+/// A message from a queued transfer ([`DeviceTransport::sendrecv_device`] over NCCL) may still
+/// be on its way: a stream that reads it must first [`wait_ready`](DeviceBytes::wait_ready).
 /// Dropping one orders the buffer's release after the transfer.
 #[cfg(feature = "cuda")]
 #[derive(Debug)]
@@ -434,7 +434,9 @@ pub trait DeviceTransport {
     fn host(&self) -> &dyn Transport;
 
     /// Send `bytes` (device memory, ready on `stream`) to `dest` and receive one message from
-    /// `src`, ready on `stream` when this returns.
+    /// `src`. A link may return while the bytes still move (NCCL queues the transfer on its own
+    /// stream): a stream that reads the received message first calls its
+    /// [`DeviceBytes::wait_ready`], and `bytes` stays unchanged until then.
     fn sendrecv_device(
         &self,
         dest: usize,
@@ -444,7 +446,9 @@ pub trait DeviceTransport {
     ) -> Result<DeviceBytes>;
 
     /// Gather one device record of any length from every rank, in rank order; this rank's own
-    /// entry is `None` (its record is the caller's `mine`: no copy of it is made).
+    /// entry is `None` (its record is the caller's `mine`: no copy of it is made). As with
+    /// [`sendrecv_device`](Self::sendrecv_device), the received records may still be moving
+    /// when this returns ([`DeviceBytes::wait_ready`]).
     fn allgather_device(
         &self,
         mine: &cudarc::driver::CudaView<'_, u8>,
@@ -458,30 +462,6 @@ pub trait DeviceTransport {
     /// model's count instead).
     fn piece_bytes(&self) -> usize {
         usize::MAX
-    }
-
-    /// [`sendrecv_device`](Self::sendrecv_device) that may return while the bytes move: `stream`
-    /// does not wait for them (the received message's [`DeviceBytes::wait_ready`] does), and
-    /// `bytes` must stay unchanged until a stream has waited for the received message. Default:
-    /// the blocking form.
-    fn sendrecv_device_queued(
-        &self,
-        dest: usize,
-        bytes: &cudarc::driver::CudaView<'_, u8>,
-        src: usize,
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ) -> Result<DeviceBytes> {
-        self.sendrecv_device(dest, bytes, src, stream)
-    }
-
-    /// [`allgather_device`](Self::allgather_device) that may return while the bytes move (as
-    /// [`sendrecv_device_queued`](Self::sendrecv_device_queued)). Default: the blocking form.
-    fn allgather_device_queued(
-        &self,
-        mine: &cudarc::driver::CudaView<'_, u8>,
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ) -> Result<Vec<Option<DeviceBytes>>> {
-        self.allgather_device(mine, stream)
     }
 
     /// Give a received message's buffer back once nothing reads it any more (the work reading it
