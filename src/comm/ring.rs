@@ -483,10 +483,12 @@ enum Outcome {
 /// Piece alignment in values: pieces start at multiples of it within their segment, so that
 /// every codec's chunks and layers fall as they would in the whole segment (the decoded values
 /// of the per-value codecs do not depend on the cut).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) const PIECE_ALIGN: usize = 1 << 16;
 
 /// Pieces of `pieces` per segment that every segment of `segs` can have without an empty one
 /// (at least 1): all ranks compute it from the same segments.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn usable_pieces(segs: &[std::ops::Range<usize>], pieces: usize) -> usize {
     let shortest = segs.iter().map(|s| s.len()).min().unwrap_or(0);
     pieces.min(shortest.div_ceil(PIECE_ALIGN)).max(1)
@@ -495,6 +497,7 @@ pub(crate) fn usable_pieces(segs: &[std::ops::Range<usize>], pieces: usize) -> u
 /// Segment `seg` cut into `pieces` contiguous parts starting at multiples of [`PIECE_ALIGN`]
 /// values from its start (the last part takes the rest); every part is non-empty when
 /// `pieces` is [`usable_pieces`] of the segments.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn cut(seg: std::ops::Range<usize>, pieces: usize) -> Vec<std::ops::Range<usize>> {
     let blocks = seg.len().div_ceil(PIECE_ALIGN);
     let pieces = pieces.max(1);
@@ -513,6 +516,7 @@ pub(crate) fn cut(seg: std::ops::Range<usize>, pieces: usize) -> Vec<std::ops::R
 
 /// Every segment of `segs` cut into `pieces` ([`cut`]), in order: part `seg * pieces + c` is
 /// piece `c` of segment `seg` (the index a [`RingPlace`] is called with).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn parts(segs: &[std::ops::Range<usize>], pieces: usize) -> Vec<std::ops::Range<usize>> {
     segs.iter().flat_map(|s| cut(s.clone(), pieces)).collect()
 }
