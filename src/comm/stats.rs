@@ -41,7 +41,8 @@ pub struct OpStats {
     pub bound: f64,
     /// Measured max error of this rank's sent values, when verification is on.
     pub max_error: Option<f64>,
-    /// Pipeline pieces per segment of a device ring (1: whole segments or not a ring).
+    /// Pipeline pieces per ring segment (reductions) or per buffer (allgather) of the device
+    /// algorithms (1: whole segments and buffers, or neither).
     pub pieces: u32,
 }
 
@@ -116,7 +117,7 @@ impl fmt::Display for OpStats {
             self.bound
         )?;
         if self.pieces > 1 {
-            write!(f, ", {} pieces per segment", self.pieces)?;
+            write!(f, ", in {} pieces", self.pieces)?;
         }
         if let Some(e) = self.max_error {
             write!(f, ", max error {e:.3e}")?;
