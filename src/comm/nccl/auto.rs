@@ -25,6 +25,18 @@ pub(crate) struct RatioKey {
     pub(crate) codec: u8,
 }
 
+impl RatioKey {
+    /// The key of operation `op` on `n` values of dtype tag `dtype` with `codec`.
+    pub(crate) fn of(op: u8, dtype: u8, n: usize, codec: crate::codec::CodecKind) -> Self {
+        RatioKey {
+            op,
+            dtype,
+            count: n as u64,
+            codec: codec.tag(),
+        }
+    }
+}
+
 /// Ratios every rank holds bit for bit, derived from the full list of every rank's values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Agreed(WireRatio);

@@ -1,5 +1,6 @@
 //! Allgather, allreduce, allreduce_mean and reduce_scatter of device buffers over NCCL.
 
+use super::auto::RatioKey;
 use super::*;
 use crate::comm::{device_gather, device_ring};
 
@@ -36,12 +37,6 @@ impl NcclComm {
             let k = pieces(prof, codec, ratio);
             prof.predict_allgather(bytes as f64, p, ratio, k, codec, dt)
         };
-        let key = |c: CodecKind| super::auto::RatioKey {
-            op: OP_ALLGATHER,
-            dtype: dt,
-            count: n as u64,
-            codec: c.tag(),
-        };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
         let cands = self.candidates(n > 0 && p > 1, raw_t, |c| {
@@ -65,14 +60,7 @@ impl NcclComm {
         let n_pieces = match self.config.pieces {
             Some(k) => k,
             None if bytes as f64 >= 2.0 * crate::model::direct::PIECE_MIN_BYTES => {
-                let wr = if planned.major >= 1e12 {
-                    self.ring_ratios
-                        .get(&key(codec))
-                        .copied()
-                        .unwrap_or(planned)
-                } else {
-                    planned
-                };
+                let wr = self.piece_ratio(OP_ALLGATHER, dt, n, codec, planned);
                 let mut k = [pieces(&self.profile, codec, wr) as f64];
                 self.sh.boot.allreduce_f64(&mut k, ReduceOp::Max)?;
                 k[0] as usize
@@ -98,7 +86,8 @@ impl NcclComm {
         // remember for `Auto`) the ratios of both directions
         let wr = wire.ratios(moved);
         self.last_ratios = Some(wr);
-        self.ring_ratios.insert(key(codec), wr);
+        self.measured_ratios
+            .insert(RatioKey::of(OP_ALLGATHER, dt, n, codec), wr);
         let cmp_t = self
             .profile
             .predict_allgather(bytes as f64, p, wr, g.pieces, codec, dt)
@@ -179,12 +168,6 @@ impl NcclComm {
             let k = pieces(prof, codec, ratio);
             prof.predict_allreduce(bytes as f64, p, ratio, k, codec, dt, !full)
         };
-        let ring_key = |c: CodecKind| super::auto::RatioKey {
-            op,
-            dtype: dt,
-            count: n as u64,
-            codec: c.tag(),
-        };
         let preferred = self.config.policy.codec().unwrap_or_default();
         let raw_t = predict(&self.profile, preferred, WireRatio::from(1.0)).0;
         let cands = self.candidates(n > 0 && p > 1, raw_t, |c| {
@@ -220,10 +203,8 @@ impl NcclComm {
             };
             let (lo, hi) = local.unwrap_or((f64::INFINITY, f64::NEG_INFINITY));
             // (without an estimate, `Always`: the ratio this shape had last time, if any)
-            let (c, mut wr) = chosen.unwrap_or((codec, WireRatio::from(1.0)));
-            if wr.major >= 1e12 {
-                wr = self.ring_ratios.get(&ring_key(c)).copied().unwrap_or(wr);
-            }
+            let (c, planned) = chosen.unwrap_or((codec, WireRatio::from(1.0)));
+            let wr = self.piece_ratio(op, dt, n, c, planned);
             let k = self
                 .config
                 .pieces
@@ -284,7 +265,8 @@ impl NcclComm {
         // the link meanwhile: predict, and remember for `Auto`, the ratios of both directions
         let wr = wire.ratios(moved as f64);
         self.last_ratios = Some(wr);
-        self.ring_ratios.insert(ring_key(codec), wr);
+        self.measured_ratios
+            .insert(RatioKey::of(op, dt, n, codec), wr);
         let cmp_t = self
             .profile
             .predict_allreduce(bytes as f64, p, wr, ring_pieces, codec, dt, !full)
@@ -293,6 +275,25 @@ impl NcclComm {
         st.predicted_s = cmp_t;
         self.agree_measured::<T>(op, n, codec, wr)?;
         self.finish(st, t0)
+    }
+
+    /// The ratio a collective's piece count is chosen from: the `planned` one, or where the
+    /// policy made no estimate (`Always`, a ratio of 1e12) this shape's last measured one.
+    fn piece_ratio(
+        &self,
+        op: u8,
+        dtype: u8,
+        n: usize,
+        codec: CodecKind,
+        planned: WireRatio,
+    ) -> WireRatio {
+        if planned.major < 1e12 {
+            return planned;
+        }
+        self.measured_ratios
+            .get(&RatioKey::of(op, dtype, n, codec))
+            .copied()
+            .unwrap_or(planned)
     }
 
     /// Run `f` with this rank's NCCL device link and its GPU codec (what the device algorithms

@@ -38,9 +38,10 @@ pub struct NcclComm {
     /// The ratios of both directions of this rank's last compressed collective.
     pub(super) last_ratios: Option<WireRatio>,
     /// This rank's measured ratios of its compressed reductions and allgathers by shape and
-    /// codec: what the piece count is chosen from when the policy gives no estimate (`Always`).
-    /// Local, not agreed: the count itself is agreed before the ring or gather.
-    pub(super) ring_ratios: std::collections::HashMap<auto::RatioKey, WireRatio>,
+    /// codec: what the piece count is chosen from when the policy gives no estimate (`Always`;
+    /// [`NcclComm::piece_ratio`]). Local, not agreed: the count itself is agreed before the
+    /// ring or gather.
+    pub(super) measured_ratios: std::collections::HashMap<auto::RatioKey, WireRatio>,
     /// `Auto` ratios of this rank's sends (the sender alone decides a point-to-point message).
     pub(super) p2p_ratios: AgreedRatios,
     /// Whether each rank loaded its device codec (exchanged at construction).
@@ -188,7 +189,7 @@ impl NcclComm {
             config,
             ratios: AgreedRatios::default(),
             last_ratios: None,
-            ring_ratios: std::collections::HashMap::new(),
+            measured_ratios: std::collections::HashMap::new(),
             p2p_ratios: AgreedRatios::default(),
             codec_ranks,
             seq: 0,

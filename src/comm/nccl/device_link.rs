@@ -165,20 +165,15 @@ impl<'a> NcclLink<'a> {
         Ok(Arc::new(done))
     }
 
-    /// [`empty`](Self::empty), which its reader also waits on (this rank's own send of the
-    /// group may still be reading the sender's buffer).
-    fn empty_after(&self, stream: &Arc<CudaStream>, done: &Arc<CudaEvent>) -> Result<DeviceBytes> {
-        let b = self.empty(stream)?;
-        DeviceBytes::arriving(b.into_buffer(), 0, done.clone())
-    }
-
-    /// An empty message (a failed receive): the ring treats it as the peer's failure.
-    fn empty(&self, stream: &Arc<CudaStream>) -> Result<DeviceBytes> {
+    /// An empty message (a failed receive): the ring treats it as the peer's failure. Its
+    /// reader also waits for the group `done` (this rank's own send in it may still be reading
+    /// the sender's buffer).
+    fn empty(&self, stream: &Arc<CudaStream>, done: &Arc<CudaEvent>) -> Result<DeviceBytes> {
         let buf = match self.pool.borrow_mut().pop() {
             Some(b) => b,
             None => stream.alloc_zeros::<u8>(1).map_err(gpu_err)?,
         };
-        DeviceBytes::new(buf, 0)
+        DeviceBytes::arriving(buf, 0, done.clone())
     }
 
     fn host_transport(&self) -> &dyn Transport {
@@ -220,32 +215,8 @@ impl DeviceTransport for NcclLink<'_> {
         self.host_transport()
     }
 
+    // the transfer queued on the NCCL stream (see the module docs)
     fn sendrecv_device(
-        &self,
-        dest: usize,
-        bytes: &CudaView<'_, u8>,
-        src: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBytes> {
-        self.sendrecv(dest, bytes, src, stream)
-    }
-
-    fn allgather_device(
-        &self,
-        mine: &CudaView<'_, u8>,
-        stream: &Arc<CudaStream>,
-    ) -> Result<Vec<Option<DeviceBytes>>> {
-        self.allgather(mine, stream)
-    }
-
-    fn recycle(&self, bytes: DeviceBytes) {
-        self.pool.borrow_mut().push(bytes.into_buffer());
-    }
-}
-
-impl NcclLink<'_> {
-    /// [`DeviceTransport::sendrecv_device`]: the transfer queued on the NCCL stream.
-    fn sendrecv(
         &self,
         dest: usize,
         bytes: &CudaView<'_, u8>,
@@ -279,16 +250,15 @@ impl NcclLink<'_> {
         );
         match room {
             Some(buf) => DeviceBytes::arriving(buf, rlen, done.clone()),
-            None if rlen == 0 => self.empty_after(stream, &done),
+            None if rlen == 0 => self.empty(stream, &done),
             None => {
                 tracing::warn!(target: "zcomm::nccl", "no device memory for a {rlen}-byte ring message");
-                self.empty_after(stream, &done)
+                self.empty(stream, &done)
             }
         }
     }
 
-    /// [`DeviceTransport::allgather_device`]: the transfers queued on the NCCL stream.
-    fn allgather(
+    fn allgather_device(
         &self,
         mine: &CudaView<'_, u8>,
         stream: &Arc<CudaStream>,
@@ -354,11 +324,15 @@ impl NcclLink<'_> {
                 }
                 Some(match room.filter(|_| ok[r]) {
                     Some(buf) => DeviceBytes::arriving(buf, lens[k], done.clone()),
-                    None => self.empty_after(stream, &done),
+                    None => self.empty(stream, &done),
                 })
                 .transpose()
             })
             .collect()
+    }
+
+    fn recycle(&self, bytes: DeviceBytes) {
+        self.pool.borrow_mut().push(bytes.into_buffer());
     }
 }
 

@@ -251,12 +251,7 @@ pub(super) fn size_msg(b: &[u8]) -> Result<usize> {
 
 /// The sender's ratio-cache key of a send of `n` values of `T` with `codec`.
 fn send_key<T: NcclReal>(n: usize, codec: CodecKind) -> RatioKey {
-    RatioKey {
-        op: OP_SEND,
-        dtype: T::DTYPE.tag(),
-        count: n as u64,
-        codec: codec.tag(),
-    }
+    RatioKey::of(OP_SEND, T::DTYPE.tag(), n, codec)
 }
 
 impl NcclComm {

@@ -121,12 +121,7 @@ impl NcclComm {
         let auto = matches!(self.config.policy, Policy::Auto(_));
         let avail = self.codec_on_all_ranks();
         let want = !cands.is_empty();
-        let key = |c: CodecKind| RatioKey {
-            op,
-            dtype: T::DTYPE.tag(),
-            count: n as u64,
-            codec: c.tag(),
-        };
+        let key = |c: CodecKind| RatioKey::of(op, T::DTYPE.tag(), n, c);
         let mut cached = Vec::new();
         let mut local = None;
         if want && avail && auto {
@@ -200,13 +195,8 @@ impl NcclComm {
         let majors: Vec<f64> = all.iter().copied().step_by(2).collect();
         let minors: Vec<f64> = all.iter().copied().skip(1).step_by(2).collect();
         if let Some(a) = Agreed::from_measured(&majors, &minors) {
-            let key = RatioKey {
-                op,
-                dtype: T::DTYPE.tag(),
-                count: n as u64,
-                codec: codec.tag(),
-            };
-            self.ratios.put(key, a);
+            self.ratios
+                .put(RatioKey::of(op, T::DTYPE.tag(), n, codec), a);
         }
         Ok(())
     }
