@@ -1733,10 +1733,13 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 // another header, another count or another chunk count every block returns at once and
 // ZC_E_GUESS is set: the host then takes the ordinary path. step, inv, step64 and eb are derived
 // from the header's step and absolute bound with the host's operations (FORMAT.md header).
-template <typename T, int CODEC, bool REL>
+// ACC / TRACK: the accumulating decoders (`zc_decompress_add_hdr_*`, `zc_decompress_add_track_hdr_*`:
+// out = base + decoded, as `zc_decompress_add_*`), so that a ring's accumulation of a received
+// piece does not wait for its header either.
+template <typename T, int CODEC, bool REL, bool ACC = false, bool TRACK = false>
 __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream, u64 stream_len, T* __restrict__ out,
                                                   u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect,
-                                                  u64 seq, u64* res) {
+                                                  u64 seq, u64* res, u64* range = nullptr) {
     const u32* h = (const u32*)stream;  // the host launches only for a 4-aligned stream
     bool same = stream_len >= ZC_HEADER_LEN;
     if (same) {
@@ -1753,7 +1756,8 @@ __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream,
     q.step64 = __hiloint2double((int)h[11], (int)h[10]);  // bytes 40..47: step
     q.step = (T)q.step64;                                  // T::from_f64
     q.inv = (T)__ddiv_rn(1.0, (double)q.step);             // T::from_f64(1.0 / step)
-    zc_decompress<T, CODEC, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq, res);
+    zc_decompress<T, CODEC, REL, ACC, TRACK>(stream, stream_len, out, count, status, ctrl, n_chunks, h[19], q, seq, res,
+                                             range);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1869,6 +1873,13 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks, u32 expect, \
         u64 seq, u64* res) {                                                                                   \
         zc_decompress_hdr<TY, CID, REL>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq, res); \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), REL)) zc_decompress_add_hdr_##TN##_##CN##_##RN(               \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        const TY* base, u32 expect, u64 seq, u64* res) {                                                       \
+        if (threadIdx.x == 0) zc_acc_base_off = (long long)((const char*)base - (const char*)out);            \
+        __syncthreads();                                                                                       \
+        zc_decompress_hdr<TY, CID, REL, true>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq, res); \
     }
 
 #define ZC_INST_MODES(TY, TN, CID, CN) \
@@ -1905,6 +1916,14 @@ extern "C" __global__ void zc_copy_hash(const u32* __restrict__ src, u64 nwords,
         const ZQ<TY> q = zq_make<TY>(step, inv, step64, eb);                                                   \
         zc_decompress<TY, CID, false, true, true>(stream, stream_len, out, count, status, ctrl, n_chunks, table_checksum, q, seq, \
                                                   res, range);                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(ZC_THREADS, ZC_MINB_OF(sizeof(TY), false)) zc_decompress_add_track_hdr_##TN##_##CN##_abs( \
+        const u8* stream, u64 stream_len, TY* out, u64 count, u64* status, u64* ctrl, u32 n_chunks,            \
+        const TY* base, u64* range, u32 expect, u64 seq, u64* res) {                                           \
+        if (threadIdx.x == 0) zc_acc_base_off = (long long)((const char*)base - (const char*)out);            \
+        __syncthreads();                                                                                       \
+        zc_decompress_hdr<TY, CID, false, true, true>(stream, stream_len, out, count, status, ctrl, n_chunks, expect, seq, \
+                                                      res, range);                                             \
     }
 
 #define ZC_INST_CODECS(TY, TN)                \

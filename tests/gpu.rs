@@ -347,7 +347,46 @@ fn gpu_rejects_what_cpu_rejects(gpu: &mut GpuCodec) {
         let good: Vec<f32> = gpu.decompress(&s).expect("the intact stream decodes");
         assert_eq!(good.len(), data.len());
         assert_gpu_judges_like_cpu(gpu, &cases, &c.to_string());
+        // and the accumulating decoder, launched the same way (a ring's accumulation)
+        assert_gpu_add_judges_like_cpu(gpu, &cases, data.len(), &c.to_string());
     }
+}
+
+/// [`assert_gpu_judges_like_cpu`] for `decompress_add_to_device` onto a base of `n` values: it
+/// rejects every stream the CPU rejects or decodes to another count, and otherwise adds the
+/// CPU's values with one rounding each, leaving the base as it was.
+fn assert_gpu_add_judges_like_cpu(gpu: &mut GpuCodec, cases: &[Vec<u8>], n: usize, label: &str) {
+    let base: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.5 - 2.0).collect();
+    let s = gpu.stream().clone();
+    let d_base = s.clone_htod(&base).unwrap();
+    let mut d_out = s.alloc_zeros::<f32>(n).unwrap();
+    for (k, t) in cases.iter().enumerate() {
+        let cpu = zcomm::decompress::<f32>(t).ok().filter(|v| v.len() == n);
+        let d_t = s.clone_htod(t).unwrap();
+        let g = gpu.decompress_add_to_device(
+            &d_t.as_view(),
+            &d_base.as_view(),
+            &mut d_out.as_view_mut(),
+        );
+        match (&cpu, &g) {
+            (Some(x), Ok(())) => {
+                let got = s.clone_dtoh(&d_out).unwrap();
+                let same = x
+                    .iter()
+                    .zip(&base)
+                    .zip(&got)
+                    .all(|((&v, &a), g)| (a + v).to_bits() == g.to_bits());
+                assert!(same, "{label} case {k}: both accept, sums differ");
+            }
+            (None, Err(_)) => {}
+            _ => panic!("{label} case {k}: cpu {} vs gpu {g:?}", cpu.is_some()),
+        }
+    }
+    assert_eq!(
+        s.clone_dtoh(&d_base).unwrap(),
+        base,
+        "{label}: the base changed"
+    );
 }
 
 /// Decompressions back to back, with no other launch between them, reuse the workspace their

@@ -104,8 +104,11 @@ impl GpuCodec {
         stream: &CudaView<'_, u8>,
         base: Option<&CudaView<'_, T>>,
         out: &mut CudaViewMut<'_, T>,
-        track: Option<&mut DeviceRange>,
+        mut track: Option<&mut DeviceRange>,
     ) -> Result<bool> {
+        if let Some(tracked) = self.decompress_add_guessed(stream, base, out, &mut track)? {
+            return Ok(tracked);
+        }
         let h = self.inspect_device(stream)?;
         check_header_for::<T>(&h, out.len())?;
         let s = self.stream.clone();
@@ -170,7 +173,47 @@ impl GpuCodec {
         if e != 0 {
             return Err(decode_error(e));
         }
+        if codec != CodecKind::Pfpl {
+            self.decode_guess = Some((T::DTYPE, codec, h.mode));
+        }
         Ok(words.is_some())
+    }
+
+    /// The decompress-and-add launched before the header is back, for the dtype, codec and
+    /// mode of the last blocked stream decoded (as [`GpuCodec::decompress_device`] does; a
+    /// ring's pieces all share them): `Some(tracked)` when it ran (`out` holds the sums;
+    /// `tracked` as [`GpuCodec::decompress_add_to_device_tracking`] returns), `None` when the
+    /// ordinary path must decide (no guess, another header: nothing was written).
+    fn decompress_add_guessed<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        base: Option<&CudaView<'_, T>>,
+        out: &mut CudaViewMut<'_, T>,
+        track: &mut Option<&mut DeviceRange>,
+    ) -> Result<Option<bool>> {
+        let Some((dtype, codec, mode)) = self.decode_guess else {
+            return Ok(None);
+        };
+        if dtype != T::DTYPE || codec == CodecKind::Pfpl {
+            return Ok(None);
+        }
+        let s = self.stream.clone();
+        let base_ptr = match base {
+            Some(b) => raw_ptr(b, &s),
+            None => raw_ptr_mut(out, &s),
+        };
+        if base_ptr % (T::SIZE as u64) != 0 {
+            return Ok(None); // the ordinary path rejects it
+        }
+        // tracking as the ordinary path: a separate base, an abs/noa stream
+        let onto = match track {
+            Some(acc) if base.is_some() && mode != BoundMode::Rel => {
+                Onto::Tracking(base_ptr, acc.words_for::<T>(&s)?)
+            }
+            _ => Onto::Base(base_ptr),
+        };
+        let ran = self.decompress_speculative::<T>(stream, out, codec, mode, onto)?;
+        Ok(ran.then_some(matches!(onto, Onto::Tracking(..))))
     }
 
     /// One step of a compressed ring reduction: `acc[i] = base[i] + x[i]` (`x` the

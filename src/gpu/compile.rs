@@ -176,8 +176,10 @@ pub fn kernel_names() -> Vec<String> {
                 v.push(format!("zc_decompress_{t}_{c}_{m}"));
                 if c != "pfpl" {
                     v.push(format!("zc_decompress_hdr_{t}_{c}_{m}"));
+                    v.push(format!("zc_decompress_add_hdr_{t}_{c}_{m}"));
                     if m == "abs" {
                         v.push(format!("zc_compress_recon_{t}_{c}_{m}"));
+                        v.push(format!("zc_decompress_add_track_hdr_{t}_{c}_{m}"));
                     }
                 }
             }

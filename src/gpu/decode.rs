@@ -176,7 +176,9 @@ impl GpuCodec {
     ) -> Result<()> {
         if let Some((dtype, codec, mode)) = self.decode_guess {
             // not the assumed header (or a stream to judge the ordinary way): start over below
-            if dtype == T::DTYPE && self.decompress_speculative::<T>(stream, out, codec, mode)? {
+            if dtype == T::DTYPE
+                && self.decompress_speculative::<T>(stream, out, codec, mode, Onto::Nothing)?
+            {
                 return Ok(());
             }
         }
@@ -293,21 +295,24 @@ impl GpuCodec {
         Ok(e)
     }
 
-    /// The launch of [`GpuCodec::decompress_device`] that does not wait for the header: the
-    /// `zc_decompress_hdr` kernel of the guessed (blocked) codec and bound mode reads its
-    /// parameters from the stream's header on the device and does nothing unless that header
-    /// has those tags, `out.len()` values and their chunk count; the kernel's last block copies
-    /// the header into the host-mapped result words (one synchronization, no copy), and it is
-    /// then checked as the ordinary path checks it.
-    /// Returns `Ok(true)` when `out` holds the decoded values, `Ok(false)` when the ordinary path
-    /// must decide (another codec or mode, a stored stream, any error the kernel flagged: that
-    /// path then reports it), or the ordinary path's error for the header itself.
+    /// The launch of [`GpuCodec::decompress_device`] (and, `onto` a base, of the
+    /// decompress-and-add calls) that does not wait for the header: the `zc_decompress_hdr`
+    /// (`zc_decompress_add_hdr`, `zc_decompress_add_track_hdr`) kernel of the guessed (blocked)
+    /// codec and bound mode reads its parameters from the stream's header on the device and does
+    /// nothing unless that header has those tags, `out.len()` values and their chunk count; the
+    /// kernel's last block copies the header into the host-mapped result words (one
+    /// synchronization, no copy), and it is then checked as the ordinary path checks it.
+    /// Returns `Ok(true)` when `out` holds the decoded values (or the sums), `Ok(false)` when
+    /// the ordinary path must decide (another codec or mode, a stored stream; nothing was
+    /// written), or an error: the ordinary path's for the header itself, or the kernel's for the
+    /// stream (then `out` may be partly written, and an accumulation is not repeated).
     pub(super) fn decompress_speculative<T: GpuElement>(
         &mut self,
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
         codec: CodecKind,
         mode: BoundMode,
+        onto: Onto,
     ) -> Result<bool> {
         let s = self.stream.clone();
         let (len, n) = (stream.len(), out.len());
@@ -316,14 +321,22 @@ impl GpuCodec {
         if len < HEADER_LEN || n == 0 || sp % 4 != 0 || op % (T::SIZE as u64) != 0 {
             return Ok(false);
         }
-        if codec == CodecKind::Pfpl {
-            return Ok(false); // no header-reading kernel: pfpl takes the ordinary path
+        // pfpl has no header-reading kernel, and range tracking only abs/noa kernels
+        if codec == CodecKind::Pfpl
+            || (matches!(onto, Onto::Tracking(..)) && mode == BoundMode::Rel)
+        {
+            return Ok(false);
         }
         let nc = n.div_ceil(1usize << codec.chunk_log2(T::DTYPE));
         let Ok(nc) = u32::try_from(nc) else {
             return Ok(false);
         };
-        let f = self.func(&kernel_name::<T>("decompress_hdr", codec, mode)?)?;
+        let kop = match onto {
+            Onto::Nothing => "decompress_hdr",
+            Onto::Base(_) => "decompress_add_hdr",
+            Onto::Tracking(..) => "decompress_add_track_hdr",
+        };
+        let f = self.func(&kernel_name::<T>(kop, codec, mode)?)?;
         // header bytes 6..9: codec, dtype, mode, flags (0: not stored)
         let expect =
             u32::from(codec.tag()) | u32::from(T::DTYPE.tag()) << 8 | u32::from(mode.tag()) << 16;
@@ -335,13 +348,34 @@ impl GpuCodec {
             count: n as u64,
             n_chunks: nc,
         };
-        let Some(e) = self.run_blocked_decoder(&f, g, &[arg(&expect)])? else {
+        let ran = match onto {
+            Onto::Nothing => self.run_blocked_decoder(&f, g, &[arg(&expect)])?,
+            Onto::Base(base) => self.run_blocked_decoder(&f, g, &[arg(&base), arg(&expect)])?,
+            Onto::Tracking(base, range) => {
+                self.run_blocked_decoder(&f, g, &[arg(&base), arg(&range), arg(&expect)])?
+            }
+        };
+        let Some(e) = ran else {
             return Ok(false); // another header: every block returned at once
         };
         let h = parse_header_fields(&self.header_copy(), len)?;
         check_header_for::<T>(&h, n)?;
-        Ok(e == 0)
+        match e {
+            0 => Ok(true),
+            e => Err(decode_error(e)),
+        }
     }
+}
+
+/// What a speculative decoder launch ([`GpuCodec::decompress_speculative`]) does with the
+/// values it decodes: store them, or add them to a base (a device address of `out.len()`
+/// values; `out` itself to add in place), also folding the base's finite range into a
+/// [`DeviceRange`]'s device words (`Tracking(base, words)`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Onto {
+    Nothing,
+    Base(u64),
+    Tracking(u64, u64),
 }
 
 /// Whether the chunk hashes a pfpl decode kernel accumulated (`ctrl[C_DHASH]`) miss the header's

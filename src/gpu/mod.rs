@@ -38,7 +38,7 @@
 mod accumulate;
 pub use accumulate::StepEncoding;
 mod decode;
-use decode::{check_header_for, decode_error, parse_header_fields};
+use decode::{check_header_for, decode_error, parse_header_fields, Onto};
 mod range;
 pub use range::DeviceRange;
 pub mod bench;
