@@ -1730,8 +1730,8 @@ __device__ __forceinline__ void zc_decompress(const u8* __restrict__ stream, u64
 // host can launch without waiting for the header's round trip (GpuCodec::decompress_device guesses
 // the codec and mode of the previous call and checks the header afterwards). `expect` is the u32
 // at header bytes 6..9 the launch assumes (codec, dtype, mode tags; flags 0 = not stored); with
-// another header, another count or another chunk count every block returns at once and
-// ZC_E_GUESS is set: the host then takes the ordinary path. step, inv, step64 and eb are derived
+// another header, another count or another chunk count every block returns at once and block 0
+// records ZC_E_GUESS as the call's result: the host then takes the ordinary path. step, inv, step64 and eb are derived
 // from the header's step and absolute bound with the host's operations (FORMAT.md header).
 // ACC / TRACK: the accumulating decoders (`zc_decompress_add_hdr_*`, `zc_decompress_add_track_hdr_*`:
 // out = base + decoded, as `zc_decompress_add_*`), so that a ring's accumulation of a received
@@ -1748,7 +1748,12 @@ __device__ __forceinline__ void zc_decompress_hdr(const u8* __restrict__ stream,
         same = tags == expect && hcount == count && h[18] == n_chunks;
     }
     if (!same) {
-        if (threadIdx.x == 0) atomicOr(ctrl + ZC_ERR, ZC_E_GUESS);
+        // recorded in the result words only: the workspace stays as clean as it was, so that
+        // decodes queued behind this launch need no memset
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            res[ZC_RES_ERR] = ZC_E_GUESS;
+            res[ZC_RES_SEQ] = seq;
+        }
         return;
     }
     ZQ<T> q;

@@ -43,6 +43,10 @@ fn main() {
             pieces_match_whole::<f64>,
         ),
         gpu_trial(
+            "device_ring_queued_stored_pieces_match_waiting",
+            stored_pieces_match_waiting,
+        ),
+        gpu_trial(
             "staged_device_reductions_match_host_ring_f32",
             staged_matches_host::<f32>,
         ),
@@ -155,9 +159,23 @@ fn device_in_pieces<T: Real + GpuElement>(
     counts: &[usize],
     piece_bytes: usize,
 ) -> Vec<Result<Vec<T>, String>> {
+    device_over(inputs, op, bound, codec, counts, |t| {
+        t.with_piece_bytes(piece_bytes)
+    })
+}
+
+/// [`device`] over loopback ranks set up by `link`.
+fn device_over<T: Real + GpuElement>(
+    inputs: &[Vec<T>],
+    op: Op,
+    bound: ErrorBound,
+    codec: CodecKind,
+    counts: &[usize],
+    link: impl Fn(DeviceLoopback) -> DeviceLoopback,
+) -> Vec<Result<Vec<T>, String>> {
     let group: Vec<DeviceLoopback> = DeviceLoopback::group(inputs.len(), LinkEmulation::default())
         .into_iter()
-        .map(|t| t.with_piece_bytes(piece_bytes))
+        .map(link)
         .collect();
     run_ranks(group, |t| -> Result<Vec<T>, String> {
         let r = t_rank(&t);
@@ -329,6 +347,84 @@ fn pieces_match_whole<T: Real + GpuElement>() -> Result<(), String> {
                             return Err(format!(
                                 "{what} rank {r}: pieces differ from whole segments"
                             ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pieces whose streams are stored among compressed ones: a NaN in every 32 values of a
+/// stretch (the same positions on every rank) makes every layer of those pieces raw, so their
+/// streams store the values. The ring queues each accumulation and decode for the codec it
+/// compresses with, finds the stored pieces only when it settles them, and must then
+/// accumulate (divide) and compress them again; the results equal those of the ring that waits
+/// for every kernel, bit for bit, and are within the bound (NaN where the sum is).
+fn stored_pieces_match_waiting() -> Result<(), String> {
+    for p in [2, 3] {
+        let n = 3 * 215_000 + 7;
+        let stretch = n / 3..n / 3 + n / 5;
+        let inputs: Vec<Vec<f32>> = (0..p)
+            .map(|r| {
+                let mut x = input::<f32>(r, n);
+                for i in stretch.clone().step_by(7) {
+                    x[i] = f32::NAN;
+                }
+                x
+            })
+            .collect();
+        let finite = inputs.iter().flatten().filter(|v| v.is_finite());
+        let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(f64::from(v)), hi.max(f64::from(v)))
+        });
+        // abs: the final bound known at the start; noa: agreed after the last accumulation
+        for (bound, eb) in [
+            (ErrorBound::Abs(1e-2), 1e-2),
+            (ErrorBound::Noa(1e-4), 1e-4 * (hi - lo)),
+        ] {
+            for codec in [CodecKind::Aatrox, CodecKind::CuszpOutlier] {
+                let piece = &inputs[0][stretch.start..stretch.start + 65_536];
+                let h = zcomm::inspect(
+                    &zcomm::compress(piece, bound, codec).map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?;
+                if !h.is_stored() {
+                    return Err(format!("{codec}: a piece of the stretch is not stored"));
+                }
+                for op in [Op::Sum, Op::Mean, Op::ReduceScatter] {
+                    let what = format!("p={p} {codec} {bound:?} {op:?}");
+                    let pieces = |queue: bool| {
+                        device_over(&inputs, op, bound, codec, &vec![n; p], |t| {
+                            t.with_piece_bytes(65_536 * 4).with_queued_decodes(queue)
+                        })
+                    };
+                    let (got, want) = (pieces(true), pieces(false));
+                    for (r, (g, w)) in got.into_iter().zip(want).enumerate() {
+                        let g = g.map_err(|e| format!("{what}: {e}"))?;
+                        let w = w.map_err(|e| format!("{what}, waiting: {e}"))?;
+                        if g.len() != w.len()
+                            || g.iter().zip(&w).any(|(a, b)| a.to_bits() != b.to_bits())
+                        {
+                            return Err(format!("{what} rank {r}: queued differs from waiting"));
+                        }
+                        let range = match op {
+                            Op::ReduceScatter => partition(n, p)[r].clone(),
+                            _ => 0..n,
+                        };
+                        let div = if op == Op::Mean { p as f64 } else { 1.0 };
+                        for (k, i) in range.enumerate() {
+                            let exact = inputs.iter().map(|x| f64::from(x[i])).sum::<f64>() / div;
+                            let v = f64::from(g[k]);
+                            let ok = if exact.is_nan() {
+                                v.is_nan()
+                            } else {
+                                (v - exact).abs() <= eb
+                            };
+                            if !ok {
+                                return Err(format!("{what} rank {r} value {i}: {v} for {exact}"));
+                            }
                         }
                     }
                 }

@@ -39,6 +39,10 @@ fn main() {
         ),
         gpu_trial("gpu_group_widths_match_cpu", gpu_group_widths_match_cpu),
         gpu_trial(
+            "gpu_queued_decodes_match_waiting",
+            gpu_queued_decodes_match_waiting,
+        ),
+        gpu_trial(
             "gpu_reduce_step_matches_separate_calls",
             gpu_reduce_step_matches_separate_calls,
         ),
@@ -622,6 +626,26 @@ fn gpu_decompress_add_matches_cpu(gpu: &mut GpuCodec) {
                 ErrorBound::Rel(1e-3),
             ] {
                 check_add(gpu, &data, b, c);
+            }
+        }
+    }
+}
+
+/// Decodes queued without waiting (the device ring's accumulations and final decodes) give the
+/// waiting calls' results, for every codec with a guessing decoder, at two bounds; stored and
+/// corrupted streams among them are reported as such.
+fn gpu_queued_decodes_match_waiting(gpu: &mut GpuCodec) {
+    let data: Vec<f32> = (0..200_003)
+        .map(|i| (i as f32 * 2e-4).sin() * 10.0)
+        .collect();
+    for c in [
+        CodecKind::Aatrox,
+        CodecKind::CuszpPlain,
+        CodecKind::CuszpOutlier,
+    ] {
+        for b in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-4)] {
+            if let Err(e) = testing::check_queued_decodes(gpu, &data, b, c) {
+                panic!("{c} {b}: {e}");
             }
         }
     }

@@ -53,7 +53,7 @@ use super::transport::{DeviceBytes, DeviceTransport};
 use super::{partition, Decision, OpStats, OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceRange, GpuCodec, GpuElement};
+use crate::gpu::{Decode, DeviceRange, GpuCodec, GpuElement, QueuedDecode};
 use crate::quant::ErrorBound;
 
 fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -304,6 +304,8 @@ pub(crate) fn ring<T: GpuElement + Real>(
             (&mut buf, region),
         );
         place.own = (!plan.full).then_some(plan.rank);
+        place.codec = plan.codec;
+        place.queue = t.queue_decodes();
         if matches!(plan.final_bound, FinalBound::Deferred(_)) {
             let words = match place.gpu.ring_range.take() {
                 Some(mut r) => r.clear(&stream).map(|()| r),
@@ -379,6 +381,34 @@ struct DevicePlace<'a, T: GpuElement> {
     range: Option<DeviceRange>,
     /// Which input parts `range` covers.
     covered: Vec<bool>,
+    /// The ring's codec (what every received part holds, unless stored).
+    codec: CodecKind,
+    /// The divisor each part's partial sum was last scaled by since its accumulation (1: none),
+    /// for a queued accumulation that is done again when it is settled.
+    divisors: Vec<f64>,
+    /// Whether accumulations and decodes are queued without waiting for their result
+    /// ([`DeviceTransport::queue_decodes`]); queued ones wait in `pending` until settled.
+    queue: bool,
+    pending: Vec<Pending>,
+}
+
+/// A queued accumulation or decode of a part, not yet settled ([`RingPlace::settle`]).
+struct Pending {
+    part: usize,
+    decode: QueuedDecode,
+    /// An accumulation (else a decode into the output).
+    accumulation: bool,
+}
+
+impl<T: GpuElement> Drop for DevicePlace<'_, T> {
+    /// A ring that stopped early (an error) may leave queued kernels reading buffers its
+    /// caller is about to free or reuse: wait for them.
+    fn drop(&mut self) {
+        if !self.pending.is_empty() {
+            self.pending.clear();
+            let _ = self.gpu.settle_all();
+        }
+    }
 }
 
 /// Where a part's partial sum lives: a range of the output, or a range of `tmp`.
@@ -430,6 +460,10 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             reconstructed: vec![false; parts.len()],
             range: None,
             covered: vec![false; parts.len()],
+            codec: CodecKind::Aatrox,
+            divisors: vec![1.0; parts.len()],
+            queue: false,
+            pending: Vec::new(),
         }
     }
 
@@ -478,6 +512,88 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             }
         }
         acc.read(self.gpu.stream())
+    }
+
+    /// [`RingPlace::accumulate`] waited for (and, on a part that holds a partial sum, added
+    /// in place).
+    fn accumulate_now(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        self.divisors[seg] = 1.0;
+        let range = self.parts[seg].clone();
+        let stream = received(m)?;
+        stream.wait_ready(self.gpu.stream())?;
+        let mut acc = match self.slot(seg) {
+            Slot::Out(r) => self.out.slice_mut(r),
+            Slot::Tmp(r) => match self.tmp.as_mut() {
+                Some(b) => b.slice_mut(r),
+                None => return Err(Error::Comm("ring: no partial-sum buffer".into())),
+            },
+        };
+        let t = std::time::Instant::now();
+        let r = if self.touched[seg] {
+            self.gpu.decompress_add_device(&stream.view(), &mut acc)
+        } else {
+            let base = self.input.slice(range);
+            let r = match &mut self.range {
+                Some(rng) if !self.covered[seg] => self
+                    .gpu
+                    .decompress_add_to_device_tracking(&stream.view(), &base, &mut acc, rng)
+                    .map(|tracked| self.covered[seg] = tracked),
+                _ => self
+                    .gpu
+                    .decompress_add_to_device(&stream.view(), &base, &mut acc),
+            };
+            self.touched[seg] = r.is_ok();
+            r
+        };
+        self.decompress_s += t.elapsed().as_secs_f64();
+        r
+    }
+
+    /// [`RingPlace::decode_into_output`] waited for.
+    fn decode_now(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        let range = self.parts[seg].clone();
+        let stream = match m {
+            DeviceMsg::Scratch { at, len } => self.scratch.slice(*at..*at + *len),
+            DeviceMsg::Received(b) => {
+                b.wait_ready(self.gpu.stream())?;
+                b.view()
+            }
+        };
+        let t = std::time::Instant::now();
+        let r = self
+            .gpu
+            .decompress_device(&stream, &mut self.out.slice_mut(range));
+        self.decompress_s += t.elapsed().as_secs_f64();
+        r
+    }
+
+    /// Settle the queued work of part `seg` from `m` ([`RingPlace::settle`]): `Ok(true)` when
+    /// a queued launch found another stream than the one it guessed (a stored part) and the
+    /// part was accumulated or decoded only now, the waiting way (what read it since must be
+    /// done again).
+    fn settle_part(&mut self, seg: usize, m: &DeviceMsg) -> Result<bool> {
+        let mut late = false;
+        while let Some(i) = self.pending.iter().position(|p| p.part == seg) {
+            let p = self.pending.swap_remove(i);
+            match self.gpu.settle::<T>(p.decode)? {
+                Some(tracked) => self.covered[seg] |= tracked && p.accumulation,
+                None if p.accumulation => {
+                    // the sum again, divided again if it was
+                    let d = self.divisors[seg];
+                    self.touched[seg] = false;
+                    self.accumulate_now(seg, m)?;
+                    if d != 1.0 {
+                        self.scale(seg, d)?;
+                    }
+                    late = true;
+                }
+                None => {
+                    self.decode_now(seg, m)?;
+                    late = true;
+                }
+            }
+        }
+        Ok(late)
     }
 
     /// A message's bytes; a received one's only after `wait_ready` on the codec's stream.
@@ -549,6 +665,10 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     }
 
     fn accumulate(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        self.divisors[seg] = 1.0;
+        if !self.queue || self.touched[seg] {
+            return self.accumulate_now(seg, m);
+        }
         let range = self.parts[seg].clone();
         let stream = received(m)?;
         stream.wait_ready(self.gpu.stream())?;
@@ -559,25 +679,34 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
                 None => return Err(Error::Comm("ring: no partial-sum buffer".into())),
             },
         };
-        let t = std::time::Instant::now();
-        let r = if self.touched[seg] {
-            self.gpu.decompress_add_device(&stream.view(), &mut acc)
-        } else {
-            let base = self.input.slice(range);
-            let r = match &mut self.range {
-                Some(rng) if !self.covered[seg] => self
-                    .gpu
-                    .decompress_add_to_device_tracking(&stream.view(), &base, &mut acc, rng)
-                    .map(|tracked| self.covered[seg] = tracked),
-                _ => self
-                    .gpu
-                    .decompress_add_to_device(&stream.view(), &base, &mut acc),
-            };
-            self.touched[seg] = r.is_ok();
-            r
+        let base = self.input.slice(range);
+        let track = match &mut self.range {
+            Some(rng) if !self.covered[seg] => Some(rng),
+            _ => None,
         };
+        let t = std::time::Instant::now();
+        let r = self.gpu.decompress_add_to_device_queued(
+            &stream.view(),
+            &base,
+            &mut acc,
+            track,
+            self.codec,
+        );
         self.decompress_s += t.elapsed().as_secs_f64();
-        r
+        self.touched[seg] = r.is_ok();
+        match r? {
+            Decode::Done { tracked } => self.covered[seg] |= tracked,
+            Decode::Queued(decode) => self.pending.push(Pending {
+                part: seg,
+                decode,
+                accumulation: true,
+            }),
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
+        self.settle_part(seg, m).map(|_| ())
     }
 
     fn reduce_step(
@@ -587,16 +716,35 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         divisor: f64,
         next: Option<NextMsg>,
     ) -> Result<Option<DeviceMsg>> {
-        match next {
-            Some(n) if n.is_final => {
-                self.accumulate(seg, m)?;
-                if divisor != 1.0 {
-                    self.scale(seg, divisor)?;
+        self.accumulate(seg, m)?;
+        if divisor != 1.0 {
+            self.scale(seg, divisor)?;
+        }
+        let encode = |place: &mut Self| match next {
+            Some(n) if n.is_final => place
+                .encode_final(seg, m, divisor, n.bound, n.codec)
+                .map(Some),
+            Some(n) => place.encode(seg, n.bound, n.codec).map(Some),
+            None => Ok(None),
+        };
+        // the compression waited for the stream (for its length): the accumulation queued
+        // before it has run, and is judged now, its error first
+        let sent = encode(self);
+        match self.settle_part(seg, m) {
+            // the accumulation ran only now (its stream was not the one guessed): compress again
+            Ok(true) => {
+                if let Ok(Some(msg)) = sent {
+                    self.release(msg);
                 }
-                self.encode_final(seg, m, divisor, n.bound, n.codec)
-                    .map(Some)
+                encode(self)
             }
-            _ => ring::step_in_parts(self, seg, m, divisor, next),
+            Ok(false) => sent,
+            Err(e) => {
+                if let Ok(Some(msg)) = sent {
+                    self.release(msg);
+                }
+                Err(e)
+            }
         }
     }
 
@@ -613,6 +761,8 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         bound: ErrorBound,
         codec: CodecKind,
     ) -> Result<DeviceMsg> {
+        // (set again below when this compression leaves the reconstruction in place)
+        self.reconstructed[seg] = false;
         let ErrorBound::Abs(abs_bound) = bound else {
             return self.encode(seg, bound, codec);
         };
@@ -644,7 +794,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         // no reconstructing compression (a degenerate step, or an incompressible sum the
         // kernel may have partly replaced): the sum again, as the host ring stores it
         self.touched[seg] = false;
-        self.accumulate(seg, m)?;
+        self.accumulate_now(seg, m)?;
         if divisor != 1.0 {
             self.scale(seg, divisor)?;
         }
@@ -667,7 +817,9 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         };
         let stream = self.gpu.stream().clone();
         let util = crate::gpu::util::RangeScale::for_stream(&stream)?;
-        util.scale(&stream, &mut self.out.slice_mut(range), T::from_f64(d))
+        util.scale(&stream, &mut self.out.slice_mut(range), T::from_f64(d))?;
+        self.divisors[seg] = d;
+        Ok(())
     }
 
     fn allgather(&mut self, m: DeviceMsg) -> Result<Vec<DeviceMsg>> {
@@ -717,6 +869,9 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         if matches!(m, DeviceMsg::Scratch { .. }) && self.reconstructed[seg] {
             return Ok(()); // the final step left the decoded values in place
         }
+        if !self.queue {
+            return self.decode_now(seg, m);
+        }
         let range = self.parts[seg].clone();
         let stream = match m {
             DeviceMsg::Scratch { at, len } => self.scratch.slice(*at..*at + *len),
@@ -726,10 +881,17 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             }
         };
         let t = std::time::Instant::now();
-        let r = self
-            .gpu
-            .decompress_device(&stream, &mut self.out.slice_mut(range));
+        let r =
+            self.gpu
+                .decompress_device_queued(&stream, &mut self.out.slice_mut(range), self.codec);
         self.decompress_s += t.elapsed().as_secs_f64();
-        r
+        if let Decode::Queued(decode) = r? {
+            self.pending.push(Pending {
+                part: seg,
+                decode,
+                accumulation: false,
+            });
+        }
+        Ok(())
     }
 }

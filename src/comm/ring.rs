@@ -84,6 +84,16 @@ pub(crate) trait RingPlace {
     fn allgather(&mut self, m: Self::Msg) -> Result<Vec<Self::Msg>>;
     /// Output segment `seg` = `m` decoded.
     fn decode_into_output(&mut self, seg: usize, m: &Self::Msg) -> Result<()>;
+    /// Finish what [`accumulate`](RingPlace::accumulate) or
+    /// [`decode_into_output`](RingPlace::decode_into_output) of part `seg` from `m` left
+    /// queued (a device place queues its kernels without waiting for their result, so that a
+    /// piece costs the host one wait, not one per kernel): returns its error, if any. The ring
+    /// settles a part before anything but the place's own queued work reads what that call
+    /// wrote, and before it releases `m`. Default: nothing is ever queued.
+    fn settle(&mut self, seg: usize, m: &Self::Msg) -> Result<()> {
+        let _ = (seg, m);
+        Ok(())
+    }
     /// A received message is no longer needed (its buffer may be reused). Default: drop it.
     fn release(&mut self, m: Self::Msg) {
         drop(m);
@@ -584,6 +594,12 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
                         }
                     }
                 }
+                // the range is complete only once every accumulation has run
+                for (c, m) in got.iter().enumerate() {
+                    if let Err(e) = place.settle(part(seg, c), m) {
+                        failed.get_or_insert(e);
+                    }
+                }
                 let (range, all_ok) = match place.global_range(failed.is_none()) {
                     Ok(v) => v,
                     Err(e) => {
@@ -696,13 +712,27 @@ fn run<P: RingPlace>(place: &mut P, plan: RingPlan) -> Result<Outcome> {
             return Err(Error::PeerFailed(format!("ring: rank {k} failed")));
         }
     }
+    // every decode is queued first, then each settled (and only then its message released)
+    let mut decoded = Vec::with_capacity(gathered.len() * p);
+    let mut first_err = None;
     for (c, all) in gathered.into_iter().enumerate() {
         for (k, m) in all.into_iter().enumerate() {
-            place.decode_into_output(part(k, c), &m)?;
-            place.release(m);
+            if first_err.is_none() {
+                first_err = place.decode_into_output(part(k, c), &m).err();
+            }
+            decoded.push((part(k, c), m));
         }
     }
-    Ok(Outcome::Done(bytes))
+    for (j, m) in &decoded {
+        if let Err(e) = place.settle(*j, m) {
+            first_err.get_or_insert(e);
+        }
+    }
+    decoded.into_iter().for_each(|(_, m)| place.release(m));
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(Outcome::Done(bytes)),
+    }
 }
 
 #[cfg(test)]

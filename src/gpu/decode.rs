@@ -62,19 +62,43 @@ impl GpuCodec {
         Ok(self.host_ctrl[C_ERR])
     }
 
-    /// [`GpuCodec::run_decoder`] for a blocked codec (aatrox, cuszp): the workspace is cleared
-    /// only when the previous decompression did not leave it clean, `seq` and the host-mapped
-    /// result words are appended to `tail`, and after the synchronization the kernel's result
-    /// (error bits, header copy) is read from those words, with no copy. `None` when the
-    /// kernel's last block did not run (a `decompress_hdr` launch whose guess failed: every
-    /// block returned at once).
+    /// [`GpuCodec::run_decoder`] for a blocked codec (aatrox, cuszp): the launch of
+    /// [`GpuCodec::queue_blocked_decoder`] into result slot 0, waited for; the kernel's result
+    /// (error bits, header copy) is then read from the host-mapped result words, with no copy.
+    /// `None` when the launch did not decode (a `decompress_hdr` launch whose guess failed:
+    /// every block returned at once).
     pub(super) fn run_blocked_decoder(
         &mut self,
         f: &CudaFunction,
         g: DecodeGeometry,
         tail: &[*mut c_void],
     ) -> Result<Option<u64>> {
-        let res_dev = self.mapped_result_words()?;
+        self.record(2)?;
+        let seq = self.queue_blocked_decoder(f, g, tail, 0)?;
+        self.record(3)?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        self.res = self.result_words(0);
+        if self.res[R_SEQ] != seq || self.res[R_ERR] & E_GUESS != 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.res[R_ERR]))
+    }
+
+    /// Queue a blocked-codec decoder launch (`f`, the stream `g`, the kernel's own parameters
+    /// `tail`) whose last block writes its result into result slot `slot`; returns the launch's
+    /// `seq`, which the slot's words hold once the kernel has ended. The workspace is cleared
+    /// first only when the previous launch did not leave it clean; the decoder's last block
+    /// leaves it clean (and a failed guess never touches it), so decoders queued back to back
+    /// need no memset between them.
+    pub(super) fn queue_blocked_decoder(
+        &mut self,
+        f: &CudaFunction,
+        g: DecodeGeometry,
+        tail: &[*mut c_void],
+        slot: usize,
+    ) -> Result<u64> {
+        let res_dev = self.mapped_result_words()? + (slot * RES_WORDS * 8) as u64;
         let nc = g.n_chunks as usize;
         let keep = if self.clean_status >= nc {
             self.clean_status
@@ -82,7 +106,6 @@ impl GpuCodec {
             self.zero_ctrl(nc)?;
             nc
         };
-        self.clean_status = 0;
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut args = [std::ptr::null_mut(); 10];
@@ -92,54 +115,50 @@ impl GpuCodec {
         args[..tail.len()].copy_from_slice(tail);
         args[tail.len()] = arg(&seq);
         args[tail.len() + 1] = arg(&res_dev);
-        self.record(2)?;
         self.launch_decoder(f, self.threads, g, &args[..tail.len() + 2])?;
-        self.record(3)?;
-        self.stream.synchronize().map_err(gpu_err("sync"))?;
-        self.last_times.main_ms = self.elapsed(2, 3)?;
-        let host = self.mapped.as_ref().expect("allocated above").1 as *const u64;
-        for (i, w) in self.res.iter_mut().enumerate() {
-            // SAFETY: `host` is the RES_WORDS-word mapped allocation; the kernel that writes it
-            // has ended (stream synchronized), and nothing else writes it.
-            *w = unsafe { std::ptr::read_volatile(host.add(i)) };
-        }
-        if self.res[R_SEQ] != seq {
-            return Ok(None);
-        }
         self.clean_status = keep;
-        Ok(Some(self.res[R_ERR]))
+        Ok(seq)
     }
 
-    /// Device address of the host-mapped result words, allocated at first use.
+    /// The result words of slot `slot`, read from host-mapped memory (after the kernel that
+    /// writes them has ended: the caller has synchronized the stream).
+    pub(super) fn result_words(&self, slot: usize) -> [u64; RES_WORDS] {
+        let mut w = [0u64; RES_WORDS];
+        let Some((_, host, _)) = &self.mapped else {
+            return w;
+        };
+        let host = *host as *const u64;
+        for (i, x) in w.iter_mut().enumerate() {
+            // SAFETY: `host` is the mapped allocation of RES_WORDS * RESULT_SLOTS words and
+            // slot < RESULT_SLOTS; the kernel that wrote it has ended, nothing else writes it.
+            *x = unsafe { std::ptr::read_volatile(host.add(slot * RES_WORDS + i)) };
+        }
+        w
+    }
+
+    /// Device address of the host-mapped result words ([`RESULT_SLOTS`] slots of
+    /// [`RES_WORDS`]), allocated at first use.
     pub(super) fn mapped_result_words(&mut self) -> Result<u64> {
         if let Some((_, _, dev)) = &self.mapped {
             return Ok(*dev);
         }
         let flags = cu_sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        let words = RES_WORDS * RESULT_SLOTS;
         // SAFETY: page-locked host memory mapped into the device's address space; zeroed below
         // before any kernel can see it.
-        let mut p = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(RES_WORDS, flags) }
+        let mut p = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(words, flags) }
             .map_err(|e| Error::OutOfMemory(format!("mapped host words: {e:?}")))?;
         let host = p.as_mut_ptr().map_err(gpu_err("mapped"))?;
         let mut dev: cu_sys::CUdeviceptr = 0;
-        // SAFETY: `host` is a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP, RES_WORDS long.
+        // SAFETY: `host` is a live allocation made with CU_MEMHOSTALLOC_DEVICEMAP, `words` long.
         unsafe {
-            std::ptr::write_bytes(host, 0, RES_WORDS);
+            std::ptr::write_bytes(host, 0, words);
             cu_sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0)
                 .result()
                 .map_err(gpu_err("cuMemHostGetDevicePointer"))?;
         }
         self.mapped = Some((p, host as usize, dev));
         Ok(dev)
-    }
-
-    /// The header copy the last blocked-decoder launch left in its result words.
-    pub(super) fn header_copy(&self) -> [u8; HEADER_LEN] {
-        let mut b = [0u8; HEADER_LEN];
-        for (d, w) in b.chunks_exact_mut(8).zip(&self.res[R_HDR..]) {
-            d.copy_from_slice(&w.to_ne_bytes());
-        }
-        b
     }
 
     /// Read and validate the header of a device-resident stream of `len` bytes (the checks of
@@ -314,22 +333,48 @@ impl GpuCodec {
         mode: BoundMode,
         onto: Onto,
     ) -> Result<bool> {
+        self.record(2)?;
+        let Some(seq) = self.launch_guessing::<T>(stream, out, codec, mode, onto, 0)? else {
+            return Ok(false);
+        };
+        self.record(3)?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.last_times.main_ms = self.elapsed(2, 3)?;
+        self.res = self.result_words(0);
+        if self.res[R_SEQ] != seq {
+            return Ok(false);
+        }
+        judge_guessed::<T>(&self.res, stream.len(), out.len())
+    }
+
+    /// Launch the guessing decoder of `codec` and `mode` (reading its parameters from the
+    /// stream's header on the device; `onto`: what it adds its values to) for `stream` into
+    /// `out`, its result into result slot `slot`; returns the launch's `seq`, or `None`
+    /// (nothing launched) where no guessing kernel applies: pfpl, range tracking of a `rel`
+    /// stream, a stream shorter than a header, no values, misaligned buffers.
+    pub(super) fn launch_guessing<T: GpuElement>(
+        &mut self,
+        stream: &CudaView<'_, u8>,
+        out: &mut CudaViewMut<'_, T>,
+        codec: CodecKind,
+        mode: BoundMode,
+        onto: Onto,
+        slot: usize,
+    ) -> Result<Option<u64>> {
         let s = self.stream.clone();
         let (len, n) = (stream.len(), out.len());
         let sp = raw_ptr(stream, &s);
         let op = raw_ptr_mut(out, &s);
         if len < HEADER_LEN || n == 0 || sp % 4 != 0 || op % (T::SIZE as u64) != 0 {
-            return Ok(false);
+            return Ok(None);
         }
-        // pfpl has no header-reading kernel, and range tracking only abs/noa kernels
         if codec == CodecKind::Pfpl
             || (matches!(onto, Onto::Tracking(..)) && mode == BoundMode::Rel)
         {
-            return Ok(false);
+            return Ok(None);
         }
-        let nc = n.div_ceil(1usize << codec.chunk_log2(T::DTYPE));
-        let Ok(nc) = u32::try_from(nc) else {
-            return Ok(false);
+        let Ok(nc) = u32::try_from(n.div_ceil(1usize << codec.chunk_log2(T::DTYPE))) else {
+            return Ok(None);
         };
         let kop = match onto {
             Onto::Nothing => "decompress_hdr",
@@ -348,23 +393,44 @@ impl GpuCodec {
             count: n as u64,
             n_chunks: nc,
         };
-        let ran = match onto {
-            Onto::Nothing => self.run_blocked_decoder(&f, g, &[arg(&expect)])?,
-            Onto::Base(base) => self.run_blocked_decoder(&f, g, &[arg(&base), arg(&expect)])?,
-            Onto::Tracking(base, range) => {
-                self.run_blocked_decoder(&f, g, &[arg(&base), arg(&range), arg(&expect)])?
+        let seq = match onto {
+            Onto::Nothing => self.queue_blocked_decoder(&f, g, &[arg(&expect)], slot)?,
+            Onto::Base(b) => self.queue_blocked_decoder(&f, g, &[arg(&b), arg(&expect)], slot)?,
+            Onto::Tracking(b, r) => {
+                self.queue_blocked_decoder(&f, g, &[arg(&b), arg(&r), arg(&expect)], slot)?
             }
         };
-        let Some(e) = ran else {
-            return Ok(false); // another header: every block returned at once
-        };
-        let h = parse_header_fields(&self.header_copy(), len)?;
-        check_header_for::<T>(&h, n)?;
-        match e {
-            0 => Ok(true),
-            e => Err(decode_error(e)),
-        }
+        Ok(Some(seq))
     }
+}
+
+/// The result words `res` of a guessing launch that ran (its `seq` recorded) for a stream of
+/// `stream_len` bytes into `n` values of `T`, judged as the ordinary path judges: `Ok(true)`
+/// decoded, `Ok(false)` the guess was wrong (nothing written), or the error of the header or
+/// of the stream.
+pub(super) fn judge_guessed<T: GpuElement>(
+    res: &[u64; RES_WORDS],
+    stream_len: usize,
+    n: usize,
+) -> Result<bool> {
+    if res[R_ERR] & E_GUESS != 0 {
+        return Ok(false);
+    }
+    let h = parse_header_fields(&header_in(res), stream_len)?;
+    check_header_for::<T>(&h, n)?;
+    match res[R_ERR] {
+        0 => Ok(true),
+        e => Err(decode_error(e)),
+    }
+}
+
+/// The header copy in a blocked decoder's result words `res`.
+pub(super) fn header_in(res: &[u64; RES_WORDS]) -> [u8; HEADER_LEN] {
+    let mut b = [0u8; HEADER_LEN];
+    for (d, w) in b.chunks_exact_mut(8).zip(&res[R_HDR..]) {
+        d.copy_from_slice(&w.to_ne_bytes());
+    }
+    b
 }
 
 /// What a speculative decoder launch ([`GpuCodec::decompress_speculative`]) does with the

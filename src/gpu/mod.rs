@@ -38,7 +38,9 @@
 mod accumulate;
 pub use accumulate::StepEncoding;
 mod decode;
-use decode::{check_header_for, decode_error, parse_header_fields, Onto};
+use decode::{check_header_for, decode_error, judge_guessed, parse_header_fields, Onto};
+mod queued;
+pub(crate) use queued::{Decode, QueuedDecode};
 mod range;
 pub use range::DeviceRange;
 pub mod bench;
@@ -115,6 +117,12 @@ const R_ERR: usize = 0;
 const R_SEQ: usize = 1;
 const R_HDR: usize = 2;
 const RES_WORDS: usize = R_HDR + HEADER_LEN / 8;
+/// Sets of result words: slot 0 for the decodes waited for at once, the others for decodes
+/// queued without waiting ([`GpuCodec::queue_decode`]), one each until it is settled.
+const RESULT_SLOTS: usize = 1 + queued::QUEUE_DEPTH;
+/// Error bit of a guessing decoder launch whose guess was wrong (kernels/blocked.cu
+/// `ZC_E_GUESS`): it decoded nothing.
+const E_GUESS: u64 = 64;
 
 /// Finite value range and the index of the first finite non-zero value of an input (from the
 /// stats kernel; the value itself is read only when the quantizer needs it).
@@ -223,6 +231,9 @@ pub struct GpuCodec {
     /// Dtype, codec and bound mode of the last blocked stream decompressed: the next
     /// `decompress_device` of that dtype launches for them before the header is back.
     decode_guess: Option<(Dtype, CodecKind, BoundMode)>,
+    /// The `seq` of every decode queued and not yet settled ([`GpuCodec::settle`]); its
+    /// result slot is `queued::slot_of(seq)`.
+    queued: Vec<u64>,
 }
 
 impl std::fmt::Debug for GpuCodec {
@@ -336,6 +347,7 @@ impl GpuCodec {
             ev: None,
             last_times: KernelTimes::default(),
             decode_guess: None,
+            queued: Vec::new(),
         })
     }
 

@@ -421,3 +421,148 @@ pub fn check_compress_reconstruct<T: GpuElement>(
     }
     Ok(Some(la))
 }
+
+/// Decodes queued without waiting ([`GpuCodec::decompress_add_to_device_queued`],
+/// [`GpuCodec::decompress_device_queued`]), more of them at once than there are result slots,
+/// then each settled: every one whose stream is a compressed `codec` stream equals the waiting
+/// call's result bit for bit (sums, decoded values, and the base's range where tracked); a
+/// stored stream (the guess is wrong) is reported as not decoded with nothing written; a
+/// corrupted one is rejected, without disturbing the decodes queued behind it. `data` must
+/// compress under `bound` (f32 values).
+pub fn check_queued_decodes(
+    gpu: &mut GpuCodec,
+    data: &[f32],
+    bound: ErrorBound,
+    codec: CodecKind,
+) -> Result<(), String> {
+    use super::Decode;
+    let n = data.len();
+    let good = crate::compress(data, bound, codec).map_err(|e| format!("compress: {e}"))?;
+    let back: Vec<f32> = crate::decompress(&good).map_err(|e| format!("decompress: {e}"))?;
+    let noise: Vec<f32> = (0..n)
+        .map(|i| ((i as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f32)
+        .collect();
+    let stored = crate::compress(&noise, ErrorBound::Abs(1e-9), codec)
+        .map_err(|e| format!("compress noise: {e}"))?;
+    if !crate::inspect(&stored)
+        .map_err(|e| e.to_string())?
+        .is_stored()
+    {
+        return Err("the noise stream is not stored".into());
+    }
+    let mut bad = good.clone();
+    let k = good.len() - 9;
+    bad[k] ^= 0x20;
+    let base: Vec<f32> = (0..n).map(|i| (i % 29) as f32 - 14.0).collect();
+    let s = gpu.stream().clone();
+    let e = |e: cudarc::driver::DriverError| format!("{e:?}");
+    let d_base = htod(gpu, &base)?;
+    // the guess: the codec of the last blocked stream decoded
+    let mut d_out = s.alloc_zeros::<f32>(n).map_err(e)?;
+    let d_good = htod(gpu, &good)?;
+    gpu.decompress_device(&d_good.as_view(), &mut d_out.as_view_mut())
+        .map_err(|e| format!("decompress_device: {e}"))?;
+    // 20 calls (> the 16 slots): good ones added (every third tracked) or decoded, a stored
+    // and a corrupted stream among them
+    let kinds: Vec<&str> = (0..20)
+        .map(|j| match j {
+            5 => "stored",
+            11 => "corrupted",
+            j if j % 2 == 0 => "add",
+            _ => "decode",
+        })
+        .collect();
+    let streams = [&good, &stored, &bad];
+    let d_streams: Vec<_> = streams
+        .iter()
+        .map(|x| htod(gpu, x))
+        .collect::<Result<_, _>>()?;
+    let mut outs = Vec::new();
+    let mut ranges = Vec::new();
+    let mut calls = Vec::new();
+    for (j, kind) in kinds.iter().enumerate() {
+        let which = match *kind {
+            "stored" => 1,
+            "corrupted" => 2,
+            _ => 0,
+        };
+        let mut o = s.clone_htod(&vec![f32::NAN; n]).map_err(e)?;
+        let st = d_streams[which].as_view();
+        let tracked = j % 3 == 0 && *kind != "decode";
+        let mut range = super::DeviceRange::new(&s).map_err(|e| e.to_string())?;
+        let r = if *kind == "decode" {
+            gpu.decompress_device_queued(&st, &mut o.as_view_mut(), codec)
+        } else {
+            let track = tracked.then_some(&mut range);
+            gpu.decompress_add_to_device_queued(
+                &st,
+                &d_base.as_view(),
+                &mut o.as_view_mut(),
+                track,
+                codec,
+            )
+        };
+        calls.push(r);
+        outs.push(o);
+        ranges.push((tracked, range));
+    }
+    let mut queued_any = false;
+    for (j, r) in calls.into_iter().enumerate() {
+        let kind = kinds[j];
+        // Some(tracked): decoded; None: the guess was wrong, nothing written
+        let settled = match r {
+            Ok(Decode::Queued(q)) => {
+                queued_any = true;
+                gpu.settle::<f32>(q)
+            }
+            Ok(Decode::Done { tracked }) => Ok(Some(tracked)),
+            Err(e) => Err(e),
+        };
+        let got = s.clone_dtoh(&outs[j]).map_err(e)?;
+        match (kind, settled) {
+            ("corrupted", Err(_)) => {}
+            ("corrupted", r) => return Err(format!("call {j}: a corrupted stream gave {r:?}")),
+            ("stored", Ok(None)) => {
+                if got.iter().any(|v| !v.is_nan()) {
+                    return Err(format!("call {j}: a wrong guess wrote values"));
+                }
+            }
+            ("stored", Ok(Some(_))) => {
+                // ran the waiting way (no free slot): the exact values added
+                let want = noise.iter().zip(&base).map(|(x, b)| b + x);
+                if want.zip(&got).any(|(w, g)| w.to_bits() != g.to_bits()) {
+                    return Err(format!("call {j}: stored stream added wrongly"));
+                }
+            }
+            (_, Ok(Some(tracked))) => {
+                let want: Vec<f32> = if kind == "decode" {
+                    back.clone()
+                } else {
+                    back.iter().zip(&base).map(|(x, b)| b + x).collect()
+                };
+                if want
+                    .iter()
+                    .zip(&got)
+                    .any(|(w, g)| w.to_bits() != g.to_bits())
+                {
+                    return Err(format!("call {j} ({kind}): values differ"));
+                }
+                let (asked, range) = &mut ranges[j];
+                if tracked != *asked && kind != "decode" {
+                    return Err(format!("call {j}: tracked {tracked}, asked {asked}"));
+                }
+                if tracked {
+                    let got = range.read(&s).map_err(|e| e.to_string())?;
+                    if !same_range(got, crate::quant::finite_range(&base)) {
+                        return Err(format!("call {j}: range {got:?}"));
+                    }
+                }
+            }
+            (_, r) => return Err(format!("call {j} ({kind}): {r:?}")),
+        }
+    }
+    if !queued_any {
+        return Err("nothing was queued".into());
+    }
+    Ok(())
+}

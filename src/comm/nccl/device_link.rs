@@ -215,6 +215,10 @@ impl DeviceTransport for NcclLink<'_> {
         self.host_transport()
     }
 
+    fn queue_decodes(&self) -> bool {
+        true
+    }
+
     // the transfer queued on the NCCL stream (see the module docs)
     fn sendrecv_device(
         &self,

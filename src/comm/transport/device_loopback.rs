@@ -39,6 +39,8 @@ pub struct DeviceLoopback {
     fabric: Arc<DeviceFabric>,
     /// [`DeviceTransport::piece_bytes`].
     piece_bytes: usize,
+    /// [`DeviceTransport::queue_decodes`].
+    queue_decodes: bool,
 }
 
 impl std::fmt::Debug for DeviceLoopback {
@@ -68,6 +70,7 @@ impl DeviceLoopback {
                 host,
                 fabric: fabric.clone(),
                 piece_bytes: usize::MAX,
+                queue_decodes: true,
             })
             .collect()
     }
@@ -79,6 +82,14 @@ impl DeviceLoopback {
     /// (NCCL) on one GPU.
     pub fn with_piece_bytes(mut self, bytes: usize) -> Self {
         self.piece_bytes = bytes.max(1);
+        self
+    }
+
+    /// This rank with the device algorithms waiting for every decompression they launch
+    /// (`false`; as over the staged MPI link) instead of queueing them (the default, as over
+    /// NCCL): the two must give the same results, bit for bit.
+    pub fn with_queued_decodes(mut self, queue: bool) -> Self {
+        self.queue_decodes = queue;
         self
     }
 
@@ -219,6 +230,10 @@ impl Transport for DeviceLoopback {
 impl DeviceTransport for DeviceLoopback {
     fn piece_bytes(&self) -> usize {
         self.piece_bytes
+    }
+
+    fn queue_decodes(&self) -> bool {
+        self.queue_decodes
     }
 
     fn host(&self) -> &dyn Transport {

@@ -464,6 +464,15 @@ pub trait DeviceTransport {
         usize::MAX
     }
 
+    /// Whether the device algorithms over this link may queue their decompressions and judge
+    /// them at their next wait (a piece then costs the host one wait, for its compressed
+    /// length, instead of one per kernel). `false` (the default) keeps every codec call
+    /// waited for and its time exact, for a link that reports per-stage codec times (the
+    /// staged MPI link).
+    fn queue_decodes(&self) -> bool {
+        false
+    }
+
     /// Give a received message's buffer back once nothing reads it any more (the work reading it
     /// has completed), so later messages reuse it instead of allocating. Default: drop it.
     fn recycle(&self, bytes: DeviceBytes) {
