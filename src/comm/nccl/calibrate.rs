@@ -9,7 +9,8 @@ impl NcclComm {
     /// Measure raw NCCL allreduce, allgather, pairwise exchange and one-way transfers at
     /// [`CALIBRATION_SIZES`] (the communicators' one link calibration, `comm::link_calibrate`:
     /// a barrier before every transfer, warm-ups, the median, the slowest rank; the [`Curve`]s
-    /// of the profile), the device codecs on a Gaussian random field (`noa:1e-3`, 64 MiB f32:
+    /// of the profile), the device codecs on a Gaussian random field (`noa:1e-3`, 256 MiB f32
+    /// ([`CODEC_FIELD_VALUES`]):
     /// the policy's codec, whose fixed per-call costs the profile keeps, and every other GPU
     /// codec that works on every rank, [`Profile::gpu_codecs`], among which `Policy::Auto`
     /// chooses per message) and the per-piece host overhead; every rank adopts rank 0's
@@ -83,6 +84,7 @@ impl NcclComm {
             prof.piece_overhead = (self.wtime() - t1) / reps as f64;
         }
         if self.codec_on_all_ranks() {
+            let big = CODEC_FIELD_VALUES;
             let field = self.gaussian_field::<f32>(big, 32.0, 0.0, 7 + r as u64)?;
             let bound = self.piece_bound(&field.as_view())?;
             let preferred = self.config.policy.codec().unwrap_or_default();
@@ -154,6 +156,12 @@ impl NcclComm {
         Ok(&self.profile)
     }
 }
+
+/// Values of the f32 field the codec calls are calibrated on (256 MiB): several times any
+/// GPU's L2 cache (50 MB on an H100, 60 MB on an H200), so that repeated calls read it from
+/// DRAM as the large messages they predict do (a field that stays in L2 between calls times
+/// them faster than such messages run).
+pub const CODEC_FIELD_VALUES: usize = 64 << 20;
 
 /// Message sizes (bytes per rank) at which [`NcclComm::calibrate`] times the raw NCCL links.
 pub const CALIBRATION_SIZES: &[usize] = &[

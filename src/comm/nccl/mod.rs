@@ -129,7 +129,7 @@ mod shared;
 mod tests;
 
 use agreement::*;
-pub use calibrate::CALIBRATION_SIZES;
+pub use calibrate::{CALIBRATION_SIZES, CODEC_FIELD_VALUES};
 pub use comm::NcclComm;
 pub use config::NcclConfig;
 use p2p::*;
