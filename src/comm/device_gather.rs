@@ -42,7 +42,7 @@ use super::ring;
 use super::transport::{DeviceBytes, DeviceTransport};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuCodec, GpuElement};
+use crate::gpu::{Decode, GpuCodec, GpuElement};
 use crate::quant::ErrorBound;
 
 fn gpu_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -211,24 +211,55 @@ fn gather<T: GpuElement>(
             unreachable!("a rank that compressed has its scratch")
         };
         let started = std::time::Instant::now();
-        for ((c, part), all) in parts.iter().enumerate().zip(&gathered) {
-            for (k, m) in all.iter().enumerate() {
+        // the stream of piece `c` from rank `k` (this rank's own in the scratch)
+        let source = |c: usize, k: usize| -> Result<CudaView<'_, u8>> {
+            match &gathered[c][k] {
+                Some(m) => m.wait_ready(&stream).map(|()| m.view()),
+                None => Ok(b.slice(c * region..c * region + lens[c])),
+            }
+        };
+        // queued where the link allows it (one wait for them all), each settled after the last
+        let expected = (codec, bound.mode());
+        let mut queued = Vec::new();
+        for (c, part) in parts.iter().enumerate() {
+            for k in 0..p {
                 let mut seg = out.slice_mut(k * n + part.start..k * n + part.end);
-                let r = match m {
-                    Some(m) => m
-                        .wait_ready(&stream)
-                        .and_then(|()| gpu.decompress_device(&m.view(), &mut seg)),
-                    None => {
-                        let at = c * region;
-                        gpu.decompress_device(&b.slice(at..at + lens[c]), &mut seg)
+                let r = source(c, k).and_then(|src| {
+                    if t.queue_decodes() {
+                        gpu.decompress_device_queued(&src, &mut seg, expected)
+                    } else {
+                        gpu.decompress_device(&src, &mut seg)
+                            .map(|()| Decode::Done { tracked: false })
                     }
-                };
-                if r.is_err() {
-                    break 'decode r;
+                });
+                match r {
+                    Ok(Decode::Queued(q)) => queued.push((c, k, q)),
+                    Ok(Decode::Done { .. }) => {}
+                    Err(e) => {
+                        if !queued.is_empty() {
+                            let _ = gpu.settle_all();
+                        }
+                        break 'decode Err(e);
+                    }
                 }
             }
         }
-        let synced = stream.synchronize().map_err(gpu_err("sync"));
+        let mut settled = Ok(());
+        for (c, k, q) in queued {
+            let r = gpu.settle::<T>(q).and_then(|ran| match ran {
+                Some(_) => Ok(()),
+                // not the stream expected (a stored one): decoded the waiting way
+                None => {
+                    let part = &parts[c];
+                    let mut seg = out.slice_mut(k * n + part.start..k * n + part.end);
+                    source(c, k).and_then(|src| gpu.decompress_device(&src, &mut seg))
+                }
+            });
+            if settled.is_ok() {
+                settled = r;
+            }
+        }
+        let synced = settled.and_then(|()| stream.synchronize().map_err(gpu_err("sync")));
         times.decompress_s = started.elapsed().as_secs_f64();
         synced
     };

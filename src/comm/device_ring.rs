@@ -53,6 +53,7 @@ use super::transport::{DeviceBytes, DeviceTransport};
 use super::{partition, Decision, OpStats, OP_ALLREDUCE, OP_ALLREDUCE_MEAN, OP_REDUCE_SCATTER};
 use crate::codec::CodecKind;
 use crate::error::{Error, Result};
+use crate::format::BoundMode;
 use crate::gpu::{Decode, DeviceRange, GpuCodec, GpuElement, QueuedDecode};
 use crate::quant::ErrorBound;
 
@@ -381,7 +382,8 @@ struct DevicePlace<'a, T: GpuElement> {
     range: Option<DeviceRange>,
     /// Which input parts `range` covers.
     covered: Vec<bool>,
-    /// The ring's codec (what every received part holds, unless stored).
+    /// The ring's codec: every part it sends is a stream of it under an absolute bound
+    /// (unless stored).
     codec: CodecKind,
     /// The divisor each part's partial sum was last scaled by since its accumulation (1: none),
     /// for a queued accumulation that is done again when it is settled.
@@ -690,7 +692,7 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             &base,
             &mut acc,
             track,
-            self.codec,
+            (self.codec, BoundMode::Abs),
         );
         self.decompress_s += t.elapsed().as_secs_f64();
         self.touched[seg] = r.is_ok();
@@ -881,9 +883,9 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             }
         };
         let t = std::time::Instant::now();
-        let r =
-            self.gpu
-                .decompress_device_queued(&stream, &mut self.out.slice_mut(range), self.codec);
+        let expected = (self.codec, BoundMode::Abs);
+        let out = &mut self.out.slice_mut(range);
+        let r = self.gpu.decompress_device_queued(&stream, out, expected);
         self.decompress_s += t.elapsed().as_secs_f64();
         if let Decode::Queued(decode) = r? {
             self.pending.push(Pending {

@@ -3,9 +3,10 @@
 //! its compression, whose stream length the host must read): the host then waits once per
 //! piece instead of once per kernel. Only the guessing launch can be queued (the decoder reads
 //! its parameters from the stream's header on the device, `zc_decompress_hdr` and the
-//! accumulating `zc_decompress_add_hdr` / `zc_decompress_add_track_hdr`), so nothing waits for
-//! the header either; each queued launch writes its result into its own slot of the host-mapped
-//! result words, and [`GpuCodec::settle`] judges it exactly as the waiting call would have.
+//! accumulating `zc_decompress_add_hdr` / `zc_decompress_add_track_hdr`, for the codec and
+//! bound mode the caller expects), so nothing waits for the header either; each queued launch
+//! writes its result into its own slot of the host-mapped result words, and
+//! [`GpuCodec::settle`] judges it exactly as the waiting call would have.
 //!
 //! A caller must not read what a queued decode writes before settling it, except on the
 //! codec's stream (where the kernels are ordered), and must settle it before the stream it
@@ -49,9 +50,9 @@ pub(crate) struct QueuedDecode {
 
 impl GpuCodec {
     /// [`GpuCodec::decompress_add_to_device_tracking`] (`track` given) or
-    /// [`GpuCodec::decompress_add_to_device`], queued without waiting when the stream is
-    /// expected to be a compressed `codec` stream of the dtype, codec and mode of the last
-    /// blocked stream decoded; otherwise run the waiting way. `out` and (tracking) `track`
+    /// [`GpuCodec::decompress_add_to_device`], queued without waiting for a stream the caller
+    /// expects to be a compressed stream of `codec` under a bound of mode `mode` (a blocked
+    /// codec other than pfpl); otherwise run the waiting way. `out` and (tracking) `track`
     /// hold their results only once the queued decode is settled.
     pub(crate) fn decompress_add_to_device_queued<T: GpuElement>(
         &mut self,
@@ -59,7 +60,7 @@ impl GpuCodec {
         base: &CudaView<'_, T>,
         out: &mut CudaViewMut<'_, T>,
         mut track: Option<&mut DeviceRange>,
-        codec: CodecKind,
+        expected: (CodecKind, BoundMode),
     ) -> Result<Decode> {
         if base.len() == out.len() {
             let s = self.stream.clone();
@@ -69,7 +70,7 @@ impl GpuCodec {
                 None => Onto::Base(bp),
             };
             if bp % (T::SIZE as u64) == 0 {
-                if let Some(q) = self.queue_decode::<T>(stream, out, codec, onto)? {
+                if let Some(q) = self.queue_decode::<T>(stream, out, expected, onto)? {
                     return Ok(Decode::Queued(q));
                 }
             }
@@ -90,33 +91,30 @@ impl GpuCodec {
         &mut self,
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
-        codec: CodecKind,
+        expected: (CodecKind, BoundMode),
     ) -> Result<Decode> {
-        if let Some(q) = self.queue_decode::<T>(stream, out, codec, Onto::Nothing)? {
+        if let Some(q) = self.queue_decode::<T>(stream, out, expected, Onto::Nothing)? {
             return Ok(Decode::Queued(q));
         }
         self.decompress_device(stream, out)?;
         Ok(Decode::Done { tracked: false })
     }
 
-    /// Queue the guessing decoder of `codec` (the one of the decode guess) for `stream` into
-    /// `out` (`onto`: what it adds to); `None` when it cannot be queued.
+    /// Queue the guessing decoder of the expected codec and mode for `stream` into `out`
+    /// (`onto`: what it adds to); `None` when it cannot be queued (no guessing kernel, no free
+    /// result slot).
     fn queue_decode<T: GpuElement>(
         &mut self,
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
-        codec: CodecKind,
+        (codec, mode): (CodecKind, BoundMode),
         onto: Onto,
     ) -> Result<Option<QueuedDecode>> {
-        let Some((dtype, guess, mode)) = self.decode_guess else {
-            return Ok(None);
-        };
         let tracking = matches!(onto, Onto::Tracking(..));
-        if dtype != T::DTYPE
-            || guess != codec
-            || codec == CodecKind::Pfpl
-            || (tracking && mode == BoundMode::Rel)
-        {
+        if !matches!(
+            codec,
+            CodecKind::Aatrox | CodecKind::CuszpPlain | CodecKind::CuszpOutlier
+        ) {
             return Ok(None);
         }
         let next = self.seq.wrapping_add(1);

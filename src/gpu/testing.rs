@@ -457,11 +457,6 @@ pub fn check_queued_decodes(
     let s = gpu.stream().clone();
     let e = |e: cudarc::driver::DriverError| format!("{e:?}");
     let d_base = htod(gpu, &base)?;
-    // the guess: the codec of the last blocked stream decoded
-    let mut d_out = s.alloc_zeros::<f32>(n).map_err(e)?;
-    let d_good = htod(gpu, &good)?;
-    gpu.decompress_device(&d_good.as_view(), &mut d_out.as_view_mut())
-        .map_err(|e| format!("decompress_device: {e}"))?;
     // 20 calls (> the 16 slots): good ones added (every third tracked) or decoded, a stored
     // and a corrupted stream among them
     let kinds: Vec<&str> = (0..20)
@@ -490,17 +485,13 @@ pub fn check_queued_decodes(
         let st = d_streams[which].as_view();
         let tracked = j % 3 == 0 && *kind != "decode";
         let mut range = super::DeviceRange::new(&s).map_err(|e| e.to_string())?;
+        let expected = (codec, bound.mode());
         let r = if *kind == "decode" {
-            gpu.decompress_device_queued(&st, &mut o.as_view_mut(), codec)
+            gpu.decompress_device_queued(&st, &mut o.as_view_mut(), expected)
         } else {
             let track = tracked.then_some(&mut range);
-            gpu.decompress_add_to_device_queued(
-                &st,
-                &d_base.as_view(),
-                &mut o.as_view_mut(),
-                track,
-                codec,
-            )
+            let base = d_base.as_view();
+            gpu.decompress_add_to_device_queued(&st, &base, &mut o.as_view_mut(), track, expected)
         };
         calls.push(r);
         outs.push(o);
