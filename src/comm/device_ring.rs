@@ -402,6 +402,21 @@ struct Pending {
     accumulation: bool,
 }
 
+/// [`partial`], to write.
+fn partial_mut<'b, T>(
+    out: &'b mut CudaViewMut<'_, T>,
+    tmp: &'b mut Option<CudaSlice<T>>,
+    slot: Slot,
+) -> Result<CudaViewMut<'b, T>> {
+    match slot {
+        Slot::Out(r) => Ok(out.slice_mut(r)),
+        Slot::Tmp(r) => match tmp {
+            Some(b) => Ok(b.slice_mut(r)),
+            None => Err(Error::Comm("ring: no partial-sum buffer".into())),
+        },
+    }
+}
+
 impl<T: GpuElement> Drop for DevicePlace<'_, T> {
     /// A ring that stopped early (an error) may leave queued kernels reading buffers its
     /// caller is about to free or reuse: wait for them.
@@ -523,13 +538,8 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
         let range = self.parts[seg].clone();
         let stream = received(m)?;
         stream.wait_ready(self.gpu.stream())?;
-        let mut acc = match self.slot(seg) {
-            Slot::Out(r) => self.out.slice_mut(r),
-            Slot::Tmp(r) => match self.tmp.as_mut() {
-                Some(b) => b.slice_mut(r),
-                None => return Err(Error::Comm("ring: no partial-sum buffer".into())),
-            },
-        };
+        let slot = self.slot(seg);
+        let mut acc = partial_mut(&mut self.out, &mut self.tmp, slot)?;
         let t = std::time::Instant::now();
         let r = if self.touched[seg] {
             self.gpu.decompress_add_device(&stream.view(), &mut acc)
@@ -554,13 +564,8 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
     /// [`RingPlace::decode_into_output`] waited for.
     fn decode_now(&mut self, seg: usize, m: &DeviceMsg) -> Result<()> {
         let range = self.parts[seg].clone();
-        let stream = match m {
-            DeviceMsg::Scratch { at, len } => self.scratch.slice(*at..*at + *len),
-            DeviceMsg::Received(b) => {
-                b.wait_ready(self.gpu.stream())?;
-                b.view()
-            }
-        };
+        let codec_stream = self.gpu.stream().clone();
+        let stream = ready_view(self.scratch, &codec_stream, m)?;
         let t = std::time::Instant::now();
         let r = self
             .gpu
@@ -605,6 +610,22 @@ impl<'a, T: GpuElement + Real> DevicePlace<'a, T> {
             DeviceMsg::Received(s) => s.view(),
         }
     }
+}
+
+/// The bytes of `m` (this rank's own in `scratch`), for `codec_stream` to read: a received
+/// message's once its transfer has completed on that stream.
+fn ready_view<'b>(
+    scratch: &'b CudaSlice<u8>,
+    codec_stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    m: &'b DeviceMsg,
+) -> Result<CudaView<'b, u8>> {
+    Ok(match m {
+        DeviceMsg::Scratch { at, len } => scratch.slice(*at..*at + *len),
+        DeviceMsg::Received(b) => {
+            b.wait_ready(codec_stream)?;
+            b.view()
+        }
+    })
 }
 
 /// The bytes of a message this rank received (only received partial sums are accumulated).
@@ -674,13 +695,8 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
         let range = self.parts[seg].clone();
         let stream = received(m)?;
         stream.wait_ready(self.gpu.stream())?;
-        let mut acc = match self.slot(seg) {
-            Slot::Out(r) => self.out.slice_mut(r),
-            Slot::Tmp(r) => match self.tmp.as_mut() {
-                Some(b) => b.slice_mut(r),
-                None => return Err(Error::Comm("ring: no partial-sum buffer".into())),
-            },
-        };
+        let slot = self.slot(seg);
+        let mut acc = partial_mut(&mut self.out, &mut self.tmp, slot)?;
         let base = self.input.slice(range);
         let track = match &mut self.range {
             Some(rng) if !self.covered[seg] => Some(rng),
@@ -875,13 +891,8 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
             return self.decode_now(seg, m);
         }
         let range = self.parts[seg].clone();
-        let stream = match m {
-            DeviceMsg::Scratch { at, len } => self.scratch.slice(*at..*at + *len),
-            DeviceMsg::Received(b) => {
-                b.wait_ready(self.gpu.stream())?;
-                b.view()
-            }
-        };
+        let codec_stream = self.gpu.stream().clone();
+        let stream = ready_view(self.scratch, &codec_stream, m)?;
         let t = std::time::Instant::now();
         let expected = (self.codec, BoundMode::Abs);
         let out = &mut self.out.slice_mut(range);

@@ -212,7 +212,7 @@ impl GpuCodec {
             }
             _ => Onto::Base(base_ptr),
         };
-        let ran = self.decompress_speculative::<T>(stream, out, codec, mode, onto)?;
+        let ran = self.decompress_speculative::<T>(stream, out, (codec, mode), onto)?;
         Ok(ran.then_some(matches!(onto, Onto::Tracking(..))))
     }
 

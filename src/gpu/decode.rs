@@ -196,7 +196,7 @@ impl GpuCodec {
         if let Some((dtype, codec, mode)) = self.decode_guess {
             // not the assumed header (or a stream to judge the ordinary way): start over below
             if dtype == T::DTYPE
-                && self.decompress_speculative::<T>(stream, out, codec, mode, Onto::Nothing)?
+                && self.decompress_speculative::<T>(stream, out, (codec, mode), Onto::Nothing)?
             {
                 return Ok(());
             }
@@ -329,12 +329,11 @@ impl GpuCodec {
         &mut self,
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
-        codec: CodecKind,
-        mode: BoundMode,
+        guess: (CodecKind, BoundMode),
         onto: Onto,
     ) -> Result<bool> {
         self.record(2)?;
-        let Some(seq) = self.launch_guessing::<T>(stream, out, codec, mode, onto, 0)? else {
+        let Some(seq) = self.launch_guessing::<T>(stream, out, guess, onto, 0)? else {
             return Ok(false);
         };
         self.record(3)?;
@@ -347,7 +346,7 @@ impl GpuCodec {
         judge_guessed::<T>(&self.res, stream.len(), out.len())
     }
 
-    /// Launch the guessing decoder of `codec` and `mode` (reading its parameters from the
+    /// Launch the guessing decoder of the codec and bound mode `guess` (reading its parameters from the
     /// stream's header on the device; `onto`: what it adds its values to) for `stream` into
     /// `out`, its result into result slot `slot`; returns the launch's `seq`, or `None`
     /// (nothing launched) where no guessing kernel applies: pfpl, range tracking of a `rel`
@@ -356,8 +355,7 @@ impl GpuCodec {
         &mut self,
         stream: &CudaView<'_, u8>,
         out: &mut CudaViewMut<'_, T>,
-        codec: CodecKind,
-        mode: BoundMode,
+        (codec, mode): (CodecKind, BoundMode),
         onto: Onto,
         slot: usize,
     ) -> Result<Option<u64>> {

@@ -121,7 +121,8 @@ impl GpuCodec {
         if self.queued.iter().any(|&q| slot_of(q) == slot_of(next)) {
             return Ok(None); // every slot is taken
         }
-        let Some(seq) = self.launch_guessing::<T>(stream, out, codec, mode, onto, slot_of(next))?
+        let Some(seq) =
+            self.launch_guessing::<T>(stream, out, (codec, mode), onto, slot_of(next))?
         else {
             return Ok(None);
         };
