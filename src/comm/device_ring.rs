@@ -736,7 +736,11 @@ impl<T: GpuElement + Real> RingPlace for DevicePlace<'_, T> {
     ) -> Result<Option<DeviceMsg>> {
         self.accumulate(seg, m)?;
         if divisor != 1.0 {
-            self.scale(seg, divisor)?;
+            if let Err(e) = self.scale(seg, divisor) {
+                // nothing returns while a queued kernel may still read `m`
+                let _ = self.settle_part(seg, m);
+                return Err(e);
+            }
         }
         let encode = |place: &mut Self| match next {
             Some(n) if n.is_final => place
