@@ -53,8 +53,9 @@ check "cargo test --release --workspace --all-features" \
 check "cargo test --release --no-default-features" \
     cargo test --release --no-default-features --no-fail-fast \
     --target-dir "${CARGO_TARGET_DIR:-target}/no-default"
-check "cargo doc --no-deps --all-features" \
-    cargo doc --no-deps --all-features
+# a broken or private intra-doc link is an error, as clippy's warnings are
+check "cargo doc --no-deps --all-features (warnings denied)" \
+    env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 if [ -f mpi-tests/run.sh ]; then
     check "mpi-tests/run.sh (mpirun -n 1, 2, 3, 4, 8)" bash mpi-tests/run.sh --all-features
 else

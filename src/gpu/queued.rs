@@ -30,8 +30,8 @@ fn slot_of(seq: u64) -> usize {
 /// [`GpuCodec::decompress_device_queued`] went.
 #[derive(Debug)]
 pub(crate) enum Decode {
-    /// It ran the waiting way and succeeded (no guess to launch with, no free slot, or a
-    /// stream the guessing kernels do not take); `tracked` as
+    /// It ran the waiting way and succeeded (a codec without a guessing kernel, no free
+    /// slot, or buffers the guessing kernels do not take); `tracked` as
     /// [`GpuCodec::decompress_add_to_device_tracking`] returns it.
     Done { tracked: bool },
     /// It is queued: [`GpuCodec::settle`] tells how it went.
@@ -51,8 +51,8 @@ pub(crate) struct QueuedDecode {
 impl GpuCodec {
     /// [`GpuCodec::decompress_add_to_device_tracking`] (`track` given) or
     /// [`GpuCodec::decompress_add_to_device`], queued without waiting for a stream the caller
-    /// expects to be a compressed stream of `codec` under a bound of mode `mode` (a blocked
-    /// codec other than pfpl); otherwise run the waiting way. `out` and (tracking) `track`
+    /// expects to be a compressed stream of the codec and bound mode `expected` (aatrox,
+    /// cuszp-plain or cuszp-outlier); otherwise run the waiting way. `out` and (tracking) `track`
     /// hold their results only once the queued decode is settled.
     pub(crate) fn decompress_add_to_device_queued<T: GpuElement>(
         &mut self,

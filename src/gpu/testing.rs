@@ -422,8 +422,8 @@ pub fn check_compress_reconstruct<T: GpuElement>(
     Ok(Some(la))
 }
 
-/// Decodes queued without waiting ([`GpuCodec::decompress_add_to_device_queued`],
-/// [`GpuCodec::decompress_device_queued`]), more of them at once than there are result slots,
+/// Decodes queued without waiting (the crate's `GpuCodec::decompress_add_to_device_queued`
+/// and `decompress_device_queued`), more of them at once than there are result slots,
 /// then each settled: every one whose stream is a compressed `codec` stream equals the waiting
 /// call's result bit for bit (sums, decoded values, and the base's range where tracked); a
 /// stored stream (the guess is wrong) is reported as not decoded with nothing written; a
