@@ -73,16 +73,26 @@ impl GpuCodec {
         g: DecodeGeometry,
         tail: &[*mut c_void],
     ) -> Result<Option<u64>> {
+        let res = self.waited(|gpu| gpu.queue_blocked_decoder(f, g, tail, 0).map(Some))?;
+        Ok(res.filter(|r| r[R_ERR] & E_GUESS == 0).map(|r| r[R_ERR]))
+    }
+
+    /// Run `launch` (a blocked decoder launch into result slot 0, `None` when it launched
+    /// nothing), timed between events 2 and 3, and wait for it: the slot's result words, or
+    /// `None` when nothing ran or the launch's last block did not record its `seq`.
+    fn waited(
+        &mut self,
+        launch: impl FnOnce(&mut Self) -> Result<Option<u64>>,
+    ) -> Result<Option<[u64; RES_WORDS]>> {
         self.record(2)?;
-        let seq = self.queue_blocked_decoder(f, g, tail, 0)?;
+        let Some(seq) = launch(self)? else {
+            return Ok(None);
+        };
         self.record(3)?;
         self.stream.synchronize().map_err(gpu_err("sync"))?;
         self.last_times.main_ms = self.elapsed(2, 3)?;
-        self.res = self.result_words(0);
-        if self.res[R_SEQ] != seq || self.res[R_ERR] & E_GUESS != 0 {
-            return Ok(None);
-        }
-        Ok(Some(self.res[R_ERR]))
+        let res = self.result_words(0);
+        Ok((res[R_SEQ] == seq).then_some(res))
     }
 
     /// Queue a blocked-codec decoder launch (`f`, the stream `g`, the kernel's own parameters
@@ -332,18 +342,11 @@ impl GpuCodec {
         guess: (CodecKind, BoundMode),
         onto: Onto,
     ) -> Result<bool> {
-        self.record(2)?;
-        let Some(seq) = self.launch_guessing::<T>(stream, out, guess, onto, 0)? else {
-            return Ok(false);
-        };
-        self.record(3)?;
-        self.stream.synchronize().map_err(gpu_err("sync"))?;
-        self.last_times.main_ms = self.elapsed(2, 3)?;
-        self.res = self.result_words(0);
-        if self.res[R_SEQ] != seq {
-            return Ok(false);
+        let (len, n) = (stream.len(), out.len());
+        match self.waited(|gpu| gpu.launch_guessing::<T>(stream, out, guess, onto, 0))? {
+            Some(res) => judge_guessed::<T>(&res, len, n),
+            None => Ok(false),
         }
-        judge_guessed::<T>(&self.res, stream.len(), out.len())
     }
 
     /// Launch the guessing decoder of the codec and bound mode `guess` (reading its parameters from the

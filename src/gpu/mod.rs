@@ -203,8 +203,6 @@ pub struct GpuCodec {
     /// Host-mapped page-locked words the blocked decoders write their result into (allocated at
     /// the first decompression), with their host and device addresses.
     mapped: Option<(PinnedHostSlice<u64>, usize, u64)>,
-    /// The result words of the last blocked-decoder launch, read from `mapped`.
-    res: [u64; RES_WORDS],
     host_ctrl: Vec<u64>,
     /// Pinned host words for the small transfers of every call (ctrl words, the 96-byte header,
     /// one value): pinned copies skip the driver's pageable staging.
@@ -333,7 +331,6 @@ impl GpuCodec {
             clean_status: 0,
             seq: 0,
             mapped: None,
-            res: [0; RES_WORDS],
             host_ctrl: vec![0; CTRL_WORDS],
             pinned: None,
             dev_in: None,
