@@ -14,6 +14,9 @@
 #define CZ_PROB_BITS 14
 #define CZ_PROB_SCALE (1u << CZ_PROB_BITS)
 #define CZ_RANS_L (1u << 23)
+// Interleaved rANS states per chunk of coder 2 (rans.rs `WAYS`; coder 1 has one): residual i of
+// a chunk is coded with state i mod ways, its `4 ways` state bytes first in the chunk's stream.
+#define CZ_RANS_WAYS 4
 #define CZ_RADIUS 511ll
 #define CZ_SYM_LOSSLESS 1023u
 #define CZ_SYM_BIG 1024u
@@ -195,30 +198,30 @@ __device__ __forceinline__ void cz_slot_symbol(u32 tb, u32 sl, const u8* rank, c
 extern __shared__ __align__(16) u8 cz_dyn[];
 
 // A chunk's checksum against its table entry's `sum_w`, and its rANS byte count `nb` (at least
-// the 4 state bytes, inside the chunk): the error bit, 0 when both hold.
-__device__ __forceinline__ u64 cz_chunk_check(const u8* c, u32 size, u32 sum_w, u32& nb) {
+// the state bytes of its `ways` states, inside the chunk): the error bit, 0 when both hold.
+__device__ __forceinline__ u64 cz_chunk_check(const u8* c, u32 size, u32 sum_w, u32 ways, u32& nb) {
     const u32* w = (const u32*)c;
     u32 sum = 0;
     for (u32 i = 0; i < size / 4; i++) sum += zhash_mix(w[i], i);
     if (zhash_final(sum, size / 4) != sum_w) return CZ_E_CHECKSUM;
     if (size < 8) return CZ_E_RANS;
     nb = *(const u32*)c;
-    if (nb < 4 || (u64)nb + 4 > size) return CZ_E_RANS;
+    if (nb < 4 * ways || (u64)nb + 4 > size) return CZ_E_RANS;
     return 0;
 }
 
 // The end of a chunk after its rANS symbols (rans.rs read_chunk's final checks, entropy.rs
-// read_chunk_tail): the final state is the encoder's initial one and the `nb` rANS bytes were
-// consumed exactly (`pos`); then the `nbig` big residuals after the `nraw` lossless values
+// read_chunk_tail): every final state is the encoder's initial one (`states_ok`) and the `nb`
+// rANS bytes were consumed exactly (`pos`); then the `nbig` big residuals after the `nraw` lossless values
 // (their positions in the chunk `bg`, their values into the chunk's residuals `rc`), then fewer
 // than 4 zero bytes of padding. Returns the error bit, 0 for a valid chunk.
 template <typename T>
 __device__ __forceinline__ u64 cz_rans_bigs(const u8* c, u32 size, u32 nb, u32 nraw, u32 nbig, const u32* bg,
                                             i64* rc);
 template <typename T>
-__device__ __forceinline__ u64 cz_rans_tail(const u8* c, u32 size, u32 nb, u32 x, u32 pos, u32 nraw, u32 nbig,
-                                            const u32* bg, i64* rc) {
-    if (x != CZ_RANS_L || pos != nb) return CZ_E_RANS;
+__device__ __forceinline__ u64 cz_rans_tail(const u8* c, u32 size, u32 nb, bool states_ok, u32 pos, u32 nraw,
+                                            u32 nbig, const u32* bg, i64* rc) {
+    if (!states_ok || pos != nb) return CZ_E_RANS;
     return cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
 }
 // cz_rans_tail after the state's checks: the big residuals and the padding.
@@ -250,8 +253,8 @@ __device__ __forceinline__ u64 cz_rans_bigs(const u8* c, u32 size, u32 nb, u32 n
 template <typename T>
 __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nchunks, const u8* g_pattern,
                         const u8* g_map, const unsigned short* g_sym, const u32* g_fc, const u8* g_rank,
-                        const u32* g_rfc, const unsigned short* g_rsym, u32 ntab, u32 nclass, u32 smem, i64* res,
-                        u8* raw, u32* bigs, u64* err) {
+                        const u32* g_rfc, const unsigned short* g_rsym, u32 ntab, u32 nclass, u32 smem, u32 ways,
+                        i64* res, u8* raw, u32* bigs, u64* err) {
     const u8* rank = g_rank;
     const u32* rfc = g_rfc;
     const unsigned short* rsym = g_rsym;
@@ -291,15 +294,20 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     i64 cnt = g.batch * g.vol - i0;
     if (cnt > CZ_CHUNK) cnt = CZ_CHUNK;
     u32 nb = 0;
-    u64 fail = cz_chunk_check(c, size, sum_w, nb);
+    u64 fail = cz_chunk_check(c, size, sum_w, ways, nb);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
         return;
     }
     const u8* bytes = c + 4;
-    u32 x = ((u32)bytes[0] << 24) | ((u32)bytes[1] << 16) | ((u32)bytes[2] << 8) | (u32)bytes[3];
-    u32 pos = 4;
+    // the states (residual j takes state j mod ways: a local array, this path being the rare
+    // shapes' one; cz_rans_chain4 keeps its states in registers)
+    u32 xs[CZ_RANS_WAYS];
+    for (u32 q = 0; q < ways; q++)
+        xs[q] = ((u32)bytes[4 * q] << 24) | ((u32)bytes[4 * q + 1] << 16) | ((u32)bytes[4 * q + 2] << 8) |
+                (u32)bytes[4 * q + 3];
+    u32 pos = 4 * ways;
     // where the chunk starts among the tiles: the tile (inverse of tile_offset) and the local
     // coordinates in it
     i64 tc[3], b, l[3], own[3];
@@ -311,6 +319,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     // the table of the next residual, looked up ahead of the state's dependency chain
     u32 tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     for (i64 j = 0; j < cnt; j++) {
+        u32& x = xs[j & (ways - 1)];
         u32 sl = x & mask;
         u32 s, fc;
         cz_slot_symbol(tb, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
@@ -346,7 +355,9 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
         cz_next_point(g, tc, b, l, own);
         if (j + 1 < cnt) tb = map[pattern[(l[0] * f1 + l[1]) * f2 + l[2]]];
     }
-    if (!fail) fail = cz_rans_tail<T>(c, size, nb, x, pos, nraw, nbig, bigs + i0, res + i0);
+    bool states_ok = true;
+    for (u32 q = 0; q < ways; q++) states_ok &= xs[q] == CZ_RANS_L;
+    if (!fail) fail = cz_rans_tail<T>(c, size, nb, states_ok, pos, nraw, nbig, bigs + i0, res + i0);
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
@@ -384,9 +395,59 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 // bytes, takes them without a loop: the count k = 1 + [x < L / 2^8], both bytes from the 8
 // bytes of `cur` and `nxt`; a smaller state (only from a corrupt initial state) takes the
 // byte-by-byte loop. Either way it fails exactly when cz_rans would run out of bytes.
-__device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
-                                             const u8* rank, const u32* rfc, const unsigned short* rsym,
-                                             const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
+// One decoder step of state `x` past the fast path below (any slot): its symbol `s` (`tp` the
+// top symbol of its position, else the tables), the state's update, then its renormalization from
+// the stream words (`w`, `nw` of them; `cur` the word of rANS byte `pos`, `nxt` the next).
+// Returns the error bit.
+__device__ __forceinline__ u64 cz_rans_step(u32& x, uint2 tp, const u8* rank, const u32* rfc,
+                                            const unsigned short* rsym, const unsigned short* g_sym, const u32* g_fc,
+                                            const u32* w, u32 nw, u32 nb, u32& pos, u32& cur, u32& nxt, u32& s) {
+    const u32 sl = x & (CZ_PROB_SCALE - 1);
+    const u32 f0 = tp.x >> 16;
+    const u32 d = sl - (tp.x & 0xFFFF);
+    if (d < f0) {
+        s = tp.y & 0xFFFF;
+        x = f0 * (x >> CZ_PROB_BITS) + d;
+    } else {
+        u32 tb = tp.y >> 16;
+        u32 fc;
+        cz_slot_symbol(tb, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+    }
+    if (x >= CZ_RANS_L) {
+        // (most symbols: no renormalization)
+    } else if (x >= (CZ_RANS_L >> 16)) {
+        u32 k = 1 + (x < (CZ_RANS_L >> 8));
+        if (pos + k > nb) return CZ_E_RANS;
+        u32 win = __funnelshift_r(cur, nxt, 8 * (pos & 3));
+        u32 two = (win & 0xFF) << 8 | ((win >> 8) & 0xFF);
+        x = k == 1 ? (x << 8) | (win & 0xFF) : (x << 16) | two;
+        u32 p2 = pos + k;
+        if ((p2 >> 2) != (pos >> 2)) {
+            cur = nxt;
+            u32 q = 2 + p2 / 4;
+            nxt = q < nw ? w[q] : 0;
+        }
+        pos = p2;
+    } else {
+        while (x < CZ_RANS_L) {
+            if (pos >= nb) return CZ_E_RANS;
+            x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
+            pos++;
+            if ((pos & 3) == 0) {
+                cur = nxt;
+                u32 q = 2 + pos / 4;
+                nxt = q < nw ? w[q] : 0;
+            }
+        }
+    }
+    return 0;
+}
+
+// A chunk of coder 1 (one state): one serial chain.
+__device__ __forceinline__ u64 cz_rans_chain1(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
+                                              const u8* rank, const u32* rfc, const unsigned short* rsym,
+                                              const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
     // chunk word k holds chunk bytes 4k..4k+3 (the first in its low byte); rANS byte p is chunk
     // byte 4 + p: `cur` is the word of byte `pos`, `nxt` the one after it (0 past the chunk)
     const u32* w = (const u32*)c;
@@ -416,53 +477,88 @@ __device__ __forceinline__ u64 cz_rans_chain(const u8* c, u32 size, u32 nb, u32 
             continue;
         }
         u32 s;
-        if (d < f0) {
-            s = tp.y & 0xFFFF;
-            x = xf;
-        } else {
-            u32 tb = tp.y >> 16;
-            u32 fc;
-            cz_slot_symbol(tb, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
-            x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
-        }
-        if (x >= CZ_RANS_L) {
-            // (most symbols: no renormalization)
-        } else if (x >= (CZ_RANS_L >> 16)) {
-            u32 k = 1 + (x < (CZ_RANS_L >> 8));
-            if (pos + k > nb) return CZ_E_RANS;
-            u32 win = __funnelshift_r(cur, nxt, 8 * (pos & 3));
-            u32 two = (win & 0xFF) << 8 | ((win >> 8) & 0xFF);
-            x = k == 1 ? (x << 8) | (win & 0xFF) : (x << 16) | two;
-            u32 p2 = pos + k;
-            if ((p2 >> 2) != (pos >> 2)) {
-                cur = nxt;
-                u32 q = 2 + p2 / 4;
-                nxt = q < nw ? w[q] : 0;
-            }
-            pos = p2;
-        } else {
-            while (x < CZ_RANS_L) {
-                if (pos >= nb) return CZ_E_RANS;
-                x = (x << 8) | ((cur >> (8 * (pos & 3))) & 0xFF);
-                pos++;
-                if ((pos & 3) == 0) {
-                    cur = nxt;
-                    u32 q = 2 + pos / 4;
-                    nxt = q < nw ? w[q] : 0;
-                }
-            }
-        }
+        if (u64 f = cz_rans_step(x, tp, rank, rfc, rsym, g_sym, g_fc, w, nw, nb, pos, cur, nxt, s)) return f;
         sy[j] = (unsigned short)s;
         tp = tn;
     }
     return x != CZ_RANS_L || pos != nb ? CZ_E_RANS : 0;
 }
 
+// A chunk of coder 2 (CZ_RANS_WAYS = 4 interleaved states): four residuals at a time, one per
+// state, so the four state updates are independent. When all four take the fast path (top
+// symbol, no renormalization: no byte read) they are computed side by side and stored as one
+// 8-byte word; otherwise the four steps run in order (renormalizations read the bytes in
+// residual order).
+__device__ __forceinline__ u64 cz_rans_chain4(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
+                                              const u8* rank, const u32* rfc, const unsigned short* rsym,
+                                              const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
+    const u32* w = (const u32*)c;
+    const u32 nw = size / 4;
+    u32 x[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) x[q] = __byte_perm(w[1 + q], 0, 0x0123);
+    // (as cz_rans_chain1, past the 16 state bytes)
+    u32 pos = 16;
+    u32 cur = 5 < nw ? w[5] : 0;
+    u32 nxt = 6 < nw ? w[6] : 0;
+    const u32 mask = CZ_PROB_SCALE - 1;
+    uint2 tp[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        tp[q] = top[l];
+        l = l + 1 == ts ? 0 : l + 1;
+    }
+    u32 j = 0;
+    for (; j + 4 <= cnt; j += 4) {
+        uint2 tn[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            tn[q] = top[l];
+            l = l + 1 == ts ? 0 : l + 1;
+        }
+        u32 xf[4];
+        bool fast = true;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const u32 f0 = tp[q].x >> 16;
+            const u32 d = (x[q] & mask) - (tp[q].x & 0xFFFF);
+            xf[q] = f0 * (x[q] >> CZ_PROB_BITS) + d;
+            fast &= d < f0 && xf[q] >= CZ_RANS_L;
+        }
+        if (__builtin_expect(fast, 1)) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) x[q] = xf[q];
+            *(uint2*)(sy + j) = make_uint2((tp[0].y & 0xFFFF) | tp[1].y << 16, (tp[2].y & 0xFFFF) | tp[3].y << 16);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                u32 s;
+                if (u64 f = cz_rans_step(x[q], tp[q], rank, rfc, rsym, g_sym, g_fc, w, nw, nb, pos, cur, nxt, s))
+                    return f;
+                sy[j + q] = (unsigned short)s;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) tp[q] = tn[q];
+    }
+    // the last cnt mod 4 residuals
+#pragma unroll
+    for (int q = 0; q < 3; q++) {
+        if (j + q < cnt) {
+            u32 s;
+            if (u64 f = cz_rans_step(x[q], tp[q], rank, rfc, rsym, g_sym, g_fc, w, nw, nb, pos, cur, nxt, s)) return f;
+            sy[j + q] = (unsigned short)s;
+        }
+    }
+    const bool ok = x[0] == CZ_RANS_L && x[1] == CZ_RANS_L && x[2] == CZ_RANS_L && x[3] == CZ_RANS_L;
+    return !ok || pos != nb ? CZ_E_RANS : 0;
+}
+
 template <typename T>
 __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* g_top,
                               const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
-                              const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
-                              u64* err) {
+                              const unsigned short* g_rsym, u32 ntab, u32 smem, u32 ways, unsigned short* syms,
+                              u32* stat, u64* err) {
     u8* s_rank = cz_dyn;
     u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
     unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
@@ -488,13 +584,17 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     u64 i0 = ci * CZ_CHUNK;
     u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
     u32 nb = 0;
-    u64 fail = cz_chunk_check(c, size, sum_w, nb);
+    u64 fail = cz_chunk_check(c, size, sum_w, ways, nb);
     if (!fail) {
         u32 l = (u32)(i0 % ts);
-        if (smem) {
-            fail = cz_rans_chain(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+        if (ways == CZ_RANS_WAYS && smem) {
+            fail = cz_rans_chain4(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+        } else if (ways == CZ_RANS_WAYS) {
+            fail = cz_rans_chain4(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
+        } else if (smem) {
+            fail = cz_rans_chain1(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
         } else {
-            fail = cz_rans_chain(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
+            fail = cz_rans_chain1(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
         }
     }
     stat[ci] = fail ? 1u : 0u;
@@ -1386,6 +1486,16 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
 }
 
+// The final states before the `nrev` bytes emitted backwards from `end`, each big-endian, the
+// last state nearest to the bytes (the decoder reads state 0 first); returns the rANS byte count.
+__device__ __forceinline__ u32 cz_enc_states(const u32* xs, u32 ways, u8* end, u32 nrev) {
+    for (int s = (int)ways - 1; s >= 0; s--) {
+        for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(xs[s] >> (8 * q));
+        nrev += 4;
+    }
+    return nrev;
+}
+
 // Chunk coding (rans.rs write_chunk), one thread per chunk, into its scratch region of
 // CZ_SCRATCH(T) bytes: [rANS bytes, written from the end of 2 CHUNK + 16 bytes backwards]
 // [lossless values, CHUNK * size] [big varints, CHUNK * 10] [classes (cz_enc_chunks) or step
@@ -1396,8 +1506,8 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
 template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
 __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw,
-                              const u8* pattern, const u8* map, const u32* enc, u64 nchunks, u8* scratch, u32* info,
-                              u64* sizes) {
+                              const u8* pattern, const u8* map, const u32* enc, u64 nchunks, u32 ways, u8* scratch,
+                              u32* info, u64* sizes) {
     u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ci >= nchunks) return;
     const CzGeo g = cz_geo(geo);
@@ -1429,11 +1539,14 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
         }
         cz_next_point(g, tc, b, l, own);
     }
-    // backward: the rANS state, bytes emitted from the end of the region
-    u32 x = CZ_RANS_L;
+    // backward: the rANS states (residual j takes state j mod ways), bytes emitted from the end
+    // of the region
+    u32 xs[CZ_RANS_WAYS];
+    for (u32 q = 0; q < ways; q++) xs[q] = CZ_RANS_L;
     u32 nrev = 0;
     u8* end = sc + CZ_RANS_CAP;
     for (i64 j = cnt - 1; j >= 0; j--) {
+        u32& x = xs[j & (ways - 1)];
         const u32* e = enc + ((u32)map[cls[j]] * 1025u + syms[i0 + j]) * 5;
         u32 x_max = e[0];
         while (x >= x_max) {
@@ -1444,9 +1557,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
         u32 q = (u32)(((u64)x * e[1]) >> 32) >> e[2];
         x = x + e[3] + q * e[4];
     }
-    // the final state, big-endian, before the emitted bytes
-    for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
-    u32 nb = nrev + 4;
+    u32 nb = cz_enc_states(xs, ways, end, nrev);
     info[3 * ci] = nb;
     info[3 * ci + 1] = nraw;
     info[3 * ci + 2] = nbig;
@@ -1570,19 +1681,20 @@ __device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned
     }
 }
 
-// The rANS coding of one chunk's `cnt` step indices `key` backwards (cz_enc_whole), bytes
-// emitted from `end`; returns the final state, `nrev` the bytes emitted. The steps `enc` are
-// passed in (shared memory, where the compiler then emits shared loads, or global memory).
-// It loads 8 indices at once (the next 8 ahead) and their 8 steps before it codes them, so
-// that only the state's arithmetic is serial.
-__device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end, u32& nrev) {
+// The rANS coding of one chunk's `cnt` step indices `key` backwards (cz_enc_whole) with W
+// interleaved states `x` (residual j with state j mod W), bytes emitted from `end`; `nrev` the
+// bytes emitted. The steps `enc` are passed in (shared memory, where the compiler then emits
+// shared loads, or global memory). It loads 8 indices at once (the next 8 ahead) and their 8
+// steps before it codes them, so that only the states' arithmetic is serial; with W = 4 the
+// steps of different states overlap.
+template <int W>
+__device__ __forceinline__ void cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end, u32& nrev,
+                                             u32 (&x)[W]) {
     // the last cnt % 8 residuals one by one, then groups of 8 from the last
     const u32 ng = cnt / 8;
-    u32 x = CZ_RANS_L;
-    for (u32 j = cnt; j > 8 * ng;) {
-        j--;
-        cz_enc_step(enc[key[j]], x, end, nrev);
-    }
+#pragma unroll
+    for (int q = 7; q >= 0; q--)
+        if (8 * ng + q < cnt) cz_enc_step(enc[key[8 * ng + q]], x[q & (W - 1)], end, nrev);
     if (ng) {
         const uint4* kv = (const uint4*)key;
         uint4 next = kv[ng - 1];
@@ -1599,10 +1711,23 @@ __device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned sho
             e[6] = enc[kk.w & 0xFFFF];
             e[7] = enc[kk.w >> 16];
 #pragma unroll
-            for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x, end, nrev);
+            for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x[q & (W - 1)], end, nrev);
         }
     }
-    return x;
+}
+
+// The chunk's rANS bytes with `ways` states (cz_enc_chain), the final states included; returns
+// the rANS byte count.
+__device__ __forceinline__ u32 cz_enc_chunk(const uint4* enc, const unsigned short* key, u32 cnt, u32 ways, u8* end) {
+    u32 nrev = 0;
+    if (ways == CZ_RANS_WAYS) {
+        u32 x[CZ_RANS_WAYS] = {CZ_RANS_L, CZ_RANS_L, CZ_RANS_L, CZ_RANS_L};
+        cz_enc_chain<CZ_RANS_WAYS>(enc, key, cnt, end, nrev, x);
+        return cz_enc_states(x, CZ_RANS_WAYS, end, nrev);
+    }
+    u32 x[1] = {CZ_RANS_L};
+    cz_enc_chain<1>(enc, key, cnt, end, nrev, x);
+    return cz_enc_states(x, 1, end, nrev);
 }
 
 // cz_enc_whole codes each chunk's step indices (cz_enc_chain), one thread per chunk (blocks and
@@ -1610,8 +1735,8 @@ __device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned sho
 // (cz_enc_step) and staged in shared memory (when `smem`); then the rANS byte count and the
 // chunk's size.
 template <typename T>
-__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
-                             u64* sizes) {
+__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u32 ways, u64 count, u64 nchunks, u8* scratch,
+                             u32* info, u64* sizes) {
     uint4* s_enc = (uint4*)cz_dyn;
     if (smem) {
         for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
@@ -1626,11 +1751,7 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, 
     u8* sc = scratch + ci * (u64)cz_scratch<T>();
     const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
     u8* end = sc + CZ_RANS_CAP;
-    u32 nrev = 0;
-    u32 x = smem ? cz_enc_chain(s_enc, key, cnt, end, nrev) : cz_enc_chain(g_enc, key, cnt, end, nrev);
-    // the final state, big-endian, before the emitted bytes
-    for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(x >> (8 * q));
-    u32 nb = nrev + 4;
+    const u32 nb = cz_enc_chunk(smem ? s_enc : g_enc, key, cnt, ways, end);
     info[3 * ci] = nb;
     u64 size = 4 + (u64)nb + info[3 * ci + 1] + info[3 * ci + 2];
     sizes[ci] = (size + 3) & ~3ull;
@@ -1746,17 +1867,17 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
     extern "C" __global__ void cz_rans_##N(const u8* stream, const i64* geo, const u64* ent, u64 nchunks,            \
                                            const u8* pattern, const u8* map, const unsigned short* sym,            \
                                            const u32* fc, const u8* rank, const u32* rfc,                          \
-                                           const unsigned short* rsym, u32 ntab, u32 nclass, u32 smem, i64* res,  \
-                                           u8* raw, u32* bigs, u64* err) {                                         \
-        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, rank, rfc, rsym, ntab, nclass, smem, res,    \
-                   raw, bigs, err);                                                                                \
+                                           const unsigned short* rsym, u32 ntab, u32 nclass, u32 smem, u32 ways,  \
+                                           i64* res, u8* raw, u32* bigs, u64* err) {                               \
+        cz_rans<T>(stream, geo, ent, nchunks, pattern, map, sym, fc, rank, rfc, rsym, ntab, nclass, smem, ways,   \
+                   res, raw, bigs, err);                                                                           \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_rans_whole_##N(           \
         const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* top,                        \
         const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
-        u32 ntab, u32 smem, unsigned short* syms, u32* stat, u64* err) {                                           \
-        cz_rans_whole<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat,    \
-                         err);                                                                                     \
+        u32 ntab, u32 smem, u32 ways, unsigned short* syms, u32* stat, u64* err) {                                 \
+        cz_rans_whole<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, ways, syms,    \
+                         stat, err);                                                                               \
     }                                                                                                               \
     extern "C" __global__ void cz_rans_post_##N(const u8* stream, const u64* ent, u64 nchunks, u64 count,          \
                                                 const unsigned short* syms, const u32* stat, i64* res, u8* raw,   \
@@ -1804,8 +1925,8 @@ CZ_INST(double, f64)
     }                                                                                                               \
     extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const unsigned short* syms,       \
                                                  const u8* raw, const u8* pattern, const u8* map, const u32* enc,  \
-                                                 u64 nchunks, u8* scratch, u32* info, u64* sizes) {                \
-        cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, scratch, info, sizes);                  \
+                                                 u64 nchunks, u32 ways, u8* scratch, u32* info, u64* sizes) {      \
+        cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, ways, scratch, info, sizes);            \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_PREP_THREADS) cz_enc_prep_##N(                                  \
         const i64* res, const unsigned short* syms, const u8* raw, const u8* cpat, u64 count, u32 ts, u64 nchunks,  \
@@ -1813,8 +1934,9 @@ CZ_INST(double, f64)
         cz_enc_prep<T>(res, syms, raw, cpat, count, ts, nchunks, scratch, info, nk, hist);                         \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
-        const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \
-        cz_enc_whole<T>(enc, ntab, smem, count, nchunks, scratch, info, sizes);                                    \
+        const uint4* enc, u32 ntab, u32 smem, u32 ways, u64 count, u64 nchunks, u8* scratch, u32* info,           \
+        u64* sizes) {                                                                                              \
+        cz_enc_whole<T>(enc, ntab, smem, ways, count, nchunks, scratch, info, sizes);                              \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
                                                 u64 table_at, u64 data_at) {                                       \

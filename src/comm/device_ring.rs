@@ -223,7 +223,8 @@ pub(crate) struct RingRun {
     pub compress_s: f64,
     /// Seconds in GPU decompression calls (the fused decompress-and-add included).
     pub decompress_s: f64,
-    /// Pieces per segment the ring ran with.
+    /// Pieces per segment the ring ran with (reported by the NCCL collectives).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
     pub pieces: usize,
 }
 

@@ -19,9 +19,9 @@
 //!    stands for its prediction in its neighbours' predictions;
 //! 3. **entropy coding** (module `rans`): every residual has a class (its level and pass, known
 //!    from its position); the classes' symbol histograms are grouped into a few static frequency
-//!    tables, and each chunk of 32,768 residuals (tile after tile) is one rANS stream coded with
-//!    them. Module `entropy` and `huffman` decode the Huffman-coded streams of the first
-//!    encoder (coder 0).
+//!    tables, and each chunk of 32,768 residuals (tile after tile) is one rANS stream of four
+//!    interleaved states coded with them. Module `entropy` and `huffman` decode the
+//!    Huffman-coded streams of the first encoder (coder 0).
 //!
 //! Memory: the encoder holds an `i64` residual and a class byte per value (and, under rel
 //! bounds, a code), the decoder the residuals, the classes and a tile-ordered copy of the output;
@@ -39,10 +39,11 @@
 //!   the points of one pass or stage of a level do not depend on each other;
 //! * the configuration sampling visits fixed tiles and sums integers (order-independent);
 //! * the per-class histogram is an atomic-add kernel; the tables are built on the host from it
-//!   (as cuSZ-i builds its codebook) with the deterministic rules of FORMAT.md ("Coder 1");
-//! * each chunk of 32,768 residuals is coded by one thread (its rANS stream is sequential; the
-//!   chunks are independent, and a class follows from a position); chunk sizes go to the table
-//!   and offsets follow from a prefix sum of the sizes, as in the other codecs.
+//!   (as cuSZ-i builds its codebook) with the deterministic rules of FORMAT.md ("Coders 1 and 2");
+//! * each chunk of 32,768 residuals is coded by one thread (its rANS stream is sequential, its
+//!   four interleaved states' updates independent; the chunks are independent, and a class
+//!   follows from a position); chunk sizes go to the table and offsets follow from a prefix sum
+//!   of the sizes, as in the other codecs.
 //!
 //! Decoding runs the same stages backwards: chunks in parallel, the anchor pass, tiles in
 //! parallel (each tile reads its halo residuals from the neighbouring tiles' chunks), and a
@@ -56,7 +57,7 @@ pub(crate) mod quant;
 pub(crate) mod rans;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use rayon::prelude::*;
 
@@ -202,8 +203,25 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
     }
 }
 
-/// Encode `data` of shape `dims` (whose count is `data.len()`).
+/// Encode `data` of shape `dims` (whose count is `data.len()`), with coder 2.
 pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    encode_rans(data, dims, params, rans::WAYS)
+}
+
+/// Encode with coder 1 (one rANS state per chunk, the previous encoder's): streams for the tests
+/// that older streams still decode.
+#[cfg(test)]
+pub(crate) fn encode_one_state<T: Element>(
+    data: &[T],
+    dims: &Dims,
+    params: &QuantParams,
+) -> Encoded {
+    encode_rans(data, dims, params, 1)
+}
+
+/// Encode with rANS of `ways` interleaved states per chunk (coder 1 for one, coder 2 for
+/// [`rans::WAYS`]).
+fn encode_rans<T: Element>(data: &[T], dims: &Dims, params: &QuantParams, ways: usize) -> Encoded {
     let Predicted {
         levels,
         res,
@@ -244,11 +262,11 @@ pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) 
             let lo = lossless.partition_point(|r| r.0 < i * CHUNK);
             let hi = lossless.partition_point(|r| r.0 < (i + 1) * CHUNK);
             let raw: Vec<T> = lossless[lo..hi].iter().map(|r| r.1).collect();
-            rans::write_chunk(r, k, &map, &tables, &raw)
+            rans::write_chunk(r, k, &map, &tables, &raw, ways)
         })
         .collect();
     drop(res);
-    let meta = write_meta(&levels, &map, &freqs);
+    let meta = write_meta(&levels, &map, &freqs, ways);
     assemble(chunks, meta)
 }
 
@@ -362,16 +380,26 @@ fn classes(g: &Grid, levels: &[Level]) -> Vec<u8> {
     cls
 }
 
-/// The metadata section's coder byte: 0 Huffman (the first version 3 encoder's), 1 rANS.
+/// The metadata section's coder byte: 0 Huffman (the first version 3 encoder's), 1 rANS with
+/// one state per chunk (the second's), 2 rANS with [`rans::WAYS`] interleaved states (this
+/// encoder's).
 const CODER_HUFFMAN: u8 = 0;
 /// See [`CODER_HUFFMAN`].
 const CODER_RANS: u8 = 1;
+/// See [`CODER_HUFFMAN`].
+const CODER_RANS_INTERLEAVED: u8 = 2;
 
-/// The metadata section of coder 1: level count (u8), coder 1 (u8), 0 (u16), two configuration
-/// bytes per level (coarsest first), the class count (u8), the table count (u8), the table of
-/// every class (u8 each), the tables ([`rans::write_table`]), zero padding to 4 bytes.
-pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Vec<u8> {
-    let mut m = vec![levels.len() as u8, CODER_RANS, 0, 0];
+/// The metadata section of coders 1 and 2 (`ways` 1 or [`rans::WAYS`]): level count (u8), the
+/// coder (u8), 0 (u16), two configuration bytes per level (coarsest first), the class count
+/// (u8), the table count (u8), the table of every class (u8 each), the tables
+/// ([`rans::write_table`]), zero padding to 4 bytes.
+pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>], ways: usize) -> Vec<u8> {
+    let coder = if ways == 1 {
+        CODER_RANS
+    } else {
+        CODER_RANS_INTERLEAVED
+    };
+    let mut m = vec![levels.len() as u8, coder, 0, 0];
     for lv in levels {
         m.extend_from_slice(&lv.to_bytes());
     }
@@ -389,8 +417,16 @@ pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>]) -> Ve
 pub(crate) enum Coder {
     /// Coder 0: one canonical Huffman codebook (its code lengths), zero-run symbols.
     Huffman(Vec<u8>),
-    /// Coder 1: rANS, the class-to-table map and the tables.
-    Rans(Vec<u8>, Vec<rans::Table>),
+    /// Coders 1 and 2: rANS with the class-to-table map, the tables and the interleaved states
+    /// per chunk (1 or [`rans::WAYS`]).
+    Rans {
+        /// The table of each point class.
+        map: Vec<u8>,
+        /// The frequency tables.
+        tables: Vec<rans::Table>,
+        /// Interleaved states per chunk.
+        ways: usize,
+    },
 }
 
 /// Parse and check the metadata section of a stream of grid `g`.
@@ -422,7 +458,8 @@ pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
             let lens = huffman::read_lengths(&m[levels_end..end], NSYM)?;
             Ok((levels(m)?, Coder::Huffman(lens)))
         }
-        CODER_RANS => {
+        CODER_RANS | CODER_RANS_INTERLEAVED => {
+            let ways = if m[1] == CODER_RANS { 1 } else { rans::WAYS };
             let nc = interp::n_classes(n_levels);
             if m[2] != 0 || m[3] != 0 || m.len() < levels_end + 2 + nc {
                 return Err(Error::corrupt("cuszi metadata length mismatch"));
@@ -439,10 +476,10 @@ pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
             if !padding_ok(pos) {
                 return Err(Error::corrupt("cuszi metadata length mismatch"));
             }
-            Ok((levels(m)?, Coder::Rans(map, tables)))
+            Ok((levels(m)?, Coder::Rans { map, tables, ways }))
         }
         c => Err(Error::corrupt(format!(
-            "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman) and 1 (rANS)"
+            "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman), 1 and 2 (rANS)"
         ))),
     }
 }
@@ -469,12 +506,12 @@ pub(crate) fn decode<T: Element>(
     let (levels, coder) = read_meta(&stream[meta_at..meta_at + h.meta_len as usize], &g)?;
     let mut res = try_alloc::<i64>(out.len())?;
     let cls = match &coder {
-        Coder::Rans(..) => classes(&g, &levels),
+        Coder::Rans { .. } => classes(&g, &levels),
         Coder::Huffman(_) => Vec::new(),
     };
     let huff = match &coder {
         Coder::Huffman(lens) => Some(huffman::Decoder::new(lens)),
-        Coder::Rans(..) => None,
+        Coder::Rans { .. } => None,
     };
     let lossless: Vec<Vec<(usize, T)>> = res
         .par_chunks_mut(CHUNK)
@@ -487,9 +524,9 @@ pub(crate) fn decode<T: Element>(
             }
             let mut raw = Vec::new();
             match (&coder, &huff) {
-                (Coder::Rans(map, tables), _) => {
+                (Coder::Rans { map, tables, ways }, _) => {
                     let k = &cls[i * CHUNK..i * CHUNK + dst.len()];
-                    rans::read_chunk::<T>(c, k, map, tables, dst, &mut raw)
+                    rans::read_chunk::<T>(c, k, map, tables, dst, &mut raw, *ways)
                 }
                 (_, Some(dec)) => entropy::read_chunk::<T>(c, dec, dst, &mut raw),
                 _ => unreachable!("a Huffman stream has its decoder"),

@@ -1,5 +1,6 @@
-//! Coder 1 (FORMAT.md, "cuszi", "Coder 1: rANS"): static-model range asymmetric numeral systems
-//! over the residual sequence, with one frequency table per group of point classes.
+//! Coders 1 and 2 (FORMAT.md, "cuszi", "Coders 1 and 2: rANS"): static-model range asymmetric
+//! numeral systems over the residual sequence, with one frequency table per group of point
+//! classes.
 //!
 //! A point's class (its level and pass, [`super::interp::point_class`]) follows from its
 //! position, so encoder and decoder know which table codes each residual without side
@@ -8,9 +9,13 @@
 //! 0); a table per class codes each with its own order-0 statistics, and rANS codes a symbol of
 //! probability close to 1 in a small fraction of a bit, where a Huffman code needs at least one.
 //!
-//! Each chunk is one rANS stream (32-bit state, byte-wise renormalization), independent of the
+//! Each chunk is one rANS stream (32-bit states, byte-wise renormalization), independent of the
 //! others: a GPU codes chunks in parallel, with the tables built on the host from a histogram
-//! kernel's counts, as for the Huffman codebook of coder 0.
+//! kernel's counts, as for the Huffman codebook of coder 0. Coder 2 (what the encoder writes)
+//! interleaves [`WAYS`] states in each chunk's stream, residual `i` coded with state `i mod
+//! WAYS`: a state update waits on the state before it, so a chunk of one state is one serial
+//! chain of 32,768 dependent steps, while interleaved states give a GPU thread independent
+//! steps to overlap, for 4 bytes per extra state and chunk. Coder 1 (one state) still decodes.
 
 use rayon::prelude::*;
 
@@ -25,6 +30,9 @@ pub(crate) const PROB_BITS: u32 = 14;
 pub(crate) const PROB_SCALE: u32 = 1 << PROB_BITS;
 /// Lower end of the normalized state interval `[L, 256 L)`.
 const RANS_L: u32 = 1 << 23;
+/// Interleaved rANS states per chunk of coder 2 (kernels/cuszi.cu `CZ_RANS_WAYS`); coder 1
+/// has one.
+pub(crate) const WAYS: usize = 4;
 /// Symbol of a value stored losslessly (its bits follow in the chunk's raw section).
 pub(crate) const SYM_LOSSLESS: u16 = 2 * RADIUS as u16 + 1;
 /// Symbol of a residual outside `±RADIUS` (zigzag LEB128 in the chunk's big section).
@@ -441,29 +449,37 @@ fn group_tables(groups: &[(Vec<usize>, Vec<u64>, f64)], n: usize) -> (Vec<u8>, V
     (map, freqs)
 }
 
-/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "Coder 1: rANS"): the rANS byte count (u32), the rANS bytes, the lossless values `raw` (little-endian),
-/// the big residuals' varints (zigzag LEB128), zero padding to a multiple of 4 bytes.
+/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "Coders 1 and 2: rANS",
+/// with `ways` interleaved states: 1 for coder 1, [`WAYS`] for coder 2): the rANS byte count
+/// (u32), the rANS bytes, the lossless values `raw` (little-endian), the big residuals' varints
+/// (zigzag LEB128), zero padding to a multiple of 4 bytes.
 pub(crate) fn write_chunk<T: Element>(
     res: &[i64],
     cls: &[u8],
     map: &[u8],
     tables: &[Table],
     raw: &[T],
+    ways: usize,
 ) -> Vec<u8> {
+    debug_assert!(ways == 1 || ways == WAYS, "{ways} interleaved rANS states");
     // rANS codes backwards: bytes are produced last symbol first, then reversed
     let by_class: Vec<&Table> = map.iter().map(|&t| &tables[t as usize]).collect();
-    let mut rev = Vec::with_capacity(res.len() / 2 + 8);
-    let mut x = RANS_L;
-    for (&r, &k) in res.iter().zip(cls).rev() {
+    let mut rev = Vec::with_capacity(res.len() / 2 + 4 * ways + 4);
+    let mut x = [RANS_L; WAYS];
+    for (i, (&r, &k)) in res.iter().zip(cls).enumerate().rev() {
         let e = &by_class[k as usize].enc[symbol(r) as usize];
         debug_assert!(e.x_max > 0, "symbol of class {k} without frequency");
-        while x >= e.x_max {
-            rev.push(x as u8);
-            x >>= 8;
+        let x = &mut x[i & (ways - 1)];
+        while *x >= e.x_max {
+            rev.push(*x as u8);
+            *x >>= 8;
         }
-        x = e.put(x);
+        *x = e.put(*x);
     }
-    rev.extend_from_slice(&x.to_le_bytes());
+    // (reversed below: state 0 first, each big-endian)
+    for x in x[..ways].iter().rev() {
+        rev.extend_from_slice(&x.to_le_bytes());
+    }
     rev.reverse();
     let mut big = Vec::new();
     for &r in res {
@@ -482,10 +498,10 @@ pub(crate) fn write_chunk<T: Element>(
     out
 }
 
-/// Decode a chunk written by [`write_chunk`] into `res` (classes `cls`; lossless values as
-/// [`LOSSLESS`], appended to `raw`). Every byte is checked: the rANS bytes are consumed exactly
-/// and the final state is the encoder's initial one, a big residual is beyond `±RADIUS` and its
-/// varint minimal, the padding is zero.
+/// Decode a chunk written by [`write_chunk`] with `ways` interleaved states into `res` (classes
+/// `cls`; lossless values as [`LOSSLESS`], appended to `raw`). Every byte is checked: the rANS
+/// bytes are consumed exactly and every final state is the encoder's initial one, a big residual
+/// is beyond `±RADIUS` and its varint minimal, the padding is zero.
 pub(crate) fn read_chunk<T: Element>(
     c: &[u8],
     cls: &[u8],
@@ -493,33 +509,39 @@ pub(crate) fn read_chunk<T: Element>(
     tables: &[Table],
     res: &mut [i64],
     raw: &mut Vec<T>,
+    ways: usize,
 ) -> Result<()> {
+    debug_assert!(ways == 1 || ways == WAYS, "{ways} interleaved rANS states");
     let n_bytes = c
         .get(0..4)
         .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
         .ok_or_else(|| Error::corrupt("chunk shorter than its rANS byte count"))?;
     let bytes = c
         .get(4..4 + n_bytes)
-        .filter(|b| b.len() >= 4)
+        .filter(|b| b.len() >= 4 * ways)
         .ok_or_else(|| Error::corrupt("rANS bytes run past the chunk"))?;
-    let mut x = u32::from_be_bytes(bytes[0..4].try_into().expect("4 bytes"));
-    let mut pos = 4;
+    let mut x = [RANS_L; WAYS];
+    for (w, x) in x[..ways].iter_mut().enumerate() {
+        *x = u32::from_be_bytes(bytes[4 * w..4 * w + 4].try_into().expect("4 bytes"));
+    }
+    let mut pos = 4 * ways;
     let mask = PROB_SCALE - 1;
     let by_class: Vec<&Table> = map.iter().map(|&t| &tables[t as usize]).collect();
     let mut n_raw = 0usize;
     let mut bigs = Vec::new();
     for (i, (dst, &k)) in res.iter_mut().zip(cls).enumerate() {
         let t = by_class[k as usize];
-        let sl = x & mask;
+        let x = &mut x[i & (ways - 1)];
+        let sl = *x & mask;
         let s = t.slot[sl as usize];
         let st = t.step[sl as usize];
         // (x = f (x >> 14) + sl - cum < 2^32: no overflow)
-        x = (st >> 16) * (x >> PROB_BITS) + (st & 0xFFFF);
-        while x < RANS_L {
+        *x = (st >> 16) * (*x >> PROB_BITS) + (st & 0xFFFF);
+        while *x < RANS_L {
             let b = *bytes
                 .get(pos)
                 .ok_or_else(|| Error::corrupt("rANS bytes end before the values"))?;
-            x = (x << 8) | b as u32;
+            *x = (*x << 8) | b as u32;
             pos += 1;
         }
         *dst = if s == SYM_LOSSLESS {
@@ -532,7 +554,7 @@ pub(crate) fn read_chunk<T: Element>(
             s as i64 - RADIUS
         };
     }
-    if x != RANS_L || pos != bytes.len() {
+    if x[..ways].iter().any(|&x| x != RANS_L) || pos != bytes.len() {
         return Err(Error::corrupt("rANS stream longer than its values"));
     }
     super::entropy::read_chunk_tail(c, 4 + n_bytes, n_raw, &bigs, res, raw)
@@ -753,34 +775,60 @@ mod tests {
         let raw: Vec<f64> = (0..res.iter().filter(|&&r| r == LOSSLESS).count())
             .map(|i| f64::NAN + i as f64)
             .collect();
-        let c = write_chunk::<f64>(&res, &cls, &map, &tabs, &raw);
-        let mut back = vec![7i64; res.len()];
-        let mut raw_back = Vec::new();
-        read_chunk::<f64>(&c, &cls, &map, &tabs, &mut back, &mut raw_back).unwrap();
-        assert_eq!(back, res);
-        assert_eq!(raw_back.len(), raw.len());
-        for n in (0..c.len()).step_by(4) {
-            let mut b2 = vec![0; res.len()];
-            assert!(
-                read_chunk::<f64>(&c[..n], &cls, &map, &tabs, &mut b2, &mut Vec::new()).is_err()
-            );
+        for ways in [1, WAYS] {
+            let c = write_chunk::<f64>(&res, &cls, &map, &tabs, &raw, ways);
+            let read = |c: &[u8], back: &mut [i64], raw: &mut Vec<f64>, ways| {
+                read_chunk::<f64>(c, &cls, &map, &tabs, back, raw, ways)
+            };
+            let mut back = vec![7i64; res.len()];
+            let mut raw_back = Vec::new();
+            read(&c, &mut back, &mut raw_back, ways).unwrap();
+            assert_eq!(back, res);
+            assert_eq!(raw_back.len(), raw.len());
+            for n in (0..c.len()).step_by(4) {
+                let mut b2 = vec![0; res.len()];
+                assert!(read(&c[..n], &mut b2, &mut Vec::new(), ways).is_err());
+            }
+            for i in (0..c.len()).step_by(7) {
+                let mut m = c.clone();
+                m[i] ^= 0x10;
+                let mut b2 = vec![0; res.len()];
+                let _ = read(&m, &mut b2, &mut Vec::new(), ways);
+            }
+            let mut longer = c.clone();
+            longer.extend([0, 0, 0, 0]);
+            assert!(read(&longer, &mut back, &mut Vec::new(), ways).is_err());
+            // a stream read with the other number of states is rejected
+            let other = if ways == 1 { WAYS } else { 1 };
+            assert!(read(&c, &mut back, &mut Vec::new(), other).is_err());
         }
-        for i in (0..c.len()).step_by(7) {
-            let mut m = c.clone();
-            m[i] ^= 0x10;
-            let mut b2 = vec![0; res.len()];
-            let _ = read_chunk::<f64>(&m, &cls, &map, &tabs, &mut b2, &mut Vec::new());
-        }
-        let mut longer = c.clone();
-        longer.extend([0, 0, 0, 0]);
-        assert!(read_chunk::<f64>(&longer, &cls, &map, &tabs, &mut back, &mut Vec::new()).is_err());
-        // an all-zero chunk of one class costs almost nothing
+        // an all-zero chunk of one class costs almost nothing: the count and the states
         let zeros = vec![0i64; 32_768];
         let zc = vec![0u8; zeros.len()];
         let mut h = vec![vec![0u64; NSYM]];
         h[0][RADIUS as usize] = zeros.len() as u64;
         let (map, freqs) = group_classes(&h);
-        let c = write_chunk::<f32>(&zeros, &zc, &map, &tables(&freqs), &[]);
-        assert!(c.len() <= 8, "{}", c.len());
+        for ways in [1, WAYS] {
+            let c = write_chunk::<f32>(&zeros, &zc, &map, &tables(&freqs), &[], ways);
+            assert!(c.len() <= 4 + 4 * ways, "{}", c.len());
+        }
+    }
+
+    #[test]
+    fn short_chunks_use_the_first_states_only() {
+        // fewer residuals than states: the unused states stay at L and are checked as such
+        let mut h = vec![vec![0u64; NSYM]];
+        h[0][RADIUS as usize] = 3;
+        h[0][RADIUS as usize + 1] = 1;
+        let (map, freqs) = group_classes(&h);
+        let tabs = tables(&freqs);
+        for n in 0..=2 * WAYS + 1 {
+            let res: Vec<i64> = (0..n as i64).map(|i| i % 2).collect();
+            let cls = vec![0u8; n];
+            let c = write_chunk::<f32>(&res, &cls, &map, &tabs, &[], WAYS);
+            let mut back = vec![9i64; n];
+            read_chunk::<f32>(&c, &cls, &map, &tabs, &mut back, &mut Vec::new(), WAYS).unwrap();
+            assert_eq!(back, res);
+        }
     }
 }

@@ -471,9 +471,31 @@ fn golden_stream_decodes() {
 /// `s` (a compressed cuszi stream of `data`, shape `dims`) with its payload replaced by coder 0
 /// (Huffman, the first version 3 encoder's), header fields and checksums updated.
 fn as_coder_0<T: Element>(s: &[u8], data: &[T], dims: &[usize], bound: ErrorBound) -> Vec<u8> {
+    with_payload(s, data, dims, bound, super::encode_huffman)
+}
+
+/// `s` with its payload replaced by coder 1 (one rANS state per chunk, the second version 3
+/// encoder's).
+pub(crate) fn as_coder_1<T: Element>(
+    s: &[u8],
+    data: &[T],
+    dims: &[usize],
+    bound: ErrorBound,
+) -> Vec<u8> {
+    with_payload(s, data, dims, bound, super::encode_one_state)
+}
+
+/// `s` with its payload replaced by what `encode` writes, header fields and checksums updated.
+fn with_payload<T: Element>(
+    s: &[u8],
+    data: &[T],
+    dims: &[usize],
+    bound: ErrorBound,
+    encode: fn(&[T], &Dims, &crate::quant::QuantParams) -> super::Encoded,
+) -> Vec<u8> {
     let params = crate::quant::QuantParams::derive(data, bound).unwrap();
     let shape = Dims::new(&dims.iter().map(|&d| d as u64).collect::<Vec<_>>()).unwrap();
-    let e = super::encode_huffman(data, &shape, &params);
+    let e = encode(data, &shape, &params);
     let mut o = s[..HEADER_LEN_V3].to_vec();
     o[64..72].copy_from_slice(&(e.payload.len() as u64).to_le_bytes());
     o[72..76].copy_from_slice(&e.n_chunks.to_le_bytes());
@@ -484,7 +506,7 @@ fn as_coder_0<T: Element>(s: &[u8], data: &[T], dims: &[usize], bound: ErrorBoun
     o
 }
 
-/// Streams of coder 0 (Huffman) still decode, within the bound, to what coder 1 decodes (the
+/// Streams of coder 0 (Huffman) still decode, within the bound, to what coder 2 decodes (the
 /// predictor is the same: only the residuals' coding differs), and corrupted ones are errors.
 #[test]
 fn coder_0_streams_still_decode() {
@@ -525,10 +547,65 @@ fn coder_0_streams_still_decode() {
     let s = check(&d, &dims, ErrorBound::Noa(1e-3));
     let mut m = s.clone();
     let meta_at = HEADER_LEN_V3 + 8 * inspect(&s).unwrap().n_chunks as usize;
-    m[meta_at + 1] = 2;
+    m[meta_at + 1] = 3;
     reseal_v3(&mut m);
     let err = decompress::<f32>(&m).unwrap_err().to_string();
-    assert!(err.contains("entropy coder 2"), "{err}");
+    assert!(err.contains("entropy coder 3"), "{err}");
+}
+
+/// Streams of coder 1 (one rANS state per chunk) still decode, bit for bit as coder 2 (the
+/// residuals are the same, only their rANS streams differ); read as the other coder, either one
+/// is an error; a truncated one too.
+#[test]
+fn coder_1_streams_still_decode() {
+    let dims = [12usize, 20, 37];
+    let d = field::<f32>(dims);
+    let mut a = adversarial::<f64>(70_000, 11);
+    a[5] = f64::NAN;
+    for bound in [
+        ErrorBound::Noa(1e-3),
+        ErrorBound::Abs(1e-6),
+        ErrorBound::Rel(1e-3),
+    ] {
+        let s = check(&d, &dims, bound);
+        let old = as_coder_1(&s, &d, &dims, bound);
+        let meta_at = HEADER_LEN_V3 + 8 * inspect(&old).unwrap().n_chunks as usize;
+        assert_eq!(old[meta_at + 1], 1, "coder byte");
+        assert_eq!(s[meta_at + 1], 2, "coder byte");
+        // about 4 bytes per chunk and extra state (the states' final bits differ)
+        let n_chunks = inspect(&s).unwrap().n_chunks as usize;
+        assert!(
+            s.len() <= old.len() + 16 * n_chunks,
+            "{} {}",
+            s.len(),
+            old.len()
+        );
+        assert!(
+            s.len() + 4 * n_chunks >= old.len(),
+            "{} {}",
+            s.len(),
+            old.len()
+        );
+        let back_old: Vec<f32> = decompress(&old).unwrap();
+        let back_new: Vec<f32> = decompress(&s).unwrap();
+        assert_eq!(
+            back_old.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            back_new.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{bound:?}"
+        );
+        let s2 = check(&a, &[70, 1000], bound);
+        let old2 = as_coder_1(&s2, &a, &[70, 1000], bound);
+        let b2: Vec<f64> = decompress(&old2).unwrap();
+        let n2: Vec<f64> = decompress(&s2).unwrap();
+        assert!(b2.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()));
+        for (stream, other) in [(&old, 2u8), (&s, 1u8)] {
+            let mut m = stream.clone();
+            m[meta_at + 1] = other;
+            reseal_v3(&mut m);
+            assert!(!decodes(&m), "{bound:?} read as coder {other}");
+        }
+        assert!(!decodes(&old[..old.len() - 4]));
+    }
 }
 
 /// The per-class rANS coder reaches far below one bit per value where a Huffman code cannot
@@ -542,22 +619,37 @@ fn rans_beats_huffman_on_smooth_fields() {
     assert!(s.len() * 4 < old.len() * 3, "{} vs {}", s.len(), old.len());
 }
 
-/// This encoder's stream (coder 1) of the golden data writes byte for byte what the reference
-/// below holds (a CUDA twin must write the same bytes) and decodes within the bound.
+/// This encoder's stream (coder 2) of the golden data writes byte for byte what the reference
+/// below holds (a CUDA twin must write the same bytes) and decodes within the bound; the
+/// previous encoder's stream of it (coder 1) decodes to the same values.
 #[test]
-fn golden_stream_coder_1() {
+fn golden_stream_coder_2() {
     let mut d: Vec<f32> = (0..256)
         .map(|i| ((i / 16) as f32 * 0.3).sin() * 10.0 + (i % 16) as f32 * 0.25)
         .collect();
     d[77] = f32::NAN;
     let s = compress_nd(&d, &[16, 16], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
     let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(hex, GOLDEN_16X16_CODER_1.concat());
+    assert_eq!(hex, GOLDEN_16X16_CODER_2.concat());
     let back: Vec<f32> = decompress(&s).unwrap();
     for (x, y) in d.iter().zip(&back) {
         assert!((x - y).abs() <= 1e-2 || x.to_bits() == y.to_bits());
     }
+    let old: Vec<f32> = decompress(&unhex(&GOLDEN_16X16_CODER_1.concat())).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&old), bits(&back));
 }
+
+const GOLDEN_16X16_CODER_2: &[&str] = &[
+    "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
+    "e17a943f00000000000000000000000000000000b00000000000000001000000fec824a50000000000000000",
+    "0000000002000000100000000000000010000000000000000000000000000000000000000000000060000000",
+    "beae2e1048000000cde0ecf40402000009000900090809040d040001020001000002000003000006ff03836a",
+    "0be40300a9080b8706188303cd036003a806983328cc19ae01993305a802b81cac01b81c10b81c20b81c5b9b",
+    "0e05ca03ff0f2eff1f05ff0f00ff2f00ff0f00003b0000000c2eed9900b694c1342ba87a01bc8e9da54af3f3",
+    "513d6e4d0b2a1cf85ee44d346b830144b87b585deb71f95b545f499e2f7415d743a67200f700000000c07fdd",
+    "08dd0800",
+];
 
 const GOLDEN_16X16_CODER_1: &[&str] = &[
     "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",

@@ -37,6 +37,8 @@ pub(super) struct Plan {
     pub(super) top: Vec<u32>,
     /// The quantization step.
     pub(super) qstep: f64,
+    /// Interleaved rANS states per chunk (1: coder 1, [`rans::WAYS`]: coder 2).
+    pub(super) ways: u32,
 }
 
 /// The launch plan of a compressed abs/noa `cuszi` stream of `len` bytes with header `h` and
@@ -75,8 +77,8 @@ pub(super) fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>>
     }
     let g = Grid::new(&dims);
     let (levels, coder) = read_meta(&table[nc * TABLE_ENTRY_LEN..], &g)?;
-    let (map, tables) = match coder {
-        Coder::Rans(map, tables) => (map, tables),
+    let (map, tables, ways) = match coder {
+        Coder::Rans { map, tables, ways } => (map, tables, ways as u32),
         Coder::Huffman(_) => return Ok(None),
     };
     // per table: the symbol of every slot, per symbol `freq << 16 | cum`, and the compact form
@@ -138,6 +140,7 @@ pub(super) fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>>
         rsym,
         ent,
         qstep: h.step,
+        ways,
     }))
 }
 

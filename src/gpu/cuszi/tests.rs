@@ -35,6 +35,7 @@ fn constants_shared_with_the_kernels_agree() {
         ("CZ_MAXBOX", MAX_BOX),
         ("CZ_RANS_CHUNKS", RANS_CHUNKS),
         ("CZ_RANS_LANES", RANS_LANES),
+        ("CZ_RANS_WAYS", rans::WAYS),
         ("CZ_HIST_WIN", HIST_WIN),
         ("CZ_PREP_THREADS", PREP_THREADS),
         ("CZ_CHUNK", CHUNK),
@@ -154,5 +155,41 @@ fn whole_tiles_means_the_pattern_repeats_in_symbol_order() {
         let g = grid(d);
         assert!(!whole_tiles(&g), "{d:?}");
         assert!(!repeats(&g), "{d:?}");
+    }
+}
+
+/// Streams of coder 1 (one rANS state per chunk, the previous encoder's) decode on the GPU
+/// exactly as on the CPU, whole-tile shapes and others, and as coder 2 streams of the same data.
+#[test]
+#[ignore = "needs a CUDA device (run with --include-ignored)"]
+fn gpu_decodes_coder_1_streams() {
+    use crate::codec::cuszi::tests::as_coder_1;
+    use crate::{compress_nd, decompress, CodecKind, ErrorBound};
+    assert!(crate::gpu::device_available(), "no CUDA device");
+    let mut g = CusziGpu::new(0).unwrap();
+    for dims in [
+        &[64usize, 64, 64][..],
+        &[40, 40, 50],
+        &[100_003],
+        &[70, 1000],
+    ] {
+        let n: usize = dims.iter().product();
+        let data: Vec<f32> = (0..n)
+            .map(|i| ((i % 97) as f32 * 0.05).sin() * 3.0 + (i / 4093) as f32 * 0.01)
+            .collect();
+        for bound in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-5)] {
+            let s = compress_nd(&data, dims, bound, CodecKind::Cuszi).unwrap();
+            let old = as_coder_1(&s, &data, dims, bound);
+            assert_ne!(s, old, "{dims:?} {bound}");
+            let cpu: Vec<f32> = decompress(&old).unwrap();
+            let gpu: Vec<f32> = g.decompress(&old).unwrap();
+            let new: Vec<f32> = g.decompress(&s).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&cpu), bits(&gpu), "{dims:?} {bound}");
+            assert_eq!(bits(&cpu), bits(&new), "{dims:?} {bound}");
+            let mut cut = old.clone();
+            cut.truncate(old.len() - 4);
+            assert!(g.decompress::<f32>(&cut).is_err(), "{dims:?} {bound}");
+        }
     }
 }
