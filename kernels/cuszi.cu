@@ -488,7 +488,10 @@ __device__ __forceinline__ u64 cz_rans_chain1(const u8* c, u32 size, u32 nb, u32
 // state, so the four state updates are independent. When all four take the fast path (top
 // symbol, no renormalization: no byte read) they are computed side by side and stored as one
 // 8-byte word; otherwise the four steps run in order (renormalizations read the bytes in
-// residual order).
+// residual order). TOP4: the tile pattern's length `ts` is a multiple of 4 (so is `l`, a chunk
+// starting at a multiple of 32,768), so a step's four `top` entries are two aligned 16-byte
+// words and one wrap test serves the four positions.
+template <bool TOP4>
 __device__ __forceinline__ u64 cz_rans_chain4(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
                                               const u8* rank, const u32* rfc, const unsigned short* rsym,
                                               const unsigned short* g_sym, const u32* g_fc, unsigned short* sy) {
@@ -503,19 +506,28 @@ __device__ __forceinline__ u64 cz_rans_chain4(const u8* c, u32 size, u32 nb, u32
     u32 nxt = 6 < nw ? w[6] : 0;
     const u32 mask = CZ_PROB_SCALE - 1;
     uint2 tp[4];
+    // the tops of the four positions from `l` on, and `l` moved past them
+    auto tops = [&](uint2 (&t)[4]) {
+        if (TOP4) {
+            const uint4 a = ((const uint4*)top)[l >> 1], b = ((const uint4*)top)[(l >> 1) + 1];
+            t[0] = make_uint2(a.x, a.y);
+            t[1] = make_uint2(a.z, a.w);
+            t[2] = make_uint2(b.x, b.y);
+            t[3] = make_uint2(b.z, b.w);
+            l = l + 4 == ts ? 0 : l + 4;
+        } else {
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        tp[q] = top[l];
-        l = l + 1 == ts ? 0 : l + 1;
-    }
+            for (int q = 0; q < 4; q++) {
+                t[q] = top[l];
+                l = l + 1 == ts ? 0 : l + 1;
+            }
+        }
+    };
+    tops(tp);
     u32 j = 0;
     for (; j + 4 <= cnt; j += 4) {
         uint2 tn[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            tn[q] = top[l];
-            l = l + 1 == ts ? 0 : l + 1;
-        }
+        tops(tn);
         u32 xf[4];
         bool fast = true;
 #pragma unroll
@@ -587,10 +599,13 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     u64 fail = cz_chunk_check(c, size, sum_w, ways, nb);
     if (!fail) {
         u32 l = (u32)(i0 % ts);
-        if (ways == CZ_RANS_WAYS && smem) {
-            fail = cz_rans_chain4(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+        if (ways == CZ_RANS_WAYS && smem && ts % 4 == 0) {
+            fail = cz_rans_chain4<true>(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
+        } else if (ways == CZ_RANS_WAYS && smem) {
+            fail = cz_rans_chain4<false>(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
         } else if (ways == CZ_RANS_WAYS) {
-            fail = cz_rans_chain4(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0);
+            fail = cz_rans_chain4<false>(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc,
+                                         syms + i0);
         } else if (smem) {
             fail = cz_rans_chain1(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
         } else {
