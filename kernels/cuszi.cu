@@ -1501,10 +1501,13 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
 }
 
+// The encoders write coder 2 only (what the CPU encoder writes; coder 1 is only decoded).
+//
 // The final states before the `nrev` bytes emitted backwards from `end`, each big-endian, the
 // last state nearest to the bytes (the decoder reads state 0 first); returns the rANS byte count.
-__device__ __forceinline__ u32 cz_enc_states(const u32* xs, u32 ways, u8* end, u32 nrev) {
-    for (int s = (int)ways - 1; s >= 0; s--) {
+__device__ __forceinline__ u32 cz_enc_states(const u32 (&xs)[CZ_RANS_WAYS], u8* end, u32 nrev) {
+#pragma unroll
+    for (int s = CZ_RANS_WAYS - 1; s >= 0; s--) {
         for (int q = 0; q < 4; q++) end[-1 - (i64)nrev - q] = (u8)(xs[s] >> (8 * q));
         nrev += 4;
     }
@@ -1521,8 +1524,8 @@ __device__ __forceinline__ u32 cz_enc_states(const u32* xs, u32 ways, u8* end, u
 template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
 __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw,
-                              const u8* pattern, const u8* map, const u32* enc, u64 nchunks, u32 ways, u8* scratch,
-                              u32* info, u64* sizes) {
+                              const u8* pattern, const u8* map, const u32* enc, u64 nchunks, u8* scratch, u32* info,
+                              u64* sizes) {
     u64 ci = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (ci >= nchunks) return;
     const CzGeo g = cz_geo(geo);
@@ -1554,14 +1557,13 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
         }
         cz_next_point(g, tc, b, l, own);
     }
-    // backward: the rANS states (residual j takes state j mod ways), bytes emitted from the end
-    // of the region
-    u32 xs[CZ_RANS_WAYS];
-    for (u32 q = 0; q < ways; q++) xs[q] = CZ_RANS_L;
+    // backward: the rANS states (residual j takes state j mod 4), bytes emitted from the end of
+    // the region
+    u32 xs[CZ_RANS_WAYS] = {CZ_RANS_L, CZ_RANS_L, CZ_RANS_L, CZ_RANS_L};
     u32 nrev = 0;
     u8* end = sc + CZ_RANS_CAP;
     for (i64 j = cnt - 1; j >= 0; j--) {
-        u32& x = xs[j & (ways - 1)];
+        u32& x = xs[j & (CZ_RANS_WAYS - 1)];
         const u32* e = enc + ((u32)map[cls[j]] * 1025u + syms[i0 + j]) * 5;
         u32 x_max = e[0];
         while (x >= x_max) {
@@ -1572,7 +1574,7 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
         u32 q = (u32)(((u64)x * e[1]) >> 32) >> e[2];
         x = x + e[3] + q * e[4];
     }
-    u32 nb = cz_enc_states(xs, ways, end, nrev);
+    u32 nb = cz_enc_states(xs, end, nrev);
     info[3 * ci] = nb;
     info[3 * ci + 1] = nraw;
     info[3 * ci + 2] = nbig;
@@ -1696,15 +1698,16 @@ __device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned
     }
 }
 
-// The rANS coding of one chunk's `cnt` step indices `key` backwards (cz_enc_whole) with W
-// interleaved states `x` (residual j with state j mod W), bytes emitted from `end`; `nrev` the
-// bytes emitted. The steps `enc` are passed in (shared memory, where the compiler then emits
-// shared loads, or global memory). It loads 8 indices at once (the next 8 ahead) and their 8
-// steps before it codes them, so that only the states' arithmetic is serial; with W = 4 the
-// steps of different states overlap.
-template <int W>
-__device__ __forceinline__ void cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end, u32& nrev,
-                                             u32 (&x)[W]) {
+// The rANS bytes of one chunk's `cnt` step indices `key` coded backwards (cz_enc_whole) with
+// the four interleaved states (residual j with state j mod 4), emitted from `end`, the final
+// states included; returns the rANS byte count. The steps `enc` are passed in (shared memory,
+// where the compiler then emits shared loads, or global memory). It loads 8 indices at once
+// (the next 8 ahead) and their 8 steps before it codes them, so that only the states'
+// arithmetic is serial, and the steps of different states overlap.
+__device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end) {
+    constexpr u32 W = CZ_RANS_WAYS;
+    u32 x[W] = {CZ_RANS_L, CZ_RANS_L, CZ_RANS_L, CZ_RANS_L};
+    u32 nrev = 0;
     // the last cnt % 8 residuals one by one, then groups of 8 from the last
     const u32 ng = cnt / 8;
 #pragma unroll
@@ -1729,20 +1732,7 @@ __device__ __forceinline__ void cz_enc_chain(const uint4* enc, const unsigned sh
             for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x[q & (W - 1)], end, nrev);
         }
     }
-}
-
-// The chunk's rANS bytes with `ways` states (cz_enc_chain), the final states included; returns
-// the rANS byte count.
-__device__ __forceinline__ u32 cz_enc_chunk(const uint4* enc, const unsigned short* key, u32 cnt, u32 ways, u8* end) {
-    u32 nrev = 0;
-    if (ways == CZ_RANS_WAYS) {
-        u32 x[CZ_RANS_WAYS] = {CZ_RANS_L, CZ_RANS_L, CZ_RANS_L, CZ_RANS_L};
-        cz_enc_chain<CZ_RANS_WAYS>(enc, key, cnt, end, nrev, x);
-        return cz_enc_states(x, CZ_RANS_WAYS, end, nrev);
-    }
-    u32 x[1] = {CZ_RANS_L};
-    cz_enc_chain<1>(enc, key, cnt, end, nrev, x);
-    return cz_enc_states(x, 1, end, nrev);
+    return cz_enc_states(x, end, nrev);
 }
 
 // cz_enc_whole codes each chunk's step indices (cz_enc_chain), one thread per chunk (blocks and
@@ -1750,8 +1740,8 @@ __device__ __forceinline__ u32 cz_enc_chunk(const uint4* enc, const unsigned sho
 // (cz_enc_step) and staged in shared memory (when `smem`); then the rANS byte count and the
 // chunk's size.
 template <typename T>
-__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u32 ways, u64 count, u64 nchunks, u8* scratch,
-                             u32* info, u64* sizes) {
+__device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
+                             u64* sizes) {
     uint4* s_enc = (uint4*)cz_dyn;
     if (smem) {
         for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
@@ -1766,7 +1756,7 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u32 ways, u
     u8* sc = scratch + ci * (u64)cz_scratch<T>();
     const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
     u8* end = sc + CZ_RANS_CAP;
-    const u32 nb = cz_enc_chunk(smem ? s_enc : g_enc, key, cnt, ways, end);
+    const u32 nb = cz_enc_chain(smem ? s_enc : g_enc, key, cnt, end);
     info[3 * ci] = nb;
     u64 size = 4 + (u64)nb + info[3 * ci + 1] + info[3 * ci + 2];
     sizes[ci] = (size + 3) & ~3ull;
@@ -1940,8 +1930,8 @@ CZ_INST(double, f64)
     }                                                                                                               \
     extern "C" __global__ void cz_enc_chunks_##N(const i64* geo, const i64* res, const unsigned short* syms,       \
                                                  const u8* raw, const u8* pattern, const u8* map, const u32* enc,  \
-                                                 u64 nchunks, u32 ways, u8* scratch, u32* info, u64* sizes) {      \
-        cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, ways, scratch, info, sizes);            \
+                                                 u64 nchunks, u8* scratch, u32* info, u64* sizes) {                \
+        cz_enc_chunks<T>(geo, res, syms, raw, pattern, map, enc, nchunks, scratch, info, sizes);                  \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_PREP_THREADS) cz_enc_prep_##N(                                  \
         const i64* res, const unsigned short* syms, const u8* raw, const u8* cpat, u64 count, u32 ts, u64 nchunks,  \
@@ -1949,9 +1939,8 @@ CZ_INST(double, f64)
         cz_enc_prep<T>(res, syms, raw, cpat, count, ts, nchunks, scratch, info, nk, hist);                         \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
-        const uint4* enc, u32 ntab, u32 smem, u32 ways, u64 count, u64 nchunks, u8* scratch, u32* info,           \
-        u64* sizes) {                                                                                              \
-        cz_enc_whole<T>(enc, ntab, smem, ways, count, nchunks, scratch, info, sizes);                              \
+        const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \
+        cz_enc_whole<T>(enc, ntab, smem, count, nchunks, scratch, info, sizes);                                    \
     }                                                                                                               \
     extern "C" __global__ void cz_enc_write_##N(const u8* scratch, const u32* info, const u64* offs, u8* out,      \
                                                 u64 table_at, u64 data_at) {                                       \

@@ -932,8 +932,8 @@ impl CusziGpu {
         let (map, freqs) = rans::group_classes(&hist);
         // (the encoder's steps alone: the device encodes, nothing here decodes)
         let words: Vec<Vec<[u32; 5]>> = freqs.par_iter().map(|f| rans::encoder_words(f)).collect();
+        // (the encoder kernels write coder 2, rans::WAYS states per chunk)
         let meta = write_meta(&levels, &map, &freqs, rans::WAYS);
-        let ways = rans::WAYS as u32;
         self.mark("tables")?;
         // 6. chunks
         if whole {
@@ -956,7 +956,7 @@ impl CusziGpu {
                 0
             };
             let mut b =
-                launch_args!(s, &f; &enc4p, &ntab, &smem, &ways, &n64, &nc64, &scp, &infop, &sizep);
+                launch_args!(s, &f; &enc4p, &ntab, &smem, &n64, &nc64, &scp, &infop, &sizep);
             // SAFETY: one thread per chunk reads its step indices, each below `ntab * SYMBOLS`
             // (the entries of `enc4`), and writes its scratch region and info and size words.
             let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WHOLE_THREADS, smem as usize);
@@ -968,7 +968,7 @@ impl CusziGpu {
             let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
             let f = self.func(&format!("cz_enc_chunks_{t}"))?;
             let mut b = launch_args!(s, &f;
-                &geop, &resp, &symp, &rawp, &patp, &mapp, &encp, &nc64, &ways, &scp, &infop, &sizep);
+                &geop, &resp, &symp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
             // SAFETY: one thread per chunk reads its residuals and writes its scratch region
             // (nc regions allocated) and its info and size words.
             unsafe { b.launch(Self::launch_cfg(nc.div_ceil(RANS_THREADS), RANS_THREADS, 0)) }
