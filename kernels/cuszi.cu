@@ -14,9 +14,12 @@
 #define CZ_PROB_BITS 14
 #define CZ_PROB_SCALE (1u << CZ_PROB_BITS)
 #define CZ_RANS_L (1u << 23)
-// Interleaved rANS states per chunk of coder 2 (rans.rs `WAYS`; coder 1 has one): residual i of
-// a chunk is coded with state i mod ways, its `4 ways` state bytes first in the chunk's stream.
-#define CZ_RANS_WAYS 4
+// Interleaved rANS states per chunk: residual i of a chunk is coded with state i mod ways, its
+// `4 ways` state bytes first in the chunk's stream. Coder 3 (rans.rs `WAYS`): one state per lane
+// of the warp coders (cz_rans_warp, cz_enc_whole); coder 2 (rans.rs `WAYS_CODER_2`); coder 1
+// has one.
+#define CZ_RANS_WAYS 32
+#define CZ_RANS_WAYS2 4
 #define CZ_RADIUS 511ll
 #define CZ_SYM_LOSSLESS 1023u
 #define CZ_SYM_BIG 1024u
@@ -484,7 +487,7 @@ __device__ __forceinline__ u64 cz_rans_chain1(const u8* c, u32 size, u32 nb, u32
     return x != CZ_RANS_L || pos != nb ? CZ_E_RANS : 0;
 }
 
-// A chunk of coder 2 (CZ_RANS_WAYS = 4 interleaved states): four residuals at a time, one per
+// A chunk of coder 2 (CZ_RANS_WAYS2 = 4 interleaved states): four residuals at a time, one per
 // state, so the four state updates are independent. When all four take the fast path (top
 // symbol, no renormalization: no byte read) they are computed side by side and stored as one
 // 8-byte word; otherwise the four steps run in order (renormalizations read the bytes in
@@ -599,11 +602,11 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     u64 fail = cz_chunk_check(c, size, sum_w, ways, nb);
     if (!fail) {
         u32 l = (u32)(i0 % ts);
-        if (ways == CZ_RANS_WAYS && smem && ts % 4 == 0) {
+        if (ways == CZ_RANS_WAYS2 && smem && ts % 4 == 0) {
             fail = cz_rans_chain4<true>(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
-        } else if (ways == CZ_RANS_WAYS && smem) {
+        } else if (ways == CZ_RANS_WAYS2 && smem) {
             fail = cz_rans_chain4<false>(c, size, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0);
-        } else if (ways == CZ_RANS_WAYS) {
+        } else if (ways == CZ_RANS_WAYS2) {
             fail = cz_rans_chain4<false>(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc,
                                          syms + i0);
         } else if (smem) {
@@ -616,6 +619,151 @@ __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64
     if (fail) {
         atomicOr(&err[0], fail);
         atomicMin(&err[1], ci);
+    }
+}
+
+// ---- Coder 3: a chunk per group of CZ_RANS_WAYS lanes (the warp coders).
+// Lane li of a group holds state li, which codes residuals li, li + G, li + 2G, ... (G =
+// CZ_RANS_WAYS), so a warp step decodes G consecutive residuals with independent state updates
+// and stores their symbols as one coalesced run. The renormalization bytes of a step follow in
+// residual order (lane order): a lane's bytes start after those of the lanes before it, counted
+// from two ballots (lanes taking at least one byte, lanes taking two). A state below 2^7 after
+// its update (only from a corrupt stream) takes the byte-by-byte loop, lane after lane. Every
+// failure is the group's, as the serial decoder's (rans.rs read_chunk) is the chunk's.
+
+// The lane mask of the group whose first lane is `first`.
+__device__ __forceinline__ u32 cz_group_mask(u32 first) {
+    return CZ_RANS_WAYS == 32 ? 0xFFFFFFFFu : (((1u << (CZ_RANS_WAYS & 31)) - 1u) << first);
+}
+
+// A chunk's checksum (cz_chunk_check's, its words summed by the group's lanes) and rANS byte
+// count.
+__device__ __forceinline__ u64 cz_group_check(const u8* c, u32 size, u32 sum_w, u32 li, u32 gm, u32& nb) {
+    const u32* w = (const u32*)c;
+    const u32 nw = size / 4;
+    u32 sum = 0;
+    for (u32 i = li; i < nw; i += CZ_RANS_WAYS) sum += zhash_mix(w[i], i);
+#pragma unroll
+    for (u32 o = CZ_RANS_WAYS / 2; o; o >>= 1) sum += __shfl_xor_sync(gm, sum, o);
+    if (zhash_final(sum, nw) != sum_w) return CZ_E_CHECKSUM;
+    if (size < 8) return CZ_E_RANS;
+    nb = w[0];
+    if (nb < 4 * CZ_RANS_WAYS || (u64)nb + 4 > size) return CZ_E_RANS;
+    return 0;
+}
+
+// The symbols of one coder-3 chunk that passed cz_group_check into `sy` (the group's lanes;
+// arguments as cz_rans_chain4's). Returns the error bit (the same in every lane of the group).
+__device__ __forceinline__ u64 cz_rans_lanes(const u8* c, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
+                                             const u8* rank, const u32* rfc, const unsigned short* rsym,
+                                             const unsigned short* g_sym, const u32* g_fc, unsigned short* sy,
+                                             u32 li, u32 first, u32 gm) {
+    const u8* b = c + 4;
+    u32 x = ((u32)b[4 * li] << 24) | ((u32)b[4 * li + 1] << 16) | ((u32)b[4 * li + 2] << 8) | (u32)b[4 * li + 3];
+    u32 pos = 4 * CZ_RANS_WAYS;
+    const u32 mask = CZ_PROB_SCALE - 1;
+    const u32 before = (1u << li) - 1u;
+    l += li;
+    while (l >= ts) l -= ts;
+    for (u32 j0 = 0; j0 < cnt; j0 += CZ_RANS_WAYS) {
+        const u32 i = j0 + li;
+        const bool act = i < cnt;
+        u32 s = 0;
+        if (act) {
+            const uint2 tp = top[l];
+            const u32 sl = x & mask;
+            const u32 f0 = tp.x >> 16;
+            const u32 d = sl - (tp.x & 0xFFFF);
+            if (d < f0) {
+                s = tp.y & 0xFFFF;
+                x = f0 * (x >> CZ_PROB_BITS) + d;
+            } else {
+                u32 fc;
+                cz_slot_symbol(tp.y >> 16, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
+                x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+            }
+        }
+        if (__any_sync(gm, act && x < (CZ_RANS_L >> 16))) {
+            // a corrupt state: the serial decoder's loop, one lane after the other
+            for (u32 q = 0; q < CZ_RANS_WAYS; q++) {
+                u32 f = 0;
+                if (li == q && act) {
+                    while (x < CZ_RANS_L) {
+                        if (pos >= nb) {
+                            f = 1;
+                            break;
+                        }
+                        x = (x << 8) | b[pos++];
+                    }
+                }
+                pos = __shfl_sync(gm, pos, first + q);
+                if (__any_sync(gm, f)) return CZ_E_RANS;
+            }
+        } else {
+            const u32 k = act ? (u32)(x < CZ_RANS_L) + (u32)(x < (CZ_RANS_L >> 8)) : 0u;
+            const u32 b1 = __ballot_sync(gm, k != 0) >> first;
+            const u32 b2 = __ballot_sync(gm, k == 2) >> first;
+            const u32 tot = __popc(b1) + __popc(b2);
+            if (pos + tot > nb) return CZ_E_RANS;
+            if (k) {
+                const u32 o = pos + __popc(b1 & before) + __popc(b2 & before);
+                x = (x << 8) | b[o];
+                if (k == 2) x = (x << 8) | b[o + 1];
+            }
+            pos += tot;
+        }
+        if (act) sy[i] = (unsigned short)s;
+        l += CZ_RANS_WAYS;
+        while (l >= ts) l -= ts;
+    }
+    return __all_sync(gm, x == CZ_RANS_L) && pos == nb ? 0 : CZ_E_RANS;
+}
+
+// cz_rans_whole for coder 3: blocks of CZ_RANS_CHUNKS chunks, a group of CZ_RANS_WAYS lanes per
+// chunk, the tables staged as there.
+template <typename T>
+__device__ void cz_rans_warp(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* g_top,
+                             const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
+                             const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
+                             u64* err) {
+    u8* s_rank = cz_dyn;
+    u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
+    unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
+    uint2* s_top = (uint2*)(s_rsym + ntab * 256);
+    if (smem) {
+        const u32* gr = (const u32*)g_rank;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
+        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
+            s_rfc[i] = g_rfc[i];
+            s_rsym[i] = g_rsym[i];
+        }
+        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_top[i] = g_top[i];
+        __syncthreads();
+    }
+    const u32 lane = threadIdx.x & 31, li = lane % CZ_RANS_WAYS, first = lane - li;
+    const u32 gm = cz_group_mask(first);
+    const u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + threadIdx.x / CZ_RANS_WAYS;
+    if (ci >= nchunks) return;
+    const u8* c = stream + ent[2 * ci];
+    const u32 size = (u32)ent[2 * ci + 1];
+    const u32 sum_w = (u32)(ent[2 * ci + 1] >> 32);
+    const u64 i0 = ci * CZ_CHUNK;
+    const u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    u32 nb = 0;
+    u64 fail = cz_group_check(c, size, sum_w, li, gm, nb);
+    if (!fail) {
+        const u32 l = (u32)(i0 % ts);
+        if (smem)
+            fail = cz_rans_lanes(c, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0, li, first, gm);
+        else
+            fail = cz_rans_lanes(c, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0, li, first, gm);
+    }
+    if (li == 0) {
+        stat[ci] = fail ? 1u : 0u;
+        if (fail) {
+            atomicOr(&err[0], fail);
+            atomicMin(&err[1], ci);
+        }
     }
 }
 
@@ -1501,7 +1649,7 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         if (shist[i]) atomicAdd(&hist[(i / CZ_HIST_WIN) * 1025u + CZ_HIST_LO + i % CZ_HIST_WIN], (u64)shist[i]);
 }
 
-// The encoders write coder 2 only (what the CPU encoder writes; coder 1 is only decoded).
+// The encoders write coder 3 only (what the CPU encoder writes; coders 1 and 2 are only decoded).
 //
 // The final states before the `nrev` bytes emitted backwards from `end`, each big-endian, the
 // last state nearest to the bytes (the decoder reads state 0 first); returns the rANS byte count.
@@ -1520,7 +1668,7 @@ __device__ __forceinline__ u32 cz_enc_states(const u32 (&xs)[CZ_RANS_WAYS], u8* 
 // indices (cz_enc_prep, cz_enc_whole), CHUNK * 2]; every part starts at a multiple of 16 bytes.
 // enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
 // lossless bytes, varint bytes; sizes[ci] = the chunk's size.
-#define CZ_RANS_CAP (2 * CZ_CHUNK + 16)
+#define CZ_RANS_CAP (2 * CZ_CHUNK + 4 * CZ_RANS_WAYS)
 template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
 __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw,
@@ -1557,9 +1705,10 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
         }
         cz_next_point(g, tc, b, l, own);
     }
-    // backward: the rANS states (residual j takes state j mod 4), bytes emitted from the end of
-    // the region
-    u32 xs[CZ_RANS_WAYS] = {CZ_RANS_L, CZ_RANS_L, CZ_RANS_L, CZ_RANS_L};
+    // backward: the rANS states (residual j takes state j mod CZ_RANS_WAYS), bytes emitted from
+    // the end of the region
+    u32 xs[CZ_RANS_WAYS];
+    for (int q = 0; q < CZ_RANS_WAYS; q++) xs[q] = CZ_RANS_L;
     u32 nrev = 0;
     u8* end = sc + CZ_RANS_CAP;
     for (i64 j = cnt - 1; j >= 0; j--) {
@@ -1580,21 +1729,6 @@ __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned sho
     info[3 * ci + 2] = nbig;
     u64 size = 4 + (u64)nb + nraw + nbig;
     sizes[ci] = (size + 3) & ~3ull;
-}
-
-// One encoder step (rans.rs EncSym::put after the renormalization) with the step `e` packed as
-// {x_max, rcp, bias, cmpl | rcp_shift << 16}: bytes emitted backwards from `end`. The state,
-// below 2^31, falls below x_max = f 2^17 >= 2^17 after at most 2 bytes, so the renormalization
-// is the count of bytes k = [x >= x_max] + [x / 2^8 >= x_max] and two predicated stores, with
-// no loop to keep the steps apart.
-__device__ __forceinline__ void cz_enc_step(uint4 e, u32& x, u8* end, u32& nrev) {
-    u32 k = (x >= e.x) + ((x >> 8) >= e.x);
-    if (k) end[-1 - (i64)nrev] = (u8)x;
-    if (k == 2) end[-2 - (i64)nrev] = (u8)(x >> 8);
-    nrev += k;
-    x >>= 8 * k;
-    u32 q = __umulhi(x, e.y) >> (e.w >> 16);
-    x = x + e.z + q * (e.w & 0xFFFF);
 }
 
 // Chunk coding of a stream whose tiles are all whole (as cz_rans_whole), writing what
@@ -1698,47 +1832,16 @@ __device__ __forceinline__ void cz_enc_prep_chunk(const i64* res, const unsigned
     }
 }
 
-// The rANS bytes of one chunk's `cnt` step indices `key` coded backwards (cz_enc_whole) with
-// the four interleaved states (residual j with state j mod 4), emitted from `end`, the final
-// states included; returns the rANS byte count. The steps `enc` are passed in (shared memory,
-// where the compiler then emits shared loads, or global memory). It loads 8 indices at once
-// (the next 8 ahead) and their 8 steps before it codes them, so that only the states'
-// arithmetic is serial, and the steps of different states overlap.
-__device__ __forceinline__ u32 cz_enc_chain(const uint4* enc, const unsigned short* key, u32 cnt, u8* end) {
-    constexpr u32 W = CZ_RANS_WAYS;
-    u32 x[W] = {CZ_RANS_L, CZ_RANS_L, CZ_RANS_L, CZ_RANS_L};
-    u32 nrev = 0;
-    // the last cnt % 8 residuals one by one, then groups of 8 from the last
-    const u32 ng = cnt / 8;
-#pragma unroll
-    for (int q = 7; q >= 0; q--)
-        if (8 * ng + q < cnt) cz_enc_step(enc[key[8 * ng + q]], x[q & (W - 1)], end, nrev);
-    if (ng) {
-        const uint4* kv = (const uint4*)key;
-        uint4 next = kv[ng - 1];
-        for (u32 g = ng; g-- > 0;) {
-            uint4 kk = next;
-            if (g) next = kv[g - 1];
-            uint4 e[8];
-            e[0] = enc[kk.x & 0xFFFF];
-            e[1] = enc[kk.x >> 16];
-            e[2] = enc[kk.y & 0xFFFF];
-            e[3] = enc[kk.y >> 16];
-            e[4] = enc[kk.z & 0xFFFF];
-            e[5] = enc[kk.z >> 16];
-            e[6] = enc[kk.w & 0xFFFF];
-            e[7] = enc[kk.w >> 16];
-#pragma unroll
-            for (int q = 7; q >= 0; q--) cz_enc_step(e[q], x[q & (W - 1)], end, nrev);
-        }
-    }
-    return cz_enc_states(x, end, nrev);
-}
-
-// cz_enc_whole codes each chunk's step indices (cz_enc_chain), one thread per chunk (blocks and
-// lanes as cz_rans_whole), with the steps `g_enc` packed in 16 bytes per table and symbol
-// (cz_enc_step) and staged in shared memory (when `smem`); then the rANS byte count and the
-// chunk's size.
+// cz_enc_whole codes each chunk's step indices, a group of CZ_RANS_WAYS lanes per chunk (blocks
+// as cz_rans_warp's), with the steps `g_enc` packed in 16 bytes per table and symbol as
+// {x_max, rcp, bias, cmpl | rcp_shift << 16} (rans.rs EncSym) and staged in shared memory (when
+// `smem`); then the rANS byte count and the chunk's size. Lane li holds state li (coder 3), and
+// the steps run backwards, G residuals at a time: the serial encoder emits the bytes of residual
+// i before those of i - 1, so a lane's bytes follow those of the lanes after it in the group,
+// counted from two ballots; the final states follow, the last state first, each emitted from
+// its low byte (the stream, reversed, starts with state 0 big-endian). A state is below 2^31,
+// so its renormalization before a symbol of frequency f (down below x_max = f 2^17 >= 2^17)
+// emits at most 2 bytes.
 template <typename T>
 __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info,
                              u64* sizes) {
@@ -1747,19 +1850,48 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, 
         for (u32 i = threadIdx.x; i < ntab * 1025; i += blockDim.x) s_enc[i] = g_enc[i];
         __syncthreads();
     }
-    u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane >= CZ_RANS_LANES) return;
-    u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
+    const uint4* enc = smem ? s_enc : g_enc;
+    const u32 lane = threadIdx.x & 31, li = lane % CZ_RANS_WAYS, first = lane - li;
+    const u32 gm = cz_group_mask(first);
+    const u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + threadIdx.x / CZ_RANS_WAYS;
     if (ci >= nchunks) return;
-    u64 i0 = ci * CZ_CHUNK;
-    u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
+    const u64 i0 = ci * CZ_CHUNK;
+    const u32 cnt = (u32)(count - i0 < (u64)CZ_CHUNK ? count - i0 : (u64)CZ_CHUNK);
     u8* sc = scratch + ci * (u64)cz_scratch<T>();
     const unsigned short* key = (const unsigned short*)(sc + CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10));
     u8* end = sc + CZ_RANS_CAP;
-    const u32 nb = cz_enc_chain(smem ? s_enc : g_enc, key, cnt, end);
-    info[3 * ci] = nb;
-    u64 size = 4 + (u64)nb + info[3 * ci + 1] + info[3 * ci + 2];
-    sizes[ci] = (size + 3) & ~3ull;
+    // the lanes after this one in the group
+    const u32 after = (CZ_RANS_WAYS == 32 ? 0xFFFFFFFFu : (1u << (CZ_RANS_WAYS & 31)) - 1u) & ~((2u << li) - 1u);
+    u32 x = CZ_RANS_L, nrev = 0;
+    for (u32 j = (cnt + CZ_RANS_WAYS - 1) / CZ_RANS_WAYS; j-- > 0;) {
+        const u32 i = j * CZ_RANS_WAYS + li;
+        const bool act = i < cnt;
+        uint4 e = make_uint4(0, 0, 0, 0);
+        u32 k = 0;
+        if (act) {
+            e = enc[key[i]];
+            k = (u32)(x >= e.x) + (u32)((x >> 8) >= e.x);
+        }
+        const u32 b1 = __ballot_sync(gm, k != 0) >> first;
+        const u32 b2 = __ballot_sync(gm, k == 2) >> first;
+        const u32 at = nrev + __popc(b1 & after) + __popc(b2 & after);
+        if (k) end[-1 - (i64)at] = (u8)x;
+        if (k == 2) end[-2 - (i64)at] = (u8)(x >> 8);
+        nrev += __popc(b1) + __popc(b2);
+        if (act) {
+            x >>= 8 * k;
+            const u32 q = __umulhi(x, e.y) >> (e.w >> 16);
+            x = x + e.z + q * (e.w & 0xFFFF);
+        }
+    }
+#pragma unroll
+    for (u32 q = 0; q < 4; q++) end[-1 - (i64)(nrev + 4 * (CZ_RANS_WAYS - 1 - li) + q)] = (u8)(x >> (8 * q));
+    if (li == 0) {
+        const u32 nb = nrev + 4 * CZ_RANS_WAYS;
+        info[3 * ci] = nb;
+        u64 size = 4 + (u64)nb + info[3 * ci + 1] + info[3 * ci + 2];
+        sizes[ci] = (size + 3) & ~3ull;
+    }
 }
 
 // Exclusive prefix sum (wrapping) of `v[0..n]` in place by the whole block; returns the total
@@ -1884,6 +2016,13 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
         cz_rans_whole<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, ways, syms,    \
                          stat, err);                                                                               \
     }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS * CZ_RANS_WAYS) cz_rans_warp_##N(                   \
+        const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* top,                        \
+        const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
+        u32 ntab, u32 smem, unsigned short* syms, u32* stat, u64* err) {                                           \
+        cz_rans_warp<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat,    \
+                        err);                                                                                      \
+    }                                                                                                               \
     extern "C" __global__ void cz_rans_post_##N(const u8* stream, const u64* ent, u64 nchunks, u64 count,          \
                                                 const unsigned short* syms, const u32* stat, i64* res, u8* raw,   \
                                                 u32* bigs, u64* err) {                                             \
@@ -1938,7 +2077,7 @@ CZ_INST(double, f64)
         u8* scratch, u32* info, u32 nk, u64* hist) {                                                                \
         cz_enc_prep<T>(res, syms, raw, cpat, count, ts, nchunks, scratch, info, nk, hist);                         \
     }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS / CZ_RANS_LANES * 32) cz_enc_whole_##N(            \
+    extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS * CZ_RANS_WAYS) cz_enc_whole_##N(            \
         const uint4* enc, u32 ntab, u32 smem, u64 count, u64 nchunks, u8* scratch, u32* info, u64* sizes) {        \
         cz_enc_whole<T>(enc, ntab, smem, count, nchunks, scratch, info, sizes);                                    \
     }                                                                                                               \

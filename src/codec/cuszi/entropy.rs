@@ -1,6 +1,6 @@
 //! Coder 0 (the first version 3 encoder's Huffman coding) of the residual sequence: the symbol
 //! alphabet (small residuals, zero runs, escapes), and each chunk's payload (Huffman bits,
-//! lossless values, large residuals). The encoder writes coder 2 (module `rans`); coder 0's
+//! lossless values, large residuals). The encoder writes coder 3 (module `rans`); coder 0's
 //! encoding side is kept for the tests that older streams still decode.
 
 use crate::element::Element;

@@ -39,7 +39,7 @@
 //!   the points of one pass or stage of a level do not depend on each other;
 //! * the configuration sampling visits fixed tiles and sums integers (order-independent);
 //! * the per-class histogram is an atomic-add kernel; the tables are built on the host from it
-//!   (as cuSZ-i builds its codebook) with the deterministic rules of FORMAT.md ("Coders 1 and 2");
+//!   (as cuSZ-i builds its codebook) with the deterministic rules of FORMAT.md ("Coders 1 to 3");
 //! * each chunk of 32,768 residuals is coded by one thread (its rANS stream is sequential, its
 //!   four interleaved states' updates independent; the chunks are independent, and a class
 //!   follows from a position); chunk sizes go to the table and offsets follow from a prefix sum
@@ -203,12 +203,19 @@ pub(crate) fn predict<T: Element>(data: &[T], dims: &Dims, params: &QuantParams)
     }
 }
 
-/// Encode `data` of shape `dims` (whose count is `data.len()`), with coder 2.
+/// Encode `data` of shape `dims` (whose count is `data.len()`), with coder 3.
 pub(crate) fn encode<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
     encode_rans(data, dims, params, rans::WAYS)
 }
 
-/// Encode with coder 1 (one rANS state per chunk, the previous encoder's): streams for the tests
+/// Encode with coder 2 ([`rans::WAYS_CODER_2`] states per chunk, the previous encoder's):
+/// streams for the tests that older streams still decode.
+#[cfg(test)]
+pub(crate) fn encode_coder_2<T: Element>(data: &[T], dims: &Dims, params: &QuantParams) -> Encoded {
+    encode_rans(data, dims, params, rans::WAYS_CODER_2)
+}
+
+/// Encode with coder 1 (one rANS state per chunk, an earlier encoder's): streams for the tests
 /// that older streams still decode.
 #[cfg(test)]
 pub(crate) fn encode_one_state<T: Element>(
@@ -220,7 +227,7 @@ pub(crate) fn encode_one_state<T: Element>(
 }
 
 /// Encode with rANS of `ways` interleaved states per chunk (coder 1 for one, coder 2 for
-/// [`rans::WAYS`]).
+/// [`rans::WAYS_CODER_2`], coder 3 for [`rans::WAYS`]).
 fn encode_rans<T: Element>(data: &[T], dims: &Dims, params: &QuantParams, ways: usize) -> Encoded {
     let Predicted {
         levels,
@@ -381,23 +388,26 @@ fn classes(g: &Grid, levels: &[Level]) -> Vec<u8> {
 }
 
 /// The metadata section's coder byte: 0 Huffman (the first version 3 encoder's), 1 rANS with
-/// one state per chunk (the second's), 2 rANS with [`rans::WAYS`] interleaved states (this
-/// encoder's).
+/// one state per chunk (the second's), 2 rANS with [`rans::WAYS_CODER_2`] interleaved states
+/// (the third's), 3 rANS with [`rans::WAYS`] interleaved states (this encoder's).
 const CODER_HUFFMAN: u8 = 0;
 /// See [`CODER_HUFFMAN`].
 const CODER_RANS: u8 = 1;
 /// See [`CODER_HUFFMAN`].
 const CODER_RANS_INTERLEAVED: u8 = 2;
+/// See [`CODER_HUFFMAN`].
+const CODER_RANS_WARP: u8 = 3;
 
-/// The metadata section of coders 1 and 2 (`ways` 1 or [`rans::WAYS`]): level count (u8), the
+/// The metadata section of coders 1 to 3 (`ways` 1, [`rans::WAYS_CODER_2`] or [`rans::WAYS`]):
+/// level count (u8), the
 /// coder (u8), 0 (u16), two configuration bytes per level (coarsest first), the class count
 /// (u8), the table count (u8), the table of every class (u8 each), the tables
 /// ([`rans::write_table`]), zero padding to 4 bytes.
 pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>], ways: usize) -> Vec<u8> {
-    let coder = if ways == 1 {
-        CODER_RANS
-    } else {
-        CODER_RANS_INTERLEAVED
+    let coder = match ways {
+        1 => CODER_RANS,
+        rans::WAYS_CODER_2 => CODER_RANS_INTERLEAVED,
+        _ => CODER_RANS_WARP,
     };
     let mut m = vec![levels.len() as u8, coder, 0, 0];
     for lv in levels {
@@ -417,8 +427,8 @@ pub(crate) fn write_meta(levels: &[Level], map: &[u8], freqs: &[Vec<u32>], ways:
 pub(crate) enum Coder {
     /// Coder 0: one canonical Huffman codebook (its code lengths), zero-run symbols.
     Huffman(Vec<u8>),
-    /// Coders 1 and 2: rANS with the class-to-table map, the tables and the interleaved states
-    /// per chunk (1 or [`rans::WAYS`]).
+    /// Coders 1 to 3: rANS with the class-to-table map, the tables and the interleaved states
+    /// per chunk (1, [`rans::WAYS_CODER_2`] or [`rans::WAYS`]).
     Rans {
         /// The table of each point class.
         map: Vec<u8>,
@@ -458,8 +468,12 @@ pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
             let lens = huffman::read_lengths(&m[levels_end..end], NSYM)?;
             Ok((levels(m)?, Coder::Huffman(lens)))
         }
-        CODER_RANS | CODER_RANS_INTERLEAVED => {
-            let ways = if m[1] == CODER_RANS { 1 } else { rans::WAYS };
+        CODER_RANS | CODER_RANS_INTERLEAVED | CODER_RANS_WARP => {
+            let ways = match m[1] {
+                CODER_RANS => 1,
+                CODER_RANS_INTERLEAVED => rans::WAYS_CODER_2,
+                _ => rans::WAYS,
+            };
             let nc = interp::n_classes(n_levels);
             if m[2] != 0 || m[3] != 0 || m.len() < levels_end + 2 + nc {
                 return Err(Error::corrupt("cuszi metadata length mismatch"));
@@ -479,7 +493,7 @@ pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
             Ok((levels(m)?, Coder::Rans { map, tables, ways }))
         }
         c => Err(Error::corrupt(format!(
-            "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman), 1 and 2 (rANS)"
+            "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman), 1, 2 and 3 (rANS)"
         ))),
     }
 }

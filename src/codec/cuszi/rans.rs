@@ -1,4 +1,4 @@
-//! Coders 1 and 2 (FORMAT.md, "cuszi", "Coders 1 and 2: rANS"): static-model range asymmetric
+//! Coders 1 to 3 (FORMAT.md, "cuszi", "Coders 1 to 3: rANS"): static-model range asymmetric
 //! numeral systems over the residual sequence, with one frequency table per group of point
 //! classes.
 //!
@@ -11,11 +11,15 @@
 //!
 //! Each chunk is one rANS stream (32-bit states, byte-wise renormalization), independent of the
 //! others: a GPU codes chunks in parallel, with the tables built on the host from a histogram
-//! kernel's counts, as for the Huffman codebook of coder 0. Coder 2 (what the encoder writes)
+//! kernel's counts, as for the Huffman codebook of coder 0. Coder 3 (what the encoder writes)
 //! interleaves [`WAYS`] states in each chunk's stream, residual `i` coded with state `i mod
 //! WAYS`: a state update waits on the state before it, so a chunk of one state is one serial
-//! chain of 32,768 dependent steps, while interleaved states give a GPU thread independent
-//! steps to overlap, for 4 bytes per extra state and chunk. Coder 1 (one state) still decodes.
+//! chain of 32,768 dependent steps; with one state per lane of a warp, a GPU decodes (and
+//! encodes) a chunk a warp step at a time, WAYS residuals per step, the lanes' renormalization
+//! bytes placed by a prefix count over the warp. The bytes stay in residual order, so this
+//! module's serial coder writes the same stream. Each state costs 4 bytes per chunk. Coders 1
+//! (one state) and 2 ([`WAYS_CODER_2`] states, for one thread's overlapped steps) still
+//! decode.
 
 use rayon::prelude::*;
 
@@ -30,9 +34,22 @@ pub(crate) const PROB_BITS: u32 = 14;
 pub(crate) const PROB_SCALE: u32 = 1 << PROB_BITS;
 /// Lower end of the normalized state interval `[L, 256 L)`.
 const RANS_L: u32 = 1 << 23;
-/// Interleaved rANS states per chunk of coder 2 (kernels/cuszi.cu `CZ_RANS_WAYS`); coder 1
-/// has one.
-pub(crate) const WAYS: usize = 4;
+/// Interleaved rANS states per chunk of coder 3 (kernels/cuszi.cu `CZ_RANS_WAYS`: the lanes
+/// that decode one chunk); coder 1 has one.
+pub(crate) const WAYS: usize = 32;
+/// Interleaved rANS states per chunk of coder 2 (kernels/cuszi.cu `CZ_RANS_WAYS2`).
+pub(crate) const WAYS_CODER_2: usize = 4;
+/// The most states any coder has (the size of the coders' state arrays).
+const MAX_WAYS: usize = if WAYS > WAYS_CODER_2 {
+    WAYS
+} else {
+    WAYS_CODER_2
+};
+
+/// Whether `ways` is a coder's state count (1, [`WAYS_CODER_2`] or [`WAYS`]).
+fn known_ways(ways: usize) -> bool {
+    ways == 1 || ways == WAYS_CODER_2 || ways == WAYS
+}
 /// Symbol of a value stored losslessly (its bits follow in the chunk's raw section).
 pub(crate) const SYM_LOSSLESS: u16 = 2 * RADIUS as u16 + 1;
 /// Symbol of a residual outside `±RADIUS` (zigzag LEB128 in the chunk's big section).
@@ -449,8 +466,9 @@ fn group_tables(groups: &[(Vec<usize>, Vec<u64>, f64)], n: usize) -> (Vec<u8>, V
     (map, freqs)
 }
 
-/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "Coders 1 and 2: rANS",
-/// with `ways` interleaved states: 1 for coder 1, [`WAYS`] for coder 2): the rANS byte count
+/// The chunk payload of residuals `res` with classes `cls` (FORMAT.md, "Coders 1 to 3: rANS",
+/// with `ways` interleaved states: 1 for coder 1, [`WAYS_CODER_2`] for coder 2, [`WAYS`] for
+/// coder 3): the rANS byte count
 /// (u32), the rANS bytes, the lossless values `raw` (little-endian), the big residuals' varints
 /// (zigzag LEB128), zero padding to a multiple of 4 bytes.
 pub(crate) fn write_chunk<T: Element>(
@@ -461,11 +479,11 @@ pub(crate) fn write_chunk<T: Element>(
     raw: &[T],
     ways: usize,
 ) -> Vec<u8> {
-    debug_assert!(ways == 1 || ways == WAYS, "{ways} interleaved rANS states");
+    debug_assert!(known_ways(ways), "{ways} interleaved rANS states");
     // rANS codes backwards: bytes are produced last symbol first, then reversed
     let by_class: Vec<&Table> = map.iter().map(|&t| &tables[t as usize]).collect();
     let mut rev = Vec::with_capacity(res.len() / 2 + 4 * ways + 4);
-    let mut x = [RANS_L; WAYS];
+    let mut x = [RANS_L; MAX_WAYS];
     for (i, (&r, &k)) in res.iter().zip(cls).enumerate().rev() {
         let e = &by_class[k as usize].enc[symbol(r) as usize];
         debug_assert!(e.x_max > 0, "symbol of class {k} without frequency");
@@ -511,7 +529,7 @@ pub(crate) fn read_chunk<T: Element>(
     raw: &mut Vec<T>,
     ways: usize,
 ) -> Result<()> {
-    debug_assert!(ways == 1 || ways == WAYS, "{ways} interleaved rANS states");
+    debug_assert!(known_ways(ways), "{ways} interleaved rANS states");
     let n_bytes = c
         .get(0..4)
         .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
@@ -520,7 +538,7 @@ pub(crate) fn read_chunk<T: Element>(
         .get(4..4 + n_bytes)
         .filter(|b| b.len() >= 4 * ways)
         .ok_or_else(|| Error::corrupt("rANS bytes run past the chunk"))?;
-    let mut x = [RANS_L; WAYS];
+    let mut x = [RANS_L; MAX_WAYS];
     for (w, x) in x[..ways].iter_mut().enumerate() {
         *x = u32::from_be_bytes(bytes[4 * w..4 * w + 4].try_into().expect("4 bytes"));
     }
@@ -775,7 +793,7 @@ mod tests {
         let raw: Vec<f64> = (0..res.iter().filter(|&&r| r == LOSSLESS).count())
             .map(|i| f64::NAN + i as f64)
             .collect();
-        for ways in [1, WAYS] {
+        for ways in [1, WAYS_CODER_2, WAYS] {
             let c = write_chunk::<f64>(&res, &cls, &map, &tabs, &raw, ways);
             let read = |c: &[u8], back: &mut [i64], raw: &mut Vec<f64>, ways| {
                 read_chunk::<f64>(c, &cls, &map, &tabs, back, raw, ways)
@@ -798,9 +816,13 @@ mod tests {
             let mut longer = c.clone();
             longer.extend([0, 0, 0, 0]);
             assert!(read(&longer, &mut back, &mut Vec::new(), ways).is_err());
-            // a stream read with the other number of states is rejected
-            let other = if ways == 1 { WAYS } else { 1 };
-            assert!(read(&c, &mut back, &mut Vec::new(), other).is_err());
+            // a stream read with another number of states is rejected
+            for other in [1, WAYS_CODER_2, WAYS].into_iter().filter(|&o| o != ways) {
+                assert!(
+                    read(&c, &mut back, &mut Vec::new(), other).is_err(),
+                    "{ways} {other}"
+                );
+            }
         }
         // an all-zero chunk of one class costs almost nothing: the count and the states
         let zeros = vec![0i64; 32_768];
@@ -808,7 +830,7 @@ mod tests {
         let mut h = vec![vec![0u64; NSYM]];
         h[0][RADIUS as usize] = zeros.len() as u64;
         let (map, freqs) = group_classes(&h);
-        for ways in [1, WAYS] {
+        for ways in [1, WAYS_CODER_2, WAYS] {
             let c = write_chunk::<f32>(&zeros, &zc, &map, &tables(&freqs), &[], ways);
             assert!(c.len() <= 4 + 4 * ways, "{}", c.len());
         }
@@ -822,13 +844,15 @@ mod tests {
         h[0][RADIUS as usize + 1] = 1;
         let (map, freqs) = group_classes(&h);
         let tabs = tables(&freqs);
-        for n in 0..=2 * WAYS + 1 {
-            let res: Vec<i64> = (0..n as i64).map(|i| i % 2).collect();
-            let cls = vec![0u8; n];
-            let c = write_chunk::<f32>(&res, &cls, &map, &tabs, &[], WAYS);
-            let mut back = vec![9i64; n];
-            read_chunk::<f32>(&c, &cls, &map, &tabs, &mut back, &mut Vec::new(), WAYS).unwrap();
-            assert_eq!(back, res);
+        for ways in [WAYS_CODER_2, WAYS] {
+            for n in 0..=2 * ways + 1 {
+                let res: Vec<i64> = (0..n as i64).map(|i| i % 2).collect();
+                let cls = vec![0u8; n];
+                let c = write_chunk::<f32>(&res, &cls, &map, &tabs, &[], ways);
+                let mut back = vec![9i64; n];
+                read_chunk::<f32>(&c, &cls, &map, &tabs, &mut back, &mut Vec::new(), ways).unwrap();
+                assert_eq!(back, res);
+            }
         }
     }
 }

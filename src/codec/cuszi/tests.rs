@@ -485,6 +485,17 @@ pub(crate) fn as_coder_1<T: Element>(
     with_payload(s, data, dims, bound, super::encode_one_state)
 }
 
+/// `s` with its payload replaced by coder 2 (four rANS states per chunk, the third version 3
+/// encoder's).
+pub(crate) fn as_coder_2<T: Element>(
+    s: &[u8],
+    data: &[T],
+    dims: &[usize],
+    bound: ErrorBound,
+) -> Vec<u8> {
+    with_payload(s, data, dims, bound, super::encode_coder_2)
+}
+
 /// `s` with its payload replaced by what `encode` writes, header fields and checksums updated.
 fn with_payload<T: Element>(
     s: &[u8],
@@ -515,7 +526,7 @@ fn decode_alike<T: Element>(a: &[u8], b: &[u8]) -> bool {
     bits(a) == bits(b)
 }
 
-/// Streams of coder 0 (Huffman) still decode, within the bound, to what coder 2 decodes (the
+/// Streams of coder 0 (Huffman) still decode, within the bound, to what coder 3 decodes (the
 /// predictor is the same: only the residuals' coding differs), and corrupted ones are errors.
 #[test]
 fn coder_0_streams_still_decode() {
@@ -548,17 +559,18 @@ fn coder_0_streams_still_decode() {
     let s = check(&d, &dims, ErrorBound::Noa(1e-3));
     let mut m = s.clone();
     let meta_at = HEADER_LEN_V3 + 8 * inspect(&s).unwrap().n_chunks as usize;
-    m[meta_at + 1] = 3;
+    m[meta_at + 1] = 4;
     reseal_v3(&mut m);
     let err = decompress::<f32>(&m).unwrap_err().to_string();
-    assert!(err.contains("entropy coder 3"), "{err}");
+    assert!(err.contains("entropy coder 4"), "{err}");
 }
 
-/// Streams of coder 1 (one rANS state per chunk) still decode, bit for bit as coder 2 (the
-/// residuals are the same, only their rANS streams differ); read as the other coder, either one
-/// is an error; a truncated one too.
+/// Streams of coders 1 (one rANS state per chunk) and 2 (four) still decode, bit for bit as
+/// coder 3 (the residuals are the same, only their rANS streams differ); read as another coder,
+/// each one is an error; a truncated one too.
 #[test]
-fn coder_1_streams_still_decode() {
+fn coder_1_and_2_streams_still_decode() {
+    use super::rans::{WAYS, WAYS_CODER_2};
     let dims = [12usize, 20, 37];
     let d = field::<f32>(dims);
     let mut a = adversarial::<f64>(70_000, 11);
@@ -569,35 +581,54 @@ fn coder_1_streams_still_decode() {
         ErrorBound::Rel(1e-3),
     ] {
         let s = check(&d, &dims, bound);
-        let old = as_coder_1(&s, &d, &dims, bound);
-        let meta_at = HEADER_LEN_V3 + 8 * inspect(&old).unwrap().n_chunks as usize;
-        assert_eq!(old[meta_at + 1], 1, "coder byte");
-        assert_eq!(s[meta_at + 1], 2, "coder byte");
-        // about 4 bytes per chunk and extra state (the states' final bits differ)
+        let meta_at = HEADER_LEN_V3 + 8 * inspect(&s).unwrap().n_chunks as usize;
+        assert_eq!(s[meta_at + 1], 3, "coder byte");
         let n_chunks = inspect(&s).unwrap().n_chunks as usize;
-        assert!(
-            s.len() <= old.len() + 16 * n_chunks,
-            "{} {}",
-            s.len(),
-            old.len()
-        );
-        assert!(
-            s.len() + 4 * n_chunks >= old.len(),
-            "{} {}",
-            s.len(),
-            old.len()
-        );
-        assert!(decode_alike::<f32>(&old, &s), "{bound:?}");
-        let s2 = check(&a, &[70, 1000], bound);
-        let old2 = as_coder_1(&s2, &a, &[70, 1000], bound);
-        assert!(decode_alike::<f64>(&old2, &s2), "{bound:?}");
-        for (stream, other) in [(&old, 2u8), (&s, 1u8)] {
-            let mut m = stream.clone();
-            m[meta_at + 1] = other;
-            reseal_v3(&mut m);
-            assert!(!decodes(&m), "{bound:?} read as coder {other}");
+        for (coder, ways) in [(1u8, 1usize), (2, WAYS_CODER_2)] {
+            let old = if coder == 1 {
+                as_coder_1(&s, &d, &dims, bound)
+            } else {
+                as_coder_2(&s, &d, &dims, bound)
+            };
+            assert_eq!(old[meta_at + 1], coder, "coder byte");
+            // about 4 bytes per chunk and extra state (the states' final bits differ)
+            let extra = 4 * (WAYS - ways) * n_chunks;
+            assert!(
+                s.len() <= old.len() + extra + 4 * n_chunks,
+                "{} {}",
+                s.len(),
+                old.len()
+            );
+            // (at least half of it: a final state carries at most a byte of the data)
+            assert!(
+                s.len() + extra / 2 + 4 * n_chunks >= old.len() + extra,
+                "{} {}",
+                s.len(),
+                old.len()
+            );
+            assert!(decode_alike::<f32>(&old, &s), "{bound:?}");
+            let s2 = check(&a, &[70, 1000], bound);
+            let old2 = if coder == 1 {
+                as_coder_1(&s2, &a, &[70, 1000], bound)
+            } else {
+                as_coder_2(&s2, &a, &[70, 1000], bound)
+            };
+            assert!(decode_alike::<f64>(&old2, &s2), "{bound:?}");
+            for other in [1u8, 2, 3].into_iter().filter(|&o| o != coder) {
+                let mut m = old.clone();
+                m[meta_at + 1] = other;
+                reseal_v3(&mut m);
+                assert!(
+                    !decodes(&m),
+                    "{bound:?} coder {coder} read as coder {other}"
+                );
+            }
+            assert!(!decodes(&old[..old.len() - 4]));
         }
-        assert!(!decodes(&old[..old.len() - 4]));
+        let mut m = s.clone();
+        m[meta_at + 1] = 2;
+        reseal_v3(&mut m);
+        assert!(!decodes(&m), "{bound:?} coder 3 read as coder 2");
     }
 }
 
@@ -609,29 +640,51 @@ fn rans_beats_huffman_on_smooth_fields() {
     let d = field::<f32>(dims);
     let s = check(&d, &dims, ErrorBound::Noa(1e-2));
     let old = as_coder_0(&s, &d, &dims, ErrorBound::Noa(1e-2));
-    assert!(s.len() * 4 < old.len() * 3, "{} vs {}", s.len(), old.len());
+    // (without the rANS states, 4 bytes each per chunk)
+    let states = 4 * super::rans::WAYS * inspect(&s).unwrap().n_chunks as usize;
+    assert!(
+        (s.len() - states) * 4 < old.len() * 3,
+        "{} vs {}",
+        s.len(),
+        old.len()
+    );
 }
 
-/// This encoder's stream (coder 2) of the golden data writes byte for byte what the reference
+/// This encoder's stream (coder 3) of the golden data writes byte for byte what the reference
 /// below holds (a CUDA twin must write the same bytes) and decodes within the bound; the
-/// previous encoder's stream of it (coder 1) decodes to the same values.
+/// previous encoders' streams of it (coders 1 and 2) decode to the same values.
 #[test]
-fn golden_stream_coder_2() {
+fn golden_stream_coder_3() {
     let mut d: Vec<f32> = (0..256)
         .map(|i| ((i / 16) as f32 * 0.3).sin() * 10.0 + (i % 16) as f32 * 0.25)
         .collect();
     d[77] = f32::NAN;
     let s = compress_nd(&d, &[16, 16], ErrorBound::Abs(1e-2), CodecKind::Cuszi).unwrap();
     let hex: String = s.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(hex, GOLDEN_16X16_CODER_2.concat());
+    assert_eq!(hex, GOLDEN_16X16_CODER_3.concat());
     let back: Vec<f32> = decompress(&s).unwrap();
     for (x, y) in d.iter().zip(&back) {
         assert!((x - y).abs() <= 1e-2 || x.to_bits() == y.to_bits());
     }
-    let old: Vec<f32> = decompress(&unhex(&GOLDEN_16X16_CODER_1.concat())).unwrap();
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&old), bits(&back));
+    for old in [GOLDEN_16X16_CODER_1, GOLDEN_16X16_CODER_2] {
+        let old: Vec<f32> = decompress(&unhex(&old.concat())).unwrap();
+        assert_eq!(bits(&old), bits(&back));
+    }
 }
+
+const GOLDEN_16X16_CODER_3: &[&str] = &[
+    "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",
+    "e17a943f0000000000000000000000000000000018010000000000000100000087805ef90000000000000000",
+    "0000000002000000100000000000000010000000000000000000000000000000000000000000000060000000",
+    "30b4f36cb00000003f2ab8660403000009000900090809040d040001020001000002000003000006ff03836a",
+    "0be40300a9080b8706188303cd036003a806983328cc19ae01993305a802b81cac01b81c10b81c20b81c5b9b",
+    "0e05ca03ff0f2eff1f05ff0f00ff2f00ff0f0000a40000001e3263df02411d7402411d7402411d7401b35276",
+    "02411d7402411d7402411d740195fcbf02411d7402411d7402411d7426d47f03013b71ea0499fe1601c0b98f",
+    "012f96a802411d74012f96a802411d74012f96a802411d74012f96a802411d74012f96a802411d74012f96a8",
+    "02411d74012f96a802411d74012f96a803d9f9fa5f7b5d080808080808080849b388249942fed87dd98972a1",
+    "3000000000000000007843e70000c07fdd08dd08",
+];
 
 const GOLDEN_16X16_CODER_2: &[&str] = &[
     "5a434d500300050101000f000000000000010000000000007b14ae47e17a843f7b14ae47e17a843f00000040",

@@ -19,8 +19,8 @@
 //!    chunk) writes each residual's step index (per class of the pattern), the lossless values
 //!    and the varints, and counts the symbols of each class (`cz_enc_tiles_nh_*` before it
 //!    counts none); the histogram is read back and the host builds the rANS tables and the
-//!    metadata with the CPU's own code; then `cz_enc_whole_*` (a thread per chunk) runs each
-//!    chunk's serial chain of rANS state updates. Otherwise `cz_enc_tiles_*` counts the symbols
+//!    metadata with the CPU's own code; then `cz_enc_whole_*` (a group of lanes per chunk, a
+//!    lane per rANS state: coder 3) codes the chunks a warp step at a time. Otherwise `cz_enc_tiles_*` counts the symbols
 //!    of each class, the host builds the tables, and `cz_enc_chunks_*` (a thread per chunk)
 //!    codes the chunks. `cz_scan` sums their sizes (read back: a stream that does not compress
 //!    is stored by the CPU twin), `cz_enc_write_*` places them with their table entries,
@@ -37,9 +37,11 @@
 //!    configuration, rANS tables) and uploads the geometry, the class pattern and the decoder
 //!    tables (one copy);
 //! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
-//!    tile is whole or the array 1-D (`whole_tiles`) and the stream 4-aligned, `cz_rans_whole_*` (a thread per chunk) checks the
-//!    chunk's `zhash` and runs its serial chain of rANS state updates into 2-byte symbols (a
-//!    slot of its table's most frequent symbol without a table load), then
+//!    tile is whole or the array 1-D (`whole_tiles`) and the stream 4-aligned,
+//!    `cz_rans_warp_*` (coder 3: a group of lanes per chunk, a lane per state) or
+//!    `cz_rans_whole_*` (coders 1 and 2: a thread per chunk) checks the chunk's `zhash` and
+//!    runs its rANS state updates into 2-byte symbols (a slot of its table's most frequent
+//!    symbol without a table load), then
 //!    `cz_rans_post_*` (a warp per chunk) places the lossless values and big residuals and
 //!    checks the chunk's end; otherwise `cz_rans_*` (a thread per chunk) does all of it, with
 //!    each residual's class from a walk over the tile coordinates, into 64-bit residuals;
@@ -134,8 +136,8 @@ const RANS_THREADS: usize = 32;
 const RANS_CHUNKS: usize = 32;
 /// Threads per block of `cz_rans_*`.
 const RANS_STAGE_THREADS: usize = 256;
-/// Chunks each warp of `cz_rans_whole_*` and `cz_enc_whole_*` codes (kernels/cuszi.cu
-/// `CZ_RANS_LANES`); their blocks have `RANS_CHUNKS / RANS_LANES` warps.
+/// Chunks each warp of `cz_rans_whole_*` decodes (coders 1 and 2; kernels/cuszi.cu
+/// `CZ_RANS_LANES`); its blocks have `RANS_CHUNKS / RANS_LANES` warps.
 const RANS_LANES: usize = 4;
 /// Threads per block of the one-warp-per-chunk kernel `cz_rans_post_*`.
 const CHUNK_WARP_THREADS: usize = 256;
@@ -143,8 +145,11 @@ const CHUNK_WARP_THREADS: usize = 256;
 /// `CZ_PREP_THREADS`): large blocks, because each block zeroes and flushes a counter for every
 /// symbol of every class it codes.
 const PREP_THREADS: usize = 1024;
-/// Threads per block of `cz_rans_whole_*` and `cz_enc_whole_*`.
+/// Threads per block of `cz_rans_whole_*`.
 const WHOLE_THREADS: usize = RANS_CHUNKS / RANS_LANES * 32;
+/// Threads per block of the coder-3 kernels `cz_rans_warp_*` and `cz_enc_whole_*`: a lane per
+/// state of each of their `RANS_CHUNKS` chunks.
+const WARP_THREADS: usize = RANS_CHUNKS * rans::WAYS;
 
 /// The error bits of `cz_rans_*` (kernels/cuszi.cu `CZ_E_*`) and what they mean.
 const ERRORS: [(u64, &str); 5] = [
@@ -489,7 +494,14 @@ impl CusziGpu {
         let whole = p.whole && sp % 4 == 0;
         let syms_arg: u64 = if whole { symp } else { 0 };
         if whole {
-            let f = self.func(&format!("cz_rans_whole_{t}"))?;
+            // coder 3: a lane per state; coders 1 and 2: a thread per chunk
+            let warp = p.ways as usize == rans::WAYS;
+            let (name, threads) = if warp {
+                ("cz_rans_warp", WARP_THREADS)
+            } else {
+                ("cz_rans_whole", WHOLE_THREADS)
+            };
+            let f = self.func(&format!("{name}_{t}"))?;
             let ntab = (p.fc.len() / SYMBOLS) as u32;
             let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.top.len() * 4)
                 .next_multiple_of(16);
@@ -500,19 +512,26 @@ impl CusziGpu {
                 0
             };
             let (count, ts) = (n as u64, p.tabpat.len() as u32);
-            // SAFETY (alloc): `cz_rans_whole_*` writes every chunk's status word.
+            // SAFETY (alloc): `cz_rans_whole_*` and `cz_rans_warp_*` write every chunk's
+            // status word.
             let mut stat = unsafe { s.alloc::<u32>(nchunks as usize) }.map_err(gpu_err("alloc"))?;
             let statp = raw_ptr_mut(&mut stat, &s);
-            let mut b = launch_args!(s, &f;
-                &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
-                &ntab, &smem, &p.ways, &symp, &statp, &errp);
+            let mut b = if warp {
+                launch_args!(s, &f;
+                    &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                    &ntab, &smem, &symp, &statp, &errp)
+            } else {
+                launch_args!(s, &f;
+                    &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                    &ntab, &smem, &p.ways, &symp, &statp, &errp)
+            };
             // SAFETY: the chunk entries lie inside the stream (checked by `plan`), and so do the
             // words read of each (the stream is 4-aligned); each thread writes its chunk's
             // symbols (below `n` of the workspace) and status word; `top` holds the `ts`
             // local positions of a tile, the tables `SLOTS` entries per table it names.
             let c = Self::launch_cfg(
                 (nchunks as usize).div_ceil(RANS_CHUNKS),
-                WHOLE_THREADS,
+                threads,
                 smem as usize,
             );
             unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
@@ -932,7 +951,7 @@ impl CusziGpu {
         let (map, freqs) = rans::group_classes(&hist);
         // (the encoder's steps alone: the device encodes, nothing here decodes)
         let words: Vec<Vec<[u32; 5]>> = freqs.par_iter().map(|f| rans::encoder_words(f)).collect();
-        // (the encoder kernels write coder 2, rans::WAYS states per chunk)
+        // (the encoder kernels write coder 3, rans::WAYS states per chunk)
         let meta = write_meta(&levels, &map, &freqs, rans::WAYS);
         self.mark("tables")?;
         // 6. chunks
@@ -957,9 +976,10 @@ impl CusziGpu {
             };
             let mut b =
                 launch_args!(s, &f; &enc4p, &ntab, &smem, &n64, &nc64, &scp, &infop, &sizep);
-            // SAFETY: one thread per chunk reads its step indices, each below `ntab * SYMBOLS`
-            // (the entries of `enc4`), and writes its scratch region and info and size words.
-            let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WHOLE_THREADS, smem as usize);
+            // SAFETY: a group of lanes per chunk reads its step indices, each below
+            // `ntab * SYMBOLS` (the entries of `enc4`), and writes its scratch region and info
+            // and size words.
+            let c = Self::launch_cfg(nc.div_ceil(RANS_CHUNKS), WARP_THREADS, smem as usize);
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
         } else {
             let enc: Vec<u32> = words.iter().flatten().flatten().copied().collect();
@@ -1103,7 +1123,7 @@ impl CusziGpu {
 /// bytes (at most 2 per value, and the state, rounded up to 16 bytes), the lossless values, the
 /// varints, the classes or step indices (2 bytes per value).
 fn scratch_len<T: GpuElement>() -> usize {
-    2 * CHUNK + 16 + CHUNK * (T::SIZE + 10 + 2)
+    2 * CHUNK + 4 * rans::WAYS + CHUNK * (T::SIZE + 10 + 2)
 }
 
 /// Plain integers, viewed as the bytes they are in memory (no padding, every bit pattern valid).

@@ -37,7 +37,8 @@ pub(super) struct Plan {
     pub(super) top: Vec<u32>,
     /// The quantization step.
     pub(super) qstep: f64,
-    /// Interleaved rANS states per chunk (1: coder 1, [`rans::WAYS`]: coder 2).
+    /// Interleaved rANS states per chunk (1: coder 1, [`rans::WAYS_CODER_2`]: coder 2,
+    /// [`rans::WAYS`]: coder 3).
     pub(super) ways: u32,
 }
 

@@ -36,6 +36,7 @@ fn constants_shared_with_the_kernels_agree() {
         ("CZ_RANS_CHUNKS", RANS_CHUNKS),
         ("CZ_RANS_LANES", RANS_LANES),
         ("CZ_RANS_WAYS", rans::WAYS),
+        ("CZ_RANS_WAYS2", rans::WAYS_CODER_2),
         ("CZ_HIST_WIN", HIST_WIN),
         ("CZ_PREP_THREADS", PREP_THREADS),
         ("CZ_CHUNK", CHUNK),
@@ -158,12 +159,13 @@ fn whole_tiles_means_the_pattern_repeats_in_symbol_order() {
     }
 }
 
-/// Streams of coder 1 (one rANS state per chunk, the previous encoder's) decode on the GPU
-/// exactly as on the CPU, whole-tile shapes and others, and as coder 2 streams of the same data.
+/// Streams of coders 1 (one rANS state per chunk) and 2 (four, the previous encoder's) decode
+/// on the GPU exactly as on the CPU, whole-tile shapes and others, and as coder 3 streams of
+/// the same data.
 #[test]
 #[ignore = "needs a CUDA device (run with --include-ignored)"]
-fn gpu_decodes_coder_1_streams() {
-    use crate::codec::cuszi::tests::as_coder_1;
+fn gpu_decodes_coder_1_and_2_streams() {
+    use crate::codec::cuszi::tests::{as_coder_1, as_coder_2};
     use crate::{compress_nd, decompress, CodecKind, ErrorBound};
     assert!(crate::gpu::device_available(), "no CUDA device");
     let mut g = CusziGpu::new(0).unwrap();
@@ -179,17 +181,21 @@ fn gpu_decodes_coder_1_streams() {
             .collect();
         for bound in [ErrorBound::Noa(1e-3), ErrorBound::Abs(1e-5)] {
             let s = compress_nd(&data, dims, bound, CodecKind::Cuszi).unwrap();
-            let old = as_coder_1(&s, &data, dims, bound);
-            assert_ne!(s, old, "{dims:?} {bound}");
-            let cpu: Vec<f32> = decompress(&old).unwrap();
-            let gpu: Vec<f32> = g.decompress(&old).unwrap();
             let new: Vec<f32> = g.decompress(&s).unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&cpu), bits(&gpu), "{dims:?} {bound}");
-            assert_eq!(bits(&cpu), bits(&new), "{dims:?} {bound}");
-            let mut cut = old.clone();
-            cut.truncate(old.len() - 4);
-            assert!(g.decompress::<f32>(&cut).is_err(), "{dims:?} {bound}");
+            for old in [
+                as_coder_1(&s, &data, dims, bound),
+                as_coder_2(&s, &data, dims, bound),
+            ] {
+                assert_ne!(s, old, "{dims:?} {bound}");
+                let cpu: Vec<f32> = decompress(&old).unwrap();
+                let gpu: Vec<f32> = g.decompress(&old).unwrap();
+                assert_eq!(bits(&cpu), bits(&gpu), "{dims:?} {bound}");
+                assert_eq!(bits(&cpu), bits(&new), "{dims:?} {bound}");
+                let mut cut = old.clone();
+                cut.truncate(old.len() - 4);
+                assert!(g.decompress::<f32>(&cut).is_err(), "{dims:?} {bound}");
+            }
         }
     }
 }
