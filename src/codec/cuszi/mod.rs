@@ -432,8 +432,8 @@ pub(crate) enum Coder {
     Rans {
         /// The table of each point class.
         map: Vec<u8>,
-        /// The frequency tables.
-        tables: Vec<rans::Table>,
+        /// The normalized frequencies of each table (checked: summing to the scale).
+        freqs: Vec<Vec<u32>>,
         /// Interleaved states per chunk.
         ways: usize,
     },
@@ -484,13 +484,13 @@ pub(crate) fn read_meta(m: &[u8], g: &Grid) -> Result<(Vec<Level>, Coder)> {
                 return Err(Error::corrupt("invalid cuszi class table map"));
             }
             let mut pos = levels_end + 2 + nc;
-            let tables = (0..n_tab)
+            let freqs = (0..n_tab)
                 .map(|_| rans::read_table(m, &mut pos))
                 .collect::<Result<Vec<_>>>()?;
             if !padding_ok(pos) {
                 return Err(Error::corrupt("cuszi metadata length mismatch"));
             }
-            Ok((levels(m)?, Coder::Rans { map, tables, ways }))
+            Ok((levels(m)?, Coder::Rans { map, freqs, ways }))
         }
         c => Err(Error::corrupt(format!(
             "cuszi metadata names entropy coder {c}; this decoder knows 0 (Huffman), 1, 2 and 3 (rANS)"
@@ -527,6 +527,10 @@ pub(crate) fn decode<T: Element>(
         Coder::Huffman(lens) => Some(huffman::Decoder::new(lens)),
         Coder::Rans { .. } => None,
     };
+    let tables = match &coder {
+        Coder::Rans { freqs, .. } => rans::tables(freqs),
+        Coder::Huffman(_) => Vec::new(),
+    };
     let lossless: Vec<Vec<(usize, T)>> = res
         .par_chunks_mut(CHUNK)
         .zip(entries.par_iter())
@@ -538,9 +542,9 @@ pub(crate) fn decode<T: Element>(
             }
             let mut raw = Vec::new();
             match (&coder, &huff) {
-                (Coder::Rans { map, tables, ways }, _) => {
+                (Coder::Rans { map, ways, .. }, _) => {
                     let k = &cls[i * CHUNK..i * CHUNK + dst.len()];
-                    rans::read_chunk::<T>(c, k, map, tables, dst, &mut raw, *ways)
+                    rans::read_chunk::<T>(c, k, map, &tables, dst, &mut raw, *ways)
                 }
                 (_, Some(dec)) => entropy::read_chunk::<T>(c, dec, dst, &mut raw),
                 _ => unreachable!("a Huffman stream has its decoder"),

@@ -129,6 +129,9 @@ const MAP_BYTES: usize = 64;
 const HIST_WIN: usize = 256;
 /// Largest box of a tile (kernels/cuszi.cu `CZ_MAXBOX`).
 const MAX_BOX: usize = 729;
+/// Bytes a decode reads after the header along with it (the chunk table and metadata of a
+/// stream of up to about 7,000 chunks: 230 million values).
+const FIRST_READ: usize = 64 << 10;
 /// Threads per block of `cz_enc_chunks_*` (each codes one chunk).
 const RANS_THREADS: usize = 32;
 /// Chunks per block of `cz_rans_*` (kernels/cuszi.cu `CZ_RANS_CHUNKS`); its blocks of
@@ -234,6 +237,8 @@ pub struct CusziGpu {
     scratch: Option<CudaSlice<u8>>,
     /// Blocks of the grid-stride kernels (8 per SM).
     grid: u32,
+    /// Pinned host memory a decode's plan is uploaded from (`upload_staged`), kept and grown.
+    staging: Option<cudarc::driver::PinnedHostSlice<u8>>,
 }
 
 impl std::fmt::Debug for CusziGpu {
@@ -270,6 +275,7 @@ impl CusziGpu {
             smem_optin,
             profile: Default::default(),
             scratch: None,
+            staging: None,
             grid,
         })
     }
@@ -325,6 +331,33 @@ impl CusziGpu {
         self.stream.clone_htod(v).map_err(gpu_err("upload"))
     }
 
+    /// `bytes` in a new device buffer (at least as long), copied through the pinned staging
+    /// buffer: the copy is queued on the stream, where a copy from pageable memory keeps the
+    /// host waiting until it is done, and the buffer is written again only once the copy that
+    /// read it has run (its event).
+    fn upload_staged(&mut self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+        if !self
+            .staging
+            .as_ref()
+            .is_some_and(|p| p.len() >= bytes.len())
+        {
+            self.staging = None;
+            let n = bytes.len().max(1).next_power_of_two();
+            // SAFETY: page-locked host memory, written below before a copy reads what is used.
+            let p = unsafe { self.stream.context().alloc_pinned::<u8>(n) }
+                .map_err(|e| Error::OutOfMemory(format!("pinned staging of {n} bytes: {e:?}")))?;
+            self.staging = Some(p);
+        }
+        let p = self.staging.as_mut().expect("allocated above");
+        p.as_mut_slice().map_err(gpu_err("staging"))?[..bytes.len()].copy_from_slice(bytes);
+        // SAFETY (alloc): the copy below writes all of it.
+        let mut d = unsafe { self.stream.alloc::<u8>(p.len()) }.map_err(gpu_err("alloc"))?;
+        self.stream
+            .memcpy_htod(p, &mut d)
+            .map_err(gpu_err("upload"))?;
+        Ok(d)
+    }
+
     /// Decompress the `cuszi` stream `stream` (all of it, on the device) into `out`, which must
     /// hold exactly its values. The values are bit for bit those of [`crate::decompress`];
     /// corrupt streams give [`Error::Corrupt`] (exactly those the CPU decoder rejects; `out` is
@@ -341,7 +374,9 @@ impl CusziGpu {
         self.mark("start")?;
         let len = stream.len();
         let sp = raw_ptr(stream, &self.stream);
-        let mut head = vec![0u8; len.min(HEADER_LEN_V3)];
+        // the header and, in the same read, the chunk table and metadata of all but the longest
+        // streams (one wait for the device instead of two)
+        let mut head = vec![0u8; len.min(HEADER_LEN_V3 + FIRST_READ)];
         self.read(sp, &mut head)?;
         if head.len() < HEADER_LEN
             || u16_at(&head, 4) != VERSION_SHAPED
@@ -349,7 +384,7 @@ impl CusziGpu {
         {
             return self.on_host(stream, out);
         }
-        let b: &[u8; HEADER_LEN_V3] = head[..].try_into().expect("header length");
+        let b: &[u8; HEADER_LEN_V3] = head[..HEADER_LEN_V3].try_into().expect("header length");
         let h = Header::parse_fields_v3(b, len)?;
         crate::codec::check_codec_fields(&h)?;
         if h.codec != CodecKind::Cuszi.tag() {
@@ -371,7 +406,9 @@ impl CusziGpu {
         }
         let hl = h.header_len();
         let mut table = vec![0u8; h.table_len()];
-        self.read(sp + hl as u64, &mut table)?;
+        let have = head.len().saturating_sub(hl).min(table.len());
+        table[..have].copy_from_slice(&head[hl..hl + have]);
+        self.read(sp + (hl + have) as u64, &mut table[have..])?;
         if zhash_bytes(&table) != h.payload_checksum {
             return Err(Error::corrupt("chunk table checksum mismatch"));
         }
@@ -462,7 +499,7 @@ impl CusziGpu {
             pack.add(&p.top),
             pack.add(&[0u64, u64::MAX]),
         ];
-        let mut packed = self.upload(&pack.bytes)?;
+        let mut packed = self.upload_staged(&pack.bytes)?;
         let base = raw_ptr_mut(&mut packed, &self.stream);
         let [geop, patp, mapp, slotp, stepp, rankp, rfcp, rsymp, entp, topp, errp] =
             at.map(|o| base + o as u64);

@@ -78,42 +78,43 @@ pub(super) fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>>
     }
     let g = Grid::new(&dims);
     let (levels, coder) = read_meta(&table[nc * TABLE_ENTRY_LEN..], &g)?;
-    let (map, tables, ways) = match coder {
-        Coder::Rans { map, tables, ways } => (map, tables, ways as u32),
+    let (map, freqs, ways) = match coder {
+        Coder::Rans { map, freqs, ways } => (map, freqs, ways as u32),
         Coder::Huffman(_) => return Ok(None),
     };
     // per table: the symbol of every slot, per symbol `freq << 16 | cum`, and the compact form
-    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans); the tables in parallel (a
-    // few hundred microseconds of a decode's host setup when built one after the other)
-    let nt = tables.len();
+    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans), each slot array filled a
+    // symbol's range at a time; the tables in parallel
+    let nt = freqs.len();
     let mut sym = vec![0u16; nt * SLOTS];
     let mut fc = vec![0u32; nt * SYMBOLS];
     let mut rank = vec![RANK_OTHER; nt * SLOTS];
     let mut rfc = vec![0u32; nt * RANKS];
     let mut rsym = vec![0u16; nt * RANKS];
-    tables
+    freqs
         .par_iter()
         .zip(sym.par_chunks_mut(SLOTS))
         .zip(fc.par_chunks_mut(SYMBOLS))
         .zip(rank.par_chunks_mut(SLOTS))
         .zip(rfc.par_chunks_mut(RANKS))
         .zip(rsym.par_chunks_mut(RANKS))
-        .for_each(|(((((t, sym), f), rank), rfc), rsym)| {
-            let (slots, steps) = t.decoder_arrays();
-            sym.copy_from_slice(slots);
-            for (sl, (&s, &st)) in slots.iter().zip(steps).enumerate() {
-                f[s as usize] = (st >> 16) << 16 | (sl as u32 - (st & 0xFFFF));
+        .for_each(|(((((freq, sym), fc), rank), rfc), rsym)| {
+            let mut cum = 0usize;
+            for (s, &f) in freq.iter().enumerate() {
+                let f = f as usize;
+                if f != 0 {
+                    fc[s] = (f as u32) << 16 | cum as u32;
+                    sym[cum..cum + f].fill(s as u16);
+                    cum += f;
+                }
             }
-            let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| f[s] >> 16 != 0).collect();
-            used.sort_by(|&a, &b| (f[b] >> 16).cmp(&(f[a] >> 16)).then(a.cmp(&b)));
-            let mut rank_of = [RANK_OTHER; SYMBOLS];
+            let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| freq[s] != 0).collect();
+            used.sort_by(|&a, &b| freq[b].cmp(&freq[a]).then(a.cmp(&b)));
             for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
-                rank_of[s] = r as u8;
-                rfc[r] = f[s];
+                rfc[r] = fc[s];
                 rsym[r] = s as u16;
-            }
-            for (rk, &s) in rank.iter_mut().zip(slots) {
-                *rk = rank_of[s as usize];
+                let (c, f) = ((fc[s] & 0xFFFF) as usize, (fc[s] >> 16) as usize);
+                rank[c..c + f].fill(r as u8);
             }
         });
     let (geo, pattern) = geometry(&g, &levels);

@@ -199,3 +199,62 @@ fn gpu_decodes_coder_1_and_2_streams() {
         }
     }
 }
+
+/// The decoder tables of a plan, built from the frequencies a symbol range at a time: every
+/// slot holds the symbol whose range covers it, each symbol's `freq << 16 | cum` matches, and
+/// the ranked symbols are each table's 255 most frequent (ties to the lower symbol), their slots
+/// marked with their rank and the others with `RANK_OTHER`.
+#[test]
+fn plan_tables_cover_every_slot() {
+    use crate::{compress_nd, CodecKind, ErrorBound};
+    let dims = [64usize, 48, 40];
+    let n: usize = dims.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|i| ((i % 97) as f32 * 0.05).sin() * 3.0 + ((i * 7919) % 1013) as f32 * 1e-3)
+        .collect();
+    for bound in [ErrorBound::Noa(1e-2), ErrorBound::Noa(1e-5)] {
+        let s = compress_nd(&data, &dims, bound, CodecKind::Cuszi).unwrap();
+        let h = crate::codec::inspect(&s).unwrap();
+        let hl = h.header_len();
+        let p = plan(&h, &s[hl..hl + h.table_len()], s.len())
+            .unwrap()
+            .unwrap();
+        let nt = p.fc.len() / SYMBOLS;
+        assert!(nt >= 1 && p.sym.len() == nt * SLOTS && p.rank.len() == nt * SLOTS);
+        for t in 0..nt {
+            let fc = &p.fc[t * SYMBOLS..(t + 1) * SYMBOLS];
+            for sl in 0..SLOTS {
+                let sy = p.sym[t * SLOTS + sl] as usize;
+                let (f, cum) = ((fc[sy] >> 16) as usize, (fc[sy] & 0xFFFF) as usize);
+                assert!(cum <= sl && sl < cum + f, "{bound} table {t} slot {sl}");
+                match p.rank[t * SLOTS + sl] {
+                    RANK_OTHER => {}
+                    r => {
+                        assert_eq!(p.rsym[t * RANKS + r as usize] as usize, sy);
+                        assert_eq!(p.rfc[t * RANKS + r as usize], fc[sy]);
+                    }
+                }
+            }
+            let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| fc[s] >> 16 != 0).collect();
+            used.sort_by(|&a, &b| (fc[b] >> 16).cmp(&(fc[a] >> 16)).then(a.cmp(&b)));
+            let ranked = used.len().min(RANKS - 1);
+            for (r, &sy) in used.iter().take(ranked).enumerate() {
+                assert_eq!(
+                    p.rsym[t * RANKS + r] as usize,
+                    sy,
+                    "{bound} table {t} rank {r}"
+                );
+            }
+            let marked = p.rank[t * SLOTS..(t + 1) * SLOTS]
+                .iter()
+                .filter(|&&r| r != RANK_OTHER)
+                .count();
+            let ranked_slots: usize = used
+                .iter()
+                .take(ranked)
+                .map(|&s| (fc[s] >> 16) as usize)
+                .sum();
+            assert_eq!(marked, ranked_slots, "{bound} table {t}");
+        }
+    }
+}
