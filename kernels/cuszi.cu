@@ -569,26 +569,45 @@ __device__ __forceinline__ u64 cz_rans_chain4(const u8* c, u32 size, u32 nb, u32
     return !ok || pos != nb ? CZ_E_RANS : 0;
 }
 
+// The whole-tile decoders' tables in dynamic shared memory (rank, rfc, rsym and top, staged
+// from global memory by the whole block when `smem`, else unused): their addresses there.
+struct CzTables {
+    u8* rank;
+    u32* rfc;
+    unsigned short* rsym;
+    uint2* top;
+};
+__device__ __forceinline__ CzTables cz_stage_tables(const uint2* g_top, const u8* g_rank, const u32* g_rfc,
+                                                    const unsigned short* g_rsym, u32 ntab, u32 ts, u32 smem) {
+    CzTables t;
+    t.rank = cz_dyn;
+    t.rfc = (u32*)(t.rank + ntab * CZ_PROB_SCALE);
+    t.rsym = (unsigned short*)(t.rfc + ntab * 256);
+    // (ntab * 17,920 bytes before it: 8-aligned)
+    t.top = (uint2*)(t.rsym + ntab * 256);
+    if (smem) {
+        const u32* gr = (const u32*)g_rank;
+        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)t.rank)[i] = gr[i];
+        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
+            t.rfc[i] = g_rfc[i];
+            t.rsym[i] = g_rsym[i];
+        }
+        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) t.top[i] = g_top[i];
+        __syncthreads();
+    }
+    return t;
+}
+
 template <typename T>
 __device__ void cz_rans_whole(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* g_top,
                               const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
                               const unsigned short* g_rsym, u32 ntab, u32 smem, u32 ways, unsigned short* syms,
                               u32* stat, u64* err) {
-    u8* s_rank = cz_dyn;
-    u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
-    unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
-    // (ntab * 17,920 bytes before it: 8-aligned)
-    uint2* s_top = (uint2*)(s_rsym + ntab * 256);
-    if (smem) {
-        const u32* gr = (const u32*)g_rank;
-        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
-        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
-            s_rfc[i] = g_rfc[i];
-            s_rsym[i] = g_rsym[i];
-        }
-        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_top[i] = g_top[i];
-        __syncthreads();
-    }
+    const CzTables st = cz_stage_tables(g_top, g_rank, g_rfc, g_rsym, ntab, ts, smem);
+    u8* s_rank = st.rank;
+    u32* s_rfc = st.rfc;
+    unsigned short* s_rsym = st.rsym;
+    uint2* s_top = st.top;
     u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane >= CZ_RANS_LANES) return;
     u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + warp * CZ_RANS_LANES + lane;
@@ -726,20 +745,11 @@ __device__ void cz_rans_warp(const u8* stream, const u64* ent, u64 nchunks, u64 
                              const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
                              const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
                              u64* err) {
-    u8* s_rank = cz_dyn;
-    u32* s_rfc = (u32*)(s_rank + ntab * CZ_PROB_SCALE);
-    unsigned short* s_rsym = (unsigned short*)(s_rfc + ntab * 256);
-    uint2* s_top = (uint2*)(s_rsym + ntab * 256);
-    if (smem) {
-        const u32* gr = (const u32*)g_rank;
-        for (u32 i = threadIdx.x; i < ntab * CZ_PROB_SCALE / 4; i += blockDim.x) ((u32*)s_rank)[i] = gr[i];
-        for (u32 i = threadIdx.x; i < ntab * 256; i += blockDim.x) {
-            s_rfc[i] = g_rfc[i];
-            s_rsym[i] = g_rsym[i];
-        }
-        for (u32 i = threadIdx.x; i < ts; i += blockDim.x) s_top[i] = g_top[i];
-        __syncthreads();
-    }
+    const CzTables st = cz_stage_tables(g_top, g_rank, g_rfc, g_rsym, ntab, ts, smem);
+    u8* s_rank = st.rank;
+    u32* s_rfc = st.rfc;
+    unsigned short* s_rsym = st.rsym;
+    uint2* s_top = st.top;
     const u32 lane = threadIdx.x & 31, li = lane % CZ_RANS_WAYS, first = lane - li;
     const u32 gm = cz_group_mask(first);
     const u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + threadIdx.x / CZ_RANS_WAYS;

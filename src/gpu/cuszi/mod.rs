@@ -20,9 +20,9 @@
 //!    and the varints, and counts the symbols of each class (`cz_enc_tiles_nh_*` before it
 //!    counts none); the histogram is read back and the host builds the rANS tables and the
 //!    metadata with the CPU's own code; then `cz_enc_whole_*` (a group of lanes per chunk, a
-//!    lane per rANS state: coder 3) codes the chunks a warp step at a time. Otherwise `cz_enc_tiles_*` counts the symbols
-//!    of each class, the host builds the tables, and `cz_enc_chunks_*` (a thread per chunk)
-//!    codes the chunks. `cz_scan` sums their sizes (read back: a stream that does not compress
+//!    lane per rANS state: coder 3) codes the chunks a warp step at a time. Otherwise
+//!    `cz_enc_tiles_*` counts the symbols of each class, the host builds the tables, and
+//!    `cz_enc_chunks_*` (a thread per chunk) codes the chunks. `cz_scan` sums their sizes (read back: a stream that does not compress
 //!    is stored by the CPU twin), `cz_enc_write_*` places them with their table entries,
 //!    `cz_hash` hashes table and metadata, and the host writes the header.
 //!
@@ -32,10 +32,11 @@
 //!
 //! Decompression of a device-resident stream:
 //!
-//! 1. the host reads the header, the chunk table and the metadata (a few kilobytes), checks them
-//!    with the CPU decoder's own parsers (header fields, table checksum, chunk sizes, predictor
-//!    configuration, rANS tables) and uploads the geometry, the class pattern and the decoder
-//!    tables (one copy);
+//! 1. the host reads the header, the chunk table and the metadata (a few kilobytes, in one read
+//!    for streams of up to about 7,000 chunks), checks them with the CPU decoder's own parsers
+//!    (header fields, table checksum, chunk sizes, predictor configuration, rANS frequencies),
+//!    fills the decoder tables from the frequencies and uploads them with the geometry and the
+//!    class pattern (one copy, queued from pinned memory);
 //! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
 //!    tile is whole or the array 1-D (`whole_tiles`) and the stream 4-aligned,
 //!    `cz_rans_warp_*` (coder 3: a group of lanes per chunk, a lane per state) or
