@@ -332,13 +332,30 @@ fn throughput_1d(g: &mut CusziGpu) {
     throughput_of(g, &[(1 << 27) + 100_003], "1-D 2^27+100003");
 }
 
+/// Append `record` as one JSON line to the file `ZCOMM_BENCH_JSON` names, if it is set (the
+/// throughput tests' records for `bench/results/`).
+fn record_json(record: serde_json::Value) {
+    let Ok(path) = std::env::var("ZCOMM_BENCH_JSON") else {
+        return;
+    };
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    writeln!(f, "{record}").unwrap_or_else(|e| panic!("{path}: {e}"));
+}
+
 /// A smooth f32 field of shape `dims`: the CPU twin's stream decoded on the device (device
 /// stream in, device values out), bit-identical to the CPU's decoding, and the device's
 /// compression of the field, byte-identical to the CPU's stream; median wall time of 7 calls
-/// after 2 warm-ups, each synchronized.
+/// after 2 warm-ups, each synchronized. Each direction is printed and, with
+/// `ZCOMM_BENCH_JSON`, recorded as a JSON line.
 fn throughput_of(g: &mut CusziGpu, dims: &[usize], label: &str) {
     let data = smooth::<f32>(dims);
     let raw = (data.len() * 4) as f64;
+    let g_name = g.device_name().to_string();
     let mut identical = true;
     for b in [ErrorBound::Noa(1e-3), ErrorBound::Noa(1e-4)] {
         let t0 = std::time::Instant::now();
@@ -362,6 +379,18 @@ fn throughput_of(g: &mut CusziGpu, dims: &[usize], label: &str) {
             "{b}: GPU decode differs from CPU"
         );
         let t = median(&mut times);
+        let json = |op: &str, t: f64, times: &[f64], prof: &[(&str, f32)], same: bool| {
+            serde_json::json!({
+                "op": op, "codec": "cuszi", "dtype": "f32", "shape": label, "dims": dims,
+                "bytes": raw, "error_bound": b.to_string(), "ratio": raw / s.len() as f64,
+                "time_ms": t * 1e3, "input_gbps": raw / t / 1e9,
+                "min_ms": times.iter().cloned().fold(f64::MAX, f64::min) * 1e3,
+                "max_ms": times.iter().cloned().fold(0.0, f64::max) * 1e3,
+                "runs": times.len(), "steps_ms": prof.iter().map(|(k, v)| (k.to_string(), *v)).collect::<std::collections::BTreeMap<_, _>>(),
+                "device": g_name.clone(), "same_as_cpu": same,
+            })
+        };
+        record_json(json("decompress", t, &times, &prof, true));
         println!(
             "cuszi {label} f32 {b}: ratio {:.2} | gpu decompress median {:.3} ms = {:.1} GB/s \
              (min {:.3} ms, max {:.3} ms, 7 runs) | bit-identical to CPU decompress | cpu \
@@ -388,6 +417,7 @@ fn throughput_of(g: &mut CusziGpu, dims: &[usize], label: &str) {
         let got = st.clone_dtoh(&d_cs.slice(0..len)).unwrap();
         identical &= got == s;
         let tc = median(&mut ctimes);
+        record_json(json("compress", tc, &ctimes, &prof, got == s));
         println!(
             "cuszi {label} f32 {b}: gpu compress median {:.3} ms = {:.1} GB/s (min {:.3} ms, max \
              {:.3} ms, 7 runs) | byte-identical to CPU compress_nd: {} | steps (ms): {prof:?}",

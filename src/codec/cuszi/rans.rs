@@ -39,12 +39,8 @@ const RANS_L: u32 = 1 << 23;
 pub(crate) const WAYS: usize = 32;
 /// Interleaved rANS states per chunk of coder 2 (kernels/cuszi.cu `CZ_RANS_WAYS2`).
 pub(crate) const WAYS_CODER_2: usize = 4;
-/// The most states any coder has (the size of the coders' state arrays).
-const MAX_WAYS: usize = if WAYS > WAYS_CODER_2 {
-    WAYS
-} else {
-    WAYS_CODER_2
-};
+// (the coders' state arrays hold WAYS states: no coder has more)
+const _: () = assert!(WAYS >= WAYS_CODER_2);
 
 /// Whether `ways` is a coder's state count (1, [`WAYS_CODER_2`] or [`WAYS`]).
 fn known_ways(ways: usize) -> bool {
@@ -477,7 +473,7 @@ pub(crate) fn write_chunk<T: Element>(
     // rANS codes backwards: bytes are produced last symbol first, then reversed
     let by_class: Vec<&Table> = map.iter().map(|&t| &tables[t as usize]).collect();
     let mut rev = Vec::with_capacity(res.len() / 2 + 4 * ways + 4);
-    let mut x = [RANS_L; MAX_WAYS];
+    let mut x = [RANS_L; WAYS];
     for (i, (&r, &k)) in res.iter().zip(cls).enumerate().rev() {
         let e = &by_class[k as usize].enc[symbol(r) as usize];
         debug_assert!(e.x_max > 0, "symbol of class {k} without frequency");
@@ -532,7 +528,7 @@ pub(crate) fn read_chunk<T: Element>(
         .get(4..4 + n_bytes)
         .filter(|b| b.len() >= 4 * ways)
         .ok_or_else(|| Error::corrupt("rANS bytes run past the chunk"))?;
-    let mut x = [RANS_L; MAX_WAYS];
+    let mut x = [RANS_L; WAYS];
     for (w, x) in x[..ways].iter_mut().enumerate() {
         *x = u32::from_be_bytes(bytes[4 * w..4 * w + 4].try_into().expect("4 bytes"));
     }

@@ -474,26 +474,21 @@ fn as_coder_0<T: Element>(s: &[u8], data: &[T], dims: &[usize], bound: ErrorBoun
     with_payload(s, data, dims, bound, super::encode_huffman)
 }
 
-/// `s` with its payload replaced by coder 1 (one rANS state per chunk, the second version 3
-/// encoder's).
-pub(crate) fn as_coder_1<T: Element>(
+/// `s` with its payload replaced by an earlier encoder's coder: 1 (one rANS state per chunk)
+/// or 2 (four states per chunk).
+pub(crate) fn as_older_coder<T: Element>(
+    coder: u8,
     s: &[u8],
     data: &[T],
     dims: &[usize],
     bound: ErrorBound,
 ) -> Vec<u8> {
-    with_payload(s, data, dims, bound, super::encode_one_state)
-}
-
-/// `s` with its payload replaced by coder 2 (four rANS states per chunk, the third version 3
-/// encoder's).
-pub(crate) fn as_coder_2<T: Element>(
-    s: &[u8],
-    data: &[T],
-    dims: &[usize],
-    bound: ErrorBound,
-) -> Vec<u8> {
-    with_payload(s, data, dims, bound, super::encode_coder_2)
+    let encode = match coder {
+        1 => super::encode_one_state,
+        2 => super::encode_coder_2,
+        _ => panic!("no earlier rANS coder {coder}"),
+    };
+    with_payload(s, data, dims, bound, encode)
 }
 
 /// `s` with its payload replaced by what `encode` writes, header fields and checksums updated.
@@ -585,11 +580,7 @@ fn coder_1_and_2_streams_still_decode() {
         assert_eq!(s[meta_at + 1], 3, "coder byte");
         let n_chunks = inspect(&s).unwrap().n_chunks as usize;
         for (coder, ways) in [(1u8, 1usize), (2, WAYS_CODER_2)] {
-            let old = if coder == 1 {
-                as_coder_1(&s, &d, &dims, bound)
-            } else {
-                as_coder_2(&s, &d, &dims, bound)
-            };
+            let old = as_older_coder(coder, &s, &d, &dims, bound);
             assert_eq!(old[meta_at + 1], coder, "coder byte");
             // about 4 bytes per chunk and extra state (the states' final bits differ)
             let extra = 4 * (WAYS - ways) * n_chunks;
@@ -608,11 +599,7 @@ fn coder_1_and_2_streams_still_decode() {
             );
             assert!(decode_alike::<f32>(&old, &s), "{bound:?}");
             let s2 = check(&a, &[70, 1000], bound);
-            let old2 = if coder == 1 {
-                as_coder_1(&s2, &a, &[70, 1000], bound)
-            } else {
-                as_coder_2(&s2, &a, &[70, 1000], bound)
-            };
+            let old2 = as_older_coder(coder, &s2, &a, &[70, 1000], bound);
             assert!(decode_alike::<f64>(&old2, &s2), "{bound:?}");
             for other in [1u8, 2, 3].into_iter().filter(|&o| o != coder) {
                 let mut m = old.clone();
