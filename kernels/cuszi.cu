@@ -935,8 +935,38 @@ __device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short*
 }
 
 // ---------------------------------------------------------------------------------------------
+// A warp's box of values in shared memory, by its address in the shared window, read and
+// written by explicit shared loads and stores. Through a plain pointer into a __shared__ array
+// the compiler recomputes the array's window address (the block's cluster rank, a shift, the
+// warp's offset) at each access of a walk's points, a few instructions each time; the address
+// held in a register costs nothing after the first. The accesses are ordered (volatile, with a
+// memory clobber) as the pointer accesses they replace.
+struct CzBox {
+    u32 at;
+    __device__ __forceinline__ explicit CzBox(const double* p) {
+        at = (u32)__cvta_generic_to_shared(p);
+        asm volatile("" : "+r"(at));
+    }
+    __device__ __forceinline__ double operator[](int i) const {
+        double v;
+        asm volatile("ld.shared.f64 %0, [%1];" : "=d"(v) : "r"(at + 8u * (u32)i) : "memory");
+        return v;
+    }
+    // The slot's 64 bits (cz_box_load's input values, or any other 64-bit word).
+    __device__ __forceinline__ u64 bits(int i) const {
+        u64 v;
+        asm volatile("ld.shared.u64 %0, [%1];" : "=l"(v) : "r"(at + 8u * (u32)i) : "memory");
+        return v;
+    }
+    __device__ __forceinline__ void set(int i, double v) const {
+        asm volatile("st.shared.f64 [%0], %1;" ::"r"(at + 8u * (u32)i), "d"(v) : "memory");
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Interpolation (interp.rs predict / multi_prediction, f64 domain).
-__device__ __forceinline__ double cz_predict(const double* buf, int idx, int c, int len, int s, int st, int sp) {
+template <typename B>
+__device__ __forceinline__ double cz_predict(const B& buf, int idx, int c, int len, int s, int st, int sp) {
     double b = buf[idx - s * st];
     if (c + s >= len) return b;
     double cc = buf[idx + s * st];
@@ -960,12 +990,14 @@ __device__ __forceinline__ double cz_predict(const double* buf, int idx, int c, 
 __device__ __forceinline__ int cz_pick(const int v[3], int i) { return i == 0 ? v[0] : i == 1 ? v[1] : v[2]; }
 
 // The prediction along dimension `a` (a runtime value) of the point at `idx`.
-__device__ __forceinline__ double cz_predict_along(const double* buf, int idx, const int x[3], const int e[3],
+template <typename B>
+__device__ __forceinline__ double cz_predict_along(const B& buf, int idx, const int x[3], const int e[3],
                                                    const int st[3], int s, int a, const int sp[3]) {
     return cz_predict(buf, idx, cz_pick(x, a), cz_pick(e, a), s, cz_pick(st, a), cz_pick(sp, a));
 }
 
-__device__ __forceinline__ double cz_multi(const double* buf, int idx, const int x[3], const int e[3], const int st[3],
+template <typename B>
+__device__ __forceinline__ double cz_multi(const B& buf, int idx, const int x[3], const int e[3], const int st[3],
                                            int s, int mask, const int sp[3]) {
     double p0 = 0.0, p1 = 0.0, p2 = 0.0;
     int n = 0;
@@ -1002,6 +1034,13 @@ __device__ __forceinline__ void cz_tile_box(const CzGeo& g, i64 b, const i64 c[3
     origin = b * g.vol + (o[0] * g.n[1] + o[1]) * g.n[2] + o[2];
 }
 
+// Whether every point of a box of extents `e` lies within 2^32 - 1 elements of the box's origin
+// in the array ((e0 - 1) n1 n2 + (e1 - 1) n2 + e2 - 1), so that its offset from there is
+// computed in 32 bits.
+__device__ __forceinline__ bool cz_box_offsets_fit(const CzGeo& g, const int e[3]) {
+    const i64 last = ((i64)(e[0] - 1) * g.n[1] + (e[1] - 1)) * g.n[2] + (e[2] - 1);
+    return last <= (i64)0xFFFFFFFFll;
+}
 // The tile's anchors in the warp's box `buf` (interp.rs place_anchors, lanes 0..8, one corner
 // each); a warp barrier after it.
 __device__ __forceinline__ void cz_box_anchors(const CzGeo& g, i64 b, const i64 c[3], const int e[3], const int st[3],
@@ -1070,13 +1109,6 @@ __device__ __forceinline__ int cz_walk_point(const CzWalk& w, const int st[3], i
     x[0] = w.start[0] + q1 * w.stp[0];
     return x[0] * st[0] + x[1] * st[1] + x[2];
 }
-// The walk's prediction of the point at `idx` (x).
-__device__ __forceinline__ double cz_walk_predict(const double* buf, int idx, const int x[3], const int e[3],
-                                                  const int st[3], const CzWalk& w) {
-    return w.multi ? cz_multi(buf, idx, x, e, st, w.s, w.am, w.sp)
-                   : cz_predict_along(buf, idx, x, e, st, w.s, w.am, w.sp);
-}
-
 // Walks with points in one box, at most: 3-D 3 levels x 7, 2-D 4 x 3, 1-D 9 x 1 (a walk along
 // an extent of 1 has none; a test of src/gpu/cuszi/ checks the bound).
 #define CZ_MAXWALKS 24
@@ -1133,22 +1165,86 @@ __device__ __forceinline__ void cz_walk_load(const uint4* sw, int w, CzWalk& r) 
     r.m1 = b.w;
 }
 
+// The points of walk `wk` shared by the warp's lanes: `point(idx, x)` with each point's index in
+// the box and its coordinates.
+template <typename F>
+__device__ __forceinline__ void cz_walk_points(const CzWalk& wk, const int st[3], int lane, F point) {
+    for (int k = lane; k < wk.total; k += 32) {
+        int x[3];
+        int idx = cz_walk_point(wk, st, k, x);
+        point(idx, x);
+    }
+}
+
+// Whether walk words `a` and `b` (cz_walks_prep's first words of two walks) are mean walks of
+// one level and one stage (as many odd dimensions): such walks read only points of coarser
+// levels and of earlier stages (a neighbour along an odd dimension has that dimension even),
+// never each other's, so their points can be coded in any order.
+__device__ __forceinline__ bool cz_same_stage(u32 a, u32 b) {
+    return (a & 0x1FFFFu) == (b & 0x1FFFFu) && (a >> 16 & 1) && __popc(a >> 17 & 7) == __popc(b >> 17 & 7);
+}
+
 // The walks of a tile's box (interp.rs walks, the `nw` of cz_walks_prep's `sw` that have
 // points, in order), the warp's lanes sharing each walk's points (independent of each other):
 // `point(idx, x, p)` gets each point's index in the box, its coordinates and its prediction; a
-// warp barrier after each walk, whose points the next walks read.
+// warp barrier after each walk, whose points the next walks read. The point loop is written
+// once per kind of walk (a mean over dimensions, or a pass along dimension 0, 1 or 2, each the
+// same for all of a walk's points): the pass's dimension is then a constant inside its loop,
+// where a runtime dimension would cost a selection per coordinate, extent and stride at every
+// point. The mean walks of one stage (cz_same_stage; up to 3) share one loop over all their
+// points, each lane finding its point's walk: the coarse levels' walks have a few points each
+// (4, 2 and 1 in a 9^3 box at stride 4), and one loop over a stage's points leaves fewer lanes
+// idle than a loop per walk.
 template <typename F>
-__device__ __forceinline__ void cz_walks(const uint4* sw, int nw, const double* buf, const int e[3], const int st[3],
+__device__ __forceinline__ void cz_walks(const uint4* sw, int nw, const CzBox& buf, const int e[3], const int st[3],
                                          int lane, F point) {
-    for (int w = 0; w < nw; w++) {
+    for (int w = 0; w < nw;) {
         CzWalk wk;
         cz_walk_load(sw, w, wk);
-        for (int k = lane; k < wk.total; k += 32) {
-            int x[3];
-            int idx = cz_walk_point(wk, st, k, x);
-            double p = cz_walk_predict(buf, idx, x, e, st, wk);
-            point(idx, x, p);
+        int n = 1;
+        if (wk.multi) {
+            // the stage's walks: w .. w + n - 1, with t0, t1 points in the first two
+            const u32 head = sw[2 * w].x;
+            int t0 = wk.total, t1 = 0, t2 = 0;
+            if (w + 1 < nw && cz_same_stage(head, sw[2 * (w + 1)].x)) {
+                n = 2;
+                t1 = (int)(sw[2 * (w + 1) + 1].y >> 16);
+                if (w + 2 < nw && cz_same_stage(head, sw[2 * (w + 2)].x)) {
+                    n = 3;
+                    t2 = (int)(sw[2 * (w + 2) + 1].y >> 16);
+                }
+            }
+            const int total = t0 + t1 + t2;
+            for (int k = lane; k < total; k += 32) {
+                int j = k, v = w;
+                if (j >= t0) {
+                    j -= t0;
+                    v++;
+                    if (j >= t1) {
+                        j -= t1;
+                        v++;
+                    }
+                }
+                CzWalk sub;
+                cz_walk_load(sw, v, sub);
+                int x[3];
+                int idx = cz_walk_point(sub, st, j, x);
+                point(idx, x, cz_multi(buf, idx, x, e, st, sub.s, sub.am, sub.sp));
+            }
+        } else if (wk.am == 0) {
+            cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
+                point(idx, x, cz_predict(buf, idx, x[0], e[0], wk.s, st[0], wk.sp[0]));
+            });
+        } else if (wk.am == 1) {
+            cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
+                point(idx, x, cz_predict(buf, idx, x[1], e[1], wk.s, st[1], wk.sp[1]));
+            });
+        } else {
+            cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
+                point(idx, x, cz_predict(buf, idx, x[2], e[2], wk.s, st[2], wk.sp[2]));
+            });
         }
+        w += n;
         __syncwarp();
     }
 }
@@ -1196,25 +1292,51 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     for (int d = 0; d < 3; d++) onx[d] = (int)cz_owned(g, d, c[d] + 1);
     cz_box_init(g, b, c, e, st, vals, lane, buf);
     int nw = cz_walks_prep(geo, (int)geo[CZ_G_NWALKS], e, lane, swalk[warp]);
-    cz_walks(swalk[warp], nw, buf, e, st, lane, [&](int idx, const int x[3], double p) {
+    // The tile's values in the array, at offsets (x0 n1 + x1) n2 + x2 from its origin: in 32
+    // bits when every offset of the box fits (any box of an array with n1 n2 below 2^21, and
+    // every 1-D array), as 64-bit products cost several instructions per point.
+    T* const tout = out + origin;
+    const bool narrow = cz_box_offsets_fit(g, e);
+    const u32 row = (u32)g.n[2], plane = (u32)(g.n[1] * g.n[2]);
+    const CzBox box(buf), bases((const double*)sbase[warp]);
+    cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int x[3], double p) {
         int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
         bool owned = hm == 0;
         int l0 = hm & 1 ? 0 : x[0], l1 = hm & 2 ? 0 : x[1], l2 = hm & 4 ? 0 : x[2];
         int on1 = hm & 2 ? onx[1] : own[1], on2 = hm & 4 ? onx[2] : own[2];
-        i64 si = sbase[warp][hm] + (l0 * on1 + l1) * on2 + l2;
-        i64 r = cz_res(res, syms, si);
+        // (a local index below the box's 729 points: unsigned, so that its addition to the
+        // tile's 64-bit offset needs no sign extension)
+        i64 si = (i64)bases.bits(hm) + (u32)((l0 * on1 + l1) * on2 + l2);
+        // The residual (cz_res): a small one, nearly every point's, straight from its symbol in
+        // 32-bit arithmetic; a big or lossless one through `res`.
+        const u32 sym = syms ? (u32)syms[si] : CZ_SYM_BIG;
+        bool lossless = false;
+        double rd;
+        if (sym < CZ_SYM_LOSSLESS) {
+            rd = (double)((int)sym - (int)CZ_RADIUS);
+        } else {
+            const i64 r = sym == CZ_SYM_LOSSLESS ? CZ_LOSSLESS : res[si];
+            lossless = r == CZ_LOSSLESS;
+            rd = (double)r;
+        }
         double v;
         T val;
-        if (r == CZ_LOSSLESS) {
+        if (lossless) {
             v = zc_isfinite(p) ? p : 0.0;
             if (owned) val = cz_from_bits<T>(raw + si * sizeof(T));
         } else {
             // quant.rs ResidualQuantizer::decode
-            val = (T)(p + (double)r * step);
+            val = (T)(p + rd * step);
             v = (double)val;
         }
-        if (owned) out[origin + (x[0] * g.n[1] + x[1]) * g.n[2] + x[2]] = val;
-        buf[idx] = v;
+        if (owned) {
+            if (narrow) {
+                tout[(u32)x[0] * plane + (u32)x[1] * row + (u32)x[2]] = val;
+            } else {
+                tout[(x[0] * g.n[1] + x[1]) * g.n[2] + x[2]] = val;
+            }
+        }
+        box.set(idx, v);
     });
     if (lane == 0) {
         T val;
@@ -1594,8 +1716,9 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         cz_box_load<T>(x, g, origin, e, lane, buf);
         cz_box_anchors(g, b, c, e, st, vals, lane, buf);
         int nw = cz_walks_prep(geo, nw_all, e, lane, swalk[warp]);
-        cz_walks(swalk[warp], nw, buf, e, st, lane, [&](int idx, const int xx[3], double p) {
-            T xv = cz_from_slot<T>(((const u64*)buf)[idx]);
+        const CzBox box(buf);
+        cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int xx[3], double p) {
+            T xv = cz_from_slot<T>(box.bits(idx));
             // quant.rs ResidualQuantizer::encode
             i64 r = CZ_LOSSLESS;
             double v = zc_isfinite(p) ? p : 0.0;
@@ -1621,11 +1744,11 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
                     }
                 }
             }
-            buf[idx] = v;
+            box.set(idx, v);
             bool owned = xx[0] < own[0] && xx[1] < own[1] && xx[2] < own[2];
             u32 key = 0xFFFFFFFFu;
             if (owned) {
-                i64 si = base + (xx[0] * own[1] + xx[1]) * own[2] + xx[2];
+                i64 si = base + (u32)((xx[0] * own[1] + xx[1]) * own[2] + xx[2]);
                 u32 sym = cz_symbol(r);
                 syms[si] = (unsigned short)sym;
                 if (sym == CZ_SYM_BIG) res[si] = r;
