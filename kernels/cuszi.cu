@@ -367,6 +367,26 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
     }
 }
 
+// The symbol `s` of state `x` and the state's update, without its renormalization: `tp` is the
+// `top` entry of the residual's position ({freq << 16 | cum, symbol | table << 16} of its
+// table's most frequent symbol), which settles most symbols without cz_slot_symbol's lookups.
+// Shared by the coder 2 and coder 3 decoders.
+__device__ __forceinline__ void cz_rans_symbol(u32& x, uint2 tp, const u8* rank, const u32* rfc,
+                                               const unsigned short* rsym, const unsigned short* g_sym,
+                                               const u32* g_fc, u32& s) {
+    const u32 sl = x & (CZ_PROB_SCALE - 1);
+    const u32 f0 = tp.x >> 16;
+    const u32 d = sl - (tp.x & 0xFFFF);
+    if (d < f0) {
+        s = tp.y & 0xFFFF;
+        x = f0 * (x >> CZ_PROB_BITS) + d;
+    } else {
+        u32 fc;
+        cz_slot_symbol(tp.y >> 16, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
+        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
+    }
+}
+
 // Chunks of a stream whose tiles are all whole (every extent a multiple of S or below it,
 // src/gpu/cuszi/plan.rs `whole_tiles`), decoded as cz_rans does, with its every check, in two
 // kernels. A chunk's symbols form one serial chain of state updates, so cz_rans_whole keeps
@@ -405,18 +425,7 @@ __device__ void cz_rans(const u8* stream, const i64* geo, const u64* ent, u64 nc
 __device__ __forceinline__ u64 cz_rans_step(u32& x, uint2 tp, const u8* rank, const u32* rfc,
                                             const unsigned short* rsym, const unsigned short* g_sym, const u32* g_fc,
                                             const u32* w, u32 nw, u32 nb, u32& pos, u32& cur, u32& nxt, u32& s) {
-    const u32 sl = x & (CZ_PROB_SCALE - 1);
-    const u32 f0 = tp.x >> 16;
-    const u32 d = sl - (tp.x & 0xFFFF);
-    if (d < f0) {
-        s = tp.y & 0xFFFF;
-        x = f0 * (x >> CZ_PROB_BITS) + d;
-    } else {
-        u32 tb = tp.y >> 16;
-        u32 fc;
-        cz_slot_symbol(tb, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
-        x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
-    }
+    cz_rans_symbol(x, tp, rank, rfc, rsym, g_sym, g_fc, s);
     if (x >= CZ_RANS_L) {
         // (most symbols: no renormalization)
     } else if (x >= (CZ_RANS_L >> 16)) {
@@ -680,7 +689,6 @@ __device__ __forceinline__ u64 cz_rans_lanes(const u8* c, u32 nb, u32 cnt, u32 l
     const u8* b = c + 4;
     u32 x = ((u32)b[4 * li] << 24) | ((u32)b[4 * li + 1] << 16) | ((u32)b[4 * li + 2] << 8) | (u32)b[4 * li + 3];
     u32 pos = 4 * CZ_RANS_WAYS;
-    const u32 mask = CZ_PROB_SCALE - 1;
     const u32 before = (1u << li) - 1u;
     l += li;
     while (l >= ts) l -= ts;
@@ -688,20 +696,7 @@ __device__ __forceinline__ u64 cz_rans_lanes(const u8* c, u32 nb, u32 cnt, u32 l
         const u32 i = j0 + li;
         const bool act = i < cnt;
         u32 s = 0;
-        if (act) {
-            const uint2 tp = top[l];
-            const u32 sl = x & mask;
-            const u32 f0 = tp.x >> 16;
-            const u32 d = sl - (tp.x & 0xFFFF);
-            if (d < f0) {
-                s = tp.y & 0xFFFF;
-                x = f0 * (x >> CZ_PROB_BITS) + d;
-            } else {
-                u32 fc;
-                cz_slot_symbol(tp.y >> 16, sl, rank, rfc, rsym, g_sym, g_fc, s, fc);
-                x = (fc >> 16) * (x >> CZ_PROB_BITS) + sl - (fc & 0xFFFF);
-            }
-        }
+        if (act) cz_rans_symbol(x, top[l], rank, rfc, rsym, g_sym, g_fc, s);
         if (__any_sync(gm, act && x < (CZ_RANS_L >> 16))) {
             // a corrupt state: the serial decoder's loop, one lane after the other
             for (u32 q = 0; q < CZ_RANS_WAYS; q++) {
