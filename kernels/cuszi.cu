@@ -1681,8 +1681,10 @@ template <> __device__ __forceinline__ double cz_from_slot<double>(u64 b) { retu
 
 // Without HIST (cz_enc_tiles_nh_*: shapes whose chunks cz_enc_prep codes, which counts the
 // symbols there in symbol order) it leaves the histogram out: fewer registers and no counters
-// in shared memory, so more warps per SM; its launch bounds ask for 5 blocks of CZ_TILE_WARPS
-// warps per SM, which fits its registers without spilling f32 (6 blocks would spill).
+// in shared memory, so more warps per SM; its launch bounds ask for 6 blocks of CZ_TILE_WARPS
+// warps per SM (80 registers, a few spills of per-tile values outside the point loops): the
+// extra warps hide more of the point loops' latency than the spills cost. The host launches
+// one wave of the blocks that fit (a grid-stride loop over the tiles).
 template <typename T, bool HIST>
 __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,
                              double step, double eb, const u8* pattern, u32 nclass, i64* res, unsigned short* syms,
@@ -2190,7 +2192,7 @@ CZ_INST(double, f64)
                          u8* raw, u64* hist) {                                                                     \
         cz_enc_tiles<T, true>(x, geo, acc, ares, vals, step, eb, pattern, nclass, res, syms, raw, hist);          \
     }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32, 5)                                             \
+    extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32, 6)                                             \
         cz_enc_tiles_nh_##N(const T* x, const i64* geo, const i64* acc, const i64* ares, const double* vals,      \
                             double step, double eb, i64* res, unsigned short* syms, u8* raw) {                     \
         cz_enc_tiles<T, false>(x, geo, acc, ares, vals, step, eb, nullptr, 0, res, syms, raw, nullptr);           \

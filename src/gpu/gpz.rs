@@ -216,12 +216,8 @@ impl GpzGpu {
     /// blocks of 256 threads that fit on the device at once (no partial second wave).
     fn wave_grid(&mut self, name: &str, items: usize) -> Result<u32> {
         let f = self.func(name)?;
-        let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-            .map_err(gpu_err("occupancy"))?
-            .max(1);
-        let sms = (self.grid / 8).max(1);
-        Ok((items.div_ceil(256) as u64).clamp(1, (per_sm * sms) as u64) as u32)
+        let wave = super::util::resident_blocks(&f, 256, 0, self.grid / 8)?;
+        Ok((items.div_ceil(256) as u64).clamp(1, wave as u64) as u32)
     }
 
     fn grid_for(&self, items: usize) -> u32 {

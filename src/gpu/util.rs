@@ -49,6 +49,23 @@ pub(crate) fn compile_and_load(
     Ok((m, (sms.max(1) as u32) * 8))
 }
 
+/// The blocks of `block` threads (with `smem` bytes of dynamic shared memory) of kernel `f`
+/// that `sms` multiprocessors hold at once (at least one per SM): the grid of a grid-stride
+/// kernel that runs as one wave. A larger grid splits the same work into more blocks than fit,
+/// and its last partial wave runs with the SMs partly idle.
+pub(crate) fn resident_blocks(
+    f: &cudarc::driver::CudaFunction,
+    block: u32,
+    smem: usize,
+    sms: u32,
+) -> Result<u32> {
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
+        .map_err(|e| Error::Gpu(format!("occupancy: {e:?}")))?
+        .max(1);
+    Ok(per_sm * sms.max(1))
+}
+
 /// The loaded `zu_range_*` / `zu_range_sampled_*` / `zu_scale_*` kernels of a module that
 /// contains `kernels/util.cu`.
 pub(crate) struct RangeScale {

@@ -901,12 +901,18 @@ impl CusziGpu {
         let ws = self.ws.as_mut().expect("workspace");
         let (resp, rawp) = (raw_ptr_mut(&mut ws.res, &s), raw_ptr_mut(&mut ws.raw, &s));
         let symp = raw_ptr_mut(&mut ws.syms, &s);
-        let grid = n_tiles.div_ceil(TILE_WARPS).min(self.grid as usize);
+        // (grid-stride kernels: one wave of the blocks that fit, super::util::resident_blocks)
+        let sms = self.grid / 8;
+        let wave = |f: &CudaFunction, smem: usize| -> Result<usize> {
+            let w = super::util::resident_blocks(f, (TILE_WARPS * 32) as u32, smem, sms)?;
+            Ok(n_tiles.div_ceil(TILE_WARPS).min(w as usize))
+        };
         let mut hist_d = None;
         if whole {
             let f = self.func(&format!("cz_enc_tiles_nh_{t}"))?;
             let smem = TILE_WARPS * MAX_BOX * 8;
             set_smem(&f, smem)?;
+            let grid = wave(&f, smem)?;
             let mut b = launch_args!(s, &f;
                 &x, &geop, &accp, &aresp, &valp, &step, &eb, &resp, &symp, &rawp);
             // SAFETY: warps read the boxes of their tiles (inside the input) and write their
@@ -921,6 +927,7 @@ impl CusziGpu {
             let f = self.func(&format!("cz_enc_tiles_{t}"))?;
             let smem = TILE_WARPS * MAX_BOX * 8 + nclass * HIST_WIN * 4;
             set_smem(&f, smem)?;
+            let grid = wave(&f, smem)?;
             let nclass32 = nclass as u32;
             let mut b = launch_args!(s, &f;
                 &x, &geop, &accp, &aresp, &valp, &step, &eb, &patp, &nclass32, &resp, &symp,
