@@ -1056,15 +1056,6 @@ __device__ __forceinline__ void cz_box_anchors(const CzGeo& g, i64 b, const i64 
     }
     __syncwarp();
 }
-// The warp's box `buf` before the walks: zeros, then the tile's anchors; warp barriers after
-// each step.
-__device__ __forceinline__ void cz_box_init(const CzGeo& g, i64 b, const i64 c[3], const int e[3], const int st[3],
-                                            const double* vals, int lane, double* buf) {
-    int nbox = e[0] * e[1] * e[2];
-    for (int i = lane; i < nbox; i += 32) buf[i] = 0.0;
-    __syncwarp();
-    cz_box_anchors(g, b, c, e, st, vals, lane, buf);
-}
 
 // Walk `w` of the geometry words (interp.rs walks: CZ_WALK_WORDS each) in a box of extents `e`:
 // its stride `s`, first point, steps, kind (`multi`, `am` the dimension or mask), splines and
@@ -1285,7 +1276,9 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     }
     int onx[3];
     for (int d = 0; d < 3; d++) onx[d] = (int)cz_owned(g, d, c[d] + 1);
-    cz_box_init(g, b, c, e, st, vals, lane, buf);
+    // (the box is not cleared first: a prediction reads only points that the anchors and the
+    // earlier walks have written, as in cz_box_load)
+    cz_box_anchors(g, b, c, e, st, vals, lane, buf);
     int nw = cz_walks_prep(geo, (int)geo[CZ_G_NWALKS], e, lane, swalk[warp]);
     // The tile's values in the array, at offsets (x0 n1 + x1) n2 + x2 from its origin: in 32
     // bits when every offset of the box fits (any box of an array with n1 n2 below 2^21, and
