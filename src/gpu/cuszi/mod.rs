@@ -10,10 +10,12 @@
 //!    order (one block), every other residual is computed in parallel;
 //! 3. `cz_sample_*` (twice): the sampling's integer error sums, read back; the host chooses each
 //!    level's passes and splines with the rules of `interp::choose_levels`;
-//! 4. `cz_enc_tiles_*`: one warp per tile loads its box of input values, predicts it level by
-//!    level (IEEE f64, no FMA), quantizes the residuals and writes their symbols (2 bytes each;
-//!    a big residual also as its 64-bit value); the walks' point counts are set up once per
-//!    tile, a walk per lane;
+//! 4. `cz_enc_tiles_*` (a grid-stride loop over the tiles, launched as one wave of the blocks
+//!    that fit): one warp per tile loads its box of input values, predicts it level by level
+//!    (IEEE f64, no FMA), quantizes the residuals and writes their symbols (2 bytes each; a big
+//!    residual also as its 64-bit value); the walks' point counts are set up once per tile, a
+//!    walk per lane, and the mean walks of one stage (which never read each other's points)
+//!    share one loop over their points;
 //! 5. the chunks of 32,768 residuals: when every tile is whole or the array 1-D (`whole_tiles`:
 //!    the classes repeat the tile's pattern in symbol order), `cz_enc_prep_*` (a warp per
 //!    chunk) writes each residual's step index (per class of the pattern), the lossless values
@@ -51,7 +53,8 @@
 //!    line) is split into segments of 32 tiles, a thread each, with a pass for the segments'
 //!    sums and `cz_anchor_scan` (a block per line) for their prefixes;
 //! 4. `cz_tiles_*`: one warp per tile reconstructs its box level by level in shared memory
-//!    (IEEE f64, no FMA) and writes its owned points straight to the array;
+//!    (IEEE f64, no FMA), walk by walk as the encoder, and writes its owned points straight to
+//!    the array;
 //! 5. one read back of the error words.
 //!
 //! What has no kernels here runs the CPU twin on a host copy (with the result copied back):
