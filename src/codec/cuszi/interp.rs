@@ -376,10 +376,21 @@ pub(crate) fn run_passes<V: Domain>(
     e: [usize; D],
     stride: usize,
     levels: &[Level],
+    code: impl FnMut(usize, [usize; D], V) -> V,
+) {
+    run_walks(buf, e, &walks(stride, levels), code);
+}
+
+/// [`run_passes`] over the walks `list` (of [`walks`], in the order given).
+#[inline(always)]
+fn run_walks<V: Domain>(
+    buf: &mut [V],
+    e: [usize; D],
+    list: &[(usize, [usize; D], [usize; D], Walk)],
     mut code: impl FnMut(usize, [usize; D], V) -> V,
 ) {
     let st = box_strides(e);
-    for (s, start, step, walk) in walks(stride, levels) {
+    for &(s, start, step, walk) in list {
         lattice(e, st, start, step, |x, idx| {
             let p = match walk {
                 Walk::Pass(a, sp) => predict(buf, idx, x[a], e[a], s, st[a], sp),
@@ -637,6 +648,123 @@ pub(crate) fn choose_levels(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every box shape of a grid with the anchor stride `stride` whose extents are at most
+    /// `stride + 1` along the dimensions `dims` (the others 1), from a single point to a whole
+    /// tile's box with its halo, with every level configuration kind (passes in each order,
+    /// multi-dimensional) and the natural spline (the widest reads).
+    fn each_box_and_levels(mut f: impl FnMut([usize; D], usize, &[Level])) {
+        for (stride, dims) in [(8usize, 3usize), (16, 2), (512, 1)] {
+            let levels = stride.trailing_zeros() as usize;
+            let extents: Vec<usize> = if stride == 512 {
+                vec![1, 2, 3, 5, 9, 100, 257, 512, 513]
+            } else {
+                (1..=stride + 1).collect()
+            };
+            let orders = [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]];
+            for (k, &order) in orders.iter().enumerate() {
+                for multi in [false, true] {
+                    let lv: Vec<Level> = (0..levels)
+                        .map(|l| Level {
+                            order,
+                            spline: [Spline::Natural, Spline::Cubic, Spline::Natural],
+                            multi: multi != (l % 2 == 1),
+                        })
+                        .collect();
+                    for &a in &extents {
+                        for &b in if dims >= 2 { &extents[..] } else { &[1][..] } {
+                            for &c in if dims >= 3 { &extents[..] } else { &[1][..] } {
+                                // (every shape once for the first order, corner cases after)
+                                if k > 0 && [a, b, c].iter().any(|&x| x > 3 && x < stride) {
+                                    continue;
+                                }
+                                let e = match dims {
+                                    1 => [1, 1, a],
+                                    2 => [1, a, b],
+                                    _ => [a, b, c],
+                                };
+                                f(e, stride, &lv);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The anchors of a box of extents `e` (corners at multiples of `stride`) set to `anchor`,
+    /// every other point to `rest`.
+    fn boxed(e: [usize; D], stride: usize, anchor: f64, rest: f64) -> Vec<f64> {
+        let st = box_strides(e);
+        let mut buf = vec![rest; e.iter().product()];
+        for x0 in (0..e[0]).step_by(stride) {
+            for x1 in (0..e[1]).step_by(stride) {
+                for x2 in (0..e[2]).step_by(stride) {
+                    buf[x0 * st[0] + x1 * st[1] + x2] = anchor + (x0 + 2 * x1 + 3 * x2) as f64;
+                }
+            }
+        }
+        buf
+    }
+
+    /// A prediction reads only points that the anchors or earlier walks have written: with
+    /// every other point NaN, no prediction is NaN. The GPU tile kernels rely on it (their
+    /// boxes are not cleared between tiles, and the encoder's holds the input values there).
+    #[test]
+    fn predictions_read_only_coded_points() {
+        each_box_and_levels(|e, stride, levels| {
+            let mut buf = boxed(e, stride, 1.0, f64::NAN);
+            let mut coded = 0usize;
+            run_passes(&mut buf, e, stride, levels, |idx, x, p: f64| {
+                assert!(
+                    p.is_finite(),
+                    "box {e:?}, point {x:?} reads an uncoded point"
+                );
+                coded += 1;
+                p + (idx % 7) as f64 - 3.0
+            });
+            assert!(
+                buf.iter().all(|v| v.is_finite()),
+                "box {e:?}: a point not coded"
+            );
+            let anchors: usize = e.iter().map(|&n| n.div_ceil(stride)).product();
+            assert_eq!(coded + anchors, buf.len(), "box {e:?}: points coded twice");
+        });
+    }
+
+    /// The walks of one stage of a multi-dimensional level read none of each other's points:
+    /// coding each stage's walks in reverse order gives the same box, bit for bit. The GPU tile
+    /// kernels code a stage's walks in one loop, in any order.
+    #[test]
+    fn stage_walks_are_independent() {
+        each_box_and_levels(|e, stride, levels| {
+            let list = walks(stride, levels);
+            let mut reordered = list.clone();
+            let mut i = 0;
+            while i < reordered.len() {
+                let stage = |w: &(usize, [usize; D], [usize; D], Walk)| match w.3 {
+                    Walk::Multi(mask, _) => Some((w.0, mask.count_ones())),
+                    Walk::Pass(..) => None,
+                };
+                let mut j = i + 1;
+                while j < reordered.len()
+                    && stage(&reordered[i]).is_some()
+                    && stage(&reordered[j]) == stage(&reordered[i])
+                {
+                    j += 1;
+                }
+                reordered[i..j].reverse();
+                i = j;
+            }
+            let code = |idx: usize, _: [usize; D], p: f64| p * 0.75 + (idx % 11) as f64;
+            let mut a = boxed(e, stride, 2.5, 0.0);
+            let mut b = a.clone();
+            run_walks(&mut a, e, &list, code);
+            run_walks(&mut b, e, &reordered, code);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "box {e:?}");
+        });
+    }
 
     #[test]
     fn level_bytes_round_trip_and_are_checked() {
