@@ -1283,8 +1283,8 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     cz_box_anchors(g, b, c, e, st, vals, lane, buf);
     int nw = cz_walks_prep(geo, (int)geo[CZ_G_NWALKS], e, lane, swalk[warp]);
     // The tile's values in the array, at offsets (x0 n1 + x1) n2 + x2 from its origin: in 32
-    // bits when every offset of the box fits (any box of an array with n1 n2 below 2^21, and
-    // every 1-D array), as 64-bit products cost several instructions per point.
+    // bits when every offset of the box fits (3-D: n1 n2 below 2^29; 2-D: rows below 2^28
+    // values; 1-D: always), as 64-bit products cost several instructions per point.
     T* const tout = out + origin;
     const bool narrow = cz_box_offsets_fit(g, e);
     const u32 row = (u32)g.n[2], plane = (u32)(g.n[1] * g.n[2]);
@@ -1370,7 +1370,7 @@ template <typename T> __device__ __forceinline__ T cz_from_code(i64 q);
 template <> __device__ __forceinline__ float cz_from_code<float>(i64 q) { return (float)(i32)q; }
 template <> __device__ __forceinline__ double cz_from_code<double>(i64 q) { return (double)q; }
 
-// Finite range of the input (quant.rs finite_range): ws[0] min key, ws[1] max key.
+// Value `x` folded into the running key range [lo, hi] (when finite).
 template <typename T> __device__ __forceinline__ void cz_range_add(T x, u64& lo, u64& hi) {
     double v = (double)x;
     if (zc_isfinite(v)) {
@@ -1379,8 +1379,9 @@ template <typename T> __device__ __forceinline__ void cz_range_add(T x, u64& lo,
         hi = k > hi ? k : hi;
     }
 }
-// (16-byte loads where the input is 16-byte aligned: fewer load and index instructions per
-// value in a pass bound by them; the order of the values does not change a minimum)
+// Finite range of the input (quant.rs finite_range): ws[0] min key, ws[1] max key. 16-byte
+// loads where the input is 16-byte aligned: fewer load and index instructions per value in a
+// pass bound by them (the order of the values does not change a minimum).
 template <typename T> __device__ void cz_range(const T* x, u64 n, u64* ws) {
     u64 lo = ~0ull, hi = 0;
     const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, nt = (u64)gridDim.x * blockDim.x;
