@@ -930,15 +930,15 @@ __device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short*
 }
 
 // ---------------------------------------------------------------------------------------------
-// A warp's box of values in shared memory, by its address in the shared window, read and
-// written by explicit shared loads and stores. Through a plain pointer into a __shared__ array
+// A warp's array of 64-bit words in shared memory (its box of values, its tile offsets), by its
+// address in the shared window, read and written by explicit shared loads and stores. Through a plain pointer into a __shared__ array
 // the compiler recomputes the array's window address (the block's cluster rank, a shift, the
 // warp's offset) at each access of a walk's points, a few instructions each time; the address
 // held in a register costs nothing after the first. The accesses are ordered (volatile, with a
 // memory clobber) as the pointer accesses they replace.
 struct CzBox {
     u32 at;
-    __device__ __forceinline__ explicit CzBox(const double* p) {
+    __device__ __forceinline__ explicit CzBox(const void* p) {
         at = (u32)__cvta_generic_to_shared(p);
         asm volatile("" : "+r"(at));
     }
@@ -947,7 +947,7 @@ struct CzBox {
         asm volatile("ld.shared.f64 %0, [%1];" : "=d"(v) : "r"(at + 8u * (u32)i) : "memory");
         return v;
     }
-    // The slot's 64 bits (cz_box_load's input values, or any other 64-bit word).
+    // Word `i`'s bits (cz_box_load's input values, a tile offset).
     __device__ __forceinline__ u64 bits(int i) const {
         u64 v;
         asm volatile("ld.shared.u64 %0, [%1];" : "=l"(v) : "r"(at + 8u * (u32)i) : "memory");
@@ -1288,7 +1288,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     T* const tout = out + origin;
     const bool narrow = cz_box_offsets_fit(g, e);
     const u32 row = (u32)g.n[2], plane = (u32)(g.n[1] * g.n[2]);
-    const CzBox box(buf), bases((const double*)sbase[warp]);
+    const CzBox box(buf), bases(sbase[warp]);
     cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int x[3], double p) {
         int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
         bool owned = hm == 0;
