@@ -3,7 +3,7 @@
 # rustfmt, clippy (-D warnings), the whole test suite with all features and with none, rustdoc,
 # the multi-process tests under mpirun (2 and 4 ranks and more, see mpi-tests/run.sh), and the
 # Python package (scripts/test-python.sh: pip install ./python, pytest).
-# GPU and NCCL tests are reported as ignored ("no CUDA device") on machines without a device, not as
+# GPU and NCCL tests are reported as ignored ("skipped: no CUDA device") on machines without a device, not as
 # passed; NVRTC is installed anyway so that every kernel is compiled.
 set -euo pipefail
 cd "$(dirname "$0")/.."

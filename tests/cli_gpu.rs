@@ -144,13 +144,15 @@ fn main() {
     let trials = vec![
         Trial::ignorable_test("cli_gpu_round_trip", move || {
             if !present() {
-                return Ok(Completion::ignored_with("no CUDA device"));
+                return Ok(Completion::ignored_with("skipped: no CUDA device"));
             }
             gpu_round_trip().map(|()| Completion::Completed)
         }),
         Trial::ignorable_test("cli_gpu_without_device_is_a_clear_error", move || {
             if present() {
-                return Ok(Completion::ignored_with("a CUDA device is present"));
+                return Ok(Completion::ignored_with(
+                    "skipped: a CUDA device is present",
+                ));
             }
             no_device_is_a_clear_error().map(|()| Completion::Completed)
         }),

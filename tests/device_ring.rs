@@ -21,7 +21,7 @@ use zcomm::{CodecKind, ErrorBound};
 fn gpu_trial(name: &str, test: fn() -> Result<(), String>) -> Trial {
     Trial::ignorable_test(name, move || {
         if !zcomm::gpu::device_available() {
-            return Ok(Completion::ignored_with("no CUDA device"));
+            return Ok(Completion::ignored_with("skipped: no CUDA device"));
         }
         test().map_err(Failed::from)?;
         Ok(Completion::Completed)

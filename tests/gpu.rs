@@ -4,7 +4,7 @@
 //!
 //! A custom harness (`harness = false`, libtest-mimic) with the usual command line: a test that
 //! needs what this machine lacks (a CUDA device, libnvrtc) is reported *ignored* with the reason
-//! ("ignored, no CUDA device"), so that cargo's summary counts it as ignored rather than passed;
+//! ("ignored (skipped: no CUDA device)"), so that cargo's summary counts it as ignored rather than passed;
 //! with the device present every test runs in full.
 
 #[path = "common/gpu_harness.rs"]

@@ -222,10 +222,12 @@ fn main() {
 /// Every operation on every rank; `Ignored` (with the reason) without a device or NCCL.
 fn nccl_all_operations() -> Result<Completion, libtest_mimic::Failed> {
     if !nccl_available() {
-        return Ok(Completion::ignored_with("no CUDA driver or NCCL library"));
+        return Ok(Completion::ignored_with(
+            "skipped: no CUDA driver or NCCL library",
+        ));
     }
     if !zcomm::gpu::device_available() {
-        return Ok(Completion::ignored_with("no CUDA device"));
+        return Ok(Completion::ignored_with("skipped: no CUDA device"));
     }
     let cfg = NcclConfig::new(ErrorBound::Abs(1e-3))
         .with_policy(Policy::Always(CodecKind::Aatrox))
@@ -233,7 +235,7 @@ fn nccl_all_operations() -> Result<Completion, libtest_mimic::Failed> {
         .with_calibration(false);
     let mut c = match NcclComm::init(cfg) {
         Ok(c) => c,
-        Err(Error::Unavailable(m)) => return Ok(Completion::ignored_with(m)),
+        Err(Error::Unavailable(m)) => return Ok(Completion::ignored_with(format!("skipped: {m}"))),
         Err(e) => panic!("NcclComm::init: {e}"),
     };
     let (p, r) = (c.size(), c.rank());

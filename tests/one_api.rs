@@ -23,7 +23,9 @@ fn main() {
         #[cfg(feature = "nccl")]
         Trial::ignorable_test("nccl_through_the_trait_matches_host_one_rank", || {
             if !zcomm::gpu::device_available() || !zcomm::comm::nccl::nccl_available() {
-                return Ok(Completion::ignored_with("no CUDA device or no NCCL"));
+                return Ok(Completion::ignored_with(
+                    "skipped: no CUDA device or no NCCL",
+                ));
             }
             nccl_one_rank().map_err(Failed::from)?;
             Ok(Completion::Completed)
@@ -35,7 +37,7 @@ fn main() {
 fn gpu_trial(name: &str, test: fn() -> Result<(), String>) -> Trial {
     Trial::ignorable_test(name, move || {
         if !zcomm::gpu::device_available() {
-            return Ok(Completion::ignored_with("no CUDA device"));
+            return Ok(Completion::ignored_with("skipped: no CUDA device"));
         }
         test().map_err(Failed::from)?;
         Ok(Completion::Completed)

@@ -20,7 +20,7 @@ pub fn gpu_trial_of<G: 'static>(
 ) -> Trial {
     Trial::ignorable_test(name, move || {
         if !zcomm::gpu::device_available() {
-            return Ok(Completion::ignored_with("no CUDA device"));
+            return Ok(Completion::ignored_with("skipped: no CUDA device"));
         }
         let mut gpu = open(0)
             .map_err(|e| Failed::from(format!("GPU present but {what} failed to load: {e}")))?;
@@ -33,7 +33,7 @@ pub fn gpu_trial_of<G: 'static>(
 pub fn nvrtc_trial(name: &str, test: fn()) -> Trial {
     Trial::ignorable_test(name, move || {
         if !compile::nvrtc_available() {
-            return Ok(Completion::ignored_with("libnvrtc not found"));
+            return Ok(Completion::ignored_with("skipped: libnvrtc not found"));
         }
         test();
         Ok(Completion::Completed)
