@@ -578,6 +578,54 @@ __device__ __forceinline__ u64 cz_rans_chain4(const u8* c, u32 size, u32 nb, u32
     return !ok || pos != nb ? CZ_E_RANS : 0;
 }
 
+// The per-slot arrays of table `blockIdx.x` (a block of CZ_SLOT_THREADS threads each): `sym`
+// (the symbol whose slots cover the slot) and `rank` (that symbol's rank among the table's 255
+// most frequent, 255 for the others), from `fc` (per symbol freq << 16 | cum, 0 when unused)
+// and the ranked symbols `rsym` (`rfc` 0 past the last rank). The host checked the
+// frequencies (they sum to CZ_PROB_SCALE), so the used symbols' slot ranges tile the slots in
+// symbol order: the symbol of a slot is the largest symbol starting at or before it, a running
+// maximum over the slots with each used symbol marked at its first slot.
+#define CZ_SLOT_THREADS 1024
+extern "C" __global__ void __launch_bounds__(CZ_SLOT_THREADS)
+    cz_rans_slots(const u32* fc, const u32* rfc, const unsigned short* rsym, unsigned short* sym, u8* rank) {
+    __shared__ unsigned short first[CZ_PROB_SCALE];
+    __shared__ u8 rank_of[1025];
+    __shared__ u32 warp_max[CZ_SLOT_THREADS / 32];
+    const u32 t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (u32 i = tid; i < CZ_PROB_SCALE; i += CZ_SLOT_THREADS) first[i] = 0;
+    for (u32 i = tid; i < 1025; i += CZ_SLOT_THREADS) rank_of[i] = 255;
+    __syncthreads();
+    for (u32 sy = tid; sy < 1025; sy += CZ_SLOT_THREADS) {
+        const u32 v = fc[t * 1025 + sy];
+        if (v >> 16) first[v & 0xFFFF] = (unsigned short)sy;
+    }
+    for (u32 r = tid; r < 255; r += CZ_SLOT_THREADS)
+        if (rfc[t * 256 + r] >> 16) rank_of[rsym[t * 256 + r]] = (u8)r;
+    __syncthreads();
+    // each thread's consecutive slots, then the maximum of the threads before it
+    const u32 per = CZ_PROB_SCALE / CZ_SLOT_THREADS;
+    u32 m = 0;
+    for (u32 q = 0; q < per; q++) m = max(m, (u32)first[tid * per + q]);
+    u32 inc = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 v = __shfl_up_sync(ZC_FULL, inc, o);
+        if (lane >= (u32)o) inc = max(inc, v);
+    }
+    if (lane == 31) warp_max[warp] = inc;
+    __syncthreads();
+    u32 run = __shfl_up_sync(ZC_FULL, inc, 1);
+    if (lane == 0) run = 0;
+    for (u32 w = 0; w < warp; w++) run = max(run, warp_max[w]);
+    unsigned short* so = sym + (u64)t * CZ_PROB_SCALE + tid * per;
+    u8* ro = rank + (u64)t * CZ_PROB_SCALE + tid * per;
+    for (u32 q = 0; q < per; q++) {
+        run = max(run, (u32)first[tid * per + q]);
+        so[q] = (unsigned short)run;
+        ro[q] = rank_of[run];
+    }
+}
+
 // The whole-tile decoders' tables in dynamic shared memory (rank, rfc, rsym and top, staged
 // from global memory by the whole block when `smem`, else unused): their addresses there.
 struct CzTables {
@@ -680,23 +728,23 @@ __device__ __forceinline__ u64 cz_group_check(const u8* c, u32 size, u32 sum_w, 
     return 0;
 }
 
-// The symbols of one coder-3 chunk that passed cz_group_check into `sy` (the group's lanes;
-// arguments as cz_rans_chain4's). Returns the error bit (the same in every lane of the group).
-__device__ __forceinline__ u64 cz_rans_lanes(const u8* c, u32 nb, u32 cnt, u32 l, u32 ts, const uint2* top,
-                                             const u8* rank, const u32* rfc, const unsigned short* rsym,
-                                             const unsigned short* g_sym, const u32* g_fc, unsigned short* sy,
-                                             u32 li, u32 first, u32 gm) {
-    const u8* b = c + 4;
-    u32 x = ((u32)b[4 * li] << 24) | ((u32)b[4 * li + 1] << 16) | ((u32)b[4 * li + 2] << 8) | (u32)b[4 * li + 3];
-    u32 pos = 4 * CZ_RANS_WAYS;
-    const u32 before = (1u << li) - 1u;
-    l += li;
-    while (l >= ts) l -= ts;
-    for (u32 j0 = 0; j0 < cnt; j0 += CZ_RANS_WAYS) {
-        const u32 i = j0 + li;
-        const bool act = i < cnt;
-        u32 s = 0;
-        if (act) cz_rans_symbol(x, top[l], rank, rfc, rsym, g_sym, g_fc, s);
+// One warp step of a coder-3 chunk (cz_rans_lanes): lane li's state `x` decodes residual `i` (when
+// `act`), `tp` the `top` entry of its local position; the symbol into `s`, then the step's
+// renormalization bytes, and the lossless values (to `rawc`) and big residual positions (`bg`)
+// numbered by ballots in residual order. `act` is a literal true in the steps where every lane
+// decodes, so those carry no per-lane test. Returns the error bit (the same in every lane).
+template <typename T>
+__device__ __forceinline__ u32 cz_lanes_step(bool act, u32 i, u32& x, uint2 tp, const u8* rank, const u32* rfc,
+                                             const unsigned short* rsym, const unsigned short* g_sym,
+                                             const u32* g_fc, const u8* b, u32 nb, u32& pos, const u8* c,
+                                             u32 size, u32 raw_at, u8* rawc, u32* bg, u32& nraw, u32& nbig,
+                                             u32& s, u32 li, u32 first, u32 gm, u32 before) {
+    s = 0;
+    if (act) cz_rans_symbol(x, tp, rank, rfc, rsym, g_sym, g_fc, s);
+    // (one vote settles most steps: no lane renormalizes or decoded a lossless or big symbol)
+    if (!__any_sync(gm, act && (x < CZ_RANS_L || s >= CZ_SYM_LOSSLESS))) return 0;
+    const u32 b1 = __ballot_sync(gm, act && x < CZ_RANS_L) >> first;
+    if (b1) {
         if (__any_sync(gm, act && x < (CZ_RANS_L >> 16))) {
             // a corrupt state: the serial decoder's loop, one lane after the other
             for (u32 q = 0; q < CZ_RANS_WAYS; q++) {
@@ -714,37 +762,103 @@ __device__ __forceinline__ u64 cz_rans_lanes(const u8* c, u32 nb, u32 cnt, u32 l
                 if (__any_sync(gm, f)) return CZ_E_RANS;
             }
         } else {
-            const u32 k = act ? (u32)(x < CZ_RANS_L) + (u32)(x < (CZ_RANS_L >> 8)) : 0u;
-            const u32 b1 = __ballot_sync(gm, k != 0) >> first;
-            const u32 b2 = __ballot_sync(gm, k == 2) >> first;
+            const u32 b2 = __ballot_sync(gm, act && x < (CZ_RANS_L >> 8)) >> first;
             const u32 tot = __popc(b1) + __popc(b2);
             if (pos + tot > nb) return CZ_E_RANS;
-            if (k) {
+            if (act && x < CZ_RANS_L) {
                 const u32 o = pos + __popc(b1 & before) + __popc(b2 & before);
                 x = (x << 8) | b[o];
-                if (k == 2) x = (x << 8) | b[o + 1];
+                if (x < CZ_RANS_L) x = (x << 8) | b[o + 1];
             }
             pos += tot;
         }
-        if (act) sy[i] = (unsigned short)s;
-        l += CZ_RANS_WAYS;
-        while (l >= ts) l -= ts;
     }
-    return __all_sync(gm, x == CZ_RANS_L) && pos == nb ? 0 : CZ_E_RANS;
+    const u32 ms = __ballot_sync(gm, act && s >= CZ_SYM_LOSSLESS) >> first;
+    if (ms) {
+        // (rare: cz_rans_post's numbering; a chunk too short for its lossless values is
+        // rejected at its end)
+        const u32 ml = __ballot_sync(gm, act && s == CZ_SYM_LOSSLESS) >> first;
+        const u32 mb = ms & ~ml;
+        if (act && s == CZ_SYM_LOSSLESS) {
+            const u64 k = nraw + __popc(ml & before);
+            if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
+                const u8* p = c + raw_at + k * sizeof(T);
+                for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)i * sizeof(T) + q] = p[q];
+            }
+        } else if (act && s == CZ_SYM_BIG) {
+            bg[nbig + __popc(mb & before)] = i;
+        }
+        nraw += __popc(ml);
+        nbig += __popc(mb);
+    }
+    return 0;
 }
 
-// cz_rans_whole for coder 3: blocks of CZ_RANS_CHUNKS chunks, a group of CZ_RANS_WAYS lanes per
-// chunk, the tables staged as there.
+// The symbols of one coder-3 chunk that passed cz_group_check into `sy` (the group's lanes;
+// arguments as cz_rans_chain4's), with what cz_rans_post does for the other whole-tile decoder in
+// the same pass: the lossless values' bits into `rawc` and the big residuals' positions into
+// `bg`, then lane 0 checks the chunk's end and reads its big residuals into `rc`
+// (cz_rans_bigs). Returns the error bit (the group's for the rANS bytes, lane 0's for the end).
+//
+// The steps where every lane decodes (all but a short last chunk's last) run without per-lane
+// tests, and when a tile has at least CZ_RANS_WAYS points (`WIDE`) a step's local index wraps
+// at most once: an issue-bound loop of a few dozen instructions per step, most of them
+// settled by the `top` symbol with no renormalization (one ballot each for both).
+template <typename T, bool WIDE>
+__device__ __forceinline__ u64 cz_rans_lanes(const u8* c, u32 size, u32 nb, u32 cnt, u32 l, u32 ts,
+                                             const uint2* top, const u8* rank, const u32* rfc,
+                                             const unsigned short* rsym, const unsigned short* g_sym,
+                                             const u32* g_fc, unsigned short* sy, u8* rawc, u32* bg, i64* rc,
+                                             u32 li, u32 first, u32 gm) {
+    const u8* b = c + 4;
+    u32 x = ((u32)b[4 * li] << 24) | ((u32)b[4 * li + 1] << 16) | ((u32)b[4 * li + 2] << 8) | (u32)b[4 * li + 3];
+    u32 pos = 4 * CZ_RANS_WAYS;
+    const u32 before = (1u << li) - 1u;
+    const u32 raw_at = 4 + nb;
+    u32 nraw = 0, nbig = 0;
+    l += li;
+    while (l >= ts) l -= ts;
+    const u32 full = cnt - cnt % CZ_RANS_WAYS;
+    unsigned short* o = sy + li;
+    u32 j0 = 0;
+    for (; j0 < full; j0 += CZ_RANS_WAYS) {
+        u32 s;
+        const u32 e = cz_lanes_step<T>(true, j0 + li, x, top[l], rank, rfc, rsym, g_sym, g_fc, b, nb, pos, c,
+                                       size, raw_at, rawc, bg, nraw, nbig, s, li, first, gm, before);
+        if (e) return e;
+        *o = (unsigned short)s;
+        o += CZ_RANS_WAYS;
+        l += CZ_RANS_WAYS;
+        if (WIDE) {
+            if (l >= ts) l -= ts;
+        } else {
+            while (l >= ts) l -= ts;
+        }
+    }
+    if (j0 < cnt) {
+        const u32 i = j0 + li;
+        const bool act = i < cnt;
+        u32 s;
+        const u32 e = cz_lanes_step<T>(act, i, x, act ? top[l] : make_uint2(0, 0), rank, rfc, rsym, g_sym, g_fc,
+                                       b, nb, pos, c, size, raw_at, rawc, bg, nraw, nbig, s, li, first, gm, before);
+        if (e) return e;
+        if (act) sy[i] = (unsigned short)s;
+    }
+    if (!(__all_sync(gm, x == CZ_RANS_L) && pos == nb)) return CZ_E_RANS;
+    // (lane 0 reads the positions the other lanes wrote)
+    __syncwarp(gm);
+    if (li) return 0;
+    return (u64)raw_at + (u64)nraw * sizeof(T) > size ? CZ_E_RAW : cz_rans_bigs<T>(c, size, nb, nraw, nbig, bg, rc);
+}
+
+// cz_rans_whole for coder 3, with cz_rans_post's work in the same pass (cz_rans_lanes): blocks
+// of CZ_RANS_CHUNKS chunks, a group of CZ_RANS_WAYS lanes per chunk, the tables staged as there.
 template <typename T>
 __device__ void cz_rans_warp(const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* g_top,
                              const unsigned short* g_sym, const u32* g_fc, const u8* g_rank, const u32* g_rfc,
-                             const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, u32* stat,
-                             u64* err) {
+                             const unsigned short* g_rsym, u32 ntab, u32 smem, unsigned short* syms, i64* res,
+                             u8* raw, u32* bigs, u64* err) {
     const CzTables st = cz_stage_tables(g_top, g_rank, g_rfc, g_rsym, ntab, ts, smem);
-    u8* s_rank = st.rank;
-    u32* s_rfc = st.rfc;
-    unsigned short* s_rsym = st.rsym;
-    uint2* s_top = st.top;
     const u32 lane = threadIdx.x & 31, li = lane % CZ_RANS_WAYS, first = lane - li;
     const u32 gm = cz_group_mask(first);
     const u64 ci = (u64)blockIdx.x * CZ_RANS_CHUNKS + threadIdx.x / CZ_RANS_WAYS;
@@ -758,17 +872,23 @@ __device__ void cz_rans_warp(const u8* stream, const u64* ent, u64 nchunks, u64 
     u64 fail = cz_group_check(c, size, sum_w, li, gm, nb);
     if (!fail) {
         const u32 l = (u32)(i0 % ts);
-        if (smem)
-            fail = cz_rans_lanes(c, nb, cnt, l, ts, s_top, s_rank, s_rfc, s_rsym, g_sym, g_fc, syms + i0, li, first, gm);
+        unsigned short* sy = syms + i0;
+        u8* rawc = raw + i0 * sizeof(T);
+        u32* bg = bigs + i0;
+        i64* rc = res + i0;
+        if (smem && ts >= CZ_RANS_WAYS)
+            fail = cz_rans_lanes<T, true>(c, size, nb, cnt, l, ts, st.top, st.rank, st.rfc, st.rsym, g_sym, g_fc, sy,
+                                          rawc, bg, rc, li, first, gm);
+        else if (smem)
+            fail = cz_rans_lanes<T, false>(c, size, nb, cnt, l, ts, st.top, st.rank, st.rfc, st.rsym, g_sym, g_fc,
+                                           sy, rawc, bg, rc, li, first, gm);
         else
-            fail = cz_rans_lanes(c, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, syms + i0, li, first, gm);
+            fail = cz_rans_lanes<T, false>(c, size, nb, cnt, l, ts, g_top, g_rank, g_rfc, g_rsym, g_sym, g_fc, sy,
+                                           rawc, bg, rc, li, first, gm);
     }
-    if (li == 0) {
-        stat[ci] = fail ? 1u : 0u;
-        if (fail) {
-            atomicOr(&err[0], fail);
-            atomicMin(&err[1], ci);
-        }
+    if (li == 0 && fail) {
+        atomicOr(&err[0], fail);
+        atomicMin(&err[1], ci);
     }
 }
 
@@ -2161,9 +2281,9 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
     extern "C" __global__ void __launch_bounds__(CZ_RANS_CHUNKS * CZ_RANS_WAYS) cz_rans_warp_##N(                   \
         const u8* stream, const u64* ent, u64 nchunks, u64 count, u32 ts, const uint2* top,                        \
         const unsigned short* sym, const u32* fc, const u8* rank, const u32* rfc, const unsigned short* rsym,      \
-        u32 ntab, u32 smem, unsigned short* syms, u32* stat, u64* err) {                                           \
-        cz_rans_warp<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, syms, stat,    \
-                        err);                                                                                      \
+        u32 ntab, u32 smem, unsigned short* syms, i64* res, u8* raw, u32* bigs, u64* err) {                        \
+        cz_rans_warp<T>(stream, ent, nchunks, count, ts, top, sym, fc, rank, rfc, rsym, ntab, smem, syms, res, raw, \
+                        bigs, err);                                                                                \
     }                                                                                                               \
     extern "C" __global__ void cz_rans_post_##N(const u8* stream, const u64* ent, u64 nchunks, u64 count,          \
                                                 const unsigned short* syms, const u32* stat, i64* res, u8* raw,   \

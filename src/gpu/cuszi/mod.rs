@@ -35,19 +35,21 @@
 //! Decompression of a device-resident stream:
 //!
 //! 1. the host reads the header, the chunk table and the metadata (a few kilobytes, in one read
-//!    for streams of up to about 7,000 chunks), checks them with the CPU decoder's own parsers
-//!    (header fields, table checksum, chunk sizes, predictor configuration, rANS frequencies),
-//!    fills the decoder tables from the frequencies and uploads them with the geometry and the
-//!    class pattern (one copy, queued from pinned memory);
+//!    through pinned memory for streams of up to about 7,000 chunks), checks them with the CPU
+//!    decoder's own parsers (header fields, table checksum, chunk sizes, predictor
+//!    configuration, rANS frequencies), and uploads each table's per-symbol steps and ranked
+//!    symbols with the geometry and the class pattern (one copy, queued from pinned memory, into
+//!    device arrays kept across calls); `cz_rans_slots` (a block per table) fills the per-slot
+//!    arrays (16,384 entries per table) from them on the device;
 //! 2. the chunks of 32,768 residuals, each checked byte for byte as the CPU does: when every
 //!    tile is whole or the array 1-D (`whole_tiles`) and the stream 4-aligned,
-//!    `cz_rans_warp_*` (coder 3: a group of lanes per chunk, a lane per state) or
-//!    `cz_rans_whole_*` (coders 1 and 2: a thread per chunk) checks the chunk's `zhash` and
-//!    runs its rANS state updates into 2-byte symbols (a slot of its table's most frequent
-//!    symbol without a table load), then
-//!    `cz_rans_post_*` (a warp per chunk) places the lossless values and big residuals and
-//!    checks the chunk's end; otherwise `cz_rans_*` (a thread per chunk) does all of it, with
-//!    each residual's class from a walk over the tile coordinates, into 64-bit residuals;
+//!    `cz_rans_warp_*` (coder 3: a group of lanes per chunk, a lane per state) checks the
+//!    chunk's `zhash`, runs its rANS state updates into 2-byte symbols (a slot of its table's
+//!    most frequent symbol without a table load), places the lossless values and big residuals
+//!    as it goes and checks the chunk's end; `cz_rans_whole_*` (coders 1 and 2: a thread per
+//!    chunk) does the state updates and `cz_rans_post_*` (a warp per chunk) the rest;
+//!    otherwise `cz_rans_*` (a thread per chunk) does all of it, with each residual's class
+//!    from a walk over the tile coordinates, into 64-bit residuals;
 //! 3. `cz_anchors_*` (a pass per dimension): the anchors' Lorenzo inverse as an n-D prefix sum
 //!    in wrapping integers, and their values; a long line of tiles (a 1-D array is a single
 //!    line) is split into segments of 32 tiles, a thread each, with a pass for the segments'
@@ -124,8 +126,6 @@ const SLOTS: usize = 1 << 14;
 const SYMBOLS: usize = 1025;
 /// Ranks per table of the decoder's compact tables (kernels/cuszi.cu cz_rans).
 const RANKS: usize = 256;
-/// The rank of a symbol outside the compact table.
-const RANK_OTHER: u8 = 255;
 /// Bytes of the class map in the decoder's shared memory (at most 28 classes).
 const MAP_BYTES: usize = 64;
 /// Symbols per class counted in shared memory by `cz_enc_tiles_*` (kernels/cuszi.cu
@@ -152,6 +152,8 @@ const CHUNK_WARP_THREADS: usize = 256;
 /// `CZ_PREP_THREADS`): large blocks, because each block zeroes and flushes a counter for every
 /// symbol of every class it codes.
 const PREP_THREADS: usize = 1024;
+/// Threads per block of `cz_rans_slots` (kernels/cuszi.cu `CZ_SLOT_THREADS`).
+const SLOT_THREADS: usize = 1024;
 /// Threads per block of `cz_rans_whole_*`.
 const WHOLE_THREADS: usize = RANS_CHUNKS / RANS_LANES * 32;
 /// Threads per block of the coder-3 kernels `cz_rans_warp_*` and `cz_enc_whole_*`: a lane per
@@ -177,6 +179,7 @@ pub fn kernel_names() -> Vec<String> {
         "cz_anchor_scan",
         "cz_scan",
         "cz_hash",
+        "cz_rans_slots",
     ] {
         v.push(k.to_string());
     }
@@ -184,6 +187,7 @@ pub fn kernel_names() -> Vec<String> {
         for k in [
             "cz_rans",
             "cz_rans_whole",
+            "cz_rans_warp",
             "cz_rans_post",
             "cz_anchors",
             "cz_tiles",
@@ -241,8 +245,49 @@ pub struct CusziGpu {
     scratch: Option<CudaSlice<u8>>,
     /// Blocks of the grid-stride kernels (8 per SM).
     grid: u32,
-    /// Pinned host memory a decode's plan is uploaded from (`upload_staged`), kept and grown.
+    /// Pinned host memory a decode's header is read into and its plan uploaded from
+    /// (`read_pinned`, `upload_plan`), kept and grown.
     staging: Option<cudarc::driver::PinnedHostSlice<u8>>,
+    /// A decode's device arrays besides the workspace, kept and grown.
+    dec: DecodeArrays,
+}
+
+/// The device arrays of a decode besides the [`Workspace`], kept across calls and grown when a
+/// larger stream comes (a fresh allocation per call costs the host more than some kernels
+/// take): each call writes every element it reads.
+#[derive(Default)]
+struct DecodeArrays {
+    /// The packed plan (`Pack`).
+    plan: Option<CudaSlice<u8>>,
+    /// Per table: the symbol of every slot (2 bytes each), then per table the rank of every
+    /// slot (`cz_rans_slots`).
+    slots: Option<CudaSlice<u8>>,
+    /// Per tile: its anchor's integer code.
+    acc: Option<CudaSlice<i64>>,
+    /// Per tile: its anchor's value.
+    vals: Option<CudaSlice<f64>>,
+    /// Segment sums of the anchor passes.
+    part: Option<CudaSlice<i64>>,
+    /// Per chunk: its status for `cz_rans_post_*`.
+    stat: Option<CudaSlice<u32>>,
+}
+
+/// `buf`, reallocated (its contents unspecified) when it holds fewer than `n` elements of `X`.
+fn at_least<'a, X: DeviceRepr>(
+    s: &Arc<CudaStream>,
+    buf: &'a mut Option<CudaSlice<X>>,
+    n: usize,
+    what: &'static str,
+) -> Result<&'a mut CudaSlice<X>> {
+    if !buf.as_ref().is_some_and(|b| b.len() >= n) {
+        *buf = None;
+        let n = n.max(1);
+        // SAFETY (alloc): the callers write every element before a kernel reads it.
+        let b = unsafe { s.alloc::<X>(n) }
+            .map_err(|e| Error::OutOfMemory(format!("cuszi {what} of {n} elements: {e:?}")))?;
+        *buf = Some(b);
+    }
+    Ok(buf.as_mut().expect("allocated above"))
 }
 
 impl std::fmt::Debug for CusziGpu {
@@ -280,6 +325,7 @@ impl CusziGpu {
             profile: Default::default(),
             scratch: None,
             staging: None,
+            dec: DecodeArrays::default(),
             grid,
         })
     }
@@ -335,31 +381,58 @@ impl CusziGpu {
         self.stream.clone_htod(v).map_err(gpu_err("upload"))
     }
 
-    /// `bytes` in a new device buffer (at least as long), copied through the pinned staging
-    /// buffer: the copy is queued on the stream, where a copy from pageable memory keeps the
-    /// host waiting until it is done, and the buffer is written again only once the copy that
-    /// read it has run (its event).
-    fn upload_staged(&mut self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
-        if !self
-            .staging
-            .as_ref()
-            .is_some_and(|p| p.len() >= bytes.len())
-        {
+    /// The pinned staging buffer, grown to at least `n` bytes.
+    fn staging(&mut self, n: usize) -> Result<&mut cudarc::driver::PinnedHostSlice<u8>> {
+        if !self.staging.as_ref().is_some_and(|p| p.len() >= n) {
             self.staging = None;
-            let n = bytes.len().max(1).next_power_of_two();
-            // SAFETY: page-locked host memory, written below before a copy reads what is used.
+            let n = n.max(1).next_power_of_two();
+            // SAFETY: page-locked host memory, written (by the host or a copy) before it is read.
             let p = unsafe { self.stream.context().alloc_pinned::<u8>(n) }
                 .map_err(|e| Error::OutOfMemory(format!("pinned staging of {n} bytes: {e:?}")))?;
             self.staging = Some(p);
         }
+        Ok(self.staging.as_mut().expect("allocated above"))
+    }
+
+    /// `n` bytes of device memory at `src`, read through the pinned staging buffer (a copy to
+    /// pageable memory goes through the driver's own buffer, slower for these small reads).
+    fn read_pinned(&mut self, src: u64, n: usize) -> Result<Vec<u8>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let cs = self.stream.cu_stream();
+        let p = self.staging(n)?;
+        let h = p.as_mut_slice().map_err(gpu_err("staging"))?;
+        // SAFETY: the callers read inside the stream's bytes; the staging buffer holds `n`
+        // bytes and is read only after the synchronization below.
+        unsafe { cu::memcpy_dtoh_async(&mut h[..n], src, cs) }.map_err(gpu_err("read"))?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
         let p = self.staging.as_mut().expect("allocated above");
+        Ok(p.as_mut_slice().map_err(gpu_err("staging"))?[..n].to_vec())
+    }
+
+    /// `bytes` copied into the kept plan buffer (`DecodeArrays::plan`) through the pinned
+    /// staging buffer, the copy queued on the stream (a copy from pageable memory keeps the
+    /// host waiting until it is done); returns the buffer's device address. Every decode reads
+    /// its header through the staging buffer with a synchronization first, so no earlier copy
+    /// still reads it when it is written here.
+    fn upload_plan(&mut self, bytes: &[u8]) -> Result<u64> {
+        let s = self.stream.clone();
+        let p = self.staging(bytes.len())?;
         p.as_mut_slice().map_err(gpu_err("staging"))?[..bytes.len()].copy_from_slice(bytes);
-        // SAFETY (alloc): the copy below writes all of it.
-        let mut d = unsafe { self.stream.alloc::<u8>(p.len()) }.map_err(gpu_err("alloc"))?;
-        self.stream
-            .memcpy_htod(p, &mut d)
-            .map_err(gpu_err("upload"))?;
-        Ok(d)
+        let d = at_least(&s, &mut self.dec.plan, bytes.len(), "plan")?;
+        let p = self.staging.as_ref().expect("allocated above");
+        // SAFETY: `bytes.len()` bytes from pinned memory written above to a device buffer at
+        // least as long, ordered on the stream before the kernels that read it.
+        unsafe {
+            cu::memcpy_htod_async(
+                raw_ptr_mut(d, &s),
+                &p.as_slice().map_err(gpu_err("staging"))?[..bytes.len()],
+                s.cu_stream(),
+            )
+        }
+        .map_err(gpu_err("upload"))?;
+        Ok(raw_ptr_mut(d, &s))
     }
 
     /// Decompress the `cuszi` stream `stream` (all of it, on the device) into `out`, which must
@@ -380,8 +453,7 @@ impl CusziGpu {
         let sp = raw_ptr(stream, &self.stream);
         // the header and, in the same read, the chunk table and metadata of all but the longest
         // streams (one wait for the device instead of two)
-        let mut head = vec![0u8; len.min(HEADER_LEN_V3 + FIRST_READ)];
-        self.read(sp, &mut head)?;
+        let head = self.read_pinned(sp, len.min(HEADER_LEN_V3 + FIRST_READ))?;
         if head.len() < HEADER_LEN
             || u16_at(&head, 4) != VERSION_SHAPED
             || head.len() < HEADER_LEN_V3
@@ -412,13 +484,18 @@ impl CusziGpu {
         let mut table = vec![0u8; h.table_len()];
         let have = head.len().saturating_sub(hl).min(table.len());
         table[..have].copy_from_slice(&head[hl..hl + have]);
-        self.read(sp + (hl + have) as u64, &mut table[have..])?;
+        if have < table.len() {
+            let rest = self.read_pinned(sp + (hl + have) as u64, table.len() - have)?;
+            table[have..].copy_from_slice(&rest);
+        }
         if zhash_bytes(&table) != h.payload_checksum {
             return Err(Error::corrupt("chunk table checksum mismatch"));
         }
+        self.mark("read")?;
         let Some(plan) = plan(&h, &table, len)? else {
             return self.on_host(stream, out);
         };
+        self.mark("plan")?;
         self.launch::<T>(&plan, sp, out)
     }
 
@@ -494,35 +571,40 @@ impl CusziGpu {
             pack.add(&p.geo),
             pack.add(&p.pattern),
             pack.add(&p.map),
-            pack.add(&p.sym),
             pack.add(&p.fc),
-            pack.add(&p.rank),
             pack.add(&p.rfc),
             pack.add(&p.rsym),
             pack.add(&p.ent),
             pack.add(&p.top),
             pack.add(&[0u64, u64::MAX]),
         ];
-        let mut packed = self.upload_staged(&pack.bytes)?;
-        let base = raw_ptr_mut(&mut packed, &self.stream);
-        let [geop, patp, mapp, slotp, stepp, rankp, rfcp, rsymp, entp, topp, errp] =
-            at.map(|o| base + o as u64);
+        let base = self.upload_plan(&pack.bytes)?;
+        let [geop, patp, mapp, stepp, rfcp, rsymp, entp, topp, errp] = at.map(|o| base + o as u64);
         let n_tiles = p.g.n_tiles();
-        // SAFETY (alloc): `cz_anchors_*` writes every tile's `acc` and `vals` before they are
-        // read.
-        let mut acc =
-            unsafe { self.stream.alloc::<i64>(n_tiles.max(1)) }.map_err(gpu_err("alloc"))?;
-        let mut vals =
-            unsafe { self.stream.alloc::<f64>(n_tiles.max(1)) }.map_err(gpu_err("alloc"))?;
+        let ntab = p.fc.len() / SYMBOLS;
         let s = self.stream.clone();
+        let dec = &mut self.dec;
+        let slots = raw_ptr_mut(
+            at_least(&s, &mut dec.slots, ntab * SLOTS * 3, "slot tables")?,
+            &s,
+        );
+        let (slotp, rankp) = (slots, slots + (ntab * SLOTS * 2) as u64);
+        let accp = raw_ptr_mut(at_least(&s, &mut dec.acc, n_tiles, "anchor codes")?, &s);
+        let valp = raw_ptr_mut(at_least(&s, &mut dec.vals, n_tiles, "anchor values")?, &s);
         let ws = self.ws.as_mut().expect("workspace");
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
         let bigp = raw_ptr_mut(&mut ws.bigs, &s);
         let symp = raw_ptr_mut(&mut ws.syms, &s);
-        let accp = raw_ptr_mut(&mut acc, &s);
-        let valp = raw_ptr_mut(&mut vals, &s);
         let outp = raw_ptr_mut(out, &s);
+        {
+            let f = self.func("cz_rans_slots")?;
+            let mut b = launch_args!(s, &f; &stepp, &rfcp, &rsymp, &slotp, &rankp);
+            // SAFETY: block t reads table t's SYMBOLS steps and RANKS ranked entries and writes
+            // its SLOTS entries of both slot arrays (ntab tables each).
+            unsafe { b.launch(Self::launch_cfg(ntab, SLOT_THREADS, 0)) }
+                .map_err(gpu_err("slots"))?;
+        }
         let nchunks = (p.ent.len() / 2) as u64;
         let cfg = |items: usize, block: usize| LaunchConfig {
             grid_dim: (items.div_ceil(block).max(1) as u32, 1, 1),
@@ -543,9 +625,10 @@ impl CusziGpu {
                 ("cz_rans_whole", WHOLE_THREADS)
             };
             let f = self.func(&format!("{name}_{t}"))?;
-            let ntab = (p.fc.len() / SYMBOLS) as u32;
-            let want = (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + p.top.len() * 4)
-                .next_multiple_of(16);
+            let ntab = ntab as u32;
+            let want =
+                (ntab as usize * SLOTS + p.rfc.len() * 4 + p.rsym.len() * 2 + p.top.len() * 4)
+                    .next_multiple_of(16);
             let smem = if want <= self.smem_optin {
                 set_smem(&f, want)?;
                 want as u32
@@ -553,46 +636,53 @@ impl CusziGpu {
                 0
             };
             let (count, ts) = (n as u64, p.tabpat.len() as u32);
-            // SAFETY (alloc): `cz_rans_whole_*` and `cz_rans_warp_*` write every chunk's
-            // status word.
-            let mut stat = unsafe { s.alloc::<u32>(nchunks as usize) }.map_err(gpu_err("alloc"))?;
-            let statp = raw_ptr_mut(&mut stat, &s);
-            let mut b = if warp {
-                launch_args!(s, &f;
-                    &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
-                    &ntab, &smem, &symp, &statp, &errp)
-            } else {
-                launch_args!(s, &f;
-                    &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
-                    &ntab, &smem, &p.ways, &symp, &statp, &errp)
-            };
-            // SAFETY: the chunk entries lie inside the stream (checked by `plan`), and so do the
-            // words read of each (the stream is 4-aligned); each thread writes its chunk's
-            // symbols (below `n` of the workspace) and status word; `top` holds the `ts`
-            // local positions of a tile, the tables `SLOTS` entries per table it names.
             let c = Self::launch_cfg(
                 (nchunks as usize).div_ceil(RANS_CHUNKS),
                 threads,
                 smem as usize,
             );
-            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
-            let f = self.func(&format!("cz_rans_post_{t}"))?;
-            let mut b = launch_args!(s, &f;
-                &sp, &entp, &nchunks, &count, &symp, &statp, &resp, &rawp, &bigp, &errp);
-            // SAFETY: one warp per chunk reads its symbols and its valid chunk's bytes, and
-            // writes its residuals, lossless bytes and big positions (below `n` values).
-            let c = Self::launch_cfg(
-                (nchunks as usize * 32).div_ceil(CHUNK_WARP_THREADS),
-                CHUNK_WARP_THREADS,
-                0,
-            );
-            unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+            if warp {
+                let mut b = launch_args!(s, &f;
+                    &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                    &ntab, &smem, &symp, &resp, &rawp, &bigp, &errp);
+                // SAFETY: the chunk entries lie inside the stream (checked by `plan`), and so do
+                // the words and bytes read of each (the stream is 4-aligned); each group of lanes
+                // writes its chunk's symbols, lossless bytes, big positions and big residuals
+                // (below `n` values of the workspace); `top` holds the `ts` local positions of
+                // a tile, the tables `SLOTS` entries per table it names.
+                unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+                self.mark("rans")?;
+            } else {
+                let statp = raw_ptr_mut(
+                    at_least(&s, &mut self.dec.stat, nchunks as usize, "chunk status")?,
+                    &s,
+                );
+                let mut b = launch_args!(s, &f;
+                    &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
+                    &ntab, &smem, &p.ways, &symp, &statp, &errp);
+                // SAFETY: as for the warp kernel; each thread writes its chunk's symbols (below
+                // `n` of the workspace) and status word (`nchunks` of them).
+                unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+                self.mark("rans")?;
+                let f = self.func(&format!("cz_rans_post_{t}"))?;
+                let mut b = launch_args!(s, &f;
+                    &sp, &entp, &nchunks, &count, &symp, &statp, &resp, &rawp, &bigp, &errp);
+                // SAFETY: one warp per chunk reads its symbols and its valid chunk's bytes, and
+                // writes its residuals, lossless bytes and big positions (below `n` values).
+                let c = Self::launch_cfg(
+                    (nchunks as usize * 32).div_ceil(CHUNK_WARP_THREADS),
+                    CHUNK_WARP_THREADS,
+                    0,
+                );
+                unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+                self.mark("rans_post")?;
+            }
         } else {
             let f = self.func(&format!("cz_rans_{t}"))?;
-            let ntab = (p.fc.len() / SYMBOLS) as u32;
+            let ntab = ntab as u32;
             let nclass = p.map.len() as u32;
-            let want =
-                (p.rank.len() + p.rfc.len() * 4 + p.rsym.len() * 2 + MAP_BYTES) + p.pattern.len();
+            let want = (ntab as usize * SLOTS + p.rfc.len() * 4 + p.rsym.len() * 2 + MAP_BYTES)
+                + p.pattern.len();
             let want = want.next_multiple_of(16);
             let smem = if want <= self.smem_optin {
                 set_smem(&f, want)?;
@@ -615,8 +705,8 @@ impl CusziGpu {
                 )
             };
             unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
+            self.mark("rans")?;
         }
-        self.mark("rans")?;
         // the anchor passes, one per dimension (kernels/cuszi.cu cz_anchors): (dim, first,
         // last, tiles per segment, segments per line); a pass along a dimension of one tile
         // that neither reads the residuals nor writes the values changes nothing
@@ -635,9 +725,11 @@ impl CusziGpu {
             .map(|q| n_tiles / p.g.tiles[q.0 as usize] * q.4)
             .max()
             .unwrap_or(0);
-        // SAFETY (alloc): each pass that reads `part` has its segment sums written before.
-        let mut part = unsafe { s.alloc::<i64>(nparts.max(1)) }.map_err(gpu_err("alloc"))?;
-        let partp = raw_ptr_mut(&mut part, &s);
+        // (each pass that reads `part` has its segment sums written before)
+        let partp = raw_ptr_mut(
+            at_least(&s, &mut self.dec.part, nparts, "segment sums")?,
+            &s,
+        );
         let f = self.func(&format!("cz_anchors_{t}"))?;
         let fscan = self.func("cz_anchor_scan")?;
         for &(dim, first, last, seg, nseg) in &passes {
@@ -678,7 +770,7 @@ impl CusziGpu {
         }
         self.mark("tiles")?;
         let mut eb = [0u8; 16];
-        self.read_back(&packed.slice(at[10]..at[10] + 16), &mut eb[..])?;
+        self.read(errp, &mut eb)?;
         let e = [0, 8].map(|i| u64::from_le_bytes(eb[i..i + 8].try_into().expect("8 bytes")));
         if e[0] != 0 {
             let what = ERRORS

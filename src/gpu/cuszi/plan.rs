@@ -13,13 +13,9 @@ pub(super) struct Plan {
     pub(super) pattern: Vec<u8>,
     /// Class-to-table map.
     pub(super) map: Vec<u8>,
-    /// Per table: the symbol of every slot.
-    pub(super) sym: Vec<u16>,
-    /// Per table and symbol: `freq << 16 | cum`.
+    /// Per table and symbol: `freq << 16 | cum` (0: unused); the per-slot arrays (the symbol
+    /// and rank of every slot) are filled from these and `rsym` on the device (`cz_rans_slots`).
     pub(super) fc: Vec<u32>,
-    /// Per table and slot: the rank of its symbol ([`RANK_OTHER`]: not among the 255 most
-    /// frequent).
-    pub(super) rank: Vec<u8>,
     /// Per table and rank: `freq << 16 | cum` of the symbol.
     pub(super) rfc: Vec<u32>,
     /// Per table and rank: the symbol.
@@ -82,41 +78,29 @@ pub(super) fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>>
         Coder::Rans { map, freqs, ways } => (map, freqs, ways as u32),
         Coder::Huffman(_) => return Ok(None),
     };
-    // per table: the symbol of every slot, per symbol `freq << 16 | cum`, and the compact form
-    // of the 255 most frequent symbols (kernels/cuszi.cu cz_rans), each slot array filled a
-    // symbol's range at a time; the tables in parallel
+    // per table: per symbol `freq << 16 | cum`, and the compact form of the 255 most frequent
+    // symbols (kernels/cuszi.cu cz_rans); the slot arrays, 16,384 entries per table, are
+    // filled on the device from these (cz_rans_slots) rather than written and uploaded here
     let nt = freqs.len();
-    let mut sym = vec![0u16; nt * SLOTS];
     let mut fc = vec![0u32; nt * SYMBOLS];
-    let mut rank = vec![RANK_OTHER; nt * SLOTS];
     let mut rfc = vec![0u32; nt * RANKS];
     let mut rsym = vec![0u16; nt * RANKS];
-    freqs
-        .par_iter()
-        .zip(sym.par_chunks_mut(SLOTS))
-        .zip(fc.par_chunks_mut(SYMBOLS))
-        .zip(rank.par_chunks_mut(SLOTS))
-        .zip(rfc.par_chunks_mut(RANKS))
-        .zip(rsym.par_chunks_mut(RANKS))
-        .for_each(|(((((freq, sym), fc), rank), rfc), rsym)| {
-            let mut cum = 0usize;
-            for (s, &f) in freq.iter().enumerate() {
-                let f = f as usize;
-                if f != 0 {
-                    fc[s] = (f as u32) << 16 | cum as u32;
-                    sym[cum..cum + f].fill(s as u16);
-                    cum += f;
-                }
+    for (t, freq) in freqs.iter().enumerate() {
+        let fc = &mut fc[t * SYMBOLS..(t + 1) * SYMBOLS];
+        let mut cum = 0u32;
+        for (s, &f) in freq.iter().enumerate() {
+            if f != 0 {
+                fc[s] = f << 16 | cum;
+                cum += f;
             }
-            let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| freq[s] != 0).collect();
-            used.sort_by(|&a, &b| freq[b].cmp(&freq[a]).then(a.cmp(&b)));
-            for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
-                rfc[r] = fc[s];
-                rsym[r] = s as u16;
-                let (c, f) = ((fc[s] & 0xFFFF) as usize, (fc[s] >> 16) as usize);
-                rank[c..c + f].fill(r as u8);
-            }
-        });
+        }
+        let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| freq[s] != 0).collect();
+        used.sort_unstable_by(|&a, &b| freq[b].cmp(&freq[a]).then(a.cmp(&b)));
+        for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
+            rfc[t * RANKS + r] = fc[s];
+            rsym[t * RANKS + r] = s as u16;
+        }
+    }
     let (geo, pattern) = geometry(&g, &levels);
     let tabpat: Vec<u8> = pattern.iter().map(|&k| map[k as usize]).collect();
     // (rank 0: each table's most frequent symbol; every table uses at least one)
@@ -135,9 +119,7 @@ pub(super) fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>>
         geo,
         pattern,
         map,
-        sym,
         fc,
-        rank,
         rfc,
         rsym,
         ent,
