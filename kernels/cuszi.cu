@@ -578,35 +578,38 @@ __device__ __forceinline__ u64 cz_rans_chain4(const u8* c, u32 size, u32 nb, u32
     return !ok || pos != nb ? CZ_E_RANS : 0;
 }
 
-// The per-slot arrays of table `blockIdx.x` (a block of CZ_SLOT_THREADS threads each): `sym`
-// (the symbol whose slots cover the slot) and `rank` (that symbol's rank among the table's 255
-// most frequent, 255 for the others), from `fc` (per symbol freq << 16 | cum, 0 when unused)
-// and the ranked symbols `rsym` (`rfc` 0 past the last rank). The host checked the
-// frequencies (they sum to CZ_PROB_SCALE), so the used symbols' slot ranges tile the slots in
-// symbol order: the symbol of a slot is the largest symbol starting at or before it, a running
-// maximum over the slots with each used symbol marked at its first slot.
+// The per-slot arrays of table `blockIdx.y`, CZ_SLOT_THREADS slots per block (one a thread,
+// from slot blockIdx.x * CZ_SLOT_THREADS): `sym` (the symbol whose slots cover the slot) and
+// `rank` (that symbol's rank among the table's 255 most frequent, 255 for the others), from `fc`
+// (per symbol freq << 16 | cum, 0 when unused) and the ranked symbols `rsym` (`rfc` 0 past the
+// last rank). The host checked the frequencies (they sum to CZ_PROB_SCALE), so the used
+// symbols' slot ranges tile the slots in symbol order: the symbol of a slot is the largest
+// symbol starting at or before it, a running maximum over the block's slots (each used symbol
+// marked at its first slot) from the symbol covering the block's first slot.
 #define CZ_SLOT_THREADS 1024
 extern "C" __global__ void __launch_bounds__(CZ_SLOT_THREADS)
     cz_rans_slots(const u32* fc, const u32* rfc, const unsigned short* rsym, unsigned short* sym, u8* rank) {
-    __shared__ unsigned short first[CZ_PROB_SCALE];
+    __shared__ u32 first[CZ_SLOT_THREADS];
     __shared__ u8 rank_of[1025];
     __shared__ u32 warp_max[CZ_SLOT_THREADS / 32];
-    const u32 t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    for (u32 i = tid; i < CZ_PROB_SCALE; i += CZ_SLOT_THREADS) first[i] = 0;
+    __shared__ u32 cover;
+    const u32 t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 start = blockIdx.x * CZ_SLOT_THREADS;
+    first[tid] = 0;
+    if (tid == 0) cover = 0;
     for (u32 i = tid; i < 1025; i += CZ_SLOT_THREADS) rank_of[i] = 255;
     __syncthreads();
     for (u32 sy = tid; sy < 1025; sy += CZ_SLOT_THREADS) {
-        const u32 v = fc[t * 1025 + sy];
-        if (v >> 16) first[v & 0xFFFF] = (unsigned short)sy;
+        const u32 v = fc[t * 1025 + sy], c = v & 0xFFFF;
+        if (v >> 16) {
+            if (c <= start) atomicMax(&cover, sy);
+            if (c >= start && c < start + CZ_SLOT_THREADS) first[c - start] = sy;
+        }
     }
     for (u32 r = tid; r < 255; r += CZ_SLOT_THREADS)
         if (rfc[t * 256 + r] >> 16) rank_of[rsym[t * 256 + r]] = (u8)r;
     __syncthreads();
-    // each thread's consecutive slots, then the maximum of the threads before it
-    const u32 per = CZ_PROB_SCALE / CZ_SLOT_THREADS;
-    u32 m = 0;
-    for (u32 q = 0; q < per; q++) m = max(m, (u32)first[tid * per + q]);
-    u32 inc = m;
+    u32 inc = first[tid];
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const u32 v = __shfl_up_sync(ZC_FULL, inc, o);
@@ -614,16 +617,11 @@ extern "C" __global__ void __launch_bounds__(CZ_SLOT_THREADS)
     }
     if (lane == 31) warp_max[warp] = inc;
     __syncthreads();
-    u32 run = __shfl_up_sync(ZC_FULL, inc, 1);
-    if (lane == 0) run = 0;
+    u32 run = max(inc, cover);
     for (u32 w = 0; w < warp; w++) run = max(run, warp_max[w]);
-    unsigned short* so = sym + (u64)t * CZ_PROB_SCALE + tid * per;
-    u8* ro = rank + (u64)t * CZ_PROB_SCALE + tid * per;
-    for (u32 q = 0; q < per; q++) {
-        run = max(run, (u32)first[tid * per + q]);
-        so[q] = (unsigned short)run;
-        ro[q] = rank_of[run];
-    }
+    const u64 at = (u64)t * CZ_PROB_SCALE + start + tid;
+    sym[at] = (unsigned short)run;
+    rank[at] = rank_of[run];
 }
 
 // The whole-tile decoders' tables in dynamic shared memory (rank, rfc, rsym and top, staged
@@ -1931,6 +1929,8 @@ __device__ __forceinline__ u32 cz_enc_states(const u32 (&xs)[CZ_RANS_WAYS], u8* 
 // enc: per table and symbol x_max, rcp, rcp_shift, bias, cmpl. info[3 ci ..] = rANS bytes,
 // lossless bytes, varint bytes; sizes[ci] = the chunk's size.
 #define CZ_RANS_CAP (2 * CZ_CHUNK + 4 * CZ_RANS_WAYS)
+// Steps whose step indices cz_enc_whole loads together, a batch ahead of their coding.
+#define CZ_ENC_AHEAD 8
 template <typename T> __host__ __device__ constexpr i64 cz_scratch() { return CZ_RANS_CAP + CZ_CHUNK * (sizeof(T) + 10 + 2); }
 template <typename T>
 __device__ void cz_enc_chunks(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw,
@@ -2125,13 +2125,13 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, 
     // the lanes after this one in the group
     const u32 after = (CZ_RANS_WAYS == 32 ? 0xFFFFFFFFu : (1u << (CZ_RANS_WAYS & 31)) - 1u) & ~((2u << li) - 1u);
     u32 x = CZ_RANS_L, nrev = 0;
-    for (u32 j = (cnt + CZ_RANS_WAYS - 1) / CZ_RANS_WAYS; j-- > 0;) {
-        const u32 i = j * CZ_RANS_WAYS + li;
-        const bool act = i < cnt;
+    // One step of the group, residual `i` (when `act`) with step index `kv`: the renormalization
+    // bytes (lane order, counted by two ballots), then the state's update.
+    auto step = [&](bool act, u32 kv) {
         uint4 e = make_uint4(0, 0, 0, 0);
         u32 k = 0;
         if (act) {
-            e = enc[key[i]];
+            e = enc[kv];
             k = (u32)(x >= e.x) + (u32)((x >> 8) >= e.x);
         }
         const u32 b1 = __ballot_sync(gm, k != 0) >> first;
@@ -2145,7 +2145,33 @@ __device__ void cz_enc_whole(const uint4* g_enc, u32 ntab, u32 smem, u64 count, 
             const u32 q = __umulhi(x, e.y) >> (e.w >> 16);
             x = x + e.z + q * (e.w & 0xFFFF);
         }
+    };
+    // rANS codes backwards: a short chunk's partial last step first, then the full steps, whose
+    // step indices are loaded CZ_ENC_AHEAD steps at a time one batch ahead (a load's latency is
+    // far longer than a step's work)
+    u32 j = cnt / CZ_RANS_WAYS;
+    if (cnt % CZ_RANS_WAYS) {
+        const u32 i = j * CZ_RANS_WAYS + li;
+        step(i < cnt, i < cnt ? key[i] : 0u);
     }
+    const unsigned short* kp = key + li;
+    u32 next[CZ_ENC_AHEAD];
+#pragma unroll
+    for (u32 q = 0; q < CZ_ENC_AHEAD; q++) next[q] = j > q ? kp[(j - 1 - q) * CZ_RANS_WAYS] : 0u;
+    while (j >= CZ_ENC_AHEAD) {
+        u32 cur[CZ_ENC_AHEAD];
+#pragma unroll
+        for (u32 q = 0; q < CZ_ENC_AHEAD; q++) cur[q] = next[q];
+        j -= CZ_ENC_AHEAD;
+#pragma unroll
+        for (u32 q = 0; q < CZ_ENC_AHEAD; q++) next[q] = j > q ? kp[(j - 1 - q) * CZ_RANS_WAYS] : 0u;
+#pragma unroll
+        for (u32 q = 0; q < CZ_ENC_AHEAD; q++) step(true, cur[q]);
+    }
+    // (fewer than CZ_ENC_AHEAD full steps left: loaded as `next`)
+#pragma unroll
+    for (u32 q = 0; q < CZ_ENC_AHEAD; q++)
+        if (q < j) step(true, next[q]);
 #pragma unroll
     for (u32 q = 0; q < 4; q++) end[-1 - (i64)(nrev + 4 * (CZ_RANS_WAYS - 1 - li) + q)] = (u8)(x >> (8 * q));
     if (li == 0) {

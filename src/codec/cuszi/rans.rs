@@ -172,67 +172,143 @@ pub(crate) fn encoder_words(freq: &[u32]) -> Vec<[u32; 5]> {
         .collect()
 }
 
+/// A histogram by its used symbols: `sym` ascending, `count[k] > 0` the count of `sym[k]`. The
+/// class histograms of smooth data use a few dozen of the 1,025 symbols, and pricing the
+/// groupings of [`group_classes`] walks each merged histogram several times.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Hist {
+    sym: Vec<u16>,
+    count: Vec<u64>,
+}
+
+impl Hist {
+    /// The used symbols of the dense histogram `h` (a count per symbol).
+    pub(crate) fn from_dense(h: &[u64]) -> Hist {
+        let (sym, count) = h
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(s, &c)| (s as u16, c))
+            .unzip();
+        Hist { sym, count }
+    }
+
+    /// The histogram of `self` and `o` together (the union of their symbols, in order).
+    fn merged(&self, o: &Hist) -> Hist {
+        let n = self.sym.len() + o.sym.len();
+        let (mut sym, mut count) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut a, mut b) = (0, 0);
+        while a < self.sym.len() || b < o.sym.len() {
+            let sa = self.sym.get(a).copied().unwrap_or(u16::MAX);
+            let sb = o.sym.get(b).copied().unwrap_or(u16::MAX);
+            if sa < sb {
+                sym.push(sa);
+                count.push(self.count[a]);
+                a += 1;
+            } else if sb < sa {
+                sym.push(sb);
+                count.push(o.count[b]);
+                b += 1;
+            } else {
+                sym.push(sa);
+                count.push(self.count[a] + o.count[b]);
+                a += 1;
+                b += 1;
+            }
+        }
+        Hist { sym, count }
+    }
+
+    /// [`normalize`]'s frequencies of the used symbols (one per entry; an empty histogram has
+    /// none).
+    fn normalized(&self) -> Vec<u32> {
+        let total: u128 = self.count.iter().map(|&x| x as u128).sum();
+        if total == 0 {
+            return Vec::new();
+        }
+        // the rounded share in 64 bits where `hi * 2^14 + total / 2` cannot overflow (any real
+        // histogram; the same value as in 128 bits), else in 128
+        let inv = 1.0 / total as f64;
+        let share = |hi: u64| -> u32 {
+            let v = if total < 1 << 49 {
+                // the quotient (at most 2^14 + 1) from its floating-point estimate, corrected
+                // to the exact floor by integer products (the estimate is off by at most one)
+                let t = total as u64;
+                let n = hi * PROB_SCALE as u64 + t / 2;
+                let mut q = (n as f64 * inv) as u64;
+                if q * t > n {
+                    q -= 1;
+                } else if (q + 1) * t <= n {
+                    q += 1;
+                }
+                q
+            } else {
+                ((hi as u128 * PROB_SCALE as u128 + total / 2) / total) as u64
+            };
+            (v as u32).max(1)
+        };
+        let mut f: Vec<u32> = self.count.iter().map(|&c| share(c)).collect();
+        let sum: i64 = f.iter().map(|&x| x as i64).sum();
+        let mut diff = PROB_SCALE as i64 - sum;
+        // the largest frequency, the lowest symbol among equals: the first of the order below
+        let top = (0..f.len()).fold(0, |b, i| if f[i] > f[b] { i } else { b });
+        if diff > 0 {
+            f[top] += diff as u32;
+        } else if f[top] as i64 > -diff {
+            // the first symbol of the order covers the deficit alone (the usual case)
+            f[top] -= (-diff) as u32;
+        } else {
+            let mut order: Vec<usize> = (0..f.len()).collect();
+            order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
+            // (at most one unit per used symbol, and at most 1,025 symbols in 16,384 slots)
+            for &i in &order {
+                if diff == 0 {
+                    break;
+                }
+                let take = (f[i] as i64 - 1).min(-diff);
+                f[i] -= take as u32;
+                diff += take;
+            }
+        }
+        f
+    }
+
+    /// Estimated bits of a group of classes with this (non-empty) histogram: its codes with its
+    /// normalized frequencies and its table (as [`write_table`] would write it).
+    fn group_bits(&self) -> f64 {
+        debug_assert!(!self.sym.is_empty(), "a group without symbols");
+        let f = self.normalized();
+        let len = code_lengths();
+        let coded: f64 = self
+            .count
+            .iter()
+            .zip(&f)
+            .map(|(&c, &fi)| c as f64 * len[fi as usize])
+            .sum();
+        let used = self.sym.iter().map(|&s| s as usize).zip(f.iter().copied());
+        coded + 8.0 * table_len_of(used) as f64
+    }
+
+    /// The normalized frequency of every symbol ([`normalize`]).
+    fn dense_normalized(&self) -> Vec<u32> {
+        let mut d = vec![0u32; NSYM];
+        let f = self.normalized();
+        if f.is_empty() {
+            d[RADIUS as usize] = PROB_SCALE;
+        }
+        for (&s, fi) in self.sym.iter().zip(f) {
+            d[s as usize] = fi;
+        }
+        d
+    }
+}
+
 /// Normalize histogram `h` to frequencies summing to [`PROB_SCALE`]: every used symbol gets
 /// `max(1, round(h * 2^14 / total))` (ties up); the surplus or deficit goes to (comes from) the
 /// symbols with the largest frequencies, largest first (lower symbol on ties), none below 1.
 /// An empty histogram gives all of the total to residual 0.
 pub(crate) fn normalize(h: &[u64]) -> Vec<u32> {
-    let total: u128 = h.iter().map(|&x| x as u128).sum();
-    let mut f = vec![0u32; NSYM];
-    if total == 0 {
-        f[RADIUS as usize] = PROB_SCALE;
-        return f;
-    }
-    // the rounded share in 64 bits where `hi * 2^14 + total / 2` cannot overflow (any real
-    // histogram; the same value as in 128 bits), else in 128
-    let inv = 1.0 / total as f64;
-    let share = |hi: u64| -> u32 {
-        let v = if total < 1 << 49 {
-            // the quotient (at most 2^14 + 1) from its floating-point estimate, corrected to
-            // the exact floor by integer products (the estimate is off by at most one)
-            let t = total as u64;
-            let n = hi * PROB_SCALE as u64 + t / 2;
-            let mut q = (n as f64 * inv) as u64;
-            if q * t > n {
-                q -= 1;
-            } else if (q + 1) * t <= n {
-                q += 1;
-            }
-            q
-        } else {
-            ((hi as u128 * PROB_SCALE as u128 + total / 2) / total) as u64
-        };
-        (v as u32).max(1)
-    };
-    let mut sum = 0i64;
-    for (fi, &hi) in f.iter_mut().zip(h) {
-        if hi > 0 {
-            *fi = share(hi);
-            sum += *fi as i64;
-        }
-    }
-    let mut diff = PROB_SCALE as i64 - sum;
-    // the largest frequency, the lowest symbol among equals: the first of the order below
-    let top = (0..NSYM).fold(0, |b, i| if f[i] > f[b] { i } else { b });
-    if diff > 0 {
-        f[top] += diff as u32;
-    } else if f[top] as i64 > -diff {
-        // the first symbol of the order covers the deficit alone (the usual case)
-        f[top] -= (-diff) as u32;
-    } else {
-        let mut order: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
-        order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
-        // (at most one unit per used symbol, and at most 1,025 symbols in 16,384 slots)
-        for &i in &order {
-            if diff == 0 {
-                break;
-            }
-            let take = (f[i] as i64 - 1).min(-diff);
-            f[i] -= take as u32;
-            diff += take;
-        }
-    }
-    f
+    Hist::from_dense(h).dense_normalized()
 }
 
 fn put_varint(mut v: u64, out: &mut Vec<u8>) {
@@ -320,46 +396,35 @@ fn code_lengths() -> &'static [f64] {
     })
 }
 
-/// Estimated bits of coding histogram `h` with normalized frequencies `f`.
-fn coded_bits(h: &[u64], f: &[u32]) -> f64 {
-    let len = code_lengths();
-    h.iter()
-        .zip(f)
-        .filter(|(&c, _)| c > 0)
-        .map(|(&c, &fi)| c as f64 * len[fi as usize])
-        .sum()
-}
-
 /// Bytes of a LEB128 varint of `v`.
 fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// Bytes [`write_table`] writes for `f`, without writing them.
+#[cfg(test)]
 fn table_len(f: &[u32]) -> usize {
-    let mut used = 0usize;
+    table_len_of(f.iter().copied().enumerate().filter(|&(_, fi)| fi > 0))
+}
+
+/// Bytes [`write_table`] writes for a table whose used symbols and frequencies are `used`
+/// (symbols ascending).
+fn table_len_of(used: impl Iterator<Item = (usize, u32)>) -> usize {
+    let mut n = 0usize;
     let mut len = 0usize;
     let mut prev = 0usize;
-    for (i, &fi) in f.iter().enumerate().filter(|(_, &fi)| fi > 0) {
-        len += varint_len((if used == 0 { i } else { i - prev - 1 }) as u64);
+    for (i, fi) in used {
+        len += varint_len((if n == 0 { i } else { i - prev - 1 }) as u64);
         len += varint_len(fi as u64 - 1);
         prev = i;
-        used += 1;
+        n += 1;
     }
-    len + varint_len(used as u64)
+    len + varint_len(n as u64)
 }
 
-/// Estimated bits of a group of classes with histogram `h`: its codes and its table.
-fn group_bits(h: &[u64]) -> f64 {
-    let f = normalize(h);
-    coded_bits(h, &f) + 8.0 * table_len(&f) as f64
-}
-
-/// [`group_bits`] of the merged histogram of groups `a` and `b`.
-fn merged_bits(a: &[u64], b: &[u64]) -> f64 {
-    let h: Vec<u64> = a.iter().zip(b).map(|(x, y)| x + y).collect();
-    group_bits(&h)
-}
+/// Groups times used symbols of a grouping above which [`group_classes`] prices its pairs on
+/// the thread pool (each pricing walks its merged histogram's symbols a few times).
+const PARALLEL_PRICING: usize = 1 << 14;
 
 /// Group the classes by their histograms `hist` (one per class) into tables: every used class
 /// starts as a group of its own, then the pair of groups whose merging saves the most estimated
@@ -371,26 +436,34 @@ fn merged_bits(a: &[u64], b: &[u64]) -> f64 {
 /// changes only the pairs of the merged group, so each round prices `groups` pairs instead of
 /// all of them (with 28 classes, nine 3-D levels: 27 instead of up to 378).
 ///
-/// The pricing runs in parallel (each price is computed alone, so the choice does not depend
-/// on the number of threads): with 28 classes (a 1-D array) the first round prices 378 pairs.
+/// The pricing of a large grouping runs in parallel (each price is computed alone, so the
+/// choice does not depend on the number of threads): with 28 classes (a 1-D array) the first
+/// round prices 378 pairs.
 pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
     let mut groups = single_groups(hist);
+    // (the pricing goes parallel only when there is enough of it: a 3-D array's ten classes of
+    // a few dozen symbols each take microseconds, less than waking the thread pool)
+    let symbols: usize = groups.iter().map(|g| g.1.sym.len()).sum();
+    let parallel = groups.len() * symbols >= PARALLEL_PRICING;
+    let price = |a: &Hist, b: &Hist| a.merged(b).group_bits();
     // pair[i][j] (i < j): the estimated bits of groups i and j merged
     let n = groups.len();
-    let mut pair: Vec<Vec<f64>> = (0..n)
-        .into_par_iter()
-        .map(|i| {
-            (0..n)
-                .map(|j| {
-                    if j > i {
-                        merged_bits(&groups[i].1, &groups[j].1)
-                    } else {
-                        0.0
-                    }
-                })
-                .collect()
-        })
-        .collect();
+    let row = |i: usize| -> Vec<f64> {
+        (0..n)
+            .map(|j| {
+                if j > i {
+                    price(&groups[i].1, &groups[j].1)
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    let mut pair: Vec<Vec<f64>> = if parallel {
+        (0..n).into_par_iter().map(row).collect()
+    } else {
+        (0..n).map(row).collect()
+    };
     loop {
         let mut best: Option<(f64, usize, usize)> = None;
         for i in 0..groups.len() {
@@ -404,12 +477,7 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
         let Some((_, i, j)) = best else {
             break;
         };
-        let h: Vec<u64> = groups[i]
-            .1
-            .iter()
-            .zip(&groups[j].1)
-            .map(|(x, y)| x + y)
-            .collect();
+        let h = groups[i].1.merged(&groups[j].1);
         let (cj, _, _) = groups.remove(j);
         groups[i].0.extend(cj);
         groups[i].1 = h;
@@ -418,11 +486,18 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
         for row in &mut pair {
             row.remove(j);
         }
-        let fresh: Vec<(usize, f64)> = (0..groups.len())
-            .into_par_iter()
-            .filter(|&k| k != i)
-            .map(|k| (k, merged_bits(&groups[k].1, &groups[i].1)))
-            .collect();
+        let others = (0..groups.len()).filter(|&k| k != i);
+        let fresh: Vec<(usize, f64)> = if parallel {
+            let others: Vec<usize> = others.collect();
+            others
+                .into_par_iter()
+                .map(|k| (k, price(&groups[k].1, &groups[i].1)))
+                .collect()
+        } else {
+            others
+                .map(|k| (k, price(&groups[k].1, &groups[i].1)))
+                .collect()
+        };
         for (k, bits) in fresh {
             pair[k.min(i)][k.max(i)] = bits;
         }
@@ -431,24 +506,28 @@ pub(crate) fn group_classes(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
 }
 
 /// Every used class of `hist` as a group of its own: `(classes, histogram, estimated bits)`.
-fn single_groups(hist: &[Vec<u64>]) -> Vec<(Vec<usize>, Vec<u64>, f64)> {
+fn single_groups(hist: &[Vec<u64>]) -> Vec<(Vec<usize>, Hist, f64)> {
     hist.iter()
         .enumerate()
-        .filter(|(_, h)| h.iter().any(|&c| c > 0))
-        .map(|(k, h)| (vec![k], h.clone(), group_bits(h)))
+        .map(|(k, h)| (k, Hist::from_dense(h)))
+        .filter(|(_, h)| !h.sym.is_empty())
+        .map(|(k, h)| {
+            let bits = h.group_bits();
+            (vec![k], h, bits)
+        })
         .collect()
 }
 
 /// A grouping of `n` classes (`(classes, histogram, bits)` per group) as the class-to-table map
 /// (unused classes: table 0) and each table's normalized frequencies (at least one table).
-fn group_tables(groups: &[(Vec<usize>, Vec<u64>, f64)], n: usize) -> (Vec<u8>, Vec<Vec<u32>>) {
+fn group_tables(groups: &[(Vec<usize>, Hist, f64)], n: usize) -> (Vec<u8>, Vec<Vec<u32>>) {
     let mut map = vec![0u8; n];
     let mut freqs = Vec::with_capacity(groups.len().max(1));
     for (t, (classes, h, _)) in groups.iter().enumerate() {
         for &k in classes {
             map[k] = t as u8;
         }
-        freqs.push(normalize(h));
+        freqs.push(h.dense_normalized());
     }
     if freqs.is_empty() {
         freqs.push(normalize(&[]));
@@ -602,6 +681,106 @@ mod tests {
         assert_eq!(encoder_words(&f), words);
     }
 
+    /// The normalization and the pricing of a group as first written, over every symbol of a
+    /// dense histogram: the reference of [`Hist`]'s, which visit only the used symbols.
+    fn dense_reference(h: &[u64]) -> (Vec<u32>, f64) {
+        let total: u128 = h.iter().map(|&x| x as u128).sum();
+        let mut f = vec![0u32; NSYM];
+        if total == 0 {
+            f[RADIUS as usize] = PROB_SCALE;
+            return (f, f64::NAN);
+        }
+        for (fi, &hi) in f.iter_mut().zip(h) {
+            if hi > 0 {
+                let q = (hi as u128 * PROB_SCALE as u128 + total / 2) / total;
+                *fi = (q as u32).max(1);
+            }
+        }
+        let mut diff = PROB_SCALE as i64 - f.iter().map(|&x| x as i64).sum::<i64>();
+        let top = (0..NSYM).fold(0, |b, i| if f[i] > f[b] { i } else { b });
+        if diff > 0 {
+            f[top] += diff as u32;
+        } else if f[top] as i64 > -diff {
+            f[top] -= (-diff) as u32;
+        } else {
+            let mut order: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
+            order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
+            for &i in &order {
+                if diff == 0 {
+                    break;
+                }
+                let take = (f[i] as i64 - 1).min(-diff);
+                f[i] -= take as u32;
+                diff += take;
+            }
+        }
+        let len = code_lengths();
+        let coded: f64 = h
+            .iter()
+            .zip(&f)
+            .filter(|(&c, _)| c > 0)
+            .map(|(&c, &fi)| c as f64 * len[fi as usize])
+            .sum();
+        let mut b = Vec::new();
+        write_table(&f, &mut b);
+        (f, coded + 8.0 * b.len() as f64)
+    }
+
+    /// The sparse normalization and pricing equal the dense reference bit for bit, merged
+    /// histograms included: on level-like histograms, on a dominant symbol among many rare ones
+    /// (the deficit spread over several symbols), on counts past 2^49 (the 128-bit share), on
+    /// single symbols and on random sparse ones.
+    #[test]
+    fn sparse_pricing_equals_the_dense_reference() {
+        let mut cases: Vec<Vec<u64>> = level_histograms(28, 7);
+        let mut rare = vec![1u64; NSYM];
+        rare[RADIUS as usize] = 1 << 40;
+        cases.push(rare);
+        let mut huge = vec![0u64; NSYM];
+        (huge[0], huge[500], huge[1024]) = (1 << 60, 3 << 50, 12_345);
+        cases.push(huge);
+        for s in [0usize, 511, 1023, 1024] {
+            let mut one = vec![0u64; NSYM];
+            one[s] = 9;
+            cases.push(one);
+        }
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..40 {
+            let h: Vec<u64> = (0..NSYM)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if x % 11 == 0 {
+                        x >> (20 + x % 44)
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            cases.push(h);
+        }
+        let used: Vec<Vec<u64>> = cases
+            .into_iter()
+            .filter(|h| h.iter().any(|&c| c > 0))
+            .collect();
+        for (k, h) in used.iter().enumerate() {
+            let sparse = Hist::from_dense(h);
+            let (f, bits) = dense_reference(h);
+            assert_eq!(normalize(h), f, "case {k}");
+            assert_eq!(sparse.group_bits().to_bits(), bits.to_bits(), "case {k}");
+            let other = &used[(k * 7 + 3) % used.len()];
+            let both: Vec<u64> = h.iter().zip(other).map(|(a, b)| a + b).collect();
+            let merged = sparse.merged(&Hist::from_dense(other));
+            assert_eq!(merged, Hist::from_dense(&both), "case {k}");
+            assert_eq!(
+                merged.group_bits().to_bits(),
+                dense_reference(&both).1.to_bits()
+            );
+        }
+        assert_eq!(normalize(&[])[RADIUS as usize], PROB_SCALE);
+    }
+
     /// The encoder's multiplication by a reciprocal gives the state of the division form for
     /// every frequency and for states across the whole range a symbol is coded at.
     #[test]
@@ -661,21 +840,28 @@ mod tests {
         }
     }
 
+    /// The count of symbol `s` in `h`.
+    fn dense_count(h: &Hist, s: usize) -> u64 {
+        h.sym
+            .iter()
+            .position(|&x| x as usize == s)
+            .map_or(0, |k| h.count[k])
+    }
+
     /// The grouping as first written (every pair priced again in every round): the reference
     /// of [`group_classes`], which must choose exactly the same groups.
     fn group_classes_reference(hist: &[Vec<u64>]) -> (Vec<u8>, Vec<Vec<u32>>) {
         let mut groups = single_groups(hist);
         loop {
-            let mut best: Option<(f64, usize, usize, Vec<u64>, f64)> = None;
+            let mut best: Option<(f64, usize, usize, Hist, f64)> = None;
             for i in 0..groups.len() {
                 for j in i + 1..groups.len() {
-                    let h: Vec<u64> = groups[i]
-                        .1
-                        .iter()
-                        .zip(&groups[j].1)
-                        .map(|(a, b)| a + b)
+                    // (merged through dense histograms: the reference of `Hist::merged` too)
+                    let dense: Vec<u64> = (0..NSYM)
+                        .map(|s| dense_count(&groups[i].1, s) + dense_count(&groups[j].1, s))
                         .collect();
-                    let bits = group_bits(&h);
+                    let h = Hist::from_dense(&dense);
+                    let bits = h.group_bits();
                     let save = groups[i].2 + groups[j].2 - bits;
                     if save > 0.0 && best.as_ref().map_or(true, |b| save > b.0) {
                         best = Some((save, i, j, h, bits));

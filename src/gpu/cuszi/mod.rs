@@ -65,8 +65,6 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use cudarc::driver::{
     result as cu, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
     DeviceRepr, LaunchConfig, PushKernelArg,
@@ -250,7 +248,46 @@ pub struct CusziGpu {
     staging: Option<cudarc::driver::PinnedHostSlice<u8>>,
     /// A decode's device arrays besides the workspace, kept and grown.
     dec: DecodeArrays,
+    /// Bytes of `staging` that copies queued since the last synchronization may still read
+    /// (`put`: the next upload's bytes go after them).
+    staged: usize,
+    /// A compression's device arrays besides the workspace, one per [`Buf`], kept and grown.
+    enc: Vec<Option<CudaSlice<u8>>>,
 }
+
+/// The device arrays of a compression kept across calls (`CusziGpu::enc`): the uploads of
+/// host-built arrays (`put`) and the arrays its kernels count or accumulate into, zeroed
+/// before each use (`zeroed`).
+#[derive(Clone, Copy)]
+enum Buf {
+    /// `cz_range_*`'s two words.
+    Range,
+    /// The geometry words without the level configuration.
+    Geo0,
+    /// Per tile: anchor codes, accumulated codes, anchor residuals (i64), anchor values (f64).
+    Anchors,
+    /// `cz_sample_*`'s error sums (two passes) and the configuration of the second.
+    Sample,
+    SampleCfg,
+    /// The geometry words and class pattern of the configured levels.
+    Geo,
+    Pattern,
+    /// Per class: its histogram (`cz_enc_tiles_*`, `cz_enc_prep_*`).
+    Hist,
+    /// Per tile position: its index among the pattern's classes (`cz_enc_prep_*`).
+    ClassPattern,
+    /// The encoder's steps (and, for `cz_enc_chunks_*`, the class map).
+    Steps,
+    Map,
+    /// Per chunk: info words; then the sizes and their sum (`cz_scan`).
+    Info,
+    Sizes,
+    /// `cz_hash`'s word.
+    Hash,
+}
+
+/// Number of [`Buf`]s.
+const BUFS: usize = Buf::Hash as usize + 1;
 
 /// The device arrays of a decode besides the [`Workspace`], kept across calls and grown when a
 /// larger stream comes (a fresh allocation per call costs the host more than some kernels
@@ -326,6 +363,8 @@ impl CusziGpu {
             scratch: None,
             staging: None,
             dec: DecodeArrays::default(),
+            staged: 0,
+            enc: (0..BUFS).map(|_| None).collect(),
             grid,
         })
     }
@@ -407,6 +446,7 @@ impl CusziGpu {
         // bytes and is read only after the synchronization below.
         unsafe { cu::memcpy_dtoh_async(&mut h[..n], src, cs) }.map_err(gpu_err("read"))?;
         self.stream.synchronize().map_err(gpu_err("sync"))?;
+        self.staged = 0;
         let p = self.staging.as_mut().expect("allocated above");
         Ok(p.as_mut_slice().map_err(gpu_err("staging"))?[..n].to_vec())
     }
@@ -420,6 +460,7 @@ impl CusziGpu {
         let s = self.stream.clone();
         let p = self.staging(bytes.len())?;
         p.as_mut_slice().map_err(gpu_err("staging"))?[..bytes.len()].copy_from_slice(bytes);
+        self.staged = bytes.len();
         let d = at_least(&s, &mut self.dec.plan, bytes.len(), "plan")?;
         let p = self.staging.as_ref().expect("allocated above");
         // SAFETY: `bytes.len()` bytes from pinned memory written above to a device buffer at
@@ -433,6 +474,67 @@ impl CusziGpu {
         }
         .map_err(gpu_err("upload"))?;
         Ok(raw_ptr_mut(d, &s))
+    }
+
+    /// `v` uploaded into the kept device array `b` through the pinned staging buffer, after
+    /// the bytes earlier copies may still read (when they do not fit, the stream is
+    /// synchronized first): the copy is queued, the host does not wait. Returns its address.
+    fn put<X: Plain>(&mut self, b: Buf, v: &[X]) -> Result<u64> {
+        // SAFETY: `X` is a plain integer type: its `size_of_val(v)` bytes are initialized.
+        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) };
+        let s = self.stream.clone();
+        let d = raw_ptr_mut(
+            at_least(&s, &mut self.enc[b as usize], bytes.len(), "upload")?,
+            &s,
+        );
+        self.copy_staged(d, bytes)?;
+        Ok(d)
+    }
+
+    /// `bytes` copied to device address `dst` through the pinned staging buffer, after the
+    /// bytes earlier copies may still read (when they do not fit, the stream is synchronized
+    /// first): the copy is queued, the host does not wait.
+    fn copy_staged(&mut self, dst: u64, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let at = self.staged.next_multiple_of(16);
+        if !self
+            .staging
+            .as_ref()
+            .is_some_and(|p| at + bytes.len() <= p.len())
+        {
+            self.stream.synchronize().map_err(gpu_err("sync"))?;
+            self.staged = 0;
+        }
+        let at = self.staged.next_multiple_of(16);
+        let cs = self.stream.cu_stream();
+        self.staged = at + bytes.len();
+        let p = self.staging(at + bytes.len())?;
+        let h = p.as_mut_slice().map_err(gpu_err("staging"))?;
+        h[at..at + bytes.len()].copy_from_slice(bytes);
+        // SAFETY: pinned bytes written above, which no later copy overwrites before a
+        // synchronization, to `bytes.len()` bytes the callers own at `dst`, queued on the
+        // stream before the kernels that read them.
+        unsafe { cu::memcpy_htod_async(dst, &h[at..at + bytes.len()], cs) }
+            .map_err(gpu_err("upload"))
+    }
+
+    /// The kept device array `b` with its first `bytes` bytes zeroed (queued): its address.
+    fn zeroed(&mut self, b: Buf, bytes: usize) -> Result<u64> {
+        let s = self.stream.clone();
+        let d = raw_ptr_mut(at_least(&s, &mut self.enc[b as usize], bytes, "array")?, &s);
+        // SAFETY: the array holds at least `bytes` bytes.
+        unsafe { cu::memset_d8_async(d, 0, bytes, s.cu_stream()) }.map_err(gpu_err("memset"))?;
+        Ok(d)
+    }
+
+    /// `n` words of device memory at `src` (a synchronization).
+    fn read_u64s(&mut self, src: u64, n: usize) -> Result<Vec<u64>> {
+        let b = self.read_pinned(src, n * 8)?;
+        Ok(b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect())
     }
 
     /// Decompress the `cuszi` stream `stream` (all of it, on the device) into `out`, which must
@@ -600,10 +702,14 @@ impl CusziGpu {
         {
             let f = self.func("cz_rans_slots")?;
             let mut b = launch_args!(s, &f; &stepp, &rfcp, &rsymp, &slotp, &rankp);
-            // SAFETY: block t reads table t's SYMBOLS steps and RANKS ranked entries and writes
-            // its SLOTS entries of both slot arrays (ntab tables each).
-            unsafe { b.launch(Self::launch_cfg(ntab, SLOT_THREADS, 0)) }
-                .map_err(gpu_err("slots"))?;
+            let c = LaunchConfig {
+                grid_dim: ((SLOTS / SLOT_THREADS) as u32, ntab as u32, 1),
+                block_dim: (SLOT_THREADS as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the blocks of table t read its SYMBOLS steps and RANKS ranked entries and
+            // each writes its SLOT_THREADS entries of both slot arrays (ntab tables each).
+            unsafe { b.launch(c) }.map_err(gpu_err("slots"))?;
         }
         let nchunks = (p.ent.len() / 2) as u64;
         let cfg = |items: usize, block: usize| LaunchConfig {
@@ -803,12 +909,6 @@ impl CusziGpu {
         self.stream.synchronize().map_err(gpu_err("sync"))
     }
 
-    fn read_words(&self, src: &CudaSlice<u64>) -> Result<Vec<u64>> {
-        let mut v = vec![0u64; src.len()];
-        self.read_back(src, &mut v[..])?;
-        Ok(v)
-    }
-
     /// Compress `input` (values of shape `dims`, row-major) under `bound` into `out` (at least
     /// [`CusziGpu::compress_bound`] bytes); returns the stream's length. The bytes are those of
     /// [`crate::compress_nd`] with [`CodecKind::Cuszi`] on the same values.
@@ -863,14 +963,13 @@ impl CusziGpu {
         // 1. range (noa) and the quantization parameters
         let mut range = None;
         if matches!(bound, ErrorBound::Noa(_)) {
-            let mut ws = s.clone_htod(&[u64::MAX, 0]).map_err(gpu_err("alloc"))?;
-            let wsp = raw_ptr_mut(&mut ws, &s);
+            let wsp = self.put(Buf::Range, &[u64::MAX, 0])?;
             let f = self.func(&format!("cz_range_{t}"))?;
             let mut b = launch_args!(s, &f; &x, &n64, &wsp);
             // SAFETY: reads the n values of the input, writes the two words of `ws`.
             unsafe { b.launch(Self::launch_cfg(self.grid as usize, 256, 0)) }
                 .map_err(gpu_err("range"))?;
-            let w = self.read_words(&ws)?;
+            let w = self.read_u64s(wsp, 2)?;
             let key = |k: u64| f64::from_bits(if k >> 63 == 1 { k & !(1u64 << 63) } else { !k });
             if w[0] <= w[1] {
                 range = Some((key(w[0]) + 0.0, key(w[1]) + 0.0));
@@ -899,17 +998,12 @@ impl CusziGpu {
         let step = params.step;
         // 2. anchors
         let (geo0, _) = geometry(&g, &[]);
-        let geo0 = self.upload(&geo0)?;
-        let geo0p = raw_ptr(&geo0, &s);
-        let nt = n_tiles.max(1);
-        let mut cod = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
-        let codp = raw_ptr_mut(&mut cod, &s);
-        let mut acc = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
-        let mut ares = s.alloc_zeros::<i64>(nt).map_err(gpu_err("alloc"))?;
-        let mut vals = s.alloc_zeros::<f64>(nt).map_err(gpu_err("alloc"))?;
-        let mut flag = s.alloc_zeros::<u64>(1).map_err(gpu_err("alloc"))?;
-        let (accp, aresp) = (raw_ptr_mut(&mut acc, &s), raw_ptr_mut(&mut ares, &s));
-        let (valp, flagp) = (raw_ptr_mut(&mut vals, &s), raw_ptr_mut(&mut flag, &s));
+        let geo0p = self.put(Buf::Geo0, &geo0)?;
+        // (codes, accumulated codes, residuals, values: a tile's word each; then the flag)
+        let nt = n_tiles.max(1) as u64;
+        let codp = self.zeroed(Buf::Anchors, (4 * nt as usize + 1) * 8)?;
+        let (accp, aresp, valp) = (codp + 8 * nt, codp + 16 * nt, codp + 24 * nt);
+        let flagp = codp + 32 * nt;
         let per_tile = Self::launch_cfg(n_tiles.div_ceil(128), 128, 0);
         {
             let f = self.func(&format!("cz_anchor_codes_{t}"))?;
@@ -941,15 +1035,13 @@ impl CusziGpu {
         let nsample = n_tiles.div_ceil(k as usize);
         let scale = 1.0 / step;
         let sample = |me: &mut Self, cfg: u64| -> Result<Vec<u64>> {
-            let mut err = s
-                .alloc_zeros::<u64>(nl.max(1) * 9)
-                .map_err(gpu_err("alloc"))?;
-            let errp = raw_ptr_mut(&mut err, &s);
+            let words = nl.max(1) * 9;
+            let errp = me.zeroed(Buf::Sample, words * 8)?;
             let f = me.func(&format!("cz_sample_{t}"))?;
             let mut b = launch_args!(s, &f; &x, &geo0p, &k, &scale, &cfg, &errp);
             // SAFETY: one block per sampled tile reads its box of the input; adds to `err`.
             unsafe { b.launch(Self::launch_cfg(nsample, 128, 0)) }.map_err(gpu_err("sample"))?;
-            me.read_words(&err)
+            me.read_u64s(errp, words)
         };
         let e1 = sample(self, 0)?;
         let mut levels = Vec::with_capacity(nl);
@@ -976,8 +1068,8 @@ impl CusziGpu {
             cfg.extend(order.iter().map(|&o| o as i64));
             cfg.extend(best.iter().map(|b| b.1 as i64));
         }
-        let cfg_d = self.upload(&cfg)?;
-        let e2 = sample(self, raw_ptr(&cfg_d, &s))?;
+        let cfgp = self.put(Buf::SampleCfg, &cfg)?;
+        let e2 = sample(self, cfgp)?;
         for (lv, level) in levels.iter_mut().enumerate() {
             level.multi = e2[lv * 9 + 1] < e2[lv * 9];
         }
@@ -985,9 +1077,8 @@ impl CusziGpu {
         // 4. residuals (and, unless the chunks are coded by `cz_enc_prep_*`, which counts them
         // in symbol order, the per-class histogram)
         let (geo, pattern) = geometry(&g, &levels);
-        let geo = self.upload(&geo)?;
-        let pat = self.upload(&pattern)?;
-        let (geop, patp) = (raw_ptr(&geo, &s), raw_ptr(&pat, &s));
+        let geop = self.put(Buf::Geo, &geo)?;
+        let patp = self.put(Buf::Pattern, &pattern)?;
         let nclass = interp::n_classes(nl);
         // (the whole-tile chunk kernels count every class's symbols in one block's shared
         // memory: a GPU with less than that per block takes the other kernels)
@@ -1003,6 +1094,7 @@ impl CusziGpu {
             Ok(n_tiles.div_ceil(TILE_WARPS).min(w as usize))
         };
         let mut hist_d = None;
+        let hist_words = nclass * SYMBOLS;
         if whole {
             let f = self.func(&format!("cz_enc_tiles_nh_{t}"))?;
             let smem = TILE_WARPS * MAX_BOX * 8;
@@ -1015,10 +1107,7 @@ impl CusziGpu {
             unsafe { b.launch(Self::launch_cfg(grid, TILE_WARPS * 32, smem)) }
                 .map_err(gpu_err("tiles"))?;
         } else {
-            let mut hist = s
-                .alloc_zeros::<u64>(nclass * SYMBOLS)
-                .map_err(gpu_err("alloc"))?;
-            let histp = raw_ptr_mut(&mut hist, &s);
+            let histp = self.zeroed(Buf::Hist, hist_words * 8)?;
             let f = self.func(&format!("cz_enc_tiles_{t}"))?;
             let smem = TILE_WARPS * MAX_BOX * 8 + nclass * HIST_WIN * 4;
             set_smem(&f, smem)?;
@@ -1030,7 +1119,7 @@ impl CusziGpu {
             // SAFETY: as above; the histogram has `nclass * SYMBOLS` counters.
             unsafe { b.launch(Self::launch_cfg(grid, TILE_WARPS * 32, smem)) }
                 .map_err(gpu_err("tiles"))?;
-            hist_d = Some(hist);
+            hist_d = Some(histp);
         }
         self.mark("residuals")?;
         let nc = n.div_ceil(CHUNK);
@@ -1044,9 +1133,8 @@ impl CusziGpu {
             self.scratch = Some(b);
         }
         let scp = raw_ptr_mut(self.scratch.as_mut().expect("scratch"), &s);
-        let mut info = s.alloc_zeros::<u32>(3 * nc).map_err(gpu_err("alloc"))?;
-        let mut sizes = s.alloc_zeros::<u64>(nc + 1).map_err(gpu_err("alloc"))?;
-        let (infop, sizep) = (raw_ptr_mut(&mut info, &s), raw_ptr_mut(&mut sizes, &s));
+        let infop = self.zeroed(Buf::Info, 3 * nc * 4)?;
+        let sizep = self.zeroed(Buf::Sizes, (nc + 1) * 8)?;
         let nc64 = nc as u64;
         // the classes a tile's pattern holds (`kinds`, ascending) and each position's index
         // among them (`cpat`): cz_enc_prep's step indices and counters are per index
@@ -1054,20 +1142,16 @@ impl CusziGpu {
         kinds.sort_unstable();
         kinds.dedup();
         let hist: Vec<Vec<u64>> = if let Some(hd) = hist_d {
-            let h = self.read_words(&hd)?;
+            let h = self.read_u64s(hd, hist_words)?;
             h.chunks(SYMBOLS).map(|c| c.to_vec()).collect()
         } else {
             let cpat: Vec<u8> = pattern
                 .iter()
                 .map(|k| kinds.binary_search(k).expect("a class of the pattern") as u8)
                 .collect();
-            let cpat_d = self.upload(&cpat)?;
-            let cpatp = raw_ptr(&cpat_d, &s);
+            let cpatp = self.put(Buf::ClassPattern, &cpat)?;
             let nk = kinds.len();
-            let mut hk = s
-                .alloc_zeros::<u64>(nk * SYMBOLS)
-                .map_err(gpu_err("alloc"))?;
-            let hkp = raw_ptr_mut(&mut hk, &s);
+            let hkp = self.zeroed(Buf::Hist, nk * SYMBOLS * 8)?;
             let (ts, nk32) = (cpat.len() as u32, nk as u32);
             let f = self.func(&format!("cz_enc_prep_{t}"))?;
             let smem = nk * SYMBOLS * 4;
@@ -1079,7 +1163,7 @@ impl CusziGpu {
             // indices are below `nk * SYMBOLS`, the counters (shared and `hk`) `nk * SYMBOLS`.
             let c = Self::launch_cfg((nc * 32).div_ceil(PREP_THREADS), PREP_THREADS, smem);
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
-            let h = self.read_words(&hk)?;
+            let h = self.read_u64s(hkp, nk * SYMBOLS)?;
             let mut hist = vec![vec![0u64; SYMBOLS]; nclass];
             for (&k, c) in kinds.iter().zip(h.chunks(SYMBOLS)) {
                 hist[k as usize].copy_from_slice(c);
@@ -1090,7 +1174,7 @@ impl CusziGpu {
         // 5. tables (the CPU's builder) and the metadata
         let (map, freqs) = rans::group_classes(&hist);
         // (the encoder's steps alone: the device encodes, nothing here decodes)
-        let words: Vec<Vec<[u32; 5]>> = freqs.par_iter().map(|f| rans::encoder_words(f)).collect();
+        let words: Vec<Vec<[u32; 5]>> = freqs.iter().map(|f| rans::encoder_words(f)).collect();
         // (the encoder kernels write coder 3, rans::WAYS states per chunk)
         let meta = write_meta(&levels, &map, &freqs, rans::WAYS);
         self.mark("tables")?;
@@ -1103,8 +1187,7 @@ impl CusziGpu {
                 .flat_map(|&k| &words[map[k as usize] as usize])
                 .flat_map(|&[x_max, rcp, shift, bias, cmpl]| [x_max, rcp, bias, cmpl | shift << 16])
                 .collect();
-            let enc4_d = self.upload(&enc4)?;
-            let enc4p = raw_ptr(&enc4_d, &s);
+            let enc4p = self.put(Buf::Steps, &enc4)?;
             let f = self.func(&format!("cz_enc_whole_{t}"))?;
             let ntab = kinds.len() as u32;
             let want = enc4.len() * 4;
@@ -1123,9 +1206,8 @@ impl CusziGpu {
             unsafe { b.launch(c) }.map_err(gpu_err("chunks"))?;
         } else {
             let enc: Vec<u32> = words.iter().flatten().flatten().copied().collect();
-            let map_d = self.upload(&map)?;
-            let enc_d = self.upload(&enc)?;
-            let (mapp, encp) = (raw_ptr(&map_d, &s), raw_ptr(&enc_d, &s));
+            let mapp = self.put(Buf::Map, &map)?;
+            let encp = self.put(Buf::Steps, &enc)?;
             let f = self.func(&format!("cz_enc_chunks_{t}"))?;
             let mut b = launch_args!(s, &f;
                 &geop, &resp, &symp, &rawp, &patp, &mapp, &encp, &nc64, &scp, &infop, &sizep);
@@ -1140,8 +1222,7 @@ impl CusziGpu {
             // SAFETY: one block rewrites the nc + 1 size words.
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("scan"))?;
         }
-        let mut total = [0u64];
-        self.read_back(&sizes.slice(nc..nc + 1), &mut total[..])?;
+        let total = self.read_u64s(sizep + 8 * nc as u64, 1)?;
         self.mark("chunks")?;
         let hl = HEADER_LEN_V3;
         let payload = nc * TABLE_ENTRY_LEN + meta.len() + total[0] as usize;
@@ -1159,9 +1240,8 @@ impl CusziGpu {
             // of `out`, and its table entry.
             unsafe { b.launch(Self::launch_cfg(nc, 256, 0)) }.map_err(gpu_err("write"))?;
         }
-        self.write_bytes(outp + (hl + nc * TABLE_ENTRY_LEN) as u64, &meta)?;
-        let mut hw = s.alloc_zeros::<u64>(1).map_err(gpu_err("alloc"))?;
-        let hwp = raw_ptr_mut(&mut hw, &s);
+        self.copy_staged(outp + (hl + nc * TABLE_ENTRY_LEN) as u64, &meta)?;
+        let hwp = self.zeroed(Buf::Hash, 8)?;
         let nwords = ((nc * TABLE_ENTRY_LEN + meta.len()) / 4) as u64;
         {
             let f = self.func("cz_hash")?;
@@ -1170,7 +1250,7 @@ impl CusziGpu {
             // SAFETY: reads the table and metadata words of `out`.
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }.map_err(gpu_err("hash"))?;
         }
-        let table_checksum = self.read_words(&hw)?[0] as u32;
+        let table_checksum = self.read_u64s(hwp, 1)?[0] as u32;
         let header = Header {
             payload_len: payload as u64,
             n_chunks: nc as u32,
@@ -1180,7 +1260,8 @@ impl CusziGpu {
             meta_len: meta.len() as u32,
             ..crate::codec::params_header::<T>(CodecKind::Cuszi, n, &params)
         };
-        self.write_bytes(outp, &header.to_vec())?;
+        self.copy_staged(outp, &header.to_vec())?;
+        self.stream.synchronize().map_err(gpu_err("sync"))?;
         self.mark("write")?;
         Ok(hl + payload)
     }

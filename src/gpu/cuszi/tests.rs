@@ -38,6 +38,7 @@ fn constants_shared_with_the_kernels_agree() {
         ("CZ_RANS_WAYS", rans::WAYS),
         ("CZ_RANS_WAYS2", rans::WAYS_CODER_2),
         ("CZ_HIST_WIN", HIST_WIN),
+        ("CZ_SLOT_THREADS", SLOT_THREADS),
         ("CZ_PREP_THREADS", PREP_THREADS),
         ("CZ_CHUNK", CHUNK),
         ("CZ_E_CHECKSUM", ERRORS[0].0 as usize),
