@@ -977,6 +977,37 @@ __device__ __forceinline__ i64 cz_anchor_in(const CzGeo& g, const i64* res, cons
     i64 rr = cz_res(res, syms, cz_tile_offset(g, b, c));
     return rr == CZ_LOSSLESS ? 0 : rr;
 }
+// Line `li` of the tiles along `dim`: its volume `b`, its coordinates in the other dimensions
+// (`c[dim]` 0), the tile index step along it and the index of its first tile.
+struct CzLine {
+    i64 b, c[3], tstep, t0;
+};
+__device__ __forceinline__ CzLine cz_line(const CzGeo& g, int dim, i64 li) {
+    CzLine ln;
+    i64 r = li;
+    ln.c[0] = ln.c[1] = ln.c[2] = 0;
+    if (dim != 2) {
+        ln.c[2] = r % g.tiles[2];
+        r /= g.tiles[2];
+    }
+    if (dim != 1) {
+        ln.c[1] = r % g.tiles[1];
+        r /= g.tiles[1];
+    }
+    if (dim != 0) {
+        ln.c[0] = r % g.tiles[0];
+        r /= g.tiles[0];
+    }
+    ln.b = r;
+    ln.tstep = dim == 2 ? 1 : dim == 1 ? g.tiles[2] : g.tiles[1] * g.tiles[2];
+    ln.t0 = cz_tile_index(g, ln.b, ln.c);
+    return ln;
+}
+// An anchor's value from its accumulated code (mod.rs anchor_values).
+template <typename T> __device__ __forceinline__ double cz_anchor_value(i64 s, double step) {
+    const double a = sizeof(T) == 4 ? (double)((float)(i32)s * (float)step) : (double)s * step;
+    return zc_isfinite(a) ? a : 0.0;
+}
 template <typename T>
 __device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, double* vals, int dim,
                            int first, int last, double step, i64 seg, const i64* part_in, i64* part_out) {
@@ -990,27 +1021,8 @@ __device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short*
     i64 li = id / nseg;
     i64 k0 = (id - li * nseg) * seg;
     i64 k1 = k0 + seg < len ? k0 + seg : len;
-    // the line's coordinates in the other dimensions
-    i64 c0 = 0, c1 = 0, c2 = 0;
-    i64 r = li;
-    if (dim != 2) {
-        c2 = r % g.tiles[2];
-        r /= g.tiles[2];
-    }
-    if (dim != 1) {
-        c1 = r % g.tiles[1];
-        r /= g.tiles[1];
-    }
-    if (dim != 0) {
-        c0 = r % g.tiles[0];
-        r /= g.tiles[0];
-    }
-    const i64 b = r;
-    // (tile index and coordinates of position k along the line, by selection: a runtime index
-    // into a local array would put it in local memory)
-    const i64 tstep = dim == 2 ? 1 : dim == 1 ? g.tiles[2] : g.tiles[1] * g.tiles[2];
-    i64 base[3] = {c0, c1, c2};
-    const i64 t0 = cz_tile_index(g, b, base) - (dim == 0 ? c0 : dim == 1 ? c1 : c2) * tstep;
+    const CzLine ln = cz_line(g, dim, li);
+    const i64 b = ln.b, c0 = ln.c[0], c1 = ln.c[1], c2 = ln.c[2], tstep = ln.tstep, t0 = ln.t0;
     i64 s = part_in ? part_in[id] : 0;
     // 8 inputs loaded before any is added, so that the loads of a segment overlap
     for (i64 k = k0; k < k1; k += 8) {
@@ -1033,18 +1045,45 @@ __device__ void cz_anchors(const i64* geo, const i64* res, const unsigned short*
             i64 t = t0 + kk * tstep;
             s = (i64)((u64)s + (u64)v[q]);
             acc[t] = s;
-            if (last) {
-                double a;
-                if (sizeof(T) == 4) {
-                    a = (double)((float)(i32)s * (float)step);
-                } else {
-                    a = (double)s * step;
-                }
-                vals[t] = zc_isfinite(a) ? a : 0.0;
-            }
+            if (last) vals[t] = cz_anchor_value<T>(s, step);
         }
     }
     if (part_out) part_out[id] = s;
+}
+// A pass of cz_anchors over lines of one segment (every line of a 2-D or 3-D array of usual
+// sizes: at most 64 tiles), a warp per line rather than a thread: each lane takes a position
+// of 32 consecutive ones and the warp's inclusive scan gives their sums, so the line's inputs
+// are loaded at once instead of one thread's chain of loads. Wrapping addition is associative:
+// the sums are cz_anchors' (and the CPU's).
+template <typename T>
+__device__ void cz_anchor_lines(const i64* geo, const i64* res, const unsigned short* syms, i64* acc, double* vals,
+                                int dim, int first, int last, double step) {
+    const CzGeo g = cz_geo(geo);
+    const i64 len = g.tiles[dim];
+    if (len == 0) return;
+    const i64 li = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    // (a whole warp leaves together: the shuffles below need every lane)
+    if (li >= g.ntiles / len) return;
+    const CzLine ln = cz_line(g, dim, li);
+    i64 carry = 0;
+    for (i64 k0 = 0; k0 < len; k0 += 32) {
+        const i64 kk = k0 + lane;
+        const i64 t = ln.t0 + kk * ln.tstep;
+        i64 c[3] = {dim == 0 ? kk : ln.c[0], dim == 1 ? kk : ln.c[1], dim == 2 ? kk : ln.c[2]};
+        i64 v = kk < len ? cz_anchor_in(g, res, syms, acc, first, ln.b, c, t) : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const i64 u = __shfl_up_sync(ZC_FULL, v, o);
+            if (lane >= o) v = (i64)((u64)v + (u64)u);
+        }
+        v = (i64)((u64)v + (u64)carry);
+        if (kk < len) {
+            acc[t] = v;
+            if (last) vals[t] = cz_anchor_value<T>(v, step);
+        }
+        carry = __shfl_sync(ZC_FULL, v, 31);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1580,35 +1619,37 @@ __device__ __forceinline__ i64 cz_lorenzo(const CzGeo& g, i64 b, const i64 c[3],
     }
     return p;
 }
-// One block: the tiles in order, 1024 at a time; thread 0 visits the lossless ones of each.
-extern "C" __global__ void cz_anchor_lossless(const i64* geo, const i64* cod, i64* acc, const u64* flag) {
-    __shared__ u32 list[1024];
-    __shared__ u32 wcount[32];
+// One block of 1024 threads: the lossless anchors in tile order (a lossless anchor's code is
+// its Lorenzo prediction from the codes before it, so they chain). Each thread counts those of
+// its run of consecutive tiles, a block scan places the runs, each thread lists its own in
+// `list` (`ntiles` words), then thread 0 visits the list. The block reads every code once or
+// twice rather than stepping through the tiles 1,024 at a time with three barriers each.
+extern "C" __global__ void __launch_bounds__(1024)
+    cz_anchor_lossless(const i64* geo, const i64* cod, i64* acc, const u64* flag, u32* list) {
+    __shared__ u32 wsum[32];
+    __shared__ u32 total;
     if (!(flag[0] & 1)) return;
     const CzGeo g = cz_geo(geo);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (i64 base = 0; base < g.ntiles; base += 1024) {
-        i64 t = base + threadIdx.x;
-        bool lo = t < g.ntiles && cod[t] == CZ_LOSSLESS;
-        u32 bal = __ballot_sync(ZC_FULL, lo);
-        if (lane == 0) wcount[warp] = __popc(bal);
-        __syncthreads();
-        u32 before = 0, total = 0;
-        for (int w = 0; w < 32; w++) {
-            if (w < warp) before += wcount[w];
-            total += wcount[w];
-        }
-        if (lo) list[before + __popc(bal & ((1u << lane) - 1))] = (u32)threadIdx.x;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (u32 k = 0; k < total; k++) {
-                i64 tt = base + list[k];
-                i64 c[3];
-                i64 b = cz_tile_coords(g, tt, c);
-                acc[tt] = cz_lorenzo(g, b, c, acc);
-            }
-        }
-        __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 per = (g.ntiles + 1023) / 1024;
+    const i64 lo = min(g.ntiles, per * (i64)threadIdx.x), hi = min(g.ntiles, lo + per);
+    u32 n = 0;
+    for (i64 t = lo; t < hi; t++) n += cod[t] == CZ_LOSSLESS;
+    const u32 inc = warp_incl_u32(n, lane);
+    if (lane == 31) wsum[warp] = inc;
+    __syncthreads();
+    u32 at = inc - n;
+    for (int w = 0; w < warp; w++) at += wsum[w];
+    if (threadIdx.x == 1023) total = at + n;
+    for (i64 t = lo; t < hi && n; t++)
+        if (cod[t] == CZ_LOSSLESS) list[at++] = (u32)t;
+    __syncthreads();
+    if (threadIdx.x) return;
+    for (u32 k = 0; k < total; k++) {
+        const i64 tt = list[k];
+        i64 c[3];
+        const i64 b = cz_tile_coords(g, tt, c);
+        acc[tt] = cz_lorenzo(g, b, c, acc);
     }
 }
 extern "C" __global__ void cz_anchor_res(const i64* geo, const i64* cod, const i64* acc, i64* ares, u64* flag) {
@@ -2320,6 +2361,11 @@ extern "C" __global__ void cz_hash(const u8* p, u64 nwords, u64* ws) {
                                               double* vals, int dim, int first, int last, double step, i64 seg,    \
                                               const i64* part_in, i64* part_out) {                                 \
         cz_anchors<T>(geo, res, syms, acc, vals, dim, first, last, step, seg, part_in, part_out);                  \
+    }                                                                                                               \
+    extern "C" __global__ void cz_anchor_lines_##N(const i64* geo, const i64* res, const unsigned short* syms,      \
+                                                   i64* acc, double* vals, int dim, int first, int last,          \
+                                                   double step) {                                                 \
+        cz_anchor_lines<T>(geo, res, syms, acc, vals, dim, first, last, step);                                     \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(CZ_TILE_WARPS * 32)                                                \
         cz_tiles_##N(const i64* geo, const i64* res, const unsigned short* syms, const u8* raw, const i64* acc,    \

@@ -50,10 +50,11 @@
 //!    chunk) does the state updates and `cz_rans_post_*` (a warp per chunk) the rest;
 //!    otherwise `cz_rans_*` (a thread per chunk) does all of it, with each residual's class
 //!    from a walk over the tile coordinates, into 64-bit residuals;
-//! 3. `cz_anchors_*` (a pass per dimension): the anchors' Lorenzo inverse as an n-D prefix sum
-//!    in wrapping integers, and their values; a long line of tiles (a 1-D array is a single
-//!    line) is split into segments of 32 tiles, a thread each, with a pass for the segments'
-//!    sums and `cz_anchor_scan` (a block per line) for their prefixes;
+//! 3. a pass per dimension: the anchors' Lorenzo inverse as an n-D prefix sum in wrapping
+//!    integers, and their values; a line of at most 64 tiles (the lines of 2-D and 3-D arrays
+//!    of usual sizes) by a warp's scan (`cz_anchor_lines_*`), a long line (a 1-D array is a
+//!    single line) split into segments of 32 tiles, a thread each (`cz_anchors_*`), with a pass
+//!    for the segments' sums and `cz_anchor_scan` (a block per line) for their prefixes;
 //! 4. `cz_tiles_*`: one warp per tile reconstructs its box level by level in shared memory
 //!    (IEEE f64, no FMA), walk by walk as the encoder, and writes its owned points straight to
 //!    the array;
@@ -188,6 +189,7 @@ pub fn kernel_names() -> Vec<String> {
             "cz_rans_warp",
             "cz_rans_post",
             "cz_anchors",
+            "cz_anchor_lines",
             "cz_tiles",
             "cz_range",
             "cz_anchor_codes",
@@ -838,31 +840,37 @@ impl CusziGpu {
         );
         let f = self.func(&format!("cz_anchors_{t}"))?;
         let fscan = self.func("cz_anchor_scan")?;
+        let flines = self.func(&format!("cz_anchor_lines_{t}"))?;
         for &(dim, first, last, seg, nseg) in &passes {
             let lines = n_tiles / p.g.tiles[dim as usize].max(1);
-            let seg64 = seg as i64;
-            let (mut part_in, null) = (0u64, 0u64);
-            if nseg > 1 {
-                let mut b = launch_args!(s, &f;
-                    &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
-                    &null, &partp);
-                // SAFETY: one thread per segment of a line of tiles reads residuals at tile
-                // offsets (below n) or the `acc` words of its tiles, and writes its word of
-                // `part` (lines * nseg <= nparts words).
-                unsafe { b.launch(cfg(lines * nseg, 128)) }.map_err(gpu_err("anchors"))?;
-                let nseg64 = nseg as i64;
-                let mut b = launch_args!(s, &fscan; &partp, &nseg64);
-                // SAFETY: block l rewrites the nseg words of line l of `part`.
-                unsafe { b.launch(Self::launch_cfg(lines, 1024, 0)) }
-                    .map_err(gpu_err("anchors"))?;
-                part_in = partp;
+            if nseg == 1 {
+                let mut b = launch_args!(s, &flines;
+                    &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep);
+                // SAFETY: one warp per line of tiles reads residuals at tile offsets (below n)
+                // or the `acc` words of its tiles, and writes their `acc` and `vals` words
+                // (n_tiles words each).
+                unsafe { b.launch(cfg(lines * 32, 128)) }.map_err(gpu_err("anchors"))?;
+                continue;
             }
+            // a long line: its segments' sums, their prefixes per line, then the segments
+            let (seg64, null) = (seg as i64, 0u64);
             let mut b = launch_args!(s, &f;
                 &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
-                &part_in, &null);
+                &null, &partp);
             // SAFETY: one thread per segment of a line of tiles reads residuals at tile offsets
-            // (below n) and its word of `part` (when given), and writes the `acc` and `vals`
-            // words of its tiles (n_tiles words each).
+            // (below n) or the `acc` words of its tiles, and writes its word of `part` (lines *
+            // nseg <= nparts words).
+            unsafe { b.launch(cfg(lines * nseg, 128)) }.map_err(gpu_err("anchors"))?;
+            let nseg64 = nseg as i64;
+            let mut b = launch_args!(s, &fscan; &partp, &nseg64);
+            // SAFETY: block l rewrites the nseg words of line l of `part`.
+            unsafe { b.launch(Self::launch_cfg(lines, 1024, 0)) }.map_err(gpu_err("anchors"))?;
+            let mut b = launch_args!(s, &f;
+                &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
+                &partp, &null);
+            // SAFETY: one thread per segment of a line of tiles reads residuals at tile offsets
+            // (below n) and its word of `part`, and writes the `acc` and `vals` words of its
+            // tiles (n_tiles words each).
             unsafe { b.launch(cfg(lines * nseg, 128)) }.map_err(gpu_err("anchors"))?;
         }
         self.mark("anchors")?;
@@ -999,11 +1007,12 @@ impl CusziGpu {
         // 2. anchors
         let (geo0, _) = geometry(&g, &[]);
         let geo0p = self.put(Buf::Geo0, &geo0)?;
-        // (codes, accumulated codes, residuals, values: a tile's word each; then the flag)
+        // (codes, accumulated codes, residuals, values: a tile's word each; the flag; a
+        // tile's u32 in the list of lossless anchors)
         let nt = n_tiles.max(1) as u64;
-        let codp = self.zeroed(Buf::Anchors, (4 * nt as usize + 1) * 8)?;
+        let codp = self.zeroed(Buf::Anchors, (4 * nt as usize + 1) * 8 + nt as usize * 4)?;
         let (accp, aresp, valp) = (codp + 8 * nt, codp + 16 * nt, codp + 24 * nt);
-        let flagp = codp + 32 * nt;
+        let (flagp, listp) = (codp + 32 * nt, codp + 32 * nt + 8);
         let per_tile = Self::launch_cfg(n_tiles.div_ceil(128), 128, 0);
         {
             let f = self.func(&format!("cz_anchor_codes_{t}"))?;
@@ -1011,8 +1020,9 @@ impl CusziGpu {
             // SAFETY: one thread per tile reads its anchor's value and writes its code.
             unsafe { b.launch(per_tile) }.map_err(gpu_err("anchor codes"))?;
             let f = self.func("cz_anchor_lossless")?;
-            let mut b = launch_args!(s, &f; &geo0p, &codp, &accp, &flagp);
-            // SAFETY: one block reads the n_tiles codes and rewrites anchors of `acc`.
+            let mut b = launch_args!(s, &f; &geo0p, &codp, &accp, &flagp, &listp);
+            // SAFETY: one block reads the n_tiles codes, lists the lossless ones (n_tiles words
+            // of `list`) and rewrites their words of `acc`.
             unsafe { b.launch(Self::launch_cfg(1, 1024, 0)) }
                 .map_err(gpu_err("lossless anchors"))?;
             let f = self.func("cz_anchor_res")?;
