@@ -1331,7 +1331,9 @@ __device__ __forceinline__ bool cz_same_stage(u32 a, u32 b) {
 
 // The walks of a tile's box (interp.rs walks, the `nw` of cz_walks_prep's `sw` that have
 // points, in order), the warp's lanes sharing each walk's points (independent of each other):
-// `point(idx, x, p)` gets each point's index in the box, its coordinates and its prediction; a
+// `point(idx, x, pred)` gets each point's index in the box, its coordinates and the function
+// computing its prediction (`pred()`: the caller issues its global loads of the point first, so
+// that their latency overlaps the prediction's shared loads and arithmetic); a
 // warp barrier after each walk, whose points the next walks read. The point loop is written
 // once per kind of walk (a mean over dimensions, or a pass along dimension 0, 1 or 2, each the
 // same for all of a walk's points): the pass's dimension is then a constant inside its loop,
@@ -1374,19 +1376,19 @@ __device__ __forceinline__ void cz_walks(const uint4* sw, int nw, const CzBox& b
                 cz_walk_load(sw, v, sub);
                 int x[3];
                 int idx = cz_walk_point(sub, st, j, x);
-                point(idx, x, cz_multi(buf, idx, x, e, st, sub.s, sub.am, sub.sp));
+                point(idx, x, [&] { return cz_multi(buf, idx, x, e, st, sub.s, sub.am, sub.sp); });
             }
         } else if (wk.am == 0) {
             cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
-                point(idx, x, cz_predict(buf, idx, x[0], e[0], wk.s, st[0], wk.sp[0]));
+                point(idx, x, [&] { return cz_predict(buf, idx, x[0], e[0], wk.s, st[0], wk.sp[0]); });
             });
         } else if (wk.am == 1) {
             cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
-                point(idx, x, cz_predict(buf, idx, x[1], e[1], wk.s, st[1], wk.sp[1]));
+                point(idx, x, [&] { return cz_predict(buf, idx, x[1], e[1], wk.s, st[1], wk.sp[1]); });
             });
         } else {
             cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
-                point(idx, x, cz_predict(buf, idx, x[2], e[2], wk.s, st[2], wk.sp[2]));
+                point(idx, x, [&] { return cz_predict(buf, idx, x[2], e[2], wk.s, st[2], wk.sp[2]); });
             });
         }
         w += n;
@@ -1446,7 +1448,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     const bool narrow = cz_box_offsets_fit(g, e);
     const u32 row = (u32)g.n[2], plane = (u32)(g.n[1] * g.n[2]);
     const CzBox box(buf), bases(sbase[warp]);
-    cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int x[3], double p) {
+    cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int x[3], auto pred) {
         int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
         bool owned = hm == 0;
         int l0 = hm & 1 ? 0 : x[0], l1 = hm & 2 ? 0 : x[1], l2 = hm & 4 ? 0 : x[2];
@@ -1457,6 +1459,7 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
         // The residual (cz_res): a small one, nearly every point's, straight from its symbol in
         // 32-bit arithmetic; a big or lossless one through `res`.
         const u32 sym = syms ? (u32)syms[si] : CZ_SYM_BIG;
+        const double p = pred();
         bool lossless = false;
         double rd;
         if (sym < CZ_SYM_LOSSLESS) {
@@ -1885,7 +1888,8 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         cz_box_anchors(g, b, c, e, st, vals, lane, buf);
         int nw = cz_walks_prep(geo, nw_all, e, lane, swalk[warp]);
         const CzBox box(buf);
-        cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int xx[3], double p) {
+        cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int xx[3], auto pred) {
+            const double p = pred();
             T xv = cz_from_slot<T>(box.bits(idx));
             // quant.rs ResidualQuantizer::encode
             i64 r = CZ_LOSSLESS;

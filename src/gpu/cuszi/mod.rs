@@ -842,8 +842,12 @@ impl CusziGpu {
         let fscan = self.func("cz_anchor_scan")?;
         let flines = self.func(&format!("cz_anchor_lines_{t}"))?;
         for &(dim, first, last, seg, nseg) in &passes {
-            let lines = n_tiles / p.g.tiles[dim as usize].max(1);
-            if nseg == 1 {
+            let len = p.g.tiles[dim as usize];
+            let lines = n_tiles / len.max(1);
+            // (a warp per line when its scan has lanes to fill: a pass along a dimension of a
+            // few tiles, such as the value pass of a 1-D array's single-tile dimensions, keeps
+            // a thread per line)
+            if nseg == 1 && len > WARP_LINE_MIN {
                 let mut b = launch_args!(s, &flines;
                     &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep);
                 // SAFETY: one warp per line of tiles reads residuals at tile offsets (below n)
@@ -852,8 +856,17 @@ impl CusziGpu {
                 unsafe { b.launch(cfg(lines * 32, 128)) }.map_err(gpu_err("anchors"))?;
                 continue;
             }
-            // a long line: its segments' sums, their prefixes per line, then the segments
             let (seg64, null) = (seg as i64, 0u64);
+            if nseg == 1 {
+                let mut b = launch_args!(s, &f;
+                    &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
+                    &null, &null);
+                // SAFETY: one thread per line of tiles reads residuals at tile offsets (below
+                // n) or the `acc` words of its tiles, and writes their `acc` and `vals` words.
+                unsafe { b.launch(cfg(lines, 128)) }.map_err(gpu_err("anchors"))?;
+                continue;
+            }
+            // a long line: its segments' sums, their prefixes per line, then the segments
             let mut b = launch_args!(s, &f;
                 &geop, &resp, &syms_arg, &accp, &valp, &dim, &first, &last, &p.qstep, &seg64,
                 &null, &partp);
@@ -1384,6 +1397,10 @@ impl Pack {
         at
     }
 }
+
+/// Tiles of a line above which a pass over lines of one segment takes a warp per line
+/// (`cz_anchor_lines_*`).
+const WARP_LINE_MIN: usize = 8;
 
 /// Tiles per segment of a line of `len` tiles in the decoder's anchor passes (kernels/cuszi.cu
 /// `cz_anchors`): short lines (those of 2-D and 3-D arrays of usual sizes, many lines each) stay
