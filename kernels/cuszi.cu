@@ -1331,9 +1331,10 @@ __device__ __forceinline__ bool cz_same_stage(u32 a, u32 b) {
 
 // The walks of a tile's box (interp.rs walks, the `nw` of cz_walks_prep's `sw` that have
 // points, in order), the warp's lanes sharing each walk's points (independent of each other):
-// `point(idx, x, pred)` gets each point's index in the box, its coordinates and the function
-// computing its prediction (`pred()`: the caller issues its global loads of the point first, so
-// that their latency overlaps the prediction's shared loads and arithmetic); a
+// `pre(idx, x)` runs first at each point (given its index in the box and its coordinates: the
+// caller's global loads of the point, issued before the prediction so that their latency
+// overlaps its shared loads and arithmetic), then `point(idx, x, p, got)` with its prediction
+// `p` and what `pre` returned; a
 // warp barrier after each walk, whose points the next walks read. The point loop is written
 // once per kind of walk (a mean over dimensions, or a pass along dimension 0, 1 or 2, each the
 // same for all of a walk's points): the pass's dimension is then a constant inside its loop,
@@ -1342,9 +1343,9 @@ __device__ __forceinline__ bool cz_same_stage(u32 a, u32 b) {
 // points, each lane finding its point's walk: the coarse levels' walks have a few points each
 // (4, 2 and 1 in a 9^3 box at stride 4), and one loop over a stage's points leaves fewer lanes
 // idle than a loop per walk.
-template <typename F>
+template <typename P, typename F>
 __device__ __forceinline__ void cz_walks(const uint4* sw, int nw, const CzBox& buf, const int e[3], const int st[3],
-                                         int lane, F point) {
+                                         int lane, P pre, F point) {
     for (int w = 0; w < nw;) {
         CzWalk wk;
         cz_walk_load(sw, w, wk);
@@ -1376,19 +1377,23 @@ __device__ __forceinline__ void cz_walks(const uint4* sw, int nw, const CzBox& b
                 cz_walk_load(sw, v, sub);
                 int x[3];
                 int idx = cz_walk_point(sub, st, j, x);
-                point(idx, x, [&] { return cz_multi(buf, idx, x, e, st, sub.s, sub.am, sub.sp); });
+                const auto got = pre(idx, x);
+                point(idx, x, cz_multi(buf, idx, x, e, st, sub.s, sub.am, sub.sp), got);
             }
         } else if (wk.am == 0) {
             cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
-                point(idx, x, [&] { return cz_predict(buf, idx, x[0], e[0], wk.s, st[0], wk.sp[0]); });
+                const auto got = pre(idx, x);
+                point(idx, x, cz_predict(buf, idx, x[0], e[0], wk.s, st[0], wk.sp[0]), got);
             });
         } else if (wk.am == 1) {
             cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
-                point(idx, x, [&] { return cz_predict(buf, idx, x[1], e[1], wk.s, st[1], wk.sp[1]); });
+                const auto got = pre(idx, x);
+                point(idx, x, cz_predict(buf, idx, x[1], e[1], wk.s, st[1], wk.sp[1]), got);
             });
         } else {
             cz_walk_points(wk, st, lane, [&](int idx, const int x[3]) {
-                point(idx, x, [&] { return cz_predict(buf, idx, x[2], e[2], wk.s, st[2], wk.sp[2]); });
+                const auto got = pre(idx, x);
+                point(idx, x, cz_predict(buf, idx, x[2], e[2], wk.s, st[2], wk.sp[2]), got);
             });
         }
         w += n;
@@ -1406,6 +1411,13 @@ template <> __device__ __forceinline__ double cz_from_bits<double>(const u8* p) 
     return __longlong_as_double((long long)v);
 }
 
+// A point of a decoded tile found before its prediction (cz_tiles): its symbol index, its
+// symbol and whether the tile owns it.
+struct CzAt {
+    i64 si;
+    u32 sym;
+    bool owned;
+};
 // Tiles (mod.rs Tiles::decode, abs / noa): one warp per tile, its box of reconstructed values
 // in shared memory; the points of one walk are independent, so the lanes share each walk and
 // meet at a warp barrier between walks. Owned points are written straight to the array.
@@ -1448,18 +1460,25 @@ __device__ void cz_tiles(const i64* geo, const i64* res, const unsigned short* s
     const bool narrow = cz_box_offsets_fit(g, e);
     const u32 row = (u32)g.n[2], plane = (u32)(g.n[1] * g.n[2]);
     const CzBox box(buf), bases(sbase[warp]);
-    cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int x[3], auto pred) {
+    // (before the prediction: the point's symbol index, its symbol, whether the tile owns it)
+    auto at = [&](int, const int x[3]) {
         int hm = (x[0] >= own[0]) | (x[1] >= own[1]) << 1 | (x[2] >= own[2]) << 2;
-        bool owned = hm == 0;
         int l0 = hm & 1 ? 0 : x[0], l1 = hm & 2 ? 0 : x[1], l2 = hm & 4 ? 0 : x[2];
         int on1 = hm & 2 ? onx[1] : own[1], on2 = hm & 4 ? onx[2] : own[2];
+        CzAt a;
         // (a local index below the box's 729 points: unsigned, so that its addition to the
         // tile's 64-bit offset needs no sign extension)
-        i64 si = (i64)bases.bits(hm) + (u32)((l0 * on1 + l1) * on2 + l2);
+        a.si = (i64)bases.bits(hm) + (u32)((l0 * on1 + l1) * on2 + l2);
+        a.sym = syms ? (u32)syms[a.si] : CZ_SYM_BIG;
+        a.owned = hm == 0;
+        return a;
+    };
+    cz_walks(swalk[warp], nw, box, e, st, lane, at, [&](int idx, const int x[3], double p, const CzAt& a) {
+        const i64 si = a.si;
+        const u32 sym = a.sym;
+        const bool owned = a.owned;
         // The residual (cz_res): a small one, nearly every point's, straight from its symbol in
         // 32-bit arithmetic; a big or lossless one through `res`.
-        const u32 sym = syms ? (u32)syms[si] : CZ_SYM_BIG;
-        const double p = pred();
         bool lossless = false;
         double rd;
         if (sym < CZ_SYM_LOSSLESS) {
@@ -1888,8 +1907,8 @@ __device__ void cz_enc_tiles(const T* x, const i64* geo, const i64* acc, const i
         cz_box_anchors(g, b, c, e, st, vals, lane, buf);
         int nw = cz_walks_prep(geo, nw_all, e, lane, swalk[warp]);
         const CzBox box(buf);
-        cz_walks(swalk[warp], nw, box, e, st, lane, [&](int idx, const int xx[3], auto pred) {
-            const double p = pred();
+        auto nothing = [](int, const int*) { return 0; };
+        cz_walks(swalk[warp], nw, box, e, st, lane, nothing, [&](int idx, const int xx[3], double p, int) {
             T xv = cz_from_slot<T>(box.bits(idx));
             // quant.rs ResidualQuantizer::encode
             i64 r = CZ_LOSSLESS;
