@@ -17,6 +17,10 @@ usage: scripts/kernel-sass.sh [--arch sm_90] [--loops] [--sass DIR] FILE.cu [KER
   --loops     also list each kernel's loops: address, target, static instructions
   --sass DIR  also write each kernel's SASS to DIR/KERNEL.sass
 
+nvcc is not NVRTC: it accepts code that NVRTC's JIT mode rejects (a generic lambda in device
+code, for one), so run the NVRTC compile test (`cargo test --test gpu_cuszi cuszi_kernels_compile`
+and the like) before taking a change to the GPU.
+
 Tools: nvidia-cuda-nvcc 13.0.88 (as the GPU machines' CUDA 13.0), nvvm and crt of the same
 release, cuobjdump and nvdisasm, installed once under $ZCOMM_CUDA_TOOLS (default
 ~/.cache/zcomm-cuda-tools) from PyPI.
