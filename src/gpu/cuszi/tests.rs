@@ -207,11 +207,24 @@ fn plan_tables_tile_the_slots_and_rank_the_symbols() {
     use crate::{compress_nd, CodecKind, ErrorBound};
     let dims = [64usize, 48, 40];
     let n: usize = dims.iter().product();
-    let data: Vec<f32> = (0..n)
+    let smooth: Vec<f32> = (0..n)
         .map(|i| ((i % 97) as f32 * 0.05).sin() * 3.0 + ((i * 7919) % 1013) as f32 * 1e-3)
         .collect();
-    for bound in [ErrorBound::Noa(1e-2), ErrorBound::Noa(1e-5)] {
-        let s = compress_nd(&data, &dims, bound, CodecKind::Cuszi).unwrap();
+    // (noise: residuals over hundreds of symbols, more than the ranks)
+    let noise: Vec<f32> = (0..n)
+        .map(|i| {
+            let z = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let z = (z ^ z >> 31).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            (z >> 40) as f32 * 1e-6
+        })
+        .collect();
+    let cases = [
+        (&smooth, ErrorBound::Noa(1e-2)),
+        (&smooth, ErrorBound::Noa(1e-5)),
+        (&noise, ErrorBound::Noa(2e-3)),
+    ];
+    for (k, &(data, bound)) in cases.iter().enumerate() {
+        let s = compress_nd(data, &dims, bound, CodecKind::Cuszi).unwrap();
         let h = crate::codec::inspect(&s).unwrap();
         let hl = h.header_len();
         let p = plan(&h, &s[hl..hl + h.table_len()], s.len())
@@ -219,6 +232,7 @@ fn plan_tables_tile_the_slots_and_rank_the_symbols() {
             .unwrap();
         let nt = p.fc.len() / SYMBOLS;
         assert!(nt >= 1 && p.rfc.len() == nt * RANKS && p.rsym.len() == nt * RANKS);
+        let mut most_used = 0;
         for t in 0..nt {
             let fc = &p.fc[t * SYMBOLS..(t + 1) * SYMBOLS];
             let mut next = 0usize;
@@ -231,6 +245,7 @@ fn plan_tables_tile_the_slots_and_rank_the_symbols() {
             }
             assert_eq!(next, SLOTS, "{bound} table {t}");
             let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| fc[s] >> 16 != 0).collect();
+            most_used = most_used.max(used.len());
             used.sort_by(|&a, &b| (fc[b] >> 16).cmp(&(fc[a] >> 16)).then(a.cmp(&b)));
             let ranked = used.len().min(RANKS - 1);
             for r in 0..RANKS {
@@ -243,6 +258,14 @@ fn plan_tables_tile_the_slots_and_rank_the_symbols() {
                     assert_eq!(step, 0, "{bound} table {t} rank {r}");
                 }
             }
+        }
+        // (the noise has a table of more symbols than ranks: the selection of the ranked ones
+        // is checked against the full sort)
+        if k == 2 {
+            assert!(
+                most_used > RANKS - 1,
+                "{bound}: {most_used} symbols at most"
+            );
         }
     }
 }
