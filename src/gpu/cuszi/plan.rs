@@ -94,17 +94,9 @@ pub(super) fn plan(h: &Header, table: &[u8], len: usize) -> Result<Option<Plan>>
                 cum += f;
             }
         }
-        // the ranked symbols: the 255 first in (frequency down, symbol up), a total order, so
-        // selecting them before sorting gives the full sort's first 255 (a table of fine
-        // residuals uses hundreds of symbols)
         let mut used: Vec<usize> = (0..SYMBOLS).filter(|&s| freq[s] != 0).collect();
-        let order = |&a: &usize, &b: &usize| freq[b].cmp(&freq[a]).then(a.cmp(&b));
-        if used.len() > RANKS - 1 {
-            used.select_nth_unstable_by(RANKS - 2, order);
-            used.truncate(RANKS - 1);
-        }
-        used.sort_unstable_by(order);
-        for (r, &s) in used.iter().enumerate() {
+        used.sort_unstable_by(|&a, &b| freq[b].cmp(&freq[a]).then(a.cmp(&b)));
+        for (r, &s) in used.iter().take(RANKS - 1).enumerate() {
             rfc[t * RANKS + r] = fc[s];
             rsym[t * RANKS + r] = s as u16;
         }
