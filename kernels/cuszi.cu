@@ -726,6 +726,25 @@ __device__ __forceinline__ u64 cz_group_check(const u8* c, u32 size, u32 sum_w, 
     return 0;
 }
 
+// Residual `i` of a chunk with symbol `s` placed as the decoders' second pass does: a lossless
+// value's bytes into `rawc` at its index (the chunk's lossless value numbered by `ml`, the lanes'
+// lossless ballot, among the lanes `before` this one, after the `nraw` of earlier steps; a chunk
+// too short for its lossless values is rejected at its end), a big residual's index into `bg`
+// (numbered likewise by `mb` after `nbig`).
+template <typename T>
+__device__ __forceinline__ void cz_place(u32 s, u32 i, u32 ml, u32 mb, u32 before, u32 nraw, u32 nbig, const u8* c,
+                                         u32 size, u32 raw_at, u8* rawc, u32* bg) {
+    if (s == CZ_SYM_LOSSLESS) {
+        const u64 k = nraw + __popc(ml & before);
+        if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
+            const u8* p = c + raw_at + k * sizeof(T);
+            for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)i * sizeof(T) + q] = p[q];
+        }
+    } else if (s == CZ_SYM_BIG) {
+        bg[nbig + __popc(mb & before)] = i;
+    }
+}
+
 // One warp step of a coder-3 chunk (cz_rans_lanes): lane li's state `x` decodes residual `i` (when
 // `act`), `tp` the `top` entry of its local position; the symbol into `s`, then the step's
 // renormalization bytes, and the lossless values (to `rawc`) and big residual positions (`bg`)
@@ -777,15 +796,7 @@ __device__ __forceinline__ u32 cz_lanes_step(bool act, u32 i, u32& x, uint2 tp, 
         // rejected at its end)
         const u32 ml = __ballot_sync(gm, act && s == CZ_SYM_LOSSLESS) >> first;
         const u32 mb = ms & ~ml;
-        if (act && s == CZ_SYM_LOSSLESS) {
-            const u64 k = nraw + __popc(ml & before);
-            if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
-                const u8* p = c + raw_at + k * sizeof(T);
-                for (int q = 0; q < (int)sizeof(T); q++) rawc[(u64)i * sizeof(T) + q] = p[q];
-            }
-        } else if (act && s == CZ_SYM_BIG) {
-            bg[nbig + __popc(mb & before)] = i;
-        }
+        if (act) cz_place<T>(s, i, ml, mb, before, nraw, nbig, c, size, raw_at, rawc, bg);
         nraw += __popc(ml);
         nbig += __popc(mb);
     }
@@ -924,16 +935,7 @@ __device__ void cz_rans_post(const u8* stream, const u64* ent, u64 nchunks, u64 
             u32 s = sv[q];
             u32 ml = __ballot_sync(ZC_FULL, v && s == CZ_SYM_LOSSLESS);
             u32 mb = __ballot_sync(ZC_FULL, v && s == CZ_SYM_BIG);
-            if (v && s == CZ_SYM_LOSSLESS) {
-                // (a chunk too short for its lossless values is rejected below)
-                u64 k = nraw + __popc(ml & below);
-                if ((u64)raw_at + (k + 1) * sizeof(T) <= size) {
-                    const u8* p = c + raw_at + k * sizeof(T);
-                    for (int b = 0; b < (int)sizeof(T); b++) rawc[(u64)j * sizeof(T) + b] = p[b];
-                }
-            } else if (v && s == CZ_SYM_BIG) {
-                bg[nbig + __popc(mb & below)] = j;
-            }
+            if (v) cz_place<T>(s, j, ml, mb, below, nraw, nbig, c, size, raw_at, rawc, bg);
             nraw += __popc(ml);
             nbig += __popc(mb);
         }

@@ -249,27 +249,7 @@ impl Hist {
         };
         let mut f: Vec<u32> = self.count.iter().map(|&c| share(c)).collect();
         let sum: i64 = f.iter().map(|&x| x as i64).sum();
-        let mut diff = PROB_SCALE as i64 - sum;
-        // the largest frequency, the lowest symbol among equals: the first of the order below
-        let top = (0..f.len()).fold(0, |b, i| if f[i] > f[b] { i } else { b });
-        if diff > 0 {
-            f[top] += diff as u32;
-        } else if f[top] as i64 > -diff {
-            // the first symbol of the order covers the deficit alone (the usual case)
-            f[top] -= (-diff) as u32;
-        } else {
-            let mut order: Vec<usize> = (0..f.len()).collect();
-            order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
-            // (at most one unit per used symbol, and at most 1,025 symbols in 16,384 slots)
-            for &i in &order {
-                if diff == 0 {
-                    break;
-                }
-                let take = (f[i] as i64 - 1).min(-diff);
-                f[i] -= take as u32;
-                diff += take;
-            }
-        }
+        settle(&mut f, PROB_SCALE as i64 - sum);
         f
     }
 
@@ -300,6 +280,32 @@ impl Hist {
             d[s as usize] = fi;
         }
         d
+    }
+}
+
+/// The surplus (`diff > 0`) or deficit of the rounded frequencies `f` of the used symbols (in
+/// symbol order) settled as [`normalize`] does: the surplus to the largest frequency, the
+/// deficit from the largest ones, largest first (lower symbol on ties), none below 1.
+fn settle(f: &mut [u32], mut diff: i64) {
+    // the largest frequency, the lowest symbol among equals: the first of the order below
+    let top = (0..f.len()).fold(0, |b, i| if f[i] > f[b] { i } else { b });
+    if diff > 0 {
+        f[top] += diff as u32;
+    } else if f[top] as i64 > -diff {
+        // the first symbol of the order covers the deficit alone (the usual case)
+        f[top] -= (-diff) as u32;
+    } else {
+        let mut order: Vec<usize> = (0..f.len()).collect();
+        order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
+        // (at most one unit per used symbol, and at most 1,025 symbols in 16,384 slots)
+        for &i in &order {
+            if diff == 0 {
+                break;
+            }
+            let take = (f[i] as i64 - 1).min(-diff);
+            f[i] -= take as u32;
+            diff += take;
+        }
     }
 }
 
@@ -682,7 +688,8 @@ mod tests {
     }
 
     /// The normalization and the pricing of a group as first written, over every symbol of a
-    /// dense histogram: the reference of [`Hist`]'s, which visit only the used symbols.
+    /// dense histogram (128-bit shares, every symbol's cost summed): the reference of
+    /// [`Hist`]'s, which visit only the used symbols.
     fn dense_reference(h: &[u64]) -> (Vec<u32>, f64) {
         let total: u128 = h.iter().map(|&x| x as u128).sum();
         let mut f = vec![0u32; NSYM];
@@ -696,23 +703,14 @@ mod tests {
                 *fi = (q as u32).max(1);
             }
         }
-        let mut diff = PROB_SCALE as i64 - f.iter().map(|&x| x as i64).sum::<i64>();
-        let top = (0..NSYM).fold(0, |b, i| if f[i] > f[b] { i } else { b });
-        if diff > 0 {
-            f[top] += diff as u32;
-        } else if f[top] as i64 > -diff {
-            f[top] -= (-diff) as u32;
-        } else {
-            let mut order: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
-            order.sort_by(|&a, &b| f[b].cmp(&f[a]).then(a.cmp(&b)));
-            for &i in &order {
-                if diff == 0 {
-                    break;
-                }
-                let take = (f[i] as i64 - 1).min(-diff);
-                f[i] -= take as u32;
-                diff += take;
-            }
+        // (the settling of the rounding, shared: the same on the used symbols' frequencies in
+        // symbol order whether or not the unused ones sit between them)
+        let diff = PROB_SCALE as i64 - f.iter().map(|&x| x as i64).sum::<i64>();
+        let used: Vec<usize> = (0..NSYM).filter(|&i| f[i] > 0).collect();
+        let mut fu: Vec<u32> = used.iter().map(|&i| f[i]).collect();
+        settle(&mut fu, diff);
+        for (&i, &v) in used.iter().zip(&fu) {
+            f[i] = v;
         }
         let len = code_lengths();
         let coded: f64 = h
