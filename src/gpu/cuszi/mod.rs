@@ -241,27 +241,37 @@ pub struct CusziGpu {
     smem_optin: usize,
     /// Timing events after each step (`set_profile`).
     profile: super::step_timer::StepTimer,
-    /// The encoder's per-chunk scratch regions, kept and grown.
-    scratch: Option<CudaSlice<u8>>,
     /// Blocks of the grid-stride kernels (8 per SM).
     grid: u32,
-    /// Pinned host memory a decode's header is read into and its plan uploaded from
-    /// (`read_pinned`, `upload_plan`), kept and grown.
+    /// Pinned host memory that small results are read into (`read_pinned`) and uploads are
+    /// copied from (`put`), kept and grown.
     staging: Option<cudarc::driver::PinnedHostSlice<u8>>,
-    /// A decode's device arrays besides the workspace, kept and grown.
-    dec: DecodeArrays,
     /// Bytes of `staging` that copies queued since the last synchronization may still read
     /// (`put`: the next upload's bytes go after them).
     staged: usize,
-    /// A compression's device arrays besides the workspace, one per [`Buf`], kept and grown.
-    enc: Vec<Option<CudaSlice<u8>>>,
+    /// The device arrays besides the workspace, one per [`Buf`], kept and grown.
+    kept: Vec<Option<CudaSlice<u8>>>,
 }
 
-/// The device arrays of a compression kept across calls (`CusziGpu::enc`): the uploads of
-/// host-built arrays (`put`) and the arrays its kernels count or accumulate into, zeroed
-/// before each use (`zeroed`).
+/// The device arrays of both directions kept across calls (`CusziGpu::kept`; a fresh
+/// allocation per call costs the host more than some kernels take): the uploads of host-built
+/// arrays (`put`), the arrays the kernels count or accumulate into, zeroed before each use
+/// (`zeroed`), and the ones each call writes before reading (`kept`).
 #[derive(Clone, Copy)]
 enum Buf {
+    /// Decode: the packed plan (`Pack`).
+    Plan,
+    /// Decode: per table the symbol of every slot (2 bytes each), then per table the rank of
+    /// every slot (`cz_rans_slots`).
+    Slots,
+    /// Decode: per tile its anchor's integer code (i64), then its value (f64).
+    AnchorValues,
+    /// Decode: the segment sums of the anchor passes.
+    Segments,
+    /// Decode: per chunk its status for `cz_rans_post_*`.
+    Status,
+    /// Encode: the per-chunk scratch regions of the chunk coders.
+    Scratch,
     /// `cz_range_*`'s two words.
     Range,
     /// The geometry words without the level configuration.
@@ -290,44 +300,6 @@ enum Buf {
 
 /// Number of [`Buf`]s.
 const BUFS: usize = Buf::Hash as usize + 1;
-
-/// The device arrays of a decode besides the [`Workspace`], kept across calls and grown when a
-/// larger stream comes (a fresh allocation per call costs the host more than some kernels
-/// take): each call writes every element it reads.
-#[derive(Default)]
-struct DecodeArrays {
-    /// The packed plan (`Pack`).
-    plan: Option<CudaSlice<u8>>,
-    /// Per table: the symbol of every slot (2 bytes each), then per table the rank of every
-    /// slot (`cz_rans_slots`).
-    slots: Option<CudaSlice<u8>>,
-    /// Per tile: its anchor's integer code.
-    acc: Option<CudaSlice<i64>>,
-    /// Per tile: its anchor's value.
-    vals: Option<CudaSlice<f64>>,
-    /// Segment sums of the anchor passes.
-    part: Option<CudaSlice<i64>>,
-    /// Per chunk: its status for `cz_rans_post_*`.
-    stat: Option<CudaSlice<u32>>,
-}
-
-/// `buf`, reallocated (its contents unspecified) when it holds fewer than `n` elements of `X`.
-fn at_least<'a, X: DeviceRepr>(
-    s: &Arc<CudaStream>,
-    buf: &'a mut Option<CudaSlice<X>>,
-    n: usize,
-    what: &'static str,
-) -> Result<&'a mut CudaSlice<X>> {
-    if !buf.as_ref().is_some_and(|b| b.len() >= n) {
-        *buf = None;
-        let n = n.max(1);
-        // SAFETY (alloc): the callers write every element before a kernel reads it.
-        let b = unsafe { s.alloc::<X>(n) }
-            .map_err(|e| Error::OutOfMemory(format!("cuszi {what} of {n} elements: {e:?}")))?;
-        *buf = Some(b);
-    }
-    Ok(buf.as_mut().expect("allocated above"))
-}
 
 impl std::fmt::Debug for CusziGpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -362,11 +334,9 @@ impl CusziGpu {
             ws: None,
             smem_optin,
             profile: Default::default(),
-            scratch: None,
             staging: None,
-            dec: DecodeArrays::default(),
             staged: 0,
-            enc: (0..BUFS).map(|_| None).collect(),
+            kept: (0..BUFS).map(|_| None).collect(),
             grid,
         })
     }
@@ -453,44 +423,31 @@ impl CusziGpu {
         Ok(p.as_mut_slice().map_err(gpu_err("staging"))?[..n].to_vec())
     }
 
-    /// `bytes` copied into the kept plan buffer (`DecodeArrays::plan`) through the pinned
-    /// staging buffer, the copy queued on the stream (a copy from pageable memory keeps the
-    /// host waiting until it is done); returns the buffer's device address. Every decode reads
-    /// its header through the staging buffer with a synchronization first, so no earlier copy
-    /// still reads it when it is written here.
-    fn upload_plan(&mut self, bytes: &[u8]) -> Result<u64> {
-        let s = self.stream.clone();
-        let p = self.staging(bytes.len())?;
-        p.as_mut_slice().map_err(gpu_err("staging"))?[..bytes.len()].copy_from_slice(bytes);
-        self.staged = bytes.len();
-        let d = at_least(&s, &mut self.dec.plan, bytes.len(), "plan")?;
-        let p = self.staging.as_ref().expect("allocated above");
-        // SAFETY: `bytes.len()` bytes from pinned memory written above to a device buffer at
-        // least as long, ordered on the stream before the kernels that read it.
-        unsafe {
-            cu::memcpy_htod_async(
-                raw_ptr_mut(d, &s),
-                &p.as_slice().map_err(gpu_err("staging"))?[..bytes.len()],
-                s.cu_stream(),
-            )
-        }
-        .map_err(gpu_err("upload"))?;
-        Ok(raw_ptr_mut(d, &s))
-    }
-
     /// `v` uploaded into the kept device array `b` through the pinned staging buffer, after
     /// the bytes earlier copies may still read (when they do not fit, the stream is
     /// synchronized first): the copy is queued, the host does not wait. Returns its address.
     fn put<X: Plain>(&mut self, b: Buf, v: &[X]) -> Result<u64> {
         // SAFETY: `X` is a plain integer type: its `size_of_val(v)` bytes are initialized.
         let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), size_of_val(v)) };
-        let s = self.stream.clone();
-        let d = raw_ptr_mut(
-            at_least(&s, &mut self.enc[b as usize], bytes.len(), "upload")?,
-            &s,
-        );
+        let d = self.kept(b, bytes.len())?;
         self.copy_staged(d, bytes)?;
         Ok(d)
+    }
+
+    /// The address of the kept device array `b`, reallocated (its contents unspecified) when
+    /// it holds fewer than `bytes` bytes.
+    fn kept(&mut self, b: Buf, bytes: usize) -> Result<u64> {
+        let s = self.stream.clone();
+        let slot = &mut self.kept[b as usize];
+        if !slot.as_ref().is_some_and(|d| d.len() >= bytes) {
+            *slot = None;
+            let n = bytes.max(1);
+            // SAFETY (alloc): the callers write every byte before a kernel reads it, or zero it.
+            let d = unsafe { s.alloc::<u8>(n) }
+                .map_err(|e| Error::OutOfMemory(format!("cuszi array of {n} bytes: {e:?}")))?;
+            *slot = Some(d);
+        }
+        Ok(raw_ptr_mut(slot.as_mut().expect("allocated above"), &s))
     }
 
     /// `bytes` copied to device address `dst` through the pinned staging buffer, after the
@@ -524,10 +481,10 @@ impl CusziGpu {
 
     /// The kept device array `b` with its first `bytes` bytes zeroed (queued): its address.
     fn zeroed(&mut self, b: Buf, bytes: usize) -> Result<u64> {
-        let s = self.stream.clone();
-        let d = raw_ptr_mut(at_least(&s, &mut self.enc[b as usize], bytes, "array")?, &s);
+        let d = self.kept(b, bytes)?;
         // SAFETY: the array holds at least `bytes` bytes.
-        unsafe { cu::memset_d8_async(d, 0, bytes, s.cu_stream()) }.map_err(gpu_err("memset"))?;
+        unsafe { cu::memset_d8_async(d, 0, bytes, self.stream.cu_stream()) }
+            .map_err(gpu_err("memset"))?;
         Ok(d)
     }
 
@@ -682,19 +639,18 @@ impl CusziGpu {
             pack.add(&p.top),
             pack.add(&[0u64, u64::MAX]),
         ];
-        let base = self.upload_plan(&pack.bytes)?;
+        // (the header was read through the staging buffer, with a synchronization: the plan's
+        // copy starts it again)
+        let base = self.put(Buf::Plan, &pack.bytes)?;
         let [geop, patp, mapp, stepp, rfcp, rsymp, entp, topp, errp] = at.map(|o| base + o as u64);
         let n_tiles = p.g.n_tiles();
         let ntab = p.fc.len() / SYMBOLS;
         let s = self.stream.clone();
-        let dec = &mut self.dec;
-        let slots = raw_ptr_mut(
-            at_least(&s, &mut dec.slots, ntab * SLOTS * 3, "slot tables")?,
-            &s,
-        );
-        let (slotp, rankp) = (slots, slots + (ntab * SLOTS * 2) as u64);
-        let accp = raw_ptr_mut(at_least(&s, &mut dec.acc, n_tiles, "anchor codes")?, &s);
-        let valp = raw_ptr_mut(at_least(&s, &mut dec.vals, n_tiles, "anchor values")?, &s);
+        let slotp = self.kept(Buf::Slots, ntab * SLOTS * 3)?;
+        let rankp = slotp + (ntab * SLOTS * 2) as u64;
+        let nt = n_tiles.max(1);
+        let accp = self.kept(Buf::AnchorValues, nt * 16)?;
+        let valp = accp + 8 * nt as u64;
         let ws = self.ws.as_mut().expect("workspace");
         let resp = raw_ptr_mut(&mut ws.res, &s);
         let rawp = raw_ptr_mut(&mut ws.raw, &s);
@@ -761,10 +717,7 @@ impl CusziGpu {
                 unsafe { b.launch(c) }.map_err(gpu_err("rans"))?;
                 self.mark("rans")?;
             } else {
-                let statp = raw_ptr_mut(
-                    at_least(&s, &mut self.dec.stat, nchunks as usize, "chunk status")?,
-                    &s,
-                );
+                let statp = self.kept(Buf::Status, nchunks as usize * 4)?;
                 let mut b = launch_args!(s, &f;
                     &sp, &entp, &nchunks, &count, &ts, &topp, &slotp, &stepp, &rankp, &rfcp, &rsymp,
                     &ntab, &smem, &p.ways, &symp, &statp, &errp);
@@ -834,10 +787,7 @@ impl CusziGpu {
             .max()
             .unwrap_or(0);
         // (each pass that reads `part` has its segment sums written before)
-        let partp = raw_ptr_mut(
-            at_least(&s, &mut self.dec.part, nparts, "segment sums")?,
-            &s,
-        );
+        let partp = self.kept(Buf::Segments, nparts * 8)?;
         let f = self.func(&format!("cz_anchors_{t}"))?;
         let fscan = self.func("cz_anchor_scan")?;
         let flines = self.func(&format!("cz_anchor_lines_{t}"))?;
@@ -896,9 +846,7 @@ impl CusziGpu {
             unsafe { b.launch(cfg(n_tiles * 32, TILE_WARPS * 32)) }.map_err(gpu_err("tiles"))?;
         }
         self.mark("tiles")?;
-        let mut eb = [0u8; 16];
-        self.read(errp, &mut eb)?;
-        let e = [0, 8].map(|i| u64::from_le_bytes(eb[i..i + 8].try_into().expect("8 bytes")));
+        let e = self.read_u64s(errp, 2)?;
         if e[0] != 0 {
             let what = ERRORS
                 .iter()
@@ -1147,15 +1095,8 @@ impl CusziGpu {
         self.mark("residuals")?;
         let nc = n.div_ceil(CHUNK);
         let per = scratch_len::<T>();
-        if !self.scratch.as_ref().is_some_and(|b| b.len() >= nc * per) {
-            self.scratch = None;
-            // SAFETY: every chunk writes the parts of its region that are read back.
-            let b = unsafe { s.alloc::<u8>(nc * per) }.map_err(|e| {
-                Error::OutOfMemory(format!("cuszi chunk scratch of {} bytes: {e:?}", nc * per))
-            })?;
-            self.scratch = Some(b);
-        }
-        let scp = raw_ptr_mut(self.scratch.as_mut().expect("scratch"), &s);
+        // (every chunk writes the parts of its region that are read back)
+        let scp = self.kept(Buf::Scratch, nc * per)?;
         let infop = self.zeroed(Buf::Info, 3 * nc * 4)?;
         let sizep = self.zeroed(Buf::Sizes, (nc + 1) * 8)?;
         let nc64 = nc as u64;
