@@ -581,7 +581,7 @@ fn device_choices(bandwidth: f64) -> Vec<Vec<(&'static str, Option<CodecKind>, f
 /// count is slower than for ratios 70 and 149.) Needs a CUDA device (reported ignored
 /// otherwise; run with `--include-ignored` on a GPU).
 #[test]
-#[ignore = "skipped: needs a CUDA device (run with --include-ignored)"]
+#[ignore = "skipped: no CUDA device assumed (a GPU test: run it with --include-ignored on a GPU machine)"]
 fn auto_chooses_the_device_codec_by_link_speed() {
     assert!(crate::gpu::device_available(), "no CUDA device");
     for (bandwidth, want) in [(1e8, CodecKind::Pfpl), (400e9, CodecKind::Aatrox)] {
@@ -601,7 +601,7 @@ fn auto_chooses_the_device_codec_by_link_speed() {
 /// usable rates), the requested codec first, and gives every rank the same codec lines and
 /// staging curve. Needs a CUDA device (reported ignored otherwise).
 #[test]
-#[ignore = "skipped: needs a CUDA device (run with --include-ignored)"]
+#[ignore = "skipped: no CUDA device assumed (a GPU test: run it with --include-ignored on a GPU machine)"]
 fn calibration_measures_every_gpu_codec() {
     use crate::comm::transport::{run_ranks, LoopbackTransport};
     use crate::comm::{Config, CpuCompressor};
@@ -639,7 +639,7 @@ fn calibration_measures_every_gpu_codec() {
 /// sent, and delivers the partner's values within the bound. Needs a CUDA device (reported
 /// ignored otherwise).
 #[test]
-#[ignore = "skipped: needs a CUDA device (run with --include-ignored)"]
+#[ignore = "skipped: no CUDA device assumed (a GPU test: run it with --include-ignored on a GPU machine)"]
 fn a_pipelined_device_exchange_counts_its_chunks_both_ways() {
     use crate::comm::transport::{run_ranks, LoopbackTransport};
     use crate::comm::Config;

@@ -164,7 +164,7 @@ fn whole_tiles_means_the_pattern_repeats_in_symbol_order() {
 /// on the GPU exactly as on the CPU, whole-tile shapes and others, and as coder 3 streams of
 /// the same data.
 #[test]
-#[ignore = "skipped: needs a CUDA device (run with --include-ignored)"]
+#[ignore = "skipped: no CUDA device assumed (a GPU test: run it with --include-ignored on a GPU machine)"]
 fn gpu_decodes_coder_1_and_2_streams() {
     use crate::codec::cuszi::tests::as_older_coder;
     use crate::{compress_nd, decompress, CodecKind, ErrorBound};
